@@ -1,0 +1,24 @@
+"""Shared test fixtures."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _data_dir() -> Path:
+    env = os.environ.get("DFLASH_BENCH_DATA")
+    return Path(env) if env else REPO.parent / "shared" / "datasets"
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    """The offline copies of the benchmark datasets (shared/datasets beside the repository)."""
+    path = _data_dir()
+    if not path.is_dir():
+        pytest.fail(f"offline datasets not found at {path}; set DFLASH_BENCH_DATA")
+    return path
