@@ -1,0 +1,71 @@
+"""Tidy pandas tables from sweep folders: one row per cell, and AR <-> DFlash pairs with speedups.
+
+Everything here reads only the sweep folder (through store.py), so it works on a folder copied from
+another machine. The report and the gate both start from `cells()` and `pairs()`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable
+
+import pandas as pd
+
+from dflash_bench.store import SweepDir, flatten_summary
+
+KEY = ["engine", "suite", "concurrency", "repeat"]  # what an AR cell and its DFlash cell share
+
+
+def cells(*sweep_dirs: Path | str) -> pd.DataFrame:
+    """One row per cell on disk (complete or failed), columns as in results.csv plus `sweep`."""
+    frames = []
+    for path in sweep_dirs:
+        sweep = SweepDir.open(Path(path))
+        rows = [flatten_summary(s) for s in sweep.summaries()]
+        frame = pd.DataFrame(rows)
+        if frame.empty:
+            continue
+        frame.insert(0, "sweep", sweep.read_manifest().sweep_id)
+        frames.append(frame)
+    if not frames:
+        return pd.DataFrame(columns=["sweep", "cell_id", "engine", "mode", "suite", "concurrency", "repeat", "status"])
+    return pd.concat(frames, ignore_index=True)
+
+
+def complete(frame: pd.DataFrame) -> pd.DataFrame:
+    """Only the cells that completed (failed cells carry no measurements)."""
+    return frame[frame["status"] == "complete"]
+
+
+def pairs(frame: pd.DataFrame, metrics: Iterable[str] = ("output_throughput", "acceptance_length",
+                                                         "tpot_ms_p50", "ttft_ms_p50", "j_per_token")) -> pd.DataFrame:
+    """AR and DFlash cells of the same sweep, engine, suite, concurrency and repeat side by side.
+
+    Columns: the key, `<metric>_ar` and `<metric>_dflash` for each metric, and
+    `speedup` = DFlash output throughput / AR output throughput. Cells with no partner are dropped.
+    """
+    done = complete(frame)
+    key = ["sweep", *KEY] if "sweep" in done.columns else KEY
+    cols = [m for m in metrics if m in done.columns]
+    ar = done[done["mode"] == "ar"][key + cols]
+    df = done[done["mode"] == "dflash"][key + cols]
+    out = ar.merge(df, on=key, suffixes=("_ar", "_dflash"))
+    if "output_throughput" in cols:
+        out["speedup"] = out["output_throughput_dflash"] / out["output_throughput_ar"]
+    return out.sort_values(key).reset_index(drop=True)
+
+
+def headline(frame: pd.DataFrame) -> pd.DataFrame:
+    """The model card's table: suite x concurrency -> AR tok/s, DFlash tok/s, speedup, tau (repeats averaged)."""
+    p = pairs(frame)
+    if p.empty:
+        return pd.DataFrame(columns=["engine", "suite", "concurrency", "ar_tok_s", "dflash_tok_s", "speedup", "tau"])
+    group = [c for c in ("sweep", "engine", "suite", "concurrency") if c in p.columns]
+    agg = p.groupby(group, as_index=False).agg(
+        ar_tok_s=("output_throughput_ar", "mean"),
+        dflash_tok_s=("output_throughput_dflash", "mean"),
+        tau=("acceptance_length_dflash", "mean"),
+        repeats=("repeat", "count"),
+    )
+    agg["speedup"] = agg["dflash_tok_s"] / agg["ar_tok_s"]
+    return agg

@@ -1,0 +1,40 @@
+import pytest
+
+from dflash_bench import analysis
+from dflash_bench.store import CellPlan, CellSummary, Manifest, SweepDir, cell_id
+
+
+def _sweep(path, rows):
+    plan = [CellPlan(cell_id=cell_id(e, m, s, c, r), engine=e, mode=m, suite=s, concurrency=c, repeat=r) for e, m, s, c, r, *_ in rows]
+    sweep = SweepDir.create(path, Manifest(sweep_id=path.name, plan=plan))
+    for (e, m, s, c, r, tput, tau) in rows:
+        sweep.write_summary(CellSummary(cell_id=cell_id(e, m, s, c, r), engine=e, mode=m, suite=s, concurrency=c, repeat=r,
+                                        output_throughput=tput, acceptance_length=tau,
+                                        status="complete" if tput else "failed"))
+    return path
+
+
+def test_pairs_and_headline(tmp_path):
+    path = _sweep(tmp_path / "s", [
+        ("vllm", "ar", "gsm8k", 1, 0, 100.0, None),
+        ("vllm", "dflash", "gsm8k", 1, 0, 400.0, 6.0),
+        ("vllm", "ar", "gsm8k", 1, 1, 110.0, None),
+        ("vllm", "dflash", "gsm8k", 1, 1, 385.0, 5.0),
+        ("vllm", "ar", "math500", 8, 0, 200.0, None),
+        ("vllm", "dflash", "math500", 8, 0, None, None),  # failed: no pair
+    ])
+    frame = analysis.cells(path)
+    assert len(frame) == 6
+    p = analysis.pairs(frame)
+    assert list(p["speedup"]) == pytest.approx([4.0, 3.5])
+    h = analysis.headline(frame)
+    assert len(h) == 1
+    row = h.iloc[0]
+    assert row["ar_tok_s"] == pytest.approx(105.0) and row["dflash_tok_s"] == pytest.approx(392.5)
+    assert row["tau"] == pytest.approx(5.5) and row["repeats"] == 2
+
+
+def test_several_sweeps_do_not_pair_across(tmp_path):
+    a = _sweep(tmp_path / "h100", [("vllm", "ar", "gsm8k", 1, 0, 100.0, None)])
+    b = _sweep(tmp_path / "b300", [("vllm", "dflash", "gsm8k", 1, 0, 500.0, 6.0)])
+    assert analysis.pairs(analysis.cells(a, b)).empty
