@@ -1,0 +1,106 @@
+"""Where a sweep's numbers come from: versions, host, model revisions, chat-template hash. No secrets."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from dflash_bench import __version__
+
+SECRET_WORDS = ("token", "key", "secret", "password", "passwd", "auth")
+
+
+def versions() -> dict[str, Any]:
+    out: dict[str, Any] = {"dflash_bench": __version__, "git_revision": git_revision(), "python": sys.version.split()[0]}
+    for dist in ("torch", "transformers", "vllm", "sglang", "httpx", "aiohttp"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def git_revision() -> str | None:
+    """The dflash-bench checkout's commit (with '+dirty' when it has changes), or None outside git."""
+    here = Path(__file__).resolve().parents[2]
+    try:
+        rev = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+        if rev.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return rev.stdout.strip() + ("+dirty" if dirty else "")
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def host() -> dict[str, Any]:
+    return {"hostname": socket.gethostname(), "platform": platform.platform(), "cpu_count": os.cpu_count(),
+            "machine": platform.machine()}
+
+
+def model_revision(model: str) -> dict[str, Any]:
+    """What can be known offline about a model: a local folder's config hash and chat-template hash,
+    or the commit the local Hugging Face cache resolved `main` to."""
+    info: dict[str, Any] = {"id": model}
+    folder = Path(model)
+    if not folder.is_dir():
+        folder = _hf_snapshot(model, info)
+    if folder is not None and folder.is_dir():
+        config = folder / "config.json"
+        if config.exists():
+            info["config_sha256"] = hashlib.sha256(config.read_bytes()).hexdigest()[:16]
+        template = chat_template(folder)
+        if template:
+            info["chat_template_sha256"] = hashlib.sha256(template.encode()).hexdigest()[:16]
+    return info
+
+
+def chat_template(folder: Path) -> str | None:
+    jinja = folder / "chat_template.jinja"
+    if jinja.exists():
+        return jinja.read_text()
+    tok = folder / "tokenizer_config.json"
+    if tok.exists():
+        try:
+            template = json.loads(tok.read_text()).get("chat_template")
+        except (json.JSONDecodeError, OSError):
+            return None
+        return template if isinstance(template, str) else json.dumps(template, sort_keys=True) if template else None
+    return None
+
+
+def redact(argv: list[str]) -> list[str]:
+    """The command line with the values of secret-looking options replaced by '***'."""
+    out, hide_next = [], False
+    for arg in argv:
+        if hide_next:
+            out.append("***")
+            hide_next = False
+            continue
+        name, eq, _ = arg.partition("=")
+        secret = name.startswith("-") and any(w in name.lower() for w in SECRET_WORDS)
+        if secret and eq:
+            out.append(f"{name}=***")
+        else:
+            out.append(arg)
+            hide_next = secret
+    return out
+
+
+def _hf_snapshot(model: str, info: dict[str, Any]) -> Path | None:
+    cache = Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub")
+    repo = cache / ("models--" + model.replace("/", "--"))
+    ref = repo / "refs" / "main"
+    if not ref.exists():
+        return None
+    info["revision"] = ref.read_text().strip()
+    return repo / "snapshots" / info["revision"]

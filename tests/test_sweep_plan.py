@@ -1,0 +1,57 @@
+import pytest
+
+from dflash_bench.errors import UserError
+from dflash_bench.sweep.plan import SweepSettings, check_resume, launches, plan_cells
+from dflash_bench.sweep.provenance import redact
+
+
+def _settings(**kw):
+    base = dict(model="Qwen3-8B", engines=["vllm"], suites=["gsm8k", "mt-bench"], concurrency=[1, 8])
+    return SweepSettings(**(base | kw))
+
+
+def test_plan_covers_every_cell_once():
+    plan = plan_cells(_settings(repeats=2, engines=["vllm", "sglang"]))
+    assert len(plan) == 2 * 2 * 2 * 2 * 2
+    assert len({c.cell_id for c in plan}) == len(plan)
+
+
+def test_repeats_alternate_modes_and_share_launches():
+    plan = plan_cells(_settings(repeats=3))
+    groups = launches(plan)
+    # AR r0 | DFlash r0 + DFlash r1 | AR r1 + AR r2 | DFlash r2
+    assert [(g.mode, sorted({c.repeat for c in g.cells})) for g in groups] == [
+        ("ar", [0]), ("dflash", [0, 1]), ("ar", [1, 2]), ("dflash", [2])]
+    assert all(len(g.cells) in (4, 8) for g in groups)
+
+
+def test_launches_skip_complete_cells():
+    plan = plan_cells(_settings())
+    for c in plan[:5]:
+        c.status = "complete"
+    groups = launches(plan)
+    assert [c.cell_id for g in groups for c in g.cells] == [c.cell_id for c in plan[5:]]
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(suites=[]), "no suites"),
+    (dict(concurrency=[0]), "positive"),
+    (dict(concurrency=[8, 8]), "twice"),
+    (dict(url_ar="http://x:1"), "both"),
+    (dict(repeats=0), "at least 1"),
+])
+def test_bad_settings(kw, message):
+    with pytest.raises(UserError, match=message):
+        plan_cells(_settings(**kw))
+
+
+def test_resume_refuses_changed_settings_but_not_runner():
+    saved = _settings().identity()
+    check_resume(saved, _settings(runner="process"))
+    with pytest.raises(UserError, match="max_tokens"):
+        check_resume(saved, _settings(max_tokens=64))
+
+
+def test_redact_hides_secret_values():
+    argv = ["sweep", "--hf-token", "hf_abc", "--api-key=sk-1", "--model", "x"]
+    assert redact(argv) == ["sweep", "--hf-token", "***", "--api-key=***", "--model", "x"]
