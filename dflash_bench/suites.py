@@ -1,0 +1,399 @@
+"""Benchmark suites: definitions in suites/*.toml, prompts loaded from the Hugging Face hub or an offline folder.
+
+    load_prompts("gsm8k", data_dir=Path("../shared/datasets"), num_prompts=128, seed=0)
+
+Each TOML file states where a suite's records come from (hub id/config/split, or the upstream files under a
+data dir), which fields form the user turn(s) and through which template (DFlash's own), and which fields hold
+the id, category and reference answer. Loading turns records into `Prompt`s; anything wrong with the data
+becomes one `UserError` sentence naming the suite and the file (and the line, for jsonl).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import gzip
+import json
+import os
+import random
+import re
+import sys
+import tomllib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dflash_bench.errors import UserError
+
+SUITES_ENV = "DFLASH_BENCH_SUITES"
+_FIELD_RE = re.compile(r"\{(\w+)\}")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str  # "<suite>/<record id>", unique within the suite; cycling past the end adds "#k"
+    suite: str
+    turns: list[str]  # rendered user turns (template applied); a turn after the first follows the model's reply
+    category: str | None
+    reference: str | None  # reference answer (gsm8k: text after '#### '; lists: their first element)
+    meta: dict = field(default_factory=dict)  # what a scorer needs: humaneval test/entry_point, mbpp test_list, ...
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    description: str
+    path: Path  # the TOML file
+    hf_id: str | None
+    hf_config: str | None
+    hf_split: str | None
+    hf_url: str | None  # a jsonl URL read through `datasets` when the suite has no hub dataset (spec-bench)
+    hf_rename: dict[str, str]  # hub column -> offline field name, so one field mapping serves both
+    configs: tuple[str, ...]  # selectable hub configs (speed-bench); empty: only hf_config
+    files: tuple[str, ...]  # offline files relative to a data dir; may hold {config} and glob patterns
+    file_format: str  # jsonl | jsonl.gz | json | parquet | auto (by suffix)
+    prompt_fields: tuple[str, ...]
+    template: str
+    turns_field: str | None  # a list of turns; the template is applied to each as {turn}
+    placeholder: str | None  # text that marks an unresolved record: never sent
+    prepare_hint: str | None
+    default_max_tokens: int
+    num_turns: int | None  # most turns sent per record (None: all of them)
+    id_field: str | None
+    category_field: str | None
+    reference_field: str | None
+    reference_after: str | None
+    meta_fields: tuple[str, ...]
+    select: dict[str, tuple[int, int]]  # field -> inclusive range, applied always (mbpp test split)
+    filters: dict[str, str]  # load_prompts keyword -> record field
+    category_map: dict[str, str]
+    known_categories: tuple[str, ...]
+
+    @property
+    def source(self) -> str:
+        if self.hf_url:
+            return self.hf_url
+        return ":".join(x for x in (self.hf_id, self.hf_config) if x) + f" [{self.hf_split}]"
+
+
+# ---------------------------------------------------------------- suite definitions
+
+
+def suites_dir() -> Path:
+    """The folder of suite TOMLs: $DFLASH_BENCH_SUITES, the repo's suites/ (editable), or the installed copy."""
+    candidates = [Path(p) for p in [os.environ.get(SUITES_ENV)] if p]
+    candidates += [Path(__file__).resolve().parents[1] / "suites", Path(sys.prefix) / "share" / "dflash-bench" / "suites"]
+    for path in candidates:
+        if path.is_dir() and any(path.glob("*.toml")):
+            return path
+    raise UserError(f"no suite definitions found (looked in {', '.join(map(str, candidates))}); set {SUITES_ENV}.")
+
+
+def _parse_suite(path: Path) -> Suite:
+    try:
+        d = tomllib.loads(path.read_text(encoding="utf-8"))
+        hub, off, prm, fld = d.get("hub", {}), d["offline"], d["prompt"], d.get("fields", {})
+        num_turns = d.get("num_turns")
+        return Suite(
+            name=d["name"], description=d.get("description", ""), path=path,
+            hf_id=hub.get("id"), hf_config=hub.get("config"), hf_split=hub.get("split"), hf_url=hub.get("url"),
+            hf_rename=dict(hub.get("rename", {})), configs=tuple(hub.get("configs", ())),
+            files=tuple(off["files"]), file_format=off.get("format", "auto"), prepare_hint=off.get("prepare"),
+            prompt_fields=tuple(prm.get("fields", [prm["turns_field"]] if "turns_field" in prm else [])),
+            template=prm["template"], turns_field=prm.get("turns_field"), placeholder=prm.get("placeholder"),
+            default_max_tokens=int(d["default_max_tokens"]), num_turns=int(num_turns) if num_turns else None,
+            id_field=fld.get("id"), category_field=fld.get("category"), reference_field=fld.get("reference"),
+            reference_after=fld.get("reference_after"), meta_fields=tuple(fld.get("meta", ())),
+            select={k: (int(v[0]), int(v[1])) for k, v in d.get("select", {}).items()},
+            filters=dict(d.get("filters", {})), category_map=dict(d.get("category_map", {})),
+            known_categories=tuple(c for cs in d.get("categories", {}).values() for c in cs),
+        )
+    except (tomllib.TOMLDecodeError, KeyError, TypeError, ValueError, IndexError) as err:
+        raise UserError(f"suite file {path} is invalid ({type(err).__name__}: {err}).") from None
+
+
+def list_suites() -> list[Suite]:
+    """Every suite defined in the suites folder, sorted by name."""
+    return sorted((_parse_suite(p) for p in suites_dir().glob("*.toml")), key=lambda s: s.name)
+
+
+def get_suite(name: str) -> Suite:
+    """The suite called `name`; an unknown name is a UserError listing the known ones."""
+    suites = {s.name: s for s in list_suites()}
+    if name not in suites:
+        raise UserError(f"unknown suite {name!r}; known suites: {', '.join(suites)}.")
+    return suites[name]
+
+
+# ---------------------------------------------------------------- reading records
+
+
+class DataMissing(UserError):
+    """The suite's data is not where it was looked for (a file, or a prepared copy)."""
+
+
+def _read_file(suite: Suite, path: Path, fmt: str) -> Iterator[tuple[str, dict]]:
+    """Yield (where, record) for every record of one upstream file; `where` names the file and line/record."""
+    if fmt == "auto":
+        fmt = "jsonl.gz" if path.name.endswith(".jsonl.gz") else path.suffix.lstrip(".")
+    try:
+        if fmt in ("jsonl", "jsonl.gz"):
+            opener = gzip.open if fmt == "jsonl.gz" else open
+            with opener(path, "rt", encoding="utf-8") as f:
+                for n, line in enumerate(f, 1):
+                    if line.strip():
+                        yield f"{path} line {n}", _json_record(suite, f"{path} line {n}", line)
+        elif fmt == "json":
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if not isinstance(data, list):
+                raise UserError(f"suite {suite.name}: {path} is not a JSON list of records.")
+            for i, rec in enumerate(data):
+                yield f"{path} record {i}", _check_dict(suite, f"{path} record {i}", rec)
+        elif fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            for i, rec in enumerate(pq.read_table(path).to_pylist()):
+                yield f"{path} row {i}", rec
+        else:
+            raise UserError(f"suite {suite.name}: {path} has an unknown format {fmt!r} (jsonl, jsonl.gz, json, parquet).")
+    except (OSError, UnicodeDecodeError, EOFError, json.JSONDecodeError) as err:
+        if isinstance(err, FileNotFoundError):
+            raise DataMissing(f"suite {suite.name}: file {path} not found; point --data-dir at a folder laid out "
+                              f"like shared/datasets, or leave it out to load from the hub.") from None
+        raise UserError(f"suite {suite.name}: {path} could not be read as {fmt} ({type(err).__name__}: {err}).") from None
+    except Exception as err:  # pyarrow's errors for a corrupt parquet file
+        if isinstance(err, UserError):
+            raise
+        raise UserError(f"suite {suite.name}: {path} could not be read as {fmt} ({type(err).__name__}: {err}).") from None
+
+
+def _json_record(suite: Suite, where: str, line: str) -> dict:
+    try:
+        return _check_dict(suite, where, json.loads(line))
+    except json.JSONDecodeError as err:
+        raise UserError(f"suite {suite.name}: {where} is not valid JSON ({err.msg}).") from None
+
+
+def _check_dict(suite: Suite, where: str, rec: Any) -> dict:
+    if not isinstance(rec, dict):
+        raise UserError(f"suite {suite.name}: {where} is not a JSON object.")
+    return rec
+
+
+def _offline_files(suite: Suite, data_dir: Path, config: str | None) -> list[Path]:
+    if not data_dir.is_dir():
+        raise DataMissing(f"suite {suite.name}: data dir {data_dir} does not exist.")
+    patterns = [p.replace("{config}", config or "") for p in suite.files]
+    if not any(glob.has_magic(p) for p in patterns):
+        return [data_dir / p for p in patterns]
+    for pattern in patterns:  # alternatives: the first pattern that matches wins
+        found = sorted(Path(p) for p in glob.glob(str(data_dir / pattern)))
+        if found:
+            return found
+    hint = (suite.prepare_hint or "").replace("{config}", config or "")
+    raise DataMissing(f"suite {suite.name}: no prepared copy of config {config} under {data_dir} "
+                      f"(looked for {', '.join(patterns)}); {hint}.")
+
+
+def _read_hub(suite: Suite, config: str | None) -> Iterator[tuple[str, dict]]:
+    try:
+        import datasets
+    except ImportError:
+        raise UserError("loading suites from the hub needs the 'datasets' package; pip install datasets, or pass --data-dir.") from None
+    try:
+        if suite.hf_url:
+            ds = datasets.load_dataset("json", data_files=suite.hf_url, split="train")
+        else:
+            ds = datasets.load_dataset(suite.hf_id, config or suite.hf_config, split=suite.hf_split)
+    except Exception as err:  # network, auth, gated dataset, unknown config: all end the same way for the user
+        msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UserError(f"suite {suite.name}: could not load {suite.source} from the Hugging Face hub ({msg}); "
+                        f"check the network and HF_TOKEN, or pass --data-dir with an offline copy.") from None
+    for i, row in enumerate(ds):
+        yield f"{suite.source} row {i}", {suite.hf_rename.get(k, k): v for k, v in row.items()}
+
+
+def _records(suite: Suite, data_dir: Path | None, config: str | None) -> Iterator[tuple[str, dict]]:
+    if data_dir is None:
+        yield from _read_hub(suite, config)
+        return
+    for path in _offline_files(suite, Path(data_dir), config):
+        yield from _read_file(suite, path, suite.file_format)
+
+
+# ---------------------------------------------------------------- records -> prompts
+
+
+def _render(suite: Suite, where: str, template: str, values: dict) -> str:
+    def field_text(m: re.Match) -> str:
+        value = values.get(m.group(1))
+        if not isinstance(value, str):
+            raise UserError(f"suite {suite.name}: {where} has no text field {m.group(1)!r}.")
+        return value
+
+    return _FIELD_RE.sub(field_text, template)
+
+
+def _turns(suite: Suite, where: str, rec: dict) -> list[str]:
+    if suite.turns_field is None:
+        return [_render(suite, where, suite.template, rec)]
+    raw = rec.get(suite.turns_field)
+    if not isinstance(raw, list) or not raw or not all(isinstance(t, str) for t in raw):
+        raise UserError(f"suite {suite.name}: {where} has no list of text turns in field {suite.turns_field!r}.")
+    return [_render(suite, where, suite.template, {**rec, "turn": t}) for t in raw[: suite.num_turns]]
+
+
+def _to_prompt(suite: Suite, where: str, index: int, rec: dict) -> Prompt:
+    rid = rec.get(suite.id_field) if suite.id_field else None
+    raw_cat = rec.get(suite.category_field) if suite.category_field else None
+    category = None if raw_cat is None else suite.category_map.get(str(raw_cat), str(raw_cat))
+    meta = {k: rec[k] for k in suite.meta_fields if k in rec}
+    if category is not None and category != str(raw_cat):
+        meta["sub_category"] = str(raw_cat)
+    ref = rec.get(suite.reference_field) if suite.reference_field else None
+    if isinstance(ref, list):
+        meta["references"] = ref
+        ref = ref[0] if ref else None
+    if ref is not None:
+        ref = str(ref)
+        if suite.reference_after and suite.reference_after in ref:
+            ref = ref.rsplit(suite.reference_after, 1)[1].strip()
+    return Prompt(id=f"{suite.name}/{index if rid is None else rid}", suite=suite.name,
+                  turns=_turns(suite, where, rec), category=category, reference=ref, meta=meta)
+
+
+def _in_select(suite: Suite, where: str, rec: dict) -> bool:
+    for name, (lo, hi) in suite.select.items():
+        try:
+            value = int(rec[name])
+        except (KeyError, TypeError, ValueError):
+            raise UserError(f"suite {suite.name}: {where} has no integer field {name!r}.") from None
+        if not lo <= value <= hi:
+            return False
+    return True
+
+
+def _matches(rec: dict, wanted: dict[str, set[str]]) -> bool:
+    return all(str(rec.get(fld)) in values for fld, values in wanted.items())
+
+
+def _as_set(value: Any) -> set[str]:
+    return {str(v) for v in value} if isinstance(value, (list, tuple, set)) else {str(value)}
+
+
+def _check_config(suite: Suite, config: str | None) -> str | None:
+    if config is None:
+        return suite.hf_config
+    if config not in suite.configs:
+        choices = ", ".join(suite.configs) if suite.configs else "none"
+        raise UserError(f"suite {suite.name} has no config {config!r}; its configs: {choices}.")
+    return config
+
+
+def load_prompts(name: str, *, data_dir: Path | None = None, num_prompts: int | None = None, seed: int = 0,
+                 categories: list[str] | None = None, config: str | None = None, **filters: Any) -> list[Prompt]:
+    """The suite's prompts, rendered as they are sent.
+
+    data_dir=None loads from the Hugging Face hub; a data dir reads the upstream files offline.
+    num_prompts=None: every record, in file order. num_prompts=N: N prompts drawn in an order shuffled by `seed`
+    (the same every time), cycling through the set again when N exceeds it (repeats get ids ending in "#k").
+    categories keeps only those categories; config picks a hub config (speed-bench); other keywords are the
+    suite's [filters] (speed-bench tier="mixed", math500 level=5), each a value or a list of values.
+    """
+    suite = get_suite(name)
+    config = _check_config(suite, config)
+    unknown = set(filters) - set(suite.filters)
+    if unknown:
+        raise UserError(f"suite {name} has no filter {', '.join(sorted(unknown))}; "
+                        f"its filters: {', '.join(suite.filters) or 'none'}.")
+    wanted = {suite.filters[k]: _as_set(v) for k, v in filters.items() if v is not None}
+    prompts = [
+        _to_prompt(suite, where, i, rec)
+        for i, (where, rec) in enumerate(_records(suite, data_dir, config))
+        if _in_select(suite, where, rec) and _matches(rec, wanted)
+    ]
+    if categories:
+        present = sorted({p.category for p in prompts if p.category is not None})
+        missing = sorted(set(categories) - set(present))
+        if missing:
+            raise UserError(f"suite {name} has no category {', '.join(missing)}; its categories: {', '.join(present) or 'none'}.")
+        prompts = [p for p in prompts if p.category in categories]
+    if not prompts:
+        raise UserError(f"suite {name}: no records match the filters {filters or ''}.")
+    _refuse_placeholders(suite, prompts, config)
+    return _sample(prompts, num_prompts, seed)
+
+
+def _refuse_placeholders(suite: Suite, prompts: list[Prompt], config: str | None) -> None:
+    if not suite.placeholder:
+        return
+    bad = sum(any(suite.placeholder in t for t in p.turns) for p in prompts)
+    if bad:
+        hint = (suite.prepare_hint or "").replace("{config}", config or "")
+        raise UserError(f"suite {suite.name}: {bad} of {len(prompts)} records hold the placeholder "
+                        f"{suite.placeholder!r} instead of text and are never sent; {hint}.")
+
+
+def _sample(prompts: list[Prompt], num_prompts: int | None, seed: int) -> list[Prompt]:
+    if num_prompts is None:
+        return prompts
+    if num_prompts < 1:
+        raise UserError(f"--num-prompts must be at least 1, not {num_prompts}.")
+    order = list(range(len(prompts)))
+    random.Random(seed).shuffle(order)
+    out = []
+    for i in range(num_prompts):
+        k, j = divmod(i, len(order))
+        p = prompts[order[j]]
+        out.append(p if k == 0 else dataclasses.replace(p, id=f"{p.id}#{k}"))
+    return out
+
+
+# ---------------------------------------------------------------- CLI views
+
+
+def print_suites(data_dir: Path | None = None) -> None:
+    """`dflash-bench suites list`: one row per suite; records and categories counted offline when data is there."""
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table("suite", "source", "records", "categories", "turns", "max tokens")
+    for suite in list_suites():
+        records, cats = "hub", list(suite.known_categories)
+        if data_dir is not None:
+            try:
+                prompts = load_prompts(suite.name, data_dir=data_dir)
+                records, cats = str(len(prompts)), sorted({p.category for p in prompts if p.category})
+            except DataMissing:
+                records = "hub"
+            except UserError:
+                records = f"unreadable (dflash-bench suites show {suite.name})"
+        table.add_row(Text(suite.name), Text(suite.source), Text(records), Text(", ".join(cats) or "-"),
+                      Text(str(suite.num_turns or "all")), Text(str(suite.default_max_tokens)))
+    Console().print(table)
+
+
+def print_prompts(name: str, num: int = 3, data_dir: Path | None = None, config: str | None = None,
+                  categories: list[str] | None = None) -> None:
+    """`dflash-bench suites show`: the first `num` prompts, rendered as sent. Dataset text is never read as markup."""
+    from rich.console import Console
+    from rich.rule import Rule
+    from rich.text import Text
+
+    if num < 1:
+        raise UserError(f"-n must be at least 1, not {num}.")
+    suite = get_suite(name)
+    prompts = load_prompts(name, data_dir=data_dir, config=config, categories=categories)
+    console = Console()
+    console.print(Text(f"{suite.name}: {suite.description} {len(prompts)} records; source {suite.source}; "
+                       f"max_tokens {suite.default_max_tokens}"))
+    for p in prompts[:num]:
+        console.print(Rule(Text(f"{p.id}" + (f"  [{p.category}]" if p.category else ""))))
+        for i, turn in enumerate(p.turns, 1):
+            if len(p.turns) > 1:
+                console.print(Text(f"turn {i}:", style="bold"))
+            console.print(Text(turn))
+        if p.reference is not None:
+            console.print(Text("reference: ", style="dim") + Text(p.reference))
