@@ -46,6 +46,28 @@ def _root(
     """Measure how much DFlash speculative decoding speeds up LLM serving on your GPUs, and what it costs."""
 
 
+@suites_app.command("list")
+def suites_list(data_dir: Optional[Path] = DataDirOption) -> None:
+    """List the benchmark suites: source, records (counted offline when --data-dir holds them), categories."""
+    from dflash_bench.suites import print_suites
+
+    print_suites(data_dir)
+
+
+@suites_app.command("show")
+def suites_show(
+    name: str = typer.Argument(..., help="Suite name (see `dflash-bench suites list`)."),
+    num: int = typer.Option(3, "-n", "--num", help="How many prompts to show, from the start of the suite."),
+    category: Optional[list[str]] = typer.Option(None, "--category", help="Only this category (repeatable)."),
+    config: Optional[str] = typer.Option(None, "--config", help="Hub config, e.g. speed-bench throughput_8k."),
+    data_dir: Optional[Path] = DataDirOption,
+) -> None:
+    """Show the first prompts of a suite, rendered exactly as they are sent."""
+    from dflash_bench.suites import print_prompts
+
+    print_prompts(name, num, data_dir, config=config, categories=category)
+
+
 def main() -> None:
     """Console entry point: user errors become one line on stderr and a non-zero exit, never a traceback."""
     try:
