@@ -1,0 +1,40 @@
+"""The builtin PyTorch engine: `dflash-bench serve --model TARGET [--draft DRAFTER] --mode ar|dflash`.
+
+Readiness on /health; acceptance from its /metrics, which use vLLM's counter names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dflash_bench import __version__
+from dflash_bench.engines.base import EngineProfile
+from dflash_bench.models import ModelPair
+
+DEFAULT_IMAGE = f"dflash-bench:{__version__}"  # built from docker/Dockerfile
+
+# GPU presets run bf16 on CUDA; the generic preset leaves device and dtype to the engine's defaults.
+PRESET_FLAGS = {"generic": [], "h100": ["--device", "cuda", "--dtype", "bfloat16"],
+                "b300": ["--device", "cuda", "--dtype", "bfloat16"]}
+
+
+@dataclass(frozen=True)
+class Builtin(EngineProfile):
+    name = "builtin"
+    image = DEFAULT_IMAGE
+    ready_path = "/health"
+    acceptance = "builtin-metrics"
+    default_port = 8000
+
+    def base_command(self, pair: ModelPair) -> list[str]:
+        return ["dflash-bench", "serve", "--model", pair.target]
+
+    def target_flags(self, pair: ModelPair, preset: str) -> list[str]:
+        return list(PRESET_FLAGS[preset])
+
+    def command(self, pair, mode, port, preset="generic", extra_args=(), host=None):  # type: ignore[override]
+        argv = super().command(pair, mode, port, preset, extra_args, host)
+        return argv if mode == "dflash" else argv[:4] + ["--mode", "ar"] + argv[4:]
+
+    def spec_flags(self, pair: ModelPair, preset: str) -> list[str]:
+        return ["--mode", "dflash", "--draft", pair.require_drafter()]

@@ -1,0 +1,58 @@
+"""SGLang: `python3 -m sglang.launch_server --model-path TARGET` (image lmsysorg/sglang, no entrypoint).
+
+DFlash adds `--speculative-algorithm DFLASH --speculative-draft-model-path DRAFTER
+--speculative-num-draft-tokens B` and the card's draft attention backend. `--enable-metrics` in both modes.
+Acceptance: per-request `meta_info.spec_verify_ct` (Σ completion_tokens / Σ spec_verify_ct).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dflash_bench.engines.base import EngineProfile
+from dflash_bench.models import ModelPair
+
+DEFAULT_IMAGE = "lmsysorg/sglang:v0.5.20"
+
+# Attention backends that exist only on one GPU generation, and what the preset uses instead.
+# fa3 is Hopper-only; trtllm_mha and fa4 are the Blackwell kernels of the Qwen3.5 cards.
+BACKEND_SWAPS = {
+    "generic": {},
+    "h100": {"trtllm_mha": "fa3", "fa4": "fa3"},
+    "b300": {"fa3": "trtllm_mha"},
+}
+BACKEND_FLAGS = ("--attention-backend", "--speculative-draft-attention-backend")
+
+
+def _swap_backends(flags: tuple[str, ...] | list[str], preset: str) -> list[str]:
+    swaps, out = BACKEND_SWAPS[preset], list(flags)
+    for i in range(1, len(out)):
+        if out[i - 1] in BACKEND_FLAGS:
+            out[i] = swaps.get(out[i], out[i])
+    return out
+
+
+@dataclass(frozen=True)
+class SGLang(EngineProfile):
+    name = "sglang"
+    image = DEFAULT_IMAGE
+    ready_path = "/health"
+    acceptance = "sglang-meta"
+    default_port = 30000
+
+    def base_command(self, pair: ModelPair) -> list[str]:
+        return ["python3", "-m", "sglang.launch_server", "--model-path", pair.target]
+
+    def target_flags(self, pair: ModelPair, preset: str) -> list[str]:
+        return _swap_backends(pair.sglang_flags, preset)
+
+    def spec_flags(self, pair: ModelPair, preset: str) -> list[str]:
+        return ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", pair.require_drafter(),
+                "--speculative-num-draft-tokens", str(pair.block_size),
+                *_swap_backends(pair.sglang_spec_flags, preset)]
+
+    def harness_flags(self) -> list[str]:
+        return ["--enable-metrics"]
+
+    def env(self, pair: ModelPair, mode: str) -> dict[str, str]:
+        return dict(pair.sglang_env)

@@ -1,0 +1,120 @@
+"""Start servers, wait until they are ready, watch them, and always tear them down.
+
+    from dflash_bench.launch import launch_server
+    with launch_server("vllm", "Qwen3-8B", "dflash", runner="docker", port=8000, sweep_id=sid,
+                       log_path=folder / "logs/vllm-dflash.log") as server:
+        ...  # requests to server.url; server.check() raises ServerDied (with the log tail) if it died
+    # the container or process group is gone here: on success, error, Ctrl-C and SIGTERM alike
+
+`launch_command` runs any command the same way (the emulator, `dflash-bench serve`, a test server).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from dflash_bench.errors import UserError
+from dflash_bench.launch.common import ServerDied, ServerInfo, ServerNotReady, Server, Terminated, free_port, sigterm_unwinds
+from dflash_bench.launch.docker import DockerOptions
+from dflash_bench.models import ModelPair
+
+__all__ = ["DockerOptions", "Server", "ServerDied", "ServerInfo", "ServerNotReady", "Terminated", "free_port",
+           "launch_command", "launch_server", "plan_server"]
+
+RUNNERS = ("docker", "process")
+DEFAULT_READY_TIMEOUT_S = 1800.0  # large models load and compile for many minutes
+
+
+@contextlib.contextmanager
+def launch_command(
+    argv: Sequence[str], *, port: int, runner: str = "process", ready_path: str = "/health",
+    env: dict[str, str] | None = None, log_path: str | Path | None = None,
+    ready_timeout: float = DEFAULT_READY_TIMEOUT_S, name: str = "launched", docker: DockerOptions | None = None,
+    engine: str | None = None, mode: str | None = None, sweep_id: str | None = None, watchdog: bool = True,
+) -> Iterator[Server]:
+    """Run `argv` (in docker: the part after the image), wait for 200 on `ready_path`, yield the Server.
+
+    The server is stopped when the block ends, however it ends. Start-up failures raise ServerDied or
+    ServerNotReady with the last 40 lines of the server's log.
+    """
+    if runner not in RUNNERS:
+        raise UserError(f"unknown runner {runner!r}: use docker or process.")
+    env = dict(env or {})
+    own_log = log_path is None
+    if own_log:
+        fd, log_path = tempfile.mkstemp(prefix=f"dflash-bench-{name}-", suffix=".log")
+        os.close(fd)
+    Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+    info = ServerInfo(runner=runner, command=list(argv), url=f"http://127.0.0.1:{port}", port=port, engine=engine,
+                      mode=mode, log_path=str(log_path), env_names=sorted(env))
+    server: Server | None = None
+    with sigterm_unwinds():
+        try:
+            server = _make(runner, list(argv), env, info, name, port, docker, sweep_id, engine, mode)
+            server.start()
+            server.wait_ready(ready_path, ready_timeout)
+            if watchdog:
+                server.start_watchdog()
+            yield server
+        finally:
+            if server is not None:
+                server.stop()
+            if own_log and not (server is not None and server.died.is_set()):
+                Path(log_path).unlink(missing_ok=True)
+
+
+def _make(runner, argv, env, info, name, port, docker, sweep_id, engine, mode) -> Server:
+    if runner == "process":
+        from dflash_bench.launch.process import ProcessServer, resolve_argv
+
+        return ProcessServer(resolve_argv(argv), env, info, name)
+    from dflash_bench.launch.docker import DockerServer
+
+    if docker is None:
+        raise UserError("the docker runner needs an image: pass --image.")
+    labels = {k: v for k, v in {"dflash-bench.sweep": sweep_id, "dflash-bench.engine": engine,
+                                "dflash-bench.mode": mode}.items() if v}
+    docker.labels = {**labels, **docker.labels}
+    return DockerServer(argv, env, info, name, port, docker)
+
+
+def plan_server(engine: str, model: str | ModelPair, mode: str, *, port: int | None = None, preset: str = "generic",
+                extra_args: Sequence[str] = (), runner: str = "docker", network: str = "host"):
+    """(profile, pair, argv, env, port): what `launch_server` would run, for --dry-run and manifests."""
+    from dflash_bench import engines, models
+
+    profile = engines.get(engine)
+    pair = model if isinstance(model, ModelPair) else models.resolve(model)
+    port = port or profile.default_port
+    # SGLang binds 127.0.0.1 by default: a port-mapped container must listen on all its interfaces.
+    host = "0.0.0.0" if runner == "docker" and network != "host" else None
+    argv = profile.command(pair, mode, port, preset, extra_args, host=host)
+    return profile, pair, argv, profile.env(pair, mode), port
+
+
+@contextlib.contextmanager
+def launch_server(
+    engine: str, model: str | ModelPair, mode: str, *, runner: str = "docker", port: int | None = None,
+    preset: str = "generic", gpus: str | None = "all", image: str | None = None, extra_args: Sequence[str] = (),
+    sweep_id: str | None = None, log_path: str | Path | None = None,
+    ready_timeout: float = DEFAULT_READY_TIMEOUT_S, network: str = "host", docker: DockerOptions | None = None,
+) -> Iterator[Server]:
+    """Launch `engine` serving `model` in `mode` ("ar" | "dflash"); see the module docstring."""
+    profile, pair, argv, env, port = plan_server(engine, model, mode, port=port, preset=preset,
+                                                 extra_args=extra_args, runner=runner, network=network)
+    opts = docker
+    if runner == "docker":
+        image = image or (opts.image if opts else None) or profile.image
+        if not image:
+            raise UserError(f"the {profile.name} engine has no default image: pass --image.")
+        opts = opts or DockerOptions(image=image, gpus=gpus, network=network)
+        opts.image = image
+        argv = profile.container_command(argv)
+    with launch_command(argv, port=port, runner=runner, ready_path=profile.ready_path, env=env, log_path=log_path,
+                        ready_timeout=ready_timeout, name=f"{profile.name}-{mode}", docker=opts, engine=profile.name,
+                        mode=mode, sweep_id=sweep_id) as server:
+        yield server

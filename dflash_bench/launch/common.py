@@ -1,0 +1,206 @@
+"""What both launchers share: the Server handle, readiness polling, the watchdog, log tails, signals."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+
+from dflash_bench.errors import UserError
+
+LOG_TAIL_LINES = 40
+
+
+class ServerDied(UserError):
+    """The server exited (during start-up or while a cell ran). The message carries its log tail."""
+
+    def __init__(self, message: str, log_tail: str = "") -> None:
+        self.log_tail = log_tail
+        super().__init__(f"{message}; last lines of its log:\n{log_tail}" if log_tail else message)
+
+
+class ServerNotReady(ServerDied):
+    """The server stayed up but never answered its readiness endpoint in time."""
+
+
+class Terminated(SystemExit):
+    """SIGTERM arrived: unwinds like Ctrl-C so every `with` block tears its server down."""
+
+    def __init__(self) -> None:
+        super().__init__(128 + signal.SIGTERM)
+
+
+@dataclass
+class ServerInfo:
+    """What was launched, as recorded in the sweep manifest (never secrets: env values are not kept)."""
+
+    runner: str
+    command: list[str]
+    url: str
+    port: int
+    engine: str | None = None
+    mode: str | None = None
+    image: str | None = None
+    image_id: str | None = None
+    image_digest: str | None = None
+    container_id: str | None = None
+    pid: int | None = None
+    log_path: str | None = None
+    env_names: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def tail(path: str | Path | None, lines: int = LOG_TAIL_LINES) -> str:
+    """The last `lines` lines of a log file ('' when there is none)."""
+    if not path or not Path(path).is_file():
+        return ""
+    with open(path, "rb") as fh:
+        fh.seek(0, os.SEEK_END)
+        fh.seek(max(0, fh.tell() - 256 * 1024))
+        data = fh.read().decode("utf-8", "replace")
+    return "\n".join(data.splitlines()[-lines:])
+
+
+class Server:
+    """A running server. `check()` raises ServerDied once it has exited; `died` is set by the watchdog."""
+
+    runner = "?"
+
+    def __init__(self, info: ServerInfo, name: str) -> None:
+        self.info = info
+        self.url = info.url
+        self.name = name
+        self.log_path = info.log_path
+        self.died = threading.Event()
+        self._stopping = threading.Event()
+        self._watchdog: threading.Thread | None = None
+        self._stopped = False
+
+    # Implemented by the runners.
+    def exit_code(self) -> int | None:
+        """None while running, else the exit code (or -1 when unknown)."""
+        raise NotImplementedError
+
+    def _terminate(self) -> None:
+        raise NotImplementedError
+
+    # Shared behaviour.
+    def alive(self) -> bool:
+        return self.exit_code() is None
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        return tail(self.log_path, lines)
+
+    def check(self) -> None:
+        """Raise ServerDied (with the log tail) if the server is no longer running."""
+        if self._stopping.is_set():
+            return
+        code = self.exit_code()
+        if code is not None:
+            self.died.set()
+            raise ServerDied(f"the {self.name} server exited with code {code}", self.log_tail())
+
+    def wait_ready(self, path: str, timeout: float, interval: float = 0.5) -> None:
+        """Poll GET url+path until it answers 200; ServerDied if it exits, ServerNotReady on timeout."""
+        deadline = time.monotonic() + timeout
+        with httpx.Client(timeout=5.0) as client:
+            while True:
+                code = self.exit_code()
+                if code is not None:
+                    raise ServerDied(f"the {self.name} server exited during start-up with code {code}",
+                                     self.log_tail())
+                with contextlib.suppress(httpx.HTTPError):
+                    if client.get(self.url + path).status_code == 200:
+                        return
+                if time.monotonic() > deadline:
+                    raise ServerNotReady(f"the {self.name} server did not answer 200 on {path} within "
+                                         f"{timeout:.0f} s", self.log_tail())
+                time.sleep(interval)
+
+    def start_watchdog(self, interval: float = 1.0) -> None:
+        """Poll the server every `interval` s in a daemon thread; set `died` when it exits."""
+
+        def watch() -> None:
+            while not self._stopping.wait(interval):
+                try:
+                    if self.exit_code() is not None:
+                        self.died.set()
+                        return
+                except Exception:  # the daemon went away: check() will report it
+                    continue
+
+        self._watchdog = threading.Thread(target=watch, name=f"watchdog-{self.name}", daemon=True)
+        self._watchdog.start()
+
+    def start(self) -> None:
+        """Start the server (signals are deferred while it starts, so it is always known to stop())."""
+        with hold_signals():
+            self._start()
+
+    def _start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        """Stop the server and everything it started. Idempotent; signals are deferred meanwhile."""
+        if self._stopped:
+            return
+        self._stopping.set()
+        with hold_signals():
+            self._terminate()
+            self._stopped = True
+
+
+@contextlib.contextmanager
+def hold_signals() -> Iterator[None]:
+    """Defer SIGINT/SIGTERM until the block ends (teardown, container creation): never half of one."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    sigs = (signal.SIGINT, signal.SIGTERM)
+    old = {sig: signal.signal(sig, lambda signum, frame: pending.append(signum)) for sig in sigs}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+        if pending:
+            signal.raise_signal(pending[0])  # now handled as it would have been
+
+
+def _raise_terminated(signum, frame) -> None:  # noqa: ARG001
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def sigterm_unwinds() -> Iterator[None]:
+    """Within the block, SIGTERM raises Terminated (like Ctrl-C raises KeyboardInterrupt)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.getsignal(signal.SIGTERM)
+    if old not in (signal.SIG_DFL, None, _raise_terminated):
+        yield  # the caller installed its own handler: leave it
+        return
+    signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)

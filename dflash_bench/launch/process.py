@@ -1,0 +1,159 @@
+"""Local-process launcher: the server command as a subprocess in its own process group.
+
+Each running server is recorded in a small registry folder (one JSON file per server) so that
+`dflash-bench stop` can find servers whose harness was killed with SIGKILL.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from dflash_bench.errors import UserError
+from dflash_bench.launch.common import Server, ServerInfo
+
+STOP_GRACE_S = 15.0
+
+
+def registry_dir() -> Path:
+    """Where running process servers are recorded (env DFLASH_BENCH_RUN_DIR overrides)."""
+    env = os.environ.get("DFLASH_BENCH_RUN_DIR")
+    return Path(env) if env else Path(tempfile.gettempdir()) / f"dflash-bench-{os.getuid()}" / "servers"
+
+
+def resolve_argv(argv: list[str]) -> list[str]:
+    """Find argv[0]; `dflash-bench` falls back to this interpreter's module when not on PATH."""
+    if not argv:
+        raise UserError("the server command is empty.")
+    if shutil.which(argv[0]):
+        return list(argv)
+    if argv[0] == "dflash-bench":
+        return [sys.executable, "-m", "dflash_bench", *argv[1:]]
+    if argv[0] in ("python3", "python"):
+        return [sys.executable, *argv[1:]]
+    raise UserError(f"cannot run {argv[0]!r}: it is not on PATH (install the engine, or use --runner docker).")
+
+
+def shell_line(argv: list[str], env: dict[str, str]) -> str:
+    """The command as one shell line; secrets are shown by name only."""
+    names = [f"{k}={shlex.quote(v)}" for k, v in env.items()]
+    return " ".join(names + [shlex.join(argv)])
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def stop_group(pgid: int, grace: float = STOP_GRACE_S, reap=None) -> None:
+    """SIGTERM the process group, then SIGKILL what is left after `grace` seconds.
+
+    `reap` (our child's `poll`) collects the group leader, which would otherwise stay a zombie.
+    """
+    if not _signal_group(pgid, signal.SIGTERM):
+        return
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if reap is not None:
+            reap()
+        if not _group_alive(pgid):
+            return
+        time.sleep(0.1)
+    _signal_group(pgid, signal.SIGKILL)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+class ProcessServer(Server):
+    runner = "process"
+
+    def __init__(self, argv: list[str], env: dict[str, str], info: ServerInfo, name: str) -> None:
+        super().__init__(info, name)
+        self.argv, self.env = argv, env
+        self.proc: subprocess.Popen | None = None
+        self._log = None
+        self._record: Path | None = None
+
+    def _start(self) -> None:
+        self._log = open(self.info.log_path, "ab")  # noqa: SIM115 (closed in _terminate)
+        self.proc = subprocess.Popen(
+            self.argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env={**os.environ, **self.env}, start_new_session=True,
+        )
+        self.info.pid = self.proc.pid
+        self._record = registry_dir() / f"{self.proc.pid}.json"
+        self._register(self.argv)
+
+    def _register(self, argv: list[str]) -> None:
+        self._record.parent.mkdir(parents=True, exist_ok=True)
+        data = {"pgid": self.proc.pid, "owner_pid": os.getpid(), "argv": argv, "url": self.url,
+                "started": time.time()}
+        tmp = self._record.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        tmp.replace(self._record)
+
+    def exit_code(self) -> int | None:
+        return self.proc.poll() if self.proc else -1
+
+    def _terminate(self) -> None:
+        try:
+            if self.proc is not None:
+                stop_group(self.proc.pid, reap=self.proc.poll)
+                try:
+                    self.proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait(timeout=5)
+        finally:
+            if self._log:
+                self._log.close()
+            if self._record:
+                self._record.unlink(missing_ok=True)
+
+
+def stop_leftovers(all_: bool = False) -> list[str]:
+    """Stop recorded process servers: those whose harness is gone, or every one with `all_`."""
+    stopped = []
+    folder = registry_dir()
+    for rec in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            data = json.loads(rec.read_text())
+            pgid, owner = int(data["pgid"]), int(data["owner_pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            rec.unlink(missing_ok=True)
+            continue
+        if not _group_alive(pgid):
+            rec.unlink(missing_ok=True)
+            continue
+        if all_ or not _pid_alive(owner):
+            stop_group(pgid)
+            rec.unlink(missing_ok=True)
+            stopped.append(f"process group {pgid}: {shlex.join(data.get('argv', []))[:120]}")
+    return stopped

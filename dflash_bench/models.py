@@ -1,0 +1,174 @@
+"""Known target/drafter pairs and the server settings their model cards publish.
+
+`resolve(name)` takes a short name ("Qwen3-8B"), the target's or the drafter's Hugging Face id, or any
+other model id or local folder together with an explicit drafter. The card flags live here; the engine
+profiles in `dflash_bench.engines` turn them into command lines.
+Sources: z-lab/dflash README and the z-lab model cards, as quoted in shared/reference/dflash.md §5 and
+servers.md §5.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from dflash_bench.errors import UserError
+
+# Card flag sets shared by several pairs (target flags: the AR baseline keeps them).
+_VLLM_CARD = ("--attention-backend", "flash_attn", "--max-num-batched-tokens", "32768")
+_SGLANG_QWEN3_CARD = (
+    "--tp-size", "1", "--dtype", "bfloat16", "--attention-backend", "fa3",
+    "--mem-fraction-static", "0.75", "--trust-remote-code",
+)
+_SGLANG_QWEN35_CARD = (
+    "--tp-size", "1", "--attention-backend", "trtllm_mha", "--mem-fraction-static", "0.75",
+    "--mamba-scheduler-strategy", "extra_buffer", "--trust-remote-code",
+)
+_SGLANG_QWEN35_ENV = {"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
+
+
+@dataclass(frozen=True)
+class ModelPair:
+    """A target model, its DFlash drafter, and the settings their cards publish."""
+
+    name: str
+    target: str
+    drafter: str | None
+    block_size: int = 16
+    thinking: bool = False  # the chat-template thinking mode the drafter was trained with
+    reasoning_effort: str | None = None  # gpt-oss: "medium" per the card
+    vllm_flags: tuple[str, ...] = _VLLM_CARD  # target flags, same for AR and DFlash
+    vllm_spec: dict = field(default_factory=dict)  # extra keys of --speculative-config
+    vllm_env: dict = field(default_factory=dict)
+    vllm_version: str = "v0.20.1+"
+    sglang_flags: tuple[str, ...] = _SGLANG_QWEN3_CARD
+    sglang_spec_flags: tuple[str, ...] = ()  # extra DFlash-only flags (draft attention backend)
+    sglang_env: dict = field(default_factory=dict)
+    sglang_version: str = "with PR #22077 (DFLASH)"
+    notes: str = ""
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        """vLLM's `num_speculative_tokens`: the block minus its anchor slot (B - 1)."""
+        return self.block_size - 1
+
+    def require_drafter(self) -> str:
+        if not self.drafter:
+            raise UserError(f"model {self.name} has no DFlash drafter: pass --drafter to run the dflash mode.")
+        return self.drafter
+
+
+def _qwen35(size: str, drafter: str | None = None, tp: int = 1, *, version: str = "3.5", notes: str = "") -> ModelPair:
+    target = f"Qwen/Qwen{version}-{size}"
+    sglang_flags = _SGLANG_QWEN35_CARD if tp == 1 else ("--tp-size", str(tp)) + _SGLANG_QWEN35_CARD[2:]
+    vllm_flags = _VLLM_CARD if tp == 1 else _VLLM_CARD + ("--tensor-parallel-size", str(tp))
+    return ModelPair(
+        name=f"Qwen{version}-{size}", target=target, drafter=drafter or f"z-lab/Qwen{version}-{size}-DFlash",
+        block_size=16, thinking=True, vllm_flags=vllm_flags, vllm_version="v0.20.1+ (z-lab uses PR #40898)",
+        sglang_flags=sglang_flags, sglang_spec_flags=("--speculative-draft-attention-backend", "fa4"),
+        sglang_env=dict(_SGLANG_QWEN35_ENV), notes=notes or "hybrid (GatedDeltaNet) target; thinking on",
+    )
+
+
+KNOWN: dict[str, ModelPair] = {p.name: p for p in [
+    ModelPair(
+        name="gemma-4-31B-it", target="google/gemma-4-31B-it", drafter="z-lab/gemma-4-31B-it-DFlash",
+        block_size=16, thinking=True,
+        vllm_flags=("--attention-backend", "triton_attn", "--max-num-batched-tokens", "32768", "--trust-remote-code"),
+        vllm_spec={"attention_backend": "flash_attn"}, vllm_env={"VLLM_USE_V2_MODEL_RUNNER": "1"},
+        vllm_version="build of PR #41703 (pass --image)",
+        sglang_flags=("--attention-backend", "triton"),
+        sglang_spec_flags=("--speculative-draft-attention-backend", "fa4"),
+        sglang_version="build of PR #23000 (pass --image)",
+        notes="card measured on B300, thinking on, up to 5.8x at concurrency 1",
+    ),
+    ModelPair(name="Qwen3-4B", target="Qwen/Qwen3-4B", drafter="z-lab/Qwen3-4B-DFlash-b16", notes="thinking off"),
+    ModelPair(name="Qwen3-8B", target="Qwen/Qwen3-8B", drafter="z-lab/Qwen3-8B-DFlash-b16", notes="thinking off"),
+    ModelPair(
+        name="Qwen3-Coder-30B-A3B", target="Qwen/Qwen3-Coder-30B-A3B-Instruct",
+        drafter="z-lab/Qwen3-Coder-30B-A3B-DFlash", notes="MoE; 8-layer drafter",
+    ),
+    ModelPair(
+        name="Llama-3.1-8B-Instruct", target="meta-llama/Llama-3.1-8B-Instruct",
+        drafter="z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat", block_size=10, notes="gated target: needs HF_TOKEN",
+    ),
+    ModelPair(
+        name="gpt-oss-20b", target="openai/gpt-oss-20b", drafter="z-lab/gpt-oss-20b-DFlash", block_size=10,
+        thinking=True, reasoning_effort="medium", notes="reasoning effort medium",
+    ),
+    ModelPair(
+        name="gpt-oss-120b", target="openai/gpt-oss-120b", drafter="z-lab/gpt-oss-120b-DFlash", block_size=10,
+        thinking=True, reasoning_effort="medium", notes="card: H200, SGLang, reasoning effort medium",
+    ),
+    _qwen35("4B"),
+    _qwen35("9B"),
+    _qwen35("27B"),
+    _qwen35("35B-A3B", notes="MoE, hybrid; card command of the z-lab README"),
+    _qwen35("122B-A10B", tp=4, notes="MoE, hybrid; TP 4 is this tool's default, not the card's"),
+    _qwen35("27B", version="3.6", notes="preview drafter; thinking on"),
+    _qwen35("35B-A3B", version="3.6"),
+]}
+
+
+def known() -> list[ModelPair]:
+    """The known pairs, in the order `dflash-bench models` prints them."""
+    return list(KNOWN.values())
+
+
+def _lookup(name: str) -> ModelPair | None:
+    low = name.strip().lower()
+    for pair in KNOWN.values():
+        if low in (pair.name.lower(), pair.target.lower(), (pair.drafter or "").lower()):
+            return pair
+    return None
+
+
+def _local_block_size(drafter: str) -> int | None:
+    """block_size from a local drafter folder's config.json (top level or inside dflash_config)."""
+    cfg = Path(drafter) / "config.json"
+    if not cfg.is_file():
+        return None
+    try:
+        data = json.loads(cfg.read_text())
+    except (OSError, ValueError) as err:
+        raise UserError(f"cannot read the drafter config {cfg}: {err}.") from None
+    size = data.get("block_size") or (data.get("dflash_config") or {}).get("block_size")
+    return int(size) if size else None
+
+
+def resolve(name: str, *, drafter: str | None = None, block_size: int | None = None) -> ModelPair:
+    """The pair for a short name or a Hugging Face id; any other id or folder needs `drafter` for dflash.
+
+    Unknown short names (no "/" and not a folder) raise UserError listing the known names.
+    """
+    if not name or not name.strip():
+        raise UserError("the model name is empty: pass a short name (see `dflash-bench models`) or a Hugging Face id.")
+    pair = _lookup(name)
+    if pair is None:
+        looks_like_id = "/" in name or Path(name).exists()
+        if not looks_like_id:
+            names = ", ".join(KNOWN)
+            raise UserError(f"unknown model {name!r}: use one of {names}, or a Hugging Face id with --drafter.")
+        size = block_size or (_local_block_size(drafter) if drafter else None) or 16
+        return ModelPair(name=name.rstrip("/").rsplit("/", 1)[-1], target=name, drafter=drafter, block_size=size,
+                         notes="not a known pair: card flags unknown")
+    if drafter or block_size:
+        size = block_size or (_local_block_size(drafter) if drafter else None) or pair.block_size
+        pair = replace(pair, drafter=drafter or pair.drafter, block_size=size)
+    return pair
+
+
+def print_table() -> None:
+    """`dflash-bench models`: the known pairs as a table."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="Known target / DFlash drafter pairs")
+    for col in ("name", "target", "drafter", "B", "thinking", "vLLM", "SGLang", "notes"):
+        table.add_column(col, overflow="fold")
+    for p in known():
+        thinking = p.reasoning_effort or ("on" if p.thinking else "off")
+        table.add_row(p.name, p.target, p.drafter or "-", str(p.block_size), thinking, p.vllm_version,
+                      p.sglang_version, p.notes)
+    Console().print(table)
