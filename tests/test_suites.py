@@ -254,3 +254,37 @@ def test_cli_errors_are_one_line_and_nonzero(tmp_path, args, expect):
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1 and expect.replace("{bad}", str(tmp_path)) in out.stderr
     assert "Traceback" not in out.stderr
+
+
+_HUB_SUITE = """name = "tiny"
+default_max_tokens = 16
+num_turns = 2
+[hub]
+url = "{url}"
+rename = {{ prompt = "turns" }}
+[offline]
+files = ["tiny.jsonl"]
+[prompt]
+turns_field = "turns"
+template = "{{turn}}!"
+[fields]
+category = "category"
+"""
+
+
+def test_hub_path_reads_through_datasets_and_renames_columns(tmp_path):
+    """data_dir=None goes through `datasets.load_dataset` (here its json builder on a local file: no network)."""
+    rows = _write_jsonl(tmp_path / "rows.jsonl", [{"prompt": ["a", "b"], "category": "c"}, {"prompt": ["x"], "category": "d"}])
+    suites = tmp_path / "suites"
+    suites.mkdir()
+    (suites / "tiny.toml").write_text(_HUB_SUITE.format(url=rows))
+    (suites / "gone.toml").write_text(_HUB_SUITE.format(url=tmp_path / "missing.jsonl").replace('"tiny"', '"gone"'))
+    env = {**__import__("os").environ, "DFLASH_BENCH_SUITES": str(suites), "HF_HUB_OFFLINE": "1",
+           "HF_DATASETS_CACHE": str(tmp_path / "cache")}
+    code = "import json; from dflash_bench.suites import load_prompts; print(json.dumps([[p.id, p.turns, p.category] for p in load_prompts('tiny')]))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == [["tiny/0", ["a!", "b!"], "c"], ["tiny/1", ["x!"], "d"]]
+    out = subprocess.run([sys.executable, "-m", "dflash_bench", "suites", "show", "gone"], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert out.returncode == 2 and "suite gone: could not load" in out.stderr and "--data-dir" in out.stderr
