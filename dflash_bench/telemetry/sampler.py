@@ -1,0 +1,155 @@
+"""Background sampling of GPUs during a measured window, and the telemetry.csv it leaves.
+
+    sampler = TelemetrySampler(gpus=[0, 1], interval_s=0.1)
+    with sampler.window():
+        run_the_cell()
+    sampler.write_csv(cell_dir / "telemetry.csv")
+    summary = summarize(sampler.samples, output_tokens, window_s=sampler.window_s)
+
+Without NVML or a GPU the sampler is off: `status` says why, `samples` stays empty, no thread starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+from dflash_bench.errors import UserError
+from dflash_bench.telemetry import nvml
+from dflash_bench.telemetry.nvml import SAMPLE_COLUMNS, Sample, TelemetryStatus
+
+_INT_COLUMNS = {"gpu", "energy_mj", "gpu_util_pct", "mem_util_pct", "sm_clock_mhz", "mem_clock_mhz", "temp_c", "throttle_reasons"}
+
+
+class TelemetrySampler:
+    """Samples `gpus` (physical NVML indices; None: every GPU) every `interval_s` in a daemon thread.
+
+    A sample of every GPU is taken synchronously at `start()` and at `stop()`, so the samples bracket the
+    window exactly; the thread fills in between on a fixed schedule (late ticks are skipped, not bunched).
+    One sampler can measure several windows in turn; each `start()` clears the previous samples.
+    """
+
+    def __init__(self, gpus: list[int] | None = None, interval_s: float = 0.1):
+        if interval_s <= 0:
+            raise UserError(f"the telemetry interval must be positive, not {interval_s} s.")
+        self.interval_s = interval_s
+        self.status: TelemetryStatus = nvml.probe(gpus)
+        self._samples: list[Sample] = []
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._reader: nvml.Reader | None = None
+        self._t0 = 0.0
+        self.window_s: float | None = None  # length of the last finished window
+        self.cpu_s: float = 0.0  # CPU time the sampling thread used in the last window
+        self.error: str | None = None  # set if sampling broke off mid-window
+
+    @property
+    def enabled(self) -> bool:
+        return self.status.enabled
+
+    @property
+    def samples(self) -> list[Sample]:
+        return list(self._samples)
+
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("telemetry sampler already running")
+        self._samples, self.window_s, self.cpu_s, self.error = [], None, 0.0, None
+        if not self.enabled:
+            return
+        why = nvml.init()
+        if why:  # the driver went away since the probe
+            self.status = TelemetryStatus(False, why)
+            return
+        self._reader = nvml.Reader(self.status.gpus)
+        self._stop.clear()
+        self._t0 = time.perf_counter()
+        self._samples.extend(self._reader.read(self._t0))
+        self._thread = threading.Thread(target=self._run, name="dflash-telemetry", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._thread.join()
+        self._thread = None
+        try:
+            self._samples.extend(self._reader.read(self._t0))
+        finally:
+            self.window_s = time.perf_counter() - self._t0
+            self._reader = None
+            nvml.shutdown()
+
+    @contextlib.contextmanager
+    def window(self) -> Iterator[TelemetrySampler]:
+        self.start()
+        try:
+            yield self
+        finally:
+            self.stop()
+
+    def _run(self) -> None:
+        cpu0 = time.thread_time()
+        next_t = self._t0 + self.interval_s
+        try:
+            while not self._stop.wait(max(0.0, next_t - time.perf_counter())):
+                self._samples.extend(self._reader.read(self._t0))
+                next_t += self.interval_s
+                now = time.perf_counter()
+                if now > next_t:  # fell behind (a stall): resume the schedule from now
+                    next_t = now + self.interval_s
+        except Exception as err:  # noqa: BLE001 - the cell goes on; the gap shows in the energy's validity
+            self.error = f"telemetry sampling stopped: {err}"
+        finally:
+            self.cpu_s = time.thread_time() - cpu0
+
+    def write_csv(self, path: Path) -> None:
+        """Write the last window's samples to `path` atomically (an empty table when telemetry was off)."""
+        write_csv(path, self._samples)
+
+
+def samples_to_csv(samples: list[Sample]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(SAMPLE_COLUMNS)
+    for s in samples:
+        w.writerow(["" if getattr(s, c) is None else _fmt(getattr(s, c)) for c in SAMPLE_COLUMNS])
+    return buf.getvalue()
+
+
+def _fmt(v: float | int) -> str:
+    return str(v) if isinstance(v, int) else f"{v:.6f}".rstrip("0").rstrip(".")
+
+
+def write_csv(path: Path, samples: list[Sample]) -> None:
+    from dflash_bench.store import atomic_write_text
+
+    atomic_write_text(Path(path), samples_to_csv(samples))
+
+
+def read_csv(path: Path) -> list[Sample]:
+    """Samples back from a telemetry.csv (columns it lacks stay None; unknown columns are ignored)."""
+    path = Path(path)
+    try:
+        rows = list(csv.DictReader(path.open(newline="")))
+    except OSError as err:
+        raise UserError(f"cannot read telemetry file {path}: {err.strerror}.") from None
+    out = []
+    for n, row in enumerate(rows, start=2):
+        try:
+            out.append(Sample(**{c: _parse(c, row[c]) for c in SAMPLE_COLUMNS if c in row}))
+        except (TypeError, ValueError):
+            raise UserError(f"{path} line {n} is not a telemetry sample; it may be damaged.") from None
+    return out
+
+
+def _parse(column: str, text: str | None) -> float | int | None:
+    if text is None or text == "":
+        return None
+    return int(text) if column in _INT_COLUMNS else float(text)
