@@ -283,7 +283,7 @@ def _as_set(value: Any) -> set[str]:
 
 
 def _check_config(suite: Suite, config: str | None) -> str | None:
-    if config is None:
+    if config is None or config == suite.hf_config:
         return suite.hf_config
     if config not in suite.configs:
         choices = ", ".join(suite.configs) if suite.configs else "none"
@@ -360,6 +360,7 @@ def print_suites(data_dir: Path | None = None) -> None:
     from rich.text import Text
 
     table = Table("suite", "source", "records", "categories", "turns", "max tokens")
+    table.columns[1].overflow = "fold"
     for suite in list_suites():
         records, cats = "hub", list(suite.known_categories)
         if data_dir is not None:
