@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable
 
+import numpy as np
 import pandas as pd
 
 from dflash_bench.store import SweepDir, flatten_summary
@@ -69,3 +70,29 @@ def headline(frame: pd.DataFrame) -> pd.DataFrame:
     )
     agg["speedup"] = agg["dflash_tok_s"] / agg["ar_tok_s"]
     return agg
+
+
+def power_timeline(sweep_dir: Path | str, cid: str) -> pd.DataFrame | None:
+    """A cell's GPU power over its measured window: columns `t_s` and `power_w` (summed over its GPUs).
+
+    None when the cell has no telemetry.csv, the file is empty or unreadable, or it holds no power column.
+    """
+    from dflash_bench.store import TELEMETRY
+
+    file = Path(sweep_dir) / "cells" / cid / TELEMETRY
+    if not file.exists():
+        return None
+    try:
+        raw = pd.read_csv(file)
+    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError, OSError):
+        return None
+    if raw.empty or "power_w" not in raw.columns or "t_s" not in raw.columns:
+        return None
+    raw = raw.dropna(subset=["t_s", "power_w"])
+    if raw.empty:
+        return None
+    gpu = raw["gpu"] if "gpu" in raw.columns else 0
+    series = [g.sort_values("t_s") for _, g in raw.assign(gpu=gpu).groupby("gpu")]
+    grid = series[0]["t_s"].to_numpy(dtype=float)
+    total = sum(np.interp(grid, s["t_s"].to_numpy(dtype=float), s["power_w"].to_numpy(dtype=float)) for s in series)
+    return pd.DataFrame({"t_s": grid, "power_w": total})
