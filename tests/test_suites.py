@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -279,7 +280,7 @@ def test_hub_path_reads_through_datasets_and_renames_columns(tmp_path):
     suites.mkdir()
     (suites / "tiny.toml").write_text(_HUB_SUITE.format(url=rows))
     (suites / "gone.toml").write_text(_HUB_SUITE.format(url=tmp_path / "missing.jsonl").replace('"tiny"', '"gone"'))
-    env = {**__import__("os").environ, "DFLASH_BENCH_SUITES": str(suites), "HF_HUB_OFFLINE": "1",
+    env = {**os.environ, "DFLASH_BENCH_SUITES": str(suites), "HF_HUB_OFFLINE": "1",
            "HF_DATASETS_CACHE": str(tmp_path / "cache")}
     code = "import json; from dflash_bench.suites import load_prompts; print(json.dumps([[p.id, p.turns, p.category] for p in load_prompts('tiny')]))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
