@@ -68,6 +68,58 @@ def suites_show(
     print_prompts(name, num, data_dir, config=config, categories=category)
 
 
+@app.command()
+def models() -> None:
+    """List the known target / DFlash drafter pairs, their block sizes and the engine versions they need."""
+    from dflash_bench.models import print_table
+
+    print_table()
+
+
+@app.command()
+def launch(
+    engine: str = typer.Option("vllm", "--engine", "-e", help="vllm, sglang or builtin."),
+    model: str = typer.Option(..., "--model", "-m", help="A known short name (see `dflash-bench models`) or a Hugging Face id / folder."),
+    mode: str = typer.Option("dflash", "--mode", help="ar (plain decoding) or dflash (speculative)."),
+    gpu: str = typer.Option("generic", "--gpu", help="GPU preset for engine flags: generic, h100 (Hopper), b300 (Blackwell)."),
+    runner: str = typer.Option("docker", "--runner", help="docker (engine image) or process (engine installed here)."),
+    port: Optional[int] = typer.Option(None, "--port", help="Port to serve on (default: the engine's own)."),
+    image: Optional[str] = typer.Option(None, "--image", help="Container image (default: the engine's pinned image)."),
+    gpus: str = typer.Option("all", "--gpus", help="GPUs for the container: all, a list like 0,1, or none."),
+    drafter: Optional[str] = typer.Option(None, "--drafter", help="DFlash drafter id or folder (overrides the known pair's)."),
+    engine_arg: Optional[list[str]] = typer.Option(None, "--engine-arg", help="Extra server flag, passed through as is (repeatable; use --engine-arg=--flag)."),
+    network: str = typer.Option("host", "--network", help="host (container shares the host network) or bridge (port mapped on 127.0.0.1)."),
+    ready_timeout: float = typer.Option(1800.0, "--ready-timeout", help="Seconds to wait for the server's readiness endpoint."),
+    log: Optional[str] = typer.Option(None, "--log", help="Write the server's log here (default: a temporary file)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the exact docker or process command and exit."),
+) -> None:
+    """Start one AR or DFlash server, print its URL and keep it up until Ctrl-C."""
+    from dflash_bench.launch.commands import run_launch
+
+    run_launch(engine, model, mode, gpu=gpu, runner=runner, port=port, image=image, gpus=gpus, drafter=drafter,
+               engine_args=engine_arg or [], network=network, dry_run=dry_run, ready_timeout=ready_timeout,
+               log_path=log)
+
+
+@app.command()
+def stop(
+    all_: bool = typer.Option(False, "--all", help="Also stop servers whose harness is still running."),
+    sweep: Optional[str] = typer.Option(None, "--sweep", help="Only this sweep's containers (running harness or not)."),
+) -> None:
+    """Remove leftover dflash-bench servers (containers by label, local process groups)."""
+    from dflash_bench.launch.commands import run_stop
+
+    run_stop(all_, sweep)
+
+
+@app.command()
+def doctor() -> None:
+    """Check GPUs and driver, the docker daemon, engine images, HF_TOKEN and disk: one yes/no line each."""
+    from dflash_bench.launch.doctor import run_doctor
+
+    run_doctor()
+
+
 def main() -> None:
     """Console entry point: user errors become one line on stderr and a non-zero exit, never a traceback."""
     try:

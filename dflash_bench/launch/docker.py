@@ -60,11 +60,12 @@ def owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _volumes(opts: DockerOptions) -> dict[str, dict[str, str]]:
+def _volumes(opts: DockerOptions, create: bool = True) -> dict[str, dict[str, str]]:
     vols = {str(host): {"bind": cont, "mode": mode} for host, cont, mode in opts.mounts}
     if opts.hf_cache:
         cache = hf_cache_dir()
-        cache.mkdir(parents=True, exist_ok=True)
+        if create:
+            cache.mkdir(parents=True, exist_ok=True)
         vols.setdefault(str(cache), {"bind": CONTAINER_HF_CACHE, "mode": "rw"})
     return vols
 
@@ -94,7 +95,7 @@ def docker_run_line(argv: list[str], env: dict[str, str], port: int, opts: Docke
         parts += ["--shm-size", opts.shm_size]
     parts += ["--ulimit", "memlock=-1", "--ulimit", "stack=67108864"]
     parts += ["--network", "host"] if opts.network == "host" else ["-p", f"127.0.0.1:{port}:{port}"]
-    for host, spec in _volumes(opts).items():
+    for host, spec in _volumes(opts, create=False).items():
         parts += ["-v", f"{host}:{spec['bind']}:{spec['mode']}"]
     for key in _secret_env():
         parts += ["-e", key]

@@ -1,0 +1,284 @@
+"""The report's figures (matplotlib, Agg backend), one function per figure; each returns PNG bytes or None
+when the sweep has nothing to draw for it.
+
+Colours: AR blue, DFlash orange, everywhere. Engines of one sweep differ by marker and line style.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from typing import Any, Callable
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from dflash_bench.report.tables import SweepView  # noqa: E402
+
+COLORS = {"ar": "#1f77b4", "dflash": "#ff7f0e"}
+NAMES = {"ar": "AR", "dflash": "DFlash"}
+MARKERS = ["o", "s", "^", "D", "v"]
+STYLES = ["-", "--", ":", "-."]
+DPI = 100
+
+
+def render_all(view: SweepView) -> dict[str, bytes]:
+    """Every figure the sweep has data for, by name (the PNG's stem), in page order."""
+    out: dict[str, bytes] = {}
+    for name, fn in FIGURES.items():
+        fig = fn(view)
+        if fig is not None:
+            out[name] = _png(fig)
+    return out
+
+
+def _png(fig: plt.Figure) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _grid(n: int, width: float = 4.2, height: float = 3.3, ncols_max: int = 3) -> tuple[plt.Figure, list[Any]]:
+    ncols = max(1, min(n, ncols_max))
+    nrows = math.ceil(n / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False)
+    flat = list(axes.flat)
+    for ax in flat[n:]:
+        ax.set_visible(False)
+    return fig, flat[:n]
+
+
+def _engines(view: SweepView) -> list[str]:
+    return sorted(set(view.done["engine"])) if not view.done.empty else []
+
+
+def _style(view: SweepView, engine: str, mode: str) -> dict[str, Any]:
+    i = _engines(view).index(engine)
+    return {"color": COLORS.get(mode, "grey"), "marker": MARKERS[i % len(MARKERS)], "linestyle": STYLES[i % len(STYLES)]}
+
+
+def _series_label(view: SweepView, engine: str, mode: str) -> str:
+    name = NAMES.get(mode, mode)
+    return f"{engine} {name}" if len(_engines(view)) > 1 else name
+
+
+def _valid(frame: pd.DataFrame, *cols: str) -> pd.DataFrame:
+    if frame.empty or any(c not in frame.columns for c in cols):
+        return frame.iloc[0:0]
+    return frame.dropna(subset=list(cols))
+
+
+def _conc_axis(ax: Any, concs: list[int]) -> None:
+    if concs and max(concs) / max(min(concs), 1) >= 4:
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(concs)
+    ax.set_xticklabels([str(c) for c in concs])
+    ax.minorticks_off()
+
+
+# ------------------------------------------------------------------ Pareto
+
+
+def frontier(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Points no other point beats on both axes (more is better on both), sorted by x."""
+    best: list[tuple[float, float]] = []
+    for x, y in sorted(points, key=lambda p: (-p[0], -p[1])):
+        if not best or y > best[-1][1]:
+            best.append((x, y))
+    return sorted(best)
+
+
+def pareto(view: SweepView) -> plt.Figure | None:
+    data = _valid(view.done, "output_throughput", "tok_s_user_p50")
+    if data.empty:
+        return None
+    per = view.gpus or 1
+    suites = sorted(set(data["suite"]))
+    fig, axes = _grid(len(suites))
+    for ax, suite in zip(axes, suites):
+        for (engine, mode), g in data[data["suite"] == suite].groupby(["engine", "mode"]):
+            st = _style(view, engine, mode)
+            xs, ys = g["tok_s_user_p50"].to_numpy(float), g["output_throughput"].to_numpy(float) / per
+            ax.scatter(xs, ys, color=st["color"], marker=st["marker"], zorder=3, label=_series_label(view, engine, mode))
+            for x, y, c in zip(xs, ys, g["concurrency"]):
+                ax.annotate(f"c{int(c)}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+            front = frontier(list(zip(xs, ys)))
+            ax.plot([p[0] for p in front], [p[1] for p in front], color=st["color"], linestyle=st["linestyle"], alpha=0.8)
+        ax.set_title(suite)
+        ax.set_xlabel("interactivity, tok/s/user (p50)")
+        ax.set_ylabel(f"output throughput, {view.throughput_unit}")
+        ax.grid(alpha=0.3)
+        ax.set_xlim(left=0)
+        ax.set_ylim(bottom=0)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+# ------------------------------------------------------------------ acceptance
+
+
+def acceptance(view: SweepView) -> plt.Figure | None:
+    data = _valid(view.done[view.done["mode"] == "dflash"] if not view.done.empty else view.done, "acceptance_length")
+    if data.empty:
+        return None
+    suites = sorted(set(data["suite"]))
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    cmap = plt.get_cmap("tab10")
+    for i, suite in enumerate(suites):
+        for engine, g in data[data["suite"] == suite].groupby("engine"):
+            g = g.sort_values("concurrency")
+            st = _style(view, engine, "dflash")
+            label = suite if len(_engines(view)) == 1 else f"{suite} ({engine})"
+            ax.plot(g["concurrency"], g["acceptance_length"], color=cmap(i % 10), marker=st["marker"], linestyle=st["linestyle"], label=label)
+            for col, mk in (("acceptance_length_req_weighted", "x"), ("acceptance_length_token_weighted", "+")):
+                if col in g.columns and g[col].notna().any():
+                    ax.scatter(g["concurrency"], g[col], color=cmap(i % 10), marker=mk, s=40, zorder=3)
+    _conc_axis(ax, sorted(int(c) for c in set(data["concurrency"])))
+    ax.set_xlabel("concurrency")
+    ax.set_ylabel("acceptance length τ (tokens per verify step)")
+    ax.set_ylim(bottom=1)
+    ax.grid(alpha=0.3)
+    handles, labels = ax.get_legend_handles_labels()
+    handles += [plt.Line2D([], [], color="grey", marker="x", linestyle=""), plt.Line2D([], [], color="grey", marker="+", linestyle="")]
+    labels += ["request-weighted", "token-weighted"]
+    ax.legend(handles, labels, fontsize=8, loc="best")
+    fig.tight_layout()
+    return fig
+
+
+def positions(view: SweepView) -> plt.Figure | None:
+    data = view.done[view.done["mode"] == "dflash"] if not view.done.empty else view.done
+    if data.empty or "positions" not in data.columns:
+        return None
+    data = data[data["positions"].apply(lambda v: isinstance(v, list) and len(v) > 0)]
+    if data.empty:
+        return None
+    suites = sorted(set(data["suite"]))
+    fig, axes = _grid(len(suites), height=3.0)
+    cmap = plt.get_cmap("viridis")
+    concs = sorted(int(c) for c in set(data["concurrency"]))
+    for ax, suite in zip(axes, suites):
+        for _, row in data[data["suite"] == suite].sort_values("concurrency").iterrows():
+            pos = row["positions"]
+            shade = cmap(concs.index(int(row["concurrency"])) / max(len(concs) - 1, 1) * 0.85)
+            st = _style(view, row["engine"], "dflash")
+            label = f"c{int(row['concurrency'])}" + (f" {row['engine']}" if len(_engines(view)) > 1 else "")
+            ax.plot(range(1, len(pos) + 1), pos, color=shade, marker=".", linestyle=st["linestyle"], label=label)
+        ax.set_title(suite)
+        ax.set_xlabel("draft position")
+        ax.set_ylabel("acceptance rate")
+        ax.set_ylim(0, 1.02)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+# ------------------------------------------------------------------ latency and energy
+
+
+def _modes_vs_concurrency(view: SweepView, rows: list[tuple[str, str]], ylabel: Callable[[str], str]) -> plt.Figure | None:
+    """One row of subplots per metric prefix, one column per suite: p50 line, p50..p90 band, p99 dotted."""
+    rows = [(m, title) for m, title in rows if not _valid(view.done, f"{m}_p50").empty]
+    if not rows:
+        return None
+    suites = sorted(set(view.done["suite"]))
+    ncols = len(suites)
+    fig, axes = plt.subplots(len(rows), ncols, figsize=(3.8 * ncols, 3.0 * len(rows)), squeeze=False)
+    for r, (metric, title) in enumerate(rows):
+        for c, suite in enumerate(suites):
+            ax = axes[r][c]
+            sub = _valid(view.done[view.done["suite"] == suite], f"{metric}_p50")
+            for (engine, mode), g in sub.groupby(["engine", "mode"]):
+                g = g.sort_values("concurrency")
+                st = _style(view, engine, mode)
+                x = g["concurrency"].to_numpy(float)
+                ax.plot(x, g[f"{metric}_p50"], color=st["color"], marker=st["marker"], linestyle=st["linestyle"],
+                        label=f"{_series_label(view, engine, mode)} p50")
+                if f"{metric}_p90" in g.columns and g[f"{metric}_p90"].notna().all():
+                    ax.fill_between(x, g[f"{metric}_p50"], g[f"{metric}_p90"], color=st["color"], alpha=0.15)
+                if f"{metric}_p99" in g.columns and g[f"{metric}_p99"].notna().all():
+                    ax.plot(x, g[f"{metric}_p99"], color=st["color"], linestyle=":", linewidth=1)
+            _conc_axis(ax, sorted(int(v) for v in set(view.done["concurrency"])))
+            ax.set_title(f"{suite}: {title}", fontsize=10)
+            ax.set_xlabel("concurrency")
+            ax.set_ylabel(ylabel(metric))
+            ax.set_ylim(bottom=0)
+            ax.grid(alpha=0.3)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    handles += [plt.Rectangle((0, 0), 1, 1, color="grey", alpha=0.2), plt.Line2D([], [], color="grey", linestyle=":")]
+    labels += ["p50–p90", "p99"]
+    axes[0][0].legend(handles, labels, fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def latency(view: SweepView) -> plt.Figure | None:
+    return _modes_vs_concurrency(view, [("ttft_ms", "TTFT"), ("tpot_ms", "TPOT")], lambda m: "ms")
+
+
+def energy(view: SweepView) -> plt.Figure | None:
+    data = _valid(view.done, "j_per_token")
+    if data.empty:
+        return None
+    suites = sorted(set(data["suite"]))
+    fig, axes = _grid(len(suites), height=3.0)
+    for ax, suite in zip(axes, suites):
+        for (engine, mode), g in data[data["suite"] == suite].groupby(["engine", "mode"]):
+            g = g.sort_values("concurrency")
+            st = _style(view, engine, mode)
+            ax.plot(g["concurrency"], g["j_per_token"], color=st["color"], marker=st["marker"], linestyle=st["linestyle"],
+                    label=_series_label(view, engine, mode))
+        _conc_axis(ax, sorted(int(c) for c in set(data["concurrency"])))
+        ax.set_title(suite)
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel("energy, J per output token")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def power(view: SweepView) -> plt.Figure | None:
+    if not view.power:
+        return None
+    meta = view.frame.set_index("cell_id")
+    cells = [c for c in view.power if c in meta.index]
+    if not cells:
+        return None
+    suites = sorted({str(meta.loc[c, "suite"]) for c in cells})
+    fig, axes = _grid(len(suites), height=3.0)
+    for ax, suite in zip(axes, suites):
+        mine = sorted((c for c in cells if meta.loc[c, "suite"] == suite), key=lambda c: (meta.loc[c, "mode"], meta.loc[c, "concurrency"]))
+        concs = sorted({int(meta.loc[c, "concurrency"]) for c in mine})
+        for c in mine:
+            row = meta.loc[c]
+            tl = view.power[c]
+            alpha = 0.35 + 0.65 * (concs.index(int(row["concurrency"])) + 1) / len(concs)
+            st = _style(view, row["engine"], row["mode"])
+            ax.plot(tl["t_s"], tl["power_w"], color=st["color"], linestyle=st["linestyle"], alpha=alpha, linewidth=1.2,
+                    label=f"{_series_label(view, row['engine'], row['mode'])} c{int(row['concurrency'])}")
+        ax.set_title(suite)
+        ax.set_xlabel("time in measured window, s")
+        ax.set_ylabel("GPU power, W (sum over GPUs)")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+FIGURES: dict[str, Callable[[SweepView], plt.Figure | None]] = {
+    "pareto": pareto,
+    "acceptance": acceptance,
+    "acceptance_positions": positions,
+    "latency": latency,
+    "energy": energy,
+    "power": power,
+}

@@ -1,0 +1,164 @@
+"""The report page: one self-contained HTML file (figures as base64 PNG data URIs, CSS inline, no script)
+plus the same figures as files under figures/ beside it.
+
+Every string reaches the page through Jinja2 with autoescape on: model output, dataset text, manifest
+values, sweep ids and failure reasons show as text, never as markup.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import os
+import shlex
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from dflash_bench import __version__
+from dflash_bench.errors import UserError
+from dflash_bench.report import figures, tables
+from dflash_bench.store import MANIFEST, atomic_write_bytes
+
+TEMPLATES = Path(__file__).parent / "templates"
+FIGURE_TITLES = {
+    "pareto": "Throughput vs interactivity",
+    "acceptance": "Acceptance length τ by concurrency",
+    "acceptance_positions": "Acceptance rate per draft position",
+    "latency": "TTFT and TPOT percentiles",
+    "energy": "Energy per output token",
+    "power": "GPU power over the measured window",
+}
+
+
+def build_report(sweep_dirs: list[Path], out: Path | None = None) -> Path:
+    """Write report.html (default: inside the first sweep folder) and figures/*.png beside it; return the page's path."""
+    if not sweep_dirs:
+        raise UserError("give at least one sweep folder")
+    for path in sweep_dirs:
+        if not (Path(path) / MANIFEST).exists() and Path(path).is_dir() and any(Path(path).glob(f"*/{MANIFEST}")):
+            raise UserError(f"{path} holds sweep folders, not a sweep; give one of its subfolders")
+    views = tables.load([Path(p) for p in sweep_dirs])
+    out = _out_path(Path(sweep_dirs[0]), out)
+    fig_dir = out.parent / "figures"
+    many = len(views) > 1
+    sections: list[dict[str, Any]] = []
+    for view in views:
+        pngs = figures.render_all(view)
+        figs = {}
+        for name, data in pngs.items():
+            file = f"{view.slug}-{name}.png" if many else f"{name}.png"
+            _write(fig_dir / file, data)
+            figs[name] = {"src": "data:image/png;base64," + base64.b64encode(data).decode("ascii"),
+                          "href": f"figures/{file}", "title": FIGURE_TITLES[name], "name": name}
+        sections.append(_context(view, figs))
+    labels, compare = tables.comparison(views) if many else ([], [])
+    html = render(sweeps=sections, compare_labels=labels, compare=compare, version=__version__,
+                  generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
+    _write(out, html.encode())
+    return out
+
+
+def _write(path: Path, data: bytes) -> None:
+    """Atomic, and readable by others like any report (the temporary file starts private)."""
+    atomic_write_bytes(path, data)
+    os.chmod(path, 0o644)
+
+
+def _out_path(first: Path, out: Path | None) -> Path:
+    if out is None:
+        return first / "report.html"
+    out = Path(out)
+    if out.is_dir():
+        return out / "report.html"
+    if out.suffix.lower() not in (".html", ".htm"):
+        raise UserError(f"--out {out} should name an .html file or an existing folder")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def _context(view: tables.SweepView, figs: dict[str, dict[str, str]]) -> dict[str, Any]:
+    m = view.manifest
+    concs, matrix = tables.headline_matrix(view.headline)
+    best, worst = tables.best_and_worst(view.headline)
+    statuses: dict[str, int] = {}
+    for cell in m.plan:
+        statuses[cell.status] = statuses.get(cell.status, 0) + 1
+    telemetry_off = sorted({str(t) for t in view.frame.get("telemetry", []) if isinstance(t, str) and t != "on"})
+    return {
+        "label": view.label,
+        "slug": view.slug,
+        "folder": view.path.name,
+        "m": m,
+        "models": m.models,
+        "gpus": view.gpus,
+        "unit": view.throughput_unit,
+        "statuses": statuses,
+        "n_cells": len(view.frame),
+        "figs": figs,
+        "concs": concs,
+        "matrix": matrix,
+        "best": best,
+        "worst": worst,
+        "accept": [r for r in tables.stat_table(view, ["acceptance_length", "acceptance_length_req_weighted",
+                                                       "acceptance_length_token_weighted", "acceptance_rate"])
+                   if _present(r.get("acceptance_length_dflash"))],
+        "pareto": tables.stat_table(view, ["output_throughput", "tok_s_user_p50", "tok_s_user_p90"]),
+        "latency": tables.stat_table(view, ["ttft_ms_p50", "ttft_ms_p90", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p90", "tpot_ms_p99"]),
+        "energy": tables.stat_table(view, ["j_per_token", "avg_power_w"]),
+        "has_energy": "j_per_token" in view.done.columns and view.done["j_per_token"].notna().any(),
+        "telemetry_note": m.telemetry or "; ".join(telemetry_off) or "no telemetry.csv in any cell",
+        "failed": view.failed,
+        "lossless": view.lossless,
+        "lossless_cols": _columns(view.lossless),
+        "samples": view.samples,
+        "command_line": shlex.join(m.command_line) if m.command_line else "",
+        "manifest_blocks": [(k, _pretty(tables.redact(getattr(m, k)))) for k in
+                            ("settings", "models", "hardware", "versions", "servers") if getattr(m, k)],
+        "notes": m.notes,
+    }
+
+
+def _present(value: Any) -> bool:
+    return value is not None and not (isinstance(value, float) and math.isnan(value))
+
+
+def _columns(rows: list[dict[str, Any]]) -> list[str]:
+    cols: list[str] = []
+    for r in rows:
+        cols += [k for k in r if k not in cols]
+    return cols
+
+
+def _pretty(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, default=str, ensure_ascii=False)
+
+
+def _num(value: Any, digits: int = 1) -> str:
+    if value is None or isinstance(value, bool):
+        return "–" if value is None else str(value)
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    if math.isnan(f) or math.isinf(f):
+        return "–"
+    return f"{f:,.{digits}f}"
+
+
+def _per(value: Any, gpus: int | None) -> Any:
+    try:
+        return float(value) / gpus if gpus else value
+    except (TypeError, ValueError):
+        return value
+
+
+def render(**context: Any) -> str:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.filters["num"] = _num
+    env.filters["per"] = _per
+    return env.get_template("report.html.j2").render(**context)

@@ -1,0 +1,296 @@
+"""What the report shows, as plain data: one `SweepView` per sweep folder, built from analysis.py tables.
+
+Nothing here formats HTML (page.py does, with autoescape) or draws (figures.py does).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from dflash_bench import analysis
+from dflash_bench.store import Manifest, SweepDir
+
+SECRET_KEY = re.compile(r"token|secret|password|passwd|api[_-]?key|authorization", re.I)
+SAMPLE_CHARS = 600
+
+
+@dataclass
+class SweepView:
+    path: Path
+    manifest: Manifest
+    label: str  # what the page calls this sweep (sweep id, plus hardware and engines)
+    slug: str  # safe for file names
+    frame: pd.DataFrame  # analysis.cells: one row per cell
+    done: pd.DataFrame  # complete cells, repeats averaged: one row per engine x mode x suite x concurrency
+    headline: pd.DataFrame  # analysis.headline
+    gpus: int | None  # GPUs per server when the manifest says, else None ("per server")
+    failed: list[dict[str, Any]] = field(default_factory=list)
+    lossless: list[dict[str, Any]] = field(default_factory=list)
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    power: dict[str, pd.DataFrame] = field(default_factory=dict)  # cell id -> t_s, power_w
+
+    @property
+    def throughput_unit(self) -> str:
+        return "tok/s per GPU" if self.gpus else "tok/s per server"
+
+
+def load(paths: list[Path]) -> list[SweepView]:
+    views: list[SweepView] = []
+    slugs: set[str] = set()
+    for path in paths:
+        view = _load_one(Path(path))
+        base, n = view.slug, 2
+        while view.slug in slugs:
+            view.slug, n = f"{base}-{n}", n + 1
+        slugs.add(view.slug)
+        views.append(view)
+    return views
+
+
+def _load_one(path: Path) -> SweepView:
+    sweep = SweepDir.open(path)
+    manifest = sweep.read_manifest()
+    frame = analysis.cells(path)
+    gpus = gpu_count(manifest.hardware)
+    view = SweepView(
+        path=path,
+        manifest=manifest,
+        label=sweep_label(manifest, frame),
+        slug=slugify(manifest.sweep_id),
+        frame=frame,
+        done=averaged(frame),
+        headline=analysis.headline(frame),
+        gpus=gpus,
+    )
+    view.failed = failures(manifest, frame)
+    view.lossless = lossless_rows(frame)
+    view.samples = sample_outputs(sweep, frame)
+    for cid in analysis.complete(frame)["cell_id"] if not frame.empty else []:
+        timeline = analysis.power_timeline(path, cid)
+        if timeline is not None:
+            view.power[cid] = timeline
+    return view
+
+
+def slugify(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.")[:60] or "sweep"
+
+
+def gpu_count(hardware: dict[str, Any]) -> int | None:
+    """How many GPUs one server used, from the manifest's `hardware` (None when it does not say)."""
+    for key in ("gpus_per_server", "tensor_parallel", "tp"):
+        if isinstance(hardware.get(key), int) and hardware[key] > 0:
+            return hardware[key]
+    gpus = hardware.get("gpus")
+    if isinstance(gpus, list) and gpus:
+        return len(gpus)
+    if isinstance(gpus, int) and not isinstance(gpus, bool) and gpus > 0:
+        return gpus
+    return None
+
+
+def gpu_names(hardware: dict[str, Any]) -> str:
+    gpus = hardware.get("gpus")
+    if isinstance(gpus, list) and gpus:
+        names = [str(g.get("name", "GPU")) if isinstance(g, dict) else str(g) for g in gpus]
+        uniq = sorted(set(names))
+        return ", ".join(f"{names.count(n)}× {n}" for n in uniq)
+    return str(hardware.get("gpu") or hardware.get("name") or "")
+
+
+def sweep_label(manifest: Manifest, frame: pd.DataFrame) -> str:
+    parts = [manifest.sweep_id]
+    engines = sorted(set(frame["engine"])) if not frame.empty else []
+    if engines:
+        parts.append("/".join(str(e) for e in engines))
+    hw = gpu_names(manifest.hardware)
+    if hw:
+        parts.append(hw)
+    return " · ".join(parts)
+
+
+def averaged(frame: pd.DataFrame) -> pd.DataFrame:
+    """Complete cells with repeats averaged: numeric columns become their mean; list columns are parsed
+    (per-position acceptance: element-wise mean)."""
+    done = analysis.complete(frame) if not frame.empty else frame
+    key = ["engine", "mode", "suite", "concurrency"]
+    if done.empty:
+        return pd.DataFrame(columns=key)
+    numeric = [c for c in done.columns if c not in key and c != "repeat" and pd.api.types.is_numeric_dtype(done[c])]
+    out = done.groupby(key, as_index=False)[numeric].mean()
+    if "acceptance_per_position" in done.columns:
+        pos = done.groupby(key)["acceptance_per_position"].apply(lambda col: _mean_lists([parse_json(v) for v in col]))
+        out = out.merge(pos.rename("positions").reset_index(), on=key, how="left")
+    else:
+        out["positions"] = None
+    return out.sort_values(key).reset_index(drop=True)
+
+
+def parse_json(value: Any) -> Any:
+    if isinstance(value, (list, dict)):
+        return value
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        return None
+
+
+def _mean_lists(lists: list[Any]) -> list[float] | None:
+    lists = [x for x in lists if isinstance(x, list) and x]
+    if not lists:
+        return None
+    n = max(len(x) for x in lists)
+    out = []
+    for i in range(n):
+        vals = [float(x[i]) for x in lists if i < len(x) and isinstance(x[i], (int, float))]
+        out.append(sum(vals) / len(vals) if vals else math.nan)
+    return out
+
+
+def failures(manifest: Manifest, frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """Failed cells and why (from their summary, else from the plan), plus planned cells never finished."""
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    if not frame.empty:
+        for _, row in frame[frame["status"] == "failed"].iterrows():
+            reason = row.get("failure_reason")
+            if not isinstance(reason, str) or not reason:
+                try:
+                    reason = manifest.cell(row["cell_id"]).reason
+                except KeyError:
+                    reason = None
+            out.append({"cell_id": row["cell_id"], "status": "failed", "reason": reason or "no reason recorded"})
+            seen.add(row["cell_id"])
+    on_disk = set(frame["cell_id"]) if not frame.empty else set()
+    for cell in manifest.plan:
+        if cell.cell_id in seen or cell.cell_id in on_disk:
+            continue
+        if cell.status == "failed" or cell.status in ("pending", "running"):
+            out.append({"cell_id": cell.cell_id, "status": cell.status, "reason": cell.reason or "no summary on disk"})
+    return out
+
+
+def lossless_rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """`extra.lossless` of each complete cell that has it, flattened one level (filled by a later issue)."""
+    if frame.empty or "extra" not in frame.columns:
+        return []
+    rows = []
+    for _, row in analysis.complete(frame).iterrows():
+        extra = parse_json(row.get("extra"))
+        data = extra.get("lossless") if isinstance(extra, dict) else None
+        if data is None:
+            continue
+        flat = data if isinstance(data, dict) else {"value": data}
+        rows.append({"cell_id": row["cell_id"], **{str(k): _scalar(v) for k, v in flat.items()}})
+    return rows
+
+
+def _scalar(value: Any) -> Any:
+    return value if isinstance(value, (int, float, str, bool)) or value is None else json.dumps(value, default=str)
+
+
+def sample_outputs(sweep: SweepDir, frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """The first measured successful output of each complete cell at its suite's lowest concurrency, shortened."""
+    if frame.empty:
+        return []
+    done = analysis.complete(frame)
+    out = []
+    for (_, suite), group in done.groupby(["engine", "suite"]):
+        lowest = group[group["concurrency"] == group["concurrency"].min()]
+        for _, row in lowest[lowest["repeat"] == lowest["repeat"].min()].iterrows():
+            record = next((r for r in sweep.read_requests(row["cell_id"]) if r.ok and not r.warmup and r.output_text), None)
+            if record is None:
+                continue
+            text = record.output_text or ""
+            cut = len(text) > SAMPLE_CHARS
+            out.append({"cell_id": row["cell_id"], "suite": suite, "mode": row["mode"], "prompt_id": record.prompt_id,
+                        "text": text[:SAMPLE_CHARS] + ("…" if cut else "")})
+    return out
+
+
+def redact(value: Any) -> Any:
+    """The manifest for display, with anything that looks like a secret hidden (they should never be there)."""
+    if isinstance(value, dict):
+        return {k: ("***" if SECRET_KEY.search(str(k)) and value[k] not in (None, "", False) else redact(v)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact(v) for v in value]
+    if isinstance(value, str):
+        return re.sub(r"\bhf_[A-Za-z0-9]{20,}\b", "hf_***", value)
+    return value
+
+
+def best_and_worst(headline: pd.DataFrame) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    rows = headline.dropna(subset=["speedup"]) if not headline.empty else headline
+    if rows.empty:
+        return None, None
+    best = rows.loc[rows["speedup"].idxmax()].to_dict()
+    worst = rows.loc[rows["speedup"].idxmin()].to_dict()
+    return best, (worst if len(rows) > 1 else None)
+
+
+def headline_matrix(headline: pd.DataFrame) -> tuple[list[int], list[dict[str, Any]]]:
+    """The model card's layout: one row per engine x suite, one column per concurrency."""
+    if headline.empty:
+        return [], []
+    concs = sorted(int(c) for c in headline["concurrency"].unique())
+    best, worst = best_and_worst(headline)
+    rows = []
+    for (engine, suite), group in headline.groupby(["engine", "suite"], sort=True):
+        cells: list[dict[str, Any] | None] = []
+        for c in concs:
+            hit = group[group["concurrency"] == c]
+            if hit.empty:
+                cells.append(None)
+                continue
+            r = hit.iloc[0].to_dict()
+            r["best"] = best is not None and _same(r, best)
+            r["worst"] = worst is not None and _same(r, worst)
+            cells.append(r)
+        rows.append({"engine": engine, "suite": suite, "cells": cells})
+    return concs, rows
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return all(a.get(k) == b.get(k) for k in ("engine", "suite", "concurrency"))
+
+
+def comparison(views: list[SweepView]) -> tuple[list[str], list[dict[str, Any]]]:
+    """Speedup and tau of several sweeps side by side: one row per engine-free suite x concurrency."""
+    labels = [v.label for v in views]
+    keys: list[tuple[str, int]] = []
+    per: list[dict[tuple[str, int], dict[str, Any]]] = []
+    for v in views:
+        d: dict[tuple[str, int], dict[str, Any]] = {}
+        for _, r in v.headline.iterrows():
+            k = (str(r["suite"]), int(r["concurrency"]))
+            d[k] = {"speedup": r["speedup"], "tau": r["tau"], "engine": r["engine"]}
+            if k not in keys:
+                keys.append(k)
+        per.append(d)
+    rows = [{"suite": s, "concurrency": c, "cells": [d.get((s, c)) for d in per]} for s, c in sorted(keys)]
+    return labels, rows
+
+
+def stat_table(view: SweepView, metrics: list[str]) -> list[dict[str, Any]]:
+    """AR and DFlash side by side per engine x suite x concurrency, for the given flattened columns."""
+    done = view.done
+    if done.empty:
+        return []
+    out = []
+    for (engine, suite, conc), group in done.groupby(["engine", "suite", "concurrency"], sort=True):
+        row: dict[str, Any] = {"engine": engine, "suite": suite, "concurrency": int(conc)}
+        for mode in ("ar", "dflash"):
+            hit = group[group["mode"] == mode]
+            for m in metrics:
+                row[f"{m}_{mode}"] = hit.iloc[0][m] if not hit.empty and m in hit.columns else None
+        out.append(row)
+    return out

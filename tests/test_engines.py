@@ -1,0 +1,182 @@
+"""Server command lines against the commands the model cards and the z-lab README publish.
+
+The expected commands below are copied from the card text quoted in shared/reference/dflash.md §5 and
+servers.md §5, not produced by the code. Flag order does not matter to the servers, so commands are
+compared as (positional arguments, {flag: value}); JSON values are compared parsed.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+from dflash_bench import engines, models
+from dflash_bench.errors import UserError
+
+
+def parse(argv: list[str] | str) -> tuple[list[str], dict[str, object]]:
+    """(positionals, {flag: value or True}); a JSON value is parsed so spacing does not matter."""
+    argv = shlex.split(argv) if isinstance(argv, str) else list(argv)
+    pos, flags, i = [], {}, 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg.startswith("--"):
+            nxt = argv[i + 1] if i + 1 < len(argv) else None
+            if nxt is None or nxt.startswith("--"):
+                flags[arg], i = True, i + 1
+                continue
+            flags[arg] = json.loads(nxt) if nxt.startswith("{") else nxt
+            i += 2
+        else:
+            pos.append(arg)
+            i += 1
+    return pos, flags
+
+
+def without_spec(card: str) -> str:
+    """The AR baseline of a card command: the same command minus --speculative-config / --speculative-*."""
+    pos, flags = parse(card)
+    kept = [f"{k} {shlex.quote(v) if not isinstance(v, (bool, dict)) else ''}".strip()
+            for k, v in flags.items() if not k.startswith("--speculative")]
+    return " ".join(pos + kept)
+
+
+VLLM_CARDS = {
+    # z-lab README, "vLLM" quick start (Qwen3.5-27B).
+    "Qwen3.5-27B": """vllm serve Qwen/Qwen3.5-27B
+      --speculative-config '{"method": "dflash", "model": "z-lab/Qwen3.5-27B-DFlash", "num_speculative_tokens": 15}'
+      --attention-backend flash_attn --max-num-batched-tokens 32768""",
+    # Same card form for the Qwen3 b16 drafters.
+    "Qwen3-8B": """vllm serve Qwen/Qwen3-8B
+      --speculative-config '{"method": "dflash", "model": "z-lab/Qwen3-8B-DFlash-b16", "num_speculative_tokens": 15}'
+      --attention-backend flash_attn --max-num-batched-tokens 32768""",
+    # LLaMA-3.1 card: block 10, so num_speculative_tokens 9.
+    "Llama-3.1-8B-Instruct": """vllm serve meta-llama/Llama-3.1-8B-Instruct
+      --speculative-config '{"method": "dflash", "model": "z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat", "num_speculative_tokens": 9}'
+      --attention-backend flash_attn --max-num-batched-tokens 32768""",
+    # gemma-4-31B-it-DFlash card.
+    "gemma-4-31B-it": """vllm serve google/gemma-4-31B-it
+      --speculative-config '{"method":"dflash","model":"z-lab/gemma-4-31B-it-DFlash","num_speculative_tokens":15,"attention_backend":"flash_attn"}'
+      --attention-backend triton_attn --max-num-batched-tokens 32768 --trust-remote-code""",
+}
+
+SGLANG_CARDS = {
+    # Older Qwen3-8B card; --speculative-num-draft-tokens 16 is the block size the issue asks to pass.
+    "Qwen3-8B": """python3 -m sglang.launch_server --model-path Qwen/Qwen3-8B --speculative-algorithm DFLASH
+      --speculative-draft-model-path z-lab/Qwen3-8B-DFlash-b16 --speculative-num-draft-tokens 16 --tp-size 1
+      --dtype bfloat16 --attention-backend fa3 --mem-fraction-static 0.75 --trust-remote-code""",
+    # First z-lab README (SGLang PR #16818 era).
+    "Qwen3-Coder-30B-A3B": """python3 -m sglang.launch_server --model-path Qwen/Qwen3-Coder-30B-A3B-Instruct
+      --speculative-algorithm DFLASH --speculative-draft-model-path z-lab/Qwen3-Coder-30B-A3B-DFlash
+      --speculative-num-draft-tokens 16 --tp-size 1 --dtype bfloat16 --attention-backend fa3
+      --mem-fraction-static 0.75 --trust-remote-code""",
+    # Current z-lab README, "SGLang" quick start.
+    "Qwen3.5-35B-A3B": """python3 -m sglang.launch_server --model-path Qwen/Qwen3.5-35B-A3B
+      --speculative-algorithm DFLASH --speculative-draft-model-path z-lab/Qwen3.5-35B-A3B-DFlash
+      --speculative-num-draft-tokens 16 --tp-size 1 --attention-backend trtllm_mha
+      --speculative-draft-attention-backend fa4 --mem-fraction-static 0.75
+      --mamba-scheduler-strategy extra_buffer --trust-remote-code""",
+    # Gemma-4 card (PR #23000 build).
+    "gemma-4-31B-it": """python3 -m sglang.launch_server --model-path google/gemma-4-31B-it --attention-backend triton
+      --speculative-algorithm DFLASH --speculative-draft-model-path z-lab/gemma-4-31B-it-DFlash
+      --speculative-draft-attention-backend fa4 --speculative-num-draft-tokens 16""",
+}
+
+
+@pytest.mark.parametrize("name", sorted(VLLM_CARDS))
+def test_vllm_commands_match_the_cards(name):
+    card = VLLM_CARDS[name] + " --port 8000"
+    pair = models.resolve(name)
+    vllm = engines.get("vllm")
+    assert parse(vllm.command(pair, "dflash", 8000)) == parse(card)
+    assert parse(vllm.command(pair, "ar", 8000)) == parse(without_spec(card))
+
+
+@pytest.mark.parametrize("name", sorted(SGLANG_CARDS))
+def test_sglang_commands_match_the_cards(name):
+    card = SGLANG_CARDS[name] + " --port 30000 --enable-metrics"
+    pair = models.resolve(name)
+    sglang = engines.get("sglang")
+    assert parse(sglang.command(pair, "dflash", 30000)) == parse(card)
+    assert parse(sglang.command(pair, "ar", 30000)) == parse(without_spec(card))
+
+
+def test_card_environment_variables():
+    # Qwen3.5 SGLang card: export SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1. Gemma vLLM: V2 model runner.
+    assert engines.get("sglang").env(models.resolve("Qwen3.5-35B-A3B"), "dflash") == {
+        "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
+    gemma = models.resolve("gemma-4-31B-it")
+    assert engines.get("vllm").env(gemma, "ar") == engines.get("vllm").env(gemma, "dflash") == {
+        "VLLM_USE_V2_MODEL_RUNNER": "1"}
+
+
+def test_sglang_presets_swap_generation_specific_backends():
+    sglang = engines.get("sglang")
+    # Hopper has no trtllm_mha / fa4 kernels: the Qwen3.5 card runs on fa3 there.
+    _, h100 = parse(sglang.command(models.resolve("Qwen3.5-35B-A3B"), "dflash", 30000, preset="h100"))
+    assert h100["--attention-backend"] == "fa3" and h100["--speculative-draft-attention-backend"] == "fa3"
+    # Blackwell has no fa3: the Qwen3-8B card's fa3 becomes trtllm_mha.
+    _, b300 = parse(sglang.command(models.resolve("Qwen3-8B"), "ar", 30000, preset="b300"))
+    assert b300["--attention-backend"] == "trtllm_mha"
+    # GPU names map onto their generation's preset.
+    assert sglang.command(models.resolve("Qwen3-8B"), "ar", 1, preset="H200") == sglang.command(
+        models.resolve("Qwen3-8B"), "ar", 1, preset="h100")
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "builtin"])
+@pytest.mark.parametrize("preset", ["generic", "h100", "b300"])
+def test_ar_and_dflash_differ_only_in_speculative_flags(engine, preset):
+    profile = engines.get(engine)
+    spec_flags = {"--speculative-config", "--speculative-algorithm", "--speculative-draft-model-path",
+                  "--speculative-num-draft-tokens", "--speculative-draft-attention-backend", "--mode", "--draft"}
+    for pair in models.known():
+        ar_pos, ar = parse(profile.command(pair, "ar", 9000, preset, ["--seed", "0"]))
+        df_pos, df = parse(profile.command(pair, "dflash", 9000, preset, ["--seed", "0"]))
+        assert ar_pos == df_pos
+        assert {k: v for k, v in df.items() if k not in spec_flags} == {
+            k: v for k, v in ar.items() if k not in spec_flags}
+        assert ar["--seed"] == "0" and ar["--port"] == "9000"
+        assert not any(k.startswith("--speculative") for k in ar)
+        if engine == "vllm":
+            assert df["--speculative-config"]["num_speculative_tokens"] == pair.block_size - 1
+        if engine == "sglang":
+            assert df["--speculative-num-draft-tokens"] == str(pair.block_size)
+
+
+def test_builtin_command_follows_the_serve_contract():
+    # dflash-bench serve --model TARGET --draft DRAFTER --mode ar|dflash --port P [--dtype] [--device]
+    pair = models.resolve("Qwen3-8B")
+    builtin = engines.get("builtin")
+    assert parse(builtin.command(pair, "dflash", 8123)) == parse(
+        "dflash-bench serve --model Qwen/Qwen3-8B --draft z-lab/Qwen3-8B-DFlash-b16 --mode dflash --port 8123")
+    assert parse(builtin.command(pair, "ar", 8123, preset="h100")) == parse(
+        "dflash-bench serve --model Qwen/Qwen3-8B --mode ar --port 8123 --device cuda --dtype bfloat16")
+    assert builtin.ready_path == "/health" and builtin.acceptance == "builtin-metrics"
+
+
+def test_profiles_say_readiness_acceptance_and_image():
+    vllm, sglang = engines.get("vllm"), engines.get("sglang")
+    assert (vllm.ready_path, vllm.acceptance) == ("/health", "vllm-metrics")
+    assert (sglang.ready_path, sglang.acceptance) == ("/health", "sglang-meta")
+    assert vllm.image.startswith("vllm/vllm-openai:v") and sglang.image.startswith("lmsysorg/sglang:v")
+    # vllm/vllm-openai's entrypoint is `vllm serve`: the container command starts at the model.
+    argv = vllm.command(models.resolve("Qwen3-8B"), "ar", 8000)
+    assert vllm.container_command(argv)[0] == "Qwen/Qwen3-8B"
+    argv = sglang.command(models.resolve("Qwen3-8B"), "ar", 30000)
+    assert sglang.container_command(argv)[:3] == ["python3", "-m", "sglang.launch_server"]
+
+
+def test_bad_engine_mode_preset_are_one_sentence_errors():
+    with pytest.raises(UserError, match="unknown engine 'tgi'.*vllm, sglang, builtin"):
+        engines.get("tgi")
+    pair = models.resolve("Qwen3-8B")
+    with pytest.raises(UserError, match="unknown mode"):
+        engines.get("vllm").command(pair, "eagle", 8000)
+    with pytest.raises(UserError, match="unknown GPU preset 'a100'"):
+        engines.get("vllm").command(pair, "ar", 8000, preset="a100")
+    no_drafter = models.resolve("someorg/some-model")
+    assert engines.get("vllm").command(no_drafter, "ar", 8000)[2] == "someorg/some-model"
+    with pytest.raises(UserError, match="no DFlash drafter"):
+        engines.get("vllm").command(no_drafter, "dflash", 8000)
