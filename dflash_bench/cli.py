@@ -120,6 +120,18 @@ def doctor() -> None:
     run_doctor()
 
 
+@app.command()
+def report(
+    sweep_dirs: list[Path] = typer.Argument(..., metavar="SWEEP_DIR...", help="One or more sweep folders; several are shown side by side."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="The HTML file to write (default: report.html in the first sweep folder); figures/ goes beside it."),
+) -> None:
+    """Write one self-contained offline HTML report (and figures/*.png) from sweep folders."""
+    from dflash_bench.report import build_report
+
+    page = build_report(sweep_dirs, out)
+    typer.echo(f"report: {page}")
+
+
 def main() -> None:
     """Console entry point: user errors become one line on stderr and a non-zero exit, never a traceback."""
     try:
