@@ -1,0 +1,228 @@
+"""What the gate shows and writes: a terminal table (rich), a markdown summary for a PR comment, JUnit XML.
+
+Cell and suite names come from sweep folders, so every output escapes them for its format.
+"""
+
+from __future__ import annotations
+
+import html
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from dflash_bench.gate import Baseline, Check, GateResult
+from dflash_bench.store import atomic_write_text
+
+VERDICT_STYLE = {"fail": "bold red", "improved": "green", "pass": "", "skipped": "yellow"}
+
+
+# ---------------------------------------------------------------- numbers as text
+
+
+def pct(x: float | None) -> str:
+    if x is None or not np.isfinite(x):
+        return "n/a" if x is None else ("+inf" if x > 0 else "-inf")
+    return f"{x * 100:+.1f}%" if abs(x) >= 5e-4 else "+0.0%"
+
+
+def value(values: list[float]) -> str:
+    if not values:
+        return "-"
+    text = f"{np.mean(values):.4g}"
+    return f"{text} (n={len(values)})" if len(values) > 1 else text
+
+
+def interval(chk: Check) -> str:
+    return f"{pct(chk.ci[0])} .. {pct(chk.ci[1])}" if chk.ci else ""
+
+
+def summary(chk: Check, confidence: float = 0.95) -> str:
+    """One line: what changed, how it was judged, what was allowed."""
+    label = chk.metric.label
+    if chk.change is None:
+        return f"{label}: {chk.note}"
+    if chk.method == "bootstrap":
+        how = f"{confidence:.0%} CI {interval(chk)}, {len(chk.baseline)} vs {len(chk.current)} repeats"
+    elif chk.method == "plain":
+        how = f"plain threshold, {len(chk.baseline)} vs {len(chk.current)} repeats"
+    else:
+        how = "tight threshold"
+    return f"{label} {pct(chk.change)} ({how}); allowed {pct(chk.allowed)}"
+
+
+def details(chk: Check) -> str:
+    return "\n".join([
+        f"cell: {chk.cell}",
+        f"metric: {chk.metric.name} ({'higher' if chk.metric.higher_is_better else 'lower'} is better)",
+        f"method: {chk.method}",
+        f"baseline: {_list(chk.baseline)}",
+        f"sweep: {_list(chk.current)}",
+        f"change of the means: {pct(chk.change)}" + (f"; interval {interval(chk)}" if chk.ci else ""),
+        f"allowed: {pct(chk.allowed)}",
+    ] + ([f"note: {chk.note}"] if chk.note else []))
+
+
+def _list(values: list[float]) -> str:
+    return "[" + ", ".join(f"{v:.6g}" for v in values) + "]" + (f" mean {np.mean(values):.6g}" if values else "")
+
+
+def counts(result: GateResult) -> dict[str, int]:
+    out = {v: 0 for v in ("pass", "fail", "improved", "skipped")}
+    for chk in result.checks:
+        out[chk.verdict] += 1
+    return out
+
+
+# ---------------------------------------------------------------- terminal
+
+
+def print_table(result: GateResult, console: Console | None = None) -> None:
+    if console is None:
+        console = Console()
+        if not console.is_terminal:  # CI logs: wide enough that cell names are never cut
+            console = Console(width=160)
+    conf = result.config.bootstrap.confidence
+    table = Table(title=Text(f"gate: {result.sweep} against {result.baseline}"), show_lines=False)
+    for col in ("cell", "metric", "method", "baseline", "sweep", "change", f"{conf:.0%} CI", "allowed", "verdict"):
+        table.add_column(col, justify="right" if col in ("baseline", "sweep", "change", "allowed") else "left",
+                         no_wrap=col == "cell", overflow="fold")
+    for chk in result.checks:
+        table.add_row(Text(chk.cell), chk.metric.label, chk.method, value(chk.baseline), value(chk.current),
+                      pct(chk.change) if chk.change is not None else "", interval(chk), pct(chk.allowed),
+                      Text(chk.verdict, style=VERDICT_STYLE[chk.verdict]))
+    console.print(table)
+    for line in _side_lines(result):
+        console.print(Text(line), soft_wrap=True)
+    console.print(Text(verdict_line(result), style="bold red" if not result.passed else "bold green"), soft_wrap=True)
+    for chk in result.failures:
+        console.print(Text(f"  {chk.cell}: {summary(chk, conf)}"), soft_wrap=True)
+
+
+def _side_lines(result: GateResult) -> list[str]:
+    lines = []
+    if result.missing:
+        how = "fails the gate" if result.missing_fails else "not gated"
+        lines.append(f"missing from the sweep ({how}): {', '.join(result.missing)}")
+    if result.new:
+        lines.append(f"new in the sweep, not in the baseline (not gated): {', '.join(result.new)}")
+    lines += [f"note: {n}" for n in result.notes]
+    return lines
+
+
+def verdict_line(result: GateResult) -> str:
+    c = counts(result)
+    tail = f"{len(result.checks)} checks: {c['pass']} pass, {c['improved']} improved, {c['fail']} failed, {c['skipped']} skipped"
+    if result.passed:
+        return f"PASS: {tail}"
+    reasons = [f"{len(result.failures)} regression(s)"] if result.failures else []
+    if result.missing_fails:
+        reasons.append(f"{len(result.missing)} cell(s) missing")
+    return f"FAIL ({', '.join(reasons)}): {tail}"
+
+
+def print_export(baseline: Baseline, output: Path) -> None:
+    cells = [c for c in baseline.cells if c.repeats]
+    most = max((len(c.repeats) for c in cells), default=0)
+    Console().print(Text(f"wrote {output}: {len(cells)} cells (up to {most} repeats each) of sweep {baseline.sweep_id}"),
+                    soft_wrap=True)
+
+
+# ---------------------------------------------------------------- markdown (PR comment)
+
+
+def md(text: str) -> str:
+    """Text safe inside a markdown table cell."""
+    return html.escape(str(text), quote=False).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown(result: GateResult) -> str:
+    conf = result.config.bootstrap.confidence
+    c = counts(result)
+    head = ":white_check_mark: pass" if result.passed else ":x: regression"
+    t = result.config.thresholds
+    lines = [
+        f"## dflash-bench gate: {head}",
+        "",
+        md(verdict_line(result)) + ".",
+        "",
+        f"Sweep {md(result.sweep)} against baseline {md(result.baseline)}. Allowed changes: acceptance length "
+        f"{t.acceptance_length:.0%}, throughput {t.throughput:.0%}, TPOT {t.tpot:.0%}, speedup {t.speedup:.0%}, "
+        f"exact match {t.exact_match:.0%}; noisy metrics with repeats fail only when the whole {conf:.0%} "
+        "bootstrap interval is past the threshold.",
+        "",
+    ]
+    if result.failures:
+        lines += ["### Regressions", "", *_md_table(result.failures, conf), ""]
+    side = _side_lines(result)
+    if side:
+        lines += [f"- {md(s)}" for s in side] + [""]
+    if c["improved"]:
+        lines += [f"{c['improved']} check(s) improved past their threshold: consider exporting a new baseline.", ""]
+    lines += ["<details><summary>All checks</summary>", "", *_md_table(result.checks, conf), "", "</details>", ""]
+    return "\n".join(lines)
+
+
+def _md_table(checks: list[Check], confidence: float) -> list[str]:
+    rows = [f"| cell | metric | method | baseline | sweep | change | {confidence:.0%} CI | allowed | verdict |",
+            "|---|---|---|---:|---:|---:|---|---:|---|"]
+    for chk in checks:
+        change = pct(chk.change) if chk.change is not None else md(chk.note)
+        verdict = f"**{chk.verdict}**" if chk.verdict == "fail" else chk.verdict
+        cells = [md(chk.cell), md(chk.metric.label), chk.method, value(chk.baseline), value(chk.current),
+                 change, interval(chk), pct(chk.allowed), verdict]
+        rows.append("| " + " | ".join(cells) + " |")
+    return rows
+
+
+def write_markdown(result: GateResult, path: Path) -> None:
+    atomic_write_text(Path(path), markdown(result))
+
+
+# ---------------------------------------------------------------- JUnit XML
+
+
+def junit_xml(result: GateResult) -> str:
+    """One test case per gated metric and cell, plus one per baseline cell missing from the sweep."""
+    conf = result.config.bootstrap.confidence
+    c = counts(result)
+    missing_failures = len(result.missing) if result.missing_fails else 0
+    root = ET.Element("testsuites")
+    suite = ET.SubElement(root, "testsuite", {
+        "name": "dflash-bench gate",
+        "tests": str(len(result.checks) + len(result.missing)),
+        "failures": str(c["fail"] + missing_failures),
+        "errors": "0",
+        "skipped": str(c["skipped"] + len(result.missing) - missing_failures),
+        "time": "0",
+    })
+    props = ET.SubElement(suite, "properties")
+    for name, val in (("sweep", result.sweep), ("baseline", result.baseline),
+                      ("thresholds", result.config.thresholds.model_dump_json()),
+                      ("bootstrap", result.config.bootstrap.model_dump_json())):
+        ET.SubElement(props, "property", name=name, value=val)
+    for chk in result.checks:
+        case = ET.SubElement(suite, "testcase", classname=_classname(chk.cell), name=chk.metric.label, time="0")
+        if chk.verdict == "fail":
+            ET.SubElement(case, "failure", message=summary(chk, conf), type="regression").text = details(chk)
+        elif chk.verdict == "skipped":
+            ET.SubElement(case, "skipped", message=chk.note)
+        else:
+            ET.SubElement(case, "system-out").text = details(chk)
+    for cell in result.missing:
+        case = ET.SubElement(suite, "testcase", classname=_classname(cell), name="present in the sweep", time="0")
+        message = "in the baseline, missing from the sweep"
+        ET.SubElement(case, "failure" if result.missing_fails else "skipped", message=message)
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def _classname(cell: str) -> str:
+    return "dflash_bench.gate." + cell.replace("/", ".")
+
+
+def write_junit(result: GateResult, path: Path) -> None:
+    atomic_write_text(Path(path), junit_xml(result))
