@@ -132,6 +132,19 @@ def report(
     typer.echo(f"report: {page}")
 
 
+@app.command()
+def telemetry(
+    gpus: Optional[str] = typer.Option(None, "--gpus", help="GPUs to check, e.g. 0,1 (indices into CUDA_VISIBLE_DEVICES). Default: all."),
+    seconds: float = typer.Option(0.0, "--seconds", help="Also sample for this long and print power and energy (0: only list the GPUs)."),
+    interval: float = typer.Option(0.1, "--interval", help="Seconds between samples (0.1 = 10 Hz, as in a sweep)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the samples here as CSV (telemetry.csv's format)."),
+) -> None:
+    """Check GPU telemetry (NVML): list the GPUs, optionally sample them; exit 1 when telemetry is off."""
+    from dflash_bench.telemetry.check import run_check
+
+    raise typer.Exit(run_check(gpus, seconds, interval, out))
+
+
 def main() -> None:
     """Console entry point: user errors become one line on stderr and a non-zero exit, never a traceback."""
     try:

@@ -64,10 +64,21 @@ def test_no_nvml_turns_telemetry_off_with_one_reason(no_nvml, tmp_path):
 
     assert gpu_inventory() == []
     assert resolve_gpus() == []  # no NVML: no GPUs
-    energy = summarize(sampler.samples, 1000, off_reason=sampler.status.reason)
+    energy = sampler.summarize(1000)
     assert energy.energy_j is None and energy.source == "none" and not energy.valid
     assert no_nvml.reason in energy.reason
-    assert energy.summary_fields()["j_per_token"] is None
+    fields = energy.summary_fields()
+    assert fields["telemetry"] == no_nvml.as_manifest() and fields["j_per_token"] is None
+
+
+def test_telemetry_command_says_why_it_is_off(no_nvml):
+    from typer.testing import CliRunner
+
+    from dflash_bench.cli import app
+
+    res = CliRunner().invoke(app, ["telemetry", "--seconds", "1"])
+    assert res.exit_code == 1
+    assert res.output.strip() == f"GPU telemetry off: {no_nvml.reason}"
 
 
 def test_bad_interval_is_a_user_error():
@@ -188,7 +199,8 @@ def test_summary_fields_fit_the_cell_summary():
     assert set(fields) <= set(CellSummary.model_fields)
     cell = CellSummary(cell_id="x", engine="builtin", mode="ar", suite="gsm8k", concurrency=1, **fields,
                        extra=e.extra_fields())
-    assert cell.energy_source == "counter" and cell.energy_j == pytest.approx(100.0)
+    assert cell.telemetry == "on" and cell.energy_source == "counter" and cell.energy_j == pytest.approx(100.0)
+    assert "energy_j" not in cell.extra and "telemetry_telemetry" not in cell.extra
     assert cell.extra["energy_integrated_j"] == pytest.approx(100.0)
 
 

@@ -108,10 +108,12 @@ class EnergySummary:
     throttle_reasons: list[str] = field(default_factory=list)  # every reason seen, idle excluded
     throttled_frac: float | None = None  # share of samples slowed by power, thermal or hardware limits
     per_gpu: list[GpuEnergy] = field(default_factory=list)
+    telemetry: str = "on"  # or "off: <why>", the cell summary's `telemetry` field
 
     def summary_fields(self) -> dict[str, Any]:
         """The energy fields of the cell summary (store.CellSummary)."""
         return {
+            "telemetry": self.telemetry,
             "energy_j": self.energy_j,
             "energy_source": self.source,
             "energy_valid": self.valid,
@@ -124,8 +126,8 @@ class EnergySummary:
     def extra_fields(self) -> dict[str, Any]:
         """The rest, for the summary's `extra` (flat, so results.csv can carry it)."""
         d = asdict(self)
-        for k in ("energy_j", "source", "valid", "reason", "avg_power_w", "j_per_token", "tokens_per_j", "per_gpu", "output_tokens"):
-            d.pop(k)
+        for k in set(self.summary_fields()) | {"source", "valid", "reason", "per_gpu", "output_tokens"}:
+            d.pop(k, None)
         d["throttle_reasons"] = ";".join(self.throttle_reasons)
         return {f"telemetry_{k}" if not k.startswith("energy") else k: v for k, v in d.items()}
 
@@ -142,8 +144,10 @@ def summarize(
     """Energy, J per output token and GPU state of one window. `window_s` (the window's length, samples
     timed from its start) also flags missing samples at its edges; `off_reason` explains an empty list."""
     if not samples:
-        why = f"telemetry off: {off_reason}" if off_reason else "no telemetry samples"
-        return EnergySummary(None, "none", False, why, output_tokens=output_tokens)
+        if off_reason:
+            return EnergySummary(None, "none", False, f"telemetry off: {off_reason}", output_tokens=output_tokens,
+                                 telemetry=f"off: {off_reason}")
+        return EnergySummary(None, "none", False, "no telemetry samples", output_tokens=output_tokens)
     max_gap_s = default_max_gap(interval_s) if max_gap_s is None else max_gap_s
     by_gpu: dict[int, list[Sample]] = {}
     for s in samples:

@@ -4,7 +4,7 @@
     with sampler.window():
         run_the_cell()
     sampler.write_csv(cell_dir / "telemetry.csv")
-    summary = summarize(sampler.samples, output_tokens, window_s=sampler.window_s)
+    energy = sampler.summarize(output_tokens)  # EnergySummary; .summary_fields() for the cell summary
 
 Without NVML or a GPU the sampler is off: `status` says why, `samples` stays empty, no thread starts.
 """
@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Iterator
 
 from dflash_bench.errors import UserError
+from dflash_bench.telemetry.energy import EnergySummary, summarize
 from dflash_bench.telemetry import nvml
 from dflash_bench.telemetry.nvml import SAMPLE_COLUMNS, Sample, TelemetryStatus
 
@@ -108,6 +109,14 @@ class TelemetrySampler:
             self.error = f"telemetry sampling stopped: {err}"
         finally:
             self.cpu_s = time.thread_time() - cpu0
+
+    def summarize(self, output_tokens: int) -> EnergySummary:
+        """Energy and J per output token of the last window (an 'off' summary when telemetry was off)."""
+        e = summarize(self._samples, output_tokens, interval_s=self.interval_s, window_s=self.window_s,
+                      off_reason=None if self.enabled else self.status.reason)
+        if self.error:
+            e.reason = "; ".join(r for r in (e.reason, self.error) if r)
+        return e
 
     def write_csv(self, path: Path) -> None:
         """Write the last window's samples to `path` atomically (an empty table when telemetry was off)."""
