@@ -1,0 +1,61 @@
+"""Load a target (and optionally a drafter) into a ready `Engine`; the one entry point for server and tests."""
+
+from __future__ import annotations
+
+import torch
+
+from dflash_bench.errors import UserError
+
+DTYPES = {"auto": None, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
+
+
+def resolve_dtype(name: str, device: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise UserError(f"unknown dtype {name!r}; use one of {', '.join(DTYPES)}")
+    if DTYPES[name] is not None:
+        return DTYPES[name]
+    return torch.bfloat16 if device.startswith("cuda") else torch.float32
+
+
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as err:
+        raise UserError(f"could not load a tokenizer from {path!r}: {str(err).splitlines()[0]}") from err
+
+
+def eos_ids(model, tokenizer) -> list[int]:
+    ids: set[int] = set()
+    for src in (getattr(model, "generation_config", None), model.config):
+        e = getattr(src, "eos_token_id", None) if src is not None else None
+        ids.update(e if isinstance(e, list) else [] if e is None else [e])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return sorted(ids)
+
+
+def build_engine(model: str, draft: str | None = None, *, mode: str = "dflash", dtype: str = "auto",
+                 device: str = "cpu", max_slots: int = 32, max_len: int = 4096, tokenizer=None):
+    """Load the target (and the drafter in dflash mode) and return an `Engine`."""
+    from dflash_bench.engine.decode import Engine
+    from dflash_bench.engine.drafter import load_drafter
+    from dflash_bench.engine.propose import DFlashProposer
+    from dflash_bench.engine.target import Target
+
+    if mode not in ("ar", "dflash"):
+        raise UserError(f"unknown mode {mode!r}; use 'ar' or 'dflash'")
+    if mode == "dflash" and not draft:
+        raise UserError("mode dflash needs a drafter: pass --draft <drafter folder>")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"device {device!r} was asked for but no CUDA GPU is available; use --device cpu")
+    dt = resolve_dtype(dtype, device)
+    tok = tokenizer or load_tokenizer(model)
+    target = Target(model, dtype=dt, device=device, max_slots=max_slots, max_len=max_len)
+    proposer = None
+    if mode == "dflash":
+        drafter = load_drafter(draft, target_hidden=target.hidden_size, target_layers=target.n_layers,
+                               target_vocab=target.vocab_size, dtype=dt, device=device)
+        proposer = DFlashProposer(drafter, target.embed_weight(), target.lm_head(), max_slots=max_slots, max_len=max_len)
+    return Engine(target, tok, proposer, eos_ids=eos_ids(target.model, tok))

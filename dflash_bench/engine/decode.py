@@ -1,0 +1,199 @@
+"""The decode loop: prefill, draft, verify, accept, roll back; AR is the same loop with B = 1, no drafts.
+
+Every step feeds each running sequence `[anchor, d_1..d_{B-1}]` at its own positions in one batched target
+pass; acceptance is ragged per row (`start += accepted + 1`), which needs no KV copy because the slot cache
+only counts positions below `start`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from dflash_bench.engine.detok import Detokenizer
+from dflash_bench.engine.propose import Proposer
+from dflash_bench.engine.sampling import SamplingParams, accept, sample_drafts, sample_tokens
+from dflash_bench.engine.target import Target
+
+
+@dataclass
+class Seq:
+    req_id: str
+    prompt: list[int]
+    params: SamplingParams
+    slot: int
+    detok: Detokenizer
+    start: int = 0  # position of the anchor (= committed target KV length)
+    out: list[int] = field(default_factory=list)  # generated tokens; out[-1] is the anchor
+    finish: str | None = None
+    steps: int = 0
+
+
+@dataclass
+class Delta:
+    """What one step produced for one request (streamed to the client as one chunk)."""
+
+    req_id: str
+    token_ids: list[int]
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish: str | None = None
+    logprobs: list[tuple[int, float, list[tuple[int, float]]]] | None = None
+
+
+@dataclass
+class Stats:
+    """Counters with vLLM's speculative-decoding semantics (read by /metrics)."""
+
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+    generation_tokens: int = 0
+    prompt_tokens: int = 0
+    requests: int = 0
+
+
+class Engine:
+    """Owns the target, the optional proposer and the slots. Not thread-safe: one thread drives it."""
+
+    def __init__(self, target: Target, tokenizer, proposer: Proposer | None = None, *, eos_ids: list[int]):
+        self.target, self.tok, self.proposer = target, tokenizer, proposer
+        self.B = proposer.block_size if proposer else 1
+        if proposer and proposer.layer_ids:
+            target.tap(proposer.layer_ids)
+        self.free_slots = list(range(len(target.cache.k[0]) - 1, -1, -1))
+        self.eos_ids = set(eos_ids)
+        self.stats = Stats(accepted_per_pos=[0] * max(self.B - 1, 0))
+        self.device = target.device
+
+    def check(self, n_prompt: int, max_tokens: int) -> str | None:
+        """Why a request cannot be served (None when it can)."""
+        room = self.target.max_len - self.B - 1
+        if n_prompt < 1:
+            return "the prompt is empty"
+        if n_prompt + max_tokens > room:
+            return (f"the prompt ({n_prompt} tokens) plus max_tokens ({max_tokens}) is longer than this server's "
+                    f"limit of {room} tokens")
+        return None
+
+    @torch.inference_mode()
+    def add(self, req_id: str, prompt: list[int], params: SamplingParams) -> tuple[Seq, Delta]:
+        """Prefill a new request into a free slot; returns the sequence and its first token."""
+        slot = self.free_slots.pop()
+        seq = Seq(req_id, list(prompt), params, slot, Detokenizer(self.tok, params.stop, prompt[-4:]))
+        ids = torch.tensor([prompt], device=self.device)
+        logits, feats = self.target.forward(ids, torch.zeros(1, dtype=torch.long, device=self.device),
+                                            torch.tensor([slot], device=self.device), keep=1)
+        if self.proposer:
+            self.proposer.prefill(slot, None if feats is None else feats[0])
+        tok = sample_tokens(logits[:, -1], [params])
+        seq.start = len(prompt)
+        self.stats.prompt_tokens += len(prompt)
+        self.stats.requests += 1
+        return seq, self._commit(seq, tok.tolist(), logits[0, -1:])
+
+    @torch.inference_mode()
+    def step(self, seqs: list[Seq]) -> list[Delta]:
+        """One verify step for every running sequence (each gets 1..B new tokens)."""
+        dev, params = self.device, [s.params for s in seqs]
+        slots = torch.tensor([s.slot for s in seqs], device=dev)
+        starts = torch.tensor([s.start for s in seqs], device=dev)
+        anchors = torch.tensor([[s.out[-1]] for s in seqs], device=dev)
+        if self.B == 1:
+            logits, _ = self.target.forward(anchors, starts, slots)
+            acc = torch.zeros(len(seqs), dtype=torch.long)
+            bonus = sample_tokens(logits[:, 0], params)
+            drafts = torch.zeros(len(seqs), 0, dtype=torch.long)
+        else:
+            drafts, q = self._draft(seqs, params)
+            logits, feats = self.target.forward(torch.cat([anchors, drafts], 1), starts, slots)
+            acc, bonus = accept(logits, drafts, q, params)
+            self.proposer.commit(seqs, feats, starts)
+        acc_l, bonus_l, drafts_l = acc.tolist(), bonus.tolist(), drafts.tolist()
+        deltas = []
+        for row, s in enumerate(seqs):
+            a = acc_l[row]
+            self._count(a)
+            s.start += a + 1
+            s.steps += 1
+            deltas.append(self._commit(s, drafts_l[row][:a] + [bonus_l[row]], logits[row, : a + 1]))
+        return deltas
+
+    def _draft(self, seqs, params):
+        tokens, draft_logits = self.proposer.propose(seqs)
+        if tokens is not None:
+            return tokens.to(self.device), None
+        return sample_drafts(draft_logits, params)
+
+    def _count(self, a: int) -> None:
+        st = self.stats
+        if self.B > 1:
+            st.drafts += 1
+            st.draft_tokens += self.B - 1
+            st.accepted += a
+            for i in range(a):
+                st.accepted_per_pos[i] += 1
+
+    def _commit(self, s: Seq, tokens: list[int], logits: torch.Tensor) -> Delta:
+        """Append new tokens, stopping at EOS, stop ids, stop strings or max_tokens."""
+        p, taken = s.params, 0
+        for tok in tokens:
+            s.out.append(tok)
+            taken += 1
+            n = len(s.out)
+            special = tok in self.eos_ids and not p.ignore_eos or tok in p.stop_token_ids
+            if special and n > p.min_tokens:
+                s.finish = "stop"
+            elif s.detok.add(tok) and n > p.min_tokens:
+                s.finish = "stop"
+            elif n >= p.max_tokens:
+                s.finish = "length"
+            if s.finish:
+                break
+        if s.finish:
+            s.detok.flush()
+        self.stats.generation_tokens += taken
+        lps = _logprobs(logits[:taken], tokens[:taken], p.logprobs) if p.logprobs is not None else None
+        return Delta(s.req_id, tokens[:taken], s.detok.delta(s.finish is not None), len(s.prompt), len(s.out), s.finish, lps)
+
+    def release(self, s: Seq) -> None:
+        """Give the sequence's slot back (after it finished or was aborted)."""
+        if s.slot >= 0:
+            self.free_slots.append(s.slot)
+            s.slot = -1
+
+
+def _logprobs(logits: torch.Tensor, tokens: list[int], top: int):
+    lp = torch.log_softmax(logits.float(), -1)
+    chosen = lp.gather(-1, torch.tensor(tokens, device=lp.device)[:, None])[:, 0].tolist()
+    out = []
+    if top > 0:
+        vals, idx = lp.topk(top, -1)
+        tops = [list(zip(i, v)) for i, v in zip(idx.tolist(), vals.tolist())]
+    else:
+        tops = [[] for _ in tokens]
+    for t, c, tp in zip(tokens, chosen, tops):
+        out.append((t, c, tp))
+    return out
+
+
+def generate(engine: Engine, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[Seq]:
+    """Run prompts to completion, all admitted at once and batched (tests and offline use)."""
+    plist = params if isinstance(params, list) else [params] * len(prompts)
+    seqs = []
+    for i, (p, sp) in enumerate(zip(prompts, plist)):
+        s, _ = engine.add(str(i), p, sp)
+        seqs.append(s)
+    running = [s for s in seqs if not s.finish]
+    while running:
+        engine.step(running)
+        for s in running:
+            if s.finish:
+                engine.release(s)
+        running = [s for s in running if not s.finish]
+    for s in seqs:
+        engine.release(s)
+    return seqs

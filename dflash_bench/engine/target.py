@@ -1,0 +1,133 @@
+"""The target: any Hugging Face causal LM, run with slot-cache attention and hidden-state taps.
+
+The HF model does the math (embedding, RoPE, layers, norm, lm_head, softcapping); we only replace its
+attention function with one that writes K/V into our `SlotCache` and attends with per-row masks, so
+sequences of different lengths share a batch and rejected drafts roll back for free. Forward hooks on
+the decoder layers capture the outputs the drafter reads (HF `hidden_states[id + 1]`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from dflash_bench.engine.cache import SlotCache, attend, row_mask
+from dflash_bench.errors import UserError
+
+ATTN_NAME = "slot_cache"  # must not contain "flash": transformers treats such names as kernels
+
+
+@dataclass
+class _Step:
+    """What the attention function needs for the current forward (one forward at a time per process)."""
+
+    cache: SlotCache
+    slots: torch.Tensor
+    pos: torch.Tensor
+    starts: torch.Tensor
+    kv_len: int
+    masks: dict
+
+
+_STEP: _Step | None = None
+
+
+def _slot_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    step = _STEP
+    layer = module.layer_idx
+    step.cache.write(layer, step.slots, step.pos, key.transpose(1, 2), value.transpose(1, 2))
+    k, v = step.cache.read(layer, step.slots, step.kv_len)
+    window = kwargs.get("sliding_window")
+    if window not in step.masks:
+        step.masks[window] = row_mask(step.starts, query.shape[2], step.kv_len, causal=True, window=window)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    return attend(query, k, v, step.masks[window], scale, kwargs.get("softcap")), None
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTN_NAME, _slot_attention)
+
+
+def _decoder_layers(model: nn.Module, n_layers: int) -> nn.ModuleList:
+    for name, mod in model.named_modules():
+        if isinstance(mod, nn.ModuleList) and name.endswith("layers") and len(mod) == n_layers:
+            return mod
+    raise UserError("could not find the decoder layers of the target model; this architecture is not supported")
+
+
+class Target:
+    """A loaded target model with a slot KV cache of `max_slots` sequences of `max_len` tokens."""
+
+    def __init__(self, path: str, *, dtype: torch.dtype, device: str, max_slots: int, max_len: int):
+        from transformers import AutoModelForCausalLM
+
+        _register()
+        try:
+            self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=ATTN_NAME)
+        except OSError as err:
+            raise UserError(f"could not load the target model from {path!r}: {str(err).splitlines()[0]}") from err
+        self.model.to(device).eval()
+        self.config = self.model.config.get_text_config()
+        self.device = torch.device(device)
+        self.dtype = dtype
+        cfg = self.config
+        self.n_layers = cfg.num_hidden_layers
+        self.hidden_size = cfg.hidden_size
+        self.vocab_size = self.model.get_output_embeddings().weight.shape[0]
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        self.max_len = max_len
+        self.cache = SlotCache(self.n_layers, max_slots, max_len, kv_heads, head_dim, dtype, self.device)
+        self.layers = _decoder_layers(self.model, self.n_layers)
+        self._taps: list[int] = []
+        self._captured: dict[int, torch.Tensor] = {}
+        self._hooks = []
+
+    def tap(self, layer_ids: list[int]) -> None:
+        """Capture the outputs of these decoder layers on every forward (HF `hidden_states[id + 1]`)."""
+        bad = [i for i in layer_ids if not 0 <= i < self.n_layers]
+        if bad:
+            raise UserError(
+                f"drafter reads target layers {layer_ids} but the target has only {self.n_layers} layers (0..{self.n_layers - 1})"
+            )
+        self._taps = list(layer_ids)
+        for i in sorted(set(layer_ids)):
+            self._hooks.append(self.layers[i].register_forward_hook(self._hook(i)))
+
+    def _hook(self, i: int):
+        def save(_mod, _inp, out):
+            self._captured[i] = out[0] if isinstance(out, tuple) else out
+
+        return save
+
+    def embed_weight(self) -> torch.Tensor:
+        return self.model.get_input_embeddings().weight
+
+    def lm_head(self) -> nn.Module:
+        return self.model.get_output_embeddings()
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, starts: torch.Tensor, slots: torch.Tensor, keep: int = 0):
+        """Run `ids` `[bs, q]` at positions `starts[b] + j`, appending to each row's slot.
+
+        Returns logits of the last `keep` positions (all when 0) `[bs, k, V]` and the tapped features
+        `[bs, q, K * hidden]` (None without taps).
+        """
+        global _STEP
+        q = ids.shape[1]
+        pos = starts[:, None] + torch.arange(q, device=ids.device)
+        kv_len = int(starts.max()) + q
+        _STEP = _Step(self.cache, slots, pos, starts, kv_len, {})
+        try:
+            out = self.model(input_ids=ids, position_ids=pos, use_cache=False, logits_to_keep=keep)
+        finally:
+            _STEP = None
+        feats = None
+        if self._taps:
+            feats = torch.cat([self._captured[i] for i in self._taps], dim=-1)
+            self._captured.clear()
+        return out.logits, feats

@@ -1,0 +1,157 @@
+"""Tiny random-weight target/drafter pairs for tests and demos: real HF architectures, real z-lab format.
+
+`make_tiny_pair(out_dir)` writes, in well under two seconds and without the hub:
+- `target/`: a Qwen3 (or Llama) causal LM saved with `save_pretrained`, a byte-level BPE tokenizer with
+  Qwen3-style special tokens and a Qwen3-style chat template that honours `enable_thinking`;
+- `drafter/`: a DFlash drafter in z-lab's checkpoint format (config.json with `block_size` and
+  `dflash_config{mask_token_id, target_layer_ids}`, model.safetensors with `fc`, `hidden_norm`, `norm`,
+  `layers.N.*`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+VOCAB_SIZE = 272  # 256 bytes + 5 specials + padding rows, like Qwen3's table is wider than its tokenizer
+MASK_TOKEN_ID = 256 + len(SPECIAL_TOKENS)  # the first row after the tokenizer's vocabulary (Qwen3 does the same)
+
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+    "{%- endif %}"
+)
+
+
+def make_tokenizer():
+    """A byte-level BPE tokenizer (one token per byte, no merges) with Qwen3's special tokens; works offline."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet(), key=lambda c: _byte_of(c))
+    vocab = {ch: i for i, ch in enumerate(alphabet)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(SPECIAL_TOKENS)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        chat_template=CHAT_TEMPLATE,
+    )
+
+
+def _byte_of(ch: str) -> int:
+    # GPT-2's bytes_to_unicode: printable latin-1 bytes map to themselves, the rest to 256+n in order.
+    printable = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+    code = ord(ch)
+    if code in printable:
+        return code
+    others = [b for b in range(256) if b not in printable]
+    return others[code - 256]
+
+
+def _target_config(arch: str, layers: int, hidden: int):
+    common = dict(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden // 4,
+        max_position_embeddings=4096,
+        rope_theta=1_000_000.0,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=[SPECIAL_TOKENS.index("<|im_end|>") + 256, 256],
+        pad_token_id=256,
+    )
+    if arch == "qwen3":
+        from transformers import Qwen3Config
+
+        return Qwen3Config(**common)
+    if arch == "llama":
+        from transformers import LlamaConfig
+
+        return LlamaConfig(**common)
+    raise ValueError(f"unknown tiny architecture {arch!r}; use 'qwen3' or 'llama'")
+
+
+def drafter_config(target_cfg, *, layers: int, block_size: int, target_layer_ids: list[int]) -> dict:
+    """A z-lab style drafter config.json (a Qwen3 config plus block_size and dflash_config)."""
+    hidden = target_cfg.hidden_size
+    return {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "hidden_size": hidden,
+        "intermediate_size": 2 * hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": hidden // 4,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1_000_000.0,
+        "max_position_embeddings": target_cfg.max_position_embeddings,
+        "vocab_size": target_cfg.vocab_size,
+        "attention_bias": False,
+        "tie_word_embeddings": True,
+        "block_size": block_size,
+        "num_target_layers": target_cfg.num_hidden_layers,
+        "dflash_config": {"mask_token_id": MASK_TOKEN_ID, "target_layer_ids": target_layer_ids},
+        "dtype": "float32",
+    }
+
+
+def make_tiny_pair(
+    out_dir: str | os.PathLike,
+    *,
+    arch: str = "qwen3",
+    seed: int = 0,
+    block_size: int = 8,
+    layers: int = 4,
+    hidden: int = 64,
+    draft_layers: int = 2,
+) -> tuple[Path, Path]:
+    """Write a tiny random target and a matching z-lab format drafter under `out_dir`.
+
+    Returns `(target_dir, drafter_dir)`. Weights are random (seeded): the drafter accepts ~nothing.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    from dflash_bench.engine.drafter import DFlashDrafter, DrafterConfig, save_drafter
+
+    out = Path(out_dir)
+    target_dir, drafter_dir = out / "target", out / "drafter"
+    torch.manual_seed(seed)
+    cfg = _target_config(arch, layers, hidden)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    with torch.no_grad():  # peaked next-token distributions: decisive argmax, meaningful sampling
+        model.get_output_embeddings().weight.mul_(25.0)
+    model.generation_config = GenerationConfig(eos_token_id=cfg.eos_token_id, pad_token_id=cfg.pad_token_id)
+    model.save_pretrained(target_dir)
+    make_tokenizer().save_pretrained(target_dir)
+
+    ids = sorted({0, max(0, layers // 2), max(0, layers - 2)})
+    dcfg = DrafterConfig.from_dict(drafter_config(cfg, layers=draft_layers, block_size=block_size, target_layer_ids=ids))
+    drafter = DFlashDrafter(dcfg)
+    drafter.init_random(seed)
+    save_drafter(drafter, drafter_dir)
+    return target_dir, drafter_dir
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    """Write JSON through a temporary file and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=2)
+    os.replace(tmp, path)

@@ -1,0 +1,200 @@
+"""The builtin engine's decode loop: lossless against AR, ragged batches, forced acceptance, drafter loading."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from dflash_bench.engine.build import build_engine  # noqa: E402
+from dflash_bench.engine.decode import generate  # noqa: E402
+from dflash_bench.engine.sampling import SamplingParams  # noqa: E402
+from dflash_bench.engine.tiny import make_tiny_pair  # noqa: E402
+from dflash_bench.errors import UserError  # noqa: E402
+
+pytestmark = pytest.mark.engine
+B = 6
+
+
+@pytest.fixture(scope="module", params=["qwen3", "llama"])
+def pair(request, tmp_path_factory):
+    return make_tiny_pair(tmp_path_factory.mktemp(request.param), arch=request.param, seed=1, block_size=B)
+
+
+@pytest.fixture(scope="module")
+def engines(pair):
+    target, drafter = pair
+    ar = build_engine(str(target), mode="ar", max_slots=8, max_len=256, dtype="float64")
+    df = build_engine(str(target), str(drafter), mode="dflash", max_slots=8, max_len=256, dtype="float64")
+    return ar, df
+
+
+def prompts(tok, n=6):
+    rng = random.Random(0)
+    words = "the cat sat on a mat while seven dogs ran past quickly".split()
+    return [tok(" ".join(rng.choice(words) for _ in range(rng.randint(1, 25)))).input_ids for _ in range(n)]
+
+
+def ids(seqs):
+    return [s.out for s in seqs]
+
+
+class Oracle:
+    """Proposes the target's own next tokens (from an AR reference) for the first k drafts, then wrong ones.
+
+    `k(seq)` picks how many drafts are right at each step; every step is recorded as (req_id, k).
+    """
+
+    def __init__(self, reference: dict, vocab: int, k):
+        self.block_size, self.layer_ids = B, []
+        self.ref, self.vocab, self.k, self.log = reference, vocab, k, []
+
+    def prefill(self, slot, feats):
+        pass
+
+    def commit(self, seqs, feats, starts):
+        pass
+
+    def propose(self, seqs):
+        rows = []
+        for s in seqs:
+            ref = self.ref[tuple(s.prompt)]
+            n, k = len(s.out), self.k(s)
+            truth = (ref[n : n + B - 1] + [0] * B)[: B - 1]
+            rows.append([t if i < k else (t + 1) % self.vocab for i, t in enumerate(truth)])
+            self.log.append((s.req_id, len(s.out), k))
+        return torch.tensor(rows), None
+
+
+def with_proposer(ar_engine, proposer):
+    from dflash_bench.engine.decode import Engine
+
+    return Engine(ar_engine.target, ar_engine.tok, proposer, eos_ids=sorted(ar_engine.eos_ids))
+
+
+def test_dflash_equals_ar_greedy_batched_and_single(engines):
+    ar, df = engines
+    ps = prompts(ar.tok)
+    for max_tokens in (1, 7, 40):
+        sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+        ref = ids(generate(ar, ps, sp))
+        assert ids(generate(df, ps, sp)) == ref
+        assert [ids(generate(df, [p], sp))[0] for p in ps] == ref
+        assert all(len(o) == max_tokens for o in ref)
+    assert df.stats.drafts > 0 and df.stats.draft_tokens == df.stats.drafts * (B - 1)
+
+
+def test_stops_at_eos_like_ar(engines):
+    ar, df = engines
+    ps = prompts(ar.tok, 8)
+    sp = SamplingParams(max_tokens=60)
+    ref = generate(ar, ps, sp)
+    got = generate(df, ps, sp)
+    assert ids(got) == ids(ref)
+    assert [s.finish for s in got] == [s.finish for s in ref]
+
+
+def _reference(ar, ps, max_tokens):
+    sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    return {tuple(p): s.out for p, s in zip(ps, generate(ar, ps, sp))}, sp
+
+
+def test_oracle_drafter_accepts_full_blocks(engines):
+    ar, _ = engines
+    ps = prompts(ar.tok)
+    max_tokens = 1 + 4 * B
+    ref, sp = _reference(ar, ps, max_tokens)
+    eng = with_proposer(ar, Oracle(ref, ar.target.vocab_size, lambda s: B - 1))
+    got = generate(eng, ps, sp)
+    assert ids(got) == [ref[tuple(p)] for p in ps]
+    assert all(s.steps == 4 for s in got)  # tau = B on every step: 1 prefill token + 4 blocks of B
+    assert eng.stats.accepted == eng.stats.drafts * (B - 1)
+    assert eng.stats.accepted_per_pos == [eng.stats.drafts] * (B - 1)
+
+
+def test_wrong_drafter_accepts_nothing(engines):
+    ar, _ = engines
+    ps = prompts(ar.tok)
+    ref, sp = _reference(ar, ps, 20)
+    eng = with_proposer(ar, Oracle(ref, ar.target.vocab_size, lambda s: 0))
+    got = generate(eng, ps, sp)
+    assert ids(got) == [ref[tuple(p)] for p in ps]
+    assert eng.stats.accepted == 0 and all(s.steps == 19 for s in got)  # tau = 1
+
+
+def test_ragged_acceptance_in_one_batch(engines):
+    ar, _ = engines
+    ps = prompts(ar.tok, 8)
+    ref, sp = _reference(ar, ps, 50)
+    rng = random.Random(3)
+    oracle = Oracle(ref, ar.target.vocab_size, lambda s: rng.randint(0, B - 1))
+    eng = with_proposer(ar, oracle)
+    got = generate(eng, ps, sp)
+    assert ids(got) == [ref[tuple(p)] for p in ps]
+    # each step advanced a row by exactly k + 1 tokens (unless max_tokens cut it)
+    by_req: dict[str, list] = {}
+    for req, n_out, k in oracle.log:
+        by_req.setdefault(req, []).append((n_out, k))
+    for steps in by_req.values():
+        for (n0, k), (n1, _) in zip(steps, steps[1:]):
+            assert n1 - n0 == k + 1
+    assert len({k for _, _, k in oracle.log}) > 2 and max(len(v) for v in by_req.values()) > 3
+
+
+def test_sampling_runs_and_respects_top_k_1(engines):
+    ar, df = engines
+    ps = prompts(ar.tok, 4)
+    greedy = ids(generate(ar, ps, SamplingParams(max_tokens=15, ignore_eos=True)))
+    topk1 = ids(generate(df, ps, SamplingParams(temperature=0.9, top_k=1, max_tokens=15, ignore_eos=True)))
+    assert topk1 == greedy
+    hot = generate(df, ps, SamplingParams(temperature=1.5, max_tokens=15, ignore_eos=True))
+    assert all(len(s.out) == 15 for s in hot)
+
+
+def _edit_config(drafter_dir, tmp_path, **changes):
+    import shutil
+
+    out = tmp_path / "bad"
+    shutil.copytree(drafter_dir, out)
+    cfg = json.loads((out / "config.json").read_text())
+    for k, v in changes.items():
+        if k in ("target_layer_ids", "mask_token_id"):
+            cfg["dflash_config"][k] = v
+        else:
+            cfg[k] = v
+    (out / "config.json").write_text(json.dumps(cfg))
+    return out
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"hidden_size": 96}, "hidden size 96 does not match"),
+        ({"target_layer_ids": [0, 9]}, "target has 4 layers"),
+        ({"vocab_size": 1000}, "vocabulary of 1000 tokens"),
+        ({"num_hidden_layers": 3}, "weights do not match"),
+    ],
+)
+def test_drafter_that_does_not_fit_is_a_clear_error(pair, tmp_path, changes, message):
+    target, drafter = pair
+    bad = _edit_config(drafter, tmp_path, **changes)
+    with pytest.raises(UserError, match=message):
+        build_engine(str(target), str(bad), mode="dflash", max_slots=1, max_len=64)
+
+
+def test_drafter_checkpoint_is_zlab_format(pair):
+    from safetensors.torch import load_file
+
+    _, drafter = pair
+    cfg = json.loads((drafter / "config.json").read_text())
+    assert cfg["block_size"] == B and set(cfg["dflash_config"]) >= {"mask_token_id", "target_layer_ids"}
+    keys = set(load_file(str(drafter / "model.safetensors")))
+    assert {"fc.weight", "hidden_norm.weight", "norm.weight", "layers.0.self_attn.q_proj.weight",
+            "layers.1.mlp.down_proj.weight", "layers.0.self_attn.k_norm.weight"} <= keys
+    assert not any(k.startswith(("model.", "embed", "lm_head")) for k in keys)
+    n_layers = cfg["num_hidden_layers"]
+    assert len(keys) == 3 + 11 * n_layers  # 58 tensors for z-lab's 5-layer drafters
