@@ -67,10 +67,16 @@ class TelemetrySampler:
         if why:  # the driver went away since the probe
             self.status = TelemetryStatus(False, why)
             return
-        self._reader = nvml.Reader(self.status.gpus)
-        self._stop.clear()
-        self._t0 = time.perf_counter()
-        self._samples.extend(self._reader.read(self._t0))
+        try:
+            self._reader = nvml.Reader(self.status.gpus)
+            self._stop.clear()
+            self._t0 = time.perf_counter()
+            self._samples.extend(self._reader.read(self._t0))
+        except Exception as err:  # noqa: BLE001 - a GPU that vanished must not break the cell
+            self.status = TelemetryStatus(False, f"NVML failed on the assigned GPUs ({err})")
+            self._reader, self._samples = None, []
+            nvml.shutdown()
+            return
         self._thread = threading.Thread(target=self._run, name="dflash-telemetry", daemon=True)
         self._thread.start()
 
@@ -82,6 +88,8 @@ class TelemetrySampler:
         self._thread = None
         try:
             self._samples.extend(self._reader.read(self._t0))
+        except Exception as err:  # noqa: BLE001 - the missing edge shows as a gap
+            self.error = self.error or f"telemetry's last sample failed: {err}"
         finally:
             self.window_s = time.perf_counter() - self._t0
             self._reader = None
