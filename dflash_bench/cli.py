@@ -69,6 +69,73 @@ def suites_show(
 
 
 @app.command()
+def emulate(
+    mode: str = typer.Option("ar", "--mode", help="ar: one token per step; dflash: several tokens per verify step."),
+    port: int = typer.Option(8000, "--port", help="Port to listen on (0 picks a free one; the first line printed names it)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind."),
+    ttft_ms: float = typer.Option(50.0, "--ttft-ms", help="Time from request arrival to the first token."),
+    itl_ms: float = typer.Option(10.0, "--itl-ms", help="Time of one decode / verification step."),
+    block_size: int = typer.Option(16, "--block-size", help="DFlash block size: at most this many tokens per step."),
+    acceptance_length: float = typer.Option(6.5, "--acceptance-length", help="Mean tokens per verify step (tau), bonus included."),
+    output_len: int = typer.Option(128, "--output-len", help="Mean natural output length in tokens (uniform in 0.5x..1.5x)."),
+    batch_slope_ms: float = typer.Option(0.0, "--batch-slope-ms", help="Extra step time per other running request."),
+    seed: int = typer.Option(0, "--seed", help="Seed of output lengths, token ids and acceptance draws."),
+    model: str = typer.Option("emulator", "--model", help="Served model name (in /v1/models and metric labels)."),
+    per_request_spec_metrics: bool = typer.Option(False, "--per-request-spec-metrics", help="Add vLLM's per-request metrics.speculative_decoding to the usage chunk."),
+    fail_every: int = typer.Option(0, "--fail-every", help="Every k-th generation request fails (0: never)."),
+    fail_kind: str = typer.Option("error", "--fail-kind", help="error | stream-error | drop | malformed | hang."),
+    crash_after_requests: int = typer.Option(0, "--crash-after-requests", help="Exit abruptly (code 3) once this many requests completed, cutting streams in flight."),
+) -> None:
+    """Serve a timing emulator of an AR or DFlash LLM server (OpenAI + SGLang /generate + /metrics) with known truth."""
+    from dflash_bench.emulator import EmulatorConfig
+    from dflash_bench.emulator_http import serve
+
+    try:
+        cfg = EmulatorConfig(mode=mode, ttft_ms=ttft_ms, itl_ms=itl_ms, block_size=block_size,
+                             acceptance_length=acceptance_length, output_len=output_len, batch_slope_ms=batch_slope_ms,
+                             seed=seed, model=model, per_request_spec_metrics=per_request_spec_metrics,
+                             fail_every=fail_every, fail_kind=fail_kind, crash_after_requests=crash_after_requests)
+    except ValueError as err:
+        raise UserError(f"{err}.") from None
+    try:
+        serve(cfg, host, port)
+    except OSError as err:
+        raise UserError(f"cannot listen on {host}:{port}: {err.strerror or err}.") from None
+
+
+@app.command()
+def run(
+    url: str = typer.Option(..., "--url", help="Base URL of the running OpenAI-compatible server, e.g. http://127.0.0.1:8000."),
+    suite: str = typer.Option(..., "--suite", help="Benchmark suite (see `dflash-bench suites list`)."),
+    concurrency: int = typer.Option(1, "--concurrency", "-c", min=1, help="Requests in flight (closed loop)."),
+    num_prompts: Optional[int] = typer.Option(None, "--num-prompts", "-n", min=1, help="Prompts to send (default: the whole suite)."),
+    max_tokens: int = typer.Option(2048, "--max-tokens", min=1, help="Output cap per request."),
+    temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="Sampling temperature (always sent explicitly)."),
+    label: str = typer.Option("ar", "--label", help="What the server runs: ar or dflash."),
+    engine: str = typer.Option("vllm", "--engine", help="vllm | sglang | builtin: how acceptance is read."),
+    api: str = typer.Option("chat", "--api", help="chat | completions | generate (SGLang native)."),
+    save_token_ids: bool = typer.Option(False, "--save-token-ids", help="Record output token ids and top-2 logprobs (for the lossless check)."),
+    thinking: Optional[bool] = typer.Option(None, "--thinking/--no-thinking", help="Send chat_template_kwargs.enable_thinking (default: not sent)."),
+    out: Path = typer.Option(Path("reports"), "--out", help="Folder that holds sweep folders."),
+    name: Optional[str] = typer.Option(None, "--name", help="Sweep folder name under --out (default run-<time>); reuse it to add cells."),
+    data_dir: Optional[Path] = DataDirOption,
+    seed: int = typer.Option(0, "--seed", help="Seed for prompt sampling and Poisson arrivals."),
+    request_rate: Optional[float] = typer.Option(None, "--request-rate", min=0.001, help="Poisson arrivals at this many requests/s (capped by --concurrency)."),
+    timeout: float = typer.Option(600.0, "--timeout", min=0.1, help="Per-request timeout in seconds."),
+    warmup: bool = typer.Option(True, "--warmup/--no-warmup", help="Send --concurrency warm-up requests first (excluded from statistics)."),
+    model: Optional[str] = typer.Option(None, "--model", help="Served model name (default: the first one in /v1/models)."),
+    transport: str = typer.Option("aiohttp", "--transport", help="HTTP client of the streaming loop: aiohttp or httpx."),
+) -> None:
+    """Measure one running server on one suite at one concurrency and write it as a cell of a sweep folder."""
+    from dflash_bench.client.run import run_one
+
+    run_one(url=url, suite=suite, concurrency=concurrency, num_prompts=num_prompts, max_tokens=max_tokens,
+            temperature=temperature, label=label, engine=engine, api=api, save_token_ids=save_token_ids,
+            enable_thinking=thinking, out=out, name=name, data_dir=data_dir, seed=seed, request_rate=request_rate,
+            timeout=timeout, warmup=warmup, model=model, transport=transport)
+
+
+@app.command()
 def models() -> None:
     """List the known target / DFlash drafter pairs, their block sizes and the engine versions they need."""
     from dflash_bench.models import print_table

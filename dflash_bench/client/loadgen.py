@@ -1,0 +1,146 @@
+"""The load generator: closed loop (exactly N requests in flight) or Poisson arrivals under a cap.
+
+A warm-up of N requests (N = concurrency) runs first and is recorded but excluded from every statistic.
+Multi-turn prompts send turn k+1 after the model's own reply to turn k, in the same slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from dflash_bench.client.protocol import PATHS, RequestSettings, Stream, build_body
+from dflash_bench.client.transport import Transport, with_timeout
+from dflash_bench.store import RequestRecord
+
+ProgressFn = Callable[[int, int, int, float], None]  # (requests done, requests total, output tokens, elapsed s)
+
+
+@dataclass
+class LoadSettings:
+    concurrency: int = 1
+    request_rate: float | None = None  # requests/s (Poisson); None: closed loop
+    warmup: bool = True
+    warmup_max_tokens: int = 64
+    timeout: float | None = 600.0  # per request, seconds
+    seed: int = 0
+
+
+@dataclass
+class LoadResult:
+    records: list[RequestRecord]
+    t_start: float  # perf_counter of the first measured dispatch
+    t_end: float  # perf_counter when the last measured request ended
+    t0: float  # perf_counter origin of the records' times
+    notes: list[str] = field(default_factory=list)
+
+
+class LoadGenerator:
+    def __init__(self, transport: Transport, req: RequestSettings, load: LoadSettings,
+                 on_progress: ProgressFn | None = None, between: Callable[[], object] | None = None):
+        self.tr = transport
+        self.req = req
+        self.load = load
+        self.on_progress = on_progress
+        self.between = between  # awaited after warm-up, before the measured window (metrics scrape)
+        self.path = PATHS[req.api]
+        self.records: list[RequestRecord] = []
+        self.t0 = time.perf_counter()
+        self._seq = 0
+        self._done = 0
+        self._tokens = 0
+        self._total = 0
+
+    async def one(self, prompt_id: str, turn: int, messages: list[dict], warmup: bool,
+                  max_tokens: int | None = None) -> Stream:
+        """Send one streaming request and record it (whatever happens)."""
+        st = Stream(self.req.api, self.req.save_token_ids and not warmup)
+        body = build_body(self.req, messages, max_tokens)
+        t_send = time.perf_counter()
+        try:
+            await with_timeout(self.tr.stream(self.path, body, st), self.load.timeout)
+        except TimeoutError:
+            st.error = f"timeout: no complete response within {self.load.timeout:g} s"
+        if st.error is None and not st.done:
+            st.error = "stream ended before [DONE] (dropped by the server)"
+        if st.error is None and st.output_tokens is None:
+            st.error = "the server sent no usage (token counts); cannot measure this request"
+        t_end = st.t_end if st.t_end is not None else time.perf_counter()
+        self.records.append(self._record(st, prompt_id, turn, warmup, t_send, t_end))
+        if not warmup:
+            self._done += 1
+            if st.error is None:
+                self._tokens += st.output_tokens or 0
+            if self.on_progress:
+                self.on_progress(self._done, self._total, self._tokens, time.perf_counter() - self.t0)
+        return st
+
+    def _record(self, st: Stream, prompt_id: str, turn: int, warmup: bool, t_send: float, t_end: float) -> RequestRecord:
+        t0 = self.t0
+        self._seq += 1
+        rel = lambda t: None if t is None else t - t0  # noqa: E731
+        return RequestRecord(
+            request_id=f"{'w' if warmup else 'r'}{self._seq}", prompt_id=prompt_id, turn=turn, warmup=warmup,
+            t_send=t_send - t0, t_first_byte=rel(st.t_first_byte), t_first_token=rel(st.t_first_token),
+            t_end=t_end - t0, chunk_times=[t - t0 for t in st.times], chunk_tokens=st.tokens,
+            prompt_tokens=st.prompt_tokens, output_tokens=st.output_tokens, finish_reason=st.finish,
+            error=st.error, spec_verify_ct=st.spec_steps, spec_accepted_tokens=st.spec_accepted,
+            output_text=st.output_text(), token_ids=st.ids, top_logprobs=st.tops)
+
+    async def conversation(self, prompt_id: str, turns: Sequence[str], warmup: bool = False) -> None:
+        messages: list[dict] = []
+        for i, text in enumerate(turns):
+            messages.append({"role": "user", "content": text})
+            mt = min(self.req.max_tokens, self.load.warmup_max_tokens) if warmup else None
+            st = await self.one(prompt_id, i, list(messages), warmup, mt)
+            if st.error is not None:
+                return  # a later turn needs this turn's reply
+            messages.append({"role": "assistant", "content": st.output_text()})
+
+    async def run(self, prompts: Sequence) -> LoadResult:
+        n = self.load.concurrency
+        self._total = sum(len(p.turns) for p in prompts)
+        if self.load.warmup and prompts:
+            # altered text so the measured prompts find nothing of theirs in a prefix cache
+            warm = [prompts[i % len(prompts)] for i in range(n)]
+            await asyncio.gather(*(self.conversation(f"warmup/{p.id}", [f"(warm-up {i}) {p.turns[0]}"], True)
+                                   for i, p in enumerate(warm)))
+        if self.between is not None:
+            await self.between()
+        t_start = time.perf_counter()
+        if self.load.request_rate:
+            await self._open_loop(prompts)
+        else:
+            it = iter(prompts)
+
+            async def worker() -> None:
+                for p in it:  # a shared iterator: each worker takes the next prompt when its last one ends
+                    await self.conversation(p.id, p.turns)
+
+            await asyncio.gather(*(worker() for _ in range(min(n, len(prompts)))))
+        t_end = time.perf_counter()
+        return LoadResult(self.records, t_start, t_end, self.t0)
+
+    async def _open_loop(self, prompts: Sequence) -> None:
+        rng = random.Random(self.load.seed)
+        sem = asyncio.Semaphore(self.load.concurrency)
+        tasks = []
+        t = time.perf_counter()
+
+        async def go(p) -> None:
+            try:
+                await self.conversation(p.id, p.turns)
+            finally:
+                sem.release()
+
+        for p in prompts:
+            delay = t - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await sem.acquire()
+            tasks.append(asyncio.create_task(go(p)))
+            t += rng.expovariate(self.load.request_rate)
+        await asyncio.gather(*tasks)

@@ -1,0 +1,206 @@
+"""Request bodies and stream parsing for the three protocols the client speaks.
+
+- `chat`: OpenAI `/v1/chat/completions` (vLLM, SGLang, builtin engine)
+- `completions`: OpenAI `/v1/completions`
+- `generate`: SGLang native `/generate` (cumulative events, `meta_info` with spec fields)
+
+`Stream` is the per-request accumulator on the hot path: it is fed one SSE `data:` payload at a time with
+the arrival time of the network read that carried it, and keeps only what the metrics need.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+APIS = ("chat", "completions", "generate")
+PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "generate": "/generate"}
+
+
+@dataclass(frozen=True)
+class RequestSettings:
+    api: str = "chat"
+    model: str = ""
+    max_tokens: int = 2048
+    temperature: float = 0.0
+    save_token_ids: bool = False
+    enable_thinking: bool | None = None  # sent as chat_template_kwargs.enable_thinking when set
+    seed: int | None = None
+
+
+def build_body(s: RequestSettings, messages: list[dict[str, str]], max_tokens: int | None = None) -> bytes:
+    """The JSON body of one streaming request. Temperature is always sent explicitly."""
+    mt = max_tokens or s.max_tokens
+    if s.api == "generate":
+        sp: dict[str, Any] = {"max_new_tokens": mt, "temperature": s.temperature}
+        if s.seed is not None:
+            sp["sampling_seed"] = s.seed
+        body: dict[str, Any] = {"text": _flatten(messages), "sampling_params": sp, "stream": True}
+        if s.save_token_ids:
+            body.update(return_logprob=True, top_logprobs_num=2)
+        return orjson.dumps(body)
+    body = {"model": s.model, "max_tokens": mt, "temperature": s.temperature, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    if s.seed is not None:
+        body["seed"] = s.seed
+    if s.api == "chat":
+        body["messages"] = messages
+        if s.enable_thinking is not None:
+            body["chat_template_kwargs"] = {"enable_thinking": s.enable_thinking}
+        if s.save_token_ids:
+            body.update(logprobs=True, top_logprobs=2, return_tokens_as_token_ids=True)
+    else:
+        body["prompt"] = _flatten(messages)
+        if s.save_token_ids:
+            body.update(logprobs=2, return_tokens_as_token_ids=True)
+    return orjson.dumps(body)
+
+
+def _flatten(messages: list[dict[str, str]]) -> str:
+    """Raw-text protocols get the last user turn (single-turn suites; the server applies no template)."""
+    return messages[-1]["content"]
+
+
+def _tok_id(token: str) -> int:
+    """vLLM's `token_id:123` (return_tokens_as_token_ids) -> 123."""
+    return int(token.rpartition(":")[2])
+
+
+class Stream:
+    """What one streamed response said, fed event by event."""
+
+    __slots__ = ("api", "want_ids", "times", "tokens", "t_first_byte", "t_first_token", "t_end", "pieces",
+                 "text", "prompt_tokens", "output_tokens", "finish", "error", "done", "ids", "tops",
+                 "spec_steps", "spec_accepted", "_cumulative_ids")
+
+    def __init__(self, api: str, want_ids: bool):
+        self.api = api
+        self.want_ids = want_ids
+        self.times: list[float] = []
+        self.tokens: list[int] = []  # cumulative output tokens after each token-carrying chunk
+        self.t_first_byte: float | None = None
+        self.t_first_token: float | None = None
+        self.t_end: float | None = None
+        self.pieces: list[str] = []
+        self.text: str | None = None  # /generate: the cumulative text
+        self.prompt_tokens: int | None = None
+        self.output_tokens: int | None = None
+        self.finish: str | None = None
+        self.error: str | None = None
+        self.done = False
+        self.ids: list[int] | None = [] if want_ids else None
+        self.tops: list[list[tuple[int, float]]] | None = [] if want_ids else None
+        self.spec_steps: int | None = None
+        self.spec_accepted: int | None = None
+        self._cumulative_ids = False
+
+    def output_text(self) -> str:
+        return self.text if self.text is not None else "".join(self.pieces)
+
+    def feed(self, t: float, payload: bytes) -> None:
+        if payload == b"[DONE]":
+            self.done = True
+            self.t_end = t
+            return
+        try:
+            obj = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            self.error = f"malformed SSE event: {payload[:80].decode('utf-8', 'replace')!r}"
+            return
+        if not isinstance(obj, dict):
+            self.error = f"malformed SSE event: {payload[:80].decode('utf-8', 'replace')!r}"
+            return
+        if obj.get("error"):
+            err = obj["error"]
+            msg = err.get("message") if isinstance(err, dict) else err
+            self.error = f"server error in stream: {str(msg)[:200]}"
+            return
+        if self.api == "generate":
+            self._feed_generate(t, obj)
+        else:
+            self._feed_openai(t, obj)
+
+    def _token_chunk(self, t: float, cum: int) -> None:
+        if not self.tokens or cum > self.tokens[-1]:
+            if self.t_first_token is None:
+                self.t_first_token = t
+            self.times.append(t)
+            self.tokens.append(cum)
+
+    def _feed_openai(self, t: float, obj: dict) -> None:
+        usage = obj.get("usage")
+        if usage:
+            self.prompt_tokens = usage.get("prompt_tokens", self.prompt_tokens)
+            ct = usage.get("completion_tokens")
+            if ct is not None:
+                self.output_tokens = ct
+        choices = obj.get("choices")
+        if choices:
+            c = choices[0]
+            if self.api == "chat":
+                d = c.get("delta") or {}
+                piece = d.get("content")
+                thought = d.get("reasoning") or d.get("reasoning_content")
+            else:
+                piece, thought = c.get("text"), None
+            if piece:
+                self.pieces.append(piece)
+            if c.get("finish_reason"):
+                self.finish = c["finish_reason"]
+            lp = c.get("logprobs")
+            if self.want_ids and lp:
+                self._openai_ids(lp)
+            if usage and usage.get("completion_tokens"):
+                self._token_chunk(t, usage["completion_tokens"])
+            elif not usage and (piece or thought) and self.t_first_token is None:
+                self.t_first_token = t  # a server without per-chunk usage: first content still counts
+                self.times.append(t)
+        elif usage:  # the trailing usage chunk
+            spec = (obj.get("metrics") or {}).get("speculative_decoding")
+            if spec:
+                self.spec_steps = spec.get("num_spec_steps")
+                self.spec_accepted = spec.get("num_accepted_draft_tokens")
+
+    def _openai_ids(self, lp: dict) -> None:
+        if self.api == "chat":
+            for e in lp.get("content") or ():
+                self.ids.append(_tok_id(e["token"]))
+                self.tops.append([(_tok_id(x["token"]), x["logprob"]) for x in (e.get("top_logprobs") or ())][:2])
+        else:
+            for tok, top in zip(lp.get("tokens") or (), lp.get("top_logprobs") or ()):
+                self.ids.append(_tok_id(tok))
+                self.tops.append([(_tok_id(k), v) for k, v in (top or {}).items()][:2])
+
+    def _feed_generate(self, t: float, obj: dict) -> None:
+        meta = obj.get("meta_info") or {}
+        ct = meta.get("completion_tokens")
+        self.prompt_tokens = meta.get("prompt_tokens", self.prompt_tokens)
+        ids = obj.get("output_ids")
+        if ct is not None:
+            self.output_tokens = ct
+            # cumulative (default) or incremental (--incremental-streaming-output) events
+            if ids is not None and len(ids) == ct:
+                self._cumulative_ids = True
+            if self._cumulative_ids:
+                self.text = obj.get("text")
+            elif obj.get("text"):
+                self.pieces.append(obj["text"])
+            if ct:
+                self._token_chunk(t, ct)
+        if self.want_ids and ids is not None:
+            if self._cumulative_ids:
+                self.ids[:] = ids
+            else:
+                self.ids.extend(ids)
+            tops = meta.get("output_top_logprobs")
+            if tops:
+                self.tops[:] = [[(int(x[1]), float(x[0])) for x in pos[:2]] for pos in tops]
+        fr = meta.get("finish_reason")
+        if fr:
+            self.finish = fr.get("type") if isinstance(fr, dict) else str(fr)
+        if meta.get("spec_verify_ct") is not None:
+            self.spec_steps = meta["spec_verify_ct"]
+            acc = meta.get("spec_accept_token_num", meta.get("spec_accepted_drafts"))
+            self.spec_accepted = acc

@@ -1,0 +1,116 @@
+"""`dflash-bench run`: measure one running server on one suite at one concurrency, as one sweep cell."""
+
+from __future__ import annotations
+
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from dflash_bench.errors import UserError
+from dflash_bench.store import CellPlan, CellSummary, Manifest, SweepDir, cell_id
+
+
+def run_one(*, url: str, suite: str, concurrency: int, num_prompts: int | None, max_tokens: int, temperature: float,
+            label: str, engine: str, api: str, save_token_ids: bool, enable_thinking: bool | None, out: Path,
+            name: str | None, data_dir: Path | None, seed: int, request_rate: float | None, timeout: float,
+            warmup: bool, model: str | None, transport: str, quiet: bool = False) -> Path:
+    """Load the prompts, measure the cell into `<out>/<name>/cells/<cell-id>/`, print a summary; return the cell dir."""
+    from dflash_bench.client.cell import measure_cell
+    from dflash_bench.suites import load_prompts
+
+    if label not in ("ar", "dflash"):
+        raise UserError(f"--label must be 'ar' or 'dflash', not {label!r}")
+    if not url.startswith(("http://", "https://")):
+        raise UserError(f"--url must start with http:// or https:// (got {url!r})")
+    prompts = load_prompts(suite, data_dir=data_dir, num_prompts=num_prompts, seed=seed)
+    name = name or "run-" + datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    cid = cell_id(engine, label, suite, concurrency)
+    sweep, manifest = _open_or_create(Path(out) / name, cid)
+    plan = CellPlan(cell_id=cid, engine=engine, mode=label, suite=suite, concurrency=concurrency, status="running")
+    manifest.plan = [c for c in manifest.plan if c.cell_id != cid] + [plan]
+    sweep.write_manifest(manifest)
+    try:
+        summary = _measure_with_progress(measure_cell, quiet, url, prompts, concurrency=concurrency,
+                                         cell_dir=sweep.cell_dir(cid), engine=engine, mode=label, suite=suite,
+                                         max_tokens=max_tokens, temperature=temperature, api=api, model=model,
+                                         save_token_ids=save_token_ids, enable_thinking=enable_thinking,
+                                         warmup=warmup, request_rate=request_rate, timeout=timeout, seed=seed,
+                                         transport=transport)
+    except (UserError, KeyboardInterrupt) as err:
+        plan.status, plan.reason = "failed", str(err) or "interrupted"
+        manifest.status = "failed" if isinstance(err, UserError) else "interrupted"
+        sweep.write_manifest(manifest)
+        raise
+    plan.status = "complete" if summary.status == "complete" else "failed"
+    plan.reason = summary.failure_reason
+    manifest.status = "complete" if all(c.status == "complete" for c in manifest.plan) else "failed"
+    sweep.write_manifest(manifest)
+    sweep.write_results_csv()
+    if not quiet:
+        print_summary(summary, sweep.cell_dir(cid))
+    return sweep.cell_dir(cid)
+
+
+def _open_or_create(path: Path, cid: str) -> tuple[SweepDir, Manifest]:
+    if (path / "manifest.json").exists():
+        sweep = SweepDir.open(path)
+        if sweep.is_complete(cid):
+            raise UserError(f"{path} already holds a measured cell {cid}; choose another --name or --label")
+        return sweep, sweep.read_manifest()
+    manifest = Manifest(sweep_id=path.name, command_line=[_redact(a) for a in sys.argv])
+    return SweepDir.create(path, manifest), manifest
+
+
+def _redact(arg: str) -> str:
+    return "***" if arg.startswith("hf_") else arg
+
+
+def _measure_with_progress(measure_cell, quiet: bool, url: str, prompts, **kw) -> CellSummary:
+    if quiet:
+        return measure_cell(url, prompts, **kw)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    total = sum(len(p.turns) for p in prompts)
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), transient=True) as bar:
+        task = bar.add_task(f"{kw['cell_dir'].name}", total=total, rate="")
+        last = [0.0]
+
+        def on_progress(done: int, _total: int, tokens: int, elapsed: float) -> None:
+            now = time.monotonic()
+            if now - last[0] > 0.1 or done == total:
+                last[0] = now
+                bar.update(task, completed=done, rate=f"{tokens / elapsed:,.0f} tok/s" if elapsed > 0 else "")
+
+        return measure_cell(url, prompts, on_progress=on_progress, **kw)
+
+
+def _fmt(v: float | None, spec: str = ".1f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def print_summary(s: CellSummary, cell_dir: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"{s.cell_id}  ({s.num_ok} ok, {s.num_failed} failed, {_fmt(s.duration_s, '.2f')} s)")
+    for col in ("metric", "mean", "p50", "p90", "p99"):
+        t.add_column(col, justify="right" if col != "metric" else "left")
+    for name, stat in (("TTFT ms", s.ttft_ms), ("TPOT ms", s.tpot_ms), ("per-token latency ms", s.itl_ms),
+                       ("chunk gap ms", s.chunk_gap_ms), ("E2E ms", s.e2e_ms), ("tok/s/user", s.tok_s_user),
+                       ("tokens/chunk", s.tokens_per_chunk)):
+        if stat is not None:
+            t.add_row(name, _fmt(stat.mean), _fmt(stat.p50), _fmt(stat.p90), _fmt(stat.p99))
+    con = Console()
+    con.print(t)
+    con.print(f"output throughput: {_fmt(s.output_throughput)} tok/s   requests: {_fmt(s.request_throughput, '.2f')} req/s")
+    if s.acceptance_length is not None:
+        con.print(f"acceptance length tau: {s.acceptance_length:.3f} ({s.acceptance_source})"
+                  + (f", request-weighted {s.acceptance_length_req_weighted:.3f}" if s.acceptance_length_req_weighted else ""))
+    else:
+        con.print("acceptance length tau: absent (the server reported no speculative counters)")
+    if s.num_failed:
+        reasons = ", ".join(f"{k} ({v})" for k, v in s.extra.get("failures", {}).items())
+        con.print(f"[yellow]{s.num_failed} request(s) failed: {reasons}[/yellow]", markup=True, highlight=False)
+    con.print(f"written to {cell_dir}", highlight=False)

@@ -1,0 +1,141 @@
+"""HTTP transports for the streaming loop: the hot path of the whole harness.
+
+Both feed a `Stream` with each SSE `data:` payload, stamped with the time of the network read that
+carried it (one clock read per read, not per event). aiohttp is the default because it measured less CPU
+per output token than httpx here (see README, "Harness overhead"); httpx stays selectable for comparison.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Protocol
+
+from dflash_bench.client.protocol import Stream
+
+TRANSPORTS = ("aiohttp", "httpx")
+_HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+
+
+class Transport(Protocol):
+    async def stream(self, path: str, body: bytes, st: Stream) -> None: ...
+    async def get(self, path: str) -> tuple[int, bytes]: ...
+    async def close(self) -> None: ...
+
+
+def _lines(st: Stream, t: float, buf: bytes) -> bytes:
+    """Feed the complete lines of `buf` to the stream; return the incomplete rest."""
+    *lines, rest = buf.split(b"\n")
+    for line in lines:
+        if line[:5] == b"data:":
+            st.feed(t, line[5:].strip())
+            if st.error:
+                break
+    return rest
+
+
+def _error_message(status: int, body: bytes) -> str:
+    import orjson
+
+    msg = body[:300].decode("utf-8", "replace")
+    try:
+        obj = orjson.loads(body)
+        err = obj.get("error", obj) if isinstance(obj, dict) else obj
+        msg = (err.get("message") if isinstance(err, dict) else None) or msg
+    except (orjson.JSONDecodeError, AttributeError):
+        pass
+    return f"HTTP {status}: {str(msg)[:200]}"
+
+
+class AiohttpTransport:
+    def __init__(self, base_url: str, connections: int):
+        import aiohttp
+
+        self._aiohttp = aiohttp
+        self.base = base_url.rstrip("/")
+        conn = aiohttp.TCPConnector(limit=connections, limit_per_host=connections, ttl_dns_cache=3600)
+        self.session = aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=None),
+                                             auto_decompress=False)
+
+    async def stream(self, path: str, body: bytes, st: Stream) -> None:
+        clock = time.perf_counter
+        try:
+            async with self.session.post(self.base + path, data=body, headers=_HEADERS) as resp:
+                if resp.status != 200:
+                    st.error = _error_message(resp.status, await resp.read())
+                    return
+                buf = b""
+                async for data in resp.content.iter_any():
+                    t = clock()
+                    if st.t_first_byte is None:
+                        st.t_first_byte = t
+                    buf += data
+                    if b"\n" in data:
+                        buf = _lines(st, t, buf)
+                        if st.error:
+                            return
+        except self._aiohttp.ClientPayloadError as err:
+            st.error = f"stream dropped: {err}"
+        except self._aiohttp.ClientError as err:
+            st.error = f"connection failed: {type(err).__name__}: {err}"
+
+    async def get(self, path: str) -> tuple[int, bytes]:
+        async with self.session.get(self.base + path) as resp:
+            return resp.status, await resp.read()
+
+    async def close(self) -> None:
+        await self.session.close()
+
+
+class HttpxTransport:
+    def __init__(self, base_url: str, connections: int):
+        import httpx
+
+        self._httpx = httpx
+        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+        self.client = httpx.AsyncClient(base_url=base_url.rstrip("/"), limits=limits, timeout=None)
+
+    async def stream(self, path: str, body: bytes, st: Stream) -> None:
+        clock = time.perf_counter
+        try:
+            async with self.client.stream("POST", path, content=body, headers=_HEADERS) as resp:
+                if resp.status_code != 200:
+                    st.error = _error_message(resp.status_code, await resp.aread())
+                    return
+                buf = b""
+                async for data in resp.aiter_raw():
+                    t = clock()
+                    if st.t_first_byte is None:
+                        st.t_first_byte = t
+                    buf += data
+                    if b"\n" in data:
+                        buf = _lines(st, t, buf)
+                        if st.error:
+                            return
+        except (self._httpx.RemoteProtocolError, self._httpx.ReadError) as err:
+            st.error = f"stream dropped: {err}"
+        except self._httpx.HTTPError as err:
+            st.error = f"connection failed: {type(err).__name__}: {err}"
+
+    async def get(self, path: str) -> tuple[int, bytes]:
+        resp = await self.client.get(path)
+        return resp.status_code, resp.content
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+
+def make_transport(name: str, base_url: str, connections: int) -> Transport:
+    if name == "aiohttp":
+        return AiohttpTransport(base_url, connections)
+    if name == "httpx":
+        return HttpxTransport(base_url, connections)
+    raise ValueError(f"unknown transport {name!r}; choose one of {', '.join(TRANSPORTS)}")
+
+
+async def with_timeout(coro, seconds: float | None):
+    """Run `coro` under a deadline; None means no deadline."""
+    if seconds is None:
+        return await coro
+    async with asyncio.timeout(seconds):
+        return await coro

@@ -1,0 +1,248 @@
+"""A timing emulator of an AR or speculative (DFlash) LLM server with known ground truth.
+
+It speaks enough of vLLM's OpenAI API (streaming chat and completions, /metrics with vLLM's speculative
+counter names) and of SGLang's native `/generate` (cumulative events, `meta_info` spec fields) for the
+harness to measure it exactly as it measures a real server. Because its timing is known, tests can check
+that the harness measures right:
+
+- the first token leaves `ttft_ms` after the request arrives;
+- then one verification step every `itl_ms` (+ `batch_slope_ms` per other running request), each step
+  emitting one token (ar) or `k` tokens (dflash), k = 1 + Binomial(block_size - 1, p) so that E[k] is
+  exactly `acceptance_length`, the last step cut at the output length (counters still count the whole
+  step, as vLLM's do);
+- output length and token ids are a deterministic function of (seed, prompt), identical in both modes,
+  so an AR and a DFlash emulator are "lossless" with respect to each other.
+
+It is a plain asyncio HTTP/1.1 server (keep-alive, chunked SSE) with no web framework, so it starts in
+well under a second and spends little CPU per chunk. Fault injection (`fail_every`/`fail_kind`,
+`crash_after_requests`) lets tests plant the failures a real server shows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+
+import orjson
+
+FAIL_KINDS = ("error", "stream-error", "drop", "malformed", "hang")
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 500: "Internal Server Error"}
+
+
+@dataclass
+class EmulatorConfig:
+    mode: str = "ar"  # "ar" or "dflash"
+    ttft_ms: float = 50.0
+    itl_ms: float = 10.0
+    block_size: int = 16
+    acceptance_length: float = 6.5
+    output_len: int = 128  # mean natural output length (EOS), drawn uniformly in [0.5, 1.5] x this
+    batch_slope_ms: float = 0.0  # extra step time per other running request
+    seed: int = 0
+    model: str = "emulator"
+    vocab_size: int = 32000
+    per_request_spec_metrics: bool = False  # vLLM --per-request-spec-decode-metrics summary
+    fail_every: int = 0  # every k-th generation request fails with fail_kind (0 = never)
+    fail_kind: str = "error"
+    crash_after_requests: int = 0  # exit(3) once this many generation requests have completed
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("ar", "dflash"):
+            raise ValueError(f"mode must be 'ar' or 'dflash', not {self.mode!r}")
+        if self.mode == "dflash" and not 1.0 <= self.acceptance_length <= self.block_size:
+            raise ValueError("acceptance_length must lie between 1 and block_size")
+        if self.fail_kind not in FAIL_KINDS:
+            raise ValueError(f"fail_kind must be one of {', '.join(FAIL_KINDS)}")
+
+
+@dataclass
+class Counters:
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    requests_ok: int = 0
+    running: int = 0
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted: int = 0
+    per_pos: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Plan:
+    """What one request will produce: token ids, finish reason, and tokens emitted per verify step."""
+
+    ids: list[int]
+    finish: str
+    steps: list[int]  # tokens accepted+bonus per verify step (the first token is not a step)
+    prompt_tokens: int
+
+
+class Emulator:
+    def __init__(self, cfg: EmulatorConfig):
+        self.cfg = cfg
+        self.c = Counters(per_pos=[0] * max(cfg.block_size - 1, 0))
+        self.n_gen = 0
+        self.n_done = 0
+        self.created = time.time()
+
+    # ---- the model ---------------------------------------------------------------------------------
+    def plan(self, prompt: str, max_tokens: int) -> Plan:
+        cfg = self.cfg
+        h = int.from_bytes(hashlib.blake2b(f"{cfg.seed}\0{prompt}".encode(), digest_size=8).digest(), "big")
+        rng = random.Random(h)
+        natural = max(1, round(rng.uniform(0.5, 1.5) * cfg.output_len))
+        n = min(natural, max_tokens)
+        ids = [rng.randrange(cfg.vocab_size) for _ in range(n)]
+        finish = "stop" if natural <= max_tokens else "length"
+        steps: list[int] = []
+        if cfg.mode == "ar":
+            steps = [1] * (n - 1)
+        else:
+            acc = random.Random(h ^ 0x5DEECE66D)
+            k_max = cfg.block_size - 1
+            p = (cfg.acceptance_length - 1.0) / k_max if k_max else 0.0
+            left = n - 1
+            while left > 0:
+                k = 1 + sum(acc.random() < p for _ in range(k_max))
+                steps.append(k)
+                left -= k
+        return Plan(ids, finish, steps, max(1, len(prompt.encode()) // 4))
+
+    def count_step(self, k: int) -> None:
+        """Record one verify step in the vLLM-style counters (the whole step, even past EOS)."""
+        if self.cfg.mode != "dflash":
+            return
+        c = self.c
+        c.drafts += 1
+        c.draft_tokens += self.cfg.block_size - 1
+        c.accepted += k - 1
+        for i in range(k - 1):
+            c.per_pos[i] += 1
+
+    def step_s(self) -> float:
+        return (self.cfg.itl_ms + self.cfg.batch_slope_ms * max(self.c.running - 1, 0)) / 1000.0
+
+    def fault(self) -> str | None:
+        self.n_gen += 1
+        every = self.cfg.fail_every
+        return self.cfg.fail_kind if every and self.n_gen % every == 0 else None
+
+    def finished(self) -> None:
+        self.n_done += 1
+        if self.cfg.crash_after_requests and self.n_done >= self.cfg.crash_after_requests:
+            sys.stdout.flush()
+            os._exit(3)  # a planted crash: streams in flight are cut
+
+    # ---- /metrics ----------------------------------------------------------------------------------
+    def metrics_text(self) -> str:
+        lab = f'engine="0",model_name="{self.cfg.model}"'
+        c = self.c
+        out: list[str] = []
+
+        def counter(name: str, value: float, help_: str, extra: str = "") -> None:
+            out.append(f"# HELP {name}_total {help_}\n# TYPE {name}_total counter")
+            out.append(f"{name}_total{{{lab}{extra}}} {float(value)}")
+            out.append(f"# HELP {name}_created {help_}\n# TYPE {name}_created gauge")
+            out.append(f"{name}_created{{{lab}{extra}}} {self.created}")
+
+        counter("vllm:prompt_tokens", c.prompt_tokens, "Number of prefill tokens processed.")
+        counter("vllm:generation_tokens", c.generation_tokens, "Number of generation tokens processed.")
+        counter("vllm:request_success", c.requests_ok, "Count of successfully processed requests.", ',finished_reason="stop"')
+        out.append("# HELP vllm:num_requests_running Number of requests in model execution batches.")
+        out.append(f"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{{lab}}} {float(c.running)}")
+        if self.cfg.mode == "dflash":
+            counter("vllm:spec_decode_num_drafts", c.drafts, "Number of spec decoding drafts.")
+            counter("vllm:spec_decode_num_draft_tokens", c.draft_tokens, "Number of draft tokens.")
+            counter("vllm:spec_decode_num_accepted_tokens", c.accepted, "Number of accepted tokens.")
+            name = "vllm:spec_decode_num_accepted_tokens_per_pos"
+            out.append(f"# HELP {name}_total Accepted tokens per draft position.\n# TYPE {name}_total counter")
+            for i, v in enumerate(c.per_pos):
+                out.append(f'{name}_total{{{lab},position="{i}"}} {float(v)}')
+        return "\n".join(out) + "\n"
+
+
+def token_text(tid: int) -> str:
+    return f" w{tid}"
+
+
+def logprob_entry(tid: int) -> dict:
+    """vLLM chat logprobs entry with return_tokens_as_token_ids: the chosen token and a runner-up."""
+    alt = (tid * 7919 + 1) % 32000
+    top = [{"token": f"token_id:{tid}", "logprob": -0.1}, {"token": f"token_id:{alt}", "logprob": -2.5}]
+    return {"token": f"token_id:{tid}", "logprob": -0.1, "bytes": None, "top_logprobs": top}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m dflash_bench.emulator ...`: the same server as `dflash-bench emulate`, fewer imports."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m dflash_bench.emulator")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8000)
+    for f in EmulatorConfig.__dataclass_fields__.values():
+        flag = "--" + f.name.replace("_", "-")
+        if f.type == "bool":
+            ap.add_argument(flag, action="store_true")
+        else:
+            ap.add_argument(flag, type={"int": int, "float": float}.get(f.type, str), default=f.default)
+    ns = vars(ap.parse_args(argv))
+    host, port = ns.pop("host"), ns.pop("port")
+    from dflash_bench.emulator_http import serve
+
+    serve(EmulatorConfig(**ns), host, port)
+
+
+if __name__ == "__main__":
+    main()
+
+
+class EmulatorProcess:
+    """An emulator in a child process (for tests, benchmarks and the sweep's own checks).
+
+        with EmulatorProcess(mode="dflash", itl_ms=5) as em:
+            ... em.url ...
+
+    It listens on a free port of 127.0.0.1 and is killed on exit from the block (or by `close`)."""
+
+    def __init__(self, *, cli: bool = True, **options: object):
+        import subprocess
+
+        args = [sys.executable, "-m", "dflash_bench" if cli else "dflash_bench.emulator"]
+        args += ["emulate"] if cli else []
+        for k, v in options.items():
+            flag = "--" + k.replace("_", "-")
+            if v is True:
+                args.append(flag)
+            elif v is not False and v is not None:
+                args += [flag, str(v)]
+        args += ["--port", "0"]
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()
+        if "listening on" not in line:
+            err = self.proc.stderr.read() if self.proc.poll() is not None else ""
+            self.close()
+            raise RuntimeError(f"emulator did not start: {line.strip()} {err.strip()}")
+        self.url = line.rsplit(" ", 1)[1].strip()
+
+    def close(self) -> int | None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except Exception:  # noqa: BLE001
+                self.proc.kill()
+                self.proc.wait()
+        for f in (self.proc.stdout, self.proc.stderr):
+            f.close()
+        return self.proc.returncode
+
+    def __enter__(self) -> "EmulatorProcess":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,63 @@
+"""Acceptance length tau (mean tokens per target verification step, bonus included: 1 <= tau <= block size).
+
+Sources, in order of preference:
+- vLLM and the builtin engine: /metrics counter deltas over the measured window (`prometheus.vllm_acceptance`).
+- SGLang: sum(completion_tokens) / sum(spec_verify_ct) over the cell's requests (native /generate
+  meta_info), never the server-cumulative `avg_spec_accept_length`.
+- vLLM per-request `metrics.speculative_decoding` (v0.29+, --per-request-spec-decode-metrics), which also
+  gives the request-weighted mean.
+
+Token-weighted = pooled over verify steps (what the counters give); request-weighted = mean of each
+request's own tau. A server without speculative counters gets tau None, never 1.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from dflash_bench.metrics.prometheus import vllm_acceptance
+from dflash_bench.store import RequestRecord
+
+
+def per_request(records: Sequence[RequestRecord], sglang: bool) -> dict[str, Any] | None:
+    """Token- and request-weighted tau from per-request spec fields of successful measured requests."""
+    rs = [r for r in records if not r.warmup and r.ok and r.spec_verify_ct and r.output_tokens]
+    if not rs:
+        return None
+    steps = sum(r.spec_verify_ct for r in rs)
+    if sglang:  # completion_tokens / verify_ct (includes the prefill-sampled first token, as SGLang does)
+        token_w = sum(r.output_tokens for r in rs) / steps
+        req_w = sum(r.output_tokens / r.spec_verify_ct for r in rs) / len(rs)
+    else:
+        if any(r.spec_accepted_tokens is None for r in rs):
+            return None
+        token_w = 1.0 + sum(r.spec_accepted_tokens for r in rs) / steps
+        req_w = sum(1.0 + r.spec_accepted_tokens / r.spec_verify_ct for r in rs) / len(rs)
+    out: dict[str, Any] = {"token_weighted": token_w, "request_weighted": req_w, "num_drafts": steps}
+    if all(r.spec_accepted_tokens is not None for r in rs):
+        out["num_accepted_tokens"] = sum(r.spec_accepted_tokens for r in rs)
+    return out
+
+
+def cell_acceptance(engine: str, metrics_delta: dict[str, float] | None,
+                    records: Sequence[RequestRecord]) -> dict[str, Any]:
+    """The CellSummary acceptance fields (all None when the server did no speculative decoding)."""
+    out: dict[str, Any] = {}
+    counters = vllm_acceptance(metrics_delta) if metrics_delta else None
+    sglang = per_request(records, sglang=True) if engine == "sglang" else None
+    req = per_request(records, sglang=False) if engine != "sglang" else None
+    if counters:
+        out.update(counters)
+        out["acceptance_source"] = "builtin-metrics" if engine == "builtin" else "vllm-metrics"
+        out["acceptance_length_token_weighted"] = counters["acceptance_length"]
+        if req:
+            out["acceptance_length_req_weighted"] = req["request_weighted"]
+    elif sglang or req:
+        pr = sglang or req
+        out["acceptance_length"] = pr["token_weighted"]
+        out["acceptance_length_token_weighted"] = pr["token_weighted"]
+        out["acceptance_length_req_weighted"] = pr["request_weighted"]
+        out["num_drafts"] = pr["num_drafts"]
+        out["num_accepted_tokens"] = pr.get("num_accepted_tokens")
+        out["acceptance_source"] = "sglang-meta" if sglang else "vllm-per-request"
+    return out

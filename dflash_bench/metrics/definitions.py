@@ -1,0 +1,85 @@
+"""The metric definitions of ARCHITECTURE.md, written once. Everything else calls these.
+
+Over a cell's measured requests (warm-up excluded):
+
+- output throughput = sum of output tokens of successful requests / (last completion - first dispatch).
+  Output tokens come from the server's usage, never from counting chunks.
+- request throughput = successful requests / the same window.
+- TTFT = first content chunk - request sent.
+- TPOT = (E2E - TTFT) / (output tokens - 1), per request with more than one output token.
+- tok/s/user = 1000 / TPOT (ms), per request, then percentiles.
+- per-token latency (itl_ms) = each chunk gap divided over the tokens that chunk carries (from cumulative
+  usage), one sample per token; chunk gaps are kept as their own metric (a verify step under SD).
+- tokens per chunk = tokens carried by each chunk after the first token chunk.
+- E2E = stream end - request sent.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from dflash_bench.metrics.stats import describe, describe_weighted
+from dflash_bench.store import RequestRecord
+
+
+def ttft_ms(r: RequestRecord) -> float | None:
+    return None if r.t_first_token is None else (r.t_first_token - r.t_send) * 1000.0
+
+
+def e2e_ms(r: RequestRecord) -> float | None:
+    return None if r.t_end is None else (r.t_end - r.t_send) * 1000.0
+
+
+def tpot_ms(r: RequestRecord) -> float | None:
+    if r.t_first_token is None or r.t_end is None or not r.output_tokens or r.output_tokens < 2:
+        return None
+    return (r.t_end - r.t_first_token) * 1000.0 / (r.output_tokens - 1)
+
+
+def chunk_gaps(r: RequestRecord) -> list[tuple[float, int]]:
+    """(gap ms, tokens carried) for each token chunk after the first; empty without per-chunk counts."""
+    t, c = r.chunk_times, r.chunk_tokens
+    if len(t) != len(c) or len(t) < 2:
+        return []
+    return [((t[i] - t[i - 1]) * 1000.0, c[i] - c[i - 1]) for i in range(1, len(t))]
+
+
+def summarize(records: Sequence[RequestRecord]) -> dict[str, Any]:
+    """The CellSummary fields that depend only on the request records (acceptance is separate)."""
+    measured = [r for r in records if not r.warmup]
+    ok = [r for r in measured if r.ok]
+    out: dict[str, Any] = {"num_requests": len(measured), "num_ok": len(ok), "num_failed": len(measured) - len(ok),
+                           "num_warmup": len(records) - len(measured)}
+    if measured:
+        first = min(r.t_send for r in measured)
+        last = max((r.t_end for r in measured if r.t_end is not None), default=None)
+        duration = None if last is None else last - first
+    else:
+        duration = None
+    out_tokens = sum(r.output_tokens or 0 for r in ok)
+    out["duration_s"] = duration
+    out["total_output_tokens"] = out_tokens
+    out["total_prompt_tokens"] = sum(r.prompt_tokens or 0 for r in ok)
+    if duration and duration > 0:
+        out["output_throughput"] = out_tokens / duration
+        out["request_throughput"] = len(ok) / duration
+    tpots = [tpot_ms(r) for r in ok]
+    gaps = [g for r in ok for g in chunk_gaps(r)]
+    out["ttft_ms"] = describe([ttft_ms(r) for r in ok])
+    out["tpot_ms"] = describe(tpots)
+    out["e2e_ms"] = describe([e2e_ms(r) for r in ok])
+    out["tok_s_user"] = describe([1000.0 / t for t in tpots if t])
+    out["itl_ms"] = describe_weighted([(g / k, k) for g, k in gaps if k > 0])
+    out["chunk_gap_ms"] = describe([g for g, _ in gaps])
+    out["tokens_per_chunk"] = describe([k for _, k in gaps])
+    return out
+
+
+def failure_reasons(records: Sequence[RequestRecord]) -> dict[str, int]:
+    """Count of measured failures by reason (the text before the first colon)."""
+    counts: dict[str, int] = {}
+    for r in records:
+        if not r.warmup and r.error:
+            key = r.error.split(":", 1)[0]
+            counts[key] = counts.get(key, 0) + 1
+    return counts

@@ -1,0 +1,125 @@
+"""`run` / measure_cell against the timing emulator: the harness must report the emulator's known truth.
+
+Truth comes from the emulator's model (its per-request plan: output length and tokens per verify step),
+not from the code under test (client + metrics). Tolerances, stated once:
+- TTFT mean: truth <= measured <= truth + TTFT_SLACK_MS (client->server->client latency and timer jitter);
+- TPOT mean and output throughput: within REL_TOL of truth;
+- tau: equal to the emulator's realised tokens per verify step (counters are exact) and within 0.5 of the
+  configured mean (sampling noise of a few hundred steps).
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from dflash_bench.client import measure_cell
+from dflash_bench.emulator import Emulator, EmulatorConfig, EmulatorProcess
+
+TTFT_SLACK_MS = 8.0
+REL_TOL = 0.06
+
+
+@dataclass
+class P:
+    id: str
+    turns: list[str]
+    suite: str = "synthetic"
+    category: str | None = None
+    reference: str | None = None
+    meta: dict = field(default_factory=dict)
+
+
+def prompts(n: int, tag: str = "q") -> list[P]:
+    return [P(f"synthetic/{tag}{i}", [f"{tag} question number {i}: what is {i} + {i}?"]) for i in range(n)]
+
+
+def truth(cfg: EmulatorConfig, ps: list[P], concurrency: int, max_tokens: int) -> dict:
+    """What an exact harness would report, from the emulator's own plans and a closed-loop schedule."""
+    em = Emulator(cfg)
+    plans = [em.plan(p.turns[0], max_tokens) for p in ps]
+    durations = [(cfg.ttft_ms + len(pl.steps) * cfg.itl_ms) / 1000 for pl in plans]
+    free = [0.0] * min(concurrency, len(ps))  # each worker takes the next prompt when it is free
+    heapq.heapify(free)
+    end = 0.0
+    for d in durations:
+        t = heapq.heappop(free) + d
+        end = max(end, t)
+        heapq.heappush(free, t)
+    tokens = sum(len(pl.ids) for pl in plans)
+    tpots = [len(pl.steps) * cfg.itl_ms / (len(pl.ids) - 1) for pl in plans if len(pl.ids) > 1]
+    steps = [k for pl in plans for k in pl.steps]
+    return {"throughput": tokens / end, "tpot": sum(tpots) / len(tpots), "tokens": tokens,
+            "tau": sum(steps) / len(steps) if steps else None}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["ar", "dflash"])
+@pytest.mark.parametrize("concurrency", [1, 8, 32])
+def test_run_matches_emulator_truth(tmp_path: Path, mode: str, concurrency: int):
+    cfg = EmulatorConfig(mode=mode, ttft_ms=40, itl_ms=8, output_len=24 if mode == "ar" else 64,
+                         acceptance_length=6.5, seed=7)
+    n = {1: 6, 8: 24, 32: 64}[concurrency]
+    ps = prompts(n)
+    with EmulatorProcess(mode=mode, ttft_ms=cfg.ttft_ms, itl_ms=cfg.itl_ms, output_len=cfg.output_len,
+                         acceptance_length=cfg.acceptance_length, seed=cfg.seed) as em:
+        s = measure_cell(em.url, ps, concurrency=concurrency, cell_dir=tmp_path / "sw" / "cells" / "c",
+                         engine="vllm", mode=mode, max_tokens=256)
+    want = truth(cfg, ps, concurrency, 256)
+    assert s.status == "complete" and s.num_ok == n and s.num_failed == 0 and s.num_warmup == concurrency
+    assert s.total_output_tokens == want["tokens"]
+    assert cfg.ttft_ms <= s.ttft_ms.mean <= cfg.ttft_ms + TTFT_SLACK_MS
+    assert s.tpot_ms.mean == pytest.approx(want["tpot"], rel=REL_TOL)
+    assert s.output_throughput == pytest.approx(want["throughput"], rel=REL_TOL)
+    if mode == "ar":
+        assert s.acceptance_length is None and s.acceptance_source is None  # absent, not 1
+        assert s.tokens_per_chunk.mean == 1.0
+    else:
+        assert s.acceptance_source == "vllm-metrics"
+        assert s.acceptance_length == pytest.approx(want["tau"], abs=1e-9)
+        assert abs(s.acceptance_length - cfg.acceptance_length) < 0.5
+        assert len(s.acceptance_per_position) == cfg.block_size - 1
+        # a chunk is one verify step: chunk gaps are the step time, per-token latency is smaller
+        assert s.chunk_gap_ms.mean == pytest.approx(cfg.itl_ms, rel=0.15)
+        assert s.itl_ms.mean < cfg.itl_ms / 2
+
+
+def test_run_cli_writes_a_sweep_cell(tmp_path: Path, data_dir: Path):
+    with EmulatorProcess(mode="dflash", ttft_ms=5, itl_ms=2, output_len=16) as em:
+        cmd = [sys.executable, "-m", "dflash_bench", "run", "--url", em.url, "--suite", "gsm8k", "-c", "4", "-n", "8",
+               "--label", "dflash", "--out", str(tmp_path), "--name", "s1", "--data-dir", str(data_dir)]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    cell = tmp_path / "s1" / "cells" / "vllm-dflash-gsm8k-c4"
+    summary = json.loads((cell / "summary.json").read_text())
+    assert summary["num_ok"] == 8 and summary["acceptance_length"] > 1
+    lines = (cell / "requests.jsonl").read_text().splitlines()
+    assert len(lines) == 12  # 4 warm-up + 8 measured, all kept
+    assert sum(json.loads(x).get("warmup", False) for x in lines) == 4
+    assert "vllm:spec_decode_num_drafts_total" in json.loads((cell / "server_metrics.json").read_text())["delta"]
+    manifest = json.loads((tmp_path / "s1" / "manifest.json").read_text())
+    assert manifest["plan"][0]["status"] == "complete"
+    assert (tmp_path / "s1" / "results.csv").read_text().count("\n") == 2
+    assert "acceptance length tau" in res.stdout
+
+
+def test_run_unreachable_server_is_one_sentence(tmp_path: Path, data_dir: Path):
+    cmd = [sys.executable, "-m", "dflash_bench", "run", "--url", "http://127.0.0.1:9", "--suite", "gsm8k", "-n", "2",
+           "--out", str(tmp_path), "--data-dir", str(data_dir)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2
+    assert res.stderr.startswith("error: cannot reach the server at http://127.0.0.1:9")
+    assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_run_refuses_bad_label(tmp_path: Path, data_dir: Path):
+    cmd = [sys.executable, "-m", "dflash_bench", "run", "--url", "http://127.0.0.1:9", "--suite", "gsm8k",
+           "--label", "fast", "--out", str(tmp_path), "--data-dir", str(data_dir)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "--label must be" in res.stderr
