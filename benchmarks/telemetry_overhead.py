@@ -3,7 +3,8 @@
     PYTHONPATH=. python benchmarks/telemetry_overhead.py --out results/ [--idle-s 20] [--load-s 20]
 
 1. Overhead: the sampler runs at 10 Hz (and --rates) on an idle GPU for --idle-s seconds; reported is
-   the CPU time of its thread (time.thread_time) per second of wall time and per tick.
+   the CPU time of its thread (time.thread_time) per second of wall time and per tick, and the CPU
+   cost of each NVML field read.
 2. Energy check: one window like a cell's (the load starts after the window does): bf16 matrix
    products on GPU 0 for --load-s seconds. Reported: idle vs load power, energy from the counter vs
    power integrated over time (both power readings NVML gives), and the summary the harness would store.
@@ -21,6 +22,7 @@ import time
 from pathlib import Path
 
 from dflash_bench.telemetry import TelemetrySampler, gpu_inventory, summarize, trapezoid
+from dflash_bench.telemetry import nvml
 
 
 def overhead(seconds: float, rate_hz: float) -> dict:
@@ -101,7 +103,13 @@ def main() -> int:
     for r in rows:
         print(f"{r['rate_hz']:5.0f} Hz: {r['achieved_hz']:.1f} Hz achieved, sampler thread "
               f"{r['cpu_pct_of_one_core']:.3f}% of one core, {r['cpu_ms_per_sample']:.3f} ms CPU per sample")
-    (args.out / "overhead.json").write_text(json.dumps({"gpu": inv, "rows": rows}, indent=1))
+    nvml.init()
+    try:
+        costs = nvml.Reader([0]).field_cost_ms()
+    finally:
+        nvml.shutdown()
+    print("CPU ms per read:", ", ".join(f"{k} {v:.3f}" for k, v in costs.items()))
+    (args.out / "overhead.json").write_text(json.dumps({"gpu": inv, "rows": rows, "field_cost_ms": costs}, indent=1))
     if args.load_s > 0:
         res = load_window(args.load_s, args.out)
         (args.out / "energy.json").write_text(json.dumps(res, indent=1))

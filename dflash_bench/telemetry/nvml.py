@@ -274,6 +274,16 @@ class Reader:
         # Probe each field once per GPU; keep only those that answer.
         self._supported = [[(n, fn) for n, fn in self._reads if _maybe(nv, fn, h) is not None] for h in self._handles]
 
+    def field_cost_ms(self, repeats: int = 20) -> dict[str, float]:
+        """CPU milliseconds of one read of each supported field of the first GPU (for the benchmark)."""
+        costs = {}
+        for name, fn in self._supported[0] if self._supported else []:
+            t = time.thread_time()
+            for _ in range(repeats):
+                _maybe(self._nv, fn, self._handles[0])
+            costs[name.lstrip("_")] = 1000 * (time.thread_time() - t) / repeats
+        return costs
+
     def _throttle(self, h) -> int:
         nv = self._nv
         fn = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or nv.nvmlDeviceGetCurrentClocksThrottleReasons
