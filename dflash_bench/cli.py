@@ -212,6 +212,24 @@ def telemetry(
     raise typer.Exit(run_check(gpus, seconds, interval, out))
 
 
+@app.command()
+def gate(
+    sweep_dir: Path = typer.Argument(..., help="The sweep folder to gate (or to export with --export-baseline)."),
+    baseline: Optional[Path] = typer.Option(None, "--baseline", "-b", help="A sweep folder or a baseline file written by --export-baseline."),
+    thresholds: Optional[Path] = typer.Option(None, "--thresholds", help="TOML file of thresholds and bootstrap settings (see examples/gate.toml)."),
+    junit: Optional[Path] = typer.Option(None, "--junit", help="Write JUnit XML here: one test case per gated metric and cell."),
+    markdown: Optional[Path] = typer.Option(None, "--markdown", help="Write a markdown summary here, for a PR comment or $GITHUB_STEP_SUMMARY."),
+    export_baseline: bool = typer.Option(False, "--export-baseline", help="Write SWEEP_DIR's cells as a small baseline file (-o) instead of gating."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="With --export-baseline: the baseline file to write."),
+) -> None:
+    """Gate a sweep against a baseline: exit 0 pass, 1 regression, 2 unusable input."""
+    from dflash_bench.gate import main as gate_main
+
+    code = gate_main(sweep_dir, baseline=baseline, export=export_baseline, output=output, thresholds=thresholds,
+                     junit=junit, markdown=markdown)
+    raise typer.Exit(code)
+
+
 def main() -> None:
     """Console entry point: user errors become one line on stderr and a non-zero exit, never a traceback."""
     try:
