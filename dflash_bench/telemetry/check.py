@@ -50,6 +50,9 @@ def _num(x: float | None) -> str:
 def _inventory_table(inv: list[dict]) -> Table:
     t = Table("GPU", "name", "driver", "power limit W", "max SM MHz", "energy counter", "instant power")
     for g in inv:
+        if "error" in g:
+            t.add_row(str(g["index"]), escape(f"NVML error: {g['error']}"), "", "", "", "", "")
+            continue
         t.add_row(str(g["index"]), escape(str(g["name"])), escape(str(g["driver_version"])), _num(g["power_limit_w"]),
                   str(g["sm_clock_max_mhz"]), "yes" if g["energy_counter"] else "no", "yes" if g["power_instant"] else "no")
     return t

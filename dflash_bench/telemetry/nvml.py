@@ -203,7 +203,10 @@ def gpu_inventory(gpus: list[int] | None = None) -> list[dict[str, Any]]:
 
 
 def _describe(nv, index: int) -> dict[str, Any]:
-    h = nv.nvmlDeviceGetHandleByIndex(index)
+    try:
+        h = nv.nvmlDeviceGetHandleByIndex(index)
+    except nv.NVMLError as err:
+        return {"index": index, "error": str(err)}
     get = lambda fn, *a: _maybe(nv, fn, h, *a)  # noqa: E731
     mem = get(nv.nvmlDeviceGetMemoryInfo)
     pci = get(nv.nvmlDeviceGetPciInfo)
