@@ -1,0 +1,204 @@
+"""The HTML report from planted sweep folders: figures, numbers, escaping, failed cells, several sweeps, CLI."""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from report_sweeps import XSS, make_sweep
+
+from dflash_bench import analysis
+from dflash_bench.errors import UserError
+from dflash_bench.report import build_report
+from dflash_bench.report.figures import frontier
+from dflash_bench.store import atomic_write_text
+
+ALL_FIGURES = {"pareto", "acceptance", "acceptance_positions", "latency", "energy", "power"}
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+class Page(HTMLParser):
+    """Tags, attributes and visible text of a page, plus the text of elements by class."""
+
+    def __init__(self, html: str):
+        super().__init__(convert_charrefs=True)
+        self.tags: list[tuple[str, dict[str, str]]] = []
+        self.text: list[str] = []
+        self._stack: list[str] = []
+        self.by_class: dict[str, list[str]] = {}
+        self._open: list[tuple[str, list[str]]] = []
+        self.feed(html)
+
+    def handle_starttag(self, tag, attrs):
+        a = {k: v or "" for k, v in attrs}
+        self.tags.append((tag, a))
+        if tag not in ("img", "br", "meta", "input"):
+            self._open.append((tag, a.get("class", "").split()))
+
+    def handle_endtag(self, tag):
+        while self._open:
+            t, _ = self._open.pop()
+            if t == tag:
+                break
+
+    def handle_data(self, data):
+        self.text.append(data)
+        for _, classes in self._open:
+            for c in classes:
+                self.by_class.setdefault(c, []).append(data)
+
+    def all_text(self) -> str:
+        return "".join(self.text)
+
+    def imgs(self) -> list[dict[str, str]]:
+        return [a for t, a in self.tags if t == "img"]
+
+
+def _figures_in(page: Page) -> dict[str, bytes]:
+    out = {}
+    for img in page.imgs():
+        assert img["src"].startswith("data:image/png;base64,"), img["src"][:40]
+        out[img["data-figure"]] = base64.b64decode(img["src"].split(",", 1)[1])
+    return out
+
+
+@pytest.fixture(scope="module")
+def full(tmp_path_factory):
+    """A complete sweep with telemetry, lossless data, repeats, one failed cell, and hostile text everywhere."""
+    path = make_sweep(tmp_path_factory.mktemp("r") / "h100", sweep_id=f"h100 {XSS}", repeats=2, gpus=2, lossless=True,
+                      output_text=f"model says {XSS}", model=f"Qwen/Qwen3-8B{XSS}",
+                      failed={"vllm-dflash-mt-bench-c32": f"server died: {XSS}", "vllm-dflash-mt-bench-c32-r1": "OOM"})
+    page = build_report([path])
+    return path, page, Page(page.read_text())
+
+
+def test_page_is_self_contained_with_every_figure(full):
+    path, page, parsed = full
+    assert page == path / "report.html"
+    figs = _figures_in(parsed)
+    assert set(figs) == ALL_FIGURES
+    for name, data in figs.items():
+        assert data.startswith(PNG)
+        assert (path / "figures" / f"{name}.png").read_bytes() == data  # the file beside the page is the same figure
+    for tag, attrs in parsed.tags:
+        assert tag not in ("script", "iframe", "object", "embed", "link"), tag
+        for key in ("src", "href"):
+            assert not attrs.get(key, "").startswith(("http:", "https:", "//")), attrs
+
+
+def test_hostile_text_shows_as_text(full):
+    _, page, parsed = full
+    # No element came out of the planted strings: the only images are the figures, there is no script.
+    assert [t for t, _ in parsed.tags if t == "script"] == []
+    assert all(img["src"].startswith("data:image/png") for img in parsed.imgs())
+    assert not any("onerror" in attrs for _, attrs in parsed.tags)
+    text = parsed.all_text()
+    assert f"model says {XSS}" in text  # sample output
+    assert f"server died: {XSS}" in text  # failure reason
+    assert f"h100 {XSS}" in text  # sweep id
+    assert "Qwen/Qwen3-8B<script>document.title='pwned'</script>" in text  # manifest (JSON-quoted after that)
+    assert text.count(XSS) >= 5
+    assert "<script>" not in page.read_text()
+
+
+def test_headline_numbers_and_callouts(full):
+    _, _, parsed = full
+    # Planted: AR tok/s = 70 c^0.8; DFlash = AR x max(0.8, 3.6 - 0.06 c). Best is c=1, worst c=32 (gsm8k; mt-bench c32 failed).
+    best, worst = " ".join(parsed.by_class["good"]), " ".join(parsed.by_class["bad"])
+    assert "c1" in best and f"{3.6 - 0.06:.2f}×" in best
+    assert "gsm8k c32" in worst and f"{3.6 - 0.06 * 32:.2f}×" in worst
+    speedups = [s.strip() for s in parsed.by_class["sp"]]
+    assert f"{3.6 - 0.06 * 8:.2f}×" in speedups
+    details = " ".join(parsed.by_class["det"])
+    assert f"{70 * 8 ** 0.8:,.0f}" in details  # AR tok/s at c8 per server
+    assert "no pair" in parsed.all_text()  # mt-bench c32 has no DFlash partner
+
+
+def test_throughput_is_per_gpu_when_the_manifest_lists_gpus(full):
+    _, _, parsed = full
+    text = parsed.all_text()
+    assert "tok/s per GPU" in text and "2 GPU(s) per server" in text
+    assert f"{70 * 32 ** 0.8 / 2:,.1f}" in text  # AR c32 throughput in the Pareto numbers, divided by 2 GPUs
+
+
+def test_failed_cells_and_no_telemetry_still_render(tmp_path):
+    path = make_sweep(tmp_path / "cpu", telemetry=False, gpus=None, failed={
+        "vllm-ar-gsm8k-c8": "client: connection refused", "vllm-dflash-gsm8k-c8": "server exited with code 137"})
+    parsed = Page(build_report([path]).read_text())
+    assert set(_figures_in(parsed)) == ALL_FIGURES - {"energy", "power"}
+    text = parsed.all_text()
+    assert "No energy measured: GPU telemetry off: NVML found no GPU" in text
+    assert "No GPU power timeline" in text
+    assert "tok/s per server" in text
+    reasons = parsed.by_class["reason"]
+    assert "client: connection refused" in reasons and "server exited with code 137" in reasons
+    assert not (path / "figures" / "power.png").exists()
+
+
+def test_sweep_with_nothing_complete_renders(tmp_path):
+    ids = [f"vllm-{m}-gsm8k-c1" for m in ("ar", "dflash")]
+    path = make_sweep(tmp_path / "dead", suites=("gsm8k",), concurrency=(1,), failed={i: "image pull failed" for i in ids})
+    parsed = Page(build_report([path]).read_text())
+    assert parsed.imgs() == []
+    assert "No complete AR/DFlash pair in this sweep (2 cell(s) failed" in parsed.all_text()
+
+
+def test_several_sweeps_side_by_side(tmp_path):
+    a = make_sweep(tmp_path / "h100", suites=("gsm8k",), concurrency=(1, 8))
+    b = make_sweep(tmp_path / "b300", engine="sglang", suites=("gsm8k",), concurrency=(1, 8), boost=4.5, telemetry=False)
+    out = tmp_path / "out" / "compare.html"
+    assert build_report([a, b], out) == out
+    parsed = Page(out.read_text())
+    figs = sorted(p.name for p in (out.parent / "figures").glob("*.png"))
+    assert "h100-pareto.png" in figs and "b300-pareto.png" in figs and "b300-power.png" not in figs
+    assert len(parsed.imgs()) == len(figs)
+    text = parsed.all_text()
+    assert "Sweeps side by side" in text
+    assert f"{4.5 - 0.06:.2f}×" in text and f"{3.6 - 0.06:.2f}×" in text
+
+
+def test_frontier_drops_dominated_points():
+    pts = [(1.0, 5.0), (2.0, 4.0), (1.5, 3.0), (3.0, 1.0), (0.5, 4.5)]
+    assert frontier(pts) == [(1.0, 5.0), (2.0, 4.0), (3.0, 1.0)]
+
+
+def test_power_timeline_sums_gpus_and_tolerates_bad_files(tmp_path):
+    path = make_sweep(tmp_path / "s", suites=("gsm8k",), concurrency=(1,), gpus=2)
+    cid = "vllm-ar-gsm8k-c1"
+    raw = (path / "cells" / cid / "telemetry.csv").read_text().splitlines()
+    first = [float(r.split(",")[3]) for r in raw[1:3]]  # both GPUs' first sample
+    tl = analysis.power_timeline(path, cid)
+    assert len(tl) == 40 and tl["power_w"].iloc[0] == pytest.approx(sum(first))
+    atomic_write_text(path / "cells" / cid / "telemetry.csv", "")
+    assert analysis.power_timeline(path, cid) is None
+    atomic_write_text(path / "cells" / cid / "telemetry.csv", "t_s,gpu\n0.1,0\n")
+    assert analysis.power_timeline(path, cid) is None
+    assert analysis.power_timeline(path, "vllm-dflash-gsm8k-c1") is not None
+
+
+def test_bad_input_is_one_sentence(tmp_path):
+    with pytest.raises(UserError, match="not a folder"):
+        build_report([tmp_path / "missing"])
+    with pytest.raises(UserError, match="no manifest.json"):
+        build_report([tmp_path])
+    make_sweep(tmp_path / "out" / "s1", suites=("gsm8k",), concurrency=(1,))
+    with pytest.raises(UserError, match="holds sweep folders"):
+        build_report([tmp_path / "out"])
+    with pytest.raises(UserError, match=r"\.html"):
+        build_report([tmp_path / "out" / "s1"], tmp_path / "report.txt")
+
+
+def test_cli_report(tmp_path):
+    path = make_sweep(tmp_path / "s", suites=("gsm8k",), concurrency=(1,), telemetry=False)
+    out = tmp_path / "site"
+    out.mkdir()
+    run = subprocess.run([sys.executable, "-m", "dflash_bench", "report", str(path), "--out", str(out)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert (out / "report.html").exists() and (out / "figures" / "pareto.png").exists()
+    bad = subprocess.run([sys.executable, "-m", "dflash_bench", "report", str(tmp_path / "nope")], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and bad.stderr.strip().count("\n") == 0
