@@ -48,6 +48,8 @@ def build_engine(model: str, draft: str | None = None, *, mode: str = "dflash", 
         raise UserError(f"unknown mode {mode!r}; use 'ar' or 'dflash'")
     if mode == "dflash" and not draft:
         raise UserError("mode dflash needs a drafter: pass --draft <drafter folder>")
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise UserError(f"device {device!r} was asked for but no CUDA GPU is available; use --device cpu")
     dt = resolve_dtype(dtype, device)

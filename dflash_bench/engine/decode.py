@@ -27,7 +27,8 @@ class Seq:
     start: int = 0  # position of the anchor (= committed target KV length)
     out: list[int] = field(default_factory=list)  # generated tokens; out[-1] is the anchor
     finish: str | None = None
-    steps: int = 0
+    steps: int = 0  # verify steps (each one a draft in vLLM's counting when B > 1)
+    accepted: int = 0  # accepted draft tokens over all steps
 
 
 @dataclass
@@ -41,6 +42,8 @@ class Delta:
     completion_tokens: int
     finish: str | None = None
     logprobs: list[tuple[int, float, list[tuple[int, float]]]] | None = None
+    steps: int = 0  # verify steps so far
+    accepted: int = 0  # accepted draft tokens so far
 
 
 @dataclass
@@ -119,6 +122,7 @@ class Engine:
             self._count(a)
             s.start += a + 1
             s.steps += 1
+            s.accepted += a
             deltas.append(self._commit(s, drafts_l[row][:a] + [bonus_l[row]], logits[row, : a + 1]))
         return deltas
 
@@ -157,7 +161,8 @@ class Engine:
             s.detok.flush()
         self.stats.generation_tokens += taken
         lps = _logprobs(logits[:taken], tokens[:taken], p.logprobs) if p.logprobs is not None else None
-        return Delta(s.req_id, tokens[:taken], s.detok.delta(s.finish is not None), len(s.prompt), len(s.out), s.finish, lps)
+        return Delta(s.req_id, tokens[:taken], s.detok.delta(s.finish is not None), len(s.prompt), len(s.out), s.finish, lps,
+                     s.steps, s.accepted)
 
     def release(self, s: Seq) -> None:
         """Give the sequence's slot back (after it finished or was aborted)."""

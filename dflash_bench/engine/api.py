@@ -1,0 +1,197 @@
+"""OpenAI-compatible request schemas (vLLM's extensions included) and response/chunk formatting."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from dflash_bench.engine.decode import Delta
+from dflash_bench.engine.sampling import SamplingParams
+
+
+class BadRequest(Exception):
+    """A request the server refuses with HTTP 400 and this message."""
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class _Common(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0.0, le=100.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=-1)
+    min_tokens: int = Field(0, ge=0)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = Field(1, ge=1)
+    seed: int | None = None
+    return_tokens_as_token_ids: bool = False
+
+    def sampling(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
+        if self.n != 1:
+            raise BadRequest("only n=1 is supported")
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        return SamplingParams(
+            temperature=self.temperature, top_p=self.top_p, top_k=max(self.top_k, 0), max_tokens=max_tokens,
+            min_tokens=self.min_tokens, ignore_eos=self.ignore_eos, stop=stop,
+            stop_token_ids=list(self.stop_token_ids or []), logprobs=logprobs,
+        )
+
+
+class ChatRequest(_Common):
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool = True
+
+    def wanted_max_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    def wanted_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+
+class CompletionRequest(_Common):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    logprobs: int | None = Field(None, ge=0, le=20)
+    echo: bool = False
+
+    def wanted_max_tokens(self) -> int | None:
+        return self.max_tokens or 16  # OpenAI's default for completions
+
+    def wanted_logprobs(self) -> int | None:
+        return self.logprobs
+
+
+def chat_prompt(tokenizer, req: ChatRequest) -> list[int]:
+    msgs = [{**m, "content": _text_content(m.get("content"))} for m in req.messages]
+    try:
+        text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=req.add_generation_prompt,
+                                             **(req.chat_template_kwargs or {}))
+    except Exception as err:  # jinja errors, missing template, bad roles
+        raise BadRequest(f"could not apply the chat template: {err}") from err
+    return tokenizer(text, add_special_tokens=False).input_ids
+
+
+def _text_content(content) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+    raise BadRequest("message content must be a string or a list of text parts")
+
+
+def completion_prompt(tokenizer, req: CompletionRequest) -> list[int]:
+    if req.echo:
+        raise BadRequest("echo is not supported")
+    p = req.prompt
+    if isinstance(p, list) and p and isinstance(p[0], (str, list)):
+        if len(p) != 1:
+            raise BadRequest("only one prompt per request is supported")
+        p = p[0]
+    if isinstance(p, str):
+        return tokenizer(p).input_ids
+    return list(p)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def usage(d: Delta) -> dict:
+    return {"prompt_tokens": d.prompt_tokens, "completion_tokens": d.completion_tokens,
+            "total_tokens": d.prompt_tokens + d.completion_tokens}
+
+
+def spec_metrics(d: Delta, block_size: int) -> dict | None:
+    """Per-request speculative stats, in vLLM's experimental per-request format."""
+    if block_size <= 1 or d.steps == 0:
+        return None
+    return {"speculative_decoding": {"num_spec_steps": d.steps, "num_accepted_draft_tokens": d.accepted,
+                                     "num_draft_tokens": d.steps * (block_size - 1),
+                                     "mean_acceptance_length": 1 + d.accepted / d.steps}}
+
+
+class Formatter:
+    """Builds response bodies and stream chunks for one request."""
+
+    def __init__(self, kind: Literal["chat", "completions"], model: str, tokenizer, as_ids: bool):
+        self.kind, self.model, self.tok, self.as_ids = kind, model, tokenizer, as_ids
+        self.id = new_id("chatcmpl" if kind == "chat" else "cmpl")
+        self.created = int(time.time())
+        self.offset = 0  # completions text_offset
+
+    def _tok_str(self, t: int) -> str:
+        return f"token_id:{t}" if self.as_ids else self.tok.decode([t])
+
+    def logprobs(self, d: Delta) -> dict | None:
+        if d.logprobs is None:
+            return None
+        if self.kind == "chat":
+            return {"content": [{"token": self._tok_str(t), "logprob": lp, "bytes": list(self._tok_str(t).encode()),
+                                 "top_logprobs": [{"token": self._tok_str(i), "logprob": v} for i, v in top]}
+                                for t, lp, top in d.logprobs]}
+        tokens = [self._tok_str(t) for t, _, _ in d.logprobs]
+        offsets = []
+        for s in tokens:
+            offsets.append(self.offset)
+            self.offset += len(s)
+        return {"tokens": tokens, "token_logprobs": [lp for _, lp, _ in d.logprobs],
+                "top_logprobs": [{self._tok_str(i): v for i, v in top} for _, _, top in d.logprobs],
+                "text_offset": offsets}
+
+    def chunk(self, d: Delta | None, *, with_usage: bool, first: bool = False) -> dict:
+        obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
+        if self.kind == "chat":
+            delta = {"role": "assistant", "content": ""} if first else {"content": d.text}
+            choice = {"index": 0, "delta": delta, "logprobs": None if first else self.logprobs(d),
+                      "finish_reason": None if first else d.finish}
+        else:
+            choice = {"index": 0, "text": d.text, "logprobs": self.logprobs(d), "finish_reason": d.finish}
+        out = {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": [choice]}
+        if with_usage and d is not None:
+            out["usage"] = usage(d)
+        return out
+
+    def usage_chunk(self, d: Delta, block_size: int) -> dict:
+        obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
+        out = {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": [],
+               "usage": usage(d)}
+        m = spec_metrics(d, block_size)
+        if m:
+            out["metrics"] = m
+        return out
+
+    def full(self, deltas: list[Delta], block_size: int) -> dict:
+        last = deltas[-1]
+        text = "".join(d.text for d in deltas)
+        lps = None
+        if last.logprobs is not None:
+            merged = Delta(last.req_id, [], "", 0, 0, logprobs=[e for d in deltas for e in (d.logprobs or [])])
+            lps = self.logprobs(merged)
+        if self.kind == "chat":
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": lps,
+                      "finish_reason": last.finish}
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": text, "logprobs": lps, "finish_reason": last.finish}
+            obj = "text_completion"
+        out = {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": [choice],
+               "usage": usage(last)}
+        m = spec_metrics(last, block_size)
+        if m:
+            out["metrics"] = m
+        return out

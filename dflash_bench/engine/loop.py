@@ -1,0 +1,130 @@
+"""The engine thread: admits requests into free slots (prefill), then steps every running sequence together.
+
+A request that arrives while others decode joins at the next step. Results go to each request's `sink`
+(a callable run on the engine thread; the server hands them over to its event loop).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+from dflash_bench.engine.decode import Delta, Engine, Seq
+from dflash_bench.engine.sampling import SamplingParams
+
+log = logging.getLogger("dflash_bench.engine")
+
+
+@dataclass
+class _Req:
+    req_id: str
+    prompt: list[int]
+    params: SamplingParams
+    sink: Callable[[Delta | Exception], None]
+
+
+class EngineLoop:
+    """Runs an `Engine` on its own thread; `submit` and `abort` are safe to call from any thread."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.waiting: deque[_Req] = deque()
+        self.running: list[Seq] = []
+        self.sinks: dict[str, Callable] = {}
+        self._aborted: set[str] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="dflash-engine", daemon=True)
+
+    def start(self) -> "EngineLoop":
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.inbox.put(None)
+        self.thread.join(timeout=10)
+
+    def submit(self, req_id: str, prompt: list[int], params: SamplingParams, sink: Callable) -> None:
+        self.inbox.put(_Req(req_id, prompt, params, sink))
+
+    def abort(self, req_id: str) -> None:
+        """Stop generating for a request (client went away); its slot is freed at the next step."""
+        with self._lock:
+            self._aborted.add(req_id)
+        self.inbox.put(None)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._take(block=not self.running and not self.waiting)
+            self._drop_aborted()
+            self._admit()
+            if self.running:
+                self._step()
+
+    def _take(self, block: bool) -> None:
+        try:
+            item = self.inbox.get(timeout=0.5) if block else self.inbox.get_nowait()
+            while True:
+                if item is not None:
+                    self.waiting.append(item)
+                item = self.inbox.get_nowait()
+        except queue.Empty:
+            pass
+
+    def _drop_aborted(self) -> None:
+        with self._lock:
+            gone, self._aborted = self._aborted, set()
+        if not gone:
+            return
+        self.waiting = deque(r for r in self.waiting if r.req_id not in gone)
+        for s in [s for s in self.running if s.req_id in gone]:
+            self._finish(s)
+
+    def _admit(self) -> None:
+        while self.waiting and self.engine.free_slots:
+            req = self.waiting.popleft()
+            try:
+                seq, delta = self.engine.add(req.req_id, req.prompt, req.params)
+            except Exception as err:  # a failing request must not take the server down
+                log.exception("prefill failed")
+                req.sink(err)
+                continue
+            self.sinks[req.req_id] = req.sink
+            self.running.append(seq)
+            self._emit(seq, delta)
+
+    def _step(self) -> None:
+        try:
+            deltas = self.engine.step(self.running)
+        except Exception as err:
+            log.exception("decode step failed")
+            for s in list(self.running):
+                self.sinks[s.req_id](err)
+                self._finish(s)
+            return
+        for s, d in zip(list(self.running), deltas):
+            self._emit(s, d)
+
+    def _emit(self, seq: Seq, delta: Delta) -> None:
+        self.sinks[seq.req_id](delta)
+        if seq.finish:
+            self._finish(seq)
+
+    def _finish(self, seq: Seq) -> None:
+        self.engine.release(seq)
+        self.running.remove(seq)
+        self.sinks.pop(seq.req_id, None)

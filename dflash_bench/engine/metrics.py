@@ -1,0 +1,49 @@
+"""/metrics in Prometheus text format with vLLM's names, so the harness scrapes us as it scrapes vLLM."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from dflash_bench.engine.loop import EngineLoop
+
+
+class EngineCollector:
+    """Reads the engine's counters at scrape time (no locking needed: ints written by one thread)."""
+
+    def __init__(self, loop: EngineLoop, model_name: str):
+        self.loop, self.model = loop, model_name
+
+    def _counter(self, name: str, doc: str, value: float):
+        c = CounterMetricFamily(name, doc, labels=["model_name"])
+        c.add_metric([self.model], value)
+        return c
+
+    def _gauge(self, name: str, doc: str, value: float):
+        g = GaugeMetricFamily(name, doc, labels=["model_name"])
+        g.add_metric([self.model], value)
+        return g
+
+    def collect(self):
+        st = self.loop.engine.stats
+        yield self._counter("vllm:prompt_tokens", "Prefill tokens processed.", st.prompt_tokens)
+        yield self._counter("vllm:generation_tokens", "Generation tokens processed.", st.generation_tokens)
+        yield self._counter("vllm:request_success", "Requests admitted.", st.requests)
+        yield self._gauge("vllm:num_requests_running", "Requests in the decode batch.", self.loop.num_running)
+        yield self._gauge("vllm:num_requests_waiting", "Requests waiting for a slot.", self.loop.num_waiting)
+        if self.loop.engine.B <= 1:
+            return
+        yield self._counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", st.drafts)
+        yield self._counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", st.draft_tokens)
+        yield self._counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", st.accepted)
+        per_pos = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                      "Accepted tokens per draft position.", labels=["model_name", "position"])
+        for i, n in enumerate(st.accepted_per_pos):
+            per_pos.add_metric([self.model, str(i)], n)
+        yield per_pos
+
+
+def render(loop: EngineLoop, model_name: str) -> bytes:
+    reg = CollectorRegistry()
+    reg.register(EngineCollector(loop, model_name))
+    return generate_latest(reg)

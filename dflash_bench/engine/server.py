@@ -1,0 +1,162 @@
+"""The OpenAI-compatible HTTP server of the builtin engine (FastAPI + uvicorn, one process).
+
+Endpoints: /v1/chat/completions and /v1/completions (SSE streaming with usage and continuous usage
+stats, or one JSON body), /v1/models, /health, /metrics (vLLM's counter names).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from dflash_bench.engine.api import (BadRequest, ChatRequest, CompletionRequest, Formatter, chat_prompt,
+                                     completion_prompt, new_id)
+from dflash_bench.engine.decode import Delta
+from dflash_bench.engine.loop import EngineLoop
+from dflash_bench.engine.metrics import render
+from dflash_bench.errors import UserError
+
+log = logging.getLogger("dflash_bench.engine")
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    kind = "BadRequestError" if status == 400 else "InternalServerError"
+    return JSONResponse({"object": "error", "message": message, "type": kind, "param": None, "code": status},
+                        status_code=status)
+
+
+def _sse(obj) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def build_app(loop: EngineLoop, model_name: str) -> FastAPI:
+    """The FastAPI app serving `loop`'s engine under `model_name`."""
+    app = FastAPI(title="dflash-bench builtin engine")
+    engine = loop.engine
+    tok = engine.tok
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_req, exc: RequestValidationError):
+        e = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(x) for x in e.get("loc", ())[1:]) or "body"
+        return _error(400, f"invalid request: {where}: {e.get('msg', 'bad value')}")
+
+    @app.exception_handler(BadRequest)
+    async def _bad(_req, exc: BadRequest):
+        return _error(400, str(exc))
+
+    @app.get("/health")
+    async def health():
+        return Response(status_code=200)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0,
+                                            "owned_by": "dflash-bench", "max_model_len": engine.target.max_len}]}
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(render(loop, model_name), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.post("/v1/chat/completions")
+    async def chat(req: ChatRequest):
+        return await _serve("chat", req, chat_prompt(tok, req))
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest):
+        return await _serve("completions", req, completion_prompt(tok, req))
+
+    async def _serve(kind, req, prompt: list[int]):
+        if req.model and req.model != model_name:
+            return JSONResponse({"object": "error", "message": f"the model {req.model!r} does not exist; this server has {model_name!r}",
+                                 "type": "NotFoundError", "param": None, "code": 404}, status_code=404)
+        if any(not 0 <= t < engine.target.vocab_size for t in prompt):
+            raise BadRequest("the prompt has token ids outside the vocabulary")
+        room = engine.target.max_len - engine.B - 1
+        max_tokens = req.wanted_max_tokens() or max(1, room - len(prompt))
+        why = engine.check(len(prompt), max_tokens)
+        if why:
+            raise BadRequest(why)
+        params = req.sampling(max_tokens, req.wanted_logprobs())
+        fmt = Formatter(kind, model_name, tok, req.return_tokens_as_token_ids)
+        queue: asyncio.Queue = asyncio.Queue()
+        aloop = asyncio.get_running_loop()
+        req_id = new_id("req")
+        loop.submit(req_id, prompt, params, lambda d: aloop.call_soon_threadsafe(queue.put_nowait, d))
+        if req.stream:
+            opts = req.stream_options
+            return StreamingResponse(_stream(req_id, queue, fmt, opts), media_type="text/event-stream")
+        deltas: list[Delta] = []
+        try:
+            while not deltas or not deltas[-1].finish:
+                d = await queue.get()
+                if isinstance(d, Exception):
+                    return _error(500, f"generation failed: {d}")
+                deltas.append(d)
+        except asyncio.CancelledError:
+            loop.abort(req_id)
+            raise
+        return JSONResponse(fmt.full(deltas, engine.B))
+
+    async def _stream(req_id, queue, fmt: Formatter, opts):
+        usage_each = bool(opts and opts.include_usage and opts.continuous_usage_stats)
+        done = False
+        try:
+            if fmt.kind == "chat":
+                yield _sse(fmt.chunk(None, with_usage=False, first=True))
+            while not done:
+                d = await queue.get()
+                if isinstance(d, Exception):
+                    yield _sse({"error": {"message": f"generation failed: {d}", "code": 500}})
+                    done = True
+                    break
+                done = d.finish is not None
+                yield _sse(fmt.chunk(d, with_usage=usage_each))
+            if opts and opts.include_usage and not isinstance(d, Exception):
+                yield _sse(fmt.usage_chunk(d, engine.B))
+            yield b"data: [DONE]\n\n"
+        finally:
+            if not done:
+                loop.abort(req_id)
+
+    return app
+
+
+def _check_port(host: str, port: int) -> None:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as err:
+            raise UserError(f"cannot listen on {host}:{port} ({err.strerror}); pick another --port") from err
+
+
+def serve(model: str, draft: str | None = None, *, mode: str | None = None, host: str = "127.0.0.1", port: int = 8000,
+          dtype: str = "auto", device: str = "auto", max_slots: int = 32, max_model_len: int = 4096,
+          served_model_name: str | None = None, log_level: str = "warning") -> None:
+    """Load the model(s) and serve until interrupted (the `dflash-bench serve` command)."""
+    import uvicorn
+
+    from dflash_bench.engine.build import build_engine
+
+    mode = mode or ("dflash" if draft else "ar")
+    if max_slots < 1 or max_model_len < 16:
+        raise UserError("--max-slots must be at least 1 and --max-model-len at least 16")
+    _check_port(host, port)
+    engine = build_engine(model, draft if mode == "dflash" else None, mode=mode, dtype=dtype, device=device,
+                          max_slots=max_slots, max_len=max_model_len)
+    loop = EngineLoop(engine).start()
+    name = served_model_name or model
+    app = build_app(loop, name)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    log.info("serving %s (mode %s, block size %d) on http://%s:%d", name, mode, engine.B, host, port)
+    try:
+        uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
+    finally:
+        loop.stop()
