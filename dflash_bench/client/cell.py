@@ -19,7 +19,7 @@ from dflash_bench.errors import UserError
 from dflash_bench.metrics import prometheus
 from dflash_bench.metrics.acceptance import cell_acceptance
 from dflash_bench.metrics.definitions import failure_reasons, summarize
-from dflash_bench.store import CellSummary, SweepDir, now_iso
+from dflash_bench.store import TELEMETRY, CellSummary, SweepDir, now_iso
 
 
 def measure_cell(url: str, prompts: Sequence, *, concurrency: int, cell_dir: Path, engine: str = "vllm",
@@ -27,7 +27,7 @@ def measure_cell(url: str, prompts: Sequence, *, concurrency: int, cell_dir: Pat
                  temperature: float = 0.0, api: str = "chat", model: str | None = None,
                  save_token_ids: bool = False, enable_thinking: bool | None = None, warmup: bool = True,
                  request_rate: float | None = None, timeout: float | None = 600.0, seed: int = 0,
-                 transport: str = "aiohttp", on_progress: ProgressFn | None = None) -> CellSummary:
+                 transport: str = "aiohttp", on_progress: ProgressFn | None = None, telemetry=None) -> CellSummary:
     """Measure `prompts` against the server at `url` at `concurrency`; write and return the cell summary.
 
     Raises UserError when the server cannot be reached at all; request failures during the cell are
@@ -40,7 +40,7 @@ async def measure_cell_async(url: str, prompts: Sequence, *, concurrency: int, c
                              temperature: float = 0.0, api: str = "chat", model: str | None = None,
                              save_token_ids: bool = False, enable_thinking: bool | None = None, warmup: bool = True,
                              request_rate: float | None = None, timeout: float | None = 600.0, seed: int = 0,
-                             transport: str = "aiohttp", on_progress: ProgressFn | None = None) -> CellSummary:
+                             transport: str = "aiohttp", on_progress: ProgressFn | None = None, telemetry=None) -> CellSummary:
     if api not in APIS:
         raise UserError(f"unknown api {api!r}; choose one of {', '.join(APIS)}")
     if concurrency < 1:
@@ -62,9 +62,15 @@ async def measure_cell_async(url: str, prompts: Sequence, *, concurrency: int, c
 
         async def before() -> None:
             snaps["before"], snaps["error"] = await _scrape(tr)
+            if telemetry is not None:  # GPU samples cover the measured window only
+                telemetry.start()
 
         gen = LoadGenerator(tr, req, load, on_progress, between=before)
-        result = await gen.run(prompts)
+        try:
+            result = await gen.run(prompts)
+        finally:
+            if telemetry is not None:
+                telemetry.stop()
         after, err = await _scrape(tr)
         snaps["after"] = after
         snaps["error"] = snaps.get("error") or err
@@ -76,6 +82,8 @@ async def measure_cell_async(url: str, prompts: Sequence, *, concurrency: int, c
                           concurrency=concurrency, repeat=repeat, url=url, started_at=started, finished_at=now_iso(),
                           settings=settings, **summarize(result.records),
                           **cell_acceptance(engine, snaps.get("delta"), result.records))
+    if telemetry is not None:
+        _add_energy(summary, telemetry, cell_dir)
     reasons = failure_reasons(result.records)
     summary.extra["failures"] = reasons
     if snaps.get("error"):
@@ -88,6 +96,15 @@ async def measure_cell_async(url: str, prompts: Sequence, *, concurrency: int, c
     store.write_server_metrics(cell_dir.name, snaps)
     store.write_summary(summary)
     return summary
+
+
+def _add_energy(summary: CellSummary, sampler, cell_dir: Path) -> None:
+    """Energy of the measured window from the GPU samples; telemetry.csv beside the summary."""
+    energy = sampler.summarize(summary.total_output_tokens)
+    sampler.write_csv(cell_dir / TELEMETRY)
+    for key, value in energy.summary_fields().items():
+        setattr(summary, key, value)
+    summary.extra.update(energy.extra_fields())
 
 
 async def _served_model(tr: Transport, url: str, api: str) -> str | None:

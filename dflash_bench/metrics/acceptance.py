@@ -43,7 +43,7 @@ def cell_acceptance(engine: str, metrics_delta: dict[str, float] | None,
                     records: Sequence[RequestRecord]) -> dict[str, Any]:
     """The CellSummary acceptance fields (all None when the server did no speculative decoding)."""
     out: dict[str, Any] = {}
-    counters = vllm_acceptance(metrics_delta) if metrics_delta else None
+    counters = vllm_acceptance(metrics_delta) if metrics_delta and engine != "sglang" else None
     sglang = per_request(records, sglang=True) if engine == "sglang" else None
     req = per_request(records, sglang=False) if engine != "sglang" else None
     if counters:

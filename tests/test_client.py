@@ -1,0 +1,156 @@
+"""The load generator against a real emulator process: failure records, token ids, SGLang /generate,
+multi-turn, Poisson arrivals, both transports."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import orjson
+import pytest
+
+from dflash_bench.client import measure_cell
+from dflash_bench.client.protocol import RequestSettings, build_body
+from dflash_bench.emulator import Emulator, EmulatorConfig, EmulatorProcess
+from dflash_bench.store import SweepDir
+from test_run import P, prompts
+
+
+def cell(tmp_path: Path, name: str = "c") -> Path:
+    return tmp_path / "sw" / "cells" / name
+
+
+def measured(tmp_path: Path, name: str = "c"):
+    return [r for r in SweepDir(tmp_path / "sw").read_requests(name) if not r.warmup]
+
+
+@pytest.mark.parametrize("kind,reason", [("error", "HTTP 500"), ("stream-error", "server error in stream"),
+                                         ("drop", "stream dropped"), ("malformed", "malformed SSE event")])
+def test_server_failures_become_failed_records(tmp_path: Path, kind: str, reason: str):
+    with EmulatorProcess(mode="ar", ttft_ms=2, itl_ms=1, output_len=8, fail_every=3, fail_kind=kind) as em:
+        s = measure_cell(em.url, prompts(9), concurrency=3, cell_dir=cell(tmp_path), warmup=False, timeout=20)
+    assert s.status == "complete"
+    assert (s.num_requests, s.num_ok, s.num_failed) == (9, 6, 3)
+    recs = measured(tmp_path)
+    failed = [r for r in recs if r.error]
+    assert len(failed) == 3 and all(r.error.startswith(reason) for r in failed), [r.error for r in failed]
+    assert s.extra["failures"] == {reason.split(":")[0]: 3}
+    # failures carry no tokens into the statistics
+    assert s.total_output_tokens == sum(r.output_tokens for r in recs if r.ok)
+
+
+def test_hung_stream_times_out(tmp_path: Path):
+    with EmulatorProcess(mode="ar", ttft_ms=2, itl_ms=1, output_len=8, fail_every=2, fail_kind="hang") as em:
+        s = measure_cell(em.url, prompts(4), concurrency=2, cell_dir=cell(tmp_path), warmup=False, timeout=0.6)
+    assert (s.num_ok, s.num_failed) == (2, 2)
+    assert all(r.error.startswith("timeout") for r in measured(tmp_path) if r.error)
+
+
+def test_server_crash_mid_cell_completes_with_failures(tmp_path: Path):
+    em = EmulatorProcess(mode="ar", ttft_ms=2, itl_ms=2, output_len=16, crash_after_requests=5)
+    try:
+        s = measure_cell(em.url, prompts(12), concurrency=2, cell_dir=cell(tmp_path), warmup=False, timeout=20)
+    finally:
+        code = em.close()
+    assert code == 3
+    assert s.num_ok >= 4 and s.num_failed == 12 - s.num_ok
+    assert set(s.extra["failures"]) <= {"connection failed", "stream dropped", "stream ended before [DONE] (dropped by the server)"}
+    assert s.status == "complete"
+
+
+def test_everything_failing_marks_the_cell_failed(tmp_path: Path):
+    with EmulatorProcess(mode="ar", fail_every=1, fail_kind="error") as em:
+        s = measure_cell(em.url, prompts(3), concurrency=1, cell_dir=cell(tmp_path), warmup=False)
+    assert s.status == "failed" and "HTTP 500 (3)" in s.failure_reason
+    assert (tmp_path / "sw" / "cells" / "c" / "summary.json").exists()
+
+
+@pytest.mark.parametrize("api", ["chat", "completions"])
+def test_token_ids_and_top2_logprobs_are_saved(tmp_path: Path, api: str):
+    ps = prompts(4)
+    with EmulatorProcess(mode="dflash", ttft_ms=2, itl_ms=1, output_len=20, seed=3) as em:
+        measure_cell(em.url, ps, concurrency=2, cell_dir=cell(tmp_path), api=api, save_token_ids=True, max_tokens=64)
+    plans = {p.id: Emulator(EmulatorConfig(output_len=20, seed=3)).plan(p.turns[0], 64) for p in ps}
+    for r in measured(tmp_path):
+        assert r.token_ids == plans[r.prompt_id].ids  # the AR emulator's ids: DFlash is lossless here
+        assert len(r.top_logprobs) == len(r.token_ids) and all(len(t) == 2 for t in r.top_logprobs)
+        assert [t[0][0] for t in r.top_logprobs] == r.token_ids
+
+
+def test_sglang_generate_reads_tau_from_meta_info(tmp_path: Path):
+    ps = prompts(10)
+    cfg = EmulatorConfig(mode="dflash", ttft_ms=2, itl_ms=1, output_len=40, acceptance_length=4.0)
+    with EmulatorProcess(mode="dflash", ttft_ms=2, itl_ms=1, output_len=40, acceptance_length=4.0) as em:
+        s = measure_cell(em.url, ps, concurrency=4, cell_dir=cell(tmp_path), engine="sglang", api="generate",
+                         save_token_ids=True, max_tokens=128)
+    plans = [Emulator(cfg).plan(p.turns[0], 128) for p in ps]
+    assert s.acceptance_source == "sglang-meta"
+    assert s.acceptance_length == pytest.approx(sum(len(p.ids) for p in plans) / sum(len(p.steps) for p in plans))
+    assert s.acceptance_length_req_weighted == pytest.approx(
+        statistics.mean(len(p.ids) / len(p.steps) for p in plans))
+    assert s.total_output_tokens == sum(len(p.ids) for p in plans)
+    assert all(r.token_ids and len(r.token_ids) == r.output_tokens for r in measured(tmp_path))
+
+
+def test_vllm_per_request_spec_metrics_give_request_weighted_tau(tmp_path: Path):
+    with EmulatorProcess(mode="dflash", ttft_ms=2, itl_ms=1, output_len=40, per_request_spec_metrics=True) as em:
+        s = measure_cell(em.url, prompts(8), concurrency=4, cell_dir=cell(tmp_path))
+    assert s.acceptance_source == "vllm-metrics"
+    assert s.acceptance_length_req_weighted is not None and 1 < s.acceptance_length_req_weighted <= 16
+    recs = measured(tmp_path)
+    steps = sum(r.spec_verify_ct for r in recs)
+    assert s.num_drafts == steps  # the counters and the per-request stats reconcile
+    assert s.acceptance_length == pytest.approx(1 + sum(r.spec_accepted_tokens for r in recs) / steps)
+
+
+def test_multi_turn_sends_the_models_own_reply(tmp_path: Path):
+    conv = [P("mt/1", ["first turn", "second turn"]), P("mt/2", ["hello", "and again"])]
+    with EmulatorProcess(mode="ar", ttft_ms=2, itl_ms=1, output_len=12) as em:
+        s = measure_cell(em.url, conv, concurrency=2, cell_dir=cell(tmp_path), warmup=False)
+    assert s.num_requests == 4 and s.num_ok == 4
+    em_model = Emulator(EmulatorConfig(output_len=12))
+    by = {(r.prompt_id, r.turn): r for r in measured(tmp_path)}
+    for p in conv:
+        first = by[(p.id, 0)]
+        assert first.output_text == "".join(f" w{t}" for t in em_model.plan(p.turns[0], 2048).ids)
+        # the emulator sees the whole conversation: user turn, the model's reply, user turn
+        second = em_model.plan("\n".join([p.turns[0], first.output_text, p.turns[1]]), 2048)
+        assert by[(p.id, 1)].output_tokens == len(second.ids)
+        assert by[(p.id, 1)].t_send >= first.t_end
+
+
+def test_poisson_arrivals_spread_the_dispatches(tmp_path: Path):
+    with EmulatorProcess(mode="ar", ttft_ms=1, itl_ms=1, output_len=2) as em:
+        s = measure_cell(em.url, prompts(60), concurrency=60, cell_dir=cell(tmp_path), request_rate=100.0,
+                         warmup=False, seed=1)
+    sends = sorted(r.t_send for r in measured(tmp_path))
+    gaps = [b - a for a, b in zip(sends, sends[1:])]
+    mean = statistics.mean(gaps)
+    assert 0.006 < mean < 0.016  # 1 / (100 req/s) = 10 ms
+    assert statistics.stdev(gaps) / mean > 0.5  # exponential gaps (CV 1), not a fixed clock
+    assert s.settings["request_rate"] == 100.0
+
+
+def test_httpx_and_aiohttp_transports_agree(tmp_path: Path):
+    ps = prompts(6)
+    with EmulatorProcess(mode="dflash", ttft_ms=2, itl_ms=1, output_len=24) as em:
+        a = measure_cell(em.url, ps, concurrency=3, cell_dir=cell(tmp_path, "a"), transport="aiohttp", save_token_ids=True)
+        b = measure_cell(em.url, ps, concurrency=3, cell_dir=cell(tmp_path, "b"), transport="httpx", save_token_ids=True)
+    assert a.total_output_tokens == b.total_output_tokens and b.num_ok == 6
+    ids = lambda n: {r.prompt_id: r.token_ids for r in measured(tmp_path, n)}  # noqa: E731
+    assert ids("a") == ids("b")
+    assert b.acceptance_length is not None
+
+
+def test_request_body_sends_temperature_thinking_and_logprobs():
+    s = RequestSettings(api="chat", model="m", max_tokens=7, temperature=0.0, save_token_ids=True, enable_thinking=False)
+    body = orjson.loads(build_body(s, [{"role": "user", "content": "hi"}]))
+    assert body["temperature"] == 0.0 and body["max_tokens"] == 7 and body["stream"] is True
+    assert body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    assert body["chat_template_kwargs"] == {"enable_thinking": False}
+    assert body["logprobs"] is True and body["top_logprobs"] == 2 and body["return_tokens_as_token_ids"] is True
+    assert "ignore_eos" not in body
+    gen = orjson.loads(build_body(RequestSettings(api="generate", max_tokens=5), [{"role": "user", "content": "x"}]))
+    assert gen["sampling_params"] == {"max_new_tokens": 5, "temperature": 0.0} and gen["text"] == "x"
+    plain = orjson.loads(build_body(RequestSettings(api="chat", model="m"), [{"role": "user", "content": "x"}]))
+    assert "chat_template_kwargs" not in plain and "logprobs" not in plain
