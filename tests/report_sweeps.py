@@ -49,7 +49,7 @@ def make_sweep(path: Path, *, sweep_id: str | None = None, engine: str = "vllm",
     plan = [CellPlan(cell_id=cell_id(engine, m, s, c, r), engine=engine, mode=m, suite=s, concurrency=c, repeat=r)
             for s in suites for c in concurrency for r in range(repeats) for m in ("ar", "dflash")]
     hardware = {"gpus": [{"name": "NVIDIA H100 80GB HBM3", "uuid": f"GPU-{i}"} for i in range(gpus)]} if gpus else {}
-    manifest = Manifest(sweep_id=sweep_id or path.name, status="complete", command_line=["dflash-bench", "sweep", "--model", model],
+    manifest = Manifest(sweep_id=sweep_id or path.name, status="complete", plan=plan, command_line=["dflash-bench", "sweep", "--model", model],
                         settings={"model": model, "max_tokens": 512}, hardware=hardware,
                         models={"target": model, "drafter": "z-lab/Qwen3-8B-DFlash-b16"},
                         versions={"dflash_bench": "0.1.0", "vllm": "0.20.1"},

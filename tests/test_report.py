@@ -15,7 +15,7 @@ from dflash_bench import analysis
 from dflash_bench.errors import UserError
 from dflash_bench.report import build_report
 from dflash_bench.report.figures import frontier
-from dflash_bench.store import atomic_write_text
+from dflash_bench.store import CellPlan, SweepDir, atomic_write_text
 
 ALL_FIGURES = {"pareto", "acceptance", "acceptance_positions", "latency", "energy", "power"}
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -128,6 +128,10 @@ def test_throughput_is_per_gpu_when_the_manifest_lists_gpus(full):
 def test_failed_cells_and_no_telemetry_still_render(tmp_path):
     path = make_sweep(tmp_path / "cpu", telemetry=False, gpus=None, failed={
         "vllm-ar-gsm8k-c8": "client: connection refused", "vllm-dflash-gsm8k-c8": "server exited with code 137"})
+    sweep = SweepDir.open(path)  # a killed sweep: one more cell planned, never run
+    manifest = sweep.read_manifest()
+    manifest.plan.append(CellPlan(cell_id="vllm-ar-gsm8k-c64", engine="vllm", mode="ar", suite="gsm8k", concurrency=64))
+    sweep.write_manifest(manifest)
     parsed = Page(build_report([path]).read_text())
     assert set(_figures_in(parsed)) == ALL_FIGURES - {"energy", "power"}
     text = parsed.all_text()
@@ -137,6 +141,8 @@ def test_failed_cells_and_no_telemetry_still_render(tmp_path):
     reasons = parsed.by_class["reason"]
     assert "client: connection refused" in reasons and "server exited with code 137" in reasons
     assert not (path / "figures" / "power.png").exists()
+    assert "13 planned (10 complete, 2 failed, 1 pending), 12 with a summary" in text
+    assert "vllm-ar-gsm8k-c64" in "".join(parsed.by_class["fail"])  # unfinished cells are listed too
 
 
 def test_sweep_with_nothing_complete_renders(tmp_path):
