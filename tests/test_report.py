@@ -15,6 +15,7 @@ from dflash_bench import analysis
 from dflash_bench.errors import UserError
 from dflash_bench.report import build_report
 from dflash_bench.report.figures import frontier
+from dflash_bench.report.tables import gpu_count
 from dflash_bench.store import CellPlan, SweepDir, atomic_write_text
 
 ALL_FIGURES = {"pareto", "acceptance", "acceptance_positions", "latency", "energy", "power"}
@@ -123,6 +124,14 @@ def test_throughput_is_per_gpu_when_the_manifest_lists_gpus(full):
     text = parsed.all_text()
     assert "tok/s per GPU" in text and "2 GPU(s) per server" in text
     assert f"{70 * 32 ** 0.8 / 2:,.1f}" in text  # AR c32 throughput in the Pareto numbers, divided by 2 GPUs
+
+
+def test_gpu_count_prefers_the_tensor_parallel_size():
+    eight = {"gpus": [{"name": "H100"}] * 8}
+    assert gpu_count(eight) == 8
+    assert gpu_count(eight, {"engine_args": ["--tensor-parallel-size", "2"]}) == 2
+    assert gpu_count(eight, {"engine_args": ["--max-model-len=8192", "--tp-size=4"]}) == 4
+    assert gpu_count({}, {"engine_args": []}) is None
 
 
 def test_failed_cells_and_no_telemetry_still_render(tmp_path):

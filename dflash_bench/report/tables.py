@@ -58,7 +58,7 @@ def _load_one(path: Path) -> SweepView:
     sweep = SweepDir.open(path)
     manifest = sweep.read_manifest()
     frame = analysis.cells(path)
-    gpus = gpu_count(manifest.hardware)
+    gpus = gpu_count(manifest.hardware, manifest.settings)
     view = SweepView(
         path=path,
         manifest=manifest,
@@ -83,8 +83,27 @@ def slugify(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.")[:60] or "sweep"
 
 
-def gpu_count(hardware: dict[str, Any]) -> int | None:
-    """How many GPUs one server used, from the manifest's `hardware` (None when it does not say)."""
+TP_FLAGS = ("--tensor-parallel-size", "-tp", "--tp-size", "--tp")
+
+
+def tensor_parallel(engine_args: Any) -> int | None:
+    """The tensor-parallel size passed through to the engine (vLLM `--tensor-parallel-size`, SGLang `--tp-size`)."""
+    args = [str(a) for a in engine_args] if isinstance(engine_args, list) else []
+    for i, arg in enumerate(args):
+        flag, eq, value = arg.partition("=")
+        if flag in TP_FLAGS:
+            value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+            if value.isdigit() and int(value) > 0:
+                return int(value)
+    return None
+
+
+def gpu_count(hardware: dict[str, Any], settings: dict[str, Any] | None = None) -> int | None:
+    """How many GPUs one server used: the tensor-parallel size in the sweep's engine args, else the GPUs the
+    manifest's `hardware` lists (None when neither says: throughput is then per server)."""
+    tp = tensor_parallel((settings or {}).get("engine_args"))
+    if tp:
+        return tp
     for key in ("gpus_per_server", "tensor_parallel", "tp"):
         if isinstance(hardware.get(key), int) and hardware[key] > 0:
             return hardware[key]
