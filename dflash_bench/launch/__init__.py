@@ -63,7 +63,7 @@ def launch_command(
         finally:
             if server is not None:
                 server.stop()
-            if own_log and not (server is not None and server.died.is_set()):
+            if own_log:  # errors already carry the tail; a kept log needs log_path
                 Path(log_path).unlink(missing_ok=True)
 
 

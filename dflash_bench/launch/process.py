@@ -84,11 +84,22 @@ def stop_group(pgid: int, grace: float = STOP_GRACE_S, reap=None) -> None:
 
 
 def _group_alive(pgid: int) -> bool:
+    """True while a process of the group runs (zombies waiting for their reaper do not count)."""
     try:
         os.killpg(pgid, 0)
-        return True
     except ProcessLookupError:
         return False
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return True
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":  # fields: state, ppid, pgrp, ...
+            return True
+    return False
 
 
 class ProcessServer(Server):

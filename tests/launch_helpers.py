@@ -1,0 +1,122 @@
+"""Helpers of the launcher tests: a small real HTTP server, a harness to signal, docker test images."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+# A real HTTP server with knobs: `ok` serves /health; `exit` logs 60 lines and exits 3 during start-up;
+# `never-ready` answers 503; `child` also starts a long-lived child process in its process group.
+SERVER = r"""
+import http.server, subprocess, sys, time
+port, mode = int(sys.argv[1]), sys.argv[2]
+print(f"test server starting in mode {mode}", flush=True)
+if mode == "exit":
+    for i in range(60):
+        print(f"start-up line {i}", flush=True)
+    sys.exit(3)
+if mode == "child":
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    print(f"child pid {child.pid}", flush=True)
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        code = 503 if mode == "never-ready" else 200 if self.path == "/health" else 404
+        self.send_response(code)
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    def log_message(self, *args):
+        pass
+
+print("test server listening", flush=True)
+http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+"""
+
+# Launches one server and sleeps until signalled. argv[1] is a JSON object of launch settings.
+HARNESS = r"""
+import json, sys, time
+from dflash_bench.launch import DockerOptions, launch_command
+cfg = json.loads(sys.argv[1])
+docker = DockerOptions(**cfg["docker"]) if cfg.get("docker") else None
+with launch_command(cfg["argv"], port=cfg["port"], runner=cfg["runner"], docker=docker, ready_timeout=60,
+                    name="harness-test", log_path=cfg.get("log_path")) as server:
+    print("READY", server.info.pid or server.info.container_id, flush=True)
+    time.sleep(600)
+"""
+
+
+def server_argv(port: int, mode: str = "ok") -> list[str]:
+    return [sys.executable, "-c", SERVER, str(port), mode]
+
+
+def start_harness(cfg: dict) -> tuple[subprocess.Popen, str]:
+    """Start the harness; return it and what it printed after READY (pid or container id)."""
+    proc = subprocess.Popen([sys.executable, "-c", HARNESS, json.dumps(cfg)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    if not line.startswith("READY"):
+        proc.kill()
+        raise AssertionError(f"harness did not get ready: {line!r} {proc.stderr.read()}")
+    return proc, line.split()[1]
+
+
+def group_alive(pgid: int) -> bool:
+    """True while some process of the group runs (zombies do not count)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, _ppid, pgrp = stat.read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue
+        if int(pgrp) == pgid and state != "Z":
+            return True
+    return False
+
+
+def pid_alive(pid: int) -> bool:
+    """True while `pid` runs (a zombie counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_until(cond, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return cond()
+
+
+def skeleton_tar(path: Path) -> Path:
+    """A root file system with empty usr/root/tmp/etc and the usual links, to `docker import`."""
+    with tarfile.open(path, "w") as tar:
+        for name in ("usr", "root", "tmp", "etc", "proc", "sys", "dev"):
+            info = tarfile.TarInfo(name)
+            info.type, info.mode = tarfile.DIRTYPE, 0o1777 if name == "tmp" else 0o755
+            tar.addfile(info)
+        for name in ("bin", "lib", "lib64", "sbin"):
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = tarfile.SYMTYPE, f"usr/{name}"
+            tar.addfile(info)
+    return path
+
+
+def host_python_mounts() -> list[tuple[str, str, str]]:
+    """Read-only mounts that let the host's Python and this repo run inside a skeleton container."""
+    paths = [Path("/usr"), Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve(), REPO]
+    keep: list[Path] = []
+    for p in sorted(set(paths), key=lambda p: len(p.parts)):
+        if not any(p == k or k in p.parents for k in keep):
+            keep.append(p)
+    return [(str(p), str(p), "ro") for p in keep]
