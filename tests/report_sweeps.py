@@ -65,7 +65,12 @@ def make_sweep(path: Path, *, sweep_id: str | None = None, engine: str = "vllm",
         cell.status = "complete"
         s = _summary(engine, cell.mode, cell.suite, cell.concurrency, cell.repeat, energy=telemetry, boost=boost)
         if lossless and cell.mode == "dflash":
-            s.extra["lossless"] = {"identical": 31, "compared": 32, "first_divergence": XSS}
+            s.extra["lossless"] = {"status": "ok", "ar_cell": cell.cell_id.replace("-dflash-", "-ar-"), "n": 32, "identical": 31,
+                                   "exact_match_rate": 31 / 32, "divergences": {"near_tie": 1}, "first_divergence": {"n": 1, "p50": 117},
+                                   "examples": [{"ar_text": XSS, "dflash_text": XSS}]}
+        if lossless:
+            s.extra["accuracy"] = {"status": "ok", "metric": "exact", "n": 32, "correct": 28, "accuracy": 0.875,
+                                   "ci_low": 0.719, "ci_high": 0.950, "checker": f"boxed {XSS}"}
         sweep.write_requests(cell.cell_id, [
             RequestRecord(request_id=f"{cell.cell_id}-{i}", prompt_id=f"{cell.suite}-{i}", t_send=0.1 * i, t_first_token=0.1 * i + 0.05,
                           t_end=0.1 * i + 2.0, output_tokens=512, output_text=f"{output_text} ({cell.mode} #{i})")

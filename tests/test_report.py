@@ -119,6 +119,14 @@ def test_headline_numbers_and_callouts(full):
     assert "no pair" in parsed.all_text()  # mt-bench c32 has no DFlash partner
 
 
+def test_quality_tables_show_lossless_and_accuracy(full):
+    _, _, parsed = full
+    text = parsed.all_text()
+    assert "Lossless: DFlash vs AR tokens at temperature 0" in text and "Task accuracy" in text
+    assert f"{31 / 32:.4f}".rstrip("0") in text and "near_tie: 1" in text and "vllm-ar-gsm8k-c8" in text
+    assert f"boxed {XSS}" in text  # accuracy checker text, escaped like everything else
+
+
 def test_throughput_is_per_gpu_when_the_manifest_lists_gpus(full):
     _, _, parsed = full
     text = parsed.all_text()

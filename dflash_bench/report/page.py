@@ -112,8 +112,8 @@ def _context(view: tables.SweepView, figs: dict[str, dict[str, str]]) -> dict[st
         "has_energy": "j_per_token" in view.done.columns and view.done["j_per_token"].notna().any(),
         "telemetry_note": m.telemetry or "; ".join(telemetry_off) or "no telemetry.csv in any cell",
         "failed": view.failed,
-        "lossless": view.lossless,
-        "lossless_cols": _columns(view.lossless),
+        "quality": [(title, rows, _columns(rows)) for title, rows in
+                    (("Lossless: DFlash vs AR tokens at temperature 0", view.lossless), ("Task accuracy", view.accuracy)) if rows],
         "samples": view.samples,
         "command_line": shlex.join(m.command_line) if m.command_line else "",
         "manifest_blocks": [(k, _pretty(tables.redact(getattr(m, k)))) for k in

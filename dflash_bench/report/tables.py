@@ -33,6 +33,7 @@ class SweepView:
     gpus: int | None  # GPUs per server when the manifest says, else None ("per server")
     failed: list[dict[str, Any]] = field(default_factory=list)
     lossless: list[dict[str, Any]] = field(default_factory=list)
+    accuracy: list[dict[str, Any]] = field(default_factory=list)
     samples: list[dict[str, Any]] = field(default_factory=list)
     power: dict[str, pd.DataFrame] = field(default_factory=dict)  # cell id -> t_s, power_w
 
@@ -70,7 +71,8 @@ def _load_one(path: Path) -> SweepView:
         gpus=gpus,
     )
     view.failed = failures(manifest, frame)
-    view.lossless = lossless_rows(frame)
+    view.lossless = quality_rows(frame, "lossless", LOSSLESS_KEYS)
+    view.accuracy = quality_rows(frame, "accuracy", ACCURACY_KEYS)
     view.samples = sample_outputs(sweep, frame)
     for cid in analysis.complete(frame)["cell_id"] if not frame.empty else []:
         timeline = analysis.power_timeline(path, cid)
@@ -198,23 +200,37 @@ def failures(manifest: Manifest, frame: pd.DataFrame) -> list[dict[str, Any]]:
     return out
 
 
-def lossless_rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
-    """`extra.lossless` of each complete cell that has it, flattened one level (filled by a later issue)."""
+LOSSLESS_KEYS = ("status", "ar_cell", "n", "identical", "exact_match_rate", "divergences", "in_accepted_draft",
+                 "at_target_token", "first_divergence", "not_compared")
+ACCURACY_KEYS = ("status", "metric", "n", "correct", "accuracy", "ci_low", "ci_high", "vs_ar")
+
+
+def quality_rows(frame: pd.DataFrame, key: str, keys: tuple[str, ...]) -> list[dict[str, Any]]:
+    """`extra[key]` of each complete cell that has it (lossless: DFlash vs AR tokens; accuracy: task score),
+    the known fields first, nested values shortened to `k: v` text; long lists (raw examples) left out."""
     if frame.empty or "extra" not in frame.columns:
         return []
     rows = []
     for _, row in analysis.complete(frame).iterrows():
         extra = parse_json(row.get("extra"))
-        data = extra.get("lossless") if isinstance(extra, dict) else None
+        data = extra.get(key) if isinstance(extra, dict) else None
         if data is None:
             continue
-        flat = data if isinstance(data, dict) else {"value": data}
-        rows.append({"cell_id": row["cell_id"], **{str(k): _scalar(v) for k, v in flat.items()}})
+        data = data if isinstance(data, dict) else {"value": data}
+        shown = [k for k in keys if k in data] + [k for k in data if k not in keys and not isinstance(data[k], list)]
+        out: dict[str, Any] = {"cell": row["cell_id"], "suite": row["suite"], "mode": row["mode"],
+                               "concurrency": int(row["concurrency"])}
+        out.update({k: _short(data[k]) for k in shown if data[k] not in (None, {}, [])})
+        rows.append(out)
     return rows
 
 
-def _scalar(value: Any) -> Any:
-    return value if isinstance(value, (int, float, str, bool)) or value is None else json.dumps(value, default=str)
+def _short(value: Any) -> Any:
+    if isinstance(value, dict):
+        return ", ".join(f"{k}: {_short(v)}" for k, v in value.items() if not isinstance(v, (list, dict)))
+    if isinstance(value, float):
+        return round(value, 4)
+    return value if isinstance(value, (int, str, bool)) or value is None else json.dumps(value, default=str)[:200]
 
 
 def sample_outputs(sweep: SweepDir, frame: pd.DataFrame) -> list[dict[str, Any]]:
