@@ -1,0 +1,82 @@
+"""`dflash-bench quality SWEEP_DIR`: run the lossless check and the accuracy scoring on a sweep folder,
+write them into it, and print one row per AR/DFlash pair."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from dflash_bench.analysis import KEY
+from dflash_bench.quality.lossless import NEAR_TIE_NATS
+from dflash_bench.store import SweepDir
+
+
+def check_sweep(sweep_dir: Path | str, data_dir: Path | str | None = None, score_code: bool = False,
+                near_tie: float = NEAR_TIE_NATS, timeout_s: float = 10.0, workers: int = 2,
+                show: bool = True) -> list[dict[str, Any]]:
+    """Lossless check, then accuracy (code suites only with score_code); returns `quality_rows`."""
+    from dflash_bench.quality.accuracy import score_sweep
+    from dflash_bench.quality.lossless import annotate_sweep
+    from dflash_bench.quality.sandbox import Limits
+
+    annotate_sweep(sweep_dir, near_tie)
+    score_sweep(sweep_dir, data_dir, score_code, Limits(timeout_s=timeout_s, cpu_s=max(1, int(timeout_s))), workers)
+    rows = quality_rows(sweep_dir)
+    if show:
+        print_rows(rows)
+    return rows
+
+
+def quality_rows(sweep_dir: Path | str) -> list[dict[str, Any]]:
+    """One dict per DFlash cell with what the checks wrote: the key, `lossless`, `accuracy` (its own, with
+    `vs_ar`) and `accuracy_ar` (its AR partner's). Reads only the folder; for the report and the gate."""
+    summaries = [s for s in SweepDir.open(Path(sweep_dir)).summaries() if s.status == "complete"]
+    ar = {tuple(getattr(s, k) for k in KEY): s for s in summaries if s.mode == "ar"}
+    rows = []
+    for s in summaries:
+        if s.mode != "dflash":
+            continue
+        partner = ar.get(tuple(getattr(s, k) for k in KEY))
+        rows.append({**{k: getattr(s, k) for k in KEY}, "cell_id": s.cell_id,
+                     "lossless": s.extra.get("lossless"), "accuracy": s.extra.get("accuracy"),
+                     "accuracy_ar": partner.extra.get("accuracy") if partner else None})
+    return rows
+
+
+def print_rows(rows: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title="DFlash vs AR: lossless at temperature 0, and task accuracy (95% intervals)")
+    for col in ("engine", "suite", "c", "r", "exact match", "divergences", "first at (p50)", "AR acc", "DFlash acc", "AR - DFlash"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        cells = (r["engine"], r["suite"], str(r["concurrency"]), str(r["repeat"]), *_lossless_cells(r["lossless"]),
+                 _acc(r["accuracy_ar"]), _acc(r["accuracy"]), _diff(r["accuracy"]))
+        table.add_row(*(Text(str(c)) for c in cells))  # Text: no rich markup in statuses
+    Console().print(table)
+
+
+def _lossless_cells(x: dict | None) -> tuple[str, str, str]:
+    if not x:
+        return "-", "", ""
+    if not x.get("n"):
+        return x.get("status", "-"), "", ""
+    kinds = ", ".join(f"{k} {v}" for k, v in sorted(x.get("divergences", {}).items())) or "none"
+    return f"{x['exact_match_rate']:.1%} of {x['n']}", kinds, str(x.get("first_divergence", {}).get("p50", ""))
+
+
+def _acc(x: dict | None) -> str:
+    if not x:
+        return "-"
+    if x.get("accuracy") is None:
+        return x.get("status", "-")
+    return f"{x['accuracy']:.1%} [{x['ci_low']:.1%}, {x['ci_high']:.1%}] n={x['n']}"
+
+
+def _diff(x: dict | None) -> str:
+    v = (x or {}).get("vs_ar")
+    if not v or not v.get("n"):
+        return "-"
+    return f"{v['ar_minus_dflash']:+.1%} [{v['ci_low']:+.1%}, {v['ci_high']:+.1%}] n={v['n']}"
