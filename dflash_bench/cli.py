@@ -250,6 +250,21 @@ def serve(
                max_model_len=max_model_len, served_model_name=served_model_name)
 
 
+@app.command()
+def quality(
+    sweep_dir: Path = typer.Argument(..., help="A sweep folder (from `dflash-bench sweep`)."),
+    data_dir: Optional[Path] = DataDirOption,
+    score_code: bool = typer.Option(False, "--score-code", help="Run model-written code (HumanEval, MBPP) in the sandbox to score pass@1. Off by default."),
+    near_tie: float = typer.Option(0.1, "--near-tie", min=0.0, help="AR top-1 minus top-2 logprob (nats) at or below which a divergence is labelled a near-tie numerical flip."),
+    timeout: float = typer.Option(10.0, "--timeout", min=0.1, help="Seconds each sandboxed program may run."),
+) -> None:
+    """Check DFlash against AR in a sweep folder: token-level lossless check at temperature 0 and task accuracy
+    (GSM8K, Math500; HumanEval and MBPP with --score-code), with confidence intervals; writes them into the folder."""
+    from dflash_bench.quality.check import check_sweep
+
+    check_sweep(sweep_dir, data_dir=data_dir, score_code=score_code, near_tie=near_tie, timeout_s=timeout)
+
+
 def main() -> None:
     """Console entry point: user errors become one line on stderr and a non-zero exit, never a traceback."""
     try:
