@@ -252,7 +252,7 @@ def _ratio(a: float, b: float) -> float:
 def _some(cells: dict[Key, Any], n: int = 4) -> str:
     names = [cell_name(k) for k in sorted(cells)]
     if not names:
-        return "no complete cell"
+        return "none"
     return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
 
 

@@ -64,7 +64,9 @@ def collect(sweep_dir: Path | str) -> Baseline:
         key: Key = (str(row["engine"]), str(row["mode"]), str(row["suite"]), int(row["concurrency"]))
         cell = out.setdefault(key, CellValues(engine=key[0], mode=key[1], suite=key[2], concurrency=key[3]))
         if row["status"] != "complete":
-            cell.failed[str(row["cell_id"])] = str(row.get("failure_reason") or "failed")
+            reason = row.get("failure_reason")
+            reason = reason if isinstance(reason, str) and reason.strip() else "failed"
+            cell.failed[str(row["cell_id"])] = reason if len(reason) <= 300 else reason[:297] + "..."
             continue
         cell.repeats.append(int(row["repeat"]))
         values = {m: row.get(m) for m in ("output_throughput", "tpot_ms_p50", "acceptance_length")}

@@ -20,7 +20,7 @@ SMALL_NOISE = (1.0, 1.006, 0.994)
 
 
 def plant(path: Path, *, concurrency=(1, 8), repeats=3, noise=SMALL_NOISE, scale=None, tau_scale=1.0,
-          exact=None, failed=(), suite="gsm8k", models=None) -> Path:
+          exact=None, failed=(), reason="server exited with code 137", suite="gsm8k", models=None) -> Path:
     """A sweep folder with known numbers. scale: {(mode, c): factor on throughput}; failed: cell ids."""
     scale = scale or {}
     plan, summaries = [], []
@@ -31,7 +31,7 @@ def plant(path: Path, *, concurrency=(1, 8), repeats=3, noise=SMALL_NOISE, scale
                 plan.append(CellPlan(cell_id=cid, engine="vllm", mode=mode, suite=suite, concurrency=c, repeat=r))
                 if cid in failed:
                     summaries.append(CellSummary(cell_id=cid, engine="vllm", mode=mode, suite=suite, concurrency=c,
-                                                 repeat=r, status="failed", failure_reason="server exited with code 137"))
+                                                 repeat=r, status="failed", failure_reason=reason))
                     continue
                 tput = AR[c] * (3.0 if mode == "dflash" else 1.0) * noise[r] * scale.get((mode, c), 1.0)
                 tpot = 1000.0 * c / tput
@@ -248,6 +248,10 @@ def test_failed_cell_fails_its_metrics_with_the_reason(base, tmp_path):
     result = gate.gate(sweep, base)
     assert {c for c, _ in failing(result)} == {"vllm/dflash/gsm8k/c1"}
     assert all("code 137" in c.note and c.method == "failed cell" for c in result.failures)
+    no_reason = gate.collect(plant(tmp_path / "n", failed={cell_id("vllm", "ar", "gsm8k", 8)}, reason=None))
+    assert next(c for c in no_reason.cells if c.failed).failed == {"vllm-ar-gsm8k-c8": "failed"}
+    long = gate.collect(plant(tmp_path / "l", failed={cell_id("vllm", "ar", "gsm8k", 8)}, reason="x" * 5000))
+    assert len(next(c for c in long.cells if c.failed).failed["vllm-ar-gsm8k-c8"]) == 300
 
 
 def test_tau_missing_from_the_sweep_fails(base, tmp_path):
