@@ -15,6 +15,8 @@ import os
 import tempfile
 from pathlib import Path
 
+import torch
+
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
 VOCAB_SIZE = 272  # 256 bytes + 5 specials + padding rows, like Qwen3's table is wider than its tokenizer
 MASK_TOKEN_ID = 256 + len(SPECIAL_TOKENS)  # the first row after the tokenizer's vocabulary (Qwen3 does the same)
@@ -119,10 +121,14 @@ def make_tiny_pair(
     layers: int = 4,
     hidden: int = 64,
     draft_layers: int = 2,
+    predictable: bool = False,
 ) -> tuple[Path, Path]:
     """Write a tiny random target and a matching z-lab format drafter under `out_dir`.
 
     Returns `(target_dir, drafter_dir)`. Weights are random (seeded): the drafter accepts ~nothing.
+    With `predictable=True` both models are wired to always predict the letter "a" (layers silenced,
+    one hidden dimension carrying a positive constant to the head): the drafter is then always right,
+    every step accepts the whole block (tau = B), which shows DFlash's speedup on a CPU.
     """
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
@@ -136,6 +142,9 @@ def make_tiny_pair(
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     with torch.no_grad():  # peaked next-token distributions: decisive argmax, meaningful sampling
         model.get_output_embeddings().weight.mul_(25.0)
+        if predictable:
+            _wire_constant(model, model.get_input_embeddings().weight, model.model.norm.weight,
+                           model.get_output_embeddings().weight)
     model.generation_config = GenerationConfig(eos_token_id=cfg.eos_token_id, pad_token_id=cfg.pad_token_id)
     model.save_pretrained(target_dir)
     make_tokenizer().save_pretrained(target_dir)
@@ -144,8 +153,28 @@ def make_tiny_pair(
     dcfg = DrafterConfig.from_dict(drafter_config(cfg, layers=draft_layers, block_size=block_size, target_layer_ids=ids))
     drafter = DFlashDrafter(dcfg)
     drafter.init_random(seed)
+    if predictable:
+        with torch.no_grad():
+            _wire_constant(drafter, None, drafter.norm.weight, None)
     save_drafter(drafter, drafter_dir)
     return target_dir, drafter_dir
+
+
+PREDICTED_TOKEN = ord("a")
+
+
+def _wire_constant(model, embed, norm_weight, head) -> None:
+    """Silence every layer (zero o_proj/down_proj) and route hidden dim 0 (kept positive) to PREDICTED_TOKEN."""
+    for name, p in model.named_parameters():
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            p.zero_()
+    norm_weight.zero_()
+    norm_weight[0] = 1.0
+    if embed is not None:
+        embed[:, 0] = embed[:, 0].abs() + 1.0
+    if head is not None:
+        head[:, 0] = torch.rand(head.shape[0]) * 0.5
+        head[PREDICTED_TOKEN, 0] = 1.0
 
 
 def write_json_atomic(path: Path, data: dict) -> None:

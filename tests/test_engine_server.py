@@ -1,0 +1,236 @@
+"""The builtin engine's HTTP server: real `dflash-bench serve` processes and in-process uvicorn on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+
+import httpx
+import pytest
+
+pytest.importorskip("transformers")
+
+from dflash_bench.engine.tiny import PREDICTED_TOKEN, make_tiny_pair  # noqa: E402
+
+pytestmark = pytest.mark.engine
+B = 4
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(url: str, proc=None, timeout: float = 90.0) -> None:
+    end = time.time() + timeout
+    while time.time() < end:
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"server exited: {proc.stdout.read()}")
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError("server did not become ready")
+
+
+@contextmanager
+def cli_server(*args: str):
+    """`python -m dflash_bench serve ...` as a real process; always terminated."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "dflash_bench", "serve", "--port", str(port), "--device", "cpu",
+                             "--max-model-len", "512", "--max-slots", "8", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_ready(url, proc)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextmanager
+def inproc_server(target, draft=None, mode="ar", name="tiny"):
+    """The same app in this process (uvicorn on a thread): cheaper when a test needs two servers."""
+    import uvicorn
+
+    from dflash_bench.engine.build import build_engine
+    from dflash_bench.engine.loop import EngineLoop
+    from dflash_bench.engine.server import build_app
+
+    engine = build_engine(str(target), draft and str(draft), mode=mode, device="cpu", max_slots=8, max_len=512,
+                          dtype="float64")
+    loop = EngineLoop(engine).start()
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(build_app(loop, name), host="127.0.0.1", port=port, log_level="warning"))
+    th = threading.Thread(target=server.run, daemon=True)
+    th.start()
+    try:
+        wait_ready(f"http://127.0.0.1:{port}")
+        yield f"http://127.0.0.1:{port}", loop
+    finally:
+        server.should_exit = True
+        th.join(timeout=10)
+        loop.stop()
+
+
+@pytest.fixture(scope="module")
+def predictable(tmp_path_factory):
+    return make_tiny_pair(tmp_path_factory.mktemp("pred"), predictable=True, block_size=B)
+
+
+@pytest.fixture(scope="module")
+def random_pair(tmp_path_factory):
+    return make_tiny_pair(tmp_path_factory.mktemp("rand"), seed=1, block_size=B)
+
+
+@pytest.fixture(scope="module")
+def dflash_url(predictable):
+    target, drafter = predictable
+    with cli_server("--model", str(target), "--draft", str(drafter), "--served-model-name", "tiny") as url:
+        yield url
+
+
+def sse(resp) -> list[dict]:
+    events = []
+    for line in resp.iter_lines():
+        if line.startswith("data: "):
+            data = line[len("data: "):]
+            events.append("[DONE]" if data == "[DONE]" else json.loads(data))
+    return events
+
+
+def stream_chat(url, **body):
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi there"}], "stream": True, **body}
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        return sse(r)
+
+
+def metric(url: str, name: str) -> float:
+    text = httpx.get(url + "/metrics").text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+
+@pytest.mark.slow
+def test_stream_carries_cumulative_usage_and_whole_blocks(dflash_url):
+    drafts0 = metric(dflash_url, "vllm:spec_decode_num_drafts_total")
+    events = stream_chat(dflash_url, max_tokens=1 + 3 * B, temperature=0,
+                         stream_options={"include_usage": True, "continuous_usage_stats": True},
+                         logprobs=True, top_logprobs=2, return_tokens_as_token_ids=True,
+                         chat_template_kwargs={"enable_thinking": False})
+    assert events[-1] == "[DONE]"
+    chunks = [e for e in events[:-1] if e["choices"]]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    counts = [c["usage"]["completion_tokens"] for c in chunks[1:]]
+    assert counts == [1, 1 + B, 1 + 2 * B, 1 + 3 * B]  # prefill token, then B tokens per chunk
+    text = "".join(c["choices"][0]["delta"]["content"] for c in chunks)
+    assert text == chr(PREDICTED_TOKEN) * (1 + 3 * B)
+    ids = [e["token"] for c in chunks[1:] for e in c["choices"][0]["logprobs"]["content"]]
+    assert ids == [f"token_id:{PREDICTED_TOKEN}"] * (1 + 3 * B)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    tail = events[-2]
+    assert tail["choices"] == [] and tail["usage"]["completion_tokens"] == 1 + 3 * B
+    assert tail["metrics"]["speculative_decoding"]["mean_acceptance_length"] == B
+    # tau from /metrics, as the harness computes it for vLLM: 1 + accepted / drafts
+    assert metric(dflash_url, "vllm:spec_decode_num_drafts_total") - drafts0 == 3
+    acc = metric(dflash_url, "vllm:spec_decode_num_accepted_tokens_total")
+    drafts = metric(dflash_url, "vllm:spec_decode_num_drafts_total")
+    assert 1 + acc / drafts == B
+    assert metric(dflash_url, 'vllm:spec_decode_num_accepted_tokens_per_pos_total') == acc
+    assert metric(dflash_url, "vllm:generation_tokens_total") >= 1 + 3 * B
+
+
+def test_non_streaming_chat_and_completions(dflash_url):
+    r = httpx.post(dflash_url + "/v1/chat/completions", timeout=60, json={
+        "model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 6, "temperature": 0})
+    body = r.json()
+    assert r.status_code == 200 and body["object"] == "chat.completion"
+    assert body["choices"][0]["message"]["content"] == "a" * 6 and body["usage"]["completion_tokens"] == 6
+    r = httpx.post(dflash_url + "/v1/completions", timeout=60, json={
+        "prompt": "abc", "max_tokens": 5, "temperature": 0, "logprobs": 1, "stop": ["aaa"]})
+    c = r.json()["choices"][0]
+    assert c["text"] == "" and c["finish_reason"] == "stop"
+    r = httpx.post(dflash_url + "/v1/completions", timeout=60, json={"prompt": [5, 6, 7], "max_tokens": 3, "temperature": 0.7, "top_k": 1})
+    assert r.json()["choices"][0]["text"] == "aaa"
+
+
+def test_models_health_and_bad_requests(dflash_url):
+    assert httpx.get(dflash_url + "/v1/models").json()["data"][0]["id"] == "tiny"
+    cases = [
+        ({"prompt": "x", "max_tokens": 100000}, "longer than this server's limit"),
+        ({"prompt": "x", "temperature": -1}, "temperature"),
+        ({"prompt": "x", "top_p": 0}, "top_p"),
+        ({"prompt": "x", "n": 2}, "n=1"),
+        ({"prompt": ""}, "empty"),
+        ({"max_tokens": 3}, "prompt"),
+        ({"prompt": [99999]}, "outside the vocabulary"),
+    ]
+    for body, msg in cases:
+        r = httpx.post(dflash_url + "/v1/completions", json=body, timeout=30)
+        assert r.status_code == 400, body
+        assert msg in r.json()["message"], (body, r.json())
+    r = httpx.post(dflash_url + "/v1/completions", json={"model": "other", "prompt": "x"}, timeout=30)
+    assert r.status_code == 404
+
+
+def test_concurrent_requests_share_batches_and_disconnects_free_slots(dflash_url):
+    import concurrent.futures as cf
+
+    def one(n):
+        return stream_chat(dflash_url, max_tokens=n, temperature=0, stream_options={"include_usage": True})
+
+    with cf.ThreadPoolExecutor(6) as pool:
+        results = list(pool.map(one, [3, 9, 17, 5, 30, 12]))
+    for n, events in zip([3, 9, 17, 5, 30, 12], results):
+        assert events[-2]["usage"]["completion_tokens"] == n
+    # a client that goes away mid-stream: its slot comes back
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "stream": True, "max_tokens": 400}
+    with httpx.stream("POST", dflash_url + "/v1/chat/completions", json=body, timeout=60) as r:
+        next(r.iter_lines())
+    end = time.time() + 20
+    while metric(dflash_url, "vllm:num_requests_running") and time.time() < end:
+        time.sleep(0.1)
+    assert metric(dflash_url, "vllm:num_requests_running") == 0
+
+
+def test_ar_and_dflash_servers_return_the_same_token_ids(random_pair):
+    target, drafter = random_pair
+    prompts = ["the quick brown fox", "a", "numbers 1 2 3 4 5 6 7 8 9 and more words here"]
+    got = {}
+    for mode in ("ar", "dflash"):
+        with inproc_server(target, drafter, mode=mode) as (url, _):
+            ids = []
+            for p in prompts:
+                r = httpx.post(url + "/v1/completions", timeout=60, json={
+                    "prompt": p, "max_tokens": 25, "temperature": 0, "ignore_eos": True, "logprobs": 0,
+                    "return_tokens_as_token_ids": True})
+                ids.append(r.json()["choices"][0]["logprobs"]["tokens"])
+            got[mode] = ids
+            has_spec = "spec_decode_num_drafts" in httpx.get(url + "/metrics").text
+            assert has_spec == (mode == "dflash")
+    assert got["ar"] == got["dflash"] and all(len(x) == 25 for x in got["ar"])
+
+
+@pytest.mark.slow
+def test_serve_errors_are_one_sentence(random_pair, tmp_path):
+    target, _ = random_pair
+    out = subprocess.run([sys.executable, "-m", "dflash_bench", "serve", "--model", str(target), "--mode", "dflash",
+                          "--device", "cpu", "--port", str(free_port())], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "needs a drafter" in out.stderr and "Traceback" not in out.stderr
+    out = subprocess.run([sys.executable, "-m", "dflash_bench", "serve", "--model", str(tmp_path / "nope"),
+                          "--device", "cpu", "--port", str(free_port())], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "error:" in out.stderr and "Traceback" not in out.stderr
