@@ -136,6 +136,18 @@ def run(
 
 
 @app.command()
+def report(
+    sweep_dirs: list[Path] = typer.Argument(..., metavar="SWEEP_DIR...", help="One or more sweep folders; several are shown side by side."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="The HTML file to write (default: report.html in the first sweep folder); figures/ goes beside it."),
+) -> None:
+    """Write one self-contained offline HTML report (and figures/*.png) from sweep folders."""
+    from dflash_bench.report import build_report
+
+    page = build_report(sweep_dirs, out)
+    typer.echo(f"report: {page}")
+
+
+@app.command()
 def models() -> None:
     """List the known target / DFlash drafter pairs, their block sizes and the engine versions they need."""
     from dflash_bench.models import print_table
@@ -188,18 +200,6 @@ def doctor() -> None:
 
 
 @app.command()
-def report(
-    sweep_dirs: list[Path] = typer.Argument(..., metavar="SWEEP_DIR...", help="One or more sweep folders; several are shown side by side."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="The HTML file to write (default: report.html in the first sweep folder); figures/ goes beside it."),
-) -> None:
-    """Write one self-contained offline HTML report (and figures/*.png) from sweep folders."""
-    from dflash_bench.report import build_report
-
-    page = build_report(sweep_dirs, out)
-    typer.echo(f"report: {page}")
-
-
-@app.command()
 def telemetry(
     gpus: Optional[str] = typer.Option(None, "--gpus", help="GPUs to check, e.g. 0,1 (indices into CUDA_VISIBLE_DEVICES). Default: all."),
     seconds: float = typer.Option(0.0, "--seconds", help="Also sample for this long and print power and energy (0: only list the GPUs)."),
@@ -248,6 +248,60 @@ def serve(
 
     run_server(model, draft, mode=mode, host=host, port=port, dtype=dtype, device=device, max_slots=max_slots,
                max_model_len=max_model_len, served_model_name=served_model_name)
+
+
+@app.command()
+def sweep(
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Short name (see `dflash-bench models`), Hugging Face id or local folder of the target."),
+    engine: Optional[str] = typer.Option(None, "--engine", help="vllm, sglang, builtin or emulator; several comma-separated. Default builtin."),
+    suites: Optional[str] = typer.Option(None, "--suites", help="'all' (every suite but speed-bench) or a comma-separated list. Default all."),
+    concurrency: Optional[str] = typer.Option(None, "--concurrency", "-c", help="Comma-separated concurrencies. Default 1,8,32."),
+    num_prompts: Optional[int] = typer.Option(None, "--num-prompts", "-n", min=1, help="Prompts per cell (default max(16, 4 x concurrency))."),
+    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", min=1, help="Output cap per request (default: each suite's, 2048)."),
+    repeats: Optional[int] = typer.Option(None, "--repeats", min=1, help="Measure every cell this many times (modes alternate to cancel drift)."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="Engine flag preset: h100, b300 or generic."),
+    drafter: Optional[str] = typer.Option(None, "--drafter", help="DFlash drafter (HF id or folder) when --model is not a known pair."),
+    runner: Optional[str] = typer.Option(None, "--runner", help="docker or process (default: docker for vllm/sglang, process for builtin/emulator)."),
+    image: Optional[str] = typer.Option(None, "--image", help="Container image (overrides the engine's default)."),
+    port: Optional[int] = typer.Option(None, "--port", min=1, max=65535, help="Port of the launched servers (default: the engine's, 8000)."),
+    engine_arg: Optional[list[str]] = typer.Option(None, "--engine-arg", help="Extra server argument, passed through (repeatable)."),
+    url_ar: Optional[str] = typer.Option(None, "--url-ar", help="Measure this running AR server instead of launching one."),
+    url_dflash: Optional[str] = typer.Option(None, "--url-dflash", help="Measure this running DFlash server instead of launching one."),
+    temperature: Optional[float] = typer.Option(None, "--temperature", min=0.0, help="Sampling temperature (default 0)."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the prompt sampling (default 0)."),
+    thinking: Optional[bool] = typer.Option(None, "--thinking/--no-thinking", help="Chat-template thinking (default: the pair's)."),
+    save_token_ids: Optional[bool] = typer.Option(None, "--save-token-ids", help="Keep output token ids for the lossless check."),
+    out: Path = typer.Option(Path("reports"), "--out", help="Folder that receives the sweep folder."),
+    resume: Optional[Path] = typer.Option(None, "--resume", help="Sweep folder to finish: complete cells are kept, the rest run."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and the exact server commands; run nothing."),
+    data_dir: Optional[Path] = DataDirOption,
+) -> None:
+    """Launch paired AR and DFlash servers and measure every suite at every concurrency into one sweep folder."""
+    from dflash_bench.sweep.commands import parse_list, resolve_suites, sweep_command
+
+    options = {
+        "model": model, "engines": parse_list(engine), "suites": resolve_suites(suites if suites or resume else "all"),
+        "concurrency": parse_list(concurrency, int), "num_prompts": num_prompts, "max_tokens": max_tokens,
+        "repeats": repeats, "gpu": gpu, "runner": runner, "port": port, "engine_args": engine_arg or None, "url_ar": url_ar,
+        "url_dflash": url_dflash, "temperature": temperature, "seed": seed, "thinking": thinking,
+        "save_token_ids": save_token_ids, "engine_options": {"drafter": drafter} if drafter else None,
+    }
+    raise typer.Exit(sweep_command(options, out=out, resume=resume, dry_run=dry_run, data_dir=data_dir, image=image))
+
+
+@app.command()
+def demo(
+    out: Path = typer.Option(Path("reports"), "--out", help="Folder that receives the sweep folder and its report."),
+    max_tokens: int = typer.Option(48, "--max-tokens", min=1, help="Output cap per request."),
+    num_prompts: Optional[int] = typer.Option(None, "--num-prompts", "-n", min=1, help="Prompts per cell (default: the concurrency, at least 4)."),
+    concurrency: Optional[str] = typer.Option(None, "--concurrency", "-c", help="Comma-separated concurrencies (default 1,8,32)."),
+    data_dir: Optional[Path] = DataDirOption,
+) -> None:
+    """The main job on the embedded default: the builtin engine, AR vs DFlash, every suite, on this machine."""
+    from dflash_bench.sweep.commands import demo_command, parse_list
+
+    raise typer.Exit(demo_command(out=out, data_dir=data_dir, max_tokens=max_tokens, num_prompts=num_prompts,
+                                  concurrency=parse_list(concurrency, int)))
 
 
 @app.command()

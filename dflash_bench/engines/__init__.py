@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from dflash_bench.engines.base import MODES, PRESETS, EngineProfile, check_mode, check_preset
 from dflash_bench.engines.builtin import Builtin
+from dflash_bench.engines.emulator import Emulator
 from dflash_bench.engines.sglang import SGLang
 from dflash_bench.engines.vllm import VLLM
 from dflash_bench.errors import UserError
 
-ENGINES: dict[str, EngineProfile] = {e.name: e for e in (VLLM(), SGLang(), Builtin())}
+ENGINES: dict[str, EngineProfile] = {e.name: e for e in (VLLM(), SGLang(), Builtin(), Emulator())}
 
 __all__ = ["ENGINES", "MODES", "PRESETS", "EngineProfile", "check_mode", "check_preset", "get", "names"]
 

@@ -29,6 +29,7 @@ class SweepSettings(BaseModel):
     thinking: bool | None = None  # None means the model pair's default
     gpu: str = "generic"  # preset name for engine flags
     runner: str = "docker"  # docker | process
+    port: int | None = None  # port of launched servers (None: the engine's default)
     url_ar: str | None = None
     url_dflash: str | None = None
     save_token_ids: bool = False
@@ -36,7 +37,7 @@ class SweepSettings(BaseModel):
     engine_options: dict[str, Any] = Field(default_factory=dict)  # e.g. builtin: target/drafter dirs, device
 
     # settings that may change between a run and its resume without changing what is measured
-    RESUME_FREE: ClassVar[frozenset[str]] = frozenset({"runner", "url_ar", "url_dflash"})
+    RESUME_FREE: ClassVar[frozenset[str]] = frozenset({"runner", "port", "url_ar", "url_dflash"})
 
     def identity(self) -> dict[str, Any]:
         return {k: v for k, v in self.model_dump().items() if k not in self.RESUME_FREE}

@@ -1,0 +1,31 @@
+"""The timing emulator as an engine: `dflash-bench emulate --mode ar|dflash` with known ground truth.
+
+Not a way to measure a model: a measuring instrument. A sweep against it checks the harness end to end
+(launch, measure, resume, report) on any machine, and its numbers are known in advance.
+Timing options (`--ttft-ms`, `--itl-ms`, `--acceptance-length`, ...) pass through `--engine-arg`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dflash_bench.engines.base import EngineProfile
+from dflash_bench.models import ModelPair
+
+
+@dataclass(frozen=True)
+class Emulator(EngineProfile):
+    name = "emulator"
+    image = None  # runs where dflash-bench is installed (process runner, or a test image)
+    ready_path = "/health"
+    acceptance = "vllm-metrics"
+    default_port = 8000
+
+    def base_command(self, pair: ModelPair) -> list[str]:
+        return ["dflash-bench", "emulate", "--model", pair.name]
+
+    def target_flags(self, pair: ModelPair, preset: str) -> list[str]:
+        return []
+
+    def spec_flags(self, pair: ModelPair, preset: str) -> list[str]:
+        return ["--mode", "dflash", "--block-size", str(pair.block_size)]

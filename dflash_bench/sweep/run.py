@@ -1,0 +1,248 @@
+"""Run a sweep: one server per (engine, mode) launch, every cell on it, teardown; resumable at any point.
+
+The order of work is owned here; measuring a cell is `client.cell.measure_cell`, launching a server is
+`launch.launch_server`, and everything lands in the sweep folder through store.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator
+
+from dflash_bench.errors import UserError
+from dflash_bench.store import CellPlan, CellSummary, Manifest, SweepDir, now_iso
+from dflash_bench.sweep import provenance
+from dflash_bench.sweep.plan import Launch, SweepSettings, check_resume, launches, plan_cells
+from dflash_bench.sweep.progress import SweepProgress
+
+PROCESS_ENGINES = ("builtin", "emulator")  # engines that default to the process runner
+
+
+@dataclass
+class SweepResult:
+    path: Path
+    failed: list[str] = field(default_factory=list)
+    interrupted: bool = False
+
+    @property
+    def exit_code(self) -> int:
+        return 130 if self.interrupted else (1 if self.failed else 0)
+
+
+def run_sweep(settings: SweepSettings, *, out: Path, resume: Path | None = None, data_dir: Path | None = None,
+              argv: list[str] | None = None, quiet: bool = False, image: str | None = None) -> SweepResult:
+    """Plan (or reload) the sweep, run every cell not yet complete, and return where it landed."""
+    from dflash_bench import models
+
+    pair = models.resolve(settings.model, drafter=settings.engine_options.get("drafter"))
+    if resume is not None:  # refuse a mismatched resume before touching any dataset
+        sweep, manifest = _open(settings, out, resume, pair, argv or sys.argv)
+        prompts = _prompt_loader(settings, data_dir)
+    else:  # a missing dataset fails before a sweep folder exists
+        prompts = _prompt_loader(settings, data_dir)
+        sweep, manifest = _open(settings, out, resume, pair, argv or sys.argv)
+    progress = SweepProgress(manifest, quiet=quiet)
+    result = SweepResult(sweep.path)
+    telemetry = _telemetry(manifest, progress)
+    try:
+        with progress:
+            for launch in launches(manifest.plan):
+                _run_launch(launch, settings, pair, sweep, manifest, prompts, progress, telemetry, result, image)
+    except KeyboardInterrupt:
+        result.interrupted = True
+    except SystemExit as err:  # SIGTERM unwinds as launch.Terminated (a SystemExit)
+        result.interrupted = True
+        if not _is_terminated(err):
+            raise
+    finally:
+        _close(sweep, manifest, result)
+    _annotate_quality(sweep, settings)
+    if not quiet:
+        progress.print_table(sweep)
+    return result
+
+
+# ------------------------------------------------------------------ one server lifetime
+
+
+def _run_launch(launch: Launch, settings: SweepSettings, pair, sweep: SweepDir, manifest: Manifest, prompts,
+                progress: SweepProgress, telemetry, result: SweepResult, image: str | None) -> None:
+    key = f"{launch.engine}-{launch.mode}"
+    try:
+        with _server(launch, settings, pair, sweep, manifest, image) as server:
+            manifest.servers[key] = server["info"]
+            sweep.write_manifest(manifest)
+            for cell in launch.cells:
+                check = server["check"]
+                try:
+                    check()
+                except UserError as err:  # the server died between cells: the rest of this launch fails
+                    _fail(sweep, manifest, cell, f"server died: {err}", result)
+                    continue
+                _run_cell(cell, server["url"], settings, pair, sweep, manifest, prompts, progress, telemetry,
+                          check, result)
+    except UserError as err:  # could not start the server: every remaining cell of this launch fails
+        for cell in launch.cells:
+            if cell.status not in ("complete", "failed"):
+                _fail(sweep, manifest, cell, f"server did not start: {err}", result)
+
+
+@contextlib.contextmanager
+def _server(launch: Launch, settings: SweepSettings, pair, sweep: SweepDir, manifest: Manifest,
+            image: str | None) -> Iterator[dict[str, Any]]:
+    """A running server for this launch: launched by us, or the user's own URL."""
+    if settings.url_ar:
+        url = settings.url_ar if launch.mode == "ar" else settings.url_dflash
+        yield {"url": url, "check": lambda: None, "info": {"runner": "external", "url": url}}
+        return
+    from dflash_bench.launch import launch_server
+
+    runner = settings.runner
+    with launch_server(launch.engine, pair, launch.mode, runner=runner, preset=settings.gpu,
+                       extra_args=settings.engine_args, sweep_id=manifest.sweep_id, image=image,
+                       log_path=sweep.log_path(launch.engine, launch.mode),
+                       port=settings.port) as server:
+        yield {"url": server.url, "check": server.check, "info": server.info.to_dict()}
+
+
+# ------------------------------------------------------------------ one cell
+
+
+def _run_cell(cell: CellPlan, url: str, settings: SweepSettings, pair, sweep: SweepDir, manifest: Manifest, prompts,
+              progress: SweepProgress, telemetry, check, result: SweepResult) -> None:
+    from dflash_bench.client.cell import measure_cell
+
+    cell.status, cell.reason = "running", None
+    sweep.write_manifest(manifest)
+    cell_prompts, max_tokens = prompts(cell.suite, cell.concurrency)
+    progress.start_cell(cell, total=sum(len(p.turns) for p in cell_prompts))
+    thinking = settings.thinking if settings.thinking is not None else pair.thinking
+    try:
+        summary = measure_cell(url, cell_prompts, concurrency=cell.concurrency, cell_dir=sweep.cell_dir(cell.cell_id),
+                               engine=cell.engine, mode=cell.mode, suite=cell.suite, repeat=cell.repeat,
+                               max_tokens=max_tokens, temperature=settings.temperature,
+                               api="generate" if cell.engine == "sglang" else "chat",
+                               save_token_ids=settings.save_token_ids, enable_thinking=thinking, seed=settings.seed,
+                               telemetry=telemetry, on_progress=progress.on_request)
+        check()  # a server that died mid-cell fails the cell even if some requests got through
+    except UserError as err:
+        _fail(sweep, manifest, cell, str(err), result)
+        return
+    cell.status = summary.status
+    cell.reason = summary.failure_reason
+    if summary.status == "failed":
+        result.failed.append(cell.cell_id)
+    sweep.write_manifest(manifest)
+    sweep.write_results_csv()
+    progress.end_cell(cell, summary)
+
+
+def _fail(sweep: SweepDir, manifest: Manifest, cell: CellPlan, reason: str, result: SweepResult) -> None:
+    """Record a failed cell (with its reason) as a summary, so it is done and visible everywhere."""
+    reason = " ".join(reason.split())[:2000]
+    cell.status, cell.reason = "failed", reason
+    sweep.write_summary(CellSummary(cell_id=cell.cell_id, engine=cell.engine, mode=cell.mode, suite=cell.suite,
+                                    concurrency=cell.concurrency, repeat=cell.repeat, status="failed",
+                                    failure_reason=reason))
+    sweep.write_manifest(manifest)
+    sweep.write_results_csv()
+    result.failed.append(cell.cell_id)
+
+
+# ------------------------------------------------------------------ the folder
+
+
+def _open(settings: SweepSettings, out: Path, resume: Path | None, pair, argv: list[str]) -> tuple[SweepDir, Manifest]:
+    if resume is not None:
+        sweep = SweepDir.open(resume)
+        manifest = sweep.read_manifest()
+        check_resume(manifest.settings, settings)
+        planned = [c.cell_id for c in plan_cells(settings)]
+        if planned != [c.cell_id for c in manifest.plan]:
+            raise UserError(f"cannot resume {resume}: its plan differs from this command's")
+        for cell in manifest.plan:  # whatever was running when it stopped is redone; failed cells get a new try
+            if not sweep.is_complete(cell.cell_id) or cell.status in ("running", "pending"):
+                cell.status, cell.reason = "pending", None
+        manifest.status = "running"
+        manifest.notes.append(f"resumed {now_iso()} by: {' '.join(provenance.redact(argv))}")
+        sweep.write_manifest(manifest)
+        return sweep, manifest
+    sweep_id = _sweep_id(pair.name, settings.engines)
+    manifest = Manifest(
+        sweep_id=sweep_id, command_line=provenance.redact(argv), settings=settings.identity(),
+        plan=plan_cells(settings), versions=provenance.versions(), hardware={"host": provenance.host()},
+        models={"target": provenance.model_revision(pair.target),
+                "drafter": provenance.model_revision(pair.drafter) if pair.drafter else None,
+                "block_size": pair.block_size,
+                "thinking": settings.thinking if settings.thinking is not None else pair.thinking},
+    )
+    return SweepDir.create(Path(out) / sweep_id, manifest), manifest
+
+
+def _close(sweep: SweepDir, manifest: Manifest, result: SweepResult) -> None:
+    for cell in manifest.plan:
+        if cell.status == "running":
+            cell.status = "pending"
+    pending = [c for c in manifest.plan if c.status == "pending"]
+    manifest.status = ("interrupted" if result.interrupted or pending
+                       else "failed" if result.failed else "complete")
+    sweep.write_manifest(manifest)
+    sweep.write_results_csv()
+
+
+def _sweep_id(model: str, engines: list[str]) -> str:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    safe = "".join(ch if ch.isalnum() or ch in "-._" else "_" for ch in model)
+    return f"{stamp}-{safe}-{'+'.join(engines)}"
+
+
+def _prompt_loader(settings: SweepSettings, data_dir: Path | None):
+    """(suite, concurrency) -> (prompts, max_tokens). Suites load once up front so bad data fails fast."""
+    from dflash_bench.suites import get_suite, load_prompts
+
+    for suite in settings.suites:
+        get_suite(suite)
+    cache: dict[tuple[str, int], tuple[list, int]] = {}
+
+    def load(suite: str, concurrency: int) -> tuple[list, int]:
+        if (suite, concurrency) not in cache:
+            n = max(settings.num_prompts or max(16, 4 * concurrency), concurrency)
+            prompts = load_prompts(suite, data_dir=data_dir, num_prompts=n, seed=settings.seed)
+            cache[(suite, concurrency)] = (prompts, settings.max_tokens or get_suite(suite).default_max_tokens)
+        return cache[(suite, concurrency)]
+
+    for suite in settings.suites:  # fail before any server starts when a dataset is missing or malformed
+        load(suite, settings.concurrency[0])
+    return load
+
+
+def _telemetry(manifest: Manifest, progress: SweepProgress):
+    """One sampler for the whole sweep (each cell is one window), or None when NVML has no GPU to watch."""
+    from dflash_bench.telemetry import TelemetrySampler, gpu_inventory
+
+    sampler = TelemetrySampler(None)
+    manifest.telemetry = sampler.status.as_manifest()
+    if sampler.enabled:
+        manifest.hardware["gpus"] = gpu_inventory(sampler.status.gpus)
+    else:
+        progress.note(sampler.status.message)
+    return sampler if sampler.enabled else None
+
+
+def _annotate_quality(sweep: SweepDir, settings: SweepSettings) -> None:
+    """The token-level lossless check, where token ids were saved."""
+    if not settings.save_token_ids:
+        return
+    from dflash_bench.quality.lossless import annotate_sweep
+
+    annotate_sweep(sweep.path)
+
+
+def _is_terminated(err: SystemExit) -> bool:
+    from dflash_bench.launch import Terminated
+
+    return isinstance(err, Terminated)

@@ -1,0 +1,165 @@
+"""Whole sweeps through the process launcher against the emulator (known truth): run, crash, kill, resume."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dflash_bench.launch import free_port
+
+EMU = ["--engine-arg=--ttft-ms=5", "--engine-arg=--itl-ms=2", "--engine-arg=--acceptance-length=5",
+       "--engine-arg=--seed=1"]
+
+
+def sweep_argv(out: Path, *extra: str, suites: str = "gsm8k,mt-bench", conc: str = "1,4") -> list[str]:
+    return [sys.executable, "-m", "dflash_bench", "sweep", "--model", "org/emulated", "--drafter", "org/emulated-dflash",
+            "--engine", "emulator", "--suites", suites, "--concurrency", conc, "-n", "6", "--max-tokens", "48",
+            "--port", str(free_port()), "--out", str(out), *EMU, *extra]
+
+
+def only_sweep(out: Path) -> Path:
+    (folder,) = [p for p in out.iterdir() if (p / "manifest.json").exists()]
+    return folder
+
+
+def results(folder: Path) -> dict[str, dict]:
+    with open(folder / "results.csv") as f:
+        return {row["cell_id"]: row for row in csv.DictReader(f)}
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
+def assert_servers_gone(folder: Path) -> None:
+    manifest = json.loads((folder / "manifest.json").read_text())
+    for info in manifest["servers"].values():
+        if info.get("pid"):
+            deadline = time.time() + 5
+            while pid_alive(info["pid"]) and time.time() < deadline:
+                time.sleep(0.1)
+            assert not pid_alive(info["pid"]), f"server {info['pid']} left running"
+
+
+def test_whole_sweep_against_the_emulator(tmp_path, data_dir):
+    out = tmp_path / "reports"
+    proc = subprocess.run(sweep_argv(out, "--data-dir", str(data_dir)), capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    folder = only_sweep(out)
+    rows = results(folder)
+    assert len(rows) == 8 and all(r["status"] == "complete" for r in rows.values())
+    for cid, row in rows.items():
+        if "-dflash-" in cid:
+            assert float(row["acceptance_length"]) == pytest.approx(5.0, rel=0.15)
+        else:
+            assert row["acceptance_length"] == ""  # AR has no speculative counters: absent, not 1
+    # DFlash emits ~tau tokens per step of the same length: output throughput is several times AR's
+    speedup = float(rows["emulator-dflash-gsm8k-c1"]["output_throughput"]) / float(rows["emulator-ar-gsm8k-c1"]["output_throughput"])
+    assert 2.0 < speedup < 6.0
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["status"] == "complete"
+    assert {c["status"] for c in manifest["plan"]} == {"complete"}
+    assert manifest["versions"]["dflash_bench"] and manifest["models"]["block_size"] == 16
+    assert set(manifest["servers"]) == {"emulator-ar", "emulator-dflash"}
+    assert "AR vs DFlash" in proc.stdout and "gsm8k" in proc.stdout
+    assert (folder / "logs" / "emulator-ar.log").exists()
+    assert_servers_gone(folder)
+
+
+def test_dry_run_prints_plan_and_commands(tmp_path):
+    proc = subprocess.run(sweep_argv(tmp_path, "--dry-run", suites="gsm8k", conc="1"), capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "emulator-ar-gsm8k-c1" in proc.stdout and "emulator-dflash-gsm8k-c1" in proc.stdout
+    assert "dflash-bench emulate --model emulated --mode dflash --block-size 16" in proc.stdout
+    assert not any(tmp_path.iterdir())  # nothing was written
+
+
+def test_server_crashing_mid_cell_fails_cells_and_the_sweep_goes_on(tmp_path, data_dir):
+    """The AR server exits after 10 requests: its cells fail with the reason, the DFlash cells still run."""
+    out = tmp_path / "reports"
+    argv = sweep_argv(out, "--data-dir", str(data_dir), "--engine-arg=--crash-after-requests=10", conc="1,2")
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 1, proc.stderr[-3000:]  # something failed: the exit code says so
+    folder = only_sweep(out)
+    rows = results(folder)
+    assert len(rows) == 8
+    # every server crashes after 10 requests: 6 measured + warm-up per cell, so the 2nd cell of each launch fails
+    assert rows["emulator-ar-gsm8k-c1"]["status"] == "complete"
+    failed = [cid for cid, r in rows.items() if r["status"] == "failed"]
+    assert failed and all(rows[c]["failure_reason"] for c in failed)
+    assert any("-dflash-" in c for c in rows if rows[c]["status"] == "complete")
+    assert_servers_gone(folder)
+
+
+def _wait_for_cells(out: Path, n: int, proc: subprocess.Popen, timeout: float = 120) -> Path:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else "sweep ended early"
+        folders = [p for p in out.glob("*") if (p / "manifest.json").exists()] if out.exists() else []
+        if folders and len(list(folders[0].glob("cells/*/summary.json"))) >= n:
+            return folders[0]
+        time.sleep(0.05)
+    raise AssertionError(f"fewer than {n} cells finished in {timeout} s")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
+def test_killed_sweep_resumes_only_the_remaining_cells(tmp_path, data_dir, sig):
+    out = tmp_path / "reports"
+    argv = sweep_argv(out, "--data-dir", str(data_dir))
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        folder = _wait_for_cells(out, 3, proc)
+        proc.send_signal(sig)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    if sig == signal.SIGINT:
+        assert proc.returncode == 130
+        assert json.loads((folder / "manifest.json").read_text())["status"] == "interrupted"
+        assert_servers_gone(folder)
+    else:  # SIGKILL: the harness could not tear down; its process group (the server included) is killed here
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    before = {c.name: (c / "summary.json").read_bytes() for c in (folder / "cells").iterdir() if (c / "summary.json").exists()}
+    rows_before = results(folder) if (folder / "results.csv").exists() else {}
+    assert 3 <= len(before) < 8
+    # the saved settings are reused: only where the data is and a free port are given again
+    resume = [sys.executable, "-m", "dflash_bench", "sweep", "--resume", str(folder), "--data-dir", str(data_dir),
+              "--port", str(free_port())]
+    proc2 = subprocess.run(resume, capture_output=True, text=True, timeout=240)
+    assert proc2.returncode == 0, proc2.stderr[-3000:]
+    rows = results(folder)
+    assert len(rows) == 8 and all(r["status"] == "complete" for r in rows.values())
+    for name, data in before.items():  # finished cells were not measured again
+        assert (folder / "cells" / name / "summary.json").read_bytes() == data
+        if name in rows_before:
+            assert rows[name] == rows_before[name]
+    assert json.loads((folder / "manifest.json").read_text())["status"] == "complete"
+
+
+def test_resume_refuses_a_different_plan(tmp_path, data_dir):
+    out = tmp_path / "reports"
+    argv = sweep_argv(out, "--data-dir", str(data_dir), suites="gsm8k", conc="1")
+    assert subprocess.run(argv, capture_output=True, timeout=120).returncode == 0
+    folder = only_sweep(out)
+    proc = subprocess.run([sys.executable, "-m", "dflash_bench", "sweep", "--resume", str(folder), "--max-tokens", "99"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "cannot resume" in proc.stderr and "max_tokens" in proc.stderr and "Traceback" not in proc.stderr
