@@ -7,7 +7,8 @@ Cells match on (engine, mode, suite, concurrency); the repeats of a cell are its
 judged by the relative change of its mean, current / baseline - 1, against a threshold (the largest
 change in the bad direction that still passes):
 
-- tight: acceptance length and the lossless exact-match rate (nearly deterministic at temperature 0).
+- tight: acceptance length, and the lossless exact-match rate and task accuracy where the sweep has them
+  (nearly deterministic at temperature 0).
 - bootstrap: output throughput, TPOT p50 and speedup when both sides have repeats: a seeded percentile
   bootstrap interval of the ratio of means; the check fails only when the whole interval is past the
   threshold, so run-to-run noise does not fail a build.
@@ -52,6 +53,7 @@ METRICS = (
     Metric("acceptance_length", "acceptance length", "acceptance_length", True, False),
     Metric("speedup", "speedup", "speedup", True, True),
     Metric("exact_match_rate", "lossless exact match", "exact_match", True, False, optional=True),
+    Metric("accuracy", "task accuracy", "accuracy", True, False, optional=True),
 )
 
 # ---------------------------------------------------------------- thresholds (gate.toml)
@@ -71,6 +73,7 @@ class Thresholds(_Strict):
     tpot: Fraction = 0.05
     speedup: Fraction = 0.05
     exact_match: Fraction = 0.02
+    accuracy: Fraction = 0.05
 
 
 class Bootstrap(_Strict):

@@ -70,7 +70,9 @@ def collect(sweep_dir: Path | str) -> Baseline:
             continue
         cell.repeats.append(int(row["repeat"]))
         values = {m: row.get(m) for m in ("output_throughput", "tpot_ms_p50", "acceptance_length")}
-        values["exact_match_rate"] = _exact_match(row.get("extra"))
+        extra = _extra(row.get("extra"))
+        values["exact_match_rate"] = _nested(extra, "lossless", "exact_match_rate")
+        values["accuracy"] = _nested(extra, "accuracy", "accuracy")
         for name, value in values.items():
             if _number(value):
                 cell.metrics.setdefault(name, []).append(float(value))
@@ -120,14 +122,21 @@ def load_baseline(path: Path | str) -> Baseline:
         raise UserError(f"baseline {path} is corrupt ({loc}: {e.get('msg')}); {hint}") from None
 
 
-def _exact_match(extra: Any) -> float | None:
-    """`extra.lossless.exact_match_rate` of a results row (JSON text there), when the sweep measured it."""
-    if not extra or not isinstance(extra, str):
-        return None
+def _extra(text: Any) -> dict[str, Any]:
+    """A results row's `extra` (JSON text there): what later issues add, such as lossless and accuracy."""
+    if not text or not isinstance(text, str):
+        return {}
     try:
-        value = json.loads(extra).get("lossless", {}).get("exact_match_rate")
-    except (json.JSONDecodeError, AttributeError):
-        return None
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _nested(extra: dict[str, Any], section: str, name: str) -> float | None:
+    """`extra[section][name]` when the sweep measured it (`extra.lossless.exact_match_rate`, ...)."""
+    part = extra.get(section)
+    value = part.get(name) if isinstance(part, dict) else None
     return value if _number(value) else None
 
 

@@ -151,7 +151,7 @@ def markdown(result: GateResult) -> str:
         "",
         f"Sweep {md(result.sweep)} against baseline {md(result.baseline)}. Allowed changes: acceptance length "
         f"{t.acceptance_length:.0%}, throughput {t.throughput:.0%}, TPOT {t.tpot:.0%}, speedup {t.speedup:.0%}, "
-        f"exact match {t.exact_match:.0%}; noisy metrics with repeats fail only when the whole {conf:.0%} "
+        f"exact match {t.exact_match:.0%}, task accuracy {t.accuracy:.0%}; noisy metrics with repeats fail only when the whole {conf:.0%} "
         "bootstrap interval is past the threshold.",
         "",
     ]

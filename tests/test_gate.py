@@ -20,7 +20,7 @@ SMALL_NOISE = (1.0, 1.006, 0.994)
 
 
 def plant(path: Path, *, concurrency=(1, 8), repeats=3, noise=SMALL_NOISE, scale=None, tau_scale=1.0,
-          exact=None, failed=(), reason="server exited with code 137", suite="gsm8k", models=None) -> Path:
+          exact=None, accuracy=None, failed=(), reason="server exited with code 137", suite="gsm8k", models=None) -> Path:
     """A sweep folder with known numbers. scale: {(mode, c): factor on throughput}; failed: cell ids."""
     scale = scale or {}
     plan, summaries = [], []
@@ -36,6 +36,8 @@ def plant(path: Path, *, concurrency=(1, 8), repeats=3, noise=SMALL_NOISE, scale
                 tput = AR[c] * (3.0 if mode == "dflash" else 1.0) * noise[r] * scale.get((mode, c), 1.0)
                 tpot = 1000.0 * c / tput
                 extra = {"lossless": {"exact_match_rate": exact}} if exact is not None and mode == "dflash" else {}
+                if accuracy is not None:
+                    extra["accuracy"] = {"status": "ok", "n": 50, "accuracy": accuracy[mode]}
                 summaries.append(CellSummary(
                     cell_id=cid, engine="vllm", mode=mode, suite=suite, concurrency=c, repeat=r,
                     output_throughput=tput, tpot_ms=Stat(n=10, mean=tpot, p50=tpot),
@@ -241,6 +243,15 @@ def test_lossless_rate_gated_when_present_skipped_when_absent(tmp_path):
     absent = gate.gate(plant(tmp_path / "a"), b)
     skipped = [c for c in absent.checks if c.verdict == "skipped"]
     assert absent.passed and {c.metric.name for c in skipped} == {"exact_match_rate"} and len(skipped) == 2
+
+
+def test_task_accuracy_gated_when_scored(tmp_path):
+    b = plant(tmp_path / "b", accuracy={"ar": 0.90, "dflash": 0.90})
+    drop = gate.gate(plant(tmp_path / "d", accuracy={"ar": 0.90, "dflash": 0.80}), b)
+    assert failing(drop) == {("vllm/dflash/gsm8k/c1", "accuracy"), ("vllm/dflash/gsm8k/c8", "accuracy")}
+    assert gate.gate(plant(tmp_path / "s", accuracy={"ar": 0.88, "dflash": 0.88}), b).passed  # -2.2%: inside 5%
+    unscored = gate.gate(plant(tmp_path / "u"), b)
+    assert unscored.passed and {c.metric.name for c in unscored.checks if c.verdict == "skipped"} == {"accuracy"}
 
 
 def test_failed_cell_fails_its_metrics_with_the_reason(base, tmp_path):
