@@ -6,6 +6,7 @@ Cell and suite names come from sweep folders, so every output escapes them for i
 from __future__ import annotations
 
 import html
+import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -216,8 +217,20 @@ def junit_xml(result: GateResult) -> str:
         case = ET.SubElement(suite, "testcase", classname=_classname(cell), name="present in the sweep", time="0")
         message = "in the baseline, missing from the sweep"
         ET.SubElement(case, "failure" if result.missing_fails else "skipped", message=message)
+    _xml_safe(root)
     ET.indent(root)
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+_NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def _xml_safe(element: ET.Element) -> None:
+    """Drop characters XML 1.0 cannot hold (terminal escapes in a server's failure reason, ...)."""
+    for el in element.iter():
+        el.attrib = {k: _NOT_XML.sub("", v) for k, v in el.attrib.items()}
+        if el.text:
+            el.text = _NOT_XML.sub("", el.text)
 
 
 def _classname(cell: str) -> str:

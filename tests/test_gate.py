@@ -236,6 +236,15 @@ def test_junit_parses_with_the_right_counts(base, tmp_path):
     assert "baseline: [100, 100.6, 99.4]" in thr.text and "sweep: [50, 50.3, 49.7]" in thr.text
 
 
+def test_junit_survives_terminal_escapes_in_a_failure_reason(base, tmp_path):
+    sweep = plant(tmp_path / "s", failed={cell_id("vllm", "ar", "gsm8k", 1)}, reason="\x1b[31mCUDA error\x1b[0m \x00 <oom> & more")
+    junit = tmp_path / "gate.xml"
+    assert cli(sweep, "--baseline", base, "--junit", junit)[0] == 1
+    failures = [f for f in ET.parse(junit).iter("failure")]
+    assert len(failures) == 2  # the AR c1 cell's throughput and TPOT
+    assert all("[31mCUDA error[0m  <oom> & more" in f.get("message") for f in failures)
+
+
 def test_lossless_rate_gated_when_present_skipped_when_absent(tmp_path):
     b = plant(tmp_path / "b", exact=1.0)
     drop = gate.gate(plant(tmp_path / "d", exact=0.9), b)
