@@ -214,7 +214,7 @@ def telemetry(
 
 @app.command()
 def gate(
-    sweep_dir: Path = typer.Argument(..., help="The sweep folder to gate (or to export with --export-baseline)."),
+    sweep_dir: Path = typer.Argument(..., metavar="SWEEP_DIR", help="The sweep folder to gate (or to export with --export-baseline)."),
     baseline: Optional[Path] = typer.Option(None, "--baseline", "-b", help="A sweep folder or a baseline file written by --export-baseline."),
     thresholds: Optional[Path] = typer.Option(None, "--thresholds", help="TOML file of thresholds and bootstrap settings (see examples/gate.toml)."),
     junit: Optional[Path] = typer.Option(None, "--junit", help="Write JUnit XML here: one test case per gated metric and cell."),
