@@ -310,7 +310,7 @@ def quality(
     data_dir: Optional[Path] = DataDirOption,
     score_code: bool = typer.Option(False, "--score-code", help="Run model-written code (HumanEval, MBPP) in the sandbox to score pass@1. Off by default."),
     near_tie: float = typer.Option(0.1, "--near-tie", min=0.0, help="AR top-1 minus top-2 logprob (nats) at or below which a divergence is labelled a near-tie numerical flip."),
-    timeout: float = typer.Option(10.0, "--timeout", min=0.1, help="Seconds each sandboxed program may run."),
+    timeout: float = typer.Option(20.0, "--timeout", min=0.1, help="Seconds (wall clock, and CPU) each sandboxed program may run."),
 ) -> None:
     """Check DFlash against AR in a sweep folder: token-level lossless check at temperature 0 and task accuracy
     (GSM8K, Math500; HumanEval and MBPP with --score-code), with confidence intervals; writes them into the folder."""

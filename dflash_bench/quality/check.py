@@ -12,7 +12,7 @@ from dflash_bench.store import SweepDir
 
 
 def check_sweep(sweep_dir: Path | str, data_dir: Path | str | None = None, score_code: bool = False,
-                near_tie: float = NEAR_TIE_NATS, timeout_s: float = 10.0, workers: int = 2,
+                near_tie: float = NEAR_TIE_NATS, timeout_s: float = 20.0, workers: int = 2,
                 show: bool = True) -> list[dict[str, Any]]:
     """Lossless check, then accuracy (code suites only with score_code); returns `quality_rows`."""
     from dflash_bench.quality.accuracy import score_sweep

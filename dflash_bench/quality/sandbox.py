@@ -30,8 +30,8 @@ TAIL = 2000  # characters of stdout / stderr kept
 
 @dataclass(frozen=True)
 class Limits:
-    timeout_s: float = 10.0  # wall clock
-    cpu_s: int = 10
+    timeout_s: float = 20.0  # wall clock (MBPP 123's reference solution needs ~6 s of CPU)
+    cpu_s: int = 20
     memory_mb: int = 1024  # address space
     nproc: int = 32  # processes (RLIMIT_NPROC of the sandbox user)
     file_mb: int = 16  # largest file it may write (stdout and stderr included)
