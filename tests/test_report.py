@@ -119,6 +119,15 @@ def test_headline_numbers_and_callouts(full):
     assert "no pair" in parsed.all_text()  # mt-bench c32 has no DFlash partner
 
 
+def test_acceptance_matrix(full):
+    _, _, parsed = full
+    # Planted: tau = 6.5 - 0.02 c (mt-bench one less), request-weighted tau - 0.2, token-weighted tau + 0.1.
+    tau = 6.5 - 0.02 * 8
+    assert f"{tau:.2f}" in parsed.by_class["tau"]
+    assert f"req {tau - 0.2:.2f} · tok {tau + 0.1:.2f}" in [t.strip() for t in parsed.by_class["det"]]
+    assert f"{tau - 1:.2f}" in parsed.by_class["tau"]  # mt-bench
+
+
 def test_quality_tables_show_lossless_and_accuracy(full):
     _, _, parsed = full
     text = parsed.all_text()

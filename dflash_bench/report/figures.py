@@ -183,16 +183,21 @@ def positions(view: SweepView) -> plt.Figure | None:
 
 
 def _modes_vs_concurrency(view: SweepView, rows: list[tuple[str, str]], ylabel: Callable[[str], str]) -> plt.Figure | None:
-    """One row of subplots per metric prefix, one column per suite: p50 line, p50..p90 band, p99 dotted."""
+    """Per metric prefix a block of subplots, one per suite (at most 4 a row): p50 line, p50..p90 band, p99 dotted."""
     rows = [(m, title) for m, title in rows if not _valid(view.done, f"{m}_p50").empty]
     if not rows:
         return None
     suites = sorted(set(view.done["suite"]))
-    ncols = len(suites)
-    fig, axes = plt.subplots(len(rows), ncols, figsize=(3.8 * ncols, 3.0 * len(rows)), squeeze=False)
+    ncols = min(len(suites), 4)
+    per_block = math.ceil(len(suites) / ncols)
+    fig, grid = plt.subplots(per_block * len(rows), ncols, figsize=(3.8 * ncols, 3.0 * per_block * len(rows)), squeeze=False)
+    flat = list(grid.flat)
+    for ax in flat:
+        ax.set_visible(False)
     for r, (metric, title) in enumerate(rows):
-        for c, suite in enumerate(suites):
-            ax = axes[r][c]
+        for i, suite in enumerate(suites):
+            ax = flat[r * per_block * ncols + i]
+            ax.set_visible(True)
             sub = _valid(view.done[view.done["suite"] == suite], f"{metric}_p50")
             for (engine, mode), g in sub.groupby(["engine", "mode"]):
                 g = g.sort_values("concurrency")
@@ -210,10 +215,10 @@ def _modes_vs_concurrency(view: SweepView, rows: list[tuple[str, str]], ylabel: 
             ax.set_ylabel(ylabel(metric))
             ax.set_ylim(bottom=0)
             ax.grid(alpha=0.3)
-    handles, labels = axes[0][0].get_legend_handles_labels()
+    handles, labels = flat[0].get_legend_handles_labels()
     handles += [plt.Rectangle((0, 0), 1, 1, color="grey", alpha=0.2), plt.Line2D([], [], color="grey", linestyle=":")]
     labels += ["p50–p90", "p99"]
-    axes[0][0].legend(handles, labels, fontsize=7)
+    flat[0].legend(handles, labels, fontsize=7)
     fig.tight_layout()
     return fig
 
@@ -249,7 +254,8 @@ def power(view: SweepView) -> plt.Figure | None:
     if not view.power:
         return None
     meta = view.frame.set_index("cell_id")
-    cells = [c for c in view.power if c in meta.index]
+    first = meta["repeat"].min() if "repeat" in meta.columns else 0
+    cells = [c for c in view.power if c in meta.index and meta.loc[c, "repeat"] == first]  # one repeat: readable
     if not cells:
         return None
     suites = sorted({str(meta.loc[c, "suite"]) for c in cells})

@@ -30,7 +30,7 @@ FIGURE_TITLES = {
     "acceptance_positions": "Acceptance rate per draft position",
     "latency": "TTFT and TPOT percentiles",
     "energy": "Energy per output token",
-    "power": "GPU power over the measured window",
+    "power": "GPU power over the measured window (first repeat)",
 }
 
 
@@ -103,6 +103,7 @@ def _context(view: tables.SweepView, figs: dict[str, dict[str, str]]) -> dict[st
         "matrix": matrix,
         "best": best,
         "worst": worst,
+        "tau": tables.tau_matrix(view),
         "accept": [r for r in tables.stat_table(view, ["acceptance_length", "acceptance_length_req_weighted",
                                                        "acceptance_length_token_weighted", "acceptance_rate"])
                    if _present(r.get("acceptance_length_dflash"))],

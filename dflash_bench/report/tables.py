@@ -315,6 +315,22 @@ def comparison(views: list[SweepView]) -> tuple[list[str], list[dict[str, Any]]]
     return labels, rows
 
 
+def tau_matrix(view: SweepView) -> tuple[list[int], list[dict[str, Any]]]:
+    """Acceptance length per engine x suite (rows) and concurrency (columns), from the DFlash cells."""
+    done = view.done
+    if done.empty or "acceptance_length" not in done.columns:
+        return [], []
+    df = done[(done["mode"] == "dflash") & done["acceptance_length"].notna()]
+    if df.empty:
+        return [], []
+    concs = sorted(int(c) for c in df["concurrency"].unique())
+    rows = []
+    for (engine, suite), group in df.groupby(["engine", "suite"], sort=True):
+        by_c = {int(r["concurrency"]): r.to_dict() for _, r in group.iterrows()}
+        rows.append({"engine": engine, "suite": suite, "cells": [by_c.get(c) for c in concs]})
+    return concs, rows
+
+
 def stat_table(view: SweepView, metrics: list[str]) -> list[dict[str, Any]]:
     """AR and DFlash side by side per engine x suite x concurrency, for the given flattened columns."""
     done = view.done
