@@ -93,7 +93,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
+        h = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(x.dtype)
 
@@ -138,8 +138,9 @@ class Layer(nn.Module):
 
 
 def rope_cos_sin(pos: torch.Tensor, hd: int, theta: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    inv = 1.0 / (theta ** (torch.arange(0, hd, 2, device=pos.device, dtype=torch.float32) / hd))
-    f = pos.float()[..., None] * inv
+    wide = torch.float64 if dtype == torch.float64 else torch.float32
+    inv = 1.0 / (theta ** (torch.arange(0, hd, 2, device=pos.device, dtype=wide) / hd))
+    f = pos.to(wide)[..., None] * inv
     emb = torch.cat([f, f], dim=-1)
     return emb.cos().to(dtype)[..., None, :], emb.sin().to(dtype)[..., None, :]
 
