@@ -1,0 +1,105 @@
+"""Train a tiny Qwen3-architecture target LM from scratch on packed chat text (the tiny pair's target)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from dflash_bench.train.loss import cosine_lr
+from dflash_bench.train.tokenizer import EOS, PAD
+
+
+@dataclass
+class TargetSpec:
+    hidden: int = 256
+    layers: int = 6
+    heads: int = 4
+    kv_heads: int = 2
+    intermediate: int = 768
+    max_positions: int = 2048
+    rope_theta: float = 1_000_000.0
+
+
+def vocab_rows(tokenizer) -> int:
+    """Embedding rows: the tokenizer plus at least one spare row (the DFlash mask id), rounded up to 64."""
+    return (len(tokenizer) + 1 + 63) // 64 * 64
+
+
+def build_target(tokenizer, spec: TargetSpec, seed: int = 0):
+    from transformers import AutoModelForCausalLM, GenerationConfig, Qwen3Config
+
+    eos = [tokenizer.convert_tokens_to_ids(EOS), tokenizer.convert_tokens_to_ids(PAD)]
+    cfg = Qwen3Config(
+        vocab_size=vocab_rows(tokenizer),
+        hidden_size=spec.hidden,
+        intermediate_size=spec.intermediate,
+        num_hidden_layers=spec.layers,
+        num_attention_heads=spec.heads,
+        num_key_value_heads=spec.kv_heads,
+        head_dim=spec.hidden // spec.heads,
+        max_position_embeddings=spec.max_positions,
+        rope_theta=spec.rope_theta,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=eos,
+        pad_token_id=eos[1],
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
+    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=eos[1])
+    return model
+
+
+def pack(tokenizer, texts: list[str], seq_len: int) -> torch.Tensor:
+    """Concatenate the tokenised texts and cut the stream into `[n, seq_len]` windows."""
+    ids: list[int] = []
+    for i in range(0, len(texts), 1000):
+        for row in tokenizer(texts[i : i + 1000], add_special_tokens=False).input_ids:
+            ids.extend(row)
+    n = len(ids) // seq_len
+    return torch.tensor(ids[: n * seq_len], dtype=torch.long).view(n, seq_len)
+
+
+def train_target(tokenizer, texts: list[str], out: str | Path, *, spec: TargetSpec | None = None, steps: int = 1000,
+                 batch: int = 32, seq_len: int = 512, lr: float = 2e-3, device: str = "cpu", seed: int = 0,
+                 time_limit: float | None = None, log=print) -> dict:
+    """Train from scratch, save `out` (bf16 safetensors, tokenizer, generation config); return a summary."""
+    spec = spec or TargetSpec()
+    data = pack(tokenizer, texts, seq_len)
+    if len(data) < 2:
+        raise ValueError(f"only {len(data)} windows of {seq_len} tokens: need more text")
+    model = build_target(tokenizer, spec, seed).to(device)
+    n_params = sum(p.numel() for p in model.parameters())
+    log(f"target: {n_params / 1e6:.2f}M parameters, {data.numel() / 1e6:.2f}M training tokens, {steps} steps of {batch}x{seq_len}")
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
+    g = torch.Generator().manual_seed(seed)
+    amp = device.startswith("cuda")
+    t0, step, loss_v = time.time(), 0, float("nan")
+    model.train()
+    for step in range(steps):
+        for group in opt.param_groups:
+            group["lr"] = cosine_lr(step, steps, lr, max(1, steps // 20))
+        x = data[torch.randint(len(data), (batch,), generator=g)].to(device, non_blocking=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+            loss = model(input_ids=x, labels=x).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if step % 100 == 0 or step == steps - 1:
+            loss_v = float(loss)
+            log(f"target step {step}/{steps} loss {loss_v:.3f} ({time.time() - t0:.0f} s)")
+        if time_limit and time.time() - t0 > time_limit:
+            log(f"target: time limit reached after {step + 1} steps")
+            break
+    seconds = time.time() - t0
+    model.eval()
+    model.to(torch.bfloat16)
+    model.config.dtype = "bfloat16"
+    model.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+    return {"params": n_params, "tokens": int(data.numel()), "steps": step + 1, "batch": batch, "seq_len": seq_len,
+            "final_loss": float(loss), "seconds": round(seconds, 1), "spec": asdict(spec), "device": device}
