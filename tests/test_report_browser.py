@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
@@ -29,9 +30,17 @@ def chromium(page: Path, tmp: Path, *args: str) -> subprocess.CompletedProcess:
            "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars",
            "--disable-dev-shm-usage",
            f"--user-data-dir={tmp / 'chromium-profile'}", "--enable-logging=stderr", "--v=0", *args, page.as_uri()]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp)
-    assert run.returncode == 0, run.stderr[-2000:]
-    return run
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:  # chromium's helper processes share its session: none may outlive the test
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    assert proc.returncode == 0, err[-2000:]
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def console_messages(stderr: str) -> list[str]:
