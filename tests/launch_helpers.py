@@ -15,9 +15,9 @@ REPO = Path(__file__).resolve().parents[1]
 # A real HTTP server with knobs: `ok` serves /health; `exit` logs 60 lines and exits 3 during start-up;
 # `never-ready` answers 503; `child` also starts a long-lived child process in its process group.
 SERVER = r"""
-import http.server, subprocess, sys, time
+import http.server, os, subprocess, sys, time
 port, mode = int(sys.argv[1]), sys.argv[2]
-print(f"test server starting in mode {mode}", flush=True)
+print(f"test server starting in mode {mode}; HF_TOKEN present: {bool(os.environ.get('HF_TOKEN'))}", flush=True)
 if mode == "exit":
     for i in range(60):
         print(f"start-up line {i}", flush=True)
@@ -99,13 +99,14 @@ def wait_until(cond, timeout: float = 10.0) -> bool:
 
 
 def skeleton_tar(path: Path) -> Path:
-    """A root file system with empty usr/root/tmp/etc and the usual links, to `docker import`."""
+    """A root file system with empty usr/root/tmp/etc/sbin and the bin/lib links, to `docker import`."""
     with tarfile.open(path, "w") as tar:
-        for name in ("usr", "root", "tmp", "etc", "proc", "sys", "dev"):
+        # sbin is a real folder (not a link into the mounted /usr) so docker-init can be mounted there.
+        for name in ("usr", "root", "tmp", "etc", "proc", "sys", "dev", "sbin"):
             info = tarfile.TarInfo(name)
             info.type, info.mode = tarfile.DIRTYPE, 0o1777 if name == "tmp" else 0o755
             tar.addfile(info)
-        for name in ("bin", "lib", "lib64", "sbin"):
+        for name in ("bin", "lib", "lib64"):
             info = tarfile.TarInfo(name)
             info.type, info.linkname = tarfile.SYMTYPE, f"usr/{name}"
             tar.addfile(info)

@@ -34,6 +34,9 @@ class DockerOptions:
     hf_cache: bool = True  # mount the host's Hugging Face cache
     mounts: list[tuple[str, str, str]] = field(default_factory=list)  # (host path, container path, "ro"|"rw")
     labels: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)  # extra container environment (not secrets)
+    init: bool = True  # docker-init as PID 1: forwards SIGTERM to the server and reaps its children
+    ulimits: bool = True  # memlock=-1, stack=64 MiB as SGLang's compose file (needs CAP_SYS_RESOURCE)
     entrypoint: list[str] | None = None  # None: the image's own
     workdir: str | None = None
     pull: bool = True  # pull the image when it is not present locally
@@ -86,20 +89,21 @@ def _secret_env() -> dict[str, str]:
 
 def docker_run_line(argv: list[str], env: dict[str, str], port: int, opts: DockerOptions) -> str:
     """The equivalent `docker run` command line (for --dry-run); secrets appear by name only."""
-    parts = ["docker", "run", "--rm", "-d"]
+    parts = ["docker", "run", "--rm", "-d"] + (["--init"] if opts.init else [])
     if opts.gpus and opts.gpus != "none":
         parts += ["--gpus", "all" if opts.gpus == "all" else f'"device={opts.gpus}"']
     if opts.ipc_host:
         parts.append("--ipc=host")
     if opts.shm_size:
         parts += ["--shm-size", opts.shm_size]
-    parts += ["--ulimit", "memlock=-1", "--ulimit", "stack=67108864"]
+    if opts.ulimits:
+        parts += ["--ulimit", "memlock=-1", "--ulimit", "stack=67108864"]
     parts += ["--network", "host"] if opts.network == "host" else ["-p", f"127.0.0.1:{port}:{port}"]
     for host, spec in _volumes(opts, create=False).items():
         parts += ["-v", f"{host}:{spec['bind']}:{spec['mode']}"]
     for key in _secret_env():
         parts += ["-e", key]
-    for key, val in env.items():
+    for key, val in {**opts.env, **env}.items():
         parts += ["-e", f"{key}={val}"]
     for key, val in {LABEL: "1", **opts.labels}.items():
         parts += ["--label", f"{key}={val}"]
@@ -144,9 +148,10 @@ class DockerServer(Server):
         kwargs = dict(
             command=list(self.argv), entrypoint=opts.entrypoint,
             labels={LABEL: "1", "dflash-bench.owner": owner(), **opts.labels},
-            environment={**self.env, **_secret_env()}, volumes=_volumes(opts),
+            environment={**opts.env, **self.env, **_secret_env()}, volumes=_volumes(opts),
             device_requests=_device_requests(opts.gpus), ipc_mode="host" if opts.ipc_host else None,
-            shm_size=opts.shm_size, working_dir=opts.workdir, ulimits=_ulimits(), network_mode=opts.network,
+            shm_size=opts.shm_size, working_dir=opts.workdir, ulimits=_ulimits() if opts.ulimits else None,
+            network_mode=opts.network, init=opts.init or None,
         )
         if opts.network != "host":
             kwargs["ports"] = {f"{self.port}/tcp": ("127.0.0.1", self.port)}
