@@ -16,7 +16,7 @@ from dflash_bench.errors import UserError
 from dflash_bench.report import build_report
 from dflash_bench.report.figures import frontier
 from dflash_bench.report.tables import gpu_count
-from dflash_bench.store import CellPlan, SweepDir, atomic_write_text
+from dflash_bench.store import CellPlan, CellSummary, Manifest, SweepDir, atomic_write_text
 
 ALL_FIGURES = {"pareto", "acceptance", "acceptance_positions", "latency", "energy", "power"}
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -169,6 +169,21 @@ def test_failed_cells_and_no_telemetry_still_render(tmp_path):
     assert not (path / "figures" / "power.png").exists()
     assert "13 planned (10 complete, 2 failed, 1 pending), 12 with a summary" in text
     assert "vllm-ar-gsm8k-c64" in "".join(parsed.by_class["fail"])  # unfinished cells are listed too
+
+
+def test_sparse_summaries_render(tmp_path):
+    """Summaries with little more than throughput and tau (an engine without per-request timings)."""
+    plan, rows = [], [("ar", 1, 100.0, None), ("dflash", 1, 300.0, 4.0), ("ar", 4, 300.0, None), ("dflash", 4, 600.0, 3.5)]
+    for mode, c, *_ in rows:
+        plan.append(CellPlan(cell_id=f"x-{mode}-gsm8k-c{c}", engine="x", mode=mode, suite="gsm8k", concurrency=c))
+    sweep = SweepDir.create(tmp_path / "sparse", Manifest(sweep_id="sparse", plan=plan))
+    for (mode, c, tput, tau), cell in zip(rows, plan):
+        sweep.write_summary(CellSummary(cell_id=cell.cell_id, engine="x", mode=mode, suite="gsm8k", concurrency=c,
+                                        output_throughput=tput, acceptance_length=tau))
+    parsed = Page(build_report([tmp_path / "sparse"]).read_text())
+    assert set(_figures_in(parsed)) == {"acceptance"}
+    assert "3.00×" in parsed.by_class["sp"] and "2.00×" in parsed.by_class["sp"]
+    assert "No complete cell with throughput and TPOT." in parsed.all_text()
 
 
 def test_sweep_with_nothing_complete_renders(tmp_path):
