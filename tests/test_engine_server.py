@@ -234,3 +234,19 @@ def test_serve_errors_are_one_sentence(random_pair, tmp_path):
     out = subprocess.run([sys.executable, "-m", "dflash_bench", "serve", "--model", str(tmp_path / "nope"),
                           "--device", "cpu", "--port", str(free_port())], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "error:" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.slow
+def test_harness_run_measures_the_builtin_server(dflash_url, tmp_path, data_dir):
+    out = subprocess.run([sys.executable, "-m", "dflash_bench", "run", "--url", dflash_url, "--suite", "gsm8k",
+                          "--concurrency", "2", "--num-prompts", "4", "--max-tokens", "12", "--engine", "builtin",
+                          "--label", "dflash", "--save-token-ids", "--out", str(tmp_path), "--name", "s",
+                          "--data-dir", str(data_dir)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    cell = tmp_path / "s" / "cells" / "builtin-dflash-gsm8k-c2"
+    summary = json.loads((cell / "summary.json").read_text())
+    assert summary["num_ok"] == 4 and summary["total_output_tokens"] == 4 * 12
+    assert summary["acceptance_length"] == B and summary["acceptance_source"] == "builtin-metrics"
+    rows = [json.loads(line) for line in (cell / "requests.jsonl").read_text().splitlines()]
+    measured = [r for r in rows if not r["warmup"]]
+    assert all(r["token_ids"] == [PREDICTED_TOKEN] * 12 for r in measured)
