@@ -208,6 +208,15 @@ def test_several_sweeps_side_by_side(tmp_path):
     assert f"{4.5 - 0.06:.2f}×" in text and f"{3.6 - 0.06:.2f}×" in text
 
 
+def test_suites_keep_the_plan_order(tmp_path):
+    path = make_sweep(tmp_path / "s", suites=("mt-bench", "gsm8k"), concurrency=(1,), telemetry=False)
+    parsed = Page(build_report([path]).read_text())
+    hl = "".join(parsed.by_class["hl"])
+    assert hl.index("mt-bench") < hl.index("gsm8k")
+    summaries = "".join(parsed.by_class["sample-head"])
+    assert summaries.index("mt-bench") < summaries.index("gsm8k")
+
+
 def test_frontier_drops_dominated_points():
     pts = [(1.0, 5.0), (2.0, 4.0), (1.5, 3.0), (3.0, 1.0), (0.5, 4.5)]
     assert frontier(pts) == [(1.0, 5.0), (2.0, 4.0), (3.0, 1.0)]

@@ -97,7 +97,7 @@ def pareto(view: SweepView) -> plt.Figure | None:
     if data.empty:
         return None
     per = view.gpus or 1
-    suites = sorted(set(data["suite"]))
+    suites = view.ordered(data["suite"])
     fig, axes = _grid(len(suites))
     for ax, suite in zip(axes, suites):
         for (engine, mode), g in data[data["suite"] == suite].groupby(["engine", "mode"]):
@@ -126,7 +126,7 @@ def acceptance(view: SweepView) -> plt.Figure | None:
     data = _valid(view.done[view.done["mode"] == "dflash"] if not view.done.empty else view.done, "acceptance_length")
     if data.empty:
         return None
-    suites = sorted(set(data["suite"]))
+    suites = view.ordered(data["suite"])
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
     cmap = plt.get_cmap("tab10")
     for i, suite in enumerate(suites):
@@ -158,7 +158,7 @@ def positions(view: SweepView) -> plt.Figure | None:
     data = data[data["positions"].apply(lambda v: isinstance(v, list) and len(v) > 0)]
     if data.empty:
         return None
-    suites = sorted(set(data["suite"]))
+    suites = view.ordered(data["suite"])
     fig, axes = _grid(len(suites), height=3.0)
     cmap = plt.get_cmap("viridis")
     concs = sorted(int(c) for c in set(data["concurrency"]))
@@ -187,7 +187,7 @@ def _modes_vs_concurrency(view: SweepView, rows: list[tuple[str, str]], ylabel: 
     rows = [(m, title) for m, title in rows if not _valid(view.done, f"{m}_p50").empty]
     if not rows:
         return None
-    suites = sorted(set(view.done["suite"]))
+    suites = view.ordered(view.done["suite"])
     ncols = min(len(suites), 4)
     per_block = math.ceil(len(suites) / ncols)
     fig, grid = plt.subplots(per_block * len(rows), ncols, figsize=(3.8 * ncols, 3.0 * per_block * len(rows)), squeeze=False)
@@ -231,7 +231,7 @@ def energy(view: SweepView) -> plt.Figure | None:
     data = _valid(view.done, "j_per_token")
     if data.empty:
         return None
-    suites = sorted(set(data["suite"]))
+    suites = view.ordered(data["suite"])
     fig, axes = _grid(len(suites), height=3.0)
     for ax, suite in zip(axes, suites):
         for (engine, mode), g in data[data["suite"] == suite].groupby(["engine", "mode"]):
@@ -258,7 +258,7 @@ def power(view: SweepView) -> plt.Figure | None:
     cells = [c for c in view.power if c in meta.index and meta.loc[c, "repeat"] == first]  # one repeat: readable
     if not cells:
         return None
-    suites = sorted({str(meta.loc[c, "suite"]) for c in cells})
+    suites = view.ordered(str(meta.loc[c, "suite"]) for c in cells)
     fig, axes = _grid(len(suites), height=3.0)
     for ax, suite in zip(axes, suites):
         mine = sorted((c for c in cells if meta.loc[c, "suite"] == suite), key=lambda c: (meta.loc[c, "mode"], meta.loc[c, "concurrency"]))

@@ -36,6 +36,11 @@ class SweepView:
     accuracy: list[dict[str, Any]] = field(default_factory=list)
     samples: list[dict[str, Any]] = field(default_factory=list)
     power: dict[str, pd.DataFrame] = field(default_factory=dict)  # cell id -> t_s, power_w
+    suite_rank: dict[str, int] = field(default_factory=dict)  # the plan's suite order (the user's --suites)
+
+    def ordered(self, suites: Any) -> list[str]:
+        """Distinct suites in the plan's order (unknown ones last, alphabetically)."""
+        return sorted(set(suites), key=lambda x: (self.suite_rank.get(x, len(self.suite_rank)), str(x)))
 
     @property
     def throughput_unit(self) -> str:
@@ -60,25 +65,45 @@ def _load_one(path: Path) -> SweepView:
     manifest = sweep.read_manifest()
     frame = analysis.cells(path)
     gpus = gpu_count(manifest.hardware, manifest.settings)
+    rank = suite_rank(manifest, frame)
     view = SweepView(
         path=path,
         manifest=manifest,
         label=sweep_label(manifest, frame),
         slug=slugify(manifest.sweep_id),
         frame=frame,
-        done=averaged(frame),
-        headline=analysis.headline(frame),
+        done=in_order(averaged(frame), rank),
+        headline=in_order(analysis.headline(frame), rank),
         gpus=gpus,
+        suite_rank=rank,
     )
     view.failed = failures(manifest, frame)
     view.lossless = quality_rows(frame, "lossless", LOSSLESS_KEYS)
     view.accuracy = quality_rows(frame, "accuracy", ACCURACY_KEYS)
-    view.samples = sample_outputs(sweep, frame)
+    view.samples = sample_outputs(sweep, in_order(frame, rank))
     for cid in analysis.complete(frame)["cell_id"] if not frame.empty else []:
         timeline = analysis.power_timeline(path, cid)
         if timeline is not None:
             view.power[cid] = timeline
     return view
+
+
+def suite_rank(manifest: Manifest, frame: pd.DataFrame) -> dict[str, int]:
+    order: list[str] = []
+    for cell in manifest.plan:
+        if cell.suite not in order:
+            order.append(cell.suite)
+    order += sorted(set(frame["suite"]) - set(order)) if not frame.empty else []
+    return {s: i for i, s in enumerate(order)}
+
+
+def in_order(table: pd.DataFrame, rank: dict[str, int]) -> pd.DataFrame:
+    """Rows by engine, then suite in the plan's order, then mode and concurrency."""
+    if table.empty:
+        return table
+    cols = [c for c in ("engine", "suite", "mode", "concurrency") if c in table.columns]
+    return table.sort_values(cols, key=lambda col: col.map(lambda x: rank.get(x, len(rank))) if col.name == "suite" else col,
+                             kind="stable").reset_index(drop=True)
 
 
 def slugify(text: str) -> str:
@@ -239,7 +264,7 @@ def sample_outputs(sweep: SweepDir, frame: pd.DataFrame) -> list[dict[str, Any]]
         return []
     done = analysis.complete(frame)
     out = []
-    for (_, suite), group in done.groupby(["engine", "suite"]):
+    for (_, suite), group in done.groupby(["engine", "suite"], sort=False):
         lowest = group[group["concurrency"] == group["concurrency"].min()]
         for _, row in lowest[lowest["repeat"] == lowest["repeat"].min()].iterrows():
             record = next((r for r in sweep.read_requests(row["cell_id"]) if r.ok and not r.warmup and r.output_text), None)
@@ -279,7 +304,7 @@ def headline_matrix(headline: pd.DataFrame) -> tuple[list[int], list[dict[str, A
     concs = sorted(int(c) for c in headline["concurrency"].unique())
     best, worst = best_and_worst(headline)
     rows = []
-    for (engine, suite), group in headline.groupby(["engine", "suite"], sort=True):
+    for (engine, suite), group in headline.groupby(["engine", "suite"], sort=False):
         cells: list[dict[str, Any] | None] = []
         for c in concs:
             hit = group[group["concurrency"] == c]
@@ -311,7 +336,9 @@ def comparison(views: list[SweepView]) -> tuple[list[str], list[dict[str, Any]]]
             if k not in keys:
                 keys.append(k)
         per.append(d)
-    rows = [{"suite": s, "concurrency": c, "cells": [d.get((s, c)) for d in per]} for s, c in sorted(keys)]
+    first = {s: i for i, s in reversed(list(enumerate(k[0] for k in keys)))}
+    keys.sort(key=lambda k: (first[k[0]], k[1]))
+    rows = [{"suite": s, "concurrency": c, "cells": [d.get((s, c)) for d in per]} for s, c in keys]
     return labels, rows
 
 
@@ -325,7 +352,7 @@ def tau_matrix(view: SweepView) -> tuple[list[int], list[dict[str, Any]]]:
         return [], []
     concs = sorted(int(c) for c in df["concurrency"].unique())
     rows = []
-    for (engine, suite), group in df.groupby(["engine", "suite"], sort=True):
+    for (engine, suite), group in df.groupby(["engine", "suite"], sort=False):
         by_c = {int(r["concurrency"]): r.to_dict() for _, r in group.iterrows()}
         rows.append({"engine": engine, "suite": suite, "cells": [by_c.get(c) for c in concs]})
     return concs, rows
@@ -337,7 +364,7 @@ def stat_table(view: SweepView, metrics: list[str]) -> list[dict[str, Any]]:
     if done.empty:
         return []
     out = []
-    for (engine, suite, conc), group in done.groupby(["engine", "suite", "concurrency"], sort=True):
+    for (engine, suite, conc), group in done.groupby(["engine", "suite", "concurrency"], sort=False):
         row: dict[str, Any] = {"engine": engine, "suite": suite, "concurrency": int(conc)}
         for mode in ("ar", "dflash"):
             hit = group[group["mode"] == mode]
