@@ -15,7 +15,7 @@ from dflash_bench import analysis
 from dflash_bench.errors import UserError
 from dflash_bench.report import build_report
 from dflash_bench.report.figures import frontier
-from dflash_bench.report.tables import gpu_count
+from dflash_bench.report.tables import gpu_count, redact
 from dflash_bench.store import CellPlan, CellSummary, Manifest, SweepDir, atomic_write_text
 
 ALL_FIGURES = {"pareto", "acceptance", "acceptance_positions", "latency", "energy", "power"}
@@ -215,6 +215,13 @@ def test_suites_keep_the_plan_order(tmp_path):
     assert hl.index("mt-bench") < hl.index("gsm8k")
     summaries = "".join(parsed.by_class["sample-head"])
     assert summaries.index("mt-bench") < summaries.index("gsm8k")
+
+
+def test_redact_hides_secrets_not_token_counts():
+    shown = redact({"max_tokens": 512, "hf_token": "hf_abcdefghijklmnopqrstuvwxyz", "env": {"HF_TOKEN": "x", "API_KEY": "y"},
+                    "command": ["--hf-token-file", "f", "hf_abcdefghijklmnopqrstuvwxyz0123"]})
+    assert shown == {"max_tokens": 512, "hf_token": "***", "env": {"HF_TOKEN": "***", "API_KEY": "***"},
+                     "command": ["--hf-token-file", "f", "hf_***"]}
 
 
 def test_frontier_drops_dominated_points():

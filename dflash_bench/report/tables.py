@@ -17,7 +17,7 @@ import pandas as pd
 from dflash_bench import analysis
 from dflash_bench.store import Manifest, SweepDir
 
-SECRET_KEY = re.compile(r"token|secret|password|passwd|api[_-]?key|authorization", re.I)
+SECRET_KEY = re.compile(r"(^|[_-])token$|secret|passw|api[_-]?key|authorization", re.I)  # not max_tokens
 SAMPLE_CHARS = 600
 
 
