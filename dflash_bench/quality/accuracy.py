@@ -77,13 +77,13 @@ def score_sweep(sweep_dir: Path | str, data_dir: Path | str | None = None, score
     verdicts: dict[str, dict[tuple[str, int], bool]] = {}
     out: dict[str, AccuracySummary] = {}
     for cell in done:
-        if cell.suite not in prompts:
-            loaded = load_prompts(cell.suite, data_dir=Path(data_dir) if data_dir else None)
-            prompts[cell.suite] = {p.id: p for p in loaded}
         if cell.suite in CODE_SUITES and not score_code:
             out[cell.cell_id] = AccuracySummary(status="not scored: running model-written code needs --score-code",
                                                 metric="pass@1")
             continue
+        if cell.suite not in prompts:
+            loaded = load_prompts(cell.suite, data_dir=Path(data_dir) if data_dir else None)
+            prompts[cell.suite] = {p.id: p for p in loaded}
         rows, summary = score_cell(sweep.read_requests(cell.cell_id), cell.suite, prompts[cell.suite], limits, workers)
         atomic_write_text(sweep.cell_dir(cell.cell_id) / ACCURACY_FILE, "".join(v.model_dump_json() + "\n" for v in rows))
         verdicts[cell.cell_id] = {(v.prompt_id, v.occurrence): v.correct for v in rows}
