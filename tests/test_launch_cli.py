@@ -1,0 +1,98 @@
+"""The launch / stop / doctor / models commands as a user runs them: exit codes, one-line errors, dry runs."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+
+def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dflash_bench", *args], capture_output=True, text=True,
+                          env={**os.environ, "COLUMNS": "200", **(env or {})}, timeout=60)
+
+
+def test_dry_run_prints_the_docker_command_of_the_card():
+    out = cli("launch", "--engine", "vllm", "--model", "Qwen3-8B", "--mode", "dflash", "--gpu", "h100",
+              "--engine-arg=--seed=0", "--dry-run", env={"HF_TOKEN": "hf_do_not_print"})
+    assert out.returncode == 0, out.stderr
+    argv = shlex.split(out.stdout)
+    image = argv.index("vllm/vllm-openai:v0.29.0")
+    opts, cmd = argv[:image], argv[image + 1:]
+    assert opts[:2] == ["docker", "run"] and "--ipc=host" in opts and ["--network", "host"] == opts[
+        opts.index("--network"):opts.index("--network") + 2]
+    assert ["--gpus", "all"] == opts[opts.index("--gpus"):opts.index("--gpus") + 2]
+    assert ["-e", "HF_TOKEN"] == opts[opts.index("-e"):opts.index("-e") + 2]  # by name: docker reads it
+    assert "hf_do_not_print" not in out.stdout + out.stderr
+    assert any(o.endswith(":/root/.cache/huggingface:rw") for o in opts)
+    # The vLLM card's command after the image (the image's entrypoint is `vllm serve`).
+    assert cmd == ["Qwen/Qwen3-8B", "--attention-backend", "flash_attn", "--max-num-batched-tokens", "32768",
+                   "--speculative-config",
+                   '{"method": "dflash", "model": "z-lab/Qwen3-8B-DFlash-b16", "num_speculative_tokens": 15}',
+                   "--port", "8000", "--seed=0"]
+
+
+def test_dry_run_process_and_bridge_network_and_gpu_list():
+    out = cli("launch", "-e", "sglang", "-m", "Qwen3.5-9B", "--mode", "ar", "--runner", "process", "--dry-run")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 python3 -m sglang.launch_server "
+                                 "--model-path Qwen/Qwen3.5-9B ")
+    assert "DFLASH" not in out.stdout and "--enable-metrics" in out.stdout
+    out = cli("launch", "-e", "sglang", "-m", "Qwen3-8B", "--network", "bridge", "--gpus", "0,1", "--dry-run")
+    argv = shlex.split(out.stdout)
+    assert ["-p", "127.0.0.1:30000:30000"] == argv[argv.index("-p"):argv.index("-p") + 2]
+    assert ["--gpus", '"device=0,1"'] == argv[argv.index("--gpus"):argv.index("--gpus") + 2]
+    assert ["--host", "0.0.0.0"] == argv[argv.index("--host"):argv.index("--host") + 2]  # reachable via the map
+
+
+def test_gemma_on_vllm_warns_about_the_pr_build():
+    out = cli("launch", "-m", "gemma-4-31B-it", "--dry-run")
+    assert out.returncode == 0 and "needs a build of PR #41703" in out.stderr
+    assert "needs" not in cli("launch", "-m", "gemma-4-31B-it", "--image", "me/vllm:pr", "--dry-run").stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["launch", "-m", "Qwen9-1B", "--dry-run"], "error: unknown model 'Qwen9-1B': use one of gemma-4-31B-it"),
+    (["launch", "-m", "Qwen3-8B", "-e", "tgi", "--dry-run"], "error: unknown engine 'tgi'"),
+    (["launch", "-m", "Qwen3-8B", "--mode", "eagle", "--dry-run"], "error: unknown mode 'eagle'"),
+    (["launch", "-m", "Qwen3-8B", "--gpu", "a100", "--dry-run"], "error: unknown GPU preset 'a100'"),
+    (["launch", "-m", "Qwen3-8B", "--runner", "k8s"], "error: unknown runner 'k8s'"),
+    (["launch", "-m", "Qwen3-8B", "--network", "overlay", "--dry-run"], "error: unknown network 'overlay'"),
+    (["launch", "-m", "acme/x", "--dry-run"], "error: model x has no DFlash drafter"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, message):
+    out = cli(*args)
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert lines[-1].startswith(message) and "Traceback" not in out.stderr
+
+
+def test_process_launch_of_a_missing_engine_is_a_clear_error():
+    out = cli("launch", "-e", "vllm", "-m", "Qwen3-8B", "--runner", "process",
+              env={"PATH": os.path.dirname(sys.executable) + os.pathsep + "/nonexistent"})
+    assert out.returncode == 2 and "error: cannot run 'vllm': it is not on PATH" in out.stderr
+
+
+def test_doctor_prints_one_yes_no_line_per_check():
+    out = cli("doctor", env={"HF_TOKEN": "hf_secret_doctor"})
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert all(ln.startswith(("yes ", "no ")) for ln in lines), lines
+    names = [ln.split(":")[0][4:].strip() for ln in lines]
+    assert names[:3] == ["GPUs", "docker daemon", "docker GPU runtime"]
+    assert "HF_TOKEN" in names and "disk for the model cache" in names
+    assert "yes  HF_TOKEN: set (value not shown)" in lines and "hf_secret_doctor" not in out.stdout
+    nohf = cli("doctor", env={"HF_TOKEN": "", "HUGGING_FACE_HUB_TOKEN": ""})
+    assert any(ln.startswith("no   HF_TOKEN") for ln in nohf.stdout.splitlines())
+
+
+def test_without_a_docker_daemon_doctor_says_no_and_stop_still_runs(tmp_path):
+    env = {"DOCKER_HOST": f"unix://{tmp_path}/no-such.sock", "DFLASH_BENCH_RUN_DIR": str(tmp_path / "run")}
+    out = cli("doctor", env=env)
+    assert out.returncode == 0
+    assert any(ln.startswith("no   docker daemon: cannot reach the Docker daemon") for ln in out.stdout.splitlines())
+    out = cli("stop", env=env)
+    assert out.returncode == 0 and "nothing to stop" in out.stdout and "docker: skipped" in out.stderr
