@@ -99,3 +99,11 @@ def test_network_is_unreachable():
     finally:
         tcp.close()
         udp.close()
+
+
+def test_program_cannot_signal_the_harness():
+    code = (f"import os, signal\nfor target in ({os.getpid()}, {os.getppid()}):\n    try:\n        os.kill(target, signal.SIGKILL)\n"
+            "    except OSError as err:\n        print('blocked', err.errno)\nos.kill(0, signal.SIGKILL)\n")
+    r = run_program(code, FAST)
+    assert r.stdout.count("blocked") == 2  # we are still here to read it
+    assert sandbox_processes() == []
