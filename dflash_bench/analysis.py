@@ -73,7 +73,8 @@ def headline(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def power_timeline(sweep_dir: Path | str, cid: str) -> pd.DataFrame | None:
-    """A cell's GPU power over its measured window: columns `t_s` and `power_w` (summed over its GPUs).
+    """A cell's GPU power over its measured window: columns `t_s` and `power_w` (summed over its GPUs),
+    from the instantaneous reading where the driver gives it, else the 1 s averaged one.
 
     None when the cell has no telemetry.csv, the file is empty or unreadable, or it holds no power column.
     """
@@ -86,13 +87,12 @@ def power_timeline(sweep_dir: Path | str, cid: str) -> pd.DataFrame | None:
         raw = pd.read_csv(file)
     except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError, OSError):
         return None
-    if raw.empty or "power_w" not in raw.columns or "t_s" not in raw.columns:
+    column = next((c for c in ("power_instant_w", "power_w") if c in raw.columns and raw[c].notna().any()), None)
+    if raw.empty or column is None or "t_s" not in raw.columns:
         return None
-    raw = raw.dropna(subset=["t_s", "power_w"])
-    if raw.empty:
-        return None
+    raw = raw.dropna(subset=["t_s", column])
     gpu = raw["gpu"] if "gpu" in raw.columns else 0
     series = [g.sort_values("t_s") for _, g in raw.assign(gpu=gpu).groupby("gpu")]
     grid = series[0]["t_s"].to_numpy(dtype=float)
-    total = sum(np.interp(grid, s["t_s"].to_numpy(dtype=float), s["power_w"].to_numpy(dtype=float)) for s in series)
+    total = sum(np.interp(grid, s["t_s"].to_numpy(dtype=float), s[column].to_numpy(dtype=float)) for s in series)
     return pd.DataFrame({"t_s": grid, "power_w": total})

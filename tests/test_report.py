@@ -243,6 +243,24 @@ def test_power_timeline_sums_gpus_and_tolerates_bad_files(tmp_path):
     assert analysis.power_timeline(path, "vllm-dflash-gsm8k-c1") is not None
 
 
+def test_power_timeline_reads_the_samplers_csv(tmp_path):
+    from dflash_bench.telemetry.nvml import Sample
+    from dflash_bench.telemetry.sampler import samples_to_csv
+
+    cell = tmp_path / "cells" / "c"
+    samples = [Sample(t_s=0.1 * k + 0.001 * g, gpu=g, time_unix=1.7e9, power_w=300.0 + g, power_instant_w=400.0 + 10 * k + g)
+               for k in range(5) for g in (0, 3)]
+    atomic_write_text(cell / "telemetry.csv", samples_to_csv(samples))
+    tl = analysis.power_timeline(tmp_path, "c")
+    assert list(tl["t_s"]) == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4])
+    # Instantaneous power preferred. GPU 3 (sampled 3 ms later, rising 100 W/s) is interpolated onto GPU 0's
+    # times: 0.3 W below its own reading, and held at its first reading before it starts.
+    gpu3 = [403.0] + [400 + 10 * k + 3 - 0.3 for k in range(1, 5)]
+    assert list(tl["power_w"]) == pytest.approx([400 + 10 * k + gpu3[k] for k in range(5)])
+    atomic_write_text(cell / "telemetry.csv", samples_to_csv([]))  # telemetry off: header only
+    assert analysis.power_timeline(tmp_path, "c") is None
+
+
 def test_bad_input_is_one_sentence(tmp_path):
     with pytest.raises(UserError, match="not a folder"):
         build_report([tmp_path / "missing"])
