@@ -153,11 +153,12 @@ def test_builtin_engine_profile_in_docker(docker_cli, image, tmp_path):
     target, drafter = make_tiny_pair(tmp_path / "tiny", block_size=4)
     pair = models.resolve(str(target), drafter=str(drafter))
     bindir = str(Path(sys.executable).parent)
-    opts = options(image, env={"PATH": f"{bindir}:/usr/bin:/bin"})
+    # The entrypoint of docker/Dockerfile's image, which the skeleton image lacks.
+    opts = options(image, env={"PATH": f"{bindir}:/usr/bin:/bin"}, entrypoint=["dflash-bench", "serve", "--host", "0.0.0.0"])
     opts.mounts.append((str(tmp_path / "tiny"), str(tmp_path / "tiny"), "ro"))
     with launch_server("builtin", pair, "dflash", runner="docker", port=free_port(), docker=opts,
                        extra_args=["--device", "cpu", "--max-model-len", "256", "--max-slots", "2"],
                        ready_timeout=180, sweep_id="tiny") as server:
-        assert server.info.command[:2] == ["dflash-bench", "serve"]
+        assert server.info.command[:2] == ["--model", str(target)]  # after the image's entrypoint
         assert "vllm:spec_decode_num_drafts_total" in httpx.get(server.url + "/metrics").text
     assert not leftovers(docker_cli, image[1])

@@ -154,6 +154,8 @@ def test_builtin_command_follows_the_serve_contract():
     assert parse(builtin.command(pair, "ar", 8123, preset="h100")) == parse(
         "dflash-bench serve --model Qwen/Qwen3-8B --mode ar --port 8123 --device cuda --dtype bfloat16")
     assert builtin.ready_path == "/health" and builtin.acceptance == "builtin-metrics"
+    # docker/Dockerfile's ENTRYPOINT is `dflash-bench serve --host 0.0.0.0`: the container gets the rest.
+    assert builtin.container_command(builtin.command(pair, "ar", 8123))[:2] == ["--model", "Qwen/Qwen3-8B"]
 
 
 def test_profiles_say_readiness_acceptance_and_image():

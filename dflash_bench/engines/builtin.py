@@ -11,7 +11,7 @@ from dflash_bench import __version__
 from dflash_bench.engines.base import EngineProfile
 from dflash_bench.models import ModelPair
 
-DEFAULT_IMAGE = f"dflash-bench:{__version__}"  # built from docker/Dockerfile
+DEFAULT_IMAGE = f"dflash-bench:{__version__}"  # docker build -f docker/Dockerfile -t dflash-bench:VERSION .
 
 # GPU presets run bf16 on CUDA; the generic preset leaves device and dtype to the engine's defaults.
 PRESET_FLAGS = {"generic": [], "h100": ["--device", "cuda", "--dtype", "bfloat16"],
@@ -38,3 +38,7 @@ class Builtin(EngineProfile):
 
     def spec_flags(self, pair: ModelPair, preset: str) -> list[str]:
         return ["--mode", "dflash", "--draft", pair.require_drafter()]
+
+    def container_command(self, argv: list[str]) -> list[str]:
+        # docker/Dockerfile's entrypoint is already `dflash-bench serve --host 0.0.0.0`.
+        return argv[2:] if argv[:2] == ["dflash-bench", "serve"] else list(argv)

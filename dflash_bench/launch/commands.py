@@ -22,7 +22,7 @@ def run_launch(engine: str, model: str, mode: str, *, gpu: str = "generic", runn
                                                  extra_args=engine_args or [], runner=runner, network=network)
     _warn_versions(profile.name, pair, image)
     if dry_run:
-        typer.echo(_dry_run_line(profile, argv, env, port, runner, image, gpus, network))
+        typer.echo(dry_run_line(profile, argv, env, port, runner, image, gpus, network))
         return
     opts = None
     if runner == "docker":
@@ -40,7 +40,8 @@ def run_launch(engine: str, model: str, mode: str, *, gpu: str = "generic", runn
         server.check()
 
 
-def _dry_run_line(profile, argv, env, port, runner, image, gpus, network) -> str:
+def dry_run_line(profile, argv, env, port, runner, image, gpus, network) -> str:
+    """The exact command a launch would run: `docker run ...` or the local process line."""
     if runner == "process":
         from dflash_bench.launch.process import shell_line
 
@@ -52,6 +53,9 @@ def _dry_run_line(profile, argv, env, port, runner, image, gpus, network) -> str
         raise UserError(f"the {profile.name} engine has no default image: pass --image.")
     opts = DockerOptions(image=img, gpus=None if gpus == "none" else gpus, network=network)
     return docker_run_line(profile.container_command(argv), env, port, opts)
+
+
+_dry_run_line = dry_run_line  # the name sweep/commands.py first used
 
 
 def _warn_versions(engine: str, pair, image: str | None) -> None:
