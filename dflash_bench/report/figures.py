@@ -128,16 +128,16 @@ def acceptance(view: SweepView) -> plt.Figure | None:
         return None
     suites = view.ordered(data["suite"])
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
-    cmap = plt.get_cmap("tab10")
+    cmap = plt.get_cmap("Dark2")  # not blue/orange: those mean AR/DFlash everywhere else
     for i, suite in enumerate(suites):
         for engine, g in data[data["suite"] == suite].groupby("engine"):
             g = g.sort_values("concurrency")
             st = _style(view, engine, "dflash")
             label = suite if len(_engines(view)) == 1 else f"{suite} ({engine})"
-            ax.plot(g["concurrency"], g["acceptance_length"], color=cmap(i % 10), marker=st["marker"], linestyle=st["linestyle"], label=label)
+            ax.plot(g["concurrency"], g["acceptance_length"], color=cmap(i % 8), marker=st["marker"], linestyle=st["linestyle"], label=label)
             for col, mk in (("acceptance_length_req_weighted", "x"), ("acceptance_length_token_weighted", "+")):
                 if col in g.columns and g[col].notna().any():
-                    ax.scatter(g["concurrency"], g[col], color=cmap(i % 10), marker=mk, s=40, zorder=3)
+                    ax.scatter(g["concurrency"], g[col], color=cmap(i % 8), marker=mk, s=40, zorder=3)
     _conc_axis(ax, sorted(int(c) for c in set(data["concurrency"])))
     ax.set_xlabel("concurrency")
     ax.set_ylabel("acceptance length τ (tokens per verify step)")
