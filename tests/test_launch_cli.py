@@ -96,3 +96,37 @@ def test_without_a_docker_daemon_doctor_says_no_and_stop_still_runs(tmp_path):
     assert any(ln.startswith("no   docker daemon: cannot reach the Docker daemon") for ln in out.stdout.splitlines())
     out = cli("stop", env=env)
     assert out.returncode == 0 and "nothing to stop" in out.stdout and "docker: skipped" in out.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_launch_keeps_the_builtin_engine_up_until_ctrl_c(tmp_path):
+    """`dflash-bench launch --runner process` prints the URL, serves, and Ctrl-C leaves nothing running."""
+    pytest.importorskip("transformers")
+    import re
+    import signal
+
+    import httpx
+
+    from dflash_bench.engine.tiny import make_tiny_pair
+    from dflash_bench.launch import free_port
+    from launch_helpers import group_alive
+
+    target, drafter = make_tiny_pair(tmp_path / "tiny", block_size=4)
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dflash_bench", "launch", "-e", "builtin", "-m", str(target), "--drafter", str(drafter),
+         "--mode", "dflash", "--runner", "process", "--port", str(port), "--engine-arg=--device=cpu",
+         "--log", str(tmp_path / "server.log")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "DFLASH_BENCH_RUN_DIR": str(tmp_path / "run")})
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith(f"ready: http://127.0.0.1:{port}"), (line, proc.stderr.read() if proc.poll() else "")
+        pid = int(re.search(r"pid (\d+)", line).group(1))
+        assert "vllm:spec_decode_num_drafts_total" in httpx.get(f"http://127.0.0.1:{port}/metrics").text
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 130
+        assert not group_alive(pid)
+    finally:
+        proc.kill()
