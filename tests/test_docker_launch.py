@@ -129,7 +129,8 @@ def test_stop_removes_only_containers_whose_harness_is_gone(docker_cli, image, t
 
     port, port2 = free_port(), free_port()
     opts = options(image).__dict__
-    harness, orphan = start_harness({"argv": server_argv(port), "port": port, "runner": "docker", "docker": opts})
+    harness, orphan = start_harness({"argv": server_argv(port), "port": port, "runner": "docker", "docker": opts,
+                                     "log_path": str(tmp_path / "orphan.log")})
     harness.kill()  # SIGKILL: the harness cannot tear down
     harness.wait(timeout=10)
     with launch_command(server_argv(port2), port=port2, runner="docker", docker=options(image)) as live:
