@@ -41,6 +41,8 @@ def test_dry_run_process_and_bridge_network_and_gpu_list():
     assert out.stdout.startswith("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 python3 -m sglang.launch_server "
                                  "--model-path Qwen/Qwen3.5-9B ")
     assert "DFLASH" not in out.stdout and "--enable-metrics" in out.stdout
+    out = cli("launch", "-e", "vllm", "-m", "Qwen3-8B", "--runner", "process", "--gpus", "2,3", "--dry-run")
+    assert out.stdout.startswith("CUDA_VISIBLE_DEVICES=2,3 vllm serve Qwen/Qwen3-8B ")  # --gpus for a process
     out = cli("launch", "-e", "sglang", "-m", "Qwen3-8B", "--network", "bridge", "--gpus", "0,1", "--dry-run")
     argv = shlex.split(out.stdout)
     assert ["-p", "127.0.0.1:30000:30000"] == argv[argv.index("-p"):argv.index("-p") + 2]
@@ -83,6 +85,7 @@ def test_doctor_prints_one_yes_no_line_per_check():
     assert all(ln.startswith(("yes ", "no ")) for ln in lines), lines
     names = [ln.split(":")[0][4:].strip() for ln in lines]
     assert names[:3] == ["GPUs", "docker daemon", "docker GPU runtime"]
+    assert "vllm installed here (--runner process)" in names
     assert "HF_TOKEN" in names and "disk for the model cache" in names
     assert "yes  HF_TOKEN: set (value not shown)" in lines and "hf_secret_doctor" not in out.stdout
     nohf = cli("doctor", env={"HF_TOKEN": "", "HUGGING_FACE_HUB_TOKEN": ""})

@@ -107,6 +107,8 @@ def launch_server(
     profile, pair, argv, env, port = plan_server(engine, model, mode, port=port, preset=preset,
                                                  extra_args=extra_args, runner=runner, network=network)
     opts = docker
+    if runner == "process" and gpus and gpus != "all":
+        env["CUDA_VISIBLE_DEVICES"] = "" if gpus == "none" else gpus  # what --gpus means for a local process
     if runner == "docker":
         image = image or (opts.image if opts else None) or profile.image
         if not image:

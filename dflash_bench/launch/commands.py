@@ -31,7 +31,7 @@ def run_launch(engine: str, model: str, mode: str, *, gpu: str = "generic", runn
             raise UserError(f"the {profile.name} engine has no default image: pass --image.")
         opts = DockerOptions(image=img, gpus=None if gpus == "none" else gpus, network=network)
     typer.echo(f"starting {profile.name} ({mode}) for {pair.target} with the {runner} runner ...", err=True)
-    with launch_server(profile.name, pair, mode, runner=runner, port=port, preset=gpu, extra_args=engine_args or [],
+    with launch_server(profile.name, pair, mode, runner=runner, port=port, preset=gpu, gpus=gpus, extra_args=engine_args or [],
                        log_path=log_path, ready_timeout=ready_timeout, network=network, docker=opts) as server:
         where = server.info.container_id[:12] if server.info.container_id else f"pid {server.info.pid}"
         typer.echo(f"ready: {server.url}  ({where}; log {server.log_path}); Ctrl-C stops it")
@@ -45,6 +45,8 @@ def dry_run_line(profile, argv, env, port, runner, image, gpus, network) -> str:
     if runner == "process":
         from dflash_bench.launch.process import shell_line
 
+        if gpus and gpus != "all":
+            env = {**env, "CUDA_VISIBLE_DEVICES": "" if gpus == "none" else gpus}
         return shell_line(argv, env)
     from dflash_bench.launch.docker import DockerOptions, docker_run_line
 

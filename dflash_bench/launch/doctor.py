@@ -89,9 +89,21 @@ def check_hf() -> list[Check]:
     return checks
 
 
+def check_local_engines() -> list[Check]:
+    """vLLM / SGLang installed here, for `--runner process`."""
+    import importlib.util
+
+    out = []
+    for name, module in (("vllm", "vllm"), ("sglang", "sglang")):
+        found = importlib.util.find_spec(module) is not None
+        out.append(Check(f"{name} installed here (--runner process)", found,
+                         "importable" if found else f"not installed (pip install '.[{name}]', or use docker)"))
+    return out
+
+
 def checks() -> list[Check]:
     daemon, gpu_rt, images = check_docker()
-    return [check_gpus(), daemon, gpu_rt, *images, *check_hf()]
+    return [check_gpus(), daemon, gpu_rt, *images, *check_local_engines(), *check_hf()]
 
 
 def run_doctor() -> None:
