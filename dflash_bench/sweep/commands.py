@@ -104,7 +104,7 @@ def print_plan(settings: SweepSettings, image: str | None) -> None:
 # ------------------------------------------------------------------ demo
 
 
-def demo_command(*, out: Path, data_dir: Path | None, max_tokens: int, num_prompts: int | None,
+def demo_command(*, out: Path, data_dir: Path | None, max_tokens: int, num_prompts: int,
                  concurrency: list[int] | None) -> int:
     """The builtin engine on the embedded default pair, every suite, concurrency 1, 8, 32; then the report."""
     from dflash_bench.launch import free_port
