@@ -45,8 +45,7 @@ class EngineProfile:
         """The full server command line (as a local process would run it)."""
         mode, preset = check_mode(mode), check_preset(preset)
         argv = self.base_command(pair) + self.target_flags(pair, preset)
-        if mode == "dflash":
-            argv += self.spec_flags(pair, preset)
+        argv += self.spec_flags(pair, preset) if mode == "dflash" else self.ar_flags()
         argv += ["--port", str(port)] + (["--host", host] if host else [])
         return argv + self.harness_flags() + list(extra_args)
 
@@ -67,6 +66,10 @@ class EngineProfile:
 
     def spec_flags(self, pair: ModelPair, preset: str) -> list[str]:
         raise NotImplementedError
+
+    def ar_flags(self) -> list[str]:
+        """Flags only the AR server gets (none for vLLM and SGLang: AR is the command minus spec flags)."""
+        return []
 
     def harness_flags(self) -> list[str]:
         """Flags the harness needs in both modes (metrics on, ...)."""

@@ -32,9 +32,8 @@ class Builtin(EngineProfile):
     def target_flags(self, pair: ModelPair, preset: str) -> list[str]:
         return list(PRESET_FLAGS[preset])
 
-    def command(self, pair, mode, port, preset="generic", extra_args=(), host=None):  # type: ignore[override]
-        argv = super().command(pair, mode, port, preset, extra_args, host)
-        return argv if mode == "dflash" else argv[:4] + ["--mode", "ar"] + argv[4:]
+    def ar_flags(self) -> list[str]:
+        return ["--mode", "ar"]
 
     def spec_flags(self, pair: ModelPair, preset: str) -> list[str]:
         return ["--mode", "dflash", "--draft", pair.require_drafter()]
