@@ -163,3 +163,23 @@ def test_resume_refuses_a_different_plan(tmp_path, data_dir):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "cannot resume" in proc.stderr and "max_tokens" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_sweep_measures_servers_the_user_runs(tmp_path, data_dir):
+    """--url-ar/--url-dflash: nothing is launched; the cells are measured against the given servers."""
+    from dflash_bench.emulator import EmulatorProcess
+
+    with EmulatorProcess(mode="ar", ttft_ms=5, itl_ms=2) as ar, \
+            EmulatorProcess(mode="dflash", ttft_ms=5, itl_ms=2, acceptance_length=4, seed=3) as df:
+        out = tmp_path / "reports"
+        proc = subprocess.run([sys.executable, "-m", "dflash_bench", "sweep", "--model", "Qwen3-8B", "--engine", "vllm",
+                               "--url-ar", ar.url, "--url-dflash", df.url, "--suites", "gsm8k", "-c", "2", "-n", "4",
+                               "--max-tokens", "32", "--data-dir", str(data_dir), "--out", str(out)],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    folder = only_sweep(out)
+    rows = results(folder)
+    assert set(rows) == {"vllm-ar-gsm8k-c2", "vllm-dflash-gsm8k-c2"}
+    assert float(rows["vllm-dflash-gsm8k-c2"]["acceptance_length"]) == pytest.approx(4.0, rel=0.2)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["servers"]["vllm-dflash"] == {"runner": "external", "url": df.url}
