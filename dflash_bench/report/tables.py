@@ -227,12 +227,12 @@ def failures(manifest: Manifest, frame: pd.DataFrame) -> list[dict[str, Any]]:
 
 LOSSLESS_KEYS = ("status", "ar_cell", "n", "identical", "exact_match_rate", "divergences", "in_accepted_draft",
                  "at_target_token", "first_divergence", "not_compared")
-ACCURACY_KEYS = ("status", "metric", "n", "correct", "accuracy", "ci_low", "ci_high", "vs_ar")
+ACCURACY_KEYS = ("status", "metric", "checker", "n", "correct", "accuracy", "ci_low", "ci_high", "vs_ar")
 
 
 def quality_rows(frame: pd.DataFrame, key: str, keys: tuple[str, ...]) -> list[dict[str, Any]]:
-    """`extra[key]` of each complete cell that has it (lossless: DFlash vs AR tokens; accuracy: task score),
-    the known fields first, nested values shortened to `k: v` text; long lists (raw examples) left out."""
+    """`extra[key]` of each complete cell that has it (lossless: DFlash vs AR tokens; accuracy: task score):
+    the known fields (any scalar field when none is known), nested values shortened to `k: v` text."""
     if frame.empty or "extra" not in frame.columns:
         return []
     rows = []
@@ -242,9 +242,8 @@ def quality_rows(frame: pd.DataFrame, key: str, keys: tuple[str, ...]) -> list[d
         if data is None:
             continue
         data = data if isinstance(data, dict) else {"value": data}
-        shown = [k for k in keys if k in data] + [k for k in data if k not in keys and not isinstance(data[k], list)]
-        out: dict[str, Any] = {"cell": row["cell_id"], "suite": row["suite"], "mode": row["mode"],
-                               "concurrency": int(row["concurrency"])}
+        shown = [k for k in keys if k in data] or [k for k in data if not isinstance(data[k], list)]
+        out: dict[str, Any] = {"cell": row["cell_id"]}
         out.update({k: _short(data[k]) for k in shown if data[k] not in (None, {}, [])})
         rows.append(out)
     return rows
