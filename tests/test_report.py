@@ -6,7 +6,6 @@ import base64
 import subprocess
 import sys
 from html.parser import HTMLParser
-from pathlib import Path
 
 import pytest
 from report_sweeps import XSS, make_sweep
