@@ -32,7 +32,7 @@ def test_dry_run_prints_the_docker_command_of_the_card():
     assert cmd == ["Qwen/Qwen3-8B", "--attention-backend", "flash_attn", "--max-num-batched-tokens", "32768",
                    "--speculative-config",
                    '{"method": "dflash", "model": "z-lab/Qwen3-8B-DFlash-b16", "num_speculative_tokens": 15}',
-                   "--port", "8000", "--seed=0"]
+                   "--port", "8000", "--host", "127.0.0.1", "--seed=0"]  # loopback only: the harness is here
 
 
 def test_dry_run_process_and_bridge_network_and_gpu_list():

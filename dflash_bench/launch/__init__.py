@@ -90,8 +90,9 @@ def plan_server(engine: str, model: str | ModelPair, mode: str, *, port: int | N
     profile = engines.get(engine)
     pair = model if isinstance(model, ModelPair) else models.resolve(model)
     port = port or profile.default_port
-    # SGLang binds 127.0.0.1 by default: a port-mapped container must listen on all its interfaces.
-    host = "0.0.0.0" if runner == "docker" and network != "host" else None
+    # The harness talks to 127.0.0.1, so servers listen there only (vLLM would take every interface);
+    # a port-mapped container must listen on all of its own interfaces for the mapping to reach it.
+    host = "0.0.0.0" if runner == "docker" and network != "host" else "127.0.0.1"
     argv = profile.command(pair, mode, port, preset, extra_args, host=host)
     return profile, pair, argv, profile.env(pair, mode), port
 
