@@ -37,6 +37,7 @@ class DrafterTrainConfig:
     device: str = "cpu"
     seed: int = 0
     time_limit: float | None = None
+    regen_batch: int = 64
 
 
 def build_target_layer_ids(n_target: int, k: int) -> list[int]:
@@ -172,7 +173,7 @@ def train_drafter(target: str, data: str | list[list[dict]], out: str, config: D
     prompts = read_prompts(data, c.num_prompts) if isinstance(data, (str, Path)) else data[: c.num_prompts]
     t0 = time.time()
     samples = regenerate(target, encode_prompts(tok, prompts, c.max_prompt_tokens), max_new_tokens=c.max_new_tokens,
-                         device=c.device, batch=64, log=log)
+                         device=c.device, batch=c.regen_batch, log=log)
     samples = [s for s in samples if len(s[1]) >= 2]
     if not samples:
         raise UserError("the target produced no responses of two tokens or more for these prompts")
@@ -215,10 +216,14 @@ def _loop(drafter, tgt: FrozenTarget, samples, c: DrafterTrainConfig, pad: int, 
     rng, g = random.Random(c.seed), torch.Generator().manual_seed(c.seed)
     batches = _batches(samples, min(c.batch, len(samples)), rng, pad)
     amp = c.device.startswith("cuda")
-    t0, step, hist = time.time(), 0, []
-    for step in range(c.steps):
+    t0, step, hist, steps = time.time(), 0, [], c.steps
+    while step < steps:
+        if step == 10:
+            t_warm = time.time()
+        if step == 30:  # planned steps that fit the time limit, so the LR schedule completes
+            steps = L.fit_steps(steps, step, time.time() - t0, (time.time() - t_warm) / 20, c.time_limit)
         for group in opt.param_groups:
-            group["lr"] = L.cosine_lr(step, c.steps, c.lr, max(1, c.steps // 20))
+            group["lr"] = L.cosine_lr(step, steps, c.lr, max(1, c.steps // 20))
         ids, mask, lengths = (t.to(c.device) for t in next(batches))
         feats = tgt.features(ids)
         anchors, valid = L.select_anchors(mask, lengths, c.anchors, g)
@@ -229,11 +234,33 @@ def _loop(drafter, tgt: FrozenTarget, samples, c: DrafterTrainConfig, pad: int, 
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        hist.append(stats["acc_len"])
-        if step % 50 == 0 or step == c.steps - 1:
-            log(f"drafter step {step}/{c.steps} loss {loss.item():.3f} est. tau {sum(hist[-50:]) / len(hist[-50:]):.2f} ({time.time() - t0:.0f} s)")
-        if c.time_limit and time.time() - t0 > c.time_limit:
-            log(f"drafter: time limit reached after {step + 1} steps")
+        hist.append(stats["acc_len"].detach())
+        if step % 50 == 0 or step == steps - 1:
+            log(f"drafter step {step}/{steps} loss {loss.item():.3f} est. tau {_mean(hist):.2f} ({time.time() - t0:.0f} s)")
+        step += 1
+        if c.time_limit and time.time() - t0 > 1.1 * c.time_limit:
+            log(f"drafter: time limit reached after {step} steps")
             break
-    return {"steps": step + 1, "final_loss": round(loss.item(), 4), "train_tau_estimate": round(sum(hist[-50:]) / len(hist[-50:]), 3),
+    return {"steps": step, "final_loss": round(loss.item(), 4), "train_tau_estimate": round(_mean(hist), 3),
             "train_seconds": round(time.time() - t0, 1), "gamma": gamma, "block_size": c.block_size}
+
+
+def _mean(hist: list[torch.Tensor]) -> float:
+    """Mean of the last 50 steps' training-time tau estimates."""
+    return torch.stack(hist[-50:]).mean().item()
+
+
+def train_drafter_main(target: str, data: str, out: str, *, device: str = "auto", **options) -> dict:
+    """What `dflash-bench train-drafter` runs: resolve the device, train, print progress and the result."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if options.get("target_layer_ids") is not None:
+        try:
+            options["target_layer_ids"] = [int(x) for x in str(options["target_layer_ids"]).split(",") if x.strip()]
+        except ValueError as err:
+            raise UserError(f"--target-layers must be comma-separated layer numbers, got {options['target_layer_ids']!r}") from err
+    config = DrafterTrainConfig(device=device, **options)
+    summary = train_drafter(target, data, out, config)
+    print(f"trained {summary['steps']} steps in {summary['train_seconds']} s; training-time tau estimate "
+          f"{summary['train_tau_estimate']}; drafter saved to {out}")
+    return summary

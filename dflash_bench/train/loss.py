@@ -115,13 +115,13 @@ def dflash_loss(logits: torch.Tensor, ids: torch.Tensor, lengths: torch.Tensor, 
     ce = F.cross_entropy(logits.float().reshape(-1, V), labels.reshape(-1), reduction="none").reshape(bs, n, Bm1)
     w = position_weights(Bm1 + 1, gamma, dev)[None, None] * ok
     loss = (ce * w).sum() / w.sum().clamp_min(1e-6)
-    with torch.no_grad():
+    with torch.no_grad():  # tensors, so the training loop does not wait on the GPU every step
         hit = (logits.argmax(-1) == labels) & ok
         run = torch.cumprod(hit.long(), dim=-1).sum(-1)  # accepted drafts per block
         nb = valid.sum().clamp_min(1)
         stats = {
-            "acc_len": float((run.float() * valid).sum() / nb) + 1.0,
-            "top1": (hit.float().sum((0, 1)) / ok.float().sum((0, 1)).clamp_min(1)).tolist(),
+            "acc_len": (run.float() * valid).sum() / nb + 1.0,
+            "top1": hit.float().sum((0, 1)) / ok.float().sum((0, 1)).clamp_min(1),
         }
     return loss, stats
 
@@ -132,3 +132,13 @@ def cosine_lr(step: int, total: int, peak: float, warmup: int) -> float:
         return peak * (step + 1) / warmup
     t = (step - warmup) / max(1, total - warmup)
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
+
+
+def fit_steps(steps: int, done: int, elapsed: float, per_step: float, time_limit: float | None) -> int:
+    """Shrink the planned step count so the run (and its LR schedule) ends within `time_limit` seconds.
+
+    `per_step` is measured after warm-up (the first steps include compilation and allocation).
+    """
+    if not time_limit or per_step <= 0:
+        return steps
+    return max(done + 1, min(steps, done + int((time_limit - elapsed) / per_step)))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from dflash_bench.train.loss import cosine_lr
+from dflash_bench.train.loss import cosine_lr, fit_steps
 from dflash_bench.train.tokenizer import EOS, PAD
 
 
@@ -77,9 +77,13 @@ def train_target(tokenizer, texts: list[str], out: str | Path, *, spec: TargetSp
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
     g = torch.Generator().manual_seed(seed)
     amp = device.startswith("cuda")
-    t0, step, loss_v = time.time(), 0, float("nan")
+    t0, step = time.time(), 0
     model.train()
-    for step in range(steps):
+    while step < steps:
+        if step == 10:
+            t_warm = time.time()
+        if step == 30:  # planned steps that fit the time limit, so the LR schedule completes
+            steps = fit_steps(steps, step, time.time() - t0, (time.time() - t_warm) / 20, time_limit)
         for group in opt.param_groups:
             group["lr"] = cosine_lr(step, steps, lr, max(1, steps // 20))
         x = data[torch.randint(len(data), (batch,), generator=g)].to(device, non_blocking=True)
@@ -90,10 +94,11 @@ def train_target(tokenizer, texts: list[str], out: str | Path, *, spec: TargetSp
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if step % 100 == 0 or step == steps - 1:
-            loss_v = float(loss)
+            loss_v = loss.item()
             log(f"target step {step}/{steps} loss {loss_v:.3f} ({time.time() - t0:.0f} s)")
-        if time_limit and time.time() - t0 > time_limit:
-            log(f"target: time limit reached after {step + 1} steps")
+        step += 1
+        if time_limit and time.time() - t0 > 1.1 * time_limit:
+            log(f"target: time limit reached after {step} steps")
             break
     seconds = time.time() - t0
     model.eval()
@@ -101,5 +106,5 @@ def train_target(tokenizer, texts: list[str], out: str | Path, *, spec: TargetSp
     model.config.dtype = "bfloat16"
     model.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
-    return {"params": n_params, "tokens": int(data.numel()), "steps": step + 1, "batch": batch, "seq_len": seq_len,
-            "final_loss": float(loss), "seconds": round(seconds, 1), "spec": asdict(spec), "device": device}
+    return {"params": n_params, "tokens": int(data.numel()), "steps": step, "batch": batch, "seq_len": seq_len,
+            "final_loss": round(loss.item(), 4), "seconds": round(seconds, 1), "spec": asdict(spec), "device": device}
