@@ -17,7 +17,7 @@ from dflash_bench.report.figures import frontier
 from dflash_bench.report.tables import gpu_count, redact
 from dflash_bench.store import CellPlan, CellSummary, Manifest, SweepDir, atomic_write_text
 
-ALL_FIGURES = {"pareto", "acceptance", "acceptance_positions", "latency", "energy", "power"}
+ALL_FIGURES = {"pareto", "pareto_p90", "acceptance", "acceptance_positions", "latency", "energy", "power"}
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
@@ -140,6 +140,8 @@ def test_throughput_is_per_gpu_when_the_manifest_lists_gpus(full):
     text = parsed.all_text()
     assert "tok/s per GPU" in text and "2 GPU(s) per server" in text
     assert f"{70 * 32 ** 0.8 / 2:,.1f}" in text  # AR c32 throughput in the Pareto numbers, divided by 2 GPUs
+    # tail interactivity = 1000 / TPOT p90; planted TPOT = 1000 c / throughput, p90 = 1.3 x p50
+    assert f"{70 * 8 ** 0.8 / (8 * 1.3):,.1f}" in text
 
 
 def test_gpu_count_prefers_the_tensor_parallel_size():

@@ -92,8 +92,8 @@ def frontier(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return sorted(best)
 
 
-def pareto(view: SweepView) -> plt.Figure | None:
-    data = _valid(view.done, "output_throughput", "tok_s_user_p50")
+def pareto(view: SweepView, x: str = "tok_s_user_p50", xlabel: str = "interactivity, tok/s/user (p50)") -> plt.Figure | None:
+    data = _valid(view.done, "output_throughput", x)
     if data.empty:
         return None
     per = view.gpus or 1
@@ -102,14 +102,14 @@ def pareto(view: SweepView) -> plt.Figure | None:
     for ax, suite in zip(axes, suites):
         for (engine, mode), g in data[data["suite"] == suite].groupby(["engine", "mode"]):
             st = _style(view, engine, mode)
-            xs, ys = g["tok_s_user_p50"].to_numpy(float), g["output_throughput"].to_numpy(float) / per
+            xs, ys = g[x].to_numpy(float), g["output_throughput"].to_numpy(float) / per
             ax.scatter(xs, ys, color=st["color"], marker=st["marker"], zorder=3, label=_series_label(view, engine, mode))
-            for x, y, c in zip(xs, ys, g["concurrency"]):
-                ax.annotate(f"c{int(c)}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+            for px, py, c in zip(xs, ys, g["concurrency"]):
+                ax.annotate(f"c{int(c)}", (px, py), textcoords="offset points", xytext=(4, 4), fontsize=8)
             front = frontier(list(zip(xs, ys)))
             ax.plot([p[0] for p in front], [p[1] for p in front], color=st["color"], linestyle=st["linestyle"], alpha=0.8)
         ax.set_title(suite)
-        ax.set_xlabel("interactivity, tok/s/user (p50)")
+        ax.set_xlabel(xlabel)
         ax.set_ylabel(f"output throughput, {view.throughput_unit}")
         ax.grid(alpha=0.3)
         ax.set_xlim(left=0)
@@ -117,6 +117,11 @@ def pareto(view: SweepView) -> plt.Figure | None:
     axes[0].legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def pareto_p90(view: SweepView) -> plt.Figure | None:
+    """The same at the tail: 1000 / TPOT p90, the interactivity that 90% of requests get or beat."""
+    return pareto(view, "tok_s_user_at_tpot_p90", "interactivity at p90 TPOT, tok/s/user (1000 / TPOT p90)")
 
 
 # ------------------------------------------------------------------ acceptance
@@ -282,6 +287,7 @@ def power(view: SweepView) -> plt.Figure | None:
 
 FIGURES: dict[str, Callable[[SweepView], plt.Figure | None]] = {
     "pareto": pareto,
+    "pareto_p90": pareto_p90,
     "acceptance": acceptance,
     "acceptance_positions": positions,
     "latency": latency,

@@ -169,6 +169,9 @@ def averaged(frame: pd.DataFrame) -> pd.DataFrame:
     key = ["engine", "mode", "suite", "concurrency"]
     if done.empty:
         return pd.DataFrame(columns=key)
+    if "tpot_ms_p90" in done.columns:  # tail interactivity: what 90% of requests get or beat
+        tpot90 = pd.to_numeric(done["tpot_ms_p90"], errors="coerce")
+        done = done.assign(tok_s_user_at_tpot_p90=1000.0 / tpot90.where(tpot90 > 0))
     numeric = [c for c in done.columns if c not in key and c != "repeat" and pd.api.types.is_numeric_dtype(done[c])]
     out = done.groupby(key, as_index=False)[numeric].mean()
     if "acceptance_per_position" in done.columns:
