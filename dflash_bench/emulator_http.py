@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections import deque
 from contextlib import aclosing
 from typing import AsyncIterator
 
@@ -57,6 +58,7 @@ class Server:
     def __init__(self, cfg: EmulatorConfig):
         self.em = Emulator(cfg)
         self.cfg = cfg
+        self.log: deque[dict] = deque(maxlen=200_000)
 
     # ---- connection handling ---------------------------------------------------------------------
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -91,6 +93,8 @@ class Server:
             elif path == "/v1/models":
                 conn.json(200, {"object": "list", "data": [{"id": self.cfg.model, "object": "model",
                                                             "owned_by": "dflash-bench-emulator", "max_model_len": 32768}]})
+            elif path == "/emulator/requests":
+                conn.json(200, list(self.log))
             elif path == "/metrics":
                 conn.json(200, self.em.metrics_text().encode(), b"text/plain; version=0.0.4; charset=utf-8")
             else:
@@ -111,8 +115,12 @@ class Server:
         return await self.openai(req, conn, chat=path.endswith("chat/completions"))
 
     # ---- the shared timeline -----------------------------------------------------------------------
-    async def timeline(self, plan: Plan, t0: float) -> AsyncIterator[tuple[int, int]]:
-        """Yield (start, end) token slices at the emulated times: first token, then one per verify step."""
+    async def timeline(self, plan: Plan, t0: float, prompt: str) -> AsyncIterator[tuple[int, int]]:
+        """Yield (start, end) token slices at the emulated times: first token, then one per verify step.
+
+        What really happened (on the system-wide monotonic clock that time.perf_counter also reads) goes
+        to the log served at GET /emulator/requests: arrival, first and last token (stamped just before
+        their chunks are written)."""
         em, loop = self.em, asyncio.get_running_loop()
         em.c.running += 1
         em.c.prompt_tokens += plan.prompt_tokens
@@ -121,6 +129,7 @@ class Server:
             t = t0 + self.cfg.ttft_ms / 1000.0
             await _sleep_until(loop, t)
             em.c.generation_tokens += 1
+            t_first = t_last = time.perf_counter()  # stamped just before the chunk is written
             yield 0, 1
             pos = 1
             for k in plan.steps:
@@ -129,8 +138,11 @@ class Server:
                 em.count_step(k)
                 end = min(pos + k, n)
                 em.c.generation_tokens += end - pos
+                t_last = time.perf_counter()
                 yield pos, end
                 pos = end
+            self.log.append({"prompt": prompt[:200], "t_arrival": t0, "t_first": t_first, "t_last": t_last,
+                             "tokens": n, "steps": len(plan.steps)})
         finally:
             em.c.running -= 1
 
@@ -169,7 +181,7 @@ class Server:
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:16]
         want_lp = bool(req.get("logprobs")) if chat else req.get("logprobs") is not None
         if not req.get("stream"):
-            async with aclosing(self.timeline(plan, t0)) as tl:
+            async with aclosing(self.timeline(plan, t0, prompt)) as tl:
                 async for _ in tl:
                     pass
             self._done()
@@ -201,7 +213,7 @@ class Server:
             return out
 
         n = len(plan.ids)
-        async with aclosing(self.timeline(plan, t0)) as tl:
+        async with aclosing(self.timeline(plan, t0, prompt)) as tl:
             async for a, b in tl:
                 if a == 0 and chat:
                     await conn.data(chunk(0, 0, None, role=True))
@@ -279,14 +291,14 @@ class Server:
             return {"text": "".join(token_text(t) for t in plan.ids[:b]), "output_ids": plan.ids[:b], "meta_info": meta}
 
         if not req.get("stream"):
-            async with aclosing(self.timeline(plan, t0)) as tl:
+            async with aclosing(self.timeline(plan, t0, prompt)) as tl:
                 async for _ in tl:
                     pass
             self._done()
             conn.json(200, event(n))
             return True
         conn.start_stream()
-        async with aclosing(self.timeline(plan, t0)) as tl:
+        async with aclosing(self.timeline(plan, t0, prompt)) as tl:
             async for a, b in tl:
                 if fault and a > 0:
                     return await self._fault(fault, conn)

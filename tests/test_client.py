@@ -26,9 +26,11 @@ def measured(tmp_path: Path, name: str = "c"):
 
 @pytest.mark.parametrize("kind,reason", [("error", "HTTP 500"), ("stream-error", "server error in stream"),
                                          ("drop", "stream dropped"), ("malformed", "malformed SSE event")])
-def test_server_failures_become_failed_records(tmp_path: Path, kind: str, reason: str):
+@pytest.mark.parametrize("transport", ["raw", "aiohttp"])
+def test_server_failures_become_failed_records(tmp_path: Path, kind: str, reason: str, transport: str):
     with EmulatorProcess(mode="ar", ttft_ms=2, itl_ms=1, output_len=8, fail_every=3, fail_kind=kind) as em:
-        s = measure_cell(em.url, prompts(9), concurrency=3, cell_dir=cell(tmp_path), warmup=False, timeout=20)
+        s = measure_cell(em.url, prompts(9), concurrency=3, cell_dir=cell(tmp_path), warmup=False, timeout=20,
+                         transport=transport)
     assert s.status == "complete"
     assert (s.num_requests, s.num_ok, s.num_failed) == (9, 6, 3)
     recs = measured(tmp_path)
@@ -39,17 +41,21 @@ def test_server_failures_become_failed_records(tmp_path: Path, kind: str, reason
     assert s.total_output_tokens == sum(r.output_tokens for r in recs if r.ok)
 
 
-def test_hung_stream_times_out(tmp_path: Path):
+@pytest.mark.parametrize("transport", ["raw", "aiohttp"])
+def test_hung_stream_times_out(tmp_path: Path, transport: str):
     with EmulatorProcess(mode="ar", ttft_ms=2, itl_ms=1, output_len=8, fail_every=2, fail_kind="hang") as em:
-        s = measure_cell(em.url, prompts(4), concurrency=2, cell_dir=cell(tmp_path), warmup=False, timeout=0.6)
+        s = measure_cell(em.url, prompts(4), concurrency=2, cell_dir=cell(tmp_path), warmup=False, timeout=0.6,
+                         transport=transport)
     assert (s.num_ok, s.num_failed) == (2, 2)
     assert all(r.error.startswith("timeout") for r in measured(tmp_path) if r.error)
 
 
-def test_server_crash_mid_cell_completes_with_failures(tmp_path: Path):
+@pytest.mark.parametrize("transport", ["raw", "aiohttp"])
+def test_server_crash_mid_cell_completes_with_failures(tmp_path: Path, transport: str):
     em = EmulatorProcess(mode="ar", ttft_ms=2, itl_ms=2, output_len=16, crash_after_requests=5)
     try:
-        s = measure_cell(em.url, prompts(12), concurrency=2, cell_dir=cell(tmp_path), warmup=False, timeout=20)
+        s = measure_cell(em.url, prompts(12), concurrency=2, cell_dir=cell(tmp_path), warmup=False, timeout=20,
+                         transport=transport)
     finally:
         code = em.close()
     assert code == 3
@@ -131,15 +137,15 @@ def test_poisson_arrivals_spread_the_dispatches(tmp_path: Path):
     assert s.settings["request_rate"] == 100.0
 
 
-def test_httpx_and_aiohttp_transports_agree(tmp_path: Path):
+def test_all_transports_agree(tmp_path: Path):
     ps = prompts(6)
     with EmulatorProcess(mode="dflash", ttft_ms=2, itl_ms=1, output_len=24) as em:
-        a = measure_cell(em.url, ps, concurrency=3, cell_dir=cell(tmp_path, "a"), transport="aiohttp", save_token_ids=True)
-        b = measure_cell(em.url, ps, concurrency=3, cell_dir=cell(tmp_path, "b"), transport="httpx", save_token_ids=True)
-    assert a.total_output_tokens == b.total_output_tokens and b.num_ok == 6
+        out = {t: measure_cell(em.url, ps, concurrency=3, cell_dir=cell(tmp_path, t), transport=t, save_token_ids=True)
+               for t in ("raw", "aiohttp", "httpx")}
     ids = lambda n: {r.prompt_id: r.token_ids for r in measured(tmp_path, n)}  # noqa: E731
-    assert ids("a") == ids("b")
-    assert b.acceptance_length is not None
+    for t, s in out.items():
+        assert s.num_ok == 6 and s.total_output_tokens == out["raw"].total_output_tokens, t
+        assert ids(t) == ids("raw") and s.acceptance_length is not None
 
 
 def test_request_body_sends_temperature_thinking_and_logprobs():

@@ -1,11 +1,15 @@
 """`run` / measure_cell against the timing emulator: the harness must report the emulator's known truth.
 
-Truth comes from the emulator's model (its per-request plan: output length and tokens per verify step),
-not from the code under test (client + metrics). Tolerances, stated once:
-- TTFT mean: truth <= measured <= truth + TTFT_SLACK_MS (client->server->client latency and timer jitter);
-- TPOT mean and output throughput: within REL_TOL of truth;
-- tau: equal to the emulator's realised tokens per verify step (counters are exact) and within 0.5 of the
-  configured mean (sampling noise of a few hundred steps).
+Two truths, two tolerances:
+- What the emulator really did, from its own log (GET /emulator/requests: arrival, first and last token
+  written, on the same system-wide monotonic clock as the client's time.perf_counter). The client's
+  stamps must bracket the server's (sent before arrival, first token read after it was written), its
+  first-token stamp may trail the server's write by at most lag_ms(concurrency) on average, mean TPOT must match the
+  server's within REL_TOL (a mean: one request can lose a few ms to a busy machine), and the throughput
+  window (first dispatch to last completion) may exceed the server's busy span by WINDOW_SLACK_S.
+- The emulator's nominal model (TTFT, step time, its per-request plans): TPOT and output throughput within
+  NOMINAL_TOL (the emulator's timers fire late when it shares 2 busy cores), tau exactly equal to the
+  realised tokens per verify step (counters are exact) and within 0.5 of the configured mean.
 """
 
 from __future__ import annotations
@@ -17,13 +21,25 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 import pytest
 
 from dflash_bench.client import measure_cell
 from dflash_bench.emulator import Emulator, EmulatorConfig, EmulatorProcess
+from dflash_bench.metrics.definitions import tpot_ms
+from dflash_bench.store import SweepDir
 
-TTFT_SLACK_MS = 8.0
-REL_TOL = 0.06
+
+
+def lag_ms(concurrency: int) -> float:
+    """A burst of `concurrency` chunks written at once is read one after another by one event loop, on
+    2 cores shared with the emulator (and, here, with other test runs)."""
+    return 2.0 + 0.12 * concurrency
+
+
+WINDOW_SLACK_S = 0.02
+REL_TOL = 0.03
+NOMINAL_TOL = 0.10
 
 
 @dataclass
@@ -71,12 +87,36 @@ def test_run_matches_emulator_truth(tmp_path: Path, mode: str, concurrency: int)
                          acceptance_length=cfg.acceptance_length, seed=cfg.seed) as em:
         s = measure_cell(em.url, ps, concurrency=concurrency, cell_dir=tmp_path / "sw" / "cells" / "c",
                          engine="vllm", mode=mode, max_tokens=256)
-    want = truth(cfg, ps, concurrency, 256)
+        log = httpx.get(em.url + "/emulator/requests").json()
     assert s.status == "complete" and s.num_ok == n and s.num_failed == 0 and s.num_warmup == concurrency
+
+    # 1. what the server really did
+    by_text = {p.turns[0]: p.id for p in ps}
+    server = {by_text[e["prompt"]]: e for e in log if e["prompt"] in by_text}
+    recs = [r for r in SweepDir(tmp_path / "sw").read_requests("c") if not r.warmup]
+    origin = s.extra["clock_origin_monotonic_s"]
+    lags, tpots, server_tpots = [], [], []
+    for r in recs:
+        e = server[r.prompt_id]
+        assert r.output_tokens == e["tokens"]
+        # the client's stamps bracket the server's: sent before it arrived, first token read after written
+        assert origin + r.t_send <= e["t_arrival"] and origin + r.t_first_token >= e["t_first"]
+        lags.append(origin + r.t_first_token - e["t_first"])
+        if e["tokens"] > 1:
+            tpots.append(tpot_ms(r))
+            server_tpots.append((e["t_last"] - e["t_first"]) * 1000 / (e["tokens"] - 1))
+    assert 1000 * sum(lags) / len(lags) <= lag_ms(concurrency)
+    assert sum(tpots) / len(tpots) == pytest.approx(sum(server_tpots) / len(server_tpots), rel=REL_TOL)
+    span = max(e["t_last"] for e in server.values()) - min(e["t_arrival"] for e in server.values())
+    # the measured window holds the server's busy span and exceeds it by at most WINDOW_SLACK_S
+    assert span <= s.duration_s <= span + WINDOW_SLACK_S
+
+    # 2. the emulator's nominal model
+    want = truth(cfg, ps, concurrency, 256)
     assert s.total_output_tokens == want["tokens"]
-    assert cfg.ttft_ms <= s.ttft_ms.mean <= cfg.ttft_ms + TTFT_SLACK_MS
-    assert s.tpot_ms.mean == pytest.approx(want["tpot"], rel=REL_TOL)
-    assert s.output_throughput == pytest.approx(want["throughput"], rel=REL_TOL)
+    assert s.ttft_ms.mean >= cfg.ttft_ms
+    assert s.tpot_ms.mean == pytest.approx(want["tpot"], rel=NOMINAL_TOL)
+    assert s.output_throughput == pytest.approx(want["throughput"], rel=NOMINAL_TOL)
     if mode == "ar":
         assert s.acceptance_length is None and s.acceptance_source is None  # absent, not 1
         assert s.tokens_per_chunk.mean == 1.0

@@ -27,7 +27,7 @@ def measure_cell(url: str, prompts: Sequence, *, concurrency: int, cell_dir: Pat
                  temperature: float = 0.0, api: str = "chat", model: str | None = None,
                  save_token_ids: bool = False, enable_thinking: bool | None = None, warmup: bool = True,
                  request_rate: float | None = None, timeout: float | None = 600.0, seed: int = 0,
-                 transport: str = "aiohttp", on_progress: ProgressFn | None = None, telemetry=None) -> CellSummary:
+                 transport: str = "auto", on_progress: ProgressFn | None = None, telemetry=None) -> CellSummary:
     """Measure `prompts` against the server at `url` at `concurrency`; write and return the cell summary.
 
     Raises UserError when the server cannot be reached at all; request failures during the cell are
@@ -40,7 +40,7 @@ async def measure_cell_async(url: str, prompts: Sequence, *, concurrency: int, c
                              temperature: float = 0.0, api: str = "chat", model: str | None = None,
                              save_token_ids: bool = False, enable_thinking: bool | None = None, warmup: bool = True,
                              request_rate: float | None = None, timeout: float | None = 600.0, seed: int = 0,
-                             transport: str = "aiohttp", on_progress: ProgressFn | None = None, telemetry=None) -> CellSummary:
+                             transport: str = "auto", on_progress: ProgressFn | None = None, telemetry=None) -> CellSummary:
     if api not in APIS:
         raise UserError(f"unknown api {api!r}; choose one of {', '.join(APIS)}")
     if concurrency < 1:
@@ -86,6 +86,9 @@ async def measure_cell_async(url: str, prompts: Sequence, *, concurrency: int, c
         _add_energy(summary, telemetry, cell_dir)
     reasons = failure_reasons(result.records)
     summary.extra["failures"] = reasons
+    # the records' time origin on this host's monotonic clock (time.perf_counter), to line them up with
+    # server-side logs or other samples taken on the same host
+    summary.extra["clock_origin_monotonic_s"] = result.t0
     if snaps.get("error"):
         summary.extra["server_metrics_error"] = snaps["error"]
     if summary.num_ok == 0:

@@ -1,8 +1,10 @@
 """HTTP transports for the streaming loop: the hot path of the whole harness.
 
-Both feed a `Stream` with each SSE `data:` payload, stamped with the time of the network read that
-carried it (one clock read per read, not per event). aiohttp is the default because it measured less CPU
-per output token than httpx here (see README, "Harness overhead"); httpx stays selectable for comparison.
+Each feeds a `Stream` with every SSE `data:` payload, stamped with the time of the network read that
+carried it (one clock read per read, not per event). `auto` (the default) picks `raw` (rawhttp.py) for
+http:// and aiohttp for https://: measured here (README, "Harness overhead") raw stamps the first token
+within a fraction of a millisecond of the packet on the wire even at concurrency 256, where aiohttp's
+stamps lag by tens of ms and httpx's by seconds; their CPU per token is alike for raw and aiohttp.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Protocol
 
 from dflash_bench.client.protocol import Stream
 
-TRANSPORTS = ("aiohttp", "httpx")
+TRANSPORTS = ("auto", "raw", "aiohttp", "httpx")
 _HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream"}
 
 
@@ -126,6 +128,12 @@ class HttpxTransport:
 
 
 def make_transport(name: str, base_url: str, connections: int) -> Transport:
+    if name == "auto":
+        name = "raw" if base_url.startswith("http://") else "aiohttp"
+    if name == "raw":
+        from dflash_bench.client.rawhttp import RawTransport
+
+        return RawTransport(base_url, connections)
     if name == "aiohttp":
         return AiohttpTransport(base_url, connections)
     if name == "httpx":

@@ -1,0 +1,244 @@
+"""A minimal HTTP/1.1 client on asyncio Protocols, for the streaming hot path (plain http:// only).
+
+Why: the harness's own cost per output token and the lag of its timestamps behind the wire both come
+from the client's event-loop work per chunk. Here each network read is timestamped in `data_received`,
+the moment the event loop reads the socket, and parsed right there (chunked transfer decoding, SSE line
+splitting, JSON) with no task switch per chunk. README "Harness overhead" has the measurements that made
+this the default; aiohttp and httpx remain selectable (and serve https://).
+
+Scope: keep-alive connection pool, `POST` with a JSON body, `GET`; responses with chunked encoding,
+Content-Length, or read-until-close. No TLS, no proxies, no redirects, no compression.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from urllib.parse import urlsplit
+
+from dflash_bench.client.protocol import Stream
+
+_clock = time.perf_counter
+
+
+class _Response:
+    """Parser state of one response; feeds an SSE Stream or collects a whole body."""
+
+    __slots__ = ("st", "status", "head", "chunked", "remaining", "body", "buf", "sse", "done", "keep_alive", "fut")
+
+    def __init__(self, st: Stream | None, fut: asyncio.Future):
+        self.st = st
+        self.fut = fut
+        self.status = 0
+        self.head = True
+        self.chunked = False
+        self.remaining = -1  # Content-Length left; -1: until close
+        self.body: list[bytes] = []
+        self.buf = b""
+        self.sse = b""
+        self.done = False
+        self.keep_alive = True
+
+    def feed(self, t: float, data: bytes) -> None:
+        buf = self.buf + data if self.buf else data
+        if self.head:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                self.buf = buf
+                return
+            self._headers(buf[:end])
+            buf = buf[end + 4:]
+            if self.st is not None and self.st.t_first_byte is None:
+                self.st.t_first_byte = t
+        if self.chunked:
+            self.buf = self._chunks(t, buf)
+        else:
+            if self.remaining >= 0:
+                buf, extra = buf[:self.remaining], buf[self.remaining:]
+                self.remaining -= len(buf)
+                if extra:
+                    self.keep_alive = False
+            self.buf = b""
+            self._payload(t, buf)
+            if self.remaining == 0:
+                self.done = True
+
+    def _headers(self, raw: bytes) -> None:
+        lines = raw.split(b"\r\n")
+        parts = lines[0].split(b" ", 2)
+        self.status = int(parts[1])
+        if parts[0] == b"HTTP/1.0":
+            self.keep_alive = False
+        self.head = False
+        for line in lines[1:]:
+            k, _, v = line.partition(b":")
+            k = k.strip().lower()
+            v = v.strip().lower()
+            if k == b"transfer-encoding" and b"chunked" in v:
+                self.chunked = True
+            elif k == b"content-length":
+                self.remaining = int(v)
+            elif k == b"connection" and v == b"close":
+                self.keep_alive = False
+        if self.remaining < 0 and not self.chunked:
+            self.keep_alive = False
+
+    def _chunks(self, t: float, buf: bytes) -> bytes:
+        pos, n = 0, len(buf)
+        while pos < n:
+            eol = buf.find(b"\r\n", pos)
+            if eol < 0:
+                break
+            size = int(buf[pos:eol].split(b";", 1)[0], 16)
+            if size == 0:  # last chunk (trailers, if any, are ignored)
+                self.done = True
+                return b""
+            start = eol + 2
+            if start + size + 2 > n:
+                break
+            self._payload(t, buf[start:start + size])
+            pos = start + size + 2
+        return buf[pos:]
+
+    def _payload(self, t: float, data: bytes) -> None:
+        st = self.st
+        if st is None or self.status != 200:
+            self.body.append(data)
+            return
+        if st.error:
+            return
+        sse = self.sse + data if self.sse else data
+        if b"\n" not in data:
+            self.sse = sse
+            return
+        *lines, self.sse = sse.split(b"\n")
+        for line in lines:
+            if line[:5] == b"data:":
+                st.feed(t, line[5:].strip())
+                if st.error:
+                    return
+
+
+class _Conn(asyncio.Protocol):
+    def __init__(self, pool: "RawTransport"):
+        self.pool = pool
+        self.tr: asyncio.Transport | None = None
+        self.resp: _Response | None = None
+        self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.tr = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        r = self.resp
+        if r is None:
+            return
+        t = _clock()
+        try:
+            r.feed(t, data)
+        except (ValueError, IndexError) as err:
+            self._finish(ValueError(f"malformed HTTP response: {err}"))
+            return
+        if r.done or (r.st is not None and r.st.error):
+            self._finish(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        r = self.resp
+        if r is not None:
+            if r.remaining < 0 and not r.chunked and not r.head:
+                r.done = True  # a read-until-close body ends here
+                self._finish(None)
+            else:
+                self._finish(ConnectionResetError("the server closed the connection mid-response"))
+
+    def _finish(self, err: Exception | None) -> None:
+        r, self.resp = self.resp, None
+        if r is None:
+            return
+        if err is not None or not r.done or not r.keep_alive:
+            self.close()  # an unread rest or a broken connection cannot carry the next request
+        if not r.fut.done():
+            r.fut.set_exception(err) if err is not None else r.fut.set_result(r)
+
+    def close(self) -> None:
+        self.closed = True
+        if self.tr is not None:
+            self.tr.close()
+
+
+class RawTransport:
+    """Keep-alive pool of raw HTTP/1.1 connections to one http:// server."""
+
+    def __init__(self, base_url: str, connections: int):
+        u = urlsplit(base_url)
+        if u.scheme != "http":
+            raise ValueError("the raw transport speaks plain http:// only; use --transport aiohttp for https://")
+        self.host, self.port = u.hostname or "127.0.0.1", u.port or 80
+        self.prefix = u.path.rstrip("/")
+        self.hosthdr = f"{self.host}:{self.port}".encode()
+        self.idle: list[_Conn] = []
+        self.all: set[_Conn] = set()
+
+    async def _acquire(self) -> tuple[_Conn, bool]:
+        while self.idle:
+            c = self.idle.pop()
+            if not c.closed:
+                return c, True
+        loop = asyncio.get_running_loop()
+        try:
+            _, conn = await loop.create_connection(lambda: _Conn(self), self.host, self.port)
+        except OSError as err:
+            raise ConnectionError(f"cannot connect to {self.host}:{self.port}: {err.strerror or err}") from None
+        self.all.add(conn)
+        return conn, False
+
+    def _release(self, c: _Conn) -> None:
+        if c.closed:
+            self.all.discard(c)
+        else:
+            self.idle.append(c)
+
+    async def _request(self, method: bytes, path: str, body: bytes, st: Stream | None) -> _Response:
+        head = b"%s %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\n" \
+               b"Content-Length: %d\r\n\r\n" % (method, (self.prefix + path).encode(), self.hosthdr, len(body))
+        while True:
+            c, reused = await self._acquire()
+            r = c.resp = _Response(st, asyncio.get_running_loop().create_future())
+            c.tr.write(head + body)
+            try:
+                return await r.fut
+            except ConnectionResetError:
+                if reused and r.head and not r.buf:
+                    continue  # the server closed an idle keep-alive connection as we reused it: retry once fresh
+                raise
+            except BaseException:
+                c.resp = None
+                c.close()  # cancelled (timeout) or failed mid-response: the connection is unusable
+                raise
+            finally:
+                self._release(c)
+
+    async def stream(self, path: str, body: bytes, st: Stream) -> None:
+        from dflash_bench.client.transport import _error_message
+
+        try:
+            r = await self._request(b"POST", path, body, st)
+        except ConnectionResetError as err:
+            st.error = f"stream dropped: {err}"
+            return
+        except (ConnectionError, ValueError) as err:
+            st.error = f"connection failed: {err}"
+            return
+        if r.status != 200:
+            st.error = _error_message(r.status, b"".join(r.body))
+
+    async def get(self, path: str) -> tuple[int, bytes]:
+        r = await self._request(b"GET", path, b"", None)
+        return r.status, b"".join(r.body)
+
+    async def close(self) -> None:
+        for c in list(self.all):
+            c.close()
+        self.all.clear()
+        self.idle.clear()
