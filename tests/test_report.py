@@ -152,6 +152,16 @@ def test_gpu_count_prefers_the_tensor_parallel_size():
     assert gpu_count({}, {"engine_args": []}) is None
 
 
+def test_energy_table(full):
+    _, _, parsed = full
+    # Planted: power = 350 + 8c (+40 for DFlash), J/token = power / throughput.
+    ar_tput = 70 * 8 ** 0.8
+    df_tput = ar_tput * (3.6 - 0.06 * 8)
+    ar_j, df_j = (350 + 64) / ar_tput, (390 + 64) / df_tput
+    text = parsed.all_text()
+    assert f"{ar_j:,.3f}" in text and f"{df_j:,.3f}" in text and f"{df_j / ar_j:.2f}×" in text
+
+
 def test_failed_cells_and_no_telemetry_still_render(tmp_path):
     path = make_sweep(tmp_path / "cpu", telemetry=False, gpus=None, failed={
         "vllm-ar-gsm8k-c8": "client: connection refused", "vllm-dflash-gsm8k-c8": "server exited with code 137"})

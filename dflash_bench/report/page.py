@@ -158,9 +158,19 @@ def _per(value: Any, gpus: int | None) -> Any:
         return value
 
 
+def _ratio(value: Any, base: Any) -> str:
+    """`value / base` as `0.42×`, or a dash when either is missing or base is 0."""
+    try:
+        v, b = float(value), float(base)
+    except (TypeError, ValueError):
+        return "–"
+    return _num(v / b, 2) + "×" if b and not math.isnan(v) and not math.isnan(b) else "–"
+
+
 def render(**context: Any) -> str:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters["num"] = _num
     env.filters["per"] = _per
+    env.filters["ratio"] = _ratio
     return env.get_template("report.html.j2").render(**context)
