@@ -87,19 +87,22 @@ KNOWN: dict[str, ModelPair] = {p.name: p for p in [
     ModelPair(name="Qwen3-8B", target="Qwen/Qwen3-8B", drafter="z-lab/Qwen3-8B-DFlash-b16", notes="thinking off"),
     ModelPair(
         name="Qwen3-Coder-30B-A3B", target="Qwen/Qwen3-Coder-30B-A3B-Instruct",
-        drafter="z-lab/Qwen3-Coder-30B-A3B-DFlash", notes="MoE; 8-layer drafter",
+        drafter="z-lab/Qwen3-Coder-30B-A3B-DFlash", notes="MoE; 8-layer drafter; B=16 assumed (check its config.json)",
     ),
     ModelPair(
         name="Llama-3.1-8B-Instruct", target="meta-llama/Llama-3.1-8B-Instruct",
-        drafter="z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat", block_size=10, notes="gated target: needs HF_TOKEN",
+        drafter="z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat", block_size=10,
+        notes="gated target: needs HF_TOKEN; SGLang flags in the Qwen3 card's form (no published command)",
     ),
     ModelPair(
         name="gpt-oss-20b", target="openai/gpt-oss-20b", drafter="z-lab/gpt-oss-20b-DFlash", block_size=10,
-        thinking=True, reasoning_effort="medium", notes="reasoning effort medium",
+        thinking=True, reasoning_effort="medium", vllm_version="v0.20.1+ (gpt-oss not confirmed)",
+        notes="reasoning effort medium; flags in the Qwen3 card's form (no published command)",
     ),
     ModelPair(
         name="gpt-oss-120b", target="openai/gpt-oss-120b", drafter="z-lab/gpt-oss-120b-DFlash", block_size=10,
-        thinking=True, reasoning_effort="medium", notes="card: H200, SGLang, reasoning effort medium",
+        thinking=True, reasoning_effort="medium", vllm_version="v0.20.1+ (gpt-oss not confirmed)",
+        notes="card: H200, SGLang, reasoning effort medium; flags in the Qwen3 card's form",
     ),
     _qwen35("4B"),
     _qwen35("9B"),

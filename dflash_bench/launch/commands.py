@@ -33,7 +33,8 @@ def run_launch(engine: str, model: str, mode: str, *, gpu: str = "generic", runn
     typer.echo(f"starting {profile.name} ({mode}) for {pair.target} with the {runner} runner ...", err=True)
     with launch_server(profile.name, pair, mode, runner=runner, port=port, preset=gpu, gpus=gpus, extra_args=engine_args or [],
                        log_path=log_path, ready_timeout=ready_timeout, network=network, docker=opts) as server:
-        where = server.info.container_id[:12] if server.info.container_id else f"pid {server.info.pid}"
+        info = server.info
+        where = f"container {info.container_id[:12]}, {info.image_digest}" if info.container_id else f"pid {info.pid}"
         typer.echo(f"ready: {server.url}  ({where}; log {server.log_path}); Ctrl-C stops it")
         while not server.died.wait(1.0):
             pass
