@@ -178,6 +178,11 @@ def test_failed_cells_and_no_telemetry_still_render(tmp_path):
     reasons = parsed.by_class["reason"]
     assert "client: connection refused" in reasons and "server exited with code 137" in reasons
     assert not (path / "figures" / "power.png").exists()
+    (path / "figures" / "power.png").write_bytes(PNG)  # left by an earlier report, before telemetry was lost
+    keep = path / "figures" / "notes.txt"
+    keep.write_text("mine")
+    build_report([path])
+    assert not (path / "figures" / "power.png").exists() and keep.read_text() == "mine"
     assert "13 planned (10 complete, 2 failed, 1 pending), 12 with a summary" in text
     assert "vllm-ar-gsm8k-c64" in "".join(parsed.by_class["fail"])  # unfinished cells are listed too
 

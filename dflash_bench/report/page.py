@@ -50,6 +50,10 @@ def build_report(sweep_dirs: list[Path], out: Path | None = None) -> Path:
     for view in views:
         pngs = figures.render_all(view)
         figs = {}
+        for name in figures.FIGURES:  # a figure this sweep no longer has must not linger from an earlier run
+            file = f"{view.slug}-{name}.png" if many else f"{name}.png"
+            if name not in pngs:
+                (fig_dir / file).unlink(missing_ok=True)
         for name, data in pngs.items():
             file = f"{view.slug}-{name}.png" if many else f"{name}.png"
             _write(fig_dir / file, data)
