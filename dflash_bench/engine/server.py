@@ -7,6 +7,7 @@ stats, or one JSON body), /v1/models, /health, /metrics (vLLM's counter names).
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import socket
 
@@ -39,7 +40,9 @@ def build_app(loop: EngineLoop, model_name: str) -> FastAPI:
     """The FastAPI app serving `loop`'s engine under `model_name`."""
     app = FastAPI(title="dflash-bench builtin engine")
     engine = loop.engine
-    tok = engine.tok
+    # A tokenizer of its own: HF fast tokenizers can fail ("Already borrowed") when one instance encodes on
+    # this thread while the engine thread decodes with it.
+    tok = copy.deepcopy(engine.tok)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_req, exc: RequestValidationError):
