@@ -69,8 +69,12 @@ def make_sweep(path: Path, *, sweep_id: str | None = None, engine: str = "vllm",
                                    "exact_match_rate": 31 / 32, "divergences": {"near_tie": 1}, "first_divergence": {"n": 1, "p50": 117},
                                    "examples": [{"ar_text": XSS, "dflash_text": XSS}]}
         if lossless:
-            s.extra["accuracy"] = {"status": "ok", "metric": "exact", "n": 32, "correct": 28, "accuracy": 0.875,
-                                   "ci_low": 0.719, "ci_high": 0.950, "checker": f"boxed {XSS}"}
+            s.extra["accuracy"] = {"status": "ok", "metric": "exact", "n": 32, "correct": 28 if cell.mode == "ar" else 27,
+                                   "accuracy": 28 / 32 if cell.mode == "ar" else 27 / 32, "ci_low": 0.719, "ci_high": 0.950,
+                                   "checker": f"boxed {XSS}"}
+            if cell.mode == "dflash":
+                s.extra["accuracy"]["vs_ar"] = {"n": 32, "ar_accuracy": 28 / 32, "dflash_accuracy": 27 / 32, "ar_minus_dflash": 1 / 32,
+                                                "ci_low": -0.05, "ci_high": 0.11, "both": 27, "only_ar": 1, "only_dflash": 0, "neither": 4}
         sweep.write_requests(cell.cell_id, [
             RequestRecord(request_id=f"{cell.cell_id}-{i}", prompt_id=f"{cell.suite}-{i}", t_send=0.1 * i, t_first_token=0.1 * i + 0.05,
                           t_end=0.1 * i + 2.0, output_tokens=512, output_text=f"{output_text} ({cell.mode} #{i})")

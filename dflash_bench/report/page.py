@@ -118,8 +118,7 @@ def _context(view: tables.SweepView, figs: dict[str, dict[str, str]]) -> dict[st
         "has_energy": "j_per_token" in view.done.columns and view.done["j_per_token"].notna().any(),
         "telemetry_note": m.telemetry or "; ".join(telemetry_off) or "no telemetry.csv in any cell",
         "failed": view.failed,
-        "quality": [(title, rows, _columns(rows)) for title, rows in
-                    (("Lossless: DFlash vs AR tokens at temperature 0", view.lossless), ("Task accuracy", view.accuracy)) if rows],
+        "quality": view.quality,
         "samples": view.samples,
         "command_line": shlex.join(m.command_line) if m.command_line else "",
         "manifest_blocks": [(k, _pretty(tables.redact(getattr(m, k)))) for k in
@@ -130,13 +129,6 @@ def _context(view: tables.SweepView, figs: dict[str, dict[str, str]]) -> dict[st
 
 def _present(value: Any) -> bool:
     return value is not None and not (isinstance(value, float) and math.isnan(value))
-
-
-def _columns(rows: list[dict[str, Any]]) -> list[str]:
-    cols: list[str] = []
-    for r in rows:
-        cols += [k for k in r if k not in cols]
-    return cols
 
 
 def _pretty(value: Any) -> str:

@@ -32,8 +32,7 @@ class SweepView:
     headline: pd.DataFrame  # analysis.headline
     gpus: int | None  # GPUs per server when the manifest says, else None ("per server")
     failed: list[dict[str, Any]] = field(default_factory=list)
-    lossless: list[dict[str, Any]] = field(default_factory=list)
-    accuracy: list[dict[str, Any]] = field(default_factory=list)
+    quality: list[dict[str, Any]] = field(default_factory=list)  # lossless check and accuracy per AR/DFlash pair
     samples: list[dict[str, Any]] = field(default_factory=list)
     power: dict[str, pd.DataFrame] = field(default_factory=dict)  # cell id -> t_s, power_w
     suite_rank: dict[str, int] = field(default_factory=dict)  # the plan's suite order (the user's --suites)
@@ -78,8 +77,7 @@ def _load_one(path: Path) -> SweepView:
         suite_rank=rank,
     )
     view.failed = failures(manifest, frame)
-    view.lossless = quality_rows(frame, "lossless", LOSSLESS_KEYS)
-    view.accuracy = quality_rows(frame, "accuracy", ACCURACY_KEYS)
+    view.quality = in_order(pd.DataFrame(quality_pairs(path)), rank).to_dict("records")
     view.samples = sample_outputs(sweep, in_order(frame, rank))
     for cid in analysis.complete(frame)["cell_id"] if not frame.empty else []:
         timeline = analysis.power_timeline(path, cid)
@@ -228,36 +226,41 @@ def failures(manifest: Manifest, frame: pd.DataFrame) -> list[dict[str, Any]]:
     return out
 
 
-LOSSLESS_KEYS = ("status", "ar_cell", "n", "identical", "exact_match_rate", "divergences", "in_accepted_draft",
-                 "at_target_token", "first_divergence", "not_compared")
-ACCURACY_KEYS = ("status", "metric", "checker", "n", "correct", "accuracy", "ci_low", "ci_high", "vs_ar")
+def quality_pairs(path: Path) -> list[dict[str, Any]]:
+    """One display row per DFlash cell that the quality checks annotated (quality.check.quality_rows):
+    exact-match rate of the lossless check, divergence kinds, first divergence, AR and DFlash accuracy."""
+    from dflash_bench.quality.check import quality_rows
 
-
-def quality_rows(frame: pd.DataFrame, key: str, keys: tuple[str, ...]) -> list[dict[str, Any]]:
-    """`extra[key]` of each complete cell that has it (lossless: DFlash vs AR tokens; accuracy: task score):
-    the known fields (any scalar field when none is known), nested values shortened to `k: v` text."""
-    if frame.empty or "extra" not in frame.columns:
-        return []
-    rows = []
-    for _, row in analysis.complete(frame).iterrows():
-        extra = parse_json(row.get("extra"))
-        data = extra.get(key) if isinstance(extra, dict) else None
-        if data is None:
+    out = []
+    for r in quality_rows(path):
+        lossless, acc, acc_ar = r.get("lossless") or {}, r.get("accuracy") or {}, r.get("accuracy_ar") or {}
+        if not (lossless or acc or acc_ar):
             continue
-        data = data if isinstance(data, dict) else {"value": data}
-        shown = [k for k in keys if k in data] or [k for k in data if not isinstance(data[k], list)]
-        out: dict[str, Any] = {"cell": row["cell_id"]}
-        out.update({k: _short(data[k]) for k in shown if data[k] not in (None, {}, [])})
-        rows.append(out)
-    return rows
+        kinds = lossless.get("divergences") or {}
+        out.append({
+            "engine": r["engine"], "suite": r["suite"], "concurrency": r["concurrency"], "repeat": r["repeat"],
+            "exact": (f"{lossless['exact_match_rate']:.1%} of {lossless.get('n')}" if lossless.get("exact_match_rate") is not None
+                      else lossless.get("status", "–")),
+            "divergences": ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())) or ("none" if lossless.get("n") else "–"),
+            "first": (lossless.get("first_divergence") or {}).get("p50"),
+            "acc_ar": _accuracy(acc_ar), "acc_dflash": _accuracy(acc), "diff": _paired(acc.get("vs_ar")),
+        })
+    return out
 
 
-def _short(value: Any) -> Any:
-    if isinstance(value, dict):
-        return ", ".join(f"{k}: {_short(v)}" for k, v in value.items() if not isinstance(v, (list, dict)))
-    if isinstance(value, float):
-        return round(value, 4)
-    return value if isinstance(value, (int, str, bool)) or value is None else json.dumps(value, default=str)[:200]
+def _accuracy(x: dict[str, Any]) -> str:
+    if not x:
+        return "–"
+    if x.get("accuracy") is None:
+        return str(x.get("status", "–"))
+    interval = f" [{x['ci_low']:.1%}, {x['ci_high']:.1%}]" if x.get("ci_low") is not None and x.get("ci_high") is not None else ""
+    return f"{x['accuracy']:.1%}{interval} n={x.get('n')}"
+
+
+def _paired(v: Any) -> str:
+    if not isinstance(v, dict) or not v.get("n") or v.get("ar_minus_dflash") is None:
+        return "–"
+    return f"{v['ar_minus_dflash']:+.1%} [{v['ci_low']:+.1%}, {v['ci_high']:+.1%}] n={v['n']}"
 
 
 def sample_outputs(sweep: SweepDir, frame: pd.DataFrame) -> list[dict[str, Any]]:
