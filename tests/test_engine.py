@@ -20,7 +20,7 @@ pytestmark = pytest.mark.engine
 B = 6
 
 
-@pytest.fixture(scope="module", params=["qwen3", "llama"])
+@pytest.fixture(scope="module", params=["qwen3", "llama", "gemma3"])
 def pair(request, tmp_path_factory):
     return make_tiny_pair(tmp_path_factory.mktemp(request.param), arch=request.param, seed=1, block_size=B)
 
@@ -86,6 +86,18 @@ def test_dflash_equals_ar_greedy_batched_and_single(engines):
         assert [ids(generate(df, [p], sp))[0] for p in ps] == ref
         assert all(len(o) == max_tokens for o in ref)
     assert df.stats.drafts > 0 and df.stats.draft_tokens == df.stats.drafts * (B - 1)
+
+
+def test_ar_engine_equals_transformers_generate(pair, engines):
+    from transformers import AutoModelForCausalLM
+
+    ar, _ = engines
+    ps = prompts(ar.tok, 3)
+    ours = ids(generate(ar, ps, SamplingParams(max_tokens=20, ignore_eos=True)))
+    hf = AutoModelForCausalLM.from_pretrained(str(pair[0]), dtype=torch.float64).eval()
+    for p, o in zip(ps, ours):
+        ref = hf.generate(torch.tensor([p]), max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=256)
+        assert ref[0, len(p):].tolist() == o
 
 
 def test_stops_at_eos_like_ar(engines):

@@ -84,7 +84,12 @@ def _target_config(arch: str, layers: int, hidden: int):
         from transformers import LlamaConfig
 
         return LlamaConfig(**common)
-    raise ValueError(f"unknown tiny architecture {arch!r}; use 'qwen3' or 'llama'")
+    if arch == "gemma3":  # sliding-window layers (window 8, shorter than most test prompts) and logit softcapping
+        from transformers import Gemma3TextConfig
+
+        common.pop("tie_word_embeddings")
+        return Gemma3TextConfig(**common, sliding_window=8, final_logit_softcapping=30.0, tie_word_embeddings=False)
+    raise ValueError(f"unknown tiny architecture {arch!r}; use 'qwen3', 'llama' or 'gemma3'")
 
 
 def drafter_config(target_cfg, *, layers: int, block_size: int, target_layer_ids: list[int]) -> dict:
@@ -115,7 +120,7 @@ def drafter_config(target_cfg, *, layers: int, block_size: int, target_layer_ids
 def make_tiny_pair(
     out_dir: str | os.PathLike,
     *,
-    arch: str = "qwen3",
+    arch: str = "qwen3",  # or "llama", "gemma3"
     seed: int = 0,
     block_size: int = 8,
     layers: int = 4,
