@@ -125,6 +125,7 @@ def run(
     warmup: bool = typer.Option(True, "--warmup/--no-warmup", help="Send --concurrency warm-up requests first (excluded from statistics)."),
     model: Optional[str] = typer.Option(None, "--model", help="Served model name (default: the first one in /v1/models)."),
     transport: str = typer.Option("auto", "--transport", help="HTTP client of the streaming loop: auto (raw for http://, aiohttp for https://), raw, aiohttp or httpx."),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="With --api generate: render this model's chat template (Hugging Face id or folder) before sending."),
 ) -> None:
     """Measure one running server on one suite at one concurrency and write it as a cell of a sweep folder."""
     from dflash_bench.client.run import run_one
@@ -132,7 +133,7 @@ def run(
     run_one(url=url, suite=suite, concurrency=concurrency, num_prompts=num_prompts, max_tokens=max_tokens,
             temperature=temperature, label=label, engine=engine, api=api, save_token_ids=save_token_ids,
             enable_thinking=thinking, out=out, name=name, data_dir=data_dir, seed=seed, request_rate=request_rate,
-            timeout=timeout, warmup=warmup, model=model, transport=transport)
+            timeout=timeout, warmup=warmup, model=model, transport=transport, tokenizer=tokenizer)
 
 
 @app.command()

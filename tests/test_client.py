@@ -160,3 +160,28 @@ def test_request_body_sends_temperature_thinking_and_logprobs():
     assert gen["sampling_params"] == {"max_new_tokens": 5, "temperature": 0.0} and gen["text"] == "x"
     plain = orjson.loads(build_body(RequestSettings(api="chat", model="m"), [{"role": "user", "content": "x"}]))
     assert "chat_template_kwargs" not in plain and "logprobs" not in plain
+
+
+def test_generate_renders_the_chat_template(tmp_path: Path):
+    pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tk = Tokenizer(models.WordLevel({"[UNK]": 0, "hi": 1}, unk_token="[UNK]"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="[UNK]")
+    fast.chat_template = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+                          "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    fast.save_pretrained(tmp_path / "tok")
+    import httpx
+
+    with EmulatorProcess(mode="dflash", ttft_ms=1, itl_ms=1, output_len=8) as em:
+        s = measure_cell(em.url, prompts(2), concurrency=1, cell_dir=cell(tmp_path), engine="sglang", api="generate",
+                         tokenizer=str(tmp_path / "tok"), warmup=False)
+        seen = [e["prompt"] for e in httpx.get(em.url + "/emulator/requests").json()]
+    assert s.num_ok == 2 and s.settings["prompt_rendering"].startswith("chat template of")
+    assert sorted(seen) == sorted(f"<|user|>{p.turns[0]}\n<|assistant|>" for p in prompts(2))
+    with pytest.raises(Exception, match="cannot load the tokenizer"):
+        with EmulatorProcess(mode="ar") as em:
+            measure_cell(em.url, prompts(1), concurrency=1, cell_dir=cell(tmp_path, "x"), api="generate",
+                         tokenizer=str(tmp_path / "missing"))

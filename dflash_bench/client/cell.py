@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import orjson
 
 from dflash_bench.client.loadgen import LoadGenerator, LoadSettings, ProgressFn
-from dflash_bench.client.protocol import APIS, RequestSettings
+from dflash_bench.client.protocol import APIS, RequestSettings, chat_renderer
 from dflash_bench.client.transport import Transport, make_transport
 from dflash_bench.errors import UserError
 from dflash_bench.metrics import prometheus
@@ -27,11 +27,14 @@ def measure_cell(url: str, prompts: Sequence, *, concurrency: int, cell_dir: Pat
                  temperature: float = 0.0, api: str = "chat", model: str | None = None,
                  save_token_ids: bool = False, enable_thinking: bool | None = None, warmup: bool = True,
                  request_rate: float | None = None, timeout: float | None = 600.0, seed: int = 0,
-                 transport: str = "auto", on_progress: ProgressFn | None = None, telemetry=None) -> CellSummary:
+                 transport: str = "auto", on_progress: ProgressFn | None = None, telemetry=None,
+                 tokenizer: str | None = None) -> CellSummary:
     """Measure `prompts` against the server at `url` at `concurrency`; write and return the cell summary.
 
     Raises UserError when the server cannot be reached at all; request failures during the cell are
-    recorded (with their reasons) and counted instead."""
+    recorded (with their reasons) and counted instead. With api="generate" (SGLang native), `tokenizer`
+    (a Hugging Face id or folder) renders the model's chat template on the client; without it the raw
+    prompt text is sent and the summary's settings say so."""
     return asyncio.run(measure_cell_async(**{k: v for k, v in locals().items()}))
 
 
@@ -40,7 +43,8 @@ async def measure_cell_async(url: str, prompts: Sequence, *, concurrency: int, c
                              temperature: float = 0.0, api: str = "chat", model: str | None = None,
                              save_token_ids: bool = False, enable_thinking: bool | None = None, warmup: bool = True,
                              request_rate: float | None = None, timeout: float | None = 600.0, seed: int = 0,
-                             transport: str = "auto", on_progress: ProgressFn | None = None, telemetry=None) -> CellSummary:
+                             transport: str = "auto", on_progress: ProgressFn | None = None, telemetry=None,
+                             tokenizer: str | None = None) -> CellSummary:
     if api not in APIS:
         raise UserError(f"unknown api {api!r}; choose one of {', '.join(APIS)}")
     if concurrency < 1:
@@ -56,8 +60,16 @@ async def measure_cell_async(url: str, prompts: Sequence, *, concurrency: int, c
     snaps: dict[str, Any] = {"url": url.rstrip("/") + "/metrics"}
     try:
         settings["model"] = model or await _served_model(tr, url, api)
+        render = None
+        if api == "generate":
+            settings["prompt_rendering"] = f"chat template of {tokenizer}" if tokenizer else "raw text (no chat template)"
+            if tokenizer:
+                try:
+                    render = chat_renderer(tokenizer, enable_thinking)
+                except ValueError as err:
+                    raise UserError(str(err)) from None
         req = RequestSettings(api=api, model=settings["model"] or "", max_tokens=max_tokens, temperature=temperature,
-                              save_token_ids=save_token_ids, enable_thinking=enable_thinking)
+                              save_token_ids=save_token_ids, enable_thinking=enable_thinking, render=render)
         load = LoadSettings(concurrency=concurrency, request_rate=request_rate, warmup=warmup, timeout=timeout, seed=seed)
 
         async def before() -> None:

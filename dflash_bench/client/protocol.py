@@ -11,7 +11,7 @@ the arrival time of the network read that carried it, and keeps only what the me
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import orjson
 
@@ -28,6 +28,7 @@ class RequestSettings:
     save_token_ids: bool = False
     enable_thinking: bool | None = None  # sent as chat_template_kwargs.enable_thinking when set
     seed: int | None = None
+    render: Callable[[list[dict[str, str]]], str] | None = None  # /generate: messages -> prompt text
 
 
 def build_body(s: RequestSettings, messages: list[dict[str, str]], max_tokens: int | None = None) -> bytes:
@@ -37,7 +38,8 @@ def build_body(s: RequestSettings, messages: list[dict[str, str]], max_tokens: i
         sp: dict[str, Any] = {"max_new_tokens": mt, "temperature": s.temperature}
         if s.seed is not None:
             sp["sampling_seed"] = s.seed
-        body: dict[str, Any] = {"text": _flatten(messages), "sampling_params": sp, "stream": True}
+        text = s.render(messages) if s.render is not None else _flatten(messages)
+        body: dict[str, Any] = {"text": text, "sampling_params": sp, "stream": True}
         if s.save_token_ids:
             body.update(return_logprob=True, top_logprobs_num=2)
         return orjson.dumps(body)
@@ -59,8 +61,30 @@ def build_body(s: RequestSettings, messages: list[dict[str, str]], max_tokens: i
 
 
 def _flatten(messages: list[dict[str, str]]) -> str:
-    """Raw-text protocols get the last user turn (single-turn suites; the server applies no template)."""
+    """Raw-text protocols without a renderer get the last user turn (the server applies no template)."""
     return messages[-1]["content"]
+
+
+def chat_renderer(tokenizer: str, enable_thinking: bool | None) -> Callable[[list[dict[str, str]]], str]:
+    """The model's own chat template (transformers, tokenizer files only: no torch), for SGLang /generate,
+    which takes text the client has already templated. Raises ValueError with a sentence when it cannot."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise ValueError("rendering the chat template for --api generate needs transformers "
+                         "(pip install transformers), or use --api chat") from None
+    try:
+        tok = AutoTokenizer.from_pretrained(tokenizer)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"cannot load the tokenizer {tokenizer!r}: {str(err).splitlines()[0][:160]}") from None
+    if not getattr(tok, "chat_template", None):
+        raise ValueError(f"the tokenizer {tokenizer!r} has no chat template")
+    kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+
+    def render(messages: list[dict[str, str]]) -> str:
+        return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
+
+    return render
 
 
 def _tok_id(token: str) -> int:

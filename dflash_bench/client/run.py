@@ -14,7 +14,7 @@ from dflash_bench.store import CellPlan, CellSummary, Manifest, SweepDir, cell_i
 def run_one(*, url: str, suite: str, concurrency: int, num_prompts: int | None, max_tokens: int, temperature: float,
             label: str, engine: str, api: str, save_token_ids: bool, enable_thinking: bool | None, out: Path,
             name: str | None, data_dir: Path | None, seed: int, request_rate: float | None, timeout: float,
-            warmup: bool, model: str | None, transport: str, quiet: bool = False) -> Path:
+            warmup: bool, model: str | None, transport: str, tokenizer: str | None = None, quiet: bool = False) -> Path:
     """Load the prompts, measure the cell into `<out>/<name>/cells/<cell-id>/`, print a summary; return the cell dir."""
     from dflash_bench.client.cell import measure_cell
     from dflash_bench.suites import load_prompts
@@ -36,7 +36,7 @@ def run_one(*, url: str, suite: str, concurrency: int, num_prompts: int | None, 
                                          max_tokens=max_tokens, temperature=temperature, api=api, model=model,
                                          save_token_ids=save_token_ids, enable_thinking=enable_thinking,
                                          warmup=warmup, request_rate=request_rate, timeout=timeout, seed=seed,
-                                         transport=transport)
+                                         transport=transport, tokenizer=tokenizer)
     except (UserError, KeyboardInterrupt) as err:
         plan.status, plan.reason = "failed", str(err) or "interrupted"
         manifest.status = "failed" if isinstance(err, UserError) else "interrupted"
