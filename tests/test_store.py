@@ -94,3 +94,11 @@ def test_atomic_write_survives_a_kill(tmp_path):
     text = target.read_text()
     assert text == "old" * 1000 or (len(text) == 3_000_000 and len(set(text)) == 1)
     assert [p.name for p in tmp_path.iterdir() if p.name != "f.txt" and not p.name.endswith(".tmp")] == []
+
+
+def test_atomic_writes_have_ordinary_permissions(tmp_path):
+    """mkstemp makes private files; written results must read like any other file (umask applies)."""
+    from dflash_bench import store
+
+    atomic_write_text(tmp_path / "a.json", "{}")
+    assert (tmp_path / "a.json").stat().st_mode & 0o777 == 0o666 & ~store._UMASK

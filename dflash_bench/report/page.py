@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import json
 import math
-import os
 import shlex
 from datetime import datetime, timezone
 from pathlib import Path
@@ -68,9 +67,7 @@ def build_report(sweep_dirs: list[Path], out: Path | None = None) -> Path:
 
 
 def _write(path: Path, data: bytes) -> None:
-    """Atomic, and readable by others like any report (the temporary file starts private)."""
     atomic_write_bytes(path, data)
-    os.chmod(path, 0o644)
 
 
 def _out_path(first: Path, out: Path | None) -> Path:

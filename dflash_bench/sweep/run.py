@@ -41,6 +41,7 @@ def run_sweep(settings: SweepSettings, *, out: Path, resume: Path | None = None,
     pair = models.resolve(settings.model, drafter=settings.engine_options.get("drafter"))
     if resume is not None:  # refuse a mismatched resume before touching any dataset
         sweep, manifest = _open(settings, out, resume, pair, argv or sys.argv)
+        _stop_leftovers(manifest.sweep_id)
         prompts = _prompt_loader(settings, data_dir)
     else:  # a missing dataset fails before a sweep folder exists
         prompts = _prompt_loader(settings, data_dir)
@@ -192,6 +193,17 @@ def _close(sweep: SweepDir, manifest: Manifest, result: SweepResult) -> None:
                        else "failed" if result.failed else "complete")
     sweep.write_manifest(manifest)
     sweep.write_results_csv()
+
+
+def _stop_leftovers(sweep_id: str) -> None:
+    """Servers a killed run of this sweep left behind still hold ports and GPU memory: stop them first."""
+    from dflash_bench.launch import docker, process
+
+    process.stop_leftovers()  # process servers whose harness is gone
+    try:
+        docker.stop_leftovers(False, sweep_id)
+    except UserError:
+        pass  # no docker daemon: no containers to stop
 
 
 def _sweep_id(model: str, engines: list[str]) -> str:
