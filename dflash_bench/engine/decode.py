@@ -142,26 +142,31 @@ class Engine:
                 st.accepted_per_pos[i] += 1
 
     def _commit(self, s: Seq, tokens: list[int], logits: torch.Tensor) -> Delta:
-        """Append new tokens, stopping at EOS, stop ids, stop strings or max_tokens."""
-        p, taken = s.params, 0
-        for tok in tokens:
-            s.out.append(tok)
-            taken += 1
-            n = len(s.out)
-            special = tok in self.eos_ids and not p.ignore_eos or tok in p.stop_token_ids
-            if special and n > p.min_tokens:
-                s.finish = "stop"
-            elif s.detok.add(tok) and n > p.min_tokens:
-                s.finish = "stop"
-            elif n >= p.max_tokens:
-                s.finish = "length"
-            if s.finish:
+        """Append a step's tokens, stopping at EOS, stop ids, max_tokens or stop strings."""
+        p, base = s.params, len(s.out)
+        finish = None
+        for i, tok in enumerate(tokens):  # cheap id checks first
+            n = base + i + 1
+            if (tok in self.eos_ids and not p.ignore_eos or tok in p.stop_token_ids) and n > p.min_tokens:
+                tokens, finish = tokens[: i + 1], "stop"
                 break
-        if s.finish:
+            if n >= p.max_tokens:
+                tokens, finish = tokens[: i + 1], "length"
+                break
+        if s.detok.stop:  # stop strings need the text after every token
+            for i, tok in enumerate(tokens):
+                if s.detok.add([tok]):
+                    tokens, finish = tokens[: i + 1], "stop"
+                    break
+        else:
+            s.detok.add(tokens)
+        s.out.extend(tokens)
+        s.finish = finish
+        if finish:
             s.detok.flush()
-        self.stats.generation_tokens += taken
-        lps = _logprobs(logits[:taken], tokens[:taken], p.logprobs) if p.logprobs is not None else None
-        return Delta(s.req_id, tokens[:taken], s.detok.delta(s.finish is not None), len(s.prompt), len(s.out), s.finish, lps,
+        self.stats.generation_tokens += len(tokens)
+        lps = _logprobs(logits[: len(tokens)], tokens, p.logprobs) if p.logprobs is not None else None
+        return Delta(s.req_id, tokens, s.detok.delta(finish is not None), len(s.prompt), len(s.out), finish, lps,
                      s.steps, s.accepted)
 
     def release(self, s: Seq) -> None:

@@ -20,9 +20,9 @@ class Detokenizer:
     def _decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=True)
 
-    def add(self, token: int) -> bool:
-        """Append one token; True when a stop string appeared (the text is then cut before it)."""
-        self.ids.append(token)
+    def add(self, tokens: list[int]) -> bool:
+        """Append tokens; True when a stop string appeared (the text is then cut before it)."""
+        self.ids.extend(tokens)
         before = self._decode(self.ids[self.prefix : self.read])
         after = self._decode(self.ids[self.prefix :])
         if len(after) > len(before) and not after.endswith("\ufffd"):
