@@ -59,6 +59,8 @@ def build_engine(model: str, draft: str | None = None, *, mode: str = "dflash", 
         raise UserError(f"device {device!r} was asked for but no CUDA GPU is available; use --device cpu")
     if device == "cpu":
         torch.set_num_threads(threads or 1)
+    else:  # cuDNN attention plans a kernel per new shape; the KV length changes every step
+        torch.backends.cuda.enable_cudnn_sdp(False)
     dt = resolve_dtype(dtype, device)
     tok = tokenizer or load_tokenizer(model)
     target = Target(model, dtype=dt, device=device, max_slots=max_slots, max_len=max_len)
