@@ -158,8 +158,10 @@ def test_run_unreachable_server_is_one_sentence(tmp_path: Path, data_dir: Path):
     assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
 
 
-def test_run_refuses_bad_label(tmp_path: Path, data_dir: Path):
-    cmd = [sys.executable, "-m", "dflash_bench", "run", "--url", "http://127.0.0.1:9", "--suite", "gsm8k",
-           "--label", "fast", "--out", str(tmp_path), "--data-dir", str(data_dir)]
+@pytest.mark.parametrize("args,says", [(["--label", "fast"], "--label must be"), (["--engine", "trt"], "--engine must be"),
+                                       (["--transport", "curl"], "unknown transport"), (["--api", "grpc"], "unknown api")])
+def test_run_refuses_bad_options_in_one_sentence(tmp_path: Path, data_dir: Path, args: list[str], says: str):
+    cmd = [sys.executable, "-m", "dflash_bench", "run", "--url", "http://127.0.0.1:9", "--suite", "gsm8k", "-n", "1",
+           "--out", str(tmp_path), "--data-dir", str(data_dir), *args]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    assert res.returncode == 2 and "--label must be" in res.stderr
+    assert res.returncode == 2 and says in res.stderr and "Traceback" not in res.stderr

@@ -14,7 +14,7 @@ import orjson
 
 from dflash_bench.client.loadgen import LoadGenerator, LoadSettings, ProgressFn
 from dflash_bench.client.protocol import APIS, RequestSettings, chat_renderer
-from dflash_bench.client.transport import Transport, make_transport
+from dflash_bench.client.transport import TRANSPORTS, Transport, make_transport
 from dflash_bench.errors import UserError
 from dflash_bench.metrics import prometheus
 from dflash_bench.metrics.acceptance import cell_acceptance
@@ -47,6 +47,8 @@ async def measure_cell_async(url: str, prompts: Sequence, *, concurrency: int, c
                              tokenizer: str | None = None) -> CellSummary:
     if api not in APIS:
         raise UserError(f"unknown api {api!r}; choose one of {', '.join(APIS)}")
+    if transport not in TRANSPORTS:
+        raise UserError(f"unknown transport {transport!r}; choose one of {', '.join(TRANSPORTS)}")
     if concurrency < 1:
         raise UserError("concurrency must be at least 1")
     if not prompts:

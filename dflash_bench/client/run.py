@@ -10,6 +10,8 @@ from pathlib import Path
 from dflash_bench.errors import UserError
 from dflash_bench.store import CellPlan, CellSummary, Manifest, SweepDir, cell_id
 
+ENGINES = ("vllm", "sglang", "builtin", "emulator")  # how acceptance is read: see metrics/acceptance.py
+
 
 def run_one(*, url: str, suite: str, concurrency: int, num_prompts: int | None, max_tokens: int, temperature: float,
             label: str, engine: str, api: str, save_token_ids: bool, enable_thinking: bool | None, out: Path,
@@ -21,6 +23,8 @@ def run_one(*, url: str, suite: str, concurrency: int, num_prompts: int | None, 
 
     if label not in ("ar", "dflash"):
         raise UserError(f"--label must be 'ar' or 'dflash', not {label!r}")
+    if engine not in ENGINES:
+        raise UserError(f"--engine must be one of {', '.join(ENGINES)}, not {engine!r}")
     if not url.startswith(("http://", "https://")):
         raise UserError(f"--url must start with http:// or https:// (got {url!r})")
     prompts = load_prompts(suite, data_dir=data_dir, num_prompts=num_prompts, seed=seed)
