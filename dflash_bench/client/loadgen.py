@@ -81,11 +81,12 @@ class LoadGenerator:
     def _record(self, st: Stream, prompt_id: str, turn: int, warmup: bool, t_send: float, t_end: float) -> RequestRecord:
         t0 = self.t0
         self._seq += 1
-        rel = lambda t: None if t is None else t - t0  # noqa: E731
+        # microseconds are finer than anything measured here and halve requests.jsonl
+        rel = lambda t: None if t is None else round(t - t0, 6)  # noqa: E731
         return RequestRecord(
             request_id=f"{'w' if warmup else 'r'}{self._seq}", prompt_id=prompt_id, turn=turn, warmup=warmup,
-            t_send=t_send - t0, t_first_byte=rel(st.t_first_byte), t_first_token=rel(st.t_first_token),
-            t_end=t_end - t0, chunk_times=[t - t0 for t in st.times], chunk_tokens=st.tokens,
+            t_send=rel(t_send), t_first_byte=rel(st.t_first_byte), t_first_token=rel(st.t_first_token),
+            t_end=rel(t_end), chunk_times=[round(t - t0, 6) for t in st.times], chunk_tokens=st.tokens,
             prompt_tokens=st.prompt_tokens, output_tokens=st.output_tokens, finish_reason=st.finish,
             error=st.error, spec_verify_ct=st.spec_steps, spec_accepted_tokens=st.spec_accepted,
             output_text=st.output_text(), token_ids=st.ids, top_logprobs=st.tops)
