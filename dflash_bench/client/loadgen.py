@@ -16,7 +16,7 @@ from dflash_bench.client.protocol import PATHS, RequestSettings, Stream, build_b
 from dflash_bench.client.transport import Transport, with_timeout
 from dflash_bench.store import RequestRecord
 
-ProgressFn = Callable[[int, int, int, float], None]  # (requests done, requests total, output tokens, elapsed s)
+ProgressFn = Callable[[int, int, int, float], None]  # (requests done, total, output tokens, s since measuring began)
 
 
 @dataclass
@@ -53,6 +53,7 @@ class LoadGenerator:
         self._done = 0
         self._tokens = 0
         self._total = 0
+        self._t_start = self.t0  # reset when the measured window starts (progress tok/s excludes warm-up)
 
     async def one(self, prompt_id: str, turn: int, messages: list[dict], warmup: bool,
                   max_tokens: int | None = None) -> Stream:
@@ -75,7 +76,7 @@ class LoadGenerator:
             if st.error is None:
                 self._tokens += st.output_tokens or 0
             if self.on_progress:
-                self.on_progress(self._done, self._total, self._tokens, time.perf_counter() - self.t0)
+                self.on_progress(self._done, self._total, self._tokens, time.perf_counter() - self._t_start)
         return st
 
     def _record(self, st: Stream, prompt_id: str, turn: int, warmup: bool, t_send: float, t_end: float) -> RequestRecord:
@@ -111,7 +112,7 @@ class LoadGenerator:
                                    for i, p in enumerate(warm)))
         if self.between is not None:
             await self.between()
-        t_start = time.perf_counter()
+        t_start = self._t_start = time.perf_counter()
         if self.load.request_rate:
             await self._open_loop(prompts)
         else:
