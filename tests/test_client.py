@@ -185,3 +185,13 @@ def test_generate_renders_the_chat_template(tmp_path: Path):
         with EmulatorProcess(mode="ar") as em:
             measure_cell(em.url, prompts(1), concurrency=1, cell_dir=cell(tmp_path, "x"), api="generate",
                          tokenizer=str(tmp_path / "missing"))
+
+
+def test_progress_reports_measured_requests_and_tokens(tmp_path: Path):
+    calls = []
+    with EmulatorProcess(mode="ar", ttft_ms=1, itl_ms=1, output_len=8) as em:
+        s = measure_cell(em.url, prompts(6), concurrency=2, cell_dir=cell(tmp_path),
+                         on_progress=lambda *a: calls.append(a))
+    assert [c[0] for c in calls] == list(range(1, 7)) and all(c[1] == 6 for c in calls)  # warm-ups not counted
+    assert calls[-1][2] == s.total_output_tokens
+    assert all(b[3] >= a[3] >= 0 for a, b in zip(calls, calls[1:]))
