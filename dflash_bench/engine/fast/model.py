@@ -1,0 +1,190 @@
+"""A fused Qwen3/Llama forward over a static slot KV cache (the fast path's target).
+
+Weights come from a loaded Hugging Face model (q/k/v and gate/up concatenated once; everything else shared
+by reference). The cache is `[slots, max_len, kv_heads, head_dim]` per layer and a batch of `bs` rows always
+covers slots `row0 .. row0 + bs - 1`, so attention reads `cache[row0:row0 + bs, :L]`, a view (no gather),
+with an additive mask built once per step from each row's start.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF's RMSNorm: normalise in float32, cast back, then scale."""
+    return w * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """NeoX (rotate-half) RoPE on x `[bs, n, heads, hd]` with cos/sin `[bs, n, 1, hd]`."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+def silu_mul(gu: torch.Tensor) -> torch.Tensor:
+    g, u = gu.chunk(2, dim=-1)
+    return F.silu(g) * u
+
+
+def step_mask(starts: torch.Tensor, q_len: int, L: int, rep: int, dtype, *, causal: bool,
+              window: int | None = None) -> torch.Tensor:
+    """Additive mask `[bs, 1, rep * q_len, L]` for grouped queries (row r is query r % q_len of its group).
+
+    Query j of row b sits at `starts[b] + j`. Causal: keys at positions <= its own. Non-causal (the DFlash
+    block): every key below `starts[b] + q_len`. A window also hides keys `window` or more positions away.
+    """
+    qpos = starts[:, None] + torch.arange(q_len, device=starts.device)  # [bs, q]
+    kpos = torch.arange(L, device=starts.device)[None, None, :]
+    d = qpos[:, :, None] - kpos
+    vis = d >= 0 if causal else (kpos < (starts + q_len)[:, None, None]).expand_as(d)
+    if window is not None:
+        vis = vis & (d.abs() < window)
+    m = torch.zeros(vis.shape, dtype=dtype, device=starts.device).masked_fill(~vis, float("-inf"))
+    return m.repeat(1, rep, 1)[:, None]
+
+
+def attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """q `[bs, n, H, hd]` over cache views `[bs, L, Hkv, hd]` -> `[bs, n, H * hd]`.
+
+    The H / Hkv query heads that share a KV head are stacked along the query axis, so SDPA sees plain
+    multi-head attention (no KV repeat) and each KV byte is read once per step.
+    """
+    bs, n, H, hd = q.shape
+    hkv = kc.shape[2]
+    rep = H // hkv
+    qg = q.view(bs, n, hkv, rep, hd).permute(0, 2, 3, 1, 4).reshape(bs, hkv, rep * n, hd)
+    o = F.scaled_dot_product_attention(qg, kc.transpose(1, 2), vc.transpose(1, 2), attn_mask=mask, scale=scale)
+    return o.view(bs, hkv, rep, n, hd).permute(0, 3, 1, 2, 4).reshape(bs, n, H * hd)
+
+
+@dataclass
+class Layer:
+    wqkv: torch.Tensor
+    bqkv: torch.Tensor | None
+    wo: torch.Tensor
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    ln1: torch.Tensor
+    ln2: torch.Tensor
+    w13: torch.Tensor
+    w2: torch.Tensor
+
+
+class KVCache:
+    """Per-layer K/V `[slots, max_len, kv_heads, hd]`; batch row i of a step at `row0` is slot `row0 + i`."""
+
+    def __init__(self, layers: int, slots: int, max_len: int, kv_heads: int, hd: int, dtype, device):
+        shape = (slots, max_len, kv_heads, hd)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.slots, self.max_len = slots, max_len
+
+    def write(self, i: int, row0: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        rows = torch.arange(row0, row0 + pos.shape[0], device=pos.device)[:, None].expand_as(pos)
+        self.k[i].index_put_((rows, pos), k)
+        self.v[i].index_put_((rows, pos), v)
+
+    def view(self, i: int, row0: int, bs: int, L: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.k[i][row0:row0 + bs, :L], self.v[i][row0:row0 + bs, :L]
+
+
+def _linear_weight(m: nn.Linear) -> torch.Tensor:
+    return m.weight.detach()
+
+
+class FastTarget:
+    """The target's forward with fused projections over a `KVCache`; taps the outputs of `tap_layers`."""
+
+    def __init__(self, hf_model: nn.Module, *, max_slots: int, max_len: int):
+        cfg = hf_model.config.get_text_config()
+        inner = hf_model.model
+        self.n_layers = cfg.num_hidden_layers
+        self.H = cfg.num_attention_heads
+        self.hkv = getattr(cfg, "num_key_value_heads", None) or self.H
+        self.hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.H
+        self.eps = cfg.rms_norm_eps
+        self.hidden_size = cfg.hidden_size
+        self.embed = inner.embed_tokens.weight.detach()
+        self.norm = inner.norm.weight.detach()
+        self.head = hf_model.get_output_embeddings().weight.detach()
+        self.vocab_size = self.head.shape[0]
+        self.dtype, self.device = self.embed.dtype, self.embed.device
+        rot = inner.rotary_emb
+        self.inv_freq = rot.inv_freq.detach().float()
+        self.rope_scale = float(getattr(rot, "attention_scaling", 1.0))
+        self.layers = [self._fuse(layer) for layer in inner.layers]
+        self.scale = float(getattr(inner.layers[0].self_attn, "scaling", self.hd ** -0.5))
+        self.cache = KVCache(self.n_layers, max_slots, max_len, self.hkv, self.hd, self.dtype, self.device)
+        self.max_len = max_len
+        self.taps: list[int] = []
+
+    def _fuse(self, layer) -> Layer:
+        a, m = layer.self_attn, layer.mlp
+        projs = (a.q_proj, a.k_proj, a.v_proj)
+        bias = None
+        if a.q_proj.bias is not None:
+            bias = torch.cat([p.bias.detach() for p in projs])
+        qn, kn = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
+        return Layer(
+            wqkv=torch.cat([_linear_weight(p) for p in projs]),
+            bqkv=bias,
+            wo=_linear_weight(a.o_proj),
+            q_norm=None if qn is None else qn.weight.detach(),
+            k_norm=None if kn is None else kn.weight.detach(),
+            ln1=layer.input_layernorm.weight.detach(),
+            ln2=layer.post_attention_layernorm.weight.detach(),
+            w13=torch.cat([_linear_weight(m.gate_proj), _linear_weight(m.up_proj)]),
+            w2=_linear_weight(m.down_proj),
+        )
+
+    def weight_bytes(self) -> int:
+        """Bytes one decode step must read: every weight but the embedding table (one row of it is read)."""
+        n = self.norm.numel() + self.head.numel()
+        for ly in self.layers:
+            n += sum(t.numel() for t in (ly.wqkv, ly.wo, ly.ln1, ly.ln2, ly.w13, ly.w2) if t is not None)
+            n += sum(t.numel() for t in (ly.bqkv, ly.q_norm, ly.k_norm) if t is not None)
+        return n * self.embed.element_size()
+
+    def rope_cos_sin(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        f = pos.float()[..., None] * self.inv_freq
+        emb = torch.cat((f, f), dim=-1)
+        cos = (emb.cos() * self.rope_scale).to(self.dtype)
+        sin = (emb.sin() * self.rope_scale).to(self.dtype)
+        return cos[..., None, :], sin[..., None, :]
+
+    def forward(self, ids: torch.Tensor, starts: torch.Tensor, row0: int, L: int, *, last_only: bool = False):
+        """Run ids `[bs, n]` at positions `starts[b] + j` in slots `row0..row0+bs-1`, attending to `[0, L)`.
+
+        Returns (logits `[bs, n or 1, V]`, tapped features `[bs, n, K * hidden]` or None).
+        """
+        bs, n = ids.shape
+        pos = starts[:, None] + torch.arange(n, device=ids.device)
+        cos, sin = self.rope_cos_sin(pos)
+        mask = step_mask(starts, n, L, self.H // self.hkv, self.dtype, causal=True)
+        h = F.embedding(ids, self.embed)
+        feats = []
+        H, hkv, hd = self.H, self.hkv, self.hd
+        for i, ly in enumerate(self.layers):
+            x = rms_norm(h, ly.ln1, self.eps)
+            qkv = F.linear(x, ly.wqkv, ly.bqkv)
+            q, k, v = qkv.split([H * hd, hkv * hd, hkv * hd], dim=-1)
+            q, k, v = q.view(bs, n, H, hd), k.view(bs, n, hkv, hd), v.view(bs, n, hkv, hd)
+            if ly.q_norm is not None:
+                q, k = rms_norm(q, ly.q_norm, self.eps), rms_norm(k, ly.k_norm, self.eps)
+            q, k = rope(q, cos, sin), rope(k, cos, sin)
+            self.cache.write(i, row0, pos, k, v)
+            kc, vc = self.cache.view(i, row0, bs, L)
+            h = h + F.linear(attention(q, kc, vc, mask, self.scale), ly.wo)
+            h = h + F.linear(silu_mul(F.linear(rms_norm(h, ly.ln2, self.eps), ly.w13)), ly.w2)
+            if i in self.taps:
+                feats.append(h)
+        if last_only:
+            h = h[:, -1:]
+        logits = F.linear(rms_norm(h, self.norm, self.eps), self.head)
+        by_layer = dict(zip([i for i in range(self.n_layers) if i in self.taps], feats))
+        return logits, (torch.cat([by_layer[i] for i in self.taps], -1) if self.taps else None)

@@ -1,0 +1,249 @@
+"""Fixed-shape steps on device-resident state, captured as CUDA graphs per (batch bucket, KV-length bucket).
+
+State lives on the device, one entry per slot: `start` (anchor position = committed KV length), `anchor`
+(the last committed token), `prev` (where the last verify's features sit) and `pending` (those features).
+A DFlash step is: draft graph (context K/V of the pending features, then the block), verify graph (target
+over `[anchor, drafts]`, greedy acceptance, new features), then a few eager ops that commit the step and one
+device-to-host copy. Graphs only read state and write their outputs, so the warm-up run before capture and a
+replay compute the same thing. Rows of a bucket past the last running slot are padding: their results are
+discarded and `active` keeps their state still.
+
+Synthetic acceptance (benchmarks only): the verifier accepts a drawn number of drafts instead of comparing
+them with the target, each position with probability a, leading run kept, so that E[tokens per step] = tau.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+import torch
+
+from dflash_bench.engine.fast.draft import FastDrafter
+from dflash_bench.engine.fast.model import FastTarget
+
+
+def synthetic_rate(tau: float, block_size: int) -> float:
+    """The per-position acceptance a with 1 + sum_{k=1}^{B-1} a^k = tau (bisection)."""
+    if not 1.0 <= tau <= block_size:
+        raise ValueError(f"synthetic acceptance length must lie in [1, {block_size}], got {tau}")
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if 1 + sum(mid**k for k in range(1, block_size)) < tau:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def buckets(max_slots: int) -> list[int]:
+    out, b = [], 1
+    while b < max_slots:
+        out.append(b)
+        b *= 2
+    return out + [max_slots]
+
+
+class FastRunner:
+    """Greedy AR (no drafter) or DFlash (with a drafter) decoding on the fast path."""
+
+    def __init__(self, target: FastTarget, drafter: FastDrafter | None = None, *, graphs: bool | None = None,
+                 kv_block: int = 256, synthetic_tau: float | None = None, seed: int = 0):
+        self.t, self.d = target, drafter
+        self.B = drafter.B if drafter else 1
+        self.S, self.max_len = target.cache.slots, target.max_len
+        dev = self.dev = target.device
+        self.graphs_on = dev.type == "cuda" if graphs is None else graphs
+        self.kv_block, self.sizes = kv_block, buckets(self.S)
+        long = dict(dtype=torch.long, device=dev)
+        self.start, self.prev, self.anchor = (torch.zeros(self.S, **long) for _ in range(3))
+        self.active = torch.zeros(self.S, **long)
+        self.post = torch.zeros(self.S, self.B, **long)
+        self.drafts = torch.zeros(self.S, max(self.B - 1, 1), **long)
+        self.acc = torch.zeros(self.S, **long)
+        self.synth_acc = torch.zeros(self.S, **long)
+        self.pending = None
+        if drafter:
+            target.taps = list(drafter.c.target_layer_ids)
+            width = len(target.taps) * target.hidden_size
+            self.pending = torch.zeros(self.S, self.B, width, dtype=target.dtype, device=dev)
+        self.synthetic_tau = synthetic_tau
+        self.rate = synthetic_rate(synthetic_tau, self.B) if synthetic_tau is not None else None
+        self.rng = random.Random(seed)
+        self.host_start: dict[int, int] = {}
+        self.graphs: dict[tuple, object] = {}
+        self.pool = torch.cuda.graph_pool_handle() if self.graphs_on else None
+        self.steps = self.accepted = self.row_steps = 0  # steps; accepted drafts and verifies summed over rows
+        self.timings: list[tuple] = []  # (draft start, draft end / verify start, verify end) when timing
+        self.timing = False
+
+    # ---- requests -------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def add(self, slot: int, prompt: list[int]) -> int:
+        """Prefill `prompt` into `slot` (eager); returns the first generated token."""
+        ids = torch.tensor([prompt], dtype=torch.long, device=self.dev)
+        zero = torch.zeros(1, dtype=torch.long, device=self.dev)
+        logits, feats = self.t.forward(ids, zero, slot, len(prompt), last_only=True)
+        if self.d:
+            pos = torch.arange(len(prompt), device=self.dev)[None]
+            self.d.write_context(feats, pos, slot)
+        tok = logits[0, -1].argmax()
+        n = len(prompt)
+        self.start[slot] = n
+        self.prev[slot] = n
+        self.anchor[slot] = tok
+        self.active[slot] = 1
+        self.host_start[slot] = n
+        return int(tok)
+
+    def release(self, slot: int) -> None:
+        """Free the slot; as padding it then writes at positions 0..B-1 of its own row, never past the cache."""
+        self.active[slot] = 0
+        self.start[slot] = 0
+        self.prev[slot] = 0
+        self.host_start.pop(slot, None)
+
+    # ---- one step for every running slot ------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self, slots: list[int]) -> dict[int, list[int]]:
+        """Advance every slot in `slots` by one verify (DFlash) or one token (AR); returns the new tokens."""
+        hi = max(slots) + 1
+        bs = next(b for b in self.sizes if b >= hi)
+        need = max(self.host_start[s] for s in slots) + self.B
+        if need > self.max_len:
+            raise ValueError(f"a sequence would pass the cache length {self.max_len}")
+        L = min(self.max_len, -(-need // self.kv_block) * self.kv_block)
+        if self.B == 1:
+            return self._step_ar(slots, bs, L)
+        return self._step_dflash(slots, bs, L)
+
+    def _step_ar(self, slots, bs, L):
+        t0 = self._mark()
+        self._run(("ar", bs, L), lambda: self._ar(bs, L))
+        t1 = self._mark()
+        self.start[:bs] += self.active[:bs]
+        self.anchor[:bs] = self.post[:bs, 0]
+        got = self.post[:bs, 0].tolist()
+        if self.timing:
+            self.timings.append((t0, t0, t1))
+        out = {}
+        for s in slots:
+            self.host_start[s] += 1
+            out[s] = [got[s]]
+        self.steps += 1
+        self.row_steps += len(slots)
+        return out
+
+    def _step_dflash(self, slots, bs, L):
+        if self.rate is not None:
+            draws = [self._draw() for _ in range(bs)]
+            self.synth_acc[:bs].copy_(torch.tensor(draws, dtype=torch.long))
+        t0 = self._mark()
+        self._run(("draft", bs, L), lambda: self._draft(bs, L))
+        t1 = self._mark()
+        self._run(("verify", bs, L), lambda: self._verify(bs, L))
+        t2 = self._mark()
+        acc = self.acc[:bs]
+        self.prev[:bs] = self.start[:bs]
+        self.start[:bs] += (acc + 1) * self.active[:bs]
+        bonus = self.post[:bs].gather(1, acc[:, None])[:, 0]
+        self.anchor[:bs] = bonus
+        host = torch.cat([acc[:, None], self.drafts[:bs], bonus[:, None]], 1).tolist()
+        if self.timing:
+            self.timings.append((t0, t1, t2))
+        out = {}
+        for s in slots:
+            a = host[s][0]
+            out[s] = host[s][1:1 + a] + [host[s][-1]]
+            self.host_start[s] += a + 1
+            self.accepted += a
+        self.steps += 1
+        self.row_steps += len(slots)
+        return out
+
+    @property
+    def tau(self) -> float:
+        """Tokens per verify, bonus included (vLLM's 1 + accepted / drafts)."""
+        return 1 + self.accepted / max(self.row_steps, 1)
+
+    def _draw(self) -> int:
+        a = 0
+        while a < self.B - 1 and self.rng.random() < self.rate:
+            a += 1
+        return a
+
+    # ---- the graphed bodies: read state, write outputs only ------------------------------------------
+    def _ar(self, bs: int, L: int) -> None:
+        logits, _ = self.t.forward(self.anchor[:bs, None], self.start[:bs], 0, L)
+        self.post[:bs, 0] = logits[:, -1].argmax(-1)
+
+    def _draft(self, bs: int, L: int) -> None:
+        ctx_pos = self.prev[:bs, None] + torch.arange(self.B, device=self.dev)
+        self.d.write_context(self.pending[:bs], ctx_pos, 0)
+        logits = self.d.draft(self.anchor[:bs], self.start[:bs], 0, L)
+        self.drafts[:bs] = logits.argmax(-1)
+
+    def _verify(self, bs: int, L: int) -> None:
+        drafts = self.drafts[:bs]
+        ids = torch.cat([self.anchor[:bs, None], drafts], 1)
+        logits, feats = self.t.forward(ids, self.start[:bs], 0, L)
+        post = logits.argmax(-1)
+        self.post[:bs] = post
+        self.pending[:bs] = feats
+        if self.rate is not None:
+            self.acc[:bs] = self.synth_acc[:bs]
+        else:
+            self.acc[:bs] = (drafts == post[:, :-1]).long().cumprod(1).sum(1)
+
+    def _run(self, key: tuple, fn) -> None:
+        if not self.graphs_on:
+            fn()
+            return
+        g = self.graphs.get(key)
+        if g is None:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                fn()
+            torch.cuda.current_stream().wait_stream(side)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=self.pool):
+                fn()
+            self.graphs[key] = g
+        g.replay()
+
+    def _mark(self):
+        if not self.timing:
+            return None
+        if self.dev.type == "cuda":
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    def step_times_ms(self) -> tuple[float, float]:
+        """Median ms per draft and per verify (or AR) step over the timed steps."""
+        if self.dev.type == "cuda":
+            torch.cuda.synchronize()
+            d = [a.elapsed_time(b) for a, b, _ in self.timings]
+            v = [b.elapsed_time(c) for _, b, c in self.timings]
+        else:
+            d = [(b - a) * 1e3 for a, b, _ in self.timings]
+            v = [(c - b) * 1e3 for _, b, c in self.timings]
+        med = lambda xs: sorted(xs)[len(xs) // 2] if xs else 0.0  # noqa: E731
+        return med(d), med(v)
+
+
+def generate(runner: FastRunner, prompts: list[list[int]], max_new: int) -> list[list[int]]:
+    """Greedy-decode every prompt to `max_new` tokens, all batched together in slots 0..n-1."""
+    outs = [[runner.add(i, p)] for i, p in enumerate(prompts)]
+    live = [i for i in range(len(prompts)) if len(outs[i]) < max_new]
+    while live:
+        got = runner.step(live)
+        for i in live:
+            outs[i].extend(got[i])
+        live = [i for i in live if len(outs[i]) < max_new]
+    for i in range(len(prompts)):
+        runner.release(i)
+    return [o[:max_new] for o in outs]
