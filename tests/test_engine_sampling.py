@@ -64,3 +64,22 @@ def test_top_k_and_top_p():
     assert torch.allclose(p, torch.tensor([[0.625, 0.375, 0, 0, 0, 0]]), atol=1e-6)
     p = probs_from_logits(logits, torch.tensor([1e-3]), torch.tensor([0]), one)
     assert p[0, 0] > 0.999
+
+
+def test_sampled_drafts_then_accept_keep_the_target_distribution_row_by_row():
+    from dflash_bench.engine.sampling import sample_drafts
+
+    torch.manual_seed(1)
+    g = torch.Generator().manual_seed(1)
+    n = 60_000
+    target = (torch.randn(3, V, generator=g) * 1.5).expand(n, 3, V)
+    draft = (torch.randn(2, V, generator=g) * 1.5).expand(n, 2, V)
+    params = [SamplingParams(temperature=0.0) if i % 2 else SamplingParams(temperature=0.8) for i in range(n)]
+    tokens, q = sample_drafts(draft.clone(), params)
+    acc, bonus = accept(target.clone(), tokens, q, params)
+    first, _ = _outputs(acc, bonus, tokens)
+    hot, greedy = first[0::2], first[1::2]
+    p = torch.softmax(target[0, 0] / 0.8, -1).double()
+    assert (_freq(hot) - p).abs().max() < 5 * (0.25 / len(hot)) ** 0.5 * 2
+    assert (greedy == target[0, 0].argmax()).all()  # greedy rows: the target's argmax, whatever was drafted
+    assert (tokens[1::2] == draft[0].argmax(-1)).all()
