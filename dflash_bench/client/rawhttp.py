@@ -42,6 +42,7 @@ class _Response:
     def feed(self, t: float, data: bytes) -> None:
         buf = self.buf + data if self.buf else data
         if self.head:
+            buf = buf.lstrip(b"\r\n")  # a previous response's last CRLF may arrive late
             end = buf.find(b"\r\n\r\n")
             if end < 0:
                 self.buf = buf
