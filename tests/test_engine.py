@@ -189,6 +189,8 @@ def _edit_config(drafter_dir, tmp_path, **changes):
         ({"target_layer_ids": [0, 9]}, "target has 4 layers"),
         ({"vocab_size": 1000}, "vocabulary of 1000 tokens"),
         ({"num_hidden_layers": 3}, "weights do not match"),
+        ({"mask_token_id": 5000}, "outside the target's vocabulary"),
+        ({"block_size": None}, "not a DFlash drafter"),
     ],
 )
 def test_drafter_that_does_not_fit_is_a_clear_error(pair, tmp_path, changes, message):
