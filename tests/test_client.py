@@ -195,3 +195,34 @@ def test_progress_reports_measured_requests_and_tokens(tmp_path: Path):
     assert [c[0] for c in calls] == list(range(1, 7)) and all(c[1] == 6 for c in calls)  # warm-ups not counted
     assert calls[-1][2] == s.total_output_tokens
     assert all(b[3] >= a[3] >= 0 for a, b in zip(calls, calls[1:]))
+
+
+def test_raw_parser_is_indifferent_to_how_bytes_are_split():
+    import asyncio
+    import random
+
+    from dflash_bench.client.protocol import Stream
+    from dflash_bench.client.rawhttp import _Response
+
+    events = [b'data: {"choices":[{"delta":{"role":"assistant","content":""}}],"usage":{"completion_tokens":0}}\n\n']
+    events += [b'data: {"choices":[{"delta":{"content":" t%d"},"finish_reason":%s}],"usage":{"prompt_tokens":2,'
+               b'"completion_tokens":%d}}\n\n' % (i, b'"stop"' if i == 5 else b"null", i) for i in range(1, 6)]
+    events += [b'data: {"choices":[],"usage":{"prompt_tokens":2,"completion_tokens":5}}\n\n', b"data: [DONE]\n\n"]
+    wire = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    wire += b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n"
+    loop = asyncio.new_event_loop()
+    try:
+        rng = random.Random(0)
+        for sizes in ([len(wire)], [1] * len(wire), [rng.randint(1, 40) for _ in range(len(wire))]):
+            st, r, pos = Stream("chat", False), _Response(None, loop.create_future()), 0
+            r.st = st
+            for i, n in enumerate(sizes):  # the connection stops feeding a response once it is done
+                r.feed(float(i), wire[pos:pos + n])
+                pos += n
+                if r.done or pos >= len(wire):
+                    break
+            assert wire[pos:] in (b"", b"\r\n", b"\n")  # at most the terminator's last CRLF is left
+            assert r.done and r.status == 200 and st.done and st.error is None
+            assert st.tokens == [1, 2, 3, 4, 5] and st.output_text() == " t1 t2 t3 t4 t5" and st.finish == "stop"
+    finally:
+        loop.close()
