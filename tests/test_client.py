@@ -226,3 +226,26 @@ def test_raw_parser_is_indifferent_to_how_bytes_are_split():
             assert st.tokens == [1, 2, 3, 4, 5] and st.output_text() == " t1 t2 t3 t4 t5" and st.finish == "stop"
     finally:
         loop.close()
+
+
+@pytest.mark.parametrize("incremental", [False, True])
+def test_generate_events_cumulative_or_incremental(incremental: bool):
+    from dflash_bench.client.protocol import Stream
+
+    ids = [11, 12, 13, 14, 15]
+    cuts = [1, 3, 5]
+    st, prev = Stream("generate", True), 0
+    for i, c in enumerate(cuts):
+        part = ids[prev:c] if incremental else ids[:c]
+        text = "".join(f" w{x}" for x in part)
+        tops = [[[-0.1, x, None], [-2.0, x + 1, None]] for x in part]
+        meta = {"completion_tokens": c, "prompt_tokens": 4, "output_top_logprobs": tops,
+                "finish_reason": {"type": "length", "length": 5} if c == 5 else None}
+        if c == 5:
+            meta.update(spec_verify_ct=2, spec_accept_token_num=3)
+        st.feed(float(i), orjson.dumps({"text": text, "output_ids": part, "meta_info": meta}))
+        prev = c
+    st.feed(9.0, b"[DONE]")
+    assert st.ids == ids and [t[0][0] for t in st.tops] == ids and len(st.tops) == 5
+    assert st.output_text() == "".join(f" w{x}" for x in ids)
+    assert st.tokens == cuts and st.finish == "length" and (st.spec_steps, st.spec_accepted) == (2, 3)

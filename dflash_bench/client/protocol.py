@@ -97,7 +97,7 @@ class Stream:
 
     __slots__ = ("api", "want_ids", "times", "tokens", "t_first_byte", "t_first_token", "t_end", "pieces",
                  "text", "prompt_tokens", "output_tokens", "finish", "error", "done", "ids", "tops",
-                 "spec_steps", "spec_accepted", "_cumulative_ids")
+                 "spec_steps", "spec_accepted")
 
     def __init__(self, api: str, want_ids: bool):
         self.api = api
@@ -118,7 +118,6 @@ class Stream:
         self.tops: list[list[tuple[int, float]]] | None = [] if want_ids else None
         self.spec_steps: int | None = None
         self.spec_accepted: int | None = None
-        self._cumulative_ids = False
 
     def output_text(self) -> str:
         return self.text if self.text is not None else "".join(self.pieces)
@@ -202,29 +201,30 @@ class Stream:
         ct = meta.get("completion_tokens")
         self.prompt_tokens = meta.get("prompt_tokens", self.prompt_tokens)
         ids = obj.get("output_ids")
+        # each event is cumulative (SGLang's default) or incremental (--incremental-streaming-output):
+        # cumulative when it carries as many ids as completion_tokens says were made so far
+        cumulative = ids is not None and ct is not None and len(ids) == ct
         if ct is not None:
             self.output_tokens = ct
-            # cumulative (default) or incremental (--incremental-streaming-output) events
-            if ids is not None and len(ids) == ct:
-                self._cumulative_ids = True
-            if self._cumulative_ids:
-                self.text = obj.get("text")
-            elif obj.get("text"):
-                self.pieces.append(obj["text"])
+            text = obj.get("text") or ""
+            self.text = text if cumulative or ids is None else (self.text or "") + text
             if ct:
                 self._token_chunk(t, ct)
         if self.want_ids and ids is not None:
-            if self._cumulative_ids:
+            if cumulative:
                 self.ids[:] = ids
             else:
                 self.ids.extend(ids)
             tops = meta.get("output_top_logprobs")
             if tops:
-                self.tops[:] = [[(int(x[1]), float(x[0])) for x in pos[:2]] for pos in tops]
+                rows = [[(int(x[1]), float(x[0])) for x in pos[:2]] for pos in tops]
+                if len(rows) == len(self.ids):
+                    self.tops[:] = rows
+                else:
+                    self.tops.extend(rows)
         fr = meta.get("finish_reason")
         if fr:
             self.finish = fr.get("type") if isinstance(fr, dict) else str(fr)
         if meta.get("spec_verify_ct") is not None:
             self.spec_steps = meta["spec_verify_ct"]
-            acc = meta.get("spec_accept_token_num", meta.get("spec_accepted_drafts"))
-            self.spec_accepted = acc
+            self.spec_accepted = meta.get("spec_accept_token_num", meta.get("spec_accepted_drafts"))
