@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from dflash_bench.engine.drafter import DFlashDrafter, rope_cos_sin
-from dflash_bench.engine.fast.model import KVCache, Layer, attention, rms_norm, rope, silu_mul, step_mask
+from dflash_bench.engine.drafter import DFlashDrafter
+from dflash_bench.engine.fast.model import KVCache, Layer, attention, mlp_block, qk_rope, rms_norm, rope, rope_tables, step_mask
 
 
 class FastDrafter:
@@ -36,8 +36,7 @@ class FastDrafter:
             wqkv=torch.cat([p.weight.detach() for p in projs]),
             bqkv=torch.cat([p.bias.detach() for p in projs]) if a.q_proj.bias is not None else None,
             wo=a.o_proj.weight.detach(),
-            q_norm=a.q_norm.weight.detach(),
-            k_norm=a.k_norm.weight.detach(),
+            wqk=torch.cat([a.q_norm.weight.detach().expand(self.H, -1), a.k_norm.weight.detach().expand(self.hkv, -1)]),
             ln1=layer.input_layernorm.weight.detach(),
             ln2=layer.post_attention_layernorm.weight.detach(),
             w13=torch.cat([m.gate_proj.weight.detach(), m.up_proj.weight.detach()]),
@@ -52,44 +51,47 @@ class FastDrafter:
         return n * self.embed.element_size()
 
     def _rope(self, pos: torch.Tensor):
-        return rope_cos_sin(pos, self.hd, self.c.rope_theta, self.dtype)
-
-    def _kv(self, ly: Layer, x: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
-        kvd = self.hkv * self.hd
-        b = None if ly.bqkv is None else ly.bqkv[-2 * kvd:]
-        k, v = F.linear(x, ly.wqkv[-2 * kvd:], b).split([kvd, kvd], dim=-1)
-        k = rms_norm(k.unflatten(-1, (self.hkv, self.hd)), ly.k_norm, self.eps)
-        return rope(k, cos, sin), v.unflatten(-1, (self.hkv, self.hd))
+        inv = 1.0 / (self.c.rope_theta ** (torch.arange(0, self.hd, 2, device=pos.device, dtype=torch.float32) / self.hd))
+        return rope_tables(pos.reshape(-1), inv, 1.0, self.dtype)
 
     def write_context(self, feats: torch.Tensor, pos: torch.Tensor, row0: int) -> None:
         """Context K/V of target features `[bs, n, K*h]` at positions `pos` `[bs, n]` of slots from `row0`."""
-        ctx = rms_norm(F.linear(feats, self.fc), self.hidden_norm, self.eps)
+        bs, n = pos.shape
+        ctx = rms_norm(F.linear(feats.reshape(bs * n, -1), self.fc), self.hidden_norm, self.eps)
         cos, sin = self._rope(pos)
+        rows = self.cache.rows(row0, pos)
+        hkv, hd = self.hkv, self.hd
+        kvd = hkv * hd
         for i, ly in enumerate(self.layers):
-            k, v = self._kv(ly, ctx, cos, sin)
-            self.cache.write(i, row0, pos, k, v)
+            b = None if ly.bqkv is None else ly.bqkv[-2 * kvd:]
+            kv = F.linear(ctx, ly.wqkv[-2 * kvd:], b)
+            k = rope(rms_norm(kv[:, :kvd].view(-1, hkv, hd), None, self.eps) * ly.wqk[self.H:], cos, sin)
+            self.cache.write(i, rows, pos, k.view(bs, n, hkv, hd), kv[:, kvd:].view(bs, n, hkv, hd))
 
     def draft(self, anchors: torch.Tensor, starts: torch.Tensor, row0: int, L: int) -> torch.Tensor:
         """Draft logits `[bs, B-1, V]` for the block `[anchor, mask x (B-1)]` at `starts[b]..starts[b]+B-1`."""
         c, B, bs = self.c, self.B, anchors.shape[0]
         block = torch.full((bs, B), c.mask_token_id, dtype=anchors.dtype, device=anchors.device)
         block[:, 0] = anchors
-        h = F.embedding(block, self.embed) * c.input_embedding_scale
+        h = F.embedding(block.view(-1), self.embed)
+        if c.input_embedding_scale != 1.0:
+            h = h * c.input_embedding_scale
         pos = starts[:, None] + torch.arange(B, device=starts.device)
         cos, sin = self._rope(pos)
+        rows = self.cache.rows(row0, pos)
         masks = {k: step_mask(starts, B, L, self.H // self.hkv, self.dtype, causal=k[0], window=k[1])
                  for k in set(self.kinds)}
-        H, hd, kvd = self.H, self.hd, self.hkv * self.hd
+        H, hkv, hd, eps = self.H, self.hkv, self.hd, self.eps
         for i, ly in enumerate(self.layers):
-            x = rms_norm(h, ly.ln1, self.eps)
-            q, k, v = F.linear(x, ly.wqkv, ly.bqkv).split([H * hd, kvd, kvd], dim=-1)
-            q = rope(rms_norm(q.unflatten(-1, (H, hd)), ly.q_norm, self.eps), cos, sin)
-            k = rope(rms_norm(k.unflatten(-1, (self.hkv, hd)), ly.k_norm, self.eps), cos, sin)
-            self.cache.write(i, row0, pos, k, v.unflatten(-1, (self.hkv, hd)))
+            q, k, v = qk_rope(F.linear(rms_norm(h, ly.ln1, eps), ly.wqkv, ly.bqkv), ly, H, hkv, hd, cos, sin, eps)
+            self.cache.write(i, rows, pos, k.view(bs, B, hkv, hd), v.view(bs, B, hkv, hd))
             kc, vc = self.cache.view(i, row0, bs, L)
-            h = h + F.linear(attention(q, kc, vc, masks[self.kinds[i]], hd ** -0.5), ly.wo)
-            h = h + F.linear(silu_mul(F.linear(rms_norm(h, ly.ln2, self.eps), ly.w13)), ly.w2)
-        logits = F.linear(rms_norm(h[:, 1:], self.norm, self.eps), self.head) * c.output_multiplier
+            h = torch.addmm(h, attention(q.view(bs, B, H, hd), kc, vc, masks[self.kinds[i]], hd ** -0.5), ly.wo.t())
+            h = mlp_block(h, ly, eps)
+        h = h.view(bs, B, -1)[:, 1:]
+        logits = F.linear(rms_norm(h, self.norm, eps), self.head)
+        if c.output_multiplier != 1.0:
+            logits = logits * c.output_multiplier
         if c.final_logit_softcapping:
             cap = float(c.final_logit_softcapping)
             logits = torch.tanh(logits / cap) * cap

@@ -15,20 +15,44 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """HF's RMSNorm: normalise in float32, cast back, then scale."""
-    return w * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
+def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """RMSNorm in one fused kernel on CUDA (float32 statistics)."""
+    return F.rms_norm(x, (x.shape[-1],), w, eps)
 
 
-def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """NeoX (rotate-half) RoPE on x `[bs, n, heads, hd]` with cos/sin `[bs, n, 1, hd]`."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+def rope_tables(pos: torch.Tensor, inv_freq: torch.Tensor, scale: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sign-folded sin `[..., 1, hd]` for `rope` (HF's float32 angles, cast to the model dtype)."""
+    f = pos.float()[..., None] * inv_freq.float()
+    emb = torch.cat((f, f), dim=-1)
+    half = inv_freq.shape[0]
+    sign = torch.cat((-torch.ones(half, device=pos.device), torch.ones(half, device=pos.device)))
+    cos, sin = (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
+    return cos[..., None, :], sin[..., None, :] * sign.to(dtype)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin_s: torch.Tensor) -> torch.Tensor:
+    """NeoX (rotate-half) RoPE: rotate_half(x) is roll(x, hd/2) with the sign folded into sin."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), sin_s)
+
+
+def qk_rope(qkv: torch.Tensor, ly: "Layer", H: int, hkv: int, hd: int, cos, sin_s, eps: float):
+    """Split fused projections `[t, (H + 2 hkv) hd]`; q/k norm (Qwen3) and RoPE on q and k together."""
+    t = qkv.shape[0]
+    qk = qkv[:, : (H + hkv) * hd].view(t, H + hkv, hd)
+    if ly.wqk is not None:
+        qk = rms_norm(qk, None, eps) * ly.wqk
+    qk = rope(qk, cos, sin_s)
+    return qk[:, :H], qk[:, H:], qkv[:, (H + hkv) * hd:].view(t, hkv, hd)
 
 
 def silu_mul(gu: torch.Tensor) -> torch.Tensor:
     g, u = gu.chunk(2, dim=-1)
     return F.silu(g) * u
+
+
+def mlp_block(h: torch.Tensor, ly: "Layer", eps: float) -> torch.Tensor:
+    """h + down(silu(gate) * up)(norm(h)) for h `[t, hidden]` (residual added by the matmul)."""
+    return torch.addmm(h, silu_mul(F.linear(rms_norm(h, ly.ln2, eps), ly.w13)), ly.w2.t())
 
 
 def step_mask(starts: torch.Tensor, q_len: int, L: int, rep: int, dtype, *, causal: bool,
@@ -49,7 +73,7 @@ def step_mask(starts: torch.Tensor, q_len: int, L: int, rep: int, dtype, *, caus
 
 
 def attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
-    """q `[bs, n, H, hd]` over cache views `[bs, L, Hkv, hd]` -> `[bs, n, H * hd]`.
+    """q `[bs, n, H, hd]` over cache views `[bs, L, Hkv, hd]` -> `[bs * n, H * hd]`.
 
     The H / Hkv query heads that share a KV head are stacked along the query axis, so SDPA sees plain
     multi-head attention (no KV repeat) and each KV byte is read once per step.
@@ -59,7 +83,7 @@ def attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, mask: torch.T
     rep = H // hkv
     qg = q.view(bs, n, hkv, rep, hd).permute(0, 2, 3, 1, 4).reshape(bs, hkv, rep * n, hd)
     o = F.scaled_dot_product_attention(qg, kc.transpose(1, 2), vc.transpose(1, 2), attn_mask=mask, scale=scale)
-    return o.view(bs, hkv, rep, n, hd).permute(0, 3, 1, 2, 4).reshape(bs, n, H * hd)
+    return o.view(bs, hkv, rep, n, hd).permute(0, 3, 1, 2, 4).reshape(bs * n, H * hd)
 
 
 @dataclass
@@ -67,8 +91,7 @@ class Layer:
     wqkv: torch.Tensor
     bqkv: torch.Tensor | None
     wo: torch.Tensor
-    q_norm: torch.Tensor | None
-    k_norm: torch.Tensor | None
+    wqk: torch.Tensor | None  # q_norm weights per query head, then k_norm per KV head: [H + Hkv, hd]
     ln1: torch.Tensor
     ln2: torch.Tensor
     w13: torch.Tensor
@@ -84,8 +107,13 @@ class KVCache:
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.slots, self.max_len = slots, max_len
 
-    def write(self, i: int, row0: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        rows = torch.arange(row0, row0 + pos.shape[0], device=pos.device)[:, None].expand_as(pos)
+    @staticmethod
+    def rows(row0: int, pos: torch.Tensor) -> torch.Tensor:
+        """The slot of every entry of `pos` `[bs, n]` (row i is slot row0 + i)."""
+        return torch.arange(row0, row0 + pos.shape[0], device=pos.device)[:, None].expand_as(pos)
+
+    def write(self, i: int, rows: torch.Tensor, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store k, v `[bs, n, kv_heads, hd]` at (rows, pos)."""
         self.k[i].index_put_((rows, pos), k)
         self.v[i].index_put_((rows, pos), v)
 
@@ -130,12 +158,14 @@ class FastTarget:
         if a.q_proj.bias is not None:
             bias = torch.cat([p.bias.detach() for p in projs])
         qn, kn = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
+        wqk = None
+        if qn is not None:
+            wqk = torch.cat([qn.weight.detach().expand(self.H, -1), kn.weight.detach().expand(self.hkv, -1)])
         return Layer(
             wqkv=torch.cat([_linear_weight(p) for p in projs]),
             bqkv=bias,
             wo=_linear_weight(a.o_proj),
-            q_norm=None if qn is None else qn.weight.detach(),
-            k_norm=None if kn is None else kn.weight.detach(),
+            wqk=wqk,
             ln1=layer.input_layernorm.weight.detach(),
             ln2=layer.post_attention_layernorm.weight.detach(),
             w13=torch.cat([_linear_weight(m.gate_proj), _linear_weight(m.up_proj)]),
@@ -147,15 +177,8 @@ class FastTarget:
         n = self.norm.numel() + self.head.numel()
         for ly in self.layers:
             n += sum(t.numel() for t in (ly.wqkv, ly.wo, ly.ln1, ly.ln2, ly.w13, ly.w2) if t is not None)
-            n += sum(t.numel() for t in (ly.bqkv, ly.q_norm, ly.k_norm) if t is not None)
+            n += sum(t.numel() for t in (ly.bqkv, ly.wqk) if t is not None)
         return n * self.embed.element_size()
-
-    def rope_cos_sin(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        f = pos.float()[..., None] * self.inv_freq
-        emb = torch.cat((f, f), dim=-1)
-        cos = (emb.cos() * self.rope_scale).to(self.dtype)
-        sin = (emb.sin() * self.rope_scale).to(self.dtype)
-        return cos[..., None, :], sin[..., None, :]
 
     def forward(self, ids: torch.Tensor, starts: torch.Tensor, row0: int, L: int, *, last_only: bool = False):
         """Run ids `[bs, n]` at positions `starts[b] + j` in slots `row0..row0+bs-1`, attending to `[0, L)`.
@@ -164,27 +187,25 @@ class FastTarget:
         """
         bs, n = ids.shape
         pos = starts[:, None] + torch.arange(n, device=ids.device)
-        cos, sin = self.rope_cos_sin(pos)
+        cos, sin = rope_tables(pos.view(-1), self.inv_freq, self.rope_scale, self.dtype)
         mask = step_mask(starts, n, L, self.H // self.hkv, self.dtype, causal=True)
-        h = F.embedding(ids, self.embed)
+        rows = self.cache.rows(row0, pos)
+        h = F.embedding(ids.view(-1), self.embed)
         feats = []
-        H, hkv, hd = self.H, self.hkv, self.hd
+        H, hkv, hd, eps = self.H, self.hkv, self.hd, self.eps
         for i, ly in enumerate(self.layers):
-            x = rms_norm(h, ly.ln1, self.eps)
-            qkv = F.linear(x, ly.wqkv, ly.bqkv)
-            q, k, v = qkv.split([H * hd, hkv * hd, hkv * hd], dim=-1)
-            q, k, v = q.view(bs, n, H, hd), k.view(bs, n, hkv, hd), v.view(bs, n, hkv, hd)
-            if ly.q_norm is not None:
-                q, k = rms_norm(q, ly.q_norm, self.eps), rms_norm(k, ly.k_norm, self.eps)
-            q, k = rope(q, cos, sin), rope(k, cos, sin)
-            self.cache.write(i, row0, pos, k, v)
+            qkv = F.linear(rms_norm(h, ly.ln1, eps), ly.wqkv, ly.bqkv)
+            q, k, v = qk_rope(qkv, ly, H, hkv, hd, cos, sin, eps)
+            self.cache.write(i, rows, pos, k.view(bs, n, hkv, hd), v.view(bs, n, hkv, hd))
             kc, vc = self.cache.view(i, row0, bs, L)
-            h = h + F.linear(attention(q, kc, vc, mask, self.scale), ly.wo)
-            h = h + F.linear(silu_mul(F.linear(rms_norm(h, ly.ln2, self.eps), ly.w13)), ly.w2)
+            h = torch.addmm(h, attention(q.view(bs, n, H, hd), kc, vc, mask, self.scale), ly.wo.t())
+            h = mlp_block(h, ly, eps)
             if i in self.taps:
                 feats.append(h)
         if last_only:
-            h = h[:, -1:]
-        logits = F.linear(rms_norm(h, self.norm, self.eps), self.head)
+            h = h.view(bs, n, -1)[:, -1]
+            n = 1
+        logits = F.linear(rms_norm(h, self.norm, eps), self.head).view(bs, n, -1)
         by_layer = dict(zip([i for i in range(self.n_layers) if i in self.taps], feats))
-        return logits, (torch.cat([by_layer[i] for i in self.taps], -1) if self.taps else None)
+        return logits, (torch.cat([by_layer[i] for i in self.taps], -1).view(bs, -1, len(self.taps) * self.hidden_size)
+                        if self.taps else None)
