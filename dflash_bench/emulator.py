@@ -221,10 +221,18 @@ class EmulatorProcess:
             elif v is not False and v is not None:
                 args += [flag, str(v)]
         args += ["--port", "0"]
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        import tempfile
+
+        self._err = tempfile.TemporaryFile()  # a file, not a pipe: a long run must never block on stderr
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self._err, text=True)
         line = self.proc.stdout.readline()
         if "listening on" not in line:
-            err = self.proc.stderr.read() if self.proc.poll() is not None else ""
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+            self._err.seek(0)
+            err = self._err.read().decode(errors="replace")[-2000:]
             self.close()
             raise RuntimeError(f"emulator did not start: {line.strip()} {err.strip()}")
         self.url = line.rsplit(" ", 1)[1].strip()
@@ -237,8 +245,8 @@ class EmulatorProcess:
             except Exception:  # noqa: BLE001
                 self.proc.kill()
                 self.proc.wait()
-        for f in (self.proc.stdout, self.proc.stderr):
-            f.close()
+        self.proc.stdout.close()
+        self._err.close()
         return self.proc.returncode
 
     def __enter__(self) -> "EmulatorProcess":

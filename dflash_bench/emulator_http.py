@@ -77,7 +77,13 @@ class Server:
                     headers[k.strip().lower()] = v.strip()
                 n = int(headers.get("content-length") or 0)
                 body = await reader.readexactly(n) if n else b""
-                keep = await self.route(method, target.split("?", 1)[0], body, _Conn(writer))
+                try:
+                    keep = await self.route(method, target.split("?", 1)[0], body, _Conn(writer))
+                except (ConnectionError, asyncio.CancelledError):
+                    raise
+                except Exception as err:  # noqa: BLE001 - a bad request must not take the server down
+                    _Conn(writer).json(500, {"error": {"message": f"emulator error: {err!r}"[:300], "code": 500}})
+                    keep = False
                 await writer.drain()
                 if not keep or headers.get("connection", "").lower() == "close":
                     break
