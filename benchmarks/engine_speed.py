@@ -1,66 +1,333 @@
-"""Builtin engine speed, offline (no HTTP): AR vs DFlash tokens/s at several batch sizes, plus a lossless check.
+"""Builtin engine speed on one GPU (issue 10): the fast path's AR vs DFlash, transformers `generate`, memory.
 
-Builds a tiny (or bigger, random-weight) target/drafter pair, `predictable` so that the drafter is always
-right (tau = B): the upper bound of what DFlash can gain on this machine for this model shape.
+One run prints one table. Setup: a Qwen3-8B-shaped target (36 layers, hidden 4096, bf16) and a
+Qwen3-8B-DFlash-b16-shaped drafter (5 layers, B = 16), random weights built on the GPU (nothing is
+downloaded). Random weights accept nothing, so DFlash rows use synthetic acceptance (mean tau, labelled).
+Greedy losslessness (AR == DFlash token ids, real acceptance) is checked on the same device first.
 
-    python benchmarks/engine_speed.py --device cpu --batch 1,8
-    python benchmarks/engine_speed.py --device cuda --dtype bfloat16 --hidden 1024 --layers 16 --batch 1,8,32
+    PYTHONPATH=. python benchmarks/engine_speed.py --out engine_speed.json            # GPU, ~2 minutes
+    python benchmarks/engine_speed.py --shape tiny --device cpu --new-tokens 32 --concurrency 1,4 --soak 20
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import random
+import sys
 import tempfile
 import time
 
 import torch
 
-from dflash_bench.engine.build import build_engine
-from dflash_bench.engine.decode import generate
-from dflash_bench.engine.sampling import SamplingParams
-from dflash_bench.engine.tiny import make_tiny_pair
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from dflash_bench.engine.drafter import DFlashDrafter, DrafterConfig  # noqa: E402
+from dflash_bench.engine.fast.draft import FastDrafter  # noqa: E402
+from dflash_bench.engine.fast.model import FastTarget  # noqa: E402
+from dflash_bench.engine.fast.runner import FastRunner, generate  # noqa: E402
+
+SHAPES = {  # target (Qwen3 config) and drafter sizes
+    "qwen3-8b": dict(vocab=151936, hidden=4096, inter=12288, layers=36, heads=32, kv=8, hd=128,
+                     draft_layers=5, block=16, taps=[1, 9, 17, 25, 33], mask=151669),
+    "tiny": dict(vocab=4096, hidden=256, inter=768, layers=6, heads=4, kv=2, hd=64,
+                 draft_layers=2, block=16, taps=[1, 3, 4], mask=4000),
+}
 
 
-def run(engine, prompts, max_tokens):
-    sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-    generate(engine, prompts[:1], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
-    if engine.device.type == "cuda":
+def sync(dev):
+    if dev.type == "cuda":
         torch.cuda.synchronize()
+
+
+def build_pair(shape: dict, dev, dtype):
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    cfg = Qwen3Config(vocab_size=shape["vocab"], hidden_size=shape["hidden"], intermediate_size=shape["inter"],
+                      num_hidden_layers=shape["layers"], num_attention_heads=shape["heads"],
+                      num_key_value_heads=shape["kv"], head_dim=shape["hd"], rope_theta=1_000_000.0,
+                      max_position_embeddings=40960, tie_word_embeddings=False, rms_norm_eps=1e-6)
+    with torch.device(dev):
+        hf = AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
+    dcfg = DrafterConfig.from_dict({
+        "hidden_size": shape["hidden"], "intermediate_size": shape["inter"], "num_hidden_layers": shape["draft_layers"],
+        "num_attention_heads": shape["heads"], "num_key_value_heads": shape["kv"], "head_dim": shape["hd"],
+        "vocab_size": shape["vocab"], "block_size": shape["block"],
+        "dflash_config": {"mask_token_id": shape["mask"], "target_layer_ids": shape["taps"]}})
+    with torch.device(dev):
+        drafter = DFlashDrafter(dcfg).to(dtype).eval()
+    return hf, drafter
+
+
+def copy_bandwidth(dev) -> float:
+    """Device-to-device copy, bytes read + written per second (the bandwidth ceiling we hold the step to)."""
+    if dev.type != "cuda":
+        return float("nan")
+    x = torch.empty(1 << 30, dtype=torch.bfloat16, device=dev)
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    sync(dev)
     t = time.perf_counter()
-    seqs = generate(engine, prompts, sp)
-    if engine.device.type == "cuda":
-        torch.cuda.synchronize()
-    dt = time.perf_counter() - t
-    return [s.out for s in seqs], sum(len(s.out) for s in seqs) / dt
+    for _ in range(10):
+        y.copy_(x)
+    sync(dev)
+    bw = 10 * 2 * x.numel() * 2 / (time.perf_counter() - t)
+    del x, y
+    return bw
+
+
+def matmul_chain_ms(target: FastTarget, dev) -> float:
+    """Diagnostic: one batch-1 step's weight matmuls alone (graph replay), the part cuBLAS sets the pace of."""
+    if dev.type != "cuda":
+        return float("nan")
+    ly0 = target.layers[0]
+    x = torch.randn(1, target.hidden_size, dtype=target.dtype, device=dev)
+    xa = torch.randn(1, ly0.wo.shape[1], dtype=target.dtype, device=dev)
+    xi = torch.randn(1, ly0.w2.shape[1], dtype=target.dtype, device=dev)
+
+    def chain():
+        for ly in target.layers:
+            torch.nn.functional.linear(x, ly.wqkv)
+            torch.nn.functional.linear(xa, ly.wo)
+            torch.nn.functional.linear(x, ly.w13)
+            torch.nn.functional.linear(xi, ly.w2)
+        torch.nn.functional.linear(x, target.head)
+
+    chain()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        chain()
+    g.replay()
+    sync(dev)
+    t = time.perf_counter()
+    for _ in range(20):
+        g.replay()
+    sync(dev)
+    return (time.perf_counter() - t) / 20 * 1e3
+
+
+def prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(1000, vocab - 1000) for _ in range(length)] for _ in range(n)]
+
+
+def timed(runner: FastRunner, ps: list[list[int]], new: int, dev) -> dict:
+    """Warm-up (captures every graph the run needs), then the measured run: prefill, then decode to `new`."""
+    generate(runner, ps, new)
+    runner.steps = runner.accepted = runner.row_steps = 0
+    runner.timings = []
+    sync(dev)
+    t0 = time.perf_counter()
+    outs = [[runner.add(i, p)] for i, p in enumerate(ps)]
+    sync(dev)
+    t1 = time.perf_counter()
+    runner.timing = True
+    live = list(range(len(ps)))
+    while live:
+        got = runner.step(live)
+        for i in live:
+            outs[i].extend(got[i])
+        live = [i for i in live if len(outs[i]) < new]
+    sync(dev)
+    t2 = time.perf_counter()
+    runner.timing = False
+    for i in range(len(ps)):
+        runner.release(i)
+    draft_ms, verify_ms = runner.step_times_ms()
+    decoded = sum(min(len(o), new) - 1 for o in outs)
+    return dict(tok_s=decoded / (t2 - t1), e2e_tok_s=len(ps) * new / (t2 - t0), prefill_s=t1 - t0,
+                steps=runner.steps, step_ms=(t2 - t1) / runner.steps * 1e3, draft_ms=draft_ms, verify_ms=verify_ms,
+                tau=runner.tau if runner.B > 1 else 1.0)
+
+
+def hf_generate(hf, p: list[int], new: int, dev) -> float:
+    ids = torch.tensor([p], device=dev)
+    kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
+    hf.generate(ids, max_new_tokens=2, min_new_tokens=2, **kw)
+    sync(dev)
+    t = time.perf_counter()
+    out = hf.generate(ids, max_new_tokens=new, min_new_tokens=new, **kw)
+    sync(dev)
+    return (out.shape[1] - ids.shape[1]) / (time.perf_counter() - t)
+
+
+def lossless_tiny(dev) -> dict:
+    """Real tiny Qwen3 pair (float32) on this device: reference engine AR vs fast AR vs fast DFlash token ids."""
+    from dflash_bench.engine.build import build_engine
+    from dflash_bench.engine.decode import generate as ref_generate
+    from dflash_bench.engine.sampling import SamplingParams
+    from dflash_bench.engine.tiny import make_tiny_pair
+
+    res = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, pred in (("random", False), ("predictable", True)):
+            t, d = make_tiny_pair(os.path.join(tmp, name), seed=1, block_size=8, predictable=pred)
+            kw = dict(max_slots=8, max_len=512, dtype="float32", device=dev.type)
+            ar = build_engine(str(t), mode="ar", **kw)
+            df = build_engine(str(t), str(d), mode="dflash", **kw)
+            ps = [ar.tok(f"prompt {i} " + "the cat sat " * (i + 1)).input_ids for i in range(8)]
+            ref = [s.out for s in ref_generate(ar, ps, SamplingParams(max_tokens=64, ignore_eos=True))]
+            ft = FastTarget(df.target.model, max_slots=8, max_len=512)
+            fd = FastDrafter(df.proposer.drafter, ft.embed, ft.head, max_slots=8, max_len=512)
+            fast_ar = generate(FastRunner(ft, None, kv_block=64), ps, 64)
+            r = FastRunner(ft, fd, kv_block=64)
+            fast_df = generate(r, ps, 64)
+            res[name] = dict(ar_equal_reference=fast_ar == ref, dflash_equal_ar=fast_df == fast_ar, tau=round(r.tau, 3))
+    return res
+
+
+def same_fraction(a: list[list[int]], b: list[list[int]]) -> float:
+    """Share of tokens that lie in the identical prefix of each pair of outputs."""
+    total = same = 0
+    for x, y in zip(a, b):
+        total += len(x)
+        k = 0
+        while k < min(len(x), len(y)) and x[k] == y[k]:
+            k += 1
+        same += k
+    return same / max(total, 1)
+
+
+def soak(target, drafter, args, dev, vocab) -> dict:
+    """`--soak` requests through continuous batching at the largest concurrency: memory before/after."""
+    S = max(args.concurrency)
+    r = FastRunner(target, drafter, kv_block=args.kv_block, synthetic_tau=args.tau, seed=7)
+    rng = random.Random(11)
+
+    def run(n):
+        free, live, done, sent = list(range(S)), {}, 0, 0
+        while done < n:
+            while free and sent < n:
+                slot = min(free)
+                free.remove(slot)
+                live[slot] = [r.add(slot, prompts(1, rng.randint(16, args.prompt_len), vocab, sent)[0])]
+                sent += 1
+            got = r.step(sorted(live))
+            for s in list(live):
+                live[s].extend(got[s])
+                if len(live[s]) >= args.soak_tokens:
+                    r.release(s)
+                    free.append(s)
+                    del live[s]
+                    done += 1
+    run(2 * S)  # warm-up: graphs for every bucket this mix reaches
+    sync(dev)
+    m0 = torch.cuda.memory_allocated() if dev.type == "cuda" else 0
+    t = time.perf_counter()
+    run(args.soak)
+    sync(dev)
+    m1 = torch.cuda.memory_allocated() if dev.type == "cuda" else 0
+    return dict(requests=args.soak, seconds=round(time.perf_counter() - t, 1), allocated_before=m0,
+                allocated_after=m1, growth=m1 - m0, graphs=len(r.graphs))
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--hidden", type=int, default=64)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--batch", default="1,8")
-    ap.add_argument("--max-tokens", type=int, default=256)
-    ap.add_argument("--random", action="store_true", help="random drafter (tau ~ 1) instead of the predictable one")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-8b")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--new-tokens", type=int, default=512)
+    ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32])
+    ap.add_argument("--tau", type=float, default=6.5, help="synthetic acceptance length of the DFlash rows")
+    ap.add_argument("--hf-tokens", type=int, default=64, help="new tokens for the transformers generate row")
+    ap.add_argument("--soak", type=int, default=1000, help="requests in the memory soak (0: skip)")
+    ap.add_argument("--soak-tokens", type=int, default=32)
+    ap.add_argument("--kv-block", type=int, default=256)
+    ap.add_argument("--out", help="also write the results as JSON here")
     a = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        target, drafter = make_tiny_pair(tmp, hidden=a.hidden, layers=a.layers, block_size=a.block_size,
-                                         predictable=not a.random, seed=1)
-        kw = dict(device=a.device, dtype=a.dtype, max_slots=max(int(b) for b in a.batch.split(",")), max_len=2048)
-        ar = build_engine(str(target), mode="ar", **kw)
-        df = build_engine(str(target), str(drafter), mode="dflash", **kw)
-        n_params = sum(p.numel() for p in ar.target.model.parameters()) / 1e6
-        print(f"device={a.device} dtype={a.dtype} target={n_params:.1f}M params B={a.block_size} max_tokens={a.max_tokens}")
-        for b in (int(x) for x in a.batch.split(",")):
-            prompts = [ar.tok(f"prompt number {i} " * 8).input_ids for i in range(b)]
-            ids_ar, tps_ar = run(ar, prompts, a.max_tokens)
-            d0, a0 = df.stats.drafts, df.stats.accepted
-            ids_df, tps_df = run(df, prompts, a.max_tokens)
-            tau = 1 + (df.stats.accepted - a0) / max(df.stats.drafts - d0, 1)
-            print(f"batch {b:3d}: AR {tps_ar:9.1f} tok/s  DFlash {tps_df:9.1f} tok/s  speedup {tps_df / tps_ar:5.2f}x  "
-                  f"tau {tau:5.2f}  same ids: {ids_ar == ids_df}")
+    dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if a.device == "auto" else a.device)
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    torch.manual_seed(0)
+    if dev.type == "cpu":
+        torch.set_num_threads(1)
+    shape = SHAPES[a.shape]
+    res: dict = dict(device=torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", torch=torch.__version__,
+                     shape=a.shape, dtype=str(dtype), prompt_len=a.prompt_len, new_tokens=a.new_tokens, tau=a.tau)
+    t = time.perf_counter()
+    res["lossless_tiny"] = lossless_tiny(dev)
+    print("lossless (tiny pair, float32):", res["lossless_tiny"], f"{time.perf_counter() - t:.0f}s", flush=True)
+    hf, drafter = build_pair(shape, dev, dtype)
+    res["copy_bw"] = bw = copy_bandwidth(dev)
+    S = max(a.concurrency)
+    max_len = -(-(a.prompt_len + a.new_tokens + 2 * shape["block"] + 8) // a.kv_block) * a.kv_block
+    target = FastTarget(hf, max_slots=S, max_len=max_len)
+    fd = FastDrafter(drafter, target.embed, target.head, max_slots=S, max_len=max_len)
+    res["target_gb"], res["drafter_gb"] = target.weight_bytes() / 1e9, fd.weight_bytes() / 1e9
+    floor_ms = target.weight_bytes() / bw * 1e3
+    res["floor_ms"] = floor_ms
+    res["matmul_chain_ms"] = matmul_chain_ms(target, dev)
+    print(f"{res['device']}: copy {bw / 1e12:.2f} TB/s, target reads {res['target_gb']:.2f} GB/step "
+          f"-> floor {floor_ms:.2f} ms/token ({1e3 / floor_ms:.0f} tok/s); weight matmuls alone "
+          f"{res['matmul_chain_ms']:.2f} ms", flush=True)
+
+    ar = FastRunner(target, None, kv_block=a.kv_block)
+    real = FastRunner(target, fd, kv_block=a.kv_block)
+    ps = prompts(min(S, 8), a.prompt_len, shape["vocab"], 1)
+    n = min(64, a.new_tokens)
+    x, y = generate(ar, ps, n), generate(real, ps, n)
+    res["lossless_big"] = dict(identical_prefix=same_fraction(x, y), all_equal=x == y, tau=round(real.tau, 3))
+    print("lossless (big, bf16, real acceptance):", res["lossless_big"], flush=True)
+    del real
+
+    res["hf_generate_tok_s"] = hf_generate(hf, ps[0], a.hf_tokens, dev)
+    print(f"transformers generate: {res['hf_generate_tok_s']:.1f} tok/s", flush=True)
+
+    df = FastRunner(target, fd, kv_block=a.kv_block, synthetic_tau=a.tau)
+    rows = []
+    for c in a.concurrency:
+        p = prompts(c, a.prompt_len, shape["vocab"], 100 + c)
+        r_ar = timed(ar, p, a.new_tokens, dev)
+        r_df = timed(df, p, a.new_tokens, dev)
+        rows.append(dict(concurrency=c, ar=r_ar, dflash=r_df))
+        print(f"c={c}: AR {r_ar['tok_s']:.1f} tok/s, DFlash {r_df['tok_s']:.1f} tok/s", flush=True)
+    res["rows"] = rows
+    if dev.type == "cuda":
+        res["peak_gb"] = torch.cuda.max_memory_allocated() / 1e9
+    if a.soak:
+        res["soak"] = soak(target, fd, a, dev, shape["vocab"])
+    if dev.type == "cuda":
+        res["peak_gb"] = torch.cuda.max_memory_allocated() / 1e9
+    print_table(res)
+    if a.out:
+        tmp = a.out + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(res, f, indent=2)
+        os.replace(tmp, a.out)
+
+
+def print_table(res: dict) -> None:
+    floor_ms, bw = res["floor_ms"], res["copy_bw"]
+    iter_floor = (res["target_gb"] + res["drafter_gb"]) * 1e9 / bw * 1e3
+    print(f"\n{res['device']} | torch {res['torch']} | {res['shape']} {res['dtype']} | prompt {res['prompt_len']}, "
+          f"{res['new_tokens']} new tokens | DFlash with synthetic acceptance tau={res['tau']}")
+    print(f"copy bandwidth {bw / 1e12:.2f} TB/s; floor {floor_ms:.2f} ms per AR step ({1e3 / floor_ms:.0f} tok/s); "
+          f"transformers generate (bs 1, eager): {res['hf_generate_tok_s']:.1f} tok/s; batch-1 weight matmuls alone "
+          f"{res['matmul_chain_ms']:.2f} ms")
+    hdr = (f"{'conc':>4} | {'AR tok/s':>9} | {'AR ms/step':>10} | {'AR %floor':>9} | {'DFlash tok/s':>12} | "
+           f"{'speedup':>7} | {'tau':>5} | {'draft ms':>8} | {'verify ms':>9} | {'DF %floor':>9} | {'speedup/tau':>11}")
+    print(hdr)
+    print("-" * len(hdr))
+    for row in res["rows"]:
+        r_ar, r_df = row["ar"], row["dflash"]
+        sp = r_df["tok_s"] / r_ar["tok_s"]
+        print(f"{row['concurrency']:>4} | {r_ar['tok_s']:>9.1f} | {r_ar['step_ms']:>10.2f} | "
+              f"{100 * floor_ms / r_ar['step_ms']:>8.0f}% | {r_df['tok_s']:>12.1f} | {sp:>6.2f}x | {r_df['tau']:>5.2f} | "
+              f"{r_df['draft_ms']:>8.2f} | {r_df['verify_ms']:>9.2f} | {100 * iter_floor / r_df['step_ms']:>8.0f}% | "
+              f"{sp / r_df['tau']:>11.2f}")
+    print("tok/s: decode tokens after prefill / decode wall time, summed over the concurrent requests. ms per "
+          "draft/verify: CUDA-event medians. %floor: weight bytes per step / copy bandwidth over the measured step "
+          "(DFlash: target + drafter + borrowed lm_head).")
+    lt, lb = res["lossless_tiny"], res["lossless_big"]
+    print(f"lossless: tiny float32 pair {lt}; big bf16 pair AR vs DFlash (real acceptance, tau {lb['tau']}): "
+          f"identical {100 * lb['identical_prefix']:.1f}% of tokens")
+    if "soak" in res:
+        s = res["soak"]
+        print(f"soak: {s['requests']} requests in {s['seconds']} s, allocated {s['allocated_before'] / 1e9:.3f} -> "
+              f"{s['allocated_after'] / 1e9:.3f} GB (growth {s['growth']} B), {s['graphs']} graphs")
+    if "peak_gb" in res:
+        print(f"peak GPU memory allocated: {res['peak_gb']:.1f} GB")
 
 
 if __name__ == "__main__":

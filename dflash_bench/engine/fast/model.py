@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -82,7 +83,11 @@ def attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, mask: torch.T
     hkv = kc.shape[2]
     rep = H // hkv
     qg = q.view(bs, n, hkv, rep, hd).permute(0, 2, 3, 1, 4).reshape(bs, hkv, rep * n, hd)
-    o = F.scaled_dot_product_attention(qg, kc.transpose(1, 2), vc.transpose(1, 2), attn_mask=mask, scale=scale)
+    if q.is_cuda:  # a masked kernel that reads only [0, L); kept off cuDNN, whose graph capture is less proven
+        with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+            o = F.scaled_dot_product_attention(qg, kc.transpose(1, 2), vc.transpose(1, 2), attn_mask=mask, scale=scale)
+    else:
+        o = F.scaled_dot_product_attention(qg, kc.transpose(1, 2), vc.transpose(1, 2), attn_mask=mask, scale=scale)
     return o.view(bs, hkv, rep, n, hd).permute(0, 3, 1, 2, 4).reshape(bs * n, H * hd)
 
 
@@ -126,7 +131,7 @@ def _linear_weight(m: nn.Linear) -> torch.Tensor:
 
 
 class FastTarget:
-    """The target's forward with fused projections over a `KVCache`; taps the outputs of `tap_layers`."""
+    """The target's forward with fused projections over a `KVCache`; can return the outputs of chosen layers."""
 
     def __init__(self, hf_model: nn.Module, *, max_slots: int, max_len: int):
         cfg = hf_model.config.get_text_config()
@@ -149,7 +154,6 @@ class FastTarget:
         self.scale = float(getattr(inner.layers[0].self_attn, "scaling", self.hd ** -0.5))
         self.cache = KVCache(self.n_layers, max_slots, max_len, self.hkv, self.hd, self.dtype, self.device)
         self.max_len = max_len
-        self.taps: list[int] = []
 
     def _fuse(self, layer) -> Layer:
         a, m = layer.self_attn, layer.mlp
@@ -180,10 +184,12 @@ class FastTarget:
             n += sum(t.numel() for t in (ly.bqkv, ly.wqk) if t is not None)
         return n * self.embed.element_size()
 
-    def forward(self, ids: torch.Tensor, starts: torch.Tensor, row0: int, L: int, *, last_only: bool = False):
+    def forward(self, ids: torch.Tensor, starts: torch.Tensor, row0: int, L: int, *, last_only: bool = False,
+                taps: tuple[int, ...] = ()):
         """Run ids `[bs, n]` at positions `starts[b] + j` in slots `row0..row0+bs-1`, attending to `[0, L)`.
 
-        Returns (logits `[bs, n or 1, V]`, tapped features `[bs, n, K * hidden]` or None).
+        Returns (logits `[bs, n or 1, V]`, the outputs of layers `taps` concatenated `[bs, n, K * hidden]`
+        or None).
         """
         bs, n = ids.shape
         pos = starts[:, None] + torch.arange(n, device=ids.device)
@@ -200,12 +206,11 @@ class FastTarget:
             kc, vc = self.cache.view(i, row0, bs, L)
             h = torch.addmm(h, attention(q.view(bs, n, H, hd), kc, vc, mask, self.scale), ly.wo.t())
             h = mlp_block(h, ly, eps)
-            if i in self.taps:
+            if i in taps:
                 feats.append(h)
-        if last_only:
-            h = h.view(bs, n, -1)[:, -1]
-            n = 1
-        logits = F.linear(rms_norm(h, self.norm, eps), self.head).view(bs, n, -1)
-        by_layer = dict(zip([i for i in range(self.n_layers) if i in self.taps], feats))
-        return logits, (torch.cat([by_layer[i] for i in self.taps], -1).view(bs, -1, len(self.taps) * self.hidden_size)
-                        if self.taps else None)
+        out = h.view(bs, n, -1)[:, -1:] if last_only else h.view(bs, n, -1)
+        logits = F.linear(rms_norm(out, self.norm, eps), self.head)
+        if not taps:
+            return logits, None
+        by_layer = dict(zip(sorted(set(taps)), feats))
+        return logits, torch.cat([by_layer[i] for i in taps], -1).view(bs, n, -1)

@@ -64,9 +64,9 @@ class FastRunner:
         self.acc = torch.zeros(self.S, **long)
         self.synth_acc = torch.zeros(self.S, **long)
         self.pending = None
+        self.taps = tuple(drafter.c.target_layer_ids) if drafter else ()
         if drafter:
-            target.taps = list(drafter.c.target_layer_ids)
-            width = len(target.taps) * target.hidden_size
+            width = len(self.taps) * target.hidden_size
             self.pending = torch.zeros(self.S, self.B, width, dtype=target.dtype, device=dev)
         self.synthetic_tau = synthetic_tau
         self.rate = synthetic_rate(synthetic_tau, self.B) if synthetic_tau is not None else None
@@ -84,7 +84,7 @@ class FastRunner:
         """Prefill `prompt` into `slot` (eager); returns the first generated token."""
         ids = torch.tensor([prompt], dtype=torch.long, device=self.dev)
         zero = torch.zeros(1, dtype=torch.long, device=self.dev)
-        logits, feats = self.t.forward(ids, zero, slot, len(prompt), last_only=True)
+        logits, feats = self.t.forward(ids, zero, slot, len(prompt), last_only=True, taps=self.taps)
         if self.d:
             pos = torch.arange(len(prompt), device=self.dev)[None]
             self.d.write_context(feats, pos, slot)
@@ -187,7 +187,7 @@ class FastRunner:
     def _verify(self, bs: int, L: int) -> None:
         drafts = self.drafts[:bs]
         ids = torch.cat([self.anchor[:bs, None], drafts], 1)
-        logits, feats = self.t.forward(ids, self.start[:bs], 0, L)
+        logits, feats = self.t.forward(ids, self.start[:bs], 0, L, taps=self.taps)
         post = logits.argmax(-1)
         self.post[:bs] = post
         self.pending[:bs] = feats
