@@ -165,3 +165,15 @@ def test_run_refuses_bad_options_in_one_sentence(tmp_path: Path, data_dir: Path,
            "--out", str(tmp_path), "--data-dir", str(data_dir), *args]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and says in res.stderr and "Traceback" not in res.stderr
+
+
+def test_run_failures_are_escaped_and_nothing_written_for_a_dead_url(tmp_path: Path, data_dir: Path):
+    cmd = [sys.executable, "-m", "dflash_bench", "run", "--url", "http://127.0.0.1:9", "--suite", "gsm8k", "-n", "1",
+           "--out", str(tmp_path / "out"), "--data-dir", str(data_dir)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and not (tmp_path / "out").exists()
+    with EmulatorProcess(mode="ar", ttft_ms=1, itl_ms=1, output_len=4, fail_every=2, fail_kind="error") as em:
+        cmd = [sys.executable, "-m", "dflash_bench", "run", "--url", em.url, "--suite", "gsm8k", "-n", "4",
+               "--no-warmup", "--out", str(tmp_path / "out"), "--data-dir", str(data_dir)]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and "2 request(s) failed: HTTP 500 (2)" in res.stdout

@@ -25,8 +25,16 @@ def run_one(*, url: str, suite: str, concurrency: int, num_prompts: int | None, 
         raise UserError(f"--label must be 'ar' or 'dflash', not {label!r}")
     if engine not in ENGINES:
         raise UserError(f"--engine must be one of {', '.join(ENGINES)}, not {engine!r}")
+    from dflash_bench.client.protocol import APIS
+    from dflash_bench.client.transport import TRANSPORTS
+
+    if api not in APIS:
+        raise UserError(f"unknown api {api!r}; choose one of {', '.join(APIS)}")
+    if transport not in TRANSPORTS:
+        raise UserError(f"unknown transport {transport!r}; choose one of {', '.join(TRANSPORTS)}")
     if not url.startswith(("http://", "https://")):
         raise UserError(f"--url must start with http:// or https:// (got {url!r})")
+    _probe(url)
     prompts = load_prompts(suite, data_dir=data_dir, num_prompts=num_prompts, seed=seed)
     name = name or "run-" + datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     cid = cell_id(engine, label, suite, concurrency)
@@ -54,6 +62,19 @@ def run_one(*, url: str, suite: str, concurrency: int, num_prompts: int | None, 
     if not quiet:
         print_summary(summary, sweep.cell_dir(cid))
     return sweep.cell_dir(cid)
+
+
+def _probe(url: str) -> None:
+    """Refuse an unreachable server before anything is written to disk."""
+    import socket
+    from urllib.parse import urlsplit
+
+    u = urlsplit(url)
+    port = u.port or (443 if u.scheme == "https" else 80)
+    try:
+        socket.create_connection((u.hostname or "127.0.0.1", port), timeout=10).close()
+    except OSError as err:
+        raise UserError(f"cannot reach the server at {url} ({err.strerror or err}); is it running and ready?") from None
 
 
 def _open_or_create(path: Path, cid: str) -> tuple[SweepDir, Manifest]:
@@ -115,6 +136,8 @@ def print_summary(s: CellSummary, cell_dir: Path) -> None:
     else:
         con.print("acceptance length tau: absent (the server reported no speculative counters)")
     if s.num_failed:
-        reasons = ", ".join(f"{k} ({v})" for k, v in s.extra.get("failures", {}).items())
+        from rich.markup import escape
+
+        reasons = escape(", ".join(f"{k} ({v})" for k, v in s.extra.get("failures", {}).items()))
         con.print(f"[yellow]{s.num_failed} request(s) failed: {reasons}[/yellow]", markup=True, highlight=False)
     con.print(f"written to {cell_dir}", highlight=False)
