@@ -38,6 +38,7 @@ class DrafterTrainConfig:
     seed: int = 0
     time_limit: float | None = None
     regen_batch: int = 64
+    init: str | None = None  # an existing drafter (z-lab format) to continue training
 
 
 def build_target_layer_ids(n_target: int, k: int) -> list[int]:
@@ -137,6 +138,20 @@ def _init(drafter) -> None:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.02)
 
 
+def _load_init(drafter, path: str) -> None:
+    """Start from an existing drafter of the same shape (strict keys and shapes)."""
+    from safetensors.torch import load_file
+
+    f = Path(path) / "model.safetensors"
+    if not f.is_file():
+        raise UserError(f"no drafter to continue from at {path!r}: expected model.safetensors there")
+    state = {k: v.float() for k, v in load_file(str(f)).items()}
+    try:
+        drafter.load_state_dict(state, strict=True)
+    except RuntimeError as err:
+        raise UserError(f"the drafter in {path!r} does not have the shape asked for (layers, target layers, size)") from err
+
+
 def _batches(samples: list[tuple[list[int], list[int]]], batch: int, rng: random.Random, pad: int):
     """Endless shuffled batches: ids `[bs, L]` right-padded, response mask, lengths."""
     while True:
@@ -144,7 +159,7 @@ def _batches(samples: list[tuple[list[int], list[int]]], batch: int, rng: random
         rng.shuffle(order)
         for i in range(0, len(order) - batch + 1 if len(order) >= batch else 1, batch):
             rows = [samples[j] for j in order[i : i + batch]]
-            L_ = max(len(p) + len(r) for p, r in rows)
+            L_ = -(-max(len(p) + len(r) for p, r in rows) // 64) * 64  # few distinct shapes
             ids = torch.full((len(rows), L_), pad, dtype=torch.long)
             mask = torch.zeros(len(rows), L_, dtype=torch.bool)
             lengths = torch.zeros(len(rows), dtype=torch.long)
@@ -158,7 +173,7 @@ def _batches(samples: list[tuple[list[int], list[int]]], batch: int, rng: random
 def train_drafter(target: str, data: str | list[list[dict]], out: str, config: DrafterTrainConfig | None = None,
                   *, log=print) -> dict:
     """Regenerate responses with the target, train a DFlash drafter, save it in z-lab's format under `out`."""
-    from dflash_bench.engine.build import load_tokenizer, resolve_dtype
+    from dflash_bench.engine.build import eos_ids, load_tokenizer
     from dflash_bench.engine.drafter import DFlashDrafter, DrafterConfig, save_drafter
     from dflash_bench.train.data import encode_prompts, read_prompts, regenerate
 
@@ -171,17 +186,18 @@ def train_drafter(target: str, data: str | list[list[dict]], out: str, config: D
     torch.manual_seed(c.seed)
     tok = load_tokenizer(target)
     prompts = read_prompts(data, c.num_prompts) if isinstance(data, (str, Path)) else data[: c.num_prompts]
+    dtype = torch.bfloat16 if c.device.startswith("cuda") else torch.float32
+    tgt = FrozenTarget(target, c.device, dtype)
     t0 = time.time()
-    samples = regenerate(target, encode_prompts(tok, prompts, c.max_prompt_tokens), max_new_tokens=c.max_new_tokens,
-                         device=c.device, batch=c.regen_batch, log=log)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    samples = regenerate(tgt.model, encode_prompts(tok, prompts, c.max_prompt_tokens), eos_ids=eos_ids(tgt.model, tok),
+                         pad_id=pad, max_new_tokens=c.max_new_tokens, batch=c.regen_batch, log=log)
     samples = [s for s in samples if len(s[1]) >= 2]
     if not samples:
         raise UserError("the target produced no responses of two tokens or more for these prompts")
     regen_s = time.time() - t0
     log(f"regenerated {len(samples)} responses, {sum(len(r) for _, r in samples)} tokens in {regen_s:.0f} s")
 
-    dtype = torch.bfloat16 if c.device.startswith("cuda") else torch.float32
-    tgt = FrozenTarget(target, c.device, dtype)
     vocab = tgt.embed_weight.shape[0]
     layer_ids = c.target_layer_ids or build_target_layer_ids(tgt.config.num_hidden_layers, max(c.layers, 2))
     bad = [i for i in layer_ids if not 0 <= i < tgt.config.num_hidden_layers]
@@ -191,8 +207,11 @@ def train_drafter(target: str, data: str | list[list[dict]], out: str, config: D
     raw = drafter_config_dict(tgt.config, c, pick_mask_id(tok, vocab, c.mask_token_id), layer_ids, vocab)
     drafter = DFlashDrafter(DrafterConfig.from_dict(raw))
     _init(drafter)
+    if c.init:
+        _load_init(drafter, c.init)
+        log(f"continuing from the drafter in {c.init}")
     drafter.to(c.device).train()
-    summary = _loop(drafter, tgt, samples, c, tok.pad_token_id or 0, log)
+    summary = _loop(drafter, tgt, samples, c, pad, log)
     summary.update(regenerate_seconds=round(regen_s, 1), samples=len(samples), target_layer_ids=layer_ids)
 
     drafter.to(torch.bfloat16)
@@ -216,14 +235,14 @@ def _loop(drafter, tgt: FrozenTarget, samples, c: DrafterTrainConfig, pad: int, 
     rng, g = random.Random(c.seed), torch.Generator().manual_seed(c.seed)
     batches = _batches(samples, min(c.batch, len(samples)), rng, pad)
     amp = c.device.startswith("cuda")
-    t0, step, hist, steps = time.time(), 0, [], c.steps
-    while step < steps:
-        if step == 10:
-            t_warm = time.time()
-        if step == 30:  # planned steps that fit the time limit, so the LR schedule completes
-            steps = L.fit_steps(steps, step, time.time() - t0, (time.time() - t_warm) / 20, c.time_limit)
+    t0, step, hist = time.time(), 0, []
+    warmup = max(1, min(100, c.steps // 20))
+    while True:
+        progress = L.progress(step, c.steps, time.time() - t0, c.time_limit)
+        if progress >= 1.0:
+            break
         for group in opt.param_groups:
-            group["lr"] = L.cosine_lr(step, steps, c.lr, max(1, c.steps // 20))
+            group["lr"] = L.schedule_lr(progress, step, c.lr, warmup)
         ids, mask, lengths = (t.to(c.device) for t in next(batches))
         feats = tgt.features(ids)
         anchors, valid = L.select_anchors(mask, lengths, c.anchors, g)
@@ -235,12 +254,9 @@ def _loop(drafter, tgt: FrozenTarget, samples, c: DrafterTrainConfig, pad: int, 
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         hist.append(stats["acc_len"].detach())
-        if step % 50 == 0 or step == steps - 1:
-            log(f"drafter step {step}/{steps} loss {loss.item():.3f} est. tau {_mean(hist):.2f} ({time.time() - t0:.0f} s)")
+        if step % 100 == 0:
+            log(f"drafter step {step} ({progress:.0%}) loss {loss.item():.3f} est. tau {_mean(hist):.2f} ({time.time() - t0:.0f} s)")
         step += 1
-        if c.time_limit and time.time() - t0 > 1.1 * c.time_limit:
-            log(f"drafter: time limit reached after {step} steps")
-            break
     return {"steps": step, "final_loss": round(loss.item(), 4), "train_tau_estimate": round(_mean(hist), 3),
             "train_seconds": round(time.time() - t0, 1), "gamma": gamma, "block_size": c.block_size}
 

@@ -126,19 +126,13 @@ def dflash_loss(logits: torch.Tensor, ids: torch.Tensor, lengths: torch.Tensor, 
     return loss, stats
 
 
-def cosine_lr(step: int, total: int, peak: float, warmup: int) -> float:
-    """Linear warm-up then cosine decay to 10% of the peak."""
+def progress(step: int, steps: int, elapsed: float, time_limit: float | None) -> float:
+    """How far the run is (0..1): by steps, or by time when a time limit comes first."""
+    return max(step / steps, elapsed / time_limit if time_limit else 0.0)
+
+
+def schedule_lr(progress: float, step: int, peak: float, warmup: int) -> float:
+    """Linear warm-up over `warmup` steps, then cosine decay to 10% of the peak over the run's progress."""
     if step < warmup:
         return peak * (step + 1) / warmup
-    t = (step - warmup) / max(1, total - warmup)
-    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
-
-
-def fit_steps(steps: int, done: int, elapsed: float, per_step: float, time_limit: float | None) -> int:
-    """Shrink the planned step count so the run (and its LR schedule) ends within `time_limit` seconds.
-
-    `per_step` is measured after warm-up (the first steps include compilation and allocation).
-    """
-    if not time_limit or per_step <= 0:
-        return steps
-    return max(done + 1, min(steps, done + int((time_limit - elapsed) / per_step)))
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from dflash_bench.train.loss import cosine_lr, fit_steps
+from dflash_bench.train.loss import progress, schedule_lr
 from dflash_bench.train.tokenizer import EOS, PAD
 
 
@@ -78,14 +78,14 @@ def train_target(tokenizer, texts: list[str], out: str | Path, *, spec: TargetSp
     g = torch.Generator().manual_seed(seed)
     amp = device.startswith("cuda")
     t0, step = time.time(), 0
+    warmup = max(1, min(100, steps // 20))
     model.train()
-    while step < steps:
-        if step == 10:
-            t_warm = time.time()
-        if step == 30:  # planned steps that fit the time limit, so the LR schedule completes
-            steps = fit_steps(steps, step, time.time() - t0, (time.time() - t_warm) / 20, time_limit)
+    while True:
+        done = progress(step, steps, time.time() - t0, time_limit)
+        if done >= 1.0:
+            break
         for group in opt.param_groups:
-            group["lr"] = cosine_lr(step, steps, lr, max(1, steps // 20))
+            group["lr"] = schedule_lr(done, step, lr, warmup)
         x = data[torch.randint(len(data), (batch,), generator=g)].to(device, non_blocking=True)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
             loss = model(input_ids=x, labels=x).loss
@@ -93,13 +93,9 @@ def train_target(tokenizer, texts: list[str], out: str | Path, *, spec: TargetSp
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        if step % 100 == 0 or step == steps - 1:
-            loss_v = loss.item()
-            log(f"target step {step}/{steps} loss {loss_v:.3f} ({time.time() - t0:.0f} s)")
+        if step % 100 == 0:
+            log(f"target step {step} ({done:.0%}) loss {loss.item():.3f} ({time.time() - t0:.0f} s)")
         step += 1
-        if time_limit and time.time() - t0 > 1.1 * time_limit:
-            log(f"target: time limit reached after {step} steps")
-            break
     seconds = time.time() - t0
     model.eval()
     model.to(torch.bfloat16)
