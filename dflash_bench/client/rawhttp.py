@@ -49,8 +49,8 @@ class _Response:
                 return
             self._headers(buf[:end])
             buf = buf[end + 4:]
-            if self.st is not None and self.st.t_first_byte is None:
-                self.st.t_first_byte = t
+        if buf and self.st is not None and self.st.t_first_byte is None:
+            self.st.t_first_byte = t  # the first byte of the body, as the other transports stamp it
         if self.chunked:
             self.buf = self._chunks(t, buf)
         else:
