@@ -146,6 +146,8 @@ def test_all_transports_agree(tmp_path: Path):
     for t, s in out.items():
         assert s.num_ok == 6 and s.total_output_tokens == out["raw"].total_output_tokens, t
         assert ids(t) == ids("raw") and s.acceptance_length is not None
+        for r in measured(tmp_path, t):
+            assert r.t_send < r.t_first_byte <= r.t_first_token <= r.chunk_times[-1] <= r.t_end, t
 
 
 def test_request_body_sends_temperature_thinking_and_logprobs():
