@@ -93,3 +93,32 @@ def test_synthetic_acceptance_hits_the_asked_mean(setup):
         synthetic_rate(B + 0.5, B)
     assert synthetic_rate(float(B), B) == pytest.approx(1.0)
 
+
+
+def test_fast_engine_serves_the_decode_loop_like_the_reference(setup, tmp_path):
+    from dflash_bench.engine.fast.engine import build_fast_engine
+
+    ar, df = setup
+    target, drafter = make_tiny_pair(tmp_path, seed=1, block_size=B)
+    fast = build_fast_engine(str(target), str(drafter), max_slots=SLOTS, max_len=MAX_LEN, dtype="float64", device="cpu")
+    ref = build_engine(str(target), mode="ar", max_slots=SLOTS, max_len=MAX_LEN, dtype="float64")
+    ps = _prompts(ref.tok, 4)
+    sp = SamplingParams(max_tokens=N, ignore_eos=True, logprobs=2)
+    want, got = ref_generate(ref, ps, sp), ref_generate(fast, ps, sp)
+    assert [s.out for s in got] == [s.out for s in want]
+    assert fast.stats.drafts > 0 and fast.stats.generation_tokens == ref.stats.generation_tokens
+    assert fast.free_slots and sorted(fast.free_slots) == list(range(SLOTS))
+    with pytest.raises(ValueError, match="greedily"):
+        fast.add("x", ps[0], SamplingParams(temperature=0.7))
+
+
+def test_synthetic_acceptance_needs_benchmark_only(tmp_path):
+    from dflash_bench.engine.fast.engine import build_fast_engine
+    from dflash_bench.errors import UserError
+
+    target, drafter = make_tiny_pair(tmp_path, seed=1, block_size=B)
+    with pytest.raises(UserError, match="benchmark-only"):
+        build_fast_engine(str(target), str(drafter), max_slots=2, max_len=64, device="cpu", synthetic_tau=3.0)
+    eng = build_fast_engine(str(target), str(drafter), max_slots=2, max_len=64, device="cpu", synthetic_tau=3.0,
+                            benchmark_only=True)
+    assert eng.synthetic_tau == 3.0

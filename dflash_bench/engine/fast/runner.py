@@ -49,7 +49,7 @@ class FastRunner:
     """Greedy AR (no drafter) or DFlash (with a drafter) decoding on the fast path."""
 
     def __init__(self, target: FastTarget, drafter: FastDrafter | None = None, *, graphs: bool | None = None,
-                 kv_block: int = 256, synthetic_tau: float | None = None, seed: int = 0):
+                 kv_block: int = 256, synthetic_tau: float | None = None, seed: int = 0, keep_logits: bool = False):
         self.t, self.d = target, drafter
         self.B = drafter.B if drafter else 1
         self.S, self.max_len = target.cache.slots, target.max_len
@@ -64,6 +64,8 @@ class FastRunner:
         self.acc = torch.zeros(self.S, **long)
         self.synth_acc = torch.zeros(self.S, **long)
         self.pending = None
+        # target logits of the last step per slot (for logprobs); the prefill's last logits go to position 0
+        self.logits = torch.zeros(self.S, self.B, target.vocab_size, dtype=target.dtype, device=dev) if keep_logits else None
         self.taps = tuple(drafter.c.target_layer_ids) if drafter else ()
         if drafter:
             width = len(self.taps) * target.hidden_size
@@ -89,6 +91,8 @@ class FastRunner:
             pos = torch.arange(len(prompt), device=self.dev)[None]
             self.d.write_context(feats, pos, slot)
         tok = logits[0, -1].argmax()
+        if self.logits is not None:
+            self.logits[slot, 0] = logits[0, -1]
         n = len(prompt)
         self.start[slot] = n
         self.prev[slot] = n
@@ -177,6 +181,8 @@ class FastRunner:
     def _ar(self, bs: int, L: int) -> None:
         logits, _ = self.t.forward(self.anchor[:bs, None], self.start[:bs], 0, L)
         self.post[:bs, 0] = logits[:, -1].argmax(-1)
+        if self.logits is not None:
+            self.logits[:bs] = logits
 
     def _draft(self, bs: int, L: int) -> None:
         ctx_pos = self.prev[:bs, None] + torch.arange(self.B, device=self.dev)
@@ -190,6 +196,8 @@ class FastRunner:
         logits, feats = self.t.forward(ids, self.start[:bs], 0, L, taps=self.taps)
         post = logits.argmax(-1)
         self.post[:bs] = post
+        if self.logits is not None:
+            self.logits[:bs] = logits
         self.pending[:bs] = feats
         if self.rate is not None:
             self.acc[:bs] = self.synth_acc[:bs]

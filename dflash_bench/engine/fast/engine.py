@@ -1,0 +1,115 @@
+"""`FastEngine`: the decode loop's `Engine` interface (admit, step, release, counters) on the fast path.
+
+The server, `EngineLoop` and /metrics use it unchanged. Greedy only: a request with temperature > 0 is
+refused with one sentence (serve without --fast for sampling). Synthetic acceptance is for benchmarking:
+it makes every response wrong on purpose, so it is only built when the caller says it is a benchmark.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dflash_bench.engine.decode import Delta, Engine, Seq
+from dflash_bench.engine.detok import Detokenizer
+from dflash_bench.engine.fast.draft import FastDrafter
+from dflash_bench.engine.fast.model import FastTarget
+from dflash_bench.engine.fast.runner import FastRunner
+from dflash_bench.engine.sampling import SamplingParams
+from dflash_bench.errors import UserError
+
+
+FAST_MODEL_TYPES = ("qwen3", "qwen2", "llama", "mistral")
+
+
+@dataclass
+class _Shape:
+    """What `Engine.__init__` reads of a proposer (the fast runner drafts itself)."""
+
+    block_size: int
+    layer_ids: list
+
+
+class FastEngine(Engine):
+    def __init__(self, target, tokenizer, drafter=None, *, eos_ids: list[int], max_slots: int, max_len: int,
+                 synthetic_tau: float | None = None, kv_block: int = 256):
+        shape = _Shape(drafter.config.block_size, []) if drafter is not None else None
+        super().__init__(target, tokenizer, shape, eos_ids=eos_ids)
+        self.proposer = None
+        target.max_len = max_len  # the reference slot cache of `target` is not used here
+        ft = FastTarget(target.model, max_slots=max_slots, max_len=max_len)
+        fd = FastDrafter(drafter, ft.embed, ft.head, max_slots=max_slots, max_len=max_len) if drafter is not None else None
+        self.runner = FastRunner(ft, fd, kv_block=kv_block, synthetic_tau=synthetic_tau, keep_logits=True)
+        self.synthetic_tau = synthetic_tau
+        self.free_slots = list(range(max_slots - 1, -1, -1))
+
+    @torch.inference_mode()
+    def add(self, req_id: str, prompt: list[int], params: SamplingParams) -> tuple[Seq, Delta]:
+        if not params.greedy:
+            raise ValueError("the fast path decodes greedily: use temperature 0, or serve without --fast to sample")
+        self.free_slots.sort(reverse=True)  # lowest slot first: the batch bucket covers slots 0..highest
+        slot = self.free_slots.pop()
+        seq = Seq(req_id, list(prompt), params, slot, Detokenizer(self.tok, params.stop, prompt[-4:]))
+        tok = self.runner.add(slot, prompt)
+        seq.start = len(prompt)
+        self.stats.prompt_tokens += len(prompt)
+        self.stats.requests += 1
+        return seq, self._commit(seq, [tok], self.runner.logits[slot, :1])
+
+    @torch.inference_mode()
+    def step(self, seqs: list[Seq]) -> list[Delta]:
+        got = self.runner.step([s.slot for s in seqs])
+        deltas = []
+        for s in seqs:
+            toks = got[s.slot]
+            a = len(toks) - 1
+            self._count(a)
+            s.start += a + 1
+            s.steps += 1
+            s.accepted += a
+            deltas.append(self._commit(s, toks, self.runner.logits[s.slot, : a + 1]))
+        return deltas
+
+    def release(self, s: Seq) -> None:
+        if s.slot >= 0:
+            self.runner.release(s.slot)
+        super().release(s)
+
+
+def build_fast_engine(model: str, draft: str | None = None, *, mode: str = "dflash", dtype: str = "auto",
+                      device: str = "auto", max_slots: int = 32, max_len: int = 4096, tokenizer=None,
+                      synthetic_tau: float | None = None, benchmark_only: bool = False) -> FastEngine:
+    """Like `build.build_engine`, on the fast path (CUDA graphs on a GPU, eager on the CPU)."""
+    from dflash_bench.engine.build import eos_ids, load_tokenizer, resolve_dtype
+    from dflash_bench.engine.drafter import load_drafter
+    from dflash_bench.engine.target import Target
+
+    if mode not in ("ar", "dflash"):
+        raise UserError(f"unknown mode {mode!r}; use 'ar' or 'dflash'")
+    if mode == "dflash" and not draft:
+        raise UserError("mode dflash needs a drafter: pass --draft <drafter folder>")
+    if synthetic_tau is not None and not benchmark_only:
+        raise UserError("--synthetic-acceptance makes every answer wrong on purpose; it needs --benchmark-only")
+    if synthetic_tau is not None and mode != "dflash":
+        raise UserError("--synthetic-acceptance only applies to mode dflash")
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"device {device!r} was asked for but no CUDA GPU is available; use --device cpu")
+    if device == "cpu":
+        torch.set_num_threads(1)
+    dt = resolve_dtype(dtype, device)
+    tok = tokenizer or load_tokenizer(model)
+    target = Target(model, dtype=dt, device=device, max_slots=1, max_len=1)
+    kind = getattr(target.config, "model_type", "?")
+    if kind not in FAST_MODEL_TYPES:
+        raise UserError(f"the fast path runs {', '.join(FAST_MODEL_TYPES)} models, not {kind!r}: serve without --fast")
+    drafter = None
+    if mode == "dflash":
+        drafter = load_drafter(draft, target_hidden=target.hidden_size, target_layers=target.n_layers,
+                               target_vocab=target.vocab_size, dtype=dt, device=device)
+        if synthetic_tau is not None and not 1 <= synthetic_tau <= drafter.config.block_size:
+            raise UserError(f"--synthetic-acceptance must lie between 1 and the block size {drafter.config.block_size}")
+    return FastEngine(target, tok, drafter, eos_ids=eos_ids(target.model, tok), max_slots=max_slots, max_len=max_len,
+                      synthetic_tau=synthetic_tau)
