@@ -128,7 +128,8 @@ def _run_cell(cell: CellPlan, url: str, settings: SweepSettings, pair, sweep: Sw
                                max_tokens=max_tokens, temperature=settings.temperature,
                                api="generate" if cell.engine == "sglang" else "chat",
                                save_token_ids=settings.save_token_ids, enable_thinking=thinking, seed=settings.seed,
-                               telemetry=telemetry, on_progress=progress.on_request)
+                               telemetry=telemetry, on_progress=progress.on_request,
+                               tokenizer=pair.target if cell.engine == "sglang" else None)  # /generate takes templated text
         check()  # a server that died mid-cell fails the cell even if some requests got through
     except UserError as err:
         _fail(sweep, manifest, cell, str(err), result)
