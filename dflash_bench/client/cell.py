@@ -22,20 +22,12 @@ from dflash_bench.metrics.definitions import failure_reasons, summarize
 from dflash_bench.store import TELEMETRY, CellSummary, SweepDir, now_iso
 
 
-def measure_cell(url: str, prompts: Sequence, *, concurrency: int, cell_dir: Path, engine: str = "vllm",
-                 mode: str = "ar", suite: str | None = None, repeat: int = 0, max_tokens: int = 2048,
-                 temperature: float = 0.0, api: str = "chat", model: str | None = None,
-                 save_token_ids: bool = False, enable_thinking: bool | None = None, warmup: bool = True,
-                 request_rate: float | None = None, timeout: float | None = 600.0, seed: int = 0,
-                 transport: str = "auto", on_progress: ProgressFn | None = None, telemetry=None,
-                 tokenizer: str | None = None) -> CellSummary:
-    """Measure `prompts` against the server at `url` at `concurrency`; write and return the cell summary.
+def measure_cell(url: str, prompts: Sequence, **options: Any) -> CellSummary:
+    """Measure `prompts` against the server at `url`; write and return the cell summary.
 
-    Raises UserError when the server cannot be reached at all; request failures during the cell are
-    recorded (with their reasons) and counted instead. With api="generate" (SGLang native), `tokenizer`
-    (a Hugging Face id or folder) renders the model's chat template on the client; without it the raw
-    prompt text is sent and the summary's settings say so."""
-    return asyncio.run(measure_cell_async(**{k: v for k, v in locals().items()}))
+    The options are `measure_cell_async`'s. Raises UserError when the server cannot be reached at all;
+    request failures during the cell are recorded (with their reasons) and counted instead."""
+    return asyncio.run(measure_cell_async(url, prompts, **options))
 
 
 async def measure_cell_async(url: str, prompts: Sequence, *, concurrency: int, cell_dir: Path, engine: str = "vllm",
@@ -45,6 +37,10 @@ async def measure_cell_async(url: str, prompts: Sequence, *, concurrency: int, c
                              request_rate: float | None = None, timeout: float | None = 600.0, seed: int = 0,
                              transport: str = "auto", on_progress: ProgressFn | None = None, telemetry=None,
                              tokenizer: str | None = None) -> CellSummary:
+    """One cell: warm-up, /metrics before, the measured load (GPU telemetry over it), /metrics after.
+
+    With api="generate" (SGLang native), `tokenizer` (a Hugging Face id or folder) renders the model's
+    chat template on the client; without it the raw prompt text is sent and the summary's settings say so."""
     if api not in APIS:
         raise UserError(f"unknown api {api!r}; choose one of {', '.join(APIS)}")
     if transport not in TRANSPORTS:
