@@ -243,12 +243,16 @@ def serve(
     max_slots: int = typer.Option(32, "--max-slots", help="Most requests decoded together; more wait in a queue."),
     max_model_len: int = typer.Option(4096, "--max-model-len", help="Most tokens per request (prompt + output); sizes the KV cache."),
     served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="Model name in the API (default: --model as given)."),
+    fast: bool = typer.Option(False, "--fast", help="Fast path: fused Qwen3/Llama forward with CUDA graphs (greedy requests only)."),
+    synthetic_acceptance: Optional[float] = typer.Option(None, "--synthetic-acceptance", help="Benchmarking random weights: accept drafts at this mean length (tokens are wrong; needs --fast --benchmark-only)."),
+    benchmark_only: bool = typer.Option(False, "--benchmark-only", help="Allow options that make answers wrong on purpose (--synthetic-acceptance)."),
 ) -> None:
     """Serve the builtin DFlash engine (OpenAI-compatible API, vLLM metric names) until interrupted."""
     from dflash_bench.engine.server import serve as run_server
 
     run_server(model, draft, mode=mode, host=host, port=port, dtype=dtype, device=device, max_slots=max_slots,
-               max_model_len=max_model_len, served_model_name=served_model_name)
+               max_model_len=max_model_len, served_model_name=served_model_name, fast=fast,
+               synthetic_acceptance=synthetic_acceptance, benchmark_only=benchmark_only)
 
 
 @app.command("train-drafter")

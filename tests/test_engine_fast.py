@@ -122,3 +122,54 @@ def test_synthetic_acceptance_needs_benchmark_only(tmp_path):
     eng = build_fast_engine(str(target), str(drafter), max_slots=2, max_len=64, device="cpu", synthetic_tau=3.0,
                             benchmark_only=True)
     assert eng.synthetic_tau == 3.0
+
+
+@pytest.mark.slow
+def test_serve_fast_labels_synthetic_acceptance_over_http(tmp_path):
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    target, drafter = make_tiny_pair(tmp_path, seed=1, block_size=B)
+    base = [sys.executable, "-m", "dflash_bench", "serve", "--model", str(target), "--draft", str(drafter),
+            "--device", "cpu", "--max-model-len", "256", "--max-slots", "4", "--served-model-name", "tiny", "--fast"]
+    refused = subprocess.run(base + ["--synthetic-acceptance", "3"], capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "--benchmark-only" in refused.stderr + refused.stdout
+    assert "Traceback" not in refused.stderr
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(base + ["--synthetic-acceptance", "3", "--benchmark-only", "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        body = {"model": "tiny", "prompt": "the cat sat", "max_tokens": 24, "ignore_eos": True, "temperature": 0}
+        r = httpx.post(url + "/v1/completions", json=body, timeout=60).json()
+        assert r["synthetic_acceptance"] == 3.0 and r["usage"]["completion_tokens"] == 24
+        with httpx.stream("POST", url + "/v1/completions", json={**body, "stream": True}, timeout=60) as resp:
+            chunks = [line for line in resp.iter_lines() if line.startswith("data: {")]
+        assert chunks and all('"synthetic_acceptance":3.0' in c for c in chunks)
+        text = httpx.get(url + "/metrics").text
+        assert "dflash_bench:synthetic_acceptance{" in text
+        drafts = sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if x.startswith("vllm:spec_decode_num_drafts_total{"))
+        assert drafts > 0
+        bad = httpx.post(url + "/v1/completions", json={**body, "temperature": 0.7}, timeout=60)
+        assert bad.status_code == 400 and "greedily" in bad.json()["message"]
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

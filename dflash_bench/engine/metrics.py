@@ -31,6 +31,10 @@ class EngineCollector:
         yield self._counter("vllm:request_success", "Requests admitted.", st.requests)
         yield self._gauge("vllm:num_requests_running", "Requests in the decode batch.", self.loop.num_running)
         yield self._gauge("vllm:num_requests_waiting", "Requests waiting for a slot.", self.loop.num_waiting)
+        synthetic = getattr(self.loop.engine, "synthetic_tau", None)
+        if synthetic is not None:  # benchmarking only: acceptance below is drawn, not measured
+            yield self._gauge("dflash_bench:synthetic_acceptance", "Mean acceptance length the verifier was told to "
+                              "draw (tokens are not the target's).", synthetic)
         if self.loop.engine.B <= 1:
             return
         yield self._counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", st.drafts)

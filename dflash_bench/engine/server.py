@@ -43,6 +43,13 @@ def build_app(loop: EngineLoop, model_name: str) -> FastAPI:
     # A tokenizer of its own: HF fast tokenizers can fail ("Already borrowed") when one instance encodes on
     # this thread while the engine thread decodes with it.
     tok = copy.deepcopy(engine.tok)
+    # --fast --synthetic-acceptance (benchmarking only): every response body and chunk says so
+    synthetic = getattr(engine, "synthetic_tau", None)
+
+    def _label(obj: dict) -> dict:
+        if synthetic is not None:
+            obj["synthetic_acceptance"] = synthetic
+        return obj
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_req, exc: RequestValidationError):
@@ -87,6 +94,8 @@ def build_app(loop: EngineLoop, model_name: str) -> FastAPI:
         if why:
             raise BadRequest(why)
         params = req.sampling(max_tokens, req.wanted_logprobs())
+        if getattr(engine, "greedy_only", False) and not params.greedy:
+            raise BadRequest("this server runs the fast path, which decodes greedily: use temperature 0")
         fmt = Formatter(kind, model_name, tok, req.return_tokens_as_token_ids)
         queue: asyncio.Queue = asyncio.Queue()
         aloop = asyncio.get_running_loop()
@@ -105,7 +114,7 @@ def build_app(loop: EngineLoop, model_name: str) -> FastAPI:
         except asyncio.CancelledError:
             loop.abort(req_id)
             raise
-        return JSONResponse(fmt.full(deltas, engine.B))
+        return JSONResponse(_label(fmt.full(deltas, engine.B)))
 
     async def _stream(req_id, queue, fmt: Formatter, opts):
         usage_each = bool(opts and opts.include_usage and opts.continuous_usage_stats)
@@ -120,9 +129,9 @@ def build_app(loop: EngineLoop, model_name: str) -> FastAPI:
                     done = True
                     break
                 done = d.finish is not None
-                yield _sse(fmt.chunk(d, with_usage=usage_each))
+                yield _sse(_label(fmt.chunk(d, with_usage=usage_each)))
             if opts and opts.include_usage and not isinstance(d, Exception):
-                yield _sse(fmt.usage_chunk(d, engine.B))
+                yield _sse(_label(fmt.usage_chunk(d, engine.B)))
             yield b"data: [DONE]\n\n"
         finally:
             if not done:
@@ -142,7 +151,8 @@ def _check_port(host: str, port: int) -> None:
 
 def serve(model: str, draft: str | None = None, *, mode: str | None = None, host: str = "127.0.0.1", port: int = 8000,
           dtype: str = "auto", device: str = "auto", max_slots: int = 32, max_model_len: int = 4096,
-          served_model_name: str | None = None, log_level: str = "warning") -> None:
+          served_model_name: str | None = None, log_level: str = "warning", fast: bool = False,
+          synthetic_acceptance: float | None = None, benchmark_only: bool = False) -> None:
     """Load the model(s) and serve until interrupted (the `dflash-bench serve` command)."""
     import uvicorn
 
@@ -152,8 +162,17 @@ def serve(model: str, draft: str | None = None, *, mode: str | None = None, host
     if max_slots < 1 or max_model_len < 16:
         raise UserError("--max-slots must be at least 1 and --max-model-len at least 16")
     _check_port(host, port)
-    engine = build_engine(model, draft if mode == "dflash" else None, mode=mode, dtype=dtype, device=device,
-                          max_slots=max_slots, max_len=max_model_len)
+    if fast:  # engine/fast: fused forward, CUDA graphs (greedy only)
+        from dflash_bench.engine.fast.engine import build_fast_engine
+
+        engine = build_fast_engine(model, draft if mode == "dflash" else None, mode=mode, dtype=dtype, device=device,
+                                   max_slots=max_slots, max_len=max_model_len, synthetic_tau=synthetic_acceptance,
+                                   benchmark_only=benchmark_only)
+    elif synthetic_acceptance is not None:
+        raise UserError("--synthetic-acceptance runs on the fast path only: add --fast --benchmark-only")
+    else:
+        engine = build_engine(model, draft if mode == "dflash" else None, mode=mode, dtype=dtype, device=device,
+                              max_slots=max_slots, max_len=max_model_len)
     loop = EngineLoop(engine).start()
     name = served_model_name or model
     app = build_app(loop, name)

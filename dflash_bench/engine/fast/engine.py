@@ -32,6 +32,8 @@ class _Shape:
 
 
 class FastEngine(Engine):
+    greedy_only = True  # the server answers 400 to sampling requests
+
     def __init__(self, target, tokenizer, drafter=None, *, eos_ids: list[int], max_slots: int, max_len: int,
                  synthetic_tau: float | None = None, kv_block: int = 256):
         shape = _Shape(drafter.config.block_size, []) if drafter is not None else None
