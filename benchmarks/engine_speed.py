@@ -108,6 +108,26 @@ def matmul_chain_ms(target: FastTarget, dev) -> float:
     return (time.perf_counter() - t) / 20 * 1e3
 
 
+def profile_ar_step(runner: FastRunner, dev, path: str | None) -> str:
+    """Diagnostic: kernels of one eager batch-1 AR step (what the graph replays), by device time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    runner.add(0, list(range(1000, 1128)))
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    with torch.inference_mode():
+        runner._ar(1, runner.kv_block)
+        sync(dev)
+        with profile(activities=acts) as prof:
+            runner._ar(1, runner.kv_block)
+            sync(dev)
+    runner.release(0)
+    key = "self_device_time_total" if dev.type == "cuda" else "self_cpu_time_total"
+    table = prof.key_averages().table(sort_by=key, row_limit=18, max_name_column_width=60)
+    if path:
+        prof.export_chrome_trace(path)
+    return table
+
+
 def prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(1000, vocab - 1000) for _ in range(length)] for _ in range(n)]
@@ -236,6 +256,7 @@ def main() -> None:
     ap.add_argument("--soak-tokens", type=int, default=32)
     ap.add_argument("--kv-block", type=int, default=256)
     ap.add_argument("--out", help="also write the results as JSON here")
+    ap.add_argument("--profile", help="print the kernels of one eager AR step; write a Chrome trace here")
     a = ap.parse_args()
     dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if a.device == "auto" else a.device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
@@ -263,6 +284,8 @@ def main() -> None:
           f"{res['matmul_chain_ms']:.2f} ms", flush=True)
 
     ar = FastRunner(target, None, kv_block=a.kv_block)
+    if a.profile:
+        print(profile_ar_step(ar, dev, a.profile), flush=True)
     real = FastRunner(target, fd, kv_block=a.kv_block)
     ps = prompts(min(S, 8), a.prompt_len, shape["vocab"], 1)
     n = min(64, a.new_tokens)
