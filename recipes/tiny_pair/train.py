@@ -31,7 +31,7 @@ SCALES = {
     # target: tokenizer size, model shape, steps; drafter: prompts, response length, steps
     "full": dict(vocab=4096, hidden=256, layers=6, heads=4, kv_heads=2, inter=768, t_steps=6000, t_batch=64,
                  seq_len=512, t_lr=2e-3, t_time=240, prompts=8000, max_new=256, d_layers=2, d_steps=4000,
-                 d_batch=32, anchors=32, d_time=180, regen_batch=512, layer_ids=[1, 2, 3]),
+                 d_batch=32, anchors=32, d_time=180, d_lr=1e-3, regen_batch=512, layer_ids=[1, 2, 3]),
     "toy": dict(vocab=400, hidden=64, layers=4, heads=4, kv_heads=2, inter=128, t_steps=20, t_batch=8,
                 seq_len=128, t_lr=2e-3, t_time=60, prompts=24, max_new=24, d_layers=1, d_steps=10,
                 d_batch=4, anchors=8, d_time=60, regen_batch=32, pairs=400),
@@ -101,7 +101,7 @@ def train_drafter(train, out: Path, s: dict, a) -> dict:
     prompts = [[{"role": "user", "content": u}] for u in users]
     cfg = DrafterTrainConfig(steps=s["d_steps"], block_size=a.block_size, layers=s["d_layers"], batch=s["d_batch"],
                              anchors=s["anchors"], max_new_tokens=s["max_new"], device=a.device, seed=a.seed,
-                             time_limit=s["d_time"], regen_batch=s["regen_batch"], target_layer_ids=s.get("layer_ids"),
+                             lr=s.get("d_lr", 6e-4), time_limit=s["d_time"], regen_batch=s["regen_batch"], target_layer_ids=s.get("layer_ids"),
                              init=a.init_drafter)
     summary = fit(str(out / "target"), prompts, str(out / "drafter"), cfg, log=log)
     summary["gpu"] = _gpu_name(a.device)

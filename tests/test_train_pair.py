@@ -1,0 +1,54 @@
+"""The committed tiny pair (dflash_bench/assets/default_pair): small, bf16, loads strictly, and its drafter is
+trained (tau clearly above 1) while DFlash output stays identical to AR."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from dflash_bench.engine.build import build_engine  # noqa: E402
+from dflash_bench.engine.decode import generate  # noqa: E402
+from dflash_bench.engine.sampling import SamplingParams  # noqa: E402
+
+pytestmark = pytest.mark.engine
+PAIR = Path(__file__).resolve().parents[1] / "dflash_bench" / "assets" / "default_pair"
+# prompts written for this test (not in the training data, not from a benchmark)
+PROMPTS = [
+    "Return the number of items waiting in the queue.",
+    "Open the file and return its lines without trailing newlines.",
+    "Explain the for statement.",
+    "Write a function that checks whether a string is a palindrome.",
+]
+
+
+def test_pair_is_small_bf16_with_tokenizer_and_chat_template():
+    files = [f for f in PAIR.rglob("*") if f.is_file()]
+    assert sum(f.stat().st_size for f in files) <= 20_000_000
+    from safetensors import safe_open
+
+    for part in ("target", "drafter"):
+        with safe_open(str(PAIR / part / "model.safetensors"), "pt") as f:
+            assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
+    assert (PAIR / "target" / "tokenizer.json").is_file()
+    conf = json.loads((PAIR / "drafter" / "config.json").read_text())
+    assert conf["architectures"] == ["DFlashDraftModel"] and conf["block_size"] == 16
+
+
+def test_pair_drafts_are_accepted_and_output_equals_ar():
+    kw = dict(max_slots=len(PROMPTS), max_len=512, dtype="float32")
+    ar = build_engine(str(PAIR / "target"), mode="ar", **kw)
+    df = build_engine(str(PAIR / "target"), str(PAIR / "drafter"), mode="dflash", **kw)
+    tok = df.tok
+    ids = [tok(tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True),
+               add_special_tokens=False).input_ids for p in PROMPTS]
+    params = SamplingParams(max_tokens=96)
+    want = [s.out for s in generate(ar, ids, params)]
+    got = [s.out for s in generate(df, ids, params)]
+    assert got == want
+    tau = 1 + df.stats.accepted / df.stats.drafts
+    assert tau > 1.5, tau
