@@ -173,3 +173,20 @@ def test_serve_fast_labels_synthetic_acceptance_over_http(tmp_path):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def test_a_paused_row_resumes_where_it_stopped(setup):
+    """Rows of the batch bucket that are not stepped (padding, paused) keep anchor, position and context."""
+    ar, df = setup
+    ps = _prompts(ar.tok, 3)
+    ref = [s.out for s in ref_generate(ar, ps, SamplingParams(max_tokens=N, ignore_eos=True))]
+    for runner in (_fast(df, drafter=False), _fast(df)):
+        outs = [[runner.add(i, p)] for i, p in enumerate(ps)]
+        for step in range(200):
+            live = [i for i in range(3) if len(outs[i]) < N and not (i == 1 and 2 <= step < 6)]
+            if not live:
+                break
+            got = runner.step(live)
+            for i in live:
+                outs[i].extend(got[i])
+        assert [o[:N] for o in outs] == ref

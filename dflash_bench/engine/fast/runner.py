@@ -74,6 +74,7 @@ class FastRunner:
         self.rate = synthetic_rate(synthetic_tau, self.B) if synthetic_tau is not None else None
         self.rng = random.Random(seed)
         self.host_start: dict[int, int] = {}
+        self._stepped: tuple = ()
         self.graphs: dict[tuple, object] = {}
         self.pool = torch.cuda.graph_pool_handle() if self.graphs_on else None
         self.steps = self.accepted = self.row_steps = 0  # steps; accepted drafts and verifies summed over rows
@@ -114,6 +115,11 @@ class FastRunner:
         """Advance every slot in `slots` by one verify (DFlash) or one token (AR); returns the new tokens."""
         hi = max(slots) + 1
         bs = next(b for b in self.sizes if b >= hi)
+        if tuple(slots) != self._stepped:  # rows outside `slots` (padding, or paused) keep their state
+            mask = torch.zeros(self.S, dtype=torch.long)
+            mask[list(slots)] = 1
+            self.active.copy_(mask)
+            self._stepped = tuple(slots)
         need = max(self.host_start[s] for s in slots) + self.B
         if need > self.max_len:
             raise ValueError(f"a sequence would pass the cache length {self.max_len}")
@@ -126,8 +132,9 @@ class FastRunner:
         t0 = self._mark()
         self._run(("ar", bs, L), lambda: self._ar(bs, L))
         t1 = self._mark()
+        on = self.active[:bs].bool()
         self.start[:bs] += self.active[:bs]
-        self.anchor[:bs] = self.post[:bs, 0]
+        self.anchor[:bs] = torch.where(on, self.post[:bs, 0], self.anchor[:bs])
         got = self.post[:bs, 0].tolist()
         if self.timing:
             self.timings.append((t0, t0, t1))
@@ -148,11 +155,11 @@ class FastRunner:
         t1 = self._mark()
         self._run(("verify", bs, L), lambda: self._verify(bs, L))
         t2 = self._mark()
-        acc = self.acc[:bs]
-        self.prev[:bs] = self.start[:bs]
+        acc, on = self.acc[:bs], self.active[:bs].bool()
+        self.prev[:bs] = torch.where(on, self.start[:bs], self.prev[:bs])
         self.start[:bs] += (acc + 1) * self.active[:bs]
         bonus = self.post[:bs].gather(1, acc[:, None])[:, 0]
-        self.anchor[:bs] = bonus
+        self.anchor[:bs] = torch.where(on, bonus, self.anchor[:bs])
         host = torch.cat([acc[:, None], self.drafts[:bs], bonus[:, None]], 1).tolist()
         if self.timing:
             self.timings.append((t0, t1, t2))
@@ -198,7 +205,7 @@ class FastRunner:
         self.post[:bs] = post
         if self.logits is not None:
             self.logits[:bs] = logits
-        self.pending[:bs] = feats
+        self.pending[:bs] = torch.where(self.active[:bs, None, None].bool(), feats, self.pending[:bs])
         if self.rate is not None:
             self.acc[:bs] = self.synth_acc[:bs]
         else:
