@@ -212,3 +212,18 @@ def test_drafter_checkpoint_is_zlab_format(pair):
     assert not any(k.startswith(("model.", "embed", "lm_head")) for k in keys)
     n_layers = cfg["num_hidden_layers"]
     assert len(keys) == 3 + 11 * n_layers  # 58 tensors for z-lab's 5-layer drafters
+
+
+def test_hybrid_recurrent_target_is_refused(tmp_path):
+    from transformers import AutoModelForCausalLM, Qwen3NextConfig
+
+    from dflash_bench.engine.tiny import make_tokenizer
+
+    cfg = Qwen3NextConfig(vocab_size=272, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=2,
+                          num_key_value_heads=1, head_dim=16, num_experts=2, num_experts_per_tok=1,
+                          moe_intermediate_size=16, shared_expert_intermediate_size=16, linear_num_value_heads=2,
+                          linear_num_key_heads=2, linear_key_head_dim=8, linear_value_head_dim=8)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path)
+    make_tokenizer().save_pretrained(tmp_path)
+    with pytest.raises(UserError, match="linear_attention layers"):
+        build_engine(str(tmp_path), mode="ar", max_slots=1, max_len=64)

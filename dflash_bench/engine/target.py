@@ -52,6 +52,15 @@ def _register() -> None:
     AttentionInterface.register(ATTN_NAME, _slot_attention)
 
 
+def _check_attention_only(cfg) -> None:
+    """Recurrent layers (Mamba, GatedDeltaNet) keep state our slot cache cannot roll back: refuse them."""
+    kinds = set(getattr(cfg, "layer_types", None) or [])
+    other = kinds - {"full_attention", "sliding_attention"}
+    if other:
+        raise UserError(f"the target ({cfg.model_type}) has {', '.join(sorted(other))} layers; the builtin engine "
+                        "serves attention-only models (use vLLM or SGLang for hybrid ones)")
+
+
 def _decoder_layers(model: nn.Module, n_layers: int) -> nn.ModuleList:
     for name, mod in model.named_modules():
         if isinstance(mod, nn.ModuleList) and name.endswith("layers") and len(mod) == n_layers:
@@ -72,6 +81,7 @@ class Target:
             raise UserError(f"could not load the target model from {path!r}: {str(err).splitlines()[0]}") from err
         self.model.to(device).eval()
         self.config = self.model.config.get_text_config()
+        _check_attention_only(self.config)
         self.device = torch.device(device)
         self.dtype = dtype
         cfg = self.config
