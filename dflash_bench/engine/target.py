@@ -52,6 +52,15 @@ def _register() -> None:
     AttentionInterface.register(ATTN_NAME, _slot_attention)
 
 
+def _device_map(device: str) -> dict:
+    """Load straight onto the GPU when accelerate is there (an 8B model then never sits in host memory)."""
+    import importlib.util
+
+    if device == "cpu" or importlib.util.find_spec("accelerate") is None:
+        return {}
+    return {"device_map": {"": device}}
+
+
 def _check_attention_only(cfg) -> None:
     """Recurrent layers (Mamba, GatedDeltaNet) keep state our slot cache cannot roll back: refuse them."""
     kinds = set(getattr(cfg, "layer_types", None) or [])
@@ -76,7 +85,8 @@ class Target:
 
         _register()
         try:
-            self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=ATTN_NAME)
+            self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=ATTN_NAME,
+                                                              **_device_map(device))
         except OSError as err:
             raise UserError(f"could not load the target model from {path!r}: {str(err).splitlines()[0]}") from err
         self.model.to(device).eval()
