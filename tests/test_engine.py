@@ -227,3 +227,14 @@ def test_hybrid_recurrent_target_is_refused(tmp_path):
     make_tokenizer().save_pretrained(tmp_path)
     with pytest.raises(UserError, match="linear_attention layers"):
         build_engine(str(tmp_path), mode="ar", max_slots=1, max_len=64)
+
+
+def test_seeded_sampling_is_reproducible_whatever_the_batch(engines):
+    _, df = engines
+    ps = prompts(df.tok, 4)
+    hot = dict(temperature=1.0, max_tokens=24, ignore_eos=True)
+    alone = ids(generate(df, [ps[0]], SamplingParams(seed=7, **hot)))[0]
+    mixed = [SamplingParams(seed=7, **hot)] + [SamplingParams(**hot) for _ in ps[1:]]
+    assert ids(generate(df, ps, mixed))[0] == alone
+    others = {tuple(ids(generate(df, [ps[0]], SamplingParams(seed=s, **hot)))[0]) for s in (1, 2, 3)}
+    assert len(others | {tuple(alone)}) > 1  # the seed matters

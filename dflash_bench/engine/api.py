@@ -45,7 +45,7 @@ class _Common(BaseModel):
         return SamplingParams(
             temperature=self.temperature, top_p=self.top_p, top_k=max(self.top_k, 0), max_tokens=max_tokens,
             min_tokens=self.min_tokens, ignore_eos=self.ignore_eos, stop=stop,
-            stop_token_ids=list(self.stop_token_ids or []), logprobs=logprobs,
+            stop_token_ids=list(self.stop_token_ids or []), logprobs=logprobs, seed=self.seed,
         )
 
 

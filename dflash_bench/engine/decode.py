@@ -7,6 +7,7 @@ only counts positions below `start`.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -85,6 +86,9 @@ class Engine:
     @torch.inference_mode()
     def add(self, req_id: str, prompt: list[int], params: SamplingParams) -> tuple[Seq, Delta]:
         """Prefill a new request into a free slot; returns the sequence and its first token."""
+        if params.seed is not None:  # the request's own random stream, whatever else is in the batch
+            gen = torch.Generator(device=self.device).manual_seed(params.seed)
+            params = dataclasses.replace(params, generator=gen)
         slot = self.free_slots.pop()
         seq = Seq(req_id, list(prompt), params, slot, Detokenizer(self.tok, params.stop, prompt[-4:]))
         ids = torch.tensor([prompt], device=self.device)

@@ -23,6 +23,8 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     logprobs: int | None = None  # None: off; n >= 0: the chosen token's logprob plus the top n
+    seed: int | None = None  # a request's own random stream (the engine makes `generator` from it)
+    generator: torch.Generator | None = field(default=None, repr=False, compare=False)
 
     @property
     def greedy(self) -> bool:
@@ -44,6 +46,21 @@ def probs_from_logits(logits: torch.Tensor, temperature: torch.Tensor, top_k: to
     return torch.zeros_like(p).scatter(-1, idx, p).reshape(shape)
 
 
+def _rand(params: list[SamplingParams] | None, n: int, shape: tuple, device) -> torch.Tensor:
+    """Uniform noise `[n, *shape]`; a row whose request has a seed draws from its own generator."""
+    out = torch.rand((n, *shape), device=device)
+    for i, p in enumerate(params or ()):
+        if p.generator is not None:
+            out[i] = torch.rand(shape, generator=p.generator, device=device)
+    return out
+
+
+def _multinomial(probs: torch.Tensor, params: list[SamplingParams] | None) -> torch.Tensor:
+    """One sample per distribution of probs `[n, ..., V]` (exponential race: argmax p / Exp(1), exact)."""
+    u = _rand(params, probs.shape[0], tuple(probs.shape[1:]), probs.device)
+    return (probs / -torch.log(u.clamp_min(1e-30))).argmax(-1)
+
+
 def param_tensors(params: list[SamplingParams], device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     t = torch.tensor([p.temperature for p in params], device=device)
     k = torch.tensor([p.top_k for p in params], device=device)
@@ -62,10 +79,11 @@ def sample_drafts(logits: torch.Tensor, params: list[SamplingParams]) -> tuple[t
         return tokens, None
     q = torch.nn.functional.one_hot(tokens, logits.shape[-1]).float()
     rows = torch.tensor(samp, device=logits.device)
-    t, k, tp = param_tensors([params[i] for i in samp], logits.device)
+    sub = [params[i] for i in samp]
+    t, k, tp = param_tensors(sub, logits.device)
     qs = probs_from_logits(logits[rows], t, k, tp)
     q[rows] = qs
-    tokens[rows] = torch.multinomial(qs.flatten(0, 1), 1).view(qs.shape[:2])
+    tokens[rows] = _multinomial(qs, sub)
     return tokens, q
 
 
@@ -85,20 +103,22 @@ def accept(
     samp = [i for i, p in enumerate(params) if not p.greedy]
     if samp:
         rows = torch.tensor(samp, device=logits.device)
-        t, k, tp = param_tensors([params[i] for i in samp], logits.device)
+        sub = [params[i] for i in samp]
+        t, k, tp = param_tensors(sub, logits.device)
         p = probs_from_logits(logits[rows], t, k, tp)
         qr = None if q is None else q[rows]
-        a, b = rejection_sample(p, drafts[rows], qr)
+        a, b = rejection_sample(p, drafts[rows], qr, sub)
         acc[rows], bonus[rows] = a, b
     return acc, bonus
 
 
-def rejection_sample(p: torch.Tensor, drafts: torch.Tensor, q: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def rejection_sample(p: torch.Tensor, drafts: torch.Tensor, q: torch.Tensor | None,
+                     params: list[SamplingParams] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Speculative sampling on target probs p `[n, T, V]`, drafts `[n, T-1]`, draft probs q (None: one-hot)."""
     n, T, V = p.shape
     pd = p[:, :-1].gather(-1, drafts[..., None])[..., 0]
     qd = torch.ones_like(pd) if q is None else q.gather(-1, drafts[..., None])[..., 0]
-    ok = torch.rand_like(pd) * qd < pd
+    ok = _rand(params, n, (T - 1,), p.device) * qd < pd
     acc = ok.int().cumprod(1).sum(1)
     if q is None:
         q = torch.nn.functional.one_hot(drafts, V).to(p.dtype)
@@ -108,7 +128,7 @@ def rejection_sample(p: torch.Tensor, drafts: torch.Tensor, q: torch.Tensor | No
     res = (pa - qa).clamp_min(0)
     tot = res.sum(-1, keepdim=True)
     res = torch.where(tot > 0, res / tot.clamp_min(1e-30), pa)
-    return acc, torch.multinomial(res, 1)[:, 0]
+    return acc, _multinomial(res, params)
 
 
 def sample_tokens(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
@@ -117,6 +137,7 @@ def sample_tokens(logits: torch.Tensor, params: list[SamplingParams]) -> torch.T
     samp = [i for i, p in enumerate(params) if not p.greedy]
     if samp:
         rows = torch.tensor(samp, device=logits.device)
-        t, k, tp = param_tensors([params[i] for i in samp], logits.device)
-        out[rows] = torch.multinomial(probs_from_logits(logits[rows], t, k, tp), 1)[:, 0]
+        sub = [params[i] for i in samp]
+        t, k, tp = param_tensors(sub, logits.device)
+        out[rows] = _multinomial(probs_from_logits(logits[rows], t, k, tp), sub)
     return out
