@@ -8,7 +8,6 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 
 pytest.importorskip("transformers")
 
