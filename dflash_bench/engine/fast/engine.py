@@ -59,6 +59,10 @@ class FastEngine(Engine):
         self.stats.requests += 1
         return seq, self._commit(seq, [tok], self.runner.logits[slot, :1])
 
+    def add_many(self, reqs: list[tuple[str, list[int], SamplingParams]]) -> list[tuple[Seq, Delta]]:
+        """Prefill several requests (one eager forward each on the fast path); results in input order."""
+        return [self.add(*r) for r in reqs]
+
     @torch.inference_mode()
     def step(self, seqs: list[Seq]) -> list[Delta]:
         got = self.runner.step([s.slot for s in seqs])
