@@ -238,3 +238,29 @@ def test_seeded_sampling_is_reproducible_whatever_the_batch(engines):
     assert ids(generate(df, ps, mixed))[0] == alone
     others = {tuple(ids(generate(df, [ps[0]], SamplingParams(seed=s, **hot)))[0]) for s in (1, 2, 3)}
     assert len(others | {tuple(alone)}) > 1  # the seed matters
+
+
+def test_loop_serves_the_good_requests_when_one_prefill_fails(engines):
+    import queue as q
+
+    from dflash_bench.engine.loop import EngineLoop
+
+    ar, _ = engines
+    free = len(ar.free_slots)
+    loop = EngineLoop(ar)
+    inbox: q.SimpleQueue = q.SimpleQueue()
+    sp = SamplingParams(max_tokens=5, ignore_eos=True)
+    for name, prompt in [("a", [1, 2, 3]), ("bad", [1, 10**6]), ("b", [4, 5])]:
+        loop.submit(name, prompt, sp, lambda d, name=name: inbox.put((name, d)))
+    loop.start()  # all three are waiting: one batched prefill, which fails, then one by one
+    try:
+        got: dict = {}
+        while len(got) < 3:
+            name, d = inbox.get(timeout=30)
+            if isinstance(d, Exception) or d.finish:
+                got[name] = d
+    finally:
+        loop.stop()
+    assert isinstance(got["bad"], Exception)
+    assert got["a"].completion_tokens == 5 and got["b"].completion_tokens == 5
+    assert len(ar.free_slots) == free

@@ -60,6 +60,10 @@ class Stats:
     requests: int = 0
 
 
+PREFILL_ROWS = 8  # requests per prefill forward
+PREFILL_TOKENS = 16384  # rows x longest prompt per prefill forward (bounds the padded batch)
+
+
 class Engine:
     """Owns the target, the optional proposer and the slots. Not thread-safe: one thread drives it."""
 
@@ -83,24 +87,68 @@ class Engine:
                     f"limit of {room} tokens")
         return None
 
-    @torch.inference_mode()
     def add(self, req_id: str, prompt: list[int], params: SamplingParams) -> tuple[Seq, Delta]:
-        """Prefill a new request into a free slot; returns the sequence and its first token."""
-        if params.seed is not None:  # the request's own random stream, whatever else is in the batch
-            gen = torch.Generator(device=self.device).manual_seed(params.seed)
-            params = dataclasses.replace(params, generator=gen)
-        slot = self.free_slots.pop()
-        seq = Seq(req_id, list(prompt), params, slot, Detokenizer(self.tok, params.stop, prompt[-4:]))
-        ids = torch.tensor([prompt], device=self.device)
-        logits, feats = self.target.forward(ids, torch.zeros(1, dtype=torch.long, device=self.device),
-                                            torch.tensor([slot], device=self.device), keep=1)
-        if self.proposer:
-            self.proposer.prefill(slot, None if feats is None else feats[0])
-        tok = sample_tokens(logits[:, -1], [params])
-        seq.start = len(prompt)
-        self.stats.prompt_tokens += len(prompt)
-        self.stats.requests += 1
-        return seq, self._commit(seq, tok.tolist(), logits[0, -1:])
+        """Prefill one new request into a free slot; returns the sequence and its first token."""
+        return self.add_many([(req_id, prompt, params)])[0]
+
+    @torch.inference_mode()
+    def add_many(self, reqs: list[tuple[str, list[int], SamplingParams]]) -> list[tuple[Seq, Delta]]:
+        """Prefill new requests, several per forward (similar lengths together); results in input order."""
+        order = sorted(range(len(reqs)), key=lambda i: len(reqs[i][1]))
+        groups: list[list[int]] = [[]]
+        for i in order:
+            longest = len(reqs[i][1])  # sorted: the newcomer is the longest of its group
+            g = groups[-1]
+            if g and (len(g) >= PREFILL_ROWS or (len(g) + 1) * longest > PREFILL_TOKENS):
+                groups.append(g := [])
+            g.append(i)
+        done: dict[int, tuple[Seq, Delta]] = {}
+        try:
+            for g in groups:
+                done.update(zip(g, self._prefill([reqs[j] for j in g])))
+        except BaseException:  # all or nothing: no slot stays taken by a request nobody will hear about
+            for seq, _ in done.values():
+                self.release(seq)
+            raise
+        return [done[i] for i in range(len(reqs))]
+
+    def _prefill(self, reqs) -> list[tuple[Seq, Delta]]:
+        """One target forward over right-padded prompts (padding sits past each row's end and is overwritten)."""
+        dev = self.device
+        seqs = []
+        for req_id, prompt, params in reqs:
+            if params.seed is not None:  # the request's own random stream, whatever else is in the batch
+                params = dataclasses.replace(params, generator=torch.Generator(device=dev).manual_seed(params.seed))
+            slot = self.free_slots.pop()
+            seqs.append(Seq(req_id, list(prompt), params, slot, Detokenizer(self.tok, params.stop, prompt[-4:])))
+        try:
+            return self._prefill_rows(seqs)
+        except BaseException:
+            for s in seqs:
+                self.release(s)
+            raise
+
+    def _prefill_rows(self, seqs: list[Seq]) -> list[tuple[Seq, Delta]]:
+        dev, n = self.device, len(seqs)
+        lens = [len(s.prompt) for s in seqs]
+        ids = torch.zeros(n, max(lens), dtype=torch.long)
+        for row, s in enumerate(seqs):
+            ids[row, : lens[row]] = torch.tensor(s.prompt)
+        last = torch.tensor(lens, device=dev) - 1
+        keep = torch.unique(last)  # logits only where some row ends
+        logits, feats = self.target.forward(ids.to(dev), torch.zeros(n, dtype=torch.long, device=dev),
+                                            torch.tensor([s.slot for s in seqs], device=dev), keep=keep)
+        logits = logits[torch.arange(n, device=dev), torch.searchsorted(keep, last)]  # [n, V]
+        toks = sample_tokens(logits, [s.params for s in seqs]).tolist()
+        out = []
+        for row, s in enumerate(seqs):
+            if self.proposer:
+                self.proposer.prefill(s.slot, None if feats is None else feats[row, : lens[row]])
+            s.start = lens[row]
+            self.stats.prompt_tokens += lens[row]
+            self.stats.requests += 1
+            out.append((s, self._commit(s, [toks[row]], logits[row : row + 1])))
+        return out
 
     @torch.inference_mode()
     def step(self, seqs: list[Seq]) -> list[Delta]:
@@ -197,10 +245,7 @@ def _logprobs(logits: torch.Tensor, tokens: list[int], top: int):
 def generate(engine: Engine, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[Seq]:
     """Run prompts to completion, all admitted at once and batched (tests and offline use)."""
     plist = params if isinstance(params, list) else [params] * len(prompts)
-    seqs = []
-    for i, (p, sp) in enumerate(zip(prompts, plist)):
-        s, _ = engine.add(str(i), p, sp)
-        seqs.append(s)
+    seqs = [s for s, _ in engine.add_many([(str(i), p, sp) for i, (p, sp) in enumerate(zip(prompts, plist))])]
     running = [s for s in seqs if not s.finish]
     while running:
         engine.step(running)

@@ -95,17 +95,35 @@ class EngineLoop:
             self._finish(s)
 
     def _admit(self) -> None:
-        while self.waiting and self.engine.free_slots:
-            req = self.waiting.popleft()
+        """Prefill as many waiting requests as there are free slots (batched when the engine can)."""
+        batch = []
+        while self.waiting and len(batch) < len(self.engine.free_slots):
+            batch.append(self.waiting.popleft())
+        if not batch:
+            return
+        add_many = getattr(self.engine, "add_many", None)
+        if add_many is not None and len(batch) > 1:
+            try:
+                results = add_many([(r.req_id, r.prompt, r.params) for r in batch])
+            except Exception:  # retry one by one below, so that only the failing request gets the error
+                log.exception("batched prefill failed")
+            else:
+                for req, (seq, delta) in zip(batch, results):
+                    self._start(req, seq, delta)
+                return
+        for req in batch:
             try:
                 seq, delta = self.engine.add(req.req_id, req.prompt, req.params)
             except Exception as err:  # a failing request must not take the server down
                 log.exception("prefill failed")
                 req.sink(err)
                 continue
-            self.sinks[req.req_id] = req.sink
-            self.running.append(seq)
-            self._emit(seq, delta)
+            self._start(req, seq, delta)
+
+    def _start(self, req: _Req, seq: Seq, delta: Delta) -> None:
+        self.sinks[req.req_id] = req.sink
+        self.running.append(seq)
+        self._emit(seq, delta)
 
     def _step(self) -> None:
         try:
