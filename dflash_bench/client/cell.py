@@ -94,6 +94,7 @@ async def measure_cell_async(url: str, prompts: Sequence, *, concurrency: int, c
                           **cell_acceptance(engine, snaps.get("delta"), result.records))
     if telemetry is not None:
         _add_energy(summary, telemetry, cell_dir)
+    summary.synthetic_acceptance = (snaps.get("after") or {}).get("gauges", {}).get(SYNTHETIC_GAUGE)
     reasons = failure_reasons(result.records)
     summary.extra["failures"] = reasons
     # the records' time origin on this host's monotonic clock (time.perf_counter), to line them up with
@@ -109,6 +110,9 @@ async def measure_cell_async(url: str, prompts: Sequence, *, concurrency: int, c
     store.write_server_metrics(cell_dir.name, snaps)
     store.write_summary(summary)
     return summary
+
+
+SYNTHETIC_GAUGE = "dflash_bench:synthetic_acceptance"  # the builtin engine's benchmarking-only label
 
 
 def _add_energy(summary: CellSummary, sampler, cell_dir: Path) -> None:
