@@ -30,6 +30,7 @@ def engines(pair):
     target, drafter = pair
     ar = build_engine(str(target), mode="ar", max_slots=8, max_len=256, dtype="float64")
     df = build_engine(str(target), str(drafter), mode="dflash", max_slots=8, max_len=256, dtype="float64")
+    ar.prefill_rows = df.prefill_rows = 8  # batched, right-padded prefill (the GPU default) under test too
     return ar, df
 
 

@@ -60,7 +60,7 @@ class Stats:
     requests: int = 0
 
 
-PREFILL_ROWS = 8  # requests per prefill forward
+PREFILL_ROWS = 8  # requests per prefill forward on a GPU (on a CPU prefill is compute-bound: one at a time)
 PREFILL_TOKENS = 16384  # rows x longest prompt per prefill forward (bounds the padded batch)
 
 
@@ -76,6 +76,7 @@ class Engine:
         self.eos_ids = set(eos_ids)
         self.stats = Stats(accepted_per_pos=[0] * max(self.B - 1, 0))
         self.device = target.device
+        self.prefill_rows = PREFILL_ROWS if self.device.type == "cuda" else 1
 
     def check(self, n_prompt: int, max_tokens: int) -> str | None:
         """Why a request cannot be served (None when it can)."""
@@ -99,7 +100,7 @@ class Engine:
         for i in order:
             longest = len(reqs[i][1])  # sorted: the newcomer is the longest of its group
             g = groups[-1]
-            if g and (len(g) >= PREFILL_ROWS or (len(g) + 1) * longest > PREFILL_TOKENS):
+            if g and (len(g) >= self.prefill_rows or (len(g) + 1) * longest > PREFILL_TOKENS):
                 groups.append(g := [])
             g.append(i)
         done: dict[int, tuple[Seq, Delta]] = {}

@@ -99,8 +99,11 @@ class EngineLoop:
         batch = []
         while self.waiting and len(batch) < len(self.engine.free_slots):
             batch.append(self.waiting.popleft())
-        if not batch:
-            return
+        rows = getattr(self.engine, "prefill_rows", 1)
+        for i in range(0, len(batch), rows):  # each group's first tokens go out before the next group's prefill
+            self._admit_group(batch[i : i + rows])
+
+    def _admit_group(self, batch: list[_Req]) -> None:
         add_many = getattr(self.engine, "add_many", None)
         if add_many is not None and len(batch) > 1:
             try:
