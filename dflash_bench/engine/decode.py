@@ -160,23 +160,23 @@ class Engine:
         anchors = torch.tensor([[s.out[-1]] for s in seqs], device=dev)
         if self.B == 1:
             logits, _ = self.target.forward(anchors, starts, slots)
-            acc = torch.zeros(len(seqs), dtype=torch.long)
             bonus = sample_tokens(logits[:, 0], params)
-            drafts = torch.zeros(len(seqs), 0, dtype=torch.long)
+            acc = torch.zeros_like(bonus)
+            drafts = bonus[:, None][:, :0]
         else:
             drafts, q = self._draft(seqs, params)
             logits, feats = self.target.forward(torch.cat([anchors, drafts], 1), starts, slots)
             acc, bonus = accept(logits, drafts, q, params)
             self.proposer.commit(seqs, feats, starts)
-        acc_l, bonus_l, drafts_l = acc.tolist(), bonus.tolist(), drafts.tolist()
+        host = torch.cat([acc[:, None], bonus[:, None], drafts], 1).tolist()  # one device-to-host copy a step
         deltas = []
         for row, s in enumerate(seqs):
-            a = acc_l[row]
+            a, b, d = host[row][0], host[row][1], host[row][2:]
             self._count(a)
             s.start += a + 1
             s.steps += 1
             s.accepted += a
-            deltas.append(self._commit(s, drafts_l[row][:a] + [bonus_l[row]], logits[row, : a + 1]))
+            deltas.append(self._commit(s, d[:a] + [b], logits[row, : a + 1]))
         return deltas
 
     def _draft(self, seqs, params):
