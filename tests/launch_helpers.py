@@ -99,7 +99,7 @@ def wait_until(cond, timeout: float = 10.0) -> bool:
 
 
 def skeleton_tar(path: Path) -> Path:
-    """A root file system with empty usr/root/tmp/etc/sbin and the bin/lib links, to `docker import`."""
+    """A root file system with empty usr, root, tmp, etc and sbin folders and the bin/lib links, to `docker import`."""
     with tarfile.open(path, "w") as tar:
         # sbin is a real folder (not a link into the mounted /usr) so docker-init can be mounted there.
         for name in ("usr", "root", "tmp", "etc", "proc", "sys", "dev", "sbin"):

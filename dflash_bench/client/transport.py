@@ -60,22 +60,12 @@ class AiohttpTransport:
                                              auto_decompress=False)
 
     async def stream(self, path: str, body: bytes, st: Stream) -> None:
-        clock = time.perf_counter
         try:
             async with self.session.post(self.base + path, data=body, headers=_HEADERS) as resp:
                 if resp.status != 200:
                     st.error = _error_message(resp.status, await resp.read())
                     return
-                buf = b""
-                async for data in resp.content.iter_any():
-                    t = clock()
-                    if st.t_first_byte is None:
-                        st.t_first_byte = t
-                    buf += data
-                    if b"\n" in data:
-                        buf = _lines(st, t, buf)
-                        if st.error:
-                            return
+                await _read_sse(st, resp.content.iter_any())
         except self._aiohttp.ClientPayloadError as err:
             st.error = f"stream dropped: {err}"
         except self._aiohttp.ClientError as err:
@@ -89,6 +79,21 @@ class AiohttpTransport:
         await self.session.close()
 
 
+async def _read_sse(st: Stream, chunks) -> None:
+    """Stamp each read as it arrives and hand whole lines to the SSE parser (aiohttp and httpx alike)."""
+    clock = time.perf_counter
+    buf = b""
+    async for data in chunks:
+        t = clock()
+        if st.t_first_byte is None:
+            st.t_first_byte = t
+        buf += data
+        if b"\n" in data:
+            buf = _lines(st, t, buf)
+            if st.error:
+                return
+
+
 class HttpxTransport:
     def __init__(self, base_url: str, connections: int):
         import httpx
@@ -98,22 +103,12 @@ class HttpxTransport:
         self.client = httpx.AsyncClient(base_url=base_url.rstrip("/"), limits=limits, timeout=None)
 
     async def stream(self, path: str, body: bytes, st: Stream) -> None:
-        clock = time.perf_counter
         try:
             async with self.client.stream("POST", path, content=body, headers=_HEADERS) as resp:
                 if resp.status_code != 200:
                     st.error = _error_message(resp.status_code, await resp.aread())
                     return
-                buf = b""
-                async for data in resp.aiter_raw():
-                    t = clock()
-                    if st.t_first_byte is None:
-                        st.t_first_byte = t
-                    buf += data
-                    if b"\n" in data:
-                        buf = _lines(st, t, buf)
-                        if st.error:
-                            return
+                await _read_sse(st, resp.aiter_raw())
         except (self._httpx.RemoteProtocolError, self._httpx.ReadError) as err:
             st.error = f"stream dropped: {err}"
         except self._httpx.HTTPError as err:
