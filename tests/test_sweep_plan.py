@@ -55,3 +55,16 @@ def test_resume_refuses_changed_settings_but_not_runner():
 def test_redact_hides_secret_values():
     argv = ["sweep", "--hf-token", "hf_abc", "--api-key=sk-1", "--model", "x"]
     assert redact(argv) == ["sweep", "--hf-token", "***", "--api-key=***", "--model", "x"]
+
+
+def test_a_changed_image_digest_between_modes_is_noted():
+    from dflash_bench.store import Manifest
+    from dflash_bench.sweep.run import _check_same_image
+
+    m = Manifest(sweep_id="s", servers={"vllm-ar": {"image_digest": "sha256:a"}, "vllm-dflash": {"image_digest": "sha256:a"}})
+    _check_same_image(m, "vllm")
+    assert m.notes == []
+    m.servers["vllm-dflash"]["image_digest"] = "sha256:b"
+    _check_same_image(m, "vllm")
+    _check_same_image(m, "vllm")
+    assert len(m.notes) == 1 and "sha256:a vs sha256:b" in m.notes[0]

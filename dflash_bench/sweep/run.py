@@ -76,6 +76,7 @@ def _run_launch(launch: Launch, settings: SweepSettings, pair, sweep: SweepDir, 
     try:
         with _server(launch, settings, pair, sweep, manifest, image) as server:
             manifest.servers[key] = server["info"]
+            _check_same_image(manifest, launch.engine)
             sweep.write_manifest(manifest)
             for cell in launch.cells:
                 check = server["check"]
@@ -90,6 +91,15 @@ def _run_launch(launch: Launch, settings: SweepSettings, pair, sweep: SweepDir, 
         for cell in launch.cells:
             if cell.status not in ("complete", "failed"):
                 _fail(sweep, manifest, cell, f"server did not start: {err}", result)
+
+
+def _check_same_image(manifest: Manifest, engine: str) -> None:
+    """AR and DFlash must run the same image: a digest that changed between them (a re-pulled tag) is noted."""
+    digests = {mode: (manifest.servers.get(f"{engine}-{mode}") or {}).get("image_digest") for mode in ("ar", "dflash")}
+    if all(digests.values()) and digests["ar"] != digests["dflash"]:
+        note = f"{engine}: the AR and DFlash servers ran different image digests ({digests['ar']} vs {digests['dflash']})"
+        if note not in manifest.notes:
+            manifest.notes.append(note)
 
 
 @contextlib.contextmanager
