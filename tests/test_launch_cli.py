@@ -62,6 +62,9 @@ def test_gemma_on_vllm_warns_about_the_pr_build():
     (["launch", "-m", "Qwen3-8B", "--mode", "eagle", "--dry-run"], "error: unknown mode 'eagle'"),
     (["launch", "-m", "Qwen3-8B", "--gpu", "a100", "--dry-run"], "error: unknown GPU preset 'a100'"),
     (["launch", "-m", "Qwen3-8B", "--runner", "k8s"], "error: unknown runner 'k8s'"),
+    (["launch", "-m", "Qwen3-8B", "--runner", "k8s", "--dry-run"], "error: unknown runner 'k8s'"),
+    (["launch", "-m", "Qwen3-8B", "--gpus", "gpu0", "--dry-run"], "error: --gpus 'gpu0'"),
+    (["launch", "-m", "Qwen3-8B", "--gpus", "0,,1", "--dry-run"], "error: --gpus '0,,1'"),
     (["launch", "-m", "Qwen3-8B", "--network", "overlay", "--dry-run"], "error: unknown network 'overlay'"),
     (["launch", "-m", "acme/x", "--dry-run"], "error: model x has no DFlash drafter"),
 ])

@@ -87,6 +87,8 @@ def plan_server(engine: str, model: str | ModelPair, mode: str, *, port: int | N
     """(profile, pair, argv, env, port): what `launch_server` would run, for --dry-run and manifests."""
     from dflash_bench import engines, models
 
+    if runner not in RUNNERS:
+        raise UserError(f"unknown runner {runner!r}: use docker or process.")
     profile = engines.get(engine)
     pair = model if isinstance(model, ModelPair) else models.resolve(model)
     port = port or profile.default_port

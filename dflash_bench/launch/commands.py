@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import typer
 
 from dflash_bench.errors import UserError
@@ -17,6 +19,8 @@ def run_launch(engine: str, model: str, mode: str, *, gpu: str = "generic", runn
 
     if network not in ("host", "bridge"):
         raise UserError(f"unknown network {network!r}: use host or bridge.")
+    if gpus not in ("all", "none") and not all(re.fullmatch(r"\d+|(GPU|MIG)-[\w-]+", g.strip()) for g in gpus.split(",")):
+        raise UserError(f"--gpus {gpus!r} is not all, none or a comma-separated list of GPU indices or UUIDs.")
     pair = models.resolve(model, drafter=drafter)
     profile, pair, argv, env, port = plan_server(engine, pair, mode, port=port, preset=gpu,
                                                  extra_args=engine_args or [], runner=runner, network=network)
