@@ -189,3 +189,20 @@ def test_a_paused_row_resumes_where_it_stopped(setup):
             for i in live:
                 outs[i].extend(got[i])
         assert [o[:N] for o in outs] == ref
+
+
+def test_a_failing_prefill_gives_every_slot_back(tmp_path):
+    """add_many is all or nothing: a prompt the cache cannot hold fails, and no slot stays taken."""
+    from dflash_bench.engine.fast.engine import build_fast_engine
+
+    target, drafter = make_tiny_pair(tmp_path, seed=1, block_size=B)
+    fast = build_fast_engine(str(target), str(drafter), max_slots=4, max_len=64, dtype="float32", device="cpu")
+    sp = SamplingParams(max_tokens=4, ignore_eos=True)
+    with pytest.raises(IndexError):
+        fast.add_many([("ok", [1, 2, 3], sp), ("too-long", list(range(1, 100)), sp)])
+    assert sorted(fast.free_slots) == [0, 1, 2, 3] and fast.runner.active.sum() == 0
+    with pytest.raises(IndexError):
+        fast.add("too-long", list(range(1, 100)), sp)
+    assert sorted(fast.free_slots) == [0, 1, 2, 3]
+    seqs = ref_generate(fast, [[1, 2, 3]] * 4, sp)  # every slot still serves
+    assert all(len(s.out) == 4 for s in seqs)

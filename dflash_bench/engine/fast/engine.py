@@ -53,15 +53,30 @@ class FastEngine(Engine):
         self.free_slots.sort(reverse=True)  # lowest slot first: the batch bucket covers slots 0..highest
         slot = self.free_slots.pop()
         seq = Seq(req_id, list(prompt), params, slot, Detokenizer(self.tok, params.stop, prompt[-4:]))
-        tok = self.runner.add(slot, prompt)
+        try:
+            tok = self.runner.add(slot, prompt)
+        except BaseException:  # the slot goes back: nobody will hear about this request
+            self.release(seq)
+            raise
         seq.start = len(prompt)
         self.stats.prompt_tokens += len(prompt)
         self.stats.requests += 1
         return seq, self._commit(seq, [tok], self.runner.logits[slot, :1])
 
     def add_many(self, reqs: list[tuple[str, list[int], SamplingParams]]) -> list[tuple[Seq, Delta]]:
-        """Prefill several requests (one eager forward each on the fast path); results in input order."""
-        return [self.add(*r) for r in reqs]
+        """Prefill several requests (one eager forward each on the fast path); results in input order.
+
+        All or nothing, like `Engine.add_many`: when one fails, the slots of those already added go back.
+        """
+        done: list[tuple[Seq, Delta]] = []
+        try:
+            for r in reqs:
+                done.append(self.add(*r))
+        except BaseException:
+            for seq, _ in done:
+                self.release(seq)
+            raise
+        return done
 
     @torch.inference_mode()
     def step(self, seqs: list[Seq]) -> list[Delta]:
