@@ -265,3 +265,35 @@ def test_loop_serves_the_good_requests_when_one_prefill_fails(engines):
     assert isinstance(got["bad"], Exception)
     assert got["a"].completion_tokens == 5 and got["b"].completion_tokens == 5
     assert len(ar.free_slots) == free
+
+
+def test_an_abort_right_after_submit_drops_the_request(engines):
+    """The abort can land after the loop emptied its inbox but before it reads the aborted ids."""
+    from dflash_bench.engine.loop import EngineLoop
+
+    ar, _ = engines
+    loop = EngineLoop(ar)  # not started: the steps of its thread are run by hand, in the racy order
+    loop._take(block=False)
+    loop.submit("gone", [1, 2, 3], SamplingParams(max_tokens=5), lambda d: None)
+    loop.abort("gone")
+    loop._drop_aborted()
+    loop._take(block=False)
+    assert not loop.waiting
+
+
+def test_health_says_503_when_the_engine_thread_is_gone(engines):
+    from fastapi.testclient import TestClient
+
+    from dflash_bench.engine.loop import EngineLoop
+    from dflash_bench.engine.server import build_app
+
+    ar, _ = engines
+    loop = EngineLoop(ar)
+    client = TestClient(build_app(loop, "tiny"))
+    assert client.get("/health").status_code == 503  # never started
+    loop.start()
+    try:
+        assert client.get("/health").status_code == 200
+    finally:
+        loop.stop()
+    assert client.get("/health").status_code == 503

@@ -90,6 +90,7 @@ class EngineLoop:
             gone, self._aborted = self._aborted, set()
         if not gone:
             return
+        self._take(block=False)  # a request is submitted before its abort: it is in the inbox at the latest now
         self.waiting = deque(r for r in self.waiting if r.req_id not in gone)
         for s in [s for s in self.running if s.req_id in gone]:
             self._finish(s)

@@ -62,8 +62,8 @@ def build_app(loop: EngineLoop, model_name: str) -> FastAPI:
         return _error(400, str(exc))
 
     @app.get("/health")
-    async def health():
-        return Response(status_code=200)
+    async def health():  # 503 once the engine thread is gone: requests would wait forever
+        return Response(status_code=200 if loop.thread.is_alive() else 503)
 
     @app.get("/v1/models")
     async def models():
