@@ -164,6 +164,25 @@ def test_resume_refuses_a_different_plan(tmp_path, data_dir):
     assert "cannot resume" in proc.stderr and "max_tokens" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_resume_keeps_a_cell_whose_summary_was_written_before_the_kill(tmp_path, data_dir):
+    """A kill between a cell's summary.json and the manifest update: the summary is the truth, not re-measured."""
+    out = tmp_path / "reports"
+    argv = sweep_argv(out, "--data-dir", str(data_dir), suites="gsm8k", conc="1")
+    assert subprocess.run(argv, capture_output=True, timeout=120).returncode == 0
+    folder = only_sweep(out)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    first = manifest["plan"][0]["cell_id"]
+    manifest["plan"][0]["status"], manifest["status"] = "running", "interrupted"
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    before = (folder / "cells" / first / "summary.json").read_bytes()
+    proc = subprocess.run([sys.executable, "-m", "dflash_bench", "sweep", "--resume", str(folder), "--data-dir",
+                           str(data_dir), "--port", str(free_port())], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (folder / "cells" / first / "summary.json").read_bytes() == before
+    after = json.loads((folder / "manifest.json").read_text())
+    assert after["plan"][0]["status"] == "complete" and after["status"] == "complete"
+
+
 def test_sweep_measures_servers_the_user_runs(tmp_path, data_dir):
     """--url-ar/--url-dflash: nothing is launched; the cells are measured against the given servers."""
     from dflash_bench.emulator import EmulatorProcess

@@ -177,8 +177,7 @@ def _open(settings: SweepSettings, out: Path, resume: Path | None, pair, argv: l
         if planned != [c.cell_id for c in manifest.plan]:
             raise UserError(f"cannot resume {resume}: its plan differs from this command's")
         for cell in manifest.plan:  # whatever was running when it stopped is redone; failed cells get a new try
-            if not sweep.is_complete(cell.cell_id) or cell.status in ("running", "pending"):
-                cell.status, cell.reason = "pending", None
+            _status_from_disk(sweep, cell)
         manifest.status = "running"
         manifest.notes.append(f"resumed {now_iso()} by: {' '.join(provenance.redact(argv))}")
         sweep.write_manifest(manifest)
@@ -195,10 +194,18 @@ def _open(settings: SweepSettings, out: Path, resume: Path | None, pair, argv: l
     return SweepDir.create(Path(out) / sweep_id, manifest), manifest
 
 
+def _status_from_disk(sweep: SweepDir, cell: CellPlan) -> None:
+    """summary.json is the truth: a kill can land after a cell wrote it and before the manifest said so.
+
+    A cell with a summary keeps its status (complete, or failed and tried again); one without is pending."""
+    summary = sweep.read_summary(cell.cell_id)
+    cell.status, cell.reason = (summary.status, summary.failure_reason) if summary else ("pending", None)
+
+
 def _close(sweep: SweepDir, manifest: Manifest, result: SweepResult) -> None:
     for cell in manifest.plan:
         if cell.status == "running":
-            cell.status = "pending"
+            _status_from_disk(sweep, cell)
     pending = [c for c in manifest.plan if c.status == "pending"]
     manifest.status = ("interrupted" if result.interrupted or pending
                        else "failed" if result.failed else "complete")
