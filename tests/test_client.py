@@ -251,3 +251,16 @@ def test_generate_events_cumulative_or_incremental(incremental: bool):
     assert st.ids == ids and [t[0][0] for t in st.tops] == ids and len(st.tops) == 5
     assert st.output_text() == "".join(f" w{x}" for x in ids)
     assert st.tokens == cuts and st.finish == "length" and (st.spec_steps, st.spec_accepted) == (2, 3)
+
+
+@pytest.mark.parametrize("api,event", [
+    ("chat", b'{"choices":[{"delta":{"content":"a"}}],"usage":[1]}'),  # usage not an object
+    ("chat", b'{"choices":[{"delta":{"content":"a"},"logprobs":{"content":[{"logprob":-1}]}}]}'),  # no token
+    ("generate", b'{"text":"a","output_ids":[1],"meta_info":{"completion_tokens":1,"output_top_logprobs":[[[1]]]}}'),
+])
+def test_an_event_of_the_wrong_shape_fails_the_request_not_the_cell(api: str, event: bytes):
+    from dflash_bench.client.protocol import Stream
+
+    st = Stream(api, True)
+    st.feed(0.0, event)  # must not raise: a raise escapes the transport and aborts the whole cell
+    assert st.error is not None and st.error.startswith("malformed SSE event")

@@ -140,10 +140,13 @@ class Stream:
             msg = err.get("message") if isinstance(err, dict) else err
             self.error = f"server error in stream: {str(msg)[:200]}"
             return
-        if self.api == "generate":
-            self._feed_generate(t, obj)
-        else:
-            self._feed_openai(t, obj)
+        try:  # an event of the wrong shape fails this request, never the cell (free when nothing raises)
+            if self.api == "generate":
+                self._feed_generate(t, obj)
+            else:
+                self._feed_openai(t, obj)
+        except (AttributeError, KeyError, TypeError, ValueError, IndexError) as err:
+            self.error = f"malformed SSE event: {type(err).__name__} {err} in {payload[:80].decode('utf-8', 'replace')!r}"
 
     def _token_chunk(self, t: float, cum: int) -> None:
         if not self.tokens or cum > self.tokens[-1]:
