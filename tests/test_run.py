@@ -177,3 +177,13 @@ def test_run_failures_are_escaped_and_nothing_written_for_a_dead_url(tmp_path: P
                "--no-warmup", "--out", str(tmp_path / "out"), "--data-dir", str(data_dir)]
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and "2 request(s) failed: HTTP 500 (2)" in res.stdout
+
+
+def test_summary_shows_brackets_in_names_literally(tmp_path: Path, capsys):
+    from dflash_bench.client.run import print_summary
+    from dflash_bench.store import CellSummary
+
+    s = CellSummary(cell_id="vllm-ar-[/x]-c1", engine="vllm", mode="ar", suite="[/x]", concurrency=1)
+    print_summary(s, tmp_path / "runs[/oops]" / "cells" / s.cell_id)  # rich markup would raise or eat these
+    out = capsys.readouterr().out
+    assert "vllm-ar-[/x]-c1" in out and "runs[/oops]" in out

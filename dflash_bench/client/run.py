@@ -94,12 +94,13 @@ def _redact(arg: str) -> str:
 def _measure_with_progress(measure_cell, quiet: bool, url: str, prompts, **kw) -> CellSummary:
     if quiet:
         return measure_cell(url, prompts, **kw)
+    from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     total = sum(len(p.turns) for p in prompts)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), transient=True) as bar:
-        task = bar.add_task(f"{kw['cell_dir'].name}", total=total, rate="")
+        task = bar.add_task(escape(kw["cell_dir"].name), total=total, rate="")
         last = [0.0]
 
         def on_progress(done: int, _total: int, tokens: int, elapsed: float) -> None:
@@ -117,9 +118,10 @@ def _fmt(v: float | None, spec: str = ".1f") -> str:
 
 def print_summary(s: CellSummary, cell_dir: Path) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
-    t = Table(title=f"{s.cell_id}  ({s.num_ok} ok, {s.num_failed} failed, {_fmt(s.duration_s, '.2f')} s)")
+    t = Table(title=f"{escape(s.cell_id)}  ({s.num_ok} ok, {s.num_failed} failed, {_fmt(s.duration_s, '.2f')} s)")
     for col in ("metric", "mean", "p50", "p90", "p99"):
         t.add_column(col, justify="right" if col != "metric" else "left")
     for name, stat in (("TTFT ms", s.ttft_ms), ("TPOT ms", s.tpot_ms), ("per-token latency ms", s.itl_ms),
@@ -136,8 +138,6 @@ def print_summary(s: CellSummary, cell_dir: Path) -> None:
     else:
         con.print("acceptance length tau: absent (the server reported no speculative counters)")
     if s.num_failed:
-        from rich.markup import escape
-
         reasons = escape(", ".join(f"{k} ({v})" for k, v in s.extra.get("failures", {}).items()))
         con.print(f"[yellow]{s.num_failed} request(s) failed: {reasons}[/yellow]", markup=True, highlight=False)
-    con.print(f"written to {cell_dir}", highlight=False)
+    con.print(f"written to {escape(str(cell_dir))}", highlight=False)
