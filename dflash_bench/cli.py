@@ -71,7 +71,7 @@ def suites_show(
 @app.command()
 def emulate(
     mode: str = typer.Option("ar", "--mode", help="ar: one token per step; dflash: several tokens per verify step."),
-    port: int = typer.Option(8000, "--port", help="Port to listen on (0 picks a free one; the first line printed names it)."),
+    port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port to listen on (0 picks a free one; the first line printed names it)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind."),
     ttft_ms: float = typer.Option(50.0, "--ttft-ms", help="Time from request arrival to the first token."),
     itl_ms: float = typer.Option(10.0, "--itl-ms", help="Time of one decode / verification step."),
@@ -163,7 +163,7 @@ def launch(
     mode: str = typer.Option("dflash", "--mode", help="ar (plain decoding) or dflash (speculative)."),
     gpu: str = typer.Option("generic", "--gpu", help="GPU preset for engine flags: generic, h100 (Hopper), b300 (Blackwell)."),
     runner: str = typer.Option("docker", "--runner", help="docker (engine image) or process (engine installed here)."),
-    port: Optional[int] = typer.Option(None, "--port", help="Port to serve on (default: the engine's own)."),
+    port: Optional[int] = typer.Option(None, "--port", min=1, max=65535, help="Port to serve on (default: the engine's own)."),
     image: Optional[str] = typer.Option(None, "--image", help="Container image (default: the engine's pinned image)."),
     gpus: str = typer.Option("all", "--gpus", help="GPUs for the container: all, a list like 0,1, or none."),
     drafter: Optional[str] = typer.Option(None, "--drafter", help="DFlash drafter id or folder (overrides the known pair's)."),
@@ -237,7 +237,7 @@ def serve(
     draft: Optional[str] = typer.Option(None, "--draft", help="DFlash drafter folder in z-lab's format (config.json + model.safetensors)."),
     mode: Optional[str] = typer.Option(None, "--mode", help="ar or dflash (default: dflash when --draft is given, else ar)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
-    port: int = typer.Option(8000, "--port", help="Port to listen on."),
+    port: int = typer.Option(8000, "--port", min=1, max=65535, help="Port to listen on."),
     dtype: str = typer.Option("auto", "--dtype", help="auto (bfloat16 on GPU, float32 on CPU), bfloat16, float16, float32 or float64."),
     device: str = typer.Option("auto", "--device", help="auto (cuda when a GPU is visible, else cpu), cpu, cuda or cuda:N."),
     max_slots: int = typer.Option(32, "--max-slots", help="Most requests decoded together; more wait in a queue."),

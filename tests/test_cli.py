@@ -29,3 +29,12 @@ def test_every_command_has_help():
 def test_console_script_runs_as_module():
     out = subprocess.run([sys.executable, "-m", "dflash_bench", "--version"], capture_output=True, text=True)
     assert out.returncode == 0 and __version__ in out.stdout
+
+
+def test_a_port_out_of_range_is_refused_before_anything_binds():
+    runner = CliRunner()
+    for args in (["emulate", "--port", "99999"], ["emulate", "--port", "-1"], ["serve", "--model", "m", "--port", "70000"],
+                 ["launch", "-m", "Qwen3-8B", "--port", "0", "--dry-run"]):
+        res = runner.invoke(app, args)
+        assert res.exit_code == 2 and "--port" in res.output, (args, res.output)
+        assert not isinstance(res.exception, OverflowError)
