@@ -63,8 +63,11 @@ def cli_server(*args: str):
 
 
 @contextmanager
-def inproc_server(target, draft=None, mode="ar", name="tiny"):
-    """The same app in this process (uvicorn on a thread): cheaper when a test needs two servers."""
+def inproc_server(target, draft=None, mode="ar", name="tiny", step_delay: float = 0.0):
+    """The same app in this process (uvicorn on a thread): cheaper when a test needs two servers.
+
+    `step_delay` seconds are added to every decode step (a slow GPU, to widen a timing window in a test).
+    """
     import uvicorn
 
     from dflash_bench.engine.build import build_engine
@@ -73,6 +76,9 @@ def inproc_server(target, draft=None, mode="ar", name="tiny"):
 
     engine = build_engine(str(target), draft and str(draft), mode=mode, device="cpu", max_slots=8, max_len=512,
                           dtype="float64")
+    if step_delay:
+        real_step = engine.step
+        engine.step = lambda seqs: (time.sleep(step_delay), real_step(seqs))[1]
     loop = EngineLoop(engine).start()
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(build_app(loop, name), host="127.0.0.1", port=port, log_level="warning"))
@@ -250,3 +256,17 @@ def test_harness_run_measures_the_builtin_server(dflash_url, tmp_path, data_dir)
     rows = [json.loads(line) for line in (cell / "requests.jsonl").read_text().splitlines()]
     measured = [r for r in rows if not r["warmup"]]
     assert all(r["token_ids"] == [PREDICTED_TOKEN] * 12 for r in measured)
+
+
+def test_a_non_streaming_client_that_goes_away_frees_its_slot(random_pair):
+    target, _ = random_pair
+    with inproc_server(target, step_delay=0.05) as (url, loop):
+        body = {"prompt": "the cat", "max_tokens": 200, "ignore_eos": True, "temperature": 0}  # ~10 s of steps
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(url + "/v1/completions", json=body, timeout=0.5)
+        end = time.time() + 5
+        while loop.num_running and time.time() < end:
+            time.sleep(0.05)
+        assert loop.num_running == 0 and len(loop.engine.free_slots) == 8
+        r = httpx.post(url + "/v1/completions", json={**body, "max_tokens": 3}, timeout=30)  # still serves
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3

@@ -75,14 +75,14 @@ def build_app(loop: EngineLoop, model_name: str) -> FastAPI:
         return Response(render(loop, model_name), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.post("/v1/chat/completions")
-    async def chat(req: ChatRequest):
-        return await _serve("chat", req, chat_prompt(tok, req))
+    async def chat(req: ChatRequest, raw: Request):
+        return await _serve("chat", req, chat_prompt(tok, req), raw)
 
     @app.post("/v1/completions")
-    async def completions(req: CompletionRequest):
-        return await _serve("completions", req, completion_prompt(tok, req))
+    async def completions(req: CompletionRequest, raw: Request):
+        return await _serve("completions", req, completion_prompt(tok, req), raw)
 
-    async def _serve(kind, req, prompt: list[int]):
+    async def _serve(kind, req, prompt: list[int], raw: Request):
         if req.model and req.model != model_name:
             return JSONResponse({"object": "error", "message": f"the model {req.model!r} does not exist; this server has {model_name!r}",
                                  "type": "NotFoundError", "param": None, "code": 404}, status_code=404)
@@ -104,17 +104,35 @@ def build_app(loop: EngineLoop, model_name: str) -> FastAPI:
         if req.stream:
             opts = req.stream_options
             return StreamingResponse(_stream(req_id, queue, fmt, opts), media_type="text/event-stream")
+        collect = asyncio.ensure_future(_collect(queue))
+        gone = asyncio.ensure_future(_disconnect(raw))
+        try:  # a client that goes away stops its generation (Starlette does not cancel the handler)
+            await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            left = not collect.done()
+            if left:
+                collect.cancel()
+                loop.abort(req_id)
+        if left:
+            return Response(status_code=499)  # nobody reads it
+        result = collect.result()
+        if isinstance(result, Exception):
+            return _error(500, f"generation failed: {result}")
+        return JSONResponse(_label(fmt.full(result, engine.B)))
+
+    async def _collect(queue) -> list[Delta] | Exception:
         deltas: list[Delta] = []
-        try:
-            while not deltas or not deltas[-1].finish:
-                d = await queue.get()
-                if isinstance(d, Exception):
-                    return _error(500, f"generation failed: {d}")
-                deltas.append(d)
-        except asyncio.CancelledError:
-            loop.abort(req_id)
-            raise
-        return JSONResponse(_label(fmt.full(deltas, engine.B)))
+        while not deltas or not deltas[-1].finish:
+            d = await queue.get()
+            if isinstance(d, Exception):
+                return d
+            deltas.append(d)
+        return deltas
+
+    async def _disconnect(raw: Request) -> None:
+        while (await raw.receive())["type"] != "http.disconnect":
+            pass
 
     async def _stream(req_id, queue, fmt: Formatter, opts):
         usage_each = bool(opts and opts.include_usage and opts.continuous_usage_stats)
