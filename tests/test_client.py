@@ -264,3 +264,11 @@ def test_an_event_of_the_wrong_shape_fails_the_request_not_the_cell(api: str, ev
     st = Stream(api, True)
     st.feed(0.0, event)  # must not raise: a raise escapes the transport and aborts the whole cell
     assert st.error is not None and st.error.startswith("malformed SSE event")
+
+
+def test_raw_transport_for_https_is_a_user_error(tmp_path: Path):
+    from dflash_bench.errors import UserError
+
+    with pytest.raises(UserError, match="plain http"):
+        measure_cell("https://127.0.0.1:9", prompts(1), concurrency=1, cell_dir=cell(tmp_path), transport="raw")
+    assert not (tmp_path / "sw").exists()

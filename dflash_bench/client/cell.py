@@ -53,7 +53,10 @@ async def measure_cell_async(url: str, prompts: Sequence, *, concurrency: int, c
     settings = {"api": api, "max_tokens": max_tokens, "temperature": temperature, "save_token_ids": save_token_ids,
                 "enable_thinking": enable_thinking, "warmup": warmup, "request_rate": request_rate,
                 "timeout_s": timeout, "seed": seed, "transport": transport, "num_prompts": len(prompts)}
-    tr = make_transport(transport, url, concurrency + 2)
+    try:
+        tr = make_transport(transport, url, concurrency + 2)
+    except ValueError as err:  # e.g. the raw transport asked for an https:// URL
+        raise UserError(str(err)) from None
     started = now_iso()
     snaps: dict[str, Any] = {"url": url.rstrip("/") + "/metrics"}
     try:
