@@ -38,3 +38,18 @@ def test_a_port_out_of_range_is_refused_before_anything_binds():
         res = runner.invoke(app, args)
         assert res.exit_code == 2 and "--port" in res.output, (args, res.output)
         assert not isinstance(res.exception, OverflowError)
+
+
+def test_an_output_path_that_cannot_be_written_is_one_line_and_exit_2(tmp_path):
+    """The gate's exit 1 means regression: an unwritable --junit must not exit 1 through a traceback."""
+    from report_sweeps import make_sweep
+
+    sweep = make_sweep(tmp_path / "s")
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    for args in (["gate", str(sweep), "--baseline", str(sweep), "--junit", str(blocked / "j.xml")],
+                 ["gate", str(sweep), "--export-baseline", "-o", str(blocked / "b.json")],
+                 ["report", str(sweep), "--out", str(blocked / "r.html")]):
+        out = subprocess.run([sys.executable, "-m", "dflash_bench", *args], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2, (args, out.stderr[-500:])
+        assert "Traceback" not in out.stderr and out.stderr.strip().splitlines()[-1].startswith("error: cannot use ")
