@@ -122,6 +122,16 @@ class Stream:
     def output_text(self) -> str:
         return self.text if self.text is not None else "".join(self.pieces)
 
+    def feed_lines(self, t: float, buf: bytes) -> bytes:
+        """Feed the SSE `data:` lines of `buf` that are complete (read at `t`); return the incomplete rest."""
+        *lines, rest = buf.split(b"\n")
+        for line in lines:
+            if line[:5] == b"data:":
+                self.feed(t, line[5:].strip())
+                if self.error:
+                    break
+        return rest
+
     def feed(self, t: float, payload: bytes) -> None:
         if payload == b"[DONE]":
             self.done = True

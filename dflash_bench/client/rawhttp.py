@@ -112,12 +112,7 @@ class _Response:
         if b"\n" not in data:
             self.sse = sse
             return
-        *lines, self.sse = sse.split(b"\n")
-        for line in lines:
-            if line[:5] == b"data:":
-                st.feed(t, line[5:].strip())
-                if st.error:
-                    return
+        self.sse = st.feed_lines(t, sse)
 
 
 class _Conn(asyncio.Protocol):

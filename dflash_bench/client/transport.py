@@ -25,17 +25,6 @@ class Transport(Protocol):
     async def close(self) -> None: ...
 
 
-def _lines(st: Stream, t: float, buf: bytes) -> bytes:
-    """Feed the complete lines of `buf` to the stream; return the incomplete rest."""
-    *lines, rest = buf.split(b"\n")
-    for line in lines:
-        if line[:5] == b"data:":
-            st.feed(t, line[5:].strip())
-            if st.error:
-                break
-    return rest
-
-
 def _error_message(status: int, body: bytes) -> str:
     import orjson
 
@@ -89,7 +78,7 @@ async def _read_sse(st: Stream, chunks) -> None:
             st.t_first_byte = t
         buf += data
         if b"\n" in data:
-            buf = _lines(st, t, buf)
+            buf = st.feed_lines(t, buf)
             if st.error:
                 return
 
