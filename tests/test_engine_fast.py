@@ -206,3 +206,30 @@ def test_a_failing_prefill_gives_every_slot_back(tmp_path):
     assert sorted(fast.free_slots) == [0, 1, 2, 3]
     seqs = ref_generate(fast, [[1, 2, 3]] * 4, sp)  # every slot still serves
     assert all(len(s.out) == 4 for s in seqs)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "mistral"])
+def test_fast_target_applies_sliding_windows(tmp_path, arch):
+    """Qwen3 with use_sliding_window (windowed upper layers) and Mistral (every layer): same tokens as HF."""
+    import torch
+    from transformers import AutoModelForCausalLM, MistralConfig, Qwen3Config
+
+    from dflash_bench.engine.tiny import VOCAB_SIZE, make_tokenizer
+
+    shape = dict(vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=False,
+                 bos_token_id=None, eos_token_id=None, pad_token_id=256)
+    if arch == "qwen3":
+        cfg = Qwen3Config(**shape, use_sliding_window=True, sliding_window=6, max_window_layers=2)
+    else:
+        cfg = MistralConfig(**shape, sliding_window=6)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float64)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(25.0)
+    model.save_pretrained(tmp_path)
+    make_tokenizer().save_pretrained(tmp_path)
+    ref = build_engine(str(tmp_path), mode="ar", max_slots=SLOTS, max_len=MAX_LEN, dtype="float64")
+    prompts = _prompts(ref.tok, 3)
+    want = [s.out for s in ref_generate(ref, prompts, SamplingParams(max_tokens=24, ignore_eos=True))]
+    runner = FastRunner(FastTarget(ref.target.model, max_slots=SLOTS, max_len=MAX_LEN), kv_block=16)
+    assert generate(runner, prompts, 24) == want

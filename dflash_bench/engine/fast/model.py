@@ -126,6 +126,15 @@ class KVCache:
         return self.k[i][row0:row0 + bs, :L], self.v[i][row0:row0 + bs, :L]
 
 
+def _windows(cfg) -> list[int | None]:
+    """Each layer's sliding window, as transformers applies it (None: full attention)."""
+    window = getattr(cfg, "sliding_window", None)
+    types = getattr(cfg, "layer_types", None)
+    if types:  # Qwen2/Qwen3 with use_sliding_window: only the layers typed sliding
+        return [window if t == "sliding_attention" else None for t in types]
+    return [window] * cfg.num_hidden_layers  # Mistral: every layer when set
+
+
 def _linear_weight(m: nn.Linear) -> torch.Tensor:
     return m.weight.detach()
 
@@ -151,6 +160,7 @@ class FastTarget:
         self.inv_freq = rot.inv_freq.detach().float()
         self.rope_scale = float(getattr(rot, "attention_scaling", 1.0))
         self.layers = [self._fuse(layer) for layer in inner.layers]
+        self.windows = _windows(cfg)
         self.scale = float(getattr(inner.layers[0].self_attn, "scaling", self.hd ** -0.5))
         self.cache = KVCache(self.n_layers, max_slots, max_len, self.hkv, self.hd, self.dtype, self.device)
         self.max_len = max_len
@@ -194,7 +204,7 @@ class FastTarget:
         bs, n = ids.shape
         pos = starts[:, None] + torch.arange(n, device=ids.device)
         cos, sin = rope_tables(pos.view(-1), self.inv_freq, self.rope_scale, self.dtype)
-        mask = step_mask(starts, n, L, self.H // self.hkv, self.dtype, causal=True)
+        masks = {w: step_mask(starts, n, L, self.H // self.hkv, self.dtype, causal=True, window=w) for w in set(self.windows)}
         rows = self.cache.rows(row0, pos)
         h = F.embedding(ids.view(-1), self.embed)
         feats = []
@@ -204,7 +214,7 @@ class FastTarget:
             q, k, v = qk_rope(qkv, ly, H, hkv, hd, cos, sin, eps)
             self.cache.write(i, rows, pos, k.view(bs, n, hkv, hd), v.view(bs, n, hkv, hd))
             kc, vc = self.cache.view(i, row0, bs, L)
-            h = torch.addmm(h, attention(q.view(bs, n, H, hd), kc, vc, mask, self.scale), ly.wo.t())
+            h = torch.addmm(h, attention(q.view(bs, n, H, hd), kc, vc, masks[self.windows[i]], self.scale), ly.wo.t())
             h = mlp_block(h, ly, eps)
             if i in taps:
                 feats.append(h)
