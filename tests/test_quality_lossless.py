@@ -103,6 +103,7 @@ def test_annotate_sweep_writes_positions_margins_and_results_csv(tmp_path):
     assert s.divergences == {"near_tie": 1, "mismatch": 1}
     assert s.in_accepted_draft == 1 and s.at_target_token == 1  # b at 4: draft (chunk 1..5); c at 7: bonus
     assert s.first_divergence["min"] == 4 and s.first_divergence["max"] == 7
+    assert s.first_divergence["p50"] == 5.5  # the median of 4 and 7 (it read 7: an off-by-one rank)
     assert s.divergence_histogram == {"lower_edges": [0, 1, 2, 4], "counts": [0, 0, 0, 2]}
     assert s.not_compared == {"unpaired": 1, "no_token_ids": 1, "failed": 1}
     assert s.examples[0]["prompt_id"] == "b" and s.examples[0]["ar_text"].endswith("y = 4")

@@ -28,6 +28,7 @@ from typing import Iterable, Literal
 from pydantic import BaseModel, Field
 
 from dflash_bench.analysis import KEY
+from dflash_bench.metrics.stats import percentile
 from dflash_bench.store import CellSummary, RequestRecord, SweepDir, atomic_write_text
 
 NEAR_TIE_NATS = 0.1  # AR top-1 minus top-2 logprob at or below this: a near-tie numerical flip
@@ -212,10 +213,11 @@ def summarize(rows: list[Comparison], skipped: dict[str, int], examples: list[di
 
 
 def _stats(xs: list[int]) -> dict[str, float | int | None]:
+    """n, min, p50, p90, mean, max of sorted positions (percentiles as everywhere else: metrics.stats)."""
     if not xs:
         return {"n": 0}
-    q = lambda p: xs[min(len(xs) - 1, int(p * len(xs)))]  # noqa: E731  (nearest rank, xs sorted)
-    return {"n": len(xs), "min": xs[0], "p50": q(0.5), "p90": q(0.9), "mean": sum(xs) / len(xs), "max": xs[-1]}
+    return {"n": len(xs), "min": xs[0], "p50": percentile(xs, 50), "p90": percentile(xs, 90),
+            "mean": sum(xs) / len(xs), "max": xs[-1]}
 
 
 def _histogram(xs: list[int]) -> dict[str, list[int]]:
