@@ -55,6 +55,11 @@ def test_resume_refuses_changed_settings_but_not_runner():
 def test_redact_hides_secret_values():
     argv = ["sweep", "--hf-token", "hf_abc", "--api-key=sk-1", "--model", "x"]
     assert redact(argv) == ["sweep", "--hf-token", "***", "--api-key=***", "--model", "x"]
+    # nested in an engine argument, or a bare token; token counts and the tokenizer stay readable
+    argv = ["--engine-arg=--hf-token=hf_abcdefghijk", "--engine-arg=--api-key", "sk-2", "--engine-arg=hf_abcdefghijk",
+            "--max-tokens", "48", "--tokenizer", "org/m", "--engine-arg=--max-num-batched-tokens=8192"]
+    assert redact(argv) == ["--engine-arg=--hf-token=***", "--engine-arg=--api-key", "***", "--engine-arg=hf_***",
+                            "--max-tokens", "48", "--tokenizer", "org/m", "--engine-arg=--max-num-batched-tokens=8192"]
 
 
 def test_a_changed_image_digest_between_modes_is_noted():

@@ -83,12 +83,10 @@ def _open_or_create(path: Path, cid: str) -> tuple[SweepDir, Manifest]:
         if sweep.is_complete(cid):
             raise UserError(f"{path} already holds a measured cell {cid}; choose another --name or --label")
         return sweep, sweep.read_manifest()
-    manifest = Manifest(sweep_id=path.name, command_line=[_redact(a) for a in sys.argv])
+    from dflash_bench.sweep.provenance import redact
+
+    manifest = Manifest(sweep_id=path.name, command_line=redact(sys.argv))
     return SweepDir.create(path, manifest), manifest
-
-
-def _redact(arg: str) -> str:
-    return "***" if arg.startswith("hf_") else arg
 
 
 def _measure_with_progress(measure_cell, quiet: bool, url: str, prompts, **kw) -> CellSummary:

@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import socket
 import subprocess
 import sys
@@ -15,7 +16,9 @@ from typing import Any
 
 from dflash_bench import __version__
 
-SECRET_WORDS = ("token", "key", "secret", "password", "passwd", "auth")
+# option names whose value is secret: --hf-token, --api-key, --client-secret; not --max-tokens or --tokenizer
+SECRET_OPTION = re.compile(r"(^|[_-])(token|key)$|secret|passw|auth", re.I)
+HF_TOKEN = re.compile(r"\bhf_[A-Za-z0-9]{8,}")
 
 
 def versions() -> dict[str, Any]:
@@ -79,21 +82,29 @@ def chat_template(folder: Path) -> str | None:
 
 
 def redact(argv: list[str]) -> list[str]:
-    """The command line with the values of secret-looking options replaced by '***'."""
+    """The command line with the values of secret-looking options, and Hugging Face tokens, replaced by '***'.
+
+    An option may sit inside another's value (`--engine-arg=--hf-token=hf_...`): everything after it is hidden."""
     out, hide_next = [], False
     for arg in argv:
         if hide_next:
             out.append("***")
             hide_next = False
             continue
-        name, eq, _ = arg.partition("=")
-        secret = name.startswith("-") and any(w in name.lower() for w in SECRET_WORDS)
-        if secret and eq:
-            out.append(f"{name}=***")
-        else:
+        parts = arg.split("=")
+        i = next((i for i, part in enumerate(parts) if _secret_option(part)), None)
+        if i is None:
+            out.append(HF_TOKEN.sub("hf_***", arg))
+        elif i + 1 < len(parts):  # --api-key=v, --engine-arg=--hf-token=v
+            out.append("=".join(parts[:i + 1]) + "=***")
+        else:  # --hf-token v, --engine-arg=--hf-token v
             out.append(arg)
-            hide_next = secret
+            hide_next = True
     return out
+
+
+def _secret_option(part: str) -> bool:
+    return part.startswith("-") and SECRET_OPTION.search(part.lstrip("-")) is not None
 
 
 def _hf_snapshot(model: str, info: dict[str, Any]) -> Path | None:
