@@ -8,7 +8,6 @@ saved in z-lab's format (config.json + model.safetensors), which the engine load
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from dataclasses import asdict, dataclass
@@ -175,6 +174,7 @@ def train_drafter(target: str, data: str | list[list[dict]], out: str, config: D
     """Regenerate responses with the target, train a DFlash drafter, save it in z-lab's format under `out`."""
     from dflash_bench.engine.build import eos_ids, load_tokenizer
     from dflash_bench.engine.drafter import DFlashDrafter, DrafterConfig, save_drafter
+    from dflash_bench.engine.tiny import write_json_atomic
     from dflash_bench.train.data import encode_prompts, read_prompts, regenerate
 
     c = config or DrafterTrainConfig()
@@ -216,7 +216,7 @@ def train_drafter(target: str, data: str | list[list[dict]], out: str, config: D
 
     drafter.to(torch.bfloat16)
     save_drafter(drafter, out)
-    (Path(out) / "dflash_train.json").write_text(json.dumps({"config": asdict(c), **summary}, indent=2))
+    write_json_atomic(Path(out) / "dflash_train.json", {"config": asdict(c), **summary})
     log(f"saved the drafter to {out}")
     return summary
 

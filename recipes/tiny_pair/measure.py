@@ -6,7 +6,7 @@
 
 Each suite's first-turn prompts are sent one at a time (concurrency 1, greedy, chat template) to an AR engine
 and a DFlash engine over the same target (one warm-up request each, not counted). Throughput = output
-tokens / decode wall time; tau = 1 + accepted / drafts (vLLM's formula, bonus token included); parity =
+tokens / wall time of the requests (prefill included); tau = 1 + accepted / drafts (vLLM's formula, bonus token included); parity =
 how many DFlash outputs equal the AR outputs token for token. Prints a markdown table; --json writes it.
 """
 
