@@ -159,7 +159,8 @@ def test_score_sweep_accuracy_and_paired_difference(tmp_path, data_dir):
     df.append(_req("gsm8k/not-a-record", "\\boxed{1}", 20))
     df.append(_req(gsm[1].id, None, 21, error="HTTP 500"))
     code = [_req(he[0].id, f"```python\n{he[0].meta['prompt']}{he[0].reference}\n```", 1),
-            _req(he[1].id, "```python\nimport os\nos.remove('/etc/hostname')\n```", 2)]
+            _req(he[1].id, "```python\nimport os\nos.remove('/etc/hostname')\n```", 2),
+            _req(he[1].id, f"```python\ndef {he[1].meta['entry_point']}(*a):\n    return None\nexit()\n```", 3)]
     sweep = _sweep(tmp_path, {("ar", "gsm8k"): ar, ("dflash", "gsm8k"): df, ("ar", "humaneval"): code})
 
     out = score_sweep(sweep.path, data_dir=data_dir)
@@ -177,4 +178,6 @@ def test_score_sweep_accuracy_and_paired_difference(tmp_path, data_dir):
 
     out = score_sweep(sweep.path, data_dir=data_dir, score_code=True, limits=FAST)
     h = out[cell_id("builtin", "ar", "humaneval", 1)]
-    assert (h.metric, h.n, h.correct) == ("pass@1", 2, 1) and h.isolation
+    assert (h.metric, h.n, h.correct) == ("pass@1", 3, 1) and h.isolation  # exit() before the tests: not a pass
+    early = json.loads((sweep.cell_dir(cell_id("builtin", "ar", "humaneval", 1)) / "accuracy.jsonl").read_text().splitlines()[2])
+    assert early["correct"] is False and early["detail"] == "exited 0 before its tests ran"

@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 from dflash_bench.analysis import KEY
 from dflash_bench.quality import scoring
 from dflash_bench.quality.intervals import paired_difference, wilson
-from dflash_bench.quality.sandbox import Limits, run_many
+from dflash_bench.quality.sandbox import Limits, RunResult, run_many
 from dflash_bench.store import CellSummary, RequestRecord, SweepDir, atomic_write_text
 
 ACCURACY_FILE = "accuracy.jsonl"
@@ -125,8 +125,7 @@ def score_cell(records: list[RequestRecord], suite: str, prompts: dict, limits: 
                                   else "normaliser" if suite == "math500" else "final number")
     else:
         results = run_many([program(suite, text, p.meta) for _, _, text, p in todo], limits, workers)
-        rows = [Verdict(prompt_id=pid, occurrence=occ, correct=res.passed, detail=res.reason)
-                for (pid, occ, _, _), res in zip(todo, results)]
+        rows = [code_verdict(pid, occ, res) for (pid, occ, _, _), res in zip(todo, results)]
         summary = AccuracySummary(metric="pass@1", checker="sandbox",
                                   isolation=results[0].isolation if results else {})
     n, k = len(rows), sum(v.correct for v in rows)
@@ -135,6 +134,13 @@ def score_cell(records: list[RequestRecord], suite: str, prompts: dict, limits: 
     summary.n, summary.correct, summary.accuracy = n, k, (k / n if n else None)
     summary.ci_low, summary.ci_high, summary.not_scored = lo, hi, dict(skipped)
     return rows, summary
+
+
+def code_verdict(prompt_id: str, occurrence: int, res: RunResult) -> Verdict:
+    """Passed only when the program exited 0 after its last test (an early exit(0) is a failure)."""
+    correct = scoring.tests_passed(res.passed, res.stdout)
+    detail = "exited 0 before its tests ran" if res.passed and not correct else res.reason
+    return Verdict(prompt_id=prompt_id, occurrence=occurrence, correct=correct, detail=detail)
 
 
 def program(suite: str, output: str, meta: dict) -> str:

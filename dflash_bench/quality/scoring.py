@@ -143,6 +143,15 @@ def normalise_math(s: str) -> str:
 
 # ---------------------------------------------------------------- code (HumanEval, MBPP)
 
+# Printed after the last test: a program that exits 0 early (`exit()`, `sys.exit(0)` in the model's code)
+# never ran its tests and must not count as passed.
+TESTS_DONE = "dflash-bench: every test ran"
+
+
+def tests_passed(exit_ok: bool, stdout: str) -> bool:
+    """A program built here passed when it exited 0 AND got past its last test."""
+    return exit_ok and stdout.rstrip().endswith(TESTS_DONE)
+
 
 _FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 
@@ -179,7 +188,7 @@ def humaneval_program(output: str, prompt: str, test: str, entry_point: str) -> 
         body = imports + "\n\n" + code
     else:
         body = prompt + code
-    return f"{body}\n\n{test}\n\ncheck({entry_point})\n"
+    return f"{body}\n\n{test}\n\ncheck({entry_point})\nprint({TESTS_DONE!r})\n"
 
 
 def mbpp_program(output: str, test_list: list[str], test_imports: list[str] | None = None, test_setup_code: str = "") -> str:
@@ -187,4 +196,4 @@ def mbpp_program(output: str, test_list: list[str], test_imports: list[str] | No
     m = re.search(r"assert\s+(?:not\s+)?\(?\s*(?:set\(|math\.isclose\()?\s*([A-Za-z_]\w*)\s*\(", test_list[0]) if test_list else None
     code = extract_code(output, m.group(1) if m else None)
     head = "\n".join(test_imports or [])
-    return f"{head}\n{test_setup_code}\n{code}\n\n" + "\n".join(test_list) + "\n"
+    return f"{head}\n{test_setup_code}\n{code}\n\n" + "\n".join(test_list) + f"\nprint({TESTS_DONE!r})\n"
