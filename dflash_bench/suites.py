@@ -183,7 +183,8 @@ def _check_dict(suite: Suite, where: str, rec: Any) -> dict:
 
 def _offline_files(suite: Suite, data_dir: Path, config: str | None) -> list[Path]:
     if not data_dir.is_dir():
-        raise DataMissing(f"suite {suite.name}: data dir {data_dir} does not exist.")
+        what = "is a file, not a folder" if data_dir.exists() else "does not exist"
+        raise DataMissing(f"suite {suite.name}: data dir {data_dir} {what}.")
     patterns = [p.replace("{config}", config or "") for p in suite.files]
     if not any(glob.has_magic(p) for p in patterns):
         return [data_dir / p for p in patterns]

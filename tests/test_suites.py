@@ -184,6 +184,9 @@ def test_speed_bench_loads_a_prepared_parquet_copy_with_tier_filter(tmp_path):
 def test_missing_data_dir_and_file_name_the_suite_and_path(tmp_path):
     with pytest.raises(UserError, match=r"suite gsm8k: data dir .*nowhere does not exist"):
         load_prompts("gsm8k", data_dir=tmp_path / "nowhere")
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(UserError, match=r"suite gsm8k: data dir .*a-file is a file, not a folder"):
+        load_prompts("gsm8k", data_dir=tmp_path / "a-file")
     with pytest.raises(UserError, match=r"suite humaneval: file .*humaneval/HumanEval.jsonl.gz not found"):
         load_prompts("humaneval", data_dir=tmp_path)
 
