@@ -131,7 +131,7 @@ async def _served_model(tr: Transport, url: str, api: str) -> str | None:
     """The first served model name from /v1/models; a server that cannot be reached is a UserError."""
     try:
         status, body = await asyncio.wait_for(tr.get("/v1/models"), 30)
-    except (OSError, asyncio.TimeoutError, Exception) as err:  # aiohttp/httpx connection errors
+    except Exception as err:  # noqa: BLE001 - OS, timeout, aiohttp/httpx connection errors alike
         why = str(err).split("[", 1)[-1].rstrip("]")[:120] or type(err).__name__
         raise UserError(f"cannot reach the server at {url} ({why}); is it running and ready?") from None
     if status == 200:
