@@ -297,3 +297,16 @@ def test_health_says_503_when_the_engine_thread_is_gone(engines):
     finally:
         loop.stop()
     assert client.get("/health").status_code == 503
+
+
+def test_admitting_more_requests_than_free_slots_fails_without_taking_any(engines):
+    ar, _ = engines
+    sp = SamplingParams(max_tokens=5, ignore_eos=True)
+    held = [ar.add(str(i), [1, 2, 3], sp)[0] for i in range(len(ar.free_slots) - 1)]  # one slot left
+    try:
+        with pytest.raises(RuntimeError, match="every slot is taken"):
+            ar.add_many([("x", [1, 2], sp), ("y", [3, 4], sp)])
+        assert len(ar.free_slots) == 1
+    finally:
+        for s in held:
+            ar.release(s)

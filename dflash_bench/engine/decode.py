@@ -117,17 +117,22 @@ class Engine:
         """One target forward over right-padded prompts (padding sits past each row's end and is overwritten)."""
         dev = self.device
         seqs = []
-        for req_id, prompt, params in reqs:
-            if params.seed is not None:  # the request's own random stream, whatever else is in the batch
-                params = dataclasses.replace(params, generator=torch.Generator(device=dev).manual_seed(params.seed))
-            slot = self.free_slots.pop()
-            seqs.append(Seq(req_id, list(prompt), params, slot, Detokenizer(self.tok, params.stop, prompt[-4:])))
         try:
+            for req_id, prompt, params in reqs:
+                if params.seed is not None:  # the request's own random stream, whatever else is in the batch
+                    params = dataclasses.replace(params, generator=torch.Generator(device=dev).manual_seed(params.seed))
+                seqs.append(Seq(req_id, list(prompt), params, self._take_slot(),
+                                Detokenizer(self.tok, params.stop, prompt[-4:])))
             return self._prefill_rows(seqs)
         except BaseException:
             for s in seqs:
                 self.release(s)
             raise
+
+    def _take_slot(self) -> int:
+        if not self.free_slots:
+            raise RuntimeError("every slot is taken: admit at most len(engine.free_slots) requests at a time")
+        return self.free_slots.pop()
 
     def _prefill_rows(self, seqs: list[Seq]) -> list[tuple[Seq, Delta]]:
         dev, n = self.device, len(seqs)
