@@ -153,6 +153,11 @@ def test_gpu_count_prefers_the_tensor_parallel_size():
     assert gpu_count(eight, {"engine_args": ["--tensor-parallel-size", "2"]}) == 2
     assert gpu_count(eight, {"engine_args": ["--max-model-len=8192", "--tp-size=4"]}) == 4
     assert gpu_count({}, {"engine_args": []}) is None
+    # Servers the sweep launched on an 8-GPU host: one GPU each unless their command shards the model.
+    launched = {"vllm-ar": {"command": ["vllm", "serve", "Qwen/Qwen3-8B", "--port", "8000"]}}
+    assert gpu_count(eight, {"engine_args": []}, launched) == 1
+    launched["vllm-dflash"] = {"command": ["vllm", "serve", "Qwen/Qwen3.5-122B-A10B", "--tensor-parallel-size", "4"]}
+    assert gpu_count(eight, {"engine_args": []}, launched) == 4  # the card's TP flag, not an engine arg
 
 
 def test_energy_table(full):

@@ -63,7 +63,7 @@ def _load_one(path: Path) -> SweepView:
     sweep = SweepDir.open(path)
     manifest = sweep.read_manifest()
     frame = analysis.cells(path)
-    gpus = gpu_count(manifest.hardware, manifest.settings)
+    gpus = gpu_count(manifest.hardware, manifest.settings, manifest.servers)
     rank = suite_rank(manifest, frame)
     view = SweepView(
         path=path,
@@ -123,16 +123,22 @@ def tensor_parallel(engine_args: Any) -> int | None:
     return None
 
 
-def gpu_count(hardware: dict[str, Any], settings: dict[str, Any] | None = None) -> int | None:
-    """How many GPUs one server used: the tensor-parallel size in the sweep's engine args, else the GPUs the
-    manifest's `hardware` lists (None when neither says: throughput is then per server)."""
-    tp = tensor_parallel((settings or {}).get("engine_args"))
+def gpu_count(hardware: dict[str, Any], settings: dict[str, Any] | None = None,
+              servers: dict[str, Any] | None = None) -> int | None:
+    """How many GPUs one server used: the tensor-parallel size in the sweep's engine args or in the commands of
+    the servers it launched (card flags included); a launched server without one uses one GPU, however many
+    the host has. Else the GPUs the manifest's `hardware` lists (None when nothing says: per server)."""
+    commands = [info.get("command") for info in (servers or {}).values() if isinstance(info, dict)]
+    tp = tensor_parallel((settings or {}).get("engine_args")) or max(
+        (tensor_parallel(c) or 0 for c in commands if isinstance(c, list)), default=0)
     if tp:
         return tp
     for key in ("gpus_per_server", "tensor_parallel", "tp"):
         if isinstance(hardware.get(key), int) and hardware[key] > 0:
             return hardware[key]
     gpus = hardware.get("gpus")
+    if gpus and any(isinstance(c, list) and c for c in commands):
+        return 1  # vLLM, SGLang and the builtin engine use one GPU unless told to shard
     if isinstance(gpus, list) and gpus:
         return len(gpus)
     if isinstance(gpus, int) and not isinstance(gpus, bool) and gpus > 0:
