@@ -191,6 +191,9 @@ def test_models_health_and_bad_requests(dflash_url):
         assert msg in r.json()["message"], (body, r.json())
     r = httpx.post(dflash_url + "/v1/completions", json={"model": "other", "prompt": "x"}, timeout=30)
     assert r.status_code == 404
+    r = httpx.post(dflash_url + "/v1/completions", content=b'{"prompt": "x",', timeout=30,
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["message"].startswith("the request body is not valid JSON")
 
 
 def test_concurrent_requests_share_batches_and_disconnects_free_slots(dflash_url):

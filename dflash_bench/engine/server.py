@@ -54,6 +54,8 @@ def build_app(loop: EngineLoop, model_name: str) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def _invalid(_req, exc: RequestValidationError):
         e = exc.errors()[0] if exc.errors() else {}
+        if e.get("type") == "json_invalid":
+            return _error(400, f"the request body is not valid JSON ({e.get('ctx', {}).get('error', 'parse error')})")
         where = ".".join(str(x) for x in e.get("loc", ())[1:]) or "body"
         return _error(400, f"invalid request: {where}: {e.get('msg', 'bad value')}")
 
