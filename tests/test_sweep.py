@@ -201,3 +201,11 @@ def test_sweep_measures_servers_the_user_runs(tmp_path, data_dir):
     assert float(rows["vllm-dflash-gsm8k-c2"]["acceptance_length"]) == pytest.approx(4.0, rel=0.2)
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["servers"]["vllm-dflash"] == {"runner": "external", "url": df.url}
+
+
+def test_secret_engine_args_are_refused_before_anything_is_written(tmp_path, data_dir):
+    out = tmp_path / "reports"
+    proc = subprocess.run(sweep_argv(out, "--data-dir", str(data_dir), "--engine-arg=--api-key=sk-12345", suites="gsm8k",
+                                     conc="1"), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "environment" in proc.stderr and "Traceback" not in proc.stderr
+    assert "sk-12345" not in proc.stderr and not out.exists()

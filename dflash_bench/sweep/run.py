@@ -38,6 +38,9 @@ def run_sweep(settings: SweepSettings, *, out: Path, resume: Path | None = None,
     """Plan (or reload) the sweep, run every cell not yet complete, and return where it landed."""
     from dflash_bench import models
 
+    if provenance.redact(settings.engine_args) != settings.engine_args:  # it would land in the manifest
+        raise UserError("an --engine-arg carries a secret (a token, key or password); pass it through the "
+                        "environment instead (HF_TOKEN, VLLM_API_KEY, ...) so it is never written to the sweep folder")
     pair = models.resolve(settings.model, drafter=settings.engine_options.get("drafter"))
     if resume is not None:  # refuse a mismatched resume before touching any dataset
         sweep, manifest = _open(settings, out, resume, pair, argv or sys.argv)
