@@ -73,3 +73,22 @@ def test_a_changed_image_digest_between_modes_is_noted():
     _check_same_image(m, "vllm")
     _check_same_image(m, "vllm")
     assert len(m.notes) == 1 and "sha256:a vs sha256:b" in m.notes[0]
+
+
+def test_a_cell_measured_again_starts_from_an_empty_folder(tmp_path):
+    from dflash_bench.store import CellPlan, CellSummary, Manifest, SweepDir
+    from dflash_bench.sweep.run import _clear_attempt
+
+    cell = CellPlan(cell_id="e-ar-gsm8k-c1", engine="e", mode="ar", suite="gsm8k", concurrency=1, status="failed")
+    sweep = SweepDir.create(tmp_path / "s", Manifest(sweep_id="s", plan=[cell]))
+    manifest = sweep.read_manifest()
+    sweep.write_summary(CellSummary(cell_id=cell.cell_id, engine="e", mode="ar", suite="gsm8k", concurrency=1,
+                                    status="failed", failure_reason="server died"))
+    (sweep.cell_dir(cell.cell_id) / "telemetry.csv").write_text("t_s,power_w\n0,100\n")
+    _clear_attempt(sweep, manifest, cell)
+    assert not sweep.cell_dir(cell.cell_id).exists()
+    assert manifest.notes == ["e-ar-gsm8k-c1: measured again after a failed attempt (server died)"]
+    sweep.cell_dir(cell.cell_id).mkdir(parents=True)  # a kill mid-write left a broken summary: cleared all the same
+    (sweep.cell_dir(cell.cell_id) / "summary.json").write_text('{"cell_id": ')
+    _clear_attempt(sweep, manifest, cell)
+    assert not sweep.cell_dir(cell.cell_id).exists()

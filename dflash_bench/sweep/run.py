@@ -7,6 +7,7 @@ The order of work is owned here; measuring a cell is `client.cell.measure_cell`,
 from __future__ import annotations
 
 import contextlib
+import shutil
 import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from dflash_bench.errors import UserError
-from dflash_bench.store import CellPlan, CellSummary, Manifest, SweepDir, now_iso
+from dflash_bench.store import CellPlan, CellSummary, Manifest, StoreError, SweepDir, now_iso
 from dflash_bench.sweep import provenance
 from dflash_bench.sweep.plan import Launch, SweepSettings, check_resume, launches, plan_cells
 from dflash_bench.sweep.progress import SweepProgress
@@ -130,6 +131,7 @@ def _run_cell(cell: CellPlan, url: str, settings: SweepSettings, pair, sweep: Sw
               progress: SweepProgress, telemetry, check, result: SweepResult) -> None:
     from dflash_bench.client.cell import measure_cell
 
+    _clear_attempt(sweep, manifest, cell)
     cell.status, cell.reason = "running", None
     sweep.write_manifest(manifest)
     cell_prompts, max_tokens = prompts(cell.suite, cell.concurrency)
@@ -154,6 +156,21 @@ def _run_cell(cell: CellPlan, url: str, settings: SweepSettings, pair, sweep: Sw
     sweep.write_manifest(manifest)
     sweep.write_results_csv()
     progress.end_cell(cell, summary)
+
+
+def _clear_attempt(sweep: SweepDir, manifest: Manifest, cell: CellPlan) -> None:
+    """A cell measured again (it failed, or a kill cut it short) starts from an empty folder, so no file of
+    the earlier attempt (a failed summary, its telemetry) can mix with the new one; the manifest keeps why."""
+    folder = sweep.cell_dir(cell.cell_id)
+    if not folder.is_dir():
+        return
+    try:
+        old = sweep.read_summary(cell.cell_id)
+    except StoreError:  # half-written by the kill: nothing to keep
+        old = None
+    if old is not None and old.status == "failed":
+        manifest.notes.append(f"{cell.cell_id}: measured again after a failed attempt ({old.failure_reason})")
+    shutil.rmtree(folder)
 
 
 def _fail(sweep: SweepDir, manifest: Manifest, cell: CellPlan, reason: str, result: SweepResult) -> None:
