@@ -310,3 +310,14 @@ def test_admitting_more_requests_than_free_slots_fails_without_taking_any(engine
     finally:
         for s in held:
             ar.release(s)
+
+
+def test_request_success_counts_finished_requests_only(engines):
+    ar, _ = engines
+    before = ar.stats.requests
+    generate(ar, prompts(ar.tok, 2), SamplingParams(max_tokens=3, ignore_eos=True))
+    assert ar.stats.requests == before + 2
+    seq, _ = ar.add("aborted", [1, 2, 3], SamplingParams(max_tokens=50, ignore_eos=True))
+    ar.step([seq])
+    ar.release(seq)  # the client went away
+    assert ar.stats.requests == before + 2

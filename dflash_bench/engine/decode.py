@@ -57,7 +57,7 @@ class Stats:
     accepted_per_pos: list[int] = field(default_factory=list)
     generation_tokens: int = 0
     prompt_tokens: int = 0
-    requests: int = 0
+    requests: int = 0  # finished (stop or length); aborted ones are not counted, as in vLLM
 
 
 PREFILL_ROWS = 8  # requests per prefill forward on a GPU (on a CPU prefill is compute-bound: one at a time)
@@ -152,7 +152,6 @@ class Engine:
                 self.proposer.prefill(s.slot, None if feats is None else feats[row, : lens[row]])
             s.start = lens[row]
             self.stats.prompt_tokens += lens[row]
-            self.stats.requests += 1
             out.append((s, self._commit(s, [toks[row]], logits[row : row + 1])))
         return out
 
@@ -222,6 +221,7 @@ class Engine:
         s.finish = finish
         if finish:
             s.detok.flush()
+            self.stats.requests += 1
         self.stats.generation_tokens += len(tokens)
         lps = _logprobs(logits[: len(tokens)], tokens, p.logprobs) if p.logprobs is not None else None
         return Delta(s.req_id, tokens, s.detok.delta(finish is not None), len(s.prompt), len(s.out), finish, lps,

@@ -28,7 +28,7 @@ class EngineCollector:
         st = self.loop.engine.stats
         yield self._counter("vllm:prompt_tokens", "Prefill tokens processed.", st.prompt_tokens)
         yield self._counter("vllm:generation_tokens", "Generation tokens processed.", st.generation_tokens)
-        yield self._counter("vllm:request_success", "Requests admitted.", st.requests)
+        yield self._counter("vllm:request_success", "Requests that finished (stop or length).", st.requests)
         yield self._gauge("vllm:num_requests_running", "Requests in the decode batch.", self.loop.num_running)
         yield self._gauge("vllm:num_requests_waiting", "Requests waiting for a slot.", self.loop.num_waiting)
         synthetic = getattr(self.loop.engine, "synthetic_tau", None)

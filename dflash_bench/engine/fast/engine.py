@@ -60,7 +60,6 @@ class FastEngine(Engine):
             raise
         seq.start = len(prompt)
         self.stats.prompt_tokens += len(prompt)
-        self.stats.requests += 1
         return seq, self._commit(seq, [tok], self.runner.logits[slot, :1])
 
     def add_many(self, reqs: list[tuple[str, list[int], SamplingParams]]) -> list[tuple[Seq, Delta]]:
