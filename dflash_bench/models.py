@@ -136,8 +136,14 @@ def _local_block_size(drafter: str) -> int | None:
         data = json.loads(cfg.read_text())
     except (OSError, ValueError) as err:
         raise UserError(f"cannot read the drafter config {cfg}: {err}.") from None
-    size = data.get("block_size") or (data.get("dflash_config") or {}).get("block_size")
-    return int(size) if size else None
+    nested = data.get("dflash_config") if isinstance(data, dict) else None
+    size = (data.get("block_size") if isinstance(data, dict) else None) or (
+        nested.get("block_size") if isinstance(nested, dict) else None)
+    if size is None:
+        return None
+    if isinstance(size, bool) or not isinstance(size, int) or size < 2:
+        raise UserError(f"the drafter config {cfg} has block_size {size!r}: expected a whole number of at least 2.")
+    return size
 
 
 def resolve(name: str, *, drafter: str | None = None, block_size: int | None = None) -> ModelPair:

@@ -62,6 +62,12 @@ def test_any_hf_id_or_folder_with_an_explicit_drafter(tmp_path):
     (draft / "config.json").write_text("{not json")
     with pytest.raises(UserError, match="cannot read the drafter config"):
         models.resolve(str(target), drafter=str(draft))
+    for bad in ('{"block_size": "big"}', '{"dflash_config": {"block_size": 1}}'):
+        (draft / "config.json").write_text(bad)
+        with pytest.raises(UserError, match="expected a whole number of at least 2"):
+            models.resolve(str(target), drafter=str(draft))
+    (draft / "config.json").write_text("[1, 2]")  # no block size in it: the default
+    assert models.resolve(str(target), drafter=str(draft)).block_size == 16
 
 
 def test_models_command_prints_the_table():
