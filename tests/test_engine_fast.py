@@ -233,3 +233,26 @@ def test_fast_target_applies_sliding_windows(tmp_path, arch):
     want = [s.out for s in ref_generate(ref, prompts, SamplingParams(max_tokens=24, ignore_eos=True))]
     runner = FastRunner(FastTarget(ref.target.model, max_slots=SLOTS, max_len=MAX_LEN), kv_block=16)
     assert generate(runner, prompts, 24) == want
+
+
+def test_fast_target_refuses_biases_it_would_drop():
+    """Llama with attention_bias has an o_proj bias the fused forward does not add: refused, not run wrong."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from dflash_bench.errors import UserError
+
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=1, attention_bias=True)
+    with pytest.raises(UserError, match="without --fast"):
+        FastTarget(AutoModelForCausalLM.from_config(cfg), max_slots=1, max_len=16)
+
+    from dflash_bench.engine.drafter import DFlashDrafter, DrafterConfig
+    from dflash_bench.engine.tiny import drafter_config
+
+    raw = drafter_config(cfg, layers=1, block_size=4, target_layer_ids=[0])
+    drafter = DFlashDrafter(DrafterConfig.from_dict({**raw, "attention_bias": True, "dflash_config": {
+        "mask_token_id": 63, "target_layer_ids": [0]}}))
+    head = torch.zeros(64, 32)
+    with pytest.raises(UserError, match="without --fast"):
+        FastDrafter(drafter, head, head, max_slots=1, max_len=16)

@@ -12,11 +12,14 @@ import torch.nn.functional as F
 
 from dflash_bench.engine.drafter import DFlashDrafter
 from dflash_bench.engine.fast.model import KVCache, Layer, attention, mlp_block, qk_rope, rms_norm, rope, rope_tables, step_mask
+from dflash_bench.errors import UserError
 
 
 class FastDrafter:
     def __init__(self, drafter: DFlashDrafter, embed: torch.Tensor, head: torch.Tensor, *, max_slots: int, max_len: int):
         c = self.c = drafter.config
+        if c.attention_bias:  # _fuse keeps the q/k/v biases; o_proj's would be dropped
+            raise UserError("the fast path runs drafters without attention biases: serve without --fast")
         self.B = c.block_size
         self.embed, self.head = embed, head
         self.dtype, self.device = embed.dtype, embed.device

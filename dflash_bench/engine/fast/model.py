@@ -15,6 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from dflash_bench.errors import UserError
+
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
     """RMSNorm in one fused kernel on CUDA (float32 statistics)."""
@@ -168,6 +170,9 @@ class FastTarget:
     def _fuse(self, layer) -> Layer:
         a, m = layer.self_attn, layer.mlp
         projs = (a.q_proj, a.k_proj, a.v_proj)
+        if any(p.bias is not None for p in (a.o_proj, m.gate_proj, m.up_proj, m.down_proj)):
+            raise UserError("the fast path runs models without o_proj or MLP biases (Llama attention_bias / "
+                            "mlp_bias): serve without --fast")
         bias = None
         if a.q_proj.bias is not None:
             bias = torch.cat([p.bias.detach() for p in projs])
