@@ -321,3 +321,29 @@ def test_request_success_counts_finished_requests_only(engines):
     ar.step([seq])
     ar.release(seq)  # the client went away
     assert ar.stats.requests == before + 2
+
+
+def test_two_engines_decode_on_two_threads_at_once(pair):
+    """Each thread's forward has its own attention state: two engines in one process do not mix their caches."""
+    import threading
+
+    target, drafter = pair
+    engs = [build_engine(str(target), mode="ar", max_slots=4, max_len=256, dtype="float64"),
+            build_engine(str(target), str(drafter), mode="dflash", max_slots=4, max_len=256, dtype="float64")]
+    ps = prompts(engs[0].tok, 4)
+    sp = SamplingParams(max_tokens=40, ignore_eos=True)
+    want = ids(generate(engs[0], ps, sp))
+    got, errors = {}, []
+
+    def work(i):
+        try:
+            got[i] = [ids(generate(engs[i], ps, sp)) for _ in range(3)]
+        except Exception as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors and got[0] == got[1] == [want] * 3

@@ -8,6 +8,7 @@ the decoder layers capture the outputs the drafter reads (HF `hidden_states[id +
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -21,7 +22,7 @@ ATTN_NAME = "slot_cache"  # must not contain "flash": transformers treats such n
 
 @dataclass
 class _Step:
-    """What the attention function needs for the current forward (one forward at a time per process)."""
+    """What the attention function needs for the current forward (per thread: engines on two threads are fine)."""
 
     cache: SlotCache
     slots: torch.Tensor
@@ -31,11 +32,11 @@ class _Step:
     masks: dict
 
 
-_STEP: _Step | None = None
+_LOCAL = threading.local()  # .step: the _Step of this thread's forward
 
 
 def _slot_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    step = _STEP
+    step = _LOCAL.step
     layer = module.layer_idx
     step.cache.write(layer, step.slots, step.pos, key.transpose(1, 2), value.transpose(1, 2))
     k, v = step.cache.read(layer, step.slots, step.kv_len)
@@ -137,15 +138,14 @@ class Target:
         Returns logits of the last `keep` positions (all when 0) `[bs, k, V]` and the tapped features
         `[bs, q, K * hidden]` (None without taps).
         """
-        global _STEP
         q = ids.shape[1]
         pos = starts[:, None] + torch.arange(q, device=ids.device)
         kv_len = int(starts.max()) + q
-        _STEP = _Step(self.cache, slots, pos, starts, kv_len, {})
+        _LOCAL.step = _Step(self.cache, slots, pos, starts, kv_len, {})
         try:
             out = self.model(input_ids=ids, position_ids=pos, use_cache=False, logits_to_keep=keep)
         finally:
-            _STEP = None
+            _LOCAL.step = None
         feats = None
         if self._taps:
             feats = torch.cat([self._captured[i] for i in self._taps], dim=-1)
