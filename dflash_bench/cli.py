@@ -359,8 +359,8 @@ def main() -> None:
         typer.echo(f"error: {err}", err=True)
         sys.exit(err.exit_code)
     except OSError as err:  # a path the user gave that cannot be written or read (exit 2: not a gate verdict)
-        where = f" {err.filename}" if err.filename else ""
-        typer.echo(f"error: cannot use{where}: {err.strerror or err}.", err=True)
+        why = err.strerror or str(err)
+        typer.echo(f"error: cannot use {err.filename}: {why}." if err.filename else f"error: {why}.", err=True)
         sys.exit(2)
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
