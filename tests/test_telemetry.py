@@ -86,6 +86,21 @@ def test_bad_interval_is_a_user_error():
         TelemetrySampler(None, interval_s=0)
 
 
+@pytest.mark.parametrize("args,message", [
+    (["--seconds", "-1"], "--seconds must be 0 or more"),
+    (["--seconds", "1", "--interval", "0"], "--interval above 0"),
+    (["--out", "samples.csv"], "--out writes samples: give --seconds too"),
+])
+def test_telemetry_command_checks_its_options_first(args, message):
+    """Checked before NVML is asked, so a wrong option is named on a machine without GPUs too."""
+    from typer.testing import CliRunner
+
+    from dflash_bench.cli import app
+
+    res = CliRunner().invoke(app, ["telemetry", *args])
+    assert res.exit_code != 0 and isinstance(res.exception, UserError) and message in str(res.exception)
+
+
 # ------------------------------------------------------------------ arithmetic with known answers
 
 

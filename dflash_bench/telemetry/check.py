@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from dflash_bench.errors import UserError
 from dflash_bench.telemetry.nvml import gpu_inventory, probe, resolve_gpus
 from dflash_bench.telemetry.sampler import TelemetrySampler
 
@@ -17,6 +18,10 @@ from dflash_bench.telemetry.sampler import TelemetrySampler
 def run_check(devices: str | None, seconds: float, interval_s: float, out: Path | None) -> int:
     """List the GPUs; with `seconds` > 0 also sample them and print power and energy. 0 when telemetry
     works, 1 when it is off (the reason is printed)."""
+    if seconds < 0 or interval_s <= 0:
+        raise UserError(f"--seconds must be 0 or more and --interval above 0 (got {seconds:g} and {interval_s:g}).")
+    if out is not None and seconds <= 0:
+        raise UserError("--out writes samples: give --seconds too, how long to sample.")
     console = Console(highlight=False)
     status = probe()
     if not status.enabled:
