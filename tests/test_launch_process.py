@@ -122,3 +122,24 @@ def test_unknown_runner_and_missing_program_are_user_errors():
     with pytest.raises(UserError, match="cannot run 'no-such-engine-binary': it is not on PATH"):
         with launch_command(["no-such-engine-binary", "--port", "1"], port=1):
             pass
+
+
+def test_stop_leaves_alone_a_process_group_that_reused_a_stale_record(tmp_path):
+    """A record outlives its server (harness and server both gone); later an unrelated program gets the same
+    process-group id. `stop --all` must not kill it: the group's leader runs another command."""
+    import json
+
+    from dflash_bench.launch.process import stop_leftovers
+
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
+    try:
+        run = tmp_path / "run"
+        run.mkdir(exist_ok=True)
+        (run / f"{other.pid}.json").write_text(json.dumps({
+            "pgid": other.pid, "owner_pid": 2 ** 22 + 1, "argv": ["vllm", "serve", "Qwen/Qwen3-8B", "--port", "8000"],
+            "url": "http://127.0.0.1:8000", "started": 0}))
+        assert stop_leftovers(all_=True) == []
+        assert other.poll() is None and not (run / f"{other.pid}.json").exists()  # the stale record is dropped
+    finally:
+        other.kill()
+        other.wait()

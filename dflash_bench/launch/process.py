@@ -102,6 +102,22 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
+def _leader_runs(pgid: int, argv: list[str]) -> bool:
+    """Is the group's leader still the recorded server? Its command line (a script's shebang may put the
+    interpreter first) ends with the recorded arguments. A leader that exited leaves its id reserved while
+    the group lives, so a group without a leader is still the server's."""
+    try:
+        cmdline = Path(f"/proc/{pgid}/cmdline").read_bytes()
+    except OSError:
+        return True  # leader gone (or no /proc): nothing else can hold the id
+    parts = [p.decode(errors="replace") for p in cmdline.split(b"\0")[:-1]]
+    if not parts:
+        return True  # a zombie leader waiting for its reaper: still the server's group
+    tail = [str(a) for a in argv[1:]]
+    name = os.path.basename(str(argv[0])) if argv else ""
+    return parts[len(parts) - len(tail):] == tail and any(os.path.basename(p) == name for p in parts[:len(parts) - len(tail)])
+
+
 class ProcessServer(Server):
     runner = "process"
 
@@ -160,8 +176,8 @@ def stop_leftovers(all_: bool = False) -> list[str]:
         except (OSError, ValueError, KeyError, TypeError):
             rec.unlink(missing_ok=True)
             continue
-        if not _group_alive(pgid):
-            rec.unlink(missing_ok=True)
+        if not _group_alive(pgid) or not _leader_runs(pgid, data.get("argv") or []):
+            rec.unlink(missing_ok=True)  # gone, or its id now belongs to another program
             continue
         if all_ or not _pid_alive(owner):
             stop_group(pgid)
