@@ -14,7 +14,7 @@ def run_launch(engine: str, model: str, mode: str, *, gpu: str = "generic", runn
                engine_args: list[str] | None = None, network: str = "host", dry_run: bool = False,
                ready_timeout: float = 1800.0, log_path: str | None = None) -> None:
     """Start one server and keep it up until Ctrl-C (or print its command with dry_run)."""
-    from dflash_bench import engines, models
+    from dflash_bench import models
     from dflash_bench.launch import DockerOptions, launch_server, plan_server
 
     if network not in ("host", "bridge"):
