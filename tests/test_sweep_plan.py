@@ -92,3 +92,19 @@ def test_a_cell_measured_again_starts_from_an_empty_folder(tmp_path):
     (sweep.cell_dir(cell.cell_id) / "summary.json").write_text('{"cell_id": ')
     _clear_attempt(sweep, manifest, cell)
     assert not sweep.cell_dir(cell.cell_id).exists()
+
+
+@pytest.mark.parametrize("model, engine, args, expected", [
+    ("Qwen3-8B", "vllm", [], [0]),  # one GPU however many the host has
+    ("Qwen3.5-122B-A10B", "sglang", [], [0, 1, 2, 3]),  # the card's --tp-size 4
+    ("Qwen3.5-122B-A10B", "vllm", [], [0, 1, 2, 3]),
+    ("Qwen3-8B", "vllm", ["--tensor-parallel-size=2"], [0, 1]),
+])
+def test_telemetry_watches_the_gpus_the_server_uses(model, engine, args, expected):
+    from dflash_bench import models
+    from dflash_bench.sweep.run import server_devices
+
+    settings = _settings(model=model, engines=[engine], engine_args=args)
+    assert server_devices(settings, models.resolve(model)) == expected
+    external = _settings(model=model, engines=[engine], url_ar="http://a:1", url_dflash="http://b:1")
+    assert server_devices(external, models.resolve(model)) is None

@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from dflash_bench.engines.base import MODES, PRESETS, EngineProfile, check_mode, check_preset
+from dflash_bench.engines.base import MODES, PRESETS, EngineProfile, check_mode, check_preset, tensor_parallel
 from dflash_bench.engines.builtin import Builtin
 from dflash_bench.engines.emulator import Emulator
 from dflash_bench.engines.sglang import SGLang
@@ -16,7 +16,7 @@ from dflash_bench.errors import UserError
 
 ENGINES: dict[str, EngineProfile] = {e.name: e for e in (VLLM(), SGLang(), Builtin(), Emulator())}
 
-__all__ = ["ENGINES", "MODES", "PRESETS", "EngineProfile", "check_mode", "check_preset", "get", "names"]
+__all__ = ["ENGINES", "MODES", "PRESETS", "EngineProfile", "check_mode", "check_preset", "get", "names", "tensor_parallel"]
 
 
 def names() -> list[str]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Sequence
+from typing import Any, ClassVar, Sequence
 
 from dflash_bench.errors import UserError
 from dflash_bench.models import ModelPair
@@ -13,6 +13,19 @@ PRESETS = ("generic", "h100", "b300")
 # Other GPU names map onto the preset of their generation.
 PRESET_ALIASES = {"h200": "h100", "h20": "h100", "hopper": "h100", "b200": "b300", "gb200": "b300",
                   "gb300": "b300", "blackwell": "b300"}
+TP_FLAGS = ("--tensor-parallel-size", "-tp", "--tp-size", "--tp")
+
+
+def tensor_parallel(engine_args: Any) -> int | None:
+    """The tensor-parallel size passed through to the engine (vLLM `--tensor-parallel-size`, SGLang `--tp-size`)."""
+    args = [str(a) for a in engine_args] if isinstance(engine_args, list) else []
+    for i, arg in enumerate(args):
+        flag, eq, value = arg.partition("=")
+        if flag in TP_FLAGS:
+            value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+            if value.isdigit() and int(value) > 0:
+                return int(value)
+    return None
 
 
 def check_mode(mode: str) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 import pandas as pd
 
 from dflash_bench import analysis
+from dflash_bench.engines.base import tensor_parallel
 from dflash_bench.store import Manifest, SweepDir
 
 SECRET_KEY = re.compile(r"(^|[_-])token$|secret|passw|api[_-]?key|authorization", re.I)  # not max_tokens
@@ -106,21 +107,6 @@ def in_order(table: pd.DataFrame, rank: dict[str, int]) -> pd.DataFrame:
 
 def slugify(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.")[:60] or "sweep"
-
-
-TP_FLAGS = ("--tensor-parallel-size", "-tp", "--tp-size", "--tp")
-
-
-def tensor_parallel(engine_args: Any) -> int | None:
-    """The tensor-parallel size passed through to the engine (vLLM `--tensor-parallel-size`, SGLang `--tp-size`)."""
-    args = [str(a) for a in engine_args] if isinstance(engine_args, list) else []
-    for i, arg in enumerate(args):
-        flag, eq, value = arg.partition("=")
-        if flag in TP_FLAGS:
-            value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
-            if value.isdigit() and int(value) > 0:
-                return int(value)
-    return None
 
 
 def gpu_count(hardware: dict[str, Any], settings: dict[str, Any] | None = None,

@@ -7,6 +7,7 @@ The order of work is owned here; measuring a cell is `client.cell.measure_cell`,
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import sys
 from dataclasses import dataclass, field
@@ -52,7 +53,7 @@ def run_sweep(settings: SweepSettings, *, out: Path, resume: Path | None = None,
         sweep, manifest = _open(settings, out, resume, pair, argv or sys.argv)
     progress = SweepProgress(manifest, quiet=quiet)
     result = SweepResult(sweep.path)
-    telemetry = _telemetry(manifest, progress)
+    telemetry = _telemetry(manifest, progress, settings, pair)
     try:
         with progress:
             for launch in launches(manifest.plan):
@@ -270,17 +271,36 @@ def _prompt_loader(settings: SweepSettings, data_dir: Path | None):
     return load
 
 
-def _telemetry(manifest: Manifest, progress: SweepProgress):
-    """One sampler for the whole sweep (each cell is one window), or None when NVML has no GPU to watch."""
-    from dflash_bench.telemetry import TelemetrySampler, gpu_inventory
+def _telemetry(manifest: Manifest, progress: SweepProgress, settings: SweepSettings, pair):
+    """One sampler for the whole sweep (each cell is one window) over the server's own GPUs, or None
+    when NVML has no GPU to watch."""
+    from dflash_bench.telemetry import TelemetrySampler, gpu_inventory, probe, resolve_gpus
 
-    sampler = TelemetrySampler(None)
+    status = probe(None)
+    gpus = None
+    if status.enabled:  # devices 0..tp-1 of what the server sees (a container launched here sees every GPU)
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES") if settings.runner == "process" else None
+        devices = server_devices(settings, pair)
+        gpus = resolve_gpus(devices, visible) if devices is not None else None
+    sampler = TelemetrySampler(gpus)
     manifest.telemetry = sampler.status.as_manifest()
     if sampler.enabled:
         manifest.hardware["gpus"] = gpu_inventory(sampler.status.gpus)
     else:
         progress.note(sampler.status.message)
     return sampler if sampler.enabled else None
+
+
+def server_devices(settings: SweepSettings, pair) -> list[int] | None:
+    """The device numbers a launched server uses: its tensor-parallel size from the card flags and
+    --engine-arg (one GPU when neither says). None for servers the user runs: which GPUs is unknown."""
+    if settings.url_ar:
+        return None
+    from dflash_bench import engines
+
+    tp = max(engines.tensor_parallel(engines.get(e).command(pair, "ar", 0, settings.gpu, settings.engine_args)) or 1
+             for e in settings.engines)
+    return list(range(tp))
 
 
 def _annotate_quality(sweep: SweepDir, settings: SweepSettings) -> None:
