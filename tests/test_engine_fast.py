@@ -125,12 +125,11 @@ def test_synthetic_acceptance_needs_benchmark_only(tmp_path):
 
 @pytest.mark.slow
 def test_serve_fast_labels_synthetic_acceptance_over_http(tmp_path):
-    import socket
     import subprocess
     import sys
-    import time
 
     import httpx
+    from test_engine_server import cli_server  # the same start/ready/terminate as the engine server tests
 
     target, drafter = make_tiny_pair(tmp_path, seed=1, block_size=B)
     base = [sys.executable, "-m", "dflash_bench", "serve", "--model", str(target), "--draft", str(drafter),
@@ -139,20 +138,8 @@ def test_serve_fast_labels_synthetic_acceptance_over_http(tmp_path):
     assert refused.returncode == 2 and "--benchmark-only" in refused.stderr + refused.stdout
     assert "Traceback" not in refused.stderr
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(base + ["--synthetic-acceptance", "3", "--benchmark-only", "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(300):
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
+    with cli_server("--model", str(target), "--draft", str(drafter), "--served-model-name", "tiny", "--fast",
+                    "--synthetic-acceptance", "3", "--benchmark-only") as url:
         body = {"model": "tiny", "prompt": "the cat sat", "max_tokens": 24, "ignore_eos": True, "temperature": 0}
         r = httpx.post(url + "/v1/completions", json=body, timeout=60).json()
         assert r["synthetic_acceptance"] == 3.0 and r["usage"]["completion_tokens"] == 24
@@ -165,13 +152,6 @@ def test_serve_fast_labels_synthetic_acceptance_over_http(tmp_path):
         assert drafts > 0
         bad = httpx.post(url + "/v1/completions", json={**body, "temperature": 0.7}, timeout=60)
         assert bad.status_code == 400 and "greedily" in bad.json()["message"]
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def test_a_paused_row_resumes_where_it_stopped(setup):

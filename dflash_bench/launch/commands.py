@@ -62,8 +62,6 @@ def dry_run_line(profile, argv, env, port, runner, image, gpus, network) -> str:
     return docker_run_line(profile.container_command(argv), env, port, opts)
 
 
-_dry_run_line = dry_run_line  # the name sweep/commands.py first used
-
 
 def _warn_versions(engine: str, pair, image: str | None) -> None:
     """Pairs whose card needs an unreleased engine build say so when no --image is given."""

@@ -81,7 +81,7 @@ def print_plan(settings: SweepSettings, image: str | None) -> None:
     """--dry-run: the cells in run order and the exact command of every server launch."""
     from dflash_bench import models
     from dflash_bench.launch import plan_server
-    from dflash_bench.launch.commands import _dry_run_line
+    from dflash_bench.launch.commands import dry_run_line
 
     pair = models.resolve(settings.model, drafter=settings.engine_options.get("drafter"))
     plan = plan_cells(settings)
@@ -96,7 +96,7 @@ def print_plan(settings: SweepSettings, image: str | None) -> None:
             continue
         profile, pair, argv, env, port = plan_server(launch.engine, pair, launch.mode, port=settings.port, preset=settings.gpu,
                                                      extra_args=settings.engine_args, runner=settings.runner)
-        line = _dry_run_line(profile, argv, env, port, settings.runner, image, "all", "host")
+        line = dry_run_line(profile, argv, env, port, settings.runner, image, "all", "host")
         console.print(f"[bold]{launch.engine} {launch.mode}[/] ({len(launch.cells)} cells):")
         typer.echo(line)
 
@@ -108,6 +108,7 @@ def demo_command(*, out: Path, data_dir: Path | None, max_tokens: int, num_promp
                  concurrency: list[int] | None) -> int:
     """The builtin engine on the embedded default pair, every suite, concurrency 1, 8, 32; then the report."""
     from dflash_bench.launch import free_port
+    from dflash_bench.report import build_report
     from dflash_bench.sweep.run import run_sweep
 
     target, drafter, note = default_pair(out)
@@ -119,8 +120,7 @@ def demo_command(*, out: Path, data_dir: Path | None, max_tokens: int, num_promp
                              max_tokens=max_tokens, runner="process", port=free_port(), engine_args=["--device", "cpu"],
                              engine_options={"drafter": str(drafter)}, save_token_ids=True)
     result = run_sweep(settings, out=out, data_dir=data_dir, argv=sys.argv)
-    page = _report(result.path, console)
-    typer.echo(f"report: {page}" if page else f"sweep folder: {result.path}")
+    typer.echo(f"report: {build_report([result.path])}")
     return result.exit_code
 
 
@@ -152,10 +152,3 @@ def _demo_suites(data_dir: Path | None, console: Console) -> list[str]:
         raise UserError("no suite could be loaded: pass --data-dir with the offline datasets, or allow hub access")
     return names
 
-
-def _report(path: Path, console: Console) -> Path | None:
-    try:
-        from dflash_bench.report import build_report
-    except ImportError:
-        return None
-    return build_report([path], None)
