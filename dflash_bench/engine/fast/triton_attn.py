@@ -1,0 +1,191 @@
+"""Split-K (flash-decoding) attention over the fast path's static slot KV cache, in Triton.
+
+What: `decode_attention` computes the same thing as `model.attention` with a `model.step_mask` mask (a
+step of `n` query tokens per row, GQA, causal or the non-causal DFlash block, optional sliding window),
+reading the cache tensors `[S, max_len, Hkv, hd]` in place.
+
+Why: at batch 1, SDPA over the masked cache views runs a grid of only bs * Hkv blocks, builds a mask
+tensor and copies the permuted heads, and it reads every key up to the bucket length L. Here:
+- one program serves all rep * n query rows that share a KV head, so each KV byte is read once per step;
+- each row's valid key range is split over `n_splits` programs (chosen from the static L, so the grid is
+  fixed under a CUDA graph) to fill the GPU, and a program reads only keys that some query can see
+  (never past `starts[b] + n`, nor before the window), not all of [0, L);
+- a second small kernel merges the per-split partial softmaxes (log-sum-exp) into `[bs * n, H * hd]`.
+Everything stays on the device (no host syncs), so it can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK_N = 64  # keys per tile
+LOG2E = 1.4426950408889634
+# Triton 3.7's interpreter multiplies bfloat16 tiles as their raw integer bit patterns in tl.dot, so there
+# (and only there: the CPU tests) bf16 dot operands are widened to float32 first.
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@triton.jit
+def _dot(a, b, PRECISION: tl.constexpr, WIDEN: tl.constexpr):
+    if WIDEN:
+        c = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        c = tl.dot(a, b, input_precision=PRECISION)
+    return c
+
+
+@triton.jit
+def _split_kernel(q_ptr, k_ptr, v_ptr, starts_ptr, out_ptr, part_ptr, m_ptr, l_ptr,
+                  row0, n_splits, scale_log2,
+                  sq_b, sq_n, sq_h, sk_s, sk_t, sk_h, sv_s, sv_t, sv_h,
+                  N: tl.constexpr, H: tl.constexpr, HKV: tl.constexpr, REP: tl.constexpr, HD: tl.constexpr,
+                  M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+                  DIRECT: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr):
+    """Program (b * HKV + kv_head, split): the online softmax of its REP * N query rows over one split."""
+    b = tl.program_id(0) // HKV
+    kvh = tl.program_id(0) % HKV
+    split = tl.program_id(1)
+    start = tl.load(starts_ptr + b).to(tl.int32)
+
+    # Row r of the program is query token j = r % N of query head kvh * REP + r // N (as model.attention
+    # stacks them); rows >= REP * N only pad M up to a tl.dot size and are never stored.
+    r = tl.arange(0, M)
+    j = r % N
+    head = kvh * REP + r // N
+    row_ok = r < REP * N
+    qpos = start + j
+    d = tl.arange(0, HD)
+    q_off = b * sq_b + j[:, None] * sq_n + head[:, None] * sq_h + d[None, :]
+    q = tl.load(q_ptr + q_off, mask=row_ok[:, None], other=0.0)
+
+    # Keys any row of this program may see: [klo, khi). The split takes its share of that range, in
+    # whole tiles, so a short context leaves trailing splits empty rather than reading masked keys.
+    khi = start + N
+    if WINDOW > 0:
+        klo = tl.maximum(start - WINDOW + 1, 0)  # the earliest query (j = 0) sees back to qpos - WINDOW + 1
+    else:
+        klo = start * 0  # a zero of start's type, so both branches agree
+    chunk = tl.cdiv(tl.cdiv(khi - klo, n_splits), BLOCK_N) * BLOCK_N
+    lo = klo + split * chunk
+    hi = tl.minimum(lo + chunk, khi)
+
+    m_i = tl.full([M], float("-inf"), tl.float32)  # running max of the (log2-scaled) scores
+    l_i = tl.zeros([M], tl.float32)  # running sum of exp2(score - m_i)
+    acc = tl.zeros([M, HD], tl.float32)  # running sum of exp2(score - m_i) * v
+    slot = (row0 + b).to(tl.int64)
+    k_base = k_ptr + slot * sk_s + kvh * sk_h
+    v_base = v_ptr + slot * sv_s + kvh * sv_h
+    for k0 in range(lo, hi, BLOCK_N):
+        kpos = k0 + tl.arange(0, BLOCK_N)
+        in_split = kpos < hi
+        k = tl.load(k_base + kpos[:, None] * sk_t + d[None, :], mask=in_split[:, None], other=0.0)
+        s = _dot(q, tl.trans(k), PRECISION, WIDEN) * scale_log2  # [M, BLOCK_N]
+        if CAUSAL:
+            valid = kpos[None, :] <= qpos[:, None]
+        else:
+            valid = kpos[None, :] < khi  # the whole block, for every row (broadcast by tl.where)
+        if WINDOW > 0:
+            dist = qpos[:, None] - kpos[None, :]
+            valid = valid & (dist < WINDOW) & (dist > -WINDOW)
+        valid = valid & in_split[None, :]
+        s = tl.where(valid, s, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing visible yet: no -inf - -inf
+        alpha = tl.exp2(m_i - m_ref)
+        p = tl.exp2(s - m_ref[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_base + kpos[:, None] * sv_t + d[None, :], mask=in_split[:, None], other=0.0)
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISION, WIDEN)
+        m_i = m_new
+
+    # out / partials are laid out like q made contiguous: [bs, N, H, HD] -> row (b * N + j) * H + head
+    o_row = (b * N + j) * H + head
+    o_off = o_row[:, None] * HD + d[None, :]
+    if DIRECT:  # one split saw every key: normalise and write the output
+        l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+        tl.store(out_ptr + o_off, (acc / l_safe[:, None]).to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+    else:  # an empty split stores the neutral partial (m = -inf, l = 0, acc = 0)
+        rows = tl.num_programs(0) // HKV * N * H
+        tl.store(part_ptr + split * rows * HD + o_off, acc, mask=row_ok[:, None])
+        tl.store(m_ptr + split * rows + o_row, m_i, mask=row_ok)
+        tl.store(l_ptr + split * rows + o_row, l_i, mask=row_ok)
+
+
+@triton.jit
+def _combine_kernel(part_ptr, m_ptr, l_ptr, out_ptr, n_splits, HD: tl.constexpr, SPLITS: tl.constexpr):
+    """Program row = (b * N + j) * H + head: merge the n_splits partial softmaxes of that query row."""
+    row = tl.program_id(0)
+    rows = tl.num_programs(0)
+    sp = tl.arange(0, SPLITS)
+    sp_ok = sp < n_splits
+    d = tl.arange(0, HD)
+    m = tl.load(m_ptr + sp * rows + row, mask=sp_ok, other=float("-inf"))
+    l = tl.load(l_ptr + sp * rows + row, mask=sp_ok, other=0.0)
+    part = tl.load(part_ptr + (sp[:, None] * rows + row) * HD + d[None, :], mask=sp_ok[:, None], other=0.0)
+    # Every query sees at least its own position, so some split has a finite max; empty splits weigh 0.
+    m_max = tl.max(m, 0)
+    w = tl.exp2(m - m_max)
+    out = tl.sum(part * w[:, None], 0) / tl.sum(l * w, 0)
+    tl.store(out_ptr + row * HD + d, out.to(out_ptr.dtype.element_ty))
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132  # the interpreter: pretend an H100 so the tests exercise the GPU's split choice
+
+
+def num_splits(L: int, programs: int, sms: int = 132) -> int:
+    """Splits per (row, KV head): enough programs for about two waves on `sms` SMs, at most one per tile
+    of the bucket length L (so a full-length split still covers >= BLOCK_N keys)."""
+    want = triton.cdiv(2 * sms, programs)
+    return max(1, min(want, triton.cdiv(L, BLOCK_N)))
+
+
+def decode_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, starts: torch.Tensor, row0: int,
+                     L: int, scale: float, *, causal: bool, window: int | None = None) -> torch.Tensor:
+    """q `[bs, n, H, hd]` over cache slots `row0..row0+bs-1` of kc/vc `[S, max_len, Hkv, hd]` -> `[bs * n, H * hd]`.
+
+    Query j of row b (at `starts[b] + j`) sees key k in [0, L) iff k <= its position (causal) or
+    k < starts[b] + n (non-causal), and, with a window, |position - k| < window. The caller guarantees
+    starts[b] + n <= L. L is only used to choose the number of splits (keep it static under a graph).
+    """
+    bs, n, H, hd = q.shape
+    hkv = kc.shape[2]
+    if q.dtype not in (torch.float32, torch.bfloat16, torch.float16) or kc.dtype != q.dtype or vc.dtype != q.dtype:
+        raise ValueError(f"decode_attention supports float32/bfloat16/float16 q, kc, vc of one dtype, got "
+                         f"{q.dtype}/{kc.dtype}/{vc.dtype}")
+    if hd < 16 or hd & (hd - 1) or H % hkv or kc.shape != vc.shape or kc.shape[3] != hd:
+        raise ValueError(f"need a power-of-two head dim >= 16 and H % Hkv == 0: q {tuple(q.shape)}, "
+                         f"kc {tuple(kc.shape)}, vc {tuple(vc.shape)}")
+    if q.stride(3) != 1 or kc.stride(3) != 1 or vc.stride(3) != 1:
+        raise ValueError("q, kc, vc need a contiguous last (head-dim) axis")
+    if window is not None and window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    rep = H // hkv
+    M = max(16, triton.next_power_of_2(rep * n))
+    splits = num_splits(L, bs * hkv, _sm_count(q.device))
+    out = torch.empty(bs * n, H * hd, dtype=q.dtype, device=q.device)
+    if splits == 1:
+        part = m = l = out  # unused (DIRECT)
+    else:
+        part = torch.empty(splits, bs * n * H, hd, dtype=torch.float32, device=q.device)
+        m = torch.empty(splits, bs * n * H, dtype=torch.float32, device=q.device)
+        l = torch.empty(splits, bs * n * H, dtype=torch.float32, device=q.device)
+    _split_kernel[(bs * hkv, splits)](
+        q, kc, vc, starts, out, part, m, l, row0, splits, scale * LOG2E,
+        q.stride(0), q.stride(1), q.stride(2), kc.stride(0), kc.stride(1), kc.stride(2),
+        vc.stride(0), vc.stride(1), vc.stride(2),
+        N=n, H=H, HKV=hkv, REP=rep, HD=hd, M=M, BLOCK_N=BLOCK_N, CAUSAL=causal, WINDOW=window or 0,
+        DIRECT=splits == 1, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        WIDEN=_INTERPRET and q.dtype == torch.bfloat16, num_warps=4 if M <= 64 else 8)
+    if splits > 1:
+        _combine_kernel[(bs * n * H,)](part, m, l, out, splits, HD=hd, SPLITS=triton.next_power_of_2(splits))
+    return out

@@ -1,0 +1,122 @@
+"""The Triton split-K decode attention (engine/fast/triton_attn) equals model.attention + step_mask.
+
+Runs in Triton's interpreter on the CPU (conftest sets TRITON_INTERPRET=1). The cache is random beyond
+every row's valid keys and beyond L, so a kernel that reads or keeps one key too many (or too few) fails.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from dflash_bench.engine.fast.model import attention, step_mask  # noqa: E402
+
+pytestmark = pytest.mark.engine
+
+
+def _kernel():
+    from dflash_bench.engine.fast import triton_attn
+
+    return triton_attn
+
+
+def _case(bs, n, H, hkv, hd, starts, row0, L, *, slots=None, max_len=None, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    slots = slots or row0 + bs + 1
+    max_len = max_len or L + 24
+    q = torch.randn(bs, n, H, hd, generator=g).to(dtype)
+    kc = torch.randn(slots, max_len, hkv, hd, generator=g).to(dtype)
+    vc = torch.randn(slots, max_len, hkv, hd, generator=g).to(dtype)
+    return q, kc, vc, torch.tensor(starts, dtype=torch.int64)
+
+
+def _reference(q, kc, vc, starts, row0, L, scale, *, causal, window=None):
+    bs, n, H, _ = q.shape
+    mask = step_mask(starts, n, L, H // kc.shape[2], q.dtype, causal=causal, window=window)
+    return attention(q, kc[row0:row0 + bs, :L], vc[row0:row0 + bs, :L], mask, scale)
+
+
+def _check(bs, n, H, hkv, hd, starts, row0, L, *, causal, window=None, dtype=torch.float32, tol=1e-5, splits=None):
+    ta = _kernel()
+    q, kc, vc, st = _case(bs, n, H, hkv, hd, starts, row0, L, dtype=dtype)
+    if splits is not None:  # the case is meant to exercise this many splits
+        assert ta.num_splits(L, bs * hkv) == splits
+    scale = hd ** -0.5
+    out = ta.decode_attention(q, kc, vc, st, row0, L, scale, causal=causal, window=window)
+    ref = _reference(q.float(), kc.float(), vc.float(), st, row0, L, scale, causal=causal, window=window)
+    assert out.shape == (bs * n, H * hd) and out.dtype == dtype
+    torch.testing.assert_close(out.float(), ref, rtol=tol, atol=tol)
+
+
+def test_ar_one_token_gqa4_ragged_over_splits():
+    # 4 splits of L = 256; row 0 fills only the first split (the others are empty partials), row 2 ends on
+    # a tile boundary (its last key is 191, the start of tile 3 is not read), row 1 is one key into tile 3.
+    _check(3, 1, 8, 2, 64, [5, 192, 190], 1, 256, causal=True, splits=4)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_block_ragged_starts(causal):
+    # n = 8, rep 4 (M = 32), hd 32; start + n lands on 8, 45, 108, 128 (a tile edge) and 129 (one past)
+    _check(5, 8, 8, 2, 32, [0, 37, 100, 120, 121], 2, 192, causal=causal, splits=3)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_dflash_block_rep1_hd64(causal):
+    _check(2, 16, 2, 2, 64, [64 - 16, 150], 0, 256, causal=causal)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_sliding_window(causal):
+    # window 50: row 1 and 2 lose the keys more than 49 positions back (a split range starting past 0)
+    _check(3, 8, 4, 1, 32, [0, 70, 230], 1, 320, causal=causal, window=50)
+
+
+def test_single_split_writes_the_output_directly():
+    _check(3, 8, 4, 1, 16, [0, 20, 56], 0, 64, causal=True, splits=1)
+    _check(3, 8, 4, 1, 16, [0, 20, 56], 0, 64, causal=False, window=7, splits=1)
+
+
+@pytest.mark.parametrize("splits", [1, 2])
+@pytest.mark.parametrize("causal,window", [(True, None), (False, None), (True, 100)])
+def test_several_tiles_per_split(monkeypatch, splits, causal, window):
+    # A large batch gets few splits of a long L; forced here so one program loops over up to 4 tiles
+    # (the running max and sum are rescaled as later tiles raise the max).
+    ta = _kernel()
+    monkeypatch.setattr(ta, "num_splits", lambda L, programs, sms=132: splits)
+    _check(3, 4, 4, 2, 32, [0, 95, 250], 1, 256, causal=causal, window=window)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision(dtype):
+    _check(2, 4, 8, 2, 32, [3, 130], 1, 192, causal=True, dtype=dtype, tol=2e-2)
+
+
+def test_strided_q_as_qk_rope_returns_it():
+    # qk_rope hands attention q = qk[:, :H] of [t, H + Hkv, hd]: not contiguous, last axis unit-stride
+    ta = _kernel()
+    bs, n, H, hkv, hd, L = 2, 4, 4, 2, 32, 128
+    q, kc, vc, st = _case(bs, n, H, hkv, hd, [10, 90], 0, L)
+    qk = torch.cat([q.view(bs * n, H, hd), torch.randn(bs * n, hkv, hd)], 1)
+    q_view = qk[:, :H].view(bs, n, H, hd)
+    assert not q_view.is_contiguous()
+    out = ta.decode_attention(q_view, kc, vc, st, 0, L, 0.3, causal=True)
+    torch.testing.assert_close(out, _reference(q, kc, vc, st, 0, L, 0.3, causal=True), rtol=1e-5, atol=1e-5)
+
+
+def test_num_splits_fills_the_gpu_but_keeps_a_tile_per_split():
+    ta = _kernel()
+    assert ta.num_splits(640, 8) == 10  # bs 1, Hkv 8: capped by the 10 tiles of L
+    assert ta.num_splits(4096, 8) == 33  # ~2 waves of 132 SMs
+    assert ta.num_splits(4096, 8 * 64) == 1  # a large batch fills the GPU alone
+    assert ta.num_splits(32, 1) == 1
+
+
+def test_float64_and_bad_shapes_are_refused():
+    ta = _kernel()
+    q, kc, vc, st = _case(1, 1, 4, 2, 16, [0], 0, 64)
+    with pytest.raises(ValueError, match="float32"):
+        ta.decode_attention(q.double(), kc.double(), vc.double(), st, 0, 64, 0.25, causal=True)
+    with pytest.raises(ValueError, match="power-of-two"):
+        ta.decode_attention(q[..., :12], kc[..., :12], vc[..., :12], st, 0, 64, 0.25, causal=True)
