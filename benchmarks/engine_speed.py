@@ -274,8 +274,8 @@ def main() -> None:
     ap.add_argument("--soak-tokens", type=int, default=32)
     ap.add_argument("--kv-block", type=int, default=256)
     ap.add_argument("--out", help="also write the results as JSON here")
-    ap.add_argument("--compile-experiment", action="store_true", help="after the table: AR batch 1 with "
-                    "torch.compile'd glue")
+    ap.add_argument("--torch-path", action="store_true", help="after the table: AR batch 1 again with the "
+                    "Triton kernels off (plain torch ops and SDPA, still under CUDA graphs)")
     ap.add_argument("--profile", help="print the kernels of one eager AR step; write a Chrome trace here")
     a = ap.parse_args()
     dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if a.device == "auto" else a.device)
@@ -296,6 +296,7 @@ def main() -> None:
     target = FastTarget(hf, max_slots=S, max_len=max_len)
     fd = FastDrafter(drafter, target.embed, target.head, max_slots=S, max_len=max_len)
     res["target_gb"], res["drafter_gb"] = target.weight_bytes() / 1e9, fd.weight_bytes() / 1e9
+    res["kernels"] = "triton" if target.kernels else "torch"
     floor_ms = target.weight_bytes() / bw * 1e3
     res["floor_ms"] = floor_ms
     res["matmul_chain_ms"] = matmul_chain_ms(target, dev)
@@ -336,10 +337,13 @@ def main() -> None:
         res["peak_gb"] = torch.cuda.max_memory_allocated() / 1e9
     print_table(res)
     save(res, a.out)
-    if a.compile_experiment:
-        res["compiled_ar_c1"] = c = compiled_ar(target, a, dev, shape)
-        print(f"experiment, torch.compile'd glue: AR batch 1 {c['tok_s']:.1f} tok/s ({c['step_ms']:.2f} ms/step, "
-              f"{100 * res['floor_ms'] / c['step_ms']:.0f}% of floor; compile + run {c['compile_and_run_s']:.0f} s)")
+    if a.torch_path:
+        del ar, df
+        plain = FastTarget(hf, max_slots=1, max_len=max_len, kernels=False)
+        res["torch_path_ar_c1"] = c = timed(FastRunner(plain, None, kv_block=a.kv_block),
+                                            prompts(1, a.prompt_len, shape["vocab"], 101), a.new_tokens, dev)
+        print(f"without the Triton kernels: AR batch 1 {c['tok_s']:.1f} tok/s ({c['step_ms']:.2f} ms/step, "
+              f"{100 * res['floor_ms'] / c['step_ms']:.0f}% of floor)")
         save(res, a.out)
 
 
@@ -351,24 +355,12 @@ def save(res: dict, path: str | None) -> None:
         os.replace(tmp, path)
 
 
-def compiled_ar(target: FastTarget, a, dev, shape) -> dict:
-    """Experiment: torch.compile the target's q/k norm + RoPE and MLP glue (fewer kernels), AR batch 1 again."""
-    import dflash_bench.engine.fast.model as fm
-
-    t = time.perf_counter()
-    fm.qk_rope = torch.compile(fm.qk_rope, dynamic=False)
-    fm.mlp_block = torch.compile(fm.mlp_block, dynamic=False)
-    r = FastRunner(target, None, kv_block=a.kv_block)
-    out = timed(r, prompts(1, a.prompt_len, shape["vocab"], 101), a.new_tokens, dev)
-    out["compile_and_run_s"] = time.perf_counter() - t
-    return out
-
-
 def print_table(res: dict) -> None:
     floor_ms, bw = res["floor_ms"], res["copy_bw"]
     iter_floor = (res["target_gb"] + res["drafter_gb"]) * 1e9 / bw * 1e3
     print(f"\n{res['device']} | torch {res['torch']} | {res['shape']} {res['dtype']} | prompt {res['prompt_len']}, "
-          f"{res['new_tokens']} new tokens | DFlash with synthetic acceptance tau={res['tau']}")
+          f"{res['new_tokens']} new tokens | DFlash with synthetic acceptance tau={res['tau']} | "
+          f"{res.get('kernels', 'torch')} kernels")
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s; floor {floor_ms:.2f} ms per AR step ({1e3 / floor_ms:.0f} tok/s); "
           f"transformers generate (bs 1, eager): {res['hf_generate_tok_s']:.1f} tok/s; batch-1 weight matmuls alone "
           f"{res['matmul_chain_ms']:.2f} ms")

@@ -7,6 +7,10 @@ from pathlib import Path
 
 import pytest
 
+# No GPU here: the fast path's Triton kernels run in Triton's interpreter (read when a kernel is decorated,
+# so this must precede every import of them).
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -11,12 +11,14 @@ import torch
 import torch.nn.functional as F
 
 from dflash_bench.engine.drafter import DFlashDrafter
-from dflash_bench.engine.fast.model import KVCache, Layer, attention, mlp_block, qk_rope, rms_norm, rope, rope_tables, step_mask
+from dflash_bench.engine.fast.model import (KERNEL_MAX_QUERIES, KVCache, Layer, attention, load_kernels, qk_rope, rms_norm,
+                                            rope, rope_cos_sin, rope_tables, silu_mul, step_mask)
 from dflash_bench.errors import UserError
 
 
 class FastDrafter:
-    def __init__(self, drafter: DFlashDrafter, embed: torch.Tensor, head: torch.Tensor, *, max_slots: int, max_len: int):
+    def __init__(self, drafter: DFlashDrafter, embed: torch.Tensor, head: torch.Tensor, *, max_slots: int, max_len: int,
+                 kernels: bool | None = None):
         c = self.c = drafter.config
         if c.attention_bias:  # _fuse keeps the q/k/v biases; o_proj's would be dropped
             raise UserError("the fast path runs drafters without attention biases: serve without --fast")
@@ -31,6 +33,12 @@ class FastDrafter:
         self.hidden_norm = drafter.hidden_norm.weight.detach()
         self.norm = drafter.norm.weight.detach()
         self.cache = KVCache(c.num_hidden_layers, max_slots, max_len, self.hkv, self.hd, self.dtype, self.device)
+        self.inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, self.hd, 2, device=self.device, dtype=torch.float32) / self.hd))
+        self.kernels = load_kernels(self.device, kernels)
+        # every layer's context K/V projection stacked: one matmul per step instead of one per layer
+        kvd = 2 * self.hkv * self.hd
+        self.wkv = torch.cat([ly.wqkv[-kvd:] for ly in self.layers])
+        self.bkv = None if self.layers[0].bqkv is None else torch.cat([ly.bqkv[-kvd:] for ly in self.layers])
 
     def _fuse(self, layer) -> Layer:
         a, m = layer.self_attn, layer.mlp
@@ -53,23 +61,25 @@ class FastDrafter:
             n += ly.wqkv.numel() + ly.wo.numel() + ly.w13.numel() + ly.w2.numel()
         return n * self.embed.element_size()
 
-    def _rope(self, pos: torch.Tensor):
-        inv = 1.0 / (self.c.rope_theta ** (torch.arange(0, self.hd, 2, device=pos.device, dtype=torch.float32) / self.hd))
-        return rope_tables(pos.reshape(-1), inv, 1.0, self.dtype)
-
     def write_context(self, feats: torch.Tensor, pos: torch.Tensor, row0: int) -> None:
         """Context K/V of target features `[bs, n, K*h]` at positions `pos` `[bs, n]` of slots from `row0`."""
         bs, n = pos.shape
         ctx = rms_norm(F.linear(feats.reshape(bs * n, -1), self.fc), self.hidden_norm, self.eps)
-        cos, sin = self._rope(pos)
+        kv_all = F.linear(ctx, self.wkv, self.bkv)
         rows = self.cache.rows(row0, pos)
-        hkv, hd = self.hkv, self.hd
-        kvd = hkv * hd
+        H, hkv, hd, eps = self.H, self.hkv, self.hd, self.eps
+        kvd = 2 * hkv * hd
+        if self.kernels is not None:
+            cos, sin = rope_cos_sin(pos.reshape(-1), self.inv_freq, 1.0)
+            for i, ly in enumerate(self.layers):
+                self.kernels[0].qk_rope_store(kv_all[:, i * kvd:(i + 1) * kvd], 0, hkv, hd, cos, sin, rows.reshape(-1),
+                                              pos.reshape(-1), self.cache.k[i], self.cache.v[i], ly.wqk[H:], eps)
+            return
+        cos, sin = rope_tables(pos.reshape(-1), self.inv_freq, 1.0, self.dtype)
         for i, ly in enumerate(self.layers):
-            b = None if ly.bqkv is None else ly.bqkv[-2 * kvd:]
-            kv = F.linear(ctx, ly.wqkv[-2 * kvd:], b)
-            k = rope(rms_norm(kv[:, :kvd].view(-1, hkv, hd), None, self.eps) * ly.wqk[self.H:], cos, sin)
-            self.cache.write(i, rows, pos, k.view(bs, n, hkv, hd), kv[:, kvd:].view(bs, n, hkv, hd))
+            kv = kv_all[:, i * kvd:(i + 1) * kvd]
+            k = rope(rms_norm(kv[:, :kvd // 2].view(-1, hkv, hd), None, eps) * ly.wqk[H:], cos, sin)
+            self.cache.write(i, rows, pos, k.view(bs, n, hkv, hd), kv[:, kvd // 2:].view(bs, n, hkv, hd))
 
     def draft(self, anchors: torch.Tensor, starts: torch.Tensor, row0: int, L: int) -> torch.Tensor:
         """Draft logits `[bs, B-1, V]` for the block `[anchor, mask x (B-1)]` at `starts[b]..starts[b]+B-1`."""
@@ -80,22 +90,44 @@ class FastDrafter:
         if c.input_embedding_scale != 1.0:
             h = h * c.input_embedding_scale
         pos = starts[:, None] + torch.arange(B, device=starts.device)
-        cos, sin = self._rope(pos)
-        rows = self.cache.rows(row0, pos)
-        masks = {k: step_mask(starts, B, L, self.H // self.hkv, self.dtype, causal=k[0], window=k[1])
-                 for k in set(self.kinds)}
-        H, hkv, hd, eps = self.H, self.hkv, self.hd, self.eps
+        attend = self._attention(pos, starts, row0, L)
+        norm, act = (self.kernels[0].rms_norm, self.kernels[0].silu_mul) if self.kernels else (rms_norm, silu_mul)
         for i, ly in enumerate(self.layers):
-            q, k, v = qk_rope(F.linear(rms_norm(h, ly.ln1, eps), ly.wqkv, ly.bqkv), ly, H, hkv, hd, cos, sin, eps)
-            self.cache.write(i, rows, pos, k.view(bs, B, hkv, hd), v.view(bs, B, hkv, hd))
-            kc, vc = self.cache.view(i, row0, bs, L)
-            h = torch.addmm(h, attention(q.view(bs, B, H, hd), kc, vc, masks[self.kinds[i]], hd ** -0.5), ly.wo.t())
-            h = mlp_block(h, ly, eps)
+            h = torch.addmm(h, attend(i, ly, norm(h, ly.ln1, self.eps)), ly.wo.t())
+            h = torch.addmm(h, act(F.linear(norm(h, ly.ln2, self.eps), ly.w13)), ly.w2.t())
         h = h.view(bs, B, -1)[:, 1:]
-        logits = F.linear(rms_norm(h, self.norm, eps), self.head)
+        logits = F.linear(rms_norm(h, self.norm, self.eps), self.head)
         if c.output_multiplier != 1.0:
             logits = logits * c.output_multiplier
         if c.final_logit_softcapping:
             cap = float(c.final_logit_softcapping)
             logits = torch.tanh(logits / cap) * cap
         return logits
+
+    def _attention(self, pos: torch.Tensor, starts: torch.Tensor, row0: int, L: int):
+        """`attend(i, layer, normed h) -> [t, H * hd]` for the block: q/k/v, cache write, attention."""
+        bs, B = pos.shape
+        H, hkv, hd, eps, scale = self.H, self.hkv, self.hd, self.eps, self.hd ** -0.5
+        rows = self.cache.rows(row0, pos)
+        if self.kernels is not None and B <= KERNEL_MAX_QUERIES:
+            ops, attn = self.kernels
+            cos, sin = rope_cos_sin(pos.reshape(-1), self.inv_freq, 1.0)
+            flat_rows, flat_pos = rows.reshape(-1), pos.reshape(-1)
+
+            def attend(i, ly, x):
+                kc, vc = self.cache.k[i], self.cache.v[i]
+                q = ops.qk_rope_store(F.linear(x, ly.wqkv, ly.bqkv), H, hkv, hd, cos, sin, flat_rows, flat_pos,
+                                      kc, vc, ly.wqk, eps).view(bs, B, H, hd)
+                causal, window = self.kinds[i]
+                return attn.decode_attention(q, kc, vc, starts, row0, L, scale, causal=causal, window=window)
+            return attend
+
+        cos, sin = rope_tables(pos.reshape(-1), self.inv_freq, 1.0, self.dtype)
+        masks = {k: step_mask(starts, B, L, H // hkv, self.dtype, causal=k[0], window=k[1]) for k in set(self.kinds)}
+
+        def attend(i, ly, x):
+            q, k, v = qk_rope(F.linear(x, ly.wqkv, ly.bqkv), ly, H, hkv, hd, cos, sin, eps)
+            self.cache.write(i, rows, pos, k.view(bs, B, hkv, hd), v.view(bs, B, hkv, hd))
+            kc, vc = self.cache.view(i, row0, bs, L)
+            return attention(q.view(bs, B, H, hd), kc, vc, masks[self.kinds[i]], scale)
+        return attend

@@ -2,8 +2,12 @@
 
 Weights come from a loaded Hugging Face model (q/k/v and gate/up concatenated once; everything else shared
 by reference). The cache is `[slots, max_len, kv_heads, head_dim]` per layer and a batch of `bs` rows always
-covers slots `row0 .. row0 + bs - 1`, so attention reads `cache[row0:row0 + bs, :L]`, a view (no gather),
-with an additive mask built once per step from each row's start.
+covers slots `row0 .. row0 + bs - 1`.
+
+Two ways to run a layer, same math: on a GPU with Triton, the fused kernels of `triton_ops` (norms, q/k norm +
+RoPE + cache write, silu * up) and `triton_attn` (split-K attention that reads only each row's valid keys);
+elsewhere (the CPU tests' reference), plain torch ops and SDPA over the cache view `cache[row0:row0 + bs, :L]`
+with an additive mask built once per step. Prefill (long `n`) always takes SDPA for its attention.
 """
 
 from __future__ import annotations
@@ -16,6 +20,31 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from dflash_bench.errors import UserError
+
+KERNEL_MAX_QUERIES = 32  # steps with at most this many tokens per row use the Triton attention kernel
+
+
+def load_kernels(device: torch.device, want: bool | None):
+    """The Triton kernel modules `(ops, attn)`, or None for the torch path.
+
+    want None: kernels on CUDA when Triton imports. True: kernels anywhere (the CPU tests run them in Triton's
+    interpreter). False: the torch path.
+    """
+    if want is False or (want is None and device.type != "cuda"):
+        return None
+    try:
+        from dflash_bench.engine.fast import triton_attn, triton_ops
+    except ImportError:
+        if want:
+            raise UserError("the fast path's kernels need Triton: pip install triton") from None
+        return None
+    return triton_ops, triton_attn
+
+
+def rope_cos_sin(pos: torch.Tensor, inv_freq: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 cos and sin `[t, hd / 2]` of positions `pos` `[t]` (attention scaling folded in), for the kernels."""
+    f = pos.float()[:, None] * inv_freq.float()
+    return (f.cos() * scale).contiguous(), (f.sin() * scale).contiguous()
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -51,11 +80,6 @@ def qk_rope(qkv: torch.Tensor, ly: "Layer", H: int, hkv: int, hd: int, cos, sin_
 def silu_mul(gu: torch.Tensor) -> torch.Tensor:
     g, u = gu.chunk(2, dim=-1)
     return F.silu(g) * u
-
-
-def mlp_block(h: torch.Tensor, ly: "Layer", eps: float) -> torch.Tensor:
-    """h + down(silu(gate) * up)(norm(h)) for h `[t, hidden]` (residual added by the matmul)."""
-    return torch.addmm(h, silu_mul(F.linear(rms_norm(h, ly.ln2, eps), ly.w13)), ly.w2.t())
 
 
 def step_mask(starts: torch.Tensor, q_len: int, L: int, rep: int, dtype, *, causal: bool,
@@ -144,7 +168,7 @@ def _linear_weight(m: nn.Linear) -> torch.Tensor:
 class FastTarget:
     """The target's forward with fused projections over a `KVCache`; can return the outputs of chosen layers."""
 
-    def __init__(self, hf_model: nn.Module, *, max_slots: int, max_len: int):
+    def __init__(self, hf_model: nn.Module, *, max_slots: int, max_len: int, kernels: bool | None = None):
         cfg = hf_model.config.get_text_config()
         inner = hf_model.model
         self.n_layers = cfg.num_hidden_layers
@@ -166,6 +190,7 @@ class FastTarget:
         self.scale = float(getattr(inner.layers[0].self_attn, "scaling", self.hd ** -0.5))
         self.cache = KVCache(self.n_layers, max_slots, max_len, self.hkv, self.hd, self.dtype, self.device)
         self.max_len = max_len
+        self.kernels = load_kernels(self.device, kernels)
 
     def _fuse(self, layer) -> Layer:
         a, m = layer.self_attn, layer.mlp
@@ -208,24 +233,53 @@ class FastTarget:
         """
         bs, n = ids.shape
         pos = starts[:, None] + torch.arange(n, device=ids.device)
-        cos, sin = rope_tables(pos.view(-1), self.inv_freq, self.rope_scale, self.dtype)
-        masks = {w: step_mask(starts, n, L, self.H // self.hkv, self.dtype, causal=True, window=w) for w in set(self.windows)}
-        rows = self.cache.rows(row0, pos)
+        attend = self._attention(pos, starts, row0, L)
+        norm, act = (self.kernels[0].rms_norm, self.kernels[0].silu_mul) if self.kernels else (rms_norm, silu_mul)
         h = F.embedding(ids.view(-1), self.embed)
         feats = []
-        H, hkv, hd, eps = self.H, self.hkv, self.hd, self.eps
         for i, ly in enumerate(self.layers):
-            qkv = F.linear(rms_norm(h, ly.ln1, eps), ly.wqkv, ly.bqkv)
-            q, k, v = qk_rope(qkv, ly, H, hkv, hd, cos, sin, eps)
-            self.cache.write(i, rows, pos, k.view(bs, n, hkv, hd), v.view(bs, n, hkv, hd))
-            kc, vc = self.cache.view(i, row0, bs, L)
-            h = torch.addmm(h, attention(q.view(bs, n, H, hd), kc, vc, masks[self.windows[i]], self.scale), ly.wo.t())
-            h = mlp_block(h, ly, eps)
+            h = torch.addmm(h, attend(i, ly, norm(h, ly.ln1, self.eps)), ly.wo.t())
+            h = torch.addmm(h, act(F.linear(norm(h, ly.ln2, self.eps), ly.w13)), ly.w2.t())
             if i in taps:
                 feats.append(h)
         out = h.view(bs, n, -1)[:, -1:] if last_only else h.view(bs, n, -1)
-        logits = F.linear(rms_norm(out, self.norm, eps), self.head)
+        logits = F.linear(rms_norm(out, self.norm, self.eps), self.head)
         if not taps:
             return logits, None
         by_layer = dict(zip(sorted(set(taps)), feats))
         return logits, torch.cat([by_layer[i] for i in taps], -1).view(bs, n, -1)
+
+    def _attention(self, pos: torch.Tensor, starts: torch.Tensor, row0: int, L: int):
+        """`attend(i, layer, normed h) -> [t, H * hd]` for this step: q/k/v, cache write, attention.
+
+        Per-step tables (RoPE, masks) are built once here and shared by every layer.
+        """
+        bs, n = pos.shape
+        H, hkv, hd, eps = self.H, self.hkv, self.hd, self.eps
+        rows = self.cache.rows(row0, pos)
+        use_kernel = self.kernels is not None and n <= KERNEL_MAX_QUERIES
+        masks = {} if use_kernel else {w: step_mask(starts, n, L, H // hkv, self.dtype, causal=True, window=w)
+                                       for w in set(self.windows)}
+        if self.kernels is not None:
+            ops, attn = self.kernels
+            cos, sin = rope_cos_sin(pos.reshape(-1), self.inv_freq, self.rope_scale)
+            flat_rows, flat_pos = rows.reshape(-1), pos.reshape(-1)
+
+            def attend(i, ly, x):
+                kc, vc = self.cache.k[i], self.cache.v[i]
+                q = ops.qk_rope_store(F.linear(x, ly.wqkv, ly.bqkv), H, hkv, hd, cos, sin, flat_rows, flat_pos,
+                                      kc, vc, ly.wqk, eps).view(bs, n, H, hd)
+                if use_kernel:
+                    return attn.decode_attention(q, kc, vc, starts, row0, L, self.scale, causal=True,
+                                                 window=self.windows[i])
+                return attention(q, *self.cache.view(i, row0, bs, L), masks[self.windows[i]], self.scale)
+            return attend
+
+        cos, sin = rope_tables(pos.view(-1), self.inv_freq, self.rope_scale, self.dtype)
+
+        def attend(i, ly, x):
+            q, k, v = qk_rope(F.linear(x, ly.wqkv, ly.bqkv), ly, H, hkv, hd, cos, sin, eps)
+            self.cache.write(i, rows, pos, k.view(bs, n, hkv, hd), v.view(bs, n, hkv, hd))
+            kc, vc = self.cache.view(i, row0, bs, L)
+            return attention(q.view(bs, n, H, hd), kc, vc, masks[self.windows[i]], self.scale)
+        return attend

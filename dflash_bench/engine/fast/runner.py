@@ -3,18 +3,20 @@
 State lives on the device, one entry per slot: `start` (anchor position = committed KV length), `anchor`
 (the last committed token), `prev` (where the last verify's features sit) and `pending` (those features).
 A DFlash step is: draft graph (context K/V of the pending features, then the block), verify graph (target
-over `[anchor, drafts]`, greedy acceptance, new features), then a few eager ops that commit the step and one
-device-to-host copy. Graphs only read state and write their outputs, so the warm-up run before capture and a
-replay compute the same thing. Rows of a bucket past the last running slot are padding: their results are
-discarded and `active` keeps their state still.
+over `[anchor, drafts]`, greedy acceptance, new features, and the commit: advance `start`, move `anchor`,
+pack `[accepted, drafts, bonus]` into `out`), then one device-to-host copy into pinned memory. Nothing else
+runs between graphs, so the GPU idles only while the host reads the result and launches the next step.
+Capturing runs a graph's body once beforehand (warm-up); the state it commits is put back, so the first
+step of a new shape advances exactly once. Rows of a bucket past the last running slot are padding: their
+results are discarded and `active` keeps their state still.
 
 Synthetic acceptance (benchmarks only): the verifier accepts a drawn number of drafts instead of comparing
 them with the target, each position with probability a, leading run kept, so that E[tokens per step] = tau.
+The uniforms come from a seeded table on the device, read at a step counter the graph advances.
 """
 
 from __future__ import annotations
 
-import random
 import time
 
 import torch
@@ -35,6 +37,9 @@ def synthetic_rate(tau: float, block_size: int) -> float:
         else:
             hi = mid
     return (lo + hi) / 2
+
+
+SYNTHETIC_STEPS = 4096  # rows of the synthetic-acceptance table (it cycles after that many steps)
 
 
 def buckets(max_slots: int) -> list[int]:
@@ -59,10 +64,9 @@ class FastRunner:
         long = dict(dtype=torch.long, device=dev)
         self.start, self.prev, self.anchor = (torch.zeros(self.S, **long) for _ in range(3))
         self.active = torch.zeros(self.S, **long)
-        self.post = torch.zeros(self.S, self.B, **long)
         self.drafts = torch.zeros(self.S, max(self.B - 1, 1), **long)
-        self.acc = torch.zeros(self.S, **long)
-        self.synth_acc = torch.zeros(self.S, **long)
+        self.out = torch.zeros(self.S, self.B + 1, **long)  # per row: accepted, drafts..., bonus (AR: the token)
+        self.host = torch.zeros(self.S, self.B + 1, dtype=torch.long, pin_memory=dev.type == "cuda")
         self.pending = None
         # target logits of the last step per slot (for logprobs); the prefill's last logits go to position 0
         self.logits = torch.zeros(self.S, self.B, target.vocab_size, dtype=target.dtype, device=dev) if keep_logits else None
@@ -72,7 +76,10 @@ class FastRunner:
             self.pending = torch.zeros(self.S, self.B, width, dtype=target.dtype, device=dev)
         self.synthetic_tau = synthetic_tau
         self.rate = synthetic_rate(synthetic_tau, self.B) if synthetic_tau is not None else None
-        self.rng = random.Random(seed)
+        if self.rate is not None:
+            gen = torch.Generator().manual_seed(seed)
+            self.uniforms = torch.rand(SYNTHETIC_STEPS, self.S, self.B - 1, generator=gen).to(dev)
+            self.synth_step = torch.zeros((), **long)
         self.host_start: dict[int, int] = {}
         self._stepped: tuple = ()
         self.graphs: dict[tuple, object] = {}
@@ -132,35 +139,24 @@ class FastRunner:
         t0 = self._mark()
         self._run(("ar", bs, L), lambda: self._ar(bs, L))
         t1 = self._mark()
-        on = self.active[:bs].bool()
-        self.start[:bs] += self.active[:bs]
-        self.anchor[:bs] = torch.where(on, self.post[:bs, 0], self.anchor[:bs])
-        got = self.post[:bs, 0].tolist()
+        host = self._read(bs)
         if self.timing:
             self.timings.append((t0, t0, t1))
         out = {}
         for s in slots:
             self.host_start[s] += 1
-            out[s] = [got[s]]
+            out[s] = [host[s][-1]]
         self.steps += 1
         self.row_steps += len(slots)
         return out
 
     def _step_dflash(self, slots, bs, L):
-        if self.rate is not None:
-            draws = [self._draw() for _ in range(bs)]
-            self.synth_acc[:bs].copy_(torch.tensor(draws, dtype=torch.long))
         t0 = self._mark()
         self._run(("draft", bs, L), lambda: self._draft(bs, L))
         t1 = self._mark()
         self._run(("verify", bs, L), lambda: self._verify(bs, L))
         t2 = self._mark()
-        acc, on = self.acc[:bs], self.active[:bs].bool()
-        self.prev[:bs] = torch.where(on, self.start[:bs], self.prev[:bs])
-        self.start[:bs] += (acc + 1) * self.active[:bs]
-        bonus = self.post[:bs].gather(1, acc[:, None])[:, 0]
-        self.anchor[:bs] = torch.where(on, bonus, self.anchor[:bs])
-        host = torch.cat([acc[:, None], self.drafts[:bs], bonus[:, None]], 1).tolist()
+        host = self._read(bs)
         if self.timing:
             self.timings.append((t0, t1, t2))
         out = {}
@@ -173,23 +169,29 @@ class FastRunner:
         self.row_steps += len(slots)
         return out
 
+    def _read(self, bs: int) -> list[list[int]]:
+        """The step's `out` rows on the host (one copy, the step's only sync)."""
+        if self.dev.type != "cuda":
+            return self.out[:bs].tolist()
+        self.host[:bs].copy_(self.out[:bs], non_blocking=True)
+        torch.cuda.current_stream().synchronize()
+        return self.host[:bs].tolist()
+
     @property
     def tau(self) -> float:
         """Tokens per verify, bonus included (vLLM's 1 + accepted / drafts)."""
         return 1 + self.accepted / max(self.row_steps, 1)
 
-    def _draw(self) -> int:
-        a = 0
-        while a < self.B - 1 and self.rng.random() < self.rate:
-            a += 1
-        return a
-
-    # ---- the graphed bodies: read state, write outputs only ------------------------------------------
+    # ---- the graphed bodies: compute, then commit the step for the active rows --------------------------
     def _ar(self, bs: int, L: int) -> None:
         logits, _ = self.t.forward(self.anchor[:bs, None], self.start[:bs], 0, L)
-        self.post[:bs, 0] = logits[:, -1].argmax(-1)
+        tok = logits[:, -1].argmax(-1)
         if self.logits is not None:
             self.logits[:bs] = logits
+        on = self.active[:bs].bool()
+        self.start[:bs] += self.active[:bs]
+        self.anchor[:bs] = torch.where(on, tok, self.anchor[:bs])
+        self.out[:bs, -1] = tok
 
     def _draft(self, bs: int, L: int) -> None:
         ctx_pos = self.prev[:bs, None] + torch.arange(self.B, device=self.dev)
@@ -202,14 +204,21 @@ class FastRunner:
         ids = torch.cat([self.anchor[:bs, None], drafts], 1)
         logits, feats = self.t.forward(ids, self.start[:bs], 0, L, taps=self.taps)
         post = logits.argmax(-1)
-        self.post[:bs] = post
         if self.logits is not None:
             self.logits[:bs] = logits
-        self.pending[:bs] = torch.where(self.active[:bs, None, None].bool(), feats, self.pending[:bs])
+        on = self.active[:bs].bool()
+        self.pending[:bs] = torch.where(on[:, None, None], feats, self.pending[:bs])
         if self.rate is not None:
-            self.acc[:bs] = self.synth_acc[:bs]
+            u = self.uniforms[self.synth_step % SYNTHETIC_STEPS, :bs]
+            acc = (u < self.rate).long().cumprod(1).sum(1)
+            self.synth_step += 1
         else:
-            self.acc[:bs] = (drafts == post[:, :-1]).long().cumprod(1).sum(1)
+            acc = (drafts == post[:, :-1]).long().cumprod(1).sum(1)
+        bonus = post.gather(1, acc[:, None])[:, 0]
+        self.prev[:bs] = torch.where(on, self.start[:bs], self.prev[:bs])
+        self.start[:bs] += (acc + 1) * self.active[:bs]
+        self.anchor[:bs] = torch.where(on, bonus, self.anchor[:bs])
+        self.out[:bs] = torch.cat([acc[:, None], drafts, bonus[:, None]], 1)
 
     def _run(self, key: tuple, fn) -> None:
         if not self.graphs_on:
@@ -217,16 +226,23 @@ class FastRunner:
             return
         g = self.graphs.get(key)
         if g is None:
+            state = [t.clone() for t in self._committed()]
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
-                fn()
+                fn()  # warm-up (lazy inits stay out of the graph); its commit is undone below
             torch.cuda.current_stream().wait_stream(side)
+            for t, saved in zip(self._committed(), state):
+                t.copy_(saved)
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, pool=self.pool):
                 fn()
             self.graphs[key] = g
         g.replay()
+
+    def _committed(self) -> list[torch.Tensor]:
+        """The state a graph body advances (everything else it writes is recomputed identically)."""
+        return [self.start, self.prev, self.anchor] + ([self.synth_step] if self.rate is not None else [])
 
     def _mark(self):
         if not self.timing:

@@ -1,0 +1,110 @@
+"""The fast path's small fused kernels (Triton), so a decode step is a few launches per layer, not twenty.
+
+- `rms_norm`: one program per token row, float32 statistics.
+- `qk_rope_store`: split the fused q/k/v projection, Qwen3's per-head q/k RMSNorm, NeoX RoPE, and the K/V
+  cache write, in one launch (q comes back `[t, H, hd]`, k and v go straight into their cache slots).
+- `silu_mul`: silu(gate) * up over the fused gate/up projection.
+
+Each computes in float32 and rounds once on store. The torch versions in `model.py` are the reference; the
+tests compare the two in Triton's interpreter (no GPU there).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride_x, stride_o, n, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    keep = cols < n
+    x = tl.load(x_ptr + row * stride_x + cols, mask=keep, other=0.0).to(tl.float32)
+    r = tl.rsqrt(tl.sum(x * x, axis=0) / n + eps)
+    w = tl.load(w_ptr + cols, mask=keep, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_o + cols, (x * r * w).to(out_ptr.dtype.element_ty), mask=keep)
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dimension of a 2-D `x` `[t, n]` (rows may be strided)."""
+    t, n = x.shape
+    out = torch.empty((t, n), dtype=x.dtype, device=x.device)
+    _rms_norm_kernel[(t,)](x, w, out, x.stride(0), n, n, eps, BLOCK=triton.next_power_of_2(n))
+    return out
+
+
+@triton.jit
+def _qk_rope_store_kernel(qkv_ptr, stride_t, q_ptr, w_ptr, cos_ptr, sin_ptr, rows_ptr, pos_ptr,
+                          k_ptr, v_ptr, s_slot, s_pos, s_head, eps,
+                          NQ: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr, NORM: tl.constexpr):
+    """Program (token t, head h): h < NQ is a query head, then HKV key heads, then HKV value heads."""
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    half = tl.arange(0, HD // 2)
+    src = qkv_ptr + t * stride_t + h * HD
+    slot = tl.load(rows_ptr + t)
+    pos = tl.load(pos_ptr + t)
+    if h >= NQ + HKV:  # a value head: copy into the cache
+        dst = v_ptr + slot * s_slot + pos * s_pos + (h - NQ - HKV) * s_head
+        tl.store(dst + half, tl.load(src + half))
+        tl.store(dst + HD // 2 + half, tl.load(src + HD // 2 + half))
+    else:
+        x1 = tl.load(src + half).to(tl.float32)
+        x2 = tl.load(src + HD // 2 + half).to(tl.float32)
+        if NORM:  # q/k norm weights: one row per query head, then one per key head
+            r = tl.rsqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / HD + eps)
+            x1 = x1 * r * tl.load(w_ptr + h * HD + half).to(tl.float32)
+            x2 = x2 * r * tl.load(w_ptr + h * HD + HD // 2 + half).to(tl.float32)
+        c = tl.load(cos_ptr + t * (HD // 2) + half)
+        s = tl.load(sin_ptr + t * (HD // 2) + half)
+        y1 = x1 * c - x2 * s  # NeoX: x * cos + rotate_half(x) * sin, rotate_half(x) = (-x2, x1)
+        y2 = x2 * c + x1 * s
+        if h < NQ:
+            q_dst = q_ptr + (t * NQ + h) * HD
+            tl.store(q_dst + half, y1.to(q_ptr.dtype.element_ty))
+            tl.store(q_dst + HD // 2 + half, y2.to(q_ptr.dtype.element_ty))
+        else:
+            k_dst = k_ptr + slot * s_slot + pos * s_pos + (h - NQ) * s_head
+            tl.store(k_dst + half, y1.to(k_ptr.dtype.element_ty))
+            tl.store(k_dst + HD // 2 + half, y2.to(k_ptr.dtype.element_ty))
+
+
+def qk_rope_store(qkv: torch.Tensor, nq: int, hkv: int, hd: int, cos: torch.Tensor, sin: torch.Tensor,
+                  rows: torch.Tensor, pos: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,
+                  wqk: torch.Tensor | None, eps: float) -> torch.Tensor | None:
+    """From `qkv` `[t, (nq + 2 hkv) hd]`: return q `[t, nq, hd]` (None if nq == 0) and write k, v to the cache.
+
+    cos, sin: float32 `[t, hd / 2]` (attention scaling folded in). rows, pos: `[t]` slot and position of
+    each token. kc, vc: `[slots, max_len, hkv, hd]`. wqk `[nq + hkv, hd]`: Qwen3's q/k norm weights per
+    head, or None (no q/k norm).
+    """
+    t = qkv.shape[0]
+    assert qkv.stride(1) == 1 and kc.stride() == vc.stride() and kc.stride(3) == 1
+    rows, pos, cos, sin = rows.contiguous(), pos.contiguous(), cos.contiguous(), sin.contiguous()  # read flat
+    q = torch.empty((t, nq, hd), dtype=kc.dtype, device=qkv.device) if nq else None
+    _qk_rope_store_kernel[(t, nq + 2 * hkv)](
+        qkv, qkv.stride(0), kc if q is None else q, cos if wqk is None else wqk, cos, sin, rows, pos, kc, vc,
+        kc.stride(0), kc.stride(1), kc.stride(2), eps, NQ=nq, HKV=hkv, HD=hd, NORM=wqk is not None)
+    return q
+
+
+@triton.jit
+def _silu_mul_kernel(gu_ptr, out_ptr, stride_t, n, BLOCK: tl.constexpr):
+    t = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    keep = cols < n
+    g = tl.load(gu_ptr + t * stride_t + cols, mask=keep, other=0.0).to(tl.float32)
+    u = tl.load(gu_ptr + t * stride_t + n + cols, mask=keep, other=0.0).to(tl.float32)
+    tl.store(out_ptr + t * n + cols, (g * tl.sigmoid(g) * u).to(out_ptr.dtype.element_ty), mask=keep)
+
+
+def silu_mul(gu: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for `gu` `[t, 2 n]` (gate first, as the fused gate/up weight is stacked)."""
+    t, n2 = gu.shape
+    n = n2 // 2
+    out = torch.empty((t, n), dtype=gu.dtype, device=gu.device)
+    block = 1024
+    _silu_mul_kernel[(t, triton.cdiv(n, block))](gu, out, gu.stride(0), n, BLOCK=block)
+    return out

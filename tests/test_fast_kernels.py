@@ -1,0 +1,108 @@
+"""The fast path's Triton kernels (engine/fast/triton_ops.py) against the torch reference, in Triton's interpreter.
+
+And end to end: the fast path with every kernel on (as on a GPU) decodes the same greedy tokens as the
+reference engine, AR and DFlash alike, with the same acceptance.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+pytest.importorskip("triton")
+pytest.importorskip("transformers")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from dflash_bench.engine.fast.model import rms_norm, rope, rope_cos_sin, rope_tables  # noqa: E402
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture(scope="module")
+def ops():
+    from dflash_bench.engine.fast import triton_ops
+
+    return triton_ops
+
+
+def test_rms_norm_and_silu_mul_match_torch(ops):
+    torch.manual_seed(0)
+    x = torch.randn(5, 3 * 96)[:, :96]  # strided rows, a width that is not a power of two
+    w = torch.randn(96)
+    torch.testing.assert_close(ops.rms_norm(x, w, 1e-6), rms_norm(x, w, 1e-6))
+    gu = torch.randn(3, 2 * 1500)  # more than one 1024-wide block per row
+    g, u = gu.chunk(2, -1)
+    torch.testing.assert_close(ops.silu_mul(gu), F.silu(g) * u)
+
+
+@pytest.mark.parametrize("norm", [True, False])
+def test_qk_rope_store_matches_torch_and_writes_only_its_slots(ops, norm):
+    torch.manual_seed(1)
+    t, H, hkv, hd = 6, 4, 2, 32
+    qkv = torch.randn(t, (H + 2 * hkv) * hd)
+    wqk = torch.randn(H + hkv, hd) if norm else None
+    pos = torch.tensor([3, 4, 5, 9, 0, 17])
+    rows = torch.tensor([1, 1, 1, 2, 0, 2])
+    inv = 1.0 / (1e4 ** (torch.arange(0, hd, 2).float() / hd))
+    kc, vc = torch.zeros(3, 32, hkv, hd), torch.zeros(3, 32, hkv, hd)
+    cos, sin = rope_cos_sin(pos, inv, 0.9)
+    q = ops.qk_rope_store(qkv, H, hkv, hd, cos, sin, rows, pos, kc, vc, wqk, 1e-6)
+
+    qk = qkv[:, :(H + hkv) * hd].view(t, H + hkv, hd)
+    if norm:
+        qk = rms_norm(qk, None, 1e-6) * wqk
+    qk = rope(qk, *rope_tables(pos, inv, 0.9, torch.float32))
+    torch.testing.assert_close(q, qk[:, :H])
+    torch.testing.assert_close(kc[rows, pos], qk[:, H:])
+    torch.testing.assert_close(vc[rows, pos], qkv[:, (H + hkv) * hd:].view(t, hkv, hd))
+    written = torch.zeros(3, 32, dtype=torch.bool)
+    written[rows, pos] = True
+    assert not kc[~written].any() and not vc[~written].any()
+
+    # the drafter's context: k/v only, read from a column slice of a wider matmul output
+    wide = torch.cat([torch.randn(t, 5), qkv[:, H * hd:], torch.randn(t, 3)], 1)
+    kc2, vc2 = torch.zeros_like(kc), torch.zeros_like(vc)
+    assert ops.qk_rope_store(wide[:, 5:-3], 0, hkv, hd, cos, sin, rows, pos, kc2, vc2,
+                             None if wqk is None else wqk[H:], 1e-6) is None
+    torch.testing.assert_close(kc2, kc)
+    torch.testing.assert_close(vc2, vc)
+
+
+# ---- end to end: every kernel on, on real tiny models -------------------------------------------------
+B, N, SLOTS, MAX_LEN = 6, 12, 2, 64
+
+
+def test_fast_path_with_kernels_is_lossless(tmp_path):
+    """Qwen3 (q/k norm); Llama's only difference, no q/k norm, is covered by the kernel test above."""
+    pytest.importorskip("dflash_bench.engine.fast.triton_attn")
+    from dflash_bench.engine.build import build_engine
+    from dflash_bench.engine.decode import generate as ref_generate
+    from dflash_bench.engine.fast.draft import FastDrafter
+    from dflash_bench.engine.fast.model import FastTarget
+    from dflash_bench.engine.fast.runner import FastRunner, generate
+    from dflash_bench.engine.sampling import SamplingParams
+    from dflash_bench.engine.tiny import make_tiny_pair
+
+    target, drafter = make_tiny_pair(tmp_path, arch="qwen3", seed=1, block_size=B, layers=2)
+    ar = build_engine(str(target), mode="ar", max_slots=SLOTS, max_len=MAX_LEN, dtype="float32")
+    df = build_engine(str(target), str(drafter), mode="dflash", max_slots=SLOTS, max_len=MAX_LEN, dtype="float32")
+    rng = random.Random(0)
+    words = "the cat sat on a mat while seven dogs ran past quickly".split()
+    prompts = [ar.tok(" ".join(rng.choice(words) for _ in range(rng.randint(1, 8)))).input_ids for _ in range(2)]
+    ref = [s.out for s in ref_generate(ar, prompts, SamplingParams(max_tokens=N, ignore_eos=True))]
+
+    def runner(with_drafter: bool, kernels: bool) -> FastRunner:
+        t = FastTarget(df.target.model, max_slots=SLOTS, max_len=MAX_LEN, kernels=kernels)
+        d = FastDrafter(df.proposer.drafter, t.embed, t.head, max_slots=SLOTS, max_len=MAX_LEN,
+                        kernels=kernels) if with_drafter else None
+        assert (t.kernels is not None) == kernels
+        return FastRunner(t, d, kv_block=16)
+
+    assert generate(runner(False, True), prompts, N) == ref
+    fast_df, plain_df = runner(True, True), runner(True, False)
+    assert generate(fast_df, prompts, N) == ref
+    generate(plain_df, prompts, N)
+    assert fast_df.tau == pytest.approx(plain_df.tau)  # the kernels draft what the torch path drafts
