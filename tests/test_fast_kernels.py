@@ -28,11 +28,15 @@ def ops():
     return triton_ops
 
 
-def test_rms_norm_and_silu_mul_match_torch(ops):
+def test_norms_and_silu_mul_match_torch(ops):
     torch.manual_seed(0)
     x = torch.randn(5, 3 * 96)[:, :96]  # strided rows, a width that is not a power of two
     w = torch.randn(96)
     torch.testing.assert_close(ops.rms_norm(x, w, 1e-6), rms_norm(x, w, 1e-6))
+    h, a = torch.randn(5, 96), torch.randn(5, 96)
+    s, y = ops.add_rms_norm(h, a, w, 1e-6)
+    torch.testing.assert_close(s, h + a, rtol=0, atol=0)
+    torch.testing.assert_close(y, rms_norm(h + a, w, 1e-6))
     gu = torch.randn(3, 2 * 1500)  # more than one 1024-wide block per row
     g, u = gu.chunk(2, -1)
     torch.testing.assert_close(ops.silu_mul(gu), F.silu(g) * u)
@@ -48,7 +52,7 @@ def test_qk_rope_store_matches_torch_and_writes_only_its_slots(ops, norm):
     rows = torch.tensor([1, 1, 1, 2, 0, 2])
     inv = 1.0 / (1e4 ** (torch.arange(0, hd, 2).float() / hd))
     kc, vc = torch.zeros(3, 32, hkv, hd), torch.zeros(3, 32, hkv, hd)
-    cos, sin = rope_cos_sin(pos, inv, 0.9)
+    cos, sin = rope_cos_sin(torch.arange(32), inv, 0.9)  # tables by position
     q = ops.qk_rope_store(qkv, H, hkv, hd, cos, sin, rows, pos, kc, vc, wqk, 1e-6)
 
     qk = qkv[:, :(H + hkv) * hd].view(t, H + hkv, hd)

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from dflash_bench.engine.drafter import DFlashDrafter
 from dflash_bench.engine.fast.model import (KERNEL_MAX_QUERIES, KVCache, Layer, attention, load_kernels, qk_rope, rms_norm,
-                                            rope, rope_cos_sin, rope_tables, silu_mul, step_mask)
+                                            rope, rope_cos_sin, rope_tables, run_layers, step_mask)
 from dflash_bench.errors import UserError
 
 
@@ -35,6 +35,8 @@ class FastDrafter:
         self.cache = KVCache(c.num_hidden_layers, max_slots, max_len, self.hkv, self.hd, self.dtype, self.device)
         self.inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, self.hd, 2, device=self.device, dtype=torch.float32) / self.hd))
         self.kernels = load_kernels(self.device, kernels)
+        if self.kernels:
+            self.cos, self.sin = rope_cos_sin(torch.arange(max_len, device=self.device), self.inv_freq, 1.0)
         # every layer's context K/V projection stacked: one matmul per step instead of one per layer
         kvd = 2 * self.hkv * self.hd
         self.wkv = torch.cat([ly.wqkv[-kvd:] for ly in self.layers])
@@ -70,9 +72,8 @@ class FastDrafter:
         H, hkv, hd, eps = self.H, self.hkv, self.hd, self.eps
         kvd = 2 * hkv * hd
         if self.kernels is not None:
-            cos, sin = rope_cos_sin(pos.reshape(-1), self.inv_freq, 1.0)
             for i, ly in enumerate(self.layers):
-                self.kernels[0].qk_rope_store(kv_all[:, i * kvd:(i + 1) * kvd], 0, hkv, hd, cos, sin, rows.reshape(-1),
+                self.kernels[0].qk_rope_store(kv_all[:, i * kvd:(i + 1) * kvd], 0, hkv, hd, self.cos, self.sin, rows.reshape(-1),
                                               pos.reshape(-1), self.cache.k[i], self.cache.v[i], ly.wqk[H:], eps)
             return
         cos, sin = rope_tables(pos.reshape(-1), self.inv_freq, 1.0, self.dtype)
@@ -91,12 +92,12 @@ class FastDrafter:
             h = h * c.input_embedding_scale
         pos = starts[:, None] + torch.arange(B, device=starts.device)
         attend = self._attention(pos, starts, row0, L)
-        norm, act = (self.kernels[0].rms_norm, self.kernels[0].silu_mul) if self.kernels else (rms_norm, silu_mul)
-        for i, ly in enumerate(self.layers):
-            h = torch.addmm(h, attend(i, ly, norm(h, ly.ln1, self.eps)), ly.wo.t())
-            h = torch.addmm(h, act(F.linear(norm(h, ly.ln2, self.eps), ly.w13)), ly.w2.t())
-        h = h.view(bs, B, -1)[:, 1:]
-        logits = F.linear(rms_norm(h, self.norm, self.eps), self.head)
+        x = rms_norm(h, self.layers[0].ln1, self.eps)
+        _, x, _ = run_layers(self.layers, h, x, attend, self.norm, self.eps, self.kernels)
+        # a contiguous [bs * (B-1), hidden] input: on a strided 3-D view F.linear falls back to a batched
+        # matmul that reads the whole lm_head once per row
+        x = x.view(bs, B, -1)[:, 1:].reshape(bs * (B - 1), -1)
+        logits = F.linear(x, self.head).view(bs, B - 1, -1)
         if c.output_multiplier != 1.0:
             logits = logits * c.output_multiplier
         if c.final_logit_softcapping:
@@ -111,7 +112,7 @@ class FastDrafter:
         rows = self.cache.rows(row0, pos)
         if self.kernels is not None and B <= KERNEL_MAX_QUERIES:
             ops, attn = self.kernels
-            cos, sin = rope_cos_sin(pos.reshape(-1), self.inv_freq, 1.0)
+            cos, sin = self.cos, self.sin
             flat_rows, flat_pos = rows.reshape(-1), pos.reshape(-1)
 
             def attend(i, ly, x):

@@ -42,9 +42,18 @@ def load_kernels(device: torch.device, want: bool | None):
 
 
 def rope_cos_sin(pos: torch.Tensor, inv_freq: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """float32 cos and sin `[t, hd / 2]` of positions `pos` `[t]` (attention scaling folded in), for the kernels."""
+    """float32 cos and sin `[t, hd / 2]` of positions `pos` `[t]` (attention scaling folded in), for the kernels.
+
+    Built once for every position of the cache (HF's float32 angles), so a step does not recompute them.
+    """
     f = pos.float()[:, None] * inv_freq.float()
     return (f.cos() * scale).contiguous(), (f.sin() * scale).contiguous()
+
+
+def add_rms_norm(h: torch.Tensor, a: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual add and the next norm: `(h + a, rms_norm(h + a) * w)` (torch; `triton_ops` fuses it)."""
+    s = h + a
+    return s, rms_norm(s, w, eps)
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -117,6 +126,25 @@ def attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, mask: torch.T
     return o.view(bs, hkv, rep, n, hd).permute(0, 3, 1, 2, 4).reshape(bs * n, H * hd)
 
 
+def run_layers(layers: list["Layer"], h: torch.Tensor, x: torch.Tensor, attend, final_norm: torch.Tensor, eps: float,
+               kernels, taps: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """Pre-norm decoder layers over h `[t, hidden]` with x = norm(h) of the first layer.
+
+    Each residual add is fused with the norm that follows it (the next layer's, or `final_norm` after the
+    last), so a layer is: attend, o_proj, add+norm, gate/up, silu*up, down, add+norm. Returns (h, norm of h,
+    the outputs of layers `taps`).
+    """
+    add_norm, act = (kernels[0].add_rms_norm, kernels[0].silu_mul) if kernels else (add_rms_norm, silu_mul)
+    feats = []
+    for i, ly in enumerate(layers):
+        h, x = add_norm(h, F.linear(attend(i, ly, x), ly.wo), ly.ln2, eps)
+        nxt = layers[i + 1].ln1 if i + 1 < len(layers) else final_norm
+        h, x = add_norm(h, F.linear(act(F.linear(x, ly.w13)), ly.w2), nxt, eps)
+        if i in taps:
+            feats.append(h)
+    return h, x, feats
+
+
 @dataclass
 class Layer:
     wqkv: torch.Tensor
@@ -140,8 +168,9 @@ class KVCache:
 
     @staticmethod
     def rows(row0: int, pos: torch.Tensor) -> torch.Tensor:
-        """The slot of every entry of `pos` `[bs, n]` (row i is slot row0 + i)."""
-        return torch.arange(row0, row0 + pos.shape[0], device=pos.device)[:, None].expand_as(pos)
+        """The slot of every entry of `pos` `[bs, n]` (row i is slot row0 + i), contiguous: the kernels read it
+        flat, and a stride-0 view would cost a copy in every layer."""
+        return torch.arange(row0, row0 + pos.shape[0], device=pos.device)[:, None].expand_as(pos).contiguous()
 
     def write(self, i: int, rows: torch.Tensor, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store k, v `[bs, n, kv_heads, hd]` at (rows, pos)."""
@@ -191,6 +220,8 @@ class FastTarget:
         self.cache = KVCache(self.n_layers, max_slots, max_len, self.hkv, self.hd, self.dtype, self.device)
         self.max_len = max_len
         self.kernels = load_kernels(self.device, kernels)
+        if self.kernels:
+            self.cos, self.sin = rope_cos_sin(torch.arange(max_len, device=self.device), self.inv_freq, self.rope_scale)
 
     def _fuse(self, layer) -> Layer:
         a, m = layer.self_attn, layer.mlp
@@ -234,16 +265,12 @@ class FastTarget:
         bs, n = ids.shape
         pos = starts[:, None] + torch.arange(n, device=ids.device)
         attend = self._attention(pos, starts, row0, L)
-        norm, act = (self.kernels[0].rms_norm, self.kernels[0].silu_mul) if self.kernels else (rms_norm, silu_mul)
         h = F.embedding(ids.view(-1), self.embed)
-        feats = []
-        for i, ly in enumerate(self.layers):
-            h = torch.addmm(h, attend(i, ly, norm(h, ly.ln1, self.eps)), ly.wo.t())
-            h = torch.addmm(h, act(F.linear(norm(h, ly.ln2, self.eps), ly.w13)), ly.w2.t())
-            if i in taps:
-                feats.append(h)
-        out = h.view(bs, n, -1)[:, -1:] if last_only else h.view(bs, n, -1)
-        logits = F.linear(rms_norm(out, self.norm, self.eps), self.head)
+        x = rms_norm(h, self.layers[0].ln1, self.eps)
+        h, x, feats = run_layers(self.layers, h, x, attend, self.norm, self.eps, self.kernels, taps)
+        if last_only:  # contiguous rows: a strided 3-D input would make F.linear read lm_head once per row
+            x = x.view(bs, n, -1)[:, -1].contiguous()
+        logits = F.linear(x, self.head).view(bs, 1 if last_only else n, -1)
         if not taps:
             return logits, None
         by_layer = dict(zip(sorted(set(taps)), feats))
@@ -262,7 +289,7 @@ class FastTarget:
                                        for w in set(self.windows)}
         if self.kernels is not None:
             ops, attn = self.kernels
-            cos, sin = rope_cos_sin(pos.reshape(-1), self.inv_freq, self.rope_scale)
+            cos, sin = self.cos, self.sin
             flat_rows, flat_pos = rows.reshape(-1), pos.reshape(-1)
 
             def attend(i, ly, x):

@@ -1,6 +1,8 @@
 """The fast path's small fused kernels (Triton), so a decode step is a few launches per layer, not twenty.
 
-- `rms_norm`: one program per token row, float32 statistics.
+- `rms_norm`, `add_rms_norm`: one program per token row, float32 statistics; the second also adds the
+  residual (`h + a`, rounded as torch rounds it) and returns both the sum and its norm, so the matmuls
+  before it need no residual epilogue (cuBLAS's addmm copies the residual first).
 - `qk_rope_store`: split the fused q/k/v projection, Qwen3's per-head q/k RMSNorm, NeoX RoPE, and the K/V
   cache write, in one launch (q comes back `[t, H, hd]`, k and v go straight into their cache slots).
 - `silu_mul`: silu(gate) * up over the fused gate/up projection.
@@ -14,6 +16,11 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+
+def _norm_warps(block: int) -> int:
+    """8 warps for rows of 2048+ (H100, hidden 4096: 1.6 us a call vs 2.0 with 4; benchmarks/kernel_tuning.py)."""
+    return 8 if block >= 2048 else 4
 
 
 @triton.jit
@@ -31,8 +38,34 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dimension of a 2-D `x` `[t, n]` (rows may be strided)."""
     t, n = x.shape
     out = torch.empty((t, n), dtype=x.dtype, device=x.device)
-    _rms_norm_kernel[(t,)](x, w, out, x.stride(0), n, n, eps, BLOCK=triton.next_power_of_2(n))
+    block = triton.next_power_of_2(n)
+    _rms_norm_kernel[(t,)](x, w, out, x.stride(0), n, n, eps, BLOCK=block, num_warps=_norm_warps(block))
     return out
+
+
+@triton.jit
+def _add_rms_norm_kernel(h_ptr, a_ptr, w_ptr, sum_ptr, out_ptr, n, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    keep = cols < n
+    h = tl.load(h_ptr + row * n + cols, mask=keep, other=0.0).to(tl.float32)
+    a = tl.load(a_ptr + row * n + cols, mask=keep, other=0.0).to(tl.float32)
+    s = (h + a).to(sum_ptr.dtype.element_ty)
+    tl.store(sum_ptr + row * n + cols, s, mask=keep)
+    x = s.to(tl.float32)
+    r = tl.rsqrt(tl.sum(x * x, axis=0) / n + eps)
+    w = tl.load(w_ptr + cols, mask=keep, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * n + cols, (x * r * w).to(out_ptr.dtype.element_ty), mask=keep)
+
+
+def add_rms_norm(h: torch.Tensor, a: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(h + a, rms_norm(h + a) * w)` for contiguous `[t, n]` h and a."""
+    t, n = h.shape
+    assert h.is_contiguous() and a.is_contiguous() and a.shape == h.shape
+    s, out = torch.empty_like(h), torch.empty_like(h)
+    block = triton.next_power_of_2(n)
+    _add_rms_norm_kernel[(t,)](h, a, w, s, out, n, eps, BLOCK=block, num_warps=_norm_warps(block))
+    return s, out
 
 
 @triton.jit
@@ -57,8 +90,8 @@ def _qk_rope_store_kernel(qkv_ptr, stride_t, q_ptr, w_ptr, cos_ptr, sin_ptr, row
             r = tl.rsqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / HD + eps)
             x1 = x1 * r * tl.load(w_ptr + h * HD + half).to(tl.float32)
             x2 = x2 * r * tl.load(w_ptr + h * HD + HD // 2 + half).to(tl.float32)
-        c = tl.load(cos_ptr + t * (HD // 2) + half)
-        s = tl.load(sin_ptr + t * (HD // 2) + half)
+        c = tl.load(cos_ptr + pos * (HD // 2) + half)
+        s = tl.load(sin_ptr + pos * (HD // 2) + half)
         y1 = x1 * c - x2 * s  # NeoX: x * cos + rotate_half(x) * sin, rotate_half(x) = (-x2, x1)
         y2 = x2 * c + x1 * s
         if h < NQ:
@@ -76,8 +109,8 @@ def qk_rope_store(qkv: torch.Tensor, nq: int, hkv: int, hd: int, cos: torch.Tens
                   wqk: torch.Tensor | None, eps: float) -> torch.Tensor | None:
     """From `qkv` `[t, (nq + 2 hkv) hd]`: return q `[t, nq, hd]` (None if nq == 0) and write k, v to the cache.
 
-    cos, sin: float32 `[t, hd / 2]` (attention scaling folded in). rows, pos: `[t]` slot and position of
-    each token. kc, vc: `[slots, max_len, hkv, hd]`. wqk `[nq + hkv, hd]`: Qwen3's q/k norm weights per
+    cos, sin: float32 tables `[max_len, hd / 2]` by position (attention scaling folded in). rows, pos: `[t]`
+    slot and position of each token. kc, vc: `[slots, max_len, hkv, hd]`. wqk `[nq + hkv, hd]`: Qwen3's q/k norm weights per
     head, or None (no q/k norm).
     """
     t = qkv.shape[0]
