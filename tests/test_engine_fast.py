@@ -71,6 +71,20 @@ def test_ragged_batches_reuse_slots_and_cross_kv_buckets(setup):
     assert generate(runner, second, N) == ref2
 
 
+def test_pipelined_decode_matches_step_by_step_up_to_the_cache_bound(setup):
+    ar, df = setup
+    p = _prompts(ar.tok, 2)
+    n = MAX_LEN - max(map(len, p)) - B  # the last steps cannot run ahead: launch declines, then catches up
+    ref = [s.out for s in ref_generate(ar, p, SamplingParams(max_tokens=n, ignore_eos=True))]
+    runner = _fast(df)
+    assert generate(runner, p, n) == ref
+    tau = runner.tau
+    sync = _fast(df)
+    assert generate(sync, p, n, pipeline=False) == ref
+    assert tau == pytest.approx(sync.tau)  # the steps run ahead for finished rows are not counted
+    assert not runner.inflight and not runner.host_start
+
+
 def test_predictable_pair_accepts_whole_blocks(tmp_path):
     target, drafter = make_tiny_pair(tmp_path, seed=2, block_size=B, predictable=True)
     df = build_engine(str(target), str(drafter), mode="dflash", max_slots=SLOTS, max_len=MAX_LEN, dtype="float32")

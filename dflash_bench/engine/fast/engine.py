@@ -43,6 +43,7 @@ class FastEngine(Engine):
         ft = FastTarget(target.model, max_slots=max_slots, max_len=max_len)
         fd = FastDrafter(drafter, ft.embed, ft.head, max_slots=max_slots, max_len=max_len) if drafter is not None else None
         self.runner = FastRunner(ft, fd, kv_block=kv_block, synthetic_tau=synthetic_tau, keep_logits=True)
+        self.runner.capture_all()  # GPU: every graph before the first request (no capture pause mid-serving)
         self.synthetic_tau = synthetic_tau
         self.free_slots = list(range(max_slots - 1, -1, -1))
 

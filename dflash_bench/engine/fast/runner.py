@@ -18,6 +18,7 @@ The uniforms come from a seeded table on the device, read at a step counter the 
 from __future__ import annotations
 
 import time
+from collections import deque
 
 import torch
 
@@ -66,7 +67,10 @@ class FastRunner:
         self.active = torch.zeros(self.S, **long)
         self.drafts = torch.zeros(self.S, max(self.B - 1, 1), **long)
         self.out = torch.zeros(self.S, self.B + 1, **long)  # per row: accepted, drafts..., bonus (AR: the token)
-        self.host = torch.zeros(self.S, self.B + 1, dtype=torch.long, pin_memory=dev.type == "cuda")
+        # two host copies of `out`: a step's tokens are read while the next one runs
+        self.host = [torch.zeros(self.S, self.B + 1, dtype=torch.long, pin_memory=dev.type == "cuda") for _ in range(2)]
+        self.inflight: deque = deque()  # (slots, bs, host copy, its CUDA event) per step launched, oldest first
+        self.launched = 0
         self.pending = None
         # target logits of the last step per slot (for logprobs); the prefill's last logits go to position 0
         self.logits = torch.zeros(self.S, self.B, target.vocab_size, dtype=target.dtype, device=dev) if keep_logits else None
@@ -116,66 +120,96 @@ class FastRunner:
         self.prev[slot] = 0
         self.host_start.pop(slot, None)
 
+    @torch.inference_mode()
+    def capture_all(self) -> int:
+        """Capture the graphs of every (batch bucket, KV-length bucket) now, so serving never stops to capture.
+
+        Only before any request is added: every row is padding, so the bodies compute into free slots (their
+        positions 0..B-1, rewritten by the next prefill) and commit nothing. Returns the number of graphs.
+        """
+        if not self.graphs_on:
+            return 0
+        if self.host_start:
+            raise RuntimeError("capture_all runs before any request is added")
+        self.active.zero_()
+        self._stepped = ()
+        lengths = sorted({min(self.max_len, L) for L in range(self.kv_block, self.max_len + self.kv_block, self.kv_block)})
+        for bs in self.sizes:
+            for L in lengths:
+                if self.B == 1:
+                    self._run(("ar", bs, L), lambda: self._ar(bs, L))
+                else:
+                    self._run(("draft", bs, L), lambda: self._draft(bs, L))
+                    self._run(("verify", bs, L), lambda: self._verify(bs, L))
+        torch.cuda.synchronize()
+        return len(self.graphs)
+
     # ---- one step for every running slot ------------------------------------------------------------
     @torch.inference_mode()
     def step(self, slots: list[int]) -> dict[int, list[int]]:
         """Advance every slot in `slots` by one verify (DFlash) or one token (AR); returns the new tokens."""
-        hi = max(slots) + 1
-        bs = next(b for b in self.sizes if b >= hi)
-        if tuple(slots) != self._stepped:  # rows outside `slots` (padding, or paused) keep their state
-            mask = torch.zeros(self.S, dtype=torch.long)
-            mask[list(slots)] = 1
-            self.active.copy_(mask)
-            self._stepped = tuple(slots)
-        need = max(self.host_start[s] for s in slots) + self.B
-        if need > self.max_len:
+        if not self.launch(slots):
             raise ValueError(f"a sequence would pass the cache length {self.max_len}")
+        return self.collect()
+
+    @torch.inference_mode()
+    def launch(self, slots: list[int]) -> bool:
+        """Enqueue one step for `slots` behind the steps in flight, without waiting for them.
+
+        So the GPU never idles while the host reads a step's tokens: launch step k+1, then `collect` step k.
+        The cache bound assumes every step in flight accepts a whole block. Returns False, enqueuing
+        nothing, when that bound would pass the cache or two steps are already in flight: collect first.
+        """
+        need = max(self.host_start[s] for s in slots) + self.B * (len(self.inflight) + 1)
+        if need > self.max_len or len(self.inflight) >= len(self.host):
+            return False
+        bs = next(b for b in self.sizes if b > max(slots))
+        if tuple(slots) != self._stepped:  # rows outside `slots` (padding, or paused) keep their state
+            mask = torch.zeros(self.S, dtype=torch.long, pin_memory=self.dev.type == "cuda")
+            mask[list(slots)] = 1
+            self.active.copy_(mask, non_blocking=True)  # in stream order: steps in flight keep their mask
+            self._stepped = tuple(slots)
         L = min(self.max_len, -(-need // self.kv_block) * self.kv_block)
+        t0 = self._mark()
         if self.B == 1:
-            return self._step_ar(slots, bs, L)
-        return self._step_dflash(slots, bs, L)
-
-    def _step_ar(self, slots, bs, L):
-        t0 = self._mark()
-        self._run(("ar", bs, L), lambda: self._ar(bs, L))
-        t1 = self._mark()
-        host = self._read(bs)
-        if self.timing:
-            self.timings.append((t0, t0, t1))
-        out = {}
-        for s in slots:
-            self.host_start[s] += 1
-            out[s] = [host[s][-1]]
-        self.steps += 1
-        self.row_steps += len(slots)
-        return out
-
-    def _step_dflash(self, slots, bs, L):
-        t0 = self._mark()
-        self._run(("draft", bs, L), lambda: self._draft(bs, L))
-        t1 = self._mark()
-        self._run(("verify", bs, L), lambda: self._verify(bs, L))
+            self._run(("ar", bs, L), lambda: self._ar(bs, L))
+            t1 = t0
+        else:
+            self._run(("draft", bs, L), lambda: self._draft(bs, L))
+            t1 = self._mark()
+            self._run(("verify", bs, L), lambda: self._verify(bs, L))
         t2 = self._mark()
-        host = self._read(bs)
         if self.timing:
             self.timings.append((t0, t1, t2))
+        host = self.host[self.launched % len(self.host)]
+        self.launched += 1
+        done = None
+        if self.dev.type == "cuda":
+            host[:bs].copy_(self.out[:bs], non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
+        else:
+            host[:bs].copy_(self.out[:bs])
+        self.inflight.append((list(slots), bs, host, done))
+        return True
+
+    def collect(self) -> dict[int, list[int]]:
+        """The new tokens of the oldest step in flight, per slot (slots released since are left out)."""
+        slots, bs, host, done = self.inflight.popleft()
+        if done is not None:
+            done.synchronize()
+        rows = host[:bs].tolist()
         out = {}
         for s in slots:
-            a = host[s][0]
-            out[s] = host[s][1:1 + a] + [host[s][-1]]
+            if s not in self.host_start:
+                continue
+            a = rows[s][0] if self.B > 1 else 0
+            out[s] = rows[s][1:1 + a] + [rows[s][-1]]
             self.host_start[s] += a + 1
             self.accepted += a
         self.steps += 1
-        self.row_steps += len(slots)
+        self.row_steps += len(out)
         return out
-
-    def _read(self, bs: int) -> list[list[int]]:
-        """The step's `out` rows on the host (one copy, the step's only sync)."""
-        if self.dev.type != "cuda":
-            return self.out[:bs].tolist()
-        self.host[:bs].copy_(self.out[:bs], non_blocking=True)
-        torch.cuda.current_stream().synchronize()
-        return self.host[:bs].tolist()
 
     @property
     def tau(self) -> float:
@@ -209,7 +243,7 @@ class FastRunner:
         on = self.active[:bs].bool()
         self.pending[:bs] = torch.where(on[:, None, None], feats, self.pending[:bs])
         if self.rate is not None:
-            u = self.uniforms[self.synth_step % SYNTHETIC_STEPS, :bs]
+            u = self.uniforms.index_select(0, (self.synth_step % SYNTHETIC_STEPS).view(1))[0, :bs]  # no host read
             acc = (u < self.rate).long().cumprod(1).sum(1)
             self.synth_step += 1
         else:
@@ -266,15 +300,32 @@ class FastRunner:
         return med(d), med(v)
 
 
-def generate(runner: FastRunner, prompts: list[list[int]], max_new: int) -> list[list[int]]:
+def generate(runner: FastRunner, prompts: list[list[int]], max_new: int, *, pipeline: bool = True) -> list[list[int]]:
     """Greedy-decode every prompt to `max_new` tokens, all batched together in slots 0..n-1."""
     outs = [[runner.add(i, p)] for i, p in enumerate(prompts)]
-    live = [i for i in range(len(prompts)) if len(outs[i]) < max_new]
+    decode(runner, outs, max_new, pipeline=pipeline)
+    return [o[:max_new] for o in outs]
+
+
+def decode(runner: FastRunner, outs: list[list[int]], max_new: int, *, pipeline: bool = True) -> None:
+    """Extend each `outs[i]` (slot i, prefilled) to at least `max_new` tokens, releasing each slot when done.
+
+    Pipelined: the next step is launched before this one's tokens are read, with the same slots; a slot
+    that turns out finished is released, so that extra step's tokens are dropped and not counted.
+    """
+    live = [i for i in range(len(outs)) if len(outs[i]) < max_new]
     while live:
-        got = runner.step(live)
+        if not runner.inflight and not runner.launch(live):
+            raise ValueError(f"a sequence would pass the cache length {runner.max_len}")
+        if pipeline:
+            runner.launch(live)  # may decline near the cache bound; then the next round launches
+        got = runner.collect()
         for i in live:
             outs[i].extend(got[i])
+            if len(outs[i]) >= max_new:
+                runner.release(i)
         live = [i for i in live if len(outs[i]) < max_new]
-    for i in range(len(prompts)):
+    while runner.inflight:
+        runner.collect()
+    for i in range(len(outs)):
         runner.release(i)
-    return [o[:max_new] for o in outs]
