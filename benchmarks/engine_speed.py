@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from dflash_bench.engine.drafter import DFlashDrafter, DrafterConfig  # noqa: E402
 from dflash_bench.engine.fast.draft import FastDrafter  # noqa: E402
 from dflash_bench.engine.fast.model import FastTarget  # noqa: E402
-from dflash_bench.engine.fast.runner import FastRunner, generate  # noqa: E402
+from dflash_bench.engine.fast.runner import FastRunner, decode, generate  # noqa: E402
 
 SHAPES = {  # target (Qwen3 config) and drafter sizes
     "qwen3-8b": dict(vocab=151936, hidden=4096, inter=12288, layers=36, heads=32, kv=8, hd=128,
@@ -108,24 +108,30 @@ def matmul_chain_ms(target: FastTarget, dev) -> float:
     return (time.perf_counter() - t) / 20 * 1e3
 
 
-def profile_ar_step(runner: FastRunner, dev, path: str | None) -> str:
-    """Diagnostic: kernels of one eager batch-1 AR step (what the graph replays), by device time."""
+def profile_step(runner: FastRunner, dev, path: str | None = None, rows: int = 18) -> str:
+    """Diagnostic: kernels of one eager batch-1 step (what the graphs replay), by device time; DFlash runners
+    give one table for the draft and one for the verify."""
     from torch.profiler import ProfilerActivity, profile
 
     runner.add(0, list(range(1000, 1128)))
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
-    with torch.inference_mode():
-        runner._ar(1, runner.kv_block)
-        sync(dev)
-        with profile(activities=acts) as prof:
-            runner._ar(1, runner.kv_block)
-            sync(dev)
-    runner.release(0)
+    L = runner.kv_block
+    bodies = {"AR step": lambda: runner._ar(1, L)} if runner.B == 1 else \
+        {"draft": lambda: runner._draft(1, L), "verify": lambda: runner._verify(1, L)}
     key = "self_device_time_total" if dev.type == "cuda" else "self_cpu_time_total"
-    table = prof.key_averages().table(sort_by=key, row_limit=18, max_name_column_width=60)
-    if path:
-        prof.export_chrome_trace(path)
-    return table
+    tables = []
+    with torch.inference_mode():
+        for name, body in bodies.items():
+            body()
+            sync(dev)
+            with profile(activities=acts) as prof:
+                body()
+                sync(dev)
+            tables.append(f"{name}:\n" + prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=60))
+            if path and runner.B == 1:
+                prof.export_chrome_trace(path)
+    runner.release(0)
+    return "\n".join(tables)
 
 
 def prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -133,9 +139,13 @@ def prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(1000, vocab - 1000) for _ in range(length)] for _ in range(n)]
 
 
-def timed(runner: FastRunner, ps: list[list[int]], new: int, dev) -> dict:
-    """Warm-up (captures every graph the run needs), then the measured run: prefill, then decode to `new`."""
-    generate(runner, ps, new)
+def timed(runner: FastRunner, ps: list[list[int]], new: int, dev, *, pipeline: bool = True) -> dict:
+    """Warm-up (captures every graph the run needs), then the measured run: prefill, then decode to `new`.
+
+    pipeline: the runner launches step k+1 before reading step k's tokens (as `generate` does); False is one
+    host round trip per step, as the HTTP server's decode loop runs today.
+    """
+    generate(runner, ps, new, pipeline=pipeline)
     runner.steps = runner.accepted = runner.row_steps = 0
     runner.timings = []
     sync(dev)
@@ -144,17 +154,10 @@ def timed(runner: FastRunner, ps: list[list[int]], new: int, dev) -> dict:
     sync(dev)
     t1 = time.perf_counter()
     runner.timing = True
-    live = list(range(len(ps)))
-    while live:
-        got = runner.step(live)
-        for i in live:
-            outs[i].extend(got[i])
-        live = [i for i in live if len(outs[i]) < new]
+    decode(runner, outs, new, pipeline=pipeline)
     sync(dev)
     t2 = time.perf_counter()
     runner.timing = False
-    for i in range(len(ps)):
-        runner.release(i)
     draft_ms, verify_ms = runner.step_times_ms()
     decoded = sum(min(len(o), new) - 1 for o in outs)
     return dict(tok_s=decoded / (t2 - t1), e2e_tok_s=len(ps) * new / (t2 - t0), prefill_s=t1 - t0,
@@ -276,7 +279,9 @@ def main() -> None:
     ap.add_argument("--out", help="also write the results as JSON here")
     ap.add_argument("--torch-path", action="store_true", help="after the table: AR batch 1 again with the "
                     "Triton kernels off (plain torch ops and SDPA, still under CUDA graphs)")
-    ap.add_argument("--profile", help="print the kernels of one eager AR step; write a Chrome trace here")
+    ap.add_argument("--profile", help="print the kernels of one eager AR step and one DFlash draft and verify; "
+                    "write the AR step's Chrome trace here")
+    ap.add_argument("--profile-only", action="store_true", help="stop after the profile")
     a = ap.parse_args()
     dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if a.device == "auto" else a.device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
@@ -305,9 +310,12 @@ def main() -> None:
           f"{res['matmul_chain_ms']:.2f} ms", flush=True)
 
     ar = FastRunner(target, None, kv_block=a.kv_block)
-    if a.profile:
-        print(profile_ar_step(ar, dev, a.profile), flush=True)
     real = FastRunner(target, fd, kv_block=a.kv_block)
+    if a.profile:
+        print(profile_step(ar, dev, a.profile), flush=True)
+        print(profile_step(real, dev, rows=28), flush=True)
+        if a.profile_only:
+            return
     ps = prompts(min(S, 8), a.prompt_len, shape["vocab"], 1)
     n = min(64, a.new_tokens)
     x, y = generate(ar, ps, n), generate(real, ps, n)
@@ -329,8 +337,21 @@ def main() -> None:
         rows.append(dict(concurrency=c, ar=r_ar, dflash=r_df))
         print(f"c={c}: AR {r_ar['tok_s']:.1f} tok/s, DFlash {r_df['tok_s']:.1f} tok/s", flush=True)
     res["rows"] = rows
+    p1 = prompts(1, a.prompt_len, shape["vocab"], 101)
+    res["unpipelined_c1"] = dict(ar=timed(ar, p1, a.new_tokens, dev, pipeline=False),
+                                 dflash=timed(df, p1, a.new_tokens, dev, pipeline=False))
     if dev.type == "cuda":
         res["peak_gb"] = torch.cuda.max_memory_allocated() / 1e9
+    if dev.type == "cuda":  # what a server pays at start-up to never capture mid-serving (FastEngine does this)
+        t = time.perf_counter()
+        cap = FastRunner(target, fd, kv_block=a.kv_block)
+        n_graphs = cap.capture_all()
+        secs = round(time.perf_counter() - t, 1)
+        same = generate(cap, ps, n) == y  # capturing left no trace: the same tokens as lazily captured graphs
+        res["capture_all"] = dict(graphs=n_graphs, seconds=secs, max_len=max_len, slots=S, same_tokens_after=same)
+        print(f"capture_all: {n_graphs} graphs in {secs} s (max_len {max_len}, {S} slots); same tokens after: {same}",
+              flush=True)
+        del cap
     if a.soak:
         res["soak"] = soak(target, fd, a, dev, shape["vocab"])
     if dev.type == "cuda":
@@ -375,13 +396,19 @@ def print_table(res: dict) -> None:
               f"{100 * floor_ms / r_ar['step_ms']:>8.0f}% | {r_df['tok_s']:>12.1f} | {sp:>6.2f}x | {r_df['tau']:>5.2f} | "
               f"{r_df['draft_ms']:>8.2f} | {r_df['verify_ms']:>9.2f} | {100 * iter_floor / r_df['step_ms']:>8.0f}% | "
               f"{sp / r_df['tau']:>11.2f}")
-    print("tok/s: decode tokens after prefill / decode wall time, summed over the concurrent requests. ms per "
+    print("Steps pipelined: step k+1 is launched before step k's tokens are read. "
+          "tok/s: decode tokens after prefill / decode wall time, summed over the concurrent requests. ms per "
           "draft/verify: CUDA-event medians. %floor: weight bytes per step / copy bandwidth over the measured step "
           "(DFlash: target + drafter + borrowed lm_head).")
     lt, lb = res["lossless_tiny"], res["lossless_big"]
     print(f"lossless: tiny float32 pair {lt}; big bf16 pair AR vs DFlash (real acceptance, tau {lb['tau']}): "
           f"identical {100 * lb['identical_prefix']:.1f}% of tokens; at each first difference the two tokens' "
           f"logits differ by at most {lb['max_gap_at_divergence']:.4f} (logit std {lb['logit_std']:.3f})")
+    if "unpipelined_c1" in res:
+        u = res["unpipelined_c1"]
+        print(f"one host round trip per step (the HTTP server's loop), batch 1: AR {u['ar']['tok_s']:.1f} tok/s "
+              f"({u['ar']['step_ms']:.2f} ms/step), DFlash {u['dflash']['tok_s']:.1f} tok/s (tau {u['dflash']['tau']:.2f}, "
+              f"{u['dflash']['step_ms']:.2f} ms/step)")
     if "soak" in res:
         s = res["soak"]
         print(f"soak: {s['requests']} requests in {s['seconds']} s, allocated {s['allocated_before'] / 1e9:.3f} -> "

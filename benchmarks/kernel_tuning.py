@@ -1,0 +1,55 @@
+"""Launch settings of the fast path's small Triton kernels on this GPU: microseconds per call under a CUDA graph.
+
+    PYTHONPATH=. python benchmarks/kernel_tuning.py          # GPU only, ~20 s
+
+Rows: add_rms_norm over hidden 4096 at 1 and 16 tokens, silu_mul over 2 x 12288, for several num_warps.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import triton
+
+from dflash_bench.engine.fast import triton_ops as ops
+
+
+def per_call_us(fn, reps: int = 200) -> float:
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(5):
+        g.replay()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / (5 * reps) * 1e6
+
+
+def main() -> None:
+    dev, dt = "cuda", torch.bfloat16
+    print(torch.cuda.get_device_name())
+    for t in (1, 16, 512):
+        h, a = torch.randn(t, 4096, device=dev, dtype=dt), torch.randn(t, 4096, device=dev, dtype=dt)
+        w = torch.randn(4096, device=dev, dtype=dt)
+        s, out = torch.empty_like(h), torch.empty_like(h)
+        for nw in (2, 4, 8, 16):
+            us = per_call_us(lambda: ops._add_rms_norm_kernel[(t,)](h, a, w, s, out, 4096, 1e-6, BLOCK=4096, num_warps=nw))
+            print(f"add_rms_norm t={t:<3} num_warps={nw:<2} {us:6.2f} us")
+        gu = torch.randn(t, 2 * 12288, device=dev, dtype=dt)
+        o = torch.empty(t, 12288, device=dev, dtype=dt)
+        for block in (512, 1024, 2048, 4096):
+            for nw in (4, 8):
+                us = per_call_us(lambda: ops._silu_mul_kernel[(t, triton.cdiv(12288, block))](gu, o, gu.stride(0), 12288, BLOCK=block, num_warps=nw))
+                print(f"silu_mul     t={t:<3} BLOCK={block:<4} num_warps={nw} {us:6.2f} us")
+    x = torch.randn(1, 4096, device=dev, dtype=dt)
+    print(f"an empty-ish torch kernel (x.add_(0)) under a graph: {per_call_us(lambda: x.add_(0)):.2f} us")
+
+
+if __name__ == "__main__":
+    main()
