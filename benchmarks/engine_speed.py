@@ -5,7 +5,7 @@ Qwen3-8B-DFlash-b16-shaped drafter (5 layers, B = 16), random weights built on t
 downloaded). Random weights accept nothing, so DFlash rows use synthetic acceptance (mean tau, labelled).
 Greedy losslessness (AR == DFlash token ids, real acceptance) is checked on the same device first.
 
-    PYTHONPATH=. python benchmarks/engine_speed.py --out engine_speed.json            # GPU, ~2 minutes
+    PYTHONPATH=. python benchmarks/engine_speed.py --out engine_speed.json --torch-path  # GPU, ~2.5 minutes
     python benchmarks/engine_speed.py --shape tiny --device cpu --new-tokens 32 --concurrency 1,4 --soak 20
 """
 
@@ -16,17 +16,20 @@ import json
 import os
 import random
 import sys
-import tempfile
 import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.join(HERE, ".."), HERE]
 
 from dflash_bench.engine.drafter import DFlashDrafter, DrafterConfig  # noqa: E402
 from dflash_bench.engine.fast.draft import FastDrafter  # noqa: E402
 from dflash_bench.engine.fast.model import FastTarget  # noqa: E402
 from dflash_bench.engine.fast.runner import FastRunner, decode, generate  # noqa: E402
+
+from engine_diagnostics import (copy_bandwidth, divergence_gaps, lossless_tiny, matmul_chain_ms,  # noqa: E402
+                                profile_step, same_fraction, sync)
 
 SHAPES = {  # target (Qwen3 config) and drafter sizes
     "qwen3-8b": dict(vocab=151936, hidden=4096, inter=12288, layers=36, heads=32, kv=8, hd=128,
@@ -34,11 +37,6 @@ SHAPES = {  # target (Qwen3 config) and drafter sizes
     "tiny": dict(vocab=4096, hidden=256, inter=768, layers=6, heads=4, kv=2, hd=64,
                  draft_layers=2, block=16, taps=[1, 3, 4], mask=4000),
 }
-
-
-def sync(dev):
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
 
 
 def build_pair(shape: dict, dev, dtype):
@@ -58,80 +56,6 @@ def build_pair(shape: dict, dev, dtype):
     with torch.device(dev):
         drafter = DFlashDrafter(dcfg).to(dtype).eval()
     return hf, drafter
-
-
-def copy_bandwidth(dev) -> float:
-    """Device-to-device copy, bytes read + written per second (the bandwidth ceiling we hold the step to)."""
-    if dev.type != "cuda":
-        return float("nan")
-    x = torch.empty(1 << 30, dtype=torch.bfloat16, device=dev)
-    y = torch.empty_like(x)
-    for _ in range(3):
-        y.copy_(x)
-    sync(dev)
-    t = time.perf_counter()
-    for _ in range(10):
-        y.copy_(x)
-    sync(dev)
-    bw = 10 * 2 * x.numel() * 2 / (time.perf_counter() - t)
-    del x, y
-    return bw
-
-
-def matmul_chain_ms(target: FastTarget, dev) -> float:
-    """Diagnostic: one batch-1 step's weight matmuls alone (graph replay), the part cuBLAS sets the pace of."""
-    if dev.type != "cuda":
-        return float("nan")
-    ly0 = target.layers[0]
-    x = torch.randn(1, target.hidden_size, dtype=target.dtype, device=dev)
-    xa = torch.randn(1, ly0.wo.shape[1], dtype=target.dtype, device=dev)
-    xi = torch.randn(1, ly0.w2.shape[1], dtype=target.dtype, device=dev)
-
-    def chain():
-        for ly in target.layers:
-            torch.nn.functional.linear(x, ly.wqkv)
-            torch.nn.functional.linear(xa, ly.wo)
-            torch.nn.functional.linear(x, ly.w13)
-            torch.nn.functional.linear(xi, ly.w2)
-        torch.nn.functional.linear(x, target.head)
-
-    chain()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        chain()
-    g.replay()
-    sync(dev)
-    t = time.perf_counter()
-    for _ in range(20):
-        g.replay()
-    sync(dev)
-    return (time.perf_counter() - t) / 20 * 1e3
-
-
-def profile_step(runner: FastRunner, dev, path: str | None = None, rows: int = 18) -> str:
-    """Diagnostic: kernels of one eager batch-1 step (what the graphs replay), by device time; DFlash runners
-    give one table for the draft and one for the verify."""
-    from torch.profiler import ProfilerActivity, profile
-
-    runner.add(0, list(range(1000, 1128)))
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
-    L = runner.kv_block
-    bodies = {"AR step": lambda: runner._ar(1, L)} if runner.B == 1 else \
-        {"draft": lambda: runner._draft(1, L), "verify": lambda: runner._verify(1, L)}
-    key = "self_device_time_total" if dev.type == "cuda" else "self_cpu_time_total"
-    tables = []
-    with torch.inference_mode():
-        for name, body in bodies.items():
-            body()
-            sync(dev)
-            with profile(activities=acts) as prof:
-                body()
-                sync(dev)
-            tables.append(f"{name}:\n" + prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=60))
-            if path and runner.B == 1:
-                prof.export_chrome_trace(path)
-    runner.release(0)
-    return "\n".join(tables)
 
 
 def prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -174,61 +98,6 @@ def hf_generate(hf, p: list[int], new: int, dev) -> float:
     out = hf.generate(ids, max_new_tokens=new, min_new_tokens=new, **kw)
     sync(dev)
     return (out.shape[1] - ids.shape[1]) / (time.perf_counter() - t)
-
-
-def lossless_tiny(dev) -> dict:
-    """Real tiny Qwen3 pair (float32) on this device: reference engine AR vs fast AR vs fast DFlash token ids."""
-    from dflash_bench.engine.build import build_engine
-    from dflash_bench.engine.decode import generate as ref_generate
-    from dflash_bench.engine.sampling import SamplingParams
-    from dflash_bench.engine.tiny import make_tiny_pair
-
-    res = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for name, pred in (("random", False), ("predictable", True)):
-            t, d = make_tiny_pair(os.path.join(tmp, name), seed=1, block_size=8, predictable=pred)
-            kw = dict(max_slots=8, max_len=512, dtype="float32", device=dev.type)
-            ar = build_engine(str(t), mode="ar", **kw)
-            df = build_engine(str(t), str(d), mode="dflash", **kw)
-            ps = [ar.tok(f"prompt {i} " + "the cat sat " * (i + 1)).input_ids for i in range(8)]
-            ref = [s.out for s in ref_generate(ar, ps, SamplingParams(max_tokens=64, ignore_eos=True))]
-            ft = FastTarget(df.target.model, max_slots=8, max_len=512)
-            fd = FastDrafter(df.proposer.drafter, ft.embed, ft.head, max_slots=8, max_len=512)
-            fast_ar = generate(FastRunner(ft, None, kv_block=64), ps, 64)
-            r = FastRunner(ft, fd, kv_block=64)
-            fast_df = generate(r, ps, 64)
-            res[name] = dict(ar_equal_reference=fast_ar == ref, dflash_equal_ar=fast_df == fast_ar, tau=round(r.tau, 3))
-    return res
-
-
-def same_fraction(a: list[list[int]], b: list[list[int]]) -> float:
-    """Share of tokens that lie in the identical prefix of each pair of outputs."""
-    total = same = 0
-    for x, y in zip(a, b):
-        total += len(x)
-        k = 0
-        while k < min(len(x), len(y)) and x[k] == y[k]:
-            k += 1
-        same += k
-    return same / max(total, 1)
-
-
-@torch.inference_mode()
-def divergence_gaps(hf, ps, x, y) -> list[float]:
-    """At each pair's first differing token: |logit(AR's) - logit(DFlash's)| from a plain HF forward.
-
-    Random bf16 weights give nearly flat logits, so a [bs, 1] and a [bs, 16] matmul can round a near-tie
-    either way; a gap at bf16 rounding size (vs the logits' spread) says the difference is such a tie.
-    """
-    gaps = []
-    for p, a, b in zip(ps, x, y):
-        k = next((i for i, (u, v) in enumerate(zip(a, b)) if u != v), None)
-        if k is None:
-            continue
-        logits = hf(torch.tensor([p + a[:k]], device=hf.device)).logits[0, -1].float()
-        gaps.append(float((logits[a[k]] - logits[b[k]]).abs()))
-        gaps.append(float(logits.std()))
-    return gaps
 
 
 def soak(target, drafter, args, dev, vocab) -> dict:

@@ -310,14 +310,14 @@ def generate(runner: FastRunner, prompts: list[list[int]], max_new: int, *, pipe
 def decode(runner: FastRunner, outs: list[list[int]], max_new: int, *, pipeline: bool = True) -> None:
     """Extend each `outs[i]` (slot i, prefilled) to at least `max_new` tokens, releasing each slot when done.
 
-    Pipelined: the next step is launched before this one's tokens are read, with the same slots; a slot
-    that turns out finished is released, so that extra step's tokens are dropped and not counted.
+    Pipelined: the next step is launched before this one's tokens are read, with the same slots, unless a
+    slot could finish with the steps already in flight (that step would be wasted on it).
     """
     live = [i for i in range(len(outs)) if len(outs[i]) < max_new]
     while live:
         if not runner.inflight and not runner.launch(live):
             raise ValueError(f"a sequence would pass the cache length {runner.max_len}")
-        if pipeline:
+        if pipeline and all(len(outs[i]) + runner.B * len(runner.inflight) < max_new for i in live):
             runner.launch(live)  # may decline near the cache bound; then the next round launches
         got = runner.collect()
         for i in live:
