@@ -1,11 +1,14 @@
 """The builtin engine's fast path for one GPU (gpt-fast / nano-vllm style).
 
 - `model.py`: a fused Qwen3/Llama forward (one QKV and one gate/up matmul per layer) over a static slot KV
-  cache, where batch row == slot, so attention reads a plain view of the first `L` cached positions.
+  cache, where batch row == slot.
+- `triton_ops.py`, `triton_attn.py`: on a GPU, the glue between the matmuls as a few Triton kernels (residual
+  add + RMSNorm, q/k norm + RoPE + KV write, silu * up, split-K attention over each row's valid keys).
 - `draft.py`: the DFlash drafter's forward with the same layout.
 - `runner.py`: state on the device, fixed-shape draft / verify / AR steps captured as CUDA graphs per
-  (batch bucket, KV-length bucket), greedy acceptance on the device, one host sync per step, and an opt-in
-  synthetic-acceptance mode for benchmarking random weights.
+  (batch bucket, KV-length bucket), greedy acceptance and the step's commit inside the graphs, steps that
+  can run one ahead of the host, and an opt-in synthetic-acceptance mode for benchmarking random weights.
 
-Eager (no graphs) on the CPU, so the tests check losslessness of exactly this code.
+Eager (no graphs, torch ops) on the CPU, so the tests check losslessness of exactly this code; they run the
+Triton kernels in Triton's interpreter.
 """
