@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from dflash_bench.engine.drafter import DFlashDrafter
-from dflash_bench.engine.fast.model import (KERNEL_MAX_QUERIES, KVCache, Layer, attention, load_kernels, qk_rope, rms_norm,
-                                            rope, rope_cos_sin, rope_tables, run_layers, step_mask)
+from dflash_bench.engine.fast.model import (KVCache, Layer, StepAttention, load_kernels, rms_norm, rope, rope_tables,
+                                            run_layers)
 from dflash_bench.errors import UserError
 
 
@@ -35,8 +35,9 @@ class FastDrafter:
         self.cache = KVCache(c.num_hidden_layers, max_slots, max_len, self.hkv, self.hd, self.dtype, self.device)
         self.inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, self.hd, 2, device=self.device, dtype=torch.float32) / self.hd))
         self.kernels = load_kernels(self.device, kernels)
-        if self.kernels:
-            self.cos, self.sin = rope_cos_sin(torch.arange(max_len, device=self.device), self.inv_freq, 1.0)
+        self.attention = StepAttention(self.cache, self.kernels, heads=self.H, kv_heads=self.hkv, head_dim=self.hd,
+                                       eps=self.eps, scale=self.hd ** -0.5, kinds=self.kinds, inv_freq=self.inv_freq,
+                                       rope_scale=1.0)
         # every layer's context K/V projection stacked: one matmul per step instead of one per layer
         kvd = 2 * self.hkv * self.hd
         self.wkv = torch.cat([ly.wqkv[-kvd:] for ly in self.layers])
@@ -73,8 +74,9 @@ class FastDrafter:
         kvd = 2 * hkv * hd
         if self.kernels is not None:
             for i, ly in enumerate(self.layers):
-                self.kernels[0].qk_rope_store(kv_all[:, i * kvd:(i + 1) * kvd], 0, hkv, hd, self.cos, self.sin, rows.reshape(-1),
-                                              pos.reshape(-1), self.cache.k[i], self.cache.v[i], ly.wqk[H:], eps)
+                self.kernels[0].qk_rope_store(kv_all[:, i * kvd:(i + 1) * kvd], 0, hkv, hd, self.attention.cos,
+                                              self.attention.sin, rows.reshape(-1), pos.reshape(-1), self.cache.k[i],
+                                              self.cache.v[i], ly.wqk[H:], eps)
             return
         cos, sin = rope_tables(pos.reshape(-1), self.inv_freq, 1.0, self.dtype)
         for i, ly in enumerate(self.layers):
@@ -91,7 +93,7 @@ class FastDrafter:
         if c.input_embedding_scale != 1.0:
             h = h * c.input_embedding_scale
         pos = starts[:, None] + torch.arange(B, device=starts.device)
-        attend = self._attention(pos, starts, row0, L)
+        attend = self.attention(pos, starts, row0, L)
         x = rms_norm(h, self.layers[0].ln1, self.eps)
         _, x, _ = run_layers(self.layers, h, x, attend, self.norm, self.eps, self.kernels)
         # a contiguous [bs * (B-1), hidden] input: on a strided 3-D view F.linear falls back to a batched
@@ -104,31 +106,3 @@ class FastDrafter:
             cap = float(c.final_logit_softcapping)
             logits = torch.tanh(logits / cap) * cap
         return logits
-
-    def _attention(self, pos: torch.Tensor, starts: torch.Tensor, row0: int, L: int):
-        """`attend(i, layer, normed h) -> [t, H * hd]` for the block: q/k/v, cache write, attention."""
-        bs, B = pos.shape
-        H, hkv, hd, eps, scale = self.H, self.hkv, self.hd, self.eps, self.hd ** -0.5
-        rows = self.cache.rows(row0, pos)
-        if self.kernels is not None and B <= KERNEL_MAX_QUERIES:
-            ops, attn = self.kernels
-            cos, sin = self.cos, self.sin
-            flat_rows, flat_pos = rows.reshape(-1), pos.reshape(-1)
-
-            def attend(i, ly, x):
-                kc, vc = self.cache.k[i], self.cache.v[i]
-                q = ops.qk_rope_store(F.linear(x, ly.wqkv, ly.bqkv), H, hkv, hd, cos, sin, flat_rows, flat_pos,
-                                      kc, vc, ly.wqk, eps).view(bs, B, H, hd)
-                causal, window = self.kinds[i]
-                return attn.decode_attention(q, kc, vc, starts, row0, L, scale, causal=causal, window=window)
-            return attend
-
-        cos, sin = rope_tables(pos.reshape(-1), self.inv_freq, 1.0, self.dtype)
-        masks = {k: step_mask(starts, B, L, H // hkv, self.dtype, causal=k[0], window=k[1]) for k in set(self.kinds)}
-
-        def attend(i, ly, x):
-            q, k, v = qk_rope(F.linear(x, ly.wqkv, ly.bqkv), ly, H, hkv, hd, cos, sin, eps)
-            self.cache.write(i, rows, pos, k.view(bs, B, hkv, hd), v.view(bs, B, hkv, hd))
-            kc, vc = self.cache.view(i, row0, bs, L)
-            return attention(q.view(bs, B, H, hd), kc, vc, masks[self.kinds[i]], scale)
-        return attend

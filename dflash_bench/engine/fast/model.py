@@ -181,6 +181,54 @@ class KVCache:
         return self.k[i][row0:row0 + bs, :L], self.v[i][row0:row0 + bs, :L]
 
 
+class StepAttention:
+    """A layer stack's attention over its `KVCache` (the target's and the drafter's alike).
+
+    Called once per step, it returns `attend(i, layer, normed h) -> [t, H * hd]`: the q/k/v projection, q/k norm
+    and RoPE, the cache write and attention with layer i's `kinds[i]` = (causal, window). With `kernels`, the
+    Triton ones (RoPE from tables built here once for every cache position; SDPA for rows longer than
+    KERNEL_MAX_QUERIES, i.e. prefill); without, torch ops and SDPA with this step's masks.
+    """
+
+    def __init__(self, cache: KVCache, kernels, *, heads: int, kv_heads: int, head_dim: int, eps: float,
+                 scale: float, kinds: list[tuple[bool, int | None]], inv_freq: torch.Tensor, rope_scale: float):
+        self.cache, self.kernels, self.kinds = cache, kernels, kinds
+        self.H, self.hkv, self.hd, self.eps, self.scale = heads, kv_heads, head_dim, eps, scale
+        self.inv_freq, self.rope_scale = inv_freq, rope_scale
+        if kernels:
+            self.cos, self.sin = rope_cos_sin(torch.arange(cache.max_len, device=inv_freq.device), inv_freq, rope_scale)
+
+    def __call__(self, pos: torch.Tensor, starts: torch.Tensor, row0: int, L: int):
+        bs, n = pos.shape
+        H, hkv, hd, eps, cache = self.H, self.hkv, self.hd, self.eps, self.cache
+        rows = cache.rows(row0, pos)
+        use_kernel = self.kernels is not None and n <= KERNEL_MAX_QUERIES
+        dtype = cache.k[0].dtype
+        masks = {} if use_kernel else {k: step_mask(starts, n, L, H // hkv, dtype, causal=k[0], window=k[1])
+                                       for k in set(self.kinds)}
+        if self.kernels is not None:
+            ops, attn = self.kernels
+            flat_rows, flat_pos = rows.reshape(-1), pos.reshape(-1)
+
+            def attend(i, ly, x):
+                kc, vc = cache.k[i], cache.v[i]
+                q = ops.qk_rope_store(F.linear(x, ly.wqkv, ly.bqkv), H, hkv, hd, self.cos, self.sin, flat_rows,
+                                      flat_pos, kc, vc, ly.wqk, eps).view(bs, n, H, hd)
+                if use_kernel:
+                    causal, window = self.kinds[i]
+                    return attn.decode_attention(q, kc, vc, starts, row0, L, self.scale, causal=causal, window=window)
+                return attention(q, *cache.view(i, row0, bs, L), masks[self.kinds[i]], self.scale)
+            return attend
+
+        cos, sin = rope_tables(pos.reshape(-1), self.inv_freq, self.rope_scale, dtype)
+
+        def attend(i, ly, x):
+            q, k, v = qk_rope(F.linear(x, ly.wqkv, ly.bqkv), ly, H, hkv, hd, cos, sin, eps)
+            cache.write(i, rows, pos, k.view(bs, n, hkv, hd), v.view(bs, n, hkv, hd))
+            return attention(q.view(bs, n, H, hd), *cache.view(i, row0, bs, L), masks[self.kinds[i]], self.scale)
+        return attend
+
+
 def _windows(cfg) -> list[int | None]:
     """Each layer's sliding window, as transformers applies it (None: full attention)."""
     window = getattr(cfg, "sliding_window", None)
@@ -220,8 +268,9 @@ class FastTarget:
         self.cache = KVCache(self.n_layers, max_slots, max_len, self.hkv, self.hd, self.dtype, self.device)
         self.max_len = max_len
         self.kernels = load_kernels(self.device, kernels)
-        if self.kernels:
-            self.cos, self.sin = rope_cos_sin(torch.arange(max_len, device=self.device), self.inv_freq, self.rope_scale)
+        self.attention = StepAttention(self.cache, self.kernels, heads=self.H, kv_heads=self.hkv, head_dim=self.hd,
+                                       eps=self.eps, scale=self.scale, kinds=[(True, w) for w in self.windows],
+                                       inv_freq=self.inv_freq, rope_scale=self.rope_scale)
 
     def _fuse(self, layer) -> Layer:
         a, m = layer.self_attn, layer.mlp
@@ -264,7 +313,7 @@ class FastTarget:
         """
         bs, n = ids.shape
         pos = starts[:, None] + torch.arange(n, device=ids.device)
-        attend = self._attention(pos, starts, row0, L)
+        attend = self.attention(pos, starts, row0, L)
         h = F.embedding(ids.view(-1), self.embed)
         x = rms_norm(h, self.layers[0].ln1, self.eps)
         h, x, feats = run_layers(self.layers, h, x, attend, self.norm, self.eps, self.kernels, taps)
@@ -275,38 +324,3 @@ class FastTarget:
             return logits, None
         by_layer = dict(zip(sorted(set(taps)), feats))
         return logits, torch.cat([by_layer[i] for i in taps], -1).view(bs, n, -1)
-
-    def _attention(self, pos: torch.Tensor, starts: torch.Tensor, row0: int, L: int):
-        """`attend(i, layer, normed h) -> [t, H * hd]` for this step: q/k/v, cache write, attention.
-
-        Per-step tables (RoPE, masks) are built once here and shared by every layer.
-        """
-        bs, n = pos.shape
-        H, hkv, hd, eps = self.H, self.hkv, self.hd, self.eps
-        rows = self.cache.rows(row0, pos)
-        use_kernel = self.kernels is not None and n <= KERNEL_MAX_QUERIES
-        masks = {} if use_kernel else {w: step_mask(starts, n, L, H // hkv, self.dtype, causal=True, window=w)
-                                       for w in set(self.windows)}
-        if self.kernels is not None:
-            ops, attn = self.kernels
-            cos, sin = self.cos, self.sin
-            flat_rows, flat_pos = rows.reshape(-1), pos.reshape(-1)
-
-            def attend(i, ly, x):
-                kc, vc = self.cache.k[i], self.cache.v[i]
-                q = ops.qk_rope_store(F.linear(x, ly.wqkv, ly.bqkv), H, hkv, hd, cos, sin, flat_rows, flat_pos,
-                                      kc, vc, ly.wqk, eps).view(bs, n, H, hd)
-                if use_kernel:
-                    return attn.decode_attention(q, kc, vc, starts, row0, L, self.scale, causal=True,
-                                                 window=self.windows[i])
-                return attention(q, *self.cache.view(i, row0, bs, L), masks[self.windows[i]], self.scale)
-            return attend
-
-        cos, sin = rope_tables(pos.view(-1), self.inv_freq, self.rope_scale, self.dtype)
-
-        def attend(i, ly, x):
-            q, k, v = qk_rope(F.linear(x, ly.wqkv, ly.bqkv), ly, H, hkv, hd, cos, sin, eps)
-            self.cache.write(i, rows, pos, k.view(bs, n, hkv, hd), v.view(bs, n, hkv, hd))
-            kc, vc = self.cache.view(i, row0, bs, L)
-            return attention(q.view(bs, n, H, hd), kc, vc, masks[self.windows[i]], self.scale)
-        return attend
