@@ -74,7 +74,7 @@ def test_ragged_batches_reuse_slots_and_cross_kv_buckets(setup):
 def test_pipelined_decode_matches_step_by_step_up_to_the_cache_bound(setup):
     ar, df = setup
     p = _prompts(ar.tok, 2)
-    n = MAX_LEN - max(map(len, p)) - B  # the last steps cannot run ahead: launch declines, then catches up
+    n = MAX_LEN - max(map(len, p)) - B  # up to the last step the cache has room for
     ref = [s.out for s in ref_generate(ar, p, SamplingParams(max_tokens=n, ignore_eos=True))]
     runner = _fast(df)
     assert generate(runner, p, n) == ref
@@ -83,6 +83,18 @@ def test_pipelined_decode_matches_step_by_step_up_to_the_cache_bound(setup):
     assert generate(sync, p, n, pipeline=False) == ref
     assert tau == pytest.approx(sync.tau)  # the steps run ahead for finished rows are not counted
     assert not runner.inflight and not runner.host_start
+
+
+def test_launch_declines_a_step_ahead_that_could_pass_the_cache(setup):
+    _, df = setup
+    runner = _fast(df)
+    runner.add(0, [ord("a")] * (MAX_LEN - 2 * B + 1))
+    assert runner.launch([0])  # room for one more block
+    assert not runner.launch([0])  # a second could pass the cache if the first accepted a whole block
+    assert len(runner.inflight) == 1
+    got = runner.collect()
+    assert 1 <= len(got[0]) <= B and not runner.inflight
+    runner.release(0)
 
 
 def test_predictable_pair_accepts_whole_blocks(tmp_path):
