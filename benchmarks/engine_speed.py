@@ -209,8 +209,6 @@ def main() -> None:
     p1 = prompts(1, a.prompt_len, shape["vocab"], 101)
     res["unpipelined_c1"] = dict(ar=timed(ar, p1, a.new_tokens, dev, pipeline=False),
                                  dflash=timed(df, p1, a.new_tokens, dev, pipeline=False))
-    if dev.type == "cuda":
-        res["peak_gb"] = torch.cuda.max_memory_allocated() / 1e9
     if dev.type == "cuda":  # what a server pays at start-up to never capture mid-serving (FastEngine does this)
         t = time.perf_counter()
         cap = FastRunner(target, fd, kv_block=a.kv_block)
