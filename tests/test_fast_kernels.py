@@ -28,11 +28,9 @@ def ops():
     return triton_ops
 
 
-def test_norms_and_silu_mul_match_torch(ops):
+def test_add_rms_norm_and_silu_mul_match_torch(ops):
     torch.manual_seed(0)
-    x = torch.randn(5, 3 * 96)[:, :96]  # strided rows, a width that is not a power of two
-    w = torch.randn(96)
-    torch.testing.assert_close(ops.rms_norm(x, w, 1e-6), rms_norm(x, w, 1e-6))
+    w = torch.randn(96)  # a width that is not a power of two
     h, a = torch.randn(5, 96), torch.randn(5, 96)
     s, y = ops.add_rms_norm(h, a, w, 1e-6)
     torch.testing.assert_close(s, h + a, rtol=0, atol=0)

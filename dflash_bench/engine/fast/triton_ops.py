@@ -1,8 +1,8 @@
 """The fast path's small fused kernels (Triton), so a decode step is a few launches per layer, not twenty.
 
-- `rms_norm`, `add_rms_norm`: one program per token row, float32 statistics; the second also adds the
-  residual (`h + a`, rounded as torch rounds it) and returns both the sum and its norm, so the matmuls
-  before it need no residual epilogue (cuBLAS's addmm copies the residual first).
+- `add_rms_norm`: one program per token row, float32 statistics; adds the residual (`h + a`, rounded as
+  torch rounds it) and returns both the sum and its norm, so the matmuls before it need no residual
+  epilogue (cuBLAS's addmm copies the residual first).
 - `qk_rope_store`: split the fused q/k/v projection, Qwen3's per-head q/k RMSNorm, NeoX RoPE, and the K/V
   cache write, in one launch (q comes back `[t, H, hd]`, k and v go straight into their cache slots).
 - `silu_mul`: silu(gate) * up over the fused gate/up projection.
@@ -21,26 +21,6 @@ import triton.language as tl
 def _norm_warps(block: int) -> int:
     """8 warps for rows of 2048+ (H100, hidden 4096: 1.6 us a call vs 2.0 with 4; benchmarks/kernel_tuning.py)."""
     return 8 if block >= 2048 else 4
-
-
-@triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride_x, stride_o, n, eps, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    cols = tl.arange(0, BLOCK)
-    keep = cols < n
-    x = tl.load(x_ptr + row * stride_x + cols, mask=keep, other=0.0).to(tl.float32)
-    r = tl.rsqrt(tl.sum(x * x, axis=0) / n + eps)
-    w = tl.load(w_ptr + cols, mask=keep, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * stride_o + cols, (x * r * w).to(out_ptr.dtype.element_ty), mask=keep)
-
-
-def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm over the last dimension of a 2-D `x` `[t, n]` (rows may be strided)."""
-    t, n = x.shape
-    out = torch.empty((t, n), dtype=x.dtype, device=x.device)
-    block = triton.next_power_of_2(n)
-    _rms_norm_kernel[(t,)](x, w, out, x.stride(0), n, n, eps, BLOCK=block, num_warps=_norm_warps(block))
-    return out
 
 
 @triton.jit
