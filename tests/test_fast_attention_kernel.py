@@ -73,6 +73,27 @@ def test_sliding_window(causal):
     _check(3, 8, 4, 1, 32, [0, 70, 230], 1, 320, causal=causal, window=50)
 
 
+def test_last_split_resets_its_counter_for_the_next_call():
+    # The split program that arrives last merges and zeroes its (b, kv_head) counter; one left non-zero
+    # would make the next call (or graph replay) merge nothing, leaving its output unwritten.
+    ta = _kernel()
+    bs, n, H, hkv, hd, row0, L = 2, 4, 8, 2, 32, 1, 256
+    assert ta.num_splits(L, bs * hkv) == 4
+    for seed, starts in [(1, [30, 200]), (2, [250 - n, 64])]:
+        q, kc, vc, st = _case(bs, n, H, hkv, hd, starts, row0, L, seed=seed)
+        out = ta.decode_attention(q, kc, vc, st, row0, L, 0.2, causal=True)
+        torch.testing.assert_close(out, _reference(q, kc, vc, st, row0, L, 0.2, causal=True), rtol=1e-5, atol=1e-5)
+    assert not ta._COUNTERS[q.device].any()
+
+
+def test_more_programs_than_counters_are_refused(monkeypatch):
+    ta = _kernel()
+    monkeypatch.setattr(ta, "_MAX_COUNTERS", 3)
+    q, kc, vc, st = _case(2, 1, 4, 2, 16, [0, 100], 0, 256)
+    with pytest.raises(ValueError, match="counters"):
+        ta.decode_attention(q, kc, vc, st, 0, 256, 0.25, causal=True)
+
+
 def test_single_split_writes_the_output_directly():
     _check(3, 8, 4, 1, 16, [0, 20, 56], 0, 64, causal=True, splits=1)
     _check(3, 8, 4, 1, 16, [0, 20, 56], 0, 64, causal=False, window=7, splits=1)

@@ -10,7 +10,9 @@ tensor and copies the permuted heads, and it reads every key up to the bucket le
 - each row's valid key range is split over `n_splits` programs (chosen from the static L, so the grid is
   fixed under a CUDA graph) to fill the GPU, and a program reads only keys that some query can see
   (never past `starts[b] + n`, nor before the window), not all of [0, L);
-- a second small kernel merges the per-split partial softmaxes (log-sum-exp) into `[bs * n, H * hd]`.
+- in the same launch, the split program of a (row, KV head) that finishes last (counted on a persistent
+  int32 counter, which it then resets to 0) merges the per-split partial softmaxes (log-sum-exp) into
+  `[bs * n, H * hd]`: no second kernel, and no memset per call.
 Everything stays on the device (no host syncs), so it can be captured in a CUDA graph.
 """
 
@@ -28,6 +30,10 @@ LOG2E = 1.4426950408889634
 # Triton 3.7's interpreter multiplies bfloat16 tiles as their raw integer bit patterns in tl.dot, so there
 # (and only there: the CPU tests) bf16 dot operands are widened to float32 first.
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+# Arrival counters of the split programs, one per (row, KV head), per device. Allocated zeroed once and
+# never replaced: a captured CUDA graph keeps the address it saw, and every call leaves them at 0 again.
+_MAX_COUNTERS = 1 << 16
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
 
 
 @triton.jit
@@ -40,13 +46,14 @@ def _dot(a, b, PRECISION: tl.constexpr, WIDEN: tl.constexpr):
 
 
 @triton.jit
-def _split_kernel(q_ptr, k_ptr, v_ptr, starts_ptr, out_ptr, part_ptr, m_ptr, l_ptr,
+def _split_kernel(q_ptr, k_ptr, v_ptr, starts_ptr, out_ptr, part_ptr, m_ptr, l_ptr, cnt_ptr,
                   row0, n_splits, scale_log2,
                   sq_b, sq_n, sq_h, sk_s, sk_t, sk_h, sv_s, sv_t, sv_h,
                   N: tl.constexpr, H: tl.constexpr, HKV: tl.constexpr, REP: tl.constexpr, HD: tl.constexpr,
                   M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
                   DIRECT: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr):
-    """Program (b * HKV + kv_head, split): the online softmax of its REP * N query rows over one split."""
+    """Program (b * HKV + kv_head, split): the online softmax of its REP * N query rows over one split; the
+    last split of a (b, kv_head) to finish also merges all splits into the output."""
     b = tl.program_id(0) // HKV
     kvh = tl.program_id(0) % HKV
     split = tl.program_id(1)
@@ -115,24 +122,34 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, starts_ptr, out_ptr, part_ptr, m_ptr, l_p
         tl.store(part_ptr + split * rows * HD + o_off, acc, mask=row_ok[:, None])
         tl.store(m_ptr + split * rows + o_row, m_i, mask=row_ok)
         tl.store(l_ptr + split * rows + o_row, l_i, mask=row_ok)
+        # Every thread's stores are issued before the (single-thread) release below publishes them, and the
+        # program that sees all other splits arrived acquires them; it then reads them from L2, not L1.
+        tl.debug_barrier()
+        cnt = cnt_ptr + tl.program_id(0)
+        if tl.atomic_add(cnt, 1, sem="acq_rel") == n_splits - 1:
+            out = _merge_splits(part_ptr, m_ptr, l_ptr, rows, o_row, o_off, row_ok, n_splits, M, HD)
+            tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+            tl.atomic_xchg(cnt, 0)  # all splits have arrived: the next call (or graph replay) counts from 0
 
 
 @triton.jit
-def _combine_kernel(part_ptr, m_ptr, l_ptr, out_ptr, n_splits, HD: tl.constexpr, SPLITS: tl.constexpr):
-    """Program row = (b * N + j) * H + head: merge the n_splits partial softmaxes of that query row."""
-    row = tl.program_id(0)
-    rows = tl.num_programs(0)
-    sp = tl.arange(0, SPLITS)
-    sp_ok = sp < n_splits
-    d = tl.arange(0, HD)
-    m = tl.load(m_ptr + sp * rows + row, mask=sp_ok, other=float("-inf"))
-    l = tl.load(l_ptr + sp * rows + row, mask=sp_ok, other=0.0)
-    part = tl.load(part_ptr + (sp[:, None] * rows + row) * HD + d[None, :], mask=sp_ok[:, None], other=0.0)
+def _merge_splits(part_ptr, m_ptr, l_ptr, rows, o_row, o_off, row_ok, n_splits, M: tl.constexpr,
+                  HD: tl.constexpr):
+    """The log-sum-exp merge of the n_splits partial softmaxes of the program's rows -> [M, HD]."""
+    # Padding rows read a neutral m = 0, l = 1 so their (never stored) result stays finite.
+    m_max = tl.full([M], float("-inf"), tl.float32)
+    for sp in range(n_splits):
+        m = tl.load(m_ptr + sp * rows + o_row, mask=row_ok, other=0.0, cache_modifier=".cg")
+        m_max = tl.maximum(m_max, m)
     # Every query sees at least its own position, so some split has a finite max; empty splits weigh 0.
-    m_max = tl.max(m, 0)
-    w = tl.exp2(m - m_max)
-    out = tl.sum(part * w[:, None], 0) / tl.sum(l * w, 0)
-    tl.store(out_ptr + row * HD + d, out.to(out_ptr.dtype.element_ty))
+    num = tl.zeros([M, HD], tl.float32)
+    den = tl.zeros([M], tl.float32)
+    for sp in range(n_splits):
+        w = tl.exp2(tl.load(m_ptr + sp * rows + o_row, mask=row_ok, other=0.0, cache_modifier=".cg") - m_max)
+        den += tl.load(l_ptr + sp * rows + o_row, mask=row_ok, other=1.0, cache_modifier=".cg") * w
+        part = tl.load(part_ptr + sp * rows * HD + o_off, mask=row_ok[:, None], other=0.0, cache_modifier=".cg")
+        num += part * w[:, None]
+    return num / den[:, None]
 
 
 @functools.lru_cache(maxsize=None)
@@ -140,6 +157,16 @@ def _sm_count(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 132  # the interpreter: pretend an H100 so the tests exercise the GPU's split choice
+
+
+def _counters(device: torch.device, programs: int) -> torch.Tensor:
+    """The device's zeroed arrival counters, one per program row of the split grid. Created on first use
+    (the runner's warm-up call, outside any graph capture) and never re-allocated."""
+    if programs > _MAX_COUNTERS:
+        raise ValueError(f"decode_attention needs bs * Hkv <= {_MAX_COUNTERS} split counters, got {programs}")
+    if device not in _COUNTERS:
+        _COUNTERS[device] = torch.zeros(_MAX_COUNTERS, dtype=torch.int32, device=device)
+    return _COUNTERS[device]
 
 
 def num_splits(L: int, programs: int, sms: int = 132) -> int:
@@ -174,18 +201,17 @@ def decode_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, starts
     splits = num_splits(L, bs * hkv, _sm_count(q.device))
     out = torch.empty(bs * n, H * hd, dtype=q.dtype, device=q.device)
     if splits == 1:
-        part = m = l = out  # unused (DIRECT)
+        part = m = l = cnt = out  # unused (DIRECT)
     else:
         part = torch.empty(splits, bs * n * H, hd, dtype=torch.float32, device=q.device)
         m = torch.empty(splits, bs * n * H, dtype=torch.float32, device=q.device)
         l = torch.empty(splits, bs * n * H, dtype=torch.float32, device=q.device)
+        cnt = _counters(q.device, bs * hkv)
     _split_kernel[(bs * hkv, splits)](
-        q, kc, vc, starts, out, part, m, l, row0, splits, scale * LOG2E,
+        q, kc, vc, starts, out, part, m, l, cnt, row0, splits, scale * LOG2E,
         q.stride(0), q.stride(1), q.stride(2), kc.stride(0), kc.stride(1), kc.stride(2),
         vc.stride(0), vc.stride(1), vc.stride(2),
         N=n, H=H, HKV=hkv, REP=rep, HD=hd, M=M, BLOCK_N=BLOCK_N, CAUSAL=causal, WINDOW=window or 0,
         DIRECT=splits == 1, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         WIDEN=_INTERPRET and q.dtype == torch.bfloat16, num_warps=4 if M <= 64 else 8)
-    if splits > 1:
-        _combine_kernel[(bs * n * H,)](part, m, l, out, splits, HD=hd, SPLITS=triton.next_power_of_2(splits))
     return out
