@@ -73,6 +73,45 @@ def test_qk_rope_store_matches_torch_and_writes_only_its_slots(ops, norm):
     torch.testing.assert_close(vc2, vc)
 
 
+@pytest.mark.parametrize("mode", ["match", "synthetic", "ar"])
+def test_commit_matches_the_torch_commit_exactly(ops, mode):
+    """The whole step commit in one launch leaves every buffer as the runner's torch commit does."""
+    from dflash_bench.engine.fast.runner import commit, synthetic_rate
+
+    torch.manual_seed(2)
+    S, bs, Bk = 8, 6, (1 if mode == "ar" else 5)  # bs < S: the kernel sees row slices of the buffers
+    drafts = torch.randint(0, 50, (S, max(Bk - 1, 1)))
+    want = torch.tensor([0, 2, Bk - 1, 1, Bk - 1, 0]).clamp(max=Bk - 1)  # drafts each row's target agrees with
+    post = torch.randint(50, 100, (bs, Bk))  # never equal to a draft
+    for r, n in enumerate(want.tolist()):
+        post[r, :n] = drafts[r, :n]
+    state = dict(drafts=drafts, active=torch.tensor([1, 1, 0, 1, 1, 0, 1, 1]), start=torch.randint(1, 40, (S,)),
+                 prev=torch.randint(0, 40, (S,)), anchor=torch.randint(0, 100, (S,)), out=torch.randint(0, 9, (S, Bk + 1)))
+    synth = None
+    if mode == "synthetic":
+        rate = synthetic_rate(3.0, Bk)
+        uniforms = torch.rand(7, S, Bk - 1)
+        r32 = torch.tensor(rate, dtype=torch.float32)
+        uniforms[9 % 7, :bs, 0] = torch.stack([r32, r32.nextafter(torch.tensor(0.0)), r32.nextafter(torch.tensor(1.0)),
+                                               torch.tensor(0.0), torch.tensor(0.99), r32])  # rate rounds as in torch
+        uniforms[9 % 7, 3] = 0.0  # a row that accepts every draft
+        synth = (uniforms, torch.tensor(9), rate)  # the step counter cycles past the table's rows
+    state0 = {k: v.clone() for k, v in state.items()}
+    ref = {k: v.clone() for k, v in state.items()}
+    rows = lambda d: [d[k][:bs] for k in ("drafts", "active", "start", "prev", "anchor", "out")]  # noqa: E731
+    commit(post, *rows(ref), synth)
+    ops.commit(post, *rows(state), synth)
+    for k in state:
+        assert torch.equal(state[k], ref[k]), k
+    acc = ref["out"][:bs, 0]
+    if mode == "match":
+        assert torch.equal(acc, want)
+    if mode == "synthetic":
+        assert acc[3] == Bk - 1 and acc[1] > 0 and acc[2] == 0 and acc[0] == 0
+    moved = ref["start"] - state0["start"]
+    assert torch.equal(moved[:bs], (acc + 1) * state0["active"][:bs]) and not moved[bs:].any()
+
+
 # ---- end to end: every kernel on, on real tiny models -------------------------------------------------
 B, N, SLOTS, MAX_LEN = 6, 12, 2, 64
 

@@ -43,6 +43,25 @@ def synthetic_rate(tau: float, block_size: int) -> float:
 SYNTHETIC_STEPS = 4096  # rows of the synthetic-acceptance table (it cycles after that many steps)
 
 
+def commit(post: torch.Tensor, drafts: torch.Tensor, active: torch.Tensor, start: torch.Tensor, prev: torch.Tensor,
+           anchor: torch.Tensor, out: torch.Tensor, synth: tuple | None = None) -> None:
+    """The end of a step: accept, then advance the active rows (the reference of `triton_ops.commit`, same args)."""
+    n = post.shape[1] - 1  # drafts per row (AR: none)
+    if synth is not None:
+        uniforms, step, rate = synth
+        ok = uniforms.index_select(0, (step % uniforms.shape[0]).view(1))[0, :len(post)] < rate  # no host read
+    else:
+        ok = drafts[:, :n] == post[:, :-1]
+    acc = ok.long().cumprod(1).sum(1)
+    bonus = post.gather(1, acc[:, None])[:, 0]
+    on = active.bool()
+    if n:  # AR keeps no features, so no prev
+        prev.copy_(torch.where(on, start, prev))
+    start += (acc + 1) * active
+    anchor.copy_(torch.where(on, bonus, anchor))
+    out.copy_(torch.cat([acc[:, None], drafts[:, :n], bonus[:, None]], 1))
+
+
 def buckets(max_slots: int) -> list[int]:
     out, b = [], 1
     while b < max_slots:
@@ -219,13 +238,9 @@ class FastRunner:
     # ---- the graphed bodies: compute, then commit the step for the active rows --------------------------
     def _ar(self, bs: int, L: int) -> None:
         logits, _ = self.t.forward(self.anchor[:bs, None], self.start[:bs], 0, L)
-        tok = logits[:, -1].argmax(-1)
         if self.logits is not None:
             self.logits[:bs] = logits
-        on = self.active[:bs].bool()
-        self.start[:bs] += self.active[:bs]
-        self.anchor[:bs] = torch.where(on, tok, self.anchor[:bs])
-        self.out[:bs, -1] = tok
+        self._commit(bs, logits.argmax(-1))
 
     def _draft(self, bs: int, L: int) -> None:
         ctx_pos = self.prev[:bs, None] + torch.arange(self.B, device=self.dev)
@@ -242,17 +257,14 @@ class FastRunner:
             self.logits[:bs] = logits
         on = self.active[:bs].bool()
         self.pending[:bs] = torch.where(on[:, None, None], feats, self.pending[:bs])
-        if self.rate is not None:
-            u = self.uniforms.index_select(0, (self.synth_step % SYNTHETIC_STEPS).view(1))[0, :bs]  # no host read
-            acc = (u < self.rate).long().cumprod(1).sum(1)
-            self.synth_step += 1
-        else:
-            acc = (drafts == post[:, :-1]).long().cumprod(1).sum(1)
-        bonus = post.gather(1, acc[:, None])[:, 0]
-        self.prev[:bs] = torch.where(on, self.start[:bs], self.prev[:bs])
-        self.start[:bs] += (acc + 1) * self.active[:bs]
-        self.anchor[:bs] = torch.where(on, bonus, self.anchor[:bs])
-        self.out[:bs] = torch.cat([acc[:, None], drafts, bonus[:, None]], 1)
+        self._commit(bs, post)
+
+    def _commit(self, bs: int, post: torch.Tensor) -> None:
+        synth = (self.uniforms, self.synth_step, self.rate) if self.rate is not None else None
+        fn = commit if self.t.kernels is None else self.t.kernels[0].commit  # the kernel: one launch, not a dozen
+        fn(post, self.drafts[:bs], self.active[:bs], self.start[:bs], self.prev[:bs], self.anchor[:bs], self.out[:bs], synth)
+        if synth is not None:
+            self.synth_step += 1  # after the commit: its programs all read the same step
 
     def _run(self, key: tuple, fn) -> None:
         if not self.graphs_on:
