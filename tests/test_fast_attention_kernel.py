@@ -41,13 +41,16 @@ def _reference(q, kc, vc, starts, row0, L, scale, *, causal, window=None):
 def _check(bs, n, H, hkv, hd, starts, row0, L, *, causal, window=None, dtype=torch.float32, tol=1e-5, splits=None):
     ta = _kernel()
     q, kc, vc, st = _case(bs, n, H, hkv, hd, starts, row0, L, dtype=dtype)
-    if splits is not None:  # the case is meant to exercise this many splits
-        assert ta.num_splits(L, bs * hkv) == splits
     scale = hd ** -0.5
-    out = ta.decode_attention(q, kc, vc, st, row0, L, scale, causal=causal, window=window)
+    with pytest.MonkeyPatch.context() as mp:
+        if splits is not None:  # the case is meant to exercise this many splits
+            mp.setattr(ta, "num_splits", lambda *a, **k: splits)
+        out = ta.decode_attention(q, kc, vc, st, row0, L, scale, causal=causal, window=window)
     ref = _reference(q.float(), kc.float(), vc.float(), st, row0, L, scale, causal=causal, window=window)
     assert out.shape == (bs * n, H * hd) and out.dtype == dtype
     torch.testing.assert_close(out.float(), ref, rtol=tol, atol=tol)
+    counters = ta._COUNTERS.get(q.device)  # every merging program left its counter at 0 for the next call
+    assert counters is None or not counters.any()
 
 
 def test_ar_one_token_gqa4_ragged_over_splits():
@@ -74,11 +77,11 @@ def test_sliding_window(causal):
 
 
 def test_last_split_resets_its_counter_for_the_next_call():
-    # The split program that arrives last merges and zeroes its (b, kv_head) counter; one left non-zero
-    # would make the next call (or graph replay) merge nothing, leaving its output unwritten.
+    # The split program that arrives last merges and zeroes its (b, kv_head, row block) counter; one left
+    # non-zero would make the next call (or graph replay) merge nothing, leaving its output unwritten.
     ta = _kernel()
     bs, n, H, hkv, hd, row0, L = 2, 4, 8, 2, 32, 1, 256
-    assert ta.num_splits(L, bs * hkv) == 4
+    assert ta.num_splits(L, bs * hkv, 4 * n) == 2  # 4 heads x 4 tokens: one row block of 16 rows
     for seed, starts in [(1, [30, 200]), (2, [250 - n, 64])]:
         q, kc, vc, st = _case(bs, n, H, hkv, hd, starts, row0, L, seed=seed)
         out = ta.decode_attention(q, kc, vc, st, row0, L, 0.2, causal=True)
@@ -86,12 +89,17 @@ def test_last_split_resets_its_counter_for_the_next_call():
     assert not ta._COUNTERS[q.device].any()
 
 
-def test_more_programs_than_counters_are_refused(monkeypatch):
+@pytest.mark.parametrize("bs,n,counters", [(2, 1, 3), (1, 16, 7)])
+def test_more_programs_than_counters_are_refused(monkeypatch, bs, n, counters):
+    # bs x 2 KV heads x row blocks (n = 16 at rep 4: 64 rows per KV head, 4 blocks) counters are needed
     ta = _kernel()
-    monkeypatch.setattr(ta, "_MAX_COUNTERS", 3)
-    q, kc, vc, st = _case(2, 1, 4, 2, 16, [0, 100], 0, 256)
+    monkeypatch.setattr(ta, "_MAX_COUNTERS", counters)
+    q, kc, vc, st = _case(bs, n, 8, 2, 16, [100] * bs, 0, 256)
     with pytest.raises(ValueError, match="counters"):
         ta.decode_attention(q, kc, vc, st, 0, 256, 0.25, causal=True)
+    monkeypatch.setattr(ta, "_MAX_COUNTERS", counters + 1)  # exactly enough
+    monkeypatch.setattr(ta, "_COUNTERS", {})  # allocated at that size for this test only
+    ta.decode_attention(q, kc, vc, st, 0, 256, 0.25, causal=True)
 
 
 def test_single_split_writes_the_output_directly():
@@ -105,7 +113,7 @@ def test_several_tiles_per_split(monkeypatch, splits, causal, window):
     # A large batch gets few splits of a long L; forced here so one program loops over up to 4 tiles
     # (the running max and sum are rescaled as later tiles raise the max).
     ta = _kernel()
-    monkeypatch.setattr(ta, "num_splits", lambda L, programs, sms=132: splits)
+    monkeypatch.setattr(ta, "num_splits", lambda *a, **k: splits)
     _check(3, 4, 4, 2, 32, [0, 95, 250], 1, 256, causal=causal, window=window)
 
 
@@ -126,12 +134,48 @@ def test_strided_q_as_qk_rope_returns_it():
     torch.testing.assert_close(out, _reference(q, kc, vc, st, 0, L, 0.3, causal=True), rtol=1e-5, atol=1e-5)
 
 
-def test_num_splits_fills_the_gpu_but_keeps_a_tile_per_split():
+def test_num_splits_fills_the_gpu_but_keeps_enough_keys_per_split():
     ta = _kernel()
-    assert ta.num_splits(640, 8) == 10  # bs 1, Hkv 8: capped by the 10 tiles of L
-    assert ta.num_splits(4096, 8) == 33  # ~2 waves of 132 SMs
-    assert ta.num_splits(4096, 8 * 64) == 1  # a large batch fills the GPU alone
+    assert ta.num_splits(640, 8, rows=4) == 5  # bs 1, Hkv 8, one token of 4 heads: 128 keys a split
+    assert ta.num_splits(640, 8 * 4, rows=16) == 5  # a 16-token block: 4 row blocks of 16 rows per KV head
+    assert ta.num_splits(4096, 8 * 4, rows=16) == 9  # ~2 waves of 132 SMs over 32 programs
+    assert ta.num_splits(8192, 8, rows=4) == 33  # ~2 waves of 132 SMs
+    assert ta.num_splits(4096, 8 * 64, rows=4) == 1  # a large batch fills the GPU alone
+    assert ta.num_splits(100, 8, rows=16) == 1  # fewer than 128 keys: unsplit
     assert ta.num_splits(32, 1) == 1
+
+
+def test_a_dflash_block_runs_as_row_blocks_of_16(monkeypatch):
+    # Qwen3-8B heads (rep 4) at 16 tokens: 64 rows per KV head -> 4 programs of 16 rows per KV head and split
+    ta = _kernel()
+    seen = []
+    monkeypatch.setattr(ta, "num_splits", lambda *a: seen.append(a) or 3)
+    _check(1, 16, 32, 8, 16, [200], 0, 256, causal=True)
+    assert seen == [(256, 8 * 4, 16, 132)]
+
+
+ROW_BLOCK_SHAPES = pytest.mark.parametrize("n,H,hkv", [(16, 8, 2), (12, 4, 2), (8, 6, 2)])
+
+
+@ROW_BLOCK_SHAPES
+@pytest.mark.parametrize("causal,window", [(True, None), (False, None), (True, 40), (False, 9)])
+def test_several_row_blocks_over_splits(n, H, hkv, causal, window):
+    # rep * n = 64 (4 full row blocks) or 24 (16 + 8: the second block ends half-padded; with n = 12 the
+    # first block stops 4 tokens into head 1 and the second takes the rest of it). The interpreter runs one
+    # program at a time, all splits of a row block in a row, so only a GPU would show row blocks sharing a
+    # counter; test_more_programs_than_counters_are_refused checks that each gets its own.
+    _check(3, n, H, hkv, 32, [0, 61, 170], 1, 256, causal=causal, window=window, splits=3)
+
+
+@ROW_BLOCK_SHAPES
+@pytest.mark.parametrize("causal,window", [(True, None), (False, 9)])
+def test_several_row_blocks_direct(n, H, hkv, causal, window):
+    _check(3, n, H, hkv, 32, [0, 61, 170], 1, 256, causal=causal, window=window, splits=1)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_several_row_blocks_half_precision(dtype):
+    _check(2, 16, 8, 2, 32, [5, 140], 0, 192, causal=False, dtype=dtype, tol=2e-2, splits=2)
 
 
 def test_float64_and_bad_shapes_are_refused():

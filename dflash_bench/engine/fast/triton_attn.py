@@ -6,13 +6,15 @@ reading the cache tensors `[S, max_len, Hkv, hd]` in place.
 
 Why: at batch 1, SDPA over the masked cache views runs a grid of only bs * Hkv blocks, builds a mask
 tensor and copies the permuted heads, and it reads every key up to the bucket length L. Here:
-- one program serves all rep * n query rows that share a KV head, so each KV byte is read once per step;
+- one program serves up to ROWS = 16 query rows that share a KV head (all rep * n of them for a decode
+  token, one of rep * n / 16 row blocks for a DFlash block), so each KV byte is read once per row block
+  and step, and a 16-token block still spreads its rows over several programs per KV head;
 - each row's valid key range is split over `n_splits` programs (chosen from the static L, so the grid is
   fixed under a CUDA graph) to fill the GPU, and a program reads only keys that some query can see
   (never past `starts[b] + n`, nor before the window), not all of [0, L);
-- in the same launch, the split program of a (row, KV head) that finishes last (counted on a persistent
-  int32 counter, which it then resets to 0) merges the per-split partial softmaxes (log-sum-exp) into
-  `[bs * n, H * hd]`: no second kernel, and no memset per call.
+- in the same launch, the split program of a (row, KV head, row block) that finishes last (counted on a
+  persistent int32 counter, which it then resets to 0) merges its rows' per-split partial softmaxes
+  (log-sum-exp) into `[bs * n, H * hd]`: no second kernel, and no memset per call.
 Everything stays on the device (no host syncs), so it can be captured in a CUDA graph.
 """
 
@@ -26,12 +28,13 @@ import triton
 import triton.language as tl
 
 BLOCK_N = 64  # keys per tile
+ROWS = 16  # query rows per program at most: the smallest tl.dot size, and a merge of few rows x splits
 LOG2E = 1.4426950408889634
 # Triton 3.7's interpreter multiplies bfloat16 tiles as their raw integer bit patterns in tl.dot, so there
 # (and only there: the CPU tests) bf16 dot operands are widened to float32 first.
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-# Arrival counters of the split programs, one per (row, KV head), per device. Allocated zeroed once and
-# never replaced: a captured CUDA graph keeps the address it saw, and every call leaves them at 0 again.
+# Arrival counters of the split programs, one per (row, KV head, row block), per device. Allocated zeroed
+# once and never replaced: a captured CUDA graph keeps the address it saw, and every call leaves them at 0.
 _MAX_COUNTERS = 1 << 16
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
 
@@ -52,16 +55,18 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, starts_ptr, out_ptr, part_ptr, m_ptr, l_p
                   N: tl.constexpr, H: tl.constexpr, HKV: tl.constexpr, REP: tl.constexpr, HD: tl.constexpr,
                   M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
                   DIRECT: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr):
-    """Program (b * HKV + kv_head, split): the online softmax of its REP * N query rows over one split; the
-    last split of a (b, kv_head) to finish also merges all splits into the output."""
+    """Program (b * HKV + kv_head, row block, split): the online softmax of the row block's M query rows over
+    one split; the last split of a (b, kv_head, row block) to finish also merges all splits of those rows."""
     b = tl.program_id(0) // HKV
     kvh = tl.program_id(0) % HKV
-    split = tl.program_id(1)
+    split = tl.program_id(2)
     start = tl.load(starts_ptr + b).to(tl.int32)
 
-    # Row r of the program is query token j = r % N of query head kvh * REP + r // N (as model.attention
-    # stacks them); rows >= REP * N only pad M up to a tl.dot size and are never stored.
-    r = tl.arange(0, M)
+    # Global row r (of the REP * N sharing the KV head) is query token j = r % N of query head
+    # kvh * REP + r // N (as model.attention stacks them); row block rb holds rows rb * M .. rb * M + M - 1
+    # (M == ROWS whenever there are several blocks). Rows >= REP * N only pad M up to a tl.dot size and are
+    # never stored.
+    r = tl.program_id(1) * M + tl.arange(0, M)
     j = r % N
     head = kvh * REP + r // N
     row_ok = r < REP * N
@@ -125,7 +130,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, starts_ptr, out_ptr, part_ptr, m_ptr, l_p
         # Every thread's stores are issued before the (single-thread) release below publishes them, and the
         # program that sees all other splits arrived acquires them; it then reads them from L2, not L1.
         tl.debug_barrier()
-        cnt = cnt_ptr + tl.program_id(0)
+        cnt = cnt_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
         if tl.atomic_add(cnt, 1, sem="acq_rel") == n_splits - 1:
             out = _merge_splits(part_ptr, m_ptr, l_ptr, rows, o_row, o_off, row_ok, n_splits, M, HD)
             tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
@@ -153,27 +158,32 @@ def _merge_splits(part_ptr, m_ptr, l_ptr, rows, o_row, o_off, row_ok, n_splits, 
 
 
 @functools.lru_cache(maxsize=None)
-def _sm_count(device: torch.device) -> int:
+def sm_count(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 132  # the interpreter: pretend an H100 so the tests exercise the GPU's split choice
 
 
 def _counters(device: torch.device, programs: int) -> torch.Tensor:
-    """The device's zeroed arrival counters, one per program row of the split grid. Created on first use
-    (the runner's warm-up call, outside any graph capture) and never re-allocated."""
+    """The device's zeroed arrival counters, one per (row, KV head, row block) of the split grid. Created on
+    first use (the runner's warm-up call, outside any graph capture) and never re-allocated."""
     if programs > _MAX_COUNTERS:
-        raise ValueError(f"decode_attention needs bs * Hkv <= {_MAX_COUNTERS} split counters, got {programs}")
+        raise ValueError(f"decode_attention needs bs * Hkv * row blocks <= {_MAX_COUNTERS} split counters, "
+                         f"got {programs}")
     if device not in _COUNTERS:
         _COUNTERS[device] = torch.zeros(_MAX_COUNTERS, dtype=torch.int32, device=device)
     return _COUNTERS[device]
 
 
-def num_splits(L: int, programs: int, sms: int = 132) -> int:
-    """Splits per (row, KV head): enough programs for about two waves on `sms` SMs, at most one per tile
-    of the bucket length L (so a full-length split still covers >= BLOCK_N keys)."""
-    want = triton.cdiv(2 * sms, programs)
-    return max(1, min(want, triton.cdiv(L, BLOCK_N)))
+def num_splits(L: int, programs: int, rows: int = 4, sms: int = 132) -> int:
+    """Splits per (row, KV head, row block) for `programs` = bs * Hkv * row blocks of `rows` query rows each:
+    enough programs for about two waves on `sms` SMs, but at least 128 keys of the bucket length L per split
+    for every 16 rows a program serves (with at most ROWS = 16 rows: 128 keys), since the last split's merge
+    grows with rows x splits. On an H100 (benchmarks/kernel_tuning.py, Qwen3-8B heads), when one program
+    still served all rows of a KV head, one query token (4 rows) ran fastest at 128-192 keys a split and a
+    16-token block (64 rows) unsplit up to 512 keys; such a block now runs as 4 row blocks of 16 rows."""
+    keys = 128 * max(1, rows // 16)
+    return max(1, min(triton.cdiv(2 * sms, programs), L // keys))
 
 
 def decode_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, starts: torch.Tensor, row0: int,
@@ -197,8 +207,11 @@ def decode_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, starts
     if window is not None and window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
     rep = H // hkv
-    M = max(16, triton.next_power_of_2(rep * n))
-    splits = num_splits(L, bs * hkv, _sm_count(q.device))
+    rows = min(rep * n, ROWS)  # per program
+    M = max(16, triton.next_power_of_2(rows))
+    row_blocks = triton.cdiv(rep * n, ROWS)
+    programs = bs * hkv * row_blocks
+    splits = num_splits(L, programs, rows, sm_count(q.device))
     out = torch.empty(bs * n, H * hd, dtype=q.dtype, device=q.device)
     if splits == 1:
         part = m = l = cnt = out  # unused (DIRECT)
@@ -206,12 +219,12 @@ def decode_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, starts
         part = torch.empty(splits, bs * n * H, hd, dtype=torch.float32, device=q.device)
         m = torch.empty(splits, bs * n * H, dtype=torch.float32, device=q.device)
         l = torch.empty(splits, bs * n * H, dtype=torch.float32, device=q.device)
-        cnt = _counters(q.device, bs * hkv)
-    _split_kernel[(bs * hkv, splits)](
+        cnt = _counters(q.device, programs)
+    _split_kernel[(bs * hkv, row_blocks, splits)](
         q, kc, vc, starts, out, part, m, l, cnt, row0, splits, scale * LOG2E,
         q.stride(0), q.stride(1), q.stride(2), kc.stride(0), kc.stride(1), kc.stride(2),
         vc.stride(0), vc.stride(1), vc.stride(2),
         N=n, H=H, HKV=hkv, REP=rep, HD=hd, M=M, BLOCK_N=BLOCK_N, CAUSAL=causal, WINDOW=window or 0,
         DIRECT=splits == 1, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        WIDEN=_INTERPRET and q.dtype == torch.bfloat16, num_warps=4 if M <= 64 else 8)
+        WIDEN=_INTERPRET and q.dtype == torch.bfloat16, num_warps=4)
     return out
