@@ -1,0 +1,175 @@
+"""Skinny matmuls for decode steps (Triton): `y = x @ w.T` for `x` `[m, k]` with m <= 16, `w` `[n, k]`.
+
+A decode step's matmuls read every weight once for 1 (AR) or 16 (a DFlash block) rows: they are bound by
+memory bandwidth, and the rows cost nothing as long as the weights stream at full speed. A program owns `BN`
+output columns and `k / SPLIT` of the reduction and streams its slice of `w` once. It multiplies on CUDA
+cores ("fma", one row), on tensor cores with the rows padded to 16 ("dot"), or with the operands swapped so
+the weight tile is the tensor cores' large side ("swap", what `plan_for` picks). With `SPLIT` > 1 the partial
+sums go to a float32 workspace and the last program of a column block (an atomic counter it resets) adds them
+up, so one launch does the whole matmul and it is safe to capture in a CUDA graph.
+
+`benchmarks/gemm_tuning.py` times every `Plan` against cuBLAS on the GPU.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from dflash_bench.engine.fast.triton_attn import sm_count
+
+MAX_ROWS = 16
+TILE_ELEMENTS = 64 * 256  # weight elements a program loads per step of k (bf16: 32 KB, x3 pipeline stages)
+MODES = {"fma": 0, "dot": 1, "swap": 2}
+# Triton's interpreter multiplies bfloat16 tiles as raw bits in tl.dot: there (the CPU tests) widen first
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@dataclass(frozen=True)
+class Plan:
+    bn: int = 64
+    bk: int = 256
+    split: int = 1
+    mode: str = "swap"  # "fma": CUDA cores, m == 1 only; "dot": x @ w.T on tensor cores; "swap": (w @ x.T).T
+    warps: int = 4
+    stages: int = 3
+
+    def fits(self, m: int, n: int, k: int) -> bool:
+        return (m <= MAX_ROWS and (self.mode != "fma" or m == 1) and n % self.bn == 0
+                and k % (self.split * self.bk) == 0)
+
+
+@triton.jit
+def _skinny_kernel(x_ptr, w_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, sxm, sym,
+                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr,
+                   MODE: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr):
+    pn = tl.program_id(0)
+    ps = tl.program_id(1)
+    rm = tl.arange(0, BM)
+    rn = pn * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    span = K // SPLIT
+    lo = ps * span
+    x_ptrs = x_ptr + rm[:, None] * sxm + (lo + rk)[None, :]
+    w_ptrs = w_ptr + rn[:, None] * K + (lo + rk)[None, :]
+    if MODE == 2:
+        acc_t = tl.zeros((BN, BM), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for _ in range(0, span // BK):
+        x = tl.load(x_ptrs, mask=rm[:, None] < M, other=0.0)
+        w = tl.load(w_ptrs)
+        if WIDEN:
+            x = x.to(tl.float32)
+            w = w.to(tl.float32)
+        if MODE == 0:
+            acc += tl.sum(x.to(tl.float32) * w.to(tl.float32), axis=1)[None, :]
+        elif MODE == 1:
+            acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
+        else:
+            acc_t = tl.dot(w, tl.trans(x), acc_t, input_precision=PRECISION)
+        x_ptrs += BK
+        w_ptrs += BK
+    if MODE == 2:
+        acc = tl.trans(acc_t)
+    out = y_ptr + rm[:, None] * sym + rn[None, :]
+    keep = rm[:, None] < M
+    if SPLIT == 1:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + rn).to(tl.float32)[None, :]
+        tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=keep)
+    else:
+        part = ws_ptr + (ps * BM + rm[:, None]) * N + rn[None, :]
+        tl.store(part, acc, mask=keep)
+        tl.debug_barrier()  # every thread's partial is stored before the release below
+        arrived = tl.atomic_add(cnt_ptr + pn, 1, sem="acq_rel")
+        if arrived == SPLIT - 1:
+            tot = tl.zeros((BM, BN), dtype=tl.float32)
+            for s in range(SPLIT):
+                tot += tl.load(ws_ptr + (s * BM + rm[:, None]) * N + rn[None, :], mask=keep, other=0.0,
+                               cache_modifier=".cg")
+            if HAS_BIAS:
+                tot += tl.load(b_ptr + rn).to(tl.float32)[None, :]
+            tl.store(out, tot.to(y_ptr.dtype.element_ty), mask=keep)
+            tl.atomic_xchg(cnt_ptr + pn, 0)
+
+
+WORKSPACE_FLOATS = 1 << 22  # split-K partials: plans keep split * 16 * n within this
+COUNTERS = 1 << 16
+_scratch: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _workspace(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split-K partials and zeroed column-block counters, allocated once per device: a CUDA graph keeps the
+    addresses it was captured with, so they must never move."""
+    if device not in _scratch:
+        _scratch[device] = (torch.empty(WORKSPACE_FLOATS, dtype=torch.float32, device=device),
+                            torch.zeros(COUNTERS, dtype=torch.int32, device=device))
+    return _scratch[device]
+
+
+def plan_for(m: int, n: int, k: int, sms: int = 132) -> Plan | None:
+    """The launch setting for an `[m, k] x [n, k]^T` matmul, or None where cuBLAS should do it.
+
+    Swapped tensor-core tiles of 32 KB of weights (64 columns x 256 deep, or 128 x 128). A wide matmul (two
+    waves of 64-column blocks or more) takes 64 columns a program; a narrower one takes the block width and
+    k-split whose grid comes closest to one program per SM without passing it (a second, partial wave leaves
+    SMs idle at the tail). On an H100 (benchmarks/gemm_tuning.py) this is within 2% of the best setting
+    measured for every decode shape of the Qwen3-8B pair, at 1 and 16 rows, and faster than cuBLAS on each.
+    """
+    bk = next((b for b in (256, 128, 64, 32, 16) if k % b == 0), None)
+    widths = [b for b in (64, 128, 32, 16) if n % b == 0]  # in order of preference
+    if m > MAX_ROWS or bk is None or not widths:
+        return None
+
+    def plan(bn: int, split: int = 1) -> Plan:
+        return Plan(bn=bn, bk=min(bk, TILE_ELEMENTS // bn), split=split)
+
+    if n // widths[0] >= 2 * sms:
+        return plan(widths[0])
+    fits = [(n // bn * split, bn, split) for bn in widths for split in (1, 2, 4)
+            if k % (split * plan(bn).bk) == 0 and split * MAX_ROWS * n <= WORKSPACE_FLOATS and n // bn * split <= sms]
+    if not fits:
+        return plan(widths[0])
+    _, bn, split = max(fits, key=lambda f: (f[0], -widths.index(f[1]), -f[2]))
+    return plan(bn, split)
+
+
+_refused: set[Plan] = set()  # plans this GPU cannot launch (too little shared memory): cuBLAS instead
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear(x, w, bias)`: the skinny kernel for a 2-D x of at most 16 rows, cuBLAS otherwise."""
+    plan = None
+    if x.dim() == 2 and x.stride(1) == 1 and w.is_contiguous() and x.dtype == w.dtype:
+        plan = plan_for(x.shape[0], w.shape[0], x.shape[1], sm_count(x.device))
+    if plan is None or plan in _refused:
+        return F.linear(x, w, bias)
+    try:
+        return skinny_linear(x, w, bias, plan)
+    except triton.runtime.errors.OutOfResources:  # raised at the first launch, before any graph capture
+        _refused.add(plan)
+        return F.linear(x, w, bias)
+
+
+def skinny_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, plan: Plan = Plan()) -> torch.Tensor:
+    """`F.linear(x, w, bias)` for a contiguous `[m, k]` x with m <= 16 that `plan` fits."""
+    m, k = x.shape
+    n = w.shape[0]
+    assert plan.fits(m, n, k) and x.stride(1) == 1 and w.is_contiguous(), (m, n, k, plan)
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    bm = 1 if plan.mode == "fma" else MAX_ROWS
+    ws, cnt = _workspace(x.device)
+    if plan.split > 1 and (plan.split * bm * n > ws.numel() or n // plan.bn > cnt.numel()):
+        raise ValueError(f"split-K workspace too small for {plan} on [{m}, {k}] x [{n}, {k}]")
+    _skinny_kernel[(n // plan.bn, plan.split)](
+        x, w, bias if bias is not None else y, y, ws, cnt, m, n, k, x.stride(0), y.stride(0),
+        BM=bm, BN=plan.bn, BK=plan.bk, SPLIT=plan.split, MODE=MODES[plan.mode], HAS_BIAS=bias is not None,
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", WIDEN=_INTERPRET and x.dtype != torch.float32,
+        num_warps=plan.warps, num_stages=plan.stages)
+    return y

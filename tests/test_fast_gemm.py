@@ -1,0 +1,91 @@
+"""The skinny decode matmul (engine/fast/triton_gemm) equals F.linear, in Triton's interpreter on the CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("triton")
+
+pytestmark = pytest.mark.engine
+
+
+def _gemm():
+    from dflash_bench.engine.fast import triton_gemm
+
+    return triton_gemm
+
+
+def _inputs(m, n, k, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(m, k, generator=g).to(dtype), torch.randn(n, k, generator=g).to(dtype),
+            torch.randn(n, generator=g).to(dtype))
+
+
+@pytest.mark.parametrize("mode", ["fma", "dot", "swap"])
+@pytest.mark.parametrize("split", [1, 2, 4])
+@pytest.mark.parametrize("m", [1, 5, 16])
+def test_every_plan_matches_linear(mode, split, m):
+    tg = _gemm()
+    plan = tg.Plan(bn=64 if mode == "swap" else 16, bk=32, split=split, mode=mode)
+    if not plan.fits(m, 128, 256):
+        assert mode == "fma" and m > 1  # the CUDA-core plan is for one row only
+        return
+    x, w, b = _inputs(m, 128, 256)
+    assert torch.allclose(tg.skinny_linear(x, w, b, plan), F.linear(x, w, b), atol=1e-4, rtol=1e-4)
+    assert torch.allclose(tg.skinny_linear(x, w, None, plan), F.linear(x, w), atol=1e-4, rtol=1e-4)
+
+
+def test_split_counters_are_reset_for_the_next_call():
+    """The last program of each column block sums the partials and zeroes its counter; a counter left
+    behind would make the next call (or CUDA-graph replay) sum the wrong partials or none."""
+    tg = _gemm()
+    plan = tg.Plan(bn=16, bk=32, split=4, mode="swap")
+    for seed in range(3):
+        x, w, b = _inputs(3, 96, 256, seed=seed)
+        assert torch.allclose(tg.skinny_linear(x, w, b, plan), F.linear(x, w, b), atol=1e-4, rtol=1e-4)
+        _, counters = tg._workspace(x.device)
+        assert int(counters.abs().sum()) == 0
+
+
+def test_bfloat16_within_rounding():
+    tg = _gemm()
+    x, w, _ = _inputs(16, 128, 512, dtype=torch.bfloat16)
+    got = tg.linear(x, w).float()
+    want = F.linear(x.float(), w.float())
+    assert (got - want).abs().max() <= 0.02 * want.abs().max()
+
+
+def test_plan_for_takes_decode_shapes_and_leaves_the_rest_to_cublas():
+    tg = _gemm()
+    # Qwen3-8B's decode shapes on 132 SMs: the grid closest to one program per SM without passing it
+    assert tg.plan_for(1, 4096, 4096) == tg.Plan(bn=64, split=2)  # o_proj: 64 blocks x 2 = 128 programs
+    assert tg.plan_for(16, 6144, 4096) == tg.Plan(bn=64, split=1)  # q/k/v: 96 blocks; 192 would be 2 waves
+    assert tg.plan_for(16, 10240, 4096) == tg.Plan(bn=128, bk=128)  # drafter k/v: 80 programs, not 160
+    assert tg.plan_for(1, 24576, 4096) == tg.Plan(bn=64, split=1)  # gate/up: 384 blocks, many waves
+    assert tg.plan_for(16, 151936, 4096) == tg.Plan(bn=64, split=1)  # lm_head
+    assert tg.plan_for(1, 4096, 4096, sms=64) == tg.Plan(bn=64, split=1)  # a smaller GPU: no split
+    assert tg.plan_for(17, 4096, 4096) is None  # prefill and big batches: cuBLAS
+    assert tg.plan_for(1, 4100, 4096) is None  # no column block divides n
+    assert tg.plan_for(1, 4096, 4104) is None  # no depth divides k
+    x, w, _ = _inputs(40, 48, 64)
+    assert torch.equal(tg.linear(x, w), F.linear(x, w))  # 40 rows: cuBLAS itself
+    x, w, _ = _inputs(2, 48, 64)
+    assert torch.allclose(tg.linear(x.t().contiguous().t(), w), F.linear(x, w), atol=1e-5)  # strided x: cuBLAS
+
+
+def test_a_plan_the_gpu_cannot_launch_falls_back_to_cublas(monkeypatch):
+    tg = _gemm()
+    calls = []
+
+    def refuse(x, w, bias, plan):
+        calls.append(plan)
+        raise tg.triton.runtime.errors.OutOfResources(300000, 232448, "shared memory")
+
+    monkeypatch.setattr(tg, "skinny_linear", refuse)
+    monkeypatch.setattr(tg, "_refused", set())
+    x, w, b = _inputs(4, 64, 128)
+    for _ in range(2):
+        assert torch.equal(tg.linear(x, w, b), F.linear(x, w, b))
+    assert len(calls) == 1  # refused once, then straight to cuBLAS
