@@ -12,7 +12,7 @@ import time
 import torch
 
 from dflash_bench.engine.fast.draft import FastDrafter
-from dflash_bench.engine.fast.model import FastTarget
+from dflash_bench.engine.fast.model import FastTarget, matmul
 from dflash_bench.engine.fast.runner import FastRunner, generate
 
 
@@ -40,7 +40,8 @@ def copy_bandwidth(dev) -> float:
 
 
 def matmul_chain_ms(target: FastTarget, dev) -> float:
-    """Diagnostic: one batch-1 step's weight matmuls alone (graph replay), the part cuBLAS sets the pace of."""
+    """Diagnostic: one batch-1 step's weight matmuls alone (graph replay), with the matmul the target runs
+    (the skinny Triton kernel with kernels on, cuBLAS without)."""
     if dev.type != "cuda":
         return float("nan")
     ly0 = target.layers[0]
@@ -48,13 +49,15 @@ def matmul_chain_ms(target: FastTarget, dev) -> float:
     xa = torch.randn(1, ly0.wo.shape[1], dtype=target.dtype, device=dev)
     xi = torch.randn(1, ly0.w2.shape[1], dtype=target.dtype, device=dev)
 
+    mm = matmul(target.kernels)
+
     def chain():
         for ly in target.layers:
-            torch.nn.functional.linear(x, ly.wqkv)
-            torch.nn.functional.linear(xa, ly.wo)
-            torch.nn.functional.linear(x, ly.w13)
-            torch.nn.functional.linear(xi, ly.w2)
-        torch.nn.functional.linear(x, target.head)
+            mm(x, ly.wqkv)
+            mm(xa, ly.wo)
+            mm(x, ly.w13)
+            mm(xi, ly.w2)
+        mm(x, target.head)
 
     chain()
     g = torch.cuda.CUDAGraph()

@@ -2,7 +2,9 @@
 
     PYTHONPATH=. python benchmarks/kernel_tuning.py          # GPU only, ~20 s
 
-Rows: add_rms_norm over hidden 4096 at 1 and 16 tokens, silu_mul over 2 x 12288, for several num_warps.
+Rows: add_rms_norm over hidden 4096 at 1 and 16 tokens, silu_mul over 2 x 12288, for several num_warps; the
+decode attention (Qwen3-8B heads, batch 1) at 1 and 16 queries per row for each forced number of splits,
+cycling through 36 layers' caches as a step does.
 """
 
 from __future__ import annotations
@@ -31,6 +33,33 @@ def per_call_us(fn, reps: int = 200) -> float:
     return (time.perf_counter() - t) / (5 * reps) * 1e6
 
 
+def attention_splits(dev, dt) -> None:
+    from dflash_bench.engine.fast import triton_attn as ta
+
+    H, hkv, hd, layers = 32, 8, 128, 36
+    caches = [(torch.randn(1, 1024, hkv, hd, device=dev, dtype=dt), torch.randn(1, 1024, hkv, hd, device=dev, dtype=dt))
+              for _ in range(layers)]
+    chosen = ta.num_splits
+    try:
+        for n in (1, 16):
+            q = torch.randn(1, n, H, hd, device=dev, dtype=dt)
+            for L, valid in ((256, 200), (512, 400), (768, 700)):
+                starts = torch.tensor([valid - n], device=dev)
+                row = []
+                for s in (0, 1, 2, 4, 8, 12):  # 0: the kernel's own choice
+                    ta.num_splits = chosen if s == 0 else (lambda *a, s=s, **k: s)
+                    it = iter(range(10 ** 9))
+
+                    def call():
+                        kc, vc = caches[next(it) % layers]
+                        ta.decode_attention(q, kc, vc, starts, 0, L, hd ** -0.5, causal=True)
+                    us = per_call_us(call, reps=layers * 4)
+                    row.append(f"{'auto' if s == 0 else s}: {us:5.2f}")
+                print(f"attention n={n:<2} L={L:<3} keys {valid}: us per layer by splits  " + "  ".join(row))
+    finally:
+        ta.num_splits = chosen
+
+
 def main() -> None:
     dev, dt = "cuda", torch.bfloat16
     print(torch.cuda.get_device_name())
@@ -47,6 +76,7 @@ def main() -> None:
             for nw in (4, 8):
                 us = per_call_us(lambda: ops._silu_mul_kernel[(t, triton.cdiv(12288, block))](gu, o, gu.stride(0), 12288, BLOCK=block, num_warps=nw))
                 print(f"silu_mul     t={t:<3} BLOCK={block:<4} num_warps={nw} {us:6.2f} us")
+    attention_splits(dev, dt)
     x = torch.randn(1, 4096, device=dev, dtype=dt)
     print(f"an empty-ish torch kernel (x.add_(0)) under a graph: {per_call_us(lambda: x.add_(0)):.2f} us")
 

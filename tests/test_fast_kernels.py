@@ -40,6 +40,27 @@ def test_add_rms_norm_and_silu_mul_match_torch(ops):
     torch.testing.assert_close(ops.silu_mul(gu), F.silu(g) * u)
 
 
+def test_rms_norm_without_residual_matches_torch(ops):
+    torch.manual_seed(2)
+    x, w = torch.randn(4, 96), torch.randn(96)
+    torch.testing.assert_close(ops.rms_norm(x, w, 1e-6), rms_norm(x, w, 1e-6))
+
+
+def test_argmax_is_torchs_first_maximum_across_chunks(ops):
+    torch.manual_seed(3)
+    n = 2 * ops.ARGMAX_CHUNK + 123  # three chunks, the last one partial
+    x = torch.randn(2, 3, n)
+    x[0, 1, n - 1] = 50.0  # the max in the partial chunk
+    x[1, 0, 5] = x[1, 0, ops.ARGMAX_CHUNK + 7] = 60.0  # a tie across chunks: the first wins
+    x[1, 2, 100] = x[1, 2, 101] = 70.0  # a tie inside one chunk
+    got = ops.argmax(x)
+    assert got.dtype == torch.int64 and got.shape == (2, 3)
+    assert torch.equal(got, x.argmax(-1))
+    assert got[1, 0] == 5 and got[1, 2] == 100
+    ties = torch.randint(-2, 2, (5, n)).to(torch.bfloat16)  # many equal maxima, bf16 logits
+    assert torch.equal(ops.argmax(ties), ties.argmax(-1))
+
+
 @pytest.mark.parametrize("norm", [True, False])
 def test_qk_rope_store_matches_torch_and_writes_only_its_slots(ops, norm):
     torch.manual_seed(1)

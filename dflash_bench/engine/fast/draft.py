@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from dflash_bench.engine.drafter import DFlashDrafter
-from dflash_bench.engine.fast.model import (KVCache, Layer, StepAttention, load_kernels, rms_norm, rope, rope_tables,
-                                            run_layers)
+from dflash_bench.engine.fast.model import (KVCache, Layer, StepAttention, load_kernels, matmul, norm, rms_norm,
+                                            rope, rope_tables, run_layers)
 from dflash_bench.errors import UserError
 
 
@@ -67,8 +67,9 @@ class FastDrafter:
     def write_context(self, feats: torch.Tensor, pos: torch.Tensor, row0: int) -> None:
         """Context K/V of target features `[bs, n, K*h]` at positions `pos` `[bs, n]` of slots from `row0`."""
         bs, n = pos.shape
-        ctx = rms_norm(F.linear(feats.reshape(bs * n, -1), self.fc), self.hidden_norm, self.eps)
-        kv_all = F.linear(ctx, self.wkv, self.bkv)
+        mm = matmul(self.kernels)
+        ctx = norm(self.kernels)(mm(feats.reshape(bs * n, -1), self.fc), self.hidden_norm, self.eps)
+        kv_all = mm(ctx, self.wkv, self.bkv)
         rows = self.cache.rows(row0, pos)
         H, hkv, hd, eps = self.H, self.hkv, self.hd, self.eps
         kvd = 2 * hkv * hd
@@ -94,12 +95,12 @@ class FastDrafter:
             h = h * c.input_embedding_scale
         pos = starts[:, None] + torch.arange(B, device=starts.device)
         attend = self.attention(pos, starts, row0, L)
-        x = rms_norm(h, self.layers[0].ln1, self.eps)
+        x = norm(self.kernels)(h, self.layers[0].ln1, self.eps)
         _, x, _ = run_layers(self.layers, h, x, attend, self.norm, self.eps, self.kernels)
         # a contiguous [bs * (B-1), hidden] input: on a strided 3-D view F.linear falls back to a batched
         # matmul that reads the whole lm_head once per row
         x = x.view(bs, B, -1)[:, 1:].reshape(bs * (B - 1), -1)
-        logits = F.linear(x, self.head).view(bs, B - 1, -1)
+        logits = matmul(self.kernels)(x, self.head).view(bs, B - 1, -1)
         if c.output_multiplier != 1.0:
             logits = logits * c.output_multiplier
         if c.final_logit_softcapping:

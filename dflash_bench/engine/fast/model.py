@@ -25,7 +25,7 @@ KERNEL_MAX_QUERIES = 32  # steps with at most this many tokens per row use the T
 
 
 def load_kernels(device: torch.device, want: bool | None):
-    """The Triton kernel modules `(ops, attn)`, or None for the torch path.
+    """The Triton kernel modules `(ops, attn, gemm)`, or None for the torch path.
 
     want None: kernels on CUDA when Triton imports. True: kernels anywhere (the CPU tests run them in Triton's
     interpreter). False: the torch path.
@@ -33,12 +33,22 @@ def load_kernels(device: torch.device, want: bool | None):
     if want is False or (want is None and device.type != "cuda"):
         return None
     try:
-        from dflash_bench.engine.fast import triton_attn, triton_ops
+        from dflash_bench.engine.fast import triton_attn, triton_gemm, triton_ops
     except ImportError:
         if want:
             raise UserError("the fast path's kernels need Triton: pip install triton") from None
         return None
-    return triton_ops, triton_attn
+    return triton_ops, triton_attn, triton_gemm
+
+
+def norm(kernels):
+    """RMSNorm without a residual: torch's, or the Triton kernel (one launch instead of torch's few)."""
+    return kernels[0].rms_norm if kernels else rms_norm
+
+
+def matmul(kernels):
+    """`F.linear`, or with kernels the one that takes decode-sized inputs (<= 16 rows) to the skinny kernel."""
+    return kernels[2].linear if kernels else F.linear
 
 
 def rope_cos_sin(pos: torch.Tensor, inv_freq: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -135,11 +145,12 @@ def run_layers(layers: list["Layer"], h: torch.Tensor, x: torch.Tensor, attend, 
     the outputs of layers `taps`).
     """
     add_norm, act = (kernels[0].add_rms_norm, kernels[0].silu_mul) if kernels else (add_rms_norm, silu_mul)
+    mm = matmul(kernels)
     feats = []
     for i, ly in enumerate(layers):
-        h, x = add_norm(h, F.linear(attend(i, ly, x), ly.wo), ly.ln2, eps)
+        h, x = add_norm(h, mm(attend(i, ly, x), ly.wo), ly.ln2, eps)
         nxt = layers[i + 1].ln1 if i + 1 < len(layers) else final_norm
-        h, x = add_norm(h, F.linear(act(F.linear(x, ly.w13)), ly.w2), nxt, eps)
+        h, x = add_norm(h, mm(act(mm(x, ly.w13)), ly.w2), nxt, eps)
         if i in taps:
             feats.append(h)
     return h, x, feats
@@ -207,12 +218,12 @@ class StepAttention:
         masks = {} if use_kernel else {k: step_mask(starts, n, L, H // hkv, dtype, causal=k[0], window=k[1])
                                        for k in set(self.kinds)}
         if self.kernels is not None:
-            ops, attn = self.kernels
+            ops, attn, gemm = self.kernels
             flat_rows, flat_pos = rows.reshape(-1), pos.reshape(-1)
 
             def attend(i, ly, x):
                 kc, vc = cache.k[i], cache.v[i]
-                q = ops.qk_rope_store(F.linear(x, ly.wqkv, ly.bqkv), H, hkv, hd, self.cos, self.sin, flat_rows,
+                q = ops.qk_rope_store(gemm.linear(x, ly.wqkv, ly.bqkv), H, hkv, hd, self.cos, self.sin, flat_rows,
                                       flat_pos, kc, vc, ly.wqk, eps).view(bs, n, H, hd)
                 if use_kernel:
                     causal, window = self.kinds[i]
@@ -315,11 +326,11 @@ class FastTarget:
         pos = starts[:, None] + torch.arange(n, device=ids.device)
         attend = self.attention(pos, starts, row0, L)
         h = F.embedding(ids.view(-1), self.embed)
-        x = rms_norm(h, self.layers[0].ln1, self.eps)
+        x = norm(self.kernels)(h, self.layers[0].ln1, self.eps)
         h, x, feats = run_layers(self.layers, h, x, attend, self.norm, self.eps, self.kernels, taps)
         if last_only:  # contiguous rows: a strided 3-D input would make F.linear read lm_head once per row
             x = x.view(bs, n, -1)[:, -1].contiguous()
-        logits = F.linear(x, self.head).view(bs, 1 if last_only else n, -1)
+        logits = matmul(self.kernels)(x, self.head).view(bs, 1 if last_only else n, -1)
         if not taps:
             return logits, None
         by_layer = dict(zip(sorted(set(taps)), feats))

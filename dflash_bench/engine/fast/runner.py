@@ -240,24 +240,27 @@ class FastRunner:
         logits, _ = self.t.forward(self.anchor[:bs, None], self.start[:bs], 0, L)
         if self.logits is not None:
             self.logits[:bs] = logits
-        self._commit(bs, logits.argmax(-1))
+        self._commit(bs, self._argmax(logits))
 
     def _draft(self, bs: int, L: int) -> None:
         ctx_pos = self.prev[:bs, None] + torch.arange(self.B, device=self.dev)
         self.d.write_context(self.pending[:bs], ctx_pos, 0)
         logits = self.d.draft(self.anchor[:bs], self.start[:bs], 0, L)
-        self.drafts[:bs] = logits.argmax(-1)
+        self.drafts[:bs] = self._argmax(logits)
 
     def _verify(self, bs: int, L: int) -> None:
         drafts = self.drafts[:bs]
         ids = torch.cat([self.anchor[:bs, None], drafts], 1)
         logits, feats = self.t.forward(ids, self.start[:bs], 0, L, taps=self.taps)
-        post = logits.argmax(-1)
+        post = self._argmax(logits)
         if self.logits is not None:
             self.logits[:bs] = logits
         on = self.active[:bs].bool()
         self.pending[:bs] = torch.where(on[:, None, None], feats, self.pending[:bs])
         self._commit(bs, post)
+
+    def _argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits.argmax(-1) if self.t.kernels is None else self.t.kernels[0].argmax(logits)
 
     def _commit(self, bs: int, post: torch.Tensor) -> None:
         synth = (self.uniforms, self.synth_step, self.rate) if self.rate is not None else None
