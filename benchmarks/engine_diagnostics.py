@@ -123,6 +123,48 @@ def lossless_tiny(dev) -> dict:
     return res
 
 
+def kernels_agree(dev) -> dict:
+    """Max error of the Triton attention and matmul against torch on this GPU at Qwen3-8B's shapes: several
+    query row blocks and key splits running concurrently, each call replayed from a CUDA graph (the CPU tests
+    run the kernels in Triton's interpreter, one program at a time, which cannot show a race)."""
+    if dev.type != "cuda":
+        return {}
+    from dflash_bench.engine.fast import triton_attn, triton_gemm
+    from dflash_bench.engine.fast.model import attention, step_mask
+
+    g = torch.Generator(device=dev).manual_seed(0)
+    worst = {"attention": 0.0, "matmul": 0.0}
+    H, hkv, hd, bs = 32, 8, 128, 3
+    kc, vc = (torch.randn(4, 1024, hkv, hd, device=dev, generator=g, dtype=torch.bfloat16) for _ in range(2))
+    for n, causal, L, starts in ((1, True, 256, [5, 100, 250]), (16, True, 768, [0, 300, 700]),
+                                 (16, False, 512, [40, 200, 480])):
+        q = torch.randn(bs, n, H, hd, device=dev, generator=g, dtype=torch.bfloat16)
+        st = torch.tensor(starts, device=dev)
+        mask = step_mask(st, n, L, H // hkv, torch.float32, causal=causal, window=None)
+        ref = attention(q.float(), kc[1:1 + bs, :L].float(), vc[1:1 + bs, :L].float(), mask, hd ** -0.5)
+        worst["attention"] = max(worst["attention"], _graph_error(
+            lambda: triton_attn.decode_attention(q, kc, vc, st, 1, L, hd ** -0.5, causal=causal), ref))
+    for m, n, k in ((1, 4096, 4096), (16, 4096, 12288), (16, 6144, 4096), (15, 151936, 4096)):
+        x = torch.randn(m, k, device=dev, generator=g, dtype=torch.bfloat16)
+        w = torch.randn(n, k, device=dev, generator=g, dtype=torch.bfloat16) * 0.02
+        worst["matmul"] = max(worst["matmul"], _graph_error(lambda: triton_gemm.linear(x, w), x.float() @ w.float().T))
+    return worst
+
+
+def _graph_error(fn, ref: torch.Tensor, replays: int = 50) -> float:
+    """Worst |fn() - ref| / max |ref| over eager calls and graph replays (outputs cleared to NaN between)."""
+    out = fn()
+    err = float((out.float() - ref).abs().max() / ref.abs().max())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    for _ in range(replays):
+        out.fill_(float("nan"))
+        graph.replay()
+        err = max(err, float((out.float() - ref).abs().max() / ref.abs().max()))
+    return err
+
+
 def same_fraction(a: list[list[int]], b: list[list[int]]) -> float:
     """Share of tokens that lie in the identical prefix of each pair of outputs."""
     total = same = 0

@@ -28,8 +28,8 @@ from dflash_bench.engine.fast.draft import FastDrafter  # noqa: E402
 from dflash_bench.engine.fast.model import FastTarget  # noqa: E402
 from dflash_bench.engine.fast.runner import FastRunner, decode, generate  # noqa: E402
 
-from engine_diagnostics import (copy_bandwidth, divergence_gaps, lossless_tiny, matmul_chain_ms,  # noqa: E402
-                                profile_step, same_fraction, sync)
+from engine_diagnostics import (copy_bandwidth, divergence_gaps, kernels_agree, lossless_tiny,  # noqa: E402
+                                matmul_chain_ms, profile_step, same_fraction, sync)
 
 SHAPES = {  # target (Qwen3 config) and drafter sizes
     "qwen3-8b": dict(vocab=151936, hidden=4096, inter=12288, layers=36, heads=32, kv=8, hd=128,
@@ -163,6 +163,9 @@ def main() -> None:
     t = time.perf_counter()
     res["lossless_tiny"] = lossless_tiny(dev)
     print("lossless (tiny pair, float32):", res["lossless_tiny"], f"{time.perf_counter() - t:.0f}s", flush=True)
+    res["kernel_error"] = kernels_agree(dev)
+    print("kernels vs torch at Qwen3-8B shapes, worst error / max |ref| (graphs replayed):", res["kernel_error"],
+          flush=True)
     hf, drafter = build_pair(shape, dev, dtype)
     res["copy_bw"] = bw = copy_bandwidth(dev)
     S = max(a.concurrency)
@@ -253,7 +256,8 @@ def print_table(res: dict) -> None:
           f"transformers generate (bs 1, eager): {res['hf_generate_tok_s']:.1f} tok/s; batch-1 weight matmuls alone "
           f"{res['matmul_chain_ms']:.2f} ms")
     hdr = (f"{'conc':>4} | {'AR tok/s':>9} | {'AR ms/step':>10} | {'AR %floor':>9} | {'DFlash tok/s':>12} | "
-           f"{'speedup':>7} | {'tau':>5} | {'draft ms':>8} | {'verify ms':>9} | {'DF %floor':>9} | {'speedup/tau':>11}")
+           f"{'speedup':>7} | {'tau':>5} | {'draft ms':>8} | {'verify ms':>9} | {'DF %floor':>9} | {'speedup/tau':>11} | "
+           f"{'DF/AR step':>10}")
     print(hdr)
     print("-" * len(hdr))
     for row in res["rows"]:
@@ -262,11 +266,12 @@ def print_table(res: dict) -> None:
         print(f"{row['concurrency']:>4} | {r_ar['tok_s']:>9.1f} | {r_ar['step_ms']:>10.2f} | "
               f"{100 * floor_ms / r_ar['step_ms']:>8.0f}% | {r_df['tok_s']:>12.1f} | {sp:>6.2f}x | {r_df['tau']:>5.2f} | "
               f"{r_df['draft_ms']:>8.2f} | {r_df['verify_ms']:>9.2f} | {100 * iter_floor / r_df['step_ms']:>8.0f}% | "
-              f"{sp / r_df['tau']:>11.2f}")
+              f"{sp / r_df['tau']:>11.2f} | {r_df['step_ms'] / r_ar['step_ms']:>10.3f}")
     print("Steps pipelined: step k+1 is launched before step k's tokens are read. "
           "tok/s: decode tokens after prefill / decode wall time, summed over the concurrent requests. ms per "
           "draft/verify: CUDA-event medians. %floor: weight bytes per step / copy bandwidth over the measured step "
-          "(DFlash: target + drafter + borrowed lm_head).")
+          "(DFlash: target + drafter + borrowed lm_head). DF/AR step: a draft plus verify step in AR steps "
+          "(speedup/tau is its inverse, less the tokens the last step accepts past the end).")
     lt, lb = res["lossless_tiny"], res["lossless_big"]
     print(f"lossless: tiny float32 pair {lt}; big bf16 pair AR vs DFlash (real acceptance, tau {lb['tau']}): "
           f"identical {100 * lb['identical_prefix']:.1f}% of tokens; at each first difference the two tokens' "

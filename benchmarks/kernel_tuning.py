@@ -68,7 +68,7 @@ def main() -> None:
         w = torch.randn(4096, device=dev, dtype=dt)
         s, out = torch.empty_like(h), torch.empty_like(h)
         for nw in (2, 4, 8, 16):
-            us = per_call_us(lambda: ops._add_rms_norm_kernel[(t,)](h, a, w, s, out, 4096, 1e-6, BLOCK=4096, num_warps=nw))
+            us = per_call_us(lambda: ops._add_rms_norm_kernel[(t,)](h, a, w, s, out, 4096, 1e-6, BLOCK=4096, ADD=True, num_warps=nw))
             print(f"add_rms_norm t={t:<3} num_warps={nw:<2} {us:6.2f} us")
         gu = torch.randn(t, 2 * 12288, device=dev, dtype=dt)
         o = torch.empty(t, 12288, device=dev, dtype=dt)
