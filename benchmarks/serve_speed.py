@@ -1,0 +1,138 @@
+"""`serve --fast` end to end: the Qwen3-8B-shaped random pair on disk, an AR and a DFlash server (synthetic
+acceptance), and `dflash-bench run` against each, as a user would measure it.
+
+    PYTHONPATH=. python benchmarks/serve_speed.py --data-dir DIR --out F          # GPU, ~5 min
+    PYTHONPATH=. python benchmarks/serve_speed.py --shape tiny --device cpu --data-dir ../shared/datasets
+
+Each server gets GSM8K prompts at each concurrency (closed loop, 512 new tokens, greedy); the table gives the
+cells' output tok/s, median TPOT and tau as the load generator measured them over HTTP, beside what
+`engine_speed.py` measures in process. Random weights: the text is noise, only the timing means anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from engine_speed import SHAPES, build_pair  # noqa: E402
+
+from dflash_bench.engine.drafter import save_drafter  # noqa: E402
+from dflash_bench.engine.tiny import make_tokenizer  # noqa: E402
+
+
+def write_pair(shape: dict, dev: torch.device, dtype, root: Path) -> tuple[Path, Path]:
+    hf, drafter = build_pair(shape, dev, dtype)
+    target, draft = root / "target", root / "drafter"
+    hf.save_pretrained(target)
+    make_tokenizer().save_pretrained(target)
+    save_drafter(drafter, draft)
+    del hf, drafter
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    return target, draft
+
+
+def start_server(args, target: Path, draft: Path, mode: str, port: int, log: Path) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "dflash_bench", "serve", "--model", str(target), "--port", str(port),
+           "--device", args.device, "--max-slots", str(max(args.concurrency)), "--max-model-len", "1536", "--fast",
+           "--mode", mode]
+    if mode == "dflash":
+        cmd += ["--draft", str(draft), "--synthetic-acceptance", str(args.tau), "--benchmark-only"]
+    return subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
+
+
+def wait_ready(proc: subprocess.Popen, url: str, timeout: float, log: Path) -> float:
+    t = time.monotonic()
+    while time.monotonic() - t < timeout:
+        if proc.poll() is not None:
+            raise SystemExit(f"the server exited ({proc.returncode}):\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return time.monotonic() - t
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise SystemExit(f"the server was not ready after {timeout:.0f} s:\n{log.read_text()[-3000:]}")
+
+
+def measure(args, url: str, mode: str, c: int, out: Path) -> dict:
+    name = f"serve_speed_{mode}_c{c}"
+    cmd = [sys.executable, "-m", "dflash_bench", "run", "--url", url, "--suite", "gsm8k", "-c", str(c),
+           "-n", str(args.prompts_per_slot * c), "--max-tokens", str(args.new_tokens), "--label", mode,
+           "--engine", "builtin", "--data-dir", str(args.data_dir), "--out", str(out), "--name", name]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return json.loads(next((out / name).glob("cells/*/summary.json")).read_text())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-8b")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--data-dir", required=True)
+    ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8])
+    ap.add_argument("--prompts-per-slot", type=int, default=4)
+    ap.add_argument("--new-tokens", type=int, default=512)
+    ap.add_argument("--tau", type=float, default=6.5)
+    ap.add_argument("--port", type=int, default=8765)
+    ap.add_argument("--out", help="also write the results as JSON here")
+    args = ap.parse_args()
+    dev = torch.device(args.device)
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    res: dict = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", "shape": args.shape,
+                 "tau": args.tau, "new_tokens": args.new_tokens, "rows": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        t = time.monotonic()
+        target, draft = write_pair(SHAPES[args.shape], dev, dtype, root)
+        print(f"pair written in {time.monotonic() - t:.0f} s", flush=True)
+        for mode in ("ar", "dflash"):
+            url, log = f"http://127.0.0.1:{args.port}", root / f"{mode}.log"
+            proc = start_server(args, target, draft, mode, args.port, log)
+            try:
+                res[f"{mode}_ready_s"] = wait_ready(proc, url, 900, log)
+                for c in args.concurrency:
+                    s = measure(args, url, mode, c, root / "sweeps")
+                    res["rows"].setdefault(str(c), {})[mode] = s
+                    print(f"{mode} c={c}: {json.dumps(brief(s))}", flush=True)
+            finally:
+                proc.terminate()
+                try:
+                    proc.wait(60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+    print_table(res)
+    if args.out:
+        Path(args.out).write_text(json.dumps(res, indent=1, default=str))
+
+
+def brief(s: dict) -> dict:
+    """The few numbers of a cell summary the table shows."""
+    return {"tok_s": s["output_throughput"], "tpot_ms_p50": (s["tpot_ms"] or {}).get("p50"),
+            "tau": s["acceptance_length"], "ok": s["num_ok"], "failed": s["num_failed"]}
+
+
+def print_table(res: dict) -> None:
+    print(f"\n{res['device']} | {res['shape']} | serve --fast over HTTP, GSM8K prompts, {res['new_tokens']} new tokens, "
+          f"DFlash synthetic tau {res['tau']}")
+    print(f"{'conc':>4} | {'AR tok/s':>9} | {'AR TPOT ms':>10} | {'DFlash tok/s':>12} | {'DF TPOT ms':>10} | "
+          f"{'tau':>5} | {'speedup':>7}")
+    for c, row in res["rows"].items():
+        a, d = brief(row["ar"]), brief(row["dflash"])
+        sp = d["tok_s"] / a["tok_s"] if a["tok_s"] and d["tok_s"] else float("nan")
+        print(f"{c:>4} | {a['tok_s'] or 0:>9.1f} | {a['tpot_ms_p50'] or 0:>10.2f} | {d['tok_s'] or 0:>12.1f} | "
+              f"{d['tpot_ms_p50'] or 0:>10.2f} | {d['tau'] or 0:>5.2f} | {sp:>6.2f}x")
+
+
+if __name__ == "__main__":
+    main()
