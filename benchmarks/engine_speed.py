@@ -67,7 +67,7 @@ def timed(runner: FastRunner, ps: list[list[int]], new: int, dev, *, pipeline: b
     """Warm-up (captures every graph the run needs), then the measured run: prefill, then decode to `new`.
 
     pipeline: the runner launches step k+1 before reading step k's tokens (as `generate` does); False is one
-    host round trip per step, as the HTTP server's decode loop runs today.
+    host round trip per step (the server's loop when a request wants logprobs).
     """
     generate(runner, ps, new, pipeline=pipeline)
     runner.steps = runner.accepted = runner.row_steps = 0
@@ -278,7 +278,7 @@ def print_table(res: dict) -> None:
           f"logits differ by at most {lb['max_gap_at_divergence']:.4f} (logit std {lb['logit_std']:.3f})")
     if "unpipelined_c1" in res:
         u = res["unpipelined_c1"]
-        print(f"one host round trip per step (the HTTP server's loop), batch 1: AR {u['ar']['tok_s']:.1f} tok/s "
+        print(f"one host round trip per step (no step ahead), batch 1: AR {u['ar']['tok_s']:.1f} tok/s "
               f"({u['ar']['step_ms']:.2f} ms/step), DFlash {u['dflash']['tok_s']:.1f} tok/s (tau {u['dflash']['tau']:.2f}, "
               f"{u['dflash']['step_ms']:.2f} ms/step)")
     if "soak" in res:

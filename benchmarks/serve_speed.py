@@ -4,9 +4,10 @@ acceptance), and `dflash-bench run` against each, as a user would measure it.
     PYTHONPATH=. python benchmarks/serve_speed.py --data-dir DIR --out F          # GPU, ~5 min
     PYTHONPATH=. python benchmarks/serve_speed.py --shape tiny --device cpu --data-dir ../shared/datasets
 
-Each server gets GSM8K prompts at each concurrency (closed loop, 512 new tokens, greedy); the table gives the
-cells' output tok/s, median TPOT and tau as the load generator measured them over HTTP, beside what
-`engine_speed.py` measures in process. Random weights: the text is noise, only the timing means anything.
+Each server gets GSM8K prompts at each concurrency (closed loop, 512 new tokens, greedy), with the next step
+launched before the host reads this one's tokens (`--step-ahead`, the default) and without; the table gives
+the cells' output tok/s, median TTFT and TPOT and tau as the load generator measured them over HTTP.
+Random weights: the text is noise, only the timing means anything.
 """
 
 from __future__ import annotations
@@ -42,10 +43,10 @@ def write_pair(shape: dict, dev: torch.device, dtype, root: Path) -> tuple[Path,
     return target, draft
 
 
-def start_server(args, target: Path, draft: Path, mode: str, port: int, log: Path) -> subprocess.Popen:
+def start_server(args, target: Path, draft: Path, mode: str, ahead: bool, port: int, log: Path) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "dflash_bench", "serve", "--model", str(target), "--port", str(port),
            "--device", args.device, "--max-slots", str(max(args.concurrency)), "--max-model-len", "1536", "--fast",
-           "--mode", mode]
+           "--mode", mode, "--step-ahead" if ahead else "--no-step-ahead"]
     if mode == "dflash":
         cmd += ["--draft", str(draft), "--synthetic-acceptance", str(args.tau), "--benchmark-only"]
     return subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
@@ -65,8 +66,8 @@ def wait_ready(proc: subprocess.Popen, url: str, timeout: float, log: Path) -> f
     raise SystemExit(f"the server was not ready after {timeout:.0f} s:\n{log.read_text()[-3000:]}")
 
 
-def measure(args, url: str, mode: str, c: int, out: Path) -> dict:
-    name = f"serve_speed_{mode}_c{c}"
+def measure(args, url: str, mode: str, c: int, out: Path, tag: str) -> dict:
+    name = f"serve_speed_{tag}_c{c}"
     cmd = [sys.executable, "-m", "dflash_bench", "run", "--url", url, "--suite", "gsm8k", "-c", str(c),
            "-n", str(args.prompts_per_slot * c), "--max-tokens", str(args.new_tokens), "--label", mode,
            "--engine", "builtin", "--data-dir", str(args.data_dir), "--out", str(out), "--name", name]
@@ -84,6 +85,8 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=512)
     ap.add_argument("--tau", type=float, default=6.5)
     ap.add_argument("--port", type=int, default=8765)
+    ap.add_argument("--step-ahead", choices=["on", "off", "both"], default="both",
+                    help="serve with --step-ahead, --no-step-ahead, or each in turn")
     ap.add_argument("--out", help="also write the results as JSON here")
     args = ap.parse_args()
     dev = torch.device(args.device)
@@ -95,22 +98,25 @@ def main() -> None:
         t = time.monotonic()
         target, draft = write_pair(SHAPES[args.shape], dev, dtype, root)
         print(f"pair written in {time.monotonic() - t:.0f} s", flush=True)
-        for mode in ("ar", "dflash"):
-            url, log = f"http://127.0.0.1:{args.port}", root / f"{mode}.log"
-            proc = start_server(args, target, draft, mode, args.port, log)
-            try:
-                res[f"{mode}_ready_s"] = wait_ready(proc, url, 900, log)
-                for c in args.concurrency:
-                    s = measure(args, url, mode, c, root / "sweeps")
-                    res["rows"].setdefault(str(c), {})[mode] = s
-                    print(f"{mode} c={c}: {json.dumps(brief(s))}", flush=True)
-            finally:
-                proc.terminate()
+        aheads = {"on": [True], "off": [False], "both": [True, False]}[args.step_ahead]
+        for ahead in aheads:
+            for mode in ("ar", "dflash"):
+                tag = f"{mode}{'' if ahead else '_no_step_ahead'}"
+                url, log = f"http://127.0.0.1:{args.port}", root / f"{tag}.log"
+                proc = start_server(args, target, draft, mode, ahead, args.port, log)
                 try:
-                    proc.wait(60)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+                    res[f"{tag}_ready_s"] = wait_ready(proc, url, 900, log)
+                    for c in args.concurrency:
+                        s = measure(args, url, mode, c, root / "sweeps", tag)
+                        res["rows"].setdefault(str(c), {})[tag] = s
+                        print(f"{tag} c={c}: {json.dumps(brief(s))}", flush=True)
+                finally:
+                    proc.terminate()
+                    try:
+                        proc.wait(60)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+                        proc.wait()
     print_table(res)
     if args.out:
         Path(args.out).write_text(json.dumps(res, indent=1, default=str))
@@ -125,13 +131,19 @@ def brief(s: dict) -> dict:
 def print_table(res: dict) -> None:
     print(f"\n{res['device']} | {res['shape']} | serve --fast over HTTP, GSM8K prompts, {res['new_tokens']} new tokens, "
           f"DFlash synthetic tau {res['tau']}")
-    print(f"{'conc':>4} | {'AR tok/s':>9} | {'AR TPOT ms':>10} | {'DFlash tok/s':>12} | {'DF TPOT ms':>10} | "
-          f"{'tau':>5} | {'speedup':>7}")
+    print(f"{'conc':>4} | {'step ahead':>10} | {'AR tok/s':>9} | {'AR TTFT':>7} | {'AR TPOT':>7} | {'DFlash tok/s':>12} | "
+          f"{'DF TTFT':>7} | {'DF TPOT':>7} | {'tau':>5} | {'speedup':>7}")
     for c, row in res["rows"].items():
-        a, d = brief(row["ar"]), brief(row["dflash"])
-        sp = d["tok_s"] / a["tok_s"] if a["tok_s"] and d["tok_s"] else float("nan")
-        print(f"{c:>4} | {a['tok_s'] or 0:>9.1f} | {a['tpot_ms_p50'] or 0:>10.2f} | {d['tok_s'] or 0:>12.1f} | "
-              f"{d['tpot_ms_p50'] or 0:>10.2f} | {d['tau'] or 0:>5.2f} | {sp:>6.2f}x")
+        for suffix, label in (("", "on"), ("_no_step_ahead", "off")):
+            if "ar" + suffix not in row or "dflash" + suffix not in row:
+                continue
+            a, d = row["ar" + suffix], row["dflash" + suffix]
+            ttft = lambda s: (s["ttft_ms"] or {}).get("p50") or 0.0  # noqa: E731
+            tpot = lambda s: (s["tpot_ms"] or {}).get("p50") or 0.0  # noqa: E731
+            print(f"{c:>4} | {label:>10} | {a['output_throughput']:>9.1f} | {ttft(a):>7.1f} | {tpot(a):>7.2f} | "
+                  f"{d['output_throughput']:>12.1f} | {ttft(d):>7.1f} | {tpot(d):>7.2f} | {d['acceptance_length'] or 0:>5.2f} | "
+                  f"{d['output_throughput'] / a['output_throughput']:>6.2f}x")
+    print("tok/s: output tokens / the cell's wall time; TTFT and TPOT: medians in ms.")
 
 
 if __name__ == "__main__":

@@ -197,6 +197,64 @@ def test_a_paused_row_resumes_where_it_stopped(setup):
         assert [o[:N] for o in outs] == ref
 
 
+def _serve(engine, reqs: list[tuple[int, list[int], SamplingParams]]) -> tuple[dict, list[int]]:
+    """A decode loop like the server's: request i arrives at step `at` (when a slot is free), finished
+    requests give their slot back at once. Returns (tokens and logprobs per request, steps in flight after
+    each step() call)."""
+    pending = sorted(enumerate(reqs), key=lambda r: r[1][0])
+    running, seqs, lps, inflight, t = [], {}, {}, [], 0
+    while pending or running:
+        while pending and pending[0][1][0] <= t and engine.free_slots:
+            i, (_, prompt, sp) = pending.pop(0)
+            seq, d = engine.add(str(i), prompt, sp)
+            seqs[i], lps[i] = seq, list(d.logprobs or [])
+            running.append(seq)
+        for d in engine.step(running) if running else []:
+            lps[int(d.req_id)] += d.logprobs or []
+        inflight.append(len(engine.runner.inflight))
+        for seq in [q for q in running if q.finish]:
+            engine.release(seq)
+            running.remove(seq)
+        t += 1
+    return {i: (seqs[i].out, lps[i]) for i in seqs}, inflight
+
+
+@pytest.mark.parametrize("mode", ["ar", "dflash"])
+def test_the_pipelined_engine_serves_what_step_by_step_serves(tmp_path, mode):
+    """The server's fast engine launches step k+1 before it reads step k. Requests arrive mid-flight, stop
+    early on a stop token with a step ahead already launched (their slot is then taken by the next
+    request), ask for logprobs (no step runs ahead while they run): the tokens and logprobs equal the
+    step-by-step engine's, request by request."""
+    from dflash_bench.engine.fast.engine import build_fast_engine
+
+    target, drafter = make_tiny_pair(tmp_path, seed=1, block_size=B)
+    kw = dict(mode=mode, max_slots=3, max_len=MAX_LEN, dtype="float64", device="cpu")
+    engines = [build_fast_engine(str(target), str(drafter) if mode == "dflash" else None, step_ahead=ahead, **kw)
+               for ahead in (True, False)]
+    ps = _prompts(engines[0].tok, 12)
+    # a prompt whose free-running output meets a token it has not produced before at position 3..20: that
+    # token as a stop token ends it there, unforeseen, with a step ahead already in flight
+    for p in ps[6:]:
+        free = ref_generate(engines[1], [p], SamplingParams(max_tokens=N, ignore_eos=True))[0].out
+        stop = next((i for i in range(3, 21) if free[i] not in free[:i]), None)
+        if stop is not None:
+            break
+    assert stop is not None
+    reqs = [(0, p, SamplingParams(max_tokens=N, ignore_eos=True, stop_token_ids=[free[stop]])),
+            (0, ps[1], SamplingParams(max_tokens=N, ignore_eos=True)),
+            (0, ps[2], SamplingParams(max_tokens=11, ignore_eos=True)),
+            (0, ps[3], SamplingParams(max_tokens=N, ignore_eos=True)),  # waits, then takes a freed slot
+            (3, ps[4], SamplingParams(max_tokens=N, ignore_eos=True, logprobs=2)),
+            (9, ps[5], SamplingParams(max_tokens=7, ignore_eos=True)),
+            (9, ps[0], SamplingParams(max_tokens=N, ignore_eos=True))]
+    (piped, ahead), (plain, never) = (_serve(e, reqs) for e in engines)
+    assert piped == plain
+    assert len(piped[0][0]) == stop + 1 < N  # request 0 stopped early on its stop token
+    assert max(ahead) == 1 and max(never) == 0  # the pipelined engine did run steps ahead
+    for e in engines:
+        assert sorted(e.free_slots) == [0, 1, 2] and not e.runner.host_start
+
+
 def test_a_failing_prefill_gives_every_slot_back(tmp_path):
     """add_many is all or nothing: a prompt the cache cannot hold fails, and no slot stays taken."""
     from dflash_bench.engine.fast.engine import build_fast_engine

@@ -138,8 +138,10 @@ class EngineLoop:
                 self.sinks[s.req_id](err)
                 self._finish(s)
             return
-        for s, d in zip(list(self.running), deltas):
-            self._emit(s, d)
+        by_req = {d.req_id: d for d in deltas}  # a pipelined engine may step a request it just admitted later
+        for s in list(self.running):
+            if s.req_id in by_req:
+                self._emit(s, by_req[s.req_id])
 
     def _emit(self, seq: Seq, delta: Delta) -> None:
         self.sinks[seq.req_id](delta)

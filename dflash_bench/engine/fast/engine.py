@@ -1,8 +1,10 @@
 """`FastEngine`: the decode loop's `Engine` interface (admit, step, release, counters) on the fast path.
 
-The server, `EngineLoop` and /metrics use it unchanged. Greedy only: a request with temperature > 0 is
-refused with one sentence (serve without --fast for sampling). Synthetic acceptance is for benchmarking:
-it makes every response wrong on purpose, so it is only built when the caller says it is a benchmark.
+The server, `EngineLoop` and /metrics use it unchanged; `step` launches the next step before it reads this
+one's tokens (see there), so it may return no delta for a request admitted since the last call. Greedy
+only: a request with temperature > 0 is refused with one sentence (serve without --fast for sampling).
+Synthetic acceptance is for benchmarking: it makes every response wrong on purpose, so it is only built
+when the caller says it is a benchmark.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ class FastEngine(Engine):
     greedy_only = True  # the server answers 400 to sampling requests
 
     def __init__(self, target, tokenizer, drafter=None, *, eos_ids: list[int], max_slots: int, max_len: int,
-                 synthetic_tau: float | None = None, kv_block: int = 256):
+                 synthetic_tau: float | None = None, kv_block: int = 256, step_ahead: bool = True):
         shape = _Shape(drafter.config.block_size, []) if drafter is not None else None
         super().__init__(target, tokenizer, shape, eos_ids=eos_ids)
         self.proposer = None
@@ -45,6 +47,7 @@ class FastEngine(Engine):
         self.runner = FastRunner(ft, fd, kv_block=kv_block, synthetic_tau=synthetic_tau, keep_logits=True)
         self.runner.capture_all()  # GPU: every graph before the first request (no capture pause mid-serving)
         self.synthetic_tau = synthetic_tau
+        self.step_ahead = step_ahead
         self.free_slots = list(range(max_slots - 1, -1, -1))
 
     @torch.inference_mode()
@@ -80,10 +83,27 @@ class FastEngine(Engine):
 
     @torch.inference_mode()
     def step(self, seqs: list[Seq]) -> list[Delta]:
-        got = self.runner.step([s.slot for s in seqs])
+        """The tokens of one decode step, for the requests it stepped (not always all of `seqs`).
+
+        Pipelined, the step of this batch was launched on the previous call, so the next one is launched
+        before its tokens are read and the GPU does not wait for the host between steps. A request admitted
+        since joins the step launched now and gets its tokens on the next call; one that finished early
+        leaves a wasted row in the step ahead. No step runs ahead while a request wants logprobs (read from
+        the last step's logits) or could reach max_tokens with the steps in flight.
+        """
+        r = self.runner
+        slots = [s.slot for s in seqs]
+        if not r.covers(slots) and not r.launch(slots) and not r.inflight:
+            raise ValueError(f"a sequence would pass the cache length {r.max_len}")
+        if self.step_ahead and len(r.inflight) == 1 and r.covers(slots) and all(
+                s.params.logprobs is None and len(s.out) + r.B < s.params.max_tokens for s in seqs):
+            r.launch(slots)  # declines near the cache bound: then the next call launches
+        got = r.collect()
         deltas = []
         for s in seqs:
-            toks = got[s.slot]
+            toks = got.get(s.slot)
+            if toks is None:
+                continue
             a = len(toks) - 1
             self._count(a)
             s.start += a + 1
@@ -100,7 +120,8 @@ class FastEngine(Engine):
 
 def build_fast_engine(model: str, draft: str | None = None, *, mode: str = "dflash", dtype: str = "auto",
                       device: str = "auto", max_slots: int = 32, max_len: int = 4096, tokenizer=None,
-                      synthetic_tau: float | None = None, benchmark_only: bool = False) -> FastEngine:
+                      synthetic_tau: float | None = None, benchmark_only: bool = False,
+                      step_ahead: bool = True) -> FastEngine:
     """Like `build.build_engine`, on the fast path (CUDA graphs on a GPU, eager on the CPU)."""
     from dflash_bench.engine.build import eos_ids, load_tokenizer, resolve_dtype
     from dflash_bench.engine.drafter import load_drafter
@@ -133,4 +154,4 @@ def build_fast_engine(model: str, draft: str | None = None, *, mode: str = "dfla
         if synthetic_tau is not None and not 1 <= synthetic_tau <= drafter.config.block_size:
             raise UserError(f"--synthetic-acceptance must lie between 1 and the block size {drafter.config.block_size}")
     return FastEngine(target, tok, drafter, eos_ids=eos_ids(target.model, tok), max_slots=max_slots, max_len=max_len,
-                      synthetic_tau=synthetic_tau)
+                      synthetic_tau=synthetic_tau, step_ahead=step_ahead)

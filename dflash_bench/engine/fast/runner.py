@@ -104,6 +104,7 @@ class FastRunner:
             self.uniforms = torch.rand(SYNTHETIC_STEPS, self.S, self.B - 1, generator=gen).to(dev)
             self.synth_step = torch.zeros((), **long)
         self.host_start: dict[int, int] = {}
+        self.admitted = [0] * self.S  # requests admitted per slot: a step in flight from before is not theirs
         self._stepped: tuple = ()
         self.graphs: dict[tuple, object] = {}
         self.pool = torch.cuda.graph_pool_handle() if self.graphs_on else None
@@ -130,6 +131,7 @@ class FastRunner:
         self.anchor[slot] = tok
         self.active[slot] = 1
         self.host_start[slot] = n
+        self.admitted[slot] += 1
         return int(tok)
 
     def release(self, slot: int) -> None:
@@ -209,18 +211,23 @@ class FastRunner:
             done.record()
         else:
             host[:bs].copy_(self.out[:bs])
-        self.inflight.append((list(slots), bs, host, done))
+        self.inflight.append(([(s, self.admitted[s]) for s in slots], bs, host, done))
         return True
 
+    def covers(self, slots: list[int]) -> bool:
+        """Whether the newest step in flight steps every one of `slots`, for the requests they hold now."""
+        return bool(self.inflight) and {(s, self.admitted[s]) for s in slots} <= set(self.inflight[-1][0])
+
     def collect(self) -> dict[int, list[int]]:
-        """The new tokens of the oldest step in flight, per slot (slots released since are left out)."""
+        """The new tokens of the oldest step in flight, per slot (slots released, or re-admitted, since are left
+        out)."""
         slots, bs, host, done = self.inflight.popleft()
         if done is not None:
             done.synchronize()
         rows = host[:bs].tolist()
         out = {}
-        for s in slots:
-            if s not in self.host_start:
+        for s, admitted in slots:
+            if s not in self.host_start or self.admitted[s] != admitted:
                 continue
             a = rows[s][0] if self.B > 1 else 0
             out[s] = rows[s][1:1 + a] + [rows[s][-1]]
