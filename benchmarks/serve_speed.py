@@ -71,7 +71,8 @@ def measure(args, url: str, mode: str, c: int, out: Path, tag: str) -> dict:
     cmd = [sys.executable, "-m", "dflash_bench", "run", "--url", url, "--suite", "gsm8k", "-c", str(c),
            "-n", str(args.prompts_per_slot * c), "--max-tokens", str(args.new_tokens), "--label", mode,
            "--engine", "builtin", "--data-dir", str(args.data_dir), "--out", str(out), "--name", name]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    if subprocess.run(cmd, stdout=subprocess.DEVNULL).returncode:
+        raise SystemExit(f"dflash-bench run failed against the {tag} server (its error is above)")
     return json.loads(next((out / name).glob("cells/*/summary.json")).read_text())
 
 
@@ -119,7 +120,9 @@ def main() -> None:
                         proc.wait()
     print_table(res)
     if args.out:
-        Path(args.out).write_text(json.dumps(res, indent=1, default=str))
+        tmp = Path(args.out + ".tmp")
+        tmp.write_text(json.dumps(res, indent=1, default=str))
+        tmp.replace(args.out)
 
 
 def brief(s: dict) -> dict:
