@@ -3,8 +3,8 @@
     PYTHONPATH=. python benchmarks/kernel_tuning.py          # GPU only, ~20 s
 
 Rows: add_rms_norm over hidden 4096 at 1 and 16 tokens, silu_mul over 2 x 12288, for several num_warps; the
-decode attention (Qwen3-8B heads, batch 1) at 1 and 16 queries per row for each forced number of splits,
-cycling through 36 layers' caches as a step does.
+decode attention (Qwen3-8B heads, batch 1 and 8) at 1 and 16 queries per row and 200-4000 keys for each forced
+number of splits, cycling through 36 layers' caches as a step does.
 """
 
 from __future__ import annotations
@@ -37,16 +37,16 @@ def attention_splits(dev, dt) -> None:
     from dflash_bench.engine.fast import triton_attn as ta
 
     H, hkv, hd, layers = 32, 8, 128, 36
-    caches = [(torch.randn(1, 1024, hkv, hd, device=dev, dtype=dt), torch.randn(1, 1024, hkv, hd, device=dev, dtype=dt))
+    caches = [(torch.randn(8, 4096, hkv, hd, device=dev, dtype=dt), torch.randn(8, 4096, hkv, hd, device=dev, dtype=dt))
               for _ in range(layers)]
     chosen = ta.num_splits
     try:
-        for n in (1, 16):
-            q = torch.randn(1, n, H, hd, device=dev, dtype=dt)
-            for L, valid in ((256, 200), (512, 400), (768, 700)):
-                starts = torch.tensor([valid - n], device=dev)
+        for bs, n in ((1, 1), (1, 16), (8, 1), (8, 16)):
+            q = torch.randn(bs, n, H, hd, device=dev, dtype=dt)
+            for L, valid in ((256, 200), (512, 400), (768, 700), (2048, 1900), (4096, 4000)):
+                starts = torch.full((bs,), valid - n, device=dev)
                 row = []
-                for s in (0, 1, 2, 4, 8, 12):  # 0: the kernel's own choice
+                for s in (0, 1, 2, 4, 8, 16, 32):  # 0: the kernel's own choice
                     ta.num_splits = chosen if s == 0 else (lambda *a, s=s, **k: s)
                     it = iter(range(10 ** 9))
 
@@ -55,7 +55,8 @@ def attention_splits(dev, dt) -> None:
                         ta.decode_attention(q, kc, vc, starts, 0, L, hd ** -0.5, causal=True)
                     us = per_call_us(call, reps=layers * 4)
                     row.append(f"{'auto' if s == 0 else s}: {us:5.2f}")
-                print(f"attention n={n:<2} L={L:<3} keys {valid}: us per layer by splits  " + "  ".join(row))
+                print(f"attention bs={bs} n={n:<2} L={L:<4} keys {valid}: us per layer by splits  " + "  ".join(row),
+                      flush=True)
     finally:
         ta.num_splits = chosen
 

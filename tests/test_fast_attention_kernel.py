@@ -81,7 +81,7 @@ def test_last_split_resets_its_counter_for_the_next_call():
     # non-zero would make the next call (or graph replay) merge nothing, leaving its output unwritten.
     ta = _kernel()
     bs, n, H, hkv, hd, row0, L = 2, 4, 8, 2, 32, 1, 256
-    assert ta.num_splits(L, bs * hkv, 4 * n) == 2  # 4 heads x 4 tokens: one row block of 16 rows
+    assert ta.num_splits(L, bs * hkv) == 2  # 4 heads x 4 tokens: one row block of 16 rows
     for seed, starts in [(1, [30, 200]), (2, [250 - n, 64])]:
         q, kc, vc, st = _case(bs, n, H, hkv, hd, starts, row0, L, seed=seed)
         out = ta.decode_attention(q, kc, vc, st, row0, L, 0.2, causal=True)
@@ -134,14 +134,15 @@ def test_strided_q_as_qk_rope_returns_it():
     torch.testing.assert_close(out, _reference(q, kc, vc, st, 0, L, 0.3, causal=True), rtol=1e-5, atol=1e-5)
 
 
-def test_num_splits_fills_the_gpu_but_keeps_enough_keys_per_split():
+def test_num_splits_aims_at_one_program_per_sm():
     ta = _kernel()
-    assert ta.num_splits(640, 8, rows=4) == 5  # bs 1, Hkv 8, one token of 4 heads: 128 keys a split
-    assert ta.num_splits(640, 8 * 4, rows=16) == 5  # a 16-token block: 4 row blocks of 16 rows per KV head
-    assert ta.num_splits(4096, 8 * 4, rows=16) == 9  # ~2 waves of 132 SMs over 32 programs
-    assert ta.num_splits(8192, 8, rows=4) == 33  # ~2 waves of 132 SMs
-    assert ta.num_splits(4096, 8 * 64, rows=4) == 1  # a large batch fills the GPU alone
-    assert ta.num_splits(100, 8, rows=16) == 1  # fewer than 128 keys: unsplit
+    assert ta.num_splits(640, 8) == 5  # bs 1, Hkv 8, one token: 128 keys a split
+    assert ta.num_splits(4096, 8) == ta.MAX_SPLITS  # the serial merge caps it
+    assert ta.num_splits(4096, 8 * 4) == 4  # a 16-token block: 4 row blocks per KV head, 132 SMs
+    assert ta.num_splits(4096, 8 * 8) == 2  # batch 8, one token
+    assert ta.num_splits(768, 8 * 8 * 4) == 1  # batch 8 of 16-token blocks fills the GPU unsplit
+    assert ta.num_splits(100, 8) == 1  # fewer than 128 keys
+    assert ta.num_splits(4096, 8, sms=16) == 2  # a smaller GPU
     assert ta.num_splits(32, 1) == 1
 
 
@@ -151,7 +152,7 @@ def test_a_dflash_block_runs_as_row_blocks_of_16(monkeypatch):
     seen = []
     monkeypatch.setattr(ta, "num_splits", lambda *a: seen.append(a) or 3)
     _check(1, 16, 32, 8, 16, [200], 0, 256, causal=True)
-    assert seen == [(256, 8 * 4, 16, 132)]
+    assert seen == [(256, 8 * 4, 132)]
 
 
 ROW_BLOCK_SHAPES = pytest.mark.parametrize("n,H,hkv", [(16, 8, 2), (12, 4, 2), (8, 6, 2)])

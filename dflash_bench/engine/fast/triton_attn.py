@@ -175,15 +175,19 @@ def _counters(device: torch.device, programs: int) -> torch.Tensor:
     return _COUNTERS[device]
 
 
-def num_splits(L: int, programs: int, rows: int = 4, sms: int = 132) -> int:
-    """Splits per (row, KV head, row block) for `programs` = bs * Hkv * row blocks of `rows` query rows each:
-    enough programs for about two waves on `sms` SMs, but at least 128 keys of the bucket length L per split
-    for every 16 rows a program serves (with at most ROWS = 16 rows: 128 keys), since the last split's merge
-    grows with rows x splits. On an H100 (benchmarks/kernel_tuning.py, Qwen3-8B heads), when one program
-    still served all rows of a KV head, one query token (4 rows) ran fastest at 128-192 keys a split and a
-    16-token block (64 rows) unsplit up to 512 keys; such a block now runs as 4 row blocks of 16 rows."""
-    keys = 128 * max(1, rows // 16)
-    return max(1, min(triton.cdiv(2 * sms, programs), L // keys))
+MAX_SPLITS = 8  # the last split program merges the partials one split after another
+
+
+def num_splits(L: int, programs: int, sms: int = 132) -> int:
+    """Splits per (row, KV head, row block) for `programs` = bs * Hkv * row blocks: about one program per SM
+    in all, at least 128 keys of the bucket length L a split, at most MAX_SPLITS.
+
+    On an H100 (benchmarks/kernel_tuning.py, Qwen3-8B heads, 200-4000 keys) this is the fastest split count
+    or within 1 µs of it for batch 1 and 8 at 1 and 16 query tokens, except 16 tokens at batch 1 with 200
+    keys (7.7 µs a layer against 6.1 unsplit) and 4000 keys (22.3 against 19.7 at 8 splits). Aiming at two
+    waves, as before, split a batch of 16-token blocks in two, which doubled its time.
+    """
+    return max(1, min(MAX_SPLITS, L // 128, sms // programs))
 
 
 def decode_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, starts: torch.Tensor, row0: int,
@@ -211,7 +215,7 @@ def decode_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, starts
     M = max(16, triton.next_power_of_2(rows))
     row_blocks = triton.cdiv(rep * n, ROWS)
     programs = bs * hkv * row_blocks
-    splits = num_splits(L, programs, rows, sm_count(q.device))
+    splits = num_splits(L, programs, sm_count(q.device))
     out = torch.empty(bs * n, H * hd, dtype=q.dtype, device=q.device)
     if splits == 1:
         part = m = l = cnt = out  # unused (DIRECT)
