@@ -46,7 +46,7 @@ def write_pair(shape: dict, dev: torch.device, dtype, root: Path) -> tuple[Path,
 def start_server(args, target: Path, draft: Path, mode: str, ahead: bool, port: int, log: Path) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "dflash_bench", "serve", "--model", str(target), "--port", str(port),
            "--device", args.device, "--max-slots", str(max(args.concurrency)), "--max-model-len", "1536", "--fast",
-           "--mode", mode, "--step-ahead" if ahead else "--no-step-ahead"]
+           "--mode", mode, "--step-ahead" if ahead else "--no-step-ahead", "--served-model-name", f"random-{args.shape}"]
     if mode == "dflash":
         cmd += ["--draft", str(draft), "--synthetic-acceptance", str(args.tau), "--benchmark-only"]
     return subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
