@@ -19,6 +19,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from dflash_bench.engine.fast.triton_attn import sm_count
 from dflash_bench.engine.fast.triton_gemm import Plan, linear, plan_for, skinny_linear
 
 SHAPES = {  # name: (n, k)
@@ -111,7 +112,7 @@ def tune(dev, dt, rows_list=(1, 16)) -> dict:
             gb = n * k * 2 / 1e9
             print(f"{name:8} m={m:<2} cublas {res['cublas']:7.1f} us ({gb / res['cublas'] * 1e6:5.0f} GB/s)  "
                   f"cublaslt {res['cublaslt']:7.1f}  best triton {best[0]:7.1f} ({gb / best[0] * 1e6:5.0f} GB/s) "
-                  f"{best[1]}  engine's plan {res['engine']:7.1f} {plan_for(m, n, k)}", flush=True)
+                  f"{best[1]}  engine's plan {res['engine']:7.1f} {plan_for(m, n, k, sm_count(dev))}", flush=True)
             out[f"{name}/{m}"] = res
         del weights
         torch.cuda.empty_cache()
@@ -126,7 +127,7 @@ def quick(dev, dt) -> dict:
         weights = [torch.randn(n, k, device=dev, dtype=dt) * 0.02 for _ in range(copies)]
         for m in (1, 16):
             x = torch.randn(m, k, device=dev, dtype=dt)
-            base = plan_for(m, n, k, torch.cuda.get_device_properties(dev).multi_processor_count)
+            base = plan_for(m, n, k, sm_count(dev))
             variants = {"engine": base, "stages4": Plan(**{**base.__dict__, "stages": 4}),
                         "bk128": Plan(**{**base.__dict__, "bk": 128})}
             res = {"cublas": per_call_us(cublas(x, False), weights)}

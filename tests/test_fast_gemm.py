@@ -62,7 +62,7 @@ def test_plan_for_takes_decode_shapes_and_leaves_the_rest_to_cublas():
     # Qwen3-8B's decode shapes on 132 SMs: the grid closest to one program per SM without passing it
     assert tg.plan_for(1, 4096, 4096) == tg.Plan(bn=64, split=2)  # o_proj: 64 blocks x 2 = 128 programs
     assert tg.plan_for(16, 6144, 4096) == tg.Plan(bn=64, split=1)  # q/k/v: 96 blocks; 192 would be 2 waves
-    assert tg.plan_for(16, 10240, 4096) == tg.Plan(bn=128, bk=128)  # drafter k/v: 80 programs, not 160
+    assert tg.plan_for(16, 10240, 4096) == tg.Plan(bn=128)  # drafter k/v: 80 programs, not 160
     assert tg.plan_for(1, 24576, 4096) == tg.Plan(bn=64, split=1)  # gate/up: 384 blocks, many waves
     assert tg.plan_for(16, 151936, 4096) == tg.Plan(bn=64, split=1)  # lm_head
     assert tg.plan_for(1, 4096, 4096, sms=64) == tg.Plan(bn=64, split=1)  # a smaller GPU: no split
