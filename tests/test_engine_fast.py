@@ -180,6 +180,42 @@ def test_serve_fast_labels_synthetic_acceptance_over_http(tmp_path):
         assert bad.status_code == 400 and "greedily" in bad.json()["message"]
 
 
+def test_serve_fast_gives_requests_arriving_mid_decode_what_they_get_alone(tmp_path):
+    """Over HTTP, with the server stepping ahead: four requests a few steps apart on two slots (the later
+    ones join a running batch or wait for a slot that a finished request leaves with a step in flight) get
+    the very tokens each gets on an idle server."""
+    import threading
+    import time
+
+    import httpx
+    from test_engine_server import cli_server
+
+    target, drafter = make_tiny_pair(tmp_path, seed=1, block_size=B)
+    asks = [("the cat sat", 20), ("seven dogs ran past quickly", 37), ("a mat", 9), ("while the cat sat on", 28)]
+    with cli_server("--model", str(target), "--draft", str(drafter), "--served-model-name", "tiny", "--fast",
+                    "--dtype", "float64", "--max-slots", "2") as url:
+        def ask(i: int) -> tuple[str, int]:
+            body = {"model": "tiny", "prompt": asks[i][0], "max_tokens": asks[i][1], "ignore_eos": True,
+                    "temperature": 0}
+            r = httpx.post(url + "/v1/completions", json=body, timeout=60).json()
+            return r["choices"][0]["text"], r["usage"]["completion_tokens"]
+
+        alone = [ask(i) for i in range(len(asks))]
+        together: list = [None] * len(asks)
+
+        def later(i: int) -> None:
+            time.sleep(0.03 * i)
+            together[i] = ask(i)
+
+        threads = [threading.Thread(target=later, args=(i,)) for i in range(len(asks))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    assert together == alone
+    assert [n for _, n in alone] == [n for _, n in asks]
+
+
 def test_a_paused_row_resumes_where_it_stopped(setup):
     """Rows of the batch bucket that are not stepped (padding, paused) keep anchor, position and context."""
     ar, df = setup
