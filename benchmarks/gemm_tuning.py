@@ -67,6 +67,11 @@ def cublas(x, lt: bool):
     return lt_call
 
 
+def weight_copies(n: int, k: int, dev, dt) -> list[torch.Tensor]:
+    """Enough distinct `[n, k]` weights (400 MB, at least 2) that cycling through them defeats L2."""
+    return [torch.randn(n, k, device=dev, dtype=dt) * 0.02 for _ in range(max(2, math.ceil(400e6 / (n * k * 2))))]
+
+
 def plans(m: int):
     for mode in ("fma", "dot", "swap") if m == 1 else ("dot", "swap"):
         bns = (32, 64, 128) if mode == "swap" else (16, 32, 64)
@@ -77,8 +82,7 @@ def plans(m: int):
 def tune(dev, dt, rows_list=(1, 16)) -> dict:
     out = {}
     for name, (n, k) in SHAPES.items():
-        copies = max(2, math.ceil(400e6 / (n * k * 2)))
-        weights = [torch.randn(n, k, device=dev, dtype=dt) * 0.02 for _ in range(copies)]
+        weights = weight_copies(n, k, dev, dt)
         for m in rows_list:
             x = torch.randn(m, k, device=dev, dtype=dt)
             ref = F.linear(x, weights[0]).float()
@@ -123,8 +127,7 @@ def quick(dev, dt) -> dict:
     """The engine's plan per shape against cuBLAS and a few variations of it (no sweep)."""
     out = {}
     for name, (n, k) in SHAPES.items():
-        copies = max(2, math.ceil(400e6 / (n * k * 2)))
-        weights = [torch.randn(n, k, device=dev, dtype=dt) * 0.02 for _ in range(copies)]
+        weights = weight_copies(n, k, dev, dt)
         for m in (1, 16):
             x = torch.randn(m, k, device=dev, dtype=dt)
             base = plan_for(m, n, k, sm_count(dev))

@@ -1,6 +1,6 @@
 """Launch settings of the fast path's small Triton kernels on this GPU: microseconds per call under a CUDA graph.
 
-    PYTHONPATH=. python benchmarks/kernel_tuning.py          # GPU only, ~20 s
+    PYTHONPATH=. python benchmarks/kernel_tuning.py          # GPU only, ~30 s
 
 Rows: add_rms_norm over hidden 4096 at 1 and 16 tokens, silu_mul over 2 x 12288, for several num_warps; the
 decode attention (Qwen3-8B heads, batch 1 and 8) at 1 and 16 queries per row and 200-4000 keys for each forced

@@ -211,8 +211,7 @@ def decode_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, starts
     if window is not None and window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
     rep = H // hkv
-    rows = min(rep * n, ROWS)  # per program
-    M = max(16, triton.next_power_of_2(rows))
+    M = max(16, triton.next_power_of_2(min(rep * n, ROWS)))  # query rows per program, padded for tl.dot
     row_blocks = triton.cdiv(rep * n, ROWS)
     programs = bs * hkv * row_blocks
     splits = num_splits(L, programs, sm_count(q.device))
