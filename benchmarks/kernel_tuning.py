@@ -9,6 +9,7 @@ number of splits, cycling through 36 layers' caches as a step does.
 
 from __future__ import annotations
 
+import sys
 import time
 
 import torch
@@ -61,9 +62,53 @@ def attention_splits(dev, dt) -> None:
         ta.num_splits = chosen
 
 
+def attention_shapes(dev, dt) -> None:
+    """Batch 1, the DFlash step's attention (16 queries, causal verify and non-causal draft) and AR's (1 query):
+    us per layer by query rows per program, keys per tile, warps and splits."""
+    from dflash_bench.engine.fast import triton_attn as ta
+
+    H, hkv, hd, layers = 32, 8, 128, 36
+    caches = [(torch.randn(1, 1024, hkv, hd, device=dev, dtype=dt), torch.randn(1, 1024, hkv, hd, device=dev, dtype=dt))
+              for _ in range(layers)]
+    saved = ta.num_splits, ta.ROWS, ta.BLOCK_N, ta.WARPS
+    try:
+        for n, causal in ((16, True), (16, False), (1, True)):
+            q = torch.randn(1, n, H, hd, device=dev, dtype=dt)
+            for L, valid in ((256, 200), (512, 400), (768, 700)):
+                starts = torch.full((1,), valid - n, device=dev)
+                best = []
+                for rows in ((16, 32, 64) if n > 1 else (16,)):
+                    for bn in (32, 64, 128):
+                        for w in (4, 8):
+                            for s in (1, 2, 4, 8):
+                                ta.num_splits = lambda *a, s=s, **k: s
+                                ta.ROWS, ta.BLOCK_N, ta.WARPS = rows, bn, w
+                                it = iter(range(10 ** 9))
+
+                                def call():
+                                    kc, vc = caches[next(it) % layers]
+                                    ta.decode_attention(q, kc, vc, starts, 0, L, hd ** -0.5, causal=causal)
+                                best.append((per_call_us(call, reps=layers * 2), f"rows {rows} bn {bn} w {w} s {s}"))
+                ta.num_splits, ta.ROWS, ta.BLOCK_N, ta.WARPS = saved
+                it = iter(range(10 ** 9))
+
+                def auto():
+                    kc, vc = caches[next(it) % layers]
+                    ta.decode_attention(q, kc, vc, starts, 0, L, hd ** -0.5, causal=causal)
+                now = per_call_us(auto, reps=layers * 2)
+                best.sort()
+                print(f"attention n={n:<2} causal={causal!s:<5} keys {valid}: now {now:5.2f} us; best "
+                      + ", ".join(f"{us:5.2f} ({c})" for us, c in best[:5]), flush=True)
+    finally:
+        ta.num_splits, ta.ROWS, ta.BLOCK_N, ta.WARPS = saved
+
+
 def main() -> None:
     dev, dt = "cuda", torch.bfloat16
     print(torch.cuda.get_device_name())
+    if "--attention-shapes" in sys.argv:
+        attention_shapes(dev, dt)
+        return
     for t in (1, 16, 512):
         h, a = torch.randn(t, 4096, device=dev, dtype=dt), torch.randn(t, 4096, device=dev, dtype=dt)
         w = torch.randn(4096, device=dev, dtype=dt)

@@ -61,6 +61,37 @@ def test_argmax_is_torchs_first_maximum_across_chunks(ops):
     assert torch.equal(ops.argmax(ties), ties.argmax(-1))
 
 
+def test_argmax_writes_into_strided_columns_and_nothing_else(ops):
+    torch.manual_seed(4)
+    x = torch.randn(3, 5, 700)
+    tokens = torch.full((3, 6), -7, dtype=torch.int64)  # the runner's rows: anchor, then five drafts
+    ops.argmax(x, tokens[:, 1:])
+    assert torch.equal(tokens[:, 1:], x.argmax(-1))
+    assert (tokens[:, 0] == -7).all()  # the anchor column is left alone
+
+
+def test_embed_norm_matches_the_gather_then_norm(ops):
+    from dflash_bench.engine.fast.model import embed_norm
+
+    torch.manual_seed(5)
+    emb, w = torch.randn(50, 96), torch.randn(96)  # a width that is not a power of two
+    tokens = torch.randint(0, 50, (3, 7))
+    ids = tokens[:, 2:]  # strided rows, as the runner's token rows are
+    h, x = ops.embed_norm(ids, emb, w, 1e-6)
+    assert torch.equal(h, emb[ids.reshape(-1)])
+    torch.testing.assert_close(x, rms_norm(emb[ids.reshape(-1)], w, 1e-6))
+    for got, want in zip((h, x), embed_norm(None, ids, emb, w, 1e-6)):  # the torch path
+        torch.testing.assert_close(got, want)
+    # the DFlash block: each row's anchor, then the mask token, scaled (a Gemma drafter)
+    h, x = ops.embed_norm(tokens[:, 4], emb, w, 1e-6, scale=3.0, n=4, fill=49)
+    block = torch.stack([tokens[:, 4]] + [torch.full((3,), 49)] * 3, 1)
+    ref = emb[block.reshape(-1)] * 3.0
+    torch.testing.assert_close(h, ref)
+    torch.testing.assert_close(x, rms_norm(ref, w, 1e-6))
+    for got, want in zip((h, x), embed_norm(None, tokens[:, 4:5], emb, w, 1e-6, scale=3.0, n=4, fill=49)):
+        torch.testing.assert_close(got, want)
+
+
 @pytest.mark.parametrize("norm", [True, False])
 def test_qk_rope_store_matches_torch_and_writes_only_its_slots(ops, norm):
     torch.manual_seed(1)
@@ -106,8 +137,12 @@ def test_commit_matches_the_torch_commit_exactly(ops, mode):
     post = torch.randint(50, 100, (bs, Bk))  # never equal to a draft
     for r, n in enumerate(want.tolist()):
         post[r, :n] = drafts[r, :n]
+    def column(v):  # the anchor is a column of the runner's token rows: strided
+        rows = torch.zeros(S, 3, dtype=v.dtype)
+        rows[:, 1] = v
+        return rows[:, 1]
     state = dict(drafts=drafts, active=torch.tensor([1, 1, 0, 1, 1, 0, 1, 1]), start=torch.randint(1, 40, (S,)),
-                 prev=torch.randint(0, 40, (S,)), anchor=torch.randint(0, 100, (S,)), out=torch.randint(0, 9, (S, Bk + 1)))
+                 anchor=column(torch.randint(0, 100, (S,))), out=torch.randint(0, 9, (S, Bk + 1)))
     synth = None
     if mode == "synthetic":
         rate = synthetic_rate(3.0, Bk)
@@ -118,8 +153,8 @@ def test_commit_matches_the_torch_commit_exactly(ops, mode):
         uniforms[9 % 7, 3] = 0.0  # a row that accepts every draft
         synth = (uniforms, torch.tensor(9), rate)  # the step counter cycles past the table's rows
     state0 = {k: v.clone() for k, v in state.items()}
-    ref = {k: v.clone() for k, v in state.items()}
-    rows = lambda d: [d[k][:bs] for k in ("drafts", "active", "start", "prev", "anchor", "out")]  # noqa: E731
+    ref = {k: column(v) if k == "anchor" else v.clone() for k, v in state.items()}
+    rows = lambda d: [d[k][:bs] for k in ("drafts", "active", "start", "anchor", "out")]  # noqa: E731
     commit(post, *rows(ref), synth)
     ops.commit(post, *rows(state), synth)
     for k in state:

@@ -8,11 +8,10 @@ attends to context and block (non-causal, or causal with a window on sliding lay
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from dflash_bench.engine.drafter import DFlashDrafter
-from dflash_bench.engine.fast.model import (KVCache, Layer, StepAttention, load_kernels, matmul, norm, rms_norm,
-                                            rope, rope_tables, run_layers)
+from dflash_bench.engine.fast.model import (KVCache, Layer, StepAttention, embed_norm, load_kernels, matmul, norm,
+                                            offsets, rms_norm, rope, rope_tables, run_layers)
 from dflash_bench.errors import UserError
 
 
@@ -64,10 +63,11 @@ class FastDrafter:
             n += ly.wqkv.numel() + ly.wo.numel() + ly.w13.numel() + ly.w2.numel()
         return n * self.embed.element_size()
 
-    def write_context(self, feats: torch.Tensor, pos: torch.Tensor, row0: int) -> None:
-        """Context K/V of target features `[bs, n, K*h]` at positions `pos` `[bs, n]` of slots from `row0`."""
+    def write_context(self, feats: torch.Tensor, pos: torch.Tensor, row0: int, *, lane: int = 0) -> None:
+        """Context K/V of target features `[bs, n, K*h]` at positions `pos` `[bs, n]` of slots from `row0`
+        (`lane` 1 when it runs beside the target's forward: see `model.matmul`)."""
         bs, n = pos.shape
-        mm = matmul(self.kernels)
+        mm = matmul(self.kernels, lane)
         ctx = norm(self.kernels)(mm(feats.reshape(bs * n, -1), self.fc), self.hidden_norm, self.eps)
         kv_all = mm(ctx, self.wkv, self.bkv)
         rows = self.cache.rows(row0, pos)
@@ -88,14 +88,10 @@ class FastDrafter:
     def draft(self, anchors: torch.Tensor, starts: torch.Tensor, row0: int, L: int) -> torch.Tensor:
         """Draft logits `[bs, B-1, V]` for the block `[anchor, mask x (B-1)]` at `starts[b]..starts[b]+B-1`."""
         c, B, bs = self.c, self.B, anchors.shape[0]
-        block = torch.full((bs, B), c.mask_token_id, dtype=anchors.dtype, device=anchors.device)
-        block[:, 0] = anchors
-        h = F.embedding(block.view(-1), self.embed)
-        if c.input_embedding_scale != 1.0:
-            h = h * c.input_embedding_scale
-        pos = starts[:, None] + torch.arange(B, device=starts.device)
+        h, x = embed_norm(self.kernels, anchors[:, None], self.embed, self.layers[0].ln1, self.eps,
+                          scale=c.input_embedding_scale, n=B, fill=c.mask_token_id)
+        pos = starts[:, None] + offsets(B, starts.device)
         attend = self.attention(pos, starts, row0, L)
-        x = norm(self.kernels)(h, self.layers[0].ln1, self.eps)
         _, x, _ = run_layers(self.layers, h, x, attend, self.norm, self.eps, self.kernels)
         # a contiguous [bs * (B-1), hidden] input: on a strided 3-D view F.linear falls back to a batched
         # matmul that reads the whole lm_head once per row

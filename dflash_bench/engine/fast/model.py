@@ -12,6 +12,7 @@ with an additive mask built once per step. Prefill (long `n`) always takes SDPA 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +23,21 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from dflash_bench.errors import UserError
 
 KERNEL_MAX_QUERIES = 32  # steps with at most this many tokens per row use the Triton attention kernel
+_INDEX: dict[tuple, torch.Tensor] = {}  # small index tensors of decode steps, made once (see `offsets`)
+
+
+def offsets(n: int, device: torch.device, row0: int = 0, bs: int = 0) -> torch.Tensor:
+    """`arange(n)`, or with `bs` the slot of every entry of a `[bs, n]` step (row i is slot row0 + i). Made
+    once per shape for decode-sized steps (n <= KERNEL_MAX_QUERIES) and shared: a graph replays no kernel for
+    them (the runner's warm-up, outside capture, makes them first). Read-only."""
+    key = (n, str(device), row0, bs)
+    t = _INDEX.get(key)
+    if t is None:
+        t = torch.arange(n, device=device) if not bs else \
+            torch.arange(row0, row0 + bs, device=device)[:, None].expand(bs, n).contiguous()
+        if n <= KERNEL_MAX_QUERIES:
+            _INDEX[key] = t
+    return t
 
 
 def load_kernels(device: torch.device, want: bool | None):
@@ -46,9 +62,29 @@ def norm(kernels):
     return kernels[0].rms_norm if kernels else rms_norm
 
 
-def matmul(kernels):
-    """`F.linear`, or with kernels the one that takes decode-sized inputs (<= 16 rows) to the skinny kernel."""
-    return kernels[2].linear if kernels else F.linear
+def matmul(kernels, lane: int = 0):
+    """`F.linear`, or with kernels the one that takes decode-sized inputs (<= 16 rows) to the skinny kernel
+    (`lane` 1 for matmuls that run beside the main stream's: their own split-K workspace)."""
+    if not kernels:
+        return F.linear
+    return kernels[2].linear if lane == 0 else functools.partial(kernels[2].linear, lane=lane)
+
+
+def embed_norm(kernels, ids: torch.Tensor, embed: torch.Tensor, w: torch.Tensor, eps: float, *, scale: float = 1.0,
+               n: int | None = None, fill: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A step's input rows h `[bs * n, hidden]` = `embed[tokens] * scale` and the first layer's norm of them.
+
+    tokens = ids `[bs, n]`, or with `fill` the DFlash block `[ids[b, 0], fill x (n - 1)]`. With kernels one
+    launch (torch: a gather that takes 8 us for 16 rows on an H100, then the norm).
+    """
+    if kernels:
+        return kernels[0].embed_norm(ids, embed, w, eps, scale, n, fill)
+    if fill is not None:
+        ids = torch.cat([ids[:, :1], torch.full((ids.shape[0], n - 1), fill, dtype=ids.dtype, device=ids.device)], 1)
+    h = F.embedding(ids.reshape(-1), embed)
+    if scale != 1.0:
+        h = h * scale
+    return h, rms_norm(h, w, eps)
 
 
 def rope_cos_sin(pos: torch.Tensor, inv_freq: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -137,12 +173,14 @@ def attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, mask: torch.T
 
 
 def run_layers(layers: list["Layer"], h: torch.Tensor, x: torch.Tensor, attend, final_norm: torch.Tensor, eps: float,
-               kernels, taps: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+               kernels, taps: tuple[int, ...] = (), on_taps=None
+               ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     """Pre-norm decoder layers over h `[t, hidden]` with x = norm(h) of the first layer.
 
     Each residual add is fused with the norm that follows it (the next layer's, or `final_norm` after the
     last), so a layer is: attend, o_proj, add+norm, gate/up, silu*up, down, add+norm. Returns (h, norm of h,
-    the outputs of layers `taps`).
+    the outputs of layers `taps`, in layer order); `on_taps(those outputs)` is called as soon as the last of
+    them is computed, before the remaining layers.
     """
     add_norm, act = (kernels[0].add_rms_norm, kernels[0].silu_mul) if kernels else (add_rms_norm, silu_mul)
     mm = matmul(kernels)
@@ -153,6 +191,8 @@ def run_layers(layers: list["Layer"], h: torch.Tensor, x: torch.Tensor, attend, 
         h, x = add_norm(h, mm(act(mm(x, ly.w13)), ly.w2), nxt, eps)
         if i in taps:
             feats.append(h)
+            if on_taps is not None and len(feats) == len(set(taps)):
+                on_taps(feats)
     return h, x, feats
 
 
@@ -181,7 +221,7 @@ class KVCache:
     def rows(row0: int, pos: torch.Tensor) -> torch.Tensor:
         """The slot of every entry of `pos` `[bs, n]` (row i is slot row0 + i), contiguous: the kernels read it
         flat, and a stride-0 view would cost a copy in every layer."""
-        return torch.arange(row0, row0 + pos.shape[0], device=pos.device)[:, None].expand_as(pos).contiguous()
+        return offsets(pos.shape[1], pos.device, row0, pos.shape[0])
 
     def write(self, i: int, rows: torch.Tensor, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store k, v `[bs, n, kv_heads, hd]` at (rows, pos)."""
@@ -316,22 +356,27 @@ class FastTarget:
         return n * self.embed.element_size()
 
     def forward(self, ids: torch.Tensor, starts: torch.Tensor, row0: int, L: int, *, last_only: bool = False,
-                taps: tuple[int, ...] = ()):
+                taps: tuple[int, ...] = (), on_taps=None):
         """Run ids `[bs, n]` at positions `starts[b] + j` in slots `row0..row0+bs-1`, attending to `[0, L)`.
 
         Returns (logits `[bs, n or 1, V]`, the outputs of layers `taps` concatenated `[bs, n, K * hidden]`
-        or None).
+        or None). With `on_taps`, that concatenation and the positions `[bs, n]` are instead handed to
+        `on_taps` as soon as the last tapped layer has run (so work on them can overlap the remaining layers)
+        and None is returned in its place.
         """
         bs, n = ids.shape
-        pos = starts[:, None] + torch.arange(n, device=ids.device)
+        pos = starts[:, None] + offsets(n, ids.device)
         attend = self.attention(pos, starts, row0, L)
-        h = F.embedding(ids.view(-1), self.embed)
-        x = norm(self.kernels)(h, self.layers[0].ln1, self.eps)
-        h, x, feats = run_layers(self.layers, h, x, attend, self.norm, self.eps, self.kernels, taps)
+        h, x = embed_norm(self.kernels, ids, self.embed, self.layers[0].ln1, self.eps)
+
+        def joined(feats):
+            by_layer = dict(zip(sorted(set(taps)), feats))
+            return torch.cat([by_layer[i] for i in taps], -1).view(bs, n, -1)
+        hook = None if on_taps is None else (lambda feats: on_taps(joined(feats), pos))
+        h, x, feats = run_layers(self.layers, h, x, attend, self.norm, self.eps, self.kernels, taps, hook)
         if last_only:  # contiguous rows: a strided 3-D input would make F.linear read lm_head once per row
             x = x.view(bs, n, -1)[:, -1].contiguous()
         logits = matmul(self.kernels)(x, self.head).view(bs, 1 if last_only else n, -1)
-        if not taps:
+        if not taps or on_taps is not None:
             return logits, None
-        by_layer = dict(zip(sorted(set(taps)), feats))
-        return logits, torch.cat([by_layer[i] for i in taps], -1).view(bs, n, -1)
+        return logits, joined(feats)

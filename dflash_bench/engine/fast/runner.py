@@ -1,10 +1,11 @@
 """Fixed-shape steps on device-resident state, captured as CUDA graphs per (batch bucket, KV-length bucket).
 
-State lives on the device, one entry per slot: `start` (anchor position = committed KV length), `anchor`
-(the last committed token), `prev` (where the last verify's features sit) and `pending` (those features).
-A DFlash step is: draft graph (context K/V of the pending features, then the block), verify graph (target
-over `[anchor, drafts]`, greedy acceptance, new features, and the commit: advance `start`, move `anchor`,
-pack `[accepted, drafts, bonus]` into `out`), then one device-to-host copy into pinned memory. Nothing else
+State lives on the device, one entry per slot: `start` (anchor position = committed KV length) and the
+token row `[anchor, drafts]` (the last committed token, then the block's drafts). A DFlash step is: draft
+graph (the block from the anchor, over the drafter's context K/V), verify graph (target over the token
+row; from its tapped layers the drafter's context K/V of the block's positions, on a second stream beside
+the target's last layers; greedy acceptance and the commit: advance `start`, move `anchor`, pack
+`[accepted, drafts, bonus]` into `out`), then one device-to-host copy into pinned memory. Nothing else
 runs between graphs, so the GPU idles only while the host reads the result and launches the next step.
 Capturing runs a graph's body once beforehand (warm-up); the state it commits is put back, so the first
 step of a new shape advances exactly once. Rows of a bucket past the last running slot are padding: their
@@ -43,8 +44,8 @@ def synthetic_rate(tau: float, block_size: int) -> float:
 SYNTHETIC_STEPS = 4096  # rows of the synthetic-acceptance table (it cycles after that many steps)
 
 
-def commit(post: torch.Tensor, drafts: torch.Tensor, active: torch.Tensor, start: torch.Tensor, prev: torch.Tensor,
-           anchor: torch.Tensor, out: torch.Tensor, synth: tuple | None = None) -> None:
+def commit(post: torch.Tensor, drafts: torch.Tensor, active: torch.Tensor, start: torch.Tensor, anchor: torch.Tensor,
+           out: torch.Tensor, synth: tuple | None = None) -> None:
     """The end of a step: accept, then advance the active rows (the reference of `triton_ops.commit`, same args)."""
     n = post.shape[1] - 1  # drafts per row (AR: none)
     if synth is not None:
@@ -55,8 +56,6 @@ def commit(post: torch.Tensor, drafts: torch.Tensor, active: torch.Tensor, start
     acc = ok.long().cumprod(1).sum(1)
     bonus = post.gather(1, acc[:, None])[:, 0]
     on = active.bool()
-    if n:  # AR keeps no features, so no prev
-        prev.copy_(torch.where(on, start, prev))
     start += (acc + 1) * active
     anchor.copy_(torch.where(on, bonus, anchor))
     out.copy_(torch.cat([acc[:, None], drafts[:, :n], bonus[:, None]], 1))
@@ -74,7 +73,8 @@ class FastRunner:
     """Greedy AR (no drafter) or DFlash (with a drafter) decoding on the fast path."""
 
     def __init__(self, target: FastTarget, drafter: FastDrafter | None = None, *, graphs: bool | None = None,
-                 kv_block: int = 256, synthetic_tau: float | None = None, seed: int = 0, keep_logits: bool = False):
+                 kv_block: int = 256, synthetic_tau: float | None = None, seed: int = 0, keep_logits: bool = False,
+                 overlap: bool = True):
         self.t, self.d = target, drafter
         self.B = drafter.B if drafter else 1
         self.S, self.max_len = target.cache.slots, target.max_len
@@ -82,21 +82,22 @@ class FastRunner:
         self.graphs_on = dev.type == "cuda" if graphs is None else graphs
         self.kv_block, self.sizes = kv_block, buckets(self.S)
         long = dict(dtype=torch.long, device=dev)
-        self.start, self.prev, self.anchor = (torch.zeros(self.S, **long) for _ in range(3))
+        self.start = torch.zeros(self.S, **long)
         self.active = torch.zeros(self.S, **long)
-        self.drafts = torch.zeros(self.S, max(self.B - 1, 1), **long)
+        # per slot the next verify's tokens: the anchor (last committed token), then the drafts (AR: none)
+        self.tokens = torch.zeros(self.S, self.B, **long)
+        self.anchor = self.tokens[:, 0]
+        self.drafts = self.tokens[:, 1:] if self.B > 1 else torch.zeros(self.S, 1, **long)
         self.out = torch.zeros(self.S, self.B + 1, **long)  # per row: accepted, drafts..., bonus (AR: the token)
         # two host copies of `out`: a step's tokens are read while the next one runs
         self.host = [torch.zeros(self.S, self.B + 1, dtype=torch.long, pin_memory=dev.type == "cuda") for _ in range(2)]
         self.inflight: deque = deque()  # (slots, bs, host copy, its CUDA event) per step launched, oldest first
         self.launched = 0
-        self.pending = None
         # target logits of the last step per slot (for logprobs); the prefill's last logits go to position 0
         self.logits = torch.zeros(self.S, self.B, target.vocab_size, dtype=target.dtype, device=dev) if keep_logits else None
         self.taps = tuple(drafter.c.target_layer_ids) if drafter else ()
-        if drafter:
-            width = len(self.taps) * target.hidden_size
-            self.pending = torch.zeros(self.S, self.B, width, dtype=target.dtype, device=dev)
+        # the drafter's context K/V is computed on this stream while the target's last layers run
+        self.side = torch.cuda.Stream(dev) if drafter and dev.type == "cuda" and overlap else None
         self.synthetic_tau = synthetic_tau
         self.rate = synthetic_rate(synthetic_tau, self.B) if synthetic_tau is not None else None
         if self.rate is not None:
@@ -127,7 +128,6 @@ class FastRunner:
             self.logits[slot, 0] = logits[0, -1]
         n = len(prompt)
         self.start[slot] = n
-        self.prev[slot] = n
         self.anchor[slot] = tok
         self.active[slot] = 1
         self.host_start[slot] = n
@@ -138,7 +138,6 @@ class FastRunner:
         """Free the slot; as padding it then writes at positions 0..B-1 of its own row, never past the cache."""
         self.active[slot] = 0
         self.start[slot] = 0
-        self.prev[slot] = 0
         self.host_start.pop(slot, None)
 
     @torch.inference_mode()
@@ -250,29 +249,44 @@ class FastRunner:
         self._commit(bs, self._argmax(logits))
 
     def _draft(self, bs: int, L: int) -> None:
-        ctx_pos = self.prev[:bs, None] + torch.arange(self.B, device=self.dev)
-        self.d.write_context(self.pending[:bs], ctx_pos, 0)
         logits = self.d.draft(self.anchor[:bs], self.start[:bs], 0, L)
-        self.drafts[:bs] = self._argmax(logits)
+        self._argmax(logits, self.drafts[:bs])
 
     def _verify(self, bs: int, L: int) -> None:
-        drafts = self.drafts[:bs]
-        ids = torch.cat([self.anchor[:bs, None], drafts], 1)
-        logits, feats = self.t.forward(ids, self.start[:bs], 0, L, taps=self.taps)
+        """The target over `[anchor, drafts]`, then the commit. The drafter's context K/V of every row's 16
+        positions is written from the tapped features here: the accepted ones are the next draft's context,
+        and the rest lie at or past the new start, where that draft's own block is written before it is read.
+        Rows outside the step write only there too, as their target rows do."""
+        ids = self.tokens[:bs]
+        main, keep = torch.cuda.current_stream() if self.side else None, []
+
+        def context(feats, pos):
+            if self.side is None:
+                self.d.write_context(feats, pos, 0)
+                return
+            keep.append((feats, pos))  # alive until the join: main's allocator must not reuse it meanwhile
+            self.side.wait_stream(main)
+            with torch.cuda.stream(self.side):
+                self.d.write_context(feats, pos, 0, lane=1)
+        logits, _ = self.t.forward(ids, self.start[:bs], 0, L, taps=self.taps, on_taps=context)
         post = self._argmax(logits)
         if self.logits is not None:
             self.logits[:bs] = logits
-        on = self.active[:bs].bool()
-        self.pending[:bs] = torch.where(on[:, None, None], feats, self.pending[:bs])
+        if self.side is not None:
+            main.wait_stream(self.side)
         self._commit(bs, post)
 
-    def _argmax(self, logits: torch.Tensor) -> torch.Tensor:
-        return logits.argmax(-1) if self.t.kernels is None else self.t.kernels[0].argmax(logits)
+    def _argmax(self, logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Greedy tokens of `logits` `[bs, n, V]` -> `[bs, n]`, written into `out` when given."""
+        if self.t.kernels is not None:
+            return self.t.kernels[0].argmax(logits, out)
+        ids = logits.argmax(-1)
+        return ids if out is None else out.copy_(ids)
 
     def _commit(self, bs: int, post: torch.Tensor) -> None:
         synth = (self.uniforms, self.synth_step, self.rate) if self.rate is not None else None
         fn = commit if self.t.kernels is None else self.t.kernels[0].commit  # the kernel: one launch, not a dozen
-        fn(post, self.drafts[:bs], self.active[:bs], self.start[:bs], self.prev[:bs], self.anchor[:bs], self.out[:bs], synth)
+        fn(post, self.drafts[:bs], self.active[:bs], self.start[:bs], self.anchor[:bs], self.out[:bs], synth)
         if synth is not None:
             self.synth_step += 1  # after the commit: its programs all read the same step
 
@@ -298,7 +312,7 @@ class FastRunner:
 
     def _committed(self) -> list[torch.Tensor]:
         """The state a graph body advances (everything else it writes is recomputed identically)."""
-        return [self.start, self.prev, self.anchor] + ([self.synth_step] if self.rate is not None else [])
+        return [self.start, self.anchor] + ([self.synth_step] if self.rate is not None else [])
 
     def _mark(self):
         if not self.timing:

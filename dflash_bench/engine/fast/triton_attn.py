@@ -29,6 +29,7 @@ import triton.language as tl
 
 BLOCK_N = 64  # keys per tile
 ROWS = 16  # query rows per program at most: the smallest tl.dot size, and a merge of few rows x splits
+WARPS = 4
 LOG2E = 1.4426950408889634
 # Triton 3.7's interpreter multiplies bfloat16 tiles as their raw integer bit patterns in tl.dot, so there
 # (and only there: the CPU tests) bf16 dot operands are widened to float32 first.
@@ -229,5 +230,5 @@ def decode_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, starts
         vc.stride(0), vc.stride(1), vc.stride(2),
         N=n, H=H, HKV=hkv, REP=rep, HD=hd, M=M, BLOCK_N=BLOCK_N, CAUSAL=causal, WINDOW=window or 0,
         DIRECT=splits == 1, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        WIDEN=_INTERPRET and q.dtype == torch.bfloat16, num_warps=4)
+        WIDEN=_INTERPRET and q.dtype == torch.bfloat16, num_warps=WARPS)
     return out

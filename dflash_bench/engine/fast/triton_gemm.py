@@ -100,16 +100,17 @@ def _skinny_kernel(x_ptr, w_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, sxm, sy
 
 WORKSPACE_FLOATS = 1 << 22  # split-K partials: plans keep split * 16 * n within this
 COUNTERS = 1 << 16
-_scratch: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+_scratch: dict[tuple[torch.device, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-def _workspace(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Split-K partials and zeroed column-block counters, allocated once per device: a CUDA graph keeps the
-    addresses it was captured with, so they must never move."""
-    if device not in _scratch:
-        _scratch[device] = (torch.empty(WORKSPACE_FLOATS, dtype=torch.float32, device=device),
-                            torch.zeros(COUNTERS, dtype=torch.int32, device=device))
-    return _scratch[device]
+def _workspace(device: torch.device, lane: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split-K partials and zeroed column-block counters, allocated once per device and lane: a CUDA graph
+    keeps the addresses it was captured with, so they must never move. Matmuls that may run at the same time
+    (on two streams) must use different lanes, or they would mix their partials."""
+    if (device, lane) not in _scratch:
+        _scratch[device, lane] = (torch.empty(WORKSPACE_FLOATS, dtype=torch.float32, device=device),
+                                  torch.zeros(COUNTERS, dtype=torch.int32, device=device))
+    return _scratch[device, lane]
 
 
 def plan_for(m: int, n: int, k: int, sms: int = 132) -> Plan | None:
@@ -139,28 +140,30 @@ def plan_for(m: int, n: int, k: int, sms: int = 132) -> Plan | None:
 _refused: set[Plan] = set()  # plans this GPU cannot launch (too little shared memory): cuBLAS instead
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`F.linear(x, w, bias)`: the skinny kernel for a 2-D x of at most 16 rows, cuBLAS otherwise."""
+def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, lane: int = 0) -> torch.Tensor:
+    """`F.linear(x, w, bias)`: the skinny kernel for a 2-D x of at most 16 rows, cuBLAS otherwise. `lane`:
+    which split-K workspace (see `_workspace`)."""
     plan = None
     if x.dim() == 2 and x.stride(1) == 1 and w.is_contiguous() and x.dtype == w.dtype:
         plan = plan_for(x.shape[0], w.shape[0], x.shape[1], sm_count(x.device))
     if plan is None or plan in _refused:
         return F.linear(x, w, bias)
     try:
-        return skinny_linear(x, w, bias, plan)
+        return skinny_linear(x, w, bias, plan, lane=lane)
     except triton.runtime.errors.OutOfResources:  # raised at the first launch, before any graph capture
         _refused.add(plan)
         return F.linear(x, w, bias)
 
 
-def skinny_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, plan: Plan = Plan()) -> torch.Tensor:
+def skinny_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, plan: Plan = Plan(), *,
+                  lane: int = 0) -> torch.Tensor:
     """`F.linear(x, w, bias)` for a contiguous `[m, k]` x with m <= 16 that `plan` fits."""
     m, k = x.shape
     n = w.shape[0]
     assert plan.fits(m, n, k) and x.stride(1) == 1 and w.is_contiguous(), (m, n, k, plan)
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     bm = 1 if plan.mode == "fma" else MAX_ROWS
-    ws, cnt = _workspace(x.device)
+    ws, cnt = _workspace(x.device, lane)
     if plan.split > 1 and (plan.split * bm * n > ws.numel() or n // plan.bn > cnt.numel()):
         raise ValueError(f"split-K workspace too small for {plan} on [{m}, {k}] x [{n}, {k}]")
     _skinny_kernel[(n // plan.bn, plan.split)](

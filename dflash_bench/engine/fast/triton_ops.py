@@ -6,7 +6,8 @@
 - `qk_rope_store`: split the fused q/k/v projection, Qwen3's per-head q/k RMSNorm, NeoX RoPE, and the K/V
   cache write, in one launch (q comes back `[t, H, hd]`, k and v go straight into their cache slots).
 - `silu_mul`: silu(gate) * up over the fused gate/up projection.
-- `rms_norm` (no residual), and `argmax` over the vocabulary in two short launches.
+- `rms_norm` (no residual); `embed_norm`: a step's embedding rows and the first layer's norm of them;
+  `argmax` over the vocabulary in two short launches.
 - `commit`: the end of a decode step (greedy or synthetic acceptance, then the per-slot state), one launch.
 
 Each computes in float32 and rounds once on store. The torch versions in `model.py` are the reference; the
@@ -64,6 +65,48 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 @triton.jit
+def _embed_norm_kernel(ids_ptr, s_b, s_j, emb_ptr, w_ptr, h_ptr, out_ptr, n_tok, hidden, scale, eps, fill,
+                       BLOCK: tl.constexpr, FILL: tl.constexpr):
+    """Program per token row r = b * n_tok + j: its embedding row (times scale) and that row's RMSNorm."""
+    r = tl.program_id(0)
+    b = r // n_tok
+    j = r % n_tok
+    if FILL:  # the DFlash block: the anchor, then the mask token
+        tok = tl.load(ids_ptr + b * s_b)
+        tok = tl.where(j == 0, tok, fill)
+    else:
+        tok = tl.load(ids_ptr + b * s_b + j * s_j)
+    cols = tl.arange(0, BLOCK)
+    keep = cols < hidden
+    e = tl.load(emb_ptr + tok * hidden + cols, mask=keep, other=0.0).to(tl.float32)
+    h = (e * scale).to(h_ptr.dtype.element_ty)
+    tl.store(h_ptr + r * hidden + cols, h, mask=keep)
+    x = h.to(tl.float32)
+    rs = tl.rsqrt(tl.sum(x * x, axis=0) / hidden + eps)
+    w = tl.load(w_ptr + cols, mask=keep, other=0.0).to(tl.float32)
+    tl.store(out_ptr + r * hidden + cols, (x * rs * w).to(out_ptr.dtype.element_ty), mask=keep)
+
+
+def embed_norm(ids: torch.Tensor, embed: torch.Tensor, w: torch.Tensor, eps: float, scale: float = 1.0,
+               n: int | None = None, fill: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(h, rms_norm(h) * w)` with h `[bs * n, hidden]` = `embed[tokens] * scale` in one launch: tokens = ids
+    `[bs, n]` (any strides), or with `fill`, `[ids[b, 0], fill x (n - 1)]` per row (the DFlash block; ids
+    may then be `[bs]`)."""
+    ids = ids[:, None] if ids.dim() == 1 else ids
+    bs = ids.shape[0]
+    n = ids.shape[1] if n is None else n
+    hidden = embed.shape[1]
+    assert embed.is_contiguous()
+    h = torch.empty(bs * n, hidden, dtype=embed.dtype, device=embed.device)
+    out = torch.empty_like(h)
+    block = triton.next_power_of_2(hidden)
+    _embed_norm_kernel[(bs * n,)](ids, ids.stride(0), ids.stride(1), embed, w, h, out, n, hidden, scale, eps,
+                                  -1 if fill is None else fill, BLOCK=block, FILL=fill is not None,
+                                  num_warps=_norm_warps(block))
+    return h, out
+
+
+@triton.jit
 def _argmax_chunk_kernel(x_ptr, stride, n, val_ptr, idx_ptr, chunks, BLOCK: tl.constexpr):
     """Program (row, chunk): the max of one chunk of a row and the first column holding it."""
     r = tl.program_id(0)
@@ -76,32 +119,38 @@ def _argmax_chunk_kernel(x_ptr, stride, n, val_ptr, idx_ptr, chunks, BLOCK: tl.c
 
 
 @triton.jit
-def _argmax_rows_kernel(val_ptr, idx_ptr, out_ptr, chunks, n, BLOCK: tl.constexpr):
+def _argmax_rows_kernel(val_ptr, idx_ptr, out_ptr, chunks, n, per_row, s_row, s_col, BLOCK: tl.constexpr):
     r = tl.program_id(0)
     c = tl.arange(0, BLOCK)
     ok = c < chunks
     v = tl.load(val_ptr + r * chunks + c, mask=ok, other=float("-inf"))
     i = tl.load(idx_ptr + r * chunks + c, mask=ok, other=n)
-    tl.store(out_ptr + r, tl.min(tl.where(v == tl.max(v, 0), i, n), 0).to(tl.int64))
+    dst = out_ptr + (r // per_row) * s_row + (r % per_row) * s_col
+    tl.store(dst, tl.min(tl.where(v == tl.max(v, 0), i, n), 0).to(tl.int64))
 
 
 ARGMAX_CHUNK = 4096
 
 
-def argmax(logits: torch.Tensor) -> torch.Tensor:
+def argmax(logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """`logits.argmax(-1)` (the first index of the max, as torch) over rows of a vocabulary: every chunk of
     every row in parallel, then one program a row (torch's reduction gives one row only a few blocks: 9 us
-    for Qwen3's 151,936 columns on an H100)."""
+    for Qwen3's 151,936 columns on an H100). `logits` `[bs, n, V]` (or `[rows, V]`); `out`: an int64 `[bs, n]`
+    to write into (any strides, e.g. the drafts' columns of the runner's token rows)."""
     n = logits.shape[-1]
     x = logits.reshape(-1, n)
     assert x.stride(1) == 1
     rows, chunks = x.shape[0], triton.cdiv(n, ARGMAX_CHUNK)
     val = torch.empty(rows, chunks, dtype=torch.float32, device=x.device)
     idx = torch.empty(rows, chunks, dtype=torch.int32, device=x.device)
-    out = torch.empty(rows, dtype=torch.int64, device=x.device)
+    if out is None:
+        out = torch.empty(logits.shape[:-1], dtype=torch.int64, device=x.device)
+    o2 = out.view(-1, 1) if out.dim() == 1 else out
+    assert out.dtype == torch.int64 and o2.dim() == 2 and o2.numel() == rows
     _argmax_chunk_kernel[(rows, chunks)](x, x.stride(0), n, val, idx, chunks, BLOCK=ARGMAX_CHUNK, num_warps=8)
-    _argmax_rows_kernel[(rows,)](val, idx, out, chunks, n, BLOCK=max(triton.next_power_of_2(chunks), 2))
-    return out.view(logits.shape[:-1])
+    _argmax_rows_kernel[(rows,)](val, idx, o2, chunks, n, o2.shape[1], o2.stride(0), o2.stride(1),
+                                 BLOCK=max(triton.next_power_of_2(chunks), 2))
+    return out
 
 
 @triton.jit
@@ -180,7 +229,7 @@ def silu_mul(gu: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _commit_kernel(post_ptr, s_post, drafts_ptr, s_drafts, active_ptr, start_ptr, prev_ptr, anchor_ptr, out_ptr,
+def _commit_kernel(post_ptr, s_post, drafts_ptr, s_drafts, active_ptr, start_ptr, anchor_ptr, s_anchor, out_ptr,
                    s_out, u_ptr, step_ptr, steps, s_step, s_row, rate,
                    B: tl.constexpr, BLOCK: tl.constexpr, SYNTH: tl.constexpr):
     """One program per row; it reads and writes only its own row (the shared step counter is only read)."""
@@ -198,32 +247,30 @@ def _commit_kernel(post_ptr, s_post, drafts_ptr, s_drafts, active_ptr, start_ptr
     bonus = tl.sum(tl.where(k == acc, post, 0), axis=0)
     active = tl.load(active_ptr + r)
     start = tl.load(start_ptr + r)
-    if B > 1:  # AR keeps no features, so no prev
-        tl.store(prev_ptr + r, tl.where(active != 0, start, tl.load(prev_ptr + r)))
     tl.store(start_ptr + r, start + (acc + 1) * active)
-    tl.store(anchor_ptr + r, tl.where(active != 0, bonus, tl.load(anchor_ptr + r)))
+    tl.store(anchor_ptr + r * s_anchor, tl.where(active != 0, bonus, tl.load(anchor_ptr + r * s_anchor)))
     tl.store(out_ptr + r * s_out, acc.to(tl.int64))
     tl.store(out_ptr + r * s_out + 1 + k, drafts, mask=is_draft)
     tl.store(out_ptr + r * s_out + B, bonus)
 
 
-def commit(post: torch.Tensor, drafts: torch.Tensor, active: torch.Tensor, start: torch.Tensor, prev: torch.Tensor,
-           anchor: torch.Tensor, out: torch.Tensor, synth: tuple | None = None) -> None:
+def commit(post: torch.Tensor, drafts: torch.Tensor, active: torch.Tensor, start: torch.Tensor, anchor: torch.Tensor,
+           out: torch.Tensor, synth: tuple | None = None) -> None:
     """A step's commit in one launch (it replaced a dozen tiny torch ops, ~30 us a step on an H100).
 
-    post `[bs, B]`: the target's tokens after the anchor and each draft; drafts `[bs, >= B - 1]`; active, start,
-    prev, anchor `[bs]`; out `[bs, B + 1]` (row slices of the runner's buffers). Accepts the leading drafts
-    that match `post`, or with synth = (uniforms `[steps, >= bs, B - 1]`, step counter (0-d, read here), rate)
-    those whose uniform at row `step % steps` is below rate. Then for the active rows prev = start,
-    start += accepted + 1, anchor = the bonus token; out = [accepted, drafts, bonus] for every row. AR
-    (B == 1) has no drafts and leaves prev alone. `runner.commit` is the torch reference.
+    post `[bs, B]`: the target's tokens after the anchor and each draft; drafts `[bs, >= B - 1]`; active, start
+    `[bs]`, anchor `[bs]` (any stride: a column of the runner's token rows); out `[bs, B + 1]` (row slices of
+    the runner's buffers). Accepts the leading drafts that match `post`, or with synth = (uniforms
+    `[steps, >= bs, B - 1]`, step counter (0-d, read here), rate) those whose uniform at row `step % steps` is
+    below rate. Then for the active rows start += accepted + 1, anchor = the bonus token; out = [accepted,
+    drafts, bonus] for every row. AR (B == 1) has no drafts. `runner.commit` is the torch reference.
     """
     bs, B = post.shape
     assert post.stride(1) == drafts.stride(1) == out.stride(1) == 1
-    assert active.is_contiguous() and start.is_contiguous() and prev.is_contiguous() and anchor.is_contiguous()
+    assert active.is_contiguous() and start.is_contiguous()
     u, step, rate = synth if synth is not None else (post, post, 0.0)  # unread without synth
     if synth is not None:
         assert u.stride(2) == 1 and step.dim() == 0
-    _commit_kernel[(bs,)](post, post.stride(0), drafts, drafts.stride(0), active, start, prev, anchor, out,
-                          out.stride(0), u, step, u.shape[0], u.stride(0), u.stride(1), rate,
+    _commit_kernel[(bs,)](post, post.stride(0), drafts, drafts.stride(0), active, start, anchor, anchor.stride(0),
+                          out, out.stride(0), u, step, u.shape[0], u.stride(0), u.stride(1), rate,
                           B=B, BLOCK=max(triton.next_power_of_2(B), 2), SYNTH=synth is not None)
