@@ -136,9 +136,9 @@ def kernels_agree(dev) -> dict:
     worst = {"attention": 0.0, "matmul": 0.0}
     H, hkv, hd = 32, 8, 128
     kc, vc = (torch.randn(4, 1024, hkv, hd, device=dev, generator=g, dtype=torch.bfloat16) for _ in range(2))
-    # a decode token over 2 splits; 16-token blocks in 4 row blocks, over 4 splits and unsplit
-    for n, causal, L, starts in ((1, True, 256, [5, 100, 250]), (16, True, 768, [700]),
-                                 (16, False, 512, [40, 200, 480])):
+    # a decode token over 3 splits; 16-token blocks in 4 row blocks, over 4 splits and unsplit
+    for n, causal, L, starts in ((1, True, 384, [5, 100, 370]), (16, True, 768, [700]),
+                                 (16, False, 512, [40, 200, 480]), (16, True, 256, [30, 230])):
         bs = len(starts)
         q = torch.randn(bs, n, H, hd, device=dev, generator=g, dtype=torch.bfloat16)
         st = torch.tensor(starts, device=dev)

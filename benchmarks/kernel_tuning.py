@@ -1,6 +1,7 @@
 """Launch settings of the fast path's small Triton kernels on this GPU: microseconds per call under a CUDA graph.
 
     PYTHONPATH=. python benchmarks/kernel_tuning.py          # GPU only, ~30 s
+    PYTHONPATH=. python benchmarks/kernel_tuning.py --rope --attention-shapes   # only these sweeps, ~80 s
 
 Rows: add_rms_norm over hidden 4096 at 1 and 16 tokens, silu_mul over 2 x 12288, for several num_warps; the
 decode attention (Qwen3-8B heads, batch 1 and 8) at 1 and 16 queries per row and 200-4000 keys for each forced
@@ -103,11 +104,37 @@ def attention_shapes(dev, dt) -> None:
         ta.num_splits, ta.ROWS, ta.BLOCK_N, ta.WARPS = saved
 
 
+def rope_groups(dev, dt) -> None:
+    """qk_rope_store at Qwen3-8B heads (32 q, 8 k, 8 v) for 1 and 16 tokens, and the drafter's context (k, v
+    only), by heads per program."""
+    H, hkv, hd = 32, 8, 128
+    kc, vc = (torch.zeros(1, 1024, hkv, hd, device=dev, dtype=dt) for _ in range(2))
+    cos, sin = (torch.randn(1024, hd // 2, device=dev) for _ in range(2))
+    chosen = ops.ROPE_HEADS
+    try:
+        for t, nq in ((1, H), (16, H), (16, 0)):
+            qkv = torch.randn(t, (nq + 2 * hkv) * hd, device=dev, dtype=dt)
+            w = torch.randn(nq + hkv, hd, device=dev, dtype=dt)
+            rows = torch.zeros(t, dtype=torch.long, device=dev)
+            pos = torch.arange(400, 400 + t, device=dev)
+            row = []
+            for g in (1, 2, 4, 8, 16, 32, 64):
+                ops.ROPE_HEADS = g
+                us = per_call_us(lambda: ops.qk_rope_store(qkv, nq, hkv, hd, cos, sin, rows, pos, kc, vc, w, 1e-6))
+                row.append(f"{g}: {us:5.2f}")
+            print(f"qk_rope_store t={t:<2} q heads {nq:<2}: us by heads per program  " + "  ".join(row), flush=True)
+    finally:
+        ops.ROPE_HEADS = chosen
+
+
 def main() -> None:
     dev, dt = "cuda", torch.bfloat16
     print(torch.cuda.get_device_name())
-    if "--attention-shapes" in sys.argv:
-        attention_shapes(dev, dt)
+    if "--attention-shapes" in sys.argv or "--rope" in sys.argv:
+        if "--rope" in sys.argv:
+            rope_groups(dev, dt)
+        if "--attention-shapes" in sys.argv:
+            attention_shapes(dev, dt)
         return
     for t in (1, 16, 512):
         h, a = torch.randn(t, 4096, device=dev, dtype=dt), torch.randn(t, 4096, device=dev, dtype=dt)

@@ -71,6 +71,22 @@ def test_ragged_batches_reuse_slots_and_cross_kv_buckets(setup):
     assert generate(runner, second, N) == ref2
 
 
+def test_new_prompt_lengths_leave_no_index_tensors_behind(setup):
+    """The steps' index tensors are kept per shape (a graph reads them); prefills' are not, so serving prompts
+    of ever new lengths does not grow memory (the GPU soak in engine_speed measures the same)."""
+    from dflash_bench.engine.fast import model
+
+    ar, df = setup
+    runner = _fast(df)
+    generate(runner, _prompts(ar.tok, 3), 12)
+    kept = len(model._INDEX)
+    assert kept > 0
+    again = _prompts(ar.tok, 4)[1:]  # three other prompts, of other lengths
+    assert {len(p) for p in again} - {len(p) for p in _prompts(ar.tok, 3)}
+    generate(runner, again, 12)
+    assert len(model._INDEX) == kept
+
+
 def test_pipelined_decode_matches_step_by_step_up_to_the_cache_bound(setup):
     ar, df = setup
     p = _prompts(ar.tok, 2)

@@ -80,8 +80,8 @@ def test_last_split_resets_its_counter_for_the_next_call():
     # The split program that arrives last merges and zeroes its (b, kv_head, row block) counter; one left
     # non-zero would make the next call (or graph replay) merge nothing, leaving its output unwritten.
     ta = _kernel()
-    bs, n, H, hkv, hd, row0, L = 2, 4, 8, 2, 32, 1, 256
-    assert ta.num_splits(L, bs * hkv) == 2  # 4 heads x 4 tokens: one row block of 16 rows
+    bs, n, H, hkv, hd, row0, L = 2, 4, 8, 2, 32, 1, 384
+    assert ta.num_splits(L, bs * hkv) == 3  # 4 heads x 4 tokens: one row block of 16 rows
     for seed, starts in [(1, [30, 200]), (2, [250 - n, 64])]:
         q, kc, vc, st = _case(bs, n, H, hkv, hd, starts, row0, L, seed=seed)
         out = ta.decode_attention(q, kc, vc, st, row0, L, 0.2, causal=True)
@@ -94,12 +94,12 @@ def test_more_programs_than_counters_are_refused(monkeypatch, bs, n, counters):
     # bs x 2 KV heads x row blocks (n = 16 at rep 4: 64 rows per KV head, 4 blocks) counters are needed
     ta = _kernel()
     monkeypatch.setattr(ta, "_MAX_COUNTERS", counters)
-    q, kc, vc, st = _case(bs, n, 8, 2, 16, [100] * bs, 0, 256)
+    q, kc, vc, st = _case(bs, n, 8, 2, 16, [100] * bs, 0, 384)  # split: counters are used
     with pytest.raises(ValueError, match="counters"):
-        ta.decode_attention(q, kc, vc, st, 0, 256, 0.25, causal=True)
+        ta.decode_attention(q, kc, vc, st, 0, 384, 0.25, causal=True)
     monkeypatch.setattr(ta, "_MAX_COUNTERS", counters + 1)  # exactly enough
     monkeypatch.setattr(ta, "_COUNTERS", {})  # allocated at that size for this test only
-    ta.decode_attention(q, kc, vc, st, 0, 256, 0.25, causal=True)
+    ta.decode_attention(q, kc, vc, st, 0, 384, 0.25, causal=True)
 
 
 def test_single_split_writes_the_output_directly():
@@ -117,9 +117,29 @@ def test_several_tiles_per_split(monkeypatch, splits, causal, window):
     _check(3, 4, 4, 2, 32, [0, 95, 250], 1, 256, causal=causal, window=window)
 
 
+@pytest.mark.parametrize("splits", [1, 3])  # 3: bfloat16 keeps its partial sums in bfloat16, float16 in float32
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_half_precision(dtype):
-    _check(2, 4, 8, 2, 32, [3, 130], 1, 192, causal=True, dtype=dtype, tol=2e-2)
+def test_half_precision(dtype, splits):
+    _check(2, 4, 8, 2, 32, [3, 130], 1, 192, causal=True, dtype=dtype, tol=2e-2, splits=splits)
+
+
+def test_a_gpu_without_the_shared_memory_for_128_key_tiles_gets_64(monkeypatch):
+    ta = _kernel()
+    real, tiles = ta._split_kernel, []
+
+    class Refusing:  # what Triton raises at the first launch when the tiles do not fit
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                tiles.append(kw["BLOCK_N"])
+                if kw["BLOCK_N"] > 64:
+                    raise ta.triton.runtime.errors.OutOfResources(300000, 232448, "shared memory")
+                return real[grid](*args, **kw)
+            return launch
+    monkeypatch.setattr(ta, "_split_kernel", Refusing())
+    monkeypatch.setattr(ta, "_SMALL_TILES", set())
+    for _ in range(2):
+        _check(2, 4, 8, 2, 32, [3, 130], 1, 192, causal=True)
+    assert tiles == [128, 64, 64]  # refused once, then 64-key tiles straight away
 
 
 def test_strided_q_as_qk_rope_returns_it():
@@ -137,6 +157,7 @@ def test_strided_q_as_qk_rope_returns_it():
 def test_num_splits_aims_at_one_program_per_sm():
     ta = _kernel()
     assert ta.num_splits(640, 8) == 5  # bs 1, Hkv 8, one token: 128 keys a split
+    assert ta.num_splits(256, 8) == ta.num_splits(256, 32) == 1  # two tiles in one program beat a merge
     assert ta.num_splits(4096, 8) == ta.MAX_SPLITS  # the serial merge caps it
     assert ta.num_splits(4096, 8 * 4) == 4  # a 16-token block: 4 row blocks per KV head, 132 SMs
     assert ta.num_splits(4096, 8 * 8) == 2  # batch 8, one token

@@ -92,10 +92,12 @@ def test_embed_norm_matches_the_gather_then_norm(ops):
         torch.testing.assert_close(got, want)
 
 
-@pytest.mark.parametrize("norm", [True, False])
-def test_qk_rope_store_matches_torch_and_writes_only_its_slots(ops, norm):
+@pytest.mark.parametrize("norm,group", [(True, 16), (False, 16), (True, 4), (False, 4)])
+def test_qk_rope_store_matches_torch_and_writes_only_its_slots(ops, norm, group, monkeypatch):
+    # 10 heads: in fours, a program holds query and key heads, and the last one two value heads and padding
+    monkeypatch.setattr(ops, "ROPE_HEADS", group)
     torch.manual_seed(1)
-    t, H, hkv, hd = 6, 4, 2, 32
+    t, H, hkv, hd = 6, 6, 2, 32
     qkv = torch.randn(t, (H + 2 * hkv) * hd)
     wqk = torch.randn(H + hkv, hd) if norm else None
     pos = torch.tensor([3, 4, 5, 9, 0, 17])

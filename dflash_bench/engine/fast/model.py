@@ -12,6 +12,7 @@ with an additive mask built once per step. Prefill (long `n`) always takes SDPA 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass
 
@@ -23,19 +24,31 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from dflash_bench.errors import UserError
 
 KERNEL_MAX_QUERIES = 32  # steps with at most this many tokens per row use the Triton attention kernel
-_INDEX: dict[tuple, torch.Tensor] = {}  # small index tensors of decode steps, made once (see `offsets`)
+_INDEX: dict[tuple, torch.Tensor] = {}  # index tensors of decode steps, made once (see `offsets`)
+_KEEP = [False]  # set by `decode_step`
+
+
+@contextlib.contextmanager
+def decode_step():
+    """Within it, `offsets` keeps what it makes: the runner's step bodies, whose shapes are few and fixed (a
+    prefill's are not, so they are made afresh and freed)."""
+    _KEEP[0] = True
+    try:
+        yield
+    finally:
+        _KEEP[0] = False
 
 
 def offsets(n: int, device: torch.device, row0: int = 0, bs: int = 0) -> torch.Tensor:
-    """`arange(n)`, or with `bs` the slot of every entry of a `[bs, n]` step (row i is slot row0 + i). Made
-    once per shape for decode-sized steps (n <= KERNEL_MAX_QUERIES) and shared: a graph replays no kernel for
-    them (the runner's warm-up, outside capture, makes them first). Read-only."""
+    """`arange(n)`, or with `bs` the slot of every entry of a `[bs, n]` step (row i is slot row0 + i). Inside
+    `decode_step`, made once per shape and shared: a graph replays no kernel for them (the runner's warm-up,
+    outside capture, makes them first). Read-only."""
     key = (n, str(device), row0, bs)
     t = _INDEX.get(key)
     if t is None:
         t = torch.arange(n, device=device) if not bs else \
             torch.arange(row0, row0 + bs, device=device)[:, None].expand(bs, n).contiguous()
-        if n <= KERNEL_MAX_QUERIES:
+        if _KEEP[0]:
             _INDEX[key] = t
     return t
 

@@ -24,7 +24,7 @@ from collections import deque
 import torch
 
 from dflash_bench.engine.fast.draft import FastDrafter
-from dflash_bench.engine.fast.model import FastTarget
+from dflash_bench.engine.fast.model import FastTarget, decode_step
 
 
 def synthetic_rate(tau: float, block_size: int) -> float:
@@ -290,7 +290,10 @@ class FastRunner:
         if synth is not None:
             self.synth_step += 1  # after the commit: its programs all read the same step
 
-    def _run(self, key: tuple, fn) -> None:
+    def _run(self, key: tuple, body) -> None:
+        def fn():
+            with decode_step():  # the step's index tensors are made once, outside capture, and kept
+                body()
         if not self.graphs_on:
             fn()
             return

@@ -27,9 +27,14 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK_N = 64  # keys per tile
+BLOCK_N = 128  # keys per tile; 64 on a GPU without the shared memory for 128 (see decode_attention)
 ROWS = 16  # query rows per program at most: the smallest tl.dot size, and a merge of few rows x splits
 WARPS = 4
+STAGES = 3
+# The split partials' dtype by q's (float32 otherwise). bfloat16 halves what the merging program reads (on
+# an H100, 16 queries over 400 keys: 6.8 us against 7.8 a layer) and rounds the partial sums as the output
+# is rounded anyway; float16 keeps float32, as an unnormalised sum could pass its range.
+PARTIALS = {torch.bfloat16: torch.bfloat16}
 LOG2E = 1.4426950408889634
 # Triton 3.7's interpreter multiplies bfloat16 tiles as their raw integer bit patterns in tl.dot, so there
 # (and only there: the CPU tests) bf16 dot operands are widened to float32 first.
@@ -51,11 +56,11 @@ def _dot(a, b, PRECISION: tl.constexpr, WIDEN: tl.constexpr):
 
 @triton.jit
 def _split_kernel(q_ptr, k_ptr, v_ptr, starts_ptr, out_ptr, part_ptr, m_ptr, l_ptr, cnt_ptr,
-                  row0, n_splits, scale_log2,
+                  row0, scale_log2,
                   sq_b, sq_n, sq_h, sk_s, sk_t, sk_h, sv_s, sv_t, sv_h,
                   N: tl.constexpr, H: tl.constexpr, HKV: tl.constexpr, REP: tl.constexpr, HD: tl.constexpr,
                   M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
-                  DIRECT: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr):
+                  DIRECT: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr, n_splits: tl.constexpr):
     """Program (b * HKV + kv_head, row block, split): the online softmax of the row block's M query rows over
     one split; the last split of a (b, kv_head, row block) to finish also merges all splits of those rows."""
     b = tl.program_id(0) // HKV
@@ -97,6 +102,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, starts_ptr, out_ptr, part_ptr, m_ptr, l_p
         kpos = k0 + tl.arange(0, BLOCK_N)
         in_split = kpos < hi
         k = tl.load(k_base + kpos[:, None] * sk_t + d[None, :], mask=in_split[:, None], other=0.0)
+        v = tl.load(v_base + kpos[:, None] * sv_t + d[None, :], mask=in_split[:, None], other=0.0)  # with k
         s = _dot(q, tl.trans(k), PRECISION, WIDEN) * scale_log2  # [M, BLOCK_N]
         if CAUSAL:
             valid = kpos[None, :] <= qpos[:, None]
@@ -113,7 +119,6 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, starts_ptr, out_ptr, part_ptr, m_ptr, l_p
         alpha = tl.exp2(m_i - m_ref)
         p = tl.exp2(s - m_ref[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_base + kpos[:, None] * sv_t + d[None, :], mask=in_split[:, None], other=0.0)
         acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISION, WIDEN)
         m_i = m_new
 
@@ -125,7 +130,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, starts_ptr, out_ptr, part_ptr, m_ptr, l_p
         tl.store(out_ptr + o_off, (acc / l_safe[:, None]).to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
     else:  # an empty split stores the neutral partial (m = -inf, l = 0, acc = 0)
         rows = tl.num_programs(0) // HKV * N * H
-        tl.store(part_ptr + split * rows * HD + o_off, acc, mask=row_ok[:, None])
+        tl.store(part_ptr + split * rows * HD + o_off, acc.to(part_ptr.dtype.element_ty), mask=row_ok[:, None])
         tl.store(m_ptr + split * rows + o_row, m_i, mask=row_ok)
         tl.store(l_ptr + split * rows + o_row, l_i, mask=row_ok)
         # Every thread's stores are issued before the (single-thread) release below publishes them, and the
@@ -139,22 +144,22 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, starts_ptr, out_ptr, part_ptr, m_ptr, l_p
 
 
 @triton.jit
-def _merge_splits(part_ptr, m_ptr, l_ptr, rows, o_row, o_off, row_ok, n_splits, M: tl.constexpr,
+def _merge_splits(part_ptr, m_ptr, l_ptr, rows, o_row, o_off, row_ok, n_splits: tl.constexpr, M: tl.constexpr,
                   HD: tl.constexpr):
     """The log-sum-exp merge of the n_splits partial softmaxes of the program's rows -> [M, HD]."""
     # Padding rows read a neutral m = 0, l = 1 so their (never stored) result stays finite.
     m_max = tl.full([M], float("-inf"), tl.float32)
-    for sp in range(n_splits):
+    for sp in tl.static_range(n_splits):  # unrolled: every split's loads are issued together
         m = tl.load(m_ptr + sp * rows + o_row, mask=row_ok, other=0.0, cache_modifier=".cg")
         m_max = tl.maximum(m_max, m)
     # Every query sees at least its own position, so some split has a finite max; empty splits weigh 0.
     num = tl.zeros([M, HD], tl.float32)
     den = tl.zeros([M], tl.float32)
-    for sp in range(n_splits):
+    for sp in tl.static_range(n_splits):
         w = tl.exp2(tl.load(m_ptr + sp * rows + o_row, mask=row_ok, other=0.0, cache_modifier=".cg") - m_max)
         den += tl.load(l_ptr + sp * rows + o_row, mask=row_ok, other=1.0, cache_modifier=".cg") * w
         part = tl.load(part_ptr + sp * rows * HD + o_off, mask=row_ok[:, None], other=0.0, cache_modifier=".cg")
-        num += part * w[:, None]
+        num += part.to(tl.float32) * w[:, None]
     return num / den[:, None]
 
 
@@ -180,14 +185,17 @@ MAX_SPLITS = 8  # the last split program merges the partials one split after ano
 
 
 def num_splits(L: int, programs: int, sms: int = 132) -> int:
-    """Splits per (row, KV head, row block) for `programs` = bs * Hkv * row blocks: about one program per SM
-    in all, at least 128 keys of the bucket length L a split, at most MAX_SPLITS.
+    """Splits per (row, KV head, row block) for `programs` = bs * Hkv * row blocks: none up to 256 keys,
+    then about one program per SM in all, at least 128 keys of the bucket length L a split, at most MAX_SPLITS.
 
     On an H100 (benchmarks/kernel_tuning.py, Qwen3-8B heads, 200-4000 keys) this is the fastest split count
-    or within 1 µs of it for batch 1 and 8 at 1 and 16 query tokens, except 16 tokens at batch 1 with 200
-    keys (7.7 µs a layer against 6.1 unsplit) and 4000 keys (22.3 against 19.7 at 8 splits). Aiming at two
+    or within 1 µs of it for batch 1 and 8 at 1 and 16 query tokens, except 4000 keys with 16 tokens at
+    batch 1 (22.3 µs against 19.7 at 8 splits). At 200 keys two 128-key tiles in one program beat two
+    programs and a merge: 5.4 µs a layer against 6.8 for 16 tokens, 5.2 against 5.7 for one. Aiming at two
     waves, as before, split a batch of 16-token blocks in two, which doubled its time.
     """
+    if L <= 256:
+        return 1
     return max(1, min(MAX_SPLITS, L // 128, sms // programs))
 
 
@@ -220,15 +228,27 @@ def decode_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, starts
     if splits == 1:
         part = m = l = cnt = out  # unused (DIRECT)
     else:
-        part = torch.empty(splits, bs * n * H, hd, dtype=torch.float32, device=q.device)
+        part = torch.empty(splits, bs * n * H, hd, dtype=PARTIALS.get(q.dtype, torch.float32), device=q.device)
         m = torch.empty(splits, bs * n * H, dtype=torch.float32, device=q.device)
         l = torch.empty(splits, bs * n * H, dtype=torch.float32, device=q.device)
         cnt = _counters(q.device, programs)
-    _split_kernel[(bs * hkv, row_blocks, splits)](
-        q, kc, vc, starts, out, part, m, l, cnt, row0, splits, scale * LOG2E,
-        q.stride(0), q.stride(1), q.stride(2), kc.stride(0), kc.stride(1), kc.stride(2),
-        vc.stride(0), vc.stride(1), vc.stride(2),
-        N=n, H=H, HKV=hkv, REP=rep, HD=hd, M=M, BLOCK_N=BLOCK_N, CAUSAL=causal, WINDOW=window or 0,
-        DIRECT=splits == 1, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        WIDEN=_INTERPRET and q.dtype == torch.bfloat16, num_warps=WARPS)
+    def launch(block_n):
+        _split_kernel[(bs * hkv, row_blocks, splits)](
+            q, kc, vc, starts, out, part, m, l, cnt, row0, scale * LOG2E,
+            q.stride(0), q.stride(1), q.stride(2), kc.stride(0), kc.stride(1), kc.stride(2),
+            vc.stride(0), vc.stride(1), vc.stride(2),
+            N=n, H=H, HKV=hkv, REP=rep, HD=hd, M=M, BLOCK_N=block_n, CAUSAL=causal, WINDOW=window or 0,
+            DIRECT=splits == 1, n_splits=splits, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+            WIDEN=_INTERPRET and q.dtype == torch.bfloat16, num_warps=WARPS, num_stages=STAGES)
+    block_n = 64 if q.device in _SMALL_TILES else BLOCK_N
+    try:
+        launch(block_n)
+    except triton.runtime.errors.OutOfResources:  # at the first launch, before any graph capture
+        if block_n == 64:
+            raise
+        _SMALL_TILES.add(q.device)
+        launch(64)
     return out
+
+
+_SMALL_TILES: set[torch.device] = set()  # GPUs whose shared memory does not hold 128-key tiles
