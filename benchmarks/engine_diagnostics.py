@@ -150,6 +150,23 @@ def kernels_agree(dev) -> dict:
         x = torch.randn(m, k, device=dev, generator=g, dtype=torch.bfloat16)
         w = torch.randn(n, k, device=dev, generator=g, dtype=torch.bfloat16) * 0.02
         worst["matmul"] = max(worst["matmul"], _graph_error(lambda: triton_gemm.linear(x, w), x.float() @ w.float().T))
+    # the greedy lm_head without logits picks what the argmax of the stored logits picks, under graph replays
+    from dflash_bench.engine.fast import triton_ops
+
+    ok = True
+    for m in (1, 16):
+        x = torch.randn(m, 4096, device=dev, generator=g, dtype=torch.bfloat16)
+        w = torch.randn(151936, 4096, device=dev, generator=g, dtype=torch.bfloat16) * 0.02
+        want = triton_ops.argmax(triton_gemm.linear(x, w))
+        ok &= bool(torch.equal(triton_gemm.linear_argmax(x, w), want))
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            got = triton_gemm.linear_argmax(x, w)
+        for _ in range(10):
+            got.fill_(-1)
+            graph.replay()
+            ok &= bool(torch.equal(got, want))
+    worst["lm_head_argmax_equal"] = ok
     return worst
 
 

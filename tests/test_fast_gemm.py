@@ -89,3 +89,31 @@ def test_a_plan_the_gpu_cannot_launch_falls_back_to_cublas(monkeypatch):
     for _ in range(2):
         assert torch.equal(tg.linear(x, w, b), F.linear(x, w, b))
     assert len(calls) == 1  # refused once, then straight to cuBLAS
+
+
+@pytest.mark.parametrize("m", [1, 5, 16])
+def test_linear_argmax_is_the_argmax_of_the_logits(m):
+    """The lm_head's greedy tokens without its logits: each column block's best, then the first of the best."""
+    tg = _gemm()
+    x, w, _ = _inputs(m, 512, 256, seed=m)
+    assert tg.plan_for(m, 512, 256).split == 1  # the fused path, not the fallback
+    w[300] = w[40] = 10 * x[0]  # row 0: a tie across column blocks (the first wins) ...
+    w[41] = w[40]  # ... and inside one
+    got = tg.linear_argmax(x, w)
+    assert got.dtype == torch.int64 and torch.equal(got, F.linear(x, w).argmax(-1))
+    assert got[0] == 40
+
+
+def test_linear_argmax_writes_into_a_view_and_falls_back_where_it_cannot_fuse(monkeypatch):
+    tg = _gemm()
+    x, w, _ = _inputs(15, 512, 256, seed=3)
+    tokens = torch.full((1, 16), -5, dtype=torch.int64)  # the runner's row: anchor, then 15 drafts
+    tg.linear_argmax(x, w, tokens[:, 1:])
+    assert torch.equal(tokens[0, 1:], F.linear(x, w).argmax(-1)) and tokens[0, 0] == -5
+    monkeypatch.setattr(tg, "plan_for", lambda *a, **k: tg.Plan(bn=64, bk=128, split=2))  # split-K: no fusing
+    assert torch.equal(tg.linear_argmax(x, w), F.linear(x, w).argmax(-1))
+    # bf16: the argmax of the logits as the matmul stores them, rounded (the interpreter rounds bf16 its own
+    # way, so the reference is the skinny kernel's stored logits, not torch's)
+    bf = x.to(torch.bfloat16), w.to(torch.bfloat16)
+    monkeypatch.undo()
+    assert torch.equal(tg.linear_argmax(*bf), tg.linear(*bf).argmax(-1))

@@ -87,6 +87,16 @@ class FastDrafter:
 
     def draft(self, anchors: torch.Tensor, starts: torch.Tensor, row0: int, L: int) -> torch.Tensor:
         """Draft logits `[bs, B-1, V]` for the block `[anchor, mask x (B-1)]` at `starts[b]..starts[b]+B-1`."""
+        return self.logits(self.hidden(anchors, starts, row0, L)).view(anchors.shape[0], self.B - 1, -1)
+
+    @property
+    def plain_head(self) -> bool:
+        """Whether the draft's logits are the lm_head's as they are (no multiplier, no softcap): then its
+        greedy tokens can be taken without writing the logits (`triton_gemm.linear_argmax`)."""
+        return self.c.output_multiplier == 1.0 and not self.c.final_logit_softcapping
+
+    def hidden(self, anchors: torch.Tensor, starts: torch.Tensor, row0: int, L: int) -> torch.Tensor:
+        """The final norm's output `[bs * (B-1), hidden]` at the block's mask positions (see `draft`)."""
         c, B, bs = self.c, self.B, anchors.shape[0]
         h, x = embed_norm(self.kernels, anchors[:, None], self.embed, self.layers[0].ln1, self.eps,
                           scale=c.input_embedding_scale, n=B, fill=c.mask_token_id)
@@ -95,8 +105,12 @@ class FastDrafter:
         _, x, _ = run_layers(self.layers, h, x, attend, self.norm, self.eps, self.kernels)
         # a contiguous [bs * (B-1), hidden] input: on a strided 3-D view F.linear falls back to a batched
         # matmul that reads the whole lm_head once per row
-        x = x.view(bs, B, -1)[:, 1:].reshape(bs * (B - 1), -1)
-        logits = matmul(self.kernels)(x, self.head).view(bs, B - 1, -1)
+        return x.view(bs, B, -1)[:, 1:].reshape(bs * (B - 1), -1)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Draft logits of `hidden`'s rows."""
+        c = self.c
+        logits = matmul(self.kernels)(x, self.head)
         if c.output_multiplier != 1.0:
             logits = logits * c.output_multiplier
         if c.final_logit_softcapping:

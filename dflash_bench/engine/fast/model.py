@@ -369,13 +369,14 @@ class FastTarget:
         return n * self.embed.element_size()
 
     def forward(self, ids: torch.Tensor, starts: torch.Tensor, row0: int, L: int, *, last_only: bool = False,
-                taps: tuple[int, ...] = (), on_taps=None):
+                taps: tuple[int, ...] = (), on_taps=None, head: bool = True):
         """Run ids `[bs, n]` at positions `starts[b] + j` in slots `row0..row0+bs-1`, attending to `[0, L)`.
 
         Returns (logits `[bs, n or 1, V]`, the outputs of layers `taps` concatenated `[bs, n, K * hidden]`
-        or None). With `on_taps`, that concatenation and the positions `[bs, n]` are instead handed to
-        `on_taps` as soon as the last tapped layer has run (so work on them can overlap the remaining layers)
-        and None is returned in its place.
+        or None); with head=False the final norm's output `[bs * (n or 1), hidden]` in place of the logits.
+        With `on_taps`, that concatenation and the positions `[bs, n]` are instead handed to `on_taps` as
+        soon as the last tapped layer has run (so work on them can overlap the later layers), and None is
+        returned in its place.
         """
         bs, n = ids.shape
         pos = starts[:, None] + offsets(n, ids.device)
@@ -389,7 +390,7 @@ class FastTarget:
         h, x, feats = run_layers(self.layers, h, x, attend, self.norm, self.eps, self.kernels, taps, hook)
         if last_only:  # contiguous rows: a strided 3-D input would make F.linear read lm_head once per row
             x = x.view(bs, n, -1)[:, -1].contiguous()
-        logits = matmul(self.kernels)(x, self.head).view(bs, 1 if last_only else n, -1)
+        out = matmul(self.kernels)(x, self.head).view(bs, 1 if last_only else n, -1) if head else x
         if not taps or on_taps is not None:
-            return logits, None
-        return logits, joined(feats)
+            return out, None
+        return out, joined(feats)

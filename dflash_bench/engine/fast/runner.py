@@ -24,7 +24,7 @@ from collections import deque
 import torch
 
 from dflash_bench.engine.fast.draft import FastDrafter
-from dflash_bench.engine.fast.model import FastTarget, decode_step
+from dflash_bench.engine.fast.model import FastTarget, decode_step, matmul
 
 
 def synthetic_rate(tau: float, block_size: int) -> float:
@@ -243,14 +243,16 @@ class FastRunner:
 
     # ---- the graphed bodies: compute, then commit the step for the active rows --------------------------
     def _ar(self, bs: int, L: int) -> None:
-        logits, _ = self.t.forward(self.anchor[:bs, None], self.start[:bs], 0, L)
-        if self.logits is not None:
-            self.logits[:bs] = logits
-        self._commit(bs, self._argmax(logits))
+        x, _ = self.t.forward(self.anchor[:bs, None], self.start[:bs], 0, L, head=False)
+        self._commit(bs, self._greedy(x, bs, 1))
 
     def _draft(self, bs: int, L: int) -> None:
-        logits = self.d.draft(self.anchor[:bs], self.start[:bs], 0, L)
-        self._argmax(logits, self.drafts[:bs])
+        x = self.d.hidden(self.anchor[:bs], self.start[:bs], 0, L)
+        drafts = self.drafts[:bs]
+        if self.t.kernels is not None and self.d.plain_head:
+            self.t.kernels[2].linear_argmax(x, self.d.head, drafts)
+        else:
+            self._argmax(self.d.logits(x).view(bs, self.B - 1, -1), drafts)
 
     def _verify(self, bs: int, L: int) -> None:
         """The target over `[anchor, drafts]`, then the commit. The drafter's context K/V of every row's 16
@@ -268,13 +270,21 @@ class FastRunner:
             self.side.wait_stream(main)
             with torch.cuda.stream(self.side):
                 self.d.write_context(feats, pos, 0, lane=1)
-        logits, _ = self.t.forward(ids, self.start[:bs], 0, L, taps=self.taps, on_taps=context)
-        post = self._argmax(logits)
-        if self.logits is not None:
-            self.logits[:bs] = logits
+        x, _ = self.t.forward(ids, self.start[:bs], 0, L, taps=self.taps, on_taps=context, head=False)
+        post = self._greedy(x, bs, self.B)
         if self.side is not None:
             main.wait_stream(self.side)
         self._commit(bs, post)
+
+    def _greedy(self, x: torch.Tensor, bs: int, n: int) -> torch.Tensor:
+        """The target's greedy tokens `[bs, n]` from its final hidden rows; the logits are written (for
+        logprobs) only when the runner keeps them."""
+        if self.logits is None and self.t.kernels is not None:
+            return self.t.kernels[2].linear_argmax(x, self.t.head).view(bs, n)
+        logits = matmul(self.t.kernels)(x, self.t.head).view(bs, n, -1)
+        if self.logits is not None:
+            self.logits[:bs] = logits
+        return self._argmax(logits)
 
     def _argmax(self, logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Greedy tokens of `logits` `[bs, n, V]` -> `[bs, n]`, written into `out` when given."""

@@ -46,7 +46,8 @@ class Plan:
 @triton.jit
 def _skinny_kernel(x_ptr, w_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, sxm, sym,
                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr,
-                   MODE: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr):
+                   MODE: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr,
+                   ARGMAX: tl.constexpr = False):
     pn = tl.program_id(0)
     ps = tl.program_id(1)
     rm = tl.arange(0, BM)
@@ -78,7 +79,14 @@ def _skinny_kernel(x_ptr, w_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, sxm, sy
         acc = tl.trans(acc_t)
     out = y_ptr + rm[:, None] * sym + rn[None, :]
     keep = rm[:, None] < M
-    if SPLIT == 1:
+    if ARGMAX:  # no output: each row's max over this column block (rounded as stored) and its first column
+        a = acc.to(x_ptr.dtype.element_ty).to(tl.float32)
+        best = tl.max(a, 1)
+        first = tl.min(tl.where(a == best[:, None], rn[None, :], N), 1)
+        chunks = N // BN
+        tl.store(y_ptr + rm * chunks + pn, best, mask=rm < M)  # y: float32 [M, chunks]
+        tl.store(ws_ptr + rm * chunks + pn, first, mask=rm < M)  # ws: int32 [M, chunks]
+    elif SPLIT == 1:
         if HAS_BIAS:
             acc += tl.load(b_ptr + rn).to(tl.float32)[None, :]
         tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=keep)
@@ -172,3 +180,39 @@ def skinny_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = 
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32", WIDEN=_INTERPRET and x.dtype != torch.float32,
         num_warps=plan.warps, num_stages=plan.stages)
     return y
+
+
+def linear_argmax(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """`argmax(x @ w.T, -1)` (the first column of the row's max, over the values rounded to x's dtype, as
+    torch's argmax over stored logits) for a greedy step: the lm_head's programs keep each row's best column
+    of their block instead of writing the logits, and one program a row picks among the blocks. `out`: an
+    int64 `[m]`, or any `[bs, n]` view with bs * n = m, written in place. Falls back to `linear` then
+    `triton_ops.argmax` where the skinny kernel does not run the whole matmul in one program per column block.
+    """
+    from dflash_bench.engine.fast import triton_ops
+
+    m, k = x.shape
+    n = w.shape[0]
+    plan = None
+    if x.stride(1) == 1 and w.is_contiguous() and x.dtype == w.dtype:
+        plan = plan_for(m, n, k, sm_count(x.device))
+    if plan is None or plan.split > 1 or plan.mode == "fma" or plan in _refused:
+        return triton_ops.argmax(linear(x, w), out)
+    chunks = n // plan.bn
+    val = torch.empty(m, chunks, dtype=torch.float32, device=x.device)
+    idx = torch.empty(m, chunks, dtype=torch.int32, device=x.device)
+    if out is None:
+        out = torch.empty(m, dtype=torch.int64, device=x.device)
+    o2 = out.view(-1, 1) if out.dim() == 1 else out
+    assert out.dtype == torch.int64 and o2.dim() == 2 and o2.numel() == m
+    try:
+        _skinny_kernel[(chunks, 1)](
+            x, w, val, val, idx, idx, m, n, k, x.stride(0), 0, BM=MAX_ROWS, BN=plan.bn, BK=plan.bk, SPLIT=1,
+            MODE=MODES[plan.mode], HAS_BIAS=False, PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+            WIDEN=_INTERPRET and x.dtype != torch.float32, ARGMAX=True, num_warps=plan.warps, num_stages=plan.stages)
+    except triton.runtime.errors.OutOfResources:  # raised at the first launch, before any graph capture
+        _refused.add(plan)
+        return triton_ops.argmax(linear(x, w), out)
+    triton_ops._argmax_rows_kernel[(m,)](val, idx, o2, chunks, n, o2.shape[1], o2.stride(0), o2.stride(1),
+                                         BLOCK=max(triton.next_power_of_2(chunks), 2))
+    return out
