@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python benchmarks/kernel_tuning.py          # GPU only, ~30 s
     PYTHONPATH=. python benchmarks/kernel_tuning.py --rope --attention-shapes   # only these sweeps, ~80 s
+    PYTHONPATH=. python benchmarks/kernel_tuning.py --no-attention   # norms and silu_mul only
 
 Rows: add_rms_norm over hidden 4096 at 1 and 16 tokens, silu_mul over 2 x 12288, for several num_warps; the
 decode attention (Qwen3-8B heads, batch 1 and 8) at 1 and 16 queries per row and 200-4000 keys for each forced
@@ -110,21 +111,23 @@ def rope_groups(dev, dt) -> None:
     H, hkv, hd = 32, 8, 128
     kc, vc = (torch.zeros(1, 1024, hkv, hd, device=dev, dtype=dt) for _ in range(2))
     cos, sin = (torch.randn(1024, hd // 2, device=dev) for _ in range(2))
-    chosen = ops.ROPE_HEADS
+    chosen = ops.ROPE_HEADS, ops.ROPE_WARPS
     try:
         for t, nq in ((1, H), (16, H), (16, 0)):
             qkv = torch.randn(t, (nq + 2 * hkv) * hd, device=dev, dtype=dt)
             w = torch.randn(nq + hkv, hd, device=dev, dtype=dt)
             rows = torch.zeros(t, dtype=torch.long, device=dev)
             pos = torch.arange(400, 400 + t, device=dev)
-            row = []
-            for g in (1, 2, 4, 8, 16, 32, 64):
-                ops.ROPE_HEADS = g
-                us = per_call_us(lambda: ops.qk_rope_store(qkv, nq, hkv, hd, cos, sin, rows, pos, kc, vc, w, 1e-6))
-                row.append(f"{g}: {us:5.2f}")
-            print(f"qk_rope_store t={t:<2} q heads {nq:<2}: us by heads per program  " + "  ".join(row), flush=True)
+            for warps in (1, 2, 4):
+                row = []
+                for g in (1, 2, 4, 8, 16, 32, 64):
+                    ops.ROPE_HEADS, ops.ROPE_WARPS = g, warps
+                    us = per_call_us(lambda: ops.qk_rope_store(qkv, nq, hkv, hd, cos, sin, rows, pos, kc, vc, w, 1e-6))
+                    row.append(f"{g}: {us:5.2f}")
+                print(f"qk_rope_store t={t:<2} q heads {nq:<2} {warps} warps: us by heads per program  "
+                      + "  ".join(row), flush=True)
     finally:
-        ops.ROPE_HEADS = chosen
+        ops.ROPE_HEADS, ops.ROPE_WARPS = chosen
 
 
 def main() -> None:
@@ -149,7 +152,8 @@ def main() -> None:
             for nw in (4, 8):
                 us = per_call_us(lambda: ops._silu_mul_kernel[(t, triton.cdiv(12288, block))](gu, o, gu.stride(0), 12288, BLOCK=block, num_warps=nw))
                 print(f"silu_mul     t={t:<3} BLOCK={block:<4} num_warps={nw} {us:6.2f} us")
-    attention_splits(dev, dt)
+    if "--no-attention" not in sys.argv:
+        attention_splits(dev, dt)
     x = torch.randn(1, 4096, device=dev, dtype=dt)
     print(f"an empty-ish torch kernel (x.add_(0)) under a graph: {per_call_us(lambda: x.add_(0)):.2f} us")
 

@@ -145,7 +145,6 @@ def test_commit_matches_the_torch_commit_exactly(ops, mode):
         return rows[:, 1]
     state = dict(drafts=drafts, active=torch.tensor([1, 1, 0, 1, 1, 0, 1, 1]), start=torch.randint(1, 40, (S,)),
                  anchor=column(torch.randint(0, 100, (S,))), out=torch.randint(0, 9, (S, Bk + 1)))
-    synth = None
     if mode == "synthetic":
         rate = synthetic_rate(3.0, Bk)
         uniforms = torch.rand(7, S, Bk - 1)
@@ -153,19 +152,22 @@ def test_commit_matches_the_torch_commit_exactly(ops, mode):
         uniforms[9 % 7, :bs, 0] = torch.stack([r32, r32.nextafter(torch.tensor(0.0)), r32.nextafter(torch.tensor(1.0)),
                                                torch.tensor(0.0), torch.tensor(0.99), r32])  # rate rounds as in torch
         uniforms[9 % 7, 3] = 0.0  # a row that accepts every draft
-        synth = (uniforms, torch.tensor(9), rate)  # the step counter cycles past the table's rows
+        uniforms[8 % 7, 5] = 0.0  # row 5 is a step behind (its own counter): it reads table row 1
+        state["step"] = torch.tensor([9, 9, 9, 9, 9, 8, 9, 9])  # the counters cycle past the table's rows
     state0 = {k: v.clone() for k, v in state.items()}
     ref = {k: column(v) if k == "anchor" else v.clone() for k, v in state.items()}
     rows = lambda d: [d[k][:bs] for k in ("drafts", "active", "start", "anchor", "out")]  # noqa: E731
-    commit(post, *rows(ref), synth)
-    ops.commit(post, *rows(state), synth)
+    synth = lambda d: (uniforms, d["step"][:bs], rate) if mode == "synthetic" else None  # noqa: E731
+    commit(post, *rows(ref), synth(ref))
+    ops.commit(post, *rows(state), synth(state))
     for k in state:
         assert torch.equal(state[k], ref[k]), k
     acc = ref["out"][:bs, 0]
     if mode == "match":
         assert torch.equal(acc, want)
     if mode == "synthetic":
-        assert acc[3] == Bk - 1 and acc[1] > 0 and acc[2] == 0 and acc[0] == 0
+        assert acc[3] == acc[5] == Bk - 1 and acc[1] > 0 and acc[2] == 0 and acc[0] == 0
+        assert torch.equal(ref["step"] - state0["step"], (torch.arange(S) < bs).long())  # each row's, once
     moved = ref["start"] - state0["start"]
     assert torch.equal(moved[:bs], (acc + 1) * state0["active"][:bs]) and not moved[bs:].any()
 

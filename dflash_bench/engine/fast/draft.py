@@ -63,10 +63,14 @@ class FastDrafter:
             n += ly.wqkv.numel() + ly.wo.numel() + ly.w13.numel() + ly.w2.numel()
         return n * self.embed.element_size()
 
-    def write_context(self, feats: torch.Tensor, pos: torch.Tensor, row0: int, *, lane: int = 0) -> None:
-        """Context K/V of target features `[bs, n, K*h]` at positions `pos` `[bs, n]` of slots from `row0`
-        (`lane` 1 when it runs beside the target's forward: see `model.matmul`)."""
+    def write_context(self, feats: torch.Tensor | list[torch.Tensor], pos: torch.Tensor, row0: int, *,
+                      lane: int = 0) -> None:
+        """Context K/V of target features `[bs, n, K*h]` (or the K tapped outputs `[bs * n, h]`, joined here)
+        at positions `pos` `[bs, n]` of slots from `row0` (`lane` 1 when it runs beside the target's forward:
+        see `model.matmul`)."""
         bs, n = pos.shape
+        if isinstance(feats, list):
+            feats = torch.cat(feats, -1)
         mm = matmul(self.kernels, lane)
         ctx = norm(self.kernels)(mm(feats.reshape(bs * n, -1), self.fc), self.hidden_norm, self.eps)
         kv_all = mm(ctx, self.wkv, self.bkv)
@@ -95,12 +99,15 @@ class FastDrafter:
         greedy tokens can be taken without writing the logits (`triton_gemm.linear_argmax`)."""
         return self.c.output_multiplier == 1.0 and not self.c.final_logit_softcapping
 
-    def hidden(self, anchors: torch.Tensor, starts: torch.Tensor, row0: int, L: int) -> torch.Tensor:
-        """The final norm's output `[bs * (B-1), hidden]` at the block's mask positions (see `draft`)."""
+    def hidden(self, anchors: torch.Tensor, starts: torch.Tensor, row0: int, L: int,
+               pos: torch.Tensor | None = None) -> torch.Tensor:
+        """The final norm's output `[bs * (B-1), hidden]` at the block's mask positions (see `draft`; `pos`:
+        the block's positions `starts[:, None] + arange(B)`, when the caller has them already)."""
         c, B, bs = self.c, self.B, anchors.shape[0]
         h, x = embed_norm(self.kernels, anchors[:, None], self.embed, self.layers[0].ln1, self.eps,
                           scale=c.input_embedding_scale, n=B, fill=c.mask_token_id)
-        pos = starts[:, None] + offsets(B, starts.device)
+        if pos is None:
+            pos = starts[:, None] + offsets(B, starts.device)
         attend = self.attention(pos, starts, row0, L)
         _, x, _ = run_layers(self.layers, h, x, attend, self.norm, self.eps, self.kernels)
         # a contiguous [bs * (B-1), hidden] input: on a strided 3-D view F.linear falls back to a batched

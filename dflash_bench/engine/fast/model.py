@@ -369,28 +369,30 @@ class FastTarget:
         return n * self.embed.element_size()
 
     def forward(self, ids: torch.Tensor, starts: torch.Tensor, row0: int, L: int, *, last_only: bool = False,
-                taps: tuple[int, ...] = (), on_taps=None, head: bool = True):
+                taps: tuple[int, ...] = (), on_taps=None, head: bool = True, pos: torch.Tensor | None = None):
         """Run ids `[bs, n]` at positions `starts[b] + j` in slots `row0..row0+bs-1`, attending to `[0, L)`.
 
         Returns (logits `[bs, n or 1, V]`, the outputs of layers `taps` concatenated `[bs, n, K * hidden]`
         or None); with head=False the final norm's output `[bs * (n or 1), hidden]` in place of the logits.
-        With `on_taps`, that concatenation and the positions `[bs, n]` are instead handed to `on_taps` as
-        soon as the last tapped layer has run (so work on them can overlap the later layers), and None is
-        returned in its place.
+        With `on_taps`, the tapped outputs (a list of `[bs * n, hidden]`, in `taps` order, to be joined by the
+        callee) and the positions `[bs, n]` are instead handed to `on_taps` as soon as the last tapped layer has
+        run (so work on them can overlap the later layers), and None is returned in place of the
+        concatenation. `pos`: the positions `starts[:, None] + arange(n)`, when the caller has them already.
         """
         bs, n = ids.shape
-        pos = starts[:, None] + offsets(n, ids.device)
+        if pos is None:
+            pos = starts[:, None] + offsets(n, ids.device)
         attend = self.attention(pos, starts, row0, L)
         h, x = embed_norm(self.kernels, ids, self.embed, self.layers[0].ln1, self.eps)
 
-        def joined(feats):
+        def ordered(feats):
             by_layer = dict(zip(sorted(set(taps)), feats))
-            return torch.cat([by_layer[i] for i in taps], -1).view(bs, n, -1)
-        hook = None if on_taps is None else (lambda feats: on_taps(joined(feats), pos))
+            return [by_layer[i] for i in taps]
+        hook = None if on_taps is None else (lambda feats: on_taps(ordered(feats), pos))
         h, x, feats = run_layers(self.layers, h, x, attend, self.norm, self.eps, self.kernels, taps, hook)
         if last_only:  # contiguous rows: a strided 3-D input would make F.linear read lm_head once per row
             x = x.view(bs, n, -1)[:, -1].contiguous()
         out = matmul(self.kernels)(x, self.head).view(bs, 1 if last_only else n, -1) if head else x
         if not taps or on_taps is not None:
             return out, None
-        return out, joined(feats)
+        return out, torch.cat(ordered(feats), -1).view(bs, n, -1)

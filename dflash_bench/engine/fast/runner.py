@@ -13,7 +13,7 @@ results are discarded and `active` keeps their state still.
 
 Synthetic acceptance (benchmarks only): the verifier accepts a drawn number of drafts instead of comparing
 them with the target, each position with probability a, leading run kept, so that E[tokens per step] = tau.
-The uniforms come from a seeded table on the device, read at a step counter the graph advances.
+The uniforms come from a seeded table on the device, read at a per-row step counter the commit advances.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from collections import deque
 import torch
 
 from dflash_bench.engine.fast.draft import FastDrafter
-from dflash_bench.engine.fast.model import FastTarget, decode_step, matmul
+from dflash_bench.engine.fast.model import FastTarget, decode_step, matmul, offsets
 
 
 def synthetic_rate(tau: float, block_size: int) -> float:
@@ -49,8 +49,9 @@ def commit(post: torch.Tensor, drafts: torch.Tensor, active: torch.Tensor, start
     """The end of a step: accept, then advance the active rows (the reference of `triton_ops.commit`, same args)."""
     n = post.shape[1] - 1  # drafts per row (AR: none)
     if synth is not None:
-        uniforms, step, rate = synth
-        ok = uniforms.index_select(0, (step % uniforms.shape[0]).view(1))[0, :len(post)] < rate  # no host read
+        uniforms, step, rate = synth  # step: each row's own counter, advanced here
+        ok = uniforms[step % uniforms.shape[0], torch.arange(len(post), device=post.device)] < rate  # no host read
+        step += 1
     else:
         ok = drafts[:, :n] == post[:, :-1]
     acc = ok.long().cumprod(1).sum(1)
@@ -88,6 +89,7 @@ class FastRunner:
         self.tokens = torch.zeros(self.S, self.B, **long)
         self.anchor = self.tokens[:, 0]
         self.drafts = self.tokens[:, 1:] if self.B > 1 else torch.zeros(self.S, 1, **long)
+        self.pos = torch.zeros(self.S, self.B, **long)  # the step's positions: set by the draft, read by the verify
         self.out = torch.zeros(self.S, self.B + 1, **long)  # per row: accepted, drafts..., bonus (AR: the token)
         # two host copies of `out`: a step's tokens are read while the next one runs
         self.host = [torch.zeros(self.S, self.B + 1, dtype=torch.long, pin_memory=dev.type == "cuda") for _ in range(2)]
@@ -103,7 +105,7 @@ class FastRunner:
         if self.rate is not None:
             gen = torch.Generator().manual_seed(seed)
             self.uniforms = torch.rand(SYNTHETIC_STEPS, self.S, self.B - 1, generator=gen).to(dev)
-            self.synth_step = torch.zeros((), **long)
+            self.synth_step = torch.zeros(self.S, **long)  # per row: its commit advances it, no extra launch
         self.host_start: dict[int, int] = {}
         self.admitted = [0] * self.S  # requests admitted per slot: a step in flight from before is not theirs
         self._stepped: tuple = ()
@@ -247,7 +249,8 @@ class FastRunner:
         self._commit(bs, self._greedy(x, bs, 1))
 
     def _draft(self, bs: int, L: int) -> None:
-        x = self.d.hidden(self.anchor[:bs], self.start[:bs], 0, L)
+        pos = torch.add(self.start[:bs, None], offsets(self.B, self.dev), out=self.pos[:bs])
+        x = self.d.hidden(self.anchor[:bs], self.start[:bs], 0, L, pos=pos)
         drafts = self.drafts[:bs]
         if self.t.kernels is not None and self.d.plain_head:
             self.t.kernels[2].linear_argmax(x, self.d.head, drafts)
@@ -270,7 +273,8 @@ class FastRunner:
             self.side.wait_stream(main)
             with torch.cuda.stream(self.side):
                 self.d.write_context(feats, pos, 0, lane=1)
-        x, _ = self.t.forward(ids, self.start[:bs], 0, L, taps=self.taps, on_taps=context, head=False)
+        x, _ = self.t.forward(ids, self.start[:bs], 0, L, taps=self.taps, on_taps=context, head=False,
+                              pos=self.pos[:bs])
         post = self._greedy(x, bs, self.B)
         if self.side is not None:
             main.wait_stream(self.side)
@@ -294,11 +298,9 @@ class FastRunner:
         return ids if out is None else out.copy_(ids)
 
     def _commit(self, bs: int, post: torch.Tensor) -> None:
-        synth = (self.uniforms, self.synth_step, self.rate) if self.rate is not None else None
+        synth = (self.uniforms, self.synth_step[:bs], self.rate) if self.rate is not None else None
         fn = commit if self.t.kernels is None else self.t.kernels[0].commit  # the kernel: one launch, not a dozen
         fn(post, self.drafts[:bs], self.active[:bs], self.start[:bs], self.anchor[:bs], self.out[:bs], synth)
-        if synth is not None:
-            self.synth_step += 1  # after the commit: its programs all read the same step
 
     def _run(self, key: tuple, body) -> None:
         def fn():

@@ -195,6 +195,7 @@ def _qk_rope_store_kernel(qkv_ptr, stride_t, q_ptr, w_ptr, cos_ptr, sin_ptr, row
 
 
 ROPE_HEADS = 4  # heads per program of qk_rope_store: on an H100 1.2 us for one token, 1.6 for 16 (16 heads: 1.7, 1.8)
+ROPE_WARPS = 4
 
 
 def qk_rope_store(qkv: torch.Tensor, nq: int, hkv: int, hd: int, cos: torch.Tensor, sin: torch.Tensor,
@@ -214,7 +215,8 @@ def qk_rope_store(qkv: torch.Tensor, nq: int, hkv: int, hd: int, cos: torch.Tens
     g = min(ROPE_HEADS, triton.next_power_of_2(heads))
     _qk_rope_store_kernel[(t, triton.cdiv(heads, g))](
         qkv, qkv.stride(0), kc if q is None else q, cos if wqk is None else wqk, cos, sin, rows, pos, kc, vc,
-        kc.stride(0), kc.stride(1), kc.stride(2), eps, NQ=nq, HKV=hkv, HD=hd, NORM=wqk is not None, G=g)
+        kc.stride(0), kc.stride(1), kc.stride(2), eps, NQ=nq, HKV=hkv, HD=hd, NORM=wqk is not None, G=g,
+        num_warps=ROPE_WARPS)
     return q
 
 
@@ -248,9 +250,10 @@ def _commit_kernel(post_ptr, s_post, drafts_ptr, s_drafts, active_ptr, start_ptr
     is_draft = k < B - 1
     post = tl.load(post_ptr + r * s_post + k, mask=k < B, other=0)
     drafts = tl.load(drafts_ptr + r * s_drafts + k, mask=is_draft, other=0)
-    if SYNTH:
-        step = tl.load(step_ptr) % steps
-        ok = tl.load(u_ptr + step * s_step + r * s_row + k, mask=is_draft, other=1.0) < rate
+    if SYNTH:  # the row's own step counter, advanced here (every program touches only its row's)
+        count = tl.load(step_ptr + r)
+        tl.store(step_ptr + r, count + 1)
+        ok = tl.load(u_ptr + (count % steps) * s_step + r * s_row + k, mask=is_draft, other=1.0) < rate
     else:
         ok = drafts == post  # draft k against the target's token after the anchor and drafts 0..k-1
     acc = tl.min(tl.where(is_draft & (~ok), k, B - 1), axis=0)  # the leading run of accepted drafts
@@ -271,16 +274,17 @@ def commit(post: torch.Tensor, drafts: torch.Tensor, active: torch.Tensor, start
     post `[bs, B]`: the target's tokens after the anchor and each draft; drafts `[bs, >= B - 1]`; active, start
     `[bs]`, anchor `[bs]` (any stride: a column of the runner's token rows); out `[bs, B + 1]` (row slices of
     the runner's buffers). Accepts the leading drafts that match `post`, or with synth = (uniforms
-    `[steps, >= bs, B - 1]`, step counter (0-d, read here), rate) those whose uniform at row `step % steps` is
-    below rate. Then for the active rows start += accepted + 1, anchor = the bonus token; out = [accepted,
-    drafts, bonus] for every row. AR (B == 1) has no drafts. `runner.commit` is the torch reference.
+    `[steps, >= bs, B - 1]`, per-row step counters `[bs]`, rate) those whose uniform at table row
+    `step[r] % steps` is below rate, and advances every row's counter. Then for the active rows
+    start += accepted + 1, anchor = the bonus token; out = [accepted, drafts, bonus] for every row. AR
+    (B == 1) has no drafts. `runner.commit` is the torch reference.
     """
     bs, B = post.shape
     assert post.stride(1) == drafts.stride(1) == out.stride(1) == 1
     assert active.is_contiguous() and start.is_contiguous()
     u, step, rate = synth if synth is not None else (post, post, 0.0)  # unread without synth
     if synth is not None:
-        assert u.stride(2) == 1 and step.dim() == 0
+        assert u.stride(2) == 1 and step.shape == (bs,) and step.is_contiguous()
     _commit_kernel[(bs,)](post, post.stride(0), drafts, drafts.stride(0), active, start, anchor, anchor.stride(0),
                           out, out.stride(0), u, step, u.shape[0], u.stride(0), u.stride(1), rate,
                           B=B, BLOCK=max(triton.next_power_of_2(B), 2), SYNTH=synth is not None)
