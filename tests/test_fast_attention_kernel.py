@@ -154,6 +154,23 @@ def test_strided_q_as_qk_rope_returns_it():
     torch.testing.assert_close(out, _reference(q, kc, vc, st, 0, L, 0.3, causal=True), rtol=1e-5, atol=1e-5)
 
 
+def test_grids_past_one_wave_take_64_key_tiles(monkeypatch):
+    ta = _kernel()
+    real, tiles = ta._split_kernel, []
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                tiles.append(kw["BLOCK_N"])
+                return real[grid](*args, **kw)
+            return launch
+    monkeypatch.setattr(ta, "_split_kernel", Spy())
+    _check(2, 4, 8, 2, 32, [3, 130], 1, 192, causal=True)  # 4 programs on a 132-SM GPU: one wave
+    monkeypatch.setattr(ta, "sm_count", lambda device: 3)  # the same 4 programs on a 3-SM GPU: two waves
+    _check(2, 4, 8, 2, 32, [3, 130], 1, 192, causal=True)
+    assert tiles == [128, 64]
+
+
 def test_num_splits_aims_at_one_program_per_sm():
     ta = _kernel()
     assert ta.num_splits(640, 8) == 5  # bs 1, Hkv 8, one token: 128 keys a split
