@@ -5,8 +5,10 @@ For a batch-1 AR step and a DFlash step (draft graph + verify graph), at one KV-
 time per step and the number of launches, plus the idle time between kernels (the graphs' launch gaps). The
 kernels DFlash runs that AR does not are listed by name, so a DFlash-only cost can be found.
 
-    PYTHONPATH=. python benchmarks/step_anatomy.py --out anatomy.json   # GPU, about a minute
-    python benchmarks/step_anatomy.py --shape tiny --device cpu --steps 2   # checks the script runs
+    PYTHONPATH=. python benchmarks/step_anatomy.py --out anatomy.json   # GPU only, about 40 s
+
+It also times the DFlash step with the drafter's context K/V run after the target's layers instead of
+beside them (FastRunner(overlap=False)): the span shows what the second stream saves.
 """
 
 from __future__ import annotations
