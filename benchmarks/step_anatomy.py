@@ -97,8 +97,7 @@ def main() -> None:
     a = ap.parse_args()
     dev = torch.device(a.device)
     if dev.type != "cuda":
-        print("step_anatomy profiles CUDA graphs: it needs a GPU (--device cuda)")
-        return
+        raise SystemExit("step_anatomy profiles CUDA graphs: it needs a GPU (--device cuda)")
     torch.manual_seed(0)
     shape = SHAPES[a.shape]
     hf, drafter = build_pair(shape, dev, torch.bfloat16)
