@@ -129,7 +129,7 @@ def kernels_agree(dev) -> dict:
     run the kernels in Triton's interpreter, one program at a time, which cannot show a race)."""
     if dev.type != "cuda":
         return {}
-    from dflash_bench.engine.fast import triton_attn, triton_gemm
+    from dflash_bench.engine.fast import triton_attn, triton_gemm, triton_ops
     from dflash_bench.engine.fast.model import attention, step_mask
 
     g = torch.Generator(device=dev).manual_seed(0)
@@ -151,8 +151,6 @@ def kernels_agree(dev) -> dict:
         w = torch.randn(n, k, device=dev, generator=g, dtype=torch.bfloat16) * 0.02
         worst["matmul"] = max(worst["matmul"], _graph_error(lambda: triton_gemm.linear(x, w), x.float() @ w.float().T))
     # the greedy lm_head without logits picks what the argmax of the stored logits picks, under graph replays
-    from dflash_bench.engine.fast import triton_ops
-
     ok = True
     for m in (1, 16):
         x = torch.randn(m, 4096, device=dev, generator=g, dtype=torch.bfloat16)

@@ -89,10 +89,6 @@ class FastDrafter:
             k = rope(rms_norm(kv[:, :kvd // 2].view(-1, hkv, hd), None, eps) * ly.wqk[H:], cos, sin)
             self.cache.write(i, rows, pos, k.view(bs, n, hkv, hd), kv[:, kvd // 2:].view(bs, n, hkv, hd))
 
-    def draft(self, anchors: torch.Tensor, starts: torch.Tensor, row0: int, L: int) -> torch.Tensor:
-        """Draft logits `[bs, B-1, V]` for the block `[anchor, mask x (B-1)]` at `starts[b]..starts[b]+B-1`."""
-        return self.logits(self.hidden(anchors, starts, row0, L)).view(anchors.shape[0], self.B - 1, -1)
-
     @property
     def plain_head(self) -> bool:
         """Whether the draft's logits are the lm_head's as they are (no multiplier, no softcap): then its
@@ -101,8 +97,9 @@ class FastDrafter:
 
     def hidden(self, anchors: torch.Tensor, starts: torch.Tensor, row0: int, L: int,
                pos: torch.Tensor | None = None) -> torch.Tensor:
-        """The final norm's output `[bs * (B-1), hidden]` at the block's mask positions (see `draft`; `pos`:
-        the block's positions `starts[:, None] + arange(B)`, when the caller has them already)."""
+        """The draft for the block `[anchor, mask x (B-1)]` at `starts[b]..starts[b]+B-1`, up to the final
+        norm: its output `[bs * (B-1), hidden]` at the mask positions (`logits` maps it to the vocabulary).
+        `pos`: the block's positions `starts[:, None] + arange(B)`, when the caller has them already."""
         c, B, bs = self.c, self.B, anchors.shape[0]
         h, x = embed_norm(self.kernels, anchors[:, None], self.embed, self.layers[0].ln1, self.eps,
                           scale=c.input_embedding_scale, n=B, fill=c.mask_token_id)

@@ -181,7 +181,7 @@ def _counters(device: torch.device, programs: int) -> torch.Tensor:
     return _COUNTERS[device]
 
 
-MAX_SPLITS = 8  # the last split program merges the partials one split after another
+MAX_SPLITS = 8  # the last split program's merge is unrolled over the splits, and holds them all in flight
 
 
 def num_splits(L: int, programs: int, sms: int = 132) -> int:

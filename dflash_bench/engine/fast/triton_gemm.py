@@ -199,12 +199,7 @@ def linear_argmax(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = N
     if plan is None or plan.split > 1 or plan.mode == "fma" or plan in _refused:
         return triton_ops.argmax(linear(x, w), out)
     chunks = n // plan.bn
-    val = torch.empty(m, chunks, dtype=torch.float32, device=x.device)
-    idx = torch.empty(m, chunks, dtype=torch.int32, device=x.device)
-    if out is None:
-        out = torch.empty(m, dtype=torch.int64, device=x.device)
-    o2 = out.view(-1, 1) if out.dim() == 1 else out
-    assert out.dtype == torch.int64 and o2.dim() == 2 and o2.numel() == m
+    val, idx = triton_ops.chunk_maxima(m, chunks, x.device)
     try:
         _skinny_kernel[(chunks, 1)](
             x, w, val, val, idx, idx, m, n, k, x.stride(0), 0, BM=MAX_ROWS, BN=plan.bn, BK=plan.bk, SPLIT=1,
@@ -213,6 +208,6 @@ def linear_argmax(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = N
     except triton.runtime.errors.OutOfResources:  # raised at the first launch, before any graph capture
         _refused.add(plan)
         return triton_ops.argmax(linear(x, w), out)
-    triton_ops._argmax_rows_kernel[(m,)](val, idx, o2, chunks, n, o2.shape[1], o2.stride(0), o2.stride(1),
-                                         BLOCK=max(triton.next_power_of_2(chunks), 2))
-    return out
+    if out is None:
+        out = torch.empty(m, dtype=torch.int64, device=x.device)
+    return triton_ops.pick_chunk(val, idx, n, out)

@@ -141,13 +141,24 @@ def argmax(logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tenso
     x = logits.reshape(-1, n)
     assert x.stride(1) == 1
     rows, chunks = x.shape[0], triton.cdiv(n, ARGMAX_CHUNK)
-    val = torch.empty(rows, chunks, dtype=torch.float32, device=x.device)
-    idx = torch.empty(rows, chunks, dtype=torch.int32, device=x.device)
-    if out is None:
-        out = torch.empty(logits.shape[:-1], dtype=torch.int64, device=x.device)
+    val, idx = chunk_maxima(rows, chunks, x.device)
+    _argmax_chunk_kernel[(rows, chunks)](x, x.stride(0), n, val, idx, chunks, BLOCK=ARGMAX_CHUNK, num_warps=8)
+    return pick_chunk(val, idx, n, torch.empty(logits.shape[:-1], dtype=torch.int64, device=x.device)
+                      if out is None else out)
+
+
+def chunk_maxima(rows: int, chunks: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Buffers for each row's max per column chunk (float32) and its first column (int32)."""
+    return (torch.empty(rows, chunks, dtype=torch.float32, device=device),
+            torch.empty(rows, chunks, dtype=torch.int32, device=device))
+
+
+def pick_chunk(val: torch.Tensor, idx: torch.Tensor, n: int, out: torch.Tensor) -> torch.Tensor:
+    """The second stage of a greedy argmax: per row, the first column of the best chunk maximum, into `out`
+    (int64 `[rows]`, or any `[bs, k]` view with bs * k = rows)."""
+    rows, chunks = val.shape
     o2 = out.view(-1, 1) if out.dim() == 1 else out
     assert out.dtype == torch.int64 and o2.dim() == 2 and o2.numel() == rows
-    _argmax_chunk_kernel[(rows, chunks)](x, x.stride(0), n, val, idx, chunks, BLOCK=ARGMAX_CHUNK, num_warps=8)
     _argmax_rows_kernel[(rows,)](val, idx, o2, chunks, n, o2.shape[1], o2.stride(0), o2.stride(1),
                                  BLOCK=max(triton.next_power_of_2(chunks), 2))
     return out
