@@ -63,8 +63,10 @@ def test_plan_for_takes_decode_shapes_and_leaves_the_rest_to_cublas():
     assert tg.plan_for(1, 4096, 4096) == tg.Plan(bn=64, split=2)  # o_proj: 64 blocks x 2 = 128 programs
     assert tg.plan_for(16, 6144, 4096) == tg.Plan(bn=64, split=1)  # q/k/v: 96 blocks; 192 would be 2 waves
     assert tg.plan_for(16, 10240, 4096) == tg.Plan(bn=128)  # drafter k/v: 80 programs, not 160
-    assert tg.plan_for(1, 24576, 4096) == tg.Plan(bn=64, split=1)  # gate/up: 384 blocks, many waves
-    assert tg.plan_for(16, 151936, 4096) == tg.Plan(bn=64, split=1)  # lm_head
+    # gate/up: 384 blocks, three a SM at once with 128-deep tiles; lm_head's 2374 blocks take 256
+    assert tg.plan_for(1, 24576, 4096) == tg.Plan(bn=64, bk=128) == tg.plan_for(16, 24576, 4096)
+    assert tg.plan_for(16, 151936, 4096) == tg.Plan(bn=64, split=1)
+    assert tg.plan_for(16, 24576, 4096, sms=100) == tg.Plan(bn=64)  # past three a SM: 256 deep
     assert tg.plan_for(1, 4096, 4096, sms=64) == tg.Plan(bn=64, split=1)  # a smaller GPU: no split
     assert tg.plan_for(17, 4096, 4096) is None  # prefill and big batches: cuBLAS
     assert tg.plan_for(1, 4100, 4096) is None  # no column block divides n

@@ -126,9 +126,13 @@ def plan_for(m: int, n: int, k: int, sms: int = 132) -> Plan | None:
 
     Swapped tensor-core tiles 256 deep. A wide matmul (two waves of 64-column blocks or more) takes 64
     columns a program; a narrower one takes the block width and k-split whose grid comes closest to one
-    program per SM without passing it (a second, partial wave leaves SMs idle at the tail). On an H100
-    (benchmarks/gemm_tuning.py) that is faster than cuBLAS on every decode shape of the Qwen3-8B pair at 1
-    and 16 rows, and at most 7% slower than the best of the ~100 settings swept per shape (o_proj at 16 rows).
+    program per SM without passing it (a second, partial wave leaves SMs idle at the tail). A wide grid of at
+    most three programs per SM (gate/up: 384 blocks on 132 SMs) takes tiles 128 deep: at half the shared
+    memory three programs fit on an SM, so the whole grid is resident at once, with no tail wave (H100: a
+    DFlash step, 36 + 5 layers at 16 rows, 21-23 us faster than with 256-deep tiles; AR within 4 us).
+    On an H100 (benchmarks/gemm_tuning.py) that beats cuBLAS on 12 of the Qwen3-8B pair's 14 decode shapes
+    (7 shapes at 1 and 16 rows) and is within 0.7% of it on the other two (down and the drafter's k/v at 16
+    rows), and at most 7% slower than the best of the ~100 settings swept per shape (o_proj at 16 rows).
     A GPU with less shared memory than a 128-column plan needs runs that matmul on cuBLAS (`linear`).
     """
     bk = next((b for b in (256, 128, 64, 32, 16) if k % b == 0), None)
@@ -136,7 +140,8 @@ def plan_for(m: int, n: int, k: int, sms: int = 132) -> Plan | None:
     if m > MAX_ROWS or bk is None or not widths:
         return None
     if n // widths[0] >= 2 * sms:
-        return Plan(bn=widths[0], bk=bk)
+        shallow = n // widths[0] <= 3 * sms and bk == 256
+        return Plan(bn=widths[0], bk=128 if shallow else bk)
     fits = [(n // bn * split, bn, split) for bn in widths for split in (1, 2, 4)
             if k % (split * bk) == 0 and split * MAX_ROWS * n <= WORKSPACE_FLOATS and n // bn * split <= sms]
     if not fits:
