@@ -20,7 +20,6 @@ well under a second and spends little CPU per chunk. Fault injection (`fail_ever
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import os
 import random
@@ -28,7 +27,6 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-import orjson
 
 FAIL_KINDS = ("error", "stream-error", "drop", "malformed", "hang")
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 500: "Internal Server Error"}
