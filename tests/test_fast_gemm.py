@@ -60,14 +60,16 @@ def test_bfloat16_within_rounding():
 def test_plan_for_takes_decode_shapes_and_leaves_the_rest_to_cublas():
     tg = _gemm()
     # Qwen3-8B's decode shapes on 132 SMs: the grid closest to one program per SM without passing it
-    assert tg.plan_for(1, 4096, 4096) == tg.Plan(bn=64, split=2)  # o_proj: 64 blocks x 2 = 128 programs
+    # o_proj: a short reduction takes 128 blocks of 32 columns, with a 4th stage, over 64 blocks split in two
+    assert tg.plan_for(1, 4096, 4096) == tg.Plan(bn=32, stages=4) == tg.plan_for(16, 4096, 4096)
+    assert tg.plan_for(16, 4096, 12288) == tg.Plan(bn=64, split=2)  # down: a long reduction is split
     assert tg.plan_for(16, 6144, 4096) == tg.Plan(bn=64, split=1)  # q/k/v: 96 blocks; 192 would be 2 waves
     assert tg.plan_for(16, 10240, 4096) == tg.Plan(bn=128)  # drafter k/v: 80 programs, not 160
     # gate/up: 384 blocks, three a SM at once with 128-deep tiles; lm_head's 2374 blocks take 256
     assert tg.plan_for(1, 24576, 4096) == tg.Plan(bn=64, bk=128) == tg.plan_for(16, 24576, 4096)
     assert tg.plan_for(16, 151936, 4096) == tg.Plan(bn=64, split=1)
     assert tg.plan_for(16, 24576, 4096, sms=100) == tg.Plan(bn=64)  # past three a SM: 256 deep
-    assert tg.plan_for(1, 4096, 4096, sms=64) == tg.Plan(bn=64, split=1)  # a smaller GPU: no split
+    assert tg.plan_for(1, 4096, 4096, sms=64) == tg.Plan(bn=64, split=1)  # a smaller GPU: 64 blocks fill it
     assert tg.plan_for(17, 4096, 4096) is None  # prefill and big batches: cuBLAS
     assert tg.plan_for(1, 4100, 4096) is None  # no column block divides n
     assert tg.plan_for(1, 4096, 4104) is None  # no depth divides k

@@ -126,13 +126,15 @@ def plan_for(m: int, n: int, k: int, sms: int = 132) -> Plan | None:
 
     Swapped tensor-core tiles 256 deep. A wide matmul (two waves of 64-column blocks or more) takes 64
     columns a program; a narrower one takes the block width and k-split whose grid comes closest to one
-    program per SM without passing it (a second, partial wave leaves SMs idle at the tail). A wide grid of at
+    program per SM without passing it (a second, partial wave leaves SMs idle at the tail); for k <= 4096 a
+    split-free grid goes first, and 32-column tiles take a 4th stage (o_proj, 4096 x 4096: 128 blocks of 32
+    columns rather than 64 blocks split in two, whose merge costs a short stream more; H100, a whole step:
+    AR 15 us faster, DFlash 41 us, the drafter's 5 layers included). A wide grid of at
     most three programs per SM (gate/up: 384 blocks on 132 SMs) takes tiles 128 deep: at half the shared
     memory three programs fit on an SM, so the whole grid is resident at once, with no tail wave (H100: a
     DFlash step, 36 + 5 layers at 16 rows, 21-23 us faster than with 256-deep tiles; AR within 4 us).
-    On an H100 (benchmarks/gemm_tuning.py) that beats cuBLAS on 12 of the Qwen3-8B pair's 14 decode shapes
-    (7 shapes at 1 and 16 rows) and is within 0.7% of it on the other two (down and the drafter's k/v at 16
-    rows), and at most 7% slower than the best of the ~100 settings swept per shape (o_proj at 16 rows).
+    On an H100 (benchmarks/gemm_tuning.py) that beats cuBLAS on all 14 decode shapes of the Qwen3-8B pair (7
+    at 1 and 16 rows) by 1-9%, and is at most 2.6% slower than the best of the ~100 settings swept per shape.
     A GPU with less shared memory than a 128-column plan needs runs that matmul on cuBLAS (`linear`).
     """
     bk = next((b for b in (256, 128, 64, 32, 16) if k % b == 0), None)
@@ -146,8 +148,9 @@ def plan_for(m: int, n: int, k: int, sms: int = 132) -> Plan | None:
             if k % (split * bk) == 0 and split * MAX_ROWS * n <= WORKSPACE_FLOATS and n // bn * split <= sms]
     if not fits:
         return Plan(bn=widths[0], bk=bk)
-    _, bn, split = max(fits, key=lambda f: (f[0], -widths.index(f[1]), -f[2]))
-    return Plan(bn=bn, bk=bk, split=split)
+    short = k <= 4096  # a short reduction is not split where a split-free grid fills the GPU as well
+    _, bn, split = max(fits, key=lambda f: (f[0], short and f[2] == 1, -widths.index(f[1]), -f[2]))
+    return Plan(bn=bn, bk=bk, split=split, stages=4 if bn == 32 else 3)
 
 
 _refused: set[Plan] = set()  # plans this GPU cannot launch (too little shared memory): cuBLAS instead
