@@ -86,13 +86,14 @@ def tune(dev, dt, rows_list=(1, 16)) -> dict:
         for m in rows_list:
             x = torch.randn(m, k, device=dev, dtype=dt)
             ref = F.linear(x, weights[0]).float()
+            tol = 0.01 * ref.abs().max().item()  # 1% of the output's scale: a bf16 rounding or two, not a bug
             res = {"cublas": per_call_us(cublas(x, False), weights), "cublaslt": per_call_us(cublas(x, True), weights)}
             best, every = None, {}
             cands = [p for p in plans(m) if p.fits(m, n, k)]
             for p in cands:
                 try:
                     err = (skinny_linear(x, weights[0], plan=p).float() - ref).abs().max().item()
-                    if err > 0.05:
+                    if err > tol:
                         print(f"  {name} m={m} {p}: wrong by {err}")
                         continue
                     us = per_call_us(lambda w: skinny_linear(x, w, plan=p), weights)
