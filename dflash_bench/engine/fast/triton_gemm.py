@@ -129,10 +129,10 @@ def plan_for(m: int, n: int, k: int, sms: int = 132) -> Plan | None:
     program per SM without passing it (a second, partial wave leaves SMs idle at the tail); for k <= 4096 a
     split-free grid goes first, and 32-column tiles take a 4th stage (o_proj, 4096 x 4096: 128 blocks of 32
     columns rather than 64 blocks split in two, whose merge costs a short stream more; H100, a whole step:
-    AR 15 us faster, DFlash 41 us, the drafter's 5 layers included). A wide grid of at most three programs
+    AR 14 us faster, DFlash 40 us, the drafter's 5 layers included). A wide grid of at most three programs
     per SM (gate/up: 384 blocks on 132 SMs) takes tiles 128 deep: at half the shared memory three programs
     fit on an SM, so the whole grid is resident at once, with no tail wave (H100: a DFlash step, 36 + 5
-    layers at 16 rows, 21-23 us faster than with 256-deep tiles; AR within 4 us).
+    layers at 16 rows, 24-29 us faster than with 256-deep tiles; AR 2-3 us). Both: benchmarks/plan_ab.py.
     On an H100 (benchmarks/gemm_tuning.py) that beats cuBLAS on all 14 decode shapes of the Qwen3-8B pair (7
     at 1 and 16 rows) by 1-9%, and is at most 2.6% slower than the best of the ~100 settings swept per shape.
     A GPU with less shared memory than a 128-column plan needs runs that matmul on cuBLAS (`linear`).
