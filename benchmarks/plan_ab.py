@@ -48,6 +48,11 @@ def parse_variant(text: str) -> tuple[str, dict]:
             assert len(key) == 3 and set(kv) <= set(triton_gemm.Plan.__dataclass_fields__)
         except (ValueError, AssertionError):
             raise SystemExit(f"--variant {text!r}: {part!r} is not m,n,k:field=value,... over Plan's fields")
+        base = triton_gemm.plan_for(*key)
+        plan = base and triton_gemm.Plan(**{**base.__dict__, **out[key]})
+        if plan is None or plan.mode not in triton_gemm.MODES or not plan.fits(*key):
+            raise SystemExit(f"--variant {text!r}: {part!r} does not give a skinny-matmul plan for that shape "
+                             f"(the engine's: {base})")
     return name.strip(), out
 
 
