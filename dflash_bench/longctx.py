@@ -64,7 +64,8 @@ def token_counter(tokenizer: Any | None) -> tuple[Callable[[str], int], str]:
             name = str(tokenizer)
             tokenizer = AutoTokenizer.from_pretrained(name)
         except (OSError, ValueError) as err:
-            raise UserError(f"cannot load the tokenizer {name!r} to count prompt tokens: {str(err).splitlines()[0][:160]}.") from None
+            first = str(err).splitlines()[0][:160] if str(err) else type(err).__name__
+            raise UserError(f"cannot load the tokenizer {name!r} to count prompt tokens: {first}.") from None
     how = f"tokenizer: {getattr(tokenizer, 'name_or_path', '') or type(tokenizer).__name__}"
     return (lambda s: len(tokenizer.encode(s, add_special_tokens=False))), how
 

@@ -82,7 +82,8 @@ _QWEN35_4B = PublishedTable(
     card="https://huggingface.co/z-lab/Qwen3.5-4B-DFlash",
     settings=PublishedSettings(gpu="B200", engine="sglang", thinking=True, max_tokens=4096, block_size=16),
     rows=[PublishedRow(suite="math500", concurrency=c, ar_tok_s=ar, dflash_tok_s=df, speedup=s)
-          for c, ar, df, s in [(1, 274, 959, 3.5), (8, 1971, 5851, 3.0), (16, 3663, 8563, 2.3), (32, 5836, 10713, 1.8)]],
+          for c, ar, df, s in [(1, 274, 959, 3.5), (8, 1971, 5851, 3.0), (16, 3663, 8563, 2.3),
+                               (32, 5836, 10713, 1.8)]],
     notes="the card also gives MTP 458 tok/s (1.7x) at concurrency 1; it publishes no tau for this table",
 )
 

@@ -107,7 +107,8 @@ def parse_slo(text: str) -> SloTarget:
         if not sep and len(values) == 0 and "," not in raw:
             key, value = "tok_s_user", key
         if key not in _KEYS:
-            raise UserError(f"--slo has an unknown key {key!r}: use tok_s_user, ttft_p90_ms and tpot_p90_ms, e.g. {_SYNTAX}.")
+            raise UserError(f"--slo has an unknown key {key!r}: use tok_s_user, ttft_p90_ms and tpot_p90_ms, "
+                            f"e.g. {_SYNTAX}.")
         if key in values:
             raise UserError(f"--slo gives {key} twice: give each of tok_s_user, ttft_p90_ms, tpot_p90_ms once.")
         try:

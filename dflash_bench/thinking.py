@@ -88,3 +88,11 @@ def detect_ids(token_ids: Sequence[int], tokenizer: Any, template: str | None = 
     if template is None:
         template = getattr(tokenizer, "chat_template", None)
     return detect(text, template if isinstance(template, str) else None)
+
+
+def template_hash(template: str) -> str:
+    """"sha256:<first 16 hex>" of a chat template's source: the sweep records it per cell so a card's
+    template (once a card states one) and a run's can be compared without storing the template."""
+    import hashlib
+
+    return "sha256:" + hashlib.sha256(template.encode("utf-8")).hexdigest()[:16]

@@ -18,7 +18,8 @@ _SUITES = {"Math500": "math500", "GSM8K": "gsm8k", "HumanEval": "humaneval", "MB
 def _gemma_card_rows() -> list[tuple]:
     text = REFERENCE.read_text(encoding="utf-8")
     block = text.split("**gemma-4-31B-it-DFlash**", 1)[1].split("SGLang per the card", 1)[0]
-    rows = re.findall(r"\|\s*([\w-]+)\s*\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*([\d.]+)×\s*\|\s*([\d.]+)\s*\|", block)
+    cell = r"\s*([\d.]+)×?\s*\|"
+    rows = re.findall(r"\|\s*([\w-]+)\s*\|" + cell * 5, block)
     return [(_SUITES[s], int(c), float(a), float(d), float(x), float(t)) for s, c, a, d, x, t in rows]
 
 
@@ -69,7 +70,8 @@ def test_setting_gaps_lists_each_difference_and_each_unknown():
                       temperature=0.0, block_size=16, template_hash="sha256:ab12")
     gaps = {g.setting: g for g in setting_gaps(card, run)}
     assert set(gaps) == {"GPU", "thinking", "max tokens", "template hash"}  # engine differs only in case
-    assert (gaps["GPU"].published, gaps["GPU"].measured, gaps["GPU"].status) == ("B300", "NVIDIA H100 80GB HBM3", "differs")
+    gpu = gaps["GPU"]
+    assert (gpu.published, gpu.measured, gpu.status) == ("B300", "NVIDIA H100 80GB HBM3", "differs")
     assert (gaps["thinking"].published, gaps["thinking"].measured) == ("on", "off")
     assert gaps["template hash"].status == "unknown" and gaps["template hash"].published == "not stated"
 

@@ -117,3 +117,11 @@ def test_a_user_asking_about_reasoning_effort_is_not_harmony(tok):
     prompt = render(tok, tok.chat_template, [{"role": "user", "content": "Reasoning: high, please"}],
                     enable_thinking=False)
     assert detect(prompt, tok.chat_template).family == "qwen-think"
+
+
+def test_template_hash_tells_templates_apart():
+    from dflash_bench.thinking import template_hash
+
+    template = (ASSETS / "chat_template.jinja").read_text()
+    assert template_hash(template) != template_hash(template + " ")
+    assert template_hash(QWEN36).startswith("sha256:") and len(template_hash(QWEN36)) == 7 + 16
