@@ -35,7 +35,7 @@ from pydantic import BaseModel, Field
 from dflash_bench.errors import UserError
 
 _KEYS = {"tok_s_user": "tok/s/user target", "ttft_p90_ms": "TTFT p90 cap (ms)", "tpot_p90_ms": "TPOT p90 cap (ms)"}
-_SYNTAX = "tok_s_user=30,ttft_p90_ms=2000,tpot_p90_ms=40 (or just 30)"
+_SYNTAX = "tok_s_user=30,ttft_p90_ms=2000,tpot_p90_ms=40 (or 30,tpot_p90_ms=40, or just 30)"
 
 
 class SloTarget(BaseModel):
@@ -101,10 +101,12 @@ def parse_slo(text: str) -> SloTarget:
     if not raw:
         raise UserError(f"--slo is empty: pass {_SYNTAX}.")
     values: dict[str, float] = {}
-    for part in raw.split(","):
+    for i, part in enumerate(raw.split(",")):
+        if not part.strip() and i > 0:
+            continue  # a trailing comma
         key, sep, value = part.partition("=")
         key, value = key.strip(), value.strip()
-        if not sep and len(values) == 0 and "," not in raw:
+        if not sep and i == 0:  # "30" and "30,tpot_p90_ms=40": the first bare number is the target
             key, value = "tok_s_user", key
         if key not in _KEYS:
             raise UserError(f"--slo has an unknown key {key!r}: use tok_s_user, ttft_p90_ms and tpot_p90_ms, "

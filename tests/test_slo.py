@@ -146,6 +146,7 @@ def test_parse_full_and_bare_forms():
         tok_s_user=30, ttft_p90_ms=2000, tpot_p90_ms=40)
     assert parse_slo(" 30 ") == SloTarget(tok_s_user=30)
     assert parse_slo("tpot_p90_ms=40, tok_s_user=12.5") == SloTarget(tok_s_user=12.5, tpot_p90_ms=40)
+    assert parse_slo("30,tpot_p90_ms=40,") == SloTarget(tok_s_user=30, tpot_p90_ms=40)
 
 
 @pytest.mark.parametrize("text, words", [
@@ -156,7 +157,9 @@ def test_parse_full_and_bare_forms():
     ("tok_s_user=-3", "positive"),
     ("tok_s_user=nan", "positive"),
     ("ttft_p90_ms=2000", "needs a tok/s/user target"),
-    ("30,40", "unknown key '30'"),
+    ("30,40", "unknown key '40'"),
+    ("30,tok_s_user=40", "twice"),
+    ("tpot_p90_ms=40,30", "unknown key '30'"),
 ])
 def test_parse_refuses_bad_input_in_one_sentence(text, words):
     with pytest.raises(UserError) as err:
