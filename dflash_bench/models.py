@@ -53,6 +53,12 @@ class ModelPair:
         """vLLM's `num_speculative_tokens`: the block minus its anchor slot (B - 1)."""
         return self.block_size - 1
 
+    def published(self):
+        """The model card's own table for this pair (dflash_bench.published), or None where it has none."""
+        from dflash_bench.published import published_for
+
+        return published_for(self.name)
+
     def require_drafter(self) -> str:
         if not self.drafter:
             raise UserError(f"model {self.name} has no DFlash drafter: pass --drafter to run the dflash mode.")
