@@ -14,10 +14,8 @@ import dataclasses
 import glob
 import gzip
 import json
-import os
 import random
 import re
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
