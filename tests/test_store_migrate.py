@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -90,3 +92,16 @@ def test_a_v2_export_of_the_same_sweep_matches_the_v1_baseline(v1, tmp_path):
     old = gate.load_baseline(BASELINE_V1)
     assert [(c.key, c.repeats, c.metrics) for c in v2.cells] == [(c.key, c.repeats, c.metrics) for c in old.cells]
     assert json.loads((tmp_path / "b.json").read_text())["schema_version"] == gate.BASELINE_VERSION
+
+
+def test_resume_of_a_finished_v1_sweep_keeps_its_cells(v1, data_dir):
+    """--resume reads the v1 manifest's settings (identity only) and finds every cell done: nothing is measured
+    again, and the folder it writes back (manifest, results.csv) is version 2."""
+    before = {p.name: (p / "requests.jsonl").read_bytes() for p in (v1 / "cells").iterdir()}
+    proc = subprocess.run([sys.executable, "-m", "dflash_bench", "sweep", "--resume", str(v1), "--data-dir", str(data_dir)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert {p.name: (p / "requests.jsonl").read_bytes() for p in (v1 / "cells").iterdir()} == before
+    manifest = SweepDir.open(v1).read_manifest()
+    assert manifest.schema_version == SCHEMA_VERSION and manifest.status == "complete"
+    assert all(c.status == "complete" for c in manifest.plan)

@@ -18,7 +18,7 @@ from typing import Any, Iterable
 from pydantic import BaseModel, ValidationError
 
 from dflash_bench.errors import UserError
-from dflash_bench.store import migrate
+from dflash_bench.store.migrate import OLDEST, manifest_v1, needs_migration, summary_v1
 from dflash_bench.store.cells import SCHEMA_VERSION, CellSummary, RequestRecord, ServerMetrics
 from dflash_bench.store.manifest import Manifest
 from dflash_bench.store.results import csv_text
@@ -126,13 +126,13 @@ class SweepDir:
         if not file.exists():
             raise StoreError(f"{self.path} has no {MANIFEST}: it is not a dflash-bench sweep folder")
         data = _load_json(file)
-        if migrate.needs_migration(data):
-            self.migrated_from = migrate.OLDEST
-            data = migrate.manifest_v1(data)
+        if needs_migration(data):
+            self.migrated_from = OLDEST
+            data = manifest_v1(data)
         version = data.get("schema_version") if isinstance(data, dict) else None
         if version != SCHEMA_VERSION:
             raise StoreError(f"{file} has schema version {version}; this dflash-bench reads versions "
-                             f"{migrate.OLDEST} to {SCHEMA_VERSION}")
+                             f"{OLDEST} to {SCHEMA_VERSION}")
         return _validate(Manifest, data, file)
 
     def write_manifest(self, manifest: Manifest) -> None:
@@ -186,9 +186,9 @@ class SweepDir:
         if not file.exists():
             return None
         data = _load_json(file)
-        if migrate.needs_migration(data):
-            self.migrated_from = migrate.OLDEST
-            data = migrate.summary_v1(data)
+        if needs_migration(data):
+            self.migrated_from = OLDEST
+            data = summary_v1(data)
         return _validate(CellSummary, data, file)
 
     def summaries(self) -> list[CellSummary]:

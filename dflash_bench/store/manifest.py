@@ -57,7 +57,7 @@ class HostInfo(_Open):
 class GpuInfo(_Open):
     """One GPU as NVML described it (telemetry/nvml.py gpu_inventory); `error` when it could not."""
 
-    index: int
+    index: int | None = None
     error: str | None = None
     name: str | None = None
     uuid: str | None = None
