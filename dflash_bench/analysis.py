@@ -1,6 +1,6 @@
 """Tidy pandas tables from sweep folders: one row per cell, and AR <-> DFlash pairs with speedups.
 
-Everything here reads only the sweep folder (through store.py), so it works on a folder copied from
+Everything here reads only the sweep folder (through dflash_bench.store), so it works on a folder copied from
 another machine. The report and the gate both start from `cells()` and `pairs()`.
 """
 
@@ -12,24 +12,25 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 
-from dflash_bench.store import SweepDir, flatten_summary
+from dflash_bench.store import RESULTS_COLUMNS, CellKey, SweepDir, results_row
 
-KEY = ["engine", "suite", "concurrency", "repeat"]  # what an AR cell and its DFlash cell share
+KEY = CellKey.pair_fields()  # what an AR cell and its DFlash cell share: engine, suite, concurrency, repeat
 
 
 def cells(*sweep_dirs: Path | str) -> pd.DataFrame:
-    """One row per cell on disk (complete or failed), columns as in results.csv plus `sweep`."""
+    """One row per cell on disk (complete or failed): the columns of results.csv (store.RESULTS_COLUMNS,
+    typed values: per-position acceptance stays a list) plus `sweep`."""
     frames = []
     for path in sweep_dirs:
         sweep = SweepDir.open(Path(path))
-        rows = [flatten_summary(s) for s in sweep.summaries()]
-        frame = pd.DataFrame(rows)
-        if frame.empty:
+        rows = [results_row(s) for s in sweep.summaries()]
+        if not rows:
             continue
+        frame = pd.DataFrame(rows, columns=list(RESULTS_COLUMNS))
         frame.insert(0, "sweep", sweep.read_manifest().sweep_id)
         frames.append(frame)
     if not frames:
-        return pd.DataFrame(columns=["sweep", "cell_id", "engine", "mode", "suite", "concurrency", "repeat", "status"])
+        return pd.DataFrame(columns=["sweep", *CellKey.model_fields, "status"])
     return pd.concat(frames, ignore_index=True)
 
 
@@ -61,7 +62,7 @@ def headline(frame: pd.DataFrame) -> pd.DataFrame:
     p = pairs(frame)
     if p.empty:
         return pd.DataFrame(columns=["engine", "suite", "concurrency", "ar_tok_s", "dflash_tok_s", "speedup", "tau"])
-    group = [c for c in ("sweep", "engine", "suite", "concurrency") if c in p.columns]
+    group = [c for c in ("sweep", *KEY) if c in p.columns and c != "repeat"]
     agg = p.groupby(group, as_index=False).agg(
         ar_tok_s=("output_throughput_ar", "mean"),
         dflash_tok_s=("output_throughput_dflash", "mean"),

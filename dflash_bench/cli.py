@@ -149,6 +149,18 @@ def report(
 
 
 @app.command()
+def migrate(
+    sweep_dir: Path = typer.Argument(..., metavar="SWEEP_DIR", help="A sweep folder written by an older dflash-bench."),
+) -> None:
+    """Rewrite a sweep folder of an older schema version as this version's (report and gate read old folders without it)."""
+    from dflash_bench.store import SCHEMA_VERSION, SweepDir
+
+    done = SweepDir.open(sweep_dir).migrate()
+    typer.echo(f"{sweep_dir}: " + (f"rewritten as schema version {SCHEMA_VERSION}" if done
+                                   else f"already at schema version {SCHEMA_VERSION}, nothing to do"))
+
+
+@app.command()
 def models() -> None:
     """List the known target / DFlash drafter pairs, their block sizes and the engine versions they need."""
     from dflash_bench.models import print_table

@@ -14,19 +14,19 @@ import dataclasses
 import glob
 import gzip
 import json
-import os
 import random
 import re
-import sys
-import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dflash_bench.errors import UserError
+from dflash_bench.suite_file import SUITES_ENV, Suite, get_suite, list_suites, load_suites, suites_dir
 
-SUITES_ENV = "DFLASH_BENCH_SUITES"
+__all__ = ["SUITES_ENV", "DataMissing", "Prompt", "Suite", "get_suite", "list_suites", "load_prompts",
+           "load_suites", "print_prompts", "print_suites", "suites_dir"]
+
 _FIELD_RE = re.compile(r"\{(\w+)\}")
 
 
@@ -38,92 +38,6 @@ class Prompt:
     category: str | None
     reference: str | None  # reference answer (gsm8k: text after '#### '; lists: their first element)
     meta: dict = field(default_factory=dict)  # what a scorer needs: humaneval test/entry_point, mbpp test_list, ...
-
-
-@dataclass(frozen=True)
-class Suite:
-    name: str
-    description: str
-    path: Path  # the TOML file
-    hf_id: str | None
-    hf_config: str | None
-    hf_split: str | None
-    hf_url: str | None  # a jsonl URL read through `datasets` when the suite has no hub dataset (spec-bench)
-    hf_rename: dict[str, str]  # hub column -> offline field name, so one field mapping serves both
-    configs: tuple[str, ...]  # selectable hub configs (speed-bench); empty: only hf_config
-    files: tuple[str, ...]  # offline files relative to a data dir; may hold {config} and glob patterns
-    file_format: str  # jsonl | jsonl.gz | json | parquet | auto (by suffix)
-    prompt_fields: tuple[str, ...]
-    template: str
-    turns_field: str | None  # a list of turns; the template is applied to each as {turn}
-    placeholder: str | None  # text that marks an unresolved record: never sent
-    prepare_hint: str | None
-    default_max_tokens: int
-    num_turns: int | None  # most turns sent per record (None: all of them)
-    id_field: str | None
-    category_field: str | None
-    reference_field: str | None
-    reference_after: str | None
-    meta_fields: tuple[str, ...]
-    select: dict[str, tuple[int, int]]  # field -> inclusive range, applied always (mbpp test split)
-    filters: dict[str, str]  # load_prompts keyword -> record field
-    category_map: dict[str, str]
-    known_categories: tuple[str, ...]
-
-    @property
-    def source(self) -> str:
-        if self.hf_url:
-            return self.hf_url
-        return ":".join(x for x in (self.hf_id, self.hf_config) if x) + f" [{self.hf_split}]"
-
-
-# ---------------------------------------------------------------- suite definitions
-
-
-def suites_dir() -> Path:
-    """The folder of suite TOMLs: $DFLASH_BENCH_SUITES, the repo's suites/ (editable), or the installed copy."""
-    candidates = [Path(p) for p in [os.environ.get(SUITES_ENV)] if p]
-    candidates += [Path(__file__).resolve().parents[1] / "suites", Path(sys.prefix) / "share" / "dflash-bench" / "suites"]
-    for path in candidates:
-        if path.is_dir() and any(path.glob("*.toml")):
-            return path
-    raise UserError(f"no suite definitions found (looked in {', '.join(map(str, candidates))}); set {SUITES_ENV}.")
-
-
-def _parse_suite(path: Path) -> Suite:
-    try:
-        d = tomllib.loads(path.read_text(encoding="utf-8"))
-        hub, off, prm, fld = d.get("hub", {}), d["offline"], d["prompt"], d.get("fields", {})
-        num_turns = d.get("num_turns")
-        return Suite(
-            name=d["name"], description=d.get("description", ""), path=path,
-            hf_id=hub.get("id"), hf_config=hub.get("config"), hf_split=hub.get("split"), hf_url=hub.get("url"),
-            hf_rename=dict(hub.get("rename", {})), configs=tuple(hub.get("configs", ())),
-            files=tuple(off["files"]), file_format=off.get("format", "auto"), prepare_hint=off.get("prepare"),
-            prompt_fields=tuple(prm.get("fields", [prm["turns_field"]] if "turns_field" in prm else [])),
-            template=prm["template"], turns_field=prm.get("turns_field"), placeholder=prm.get("placeholder"),
-            default_max_tokens=int(d["default_max_tokens"]), num_turns=int(num_turns) if num_turns else None,
-            id_field=fld.get("id"), category_field=fld.get("category"), reference_field=fld.get("reference"),
-            reference_after=fld.get("reference_after"), meta_fields=tuple(fld.get("meta", ())),
-            select={k: (int(v[0]), int(v[1])) for k, v in d.get("select", {}).items()},
-            filters=dict(d.get("filters", {})), category_map=dict(d.get("category_map", {})),
-            known_categories=tuple(c for cs in d.get("categories", {}).values() for c in cs),
-        )
-    except (tomllib.TOMLDecodeError, KeyError, TypeError, ValueError, IndexError) as err:
-        raise UserError(f"suite file {path} is invalid ({type(err).__name__}: {err}).") from None
-
-
-def list_suites() -> list[Suite]:
-    """Every suite defined in the suites folder, sorted by name."""
-    return sorted((_parse_suite(p) for p in suites_dir().glob("*.toml")), key=lambda s: s.name)
-
-
-def get_suite(name: str) -> Suite:
-    """The suite called `name`; an unknown name is a UserError listing the known ones."""
-    suites = {s.name: s for s in list_suites()}
-    if name not in suites:
-        raise UserError(f"unknown suite {name!r}; known suites: {', '.join(suites)}.")
-    return suites[name]
 
 
 # ---------------------------------------------------------------- reading records
@@ -362,7 +276,8 @@ def print_suites(data_dir: Path | None = None) -> None:
 
     table = Table("suite", "source", "records", "categories", "turns", "max tokens")
     table.columns[1].overflow = "fold"
-    for suite in list_suites():
+    suites, broken = load_suites()
+    for suite in suites:
         records, cats = "hub", list(suite.known_categories)
         if data_dir is not None:
             try:
@@ -374,6 +289,8 @@ def print_suites(data_dir: Path | None = None) -> None:
                 records = f"unreadable (dflash-bench suites show {suite.name})"
         table.add_row(Text(suite.name), Text(suite.source), Text(records), Text(", ".join(cats) or "-"),
                       Text(str(suite.num_turns or "all")), Text(str(suite.default_max_tokens)))
+    for path, reason in broken.items():
+        table.add_row(Text(path.stem), Text(reason), Text("unreadable"), Text("-"), Text("-"), Text("-"))
     Console().print(table)
 
 

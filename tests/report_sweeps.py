@@ -5,7 +5,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from dflash_bench.store import CellPlan, CellSummary, Manifest, RequestRecord, Stat, SweepDir, atomic_write_text, cell_id
+from dflash_bench.store import (
+    AccuracySummary, CellPlan, CellSummary, LosslessSummary, Manifest, PairedDiff, RequestRecord, Stat, SweepDir,
+    atomic_write_text, cell_id,
+)
 
 XSS = "<script>document.title='pwned'</script><img src=x onerror=\"document.title='pwned'\">"
 
@@ -48,10 +51,10 @@ def make_sweep(path: Path, *, sweep_id: str | None = None, engine: str = "vllm",
     failed = failed or {}
     plan = [CellPlan(cell_id=cell_id(engine, m, s, c, r), engine=engine, mode=m, suite=s, concurrency=c, repeat=r)
             for s in suites for c in concurrency for r in range(repeats) for m in ("ar", "dflash")]
-    hardware = {"gpus": [{"name": "NVIDIA H100 80GB HBM3", "uuid": f"GPU-{i}"} for i in range(gpus)]} if gpus else {}
+    hardware = {"gpus": [{"index": i, "name": "NVIDIA H100 80GB HBM3", "uuid": f"GPU-{i}"} for i in range(gpus)]} if gpus else {}
     manifest = Manifest(sweep_id=sweep_id or path.name, status="complete", plan=plan, command_line=["dflash-bench", "sweep", "--model", model],
-                        settings={"model": model, "max_tokens": 512}, hardware=hardware,
-                        models={"target": model, "drafter": "z-lab/Qwen3-8B-DFlash-b16"},
+                        settings={"model": model, "engines": [engine], "suites": list(suites), "max_tokens": 512},
+                        hardware=hardware, models={"target": {"id": model}, "drafter": {"id": "z-lab/Qwen3-8B-DFlash-b16"}},
                         versions={"dflash_bench": "0.1.0", "vllm": "0.20.1"},
                         telemetry="GPU telemetry on" if telemetry else "GPU telemetry off: NVML found no GPU")
     sweep = SweepDir.create(path, manifest)
@@ -65,16 +68,16 @@ def make_sweep(path: Path, *, sweep_id: str | None = None, engine: str = "vllm",
         cell.status = "complete"
         s = _summary(engine, cell.mode, cell.suite, cell.concurrency, cell.repeat, energy=telemetry, boost=boost)
         if lossless and cell.mode == "dflash":
-            s.extra["lossless"] = {"status": "ok", "ar_cell": cell.cell_id.replace("-dflash-", "-ar-"), "n": 32, "identical": 31,
+            s.lossless = LosslessSummary(**{"status": "ok", "ar_cell": cell.cell_id.replace("-dflash-", "-ar-"), "n": 32, "identical": 31,
                                    "exact_match_rate": 31 / 32, "divergences": {"near_tie": 1}, "first_divergence": {"n": 1, "p50": 117},
-                                   "examples": [{"ar_text": XSS, "dflash_text": XSS}]}
+                                   "examples": [{"ar_text": XSS, "dflash_text": XSS}]})
         if lossless:
-            s.extra["accuracy"] = {"status": "ok", "metric": "exact", "n": 32, "correct": 28 if cell.mode == "ar" else 27,
+            s.accuracy = AccuracySummary(**{"status": "ok", "metric": "exact", "n": 32, "correct": 28 if cell.mode == "ar" else 27,
                                    "accuracy": 28 / 32 if cell.mode == "ar" else 27 / 32, "ci_low": 0.719, "ci_high": 0.950,
-                                   "checker": f"boxed {XSS}"}
+                                   "checker": f"boxed {XSS}"})
             if cell.mode == "dflash":
-                s.extra["accuracy"]["vs_ar"] = {"n": 32, "ar_accuracy": 28 / 32, "dflash_accuracy": 27 / 32, "ar_minus_dflash": 1 / 32,
-                                                "ci_low": -0.05, "ci_high": 0.11, "both": 27, "only_ar": 1, "only_dflash": 0, "neither": 4}
+                s.accuracy.vs_ar = PairedDiff(**{"n": 32, "ar_accuracy": 28 / 32, "dflash_accuracy": 27 / 32, "ar_minus_dflash": 1 / 32,
+                                                "ci_low": -0.05, "ci_high": 0.11, "both": 27, "only_ar": 1, "only_dflash": 0, "neither": 4})
         sweep.write_requests(cell.cell_id, [
             RequestRecord(request_id=f"{cell.cell_id}-{i}", prompt_id=f"{cell.suite}-{i}", t_send=0.1 * i, t_first_token=0.1 * i + 0.05,
                           t_end=0.1 * i + 2.0, output_tokens=512, output_text=f"{output_text} ({cell.mode} #{i})")

@@ -36,7 +36,7 @@ def test_server_failures_become_failed_records(tmp_path: Path, kind: str, reason
     recs = measured(tmp_path)
     failed = [r for r in recs if r.error]
     assert len(failed) == 3 and all(r.error.startswith(reason) for r in failed), [r.error for r in failed]
-    assert s.extra["failures"] == {reason.split(":")[0]: 3}
+    assert s.failures == {reason.split(":")[0]: 3}
     # failures carry no tokens into the statistics
     assert s.total_output_tokens == sum(r.output_tokens for r in recs if r.ok)
 
@@ -60,7 +60,7 @@ def test_server_crash_mid_cell_completes_with_failures(tmp_path: Path, transport
         code = em.close()
     assert code == 3
     assert s.num_ok >= 4 and s.num_failed == 12 - s.num_ok
-    assert set(s.extra["failures"]) <= {"connection failed", "stream dropped", "stream ended before [DONE] (dropped by the server)"}
+    assert set(s.failures) <= {"connection failed", "stream dropped", "stream ended before [DONE] (dropped by the server)"}
     assert s.status == "complete"
 
 
@@ -134,7 +134,7 @@ def test_poisson_arrivals_spread_the_dispatches(tmp_path: Path):
     mean = statistics.mean(gaps)
     assert 0.006 < mean < 0.016  # 1 / (100 req/s) = 10 ms
     assert statistics.stdev(gaps) / mean > 0.5  # exponential gaps (CV 1), not a fixed clock
-    assert s.settings["request_rate"] == 100.0
+    assert s.settings.request_rate == 100.0
 
 
 def test_all_transports_agree(tmp_path: Path):
@@ -181,7 +181,7 @@ def test_generate_renders_the_chat_template(tmp_path: Path):
         s = measure_cell(em.url, prompts(2), concurrency=1, cell_dir=cell(tmp_path), engine="sglang", api="generate",
                          tokenizer=str(tmp_path / "tok"), warmup=False)
         seen = [e["prompt"] for e in httpx.get(em.url + "/emulator/requests").json()]
-    assert s.num_ok == 2 and s.settings["prompt_rendering"].startswith("chat template of")
+    assert s.num_ok == 2 and s.settings.prompt_rendering.startswith("chat template of")
     assert sorted(seen) == sorted(f"<|user|>{p.turns[0]}\n<|assistant|>" for p in prompts(2))
     with pytest.raises(Exception, match="cannot load the tokenizer"):
         with EmulatorProcess(mode="ar") as em:

@@ -93,7 +93,7 @@ def uvicorn_url():
 def test_streams_from_uvicorn(tmp_path: Path, uvicorn_url: str, transport: str):
     ps = prompts(12)
     s = measure_cell(uvicorn_url, ps, concurrency=4, cell_dir=tmp_path / "sw" / "cells" / "c", transport=transport)
-    assert s.num_ok == 12 and s.total_output_tokens == 12 * TOKENS and s.settings["model"] == "tiny"
+    assert s.num_ok == 12 and s.total_output_tokens == 12 * TOKENS and s.settings.model == "tiny"
     assert s.tokens_per_chunk.mean == 1.0 and s.acceptance_length is None
     for r in SweepDir(tmp_path / "sw").read_requests("c"):
         if not r.warmup:

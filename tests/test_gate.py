@@ -1,4 +1,4 @@
-"""The regression gate on sweep folders written with store.py, values planted by the tests."""
+"""The regression gate on sweep folders written through dflash_bench.store, values planted by the tests."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ from typer.testing import CliRunner
 from dflash_bench import gate
 from dflash_bench.cli import app
 from dflash_bench.errors import UserError
-from dflash_bench.store import CellPlan, CellSummary, Manifest, Stat, SweepDir, cell_id
+from dflash_bench.store import (
+    AccuracySummary, CellPlan, CellSummary, LosslessSummary, Manifest, Stat, SweepDir, cell_id,
+)
 
 AR = {1: 100.0, 8: 480.0, 32: 1200.0}  # tok/s of the AR cells per concurrency; DFlash is 3x
 SMALL_NOISE = (1.0, 1.006, 0.994)
@@ -35,14 +37,14 @@ def plant(path: Path, *, concurrency=(1, 8), repeats=3, noise=SMALL_NOISE, scale
                     continue
                 tput = AR[c] * (3.0 if mode == "dflash" else 1.0) * noise[r] * scale.get((mode, c), 1.0)
                 tpot = 1000.0 * c / tput
-                extra = {"lossless": {"exact_match_rate": exact}} if exact is not None and mode == "dflash" else {}
+                quality = {"lossless": LosslessSummary(exact_match_rate=exact)} if exact is not None and mode == "dflash" else {}
                 if accuracy is not None:
-                    extra["accuracy"] = {"status": "ok", "n": 50, "accuracy": accuracy[mode]}
+                    quality["accuracy"] = AccuracySummary(status="ok", n=50, accuracy=accuracy[mode])
                 summaries.append(CellSummary(
                     cell_id=cid, engine="vllm", mode=mode, suite=suite, concurrency=c, repeat=r,
                     output_throughput=tput, tpot_ms=Stat(n=10, mean=tpot, p50=tpot),
-                    acceptance_length=6.0 * tau_scale if mode == "dflash" else None, extra=extra))
-    sweep = SweepDir.create(path, Manifest(sweep_id=path.name, plan=plan, models=models or {"target": "t", "drafter": "d"}))
+                    acceptance_length=6.0 * tau_scale if mode == "dflash" else None, **quality))
+    sweep = SweepDir.create(path, Manifest(sweep_id=path.name, plan=plan, models=models or {"target": {"id": "t"}, "drafter": {"id": "d"}}))
     for s in summaries:
         sweep.write_summary(s)
     sweep.write_results_csv()
@@ -200,7 +202,7 @@ def test_export_round_trips(base, tmp_path):
     fresh = gate.collect(base)
     assert loaded.model_dump(exclude={"created_at"}) == fresh.model_dump(exclude={"created_at"})
     assert loaded.cells[0].repeats == [0, 1, 2]
-    dflash8 = next(c for c in loaded.cells if c.key == ("vllm", "dflash", "gsm8k", 8))
+    dflash8 = next(c for c in loaded.cells if c.name == "vllm/dflash/gsm8k/c8")
     assert dflash8.metrics["output_throughput"] == pytest.approx([1440.0, 1440.0 * 1.006, 1440.0 * 0.994])
     assert dflash8.metrics["speedup"] == pytest.approx([3.0, 3.0, 3.0])
     assert file.stat().st_size < 20_000
@@ -308,8 +310,8 @@ def test_example_thresholds_file_holds_the_defaults():
 
 def test_markdown_escapes_and_notes_differing_models(tmp_path):
     b = plant(tmp_path / "b", suite="a|b<i>")
-    s = plant(tmp_path / "s", suite="a|b<i>", models={"target": "other", "drafter": "d"}, scale={("ar", 1): 0.5})
-    from dflash_bench.gate_output import markdown
+    s = plant(tmp_path / "s", suite="a|b<i>", models={"target": {"id": "other"}, "drafter": {"id": "d"}}, scale={("ar", 1): 0.5})
+    from dflash_bench.gate.output import markdown
 
     text = markdown(gate.gate(s, b))
     assert "a\\|b&lt;i&gt;" in text and "<i>" not in text

@@ -33,10 +33,10 @@ def test_builtin_ar_and_dflash_cells_are_identical_at_temperature_0(tmp_path, da
     dflash = [s for s in sweep.summaries() if s.mode == "dflash"]
     assert len(dflash) == 2 and all(s.status == "complete" for s in dflash)
     for s in dflash:
-        lossless = s.extra["lossless"]
-        assert lossless["status"] == "ok", lossless
+        lossless = s.lossless
+        assert lossless is not None and lossless.status == "ok", lossless
         rows = read_comparisons(folder, s.cell_id)
         expected = 3 if s.suite == "gsm8k" else 6  # mt-bench: two turns per prompt
-        assert lossless["n"] == expected == len(rows), json.dumps(lossless)[:500]
-        assert lossless["exact_match_rate"] == 1.0, json.dumps(lossless["examples"])[:1500]
+        assert lossless.n == expected == len(rows), lossless.model_dump_json()[:500]
+        assert lossless.exact_match_rate == 1.0, json.dumps(lossless.examples)[:1500]
         assert all(r.ar_len > 0 and r.ar_len == r.dflash_len for r in rows)

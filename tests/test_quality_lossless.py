@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import json
 
 import pytest
 
@@ -113,12 +112,12 @@ def test_annotate_sweep_writes_positions_margins_and_results_csv(tmp_path):
     assert rows["b"].margin == pytest.approx(0.02) and rows["b"].dflash_token == 99
     assert rows["c"].kind == "mismatch" and rows["c"].margin == pytest.approx(2.5)
 
-    on_disk = sweep.read_summary(dcell).extra["lossless"]
-    assert on_disk["exact_match_rate"] == pytest.approx(1 / 3)
-    assert "lossless" not in sweep.read_summary(cell_id("builtin", "ar", "gsm8k", 1)).extra
+    on_disk = sweep.read_summary(dcell).lossless
+    assert on_disk is not None and on_disk.exact_match_rate == pytest.approx(1 / 3)
+    assert sweep.read_summary(cell_id("builtin", "ar", "gsm8k", 1)).lossless is None
     with open(sweep.path / "results.csv") as f:
         by_mode = {row["mode"]: row for row in csv.DictReader(f)}
-    assert json.loads(by_mode["dflash"]["extra"])["lossless"]["n"] == 3
+    assert by_mode["dflash"]["lossless_n"] == "3" and by_mode["ar"]["lossless_n"] == ""
     assert annotate_sweep(sweep.path)[dcell] == s  # idempotent
 
 

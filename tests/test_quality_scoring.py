@@ -174,7 +174,7 @@ def test_score_sweep_accuracy_and_paired_difference(tmp_path, data_dir):
 
     on_disk = json.loads((sweep.cell_dir(cell_id("builtin", "dflash", "gsm8k", 1)) / "accuracy.jsonl").read_text().splitlines()[9])
     assert on_disk["prompt_id"] == gsm[9].id and on_disk["correct"] is True
-    assert sweep.read_summary(cell_id("builtin", "ar", "gsm8k", 1)).extra["accuracy"]["correct"] == 8
+    assert sweep.read_summary(cell_id("builtin", "ar", "gsm8k", 1)).accuracy.correct == 8
 
     out = score_sweep(sweep.path, data_dir=data_dir, score_code=True, limits=FAST)
     h = out[cell_id("builtin", "ar", "humaneval", 1)]

@@ -94,7 +94,7 @@ def test_run_matches_emulator_truth(tmp_path: Path, mode: str, concurrency: int)
     by_text = {p.turns[0]: p.id for p in ps}
     server = {by_text[e["prompt"]]: e for e in log if e["prompt"] in by_text}
     recs = [r for r in SweepDir(tmp_path / "sw").read_requests("c") if not r.warmup]
-    origin = s.extra["clock_origin_monotonic_s"]
+    origin = s.clock_origin_monotonic_s
     lags, tpots, server_tpots = [], [], []
     for r in recs:
         e = server[r.prompt_id]

@@ -221,8 +221,51 @@ def test_suites_folder_can_be_overridden(tmp_path, monkeypatch):
     assert [s.name for s in list_suites()] == ["tiny"]
     assert [p.turns for p in load_prompts("tiny", data_dir=tmp_path / "data")] == [["Q: one"], ["Q: two"]]
     (tmp_path / "tiny.toml").write_text('name = "tiny"\n')
+    assert list_suites() == []  # a broken file is left out of the list ...
     with pytest.raises(UserError, match="suite file .*tiny.toml is invalid"):
-        list_suites()
+        get_suite("tiny")  # ... and named when that suite is asked for
+
+
+TINY = ('name = "tiny"\ndefault_max_tokens = 16\n[offline]\nfiles = ["tiny.jsonl"]\n[prompt]\ntemplate = "Q: {q}"\n'
+        '[fields]\nreference = "a"\n')
+
+
+@pytest.mark.parametrize("typo, key", [
+    (TINY.replace("[fields]", "[feilds]"), "feilds"),
+    (TINY + 'refrence_after = "#### "\n', "fields.refrence_after"),
+    (TINY.replace('template = "Q: {q}"', 'template = "Q: {q}"\ntemplat = "x"'), "prompt.templat"),
+])
+def test_a_misspelt_key_is_refused_naming_the_key_and_the_file(tmp_path, monkeypatch, typo, key):
+    """An unknown key would be ignored and change what is loaded or scored (refrence_after: GSM8K answers)."""
+    (tmp_path / "tiny.toml").write_text(typo)
+    monkeypatch.setenv("DFLASH_BENCH_SUITES", str(tmp_path))
+    with pytest.raises(UserError) as info:
+        get_suite("tiny")
+    message = str(info.value)
+    assert f"unknown key '{key}'" in message and str(tmp_path / "tiny.toml") in message and "\n" not in message
+
+
+def test_one_broken_suite_file_does_not_break_the_others(tmp_path, monkeypatch):
+    (tmp_path / "tiny.toml").write_text(TINY)
+    (tmp_path / "broken.toml").write_text(TINY.replace('"tiny"', '"broken"').replace("[fields]", "[feilds]"))
+    _write_jsonl(tmp_path / "data" / "tiny.jsonl", [{"q": "one", "a": "1"}])
+    monkeypatch.setenv("DFLASH_BENCH_SUITES", str(tmp_path))
+    assert [s.name for s in list_suites()] == ["tiny"]
+    assert [p.reference for p in load_prompts("tiny", data_dir=tmp_path / "data")] == ["1"]
+    with pytest.raises(UserError, match="broken.toml has an unknown key 'feilds'"):
+        load_prompts("broken", data_dir=tmp_path / "data")
+    with pytest.raises(UserError, match=r"unknown suite 'other'; known suites: tiny \(unreadable: broken.toml\)"):
+        get_suite("other")
+    res = CliRunner().invoke(app, ["suites", "list"], env={"COLUMNS": "250", "DFLASH_BENCH_SUITES": str(tmp_path)})
+    assert res.exit_code == 0, res.output
+    assert "tiny" in res.output and "unknown key 'feilds'" in res.output
+
+
+def test_every_shipped_suite_file_matches_the_schema():
+    from dflash_bench.suite_file import read_suite_file, suites_dir
+
+    files = sorted(suites_dir().glob("*.toml"))
+    assert len(files) == 7 and all(read_suite_file(f).name == f.stem for f in files)
 
 
 # ---------------------------------------------------------------- CLI

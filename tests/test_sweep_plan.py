@@ -66,13 +66,29 @@ def test_a_changed_image_digest_between_modes_is_noted():
     from dflash_bench.store import Manifest
     from dflash_bench.sweep.run import _check_same_image
 
-    m = Manifest(sweep_id="s", servers={"vllm-ar": {"image_digest": "sha256:a"}, "vllm-dflash": {"image_digest": "sha256:a"}})
+    server = {"runner": "docker", "url": "http://127.0.0.1:8000", "image_digest": "sha256:a"}
+    m = Manifest(sweep_id="s", servers={"vllm-ar": server, "vllm-dflash": server})
     _check_same_image(m, "vllm")
     assert m.notes == []
-    m.servers["vllm-dflash"]["image_digest"] = "sha256:b"
+    m.servers["vllm-dflash"].image_digest = "sha256:b"
     _check_same_image(m, "vllm")
     _check_same_image(m, "vllm")
     assert len(m.notes) == 1 and "sha256:a vs sha256:b" in m.notes[0]
+
+
+def test_resume_compares_the_saved_typed_settings(tmp_path):
+    """The manifest keeps SweepSettings; resume compares what is measured, never the launcher's port or runner."""
+    from dflash_bench.store import Manifest, SweepDir
+
+    saved = _settings(port=18001, runner="process")
+    sweep = SweepDir.create(tmp_path / "s", Manifest(sweep_id="s", settings=saved, plan=plan_cells(saved)))
+    back = sweep.read_manifest().settings
+    assert back == saved
+    check_resume(back, _settings(port=8000, runner="docker"))
+    with pytest.raises(UserError, match="max_tokens"):
+        check_resume(back, _settings(max_tokens=99))
+    with pytest.raises(UserError, match="no sweep settings"):
+        check_resume(None, saved)
 
 
 def test_a_cell_measured_again_starts_from_an_empty_folder(tmp_path):

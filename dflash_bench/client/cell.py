@@ -99,12 +99,11 @@ async def measure_cell_async(url: str, prompts: Sequence, *, concurrency: int, c
         _add_energy(summary, telemetry, cell_dir)
     summary.synthetic_acceptance = (snaps.get("after") or {}).get("gauges", {}).get(SYNTHETIC_GAUGE)
     reasons = failure_reasons(result.records)
-    summary.extra["failures"] = reasons
+    summary.failures = reasons
     # the records' time origin on this host's monotonic clock (time.perf_counter), to line them up with
     # server-side logs or other samples taken on the same host
-    summary.extra["clock_origin_monotonic_s"] = result.t0
-    if snaps.get("error"):
-        summary.extra["server_metrics_error"] = snaps["error"]
+    summary.clock_origin_monotonic_s = result.t0
+    summary.server_metrics_error = snaps.get("error") or None
     if summary.num_ok == 0:
         summary.status = "failed"
         summary.failure_reason = "every measured request failed: " + ", ".join(f"{k} ({v})" for k, v in reasons.items())
@@ -122,9 +121,8 @@ def _add_energy(summary: CellSummary, sampler, cell_dir: Path) -> None:
     """Energy of the measured window from the GPU samples; telemetry.csv beside the summary."""
     energy = sampler.summarize(summary.total_output_tokens)
     sampler.write_csv(cell_dir / TELEMETRY)
-    for key, value in energy.summary_fields().items():
+    for key, value in (energy.summary_fields() | energy.extra_fields()).items():
         setattr(summary, key, value)
-    summary.extra.update(energy.extra_fields())
 
 
 async def _served_model(tr: Transport, url: str, api: str) -> str | None:

@@ -136,6 +136,6 @@ def print_summary(s: CellSummary, cell_dir: Path) -> None:
     else:
         con.print("acceptance length tau: absent (the server reported no speculative counters)")
     if s.num_failed:
-        reasons = escape(", ".join(f"{k} ({v})" for k, v in s.extra.get("failures", {}).items()))
+        reasons = escape(", ".join(f"{k} ({v})" for k, v in s.failures.items()))
         con.print(f"[yellow]{s.num_failed} request(s) failed: {reasons}[/yellow]", markup=True, highlight=False)
     con.print(f"written to {escape(str(cell_dir))}", highlight=False)

@@ -2,7 +2,7 @@
 
 GSM8K and Math500 are scored in-process; HumanEval and MBPP (pass@1) run the dataset's tests on the
 model's code in the sandbox, and only when asked (`score_code=True`, the CLI's --score-code). Each
-scored cell gets `extra["accuracy"]` (an AccuracySummary: accuracy with its Wilson interval); a DFlash
+scored cell gets its summary's `accuracy` field (a store.AccuracySummary: accuracy with its Wilson interval); a DFlash
 cell with an AR partner also gets `vs_ar`: the AR - DFlash difference over the prompts both answered,
 with Newcombe's paired interval. Per-request verdicts go to `cells/<cell>/accuracy.jsonl`.
 """
@@ -13,16 +13,17 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Callable
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
-from dflash_bench.analysis import KEY
 from dflash_bench.quality import scoring
 from dflash_bench.quality.intervals import paired_difference, wilson
 from dflash_bench.quality.sandbox import Limits, RunResult, run_many
-from dflash_bench.store import CellSummary, RequestRecord, SweepDir, atomic_write_text
+from dflash_bench.store import AccuracySummary, PairedDiff, RequestRecord, SweepDir, atomic_write_text
+
+__all__ = ["AccuracySummary", "PairedDiff", "Verdict", "compare_verdicts", "score_cell", "score_sweep"]
 
 ACCURACY_FILE = "accuracy.jsonl"
-LEVEL = 0.95
+LEVEL: float = AccuracySummary.model_fields["level"].default
 ANSWER_SUITES = {"gsm8k": scoring.score_gsm8k, "math500": scoring.score_math}
 CODE_SUITES = ("humaneval", "mbpp")
 
@@ -32,38 +33,6 @@ class Verdict(BaseModel):
     occurrence: int = 0
     correct: bool
     detail: str = ""  # the sandbox's reason for code suites
-
-
-class PairedDiff(BaseModel):
-    n: int  # prompts scored in both cells
-    ar_accuracy: float | None
-    dflash_accuracy: float | None
-    ar_minus_dflash: float
-    ci_low: float
-    ci_high: float
-    both: int
-    only_ar: int
-    only_dflash: int
-    neither: int
-    method: str = "Newcombe paired square-and-add (1998, method 10)"
-
-
-class AccuracySummary(BaseModel):
-    """What goes into a cell's `extra["accuracy"]`."""
-
-    status: str = "ok"  # "ok", or why the cell was not scored
-    metric: str = ""  # "exact" (answers) or "pass@1" (code)
-    checker: str = ""
-    n: int = 0
-    correct: int = 0
-    accuracy: float | None = None
-    ci_low: float | None = None
-    ci_high: float | None = None
-    level: float = LEVEL
-    interval: str = "wilson"
-    not_scored: dict[str, int] = Field(default_factory=dict)
-    isolation: dict[str, object] = Field(default_factory=dict)  # code suites: what the sandbox had
-    vs_ar: PairedDiff | None = None
 
 
 def score_sweep(sweep_dir: Path | str, data_dir: Path | str | None = None, score_code: bool = False,
@@ -88,13 +57,13 @@ def score_sweep(sweep_dir: Path | str, data_dir: Path | str | None = None, score
         atomic_write_text(sweep.cell_dir(cell.cell_id) / ACCURACY_FILE, "".join(v.model_dump_json() + "\n" for v in rows))
         verdicts[cell.cell_id] = {(v.prompt_id, v.occurrence): v.correct for v in rows}
         out[cell.cell_id] = summary
-    by_key = {_key(c): c.cell_id for c in done if c.mode == "ar"}
+    by_key = {c.pair_key(): c.cell_id for c in done if c.mode == "ar"}
     for cell in done:
-        ar_id = by_key.get(_key(cell))
+        ar_id = by_key.get(cell.pair_key())
         if cell.mode == "dflash" and ar_id in verdicts and cell.cell_id in verdicts:
             out[cell.cell_id].vs_ar = compare_verdicts(verdicts[ar_id], verdicts[cell.cell_id])
     for cell in done:
-        cell.extra["accuracy"] = out[cell.cell_id].model_dump()
+        cell.accuracy = out[cell.cell_id]
         sweep.write_summary(cell)
     sweep.write_results_csv()
     return out
@@ -162,7 +131,3 @@ def compare_verdicts(ar: dict[tuple[str, int], bool], df: dict[tuple[str, int], 
     n = len(keys)
     return PairedDiff(n=n, ar_accuracy=(both + only_ar) / n if n else None, dflash_accuracy=(both + only_df) / n if n else None,
                       ar_minus_dflash=d, ci_low=lo, ci_high=hi, both=both, only_ar=only_ar, only_dflash=only_df, neither=neither)
-
-
-def _key(s: CellSummary) -> tuple:
-    return tuple(getattr(s, k) for k in KEY)

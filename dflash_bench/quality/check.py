@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dflash_bench.analysis import KEY
 from dflash_bench.quality.lossless import NEAR_TIE_NATS
 from dflash_bench.store import SweepDir
 
@@ -31,16 +30,20 @@ def quality_rows(sweep_dir: Path | str) -> list[dict[str, Any]]:
     """One dict per DFlash cell with what the checks wrote: the key, `lossless`, `accuracy` (its own, with
     `vs_ar`) and `accuracy_ar` (its AR partner's). Reads only the folder; for the report and the gate."""
     summaries = [s for s in SweepDir.open(Path(sweep_dir)).summaries() if s.status == "complete"]
-    ar = {tuple(getattr(s, k) for k in KEY): s for s in summaries if s.mode == "ar"}
+    ar = {s.pair_key(): s for s in summaries if s.mode == "ar"}
     rows = []
     for s in summaries:
         if s.mode != "dflash":
             continue
-        partner = ar.get(tuple(getattr(s, k) for k in KEY))
-        rows.append({**{k: getattr(s, k) for k in KEY}, "cell_id": s.cell_id,
-                     "lossless": s.extra.get("lossless"), "accuracy": s.extra.get("accuracy"),
-                     "accuracy_ar": partner.extra.get("accuracy") if partner else None})
+        partner = ar.get(s.pair_key())
+        rows.append({**{k: getattr(s, k) for k in s.pair_fields()}, "cell_id": s.cell_id,
+                     "lossless": _dump(s.lossless), "accuracy": _dump(s.accuracy),
+                     "accuracy_ar": _dump(partner.accuracy) if partner else None})
     return rows
+
+
+def _dump(section: Any) -> dict[str, Any] | None:
+    return section.model_dump() if section is not None else None
 
 
 def print_rows(rows: list[dict[str, Any]]) -> None:

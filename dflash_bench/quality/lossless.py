@@ -1,6 +1,6 @@
 """Token-level lossless check: at temperature 0 DFlash must emit the AR target's own tokens.
 
-For every AR cell and its DFlash cell (same engine, suite, concurrency, repeat: `analysis.KEY`), requests
+For every AR cell and its DFlash cell (same CellKey but the mode: `CellKey.pair_key`), requests
 are paired by prompt id and turn (warm-up excluded; a prompt sent twice pairs by its occurrence), and
 their saved token ids compared:
 
@@ -14,7 +14,7 @@ their saved token ids compared:
   target's bonus token). None when they cannot tell (first chunk, no chunk data).
 
 `annotate_sweep` writes the per-prompt rows to `cells/<dflash-cell>/lossless.jsonl`, the aggregates to the
-DFlash summary's `extra["lossless"]` (a LosslessSummary), and rebuilds results.csv. Example texts in the
+DFlash summary's `lossless` field (a store.LosslessSummary), and rebuilds results.csv. Example texts in the
 summary are raw model output: whoever shows them escapes them.
 """
 
@@ -25,13 +25,15 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Iterable, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
-from dflash_bench.analysis import KEY
 from dflash_bench.metrics.stats import percentile
-from dflash_bench.store import CellSummary, RequestRecord, SweepDir, atomic_write_text
+from dflash_bench.store import CellSummary, LosslessSummary, RequestRecord, SweepDir, atomic_write_text
 
-NEAR_TIE_NATS = 0.1  # AR top-1 minus top-2 logprob at or below this: a near-tie numerical flip
+__all__ = ["LosslessSummary", "Comparison", "annotate_sweep", "compare_cells", "read_comparisons", "summarize"]
+
+# AR top-1 minus top-2 logprob at or below this: a near-tie numerical flip (the summary's default records it)
+NEAR_TIE_NATS: float = LosslessSummary.model_fields["near_tie_threshold_nats"].default
 LOSSLESS_FILE = "lossless.jsonl"
 MAX_EXAMPLES = 5
 EXCERPT_BEFORE, EXCERPT_AFTER = 60, 120
@@ -59,24 +61,6 @@ class Comparison(BaseModel):
     @property
     def identical(self) -> bool:
         return self.kind == "identical"
-
-
-class LosslessSummary(BaseModel):
-    """What goes into a DFlash cell's `extra["lossless"]`."""
-
-    status: str = "ok"  # "ok", or why nothing was compared
-    ar_cell: str | None = None
-    n: int = 0  # prompt turns compared
-    identical: int = 0
-    exact_match_rate: float | None = None
-    near_tie_threshold_nats: float = NEAR_TIE_NATS
-    divergences: dict[str, int] = Field(default_factory=dict)  # kind -> count
-    in_accepted_draft: int = 0  # divergences inside an accepted draft block
-    at_target_token: int = 0  # divergences at a token the target itself produced (bonus / prefill)
-    first_divergence: dict[str, float | int | None] = Field(default_factory=dict)  # n, min, p50, p90, mean, max
-    divergence_histogram: dict[str, list[int]] = Field(default_factory=dict)  # lower bin edges, counts
-    not_compared: dict[str, int] = Field(default_factory=dict)  # reason -> count
-    examples: list[dict] = Field(default_factory=list)  # first divergences with raw text excerpts
 
 
 # ---------------------------------------------------------------- one prompt
@@ -241,10 +225,10 @@ def annotate_sweep(sweep_dir: Path | str, near_tie: float = NEAR_TIE_NATS) -> di
     """
     sweep = SweepDir.open(Path(sweep_dir))
     done = [s for s in sweep.summaries() if s.status == "complete"]
-    ar_cells = {_key(s): s for s in done if s.mode == "ar"}
+    ar_cells = {s.pair_key(): s for s in done if s.mode == "ar"}
     out: dict[str, LosslessSummary] = {}
     for df in (s for s in done if s.mode == "dflash"):
-        ar = ar_cells.get(_key(df))
+        ar = ar_cells.get(df.pair_key())
         if ar is None:
             continue
         out[df.cell_id] = _annotate_pair(sweep, ar, df, near_tie)
@@ -253,7 +237,7 @@ def annotate_sweep(sweep_dir: Path | str, near_tie: float = NEAR_TIE_NATS) -> di
 
 
 def _annotate_pair(sweep: SweepDir, ar: CellSummary, df: CellSummary, near_tie: float) -> LosslessSummary:
-    temps = {float(s.settings.get("temperature") or 0.0) for s in (ar, df)}
+    temps = {float(s.settings.temperature or 0.0) for s in (ar, df)}
     if max(temps) > 0:
         result = LosslessSummary(status=f"not checked: temperature {max(temps):g} > 0 (tokens match only at temperature 0)",
                                  ar_cell=ar.cell_id, near_tie_threshold_nats=near_tie)
@@ -265,13 +249,9 @@ def _annotate_pair(sweep: SweepDir, ar: CellSummary, df: CellSummary, near_tie: 
             result.status = "nothing to compare: no token ids saved (run the sweep with --save-token-ids)"
     text = "".join(r.model_dump_json() + "\n" for r in rows)
     atomic_write_text(sweep.cell_dir(df.cell_id) / LOSSLESS_FILE, text)
-    df.extra["lossless"] = result.model_dump()
+    df.lossless = result
     sweep.write_summary(df)
     return result
-
-
-def _key(s: CellSummary) -> tuple:
-    return tuple(getattr(s, k) for k in KEY)
 
 
 def read_comparisons(sweep_dir: Path | str, dflash_cell: str) -> list[Comparison]:

@@ -119,8 +119,8 @@ def _context(view: tables.SweepView, figs: dict[str, dict[str, str]]) -> dict[st
         "quality": view.quality,
         "samples": view.samples,
         "command_line": shlex.join(m.command_line) if m.command_line else "",
-        "manifest_blocks": [(k, _pretty(tables.redact(getattr(m, k)))) for k in
-                            ("settings", "models", "hardware", "versions", "servers") if getattr(m, k)],
+        "manifest_blocks": [(k, _pretty(tables.redact(tables.plain(getattr(m, k))))) for k in
+                            ("settings", "models", "hardware", "versions", "servers") if tables.plain(getattr(m, k))],
         "notes": m.notes,
     }
 

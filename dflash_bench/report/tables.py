@@ -8,15 +8,17 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from pydantic import BaseModel
 
 from dflash_bench import analysis
 from dflash_bench.engines.base import tensor_parallel
-from dflash_bench.store import Manifest, SweepDir
+from dflash_bench.store import CellKey, Hardware, Manifest, SweepDir, SweepSettings
 
 SECRET_KEY = re.compile(r"(^|[_-])token$|secret|passw|api[_-]?key|authorization", re.I)  # not max_tokens
 SAMPLE_CHARS = 600
@@ -64,6 +66,8 @@ def _load_one(path: Path) -> SweepView:
     sweep = SweepDir.open(path)
     manifest = sweep.read_manifest()
     frame = analysis.cells(path)
+    if sweep.migration_note:
+        print(sweep.migration_note, file=sys.stderr)
     gpus = gpu_count(manifest.hardware, manifest.settings, manifest.servers)
     rank = suite_rank(manifest, frame)
     view = SweepView(
@@ -109,11 +113,21 @@ def slugify(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.")[:60] or "sweep"
 
 
-def gpu_count(hardware: dict[str, Any], settings: dict[str, Any] | None = None,
+def plain(value: Any) -> Any:
+    """A manifest section as plain data (typed sections dumped without their empty fields)."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(exclude_none=True)
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    return value
+
+
+def gpu_count(hardware: Hardware | dict[str, Any], settings: SweepSettings | dict[str, Any] | None = None,
               servers: dict[str, Any] | None = None) -> int | None:
     """How many GPUs one server used: the tensor-parallel size in the sweep's engine args or in the commands of
     the servers it launched (card flags included); a launched server without one uses one GPU, however many
     the host has. Else the GPUs the manifest's `hardware` lists (None when nothing says: per server)."""
+    hardware, settings, servers = plain(hardware), plain(settings), plain(servers)
     commands = [info.get("command") for info in (servers or {}).values() if isinstance(info, dict)]
     tp = tensor_parallel((settings or {}).get("engine_args")) or max(
         (tensor_parallel(c) or 0 for c in commands if isinstance(c, list)), default=0)
@@ -132,7 +146,8 @@ def gpu_count(hardware: dict[str, Any], settings: dict[str, Any] | None = None,
     return None
 
 
-def gpu_names(hardware: dict[str, Any]) -> str:
+def gpu_names(hardware: Hardware | dict[str, Any]) -> str:
+    hardware = plain(hardware)
     gpus = hardware.get("gpus")
     if isinstance(gpus, list) and gpus:
         names = [str(g.get("name", "GPU")) if isinstance(g, dict) else str(g) for g in gpus]
@@ -156,7 +171,7 @@ def averaged(frame: pd.DataFrame) -> pd.DataFrame:
     """Complete cells with repeats averaged: numeric columns become their mean; list columns are parsed
     (per-position acceptance: element-wise mean)."""
     done = analysis.complete(frame) if not frame.empty else frame
-    key = ["engine", "mode", "suite", "concurrency"]
+    key = CellKey.sample_fields()
     if done.empty:
         return pd.DataFrame(columns=key)
     if "tpot_ms_p90" in done.columns:  # tail interactivity: what 90% of requests get or beat

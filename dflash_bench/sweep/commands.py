@@ -34,7 +34,7 @@ def _settings(options: dict[str, Any], resume: Path | None) -> SweepSettings:
     given = {k: v for k, v in options.items() if v is not None and v != []}
     if resume is not None:
         saved = SweepDir.open(resume).read_manifest().settings
-        merged = {**saved, **given}
+        merged = {**(saved.identity() if saved else {}), **given}
         return _validated(merged)
     if "model" not in given:
         raise UserError("pass --model (a short name from `dflash-bench models`, a Hugging Face id or a folder)")

@@ -4,43 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import groupby
-from typing import Any, ClassVar
-
-from pydantic import BaseModel, Field
+from typing import Any
 
 from dflash_bench.errors import UserError
-from dflash_bench.store import CellPlan, cell_id
+from dflash_bench.store import CellPlan, SweepSettings
+
+__all__ = ["MODES", "Launch", "SweepSettings", "check_resume", "launches", "plan_cells"]
 
 MODES = ("ar", "dflash")
-
-
-class SweepSettings(BaseModel):
-    """Everything that decides what a sweep measures. A resumed sweep must agree on all of it."""
-
-    model: str
-    engines: list[str] = Field(default_factory=lambda: ["builtin"])
-    suites: list[str]
-    concurrency: list[int] = Field(default_factory=lambda: [1, 8, 32])
-    num_prompts: int | None = None  # per cell; None means max(concurrency, suite default)
-    max_tokens: int | None = None  # None means each suite's default
-    repeats: int = 1
-    temperature: float = 0.0
-    seed: int = 0
-    thinking: bool | None = None  # None means the model pair's default
-    gpu: str = "generic"  # preset name for engine flags
-    runner: str = "docker"  # docker | process
-    port: int | None = None  # port of launched servers (None: the engine's default)
-    url_ar: str | None = None
-    url_dflash: str | None = None
-    save_token_ids: bool = False
-    engine_args: list[str] = Field(default_factory=list)
-    engine_options: dict[str, Any] = Field(default_factory=dict)  # e.g. builtin: target/drafter dirs, device
-
-    # settings that may change between a run and its resume without changing what is measured
-    RESUME_FREE: ClassVar[frozenset[str]] = frozenset({"runner", "port", "url_ar", "url_dflash"})
-
-    def identity(self) -> dict[str, Any]:
-        return {k: v for k, v in self.model_dump().items() if k not in self.RESUME_FREE}
 
 
 @dataclass(frozen=True)
@@ -66,8 +37,7 @@ def plan_cells(settings: SweepSettings) -> list[CellPlan]:
             for mode in modes:
                 for suite in settings.suites:
                     for c in settings.concurrency:
-                        out.append(CellPlan(cell_id=cell_id(engine, mode, suite, c, repeat), engine=engine,
-                                            mode=mode, suite=suite, concurrency=c, repeat=repeat))
+                        out.append(CellPlan(engine=engine, mode=mode, suite=suite, concurrency=c, repeat=repeat))
     return out
 
 
@@ -77,8 +47,12 @@ def launches(plan: list[CellPlan], pending_only: bool = True) -> list[Launch]:
     return [Launch(engine, mode, tuple(group)) for (engine, mode), group in groupby(cells, key=lambda c: (c.engine, c.mode))]
 
 
-def check_resume(saved: dict[str, Any], current: SweepSettings) -> None:
+def check_resume(saved: SweepSettings | dict[str, Any] | None, current: SweepSettings) -> None:
     """Refuse to resume when what is measured differs; name the first differing settings."""
+    if saved is None:
+        raise UserError("cannot resume: the folder's manifest records no sweep settings (it was written by "
+                        "`dflash-bench run`, not `sweep`); start a new sweep")
+    saved = saved.identity() if isinstance(saved, SweepSettings) else saved
     now = current.identity()
     diff = [k for k in sorted(set(saved) | set(now)) if k not in current.RESUME_FREE and saved.get(k) != now.get(k)]
     if diff:

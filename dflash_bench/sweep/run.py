@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from dflash_bench.errors import UserError
-from dflash_bench.store import CellPlan, CellSummary, Manifest, StoreError, SweepDir, now_iso
+from dflash_bench.store import CellPlan, CellSummary, GpuInfo, Manifest, ServerRecord, StoreError, SweepDir, now_iso
 from dflash_bench.sweep import provenance
 from dflash_bench.sweep.plan import Launch, SweepSettings, check_resume, launches, plan_cells
 from dflash_bench.sweep.progress import SweepProgress
@@ -80,7 +80,7 @@ def _run_launch(launch: Launch, settings: SweepSettings, pair, sweep: SweepDir, 
     key = f"{launch.engine}-{launch.mode}"
     try:
         with _server(launch, settings, pair, sweep, manifest, image) as server:
-            manifest.servers[key] = server["info"]
+            manifest.servers[key] = ServerRecord.model_validate(server["info"])
             _check_same_image(manifest, launch.engine)
             sweep.write_manifest(manifest)
             for cell in launch.cells:
@@ -100,7 +100,7 @@ def _run_launch(launch: Launch, settings: SweepSettings, pair, sweep: SweepDir, 
 
 def _check_same_image(manifest: Manifest, engine: str) -> None:
     """AR and DFlash must run the same image: a digest that changed between them (a re-pulled tag) is noted."""
-    digests = {mode: (manifest.servers.get(f"{engine}-{mode}") or {}).get("image_digest") for mode in ("ar", "dflash")}
+    digests = {mode: getattr(manifest.servers.get(f"{engine}-{mode}"), "image_digest", None) for mode in ("ar", "dflash")}
     if all(digests.values()) and digests["ar"] != digests["dflash"]:
         note = f"{engine}: the AR and DFlash servers ran different image digests ({digests['ar']} vs {digests['dflash']})"
         if note not in manifest.notes:
@@ -205,7 +205,7 @@ def _open(settings: SweepSettings, out: Path, resume: Path | None, pair, argv: l
         return sweep, manifest
     sweep_id = _sweep_id(pair.name, settings.engines)
     manifest = Manifest(
-        sweep_id=sweep_id, command_line=provenance.redact(argv), settings=settings.identity(),
+        sweep_id=sweep_id, command_line=provenance.redact(argv), settings=settings,
         plan=plan_cells(settings), versions=provenance.versions(), hardware={"host": provenance.host()},
         models={"target": provenance.model_revision(pair.target),
                 "drafter": provenance.model_revision(pair.drafter) if pair.drafter else None,
@@ -285,7 +285,7 @@ def _telemetry(manifest: Manifest, progress: SweepProgress, settings: SweepSetti
     sampler = TelemetrySampler(gpus)
     manifest.telemetry = sampler.status.as_manifest()
     if sampler.enabled:
-        manifest.hardware["gpus"] = gpu_inventory(sampler.status.gpus)
+        manifest.hardware.gpus = [GpuInfo.model_validate(g) for g in gpu_inventory(sampler.status.gpus)]
     else:
         progress.note(sampler.status.message)
     return sampler if sampler.enabled else None

@@ -15,7 +15,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from dflash_bench.gate import Baseline, Check, GateResult
+from dflash_bench.gate.baseline import Baseline
+from dflash_bench.gate.compare import Check, GateResult
 from dflash_bench.store import atomic_write_text
 
 VERDICT_STYLE = {"fail": "bold red", "improved": "green", "pass": "", "skipped": "yellow"}

@@ -1,0 +1,35 @@
+"""The CI regression gate: a sweep against a baseline, cell by cell and metric by metric.
+
+    dflash-bench gate SWEEP_DIR --baseline BASELINE [--thresholds gate.toml] [--junit FILE] [--markdown FILE]
+    dflash-bench gate --export-baseline SWEEP_DIR -o baseline.json
+
+Cells match on (engine, mode, suite, concurrency); the repeats of a cell are its samples. Each metric is
+judged by the relative change of its mean, current / baseline - 1, against a threshold (the largest
+change in the bad direction that still passes):
+
+- tight: acceptance length, and the lossless exact-match rate and task accuracy where the sweep has them
+  (nearly deterministic at temperature 0).
+- bootstrap: output throughput, TPOT p50 and speedup when both sides have repeats: a seeded percentile
+  bootstrap interval of the ratio of means; the check fails only when the whole interval is past the
+  threshold, so run-to-run noise does not fail a build.
+- plain: the same noisy metrics without repeats: the single change against the threshold, labelled so.
+
+A cell that failed in the sweep fails every metric its baseline has. Exit codes: 0 pass, 1 regression,
+2 unusable input (a UserError: missing or corrupt baseline, bad thresholds, nothing in common).
+
+Modules: config (gate.toml), baseline (what a sweep or a baseline file holds), compare (the verdicts),
+output (terminal table, markdown, JUnit), command (the CLI entry point).
+"""
+
+from dflash_bench.gate.baseline import BASELINE_VERSION, Baseline, CellValues, collect, export_baseline, load_baseline
+from dflash_bench.gate.command import gate, main
+from dflash_bench.gate.compare import (
+    METRICS, Check, GateResult, Metric, bootstrap_change, compare, judge, resampled_means,
+)
+from dflash_bench.gate.config import Bootstrap, CellsPolicy, GateConfig, Thresholds, load_config
+
+__all__ = [
+    "BASELINE_VERSION", "Baseline", "CellValues", "collect", "export_baseline", "load_baseline", "gate", "main",
+    "METRICS", "Check", "GateResult", "Metric", "bootstrap_change", "compare", "judge", "resampled_means",
+    "Bootstrap", "CellsPolicy", "GateConfig", "Thresholds", "load_config",
+]

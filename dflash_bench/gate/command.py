@@ -1,0 +1,43 @@
+"""The `gate` command: export a baseline, or gate a sweep and write its reports."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dflash_bench.errors import UserError
+from dflash_bench.gate import output as show
+from dflash_bench.gate.baseline import collect, export_baseline, load_baseline
+from dflash_bench.gate.compare import GateResult, compare
+from dflash_bench.gate.config import GateConfig, load_config
+
+
+def gate(sweep_dir: Path | str, baseline: Path | str, config: GateConfig | None = None) -> GateResult:
+    """Load both sides and compare them."""
+    base = load_baseline(baseline)
+    sweep = collect(sweep_dir)
+    return compare(sweep, base, config, sweep_label=str(sweep_dir), baseline_label=str(baseline))
+
+
+def main(sweep_dir: Path, *, baseline: Path | None = None, export: bool = False, output: Path | None = None,
+         thresholds: Path | None = None, junit: Path | None = None, markdown: Path | None = None) -> int:
+    """The `gate` command: export a baseline, or gate a sweep and write the reports; returns the exit code."""
+    if export:
+        if output is None:
+            raise UserError("--export-baseline needs -o FILE, the baseline file to write")
+        if baseline or thresholds or junit or markdown:
+            raise UserError("--export-baseline only writes a baseline; leave out --baseline, --thresholds, --junit and --markdown")
+        written = export_baseline(sweep_dir, output)
+        show.print_export(written, output)
+        return 0
+    if output is not None:
+        raise UserError("-o is for --export-baseline; use --junit FILE or --markdown FILE for the gate's reports")
+    if baseline is None:
+        raise UserError("give --baseline, a sweep folder or a file written by `dflash-bench gate --export-baseline`")
+    config = load_config(thresholds)
+    result = gate(sweep_dir, baseline, config)
+    show.print_table(result)
+    if junit is not None:
+        show.write_junit(result, junit)
+    if markdown is not None:
+        show.write_markdown(result, markdown)
+    return result.exit_code

@@ -1,0 +1,299 @@
+"""Schemas of a cell's files: its identity (CellKey), requests.jsonl, summary.json, server_metrics.json.
+
+The quality checks' summaries live here too (they are fields of CellSummary): quality/ imports them, the
+store never imports quality/.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+SCHEMA_VERSION = 2  # 2: typed manifest sections; summary fields instead of `extra` (store/migrate.py reads 1)
+
+Mode = Literal["ar", "dflash"]
+CellStatus = Literal["pending", "running", "complete", "failed"]
+
+
+class CellKey(BaseModel):
+    """What a cell is: the one place its identity is defined. Plans, summaries, the gate and the analysis
+    all match cells through it, so a new axis (an input length, say) is a new field here and nowhere else.
+
+    `cell_id` names the cell's folder: `<engine>-<mode>-<suite>-c<concurrency>[-r<repeat>]` unless given
+    (`dflash-bench run` and tests may measure into a folder of another name). It is not part of the identity."""
+
+    model_config = ConfigDict(frozen=True)
+
+    cell_id: str = ""
+    engine: str
+    mode: str
+    suite: str
+    concurrency: int
+    repeat: int = 0
+
+    # AR and DFlash cells of one pair differ only in the mode; the gate's samples only in the repeat
+    PAIR_EXCLUDES: ClassVar[frozenset[str]] = frozenset({"cell_id", "mode"})
+    SAMPLE_EXCLUDES: ClassVar[frozenset[str]] = frozenset({"cell_id", "repeat"})
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_id(cls, data: Any) -> Any:
+        required = [f for f, info in CellKey.model_fields.items() if info.is_required()]
+        if isinstance(data, dict) and not data.get("cell_id") and all(f in data for f in required):
+            data = {**data, "cell_id": cls.make_id(data)}
+        return data  # without its identity it fails validation, naming the missing field
+
+    @staticmethod
+    def make_id(values: dict[str, Any]) -> str:
+        base = f"{values['engine']}-{values['mode']}-{values['suite']}-c{values['concurrency']}"
+        repeat = int(values.get("repeat") or 0)
+        return base if repeat == 0 else f"{base}-r{repeat}"
+
+    @classmethod
+    def identity_fields(cls) -> tuple[str, ...]:
+        return tuple(f for f in CellKey.model_fields if f != "cell_id")
+
+    @classmethod
+    def pair_fields(cls) -> list[str]:
+        """The columns an AR cell and its DFlash cell share (analysis.pairs, lossless, accuracy)."""
+        return [f for f in CellKey.model_fields if f not in cls.PAIR_EXCLUDES]
+
+    @classmethod
+    def sample_fields(cls) -> list[str]:
+        """The columns the repeats of one cell share (the report averages over them, the gate samples them)."""
+        return [f for f in CellKey.model_fields if f not in cls.SAMPLE_EXCLUDES]
+
+    @property
+    def key(self) -> CellKey:
+        """The bare identity (canonical cell_id), hashable and comparable whatever the subclass."""
+        return CellKey(**{f: getattr(self, f) for f in self.identity_fields()})
+
+    def pair_key(self) -> tuple:
+        return tuple(getattr(self, f) for f in self.pair_fields())
+
+    def sample_of(self) -> CellKey:
+        """The gate's unit: this cell with the repeat left out (repeats are its samples)."""
+        return CellKey(**{f: getattr(self, f) for f in self.identity_fields() if f not in self.SAMPLE_EXCLUDES})
+
+    @property
+    def name(self) -> str:
+        """`engine/mode/suite/cN` (plus `/rR` past repeat 0): how the gate names a cell."""
+        parts = [self.engine, self.mode, self.suite, f"c{self.concurrency}"]
+        return "/".join(parts + ([f"r{self.repeat}"] if self.repeat else []))
+
+    def sort_key(self) -> tuple:
+        return tuple(getattr(self, f) for f in self.identity_fields())
+
+
+def cell_id(engine: str, mode: str, suite: str, concurrency: int, repeat: int = 0) -> str:
+    """`<engine>-<mode>-<suite>-c<concurrency>[-r<repeat>]`; repeat 0 has no suffix."""
+    return CellKey(engine=engine, mode=mode, suite=suite, concurrency=concurrency, repeat=repeat).cell_id
+
+
+# ---------------------------------------------------------------- requests.jsonl
+
+
+class RequestRecord(BaseModel):
+    """One request as the client saw it. Times are seconds on the client's monotonic clock,
+    relative to the cell's start, so records of one cell compare directly."""
+
+    request_id: str
+    prompt_id: str
+    turn: int = 0
+    warmup: bool = False
+    t_send: float
+    t_first_byte: float | None = None  # first byte of the response body
+    t_first_token: float | None = None  # first chunk that carried content
+    t_end: float | None = None
+    chunk_times: list[float] = Field(default_factory=list)
+    chunk_tokens: list[int] = Field(default_factory=list)  # cumulative output tokens after each chunk
+    prompt_tokens: int | None = None  # from the server's usage, never counted by the client
+    output_tokens: int | None = None
+    finish_reason: str | None = None
+    error: str | None = None  # None means the request succeeded
+    spec_verify_ct: int | None = None  # SGLang meta_info: verification steps of this request
+    spec_accepted_tokens: int | None = None  # per-request accepted draft tokens where the server says
+    output_text: str | None = None
+    token_ids: list[int] | None = None  # with --save-token-ids
+    top_logprobs: list[list[tuple[int, float]]] | None = None  # per position: [(id, logprob), ...] top-2
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+# ---------------------------------------------------------------- server_metrics.json
+
+
+class ServerMetrics(BaseModel):
+    """/metrics scraped before and after the measured window: {'counters': {...}, 'gauges': {...}} each."""
+
+    url: str
+    before: dict[str, dict[str, float]] | None = None
+    after: dict[str, dict[str, float]] | None = None
+    delta: dict[str, float] | None = None
+    error: str | None = None  # why a scrape failed
+
+
+# ---------------------------------------------------------------- quality summaries (fields of CellSummary)
+
+
+class LosslessSummary(BaseModel):
+    """A DFlash cell's token-level lossless check against its AR partner (quality/lossless.py)."""
+
+    status: str = "ok"  # "ok", or why nothing was compared
+    ar_cell: str | None = None
+    n: int = 0  # prompt turns compared
+    identical: int = 0
+    exact_match_rate: float | None = None
+    near_tie_threshold_nats: float = 0.1  # AR top-1 minus top-2 logprob at or below this: a near-tie flip
+    divergences: dict[str, int] = Field(default_factory=dict)  # kind -> count
+    in_accepted_draft: int = 0  # divergences inside an accepted draft block
+    at_target_token: int = 0  # divergences at a token the target itself produced (bonus / prefill)
+    first_divergence: dict[str, float | int | None] = Field(default_factory=dict)  # n, min, p50, p90, mean, max
+    divergence_histogram: dict[str, list[int]] = Field(default_factory=dict)  # lower bin edges, counts
+    not_compared: dict[str, int] = Field(default_factory=dict)  # reason -> count
+    examples: list[dict] = Field(default_factory=list)  # first divergences with raw text excerpts
+
+
+class PairedDiff(BaseModel):
+    n: int  # prompts scored in both cells
+    ar_accuracy: float | None
+    dflash_accuracy: float | None
+    ar_minus_dflash: float
+    ci_low: float
+    ci_high: float
+    both: int
+    only_ar: int
+    only_dflash: int
+    neither: int
+    method: str = "Newcombe paired square-and-add (1998, method 10)"
+
+
+class AccuracySummary(BaseModel):
+    """A cell's task accuracy with its Wilson interval (quality/accuracy.py)."""
+
+    status: str = "ok"  # "ok", or why the cell was not scored
+    metric: str = ""  # "exact" (answers) or "pass@1" (code)
+    checker: str = ""
+    n: int = 0
+    correct: int = 0
+    accuracy: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    level: float = 0.95
+    interval: str = "wilson"
+    not_scored: dict[str, int] = Field(default_factory=dict)
+    isolation: dict[str, object] = Field(default_factory=dict)  # code suites: what the sandbox had
+    vs_ar: PairedDiff | None = None
+
+
+# ---------------------------------------------------------------- summary.json
+
+
+class CellSettings(BaseModel):
+    """How the client measured the cell (client/cell.py). Keys a newer client adds are kept (extra="allow")."""
+
+    model_config = ConfigDict(extra="allow")
+
+    api: str | None = None  # chat | completions | generate
+    model: str | None = None  # the served model name requests named
+    max_tokens: int | None = None
+    temperature: float | None = None
+    seed: int | None = None
+    num_prompts: int | None = None
+    enable_thinking: bool | None = None
+    save_token_ids: bool | None = None
+    warmup: bool | None = None
+    request_rate: float | None = None  # None: closed loop at the concurrency
+    timeout_s: float | None = None
+    transport: str | None = None
+    prompt_rendering: str | None = None  # api=generate: who rendered the chat template
+
+
+class Stat(BaseModel):
+    """Distribution summary of one metric over a cell's measured requests (or tokens, or chunks)."""
+
+    n: int
+    mean: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+    p99: float | None = None
+    min: float | None = None
+    max: float | None = None
+
+
+class CellSummary(CellKey):
+    """A cell's aggregates. Definitions live in dflash_bench.metrics (one place)."""
+
+    model_config = ConfigDict(frozen=False)
+
+    schema_version: int = SCHEMA_VERSION
+    status: Literal["complete", "failed"] = "complete"
+    failure_reason: str | None = None
+    url: str | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    settings: CellSettings = Field(default_factory=CellSettings)
+
+    num_requests: int = 0  # measured (warm-up excluded)
+    num_ok: int = 0
+    num_failed: int = 0
+    num_warmup: int = 0
+    duration_s: float | None = None  # last completion - first dispatch
+    total_prompt_tokens: int = 0
+    total_output_tokens: int = 0
+    output_throughput: float | None = None  # tok/s
+    request_throughput: float | None = None  # req/s
+
+    ttft_ms: Stat | None = None
+    tpot_ms: Stat | None = None
+    itl_ms: Stat | None = None  # per-token latency: chunk gaps divided over the tokens they carry
+    chunk_gap_ms: Stat | None = None
+    e2e_ms: Stat | None = None
+    tok_s_user: Stat | None = None  # 1000 / TPOT per request
+    tokens_per_chunk: Stat | None = None
+
+    acceptance_length: float | None = None  # tau; None when the server has no speculative counters
+    acceptance_length_req_weighted: float | None = None
+    acceptance_length_token_weighted: float | None = None
+    acceptance_rate: float | None = None
+    acceptance_per_position: list[float] | None = None
+    acceptance_source: str | None = None  # vllm-metrics | sglang-meta | builtin-metrics
+    num_drafts: int | None = None
+    num_draft_tokens: int | None = None
+    num_accepted_tokens: int | None = None
+    synthetic_acceptance: float | None = None  # set when the server ran with synthetic acceptance
+
+    failures: dict[str, int] = Field(default_factory=dict)  # failure kind -> count of measured requests
+    clock_origin_monotonic_s: float | None = None  # records' time origin on this host's time.perf_counter
+    server_metrics_error: str | None = None  # why /metrics could not be scraped
+
+    telemetry: str | None = None  # "on" or why it is off
+    energy_j: float | None = None
+    energy_source: str | None = None  # counter | integrated
+    energy_valid: bool | None = None
+    energy_note: str | None = None
+    avg_power_w: float | None = None
+    j_per_token: float | None = None
+    tokens_per_j: float | None = None
+    # the rest of telemetry.energy.EnergySummary (its extra_fields), the GPU state that explains the energy
+    energy_counter_j: float | None = None
+    energy_integrated_j: float | None = None
+    telemetry_duration_s: float | None = None
+    telemetry_peak_power_w: float | None = None
+    telemetry_n_samples: int | None = None
+    telemetry_max_gap_s: float | None = None
+    telemetry_gpu_util_mean_pct: float | None = None
+    telemetry_sm_clock_mean_mhz: float | None = None
+    telemetry_temp_max_c: int | None = None
+    telemetry_mem_used_max_mib: float | None = None
+    telemetry_throttle_reasons: str | None = None  # ';'-joined
+    telemetry_throttled_frac: float | None = None
+
+    lossless: LosslessSummary | None = None  # DFlash cells, after quality/lossless.py
+    accuracy: AccuracySummary | None = None  # scorable suites, after quality/accuracy.py
+
+
+STAT_FIELDS = ("ttft_ms", "tpot_ms", "itl_ms", "chunk_gap_ms", "e2e_ms", "tok_s_user", "tokens_per_chunk")

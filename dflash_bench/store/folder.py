@@ -1,0 +1,240 @@
+"""The sweep folder on disk: atomic writes, and reading every file back through its schema.
+
+Every write is atomic (temporary file in the same folder, fsync, rename): a failure or a kill at any moment
+leaves the old file or the new one, never half of one. Readers turn a half-written or foreign folder into a
+StoreError (a UserError), and read files of schema version 1 as version 2 (store/migrate.py) without
+writing them back; `SweepDir.migrate()` does that on request.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable
+
+from pydantic import BaseModel, ValidationError
+
+from dflash_bench.errors import UserError
+from dflash_bench.store.migrate import OLDEST, manifest_v1, needs_migration, summary_v1
+from dflash_bench.store.cells import SCHEMA_VERSION, CellSummary, RequestRecord, ServerMetrics
+from dflash_bench.store.manifest import Manifest
+from dflash_bench.store.results import csv_text
+from dflash_bench.store.timestamps import now_iso
+
+MANIFEST = "manifest.json"
+SUMMARY = "summary.json"
+REQUESTS = "requests.jsonl"
+SERVER_METRICS = "server_metrics.json"
+TELEMETRY = "telemetry.csv"
+RESULTS = "results.csv"
+
+
+class StoreError(UserError):
+    """A sweep folder that cannot be read: missing, half-written, corrupt or of another schema version."""
+
+
+# ---------------------------------------------------------------- atomic writes
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _umask()
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        try:
+            os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; the result should read like any other file
+            _write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    if isinstance(obj, BaseModel):
+        text = obj.model_dump_json(indent=2)
+    else:
+        text = json.dumps(obj, indent=2, default=str)
+    atomic_write_text(path, text + "\n")
+
+
+# ---------------------------------------------------------------- the folder
+
+
+class SweepDir:
+    """A sweep folder on disk. `SweepDir.create` starts one, `SweepDir.open` reads one back."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.migrated_from: int | None = None  # the schema version read, when older than this one's
+
+    @classmethod
+    def create(cls, path: Path, manifest: Manifest) -> "SweepDir":
+        path = Path(path)
+        if (path / MANIFEST).exists():
+            raise StoreError(f"{path} already holds a sweep; pass --resume {path} or choose another --out")
+        sweep = cls(path)
+        (path / "cells").mkdir(parents=True, exist_ok=True)
+        (path / "logs").mkdir(exist_ok=True)
+        sweep.write_manifest(manifest)
+        return sweep
+
+    @classmethod
+    def open(cls, path: Path) -> "SweepDir":
+        sweep = cls(path)
+        sweep.read_manifest()  # validates
+        return sweep
+
+    @property
+    def migration_note(self) -> str | None:
+        """One line for the user when the folder was read from an older schema (None otherwise)."""
+        if self.migrated_from is None:
+            return None
+        return (f"note: {self.path} was written with schema version {self.migrated_from}; read as version "
+                f"{SCHEMA_VERSION} (the folder is unchanged)")
+
+    # manifest
+    def read_manifest(self) -> Manifest:
+        file = self.path / MANIFEST
+        if not self.path.is_dir():
+            raise StoreError(f"{self.path} is not a folder; give the path of a sweep folder")
+        if not file.exists():
+            raise StoreError(f"{self.path} has no {MANIFEST}: it is not a dflash-bench sweep folder")
+        data = _load_json(file)
+        if needs_migration(data):
+            self.migrated_from = OLDEST
+            data = manifest_v1(data)
+        version = data.get("schema_version") if isinstance(data, dict) else None
+        if version != SCHEMA_VERSION:
+            raise StoreError(f"{file} has schema version {version}; this dflash-bench reads versions "
+                             f"{OLDEST} to {SCHEMA_VERSION}")
+        return _validate(Manifest, data, file)
+
+    def write_manifest(self, manifest: Manifest) -> None:
+        manifest.updated_at = now_iso()
+        atomic_write_json(self.path / MANIFEST, manifest)
+
+    # cells
+    def cell_dir(self, cid: str) -> Path:
+        return self.path / "cells" / cid
+
+    def log_path(self, engine: str, mode: str) -> Path:
+        return self.path / "logs" / f"{engine}-{mode}.log"
+
+    def is_complete(self, cid: str) -> bool:
+        return (self.cell_dir(cid) / SUMMARY).exists()
+
+    def write_requests(self, cid: str, records: Iterable[RequestRecord]) -> None:
+        buf = io.StringIO()
+        for r in records:
+            buf.write(r.model_dump_json(exclude_none=True))
+            buf.write("\n")
+        atomic_write_text(self.cell_dir(cid) / REQUESTS, buf.getvalue())
+
+    def read_requests(self, cid: str) -> list[RequestRecord]:
+        file = self.cell_dir(cid) / REQUESTS
+        if not file.exists():
+            return []
+        out = []
+        for lineno, line in enumerate(file.read_text().splitlines(), 1):
+            if line.strip():
+                try:
+                    out.append(RequestRecord.model_validate_json(line))
+                except ValidationError as err:
+                    raise StoreError(f"{file} line {lineno} is not a request record ({_first_error(err)})") from None
+        return out
+
+    def write_server_metrics(self, cid: str, data: ServerMetrics | dict[str, Any]) -> None:
+        file = self.cell_dir(cid) / SERVER_METRICS
+        atomic_write_json(file, data if isinstance(data, ServerMetrics) else _validate(ServerMetrics, data, file))
+
+    def read_server_metrics(self, cid: str) -> ServerMetrics | None:
+        file = self.cell_dir(cid) / SERVER_METRICS
+        return _validate(ServerMetrics, _load_json(file), file) if file.exists() else None
+
+    def write_summary(self, summary: CellSummary) -> None:
+        """Written last: its existence marks the cell complete (or failed, with the reason)."""
+        atomic_write_json(self.cell_dir(summary.cell_id) / SUMMARY, summary)
+
+    def read_summary(self, cid: str) -> CellSummary | None:
+        file = self.cell_dir(cid) / SUMMARY
+        if not file.exists():
+            return None
+        data = _load_json(file)
+        if needs_migration(data):
+            self.migrated_from = OLDEST
+            data = summary_v1(data)
+        return _validate(CellSummary, data, file)
+
+    def summaries(self) -> list[CellSummary]:
+        """Summaries of every cell on disk that has one, in plan order (cells not in the plan last)."""
+        manifest = self.read_manifest()
+        order = [c.cell_id for c in manifest.plan]
+        on_disk = sorted(p.name for p in (self.path / "cells").glob("*") if (p / SUMMARY).exists())
+        ids = [c for c in order if c in on_disk] + [c for c in on_disk if c not in order]
+        return [s for s in (self.read_summary(c) for c in ids) if s is not None]
+
+    def write_results_csv(self) -> Path:
+        """Rebuild results.csv from the summaries on disk (one row per cell)."""
+        out = self.path / RESULTS
+        atomic_write_text(out, csv_text(self.summaries()))
+        return out
+
+    def migrate(self) -> bool:
+        """Rewrite an older folder as this schema version (manifest, summaries, results.csv); True if it was."""
+        manifest = self.read_manifest()
+        summaries = self.summaries()
+        if self.migrated_from is None:
+            return False
+        for s in summaries:
+            self.write_summary(s)
+        self.write_manifest(manifest)
+        self.write_results_csv()
+        return True
+
+
+def _load_json(file: Path) -> Any:
+    try:
+        return json.loads(file.read_text())
+    except json.JSONDecodeError as err:
+        raise StoreError(f"{file} is not valid JSON (line {err.lineno}): the folder may be half-written or corrupt") from None
+    except OSError as err:
+        raise StoreError(f"cannot read {file}: {err.strerror}") from None
+
+
+def _validate(model: type[BaseModel], data: Any, file: Path) -> Any:
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        raise StoreError(f"{file} does not match the {model.__name__} schema ({_first_error(err)})") from None
+
+
+def _first_error(err: ValidationError) -> str:
+    e = err.errors()[0]
+    loc = ".".join(str(x) for x in e.get("loc", ())) or "record"
+    return f"{loc}: {e.get('msg', 'invalid')}"
