@@ -127,7 +127,7 @@ def parse_slo(text: str) -> SloTarget:
 
 def points_from_rows(rows: Iterable[Mapping[str, Any]], gpus: int = 1,
                      user_stat: str = "tok_s_user_p50") -> list[SloPoint]:
-    """SloPoints from results.csv-style rows of ONE side (flattened CellSummary: `output_throughput`,
+    """SloPoints from results.csv rows of ONE side (`store.results_row` of a CellSummary: `output_throughput`,
     `tok_s_user_p50`, `ttft_ms_p90`, `tpot_ms_p90`). Repeats of a concurrency are averaged; rows without
     a throughput or a tok/s/user figure (failed cells) are skipped. `gpus` divides the throughput."""
     if gpus < 1:

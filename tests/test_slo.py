@@ -8,7 +8,7 @@ import pytest
 
 from dflash_bench.errors import UserError
 from dflash_bench.slo import SloPoint, SloTarget, compare, frontier, parse_slo, points_from_rows, read_off
-from dflash_bench.store import CellSummary, Stat, flatten_summary
+from dflash_bench.store import CellSummary, Stat, results_row
 
 
 def P(c, tput, user, ttft=None, tpot=None):
@@ -176,7 +176,7 @@ def _row(conc, tput, user_p50, ttft_p90=None, status="complete", repeat=0):
                     repeat=repeat, status=status, output_throughput=tput,
                     tok_s_user=Stat(n=4, p50=user_p50) if user_p50 is not None else None,
                     ttft_ms=Stat(n=4, p90=ttft_p90) if ttft_p90 is not None else None)
-    return flatten_summary(s)
+    return results_row(s)
 
 
 def test_points_from_results_rows_average_repeats_skip_failures_and_divide_by_gpus():
