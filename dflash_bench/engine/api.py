@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dflash_bench.engine.decode import Delta
+from dflash_bench.engine.bookkeeping import Delta
 from dflash_bench.engine.sampling import SamplingParams
 
 
