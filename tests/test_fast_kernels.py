@@ -16,7 +16,8 @@ pytest.importorskip("transformers")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from dflash_bench.engine.fast.model import rms_norm, rope, rope_cos_sin, rope_tables  # noqa: E402
+from dflash_bench.engine.fast.model import rms_norm, rope_cos_sin  # noqa: E402
+from dflash_bench.engine.rope import cos_sin, rope  # noqa: E402
 
 pytestmark = pytest.mark.engine
 
@@ -110,7 +111,7 @@ def test_qk_rope_store_matches_torch_and_writes_only_its_slots(ops, norm, group,
     qk = qkv[:, :(H + hkv) * hd].view(t, H + hkv, hd)
     if norm:
         qk = rms_norm(qk, None, 1e-6) * wqk
-    qk = rope(qk, *rope_tables(pos, inv, 0.9, torch.float32))
+    qk = rope(qk, *cos_sin(pos, inv, torch.float32, 0.9))
     torch.testing.assert_close(q, qk[:, :H])
     torch.testing.assert_close(kc[rows, pos], qk[:, H:])
     torch.testing.assert_close(vc[rows, pos], qkv[:, (H + hkv) * hd:].view(t, hkv, hd))
