@@ -124,8 +124,3 @@ def test_bad_options_are_one_sentence():
     res = subprocess.run([sys.executable, "-m", "dflash_bench", "emulate", "--mode", "dflash", "--acceptance-length",
                           "20", "--port", "0"], capture_output=True, text=True, timeout=30)
     assert res.returncode == 2 and "acceptance_length" in res.stderr
-
-
-def test_module_entry_point_serves_too():
-    with EmulatorProcess(cli=False, mode="dflash", output_len=5) as em, httpx.Client(base_url=em.url) as c:
-        assert c.get("/health").status_code == 200

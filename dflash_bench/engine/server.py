@@ -16,12 +16,12 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from dflash_bench.engine.api import (BadRequest, ChatRequest, CompletionRequest, Formatter, chat_prompt,
-                                     completion_prompt, new_id)
+from dflash_bench.engine.api import BadRequest, ChatRequest, CompletionRequest, Formatter, chat_prompt, completion_prompt
 from dflash_bench.engine.bookkeeping import Delta
 from dflash_bench.engine.loop import EngineLoop
 from dflash_bench.engine.metrics import render
 from dflash_bench.errors import UserError
+from dflash_bench.openai_format import new_id
 
 log = logging.getLogger("dflash_bench.engine")
 
@@ -141,7 +141,7 @@ def build_app(loop: EngineLoop, model_name: str) -> FastAPI:
         done = False
         try:
             if fmt.kind == "chat":
-                yield _sse(fmt.chunk(None, with_usage=False, first=True))
+                yield _sse(fmt.role_chunk())
             while not done:
                 d = await queue.get()
                 if isinstance(d, Exception):
