@@ -27,3 +27,10 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """RoPE on x `[..., heads, head_dim]` with `cos_sin`'s tables."""
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+def kernel_tables(pos: torch.Tensor, freqs: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """`cos_sin`'s angles as the Triton kernels read them: float32 cos and sin `[t, head_dim / 2]` (the halves
+    are equal), built once for every position of a cache so that a step does not recompute them."""
+    f = pos.float()[:, None] * freqs.float()
+    return (f.cos() * scale).contiguous(), (f.sin() * scale).contiguous()

@@ -23,7 +23,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from dflash_bench.engine.cache import row_mask
-from dflash_bench.engine.rope import cos_sin, rope
+from dflash_bench.engine.rope import cos_sin, kernel_tables, rope
 from dflash_bench.errors import UserError
 
 KERNEL_MAX_QUERIES = 32  # steps with at most this many tokens per row use the Triton attention kernel
@@ -110,15 +110,6 @@ def embed_norm(kernels, ids: torch.Tensor, embed: torch.Tensor, w: torch.Tensor,
     if scale != 1.0:
         h = h * scale
     return h, rms_norm(h, w, eps)
-
-
-def rope_cos_sin(pos: torch.Tensor, inv_freq: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """float32 cos and sin `[t, hd / 2]` of positions `pos` `[t]` (attention scaling folded in), for the kernels.
-
-    Built once for every position of the cache (HF's float32 angles), so a step does not recompute them.
-    """
-    f = pos.float()[:, None] * inv_freq.float()
-    return (f.cos() * scale).contiguous(), (f.sin() * scale).contiguous()
 
 
 def add_rms_norm(h: torch.Tensor, a: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -249,7 +240,7 @@ class StepAttention:
         self.H, self.hkv, self.hd, self.eps, self.scale = heads, kv_heads, head_dim, eps, scale
         self.inv_freq, self.rope_scale = inv_freq, rope_scale
         if kernels:
-            self.cos, self.sin = rope_cos_sin(torch.arange(cache.max_len, device=inv_freq.device), inv_freq, rope_scale)
+            self.cos, self.sin = kernel_tables(torch.arange(cache.max_len, device=inv_freq.device), inv_freq, rope_scale)
 
     def __call__(self, pos: torch.Tensor, starts: torch.Tensor, row0: int, L: int):
         bs, n = pos.shape
