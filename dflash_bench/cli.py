@@ -88,7 +88,7 @@ def emulate(
 ) -> None:
     """Serve a timing emulator of an AR or DFlash LLM server (OpenAI + SGLang /generate + /metrics) with known truth."""
     from dflash_bench.emulator import EmulatorConfig
-    from dflash_bench.emulator_http import serve
+    from dflash_bench.emulator.server import serve
 
     try:
         cfg = EmulatorConfig(mode=mode, ttft_ms=ttft_ms, itl_ms=itl_ms, block_size=block_size,

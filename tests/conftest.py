@@ -7,11 +7,14 @@ from pathlib import Path
 
 import pytest
 
-# No GPU here: the fast path's Triton kernels run in Triton's interpreter (read when a kernel is decorated,
-# so this must precede every import of them).
-os.environ.setdefault("TRITON_INTERPRET", "1")
-
 REPO = Path(__file__).resolve().parents[1]
+
+
+def pytest_configure(config) -> None:
+    # No GPU here: the fast path's Triton kernels run in Triton's interpreter (read when a kernel is decorated,
+    # so this must precede every import of them). `pytest -m gpu` runs the real kernels on a GPU host.
+    if config.getoption("markexpr", "") != "gpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def _data_dir() -> Path:

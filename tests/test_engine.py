@@ -72,9 +72,9 @@ class Oracle:
 
 
 def with_proposer(ar_engine, proposer):
-    from dflash_bench.engine.decode import Engine
+    from dflash_bench.engine.decode import ReferenceEngine
 
-    return Engine(ar_engine.target, ar_engine.tok, proposer, eos_ids=sorted(ar_engine.eos_ids))
+    return ReferenceEngine(ar_engine.target, ar_engine.tok, proposer, eos_ids=sorted(ar_engine.eos_ids))
 
 
 def test_dflash_equals_ar_greedy_batched_and_single(engines):

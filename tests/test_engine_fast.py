@@ -196,40 +196,62 @@ def test_serve_fast_labels_synthetic_acceptance_over_http(tmp_path):
         assert bad.status_code == 400 and "greedily" in bad.json()["message"]
 
 
-def test_serve_fast_gives_requests_arriving_mid_decode_what_they_get_alone(tmp_path):
-    """Over HTTP, with the server stepping ahead: four requests a few steps apart on two slots (the later
-    ones join a running batch or wait for a slot that a finished request leaves with a step in flight) get
-    the very tokens each gets on an idle server."""
-    import threading
-    import time
+def _submit(loop, req_id: str, prompt, sp, got: dict, done, then=None, after: int = 1) -> None:
+    """Submit a request whose deltas go to `got[req_id]`; `then()` runs on the engine thread right after its
+    `after`-th delta (so a request it submits arrives at a known point of the decode); `done` is set at the end."""
+    seen = [0]
 
-    import httpx
-    from test_engine_server import cli_server
+    def sink(d) -> None:
+        if isinstance(d, Exception):
+            got[req_id] = d
+            done.set()
+            return
+        got.setdefault(req_id, []).extend(d.token_ids)
+        seen[0] += 1
+        if then is not None and seen[0] == after:
+            then()
+        if d.finish:
+            done.set()
+    loop.submit(req_id, prompt, sp, sink)
+
+
+def test_serve_fast_gives_requests_arriving_mid_decode_what_they_get_alone(tmp_path):
+    """The server's batching thread over the stepping-ahead fast engine, two slots. Request 1 is submitted from
+    request 0's second delta and request 2 from request 1's first, on the engine thread, so they arrive while
+    0 decodes (2 when no slot is free), whatever the machine's load. The loop's event log proves when each
+    joined; each request gets the very tokens it gets alone."""
+    import threading
+
+    from dflash_bench.engine.fast.engine import build_fast_engine
+    from dflash_bench.engine.loop import EngineLoop
 
     target, drafter = make_tiny_pair(tmp_path, seed=1, block_size=B)
-    asks = [("the cat sat", 20), ("seven dogs ran past quickly", 37), ("a mat", 9), ("while the cat sat on", 28)]
-    with cli_server("--model", str(target), "--draft", str(drafter), "--served-model-name", "tiny", "--fast",
-                    "--dtype", "float64", "--max-slots", "2") as url:
-        def ask(i: int) -> tuple[str, int]:
-            body = {"model": "tiny", "prompt": asks[i][0], "max_tokens": asks[i][1], "ignore_eos": True,
-                    "temperature": 0}
-            r = httpx.post(url + "/v1/completions", json=body, timeout=60).json()
-            return r["choices"][0]["text"], r["usage"]["completion_tokens"]
-
-        alone = [ask(i) for i in range(len(asks))]
-        together: list = [None] * len(asks)
-
-        def later(i: int) -> None:
-            time.sleep(0.03 * i)
-            together[i] = ask(i)
-
-        threads = [threading.Thread(target=later, args=(i,)) for i in range(len(asks))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-    assert together == alone
-    assert [n for _, n in alone] == [n for _, n in asks]
+    engine = build_fast_engine(str(target), str(drafter), max_slots=2, max_len=MAX_LEN, dtype="float64", device="cpu")
+    ps = _prompts(engine.tok, 3)
+    sps = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (37, 20, 28)]
+    loop = EngineLoop(engine).start()
+    alone: dict = {}
+    together: dict = {}
+    try:
+        for i in range(3):
+            done = threading.Event()
+            _submit(loop, f"a{i}", ps[i], sps[i], alone, done)
+            assert done.wait(120)
+        dones = [threading.Event() for _ in range(3)]
+        third = lambda: _submit(loop, "t2", ps[2], sps[2], together, dones[2])  # noqa: E731
+        second = lambda: _submit(loop, "t1", ps[1], sps[1], together, dones[1], then=third)  # noqa: E731
+        _submit(loop, "t0", ps[0], sps[0], together, dones[0], then=second, after=2)
+        assert all(d.wait(120) for d in dones)
+    finally:
+        loop.stop()
+    assert [together[f"t{i}"] for i in range(3)] == [alone[f"a{i}"] for i in range(3)]
+    assert [len(alone[f"a{i}"]) for i in range(3)] == [sp.max_tokens for sp in sps]
+    ev = {(e.kind, e.req_id): e for e in loop.events}
+    t0, t1, t2 = (ev["admit", f"t{i}"] for i in range(3))
+    assert t0.running == () and t1.running == ("t0",) and t1.step > t0.step  # 1 joined 0 mid-decode
+    # 2, submitted at 1's first token, waited for the slot 1 left, then joined 0, still decoding
+    assert t2.step >= ev["finish", "t1"].step > t1.step + 1 and t2.running == ("t0",)
+    assert ev["finish", "t0"].step > t2.step
 
 
 def test_a_paused_row_resumes_where_it_stopped(setup):

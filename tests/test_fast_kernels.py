@@ -16,7 +16,8 @@ pytest.importorskip("transformers")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from dflash_bench.engine.fast.model import rms_norm, rope, rope_cos_sin, rope_tables  # noqa: E402
+from dflash_bench.engine.fast.model import rms_norm  # noqa: E402
+from dflash_bench.engine.rope import cos_sin, kernel_tables, rope  # noqa: E402
 
 pytestmark = pytest.mark.engine
 
@@ -104,13 +105,13 @@ def test_qk_rope_store_matches_torch_and_writes_only_its_slots(ops, norm, group,
     rows = torch.tensor([1, 1, 1, 2, 0, 2])
     inv = 1.0 / (1e4 ** (torch.arange(0, hd, 2).float() / hd))
     kc, vc = torch.zeros(3, 32, hkv, hd), torch.zeros(3, 32, hkv, hd)
-    cos, sin = rope_cos_sin(torch.arange(32), inv, 0.9)  # tables by position
+    cos, sin = kernel_tables(torch.arange(32), inv, 0.9)  # tables by position
     q = ops.qk_rope_store(qkv, H, hkv, hd, cos, sin, rows, pos, kc, vc, wqk, 1e-6)
 
     qk = qkv[:, :(H + hkv) * hd].view(t, H + hkv, hd)
     if norm:
         qk = rms_norm(qk, None, 1e-6) * wqk
-    qk = rope(qk, *rope_tables(pos, inv, 0.9, torch.float32))
+    qk = rope(qk, *cos_sin(pos, inv, torch.float32, 0.9))
     torch.testing.assert_close(q, qk[:, :H])
     torch.testing.assert_close(kc[rows, pos], qk[:, H:])
     torch.testing.assert_close(vc[rows, pos], qkv[:, (H + hkv) * hd:].view(t, hkv, hd))

@@ -1,14 +1,13 @@
-"""OpenAI-compatible request schemas (vLLM's extensions included) and response/chunk formatting."""
+"""OpenAI-compatible request schemas (vLLM's extensions included) and what goes in the engine's responses."""
 
 from __future__ import annotations
 
-import time
-import uuid
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dflash_bench.engine.decode import Delta
+from dflash_bench import openai_format
+from dflash_bench.engine.bookkeeping import Delta
 from dflash_bench.engine.sampling import SamplingParams
 
 
@@ -107,13 +106,8 @@ def completion_prompt(tokenizer, req: CompletionRequest) -> list[int]:
     return list(p)
 
 
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
-
-
 def usage(d: Delta) -> dict:
-    return {"prompt_tokens": d.prompt_tokens, "completion_tokens": d.completion_tokens,
-            "total_tokens": d.prompt_tokens + d.completion_tokens}
+    return openai_format.usage(d.prompt_tokens, d.completion_tokens)
 
 
 def spec_metrics(d: Delta, block_size: int) -> dict | None:
@@ -126,12 +120,11 @@ def spec_metrics(d: Delta, block_size: int) -> dict | None:
 
 
 class Formatter:
-    """Builds response bodies and stream chunks for one request."""
+    """One request's response bodies and stream chunks from its deltas (envelopes: `openai_format.Reply`)."""
 
     def __init__(self, kind: Literal["chat", "completions"], model: str, tokenizer, as_ids: bool):
-        self.kind, self.model, self.tok, self.as_ids = kind, model, tokenizer, as_ids
-        self.id = new_id("chatcmpl" if kind == "chat" else "cmpl")
-        self.created = int(time.time())
+        self.kind, self.tok, self.as_ids = kind, tokenizer, as_ids
+        self.reply = openai_format.Reply(kind, model)
         self.offset = 0  # completions text_offset
 
     def _tok_str(self, t: int) -> str:
@@ -153,45 +146,20 @@ class Formatter:
                 "top_logprobs": [{self._tok_str(i): v for i, v in top} for _, _, top in d.logprobs],
                 "text_offset": offsets}
 
-    def chunk(self, d: Delta | None, *, with_usage: bool, first: bool = False) -> dict:
-        obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
-        if self.kind == "chat":
-            delta = {"role": "assistant", "content": ""} if first else {"content": d.text}
-            choice = {"index": 0, "delta": delta, "logprobs": None if first else self.logprobs(d),
-                      "finish_reason": None if first else d.finish}
-        else:
-            choice = {"index": 0, "text": d.text, "logprobs": self.logprobs(d), "finish_reason": d.finish}
-        out = {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": [choice]}
-        if with_usage and d is not None:
-            out["usage"] = usage(d)
-        return out
+    def role_chunk(self) -> dict:
+        return self.reply.role_chunk()
+
+    def chunk(self, d: Delta, *, with_usage: bool) -> dict:
+        return self.reply.chunk(d.text, d.finish, self.logprobs(d), usage(d) if with_usage else None)
 
     def usage_chunk(self, d: Delta, block_size: int) -> dict:
-        obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
-        out = {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": [],
-               "usage": usage(d)}
-        m = spec_metrics(d, block_size)
-        if m:
-            out["metrics"] = m
-        return out
+        return self.reply.usage_chunk(usage(d), spec_metrics(d, block_size))
 
     def full(self, deltas: list[Delta], block_size: int) -> dict:
         last = deltas[-1]
-        text = "".join(d.text for d in deltas)
         lps = None
         if last.logprobs is not None:
             merged = Delta(last.req_id, [], "", 0, 0, logprobs=[e for d in deltas for e in (d.logprobs or [])])
             lps = self.logprobs(merged)
-        if self.kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": lps,
-                      "finish_reason": last.finish}
-            obj = "chat.completion"
-        else:
-            choice = {"index": 0, "text": text, "logprobs": lps, "finish_reason": last.finish}
-            obj = "text_completion"
-        out = {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": [choice],
-               "usage": usage(last)}
-        m = spec_metrics(last, block_size)
-        if m:
-            out["metrics"] = m
-        return out
+        return self.reply.full("".join(d.text for d in deltas), last.finish, usage(last), lps,
+                               spec_metrics(last, block_size))

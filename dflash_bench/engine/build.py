@@ -39,12 +39,12 @@ def eos_ids(model, tokenizer) -> list[int]:
 def build_engine(model: str, draft: str | None = None, *, mode: str = "dflash", dtype: str = "auto",
                  device: str = "cpu", max_slots: int = 32, max_len: int = 4096, tokenizer=None,
                  threads: int | None = None):
-    """Load the target (and the drafter in dflash mode) and return an `Engine`.
+    """Load the target (and the drafter in dflash mode) and return a `ReferenceEngine`.
 
     On CPU, torch uses `threads` threads (default 1): small models run many tiny ops, where extra threads
     only add synchronisation, and 10-25x slower steps were measured with 2 threads on a busy 2-core machine.
     """
-    from dflash_bench.engine.decode import Engine
+    from dflash_bench.engine.decode import ReferenceEngine
     from dflash_bench.engine.drafter import load_drafter
     from dflash_bench.engine.propose import DFlashProposer
     from dflash_bench.engine.target import Target
@@ -69,4 +69,4 @@ def build_engine(model: str, draft: str | None = None, *, mode: str = "dflash", 
         drafter = load_drafter(draft, target_hidden=target.hidden_size, target_layers=target.n_layers,
                                target_vocab=target.vocab_size, dtype=dt, device=device)
         proposer = DFlashProposer(drafter, target.embed_weight(), target.lm_head(), max_slots=max_slots, max_len=max_len)
-    return Engine(target, tok, proposer, eos_ids=eos_ids(target.model, tok))
+    return ReferenceEngine(target, tok, proposer, eos_ids=eos_ids(target.model, tok))

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dflash_bench.engine.rope import cos_sin, inv_freq, rope
 from dflash_bench.errors import UserError
 
 
@@ -138,17 +139,9 @@ class Layer(nn.Module):
 
 
 def rope_cos_sin(pos: torch.Tensor, hd: int, theta: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """z-lab's tables: angles in float32, or float64 for a float64 drafter."""
     wide = torch.float64 if dtype == torch.float64 else torch.float32
-    inv = 1.0 / (theta ** (torch.arange(0, hd, 2, device=pos.device, dtype=wide) / hd))
-    f = pos.to(wide)[..., None] * inv
-    emb = torch.cat([f, f], dim=-1)
-    return emb.cos().to(dtype)[..., None, :], emb.sin().to(dtype)[..., None, :]
-
-
-def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """NeoX (rotate-half) RoPE on x `[bs, n, heads, hd]`."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+    return cos_sin(pos, inv_freq(hd, theta, pos.device, wide), dtype)
 
 
 class DFlashDrafter(nn.Module):

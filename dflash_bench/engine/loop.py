@@ -11,9 +11,10 @@ import queue
 import threading
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
-from dflash_bench.engine.decode import Delta, Engine, Seq
+from dflash_bench.engine.bookkeeping import Delta, Seq
+from dflash_bench.engine.protocol import Engine
 from dflash_bench.engine.sampling import SamplingParams
 
 log = logging.getLogger("dflash_bench.engine")
@@ -25,6 +26,15 @@ class _Req:
     prompt: list[int]
     params: SamplingParams
     sink: Callable[[Delta | Exception], None]
+
+
+class Event(NamedTuple):
+    """A request admitted or finished, after `step` decode steps, while `running` were in the batch."""
+
+    step: int
+    kind: str  # "admit" or "finish"
+    req_id: str
+    running: tuple[str, ...]
 
 
 class EngineLoop:
@@ -39,6 +49,8 @@ class EngineLoop:
         self._aborted: set[str] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self.steps = 0  # decode steps run
+        self.events: deque[Event] = deque(maxlen=4096)  # the latest admissions and finishes (for tests and logs)
         self.thread = threading.Thread(target=self._run, name="dflash-engine", daemon=True)
 
     def start(self) -> "EngineLoop":
@@ -100,15 +112,14 @@ class EngineLoop:
         batch = []
         while self.waiting and len(batch) < len(self.engine.free_slots):
             batch.append(self.waiting.popleft())
-        rows = getattr(self.engine, "prefill_rows", 1)
+        rows = self.engine.prefill_rows
         for i in range(0, len(batch), rows):  # each group's first tokens go out before the next group's prefill
             self._admit_group(batch[i : i + rows])
 
     def _admit_group(self, batch: list[_Req]) -> None:
-        add_many = getattr(self.engine, "add_many", None)
-        if add_many is not None and len(batch) > 1:
+        if len(batch) > 1:
             try:
-                results = add_many([(r.req_id, r.prompt, r.params) for r in batch])
+                results = self.engine.add_many([(r.req_id, r.prompt, r.params) for r in batch])
             except Exception:  # retry one by one below, so that only the failing request gets the error
                 log.exception("batched prefill failed")
             else:
@@ -117,7 +128,7 @@ class EngineLoop:
                 return
         for req in batch:
             try:
-                seq, delta = self.engine.add(req.req_id, req.prompt, req.params)
+                [(seq, delta)] = self.engine.add_many([(req.req_id, req.prompt, req.params)])
             except Exception as err:  # a failing request must not take the server down
                 log.exception("prefill failed")
                 req.sink(err)
@@ -125,6 +136,7 @@ class EngineLoop:
             self._start(req, seq, delta)
 
     def _start(self, req: _Req, seq: Seq, delta: Delta) -> None:
+        self._log("admit", req.req_id)
         self.sinks[req.req_id] = req.sink
         self.running.append(seq)
         self._emit(seq, delta)
@@ -138,6 +150,7 @@ class EngineLoop:
                 self.sinks[s.req_id](err)
                 self._finish(s)
             return
+        self.steps += 1
         by_req = {d.req_id: d for d in deltas}  # a pipelined engine may step a request it just admitted later
         for s in list(self.running):
             if s.req_id in by_req:
@@ -152,3 +165,7 @@ class EngineLoop:
         self.engine.release(seq)
         self.running.remove(seq)
         self.sinks.pop(seq.req_id, None)
+        self._log("finish", seq.req_id)
+
+    def _log(self, kind: str, req_id: str) -> None:
+        self.events.append(Event(self.steps, kind, req_id, tuple(s.req_id for s in self.running)))

@@ -31,7 +31,7 @@ class EngineCollector:
         yield self._counter("vllm:request_success", "Requests that finished (stop or length).", st.requests)
         yield self._gauge("vllm:num_requests_running", "Requests in the decode batch.", self.loop.num_running)
         yield self._gauge("vllm:num_requests_waiting", "Requests waiting for a slot.", self.loop.num_waiting)
-        synthetic = getattr(self.loop.engine, "synthetic_tau", None)
+        synthetic = self.loop.engine.synthetic_tau
         if synthetic is not None:  # benchmarking only: acceptance below is drawn, not measured
             yield self._gauge("dflash_bench:synthetic_acceptance", "Mean acceptance length the verifier was told to "
                               "draw (tokens are not the target's).", synthetic)

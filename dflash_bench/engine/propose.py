@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from dflash_bench.engine.cache import SlotCache, attend, row_mask
-from dflash_bench.engine.drafter import DFlashDrafter, rope, rope_cos_sin
+from dflash_bench.engine.drafter import DFlashDrafter, rope_cos_sin
+from dflash_bench.engine.rope import rope
 
 
 class Proposer(Protocol):

@@ -16,12 +16,12 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from dflash_bench.engine.api import (BadRequest, ChatRequest, CompletionRequest, Formatter, chat_prompt,
-                                     completion_prompt, new_id)
-from dflash_bench.engine.decode import Delta
+from dflash_bench.engine.api import BadRequest, ChatRequest, CompletionRequest, Formatter, chat_prompt, completion_prompt
+from dflash_bench.engine.bookkeeping import Delta
 from dflash_bench.engine.loop import EngineLoop
 from dflash_bench.engine.metrics import render
 from dflash_bench.errors import UserError
+from dflash_bench.openai_format import new_id
 
 log = logging.getLogger("dflash_bench.engine")
 
@@ -44,7 +44,7 @@ def build_app(loop: EngineLoop, model_name: str) -> FastAPI:
     # this thread while the engine thread decodes with it.
     tok = copy.deepcopy(engine.tok)
     # --fast --synthetic-acceptance (benchmarking only): every response body and chunk says so
-    synthetic = getattr(engine, "synthetic_tau", None)
+    synthetic = engine.synthetic_tau
 
     def _label(obj: dict) -> dict:
         if synthetic is not None:
@@ -70,7 +70,7 @@ def build_app(loop: EngineLoop, model_name: str) -> FastAPI:
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0,
-                                            "owned_by": "dflash-bench", "max_model_len": engine.target.max_len}]}
+                                            "owned_by": "dflash-bench", "max_model_len": engine.max_len}]}
 
     @app.get("/metrics")
     async def metrics():
@@ -88,15 +88,15 @@ def build_app(loop: EngineLoop, model_name: str) -> FastAPI:
         if req.model and req.model != model_name:
             return JSONResponse({"object": "error", "message": f"the model {req.model!r} does not exist; this server has {model_name!r}",
                                  "type": "NotFoundError", "param": None, "code": 404}, status_code=404)
-        if any(not 0 <= t < engine.target.vocab_size for t in prompt):
+        if any(not 0 <= t < engine.vocab_size for t in prompt):
             raise BadRequest("the prompt has token ids outside the vocabulary")
-        room = engine.target.max_len - engine.B - 1
+        room = engine.max_len - engine.B - 1
         max_tokens = req.wanted_max_tokens() or max(1, room - len(prompt))
         why = engine.check(len(prompt), max_tokens)
         if why:
             raise BadRequest(why)
         params = req.sampling(max_tokens, req.wanted_logprobs())
-        if getattr(engine, "greedy_only", False) and not params.greedy:
+        if engine.greedy_only and not params.greedy:
             raise BadRequest("this server runs the fast path, which decodes greedily: use temperature 0")
         fmt = Formatter(kind, model_name, tok, req.return_tokens_as_token_ids)
         queue: asyncio.Queue = asyncio.Queue()
@@ -141,7 +141,7 @@ def build_app(loop: EngineLoop, model_name: str) -> FastAPI:
         done = False
         try:
             if fmt.kind == "chat":
-                yield _sse(fmt.chunk(None, with_usage=False, first=True))
+                yield _sse(fmt.role_chunk())
             while not done:
                 d = await queue.get()
                 if isinstance(d, Exception):

@@ -78,21 +78,29 @@ def _decoder_layers(model: nn.Module, n_layers: int) -> nn.ModuleList:
     raise UserError("could not find the decoder layers of the target model; this architecture is not supported")
 
 
+def load_model(path: str, *, dtype: torch.dtype, device: str) -> nn.Module:
+    """The Hugging Face causal LM at `path`, on `device`, with its attention routed to the slot cache.
+
+    Both engines start here: `Target` runs it as it is, the fast path copies out its weights."""
+    from transformers import AutoModelForCausalLM
+
+    _register()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=ATTN_NAME,
+                                                     **_device_map(device))
+    except OSError as err:
+        raise UserError(f"could not load the target model from {path!r}: {str(err).splitlines()[0]}") from err
+    model.to(device).eval()
+    _check_attention_only(model.config.get_text_config())
+    return model
+
+
 class Target:
     """A loaded target model with a slot KV cache of `max_slots` sequences of `max_len` tokens."""
 
     def __init__(self, path: str, *, dtype: torch.dtype, device: str, max_slots: int, max_len: int):
-        from transformers import AutoModelForCausalLM
-
-        _register()
-        try:
-            self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=ATTN_NAME,
-                                                              **_device_map(device))
-        except OSError as err:
-            raise UserError(f"could not load the target model from {path!r}: {str(err).splitlines()[0]}") from err
-        self.model.to(device).eval()
+        self.model = load_model(path, dtype=dtype, device=device)
         self.config = self.model.config.get_text_config()
-        _check_attention_only(self.config)
         self.device = torch.device(device)
         self.dtype = dtype
         cfg = self.config

@@ -11,7 +11,8 @@ import torch
 
 from dflash_bench.engine.drafter import DFlashDrafter
 from dflash_bench.engine.fast.model import (KVCache, Layer, StepAttention, embed_norm, load_kernels, matmul, norm,
-                                            offsets, rms_norm, rope, rope_tables, run_layers)
+                                            offsets, rms_norm, run_layers)
+from dflash_bench.engine.rope import cos_sin, inv_freq, rope
 from dflash_bench.errors import UserError
 
 
@@ -32,7 +33,7 @@ class FastDrafter:
         self.hidden_norm = drafter.hidden_norm.weight.detach()
         self.norm = drafter.norm.weight.detach()
         self.cache = KVCache(c.num_hidden_layers, max_slots, max_len, self.hkv, self.hd, self.dtype, self.device)
-        self.inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, self.hd, 2, device=self.device, dtype=torch.float32) / self.hd))
+        self.inv_freq = inv_freq(self.hd, c.rope_theta, self.device)
         self.kernels = load_kernels(self.device, kernels)
         self.attention = StepAttention(self.cache, self.kernels, heads=self.H, kv_heads=self.hkv, head_dim=self.hd,
                                        eps=self.eps, scale=self.hd ** -0.5, kinds=self.kinds, inv_freq=self.inv_freq,
@@ -79,11 +80,11 @@ class FastDrafter:
         kvd = 2 * hkv * hd
         if self.kernels is not None:
             for i, ly in enumerate(self.layers):
-                self.kernels[0].qk_rope_store(kv_all[:, i * kvd:(i + 1) * kvd], 0, hkv, hd, self.attention.cos,
+                self.kernels.ops.qk_rope_store(kv_all[:, i * kvd:(i + 1) * kvd], 0, hkv, hd, self.attention.cos,
                                               self.attention.sin, rows.reshape(-1), pos.reshape(-1), self.cache.k[i],
                                               self.cache.v[i], ly.wqk[H:], eps)
             return
-        cos, sin = rope_tables(pos.reshape(-1), self.inv_freq, 1.0, self.dtype)
+        cos, sin = cos_sin(pos.reshape(-1), self.inv_freq, self.dtype)
         for i, ly in enumerate(self.layers):
             kv = kv_all[:, i * kvd:(i + 1) * kvd]
             k = rope(rms_norm(kv[:, :kvd // 2].view(-1, hkv, hd), None, eps) * ly.wqk[H:], cos, sin)

@@ -1,6 +1,6 @@
-"""`FastEngine`: the decode loop's `Engine` interface (admit, step, release, counters) on the fast path.
+"""`FastEngine`: the `protocol.Engine` (admit, step, release, counters) on the fast path.
 
-The server, `EngineLoop` and /metrics use it unchanged; `step` launches the next step before it reads this
+The server, `EngineLoop` and /metrics use it as they use the reference engine; `step` launches the next step before it reads this
 one's tokens (see there), so it may return no delta for a request admitted since the last call. Greedy
 only: a request with temperature > 0 is refused with one sentence (serve without --fast for sampling).
 Synthetic acceptance is for benchmarking: it makes every response wrong on purpose, so it is only built
@@ -9,12 +9,9 @@ when the caller says it is a benchmark.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from dflash_bench.engine.decode import Delta, Engine, Seq
-from dflash_bench.engine.detok import Detokenizer
+from dflash_bench.engine.bookkeeping import Bookkeeping, Delta, Seq, Stats
 from dflash_bench.engine.fast.draft import FastDrafter
 from dflash_bench.engine.fast.model import FastTarget
 from dflash_bench.engine.fast.runner import FastRunner
@@ -25,51 +22,52 @@ from dflash_bench.errors import UserError
 FAST_MODEL_TYPES = ("qwen3", "qwen2", "llama", "mistral")
 
 
-@dataclass
-class _Shape:
-    """What `Engine.__init__` reads of a proposer (the fast runner drafts itself)."""
+class FastEngine:
+    """The `protocol.Engine` over a `FastRunner`; requests are kept by a `Bookkeeping`, as in the reference."""
 
-    block_size: int
-    layer_ids: list
-
-
-class FastEngine(Engine):
     greedy_only = True  # the server answers 400 to sampling requests
+    prefill_rows = 1  # one eager forward per prompt
 
-    def __init__(self, target, tokenizer, drafter=None, *, eos_ids: list[int], max_slots: int, max_len: int,
+    def __init__(self, model, tokenizer, drafter=None, *, eos_ids: list[int], max_slots: int, max_len: int,
                  synthetic_tau: float | None = None, kv_block: int = 256, step_ahead: bool = True):
-        shape = _Shape(drafter.config.block_size, []) if drafter is not None else None
-        super().__init__(target, tokenizer, shape, eos_ids=eos_ids)
-        self.proposer = None
-        target.max_len = max_len  # the reference slot cache of `target` is not used here
-        ft = FastTarget(target.model, max_slots=max_slots, max_len=max_len)
+        """`model`: the loaded Hugging Face target (`target.load_model`); `drafter`: a `DFlashDrafter` or None."""
+        ft = FastTarget(model, max_slots=max_slots, max_len=max_len)
         fd = FastDrafter(drafter, ft.embed, ft.head, max_slots=max_slots, max_len=max_len) if drafter is not None else None
         self.runner = FastRunner(ft, fd, kv_block=kv_block, synthetic_tau=synthetic_tau, keep_logits=True)
         self.runner.capture_all()  # GPU: every graph before the first request (no capture pause mid-serving)
+        self.tok, self.B = tokenizer, self.runner.B
+        self.max_len, self.vocab_size = max_len, ft.vocab_size
         self.synthetic_tau = synthetic_tau
         self.step_ahead = step_ahead
-        self.free_slots = list(range(max_slots - 1, -1, -1))
+        self.book = Bookkeeping(tokenizer, eos_ids=eos_ids, block_size=self.B, slots=max_slots, max_len=max_len)
+
+    @property
+    def stats(self) -> Stats:
+        return self.book.stats
+
+    @property
+    def free_slots(self) -> list[int]:
+        return self.book.free_slots
+
+    def check(self, n_prompt: int, max_tokens: int) -> str | None:
+        return self.book.check(n_prompt, max_tokens)
 
     @torch.inference_mode()
     def add(self, req_id: str, prompt: list[int], params: SamplingParams) -> tuple[Seq, Delta]:
         if not params.greedy:
             raise ValueError("the fast path decodes greedily: use temperature 0, or serve without --fast to sample")
-        self.free_slots.sort(reverse=True)  # lowest slot first: the batch bucket covers slots 0..highest
-        slot = self.free_slots.pop()
-        seq = Seq(req_id, list(prompt), params, slot, Detokenizer(self.tok, params.stop, prompt[-4:]))
+        seq = self.book.open(req_id, prompt, params)
         try:
-            tok = self.runner.add(slot, prompt)
+            tok = self.runner.add(seq.slot, prompt)
         except BaseException:  # the slot goes back: nobody will hear about this request
             self.release(seq)
             raise
-        seq.start = len(prompt)
-        self.stats.prompt_tokens += len(prompt)
-        return seq, self._commit(seq, [tok], self.runner.logits[slot, :1])
+        return seq, self.book.prefilled(seq, tok, self.runner.logits[seq.slot, :1])
 
     def add_many(self, reqs: list[tuple[str, list[int], SamplingParams]]) -> list[tuple[Seq, Delta]]:
         """Prefill several requests (one eager forward each on the fast path); results in input order.
 
-        All or nothing, like `Engine.add_many`: when one fails, the slots of those already added go back.
+        All or nothing, like `ReferenceEngine.add_many`: when one fails, the slots of those already added go back.
         """
         done: list[tuple[Seq, Delta]] = []
         try:
@@ -99,23 +97,13 @@ class FastEngine(Engine):
                 s.params.logprobs is None and len(s.out) + r.B < s.params.max_tokens for s in seqs):
             r.launch(slots)  # declines near the cache bound: then the next call launches
         got = r.collect()
-        deltas = []
-        for s in seqs:
-            toks = got.get(s.slot)
-            if toks is None:
-                continue
-            a = len(toks) - 1
-            self._count(a)
-            s.start += a + 1
-            s.steps += 1
-            s.accepted += a
-            deltas.append(self._commit(s, toks, self.runner.logits[s.slot, : a + 1]))
-        return deltas
+        return [self.book.stepped(s, got[s.slot], r.logits[s.slot, : len(got[s.slot])])
+                for s in seqs if s.slot in got]
 
     def release(self, s: Seq) -> None:
         if s.slot >= 0:
             self.runner.release(s.slot)
-        super().release(s)
+        self.book.release(s)
 
 
 def build_fast_engine(model: str, draft: str | None = None, *, mode: str = "dflash", dtype: str = "auto",
@@ -125,7 +113,7 @@ def build_fast_engine(model: str, draft: str | None = None, *, mode: str = "dfla
     """Like `build.build_engine`, on the fast path (CUDA graphs on a GPU, eager on the CPU)."""
     from dflash_bench.engine.build import eos_ids, load_tokenizer, resolve_dtype
     from dflash_bench.engine.drafter import load_drafter
-    from dflash_bench.engine.target import Target
+    from dflash_bench.engine.target import load_model
 
     if mode not in ("ar", "dflash"):
         raise UserError(f"unknown mode {mode!r}; use 'ar' or 'dflash'")
@@ -143,15 +131,16 @@ def build_fast_engine(model: str, draft: str | None = None, *, mode: str = "dfla
         torch.set_num_threads(1)
     dt = resolve_dtype(dtype, device)
     tok = tokenizer or load_tokenizer(model)
-    target = Target(model, dtype=dt, device=device, max_slots=1, max_len=1)
-    kind = getattr(target.config, "model_type", "?")
+    hf = load_model(model, dtype=dt, device=device)
+    cfg = hf.config.get_text_config()
+    kind = getattr(cfg, "model_type", "?")
     if kind not in FAST_MODEL_TYPES:
         raise UserError(f"the fast path runs {', '.join(FAST_MODEL_TYPES)} models, not {kind!r}: serve without --fast")
     drafter = None
     if mode == "dflash":
-        drafter = load_drafter(draft, target_hidden=target.hidden_size, target_layers=target.n_layers,
-                               target_vocab=target.vocab_size, dtype=dt, device=device)
+        drafter = load_drafter(draft, target_hidden=cfg.hidden_size, target_layers=cfg.num_hidden_layers,
+                               target_vocab=hf.get_output_embeddings().weight.shape[0], dtype=dt, device=device)
         if synthetic_tau is not None and not 1 <= synthetic_tau <= drafter.config.block_size:
             raise UserError(f"--synthetic-acceptance must lie between 1 and the block size {drafter.config.block_size}")
-    return FastEngine(target, tok, drafter, eos_ids=eos_ids(target.model, tok), max_slots=max_slots, max_len=max_len,
+    return FastEngine(hf, tok, drafter, eos_ids=eos_ids(hf, tok), max_slots=max_slots, max_len=max_len,
                       synthetic_tau=synthetic_tau, step_ahead=step_ahead)

@@ -15,12 +15,15 @@ from __future__ import annotations
 import contextlib
 import functools
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from dflash_bench.engine.cache import row_mask
+from dflash_bench.engine.rope import cos_sin, kernel_tables, rope
 from dflash_bench.errors import UserError
 
 KERNEL_MAX_QUERIES = 32  # steps with at most this many tokens per row use the Triton attention kernel
@@ -53,8 +56,17 @@ def offsets(n: int, device: torch.device, row0: int = 0, bs: int = 0) -> torch.T
     return t
 
 
-def load_kernels(device: torch.device, want: bool | None):
-    """The Triton kernel modules `(ops, attn, gemm)`, or None for the torch path.
+@dataclass(frozen=True)
+class Kernels:
+    """The Triton kernel modules of a decode step."""
+
+    ops: ModuleType  # triton_ops: norms, q/k norm + RoPE + cache write, silu * up, embedding, argmax, commit
+    attn: ModuleType  # triton_attn: split-K attention over each row's valid keys
+    gemm: ModuleType  # triton_gemm: skinny matmuls, and the lm_head's matmul fused with its argmax
+
+
+def load_kernels(device: torch.device, want: bool | None) -> Kernels | None:
+    """The Triton kernels, or None for the torch path.
 
     want None: kernels on CUDA when Triton imports. True: kernels anywhere (the CPU tests run them in Triton's
     interpreter). False: the torch path.
@@ -67,12 +79,12 @@ def load_kernels(device: torch.device, want: bool | None):
         if want:
             raise UserError("the fast path's kernels need Triton: pip install triton") from None
         return None
-    return triton_ops, triton_attn, triton_gemm
+    return Kernels(ops=triton_ops, attn=triton_attn, gemm=triton_gemm)
 
 
 def norm(kernels):
     """RMSNorm without a residual: torch's, or the Triton kernel (one launch instead of torch's few)."""
-    return kernels[0].rms_norm if kernels else rms_norm
+    return kernels.ops.rms_norm if kernels else rms_norm
 
 
 def matmul(kernels, lane: int = 0):
@@ -80,7 +92,7 @@ def matmul(kernels, lane: int = 0):
     (`lane` 1 for matmuls that run beside the main stream's: their own split-K workspace)."""
     if not kernels:
         return F.linear
-    return kernels[2].linear if lane == 0 else functools.partial(kernels[2].linear, lane=lane)
+    return kernels.gemm.linear if lane == 0 else functools.partial(kernels.gemm.linear, lane=lane)
 
 
 def embed_norm(kernels, ids: torch.Tensor, embed: torch.Tensor, w: torch.Tensor, eps: float, *, scale: float = 1.0,
@@ -91,22 +103,13 @@ def embed_norm(kernels, ids: torch.Tensor, embed: torch.Tensor, w: torch.Tensor,
     launch (torch: a gather that takes 8 us for 16 rows on an H100, then the norm).
     """
     if kernels:
-        return kernels[0].embed_norm(ids, embed, w, eps, scale, n, fill)
+        return kernels.ops.embed_norm(ids, embed, w, eps, scale, n, fill)
     if fill is not None:
         ids = torch.cat([ids[:, :1], torch.full((ids.shape[0], n - 1), fill, dtype=ids.dtype, device=ids.device)], 1)
     h = F.embedding(ids.reshape(-1), embed)
     if scale != 1.0:
         h = h * scale
     return h, rms_norm(h, w, eps)
-
-
-def rope_cos_sin(pos: torch.Tensor, inv_freq: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """float32 cos and sin `[t, hd / 2]` of positions `pos` `[t]` (attention scaling folded in), for the kernels.
-
-    Built once for every position of the cache (HF's float32 angles), so a step does not recompute them.
-    """
-    f = pos.float()[:, None] * inv_freq.float()
-    return (f.cos() * scale).contiguous(), (f.sin() * scale).contiguous()
 
 
 def add_rms_norm(h: torch.Tensor, a: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,28 +123,13 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tenso
     return F.rms_norm(x, (x.shape[-1],), w, eps)
 
 
-def rope_tables(pos: torch.Tensor, inv_freq: torch.Tensor, scale: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sign-folded sin `[..., 1, hd]` for `rope` (HF's float32 angles, cast to the model dtype)."""
-    f = pos.float()[..., None] * inv_freq.float()
-    emb = torch.cat((f, f), dim=-1)
-    half = inv_freq.shape[0]
-    sign = torch.cat((-torch.ones(half, device=pos.device), torch.ones(half, device=pos.device)))
-    cos, sin = (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
-    return cos[..., None, :], sin[..., None, :] * sign.to(dtype)
-
-
-def rope(x: torch.Tensor, cos: torch.Tensor, sin_s: torch.Tensor) -> torch.Tensor:
-    """NeoX (rotate-half) RoPE: rotate_half(x) is roll(x, hd/2) with the sign folded into sin."""
-    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), sin_s)
-
-
-def qk_rope(qkv: torch.Tensor, ly: "Layer", H: int, hkv: int, hd: int, cos, sin_s, eps: float):
+def qk_rope(qkv: torch.Tensor, ly: "Layer", H: int, hkv: int, hd: int, cos, sin, eps: float):
     """Split fused projections `[t, (H + 2 hkv) hd]`; q/k norm (Qwen3) and RoPE on q and k together."""
     t = qkv.shape[0]
     qk = qkv[:, : (H + hkv) * hd].view(t, H + hkv, hd)
     if ly.wqk is not None:
         qk = rms_norm(qk, None, eps) * ly.wqk
-    qk = rope(qk, cos, sin_s)
+    qk = rope(qk, cos, sin)
     return qk[:, :H], qk[:, H:], qkv[:, (H + hkv) * hd:].view(t, hkv, hd)
 
 
@@ -152,17 +140,9 @@ def silu_mul(gu: torch.Tensor) -> torch.Tensor:
 
 def step_mask(starts: torch.Tensor, q_len: int, L: int, rep: int, dtype, *, causal: bool,
               window: int | None = None) -> torch.Tensor:
-    """Additive mask `[bs, 1, rep * q_len, L]` for grouped queries (row r is query r % q_len of its group).
-
-    Query j of row b sits at `starts[b] + j`. Causal: keys at positions <= its own. Non-causal (the DFlash
-    block): every key below `starts[b] + q_len`. A window also hides keys `window` or more positions away.
-    """
-    qpos = starts[:, None] + torch.arange(q_len, device=starts.device)  # [bs, q]
-    kpos = torch.arange(L, device=starts.device)[None, None, :]
-    d = qpos[:, :, None] - kpos
-    vis = d >= 0 if causal else (kpos < (starts + q_len)[:, None, None]).expand_as(d)
-    if window is not None:
-        vis = vis & (d.abs() < window)
+    """`cache.row_mask` as an additive mask `[bs, 1, rep * q_len, L]` for grouped queries (row r is query
+    r % q_len of its group: see `attention`)."""
+    vis = row_mask(starts, q_len, L, causal=causal, window=window)[:, 0]
     m = torch.zeros(vis.shape, dtype=dtype, device=starts.device).masked_fill(~vis, float("-inf"))
     return m.repeat(1, rep, 1)[:, None]
 
@@ -195,7 +175,7 @@ def run_layers(layers: list["Layer"], h: torch.Tensor, x: torch.Tensor, attend, 
     the outputs of layers `taps`, in layer order); `on_taps(those outputs)` is called as soon as the last of
     them is computed, before the remaining layers.
     """
-    add_norm, act = (kernels[0].add_rms_norm, kernels[0].silu_mul) if kernels else (add_rms_norm, silu_mul)
+    add_norm, act = (kernels.ops.add_rms_norm, kernels.ops.silu_mul) if kernels else (add_rms_norm, silu_mul)
     mm = matmul(kernels)
     feats = []
     for i, ly in enumerate(layers):
@@ -260,7 +240,7 @@ class StepAttention:
         self.H, self.hkv, self.hd, self.eps, self.scale = heads, kv_heads, head_dim, eps, scale
         self.inv_freq, self.rope_scale = inv_freq, rope_scale
         if kernels:
-            self.cos, self.sin = rope_cos_sin(torch.arange(cache.max_len, device=inv_freq.device), inv_freq, rope_scale)
+            self.cos, self.sin = kernel_tables(torch.arange(cache.max_len, device=inv_freq.device), inv_freq, rope_scale)
 
     def __call__(self, pos: torch.Tensor, starts: torch.Tensor, row0: int, L: int):
         bs, n = pos.shape
@@ -271,7 +251,7 @@ class StepAttention:
         masks = {} if use_kernel else {k: step_mask(starts, n, L, H // hkv, dtype, causal=k[0], window=k[1])
                                        for k in set(self.kinds)}
         if self.kernels is not None:
-            ops, attn, gemm = self.kernels
+            ops, attn, gemm = self.kernels.ops, self.kernels.attn, self.kernels.gemm
             flat_rows, flat_pos = rows.reshape(-1), pos.reshape(-1)
 
             def attend(i, ly, x):
@@ -284,7 +264,7 @@ class StepAttention:
                 return attention(q, *cache.view(i, row0, bs, L), masks[self.kinds[i]], self.scale)
             return attend
 
-        cos, sin = rope_tables(pos.reshape(-1), self.inv_freq, self.rope_scale, dtype)
+        cos, sin = cos_sin(pos.reshape(-1), self.inv_freq, dtype, self.rope_scale)
 
         def attend(i, ly, x):
             q, k, v = qk_rope(F.linear(x, ly.wqkv, ly.bqkv), ly, H, hkv, hd, cos, sin, eps)

@@ -253,7 +253,7 @@ class FastRunner:
         x = self.d.hidden(self.anchor[:bs], self.start[:bs], 0, L, pos=pos)
         drafts = self.drafts[:bs]
         if self.t.kernels is not None and self.d.plain_head:
-            self.t.kernels[2].linear_argmax(x, self.d.head, drafts)
+            self.t.kernels.gemm.linear_argmax(x, self.d.head, drafts)
         else:
             self._argmax(self.d.logits(x).view(bs, self.B - 1, -1), drafts)
 
@@ -284,7 +284,7 @@ class FastRunner:
         """The target's greedy tokens `[bs, n]` from its final hidden rows; the logits are written (for
         logprobs) only when the runner keeps them."""
         if self.logits is None and self.t.kernels is not None:
-            return self.t.kernels[2].linear_argmax(x, self.t.head).view(bs, n)
+            return self.t.kernels.gemm.linear_argmax(x, self.t.head).view(bs, n)
         logits = matmul(self.t.kernels)(x, self.t.head).view(bs, n, -1)
         if self.logits is not None:
             self.logits[:bs] = logits
@@ -293,13 +293,13 @@ class FastRunner:
     def _argmax(self, logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Greedy tokens of `logits` `[bs, n, V]` -> `[bs, n]`, written into `out` when given."""
         if self.t.kernels is not None:
-            return self.t.kernels[0].argmax(logits, out)
+            return self.t.kernels.ops.argmax(logits, out)
         ids = logits.argmax(-1)
         return ids if out is None else out.copy_(ids)
 
     def _commit(self, bs: int, post: torch.Tensor) -> None:
         synth = (self.uniforms, self.synth_step[:bs], self.rate) if self.rate is not None else None
-        fn = commit if self.t.kernels is None else self.t.kernels[0].commit  # the kernel: one launch, not a dozen
+        fn = commit if self.t.kernels is None else self.t.kernels.ops.commit  # the kernel: one launch, not a dozen
         fn(post, self.drafts[:bs], self.active[:bs], self.start[:bs], self.anchor[:bs], self.out[:bs], synth)
 
     def _run(self, key: tuple, body) -> None:

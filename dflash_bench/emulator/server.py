@@ -1,7 +1,8 @@
 """The emulator's HTTP side: a minimal asyncio HTTP/1.1 server (keep-alive, chunked SSE) and its routes.
 
-Routes: GET /health, /v1/models, /metrics; POST /v1/chat/completions, /v1/completions (vLLM format,
-streaming or not) and /generate (SGLang native format). See `emulator.py` for the timing model.
+No web framework, so it starts in well under a second and spends little CPU per chunk. Routes: GET
+/health, /v1/models, /metrics; POST /v1/chat/completions, /v1/completions (vLLM format, streaming or not)
+and /generate (SGLang native format). See `model.py` for the timing model.
 """
 
 from __future__ import annotations
@@ -15,9 +16,24 @@ from typing import AsyncIterator
 
 import orjson
 
-from dflash_bench.emulator import _REASONS, Emulator, EmulatorConfig, Plan, logprob_entry, token_text
+from dflash_bench.emulator.model import Emulator, EmulatorConfig, Plan, logprob_entry, token_text
+from dflash_bench.openai_format import Reply, usage
 
 _DONE = b"data: [DONE]\n\n"
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 500: "Internal Server Error"}
+
+
+def _text(ids: list[int]) -> str:
+    return "".join(token_text(t) for t in ids)
+
+
+def _logprobs(ids: list[int], chat: bool) -> dict:
+    """vLLM's logprobs of a chunk: chat's per-token entries, or the completions' parallel lists."""
+    ents = [logprob_entry(t) for t in ids]
+    if chat:
+        return {"content": ents}
+    return {"tokens": [e["token"] for e in ents], "token_logprobs": [e["logprob"] for e in ents],
+            "top_logprobs": [{x["token"]: x["logprob"] for x in e["top_logprobs"]} for e in ents]}
 
 
 async def _sleep_until(loop: asyncio.AbstractEventLoop, t: float) -> None:
@@ -184,68 +200,40 @@ class Server:
         if fault == "error":
             conn.json(500, {"error": {"message": "planted server error", "type": "InternalServerError", "code": 500}})
             return True
-        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:16]
+        reply = Reply("chat" if chat else "completions", self.cfg.model,
+                      ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:16])
         want_lp = bool(req.get("logprobs")) if chat else req.get("logprobs") is not None
         if not req.get("stream"):
             async with aclosing(self.timeline(plan, t0, prompt)) as tl:
                 async for _ in tl:
                     pass
             self._done()
-            return self._openai_full(req, conn, chat, rid, plan)
+            conn.json(200, reply.full(_text(plan.ids), plan.finish, usage(plan.prompt_tokens, len(plan.ids))))
+            return True
         so = req.get("stream_options") or {}
         usage_each = bool(so.get("include_usage") and so.get("continuous_usage_stats"))
-        obj = "chat.completion.chunk" if chat else "text_completion"
-        created = int(time.time())
         conn.start_stream()
 
-        def chunk(a: int, b: int, finish: str | None, role: bool = False) -> dict:
+        def chunk(a: int, b: int, finish: str | None) -> dict:
             ids = plan.ids[a:b]
-            text = "".join(token_text(t) for t in ids)
-            if chat:
-                delta = {"role": "assistant", "content": ""} if role else {"content": text}
-                lp = {"content": [logprob_entry(t) for t in ids]} if want_lp and not role else None
-                choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
-            else:
-                lp = None
-                if want_lp:
-                    ents = [logprob_entry(t) for t in ids]
-                    lp = {"tokens": [e["token"] for e in ents], "token_logprobs": [e["logprob"] for e in ents],
-                          "top_logprobs": [{x["token"]: x["logprob"] for x in e["top_logprobs"]} for e in ents]}
-                choice = {"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}
-            out = {"id": rid, "object": obj, "created": created, "model": self.cfg.model, "choices": [choice]}
-            if usage_each:
-                out["usage"] = {"prompt_tokens": plan.prompt_tokens, "completion_tokens": b,
-                                "total_tokens": plan.prompt_tokens + b}
-            return out
+            lp = _logprobs(ids, chat) if want_lp else None
+            return reply.chunk(_text(ids), finish, lp, usage(plan.prompt_tokens, b) if usage_each else None)
 
         n = len(plan.ids)
         async with aclosing(self.timeline(plan, t0, prompt)) as tl:
             async for a, b in tl:
                 if a == 0 and chat:
-                    await conn.data(chunk(0, 0, None, role=True))
+                    await conn.data(reply.role_chunk(usage(plan.prompt_tokens, 0) if usage_each else None))
                 if fault and a > 0:
                     return await self._fault(fault, conn)
                 await conn.data(chunk(a, b, plan.finish if b == n else None))
         if so.get("include_usage"):
-            tail = {"id": rid, "object": obj, "created": created, "model": self.cfg.model, "choices": [],
-                    "usage": {"prompt_tokens": plan.prompt_tokens, "completion_tokens": n,
-                              "total_tokens": plan.prompt_tokens + n}}
+            metrics = None
             if self.cfg.per_request_spec_metrics and self.cfg.mode == "dflash":
-                tail["metrics"] = {"speculative_decoding": self.spec_summary(plan)}
-            await conn.data(tail)
+                metrics = {"speculative_decoding": self.spec_summary(plan)}
+            await conn.data(reply.usage_chunk(usage(plan.prompt_tokens, n), metrics))
         await conn.end_stream()
         self._done()
-        return True
-
-    def _openai_full(self, req: dict, conn: _Conn, chat: bool, rid: str, plan: Plan) -> bool:
-        text = "".join(token_text(t) for t in plan.ids)
-        choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": plan.finish}
-                  if chat else {"index": 0, "text": text, "finish_reason": plan.finish})
-        n = len(plan.ids)
-        conn.json(200, {"id": rid, "object": "chat.completion" if chat else "text_completion",
-                        "created": int(time.time()), "model": self.cfg.model, "choices": [choice],
-                        "usage": {"prompt_tokens": plan.prompt_tokens, "completion_tokens": n,
-                                  "total_tokens": plan.prompt_tokens + n}})
         return True
 
     async def _fault(self, kind: str, conn: _Conn) -> bool:
@@ -294,7 +282,7 @@ class Server:
                                 spec_accept_rate=s["draft_acceptance_rate"],
                                 spec_accept_token_num=s["num_accepted_draft_tokens"],
                                 spec_draft_token_num=s["num_draft_tokens"])
-            return {"text": "".join(token_text(t) for t in plan.ids[:b]), "output_ids": plan.ids[:b], "meta_info": meta}
+            return {"text": _text(plan.ids[:b]), "output_ids": plan.ids[:b], "meta_info": meta}
 
         if not req.get("stream"):
             async with aclosing(self.timeline(plan, t0, prompt)) as tl:

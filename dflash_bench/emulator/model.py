@@ -13,9 +13,8 @@ that the harness measures right:
 - output length and token ids are a deterministic function of (seed, prompt), identical in both modes,
   so an AR and a DFlash emulator are "lossless" with respect to each other.
 
-It is a plain asyncio HTTP/1.1 server (keep-alive, chunked SSE) with no web framework, so it starts in
-well under a second and spends little CPU per chunk. Fault injection (`fail_every`/`fail_kind`,
-`crash_after_requests`) lets tests plant the failures a real server shows.
+Fault injection (`fail_every`/`fail_kind`, `crash_after_requests`) lets tests plant the failures a real
+server shows. The HTTP side is `server.py`.
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ from dataclasses import dataclass, field
 
 
 FAIL_KINDS = ("error", "stream-error", "drop", "malformed", "hang")
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 500: "Internal Server Error"}
 
 
 @dataclass
@@ -173,82 +171,3 @@ def logprob_entry(tid: int) -> dict:
     alt = (tid * 7919 + 1) % 32000
     top = [{"token": f"token_id:{tid}", "logprob": -0.1}, {"token": f"token_id:{alt}", "logprob": -2.5}]
     return {"token": f"token_id:{tid}", "logprob": -0.1, "bytes": None, "top_logprobs": top}
-
-
-def main(argv: list[str] | None = None) -> None:
-    """`python -m dflash_bench.emulator ...`: the same server as `dflash-bench emulate`, fewer imports."""
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="python -m dflash_bench.emulator")
-    ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, default=8000)
-    for f in EmulatorConfig.__dataclass_fields__.values():
-        flag = "--" + f.name.replace("_", "-")
-        if f.type == "bool":
-            ap.add_argument(flag, action="store_true")
-        else:
-            ap.add_argument(flag, type={"int": int, "float": float}.get(f.type, str), default=f.default)
-    ns = vars(ap.parse_args(argv))
-    host, port = ns.pop("host"), ns.pop("port")
-    from dflash_bench.emulator_http import serve
-
-    serve(EmulatorConfig(**ns), host, port)
-
-
-if __name__ == "__main__":
-    main()
-
-
-class EmulatorProcess:
-    """An emulator in a child process (for tests, benchmarks and the sweep's own checks).
-
-        with EmulatorProcess(mode="dflash", itl_ms=5) as em:
-            ... em.url ...
-
-    It listens on a free port of 127.0.0.1 and is killed on exit from the block (or by `close`)."""
-
-    def __init__(self, *, cli: bool = True, **options: object):
-        import subprocess
-
-        args = [sys.executable, "-m", "dflash_bench" if cli else "dflash_bench.emulator"]
-        args += ["emulate"] if cli else []
-        for k, v in options.items():
-            flag = "--" + k.replace("_", "-")
-            if v is True:
-                args.append(flag)
-            elif v is not False and v is not None:
-                args += [flag, str(v)]
-        args += ["--port", "0"]
-        import tempfile
-
-        self._err = tempfile.TemporaryFile()  # a file, not a pipe: a long run must never block on stderr
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self._err, text=True)
-        line = self.proc.stdout.readline()
-        if "listening on" not in line:
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                pass
-            self._err.seek(0)
-            err = self._err.read().decode(errors="replace")[-2000:]
-            self.close()
-            raise RuntimeError(f"emulator did not start: {line.strip()} {err.strip()}")
-        self.url = line.rsplit(" ", 1)[1].strip()
-
-    def close(self) -> int | None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except Exception:  # noqa: BLE001
-                self.proc.kill()
-                self.proc.wait()
-        self.proc.stdout.close()
-        self._err.close()
-        return self.proc.returncode
-
-    def __enter__(self) -> "EmulatorProcess":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

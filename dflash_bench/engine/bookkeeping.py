@@ -1,0 +1,153 @@
+"""Request bookkeeping, the same for both engines: slots, the commit of a step's tokens (stop rules), counters.
+
+An engine (`decode.ReferenceEngine`, `fast.engine.FastEngine`) computes tokens; it hands them to its
+`Bookkeeping`, which appends them to the request, stops it at EOS, a stop id, max_tokens or a stop string,
+and counts them with vLLM's semantics for /metrics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from dflash_bench.engine.detok import Detokenizer
+from dflash_bench.engine.sampling import SamplingParams
+
+
+@dataclass
+class Seq:
+    req_id: str
+    prompt: list[int]
+    params: SamplingParams
+    slot: int
+    detok: Detokenizer
+    start: int = 0  # position of the anchor (= committed target KV length)
+    out: list[int] = field(default_factory=list)  # generated tokens; out[-1] is the anchor
+    finish: str | None = None
+    steps: int = 0  # verify steps (each one a draft in vLLM's counting when B > 1)
+    accepted: int = 0  # accepted draft tokens over all steps
+
+
+@dataclass
+class Delta:
+    """What one step produced for one request (streamed to the client as one chunk)."""
+
+    req_id: str
+    token_ids: list[int]
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish: str | None = None
+    logprobs: list[tuple[int, float, list[tuple[int, float]]]] | None = None
+    steps: int = 0  # verify steps so far
+    accepted: int = 0  # accepted draft tokens so far
+
+
+@dataclass
+class Stats:
+    """Counters with vLLM's speculative-decoding semantics (read by /metrics)."""
+
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+    generation_tokens: int = 0
+    prompt_tokens: int = 0
+    requests: int = 0  # finished (stop or length); aborted ones are not counted, as in vLLM
+
+
+class Bookkeeping:
+    """The requests of one engine: which slot each holds, what it has produced, when it stops."""
+
+    def __init__(self, tokenizer, *, eos_ids: list[int], block_size: int, slots: int, max_len: int):
+        self.tok, self.eos_ids, self.B, self.max_len = tokenizer, set(eos_ids), block_size, max_len
+        self.free_slots = list(range(slots - 1, -1, -1))  # popped from the end: lowest slot first
+        self.stats = Stats(accepted_per_pos=[0] * max(block_size - 1, 0))
+
+    def check(self, n_prompt: int, max_tokens: int) -> str | None:
+        """Why a request cannot be served (None when it can)."""
+        room = self.max_len - self.B - 1
+        if n_prompt < 1:
+            return "the prompt is empty"
+        if n_prompt + max_tokens > room:
+            return (f"the prompt ({n_prompt} tokens) plus max_tokens ({max_tokens}) is longer than this server's "
+                    f"limit of {room} tokens")
+        return None
+
+    def open(self, req_id: str, prompt: list[int], params: SamplingParams) -> Seq:
+        """A new request in the lowest free slot (the fast path's batch bucket covers slots 0..highest)."""
+        if not self.free_slots:
+            raise RuntimeError("every slot is taken: admit at most len(engine.free_slots) requests at a time")
+        self.free_slots.sort(reverse=True)
+        return Seq(req_id, list(prompt), params, self.free_slots.pop(), Detokenizer(self.tok, params.stop, prompt[-4:]))
+
+    def release(self, s: Seq) -> None:
+        """Give the sequence's slot back (after it finished, failed or was aborted)."""
+        if s.slot >= 0:
+            self.free_slots.append(s.slot)
+            s.slot = -1
+
+    def prefilled(self, s: Seq, token: int, logits: torch.Tensor) -> Delta:
+        """The prompt is in the cache and `token` is the first generated one."""
+        s.start = len(s.prompt)
+        self.stats.prompt_tokens += len(s.prompt)
+        return self.commit(s, [token], logits)
+
+    def stepped(self, s: Seq, tokens: list[int], logits: torch.Tensor) -> Delta:
+        """One verify step: `tokens` are the accepted drafts, then the bonus token (AR: the one token)."""
+        a = len(tokens) - 1
+        self._count(a)
+        s.start += a + 1
+        s.steps += 1
+        s.accepted += a
+        return self.commit(s, tokens, logits)
+
+    def _count(self, a: int) -> None:
+        st = self.stats
+        if self.B > 1:
+            st.drafts += 1
+            st.draft_tokens += self.B - 1
+            st.accepted += a
+            for i in range(a):
+                st.accepted_per_pos[i] += 1
+
+    def commit(self, s: Seq, tokens: list[int], logits: torch.Tensor) -> Delta:
+        """Append a step's tokens, stopping at EOS, stop ids, max_tokens or stop strings."""
+        p, base = s.params, len(s.out)
+        finish = None
+        for i, tok in enumerate(tokens):  # cheap id checks first
+            n = base + i + 1
+            if (tok in self.eos_ids and not p.ignore_eos or tok in p.stop_token_ids) and n > p.min_tokens:
+                tokens, finish = tokens[: i + 1], "stop"
+                break
+            if n >= p.max_tokens:
+                tokens, finish = tokens[: i + 1], "length"
+                break
+        if s.detok.stop:  # stop strings need the text after every token
+            for i, tok in enumerate(tokens):
+                if s.detok.add([tok]):
+                    tokens, finish = tokens[: i + 1], "stop"
+                    break
+        else:
+            s.detok.add(tokens)
+        s.out.extend(tokens)
+        s.finish = finish
+        if finish:
+            s.detok.flush()
+            self.stats.requests += 1
+        self.stats.generation_tokens += len(tokens)
+        lps = _logprobs(logits[: len(tokens)], tokens, p.logprobs) if p.logprobs is not None else None
+        return Delta(s.req_id, tokens, s.detok.delta(finish is not None), len(s.prompt), len(s.out), finish, lps,
+                     s.steps, s.accepted)
+
+
+def _logprobs(logits: torch.Tensor, tokens: list[int], top: int):
+    lp = torch.log_softmax(logits.float(), -1)
+    chosen = lp.gather(-1, torch.tensor(tokens, device=lp.device)[:, None])[:, 0].tolist()
+    if top > 0:
+        vals, idx = lp.topk(top, -1)
+        tops = [list(zip(i, v)) for i, v in zip(idx.tolist(), vals.tolist())]
+    else:
+        tops = [[] for _ in tokens]
+    return [(t, c, tp) for t, c, tp in zip(tokens, chosen, tops)]

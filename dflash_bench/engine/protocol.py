@@ -1,0 +1,41 @@
+"""`Engine`: what the decode loop (`loop.py`), the HTTP server (`server.py`) and /metrics call.
+
+Two engines implement it: `decode.ReferenceEngine` (any HF model, sampling, the numbers z-lab's code gives)
+and `fast.engine.FastEngine` (Qwen3/Llama, greedy, CUDA graphs). Both keep their requests in a
+`bookkeeping.Bookkeeping`.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from dflash_bench.engine.bookkeeping import Delta, Seq, Stats
+from dflash_bench.engine.sampling import SamplingParams
+
+
+class Engine(Protocol):
+    B: int  # tokens per verify step (1: AR)
+    tok: object  # the Hugging Face tokenizer
+    max_len: int  # tokens per slot (prompt + output + one block)
+    vocab_size: int
+    prefill_rows: int  # requests per prefill forward: the loop admits in groups of this size
+    greedy_only: bool  # the server answers 400 to sampling requests
+    synthetic_tau: float | None  # benchmarking only: acceptance is drawn, not measured (labelled in every response)
+
+    @property
+    def stats(self) -> Stats: ...
+
+    @property
+    def free_slots(self) -> list[int]: ...
+
+    def check(self, n_prompt: int, max_tokens: int) -> str | None:
+        """Why a request cannot be served (None when it can)."""
+
+    def add_many(self, reqs: list[tuple[str, list[int], SamplingParams]]) -> list[tuple[Seq, Delta]]:
+        """Prefill new requests, all or nothing; their first tokens, in input order."""
+
+    def step(self, seqs: list[Seq]) -> list[Delta]:
+        """One decode step; a delta per request it stepped (a pipelined engine may skip one just admitted)."""
+
+    def release(self, seq: Seq) -> None:
+        """Give the sequence's slot back (after it finished or was aborted)."""

@@ -1,0 +1,75 @@
+"""The fast path as `serve --fast` runs it on a GPU (Triton kernels, CUDA graphs, steps run ahead) on the tiny
+pair, against the reference engine: the same token ids, AR and DFlash, and the same acceptance.
+
+Run on a GPU host, alone: `pytest -m gpu tests/test_engine_gpu.py`. Skipped without CUDA; the CPU suite runs
+Triton's interpreter (tests/conftest.py), which these tests need off, so they skip under it too.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.engine,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
+                       reason="Triton's interpreter is on: run `pytest -m gpu tests/test_engine_gpu.py` alone"),
+]
+
+B, N, SLOTS, MAX_LEN = 6, 48, 8, 512
+
+
+def _prompts(tok, n: int) -> list[list[int]]:
+    rng = random.Random(n)
+    words = "the cat sat on a mat while seven dogs ran past quickly".split()
+    return [tok(" ".join(rng.choice(words) for _ in range(rng.randint(1, 30)))).input_ids for _ in range(n)]
+
+
+@pytest.fixture(scope="module", params=["qwen3", "llama"])
+def pair(request, tmp_path_factory):
+    from dflash_bench.engine.tiny import make_tiny_pair
+
+    return make_tiny_pair(tmp_path_factory.mktemp(request.param), arch=request.param, seed=1, block_size=B)
+
+
+@pytest.mark.parametrize("mode", ["ar", "dflash"])
+def test_graphed_step_ahead_fast_path_equals_the_reference(pair, mode):
+    from dflash_bench.engine.build import build_engine
+    from dflash_bench.engine.decode import generate
+    from dflash_bench.engine.fast.engine import build_fast_engine
+    from dflash_bench.engine.sampling import SamplingParams
+
+    target, drafter = pair
+    draft = str(drafter) if mode == "dflash" else None
+    kw = dict(mode=mode, max_slots=SLOTS, max_len=MAX_LEN, dtype="float32", device="cuda")
+    ref = build_engine(str(target), draft, **kw)
+    fast = build_fast_engine(str(target), draft, step_ahead=True, **kw)
+    r = fast.runner
+    assert r.graphs_on and r.graphs and r.t.kernels is not None  # captured at build, Triton kernels on
+
+    depth = []  # steps in flight after each launch: 2 means one was launched before the last one's tokens were read
+    launch = r.launch
+
+    def counted(slots):
+        ok = launch(slots)
+        depth.append(len(r.inflight))
+        return ok
+    r.launch = counted
+
+    ps = _prompts(ref.tok, 6)
+    sp = SamplingParams(max_tokens=N, ignore_eos=True)
+    want = [s.out for s in generate(ref, ps, sp)]
+    got = [s.out for s in generate(fast, ps, sp)]
+    assert got == want and all(len(o) == N for o in got)
+    assert max(depth) == 2  # steps ran ahead
+    assert fast.stats.generation_tokens == ref.stats.generation_tokens
+    if mode == "dflash":  # the same drafts accepted, step by step: the same tau
+        assert (fast.stats.drafts, fast.stats.accepted) == (ref.stats.drafts, ref.stats.accepted)
+        assert fast.stats.accepted_per_pos == ref.stats.accepted_per_pos
