@@ -11,6 +11,7 @@ Everything downstream of a measurement (analysis, report, gate, resume) reads on
         telemetry.csv          GPU samples of the measured window (written by telemetry.py)
       logs/<engine>-<mode>.log server output
       results.csv              one row per cell: the flattened summaries (rebuilt from summary.json files)
+      .lock                    flock'd by the one process writing the folder (see SweepDir.lock)
 
 Every write is atomic (temporary file in the same folder, fsync, rename): a kill at any moment leaves the
 old file or the new one, never half of one. Readers turn a half-written or foreign folder into a UserError.
@@ -38,6 +39,7 @@ REQUESTS = "requests.jsonl"
 SERVER_METRICS = "server_metrics.json"
 TELEMETRY = "telemetry.csv"
 RESULTS = "results.csv"
+LOCK = ".lock"  # flock'd by the process writing the folder; its text is that process's pid
 
 Mode = Literal["ar", "dflash"]
 CellStatus = Literal["pending", "running", "complete", "failed"]
@@ -68,12 +70,15 @@ class RequestRecord(BaseModel):
     prompt_id: str
     turn: int = 0
     warmup: bool = False
-    t_send: float
+    t_send: float  # dispatch (the throughput window starts at the first one)
+    t_write: float | None = None  # the request's bytes handed to the socket, after any connect: TTFT starts here
+    connect_ms: float | None = None  # TCP connect this request waited for (None: it reused a connection)
     t_first_byte: float | None = None  # first byte of the response body
     t_first_token: float | None = None  # first chunk that carried content
     t_end: float | None = None
     chunk_times: list[float] = Field(default_factory=list)
     chunk_tokens: list[int] = Field(default_factory=list)  # cumulative output tokens after each chunk
+    chunk_tokens_from: Literal["usage", "text"] | None = None  # text: no per-chunk usage, spread by characters
     prompt_tokens: int | None = None  # from the server's usage, never counted by the client
     output_tokens: int | None = None
     finish_reason: str | None = None
@@ -135,6 +140,7 @@ class CellSummary(BaseModel):
     e2e_ms: Stat | None = None
     tok_s_user: Stat | None = None  # 1000 / TPOT per request
     tokens_per_chunk: Stat | None = None
+    connect_ms: Stat | None = None  # TCP connects requests waited for (kept out of TTFT)
 
     acceptance_length: float | None = None  # tau; None when the server has no speculative counters
     acceptance_length_req_weighted: float | None = None
@@ -155,6 +161,11 @@ class CellSummary(BaseModel):
     avg_power_w: float | None = None
     j_per_token: float | None = None
     tokens_per_j: float | None = None
+
+    # figures that could not be measured, and why (e.g. itl_ms: the server sent no per-chunk usage)
+    not_measured: dict[str, str] = Field(default_factory=dict)
+    # a DFlash cell that shows no sign of speculation (no acceptance source, or tau ~ 1): the silent fallback to AR
+    dflash_warning: str | None = None
 
     extra: dict[str, Any] = Field(default_factory=dict)  # anything an issue adds later (lossless, accuracy)
 
@@ -241,17 +252,54 @@ class SweepDir:
 
     def __init__(self, path: Path):
         self.path = Path(path)
+        self._lock_fd: int | None = None
 
     @classmethod
-    def create(cls, path: Path, manifest: Manifest) -> "SweepDir":
+    def create(cls, path: Path, manifest: Manifest, lock: bool = False) -> "SweepDir":
+        """A new sweep folder. With `lock`, it is locked for this process before anything is written, so
+        of two processes that create the same folder at once one gets it and the other a StoreError."""
         path = Path(path)
-        if (path / MANIFEST).exists():
-            raise StoreError(f"{path} already holds a sweep; pass --resume {path} or choose another --out")
         sweep = cls(path)
-        (path / "cells").mkdir(parents=True, exist_ok=True)
+        path.mkdir(parents=True, exist_ok=True)
+        if lock:
+            sweep.lock()
+        if (path / MANIFEST).exists():
+            sweep.unlock()
+            raise StoreError(f"{path} already holds a sweep; pass --resume {path} or choose another --out")
+        (path / "cells").mkdir(exist_ok=True)
         (path / "logs").mkdir(exist_ok=True)
         sweep.write_manifest(manifest)
         return sweep
+
+    # the writer's lock: one process writes a sweep folder at a time (a run, its resume, `run --name`)
+    def lock(self) -> None:
+        """Take the folder's exclusive lock for this process, or raise StoreError naming who holds it.
+
+        flock on a file opened with O_CREAT: creation and locking are atomic, and the kernel drops the lock
+        when the process dies (kill -9 included), so a stale lock never needs cleaning up."""
+        import fcntl
+
+        if self._lock_fd is not None:
+            return
+        fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o666 & ~_UMASK)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "?"
+            os.close(fd)
+            raise StoreError(f"{self.path} is being written by another dflash-bench (pid {holder}); wait for it "
+                             "to finish, or stop it, before running or resuming this sweep") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._lock_fd = fd
+
+    def unlock(self) -> None:
+        import fcntl
+
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
 
     @classmethod
     def open(cls, path: Path) -> "SweepDir":
@@ -360,7 +408,7 @@ def flatten_summary(summary: CellSummary) -> dict[str, Any]:
     return row
 
 
-STAT_FIELDS = ("ttft_ms", "tpot_ms", "itl_ms", "chunk_gap_ms", "e2e_ms", "tok_s_user", "tokens_per_chunk")
+STAT_FIELDS = ("ttft_ms", "tpot_ms", "itl_ms", "chunk_gap_ms", "e2e_ms", "tok_s_user", "tokens_per_chunk", "connect_ms")
 
 
 def _load_json(file: Path) -> Any:
