@@ -310,14 +310,17 @@ def test_port_and_image_are_saved_and_taken_back_on_resume(tmp_path, data_dir):
     assert after["servers"]["emulator-dflash #2"]["port"] == port  # the resume's server, on the saved port
 
 
-def test_resuming_a_folder_without_a_plan_says_what_is_wrong(tmp_path, data_dir):
-    from dflash_bench.store import Manifest, SweepDir
+@pytest.mark.parametrize("plan,says", [(False, "its manifest has no plan of cells"),
+                                       (True, "it was written by `dflash-bench run`, not by a sweep")])
+def test_resuming_a_folder_without_a_plan_says_what_is_wrong(tmp_path, plan, says):
+    from dflash_bench.store import CellPlan, Manifest, SweepDir
 
-    SweepDir.create(tmp_path / "run-1", Manifest(sweep_id="run-1"))  # what `dflash-bench run` writes
+    cells = [CellPlan(cell_id="vllm-ar-gsm8k-c1", engine="vllm", mode="ar", suite="gsm8k", concurrency=1)] if plan else []
+    SweepDir.create(tmp_path / "run-1", Manifest(sweep_id="run-1", plan=cells))  # as `dflash-bench run` writes
     proc = subprocess.run([sys.executable, "-m", "dflash_bench", "sweep", "--resume", str(tmp_path / "run-1")],
                           capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and "its manifest has no plan of cells" in proc.stderr
-    assert "differs" not in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and says in proc.stderr
+    assert "differs" not in proc.stderr and "Traceback" not in proc.stderr and len(proc.stderr.splitlines()) == 1
 
 
 def test_a_dead_servers_reason_is_the_lines_that_explain_it():

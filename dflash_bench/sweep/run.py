@@ -270,9 +270,13 @@ def _resumable(sweep: SweepDir, settings: SweepSettings, resume: Path) -> Manife
 
 
 def check_has_plan(manifest: Manifest, folder: Path) -> None:
+    """A folder `sweep --resume` can finish: a plan of cells and the settings that made it."""
     if not manifest.plan:
-        raise UserError(f"cannot resume {folder}: its manifest has no plan of cells (a folder written by "
-                        "`dflash-bench run`, or a sweep stopped before it planned); start a new sweep instead")
+        raise UserError(f"cannot resume {folder}: its manifest has no plan of cells (a sweep stopped before it "
+                        "planned, or an edited manifest); start a new sweep instead")
+    if not manifest.settings.get("model"):
+        raise UserError(f"cannot resume {folder}: it was written by `dflash-bench run`, not by a sweep (its manifest "
+                        "has no sweep settings); add cells to it with `dflash-bench run --name`, or start a new sweep")
 
 
 def _status_from_disk(sweep: SweepDir, cell: CellPlan) -> None:
