@@ -280,11 +280,11 @@ def sigterm(tmp: Path, data: Path) -> Row:
 def kill9_resume(tmp: Path, data: Path) -> Row:
     p, folder, _, _ = _interrupt(tmp, data, signal.SIGKILL)
     before = {c: (folder / "cells" / c / "summary.json").read_bytes() for c in summaries(folder)}
-    proc, dt = sh([*PY, "sweep", "--resume", str(folder), "--data-dir", str(data), "--port", str(free_port())])
+    proc, _ = sh([*PY, "sweep", "--resume", str(folder), "--data-dir", str(data), "--port", str(free_port())])
     same = all((folder / "cells" / c / "summary.json").read_bytes() == b for c, b in before.items())
     done = sum(s["status"] == "complete" for s in summaries(folder).values())
     return Row("kill -9 mid-sweep, then --resume", "only missing cells run; finished ones byte-identical",
-               f"resume exit {proc.returncode}; {len(before)} kept byte-identical: {same}; {done}/8 complete", dt,
+               f"resume exit {proc.returncode}; {len(before)} kept byte-identical: {same}; {done}/8 complete", None,
                left_behind(folder.parent), proc.returncode == 0 and same and done == 8)
 
 
@@ -342,11 +342,11 @@ def planted_script(tmp: Path, data: Path) -> Row:
     with BadServer("script") as srv:
         sh(run_argv(srv.url, out, data, "--name", "r", "--label", "ar"))
         sh(run_argv(srv.url, out, data, "--name", "r", "--label", "dflash"))
-    proc, dt = sh([*PY, "report", str(out / "r")])
+    proc, _ = sh([*PY, "report", str(out / "r")])
     page = (out / "r" / "report.html").read_text() if (out / "r" / "report.html").exists() else ""
     raw = SCRIPT in page
     return Row("planted <script> in model output", "escaped in the report",
-               f"report exit {proc.returncode}; raw markup in page: {raw}", dt, left_behind(out),
+               f"report exit {proc.returncode}; raw markup in page: {raw}", None, left_behind(out),
                proc.returncode == 0 and bool(page) and not raw)
 
 
@@ -405,6 +405,7 @@ def main() -> None:
                 rows.append(Row(name, "-", f"case broke: {type(err).__name__}: {err}"[:150], held=False))
             r = rows[-1]
             r.observed = r.observed.replace(tmp, "$TMP").replace("|", "/")
+            r.held = r.held and r.left == "nothing"
         print(f"[{'held' if r.held else 'BROKE'}] {r.case}", file=sys.stderr, flush=True)
     print("| case | expected | observed | time to detect | left behind | verdict |")
     print("|---|---|---|---|---|---|")

@@ -293,6 +293,13 @@ class SweepDir:
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         self._lock_fd = fd
 
+    def remove_stale_temps(self) -> list[Path]:
+        """Temporary files of atomic writes that a killed writer (kill -9) left; call with the lock held."""
+        stale = [f for f in self.path.rglob(".*.tmp") if f.is_file()]
+        for f in stale:
+            f.unlink(missing_ok=True)
+        return stale
+
     def unlock(self) -> None:
         import fcntl
 

@@ -143,6 +143,7 @@ def test_killed_sweep_resumes_only_the_remaining_cells(tmp_path, data_dir, sig):
         assert json.loads((folder / "manifest.json").read_text())["status"] == "interrupted"
         assert_servers_gone(folder)
     orphans = [i["pid"] for i in json.loads((folder / "manifest.json").read_text())["servers"].values() if i.get("pid")]
+    (folder / "cells" / ".results.csv.abc123.tmp").write_text("half of a write a kill -9 cut short")
     before = {c.name: (c / "summary.json").read_bytes() for c in (folder / "cells").iterdir() if (c / "summary.json").exists()}
     rows_before = results(folder) if (folder / "results.csv").exists() else {}
     assert 3 <= len(before) < 8
@@ -158,6 +159,7 @@ def test_killed_sweep_resumes_only_the_remaining_cells(tmp_path, data_dir, sig):
         if name in rows_before:
             assert rows[name] == rows_before[name]
     assert json.loads((folder / "manifest.json").read_text())["status"] == "complete"
+    assert not list(folder.rglob("*.tmp"))  # the resume removed what the killed writer left half-written
     for pid in orphans:  # after SIGKILL the harness could not tear down; the resume stopped what it left
         assert not pid_alive(pid), f"server {pid} of the killed run still running"
     assert_servers_gone(folder)

@@ -97,6 +97,7 @@ def _open_or_create(path: Path, cid: str) -> tuple[SweepDir, Manifest, bool]:
     if (path / "manifest.json").exists():
         sweep = SweepDir.open(path)
         sweep.lock()
+        sweep.remove_stale_temps()  # no other writer is alive: a .tmp is what a kill -9 cut short
         if sweep.is_complete(cid):
             sweep.unlock()
             raise UserError(f"{path} already holds a measured cell {cid}; choose another --name or --label")

@@ -234,6 +234,7 @@ def _open(settings: SweepSettings, out: Path, resume: Path | None, pair, argv: l
         sweep.lock()  # before anything is read for writing: a second resume is refused here
         try:
             manifest = _resumable(sweep, settings, resume)
+            sweep.remove_stale_temps()  # no other writer is alive: a .tmp is what a kill -9 cut short
         except BaseException:
             sweep.unlock()
             raise
