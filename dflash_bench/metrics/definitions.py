@@ -96,8 +96,9 @@ def not_measured(records: Sequence[RequestRecord]) -> dict[str, str]:
         return {m: why for m in CHUNK_METRICS}
     estimated = sum(r.chunk_tokens_from == "text" for r in ok)
     if estimated:
-        why = (f"estimated for {estimated} of {len(ok)} requests: the server sent no per-chunk usage, so each "
-               "response's token total is spread over its chunks by the characters they carried")
+        why = (f"derived for {estimated} of {len(ok)} requests: the server sent no per-chunk usage, so each "
+               "response's token total is spread over its chunks (one per chunk where the counts match, else by "
+               "the characters each carried)")
         return {"itl_ms": why, "tokens_per_chunk": why}
     return {}
 
