@@ -11,7 +11,7 @@ Everything downstream of a measurement (analysis, report, gate, resume) reads on
         telemetry.csv          GPU samples of the measured window (written by telemetry.py)
       logs/<engine>-<mode>.log server output
       results.csv              one row per cell: the flattened summaries (rebuilt from summary.json files)
-      .lock                    flock'd by the one process writing the folder (see SweepDir.lock)
+      .lock                    flock'd by the one process writing the folder (store_lock.py)
 
 Every write is atomic (temporary file in the same folder, fsync, rename): a kill at any moment leaves the
 old file or the new one, never half of one. Readers turn a half-written or foreign folder into a UserError.
@@ -39,7 +39,6 @@ REQUESTS = "requests.jsonl"
 SERVER_METRICS = "server_metrics.json"
 TELEMETRY = "telemetry.csv"
 RESULTS = "results.csv"
-LOCK = ".lock"  # flock'd by the process writing the folder; its text is that process's pid
 
 Mode = Literal["ar", "dflash"]
 CellStatus = Literal["pending", "running", "complete", "failed"]
@@ -252,61 +251,17 @@ class SweepDir:
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        self._lock_fd: int | None = None
 
     @classmethod
-    def create(cls, path: Path, manifest: Manifest, lock: bool = False) -> "SweepDir":
-        """A new sweep folder. With `lock`, it is locked for this process before anything is written, so
-        of two processes that create the same folder at once one gets it and the other a StoreError."""
+    def create(cls, path: Path, manifest: Manifest) -> "SweepDir":
         path = Path(path)
-        sweep = cls(path)
-        path.mkdir(parents=True, exist_ok=True)
-        if lock:
-            sweep.lock()
         if (path / MANIFEST).exists():
-            sweep.unlock()
             raise StoreError(f"{path} already holds a sweep; pass --resume {path} or choose another --out")
-        (path / "cells").mkdir(exist_ok=True)
+        sweep = cls(path)
+        (path / "cells").mkdir(parents=True, exist_ok=True)
         (path / "logs").mkdir(exist_ok=True)
         sweep.write_manifest(manifest)
         return sweep
-
-    # the writer's lock: one process writes a sweep folder at a time (a run, its resume, `run --name`)
-    def lock(self) -> None:
-        """Take the folder's exclusive lock for this process, or raise StoreError naming who holds it.
-
-        flock on a file opened with O_CREAT: creation and locking are atomic, and the kernel drops the lock
-        when the process dies (kill -9 included), so a stale lock never needs cleaning up."""
-        import fcntl
-
-        if self._lock_fd is not None:
-            return
-        fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o666 & ~_UMASK)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "?"
-            os.close(fd)
-            raise StoreError(f"{self.path} is being written by another dflash-bench (pid {holder}); wait for it "
-                             "to finish, or stop it, before running or resuming this sweep") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        self._lock_fd = fd
-
-    def remove_stale_temps(self) -> list[Path]:
-        """Temporary files of atomic writes that a killed writer (kill -9) left; call with the lock held."""
-        stale = [f for f in self.path.rglob(".*.tmp") if f.is_file()]
-        for f in stale:
-            f.unlink(missing_ok=True)
-        return stale
-
-    def unlock(self) -> None:
-        import fcntl
-
-        fd, self._lock_fd = self._lock_fd, None
-        if fd is not None:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
 
     @classmethod
     def open(cls, path: Path) -> "SweepDir":

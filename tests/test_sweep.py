@@ -227,11 +227,12 @@ def test_secret_engine_args_are_refused_before_anything_is_written(tmp_path, dat
 
 
 def _create_locked(path: str, barrier, results) -> None:
-    from dflash_bench.store import Manifest, StoreError, SweepDir
+    from dflash_bench.store import Manifest, StoreError
+    from dflash_bench.store_lock import create_locked
 
     barrier.wait()  # every process creates the same folder at the same moment
     try:
-        SweepDir.create(Path(path), Manifest(sweep_id="same-second"), lock=True)
+        create_locked(Path(path), Manifest(sweep_id="same-second"))
         results.put("created")
     except StoreError as err:
         results.put(str(err))
@@ -255,20 +256,19 @@ def test_of_sweeps_created_together_exactly_one_gets_the_folder(tmp_path):
 
 
 def test_a_resume_is_refused_while_another_process_writes_the_folder(tmp_path, data_dir):
-    from dflash_bench.store import SweepDir
+    from dflash_bench.store_lock import WriterLock
 
     out = tmp_path / "reports"
     assert subprocess.run(sweep_argv(out, "--data-dir", str(data_dir), suites="gsm8k", conc="1"),
                           capture_output=True, timeout=120).returncode == 0
     folder = only_sweep(out)
     shutil.rmtree(folder / "cells" / "emulator-dflash-gsm8k-c1")
-    holder = SweepDir.open(folder)
-    holder.lock()  # as a running sweep or resume of this folder holds it
+    holder = WriterLock(folder).acquire()  # as a running sweep or resume of this folder holds it
     try:
         resume = [sys.executable, "-m", "dflash_bench", "sweep", "--resume", str(folder), "--data-dir", str(data_dir)]
         proc = subprocess.run(resume, capture_output=True, text=True, timeout=60)
     finally:
-        holder.unlock()
+        holder.release()
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert f"is being written by another dflash-bench (pid {os.getpid()})" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
@@ -277,22 +277,22 @@ def test_a_resume_is_refused_while_another_process_writes_the_folder(tmp_path, d
 
 def test_the_lock_dies_with_a_killed_process(tmp_path):
     from dflash_bench.store import Manifest, SweepDir
+    from dflash_bench.store_lock import WriterLock
 
     SweepDir.create(tmp_path / "sw", Manifest(sweep_id="sw"))
-    code = f"from dflash_bench.store import SweepDir; SweepDir({str(tmp_path / 'sw')!r}).lock(); print('locked', flush=True); input()"
+    code = ("from dflash_bench.store_lock import WriterLock; "
+            f"WriterLock({str(tmp_path / 'sw')!r}).acquire(); print('locked', flush=True); input()")
     child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "locked"
         with pytest.raises(Exception, match="being written by another"):
-            SweepDir(tmp_path / "sw").lock()
+            WriterLock(tmp_path / "sw").acquire()
         child.kill()  # SIGKILL: no clean-up runs
         child.wait(30)
     finally:
         if child.poll() is None:
             child.kill()
-    sweep = SweepDir(tmp_path / "sw")
-    sweep.lock()  # free again: the kernel dropped the dead process's lock
-    sweep.unlock()
+    WriterLock(tmp_path / "sw").acquire().release()  # free again: the kernel dropped the dead process's lock
 
 
 def test_port_and_image_are_saved_and_taken_back_on_resume(tmp_path, data_dir):

@@ -12,6 +12,7 @@ from dflash_bench.client.cell import Measurement, measure
 from dflash_bench.client.summary import summarize_cell, write_cell
 from dflash_bench.errors import UserError
 from dflash_bench.store import CellPlan, CellSummary, Manifest, SweepDir, cell_id
+from dflash_bench.store_lock import WriterLock
 
 ENGINES = ("vllm", "sglang", "builtin", "emulator")  # how acceptance is read: see metrics/acceptance.py
 
@@ -32,7 +33,7 @@ def run_one(*, url: str, suite: str, concurrency: int, num_prompts: int | None, 
     prompts = load_prompts(suite, data_dir=data_dir, num_prompts=num_prompts, seed=seed)
     name = name or "run-" + datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     cid = cell_id(engine, label, suite, concurrency)
-    sweep, manifest, fresh = _open_or_create(Path(out) / name, cid)
+    sweep, manifest, lock, fresh = _open_or_create(Path(out) / name, cid)
     try:
         plan = CellPlan(cell_id=cid, engine=engine, mode=label, suite=suite, concurrency=concurrency, status="running")
         manifest.plan = [c for c in manifest.plan if c.cell_id != cid] + [plan]
@@ -57,7 +58,7 @@ def run_one(*, url: str, suite: str, concurrency: int, num_prompts: int | None, 
         sweep.write_manifest(manifest)
         sweep.write_results_csv()
     finally:
-        sweep.unlock()
+        lock.release()
     if not quiet:
         print_summary(summary, sweep.cell_dir(cid))
     return sweep.cell_dir(cid), summary
@@ -92,20 +93,20 @@ def _probe(url: str, timeout: float) -> None:
         raise UserError(f"cannot reach the server at {url} ({err.strerror or err}); is it running and ready?") from None
 
 
-def _open_or_create(path: Path, cid: str) -> tuple[SweepDir, Manifest, bool]:
-    """The folder, locked for this process; True when it was made here."""
+def _open_or_create(path: Path, cid: str) -> tuple[SweepDir, Manifest, WriterLock, bool]:
+    """The folder and its writer's lock, held by this process; True when the folder was made here."""
+    from dflash_bench.store_lock import create_locked, open_locked
+
     if (path / "manifest.json").exists():
-        sweep = SweepDir.open(path)
-        sweep.lock()
-        sweep.remove_stale_temps()  # no other writer is alive: a .tmp is what a kill -9 cut short
+        sweep, lock = open_locked(path)
         if sweep.is_complete(cid):
-            sweep.unlock()
+            lock.release()
             raise UserError(f"{path} already holds a measured cell {cid}; choose another --name or --label")
-        return sweep, sweep.read_manifest(), False
+        return sweep, sweep.read_manifest(), lock, False
     from dflash_bench.sweep.provenance import redact
 
-    manifest = Manifest(sweep_id=path.name, command_line=redact(sys.argv))
-    return SweepDir.create(path, manifest, lock=True), manifest, True
+    sweep, lock = create_locked(path, Manifest(sweep_id=path.name, command_line=redact(sys.argv)))
+    return sweep, sweep.read_manifest(), lock, True
 
 
 def _measure_with_progress(quiet: bool, cid: str, url: str, prompts, **kw) -> Measurement:

@@ -17,6 +17,7 @@ from typing import Any, Iterator
 
 from dflash_bench.errors import UserError
 from dflash_bench.store import CellPlan, Manifest, StoreError, SweepDir, now_iso
+from dflash_bench.store_lock import WriterLock, create_locked, open_locked
 from dflash_bench.sweep import provenance
 from dflash_bench.sweep.plan import Launch, SweepSettings, check_resume, launches, plan_cells
 from dflash_bench.sweep.progress import SweepProgress
@@ -50,7 +51,7 @@ def run_sweep(settings: SweepSettings, *, out: Path, resume: Path | None = None,
         prompts = _prompt_loader(settings, data_dir)
     # a mismatched resume is refused before any dataset is touched; the folder's lock, taken here, is
     # held until everything is written
-    sweep, manifest = _open(settings, out, resume, pair, argv or sys.argv)
+    sweep, manifest, lock = _open(settings, out, resume, pair, argv or sys.argv)
     try:
         if resume is not None:
             _stop_leftovers(manifest.sweep_id)  # only now: the lock says no other run of this sweep is alive
@@ -58,7 +59,7 @@ def run_sweep(settings: SweepSettings, *, out: Path, resume: Path | None = None,
         result = _run_plan(settings, pair, sweep, manifest, prompts, image, quiet)
         _annotate_quality(sweep, settings)
     finally:
-        sweep.unlock()
+        lock.release()
     return result
 
 
@@ -228,22 +229,22 @@ def _fail(sweep: SweepDir, manifest: Manifest, cell: CellPlan, reason: str, resu
 # ------------------------------------------------------------------ the folder
 
 
-def _open(settings: SweepSettings, out: Path, resume: Path | None, pair, argv: list[str]) -> tuple[SweepDir, Manifest]:
+def _open(settings: SweepSettings, out: Path, resume: Path | None, pair,
+          argv: list[str]) -> tuple[SweepDir, Manifest, WriterLock]:
+    """The sweep folder (new, or the one to resume) and its writer's lock, held by this process."""
     if resume is not None:
-        sweep = SweepDir.open(resume)
-        sweep.lock()  # before anything is read for writing: a second resume is refused here
+        sweep, lock = open_locked(resume)  # before anything is read for writing: a second resume is refused here
         try:
             manifest = _resumable(sweep, settings, resume)
-            sweep.remove_stale_temps()  # no other writer is alive: a .tmp is what a kill -9 cut short
         except BaseException:
-            sweep.unlock()
+            lock.release()
             raise
         for cell in manifest.plan:  # whatever was running when it stopped is redone; failed cells get a new try
             _status_from_disk(sweep, cell)
         manifest.status = "running"
         manifest.notes.append(f"resumed {now_iso()} by: {' '.join(provenance.redact(argv))}")
         sweep.write_manifest(manifest)
-        return sweep, manifest
+        return sweep, manifest, lock
     sweep_id = _sweep_id(pair.name, settings.engines)
     manifest = Manifest(  # every setting is saved, the resume-free ones too: a resume takes them back
         sweep_id=sweep_id, command_line=provenance.redact(argv), settings=settings.model_dump(),
@@ -254,7 +255,8 @@ def _open(settings: SweepSettings, out: Path, resume: Path | None, pair, argv: l
                 "thinking": settings.thinking if settings.thinking is not None else pair.thinking},
     )
     # locked before the manifest is written: of two sweeps started in the same second, one gets the folder
-    return SweepDir.create(Path(out) / sweep_id, manifest, lock=True), manifest
+    sweep, lock = create_locked(Path(out) / sweep_id, manifest)
+    return sweep, manifest, lock
 
 
 def _resumable(sweep: SweepDir, settings: SweepSettings, resume: Path) -> Manifest:
