@@ -336,3 +336,17 @@ def test_a_dead_servers_reason_is_the_lines_that_explain_it():
     assert explain("emulator (ar) listening on http://127.0.0.1:1") == ""  # no cause: the exit code speaks
     err = ServerDied("the vllm server exited with code 1", log)
     assert err.reason.startswith("the vllm server exited with code 1: File") and "INFO bye" not in err.reason
+
+
+def test_a_dflash_server_that_never_accepts_is_flagged_in_the_table_and_summary(tmp_path, data_dir):
+    """tau 1: the silent fallback to AR that users report is shown loudly, not as a quiet 1.00."""
+    out = tmp_path / "reports"
+    argv = sweep_argv(out, "--data-dir", str(data_dir), "--engine-arg=--acceptance-length=1", suites="gsm8k", conc="1")
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = " ".join(proc.stdout.split())
+    assert "DFlash not in effect emulator-dflash-gsm8k-c1: tau 1.00" in printed and "(no" in printed
+    summary = json.loads((only_sweep(out) / "cells" / "emulator-dflash-gsm8k-c1" / "summary.json").read_text())
+    assert summary["dflash_warning"].startswith("tau 1.00: the drafter's tokens were (almost) never accepted")
+    ar = json.loads((only_sweep(out) / "cells" / "emulator-ar-gsm8k-c1" / "summary.json").read_text())
+    assert ar["dflash_warning"] is None
