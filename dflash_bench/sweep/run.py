@@ -247,7 +247,7 @@ def _open(settings: SweepSettings, out: Path, resume: Path | None, pair,
         return sweep, manifest, lock
     sweep_id = _sweep_id(pair.name, settings.engines)
     manifest = Manifest(  # every setting is saved, the resume-free ones too: a resume takes them back
-        sweep_id=sweep_id, command_line=provenance.redact(argv), settings=settings.model_dump(),
+        sweep_id=sweep_id, command_line=provenance.redact(argv), settings=_saved_settings(settings),
         plan=plan_cells(settings), versions=provenance.versions(), hardware={"host": provenance.host()},
         models={"target": provenance.model_revision(pair.target),
                 "drafter": provenance.model_revision(pair.drafter) if pair.drafter else None,
@@ -257,6 +257,19 @@ def _open(settings: SweepSettings, out: Path, resume: Path | None, pair,
     # locked before the manifest is written: of two sweeps started in the same second, one gets the folder
     sweep, lock = create_locked(Path(out) / sweep_id, manifest)
     return sweep, manifest, lock
+
+
+def _saved_settings(settings: SweepSettings) -> dict[str, Any]:
+    """What the manifest keeps of the settings: all of them, but a password in a --url-* is never written
+    (a resume then needs that --url-* given again)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    saved = settings.model_dump()
+    for key in ("url_ar", "url_dflash"):
+        u = urlsplit(saved[key] or "")
+        if u.password:
+            saved[key] = urlunsplit(u._replace(netloc=f"{u.username}:***@{u.hostname}" + (f":{u.port}" if u.port else "")))
+    return saved
 
 
 def _resumable(sweep: SweepDir, settings: SweepSettings, resume: Path) -> Manifest:
