@@ -121,7 +121,7 @@ def run(
     data_dir: Optional[Path] = DataDirOption,
     seed: int = typer.Option(0, "--seed", help="Seed for prompt sampling and Poisson arrivals."),
     request_rate: Optional[float] = typer.Option(None, "--request-rate", min=0.001, help="Poisson arrivals at this many requests/s (capped by --concurrency)."),
-    timeout: float = typer.Option(600.0, "--timeout", min=0.1, help="Per-request timeout in seconds."),
+    timeout: float = typer.Option(600.0, "--timeout", min=0.1, help="Timeout in seconds of every request the harness makes (/v1/models, /metrics, each generation)."),
     warmup: bool = typer.Option(True, "--warmup/--no-warmup", help="Send --concurrency warm-up requests first (excluded from statistics)."),
     model: Optional[str] = typer.Option(None, "--model", help="Served model name (default: the first one in /v1/models)."),
     transport: str = typer.Option("auto", "--transport", help="HTTP client of the streaming loop: auto (raw for http://, aiohttp for https://), raw, aiohttp or httpx."),
@@ -130,10 +130,13 @@ def run(
     """Measure one running server on one suite at one concurrency and write it as a cell of a sweep folder."""
     from dflash_bench.client.run import run_one
 
-    run_one(url=url, suite=suite, concurrency=concurrency, num_prompts=num_prompts, max_tokens=max_tokens,
-            temperature=temperature, label=label, engine=engine, api=api, save_token_ids=save_token_ids,
-            enable_thinking=thinking, out=out, name=name, data_dir=data_dir, seed=seed, request_rate=request_rate,
-            timeout=timeout, warmup=warmup, model=model, transport=transport, tokenizer=tokenizer)
+    _, summary = run_one(url=url, suite=suite, concurrency=concurrency, num_prompts=num_prompts, max_tokens=max_tokens,
+                         temperature=temperature, label=label, engine=engine, api=api, save_token_ids=save_token_ids,
+                         enable_thinking=thinking, out=out, name=name, data_dir=data_dir, seed=seed,
+                         request_rate=request_rate, timeout=timeout, warmup=warmup, model=model, transport=transport,
+                         tokenizer=tokenizer)
+    if summary.status == "failed":  # as `sweep` does: a failed cell is a failed run
+        raise typer.Exit(1)
 
 
 @app.command()

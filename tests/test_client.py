@@ -272,3 +272,87 @@ def test_raw_transport_for_https_is_a_user_error(tmp_path: Path):
     with pytest.raises(UserError, match="plain http"):
         measure_cell("https://127.0.0.1:9", prompts(1), concurrency=1, cell_dir=cell(tmp_path), transport="raw")
     assert not (tmp_path / "sw").exists()
+
+
+# ---------------------------------------------------------------- issue 19's measurement gaps, issue 22's timeouts
+
+
+@pytest.mark.parametrize("transport", ["raw", "aiohttp", "httpx"])
+def test_itl_is_derived_from_chunks_when_the_server_sends_no_per_chunk_usage(tmp_path: Path, transport: str):
+    from bad_servers import BadServer
+
+    with BadServer("plain", tokens=6) as srv:
+        s = measure_cell(srv.url, prompts(3), concurrency=1, cell_dir=cell(tmp_path), warmup=False, transport=transport)
+    assert s.status == "complete" and s.total_output_tokens == 18
+    assert s.itl_ms is not None and s.itl_ms.n == 15  # 5 gaps per request, one token each
+    assert s.chunk_gap_ms.n == 15 and s.tokens_per_chunk.mean == 1.0
+    assert "no per-chunk usage" in s.not_measured["itl_ms"]
+    recs = measured(tmp_path)
+    assert all(r.chunk_tokens == [1, 2, 3, 4, 5, 6] and r.chunk_tokens_from == "text" for r in recs)
+
+
+def test_tokens_are_spread_by_characters_when_chunks_and_tokens_differ():
+    from dflash_bench.client.protocol import Stream
+
+    st = Stream("chat", False)
+    for t, text in ((1.0, "ab"), (2.0, "abcdef"), (3.0, "ab")):  # 2 + 6 + 2 characters
+        st.feed(t, orjson.dumps({"choices": [{"index": 0, "delta": {"content": text}}]}))
+    st.feed(4.0, orjson.dumps({"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 10}}))
+    st.finish_tokens()
+    assert st.tokens == [2, 8, 10] and st.tokens_from == "text" and st.times == [1.0, 2.0, 3.0]
+
+
+def test_usage_per_chunk_is_kept_as_reported(tmp_path: Path):
+    with EmulatorProcess(mode="dflash", ttft_ms=1, itl_ms=1, output_len=24) as em:
+        s = measure_cell(em.url, prompts(2), concurrency=1, cell_dir=cell(tmp_path), warmup=False)
+    assert s.not_measured == {} and all(r.chunk_tokens_from == "usage" for r in measured(tmp_path))
+
+
+def test_a_dflash_cell_without_acceptance_source_is_flagged(tmp_path: Path):
+    from bad_servers import BadServer
+
+    with BadServer("plain") as srv:
+        s = measure_cell(srv.url, prompts(2), concurrency=1, cell_dir=cell(tmp_path), mode="dflash", warmup=False)
+        ar = measure_cell(srv.url, prompts(2), concurrency=1, cell_dir=cell(tmp_path, "ar"), mode="ar", warmup=False)
+    assert s.status == "complete" and s.acceptance_length is None
+    assert "no acceptance source" in s.dflash_warning and "HTTP 404" in s.dflash_warning
+    assert ar.dflash_warning is None  # AR is expected not to speculate
+
+
+def test_a_dflash_cell_whose_drafts_were_never_accepted_is_flagged():
+    from dflash_bench.client.summary import dflash_warning
+    from dflash_bench.store import CellSummary
+
+    base = dict(cell_id="c", engine="vllm", mode="dflash", suite="s", concurrency=1, num_ok=4)
+    assert "never accepted" in dflash_warning(CellSummary(**base, acceptance_length=1.01, num_drafts=100,
+                                                          num_accepted_tokens=1), {})
+    assert dflash_warning(CellSummary(**base, acceptance_length=3.0), {}) is None
+    idle = {"delta": {"vllm:spec_decode_num_drafts_total": 0.0}}
+    assert "did not move" in dflash_warning(CellSummary(**base), idle)
+
+
+@pytest.mark.parametrize("transport", ["raw", "aiohttp", "httpx"])
+def test_connect_time_is_kept_out_of_ttft(tmp_path: Path, transport: str):
+    """--no-warmup: the first request of each connection waits for a TCP connect, recorded on its own."""
+    from dflash_bench.metrics.definitions import ttft_ms
+
+    with EmulatorProcess(mode="ar", ttft_ms=1, itl_ms=1, output_len=4) as em:
+        s = measure_cell(em.url, prompts(9), concurrency=3, cell_dir=cell(tmp_path), warmup=False, transport=transport)
+    recs = sorted(measured(tmp_path), key=lambda r: r.t_send)
+    connected = [r for r in recs if r.connect_ms is not None]
+    # a new connection for some of the first 3 (GET /v1/models left one open to reuse), none after: kept alive
+    assert 1 <= len(connected) <= 3 and all(r in recs[:3] for r in connected) and s.connect_ms.n == len(connected)
+    for r in recs:
+        assert r.t_send <= r.t_write <= r.t_first_token
+        assert ttft_ms(r) == pytest.approx((r.t_first_token - r.t_write) * 1000.0)
+
+
+def test_models_request_obeys_the_timeout(tmp_path: Path):
+    from bad_servers import BadServer
+
+    from dflash_bench.errors import UserError
+
+    with BadServer("hang") as srv:
+        with pytest.raises(UserError, match=r"did not answer GET /v1/models within 0.5 s"):
+            measure_cell(srv.url, prompts(1), concurrency=1, cell_dir=cell(tmp_path), timeout=0.5)
+    assert not (tmp_path / "sw").exists()

@@ -155,3 +155,34 @@ def test_percentiles_match_numpy_and_weighting():
     assert describe([]) is None
     w = describe_weighted([(10.0, 3), (100.0, 1)])
     assert w.n == 4 and w.mean == pytest.approx(32.5) and w.p50 == 10.0 and w.p90 == 100.0
+
+
+def test_ttft_starts_at_the_write_and_connect_time_is_its_own_figure():
+    from dflash_bench.metrics.definitions import ttft_ms
+
+    r = RequestRecord(request_id="r1", prompt_id="p", t_send=0.0, t_write=0.05, connect_ms=50.0, t_first_token=0.15,
+                      t_end=0.35, output_tokens=3, chunk_times=[0.15, 0.25, 0.35], chunk_tokens=[1, 2, 3])
+    reused = RequestRecord(request_id="r2", prompt_id="q", t_send=0.0, t_first_token=0.1, t_end=0.3, output_tokens=3,
+                           chunk_times=[0.1, 0.2, 0.3], chunk_tokens=[1, 2, 3])  # no t_write: older records
+    assert ttft_ms(r) == pytest.approx(100.0) and ttft_ms(reused) == pytest.approx(100.0)
+    s = summarize([r, reused])
+    assert s["connect_ms"].n == 1 and s["connect_ms"].mean == 50.0
+    assert s["e2e_ms"].mean == pytest.approx(325.0)  # E2E still counts from dispatch: the user waited for it
+
+
+def test_not_measured_says_why_chunk_figures_are_missing_or_derived():
+    from dflash_bench.metrics.definitions import not_measured
+
+    def rec(i: int, times: list[float], tokens: list[int], source=None) -> RequestRecord:
+        return RequestRecord(request_id=f"r{i}", prompt_id="p", t_send=0.0, t_first_token=times[0], t_end=times[-1],
+                             output_tokens=tokens[-1] if tokens else 4, chunk_times=times, chunk_tokens=tokens,
+                             chunk_tokens_from=source)
+
+    one_chunk = [rec(1, [0.1], [4], "usage")]
+    assert "one content chunk" in not_measured(one_chunk)["itl_ms"]
+    assert set(not_measured(one_chunk)) == {"itl_ms", "chunk_gap_ms", "tokens_per_chunk"}
+    no_counts = [rec(2, [0.1, 0.2], [])]
+    assert "no token counts per chunk" in not_measured(no_counts)["chunk_gap_ms"]
+    derived = [rec(3, [0.1, 0.2], [1, 2], "text"), rec(4, [0.1, 0.2], [1, 2], "usage")]
+    assert not_measured(derived)["itl_ms"].startswith("derived for 1 of 2 requests")
+    assert not_measured([rec(5, [0.1, 0.2], [1, 2], "usage")]) == {}

@@ -1,12 +1,14 @@
-"""Measure one cell: warm up, scrape /metrics, run the load, scrape again, write the cell through store.py.
+"""Measure one cell: warm up, scrape /metrics, run the load, scrape again. Nothing is written here.
 
-`measure_cell` is the programmatic entry point (`dflash-bench run` and the sweep call it); it writes
-requests.jsonl, server_metrics.json and, last, summary.json into `cell_dir`.
+`measure` returns a `Measurement` (the records and counter snapshots); `client.summary.summarize_cell`
+turns it into a CellSummary and `client.summary.write_cell` writes both through the caller's SweepDir.
+`measure_cell` composes the three for callers that hold only a cell folder (tests, scripts).
 """
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -14,42 +16,58 @@ import orjson
 
 from dflash_bench.client.loadgen import LoadGenerator, LoadSettings, ProgressFn
 from dflash_bench.client.protocol import APIS, RequestSettings, chat_renderer
-from dflash_bench.client.transport import TRANSPORTS, Transport, make_transport
+from dflash_bench.client.transport import TRANSPORTS, Transport, make_transport, with_timeout
 from dflash_bench.errors import UserError
 from dflash_bench.metrics import prometheus
-from dflash_bench.metrics.acceptance import cell_acceptance
-from dflash_bench.metrics.definitions import failure_reasons, summarize
-from dflash_bench.store import TELEMETRY, CellSummary, SweepDir, now_iso
+from dflash_bench.store import CellSummary, RequestRecord, SweepDir, now_iso
 
 
-def measure_cell(url: str, prompts: Sequence, **options: Any) -> CellSummary:
-    """Measure `prompts` against the server at `url`; write and return the cell summary.
+@dataclass
+class Measurement:
+    """What one cell's load produced, before any aggregation."""
 
-    The options are `measure_cell_async`'s. Raises UserError when the server cannot be reached at all;
+    url: str
+    records: list[RequestRecord]
+    settings: dict[str, Any]
+    started_at: str
+    finished_at: str
+    t0: float  # perf_counter origin of the records' times (this host's monotonic clock)
+    snaps: dict[str, Any] = field(default_factory=dict)  # /metrics before, after, delta, error
+    telemetry: Any = None  # the GPU sampler that covered the measured window, if any
+
+
+def measure_cell(url: str, prompts: Sequence, *, cell_dir: Path, engine: str = "vllm", mode: str = "ar",
+                 suite: str | None = None, repeat: int = 0, **options: Any) -> CellSummary:
+    """Measure, summarise and write one cell into `cell_dir` (a `<sweep>/cells/<cell-id>` folder).
+
+    The options are `measure_async`'s. Raises UserError when the server cannot be reached at all;
     request failures during the cell are recorded (with their reasons) and counted instead."""
-    return asyncio.run(measure_cell_async(url, prompts, **options))
+    from dflash_bench.client.summary import summarize_cell, write_cell
+
+    cell_dir = Path(cell_dir)
+    m = asyncio.run(measure_async(url, prompts, **options))
+    summary = summarize_cell(m, cell_id=cell_dir.name, engine=engine, mode=mode,
+                             suite=suite or prompts[0].suite, concurrency=options["concurrency"], repeat=repeat)
+    write_cell(SweepDir(cell_dir.parent.parent), summary, m)
+    return summary
 
 
-async def measure_cell_async(url: str, prompts: Sequence, *, concurrency: int, cell_dir: Path, engine: str = "vllm",
-                             mode: str = "ar", suite: str | None = None, repeat: int = 0, max_tokens: int = 2048,
-                             temperature: float = 0.0, api: str = "chat", model: str | None = None,
-                             save_token_ids: bool = False, enable_thinking: bool | None = None, warmup: bool = True,
-                             request_rate: float | None = None, timeout: float | None = 600.0, seed: int = 0,
-                             transport: str = "auto", on_progress: ProgressFn | None = None, telemetry=None,
-                             tokenizer: str | None = None) -> CellSummary:
+def measure(url: str, prompts: Sequence, **options: Any) -> Measurement:
+    return asyncio.run(measure_async(url, prompts, **options))
+
+
+async def measure_async(url: str, prompts: Sequence, *, concurrency: int, max_tokens: int = 2048,
+                        temperature: float = 0.0, api: str = "chat", model: str | None = None,
+                        save_token_ids: bool = False, enable_thinking: bool | None = None, warmup: bool = True,
+                        request_rate: float | None = None, timeout: float | None = 600.0, seed: int = 0,
+                        transport: str = "auto", on_progress: ProgressFn | None = None, telemetry=None,
+                        tokenizer: str | None = None) -> Measurement:
     """One cell: warm-up, /metrics before, the measured load (GPU telemetry over it), /metrics after.
 
+    Every request, the /v1/models and /metrics ones included, obeys `timeout` (seconds; None: none).
     With api="generate" (SGLang native), `tokenizer` (a Hugging Face id or folder) renders the model's
-    chat template on the client; without it the raw prompt text is sent and the summary's settings say so."""
-    if api not in APIS:
-        raise UserError(f"unknown api {api!r}; choose one of {', '.join(APIS)}")
-    if transport not in TRANSPORTS:
-        raise UserError(f"unknown transport {transport!r}; choose one of {', '.join(TRANSPORTS)}")
-    if concurrency < 1:
-        raise UserError("concurrency must be at least 1")
-    if not prompts:
-        raise UserError("no prompts to send")
-    cell_dir = Path(cell_dir)
+    chat template on the client; without it the raw prompt text is sent and the settings say so."""
+    _check_options(api, transport, concurrency, prompts)
     settings = {"api": api, "max_tokens": max_tokens, "temperature": temperature, "save_token_ids": save_token_ids,
                 "enable_thinking": enable_thinking, "warmup": warmup, "request_rate": request_rate,
                 "timeout_s": timeout, "seed": seed, "transport": transport, "num_prompts": len(prompts)}
@@ -60,21 +78,14 @@ async def measure_cell_async(url: str, prompts: Sequence, *, concurrency: int, c
     started = now_iso()
     snaps: dict[str, Any] = {"url": url.rstrip("/") + "/metrics"}
     try:
-        settings["model"] = model or await _served_model(tr, url, api)
-        render = None
-        if api == "generate":
-            settings["prompt_rendering"] = f"chat template of {tokenizer}" if tokenizer else "raw text (no chat template)"
-            if tokenizer:
-                try:
-                    render = chat_renderer(tokenizer, enable_thinking)
-                except ValueError as err:
-                    raise UserError(str(err)) from None
+        settings["model"] = model or await served_model(tr, url, api, timeout)
         req = RequestSettings(api=api, model=settings["model"] or "", max_tokens=max_tokens, temperature=temperature,
-                              save_token_ids=save_token_ids, enable_thinking=enable_thinking, render=render)
+                              save_token_ids=save_token_ids, enable_thinking=enable_thinking,
+                              render=_renderer(api, tokenizer, enable_thinking, settings))
         load = LoadSettings(concurrency=concurrency, request_rate=request_rate, warmup=warmup, timeout=timeout, seed=seed)
 
         async def before() -> None:
-            snaps["before"], snaps["error"] = await _scrape(tr)
+            snaps["before"], snaps["error"] = await _scrape(tr, timeout)
             if telemetry is not None:  # GPU samples cover the measured window only
                 telemetry.start()
 
@@ -84,52 +95,47 @@ async def measure_cell_async(url: str, prompts: Sequence, *, concurrency: int, c
         finally:
             if telemetry is not None:
                 telemetry.stop()
-        after, err = await _scrape(tr)
-        snaps["after"] = after
+        snaps["after"], err = await _scrape(tr, timeout)
         snaps["error"] = snaps.get("error") or err
     finally:
         await tr.close()
-    if snaps.get("before") and after:
-        snaps["delta"] = prometheus.delta(snaps["before"], after)
-    summary = CellSummary(cell_id=cell_dir.name, engine=engine, mode=mode, suite=suite or prompts[0].suite,
-                          concurrency=concurrency, repeat=repeat, url=url, started_at=started, finished_at=now_iso(),
-                          settings=settings, **summarize(result.records),
-                          **cell_acceptance(engine, snaps.get("delta"), result.records))
-    if telemetry is not None:
-        _add_energy(summary, telemetry, cell_dir)
-    summary.synthetic_acceptance = (snaps.get("after") or {}).get("gauges", {}).get(SYNTHETIC_GAUGE)
-    reasons = failure_reasons(result.records)
-    summary.failures = reasons
-    # the records' time origin on this host's monotonic clock (time.perf_counter), to line them up with
-    # server-side logs or other samples taken on the same host
-    summary.clock_origin_monotonic_s = result.t0
-    summary.server_metrics_error = snaps.get("error") or None
-    if summary.num_ok == 0:
-        summary.status = "failed"
-        summary.failure_reason = "every measured request failed: " + ", ".join(f"{k} ({v})" for k, v in reasons.items())
-    store = SweepDir(cell_dir.parent.parent)
-    store.write_requests(cell_dir.name, result.records)
-    store.write_server_metrics(cell_dir.name, snaps)
-    store.write_summary(summary)
-    return summary
+    if snaps.get("before") and snaps.get("after"):
+        snaps["delta"] = prometheus.delta(snaps["before"], snaps["after"])
+    return Measurement(url=url, records=result.records, settings=settings, started_at=started, finished_at=now_iso(),
+                       t0=result.t0, snaps=snaps, telemetry=telemetry)
 
 
-SYNTHETIC_GAUGE = "dflash_bench:synthetic_acceptance"  # the builtin engine's benchmarking-only label
+def _check_options(api: str, transport: str, concurrency: int, prompts: Sequence) -> None:
+    if api not in APIS:
+        raise UserError(f"unknown api {api!r}; choose one of {', '.join(APIS)}")
+    if transport not in TRANSPORTS:
+        raise UserError(f"unknown transport {transport!r}; choose one of {', '.join(TRANSPORTS)}")
+    if concurrency < 1:
+        raise UserError("concurrency must be at least 1")
+    if not prompts:
+        raise UserError("no prompts to send")
 
 
-def _add_energy(summary: CellSummary, sampler, cell_dir: Path) -> None:
-    """Energy of the measured window from the GPU samples; telemetry.csv beside the summary."""
-    energy = sampler.summarize(summary.total_output_tokens)
-    sampler.write_csv(cell_dir / TELEMETRY)
-    for key, value in (energy.summary_fields() | energy.extra_fields()).items():
-        setattr(summary, key, value)
+def _renderer(api: str, tokenizer: str | None, enable_thinking: bool | None, settings: dict[str, Any]):
+    if api != "generate":
+        return None
+    settings["prompt_rendering"] = f"chat template of {tokenizer}" if tokenizer else "raw text (no chat template)"
+    if not tokenizer:
+        return None
+    try:
+        return chat_renderer(tokenizer, enable_thinking)
+    except ValueError as err:
+        raise UserError(str(err)) from None
 
 
-async def _served_model(tr: Transport, url: str, api: str) -> str | None:
+async def served_model(tr: Transport, url: str, api: str, timeout: float | None) -> str | None:
     """The first served model name from /v1/models; a server that cannot be reached is a UserError."""
     try:
-        status, body = await asyncio.wait_for(tr.get("/v1/models"), 30)
-    except Exception as err:  # noqa: BLE001 - OS, timeout, aiohttp/httpx connection errors alike
+        status, body = await with_timeout(tr.get("/v1/models"), timeout)
+    except TimeoutError:
+        raise UserError(f"the server at {url} accepted the connection but did not answer GET /v1/models "
+                        f"within {timeout:g} s (--timeout); is it ready?") from None
+    except Exception as err:  # noqa: BLE001 - OS and aiohttp/httpx connection errors alike
         why = str(err).split("[", 1)[-1].rstrip("]")[:120] or type(err).__name__
         raise UserError(f"cannot reach the server at {url} ({why}); is it running and ready?") from None
     if status == 200:
@@ -144,9 +150,11 @@ async def _served_model(tr: Transport, url: str, api: str) -> str | None:
     raise UserError(f"the server at {url} did not list a model at /v1/models (HTTP {status}); pass --model")
 
 
-async def _scrape(tr: Transport) -> tuple[dict | None, str | None]:
+async def _scrape(tr: Transport, timeout: float | None) -> tuple[dict | None, str | None]:
     try:
-        status, body = await asyncio.wait_for(tr.get("/metrics"), 30)
+        status, body = await with_timeout(tr.get("/metrics"), timeout)
+    except TimeoutError:
+        return None, f"/metrics did not answer within {timeout:g} s"
     except Exception as err:  # noqa: BLE001 - any failure means "no counters", recorded with its reason
         return None, f"/metrics unreachable: {type(err).__name__}"
     if status != 200:

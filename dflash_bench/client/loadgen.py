@@ -69,6 +69,8 @@ class LoadGenerator:
             st.error = "stream ended before [DONE] (dropped by the server)"
         if st.error is None and st.output_tokens is None:
             st.error = "the server sent no usage (token counts); cannot measure this request"
+        if st.error is None:
+            st.finish_tokens()
         t_end = st.t_end if st.t_end is not None else time.perf_counter()
         self.records.append(self._record(st, prompt_id, turn, warmup, t_send, t_end))
         if not warmup:
@@ -86,8 +88,10 @@ class LoadGenerator:
         rel = lambda t: None if t is None else round(t - t0, 6)  # noqa: E731
         return RequestRecord(
             request_id=f"{'w' if warmup else 'r'}{self._seq}", prompt_id=prompt_id, turn=turn, warmup=warmup,
-            t_send=rel(t_send), t_first_byte=rel(st.t_first_byte), t_first_token=rel(st.t_first_token),
+            t_send=rel(t_send), t_write=rel(st.t_write),
+            connect_ms=None if st.connect_s is None else round(st.connect_s * 1000.0, 3), t_first_byte=rel(st.t_first_byte), t_first_token=rel(st.t_first_token),
             t_end=rel(t_end), chunk_times=[round(t - t0, 6) for t in st.times], chunk_tokens=st.tokens,
+            chunk_tokens_from=st.tokens_from if st.tokens else None,
             prompt_tokens=st.prompt_tokens, output_tokens=st.output_tokens, finish_reason=st.finish,
             error=st.error, spec_verify_ct=st.spec_steps, spec_accepted_tokens=st.spec_accepted,
             output_text=st.output_text(), token_ids=st.ids, top_logprobs=st.tops)

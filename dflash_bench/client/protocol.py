@@ -97,7 +97,7 @@ class Stream:
 
     __slots__ = ("api", "want_ids", "times", "tokens", "t_first_byte", "t_first_token", "t_end", "pieces",
                  "text", "prompt_tokens", "output_tokens", "finish", "error", "done", "ids", "tops",
-                 "spec_steps", "spec_accepted")
+                 "spec_steps", "spec_accepted", "chars", "tokens_from", "t_write", "connect_s")
 
     def __init__(self, api: str, want_ids: bool):
         self.api = api
@@ -118,6 +118,10 @@ class Stream:
         self.tops: list[list[tuple[int, float]]] | None = [] if want_ids else None
         self.spec_steps: int | None = None
         self.spec_accepted: int | None = None
+        self.chars: list[int] = []  # cumulative characters after each content chunk that carried no usage
+        self.tokens_from: str | None = None  # where `tokens` came from: "usage" or "text" (see finish_tokens)
+        self.t_write: float | None = None  # when the transport wrote the request (after connecting)
+        self.connect_s: float | None = None  # the TCP connect this request waited for; None: a reused connection
 
     def output_text(self) -> str:
         return self.text if self.text is not None else "".join(self.pieces)
@@ -190,14 +194,38 @@ class Stream:
                 self._openai_ids(lp)
             if usage and usage.get("completion_tokens"):
                 self._token_chunk(t, usage["completion_tokens"])
-            elif not usage and (piece or thought) and self.t_first_token is None:
-                self.t_first_token = t  # a server without per-chunk usage: first content still counts
+            elif not usage and (piece or thought):  # no per-chunk usage: keep the text's size (finish_tokens)
+                if self.t_first_token is None:
+                    self.t_first_token = t
                 self.times.append(t)
+                self.chars.append((self.chars[-1] if self.chars else 0) + len(piece or "") + len(thought or ""))
         elif usage:  # the trailing usage chunk
             spec = (obj.get("metrics") or {}).get("speculative_decoding")
             if spec:
                 self.spec_steps = spec.get("num_spec_steps")
                 self.spec_accepted = spec.get("num_accepted_draft_tokens")
+
+    def finish_tokens(self) -> None:
+        """Cumulative tokens per chunk once the stream ended. Without per-chunk usage, the final usage
+        total is spread over the chunks by the characters each carried (one token per chunk when the
+        counts match), as vLLM's bench serve and guidellm derive per-token latency from text."""
+        if self.tokens:
+            self.tokens_from = "usage"
+            return
+        n, chars = self.output_tokens, self.chars
+        if not n or not chars or len(chars) != len(self.times):
+            return
+        if len(chars) == n:
+            self.tokens = list(range(1, n + 1))
+        else:
+            total = chars[-1] or 1
+            cum, prev = [], 0
+            for c in chars:
+                prev = max(prev, min(n, round(n * c / total)), 1 if not cum else 0)
+                cum.append(prev)
+            cum[-1] = n
+            self.tokens = cum
+        self.tokens_from = "text"
 
     def _openai_ids(self, lp: dict) -> None:
         if self.api == "chat":

@@ -176,17 +176,20 @@ class RawTransport:
         self.idle: list[_Conn] = []
         self.all: set[_Conn] = set()
 
-    async def _acquire(self) -> tuple[_Conn, bool]:
+    async def _acquire(self, st: Stream | None = None) -> tuple[_Conn, bool]:
         while self.idle:
             c = self.idle.pop()
             if not c.closed:
                 return c, True
         loop = asyncio.get_running_loop()
+        t = _clock()
         try:
             _, conn = await loop.create_connection(lambda: _Conn(self), self.host, self.port)
         except OSError as err:
             raise ConnectionError(f"cannot connect to {self.host}:{self.port}: {err.strerror or err}") from None
         self.all.add(conn)
+        if st is not None:  # the connect is its own figure, never part of TTFT
+            st.connect_s = (st.connect_s or 0.0) + _clock() - t
         return conn, False
 
     def _release(self, c: _Conn) -> None:
@@ -199,8 +202,10 @@ class RawTransport:
         head = b"%s %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\n" \
                b"Content-Length: %d\r\n\r\n" % (method, (self.prefix + path).encode(), self.hosthdr, len(body))
         while True:
-            c, reused = await self._acquire()
+            c, reused = await self._acquire(st)
             r = c.resp = _Response(st, asyncio.get_running_loop().create_future())
+            if st is not None:
+                st.t_write = _clock()
             c.tr.write(head + body)
             try:
                 return await r.fut

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from dflash_bench.client.cell import Measurement, measure
+from dflash_bench.client.summary import summarize_cell, write_cell
 from dflash_bench.errors import UserError
 from dflash_bench.store import CellPlan, CellSummary, Manifest, SweepDir, cell_id
+from dflash_bench.store.lock import WriterLock
 
 ENGINES = ("vllm", "sglang", "builtin", "emulator")  # how acceptance is read: see metrics/acceptance.py
 
@@ -16,55 +20,67 @@ ENGINES = ("vllm", "sglang", "builtin", "emulator")  # how acceptance is read: s
 def run_one(*, url: str, suite: str, concurrency: int, num_prompts: int | None, max_tokens: int, temperature: float,
             label: str, engine: str, api: str, save_token_ids: bool, enable_thinking: bool | None, out: Path,
             name: str | None, data_dir: Path | None, seed: int, request_rate: float | None, timeout: float,
-            warmup: bool, model: str | None, transport: str, tokenizer: str | None = None, quiet: bool = False) -> Path:
-    """Load the prompts, measure the cell into `<out>/<name>/cells/<cell-id>/`, print a summary; return the cell dir."""
-    from dflash_bench.client.cell import measure_cell
+            warmup: bool, model: str | None, transport: str, tokenizer: str | None = None,
+            quiet: bool = False) -> tuple[Path, CellSummary]:
+    """Load the prompts, measure the cell into `<out>/<name>/cells/<cell-id>/`, print a summary.
+
+    Returns the cell folder and its summary (the caller exits non-zero when the cell failed). The folder
+    is locked while this runs; one made here and left with nothing measured is removed again."""
     from dflash_bench.suites import load_prompts
+
+    _check_options(url, label, engine, api, transport)
+    _probe(url, timeout)
+    prompts = load_prompts(suite, data_dir=data_dir, num_prompts=num_prompts, seed=seed)
+    name = name or "run-" + datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    cid = cell_id(engine, label, suite, concurrency)
+    sweep, manifest, lock, fresh = _open_or_create(Path(out) / name, cid)
+    try:
+        plan = CellPlan(cell_id=cid, engine=engine, mode=label, suite=suite, concurrency=concurrency, status="running")
+        manifest.plan = [c for c in manifest.plan if c.cell_id != cid] + [plan]
+        sweep.write_manifest(manifest)
+        try:
+            m = _measure_with_progress(quiet, cid, url, prompts, concurrency=concurrency, max_tokens=max_tokens,
+                                       temperature=temperature, api=api, model=model, save_token_ids=save_token_ids,
+                                       enable_thinking=enable_thinking, warmup=warmup, request_rate=request_rate,
+                                       timeout=timeout, seed=seed, transport=transport, tokenizer=tokenizer)
+        except (UserError, KeyboardInterrupt) as err:
+            if fresh:  # nothing was measured: leave no empty sweep folder behind
+                shutil.rmtree(sweep.path, ignore_errors=True)
+            else:
+                plan.status, plan.reason = "failed", str(err) or "interrupted"
+                manifest.status = "failed" if isinstance(err, UserError) else "interrupted"
+                sweep.write_manifest(manifest)
+            raise
+        summary = summarize_cell(m, cell_id=cid, engine=engine, mode=label, suite=suite, concurrency=concurrency)
+        write_cell(sweep, summary, m)
+        plan.status, plan.reason = summary.status, summary.failure_reason
+        manifest.status = "complete" if all(c.status == "complete" for c in manifest.plan) else "failed"
+        sweep.write_manifest(manifest)
+        sweep.write_results_csv()
+    finally:
+        lock.release()
+    if not quiet:
+        print_summary(summary, sweep.cell_dir(cid))
+    return sweep.cell_dir(cid), summary
+
+
+def _check_options(url: str, label: str, engine: str, api: str, transport: str) -> None:
+    from dflash_bench.client.protocol import APIS
+    from dflash_bench.client.transport import TRANSPORTS
 
     if label not in ("ar", "dflash"):
         raise UserError(f"--label must be 'ar' or 'dflash', not {label!r}")
     if engine not in ENGINES:
         raise UserError(f"--engine must be one of {', '.join(ENGINES)}, not {engine!r}")
-    from dflash_bench.client.protocol import APIS
-    from dflash_bench.client.transport import TRANSPORTS
-
     if api not in APIS:
         raise UserError(f"unknown api {api!r}; choose one of {', '.join(APIS)}")
     if transport not in TRANSPORTS:
         raise UserError(f"unknown transport {transport!r}; choose one of {', '.join(TRANSPORTS)}")
     if not url.startswith(("http://", "https://")):
         raise UserError(f"--url must start with http:// or https:// (got {url!r})")
-    _probe(url)
-    prompts = load_prompts(suite, data_dir=data_dir, num_prompts=num_prompts, seed=seed)
-    name = name or "run-" + datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    cid = cell_id(engine, label, suite, concurrency)
-    sweep, manifest = _open_or_create(Path(out) / name, cid)
-    plan = CellPlan(cell_id=cid, engine=engine, mode=label, suite=suite, concurrency=concurrency, status="running")
-    manifest.plan = [c for c in manifest.plan if c.cell_id != cid] + [plan]
-    sweep.write_manifest(manifest)
-    try:
-        summary = _measure_with_progress(measure_cell, quiet, url, prompts, concurrency=concurrency,
-                                         cell_dir=sweep.cell_dir(cid), engine=engine, mode=label, suite=suite,
-                                         max_tokens=max_tokens, temperature=temperature, api=api, model=model,
-                                         save_token_ids=save_token_ids, enable_thinking=enable_thinking,
-                                         warmup=warmup, request_rate=request_rate, timeout=timeout, seed=seed,
-                                         transport=transport, tokenizer=tokenizer)
-    except (UserError, KeyboardInterrupt) as err:
-        plan.status, plan.reason = "failed", str(err) or "interrupted"
-        manifest.status = "failed" if isinstance(err, UserError) else "interrupted"
-        sweep.write_manifest(manifest)
-        raise
-    plan.status = "complete" if summary.status == "complete" else "failed"
-    plan.reason = summary.failure_reason
-    manifest.status = "complete" if all(c.status == "complete" for c in manifest.plan) else "failed"
-    sweep.write_manifest(manifest)
-    sweep.write_results_csv()
-    if not quiet:
-        print_summary(summary, sweep.cell_dir(cid))
-    return sweep.cell_dir(cid)
 
 
-def _probe(url: str) -> None:
+def _probe(url: str, timeout: float) -> None:
     """Refuse an unreachable server before anything is written to disk."""
     import socket
     from urllib.parse import urlsplit
@@ -72,33 +88,37 @@ def _probe(url: str) -> None:
     u = urlsplit(url)
     port = u.port or (443 if u.scheme == "https" else 80)
     try:
-        socket.create_connection((u.hostname or "127.0.0.1", port), timeout=10).close()
+        socket.create_connection((u.hostname or "127.0.0.1", port), timeout=timeout).close()
     except OSError as err:
         raise UserError(f"cannot reach the server at {url} ({err.strerror or err}); is it running and ready?") from None
 
 
-def _open_or_create(path: Path, cid: str) -> tuple[SweepDir, Manifest]:
+def _open_or_create(path: Path, cid: str) -> tuple[SweepDir, Manifest, WriterLock, bool]:
+    """The folder and its writer's lock, held by this process; True when the folder was made here."""
+    from dflash_bench.store.lock import create_locked, open_locked
+
     if (path / "manifest.json").exists():
-        sweep = SweepDir.open(path)
+        sweep, lock = open_locked(path)
         if sweep.is_complete(cid):
+            lock.release()
             raise UserError(f"{path} already holds a measured cell {cid}; choose another --name or --label")
-        return sweep, sweep.read_manifest()
+        return sweep, sweep.read_manifest(), lock, False
     from dflash_bench.sweep.provenance import redact
 
-    manifest = Manifest(sweep_id=path.name, command_line=redact(sys.argv))
-    return SweepDir.create(path, manifest), manifest
+    sweep, lock = create_locked(path, Manifest(sweep_id=path.name, command_line=redact(sys.argv)))
+    return sweep, sweep.read_manifest(), lock, True
 
 
-def _measure_with_progress(measure_cell, quiet: bool, url: str, prompts, **kw) -> CellSummary:
+def _measure_with_progress(quiet: bool, cid: str, url: str, prompts, **kw) -> Measurement:
     if quiet:
-        return measure_cell(url, prompts, **kw)
+        return measure(url, prompts, **kw)
     from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     total = sum(len(p.turns) for p in prompts)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), transient=True) as bar:
-        task = bar.add_task(escape(kw["cell_dir"].name), total=total, rate="")
+        task = bar.add_task(escape(cid), total=total, rate="")
         last = [0.0]
 
         def on_progress(done: int, _total: int, tokens: int, elapsed: float) -> None:
@@ -107,11 +127,16 @@ def _measure_with_progress(measure_cell, quiet: bool, url: str, prompts, **kw) -
                 last[0] = now
                 bar.update(task, completed=done, rate=f"{tokens / elapsed:,.0f} tok/s" if elapsed > 0 else "")
 
-        return measure_cell(url, prompts, on_progress=on_progress, **kw)
+        return measure(url, prompts, on_progress=on_progress, **kw)
 
 
 def _fmt(v: float | None, spec: str = ".1f") -> str:
     return "-" if v is None else format(v, spec)
+
+
+ROWS = (("TTFT ms", "ttft_ms"), ("TPOT ms", "tpot_ms"), ("per-token latency ms", "itl_ms"),
+        ("chunk gap ms", "chunk_gap_ms"), ("E2E ms", "e2e_ms"), ("tok/s/user", "tok_s_user"),
+        ("tokens/chunk", "tokens_per_chunk"), ("TCP connect ms", "connect_ms"))
 
 
 def print_summary(s: CellSummary, cell_dir: Path) -> None:
@@ -120,13 +145,14 @@ def print_summary(s: CellSummary, cell_dir: Path) -> None:
     from rich.table import Table
 
     t = Table(title=f"{escape(s.cell_id)}  ({s.num_ok} ok, {s.num_failed} failed, {_fmt(s.duration_s, '.2f')} s)")
-    for col in ("metric", "mean", "p50", "p90", "p99"):
-        t.add_column(col, justify="right" if col != "metric" else "left")
-    for name, stat in (("TTFT ms", s.ttft_ms), ("TPOT ms", s.tpot_ms), ("per-token latency ms", s.itl_ms),
-                       ("chunk gap ms", s.chunk_gap_ms), ("E2E ms", s.e2e_ms), ("tok/s/user", s.tok_s_user),
-                       ("tokens/chunk", s.tokens_per_chunk)):
+    for col in ("metric", "mean", "p50", "p90", "p99", "note"):
+        t.add_column(col, justify="right" if col not in ("metric", "note") else "left")
+    for name, key in ROWS:
+        stat, why = getattr(s, key), s.not_measured.get(key)
         if stat is not None:
-            t.add_row(name, _fmt(stat.mean), _fmt(stat.p50), _fmt(stat.p90), _fmt(stat.p99))
+            t.add_row(name, _fmt(stat.mean), _fmt(stat.p50), _fmt(stat.p90), _fmt(stat.p99), escape(why or ""))
+        elif why:
+            t.add_row(name, "-", "-", "-", "-", f"[yellow]not measured: {escape(why)}[/]")
     con = Console()
     con.print(t)
     con.print(f"output throughput: {_fmt(s.output_throughput)} tok/s   requests: {_fmt(s.request_throughput, '.2f')} req/s")
@@ -135,7 +161,11 @@ def print_summary(s: CellSummary, cell_dir: Path) -> None:
                   + (f", request-weighted {s.acceptance_length_req_weighted:.3f}" if s.acceptance_length_req_weighted else ""))
     else:
         con.print("acceptance length tau: absent (the server reported no speculative counters)")
+    if s.dflash_warning:
+        con.print(f"[bold red]WARNING: DFlash not in effect: {escape(s.dflash_warning)}[/]", highlight=False)
     if s.num_failed:
         reasons = escape(", ".join(f"{k} ({v})" for k, v in s.failures.items()))
         con.print(f"[yellow]{s.num_failed} request(s) failed: {reasons}[/yellow]", markup=True, highlight=False)
+    if s.status == "failed":
+        con.print(f"[bold red]cell failed: {escape(s.failure_reason or '')}[/]", highlight=False)
     con.print(f"written to {escape(str(cell_dir))}", highlight=False)

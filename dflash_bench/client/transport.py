@@ -46,11 +46,11 @@ class AiohttpTransport:
         self.base = base_url.rstrip("/")
         conn = aiohttp.TCPConnector(limit=connections, limit_per_host=connections, ttl_dns_cache=3600)
         self.session = aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=None),
-                                             auto_decompress=False)
+                                             auto_decompress=False, trace_configs=[_aiohttp_trace(aiohttp)])
 
     async def stream(self, path: str, body: bytes, st: Stream) -> None:
         try:
-            async with self.session.post(self.base + path, data=body, headers=_HEADERS) as resp:
+            async with self.session.post(self.base + path, data=body, headers=_HEADERS, trace_request_ctx=st) as resp:
                 if resp.status != 200:
                     st.error = _error_message(resp.status, await resp.read())
                     return
@@ -66,6 +66,44 @@ class AiohttpTransport:
 
     async def close(self) -> None:
         await self.session.close()
+
+
+def _aiohttp_trace(aiohttp):
+    """Connect time and the moment the request was written, onto the request's Stream (see rawhttp)."""
+    config = aiohttp.TraceConfig()
+
+    async def connect_start(session, ctx, params) -> None:  # noqa: ARG001
+        ctx.t_connect = time.perf_counter()
+
+    async def connect_end(session, ctx, params) -> None:  # noqa: ARG001
+        st = ctx.trace_request_ctx
+        if isinstance(st, Stream):
+            st.connect_s = (st.connect_s or 0.0) + time.perf_counter() - ctx.t_connect
+
+    async def headers_sent(session, ctx, params) -> None:  # noqa: ARG001
+        st = ctx.trace_request_ctx
+        if isinstance(st, Stream):
+            st.t_write = time.perf_counter()
+
+    config.on_connection_create_start.append(connect_start)
+    config.on_connection_create_end.append(connect_end)
+    config.on_request_headers_sent.append(headers_sent)
+    return config
+
+
+def _httpx_trace(st: Stream):
+    """httpx's per-request trace extension: connect time and the request's write, onto `st`."""
+    started = [0.0]
+
+    async def trace(event: str, info: dict) -> None:  # noqa: ARG001
+        if event == "connection.connect_tcp.started":
+            started[0] = time.perf_counter()
+        elif event == "connection.connect_tcp.complete":
+            st.connect_s = (st.connect_s or 0.0) + time.perf_counter() - started[0]
+        elif event == "http11.send_request_headers.started":
+            st.t_write = time.perf_counter()
+
+    return trace
 
 
 async def _read_sse(st: Stream, chunks) -> None:
@@ -93,7 +131,8 @@ class HttpxTransport:
 
     async def stream(self, path: str, body: bytes, st: Stream) -> None:
         try:
-            async with self.client.stream("POST", path, content=body, headers=_HEADERS) as resp:
+            async with self.client.stream("POST", path, content=body, headers=_HEADERS,
+                                          extensions={"trace": _httpx_trace(st)}) as resp:
                 if resp.status_code != 200:
                     st.error = _error_message(resp.status_code, await resp.aread())
                     return

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import threading
@@ -20,11 +21,35 @@ LOG_TAIL_LINES = 40
 
 
 class ServerDied(UserError):
-    """The server exited (during start-up or while a cell ran). The message carries its log tail."""
+    """The server exited (during start-up or while a cell ran). The message carries its log tail;
+    `reason` is the one-line version a failed cell keeps: the message and the log lines that explain it."""
 
     def __init__(self, message: str, log_tail: str = "") -> None:
         self.log_tail = log_tail
+        why = explain(log_tail)
+        self.reason = f"{message}: {why}" if why else message
         super().__init__(f"{message}; last lines of its log:\n{log_tail}" if log_tail else message)
+
+
+# a line that says why a process ended, most telling first (a log's last line is usually just noise:
+# a shutdown message, a progress bar, "listening on ...")
+_WHY = re.compile(r"Traceback \(most recent call last\)|\b\w*(Error|Exception|Exit)\b|\berror\b|\bfatal\b|"
+                  r"out of memory|\bOOM\b|Killed|Segmentation fault|core dumped|Aborted|panic", re.IGNORECASE)
+
+
+def explain(log_tail: str, limit: int = 600) -> str:
+    """The lines of a log tail that explain an exit: a traceback's last frame and its exception, or the
+    last error lines; '' when nothing in it looks like a cause (the exit code must speak for itself)."""
+    lines = [ln.strip() for ln in log_tail.splitlines() if ln.strip()]
+    tb = max((i for i, ln in enumerate(lines) if ln.startswith("Traceback (most recent call last)")), default=None)
+    if tb is not None:
+        body = lines[tb + 1:]
+        exc = [ln for ln in body if not ln.startswith(("File ", "^", "~")) and _WHY.search(ln)]
+        frames = [ln for ln in body if ln.startswith("File ")]
+        picked = ([frames[-1]] if frames else []) + (exc[-1:] or body[-1:])
+    else:
+        picked = [ln for ln in lines if _WHY.search(ln)][-3:]
+    return " | ".join(picked)[:limit]
 
 
 class ServerNotReady(ServerDied):

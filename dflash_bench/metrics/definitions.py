@@ -5,11 +5,14 @@ Over a cell's measured requests (warm-up excluded):
 - output throughput = sum of output tokens of successful requests / (last completion - first dispatch).
   Output tokens come from the server's usage, never from counting chunks.
 - request throughput = successful requests / the same window.
-- TTFT = first content chunk - request sent.
+- TTFT = first content chunk - request written (after any TCP connect, which is its own figure,
+  connect_ms: with --no-warmup the first request of each connection would otherwise count it).
 - TPOT = (E2E - TTFT) / (output tokens - 1), per request with more than one output token.
 - tok/s/user = 1000 / TPOT (ms), per request, then percentiles.
 - per-token latency (itl_ms) = each chunk gap divided over the tokens that chunk carries (from cumulative
   usage), one sample per token; chunk gaps are kept as their own metric (a verify step under SD).
+  A server that sends no per-chunk usage gets its tokens spread over the chunks by the characters each
+  carried (the final usage total is exact), as vLLM's bench serve and guidellm do; `not_measured` says so.
 - tokens per chunk = tokens carried by each chunk after the first token chunk.
 - E2E = stream end - request sent.
 """
@@ -23,7 +26,8 @@ from dflash_bench.store import RequestRecord
 
 
 def ttft_ms(r: RequestRecord) -> float | None:
-    return None if r.t_first_token is None else (r.t_first_token - r.t_send) * 1000.0
+    start = r.t_write if r.t_write is not None else r.t_send
+    return None if r.t_first_token is None else (r.t_first_token - start) * 1000.0
 
 
 def e2e_ms(r: RequestRecord) -> float | None:
@@ -72,7 +76,31 @@ def summarize(records: Sequence[RequestRecord]) -> dict[str, Any]:
     out["itl_ms"] = describe_weighted([(g / k, k) for g, k in gaps if k > 0])
     out["chunk_gap_ms"] = describe([g for g, _ in gaps])
     out["tokens_per_chunk"] = describe([k for _, k in gaps])
+    out["connect_ms"] = describe([r.connect_ms for r in measured if r.connect_ms is not None])
     return out
+
+
+CHUNK_METRICS = ("itl_ms", "chunk_gap_ms", "tokens_per_chunk")
+
+
+def not_measured(records: Sequence[RequestRecord]) -> dict[str, str]:
+    """The per-chunk figures that are missing or estimated, each with why (shown in tables and the report)."""
+    ok = [r for r in records if not r.warmup and r.ok]
+    if not ok:
+        return {}
+    if not any(chunk_gaps(r) for r in ok):
+        if all(len(r.chunk_times) < 2 for r in ok):
+            why = "every response came in one content chunk: there is no gap between chunks to measure"
+        else:
+            why = "the server sent no token counts per chunk and the chunks carried no text to spread them by"
+        return {m: why for m in CHUNK_METRICS}
+    estimated = sum(r.chunk_tokens_from == "text" for r in ok)
+    if estimated:
+        why = (f"derived for {estimated} of {len(ok)} requests: the server sent no per-chunk usage, so each "
+               "response's token total is spread over its chunks (one per chunk where the counts match, else by "
+               "the characters each carried)")
+        return {"itl_ms": why, "tokens_per_chunk": why}
+    return {}
 
 
 def failure_reasons(records: Sequence[RequestRecord]) -> dict[str, int]:

@@ -102,12 +102,15 @@ class RequestRecord(BaseModel):
     prompt_id: str
     turn: int = 0
     warmup: bool = False
-    t_send: float
+    t_send: float  # dispatch (the throughput window starts at the first one)
+    t_write: float | None = None  # the request's bytes handed to the socket, after any connect: TTFT starts here
+    connect_ms: float | None = None  # TCP connect this request waited for (None: it reused a connection)
     t_first_byte: float | None = None  # first byte of the response body
     t_first_token: float | None = None  # first chunk that carried content
     t_end: float | None = None
     chunk_times: list[float] = Field(default_factory=list)
     chunk_tokens: list[int] = Field(default_factory=list)  # cumulative output tokens after each chunk
+    chunk_tokens_from: Literal["usage", "text"] | None = None  # text: no per-chunk usage, spread by characters
     prompt_tokens: int | None = None  # from the server's usage, never counted by the client
     output_tokens: int | None = None
     finish_reason: str | None = None
@@ -254,6 +257,7 @@ class CellSummary(CellKey):
     e2e_ms: Stat | None = None
     tok_s_user: Stat | None = None  # 1000 / TPOT per request
     tokens_per_chunk: Stat | None = None
+    connect_ms: Stat | None = None  # TCP connects requests waited for (kept out of TTFT)
 
     acceptance_length: float | None = None  # tau; None when the server has no speculative counters
     acceptance_length_req_weighted: float | None = None
@@ -269,6 +273,10 @@ class CellSummary(CellKey):
     failures: dict[str, int] = Field(default_factory=dict)  # failure kind -> count of measured requests
     clock_origin_monotonic_s: float | None = None  # records' time origin on this host's time.perf_counter
     server_metrics_error: str | None = None  # why /metrics could not be scraped
+    # figures that could not be measured, and why (e.g. itl_ms: the server sent no per-chunk usage)
+    not_measured: dict[str, str] = Field(default_factory=dict)
+    # a DFlash cell that shows no sign of speculation (no acceptance source, or tau ~ 1): the silent fallback to AR
+    dflash_warning: str | None = None
 
     telemetry: str | None = None  # "on" or why it is off
     energy_j: float | None = None
@@ -296,4 +304,4 @@ class CellSummary(CellKey):
     accuracy: AccuracySummary | None = None  # scorable suites, after quality/accuracy.py
 
 
-STAT_FIELDS = ("ttft_ms", "tpot_ms", "itl_ms", "chunk_gap_ms", "e2e_ms", "tok_s_user", "tokens_per_chunk")
+STAT_FIELDS = ("ttft_ms", "tpot_ms", "itl_ms", "chunk_gap_ms", "e2e_ms", "tok_s_user", "tokens_per_chunk", "connect_ms")

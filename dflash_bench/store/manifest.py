@@ -30,6 +30,7 @@ class SweepSettings(BaseModel):
     gpu: str = "generic"  # preset name for engine flags
     runner: str = "docker"  # docker | process
     port: int | None = None  # port of launched servers (None: the engine's default)
+    image: str | None = None  # container image of launched servers (None: the engine's pinned one)
     url_ar: str | None = None
     url_dflash: str | None = None
     save_token_ids: bool = False

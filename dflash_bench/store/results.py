@@ -47,7 +47,7 @@ def _columns() -> dict[str, Any]:
         elif name == "accuracy":
             cols.update({f"accuracy_{k}": t for k, t in _scalar_fields(AccuracySummary).items()})
             cols.update({f"accuracy_vs_ar_{k}": t for k, t in _scalar_fields(PairedDiff).items()})
-        elif name == "failures":
+        elif name in ("failures", "not_measured"):  # "key: value; ..." text, never JSON
             cols[name] = str
         elif name == "acceptance_per_position":
             cols[name] = list[float]
@@ -96,8 +96,8 @@ def _value(data: dict[str, Any], col: str) -> Any:
         if col.startswith(prefix + "_") and prefix != col:
             part = _section(data, prefix)
             return part.get(col[len(prefix) + 1:]) if isinstance(part, dict) else None
-    if col == "failures":
-        return "; ".join(f"{k}: {v}" for k, v in data["failures"].items()) or None
+    if col in ("failures", "not_measured"):
+        return "; ".join(f"{k}: {v}" for k, v in data[col].items()) or None
     return data.get(col)
 
 

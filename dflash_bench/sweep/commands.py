@@ -20,7 +20,10 @@ DEMO_CONCURRENCY = [1, 8, 32]
 def sweep_command(options: dict[str, Any], *, out: Path, resume: Path | None, dry_run: bool,
                   data_dir: Path | None, image: str | None) -> int:
     """Options given on the command line (None = not given) -> run or print the sweep; the exit code."""
-    settings = _settings(options, resume)
+    if resume is not None and image is None:  # the saved image is taken back, like every other setting
+        saved = SweepDir.open(resume).read_manifest().settings
+        image = saved.image if saved is not None else None
+    settings = _settings(options, resume, image)
     if dry_run:
         print_plan(settings, image)
         return 0
@@ -30,11 +33,16 @@ def sweep_command(options: dict[str, Any], *, out: Path, resume: Path | None, dr
     return result.exit_code
 
 
-def _settings(options: dict[str, Any], resume: Path | None) -> SweepSettings:
+def _settings(options: dict[str, Any], resume: Path | None, image: str | None = None) -> SweepSettings:
     given = {k: v for k, v in options.items() if v is not None and v != []}
+    if image is not None:
+        given["image"] = image
     if resume is not None:
-        saved = SweepDir.open(resume).read_manifest().settings
-        merged = {**(saved.identity() if saved else {}), **given}
+        from dflash_bench.sweep.run import check_has_plan
+
+        manifest = SweepDir.open(resume).read_manifest()
+        check_has_plan(manifest, resume)
+        merged = {**manifest.settings.model_dump(), **given}  # every option not given again is the sweep's own
         return _validated(merged)
     if "model" not in given:
         raise UserError("pass --model (a short name from `dflash-bench models`, a Hugging Face id or a folder)")

@@ -3,6 +3,7 @@ and at the end the model card's table for this hardware."""
 
 from __future__ import annotations
 
+import shlex
 import time
 
 from rich.console import Console
@@ -55,6 +56,8 @@ class SweepProgress:
         tput = f"{summary.output_throughput:,.1f} tok/s" if summary.output_throughput else "-"
         status = "[green]ok[/]" if summary.status == "complete" else f"[red]failed[/] {escape(summary.failure_reason or '')}"
         self.console.print(f"{escape(cell.cell_id)}: {tput}{tau}  {status}")
+        if summary.dflash_warning:
+            self.console.print(f"[bold red]  DFlash not in effect:[/] {escape(summary.dflash_warning)}")
         self._refresh(force=True)
 
     def _refresh(self, force: bool = False) -> None:
@@ -73,17 +76,46 @@ class SweepProgress:
         return line
 
     def print_table(self, sweep: SweepDir) -> None:
-        """The model card's table: suite x concurrency -> AR tok/s, DFlash tok/s, speedup, tau."""
+        """The model card's table (suite x concurrency -> AR tok/s, DFlash tok/s, speedup, tau) when AR and
+        DFlash pairs are done, every finished cell otherwise (an interrupted sweep), then what failed or
+        did not speculate."""
         from dflash_bench import analysis
 
-        frame = analysis.cells(sweep.path)
-        table = headline_table(analysis.headline(frame))
         out = Console()
-        out.print(table)
-        failed = frame[frame["status"] == "failed"] if not frame.empty else frame
-        for _, row in failed.iterrows():
-            out.print(f"[red]failed[/] {escape(str(row['cell_id']))}: {escape(str(row.get('failure_reason') or ''))}")
-        out.print(f"sweep folder: {escape(str(sweep.path))}")
+        frame = analysis.cells(sweep.path)
+        head = analysis.headline(frame) if not frame.empty else frame
+        if not head.empty:
+            out.print(headline_table(head))
+        summaries = sweep.summaries()
+        if head.empty and summaries:
+            out.print(cells_table(summaries))
+        for s in summaries:
+            if s.status == "failed":
+                out.print(f"[red]failed[/] {escape(s.cell_id)}: {escape(s.failure_reason or '')}", highlight=False)
+            if s.dflash_warning:
+                out.print(f"[bold red]DFlash not in effect[/] {escape(s.cell_id)}: {escape(s.dflash_warning)}",
+                          highlight=False)
+        out.print(f"sweep folder: {escape(str(sweep.path))}", highlight=False)
+
+    def print_resume(self, sweep: SweepDir) -> None:
+        plan = self.manifest.plan
+        done = sum(c.status in ("complete", "failed") for c in plan)
+        # plain print, never wrapped: the command must survive a copy and paste
+        print(f"interrupted with {done} of {len(plan)} cells finished; finish the rest with:\n"
+              f"  dflash-bench sweep --resume {shlex.quote(str(sweep.path))}", flush=True)
+
+
+def cells_table(summaries: list[CellSummary]) -> Table:
+    """Every finished cell on its own: what an interrupted sweep has so far."""
+    table = Table(title="finished cells (output tokens/s)")
+    for col in ("cell", "status", "tok/s", "τ"):
+        table.add_column(col, justify="left" if col in ("cell", "status") else "right")
+    for s in summaries:
+        tput = "-" if s.output_throughput is None else f"{s.output_throughput:,.1f}"
+        tau = "-" if s.acceptance_length is None else f"{s.acceptance_length:.2f}"
+        status = s.status if not s.dflash_warning else f"{s.status}, NO SPECULATION"
+        table.add_row(escape(s.cell_id), escape(status), tput, tau)
+    return table
 
 
 def headline_table(head) -> Table:
@@ -92,6 +124,8 @@ def headline_table(head) -> Table:
         table.add_column(col, justify="right" if col not in ("engine", "suite") else "left")
     for _, r in head.iterrows():
         tau = "-" if r["tau"] != r["tau"] or r["tau"] is None else f"{r['tau']:.2f}"
+        if tau == "-" or r["tau"] < 1.05:  # the DFlash server showed no sign of speculating
+            tau = f"[bold red]{tau} (no speculation)[/]"
         table.add_row(escape(str(r["engine"])), escape(str(r["suite"])), str(r["concurrency"]), f"{r['ar_tok_s']:,.1f}",
                       f"{r['dflash_tok_s']:,.1f}", f"{r['speedup']:.2f}x", tau)
     return table

@@ -1,7 +1,7 @@
 """Run a sweep: one server per (engine, mode) launch, every cell on it, teardown; resumable at any point.
 
 The order of work is owned here; measuring a cell is `client.cell.measure_cell`, launching a server is
-`launch.launch_server`, and everything lands in the sweep folder through store.py.
+`launch.launch_server`, and everything lands in the sweep folder through the store (dflash_bench/store/).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any, Iterator
 
 from dflash_bench.errors import UserError
 from dflash_bench.store import CellPlan, CellSummary, GpuInfo, Manifest, ServerRecord, StoreError, SweepDir, now_iso
+from dflash_bench.store.lock import WriterLock, create_locked, open_locked
 from dflash_bench.sweep import provenance
 from dflash_bench.sweep.plan import Launch, SweepSettings, check_resume, launches, plan_cells
 from dflash_bench.sweep.progress import SweepProgress
@@ -44,13 +45,26 @@ def run_sweep(settings: SweepSettings, *, out: Path, resume: Path | None = None,
         raise UserError("an --engine-arg carries a secret (a token, key or password); pass it through the "
                         "environment instead (HF_TOKEN, VLLM_API_KEY, ...) so it is never written to the sweep folder")
     pair = models.resolve(settings.model, drafter=settings.engine_options.get("drafter"))
-    if resume is not None:  # refuse a mismatched resume before touching any dataset
-        sweep, manifest = _open(settings, out, resume, pair, argv or sys.argv)
-        _stop_leftovers(manifest.sweep_id)
+    image = image or settings.image
+    prompts = None
+    if resume is None:  # a missing dataset fails before a sweep folder exists
         prompts = _prompt_loader(settings, data_dir)
-    else:  # a missing dataset fails before a sweep folder exists
-        prompts = _prompt_loader(settings, data_dir)
-        sweep, manifest = _open(settings, out, resume, pair, argv or sys.argv)
+    # a mismatched resume is refused before any dataset is touched; the folder's lock, taken here, is
+    # held until everything is written
+    sweep, manifest, lock = _open(settings, out, resume, pair, argv or sys.argv)
+    try:
+        if resume is not None:
+            _stop_leftovers(manifest.sweep_id)  # only now: the lock says no other run of this sweep is alive
+            prompts = _prompt_loader(settings, data_dir)
+        result = _run_plan(settings, pair, sweep, manifest, prompts, image, quiet)
+        _annotate_quality(sweep, settings)
+    finally:
+        lock.release()
+    return result
+
+
+def _run_plan(settings: SweepSettings, pair, sweep: SweepDir, manifest: Manifest, prompts, image: str | None,
+              quiet: bool) -> SweepResult:
     progress = SweepProgress(manifest, quiet=quiet)
     result = SweepResult(sweep.path)
     telemetry = _telemetry(manifest, progress, settings, pair)
@@ -66,9 +80,10 @@ def run_sweep(settings: SweepSettings, *, out: Path, resume: Path | None = None,
             raise
     finally:
         _close(sweep, manifest, result)
-    _annotate_quality(sweep, settings)
     if not quiet:
         progress.print_table(sweep)
+        if result.interrupted:
+            progress.print_resume(sweep)
     return result
 
 
@@ -80,7 +95,7 @@ def _run_launch(launch: Launch, settings: SweepSettings, pair, sweep: SweepDir, 
     key = f"{launch.engine}-{launch.mode}"
     try:
         with _server(launch, settings, pair, sweep, manifest, image) as server:
-            manifest.servers[key] = ServerRecord.model_validate(server["info"])
+            _record_server(manifest, key, ServerRecord.model_validate(server["info"]))
             _check_same_image(manifest, launch.engine)
             sweep.write_manifest(manifest)
             for cell in launch.cells:
@@ -88,14 +103,26 @@ def _run_launch(launch: Launch, settings: SweepSettings, pair, sweep: SweepDir, 
                 try:
                     check()
                 except UserError as err:  # the server died between cells: the rest of this launch fails
-                    _fail(sweep, manifest, cell, f"server died: {err}", result)
+                    _fail(sweep, manifest, cell, f"server died: {_reason(err)}", result)
                     continue
                 _run_cell(cell, server["url"], settings, pair, sweep, manifest, prompts, progress, telemetry,
                           check, result)
     except UserError as err:  # could not start the server: every remaining cell of this launch fails
         for cell in launch.cells:
             if cell.status not in ("complete", "failed"):
-                _fail(sweep, manifest, cell, f"server did not start: {err}", result)
+                _fail(sweep, manifest, cell, f"server did not start: {_reason(err)}", result)
+
+
+def _record_server(manifest: Manifest, key: str, info: ServerRecord) -> None:
+    """The first server of each (engine, mode) keeps its key; later ones (a resume, a relaunch) are added
+    beside it as `<key> #2`, `#3`, ..., so the record of what measured the first cells is never lost."""
+    if key not in manifest.servers:
+        manifest.servers[key] = info
+        return
+    n = 2
+    while f"{key} #{n}" in manifest.servers:
+        n += 1
+    manifest.servers[f"{key} #{n}"] = info
 
 
 def _check_same_image(manifest: Manifest, engine: str) -> None:
@@ -130,7 +157,8 @@ def _server(launch: Launch, settings: SweepSettings, pair, sweep: SweepDir, mani
 
 def _run_cell(cell: CellPlan, url: str, settings: SweepSettings, pair, sweep: SweepDir, manifest: Manifest, prompts,
               progress: SweepProgress, telemetry, check, result: SweepResult) -> None:
-    from dflash_bench.client.cell import measure_cell
+    from dflash_bench.client.cell import measure
+    from dflash_bench.client.summary import summarize_cell, write_cell
 
     _clear_attempt(sweep, manifest, cell)
     cell.status, cell.reason = "running", None
@@ -139,24 +167,33 @@ def _run_cell(cell: CellPlan, url: str, settings: SweepSettings, pair, sweep: Sw
     progress.start_cell(cell, total=sum(len(p.turns) for p in cell_prompts))
     thinking = settings.thinking if settings.thinking is not None else pair.thinking
     try:
-        summary = measure_cell(url, cell_prompts, concurrency=cell.concurrency, cell_dir=sweep.cell_dir(cell.cell_id),
-                               engine=cell.engine, mode=cell.mode, suite=cell.suite, repeat=cell.repeat,
-                               max_tokens=max_tokens, temperature=settings.temperature,
-                               api="generate" if cell.engine == "sglang" else "chat",
-                               save_token_ids=settings.save_token_ids, enable_thinking=thinking, seed=settings.seed,
-                               telemetry=telemetry, on_progress=progress.on_request,
-                               tokenizer=pair.target if cell.engine == "sglang" else None)  # /generate takes templated text
+        m = measure(url, cell_prompts, concurrency=cell.concurrency, max_tokens=max_tokens,
+                    temperature=settings.temperature, api="generate" if cell.engine == "sglang" else "chat",
+                    save_token_ids=settings.save_token_ids, enable_thinking=thinking, seed=settings.seed,
+                    telemetry=telemetry, on_progress=progress.on_request,
+                    tokenizer=pair.target if cell.engine == "sglang" else None)  # /generate takes templated text
+    except UserError as err:
+        _fail(sweep, manifest, cell, _reason(err), result)
+        return
+    failure = None
+    try:
         check()  # a server that died mid-cell fails the cell even if some requests got through
     except UserError as err:
-        _fail(sweep, manifest, cell, str(err), result)
-        return
-    cell.status = summary.status
-    cell.reason = summary.failure_reason
+        failure = f"server died: {_reason(err)}"
+    summary = summarize_cell(m, cell_id=cell.cell_id, engine=cell.engine, mode=cell.mode, suite=cell.suite,
+                             concurrency=cell.concurrency, repeat=cell.repeat, failure=failure)
+    write_cell(sweep, summary, m)  # what was measured is kept and counted, failed or not
+    cell.status, cell.reason = summary.status, summary.failure_reason
     if summary.status == "failed":
         result.failed.append(cell.cell_id)
     sweep.write_manifest(manifest)
     sweep.write_results_csv()
     progress.end_cell(cell, summary)
+
+
+def _reason(err: UserError) -> str:
+    """A server's death explained by the log lines that say why (launch.common.explain), else the message."""
+    return getattr(err, "reason", None) or str(err)
 
 
 def _clear_attempt(sweep: SweepDir, manifest: Manifest, cell: CellPlan) -> None:
@@ -175,12 +212,15 @@ def _clear_attempt(sweep: SweepDir, manifest: Manifest, cell: CellPlan) -> None:
 
 
 def _fail(sweep: SweepDir, manifest: Manifest, cell: CellPlan, reason: str, result: SweepResult) -> None:
-    """Record a failed cell (with its reason) as a summary, so it is done and visible everywhere."""
-    reason = " ".join(reason.split())[:2000]
-    cell.status, cell.reason = "failed", reason
-    sweep.write_summary(CellSummary(cell_id=cell.cell_id, engine=cell.engine, mode=cell.mode, suite=cell.suite,
-                                    concurrency=cell.concurrency, repeat=cell.repeat, status="failed",
-                                    failure_reason=reason))
+    """Record a failed cell (with its reason) as a summary, so it is done and visible everywhere; whatever
+    requests.jsonl the attempt left is counted in it."""
+    from dflash_bench.client.summary import summarize_records
+
+    summary = summarize_records(sweep.read_requests(cell.cell_id), cell_id=cell.cell_id, engine=cell.engine,
+                                mode=cell.mode, suite=cell.suite, concurrency=cell.concurrency, repeat=cell.repeat,
+                                failure=reason)
+    cell.status, cell.reason = "failed", summary.failure_reason
+    sweep.write_summary(summary)
     sweep.write_manifest(manifest)
     sweep.write_results_csv()
     result.failed.append(cell.cell_id)
@@ -189,30 +229,70 @@ def _fail(sweep: SweepDir, manifest: Manifest, cell: CellPlan, reason: str, resu
 # ------------------------------------------------------------------ the folder
 
 
-def _open(settings: SweepSettings, out: Path, resume: Path | None, pair, argv: list[str]) -> tuple[SweepDir, Manifest]:
+def _open(settings: SweepSettings, out: Path, resume: Path | None, pair,
+          argv: list[str]) -> tuple[SweepDir, Manifest, WriterLock]:
+    """The sweep folder (new, or the one to resume) and its writer's lock, held by this process."""
     if resume is not None:
-        sweep = SweepDir.open(resume)
-        manifest = sweep.read_manifest()
-        check_resume(manifest.settings, settings)
-        planned = [c.cell_id for c in plan_cells(settings)]
-        if planned != [c.cell_id for c in manifest.plan]:
-            raise UserError(f"cannot resume {resume}: its plan differs from this command's")
+        sweep, lock = open_locked(resume)  # before anything is read for writing: a second resume is refused here
+        try:
+            manifest = _resumable(sweep, settings, resume)
+        except BaseException:
+            lock.release()
+            raise
         for cell in manifest.plan:  # whatever was running when it stopped is redone; failed cells get a new try
             _status_from_disk(sweep, cell)
         manifest.status = "running"
         manifest.notes.append(f"resumed {now_iso()} by: {' '.join(provenance.redact(argv))}")
         sweep.write_manifest(manifest)
-        return sweep, manifest
+        return sweep, manifest, lock
     sweep_id = _sweep_id(pair.name, settings.engines)
-    manifest = Manifest(
-        sweep_id=sweep_id, command_line=provenance.redact(argv), settings=settings,
+    manifest = Manifest(  # every setting is saved, the resume-free ones too: a resume takes them back
+        sweep_id=sweep_id, command_line=provenance.redact(argv), settings=_saved_settings(settings),
         plan=plan_cells(settings), versions=provenance.versions(), hardware={"host": provenance.host()},
         models={"target": provenance.model_revision(pair.target),
                 "drafter": provenance.model_revision(pair.drafter) if pair.drafter else None,
                 "block_size": pair.block_size,
                 "thinking": settings.thinking if settings.thinking is not None else pair.thinking},
     )
-    return SweepDir.create(Path(out) / sweep_id, manifest), manifest
+    # locked before the manifest is written: of two sweeps started in the same second, one gets the folder
+    sweep, lock = create_locked(Path(out) / sweep_id, manifest)
+    return sweep, manifest, lock
+
+
+def _saved_settings(settings: SweepSettings) -> SweepSettings:
+    """What the manifest keeps of the settings: all of them, but a password in a --url-* is never written
+    (a resume then needs that --url-* given again)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    masked = {}
+    for key in ("url_ar", "url_dflash"):
+        u = urlsplit(getattr(settings, key) or "")
+        if u.password:
+            masked[key] = urlunsplit(u._replace(netloc=f"{u.username}:***@{u.hostname}" + (f":{u.port}" if u.port else "")))
+    return settings.model_copy(update=masked)
+
+
+def _resumable(sweep: SweepDir, settings: SweepSettings, resume: Path) -> Manifest:
+    """The manifest of a sweep this command may finish; a UserError that says what is wrong otherwise."""
+    manifest = sweep.read_manifest()
+    check_has_plan(manifest, resume)
+    check_resume(manifest.settings, settings)
+    planned = [c.cell_id for c in plan_cells(settings)]
+    if planned != [c.cell_id for c in manifest.plan]:
+        missing = sorted(set(planned) ^ {c.cell_id for c in manifest.plan})
+        raise UserError(f"cannot resume {resume}: its plan differs from this command's (cells in one but not the "
+                        f"other: {', '.join(missing[:3]) or 'the same cells in another order'})")
+    return manifest
+
+
+def check_has_plan(manifest: Manifest, folder: Path) -> None:
+    """A folder `sweep --resume` can finish: a plan of cells and the settings that made it."""
+    if not manifest.plan:
+        raise UserError(f"cannot resume {folder}: its manifest has no plan of cells (a sweep stopped before it "
+                        "planned, or an edited manifest); start a new sweep instead")
+    if manifest.settings is None:
+        raise UserError(f"cannot resume {folder}: it was written by `dflash-bench run`, not by a sweep (its manifest "
+                        "has no sweep settings); add cells to it with `dflash-bench run --name`, or start a new sweep")
 
 
 def _status_from_disk(sweep: SweepDir, cell: CellPlan) -> None:

@@ -1,0 +1,86 @@
+"""Summarise a measured cell (records and counters -> CellSummary) and write it through the SweepDir.
+
+Kept apart from measuring so that the caller decides the verdict: a sweep whose server died mid-cell
+still summarises what was measured, with the cell marked failed and the reason from the server's log.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dflash_bench.client.cell import Measurement
+from dflash_bench.metrics.acceptance import cell_acceptance
+from dflash_bench.metrics.definitions import failure_reasons, not_measured, summarize
+from dflash_bench.metrics.prometheus import VLLM_ACCEPTED, VLLM_DRAFTS
+from dflash_bench.store import TELEMETRY, CellSettings, CellSummary, RequestRecord, SweepDir
+
+SYNTHETIC_GAUGE = "dflash_bench:synthetic_acceptance"  # the builtin engine's benchmarking-only label
+TAU_FALLBACK = 1.05  # a DFlash cell whose tau is below this accepted (almost) no drafted token
+
+
+def summarize_cell(m: Measurement, *, cell_id: str, engine: str, mode: str, suite: str, concurrency: int,
+                   repeat: int = 0, failure: str | None = None) -> CellSummary:
+    """The cell's summary from what was measured; `failure` (e.g. the server died) fails it regardless."""
+    snaps = m.snaps
+    summary = summarize_records(m.records, cell_id=cell_id, engine=engine, mode=mode, suite=suite,
+                                concurrency=concurrency, repeat=repeat, delta=snaps.get("delta"), failure=failure)
+    summary.url, summary.started_at, summary.finished_at = m.url, m.started_at, m.finished_at
+    summary.settings = CellSettings.model_validate(m.settings)
+    if m.telemetry is not None:
+        energy = m.telemetry.summarize(summary.total_output_tokens)
+        for key, value in (energy.summary_fields() | energy.extra_fields()).items():
+            setattr(summary, key, value)
+    summary.synthetic_acceptance = (snaps.get("after") or {}).get("gauges", {}).get(SYNTHETIC_GAUGE)
+    # the records' time origin on this host's monotonic clock (time.perf_counter), to line them up with
+    # server-side logs or other samples taken on the same host
+    summary.clock_origin_monotonic_s = m.t0
+    summary.server_metrics_error = snaps.get("error") or None
+    summary.dflash_warning = dflash_warning(summary, snaps)
+    return summary
+
+
+def summarize_records(records: list[RequestRecord], *, cell_id: str, engine: str, mode: str, suite: str,
+                      concurrency: int, repeat: int = 0, delta: dict[str, float] | None = None,
+                      failure: str | None = None) -> CellSummary:
+    """Counts, latencies and acceptance of `records`; failed when `failure` is given or nothing succeeded."""
+    summary = CellSummary(cell_id=cell_id, engine=engine, mode=mode, suite=suite, concurrency=concurrency,
+                          repeat=repeat, **summarize(records), **cell_acceptance(engine, delta, records))
+    summary.not_measured = not_measured(records)
+    reasons = failure_reasons(records)
+    summary.failures = reasons
+    if failure is None and summary.num_ok == 0:
+        failure = "every measured request failed: " + (", ".join(f"{k} ({v})" for k, v in reasons.items())
+                                                       or "no measured request was sent")
+    if failure is not None:
+        summary.status, summary.failure_reason = "failed", " ".join(failure.split())[:2000]
+    return summary
+
+
+def dflash_warning(s: CellSummary, snaps: dict[str, Any]) -> str | None:
+    """Why a DFlash cell looks like plain AR decoding (the silent fallback users report), or None."""
+    if s.mode != "dflash" or s.num_ok == 0:
+        return None
+    if s.acceptance_length is None:
+        delta = snaps.get("delta") or {}
+        if VLLM_DRAFTS in delta and not delta[VLLM_DRAFTS]:
+            return (f"no speculation: the server's draft counters did not move over the cell ({VLLM_DRAFTS} "
+                    "+0); it decoded without its drafter (a silent fallback to AR?)")
+        why = snaps.get("error") or "/metrics carries no speculative-decoding counters"
+        return (f"no acceptance source: {why}, and no response carried per-request speculative fields; "
+                "nothing shows that this server speculated (a silent fallback to AR?)")
+    if s.acceptance_length < TAU_FALLBACK:
+        accepted = s.num_accepted_tokens if s.num_accepted_tokens is not None else (snaps.get("delta") or {}).get(VLLM_ACCEPTED)
+        return (f"tau {s.acceptance_length:.2f}: the drafter's tokens were (almost) never accepted "
+                f"({accepted} accepted over {s.num_drafts} drafts); this is AR decoding with extra work")
+    return None
+
+
+def write_cell(sweep: SweepDir, summary: CellSummary, m: Measurement | None) -> None:
+    """requests.jsonl, server_metrics.json, telemetry.csv, then summary.json last (it marks the cell done)."""
+    cid = summary.cell_id
+    if m is not None:
+        sweep.write_requests(cid, m.records)
+        sweep.write_server_metrics(cid, m.snaps)
+        if m.telemetry is not None:
+            m.telemetry.write_csv(sweep.cell_dir(cid) / TELEMETRY)
+    sweep.write_summary(summary)

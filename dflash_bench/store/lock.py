@@ -1,0 +1,80 @@
+"""One writer per sweep folder: an exclusive lock that a sweep, its resume or `run --name` holds while it
+writes, so that a second writer (two sweeps that land on one folder, two resumes) is refused in one sentence.
+
+flock on `<folder>/.lock`, opened with O_CREAT: creating and locking the file are atomic, and the kernel
+drops the lock when its process dies (kill -9 included), so a stale lock never needs cleaning up. The
+file's text is the holder's pid, for the refusal's sentence. Kept apart from store/folder.py (the folder's
+schema and atomic writes) because only writers need it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+from dflash_bench.store.folder import MANIFEST, StoreError, SweepDir
+from dflash_bench.store.manifest import Manifest
+
+LOCK = ".lock"
+
+
+class WriterLock:
+    """The exclusive writer's lock of one sweep folder. `acquire` raises StoreError when another holds it."""
+
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+        self._fd: int | None = None
+
+    def acquire(self) -> "WriterLock":
+        if self._fd is not None:
+            return self
+        fd = os.open(self.folder / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "?"
+            os.close(fd)
+            raise StoreError(f"{self.folder} is being written by another dflash-bench (pid {holder}); wait for it "
+                             "to finish, or stop it, before running or resuming this sweep") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def __enter__(self) -> "WriterLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def create_locked(path: Path, manifest: Manifest) -> tuple[SweepDir, WriterLock]:
+    """A new sweep folder, locked before its manifest is written: of several processes that create the same
+    folder at once, one gets it and the others a StoreError."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    lock = WriterLock(path).acquire()
+    try:
+        if (path / MANIFEST).exists():
+            raise StoreError(f"{path} already holds a sweep; pass --resume {path} or choose another --out")
+        return SweepDir.create(path, manifest), lock
+    except BaseException:
+        lock.release()
+        raise
+
+
+def open_locked(path: Path) -> tuple[SweepDir, WriterLock]:
+    """An existing sweep folder, locked; the temporary files a killed writer left mid-write are removed."""
+    sweep = SweepDir.open(path)
+    lock = WriterLock(sweep.path).acquire()
+    for stale in sweep.path.rglob(".*.tmp"):  # no other writer is alive: each is what a kill -9 cut short
+        if stale.is_file():
+            stale.unlink(missing_ok=True)
+    return sweep, lock
