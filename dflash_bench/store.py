@@ -168,6 +168,11 @@ class CellPlan(BaseModel):
     repeat: int = 0
     status: CellStatus = "pending"
     reason: str | None = None
+    # where a cell ran when a scheduler placed it (--executor slurm); None for a sweep run on one machine
+    node: str | None = None
+    job_id: str | None = None
+    gpus: list[str] | None = None  # the job's GPUs as the scheduler numbered them (SLURM_JOB_GPUS)
+    gpu_type: str | None = None  # the GPUs' name from NVML, else the requested gres type
 
 
 class Manifest(BaseModel):

@@ -1,0 +1,216 @@
+"""`sweep --executor slurm`: split the plan into jobs, submit them, watch them, merge what they wrote.
+
+One job per server group (the local sweep's launches(): consecutive cells of one engine and mode; the GPU
+type is the jobs' gres request). Each job runs the local launch loop on its node (sweep/slurm_job.py) and
+writes only its own cells and its own slurm/<key>.manifest.json, so jobs never contend for a file; this
+process is the only writer of manifest.json and results.csv, merged from the cells on disk. A job the
+scheduler ends early (scancel, time limit, node failure) leaves its unfinished cells failed with the
+scheduler's state and the tail of its log; --resume submits the cells not complete, and waits again on
+jobs of an earlier run that are still queued or running instead of submitting their cells twice.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+
+from dflash_bench.errors import UserError
+from dflash_bench.store import Manifest, StoreError, SweepDir, _load_json, _validate, now_iso
+from dflash_bench.sweep import slurm
+from dflash_bench.sweep.plan import SweepSettings, launches
+from dflash_bench.sweep.slurm import SlurmJob, SlurmOptions
+
+CANCEL_WAIT_S = 180.0  # after Ctrl-C: how long to wait for cancelled jobs to end before giving up on them
+
+
+def run_slurm_sweep(settings: SweepSettings, opts: SlurmOptions, *, out: Path, resume: Path | None,
+                    data_dir: Path | None, argv: list[str], image: str | None):
+    """Submit every cell not complete as Slurm jobs, wait for them, and return the merged SweepResult."""
+    from dflash_bench import models
+    from dflash_bench.sweep import provenance, run
+
+    slurm.require_slurm()
+    if settings.url_ar:
+        raise UserError("--executor slurm launches its servers on the cluster's nodes; drop --url-ar/--url-dflash")
+    if provenance.redact(settings.engine_args) != settings.engine_args:
+        raise UserError("an --engine-arg carries a secret (a token, key or password); pass it through the "
+                        "environment instead (HF_TOKEN, VLLM_API_KEY, ...): jobs inherit it, the sweep folder never sees it")
+    console = Console(stderr=True)
+    pair = models.resolve(settings.model, drafter=settings.engine_options.get("drafter"))
+    watched: list[SlurmJob] = []
+    if resume is not None:
+        watched = _earlier_jobs(Path(resume), console)
+        sweep, manifest = run._open(settings, out, resume, pair, argv)
+    else:
+        run._prompt_loader(settings, data_dir)  # a missing dataset fails here, not in every job
+        sweep, manifest = run._open(settings, out, None, pair, argv)
+    result = run.SweepResult(sweep.path)
+    busy = {cid for job in watched for cid in job.cells}
+    todo = [c for c in manifest.plan if c.cell_id not in busy]
+    jobs = watched + _submit_all(sweep, manifest, todo, settings, opts, data_dir, image, pair, console)
+    from dflash_bench.launch import Terminated, sigterm_unwinds
+
+    try:
+        with sigterm_unwinds():
+            _wait(sweep, manifest, jobs, opts, result, console)
+    except (KeyboardInterrupt, Terminated):  # Ctrl-C or SIGTERM: no job of ours is left queued or running
+        result.interrupted = True
+        _cancel_and_wait(sweep, manifest, jobs, result, console)
+    finally:
+        _merge(sweep, manifest, jobs)
+        run._close(sweep, manifest, result)
+    run._annotate_quality(sweep, settings)
+    from dflash_bench.sweep.progress import SweepProgress
+
+    SweepProgress(manifest).print_table(sweep)
+    return result
+
+
+# ---------------------------------------------------------------- submitting
+
+
+def _submit_all(sweep: SweepDir, manifest: Manifest, cells, settings: SweepSettings, opts: SlurmOptions,
+                data_dir: Path | None, image: str | None, pair, console: Console) -> list[SlurmJob]:
+    round_ = len({job.key.split("-")[0] for job in slurm.read_jobs(sweep.path)})
+    jobs: list[SlurmJob] = []
+    for i, launch in enumerate(launches(cells)):
+        job = SlurmJob(key=f"r{round_}-{i:02d}-{launch.engine}-{launch.mode}", engine=launch.engine, mode=launch.mode,
+                       cells=[c.cell_id for c in launch.cells], settings=settings.model_dump(),
+                       data_dir=str(Path(data_dir).resolve()) if data_dir else None, image=image,
+                       gpus=_gpus(settings, opts, pair, launch.engine))
+        slurm.write_job(sweep.path, job)
+        try:
+            job.job_id = slurm.submit(sweep.path, job, opts, manifest.sweep_id)
+        except UserError as err:  # nothing runs half-submitted: stop what went in, keep the folder resumable
+            slurm.cancel([j.job_id for j in jobs if j.job_id])
+            for j in jobs + [job]:
+                j.state, j.reason = "NOT_RUN", f"withdrawn: {err}"
+                slurm.write_job(sweep.path, j)
+            manifest.status = "interrupted"
+            sweep.write_manifest(manifest)
+            raise UserError(f"{err}; nothing was left queued: fix the Slurm options and pass --resume {sweep.path}") from None
+        job.state, job.submitted_at = "PENDING", now_iso()
+        slurm.write_job(sweep.path, job)
+        jobs.append(job)
+        console.print(f"submitted slurm job {job.job_id}: {job.key} ({len(job.cells)} cells, {job.gpus} GPUs)")
+    return jobs
+
+
+def _gpus(settings: SweepSettings, opts: SlurmOptions, pair, engine: str) -> int:
+    """GPUs of one job: --gpus-per-node, else the server's tensor-parallel size (the emulator needs none)."""
+    if opts.gpus_per_node is not None:
+        return opts.gpus_per_node
+    if engine == "emulator":
+        return 0
+    from dflash_bench import engines
+
+    return engines.tensor_parallel(engines.get(engine).command(pair, "ar", 0, settings.gpu, settings.engine_args)) or 1
+
+
+def _earlier_jobs(folder: Path, console: Console) -> list[SlurmJob]:
+    """Jobs of an earlier run of this sweep: settle those that ended; the ones still queued or running."""
+    jobs = [j for j in slurm.read_jobs(folder) if j.active and j.job_id]
+    if not jobs:
+        return []
+    sweep = SweepDir.open(folder)
+    manifest = sweep.read_manifest()
+    from dflash_bench.sweep.run import SweepResult
+
+    _poll(sweep, manifest, jobs, SweepResult(sweep.path), console)
+    sweep.write_manifest(manifest)
+    alive = [j for j in jobs if j.active]
+    if alive:
+        console.print(f"still queued or running from before: {', '.join(f'{j.job_id} ({j.key})' for j in alive)}; waiting on them")
+    return alive
+
+
+# ---------------------------------------------------------------- watching
+
+
+def _wait(sweep: SweepDir, manifest: Manifest, jobs: list[SlurmJob], opts: SlurmOptions, result, console: Console) -> None:
+    while any(j.active for j in jobs):
+        time.sleep(opts.poll_s)
+        _poll(sweep, manifest, jobs, result, console)
+        _merge(sweep, manifest, jobs)
+        sweep.write_manifest(manifest)
+
+
+def _poll(sweep: SweepDir, manifest: Manifest, jobs: list[SlurmJob], result, console: Console) -> None:
+    active = [j for j in jobs if j.active]
+    found = slurm.states([j.job_id for j in active])
+    for job in active:
+        st = found.get(job.job_id)
+        if st is None:
+            continue
+        job.node = st.node or job.node
+        if st.state in slurm.ACTIVE:
+            if st.state != job.state:
+                job.state = st.state
+                slurm.write_job(sweep.path, job)
+                console.print(f"slurm job {job.job_id} {job.key}: {st.state}{' on ' + st.node if st.node else ''}")
+            continue
+        _finish(sweep, manifest, job, st, result, console)
+
+
+def _finish(sweep: SweepDir, manifest: Manifest, job: SlurmJob, st: slurm.JobState, result, console: Console) -> None:
+    """An ended job: its cells without a summary fail with the scheduler's state and the log's tail."""
+    from dflash_bench.sweep.run import _fail
+
+    _merge(sweep, manifest, [job])
+    job.state, job.ended_at = st.state, now_iso()
+    job.reason = None if st.state == "COMPLETED" else slurm.describe(job, st)
+    slurm.write_job(sweep.path, job)
+    why = job.reason or slurm.describe(job, st)
+    unfinished = [cid for cid in job.cells if sweep.read_summary(cid) is None]
+    for cid in unfinished:
+        _fail(sweep, manifest, manifest.cell(cid),
+              f"{why}: the job ended before this cell finished; log tail: {slurm.log_tail(sweep.path, job.key)}", result)
+    for cid in job.cells:
+        summary = sweep.read_summary(cid)
+        if summary is not None and summary.status == "failed" and cid not in result.failed:
+            result.failed.append(cid)
+    done = sum(1 for cid in job.cells if manifest.cell(cid).status == "complete")
+    console.print(f"{job.key}: {escape(why)}: {done}/{len(job.cells)} cells complete")
+
+
+def _cancel_and_wait(sweep: SweepDir, manifest: Manifest, jobs: list[SlurmJob], result, console: Console) -> None:
+    """Ctrl-C: cancel every job this sweep has queued or running (none is left behind), then record them."""
+    active = [j for j in jobs if j.active]
+    console.print(f"interrupted: cancelling slurm jobs {', '.join(j.job_id for j in active)}")
+    slurm.cancel([j.job_id for j in active])
+    deadline = time.monotonic() + CANCEL_WAIT_S
+    while any(j.active for j in jobs) and time.monotonic() < deadline:
+        time.sleep(1.0)
+        _poll(sweep, manifest, jobs, result, console)
+
+
+# ---------------------------------------------------------------- merging
+
+
+def _merge(sweep: SweepDir, manifest: Manifest, jobs: list[SlurmJob]) -> None:
+    """Fold each job's own manifest into the sweep's: statuses, placement, servers, GPUs, notes."""
+    for job in jobs:
+        file = slurm.job_manifest_file(sweep.path, job.key)
+        if not file.exists():
+            continue
+        try:
+            mine = _validate(Manifest, _load_json(file), file)
+        except StoreError:
+            continue  # being replaced right now: next poll
+        # an ended job's statuses are settled from its cells on disk (_finish); its manifest may be older
+        fields = ("status", "reason", "node", "job_id", "gpus", "gpu_type") if job.active else ("node", "job_id", "gpus", "gpu_type")
+        for cell in mine.plan:
+            main = manifest.cell(cell.cell_id)
+            for field in fields:
+                setattr(main, field, getattr(cell, field))
+        manifest.servers.update({f"{k}@{job.key}": v for k, v in mine.servers.items()})
+        manifest.notes += [n for n in mine.notes if n not in manifest.notes]
+        if mine.hardware.get("gpus"):
+            manifest.hardware.setdefault("gpus", mine.hardware["gpus"])
+            nodes = manifest.hardware.setdefault("nodes", {})
+            nodes[mine.plan[0].node if mine.plan else job.key] = mine.hardware["gpus"]
+        manifest.telemetry = manifest.telemetry or mine.telemetry
+

@@ -1,0 +1,172 @@
+"""`sweep --executor slurm` on a real Slurm (.ci/slurm.sh starts a one-node cluster): an emulator sweep of
+several server groups as jobs, one cancelled mid-cell with scancel, recorded failed with its Slurm state,
+then resumed to completion; report and gate read the merged folder.
+
+Skipped when no Slurm controller answers, unless DFLASH_BENCH_REQUIRE_SLURM=1 (set by .ci/run), where a
+missing Slurm fails the test instead of hiding it.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+
+EMU = ["--engine-arg=--ttft-ms=5", "--engine-arg=--itl-ms=25", "--engine-arg=--acceptance-length=5",
+       "--engine-arg=--seed=1"]
+DEADLINE_S = 300  # a guard against a hung cluster, not a measurement
+
+
+def _slurm_answers() -> str | None:
+    """None when a controller and a node answer; else why not."""
+    if shutil.which("sbatch") is None or shutil.which("scontrol") is None:
+        return "Slurm's commands are not installed (run .ci/slurm.sh as root)"
+    ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=30)
+    if "is UP" not in ping.stdout:
+        return f"no Slurm controller answers: {ping.stdout.strip() or ping.stderr.strip()}"
+    nodes = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, timeout=30).stdout.split()
+    if not any(n.rstrip("*~#") in ("idle", "mix", "alloc") for n in nodes):
+        return f"no Slurm node is up (sinfo: {' '.join(nodes) or 'nothing'})"
+    return None
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster():
+    why = _slurm_answers()
+    if why is not None:
+        if os.environ.get("DFLASH_BENCH_REQUIRE_SLURM") == "1":
+            pytest.fail(f"DFLASH_BENCH_REQUIRE_SLURM=1 but {why}")
+        pytest.skip(why)
+
+
+def sweep_argv(out: Path, data_dir: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "dflash_bench", "sweep", "--model", "org/emulated", "--drafter", "org/emulated-dflash",
+            "--engine", "emulator", "--suites", "gsm8k", "--concurrency", "1,2", "--repeats", "2", "-n", "6",
+            "--max-tokens", "48", "--out", str(out), "--data-dir", str(data_dir), *EMU,
+            "--executor", "slurm", "--poll-s", "0.5", *extra]
+
+
+def results(folder: Path) -> dict[str, dict]:
+    with open(folder / "results.csv") as f:
+        return {row["cell_id"]: row for row in csv.DictReader(f)}
+
+
+def _jobs(folder: Path) -> dict[str, dict]:
+    return {p.stem: json.loads(p.read_text()) for p in (folder / "slurm").glob("*.json")
+            if not p.name.endswith(".manifest.json")}
+
+
+def _wait_for(what, proc: subprocess.Popen, why: str):
+    deadline = time.monotonic() + DEADLINE_S
+    while time.monotonic() < deadline:
+        found = what()
+        if found:
+            return found
+        if proc.poll() is not None:
+            pytest.fail(f"the sweep ended before {why}: {proc.stderr.read()[-3000:]}")
+        time.sleep(0.1)
+    pytest.fail(f"timed out waiting for {why}")
+
+
+def _running_second_cell(out: Path):
+    """The first AR job once it measures its second cell: (folder, job record)."""
+    folders = [p for p in out.iterdir() if (p / "manifest.json").exists()] if out.is_dir() else []
+    if not folders:
+        return None
+    folder = folders[0]
+    for key, job in _jobs(folder).items():
+        file = folder / "slurm" / f"{key}.manifest.json"
+        if key.startswith("r0-00-") and job.get("job_id") and file.exists():
+            try:
+                plan = json.loads(file.read_text())["plan"]
+            except (ValueError, KeyError):
+                return None
+            if len(plan) > 1 and plan[0]["status"] == "complete" and plan[1]["status"] == "running":
+                return folder, job
+    return None
+
+
+def _our_jobs_left(folder: Path) -> list[str]:
+    ids = [j["job_id"] for j in _jobs(folder).values() if j.get("job_id")]
+    out = subprocess.run(["squeue", "-h", "-j", ",".join(ids), "-o", "%i %T"], capture_output=True, text=True)
+    return [line for line in out.stdout.splitlines() if line.strip()]
+
+
+def test_sweep_as_slurm_jobs_cancelled_then_resumed(slurm_cluster, tmp_path, data_dir):
+    out = tmp_path / "reports"
+    proc = subprocess.Popen(sweep_argv(out, data_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    folder = None
+    try:
+        folder, victim = _wait_for(lambda: _running_second_cell(out), proc, "the first job measured its second cell")
+        subprocess.run(["scancel", victim["job_id"]], check=True, timeout=30)
+        _, err = proc.communicate(timeout=DEADLINE_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if folder is not None:
+            ids = [j["job_id"] for j in _jobs(folder).values() if j.get("job_id")]
+            subprocess.run(["scancel", *ids], capture_output=True)  # whatever the outcome: no job left behind
+    assert proc.returncode == 1, err[-3000:]  # cells failed: the exit code says so
+
+    # one job per server group: AR r0, DFlash r0+r1 (consecutive), AR r1
+    jobs = _jobs(folder)
+    assert sorted(jobs) == ["r0-00-emulator-ar", "r0-01-emulator-dflash", "r0-02-emulator-ar"]
+    assert jobs["r0-00-emulator-ar"]["state"] == "CANCELLED"
+    assert jobs["r0-01-emulator-dflash"]["state"] == "COMPLETED"
+
+    manifest = json.loads((folder / "manifest.json").read_text())
+    plan = {c["cell_id"]: c for c in manifest["plan"]}
+    first, cut = victim["cells"]
+    assert plan[first]["status"] == "complete"
+    assert plan[cut]["status"] == "failed"
+    assert f"slurm job {victim['job_id']} CANCELLED" in plan[cut]["reason"]
+    assert "log tail:" in plan[cut]["reason"] and "dflash-bench: slurm job" in plan[cut]["reason"]
+    assert results(folder)[cut]["status"] == "failed"
+    # placement: every measured cell names its node and its job
+    for cid, cell in plan.items():
+        if cell["status"] == "complete":
+            assert cell["node"] and cell["job_id"] == jobs[next(k for k, j in jobs.items() if cid in j["cells"])]["job_id"]
+    assert manifest["status"] == "failed"
+    assert _our_jobs_left(folder) == []
+
+    # resume: only the cell that did not complete is submitted again, as one new job
+    again = subprocess.run([sys.executable, "-m", "dflash_bench", "sweep", "--resume", str(folder), "--data-dir",
+                            str(data_dir), "--executor", "slurm", "--poll-s", "0.5"],
+                           capture_output=True, text=True, timeout=DEADLINE_S)
+    assert again.returncode == 0, again.stderr[-3000:]
+    jobs = _jobs(folder)
+    new = {k: j for k, j in jobs.items() if k.startswith("r1-")}
+    assert list(new) == ["r1-00-emulator-ar"] and new["r1-00-emulator-ar"]["cells"] == [cut]
+    assert new["r1-00-emulator-ar"]["state"] == "COMPLETED"
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["status"] == "complete"
+    assert {c["status"] for c in manifest["plan"]} == {"complete"}
+    assert {c["cell_id"]: c["job_id"] for c in manifest["plan"]}[cut] == new["r1-00-emulator-ar"]["job_id"]
+    rows = results(folder)
+    assert len(rows) == 8 and {r["status"] for r in rows.values()} == {"complete"}
+    assert _our_jobs_left(folder) == []
+
+    # the merged folder reads like any other
+    report = subprocess.run([sys.executable, "-m", "dflash_bench", "report", str(folder)], capture_output=True,
+                            text=True, timeout=300)
+    assert report.returncode == 0, report.stderr[-3000:]
+    gate = subprocess.run([sys.executable, "-m", "dflash_bench", "gate", str(folder), "--baseline", str(folder)],
+                          capture_output=True, text=True, timeout=300)
+    assert gate.returncode == 0, gate.stdout[-2000:] + gate.stderr[-2000:]
+
+
+def test_slurm_options_need_the_slurm_executor(tmp_path, data_dir):
+    argv = sweep_argv(tmp_path, data_dir)
+    argv = argv[: argv.index("--executor")] + ["--partition", "gpu"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert "need --executor slurm" in proc.stderr and "Traceback" not in proc.stderr
+    assert not any(tmp_path.iterdir())
