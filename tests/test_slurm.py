@@ -100,6 +100,16 @@ def _our_jobs_left(folder: Path) -> list[str]:
     return [line for line in out.stdout.splitlines() if line.strip()]
 
 
+def _assert_servers_gone(manifest: dict) -> None:
+    pids = [info["pid"] for info in manifest["servers"].values() if info.get("pid")]
+    assert len(pids) == 3  # one server per job
+    for pid in pids:
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]:
+            assert time.monotonic() < deadline, f"server {pid} left running"
+            time.sleep(0.1)
+
+
 def test_sweep_as_slurm_jobs_cancelled_then_resumed(slurm_cluster, tmp_path, data_dir):
     out = tmp_path / "reports"
     proc = subprocess.Popen(sweep_argv(out, data_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -136,6 +146,7 @@ def test_sweep_as_slurm_jobs_cancelled_then_resumed(slurm_cluster, tmp_path, dat
             assert cell["node"] and cell["job_id"] == jobs[next(k for k, j in jobs.items() if cid in j["cells"])]["job_id"]
     assert manifest["status"] == "failed"
     assert _our_jobs_left(folder) == []
+    _assert_servers_gone(manifest)  # the cancelled job's server went with it
 
     # resume: only the cell that did not complete is submitted again, as one new job
     again = subprocess.run([sys.executable, "-m", "dflash_bench", "sweep", "--resume", str(folder), "--data-dir",
@@ -170,3 +181,51 @@ def test_slurm_options_need_the_slurm_executor(tmp_path, data_dir):
     assert proc.returncode != 0
     assert "need --executor slurm" in proc.stderr and "Traceback" not in proc.stderr
     assert not any(tmp_path.iterdir())
+
+
+# ---------------------------------------------------------------- without a cluster
+
+
+def test_scheduler_gpus_reads_the_jobs_gpus_from_slurm():
+    from dflash_bench.telemetry import scheduler_gpus
+
+    assert scheduler_gpus({}) is None
+    assert scheduler_gpus({"SLURM_JOB_GPUS": "2,3"}) == "2,3"
+    assert scheduler_gpus({"SLURM_JOB_GPUS": "2,3", "SLURM_STEP_GPUS": "3"}) == "3"  # inside srun: the step's
+    assert scheduler_gpus({"SLURM_JOB_GPUS": "N/A"}) is None
+
+
+def test_job_script_asks_for_the_servers_gpus_and_runs_the_hidden_job_command(tmp_path):
+    from dflash_bench.sweep.slurm import SlurmJob, SlurmOptions, job_script
+
+    job = SlurmJob(key="r0-00-vllm-ar", engine="vllm", mode="ar", cells=["vllm-ar-gsm8k-c1"], settings={}, gpus=2)
+    opts = SlurmOptions(partition="gpu", time="04:00:00", gpu_type="h100", sbatch_args=["--qos=high"])
+    script = job_script(tmp_path, job, opts, "sweep-1")
+    lines = script.splitlines()
+    assert "#SBATCH --gres=gpu:h100:2" in lines and "#SBATCH --partition=gpu" in lines
+    assert "#SBATCH --time=04:00:00" in lines and "#SBATCH --qos=high" in lines
+    assert f"#SBATCH --output={tmp_path.resolve()}/slurm/r0-00-vllm-ar.log" in lines
+    assert lines[-1].endswith(f"-m dflash_bench sweep-job {tmp_path.resolve()} r0-00-vllm-ar")
+    no_gpu = job_script(tmp_path, job.model_copy(update={"gpus": 0}), SlurmOptions(), "sweep-1")
+    assert "--gres" not in no_gpu and "--partition" not in no_gpu
+
+
+def test_report_sets_cells_of_each_gpu_type_side_by_side(tmp_path):
+    from report_sweeps import make_sweep
+
+    from dflash_bench.report import tables
+    from dflash_bench.store import SweepDir
+
+    folder = make_sweep(tmp_path / "mixed", suites=("gsm8k",), concurrency=(1, 8))
+    sweep = SweepDir(folder)
+    manifest = sweep.read_manifest()
+    for cell in manifest.plan:
+        cell.gpu_type, cell.node = ("NVIDIA H100 80GB HBM3", "n1") if cell.concurrency == 1 else ("NVIDIA H200", "n2")
+    sweep.write_manifest(manifest)
+    views = tables.load([folder])
+    assert [v.label.rsplit(" · ", 1)[1] for v in views] == ["NVIDIA H100 80GB HBM3", "NVIDIA H200"]
+    assert [sorted(v.frame["concurrency"].unique()) for v in views] == [[1], [8]]
+    assert [sorted(v.headline["concurrency"].unique()) for v in views] == [[1], [8]]
+    assert len({v.slug for v in views}) == 2
+    one = make_sweep(tmp_path / "one", suites=("gsm8k",), concurrency=(1, 8))
+    assert len(tables.load([one])) == 1  # no placement recorded: one view, as before
