@@ -229,3 +229,25 @@ def test_report_sets_cells_of_each_gpu_type_side_by_side(tmp_path):
     assert len({v.slug for v in views}) == 2
     one = make_sweep(tmp_path / "one", suites=("gsm8k",), concurrency=(1, 8))
     assert len(tables.load([one])) == 1  # no placement recorded: one view, as before
+
+
+def test_local_resume_is_refused_while_a_job_of_the_sweep_runs(slurm_cluster, tmp_path):
+    """A plain --resume would measure the cells a queued or running job is measuring: one sentence instead."""
+    from report_sweeps import make_sweep
+
+    from dflash_bench.sweep.slurm import SlurmJob, write_job
+
+    folder = make_sweep(tmp_path / "sweep", suites=("gsm8k",), concurrency=(1,))
+    sub = subprocess.run(["sbatch", "--parsable", "--job-name=dflash-test-hold", f"--output={tmp_path}/hold.log",
+                          "--wrap", "sleep 300"], capture_output=True, text=True, timeout=30)
+    assert sub.returncode == 0, sub.stderr
+    job_id = sub.stdout.strip().split(";")[0]
+    try:
+        write_job(folder, SlurmJob(key="r0-00-vllm-ar", engine="vllm", mode="ar", cells=["vllm-ar-gsm8k-c1"],
+                                   settings={}, job_id=job_id, state="RUNNING"))
+        proc = subprocess.run([sys.executable, "-m", "dflash_bench", "sweep", "--resume", str(folder)],
+                              capture_output=True, text=True, timeout=120)
+    finally:
+        subprocess.run(["scancel", job_id], capture_output=True, timeout=30)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert f"Slurm jobs {job_id} of this sweep are still queued or running" in proc.stderr

@@ -21,21 +21,29 @@ def sweep_command(options: dict[str, Any], *, out: Path, resume: Path | None, dr
                   data_dir: Path | None, image: str | None, executor: str = "local",
                   slurm: dict[str, Any] | None = None) -> int:
     """Options given on the command line (None = not given) -> run or print the sweep; the exit code."""
+    if resume is not None and executor == "local" and not dry_run:
+        from dflash_bench.sweep.slurm_run import refuse_local_resume
+
+        refuse_local_resume(Path(resume))
     settings = _settings(options, resume)
     if executor not in ("local", "slurm"):
         raise UserError(f"--executor is local or slurm, not {executor!r}")
     if executor == "local" and any(v not in (None, []) for v in (slurm or {}).values()):
         raise UserError("--partition, --account, --time, --gpus-per-node, --gpu-type and --sbatch-arg need --executor slurm")
+    if executor == "slurm":
+        from dflash_bench.sweep.slurm import SlurmOptions
+        from dflash_bench.sweep.slurm_run import print_jobs, run_slurm_sweep
+
+        opts = SlurmOptions(**{k: v for k, v in (slurm or {}).items() if v not in (None, [])})
+        if dry_run:
+            print_plan(settings, image)
+            print_jobs(settings, opts, image)
+            return 0
+        result = run_slurm_sweep(settings, opts, out=out, resume=resume, data_dir=data_dir, argv=sys.argv, image=image)
+        return result.exit_code
     if dry_run:
         print_plan(settings, image)
         return 0
-    if executor == "slurm":
-        from dflash_bench.sweep.slurm import SlurmOptions
-        from dflash_bench.sweep.slurm_run import run_slurm_sweep
-
-        opts = SlurmOptions(**{k: v for k, v in (slurm or {}).items() if v not in (None, [])})
-        result = run_slurm_sweep(settings, opts, out=out, resume=resume, data_dir=data_dir, argv=sys.argv, image=image)
-        return result.exit_code
     from dflash_bench.sweep.run import run_sweep
 
     result = run_sweep(settings, out=out, resume=resume, data_dir=data_dir, argv=sys.argv, image=image)

@@ -41,9 +41,7 @@ class SlurmOptions(BaseModel):
     time: str | None = None  # sbatch --time, e.g. 04:00:00
     gpus_per_node: int | None = None  # None: each server's tensor-parallel size (0 for the emulator)
     gpu_type: str | None = None  # gres type, e.g. h100: --gres=gpu:h100:N
-    cpus_per_task: int | None = None
-    mem: str | None = None
-    sbatch_args: list[str] = Field(default_factory=list)  # anything else, passed through
+    sbatch_args: list[str] = Field(default_factory=list)  # anything else (--cpus-per-task, --mem, --qos), passed through
     poll_s: float = 5.0
 
 
@@ -128,8 +126,7 @@ def job_script(folder: Path, job: SlurmJob, opts: SlurmOptions, sweep_id: str) -
     folder = Path(folder).resolve()
     lines = ["#!/bin/bash", f"#SBATCH --job-name=dflash-{job.key}", f"#SBATCH --output={log_file(folder, job.key)}",
              "#SBATCH --open-mode=append", "#SBATCH --nodes=1", "#SBATCH --ntasks=1"]
-    for flag, value in (("partition", opts.partition), ("account", opts.account), ("time", opts.time),
-                        ("cpus-per-task", opts.cpus_per_task), ("mem", opts.mem)):
+    for flag, value in (("partition", opts.partition), ("account", opts.account), ("time", opts.time)):
         if value is not None:
             lines.append(f"#SBATCH --{flag}={value}")
     if job.gpus:

@@ -72,6 +72,21 @@ def run_slurm_sweep(settings: SweepSettings, opts: SlurmOptions, *, out: Path, r
 # ---------------------------------------------------------------- submitting
 
 
+def print_jobs(settings: SweepSettings, opts: SlurmOptions, image: str | None) -> None:
+    """--dry-run: the job script each server group would be submitted as (for a sweep started now)."""
+    import typer
+
+    from dflash_bench import models
+    from dflash_bench.sweep.plan import plan_cells
+
+    pair = models.resolve(settings.model, drafter=settings.engine_options.get("drafter"))
+    for i, launch in enumerate(launches(plan_cells(settings))):
+        job = SlurmJob(key=f"r0-{i:02d}-{launch.engine}-{launch.mode}", engine=launch.engine, mode=launch.mode,
+                       cells=[c.cell_id for c in launch.cells], settings={}, gpus=_gpus(settings, opts, pair, launch.engine))
+        typer.echo(f"\nslurm job {job.key} ({len(job.cells)} cells):")
+        typer.echo(slurm.job_script(Path("SWEEP_DIR"), job, opts, "SWEEP_ID").rstrip())
+
+
 def _submit_all(sweep: SweepDir, manifest: Manifest, cells, settings: SweepSettings, opts: SlurmOptions,
                 data_dir: Path | None, image: str | None, pair, console: Console) -> list[SlurmJob]:
     round_ = len({job.key.split("-")[0] for job in slurm.read_jobs(sweep.path)})
@@ -125,6 +140,21 @@ def _earlier_jobs(folder: Path, console: Console) -> list[SlurmJob]:
     if alive:
         console.print(f"still queued or running from before: {', '.join(f'{j.job_id} ({j.key})' for j in alive)}; waiting on them")
     return alive
+
+
+def refuse_local_resume(folder: Path) -> None:
+    """A local --resume must not measure cells that Slurm jobs of this sweep are still measuring."""
+    recorded = [j for j in slurm.read_jobs(folder) if j.active and j.job_id] if slurm.slurm_dir(folder).is_dir() else []
+    if not recorded:
+        return
+    try:
+        found = slurm.states([j.job_id for j in recorded])
+    except UserError:
+        return  # no Slurm here: the jobs cannot be running where this machine could see them
+    alive = [j.job_id for j in recorded if found.get(j.job_id) and found[j.job_id].state in slurm.ACTIVE]
+    if alive:
+        raise UserError(f"Slurm jobs {', '.join(alive)} of this sweep are still queued or running; resume with "
+                        "--executor slurm to wait on them, or scancel them first")
 
 
 # ---------------------------------------------------------------- watching
