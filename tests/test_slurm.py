@@ -251,3 +251,14 @@ def test_local_resume_is_refused_while_a_job_of_the_sweep_runs(slurm_cluster, tm
         subprocess.run(["scancel", job_id], capture_output=True, timeout=30)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert f"Slurm jobs {job_id} of this sweep are still queued or running" in proc.stderr
+
+
+def test_a_controller_that_does_not_answer_fails_no_job(slurm_cluster, tmp_path, monkeypatch):
+    """squeue failing (controller restarting, network) is no news: a job is never marked ended for it."""
+    from dflash_bench.sweep import slurm
+
+    conf = Path(os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf")).read_text().splitlines()
+    dead = [line for line in conf if not line.startswith(("SlurmctldPort", "MessageTimeout"))]
+    (tmp_path / "slurm.conf").write_text("\n".join(dead + ["SlurmctldPort=9", "MessageTimeout=1", ""]))
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "slurm.conf"))
+    assert slurm.states(["1", "2"]) == {}

@@ -171,6 +171,8 @@ def states(job_ids: list[str]) -> dict[str, JobState]:
     if not job_ids:
         return {}
     found = _squeue(job_ids)
+    if found is None:  # the controller did not answer: conclude nothing this time (no job is failed for it)
+        return {}
     ended = [j for j in job_ids if j not in found or found[j].state not in ACTIVE]
     if ended:
         found.update(_sacct(ended))
@@ -180,13 +182,17 @@ def states(job_ids: list[str]) -> dict[str, JobState]:
     return found
 
 
-def _squeue(job_ids: list[str]) -> dict[str, JobState]:
+def _squeue(job_ids: list[str]) -> dict[str, JobState] | None:
     out = _run(["squeue", "-h", "--states=all", "-j", ",".join(job_ids), "-o", "%i|%T|%N|%r"])
+    if out.returncode != 0:
+        # every id already purged from the controller is an answer; anything else (no controller) is not
+        return {} if "Invalid job id" in out.stderr else None
     found = {}
-    for line in out.stdout.splitlines() if out.returncode == 0 else []:
+    for line in out.stdout.splitlines():
         parts = line.strip().split("|")
         if len(parts) == 4:
-            found[parts[0]] = JobState(state=parts[1], node=parts[2] or None, detail=parts[3] or None)
+            found[parts[0]] = JobState(state=parts[1], node=parts[2] or None,
+                                       detail=parts[3] if parts[3] not in ("", "None") else None)
     return found
 
 
