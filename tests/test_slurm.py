@@ -96,6 +96,8 @@ def _running_second_cell(out: Path):
 
 def _our_jobs_left(folder: Path) -> list[str]:
     ids = [j["job_id"] for j in _jobs(folder).values() if j.get("job_id")]
+    if not ids:
+        return []
     out = subprocess.run(["squeue", "-h", "-j", ",".join(ids), "-o", "%i %T"], capture_output=True, text=True)
     return [line for line in out.stdout.splitlines() if line.strip()]
 
@@ -144,6 +146,7 @@ def test_sweep_as_slurm_jobs_cancelled_then_resumed(slurm_cluster, tmp_path, dat
     for cid, cell in plan.items():
         if cell["status"] == "complete":
             assert cell["node"] and cell["job_id"] == jobs[next(k for k, j in jobs.items() if cid in j["cells"])]["job_id"]
+    assert set(manifest["hardware"]["nodes"]) == {plan[first]["node"]}
     assert manifest["status"] == "failed"
     assert _our_jobs_left(folder) == []
     _assert_servers_gone(manifest)  # the cancelled job's server went with it
@@ -262,3 +265,15 @@ def test_a_controller_that_does_not_answer_fails_no_job(slurm_cluster, tmp_path,
     (tmp_path / "slurm.conf").write_text("\n".join(dead + ["SlurmctldPort=9", "MessageTimeout=1", ""]))
     monkeypatch.setenv("SLURM_CONF", str(tmp_path / "slurm.conf"))
     assert slurm.states(["1", "2"]) == {}
+
+
+def test_a_refused_submission_is_one_sentence_and_leaves_nothing_queued(slurm_cluster, tmp_path, data_dir):
+    out = tmp_path / "reports"
+    proc = subprocess.run(sweep_argv(out, data_dir, "--partition", "no-such-partition"), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "sbatch refused job r0-00-emulator-ar" in proc.stderr and "--resume" in proc.stderr
+    (folder,) = [p for p in out.iterdir() if (p / "manifest.json").exists()]
+    assert json.loads((folder / "manifest.json").read_text())["status"] == "interrupted"
+    assert {j["state"] for j in _jobs(folder).values()} == {"NOT_RUN"}
+    assert _our_jobs_left(folder) == []

@@ -30,7 +30,9 @@ def run_slurm_sweep(settings: SweepSettings, opts: SlurmOptions, *, out: Path, r
                     data_dir: Path | None, argv: list[str], image: str | None):
     """Submit every cell not complete as Slurm jobs, wait for them, and return the merged SweepResult."""
     from dflash_bench import models
+    from dflash_bench.launch import Terminated, sigterm_unwinds
     from dflash_bench.sweep import provenance, run
+    from dflash_bench.sweep.progress import SweepProgress
 
     slurm.require_slurm()
     if settings.url_ar:
@@ -41,20 +43,20 @@ def run_slurm_sweep(settings: SweepSettings, opts: SlurmOptions, *, out: Path, r
     console = Console(stderr=True)
     pair = models.resolve(settings.model, drafter=settings.engine_options.get("drafter"))
     watched: list[SlurmJob] = []
-    if resume is not None:
+    if resume is not None:  # jobs of an earlier run settle first, so that the plan's statuses read the truth
         watched = _earlier_jobs(Path(resume), console)
         sweep, manifest = run._open(settings, out, resume, pair, argv)
+        run._prompt_loader(settings, data_dir)
     else:
-        run._prompt_loader(settings, data_dir)  # a missing dataset fails here, not in every job
+        run._prompt_loader(settings, data_dir)  # a missing dataset fails here, before a folder or a job exists
         sweep, manifest = run._open(settings, out, None, pair, argv)
     result = run.SweepResult(sweep.path)
     busy = {cid for job in watched for cid in job.cells}
     todo = [c for c in manifest.plan if c.cell_id not in busy]
-    jobs = watched + _submit_all(sweep, manifest, todo, settings, opts, data_dir, image, pair, console)
-    from dflash_bench.launch import Terminated, sigterm_unwinds
-
+    jobs = list(watched)
     try:
-        with sigterm_unwinds():
+        with sigterm_unwinds():  # from the first sbatch on, whatever stops this command cancels its jobs
+            _submit_all(sweep, manifest, todo, settings, opts, data_dir, image, pair, console, jobs)
             _wait(sweep, manifest, jobs, opts, result, console)
     except (KeyboardInterrupt, Terminated):  # Ctrl-C or SIGTERM: no job of ours is left queued or running
         result.interrupted = True
@@ -63,8 +65,6 @@ def run_slurm_sweep(settings: SweepSettings, opts: SlurmOptions, *, out: Path, r
         _merge(sweep, manifest, jobs)
         run._close(sweep, manifest, result)
     run._annotate_quality(sweep, settings)
-    from dflash_bench.sweep.progress import SweepProgress
-
     SweepProgress(manifest).print_table(sweep)
     return result
 
@@ -88,9 +88,10 @@ def print_jobs(settings: SweepSettings, opts: SlurmOptions, image: str | None) -
 
 
 def _submit_all(sweep: SweepDir, manifest: Manifest, cells, settings: SweepSettings, opts: SlurmOptions,
-                data_dir: Path | None, image: str | None, pair, console: Console) -> list[SlurmJob]:
+                data_dir: Path | None, image: str | None, pair, console: Console, jobs: list[SlurmJob]) -> None:
+    """Submit one job per server group of `cells`, appending each to `jobs` as soon as it is queued."""
     round_ = len({job.key.split("-")[0] for job in slurm.read_jobs(sweep.path)})
-    jobs: list[SlurmJob] = []
+    earlier = len(jobs)
     for i, launch in enumerate(launches(cells)):
         job = SlurmJob(key=f"r{round_}-{i:02d}-{launch.engine}-{launch.mode}", engine=launch.engine, mode=launch.mode,
                        cells=[c.cell_id for c in launch.cells], settings=settings.model_dump(),
@@ -99,19 +100,21 @@ def _submit_all(sweep: SweepDir, manifest: Manifest, cells, settings: SweepSetti
         slurm.write_job(sweep.path, job)
         try:
             job.job_id = slurm.submit(sweep.path, job, opts, manifest.sweep_id)
+            jobs.append(job)  # at once: a signal from here on cancels it too
         except UserError as err:  # nothing runs half-submitted: stop what went in, keep the folder resumable
-            slurm.cancel([j.job_id for j in jobs if j.job_id])
-            for j in jobs + [job]:
+            mine = jobs[earlier:]
+            slurm.cancel([j.job_id for j in mine if j.job_id])
+            del jobs[earlier:]
+            for j in mine + [job]:
                 j.state, j.reason = "NOT_RUN", f"withdrawn: {err}"
                 slurm.write_job(sweep.path, j)
             manifest.status = "interrupted"
             sweep.write_manifest(manifest)
-            raise UserError(f"{err}; nothing was left queued: fix the Slurm options and pass --resume {sweep.path}") from None
+            raise UserError(f"{err}; the jobs this command had submitted were cancelled: fix the Slurm options and "
+                            f"pass --resume {sweep.path}") from None
         job.state, job.submitted_at = "PENDING", now_iso()
         slurm.write_job(sweep.path, job)
-        jobs.append(job)
         console.print(f"submitted slurm job {job.job_id}: {job.key} ({len(job.cells)} cells, {job.gpus} GPUs)")
-    return jobs
 
 
 def _gpus(settings: SweepSettings, opts: SlurmOptions, pair, engine: str) -> int:
@@ -238,9 +241,10 @@ def _merge(sweep: SweepDir, manifest: Manifest, jobs: list[SlurmJob]) -> None:
                 setattr(main, field, getattr(cell, field))
         manifest.servers.update({f"{k}@{job.key}": v for k, v in mine.servers.items()})
         manifest.notes += [n for n in mine.notes if n not in manifest.notes]
-        if mine.hardware.get("gpus"):
+        if mine.hardware.get("gpus"):  # the report's GPU count and names read these, as for a local sweep
             manifest.hardware.setdefault("gpus", mine.hardware["gpus"])
-            nodes = manifest.hardware.setdefault("nodes", {})
-            nodes[mine.plan[0].node if mine.plan else job.key] = mine.hardware["gpus"]
+        node = next((c.node for c in mine.plan if c.node), None)
+        if node:
+            manifest.hardware.setdefault("nodes", {})[node] = mine.hardware.get("gpus") or []
         manifest.telemetry = manifest.telemetry or mine.telemetry
 
