@@ -230,6 +230,10 @@ def test_report_sets_cells_of_each_gpu_type_side_by_side(tmp_path):
     assert [sorted(v.frame["concurrency"].unique()) for v in views] == [[1], [8]]
     assert [sorted(v.headline["concurrency"].unique()) for v in views] == [[1], [8]]
     assert len({v.slug for v in views}) == 2
+    from dflash_bench.report import build_report
+
+    page = build_report([folder]).read_text()
+    assert "NVIDIA H100 80GB HBM3" in page and "NVIDIA H200" in page
     one = make_sweep(tmp_path / "one", suites=("gsm8k",), concurrency=(1, 8))
     assert len(tables.load([one])) == 1  # no placement recorded: one view, as before
 
