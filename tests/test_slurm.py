@@ -281,3 +281,27 @@ def test_a_refused_submission_is_one_sentence_and_leaves_nothing_queued(slurm_cl
     assert json.loads((folder / "manifest.json").read_text())["status"] == "interrupted"
     assert {j["state"] for j in _jobs(folder).values()} == {"NOT_RUN"}
     assert _our_jobs_left(folder) == []
+
+
+def test_several_gpu_types_are_one_command_and_one_folder_each(slurm_cluster, tmp_path, data_dir):
+    """`--gpu-type a,b`: every server group is submitted once per type, each type into its own sweep folder,
+    and each cell records the type it ran on; one report sets the two side by side."""
+    out = tmp_path / "reports"
+    argv = sweep_argv(out, data_dir, "--gpu-type", "typea,typeb")
+    argv[argv.index("--repeats") + 1] = "1"
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=DEADLINE_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    folders = {}
+    for gpu in ("typea", "typeb"):
+        (folder,) = [p for p in (out / gpu).iterdir() if (p / "manifest.json").exists()]
+        folders[gpu] = folder
+        manifest = json.loads((folder / "manifest.json").read_text())
+        assert manifest["status"] == "complete"
+        assert {c["gpu_type"] for c in manifest["plan"]} == {gpu}
+        assert f"DFLASH_BENCH_GPU_TYPE={gpu}" in (folder / "slurm" / "r0-00-emulator-ar.sbatch").read_text()
+        assert _our_jobs_left(folder) == []
+    report = subprocess.run([sys.executable, "-m", "dflash_bench", "report", *map(str, folders.values()),
+                             "--out", str(tmp_path / "report.html")], capture_output=True, text=True, timeout=300)
+    assert report.returncode == 0, report.stderr[-3000:]
+    page = (tmp_path / "report.html").read_text()
+    assert "emulator · typea" in page and "emulator · typeb" in page  # each sweep's label names its GPU type

@@ -65,6 +65,9 @@ def by_gpu_type(view: SweepView) -> list[SweepView]:
     view per type, so the report sets them side by side as it does separate sweeps; else the view as is."""
     types = {c.cell_id: c.gpu_type or "unknown GPU" for c in view.manifest.plan}
     if len(set(types.values())) < 2:
+        only = next(iter(types.values()), "unknown GPU")
+        if only != "unknown GPU" and only not in view.label:  # a gres type where NVML named no GPU
+            view.label = f"{view.label} · {only}"
         return [view]
     out = []
     for gpu in sorted(set(types.values())):

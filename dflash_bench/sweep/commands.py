@@ -31,16 +31,10 @@ def sweep_command(options: dict[str, Any], *, out: Path, resume: Path | None, dr
     if executor == "local" and any(v not in (None, []) for v in (slurm or {}).values()):
         raise UserError("--partition, --account, --time, --gpus-per-node, --gpu-type and --sbatch-arg need --executor slurm")
     if executor == "slurm":
-        from dflash_bench.sweep.slurm import SlurmOptions
-        from dflash_bench.sweep.slurm_run import print_jobs, run_slurm_sweep
+        from dflash_bench.sweep.slurm_run import slurm_command
 
-        opts = SlurmOptions(**{k: v for k, v in (slurm or {}).items() if v not in (None, [])})
-        if dry_run:
-            print_plan(settings, image)
-            print_jobs(settings, opts, image)
-            return 0
-        result = run_slurm_sweep(settings, opts, out=out, resume=resume, data_dir=data_dir, argv=sys.argv, image=image)
-        return result.exit_code
+        return slurm_command(settings, slurm or {}, preset_given=options.get("gpu") is not None, out=out, resume=resume,
+                             dry_run=dry_run, data_dir=data_dir, argv=sys.argv, image=image)
     if dry_run:
         print_plan(settings, image)
         return 0

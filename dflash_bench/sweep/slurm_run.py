@@ -12,7 +12,9 @@ jobs of an earlier run that are still queued or running instead of submitting th
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -26,21 +28,105 @@ from dflash_bench.sweep.slurm import SlurmJob, SlurmOptions
 CANCEL_WAIT_S = 180.0  # after Ctrl-C: how long to wait for cancelled jobs to end before giving up on them
 
 
-def run_slurm_sweep(settings: SweepSettings, opts: SlurmOptions, *, out: Path, resume: Path | None,
-                    data_dir: Path | None, argv: list[str], image: str | None):
-    """Submit every cell not complete as Slurm jobs, wait for them, and return the merged SweepResult."""
-    from dflash_bench import models
+def slurm_command(settings: SweepSettings, options: dict[str, Any], *, preset_given: bool, out: Path,
+                  resume: Path | None, dry_run: bool, data_dir: Path | None, argv: list[str], image: str | None) -> int:
+    """`sweep --executor slurm`: one sweep folder, or with `--gpu-type h100,h200` one per GPU type under
+    --out/<type>/ (the cell ids name no GPU), submitted and waited on together; the worst exit code."""
+    from dflash_bench.sweep.commands import print_plan
+
+    opts = SlurmOptions(**{k: v for k, v in options.items() if v not in (None, [])})
+    types = [t.strip() for t in (opts.gpu_type or "").split(",") if t.strip()]
+    if len(set(types)) != len(types):
+        raise UserError("--gpu-type lists a GPU type twice")
+    if len(types) > 1 and resume is not None:
+        raise UserError("--resume takes one sweep folder: resume each GPU type's folder with its own --gpu-type")
+    if len(types) > 1:
+        plans = [(_for_type(settings, t, preset_given), opts.model_copy(update={"gpu_type": t}), Path(out) / t)
+                 for t in types]
+    else:
+        plans = [(settings, opts, out)]
+    if dry_run:
+        for s, o, _ in plans:
+            print_plan(s, image)
+            print_jobs(s, o, image)
+        return 0
+    results = run_slurm_sweeps(plans, resume=resume, data_dir=data_dir, argv=argv, image=image)
+    return max(r.exit_code for r in results)  # 130 (stopped) over 1 (a cell failed) over 0
+
+
+def _for_type(settings: SweepSettings, gpu_type: str, preset_given: bool) -> SweepSettings:
+    """The engine flag preset follows the GPU type (h200 -> h100's kernels) unless --gpu names one."""
+    from dflash_bench.engines.base import check_preset
+
+    if preset_given:
+        return settings
+    try:
+        check_preset(gpu_type)
+    except UserError:
+        return settings  # a site-specific gres name (a100-80g, ...): the generic flags
+    return settings.model_copy(update={"gpu": gpu_type})
+
+
+@dataclass
+class _Run:
+    """One sweep folder under way: its settings, what Slurm is asked for, its jobs and its result."""
+
+    settings: SweepSettings
+    opts: SlurmOptions
+    pair: Any
+    sweep: SweepDir
+    manifest: Manifest
+    result: Any
+    jobs: list[SlurmJob] = field(default_factory=list)
+    todo: list = field(default_factory=list)
+
+
+def run_slurm_sweeps(plans: list[tuple[SweepSettings, SlurmOptions, Path]], *, resume: Path | None,
+                     data_dir: Path | None, argv: list[str], image: str | None) -> list:
+    """Each (settings, Slurm options, out) is one sweep folder (one per GPU type): submit every cell not
+    complete as jobs, wait for all of them together, and return each folder's merged SweepResult."""
     from dflash_bench.launch import Terminated, sigterm_unwinds
-    from dflash_bench.sweep import provenance, run
+    from dflash_bench.sweep import run
     from dflash_bench.sweep.progress import SweepProgress
 
     slurm.require_slurm()
+    console = Console(stderr=True)
+    runs = [_prepare(settings, opts, out, resume, data_dir, argv, console) for settings, opts, out in plans]
+    try:
+        with sigterm_unwinds():  # from the first sbatch on, whatever stops this command cancels its jobs
+            for r in runs:
+                _submit_all(r.sweep, r.manifest, r.todo, r.settings, r.opts, data_dir, image, r.pair, console, r.jobs)
+            while any(j.active for r in runs for j in r.jobs):
+                time.sleep(min(r.opts.poll_s for r in runs))
+                for r in runs:
+                    _poll(r.sweep, r.manifest, r.jobs, r.result, console)
+                    _merge(r.sweep, r.manifest, r.jobs)
+                    r.sweep.write_manifest(r.manifest)
+    except (KeyboardInterrupt, Terminated):  # Ctrl-C or SIGTERM: no job of ours is left queued or running
+        for r in runs:
+            r.result.interrupted = True
+        _cancel_and_wait(runs, console)
+    finally:
+        for r in runs:
+            _merge(r.sweep, r.manifest, r.jobs)
+            run._close(r.sweep, r.manifest, r.result)
+    for r in runs:
+        run._annotate_quality(r.sweep, r.settings)
+        SweepProgress(r.manifest).print_table(r.sweep)
+    return [r.result for r in runs]
+
+
+def _prepare(settings: SweepSettings, opts: SlurmOptions, out: Path, resume: Path | None, data_dir: Path | None,
+             argv: list[str], console: Console) -> _Run:
+    """Check the settings, open (or create) the folder, settle an earlier run's jobs; the cells to submit."""
+    from dflash_bench import models
+    from dflash_bench.sweep import provenance, run
+
     if settings.url_ar:
         raise UserError("--executor slurm launches its servers on the cluster's nodes; drop --url-ar/--url-dflash")
     if provenance.redact(settings.engine_args) != settings.engine_args:
         raise UserError("an --engine-arg carries a secret (a token, key or password); pass it through the "
                         "environment instead (HF_TOKEN, VLLM_API_KEY, ...): jobs inherit it, the sweep folder never sees it")
-    console = Console(stderr=True)
     pair = models.resolve(settings.model, drafter=settings.engine_options.get("drafter"))
     watched: list[SlurmJob] = []
     if resume is not None:  # jobs of an earlier run settle first, so that the plan's statuses read the truth
@@ -50,23 +136,9 @@ def run_slurm_sweep(settings: SweepSettings, opts: SlurmOptions, *, out: Path, r
     else:
         run._prompt_loader(settings, data_dir)  # a missing dataset fails here, before a folder or a job exists
         sweep, manifest = run._open(settings, out, None, pair, argv)
-    result = run.SweepResult(sweep.path)
     busy = {cid for job in watched for cid in job.cells}
-    todo = [c for c in manifest.plan if c.cell_id not in busy]
-    jobs = list(watched)
-    try:
-        with sigterm_unwinds():  # from the first sbatch on, whatever stops this command cancels its jobs
-            _submit_all(sweep, manifest, todo, settings, opts, data_dir, image, pair, console, jobs)
-            _wait(sweep, manifest, jobs, opts, result, console)
-    except (KeyboardInterrupt, Terminated):  # Ctrl-C or SIGTERM: no job of ours is left queued or running
-        result.interrupted = True
-        _cancel_and_wait(sweep, manifest, jobs, result, console)
-    finally:
-        _merge(sweep, manifest, jobs)
-        run._close(sweep, manifest, result)
-    run._annotate_quality(sweep, settings)
-    SweepProgress(manifest).print_table(sweep)
-    return result
+    return _Run(settings, opts, pair, sweep, manifest, run.SweepResult(sweep.path), jobs=list(watched),
+                todo=[c for c in manifest.plan if c.cell_id not in busy])
 
 
 # ---------------------------------------------------------------- submitting
@@ -163,14 +235,6 @@ def refuse_local_resume(folder: Path) -> None:
 # ---------------------------------------------------------------- watching
 
 
-def _wait(sweep: SweepDir, manifest: Manifest, jobs: list[SlurmJob], opts: SlurmOptions, result, console: Console) -> None:
-    while any(j.active for j in jobs):
-        time.sleep(opts.poll_s)
-        _poll(sweep, manifest, jobs, result, console)
-        _merge(sweep, manifest, jobs)
-        sweep.write_manifest(manifest)
-
-
 def _poll(sweep: SweepDir, manifest: Manifest, jobs: list[SlurmJob], result, console: Console) -> None:
     active = [j for j in jobs if j.active]
     found = slurm.states([j.job_id for j in active])
@@ -209,15 +273,16 @@ def _finish(sweep: SweepDir, manifest: Manifest, job: SlurmJob, st: slurm.JobSta
     console.print(f"{job.key}: {escape(why)}: {done}/{len(job.cells)} cells complete")
 
 
-def _cancel_and_wait(sweep: SweepDir, manifest: Manifest, jobs: list[SlurmJob], result, console: Console) -> None:
-    """Ctrl-C: cancel every job this sweep has queued or running (none is left behind), then record them."""
-    active = [j for j in jobs if j.active]
+def _cancel_and_wait(runs: list[_Run], console: Console) -> None:
+    """Ctrl-C: cancel every job these sweeps have queued or running (none is left behind), then record them."""
+    active = [j for r in runs for j in r.jobs if j.active]
     console.print(f"interrupted: cancelling slurm jobs {', '.join(j.job_id for j in active)}")
     slurm.cancel([j.job_id for j in active])
     deadline = time.monotonic() + CANCEL_WAIT_S
-    while any(j.active for j in jobs) and time.monotonic() < deadline:
+    while any(j.active for r in runs for j in r.jobs) and time.monotonic() < deadline:
         time.sleep(1.0)
-        _poll(sweep, manifest, jobs, result, console)
+        for r in runs:
+            _poll(r.sweep, r.manifest, r.jobs, r.result, console)
 
 
 # ---------------------------------------------------------------- merging
