@@ -323,6 +323,14 @@ def sweep(
     resume: Optional[Path] = typer.Option(None, "--resume", help="Sweep folder to finish: complete cells are kept, the rest run."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and the exact server commands; run nothing."),
     data_dir: Optional[Path] = DataDirOption,
+    executor: str = typer.Option("local", "--executor", help="local (this machine) or slurm (one job per server group, see README)."),
+    partition: Optional[str] = typer.Option(None, "--partition", help="Slurm partition of the jobs."),
+    account: Optional[str] = typer.Option(None, "--account", help="Slurm account the jobs are charged to."),
+    time_limit: Optional[str] = typer.Option(None, "--time", help="Slurm time limit of each job, e.g. 04:00:00."),
+    gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", min=0, help="GPUs per job (default: the server's tensor-parallel size; 0 for the emulator)."),
+    gpu_type: Optional[str] = typer.Option(None, "--gpu-type", help="Slurm gres GPU type, e.g. h100: jobs ask for gpu:h100:N."),
+    sbatch_arg: Optional[list[str]] = typer.Option(None, "--sbatch-arg", help="Extra sbatch option for every job, e.g. --sbatch-arg=--qos=high (repeatable)."),
+    poll_s: Optional[float] = typer.Option(None, "--poll-s", min=0.1, hidden=True, help="Seconds between job state checks (default 5)."),
 ) -> None:
     """Launch paired AR and DFlash servers and measure every suite at every concurrency into one sweep folder."""
     from dflash_bench.sweep.commands import parse_list, resolve_suites, sweep_command
@@ -334,7 +342,21 @@ def sweep(
         "url_dflash": url_dflash, "temperature": temperature, "seed": seed, "thinking": thinking,
         "save_token_ids": save_token_ids, "engine_options": {"drafter": drafter} if drafter else None,
     }
-    raise typer.Exit(sweep_command(options, out=out, resume=resume, dry_run=dry_run, data_dir=data_dir, image=image))
+    slurm = {"partition": partition, "account": account, "time": time_limit, "gpus_per_node": gpus_per_node,
+             "gpu_type": gpu_type, "sbatch_args": sbatch_arg, "poll_s": poll_s}
+    raise typer.Exit(sweep_command(options, out=out, resume=resume, dry_run=dry_run, data_dir=data_dir, image=image,
+                                   executor=executor, slurm=slurm))
+
+
+@app.command("sweep-job", hidden=True)
+def sweep_job(
+    sweep_dir: Path = typer.Argument(..., help="The shared sweep folder."),
+    key: str = typer.Argument(..., help="The job's key (slurm/<key>.json)."),
+) -> None:
+    """Inside a Slurm job of `sweep --executor slurm`: measure this job's cells on this node."""
+    from dflash_bench.sweep.slurm_job import run_job
+
+    raise typer.Exit(run_job(sweep_dir, key))
 
 
 @app.command()

@@ -53,13 +53,39 @@ def load(paths: list[Path]) -> list[SweepView]:
     views: list[SweepView] = []
     slugs: set[str] = set()
     for path in paths:
-        view = _load_one(Path(path))
-        base, n = view.slug, 2
-        while view.slug in slugs:
-            view.slug, n = f"{base}-{n}", n + 1
-        slugs.add(view.slug)
-        views.append(view)
+        for view in by_gpu_type(_load_one(Path(path))):
+            base, n = view.slug, 2
+            while view.slug in slugs:
+                view.slug, n = f"{base}-{n}", n + 1
+            slugs.add(view.slug)
+            views.append(view)
     return views
+
+
+def by_gpu_type(view: SweepView) -> list[SweepView]:
+    """A sweep whose cells ran on several GPU types (the placement a scheduler records per cell) becomes one
+    view per type, so the report sets them side by side as it does separate sweeps; else the view as is."""
+    types = {c.cell_id: c.gpu_type or "unknown GPU" for c in view.manifest.plan}
+    if len(set(types.values())) < 2:
+        only = next(iter(types.values()), "unknown GPU")
+        if only != "unknown GPU" and only not in view.label:  # a gres type where NVML named no GPU
+            view.label = f"{view.label} · {only}"
+        return [view]
+    out = []
+    for gpu in sorted(set(types.values())):
+        ids = {cid for cid, t in types.items() if t == gpu}
+        frame = view.frame[view.frame["cell_id"].isin(ids)] if not view.frame.empty else view.frame
+        manifest = view.manifest.model_copy(update={"plan": [c for c in view.manifest.plan if c.cell_id in ids]})
+        part = SweepView(path=view.path, manifest=manifest, label=f"{view.label} · {gpu}",
+                         slug=f"{view.slug}-{slugify(gpu)}", frame=frame, done=in_order(averaged(frame), view.suite_rank),
+                         headline=in_order(analysis.headline(frame), view.suite_rank), gpus=view.gpus,
+                         suite_rank=view.suite_rank)
+        part.failed = failures(manifest, frame)
+        part.quality = view.quality  # per engine, suite and concurrency: not placed on a GPU type
+        part.samples = [x for x in view.samples if x["cell_id"] in ids]
+        part.power = {cid: t for cid, t in view.power.items() if cid in ids}
+        out.append(part)
+    return out
 
 
 def _load_one(path: Path) -> SweepView:

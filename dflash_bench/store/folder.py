@@ -218,6 +218,11 @@ class SweepDir:
         return True
 
 
+def read_json_model(model: type[BaseModel], file: Path) -> Any:
+    """A JSON file read back through its schema; a StoreError naming the file when it is not one."""
+    return _validate(model, _load_json(file), file)
+
+
 def _load_json(file: Path) -> Any:
     try:
         return json.loads(file.read_text())

@@ -80,6 +80,7 @@ class GpuInfo(_Open):
 class Hardware(_Open):
     host: HostInfo | None = None
     gpus: list[GpuInfo] = Field(default_factory=list)
+    nodes: dict[str, list[GpuInfo]] = Field(default_factory=dict)  # --executor slurm: each node's GPUs
 
 
 class ModelRevision(_Open):
@@ -126,6 +127,11 @@ class CellPlan(CellKey):
 
     status: CellStatus = "pending"
     reason: str | None = None
+    # where a cell ran when a scheduler placed it (--executor slurm); None for a sweep run on one machine
+    node: str | None = None
+    job_id: str | None = None
+    gpus: list[str] | None = None  # the job's GPUs as the scheduler numbered them (SLURM_JOB_GPUS)
+    gpu_type: str | None = None  # the GPUs' name from NVML, else the requested gres type
 
 
 class Manifest(BaseModel):

@@ -18,12 +18,26 @@ DEMO_CONCURRENCY = [1, 8, 32]
 
 
 def sweep_command(options: dict[str, Any], *, out: Path, resume: Path | None, dry_run: bool,
-                  data_dir: Path | None, image: str | None) -> int:
+                  data_dir: Path | None, image: str | None, executor: str = "local",
+                  slurm: dict[str, Any] | None = None) -> int:
     """Options given on the command line (None = not given) -> run or print the sweep; the exit code."""
     if resume is not None and image is None:  # the saved image is taken back, like every other setting
         saved = SweepDir.open(resume).read_manifest().settings
         image = saved.image if saved is not None else None
+    if resume is not None and executor == "local" and not dry_run:
+        from dflash_bench.sweep.slurm_run import refuse_local_resume
+
+        refuse_local_resume(Path(resume))
     settings = _settings(options, resume, image)
+    if executor not in ("local", "slurm"):
+        raise UserError(f"--executor is local or slurm, not {executor!r}")
+    if executor == "local" and any(v not in (None, []) for v in (slurm or {}).values()):
+        raise UserError("--partition, --account, --time, --gpus-per-node, --gpu-type and --sbatch-arg need --executor slurm")
+    if executor == "slurm":
+        from dflash_bench.sweep.slurm_run import slurm_command
+
+        return slurm_command(settings, slurm or {}, preset_given=options.get("gpu") is not None, out=out, resume=resume,
+                             dry_run=dry_run, data_dir=data_dir, argv=sys.argv, image=image)
     if dry_run:
         print_plan(settings, image)
         return 0

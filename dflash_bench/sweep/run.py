@@ -143,9 +143,11 @@ def _server(launch: Launch, settings: SweepSettings, pair, sweep: SweepDir, mani
         yield {"url": url, "check": lambda: None, "info": {"runner": "external", "url": url}}
         return
     from dflash_bench.launch import launch_server
+    from dflash_bench.telemetry import scheduler_gpus
 
     runner = settings.runner
-    with launch_server(launch.engine, pair, launch.mode, runner=runner, preset=settings.gpu,
+    gpus = (scheduler_gpus() or "all") if runner == "docker" else "all"  # a container escapes a Slurm job's GPUs
+    with launch_server(launch.engine, pair, launch.mode, runner=runner, preset=settings.gpu, gpus=gpus,
                        extra_args=settings.engine_args, sweep_id=manifest.sweep_id, image=image,
                        log_path=sweep.log_path(launch.engine, launch.mode),
                        port=settings.port) as server:
@@ -354,12 +356,12 @@ def _prompt_loader(settings: SweepSettings, data_dir: Path | None):
 def _telemetry(manifest: Manifest, progress: SweepProgress, settings: SweepSettings, pair):
     """One sampler for the whole sweep (each cell is one window) over the server's own GPUs, or None
     when NVML has no GPU to watch."""
-    from dflash_bench.telemetry import TelemetrySampler, gpu_inventory, probe, resolve_gpus
+    from dflash_bench.telemetry import TelemetrySampler, gpu_inventory, probe, resolve_gpus, scheduler_gpus
 
     status = probe(None)
     gpus = None
     if status.enabled:  # devices 0..tp-1 of what the server sees (a container launched here sees every GPU)
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES") if settings.runner == "process" else None
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES") if settings.runner == "process" else scheduler_gpus()
         devices = server_devices(settings, pair)
         gpus = resolve_gpus(devices, visible) if devices is not None else None
     sampler = TelemetrySampler(gpus)

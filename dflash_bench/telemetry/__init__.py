@@ -24,6 +24,7 @@ from dflash_bench.telemetry.nvml import (
     gpu_inventory,
     probe,
     resolve_gpus,
+    scheduler_gpus,
     throttle_names,
 )
 from dflash_bench.telemetry.sampler import TelemetrySampler, read_csv, samples_to_csv, write_csv

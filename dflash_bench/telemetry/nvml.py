@@ -7,6 +7,7 @@ none of them raises for that.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable
@@ -116,6 +117,21 @@ def _text(value: Any) -> str:
 
 
 # ------------------------------------------------------------------ which GPUs
+
+
+def scheduler_gpus(environ: dict[str, str] | None = None) -> str | None:
+    """The GPUs a batch scheduler gave this job, as a CUDA_VISIBLE_DEVICES-style list, or None outside one.
+
+    Slurm names them in SLURM_STEP_GPUS (inside srun) or SLURM_JOB_GPUS (the batch script): node-wide
+    indices, which are NVML's numbering where no device cgroup renumbers them. A container launched from
+    the job bypasses the job's cgroup, so it must be given this list rather than every GPU of the node.
+    """
+    env = os.environ if environ is None else environ
+    for name in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
+        value = (env.get(name) or "").strip()
+        if value and value.lower() not in ("none", "n/a"):
+            return value
+    return None
 
 
 def resolve_gpus(
