@@ -5,6 +5,7 @@ Entry points: `measure(url, prompts, concurrency=...)` -> Measurement (nothing w
 `measure_cell(url, prompts, concurrency=..., cell_dir=...)` does all three.
 """
 
-from dflash_bench.client.cell import Measurement, measure, measure_async, measure_cell
+from dflash_bench.client.cell import Measurement, measure, measure_async
+from dflash_bench.client.summary import measure_cell
 
 __all__ = ["Measurement", "measure", "measure_async", "measure_cell"]

@@ -2,14 +2,13 @@
 
 `measure` returns a `Measurement` (the records and counter snapshots); `client.summary.summarize_cell`
 turns it into a CellSummary and `client.summary.write_cell` writes both through the caller's SweepDir.
-`measure_cell` composes the three for callers that hold only a cell folder (tests, scripts).
+`client.summary.measure_cell` composes the three for callers that hold only a cell folder (tests, scripts).
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Sequence
 
 import orjson
@@ -19,7 +18,7 @@ from dflash_bench.client.protocol import APIS, RequestSettings, chat_renderer
 from dflash_bench.client.transport import TRANSPORTS, Transport, make_transport, with_timeout
 from dflash_bench.errors import UserError
 from dflash_bench.metrics import prometheus
-from dflash_bench.store import CellSummary, RequestRecord, SweepDir, now_iso
+from dflash_bench.store import RequestRecord, now_iso
 
 
 @dataclass
@@ -34,22 +33,6 @@ class Measurement:
     t0: float  # perf_counter origin of the records' times (this host's monotonic clock)
     snaps: dict[str, Any] = field(default_factory=dict)  # /metrics before, after, delta, error
     telemetry: Any = None  # the GPU sampler that covered the measured window, if any
-
-
-def measure_cell(url: str, prompts: Sequence, *, cell_dir: Path, engine: str = "vllm", mode: str = "ar",
-                 suite: str | None = None, repeat: int = 0, **options: Any) -> CellSummary:
-    """Measure, summarise and write one cell into `cell_dir` (a `<sweep>/cells/<cell-id>` folder).
-
-    The options are `measure_async`'s. Raises UserError when the server cannot be reached at all;
-    request failures during the cell are recorded (with their reasons) and counted instead."""
-    from dflash_bench.client.summary import summarize_cell, write_cell
-
-    cell_dir = Path(cell_dir)
-    m = asyncio.run(measure_async(url, prompts, **options))
-    summary = summarize_cell(m, cell_id=cell_dir.name, engine=engine, mode=mode,
-                             suite=suite or prompts[0].suite, concurrency=options["concurrency"], repeat=repeat)
-    write_cell(SweepDir(cell_dir.parent.parent), summary, m)
-    return summary
 
 
 def measure(url: str, prompts: Sequence, **options: Any) -> Measurement:

@@ -269,3 +269,15 @@ class Stream:
         if meta.get("spec_verify_ct") is not None:
             self.spec_steps = meta["spec_verify_ct"]
             self.spec_accepted = meta.get("spec_accept_token_num", meta.get("spec_accepted_drafts"))
+
+
+def error_message(status: int, body: bytes) -> str:
+    """One line for an HTTP error response: the server's own message where its JSON body has one."""
+    msg = body[:300].decode("utf-8", "replace")
+    try:
+        obj = orjson.loads(body)
+        err = obj.get("error", obj) if isinstance(obj, dict) else obj
+        msg = (err.get("message") if isinstance(err, dict) else None) or msg
+    except (orjson.JSONDecodeError, AttributeError):
+        pass
+    return f"HTTP {status}: {str(msg)[:200]}"

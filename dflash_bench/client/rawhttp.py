@@ -16,7 +16,7 @@ import asyncio
 import time
 from urllib.parse import urlsplit
 
-from dflash_bench.client.protocol import Stream
+from dflash_bench.client.protocol import Stream, error_message
 
 _clock = time.perf_counter
 
@@ -221,8 +221,6 @@ class RawTransport:
                 self._release(c)
 
     async def stream(self, path: str, body: bytes, st: Stream) -> None:
-        from dflash_bench.client.transport import _error_message
-
         try:
             r = await self._request(b"POST", path, body, st)
         except ConnectionResetError as err:
@@ -232,7 +230,7 @@ class RawTransport:
             st.error = f"connection failed: {err}"
             return
         if r.status != 200:
-            st.error = _error_message(r.status, b"".join(r.body))
+            st.error = error_message(r.status, b"".join(r.body))
 
     async def get(self, path: str) -> tuple[int, bytes]:
         r = await self._request(b"GET", path, b"", None)

@@ -6,9 +6,10 @@ still summarises what was measured, with the cell marked failed and the reason f
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import Any, Sequence
 
-from dflash_bench.client.cell import Measurement
+from dflash_bench.client.cell import Measurement, measure
 from dflash_bench.metrics.acceptance import cell_acceptance
 from dflash_bench.metrics.definitions import failure_reasons, not_measured, summarize
 from dflash_bench.metrics.prometheus import VLLM_ACCEPTED, VLLM_DRAFTS
@@ -84,3 +85,17 @@ def write_cell(sweep: SweepDir, summary: CellSummary, m: Measurement | None) -> 
         if m.telemetry is not None:
             m.telemetry.write_csv(sweep.cell_dir(cid) / TELEMETRY)
     sweep.write_summary(summary)
+
+
+def measure_cell(url: str, prompts: Sequence, *, cell_dir: Path, engine: str = "vllm", mode: str = "ar",
+                 suite: str | None = None, repeat: int = 0, **options: Any) -> CellSummary:
+    """Measure, summarise and write one cell into `cell_dir` (a `<sweep>/cells/<cell-id>` folder).
+
+    The options are `measure_async`'s. Raises UserError when the server cannot be reached at all;
+    request failures during the cell are recorded (with their reasons) and counted instead."""
+    cell_dir = Path(cell_dir)
+    m = measure(url, prompts, **options)
+    summary = summarize_cell(m, cell_id=cell_dir.name, engine=engine, mode=mode,
+                             suite=suite or prompts[0].suite, concurrency=options["concurrency"], repeat=repeat)
+    write_cell(SweepDir(cell_dir.parent.parent), summary, m)
+    return summary

@@ -13,7 +13,7 @@ import asyncio
 import time
 from typing import Protocol
 
-from dflash_bench.client.protocol import Stream
+from dflash_bench.client.protocol import Stream, error_message
 
 TRANSPORTS = ("auto", "raw", "aiohttp", "httpx")
 _HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream"}
@@ -23,19 +23,6 @@ class Transport(Protocol):
     async def stream(self, path: str, body: bytes, st: Stream) -> None: ...
     async def get(self, path: str) -> tuple[int, bytes]: ...
     async def close(self) -> None: ...
-
-
-def _error_message(status: int, body: bytes) -> str:
-    import orjson
-
-    msg = body[:300].decode("utf-8", "replace")
-    try:
-        obj = orjson.loads(body)
-        err = obj.get("error", obj) if isinstance(obj, dict) else obj
-        msg = (err.get("message") if isinstance(err, dict) else None) or msg
-    except (orjson.JSONDecodeError, AttributeError):
-        pass
-    return f"HTTP {status}: {str(msg)[:200]}"
 
 
 class AiohttpTransport:
@@ -52,7 +39,7 @@ class AiohttpTransport:
         try:
             async with self.session.post(self.base + path, data=body, headers=_HEADERS, trace_request_ctx=st) as resp:
                 if resp.status != 200:
-                    st.error = _error_message(resp.status, await resp.read())
+                    st.error = error_message(resp.status, await resp.read())
                     return
                 await _read_sse(st, resp.content.iter_any())
         except self._aiohttp.ClientPayloadError as err:
@@ -134,7 +121,7 @@ class HttpxTransport:
             async with self.client.stream("POST", path, content=body, headers=_HEADERS,
                                           extensions={"trace": _httpx_trace(st)}) as resp:
                 if resp.status_code != 200:
-                    st.error = _error_message(resp.status_code, await resp.aread())
+                    st.error = error_message(resp.status_code, await resp.aread())
                     return
                 await _read_sse(st, resp.aiter_raw())
         except (self._httpx.RemoteProtocolError, self._httpx.ReadError) as err:

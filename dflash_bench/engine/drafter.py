@@ -171,7 +171,7 @@ def save_drafter(model: DFlashDrafter, out_dir: str | Path) -> None:
     """Write a drafter in z-lab's format (config.json + model.safetensors with unprefixed keys)."""
     from safetensors.torch import save_file
 
-    from dflash_bench.engine.tiny import write_json_atomic
+    from dflash_bench.store import atomic_write_json
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -179,7 +179,7 @@ def save_drafter(model: DFlashDrafter, out_dir: str | Path) -> None:
     tmp = out / ".model.safetensors.tmp"
     save_file(tensors, str(tmp), metadata={"format": "pt"})
     tmp.replace(out / "model.safetensors")
-    write_json_atomic(out / "config.json", model.config.raw)
+    atomic_write_json(out / "config.json", model.config.raw)
 
 
 def load_drafter(path: str | Path, *, target_hidden: int, target_layers: int, target_vocab: int, dtype, device) -> DFlashDrafter:

@@ -10,9 +10,7 @@
 
 from __future__ import annotations
 
-import json
 import os
-import tempfile
 from pathlib import Path
 
 import torch
@@ -180,12 +178,3 @@ def _wire_constant(model, embed, norm_weight, head) -> None:
     if head is not None:
         head[:, 0] = torch.rand(head.shape[0]) * 0.5
         head[PREDICTED_TOKEN, 0] = 1.0
-
-
-def write_json_atomic(path: Path, data: dict) -> None:
-    """Write JSON through a temporary file and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2)
-    os.replace(tmp, path)

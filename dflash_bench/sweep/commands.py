@@ -12,7 +12,8 @@ from rich.markup import escape
 
 from dflash_bench.errors import UserError
 from dflash_bench.store import SweepDir
-from dflash_bench.sweep.plan import SweepSettings, launches, plan_cells
+from dflash_bench.sweep.dry_run import print_plan
+from dflash_bench.sweep.plan import SweepSettings
 
 DEMO_CONCURRENCY = [1, 8, 32]
 
@@ -97,30 +98,6 @@ def resolve_suites(value: str | None) -> list[str] | None:
     for name in names:
         get_suite(name)
     return names
-
-
-def print_plan(settings: SweepSettings, image: str | None) -> None:
-    """--dry-run: the cells in run order and the exact command of every server launch."""
-    from dflash_bench import models
-    from dflash_bench.launch import plan_server
-    from dflash_bench.launch.commands import dry_run_line
-
-    pair = models.resolve(settings.model, drafter=settings.engine_options.get("drafter"))
-    plan = plan_cells(settings)
-    console = Console()
-    typer.echo(f"{len(plan)} cells, in run order:")
-    for i, c in enumerate(plan, 1):
-        typer.echo(f"{i:4d}. {c.cell_id}")
-    for launch in launches(plan):
-        if settings.url_ar:
-            url = settings.url_ar if launch.mode == "ar" else settings.url_dflash
-            console.print(f"[bold]{launch.engine} {launch.mode}[/] ({len(launch.cells)} cells): measure {escape(url)}")
-            continue
-        profile, pair, argv, env, port = plan_server(launch.engine, pair, launch.mode, port=settings.port, preset=settings.gpu,
-                                                     extra_args=settings.engine_args, runner=settings.runner)
-        line = dry_run_line(profile, argv, env, port, settings.runner, image, "all", "host")
-        console.print(f"[bold]{launch.engine} {launch.mode}[/] ({len(launch.cells)} cells):")
-        typer.echo(line)
 
 
 # ------------------------------------------------------------------ demo

@@ -32,7 +32,7 @@ def slurm_command(settings: SweepSettings, options: dict[str, Any], *, preset_gi
                   resume: Path | None, dry_run: bool, data_dir: Path | None, argv: list[str], image: str | None) -> int:
     """`sweep --executor slurm`: one sweep folder, or with `--gpu-type h100,h200` one per GPU type under
     --out/<type>/ (the cell ids name no GPU), submitted and waited on together; the worst exit code."""
-    from dflash_bench.sweep.commands import print_plan
+    from dflash_bench.sweep.dry_run import print_plan
 
     opts = SlurmOptions(**{k: v for k, v in options.items() if v not in (None, [])})
     types = [t.strip() for t in (opts.gpu_type or "").split(",") if t.strip()]

@@ -175,7 +175,7 @@ def train_drafter(target: str, data: str | list[list[dict]], out: str, config: D
     """Regenerate responses with the target, train a DFlash drafter, save it in z-lab's format under `out`."""
     from dflash_bench.engine.build import eos_ids, load_tokenizer
     from dflash_bench.engine.drafter import DFlashDrafter, DrafterConfig, save_drafter
-    from dflash_bench.engine.tiny import write_json_atomic
+    from dflash_bench.store import atomic_write_json
     from dflash_bench.train.data import encode_prompts, read_prompts, regenerate
 
     c = config or DrafterTrainConfig()
@@ -217,7 +217,7 @@ def train_drafter(target: str, data: str | list[list[dict]], out: str, config: D
 
     drafter.to(torch.bfloat16)
     save_drafter(drafter, out)
-    write_json_atomic(Path(out) / "dflash_train.json", {"config": asdict(c), **summary})
+    atomic_write_json(Path(out) / "dflash_train.json", {"config": asdict(c), **summary})
     log(f"saved the drafter to {out}")
     return summary
 

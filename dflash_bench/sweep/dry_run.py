@@ -1,0 +1,33 @@
+"""`sweep --dry-run`: the cells in run order and the exact command of every server launch, nothing run."""
+
+from __future__ import annotations
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from dflash_bench.sweep.plan import SweepSettings, launches, plan_cells
+
+
+def print_plan(settings: SweepSettings, image: str | None) -> None:
+    """--dry-run: the cells in run order and the exact command of every server launch."""
+    from dflash_bench import models
+    from dflash_bench.launch import plan_server
+    from dflash_bench.launch.commands import dry_run_line
+
+    pair = models.resolve(settings.model, drafter=settings.engine_options.get("drafter"))
+    plan = plan_cells(settings)
+    console = Console()
+    typer.echo(f"{len(plan)} cells, in run order:")
+    for i, c in enumerate(plan, 1):
+        typer.echo(f"{i:4d}. {c.cell_id}")
+    for launch in launches(plan):
+        if settings.url_ar:
+            url = settings.url_ar if launch.mode == "ar" else settings.url_dflash
+            console.print(f"[bold]{launch.engine} {launch.mode}[/] ({len(launch.cells)} cells): measure {escape(url)}")
+            continue
+        profile, pair, argv, env, port = plan_server(launch.engine, pair, launch.mode, port=settings.port, preset=settings.gpu,
+                                                     extra_args=settings.engine_args, runner=settings.runner)
+        line = dry_run_line(profile, argv, env, port, settings.runner, image, "all", "host")
+        console.print(f"[bold]{launch.engine} {launch.mode}[/] ({len(launch.cells)} cells):")
+        typer.echo(line)
