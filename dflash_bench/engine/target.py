@@ -71,7 +71,7 @@ def _check_attention_only(cfg) -> None:
                         "serves attention-only models (use vLLM or SGLang for hybrid ones)")
 
 
-def _decoder_layers(model: nn.Module, n_layers: int) -> nn.ModuleList:
+def decoder_layers(model: nn.Module, n_layers: int) -> nn.ModuleList:
     for name, mod in model.named_modules():
         if isinstance(mod, nn.ModuleList) and name.endswith("layers") and len(mod) == n_layers:
             return mod
@@ -111,7 +111,7 @@ class Target:
         kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         self.max_len = max_len
         self.cache = SlotCache(self.n_layers, max_slots, max_len, kv_heads, head_dim, dtype, self.device)
-        self.layers = _decoder_layers(self.model, self.n_layers)
+        self.layers = decoder_layers(self.model, self.n_layers)
         self._taps: list[int] = []
         self._captured: dict[int, torch.Tensor] = {}
         self._hooks = []

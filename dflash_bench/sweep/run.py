@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from dflash_bench.errors import UserError
-from dflash_bench.store import CellPlan, CellSummary, GpuInfo, Manifest, ServerRecord, StoreError, SweepDir, now_iso
+from dflash_bench.store import CellPlan, GpuInfo, Manifest, ServerRecord, StoreError, SweepDir, now_iso
 from dflash_bench.store.lock import WriterLock, create_locked, open_locked
 from dflash_bench.sweep import provenance
 from dflash_bench.sweep.plan import Launch, SweepSettings, check_resume, launches, plan_cells
@@ -48,16 +48,16 @@ def run_sweep(settings: SweepSettings, *, out: Path, resume: Path | None = None,
     image = image or settings.image
     prompts = None
     if resume is None:  # a missing dataset fails before a sweep folder exists
-        prompts = _prompt_loader(settings, data_dir)
+        prompts = prompt_loader(settings, data_dir)
     # a mismatched resume is refused before any dataset is touched; the folder's lock, taken here, is
     # held until everything is written
-    sweep, manifest, lock = _open(settings, out, resume, pair, argv or sys.argv)
+    sweep, manifest, lock = open_sweep(settings, out, resume, pair, argv or sys.argv)
     try:
         if resume is not None:
             _stop_leftovers(manifest.sweep_id)  # only now: the lock says no other run of this sweep is alive
-            prompts = _prompt_loader(settings, data_dir)
+            prompts = prompt_loader(settings, data_dir)
         result = _run_plan(settings, pair, sweep, manifest, prompts, image, quiet)
-        _annotate_quality(sweep, settings)
+        annotate_quality(sweep, settings)
     finally:
         lock.release()
     return result
@@ -67,19 +67,19 @@ def _run_plan(settings: SweepSettings, pair, sweep: SweepDir, manifest: Manifest
               quiet: bool) -> SweepResult:
     progress = SweepProgress(manifest, quiet=quiet)
     result = SweepResult(sweep.path)
-    telemetry = _telemetry(manifest, progress, settings, pair)
+    telemetry = start_telemetry(manifest, progress, settings, pair)
     try:
         with progress:
             for launch in launches(manifest.plan):
-                _run_launch(launch, settings, pair, sweep, manifest, prompts, progress, telemetry, result, image)
+                run_launch(launch, settings, pair, sweep, manifest, prompts, progress, telemetry, result, image)
     except KeyboardInterrupt:
         result.interrupted = True
     except SystemExit as err:  # SIGTERM unwinds as launch.Terminated (a SystemExit)
         result.interrupted = True
-        if not _is_terminated(err):
+        if not is_terminated(err):
             raise
     finally:
-        _close(sweep, manifest, result)
+        close_sweep(sweep, manifest, result)
     if not quiet:
         progress.print_table(sweep)
         if result.interrupted:
@@ -90,7 +90,7 @@ def _run_plan(settings: SweepSettings, pair, sweep: SweepDir, manifest: Manifest
 # ------------------------------------------------------------------ one server lifetime
 
 
-def _run_launch(launch: Launch, settings: SweepSettings, pair, sweep: SweepDir, manifest: Manifest, prompts,
+def run_launch(launch: Launch, settings: SweepSettings, pair, sweep: SweepDir, manifest: Manifest, prompts,
                 progress: SweepProgress, telemetry, result: SweepResult, image: str | None) -> None:
     key = f"{launch.engine}-{launch.mode}"
     try:
@@ -103,14 +103,14 @@ def _run_launch(launch: Launch, settings: SweepSettings, pair, sweep: SweepDir, 
                 try:
                     check()
                 except UserError as err:  # the server died between cells: the rest of this launch fails
-                    _fail(sweep, manifest, cell, f"server died: {_reason(err)}", result)
+                    fail_cell(sweep, manifest, cell, f"server died: {_reason(err)}", result)
                     continue
                 _run_cell(cell, server["url"], settings, pair, sweep, manifest, prompts, progress, telemetry,
                           check, result)
     except UserError as err:  # could not start the server: every remaining cell of this launch fails
         for cell in launch.cells:
             if cell.status not in ("complete", "failed"):
-                _fail(sweep, manifest, cell, f"server did not start: {_reason(err)}", result)
+                fail_cell(sweep, manifest, cell, f"server did not start: {_reason(err)}", result)
 
 
 def _record_server(manifest: Manifest, key: str, info: ServerRecord) -> None:
@@ -175,7 +175,7 @@ def _run_cell(cell: CellPlan, url: str, settings: SweepSettings, pair, sweep: Sw
                     telemetry=telemetry, on_progress=progress.on_request,
                     tokenizer=pair.target if cell.engine == "sglang" else None)  # /generate takes templated text
     except UserError as err:
-        _fail(sweep, manifest, cell, _reason(err), result)
+        fail_cell(sweep, manifest, cell, _reason(err), result)
         return
     failure = None
     try:
@@ -213,7 +213,7 @@ def _clear_attempt(sweep: SweepDir, manifest: Manifest, cell: CellPlan) -> None:
     shutil.rmtree(folder)
 
 
-def _fail(sweep: SweepDir, manifest: Manifest, cell: CellPlan, reason: str, result: SweepResult) -> None:
+def fail_cell(sweep: SweepDir, manifest: Manifest, cell: CellPlan, reason: str, result: SweepResult) -> None:
     """Record a failed cell (with its reason) as a summary, so it is done and visible everywhere; whatever
     requests.jsonl the attempt left is counted in it."""
     from dflash_bench.client.summary import summarize_records
@@ -231,7 +231,7 @@ def _fail(sweep: SweepDir, manifest: Manifest, cell: CellPlan, reason: str, resu
 # ------------------------------------------------------------------ the folder
 
 
-def _open(settings: SweepSettings, out: Path, resume: Path | None, pair,
+def open_sweep(settings: SweepSettings, out: Path, resume: Path | None, pair,
           argv: list[str]) -> tuple[SweepDir, Manifest, WriterLock]:
     """The sweep folder (new, or the one to resume) and its writer's lock, held by this process."""
     if resume is not None:
@@ -242,7 +242,7 @@ def _open(settings: SweepSettings, out: Path, resume: Path | None, pair,
             lock.release()
             raise
         for cell in manifest.plan:  # whatever was running when it stopped is redone; failed cells get a new try
-            _status_from_disk(sweep, cell)
+            status_from_disk(sweep, cell)
         manifest.status = "running"
         manifest.notes.append(f"resumed {now_iso()} by: {' '.join(provenance.redact(argv))}")
         sweep.write_manifest(manifest)
@@ -297,7 +297,7 @@ def check_has_plan(manifest: Manifest, folder: Path) -> None:
                         "has no sweep settings); add cells to it with `dflash-bench run --name`, or start a new sweep")
 
 
-def _status_from_disk(sweep: SweepDir, cell: CellPlan) -> None:
+def status_from_disk(sweep: SweepDir, cell: CellPlan) -> None:
     """summary.json is the truth: a kill can land after a cell wrote it and before the manifest said so.
 
     A cell with a summary keeps its status (complete, or failed and tried again); one without is pending."""
@@ -305,10 +305,10 @@ def _status_from_disk(sweep: SweepDir, cell: CellPlan) -> None:
     cell.status, cell.reason = (summary.status, summary.failure_reason) if summary else ("pending", None)
 
 
-def _close(sweep: SweepDir, manifest: Manifest, result: SweepResult) -> None:
+def close_sweep(sweep: SweepDir, manifest: Manifest, result: SweepResult) -> None:
     for cell in manifest.plan:
         if cell.status == "running":
-            _status_from_disk(sweep, cell)
+            status_from_disk(sweep, cell)
     pending = [c for c in manifest.plan if c.status == "pending"]
     manifest.status = ("interrupted" if result.interrupted or pending
                        else "failed" if result.failed else "complete")
@@ -333,7 +333,7 @@ def _sweep_id(model: str, engines: list[str]) -> str:
     return f"{stamp}-{safe}-{'+'.join(engines)}"
 
 
-def _prompt_loader(settings: SweepSettings, data_dir: Path | None):
+def prompt_loader(settings: SweepSettings, data_dir: Path | None):
     """(suite, concurrency) -> (prompts, max_tokens). Suites load once up front so bad data fails fast."""
     from dflash_bench.suites import get_suite, load_prompts
 
@@ -353,7 +353,7 @@ def _prompt_loader(settings: SweepSettings, data_dir: Path | None):
     return load
 
 
-def _telemetry(manifest: Manifest, progress: SweepProgress, settings: SweepSettings, pair):
+def start_telemetry(manifest: Manifest, progress: SweepProgress, settings: SweepSettings, pair):
     """One sampler for the whole sweep (each cell is one window) over the server's own GPUs, or None
     when NVML has no GPU to watch."""
     from dflash_bench.telemetry import TelemetrySampler, gpu_inventory, probe, resolve_gpus, scheduler_gpus
@@ -385,7 +385,7 @@ def server_devices(settings: SweepSettings, pair) -> list[int] | None:
     return list(range(tp))
 
 
-def _annotate_quality(sweep: SweepDir, settings: SweepSettings) -> None:
+def annotate_quality(sweep: SweepDir, settings: SweepSettings) -> None:
     """The token-level lossless check, where token ids were saved."""
     if not settings.save_token_ids:
         return
@@ -394,7 +394,7 @@ def _annotate_quality(sweep: SweepDir, settings: SweepSettings) -> None:
     annotate_sweep(sweep.path)
 
 
-def _is_terminated(err: SystemExit) -> bool:
+def is_terminated(err: SystemExit) -> bool:
     from dflash_bench.launch import Terminated
 
     return isinstance(err, Terminated)

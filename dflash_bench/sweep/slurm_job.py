@@ -54,12 +54,12 @@ def run_job(folder: Path, key: str) -> int:
     manifest.plan = [c for c in manifest.plan if c.cell_id in mine]
     manifest.servers, manifest.notes, manifest.status = {}, [], "running"
     for cell in manifest.plan:
-        run._status_from_disk(shared, cell)
+        run.status_from_disk(shared, cell)
     sweep = JobSweepDir(folder, key)
     pair = models.resolve(settings.model, drafter=settings.engine_options.get("drafter"))
-    prompts = run._prompt_loader(settings, Path(job.data_dir) if job.data_dir else None)
+    prompts = run.prompt_loader(settings, Path(job.data_dir) if job.data_dir else None)
     progress = SweepProgress(manifest, quiet=True)
-    telemetry = run._telemetry(manifest, progress, settings, pair)
+    telemetry = run.start_telemetry(manifest, progress, settings, pair)
     _place(manifest)
     sweep.write_manifest(manifest)
     result = run.SweepResult(folder)
@@ -67,15 +67,15 @@ def run_job(folder: Path, key: str) -> int:
         with sigterm_unwinds():  # scancel and the time limit send SIGTERM: unwind, stop the server, record
             for launch in launches(manifest.plan):
                 print(f"dflash-bench: {launch.engine} {launch.mode}: {len(launch.cells)} cells", flush=True)
-                run._run_launch(launch, settings, pair, sweep, manifest, prompts, progress, telemetry, result, job.image)
+                run.run_launch(launch, settings, pair, sweep, manifest, prompts, progress, telemetry, result, job.image)
     except KeyboardInterrupt:
         result.interrupted = True
     except SystemExit as err:  # SIGTERM from scancel or the time limit unwinds as launch.Terminated
         result.interrupted = True
-        if not run._is_terminated(err):
+        if not run.is_terminated(err):
             raise
     finally:
-        run._close(sweep, manifest, result)
+        run.close_sweep(sweep, manifest, result)
     for cell in manifest.plan:
         print(f"dflash-bench: {cell.cell_id}: {cell.status}{' (' + cell.reason + ')' if cell.reason else ''}", flush=True)
     return result.exit_code

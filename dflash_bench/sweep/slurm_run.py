@@ -110,9 +110,9 @@ def run_slurm_sweeps(plans: list[tuple[SweepSettings, SlurmOptions, Path]], *, r
     finally:
         for r in runs:
             _merge(r.sweep, r.manifest, r.jobs)
-            run._close(r.sweep, r.manifest, r.result)
+            run.close_sweep(r.sweep, r.manifest, r.result)
     for r in runs:
-        run._annotate_quality(r.sweep, r.settings)
+        run.annotate_quality(r.sweep, r.settings)
         r.lock.release()
         SweepProgress(r.manifest).print_table(r.sweep)
     return [r.result for r in runs]
@@ -133,11 +133,11 @@ def _prepare(settings: SweepSettings, opts: SlurmOptions, out: Path, resume: Pat
     watched: list[SlurmJob] = []
     if resume is not None:  # jobs of an earlier run settle first, so that the plan's statuses read the truth
         watched = _earlier_jobs(Path(resume), console)
-        sweep, manifest, lock = run._open(settings, out, resume, pair, argv)
-        run._prompt_loader(settings, data_dir)
+        sweep, manifest, lock = run.open_sweep(settings, out, resume, pair, argv)
+        run.prompt_loader(settings, data_dir)
     else:
-        run._prompt_loader(settings, data_dir)  # a missing dataset fails here, before a folder or a job exists
-        sweep, manifest, lock = run._open(settings, out, None, pair, argv)
+        run.prompt_loader(settings, data_dir)  # a missing dataset fails here, before a folder or a job exists
+        sweep, manifest, lock = run.open_sweep(settings, out, None, pair, argv)
     busy = {cid for job in watched for cid in job.cells}
     return _Run(settings, opts, pair, sweep, manifest, run.SweepResult(sweep.path), lock, jobs=list(watched),
                 todo=[c for c in manifest.plan if c.cell_id not in busy])
@@ -256,7 +256,7 @@ def _poll(sweep: SweepDir, manifest: Manifest, jobs: list[SlurmJob], result, con
 
 def _finish(sweep: SweepDir, manifest: Manifest, job: SlurmJob, st: slurm.JobState, result, console: Console) -> None:
     """An ended job: its cells without a summary fail with the scheduler's state and the log's tail."""
-    from dflash_bench.sweep.run import _fail
+    from dflash_bench.sweep.run import fail_cell
 
     _merge(sweep, manifest, [job])
     job.state, job.ended_at = st.state, now_iso()
@@ -265,7 +265,7 @@ def _finish(sweep: SweepDir, manifest: Manifest, job: SlurmJob, st: slurm.JobSta
     why = job.reason or slurm.describe(job, st)
     unfinished = [cid for cid in job.cells if sweep.read_summary(cid) is None]
     for cid in unfinished:
-        _fail(sweep, manifest, manifest.cell(cid),
+        fail_cell(sweep, manifest, manifest.cell(cid),
               f"{why}: the job ended before this cell finished; log tail: {slurm.log_tail(sweep.path, job.key)}", result)
     for cid in job.cells:
         summary = sweep.read_summary(cid)
@@ -304,8 +304,8 @@ def _merge(sweep: SweepDir, manifest: Manifest, jobs: list[SlurmJob]) -> None:
         fields = ("status", "reason", "node", "job_id", "gpus", "gpu_type") if job.active else ("node", "job_id", "gpus", "gpu_type")
         for cell in mine.plan:
             main = manifest.cell(cell.cell_id)
-            for field in fields:
-                setattr(main, field, getattr(cell, field))
+            for name in fields:
+                setattr(main, name, getattr(cell, name))
         manifest.servers.update({f"{k}@{job.key}": v for k, v in mine.servers.items()})
         manifest.notes += [n for n in mine.notes if n not in manifest.notes]
         if mine.hardware.gpus and not manifest.hardware.gpus:  # the report's GPU count and names read these

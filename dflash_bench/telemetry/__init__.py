@@ -42,6 +42,7 @@ __all__ = [
     "probe",
     "read_csv",
     "resolve_gpus",
+    "scheduler_gpus",
     "samples_to_csv",
     "summarize",
     "throttle_names",

@@ -57,7 +57,7 @@ class FrozenTarget:
     def __init__(self, path: str, device: str, dtype: torch.dtype):
         from transformers import AutoModelForCausalLM
 
-        from dflash_bench.engine.target import _decoder_layers
+        from dflash_bench.engine.target import decoder_layers
 
         try:
             self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
@@ -65,7 +65,7 @@ class FrozenTarget:
             raise UserError(f"could not load the target model from {path!r}: {str(err).splitlines()[0]}") from err
         self.model.to(device).eval().requires_grad_(False)
         self.config = self.model.config.get_text_config()
-        self.layers = _decoder_layers(self.model, self.config.num_hidden_layers)
+        self.layers = decoder_layers(self.model, self.config.num_hidden_layers)
         self.embed_weight = self.model.get_input_embeddings().weight
         self.lm_head = self.model.get_output_embeddings()
         self._out: dict[int, torch.Tensor] = {}

@@ -1,0 +1,105 @@
+"""The package's seams: no import cycles (function-level imports included) and no private names borrowed.
+
+A function-level import hides a cycle from Python, not from a reader: two modules that import each other
+are one module split in two. Each test walks every import statement with `ast`, so nothing is imported.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "dflash_bench"
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for file in PACKAGE.rglob("*.py"):
+        parts = file.relative_to(PACKAGE.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = file
+    return out
+
+
+def _imports(name: str, file: Path, modules: dict[str, Path]):
+    """(imported module, imported name or None) for every dflash_bench import in `file`."""
+    package = name if file.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(file.read_text())):
+        if isinstance(node, ast.Import):
+            yield from ((a.name, None) for a in node.names if a.name.startswith("dflash_bench"))
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + [base]).strip(".")
+            if base.startswith("dflash_bench"):
+                for alias in node.names:  # `from pkg import submodule` depends on the submodule alone
+                    sub = f"{base}.{alias.name}"
+                    yield (sub, None) if sub in modules else (base, alias.name)
+
+
+def _graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for name, file in modules.items():
+        for target, _ in _imports(name, file, modules):
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                graph[name].add(target)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected groups of more than one module (Tarjan, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            nxt = next(edges, None)
+            if nxt is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    group = []
+                    while True:
+                        m = stack.pop()
+                        on_stack.discard(m)
+                        group.append(m)
+                        if m == node:
+                            break
+                    if len(group) > 1:
+                        groups.append(sorted(group))
+            elif nxt not in index:
+                index[nxt] = low[nxt] = len(index)
+                stack.append(nxt)
+                on_stack.add(nxt)
+                work.append((nxt, iter(sorted(graph[nxt]))))
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+    return groups
+
+
+def test_cycle_finder_finds_a_planted_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_module_imports_another_that_imports_it_back():
+    assert _cycles(_graph(_modules())) == []
+
+
+def test_no_private_name_is_imported_from_another_module():
+    modules = _modules()
+    borrowed = [f"{name} imports {target}.{what}" for name, file in modules.items()
+                for target, what in _imports(name, file, modules)
+                if what and what.startswith("_") and not what.startswith("__") and target != name]
+    assert borrowed == []
