@@ -47,7 +47,7 @@ def parse_variant(text: str) -> tuple[str, dict]:
             out[key] = {k: v if k == "mode" else int(v) for k, v in kv.items()}
             assert len(key) == 3 and set(kv) <= set(triton_gemm.Plan.__dataclass_fields__)
         except (ValueError, AssertionError):
-            raise SystemExit(f"--variant {text!r}: {part!r} is not m,n,k:field=value,... over Plan's fields")
+            raise SystemExit(f"--variant {text!r}: {part!r} is not m,n,k:field=value,... over Plan's fields") from None
         base = triton_gemm.plan_for(*key)
         plan = base and triton_gemm.Plan(**{**base.__dict__, **out[key]})
         if plan is None or plan.mode not in triton_gemm.MODES or not plan.fits(*key):

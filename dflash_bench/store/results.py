@@ -37,7 +37,7 @@ def _scalar_fields(model: type[BaseModel]) -> dict[str, Any]:
 def _columns() -> dict[str, Any]:
     """Column name -> value type, in results.csv order."""
     cols: dict[str, Any] = {}
-    for name, info in CellSummary.model_fields.items():
+    for name in CellSummary.model_fields:
         if name in STAT_FIELDS:
             cols.update({f"{name}_{s}": t for s, t in _scalar_fields(Stat).items()})
         elif name == "settings":
