@@ -140,7 +140,7 @@ def points_from_rows(rows: Iterable[Mapping[str, Any]], gpus: int = 1,
     points = []
     for conc, group in sorted(groups.items()):
         points.append(SloPoint(
-            concurrency=conc, tok_s_gpu=_mean(group, "output_throughput") / gpus, tok_s_user=_mean(group, user_stat),
+            concurrency=conc, tok_s_gpu=(_mean(group, "output_throughput") or 0.0) / gpus, tok_s_user=_mean(group, user_stat) or 0.0,
             ttft_p90_ms=_mean(group, "ttft_ms_p90"), tpot_p90_ms=_mean(group, "tpot_ms_p90")))
     return points
 

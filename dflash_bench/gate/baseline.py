@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from dflash_bench.errors import UserError
 from dflash_bench.store import CellKey, CellSummary, Hardware, Models, SweepDir, SweepSettings, atomic_write_json, now_iso
 
-BASELINE_KIND = "dflash-bench-baseline"
+BASELINE_KIND: Literal["dflash-bench-baseline"] = "dflash-bench-baseline"
 BASELINE_VERSION = 2  # 2: typed provenance; cells carry their CellKey (repeat 0, cell_id)
 OLDEST_BASELINE = 1
 

@@ -132,7 +132,7 @@ def judge(cell: str, metric: Metric, base: list[float], current: list[float], th
           boot: Bootstrap | None = None) -> Check:
     """The verdict of one metric: bootstrap with repeats on both sides, else the plain or tight threshold."""
     boot = boot or Bootstrap()
-    change = _ratio(np.mean(current), np.mean(base)) - 1
+    change = _ratio(float(np.mean(current)), float(np.mean(base))) - 1
     sign = 1.0 if metric.higher_is_better else -1.0  # bad = -sign * change
     repeats = min(len(base), len(current)) >= boot.min_repeats
     if metric.noisy and repeats and min(base) > 0:

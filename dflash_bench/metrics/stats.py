@@ -19,8 +19,8 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
-def describe(values: Sequence[float]) -> Stat | None:
-    """mean, p50, p90, p99, min, max of `values`; None when there are none."""
+def describe(values: Sequence[float | None]) -> Stat | None:
+    """mean, p50, p90, p99, min, max of `values` (None and NaN left out); None when there are none."""
     vals = sorted(v for v in values if v is not None and not math.isnan(v))
     if not vals:
         return None

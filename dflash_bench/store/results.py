@@ -23,7 +23,7 @@ LIST_SEP = ";"
 
 def _scalar_fields(model: type[BaseModel]) -> dict[str, Any]:
     """Fields of `model` whose type is a scalar (str, int, float, bool, or one of them or None)."""
-    out = {}
+    out: dict[str, Any] = {}
     for name, info in model.model_fields.items():
         ann = info.annotation
         args = [a for a in get_args(ann) if a is not type(None)] if get_origin(ann) in (Union, type(int | None)) else [ann]
