@@ -10,8 +10,6 @@ from pathlib import Path
 from dflash_bench.errors import UserError
 from dflash_bench.store import CellPlan, CellSummary, Manifest, SweepDir, cell_id
 
-ENGINES = ("vllm", "sglang", "builtin", "emulator")  # how acceptance is read: see metrics/acceptance.py
-
 
 def run_one(*, url: str, suite: str, concurrency: int, num_prompts: int | None, max_tokens: int, temperature: float,
             label: str, engine: str, api: str, save_token_ids: bool, enable_thinking: bool | None, out: Path,
@@ -23,8 +21,10 @@ def run_one(*, url: str, suite: str, concurrency: int, num_prompts: int | None, 
 
     if label not in ("ar", "dflash"):
         raise UserError(f"--label must be 'ar' or 'dflash', not {label!r}")
-    if engine not in ENGINES:
-        raise UserError(f"--engine must be one of {', '.join(ENGINES)}, not {engine!r}")
+    from dflash_bench import profiles
+
+    if engine not in profiles.names():  # the profile says how acceptance is read
+        raise UserError(f"--engine must be one of {', '.join(profiles.names())}, not {engine!r}")
     from dflash_bench.client.protocol import APIS
     from dflash_bench.client.transport import TRANSPORTS
 

@@ -1,7 +1,8 @@
 """Acceptance length tau (mean tokens per target verification step, bonus included: 1 <= tau <= block size).
 
-Sources, in order of preference:
-- vLLM and the builtin engine: /metrics counter deltas over the measured window (`prometheus.vllm_acceptance`).
+Each engine profile names its source (`EngineProfile.acceptance`, one of READERS); within it, in order:
+- vLLM, the builtin engine and llama.cpp: /metrics counter deltas over the measured window
+  (`prometheus.spec_acceptance`; llama-server's counters carry vLLM's names under `llamacpp:`).
 - SGLang: sum(completion_tokens) / sum(spec_verify_ct) over the cell's requests (native /generate
   meta_info), never the server-cumulative `avg_spec_accept_length`.
 - vLLM per-request `metrics.speculative_decoding` (v0.29+, --per-request-spec-decode-metrics), which also
@@ -15,8 +16,12 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from dflash_bench.metrics.prometheus import vllm_acceptance
+from dflash_bench.metrics.prometheus import spec_acceptance
 from dflash_bench.store import RequestRecord
+
+# acceptance source -> the /metrics namespace of its counters (None: per-request SGLang meta_info).
+READERS: dict[str, str | None] = {"vllm-metrics": "vllm:", "builtin-metrics": "vllm:",
+                                  "llamacpp-metrics": "llamacpp:", "sglang-meta": None}
 
 
 def per_request(records: Sequence[RequestRecord], sglang: bool) -> dict[str, Any] | None:
@@ -42,13 +47,17 @@ def per_request(records: Sequence[RequestRecord], sglang: bool) -> dict[str, Any
 def cell_acceptance(engine: str, metrics_delta: dict[str, float] | None,
                     records: Sequence[RequestRecord]) -> dict[str, Any]:
     """The CellSummary acceptance fields (all None when the server did no speculative decoding)."""
+    from dflash_bench import profiles
+
+    source = profiles.get(engine).acceptance
+    namespace = READERS[source]
     out: dict[str, Any] = {}
-    counters = vllm_acceptance(metrics_delta) if metrics_delta and engine != "sglang" else None
-    sglang = per_request(records, sglang=True) if engine == "sglang" else None
-    req = per_request(records, sglang=False) if engine != "sglang" else None
+    counters = spec_acceptance(metrics_delta, namespace) if metrics_delta and namespace else None
+    sglang = per_request(records, sglang=True) if namespace is None else None
+    req = per_request(records, sglang=False) if namespace is not None else None
     if counters:
         out.update(counters)
-        out["acceptance_source"] = "builtin-metrics" if engine == "builtin" else "vllm-metrics"
+        out["acceptance_source"] = source
         out["acceptance_length_token_weighted"] = counters["acceptance_length"]
         if req:
             out["acceptance_length_req_weighted"] = req["request_weighted"]

@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 
 from dflash_bench import analysis
-from dflash_bench.engines.base import tensor_parallel
+from dflash_bench.profiles.base import tensor_parallel
 from dflash_bench.store import Manifest, SweepDir
 
 SECRET_KEY = re.compile(r"(^|[_-])token$|secret|passw|api[_-]?key|authorization", re.I)  # not max_tokens

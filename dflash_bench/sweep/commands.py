@@ -44,9 +44,11 @@ def _settings(options: dict[str, Any], resume: Path | None) -> SweepSettings:
 def _validated(values: dict[str, Any]) -> SweepSettings:
     from pydantic import ValidationError
 
+    from dflash_bench import profiles
+
     if values.get("runner") is None:
         engines = values.get("engines") or ["builtin"]
-        values["runner"] = "process" if all(e in ("builtin", "emulator") for e in engines) else "docker"
+        values["runner"] = "process" if all(profiles.get(e).runner == "process" for e in engines) else "docker"
     try:
         return SweepSettings(**values)
     except ValidationError as err:
@@ -94,9 +96,9 @@ def print_plan(settings: SweepSettings, image: str | None) -> None:
             url = settings.url_ar if launch.mode == "ar" else settings.url_dflash
             console.print(f"[bold]{launch.engine} {launch.mode}[/] ({len(launch.cells)} cells): measure {escape(url)}")
             continue
-        profile, pair, argv, env, port = plan_server(launch.engine, pair, launch.mode, port=settings.port, preset=settings.gpu,
-                                                     extra_args=settings.engine_args, runner=settings.runner)
-        line = dry_run_line(profile, argv, env, port, settings.runner, image, "all", "host")
+        profile, _, argv, env, port = plan_server(launch.engine, pair, launch.mode, port=settings.port, preset=settings.gpu,
+                                                  extra_args=settings.engine_args, runner=settings.runner)
+        line = dry_run_line(profile, argv, env, port, settings.runner, image or profile.image_for(settings.gpu), "all", "host")
         console.print(f"[bold]{launch.engine} {launch.mode}[/] ({len(launch.cells)} cells):")
         typer.echo(line)
 

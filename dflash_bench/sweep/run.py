@@ -21,8 +21,6 @@ from dflash_bench.sweep import provenance
 from dflash_bench.sweep.plan import Launch, SweepSettings, check_resume, launches, plan_cells
 from dflash_bench.sweep.progress import SweepProgress
 
-PROCESS_ENGINES = ("builtin", "emulator")  # engines that default to the process runner
-
 
 @dataclass
 class SweepResult:
@@ -130,6 +128,7 @@ def _server(launch: Launch, settings: SweepSettings, pair, sweep: SweepDir, mani
 
 def _run_cell(cell: CellPlan, url: str, settings: SweepSettings, pair, sweep: SweepDir, manifest: Manifest, prompts,
               progress: SweepProgress, telemetry, check, result: SweepResult) -> None:
+    from dflash_bench import profiles
     from dflash_bench.client.cell import measure_cell
 
     _clear_attempt(sweep, manifest, cell)
@@ -142,10 +141,10 @@ def _run_cell(cell: CellPlan, url: str, settings: SweepSettings, pair, sweep: Sw
         summary = measure_cell(url, cell_prompts, concurrency=cell.concurrency, cell_dir=sweep.cell_dir(cell.cell_id),
                                engine=cell.engine, mode=cell.mode, suite=cell.suite, repeat=cell.repeat,
                                max_tokens=max_tokens, temperature=settings.temperature,
-                               api="generate" if cell.engine == "sglang" else "chat",
+                               api=profiles.get(cell.engine).api,
                                save_token_ids=settings.save_token_ids, enable_thinking=thinking, seed=settings.seed,
                                telemetry=telemetry, on_progress=progress.on_request,
-                               tokenizer=pair.target if cell.engine == "sglang" else None)  # /generate takes templated text
+                               tokenizer=profiles.get(cell.engine).tokenizer(pair))
         check()  # a server that died mid-cell fails the cell even if some requests got through
     except UserError as err:
         _fail(sweep, manifest, cell, str(err), result)
@@ -296,9 +295,9 @@ def server_devices(settings: SweepSettings, pair) -> list[int] | None:
     --engine-arg (one GPU when neither says). None for servers the user runs: which GPUs is unknown."""
     if settings.url_ar:
         return None
-    from dflash_bench import engines
+    from dflash_bench import profiles
 
-    tp = max(engines.tensor_parallel(engines.get(e).command(pair, "ar", 0, settings.gpu, settings.engine_args)) or 1
+    tp = max(profiles.tensor_parallel(profiles.get(e).command(pair, "ar", 0, settings.gpu, settings.engine_args)) or 1
              for e in settings.engines)
     return list(range(tp))
 
