@@ -197,16 +197,41 @@ def test_each_profile_declares_how_it_is_measured():
         pair = models.resolve("Qwen3-8B")
         assert p.tokenizer(pair) == (pair.target if p.chat_template == "client" else None)
     assert profiles.get("sglang").api == "generate" and profiles.get("sglang").chat_template == "client"
-    assert [n for n, p in profiles.PROFILES.items() if p.runner == "process"] == ["builtin", "emulator"]
+    assert [n for n, p in profiles.PROFILES.items() if p.runner == "process"] == ["builtin", "emulator", "llamacpp"]
 
 
 def test_cell_acceptance_reads_the_profiles_source():
-    """The same /metrics delta gives tau, labelled with the profile's source, only to engines that read it."""
+    """The same /metrics delta gives tau to the engine whose counters it holds, and nothing to the others."""
     from dflash_bench.metrics.acceptance import cell_acceptance
 
-    delta = {"vllm:spec_decode_num_drafts_total": 10.0, "vllm:spec_decode_num_draft_tokens_total": 150.0,
-             "vllm:spec_decode_num_accepted_tokens_total": 25.0}
-    assert cell_acceptance("builtin", delta, [])["acceptance_source"] == "builtin-metrics"
-    got = cell_acceptance("emulator", delta, [])
-    assert got["acceptance_source"] == "vllm-metrics" and got["acceptance_length"] == 3.5
-    assert cell_acceptance("sglang", delta, []) == {}  # SGLang's tau is per request, never /metrics
+    delta = {"llamacpp:spec_decode_num_drafts_total": 10.0, "llamacpp:spec_decode_num_draft_tokens_total": 150.0,
+             "llamacpp:spec_decode_num_accepted_tokens_total": 25.0,
+             'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="0"}': 8.0}
+    got = cell_acceptance("llamacpp", delta, [])
+    assert got["acceptance_source"] == "llamacpp-metrics" and got["acceptance_length"] == pytest.approx(3.5)
+    assert got["acceptance_rate"] == pytest.approx(25 / 150) and got["acceptance_per_position"] == [0.8]
+    assert cell_acceptance("vllm", delta, []) == {} and cell_acceptance("builtin", delta, []) == {}
+    vllm_delta = {k.replace("llamacpp:", "vllm:"): v for k, v in delta.items()}
+    assert cell_acceptance("builtin", vllm_delta, [])["acceptance_source"] == "builtin-metrics"
+    assert cell_acceptance("emulator", vllm_delta, [])["acceptance_source"] == "vllm-metrics"
+    assert cell_acceptance("llamacpp", vllm_delta, []) == {}
+
+
+@pytest.mark.parametrize("preset", ["generic", "h100"])
+def test_llamacpp_command_follows_docs_speculative(preset):
+    # docs/speculative.md: llama-server -m T.gguf -md D.gguf --spec-type draft-dflash --spec-draft-n-max 15
+    llama = profiles.get("llamacpp")
+    pair = models.resolve("Qwen3-8B")
+    gguf = type(pair)(**{**pair.__dict__, "target": "/c/t.gguf", "drafter": "/c/d.gguf"})
+    ar, df = llama.command(gguf, "ar", 8080, preset), llama.command(gguf, "dflash", 8080, preset)
+    assert df[:3] == ["llama-server", "-m", "/c/t.gguf"]
+    spec = df[df.index("-md"):df.index("-md") + 6]
+    assert spec == ["-md", "/c/d.gguf", "--spec-type", "draft-dflash", "--spec-draft-n-max", "15"]
+    assert [a for a in df if a not in spec] == ar  # AR is the DFlash command minus the draft flags
+    assert {"--metrics", "--jinja"} <= set(ar) and ar[ar.index("--port") + 1] == "8080"
+    assert ("-ngl" in ar) == (preset != "generic")
+    assert llama.container_command(ar)[:2] == ["-m", "/c/t.gguf"]  # the image's entrypoint is llama-server
+    assert llama.image_for(preset) == ("ghcr.io/ggml-org/llama.cpp:server" if preset == "generic"
+                                       else "ghcr.io/ggml-org/llama.cpp:server-cuda")
+    assert (llama.acceptance, llama.api, llama.chat_template, llama.runner) == (
+        "llamacpp-metrics", "chat", "server", "process")

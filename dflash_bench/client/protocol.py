@@ -92,6 +92,11 @@ def _tok_id(token: str) -> int:
     return int(token.rpartition(":")[2])
 
 
+def _entry_id(e: dict) -> int:
+    """A chat logprobs entry's token id: llama.cpp gives it as `id` (its `token` is the text piece)."""
+    return int(e["id"]) if "id" in e else _tok_id(e["token"])
+
+
 class Stream:
     """What one streamed response said, fed event by event."""
 
@@ -202,8 +207,8 @@ class Stream:
     def _openai_ids(self, lp: dict) -> None:
         if self.api == "chat":
             for e in lp.get("content") or ():
-                self.ids.append(_tok_id(e["token"]))
-                self.tops.append([(_tok_id(x["token"]), x["logprob"]) for x in (e.get("top_logprobs") or ())][:2])
+                self.ids.append(_entry_id(e))
+                self.tops.append([(_entry_id(x), x["logprob"]) for x in (e.get("top_logprobs") or ())][:2])
         else:
             for tok, top in zip(lp.get("tokens") or (), lp.get("top_logprobs") or ()):
                 self.ids.append(_tok_id(tok))

@@ -1,0 +1,174 @@
+"""llama.cpp's llama-server, a third-party DFlash engine, through `dflash-bench sweep` on the embedded pair.
+
+One sweep (module fixture): engines llamacpp and builtin, AR and DFlash, two suites, concurrency 1 and 4,
+token ids saved, GGUF f32. Then:
+- every cell completes; llama.cpp's tau comes from its own /metrics counters (`llamacpp:spec_decode_*`) and
+  is within 10% of the builtin engine's tau on the same prompts;
+- llama.cpp's AR and DFlash outputs agree token for token (the lossless check's rows), at or above
+  MIN_IDENTICAL of the requests (see there for why);
+- the counters agree with the per-response `timings` (draft_n / draft_n_accepted) on a server launched
+  here.
+Skips when llama-server is neither on PATH nor built, unless DFLASH_BENCH_REQUIRE_LLAMACPP=1 (CI), where
+that absence fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from dflash_bench.launch import free_port, launch_server
+from dflash_bench.llamacpp.build import find_server
+from dflash_bench.metrics import prometheus
+from dflash_bench.models import resolve
+from dflash_bench.quality.lossless import read_comparisons
+from dflash_bench.store import SweepDir
+
+PAIR = Path(__file__).resolve().parents[1] / "dflash_bench" / "assets" / "default_pair"
+SUITES = ("gsm8k", "mt-bench")
+CONCURRENCY = (1, 4)
+NUM_PROMPTS, MAX_TOKENS = 8, 64
+TAU_TOLERANCE = 0.10
+# f32 weights and f32 arithmetic on both sides: AR decodes one position per forward, DFlash verifies a
+# block per forward, so the two sum in different orders and differ by about 1e-6 relative. That flips a
+# greedy choice only where the top two logits are that close, which a 64-token greedy continuation of a
+# trained model hits rarely; the lossless check labels such flips near_tie. A real bug in the engine's
+# verify path (wrong position, wrong mask, a rejected draft kept) diverges on most requests. 0.9 of the
+# requests identical separates the two with room on either side on this pair.
+MIN_IDENTICAL = 0.9
+ENV = {"DFLASH_BENCH_GGUF_TYPE": "f32"}
+
+
+def _require_server() -> Path:
+    server = find_server()
+    if server is None:
+        if os.environ.get("DFLASH_BENCH_REQUIRE_LLAMACPP") == "1":
+            pytest.fail("DFLASH_BENCH_REQUIRE_LLAMACPP=1 but llama-server is neither on PATH nor built "
+                        "(run `dflash-bench engines build llamacpp`)")
+        pytest.skip("llama-server not found: `dflash-bench engines build llamacpp` builds it")
+    return server
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory, data_dir) -> SweepDir:
+    _require_server()
+    out = tmp_path_factory.mktemp("llamacpp")
+    argv = [sys.executable, "-m", "dflash_bench", "sweep", "--model", str(PAIR / "target"),
+            "--drafter", str(PAIR / "drafter"), "--engine", "llamacpp,builtin", "--suites", ",".join(SUITES),
+            "--concurrency", ",".join(map(str, CONCURRENCY)), "-n", str(NUM_PROMPTS),
+            "--max-tokens", str(MAX_TOKENS), "--save-token-ids", "--port", str(free_port()),
+            "--out", str(out), "--data-dir", str(data_dir)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=1500, env={**os.environ, **ENV})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    (folder,) = [p for p in out.iterdir() if (p / "manifest.json").exists()]
+    return SweepDir.open(folder)
+
+
+def _summaries(sweep: SweepDir) -> dict[tuple[str, str, str, int], object]:
+    manifest = sweep.read_manifest()
+    out = {}
+    for cell in manifest.plan:
+        assert cell.status == "complete", f"{cell.cell_id}: {cell.status} ({cell.reason})"
+        s = sweep.read_summary(cell.cell_id)
+        out[(cell.engine, cell.mode, cell.suite, cell.concurrency)] = s
+    return out
+
+
+def test_every_cell_completes_and_tau_comes_from_llamacpp_counters(sweep):
+    cells = _summaries(sweep)
+    assert len(cells) == 2 * 2 * len(SUITES) * len(CONCURRENCY)
+    for (engine, mode, suite, conc), s in cells.items():
+        assert s.num_ok == s.num_requests and s.num_failed == 0, (engine, mode, suite, conc)
+        if mode == "ar":
+            assert s.acceptance_length is None  # no draft, no counters moved: absent, never 1
+            continue
+        assert s.acceptance_source == ("llamacpp-metrics" if engine == "llamacpp" else "builtin-metrics")
+        assert s.num_drafts and s.num_drafts > 0 and 1.0 < s.acceptance_length <= 16.0
+
+
+def test_llamacpp_tau_is_within_ten_percent_of_the_builtin_engine(sweep):
+    cells = _summaries(sweep)
+    rows = []
+    for suite in SUITES:
+        for conc in CONCURRENCY:
+            ours = cells[("builtin", "dflash", suite, conc)].acceptance_length
+            theirs = cells[("llamacpp", "dflash", suite, conc)].acceptance_length
+            rows.append((suite, conc, ours, theirs))
+    print("\ntau builtin vs llama.cpp: " + "; ".join(f"{s} c{c}: {a:.3f} vs {b:.3f}" for s, c, a, b in rows))
+    for suite, conc, ours, theirs in rows:
+        assert abs(theirs - ours) <= TAU_TOLERANCE * ours, (suite, conc, ours, theirs)
+
+
+def test_llamacpp_ar_and_dflash_agree_token_for_token(sweep):
+    cells = _summaries(sweep)
+    total = identical = 0
+    for (engine, mode, suite, conc), s in cells.items():
+        if engine != "llamacpp" or mode != "dflash":
+            continue
+        rows = read_comparisons(sweep.path, s.cell_id)
+        assert len(rows) == s.num_requests, "every request paired with its AR twin and compared"
+        total += len(rows)
+        identical += sum(r.identical for r in rows)
+    rate = identical / total
+    print(f"\nllama.cpp AR vs DFlash, f32: {identical}/{total} requests identical ({rate:.1%})")
+    assert rate >= MIN_IDENTICAL
+
+
+def test_counters_agree_with_per_response_timings():
+    """The /metrics deltas the harness reads equal the sum of the responses' own draft counts."""
+    _require_server()
+    os.environ.update(ENV)
+    pair = resolve(str(PAIR / "target"), drafter=str(PAIR / "drafter"))
+    prompts = ["Count from one to twenty.", "Name three colours and a fruit.", "What is 12 times 7?"]
+    with launch_server("llamacpp", pair, "dflash", runner="process", port=free_port()) as server:
+        with httpx.Client(base_url=server.url, timeout=120) as c:
+            before = prometheus.parse(c.get("/metrics").text)
+            timings = [c.post("/v1/chat/completions", json={
+                "messages": [{"role": "user", "content": p}], "max_tokens": 48, "temperature": 0}).json()["timings"]
+                for p in prompts]
+            delta = prometheus.delta(before, prometheus.parse(c.get("/metrics").text))
+    acc = prometheus.spec_acceptance(delta, "llamacpp:")
+    assert acc is not None, json.dumps(delta)
+    assert acc["num_draft_tokens"] == sum(t.get("draft_n", 0) for t in timings)
+    assert acc["num_accepted_tokens"] == sum(t.get("draft_n_accepted", 0) for t in timings)
+
+
+def test_only_gpt2s_byte_level_split_is_registered(tmp_path):
+    from dflash_bench.llamacpp.converter import gpt2_layout
+
+    assert gpt2_layout(PAIR / "target")  # the embedded pair: ByteLevel, GPT-2's regex, no prefix space
+    for pre in ({"type": "Metaspace", "replacement": "_"}, {"type": "ByteLevel", "add_prefix_space": True},
+                {"type": "Sequence", "pretokenizers": [{"type": "Split"}, {"type": "ByteLevel", "use_regex": False}]}):
+        (tmp_path / "tokenizer.json").write_text(json.dumps({"pre_tokenizer": pre}))
+        assert not gpt2_layout(tmp_path), pre
+    (tmp_path / "tokenizer.json").unlink()
+    assert not gpt2_layout(tmp_path)
+
+
+def test_the_gguf_cache_key_follows_the_content(tmp_path, monkeypatch):
+    from dflash_bench.llamacpp.convert import gguf_path
+
+    monkeypatch.setenv("DFLASH_BENCH_CACHE", str(tmp_path / "cache"))
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "README.md").write_text("notes")
+    first = gguf_path(model, "f32")
+    assert first.parent == tmp_path / "cache" / "gguf" and gguf_path(model, "f32") == first
+    (model / "README.md").write_text("other notes")  # says nothing about the weights: same file
+    assert gguf_path(model, "f32") == first
+    (model / "config.json").write_text('{"a": 1}')
+    assert gguf_path(model, "f32") != first and gguf_path(model, "bf16") != gguf_path(model, "f32")
+    drafter = tmp_path / "d"
+    drafter.mkdir()
+    (drafter / "config.json").write_text("{}")
+    # a drafter's GGUF embeds its target's tokenizer and embeddings: a changed target converts it again
+    before = gguf_path(drafter, "f32", target_dir=model)
+    (model / "tokenizer.json").write_text("{}")
+    assert gguf_path(drafter, "f32", target_dir=model) != before
