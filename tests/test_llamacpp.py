@@ -172,3 +172,23 @@ def test_the_gguf_cache_key_follows_the_content(tmp_path, monkeypatch):
     before = gguf_path(drafter, "f32", target_dir=model)
     (model / "tokenizer.json").write_text("{}")
     assert gguf_path(drafter, "f32", target_dir=model) != before
+
+
+def test_the_client_reads_llamacpps_logprobs_and_final_chunks():
+    """Chunks in llama-server's shapes (tools/server/server-task.cpp): token ids come from `id`, the text
+    piece is `token`; usage arrives once, in a last chunk with no choices, next to `timings`."""
+    from dflash_bench.client.protocol import Stream
+
+    s = Stream("chat", want_ids=True)
+    lp = lambda i, tok: {"content": [{"id": i, "token": tok, "bytes": [], "logprob": -0.1,  # noqa: E731
+                                      "top_logprobs": [{"id": i, "token": tok, "bytes": [], "logprob": -0.1},
+                                                       {"id": 7, "token": "x", "bytes": [], "logprob": -3.0}]}]}
+    for t, (i, tok) in enumerate([(11, "Hel"), (12, "lo")]):
+        s.feed(float(t), json.dumps({"choices": [{"finish_reason": None, "index": 0, "delta": {"content": tok},
+                                                   "logprobs": lp(i, tok)}], "object": "chat.completion.chunk"}).encode())
+    s.feed(2.0, json.dumps({"choices": [{"finish_reason": "stop", "index": 0, "delta": {}}]}).encode())
+    s.feed(2.0, json.dumps({"choices": [], "usage": {"completion_tokens": 2, "prompt_tokens": 5, "total_tokens": 7},
+                            "timings": {"draft_n": 15, "draft_n_accepted": 1}}).encode())
+    s.feed(2.1, b"[DONE]")
+    assert s.error is None and s.ids == [11, 12] and s.tops[0] == [(11, -0.1), (7, -3.0)]
+    assert (s.output_text(), s.output_tokens, s.prompt_tokens, s.finish) == ("Hello", 2, 5, "stop")
