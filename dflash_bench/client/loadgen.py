@@ -90,7 +90,7 @@ class LoadGenerator:
             t_end=rel(t_end), chunk_times=[round(t - t0, 6) for t in st.times], chunk_tokens=st.tokens,
             prompt_tokens=st.prompt_tokens, output_tokens=st.output_tokens, finish_reason=st.finish,
             error=st.error, spec_verify_ct=st.spec_steps, spec_accepted_tokens=st.spec_accepted,
-            output_text=st.output_text(), token_ids=st.ids, top_logprobs=st.tops)
+            output_text=st.output_text(), **st.saved_ids())
 
     async def conversation(self, prompt_id: str, turns: Sequence[str], warmup: bool = False) -> None:
         messages: list[dict] = []

@@ -127,6 +127,16 @@ class Stream:
     def output_text(self) -> str:
         return self.text if self.text is not None else "".join(self.pieces)
 
+    def saved_ids(self) -> dict:
+        """token_ids and top_logprobs for the record; both None when the server reported ids for fewer tokens
+        than it generated (llama.cpp sends logprobs for none of the accepted draft tokens): a partial list
+        would read as a divergence at its end. One missing id is allowed: a final stop token some servers
+        count but do not report."""
+        ids = self.ids
+        if ids is not None and self.output_tokens is not None and len(ids) < self.output_tokens - 1:
+            return {"token_ids": None, "top_logprobs": None}
+        return {"token_ids": ids, "top_logprobs": self.tops}
+
     def feed_lines(self, t: float, buf: bytes) -> bytes:
         """Feed the SSE `data:` lines of `buf` that are complete (read at `t`); return the incomplete rest."""
         *lines, rest = buf.split(b"\n")
