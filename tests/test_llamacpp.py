@@ -4,8 +4,9 @@ One sweep (module fixture): engines llamacpp and builtin, AR and DFlash, two sui
 token ids saved, GGUF f32. Then:
 - every cell completes; llama.cpp's tau comes from its own /metrics counters (`llamacpp:spec_decode_*`) and
   is within 10% of the builtin engine's tau on the same prompts;
-- llama.cpp's AR and DFlash outputs agree token for token, at or above MIN_IDENTICAL of the requests
-  (see there for why), compared as text because llama-server reports no ids for accepted draft tokens;
+- llama.cpp's AR and DFlash outputs agree token for token, at or above MIN_IDENTICAL of the requests at
+  concurrency 1 and MIN_IDENTICAL_BATCHED at 4 (see there for why), compared as text because
+  llama-server reports no ids for accepted draft tokens;
 - the counters agree with the per-response `timings` (draft_n / draft_n_accepted) on a server launched
   here.
 Skips when llama-server is neither on PATH nor built, unless DFLASH_BENCH_REQUIRE_LLAMACPP=1 (CI), where
@@ -36,12 +37,15 @@ CONCURRENCY = (1, 4)
 NUM_PROMPTS, MAX_TOKENS = 8, 64
 TAU_TOLERANCE = 0.10
 # f32 weights and f32 arithmetic on both sides: AR decodes one position per forward, DFlash verifies a
-# block per forward, so the two sum in different orders and differ by about 1e-6 relative. That flips a
-# greedy choice only where the top two logits are that close, which a 64-token greedy continuation of a
-# trained model hits rarely; the lossless check labels such flips near_tie. A real bug in the engine's
-# verify path (wrong position, wrong mask, a rejected draft kept) diverges on most requests. 0.9 of the
-# requests identical separates the two with room on either side on this pair.
+# block per forward, so the two sum in different orders and differ by about 1e-6 relative. Alone on the
+# server (concurrency 1) that flips a greedy choice only where the top two logits are that close, which a
+# 64-token continuation hits rarely (measured here: 24 of 24 identical, twice); a wrong verify path (wrong
+# position, mask or kept rejected draft) diverges on nearly every request. Hence 0.9 at concurrency 1.
 MIN_IDENTICAL = 0.9
+# At concurrency 4 the requests share forwards with whichever others are in flight, which depends on
+# timing, so the arithmetic differs from run to run: measured 23/24 and 18/21 (mt-bench diverging, gsm8k
+# not). The bound only separates that from a broken engine (near 0).
+MIN_IDENTICAL_BATCHED = 0.5
 ENV = {"DFLASH_BENCH_GGUF_TYPE": "f32"}
 
 
@@ -105,12 +109,12 @@ def test_llamacpp_tau_is_within_ten_percent_of_the_builtin_engine(sweep):
         assert abs(theirs - ours) <= TAU_TOLERANCE * ours, (suite, conc, ours, theirs)
 
 
-def _agreement(sweep: SweepDir, engine: str) -> tuple[int, int]:
+def _agreement(sweep: SweepDir, engine: str, concurrency: tuple[int, ...] = CONCURRENCY) -> tuple[int, int]:
     """(identical, compared) AR vs DFlash outputs of one engine, paired by prompt and turn; a later turn of
     a conversation that already diverged is not compared (its prompt differs)."""
     identical = total = 0
     for suite in SUITES:
-        for conc in CONCURRENCY:
+        for conc in concurrency:
             ar, df = ({(r.prompt_id, r.turn): r for r in sweep.read_requests(f"{engine}-{mode}-{suite}-c{conc}")
                        if not r.warmup} for mode in ("ar", "dflash"))
             assert ar.keys() == df.keys()
@@ -134,11 +138,12 @@ def test_llamacpp_ar_and_dflash_agree_token_for_token(sweep):
             assert read_comparisons(sweep.path, f"llamacpp-dflash-{suite}-c{conc}") == []
             assert all(r.token_ids is None for r in sweep.read_requests(f"llamacpp-dflash-{suite}-c{conc}"))
             assert all(r.token_ids for r in sweep.read_requests(f"llamacpp-ar-{suite}-c{conc}") if not r.warmup)
-    identical, total = _agreement(sweep, "llamacpp")
+    alone, batched = _agreement(sweep, "llamacpp", (1,)), _agreement(sweep, "llamacpp", (4,))
     ours = _agreement(sweep, "builtin")
-    print(f"\nAR vs DFlash outputs identical, f32: llama.cpp {identical}/{total} ({identical / total:.1%}), "
+    print(f"\nAR vs DFlash outputs identical, f32: llama.cpp c1 {alone[0]}/{alone[1]}, c4 {batched[0]}/{batched[1]}; "
           f"builtin {ours[0]}/{ours[1]}")
-    assert identical / total >= MIN_IDENTICAL
+    assert alone[0] / alone[1] >= MIN_IDENTICAL
+    assert batched[0] / batched[1] >= MIN_IDENTICAL_BATCHED
 
 
 def test_counters_agree_with_per_response_timings():
