@@ -24,6 +24,8 @@ app = typer.Typer(
 )
 suites_app = typer.Typer(help="List and inspect the benchmark suites.", no_args_is_help=True)
 app.add_typer(suites_app, name="suites")
+engines_app = typer.Typer(help="Get third-party engines onto this machine.", no_args_is_help=True)
+app.add_typer(engines_app, name="engines")
 
 DataDirOption = typer.Option(
     None,
@@ -66,6 +68,18 @@ def suites_show(
     from dflash_bench.suites import print_prompts
 
     print_prompts(name, num, data_dir, config=config, categories=category)
+
+
+@engines_app.command("build")
+def engines_build(
+    engine: str = typer.Argument(..., help="The engine to build: llamacpp (llama-server for this CPU)."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Parallel compile jobs (default: every core)."),
+    force: bool = typer.Option(False, "--force", help="Build again even if the cache folder holds a build."),
+) -> None:
+    """Build an engine from source into the cache folder (llamacpp: PyPI's llama-cpp-python sdist, cmake + ninja)."""
+    from dflash_bench.llamacpp.commands import build_command
+
+    build_command(engine, jobs=jobs, force=force)
 
 
 @app.command()
@@ -112,7 +126,7 @@ def run(
     max_tokens: int = typer.Option(2048, "--max-tokens", min=1, help="Output cap per request."),
     temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="Sampling temperature (always sent explicitly)."),
     label: str = typer.Option("ar", "--label", help="What the server runs: ar or dflash."),
-    engine: str = typer.Option("vllm", "--engine", help="vllm | sglang | builtin: how acceptance is read."),
+    engine: str = typer.Option("vllm", "--engine", help="vllm | sglang | builtin | emulator | llamacpp: how acceptance is read."),
     api: str = typer.Option("chat", "--api", help="chat | completions | generate (SGLang native)."),
     save_token_ids: bool = typer.Option(False, "--save-token-ids", help="Record output token ids and top-2 logprobs (for the lossless check)."),
     thinking: Optional[bool] = typer.Option(None, "--thinking/--no-thinking", help="Send chat_template_kwargs.enable_thinking (default: not sent)."),
@@ -173,7 +187,7 @@ def models() -> None:
 
 @app.command()
 def launch(
-    engine: str = typer.Option("vllm", "--engine", "-e", help="vllm, sglang or builtin."),
+    engine: str = typer.Option("vllm", "--engine", "-e", help="vllm, sglang, builtin, emulator or llamacpp."),
     model: str = typer.Option(..., "--model", "-m", help="A known short name (see `dflash-bench models`) or a Hugging Face id / folder."),
     mode: str = typer.Option("dflash", "--mode", help="ar (plain decoding) or dflash (speculative)."),
     gpu: str = typer.Option("generic", "--gpu", help="GPU preset for engine flags: generic, h100 (Hopper), b300 (Blackwell)."),
@@ -301,7 +315,7 @@ def train_drafter(
 @app.command()
 def sweep(
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Short name (see `dflash-bench models`), Hugging Face id or local folder of the target."),
-    engine: Optional[str] = typer.Option(None, "--engine", help="vllm, sglang, builtin or emulator; several comma-separated. Default builtin."),
+    engine: Optional[str] = typer.Option(None, "--engine", help="vllm, sglang, builtin, emulator or llamacpp; several comma-separated. Default builtin."),
     suites: Optional[str] = typer.Option(None, "--suites", help="'all' (every suite but speed-bench) or a comma-separated list. Default all."),
     concurrency: Optional[str] = typer.Option(None, "--concurrency", "-c", help="Comma-separated concurrencies. Default 1,8,32."),
     num_prompts: Optional[int] = typer.Option(None, "--num-prompts", "-n", min=1, help="Prompts per cell (default max(16, 4 x concurrency))."),

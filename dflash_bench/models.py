@@ -2,7 +2,7 @@
 
 `resolve(name)` takes a short name ("Qwen3-8B"), the target's or the drafter's Hugging Face id, or any
 other model id or local folder together with an explicit drafter. The card flags live here; the engine
-profiles in `dflash_bench.engines` turn them into command lines.
+profiles in `dflash_bench.profiles` turn them into command lines.
 Sources: z-lab/dflash README and the z-lab model cards, as quoted in shared/reference/dflash.md §5 and
 servers.md §5.
 """

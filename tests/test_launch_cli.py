@@ -81,6 +81,34 @@ def test_process_launch_of_a_missing_engine_is_a_clear_error():
     assert out.returncode == 2 and "error: cannot run 'vllm': it is not on PATH" in out.stderr
 
 
+PAIR = os.path.join(os.path.dirname(__file__), "..", "dflash_bench", "assets", "default_pair")
+
+
+def test_llamacpp_dry_run_shows_the_image_and_the_planned_gguf_files(tmp_path):
+    env = {"DFLASH_BENCH_CACHE": str(tmp_path / "cache"), "DFLASH_BENCH_GGUF_TYPE": "f32"}
+    args = ("launch", "-e", "llamacpp", "-m", f"{PAIR}/target", "--drafter", f"{PAIR}/drafter", "--mode", "dflash",
+            "--dry-run")
+    out = cli(*args, env=env)
+    assert out.returncode == 0, out.stderr
+    argv = shlex.split(out.stdout)
+    cmd = argv[argv.index("ghcr.io/ggml-org/llama.cpp:server") + 1:]
+    gguf = str(tmp_path / "cache" / "gguf")
+    assert cmd[0] == "-m" and cmd[1].startswith(f"{gguf}/target-") and cmd[1].endswith("-f32.gguf")
+    assert cmd[cmd.index("-md") + 1].startswith(f"{gguf}/drafter-") and "draft-dflash" in cmd
+    assert not (tmp_path / "cache" / "gguf").exists()  # a dry run converts nothing
+    cuda = shlex.split(cli(*args, "--gpu", "h100", env=env).stdout)
+    assert "ghcr.io/ggml-org/llama.cpp:server-cuda" in cuda and "-ngl" in cuda
+    bf16 = cli(*args, env={**env, "DFLASH_BENCH_GGUF_TYPE": "bf16"}).stdout
+    assert "-bf16.gguf" in bf16 and "-f32.gguf" not in bf16  # the type is part of the cached file's key
+    bad = cli(*args, env={**env, "DFLASH_BENCH_GGUF_TYPE": "q4"})
+    assert bad.returncode == 2 and "error: unknown GGUF type 'q4'" in bad.stderr
+
+
+def test_engines_build_refuses_an_engine_it_cannot_build():
+    out = cli("engines", "build", "vllm")
+    assert out.returncode == 2 and "error: cannot build 'vllm': only llamacpp" in out.stderr
+
+
 def test_doctor_prints_one_yes_no_line_per_check():
     out = cli("doctor", env={"HF_TOKEN": "hf_secret_doctor"})
     assert out.returncode == 0, out.stderr

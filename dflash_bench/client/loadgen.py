@@ -94,7 +94,7 @@ class LoadGenerator:
             chunk_tokens_from=st.tokens_from if st.tokens else None,
             prompt_tokens=st.prompt_tokens, output_tokens=st.output_tokens, finish_reason=st.finish,
             error=st.error, spec_verify_ct=st.spec_steps, spec_accepted_tokens=st.spec_accepted,
-            output_text=st.output_text(), token_ids=st.ids, top_logprobs=st.tops)
+            output_text=st.output_text(), **st.saved_ids())
 
     async def conversation(self, prompt_id: str, turns: Sequence[str], warmup: bool = False) -> None:
         messages: list[dict] = []

@@ -92,6 +92,11 @@ def _tok_id(token: str) -> int:
     return int(token.rpartition(":")[2])
 
 
+def _entry_id(e: dict) -> int:
+    """A chat logprobs entry's token id: llama.cpp gives it as `id` (its `token` is the text piece)."""
+    return int(e["id"]) if "id" in e else _tok_id(e["token"])
+
+
 class Stream:
     """What one streamed response said, fed event by event."""
 
@@ -125,6 +130,16 @@ class Stream:
 
     def output_text(self) -> str:
         return self.text if self.text is not None else "".join(self.pieces)
+
+    def saved_ids(self) -> dict:
+        """token_ids and top_logprobs for the record; both None when the server reported ids for fewer tokens
+        than it generated (llama.cpp sends logprobs for none of the accepted draft tokens): a partial list
+        would read as a divergence at its end. One missing id is allowed: a final stop token some servers
+        count but do not report."""
+        ids = self.ids
+        if ids is not None and self.output_tokens is not None and len(ids) < self.output_tokens - 1:
+            return {"token_ids": None, "top_logprobs": None}
+        return {"token_ids": ids, "top_logprobs": self.tops}
 
     def feed_lines(self, t: float, buf: bytes) -> bytes:
         """Feed the SSE `data:` lines of `buf` that are complete (read at `t`); return the incomplete rest."""
@@ -230,8 +245,8 @@ class Stream:
     def _openai_ids(self, lp: dict) -> None:
         if self.api == "chat":
             for e in lp.get("content") or ():
-                self.ids.append(_tok_id(e["token"]))
-                self.tops.append([(_tok_id(x["token"]), x["logprob"]) for x in (e.get("top_logprobs") or ())][:2])
+                self.ids.append(_entry_id(e))
+                self.tops.append([(_entry_id(x), x["logprob"]) for x in (e.get("top_logprobs") or ())][:2])
         else:
             for tok, top in zip(lp.get("tokens") or (), lp.get("top_logprobs") or ()):
                 self.ids.append(_tok_id(tok))

@@ -14,8 +14,6 @@ from dflash_bench.errors import UserError
 from dflash_bench.store import CellPlan, CellSummary, Manifest, SweepDir, cell_id
 from dflash_bench.store.lock import WriterLock
 
-ENGINES = ("vllm", "sglang", "builtin", "emulator")  # how acceptance is read: see metrics/acceptance.py
-
 
 def run_one(*, url: str, suite: str, concurrency: int, num_prompts: int | None, max_tokens: int, temperature: float,
             label: str, engine: str, api: str, save_token_ids: bool, enable_thinking: bool | None, out: Path,
@@ -65,13 +63,15 @@ def run_one(*, url: str, suite: str, concurrency: int, num_prompts: int | None, 
 
 
 def _check_options(url: str, label: str, engine: str, api: str, transport: str) -> None:
+    if label not in ("ar", "dflash"):
+        raise UserError(f"--label must be 'ar' or 'dflash', not {label!r}")
+    from dflash_bench import profiles
+
+    if engine not in profiles.names():  # the profile says how acceptance is read
+        raise UserError(f"--engine must be one of {', '.join(profiles.names())}, not {engine!r}")
     from dflash_bench.client.protocol import APIS
     from dflash_bench.client.transport import TRANSPORTS
 
-    if label not in ("ar", "dflash"):
-        raise UserError(f"--label must be 'ar' or 'dflash', not {label!r}")
-    if engine not in ENGINES:
-        raise UserError(f"--engine must be one of {', '.join(ENGINES)}, not {engine!r}")
     if api not in APIS:
         raise UserError(f"unknown api {api!r}; choose one of {', '.join(APIS)}")
     if transport not in TRANSPORTS:

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from dflash_bench.client.cell import Measurement, measure
-from dflash_bench.metrics.acceptance import cell_acceptance
+from dflash_bench.metrics.acceptance import cell_acceptance, counter_namespace
 from dflash_bench.metrics.definitions import failure_reasons, not_measured, summarize
-from dflash_bench.metrics.prometheus import VLLM_ACCEPTED, VLLM_DRAFTS
+from dflash_bench.metrics.prometheus import ACCEPTED, DRAFTS
 from dflash_bench.store import TELEMETRY, CellSettings, CellSummary, RequestRecord, SweepDir
 
 SYNTHETIC_GAUGE = "dflash_bench:synthetic_acceptance"  # the builtin engine's benchmarking-only label
@@ -61,16 +61,18 @@ def dflash_warning(s: CellSummary, snaps: dict[str, Any]) -> str | None:
     """Why a DFlash cell looks like plain AR decoding (the silent fallback users report), or None."""
     if s.mode != "dflash" or s.num_ok == 0:
         return None
+    drafts = f"{counter_namespace(s.engine)}{DRAFTS}"
     if s.acceptance_length is None:
         delta = snaps.get("delta") or {}
-        if VLLM_DRAFTS in delta and not delta[VLLM_DRAFTS]:
-            return (f"no speculation: the server's draft counters did not move over the cell ({VLLM_DRAFTS} "
+        if drafts in delta and not delta[drafts]:
+            return (f"no speculation: the server's draft counters did not move over the cell ({drafts} "
                     "+0); it decoded without its drafter (a silent fallback to AR?)")
         why = snaps.get("error") or "/metrics carries no speculative-decoding counters"
         return (f"no acceptance source: {why}, and no response carried per-request speculative fields; "
                 "nothing shows that this server speculated (a silent fallback to AR?)")
     if s.acceptance_length < TAU_FALLBACK:
-        accepted = s.num_accepted_tokens if s.num_accepted_tokens is not None else (snaps.get("delta") or {}).get(VLLM_ACCEPTED)
+        accepted = s.num_accepted_tokens if s.num_accepted_tokens is not None else (snaps.get("delta") or {}).get(
+            f"{counter_namespace(s.engine)}{ACCEPTED}")
         return (f"tau {s.acceptance_length:.2f}: the drafter's tokens were (almost) never accepted "
                 f"({accepted} accepted over {s.num_drafts} drafts); this is AR decoding with extra work")
     return None

@@ -21,6 +21,7 @@ from dflash_bench.errors import UserError
 from dflash_bench.launch.common import ServerDied, ServerInfo, ServerNotReady, Server, Terminated, free_port, sigterm_unwinds
 from dflash_bench.launch.docker import DockerOptions
 from dflash_bench.models import ModelPair
+from dflash_bench.profiles.base import check_mode as profile_mode, check_preset
 
 __all__ = ["DockerOptions", "Server", "ServerDied", "ServerInfo", "ServerNotReady", "Terminated", "free_port",
            "launch_command", "launch_server", "plan_server"]
@@ -83,14 +84,18 @@ def _make(runner, argv, env, info, name, port, docker, sweep_id, engine, mode) -
 
 
 def plan_server(engine: str, model: str | ModelPair, mode: str, *, port: int | None = None, preset: str = "generic",
-                extra_args: Sequence[str] = (), runner: str = "docker", network: str = "host"):
-    """(profile, pair, argv, env, port): what `launch_server` would run, for --dry-run and manifests."""
-    from dflash_bench import engines, models
+                extra_args: Sequence[str] = (), runner: str = "docker", network: str = "host", prepare: bool = False):
+    """(profile, pair, argv, env, port): what `launch_server` would run, for --dry-run and manifests.
+
+    `prepare` makes the model files the engine needs (llama.cpp converts to GGUF); without it their
+    paths are only planned."""
+    from dflash_bench import models, profiles
 
     if runner not in RUNNERS:
         raise UserError(f"unknown runner {runner!r}: use docker or process.")
-    profile = engines.get(engine)
+    profile = profiles.get(engine)
     pair = model if isinstance(model, ModelPair) else models.resolve(model)
+    pair = profile.serve_pair(pair, profile_mode(mode), convert=prepare)
     port = port or profile.default_port
     # The harness talks to 127.0.0.1, so servers listen there only (vLLM would take every interface);
     # a port-mapped container must listen on all of its own interfaces for the mapping to reach it.
@@ -108,12 +113,14 @@ def launch_server(
 ) -> Iterator[Server]:
     """Launch `engine` serving `model` in `mode` ("ar" | "dflash"); see the module docstring."""
     profile, pair, argv, env, port = plan_server(engine, model, mode, port=port, preset=preset,
-                                                 extra_args=extra_args, runner=runner, network=network)
+                                                 extra_args=extra_args, runner=runner, network=network, prepare=True)
     opts = docker
-    if runner == "process" and gpus and gpus != "all":
-        env["CUDA_VISIBLE_DEVICES"] = "" if gpus == "none" else gpus  # what --gpus means for a local process
+    if runner == "process":
+        argv = profile.process_argv(argv)
+        if gpus and gpus != "all":
+            env["CUDA_VISIBLE_DEVICES"] = "" if gpus == "none" else gpus  # what --gpus means for a local process
     if runner == "docker":
-        image = image or (opts.image if opts else None) or profile.image
+        image = image or (opts.image if opts else None) or profile.image_for(check_preset(preset))
         if not image:
             raise UserError(f"the {profile.name} engine has no default image: pass --image.")
         opts = opts or DockerOptions(image=image, gpus=gpus, network=network)

@@ -16,6 +16,7 @@ def run_launch(engine: str, model: str, mode: str, *, gpu: str = "generic", runn
     """Start one server and keep it up until Ctrl-C (or print its command with dry_run)."""
     from dflash_bench import models
     from dflash_bench.launch import DockerOptions, launch_server, plan_server
+    from dflash_bench.profiles.base import check_preset
 
     if network not in ("host", "bridge"):
         raise UserError(f"unknown network {network!r}: use host or bridge.")
@@ -24,13 +25,14 @@ def run_launch(engine: str, model: str, mode: str, *, gpu: str = "generic", runn
     pair = models.resolve(model, drafter=drafter)
     profile, pair, argv, env, port = plan_server(engine, pair, mode, port=port, preset=gpu,
                                                  extra_args=engine_args or [], runner=runner, network=network)
-    _warn_versions(profile.name, pair, image)
+    _warn_versions(profile, pair, image)
     if dry_run:
-        typer.echo(dry_run_line(profile, argv, env, port, runner, image, gpus, network))
+        typer.echo(dry_run_line(profile, argv, env, port, runner, image or profile.image_for(check_preset(gpu)), gpus,
+                                network))
         return
     opts = None
     if runner == "docker":
-        img = image or profile.image
+        img = image or profile.image_for(check_preset(gpu))
         if not img:
             raise UserError(f"the {profile.name} engine has no default image: pass --image.")
         opts = DockerOptions(image=img, gpus=None if gpus == "none" else gpus, network=network)
@@ -63,11 +65,11 @@ def dry_run_line(profile, argv, env, port, runner, image, gpus, network) -> str:
 
 
 
-def _warn_versions(engine: str, pair, image: str | None) -> None:
+def _warn_versions(profile, pair, image: str | None) -> None:
     """Pairs whose card needs an unreleased engine build say so when no --image is given."""
-    need = {"vllm": pair.vllm_version, "sglang": pair.sglang_version}.get(engine, "")
+    need = profile.version_note(pair)
     if "PR" in need and "build" in need and not image:
-        typer.echo(f"warning: {pair.name} on {engine} needs a {need}.", err=True)
+        typer.echo(f"warning: {pair.name} on {profile.name} needs a {need}.", err=True)
 
 
 def run_stop(all_: bool = False, sweep_id: str | None = None) -> None:

@@ -45,7 +45,7 @@ def check_gpus() -> Check:
 
 def check_docker() -> tuple[Check, Check, list[Check]]:
     """(daemon, GPU runtime, one check per default engine image)."""
-    from dflash_bench import engines
+    from dflash_bench import profiles
     from dflash_bench.errors import UserError
     from dflash_bench.launch.docker import client
 
@@ -62,13 +62,12 @@ def check_docker() -> tuple[Check, Check, list[Check]]:
                 f"runtimes {', '.join(runtimes) or 'none'}" + ("" if "nvidia" in runtimes else
                                                              " (install nvidia-container-toolkit for --gpus)"))
     images = []
-    for profile in engines.ENGINES.values():
+    for profile in profiles.PROFILES.values():
         if not profile.image:
             continue
         present = bool(cli.images.list(name=profile.image))
         others = sorted({t for img in cli.images.list(name=profile.image.split(":")[0]) for t in img.tags})
-        missing = "not built (see docker/)" if profile.name == "builtin" else "not pulled (the first launch pulls it)"
-        detail = "present" if present else missing
+        detail = "present" if present else profile.image_missing()
         if others and not present:
             detail += f"; local tags: {', '.join(others)}"
         images.append(Check(f"{profile.name} image {profile.image}", present, detail))
@@ -90,14 +89,14 @@ def check_hf() -> list[Check]:
 
 
 def check_local_engines() -> list[Check]:
-    """vLLM / SGLang installed here, for `--runner process`."""
-    import importlib.util
+    """Third-party engines installed here, for `--runner process` (each profile says how to look)."""
+    from dflash_bench import profiles
 
     out = []
-    for name, module in (("vllm", "vllm"), ("sglang", "sglang")):
-        found = importlib.util.find_spec(module) is not None
-        out.append(Check(f"{name} installed here (--runner process)", found,
-                         "importable" if found else f"not installed (pip install '.[{name}]', or use docker)"))
+    for profile in profiles.PROFILES.values():
+        found = profile.local_install()
+        if found is not None:
+            out.append(Check(f"{profile.name} installed here (--runner process)", *found))
     return out
 
 

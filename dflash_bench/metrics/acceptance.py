@@ -1,7 +1,8 @@
 """Acceptance length tau (mean tokens per target verification step, bonus included: 1 <= tau <= block size).
 
-Sources, in order of preference:
-- vLLM and the builtin engine: /metrics counter deltas over the measured window (`prometheus.vllm_acceptance`).
+Each engine profile names its source (`EngineProfile.acceptance`, one of READERS); within it, in order:
+- vLLM, the builtin engine and llama.cpp: /metrics counter deltas over the measured window
+  (`prometheus.spec_acceptance`; llama-server's counters carry vLLM's names under `llamacpp:`).
 - SGLang: sum(completion_tokens) / sum(spec_verify_ct) over the cell's requests (native /generate
   meta_info), never the server-cumulative `avg_spec_accept_length`.
 - vLLM per-request `metrics.speculative_decoding` (v0.29+, --per-request-spec-decode-metrics), which also
@@ -15,45 +16,58 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from dflash_bench.metrics.prometheus import vllm_acceptance
+from dflash_bench import profiles
+from dflash_bench.metrics.prometheus import spec_acceptance
 from dflash_bench.store import RequestRecord
+
+# acceptance source -> the /metrics namespace of its counters (None: per-request SGLang meta_info).
+READERS: dict[str, str | None] = {"vllm-metrics": "vllm:", "builtin-metrics": "vllm:",
+                                  "llamacpp-metrics": "llamacpp:", "sglang-meta": None}
 
 
 def per_request(records: Sequence[RequestRecord], sglang: bool) -> dict[str, Any] | None:
     """Token- and request-weighted tau from per-request spec fields of successful measured requests."""
-    rs = [r for r in records if not r.warmup and r.ok and r.spec_verify_ct and r.output_tokens]
-    if not rs:
+    rows = [(r.output_tokens, r.spec_verify_ct, r.spec_accepted_tokens) for r in records
+            if not r.warmup and r.ok and r.spec_verify_ct and r.output_tokens]
+    if not rows:
         return None
-    steps = sum(r.spec_verify_ct for r in rs)
+    steps = sum(ct for _, ct, _ in rows)
+    accepted = [a for _, _, a in rows if a is not None]
     if sglang:  # completion_tokens / verify_ct (includes the prefill-sampled first token, as SGLang does)
-        token_w = sum(r.output_tokens for r in rs) / steps
-        req_w = sum(r.output_tokens / r.spec_verify_ct for r in rs) / len(rs)
+        token_w = sum(n for n, _, _ in rows) / steps
+        req_w = sum(n / ct for n, ct, _ in rows) / len(rows)
+    elif len(accepted) < len(rows):
+        return None
     else:
-        if any(r.spec_accepted_tokens is None for r in rs):
-            return None
-        token_w = 1.0 + sum(r.spec_accepted_tokens for r in rs) / steps
-        req_w = sum(1.0 + r.spec_accepted_tokens / r.spec_verify_ct for r in rs) / len(rs)
+        token_w = 1.0 + sum(accepted) / steps
+        req_w = sum(1.0 + a / ct for (_, ct, _), a in zip(rows, accepted)) / len(rows)
     out: dict[str, Any] = {"token_weighted": token_w, "request_weighted": req_w, "num_drafts": steps}
-    if all(r.spec_accepted_tokens is not None for r in rs):
-        out["num_accepted_tokens"] = sum(r.spec_accepted_tokens for r in rs)
+    if len(accepted) == len(rows):
+        out["num_accepted_tokens"] = sum(accepted)
     return out
+
+
+def counter_namespace(engine: str) -> str:
+    """The /metrics prefix of the engine's speculative counters ("" when it reports them per request)."""
+    return READERS[profiles.get(engine).acceptance] or ""
 
 
 def cell_acceptance(engine: str, metrics_delta: dict[str, float] | None,
                     records: Sequence[RequestRecord]) -> dict[str, Any]:
     """The CellSummary acceptance fields (all None when the server did no speculative decoding)."""
+    source = profiles.get(engine).acceptance
+    namespace = READERS[source]
     out: dict[str, Any] = {}
-    counters = vllm_acceptance(metrics_delta) if metrics_delta and engine != "sglang" else None
-    sglang = per_request(records, sglang=True) if engine == "sglang" else None
-    req = per_request(records, sglang=False) if engine != "sglang" else None
+    counters = spec_acceptance(metrics_delta, namespace) if metrics_delta and namespace else None
+    sglang = per_request(records, sglang=True) if namespace is None else None
+    req = per_request(records, sglang=False) if namespace is not None else None
     if counters:
         out.update(counters)
-        out["acceptance_source"] = "builtin-metrics" if engine == "builtin" else "vllm-metrics"
+        out["acceptance_source"] = source
         out["acceptance_length_token_weighted"] = counters["acceptance_length"]
         if req:
             out["acceptance_length_req_weighted"] = req["request_weighted"]
-    elif sglang or req:
-        pr = sglang or req
+    elif (pr := sglang or req) is not None:
         out["acceptance_length"] = pr["token_weighted"]
         out["acceptance_length_token_weighted"] = pr["token_weighted"]
         out["acceptance_length_req_weighted"] = pr["request_weighted"]

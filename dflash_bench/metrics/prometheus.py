@@ -41,23 +41,30 @@ def delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
     return {k: v - b.get(k, 0.0) for k, v in a.items()}
 
 
-VLLM_DRAFTS = "vllm:spec_decode_num_drafts_total"
-VLLM_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
-VLLM_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
-VLLM_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+# vLLM's spec-decode counter names; llama-server exports the same names under its own `llamacpp:` namespace
+# (tools/server/server-task.cpp, to_metrics), so one reader serves both.
+DRAFTS = "spec_decode_num_drafts_total"
+DRAFT_TOKENS = "spec_decode_num_draft_tokens_total"
+ACCEPTED = "spec_decode_num_accepted_tokens_total"
+PER_POS = "spec_decode_num_accepted_tokens_per_pos_total"
 
 
 def vllm_acceptance(d: dict[str, float]) -> dict[str, Any] | None:
-    """tau = 1 + d(accepted)/d(drafts), rate = d(accepted)/d(draft tokens), per-position d(pos_i)/d(drafts).
+    return spec_acceptance(d, "vllm:")
+
+
+def spec_acceptance(d: dict[str, float], namespace: str) -> dict[str, Any] | None:
+    """tau = 1 + d(accepted)/d(drafts), rate = d(accepted)/d(draft tokens), per-position d(pos_i)/d(drafts),
+    from the counters named `<namespace>spec_decode_*` (vLLM: "vllm:", llama.cpp: "llamacpp:").
 
     None when the server has no speculative counters or ran no verify step in the window (tau absent, not 1)."""
-    drafts = d.get(VLLM_DRAFTS)
-    if not drafts or drafts <= 0 or VLLM_ACCEPTED not in d:
+    drafts = d.get(namespace + DRAFTS)
+    if not drafts or drafts <= 0 or namespace + ACCEPTED not in d:
         return None
-    acc = d[VLLM_ACCEPTED]
-    draft_tokens = d.get(VLLM_DRAFT_TOKENS)
+    acc = d[namespace + ACCEPTED]
+    draft_tokens = d.get(namespace + DRAFT_TOKENS)
     pos: dict[int, float] = {}
-    prefix = VLLM_PER_POS + '{position="'
+    prefix = namespace + PER_POS + '{position="'
     for k, v in d.items():
         if k.startswith(prefix):
             pos[int(k[len(prefix):].split('"', 1)[0])] = v

@@ -17,7 +17,7 @@ import pandas as pd
 from pydantic import BaseModel
 
 from dflash_bench import analysis
-from dflash_bench.engines.base import tensor_parallel
+from dflash_bench.profiles.base import tensor_parallel
 from dflash_bench.store import CellKey, Hardware, Manifest, SweepDir, SweepSettings
 
 SECRET_KEY = re.compile(r"(^|[_-])token$|secret|passw|api[_-]?key|authorization", re.I)  # not max_tokens

@@ -67,9 +67,11 @@ def _settings(options: dict[str, Any], resume: Path | None, image: str | None = 
 def _validated(values: dict[str, Any]) -> SweepSettings:
     from pydantic import ValidationError
 
+    from dflash_bench import profiles
+
     if values.get("runner") is None:
         engines = values.get("engines") or ["builtin"]
-        values["runner"] = "process" if all(e in ("builtin", "emulator") for e in engines) else "docker"
+        values["runner"] = "process" if all(profiles.get(e).runner == "process" for e in engines) else "docker"
     try:
         return SweepSettings(**values)
     except ValidationError as err:

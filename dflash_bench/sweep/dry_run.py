@@ -26,8 +26,8 @@ def print_plan(settings: SweepSettings, image: str | None) -> None:
             url = settings.url_ar if launch.mode == "ar" else settings.url_dflash
             console.print(f"[bold]{launch.engine} {launch.mode}[/] ({len(launch.cells)} cells): measure {escape(url)}")
             continue
-        profile, pair, argv, env, port = plan_server(launch.engine, pair, launch.mode, port=settings.port, preset=settings.gpu,
-                                                     extra_args=settings.engine_args, runner=settings.runner)
-        line = dry_run_line(profile, argv, env, port, settings.runner, image, "all", "host")
+        profile, _, argv, env, port = plan_server(launch.engine, pair, launch.mode, port=settings.port, preset=settings.gpu,
+                                                  extra_args=settings.engine_args, runner=settings.runner)
+        line = dry_run_line(profile, argv, env, port, settings.runner, image or profile.image_for(settings.gpu), "all", "host")
         console.print(f"[bold]{launch.engine} {launch.mode}[/] ({len(launch.cells)} cells):")
         typer.echo(line)

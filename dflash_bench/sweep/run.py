@@ -22,8 +22,6 @@ from dflash_bench.sweep import provenance
 from dflash_bench.sweep.plan import Launch, SweepSettings, check_resume, launches, plan_cells
 from dflash_bench.sweep.progress import SweepProgress
 
-PROCESS_ENGINES = ("builtin", "emulator")  # engines that default to the process runner
-
 
 @dataclass
 class SweepResult:
@@ -159,6 +157,7 @@ def _server(launch: Launch, settings: SweepSettings, pair, sweep: SweepDir, mani
 
 def _run_cell(cell: CellPlan, url: str, settings: SweepSettings, pair, sweep: SweepDir, manifest: Manifest, prompts,
               progress: SweepProgress, telemetry, check, result: SweepResult) -> None:
+    from dflash_bench import profiles
     from dflash_bench.client.cell import measure
     from dflash_bench.client.summary import summarize_cell, write_cell
 
@@ -170,10 +169,10 @@ def _run_cell(cell: CellPlan, url: str, settings: SweepSettings, pair, sweep: Sw
     thinking = settings.thinking if settings.thinking is not None else pair.thinking
     try:
         m = measure(url, cell_prompts, concurrency=cell.concurrency, max_tokens=max_tokens,
-                    temperature=settings.temperature, api="generate" if cell.engine == "sglang" else "chat",
+                    temperature=settings.temperature, api=profiles.get(cell.engine).api,
                     save_token_ids=settings.save_token_ids, enable_thinking=thinking, seed=settings.seed,
                     telemetry=telemetry, on_progress=progress.on_request,
-                    tokenizer=pair.target if cell.engine == "sglang" else None)  # /generate takes templated text
+                    tokenizer=profiles.get(cell.engine).tokenizer(pair))
     except UserError as err:
         fail_cell(sweep, manifest, cell, _reason(err), result)
         return
@@ -378,9 +377,9 @@ def server_devices(settings: SweepSettings, pair) -> list[int] | None:
     --engine-arg (one GPU when neither says). None for servers the user runs: which GPUs is unknown."""
     if settings.url_ar:
         return None
-    from dflash_bench import engines
+    from dflash_bench import profiles
 
-    tp = max(engines.tensor_parallel(engines.get(e).command(pair, "ar", 0, settings.gpu, settings.engine_args)) or 1
+    tp = max(profiles.tensor_parallel(profiles.get(e).command(pair, "ar", 0, settings.gpu, settings.engine_args)) or 1
              for e in settings.engines)
     return list(range(tp))
 

@@ -56,7 +56,7 @@ def slurm_command(settings: SweepSettings, options: dict[str, Any], *, preset_gi
 
 def _for_type(settings: SweepSettings, gpu_type: str, preset_given: bool) -> SweepSettings:
     """The engine flag preset follows the GPU type (h200 -> h100's kernels) unless --gpu names one."""
-    from dflash_bench.engines.base import check_preset
+    from dflash_bench.profiles.base import check_preset
 
     if preset_given:
         return settings
@@ -197,9 +197,9 @@ def _gpus(settings: SweepSettings, opts: SlurmOptions, pair, engine: str) -> int
         return opts.gpus_per_node
     if engine == "emulator":
         return 0
-    from dflash_bench import engines
+    from dflash_bench import profiles
 
-    return engines.tensor_parallel(engines.get(engine).command(pair, "ar", 0, settings.gpu, settings.engine_args)) or 1
+    return profiles.tensor_parallel(profiles.get(engine).command(pair, "ar", 0, settings.gpu, settings.engine_args)) or 1
 
 
 def _earlier_jobs(folder: Path, console: Console) -> list[SlurmJob]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dflash_bench.engines.base import EngineProfile
+from dflash_bench.profiles.base import EngineProfile
 from dflash_bench.models import ModelPair
 
 
@@ -20,6 +20,7 @@ class Emulator(EngineProfile):
     ready_path = "/health"
     acceptance = "vllm-metrics"
     default_port = 8000
+    runner = "process"
 
     def base_command(self, pair: ModelPair) -> list[str]:
         return ["dflash-bench", "emulate", "--model", pair.name]

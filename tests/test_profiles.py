@@ -12,7 +12,7 @@ import shlex
 
 import pytest
 
-from dflash_bench import engines, models
+from dflash_bench import models, profiles
 from dflash_bench.errors import UserError
 
 
@@ -89,7 +89,7 @@ SGLANG_CARDS = {
 def test_vllm_commands_match_the_cards(name):
     card = VLLM_CARDS[name] + " --port 8000"
     pair = models.resolve(name)
-    vllm = engines.get("vllm")
+    vllm = profiles.get("vllm")
     assert parse(vllm.command(pair, "dflash", 8000)) == parse(card)
     assert parse(vllm.command(pair, "ar", 8000)) == parse(without_spec(card))
 
@@ -98,22 +98,22 @@ def test_vllm_commands_match_the_cards(name):
 def test_sglang_commands_match_the_cards(name):
     card = SGLANG_CARDS[name] + " --port 30000 --enable-metrics"
     pair = models.resolve(name)
-    sglang = engines.get("sglang")
+    sglang = profiles.get("sglang")
     assert parse(sglang.command(pair, "dflash", 30000)) == parse(card)
     assert parse(sglang.command(pair, "ar", 30000)) == parse(without_spec(card))
 
 
 def test_card_environment_variables():
     # Qwen3.5 SGLang card: export SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1. Gemma vLLM: V2 model runner.
-    assert engines.get("sglang").env(models.resolve("Qwen3.5-35B-A3B"), "dflash") == {
+    assert profiles.get("sglang").env(models.resolve("Qwen3.5-35B-A3B"), "dflash") == {
         "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
     gemma = models.resolve("gemma-4-31B-it")
-    assert engines.get("vllm").env(gemma, "ar") == engines.get("vllm").env(gemma, "dflash") == {
+    assert profiles.get("vllm").env(gemma, "ar") == profiles.get("vllm").env(gemma, "dflash") == {
         "VLLM_USE_V2_MODEL_RUNNER": "1"}
 
 
 def test_sglang_presets_swap_generation_specific_backends():
-    sglang = engines.get("sglang")
+    sglang = profiles.get("sglang")
     # Hopper has no trtllm_mha / fa4 kernels: the Qwen3.5 card runs on fa3 there.
     _, h100 = parse(sglang.command(models.resolve("Qwen3.5-35B-A3B"), "dflash", 30000, preset="h100"))
     assert h100["--attention-backend"] == "fa3" and h100["--speculative-draft-attention-backend"] == "fa3"
@@ -128,7 +128,7 @@ def test_sglang_presets_swap_generation_specific_backends():
 @pytest.mark.parametrize("engine", ["vllm", "sglang", "builtin"])
 @pytest.mark.parametrize("preset", ["generic", "h100", "b300"])
 def test_ar_and_dflash_differ_only_in_speculative_flags(engine, preset):
-    profile = engines.get(engine)
+    profile = profiles.get(engine)
     spec_flags = {"--speculative-config", "--speculative-algorithm", "--speculative-draft-model-path",
                   "--speculative-num-draft-tokens", "--speculative-draft-attention-backend", "--mode", "--draft"}
     for pair in models.known():
@@ -148,7 +148,7 @@ def test_ar_and_dflash_differ_only_in_speculative_flags(engine, preset):
 def test_builtin_command_follows_the_serve_contract():
     # dflash-bench serve --model TARGET --draft DRAFTER --mode ar|dflash --port P [--dtype] [--device]
     pair = models.resolve("Qwen3-8B")
-    builtin = engines.get("builtin")
+    builtin = profiles.get("builtin")
     assert parse(builtin.command(pair, "dflash", 8123)) == parse(
         "dflash-bench serve --model Qwen/Qwen3-8B --draft z-lab/Qwen3-8B-DFlash-b16 --mode dflash --port 8123")
     assert parse(builtin.command(pair, "ar", 8123, preset="h100")) == parse(
@@ -159,7 +159,7 @@ def test_builtin_command_follows_the_serve_contract():
 
 
 def test_profiles_say_readiness_acceptance_and_image():
-    vllm, sglang = engines.get("vllm"), engines.get("sglang")
+    vllm, sglang = profiles.get("vllm"), profiles.get("sglang")
     assert (vllm.ready_path, vllm.acceptance) == ("/health", "vllm-metrics")
     assert (sglang.ready_path, sglang.acceptance) == ("/health", "sglang-meta")
     assert vllm.image.startswith("vllm/vllm-openai:v") and sglang.image.startswith("lmsysorg/sglang:v")
@@ -172,13 +172,66 @@ def test_profiles_say_readiness_acceptance_and_image():
 
 def test_bad_engine_mode_preset_are_one_sentence_errors():
     with pytest.raises(UserError, match="unknown engine 'tgi'.*vllm, sglang, builtin"):
-        engines.get("tgi")
+        profiles.get("tgi")
     pair = models.resolve("Qwen3-8B")
     with pytest.raises(UserError, match="unknown mode"):
-        engines.get("vllm").command(pair, "eagle", 8000)
+        profiles.get("vllm").command(pair, "eagle", 8000)
     with pytest.raises(UserError, match="unknown GPU preset 'a100'"):
-        engines.get("vllm").command(pair, "ar", 8000, preset="a100")
+        profiles.get("vllm").command(pair, "ar", 8000, preset="a100")
     no_drafter = models.resolve("someorg/some-model")
-    assert engines.get("vllm").command(no_drafter, "ar", 8000)[2] == "someorg/some-model"
+    assert profiles.get("vllm").command(no_drafter, "ar", 8000)[2] == "someorg/some-model"
     with pytest.raises(UserError, match="no DFlash drafter"):
-        engines.get("vllm").command(no_drafter, "dflash", 8000)
+        profiles.get("vllm").command(no_drafter, "dflash", 8000)
+
+
+def test_each_profile_declares_how_it_is_measured():
+    from dflash_bench.client.protocol import APIS
+    from dflash_bench.launch import RUNNERS
+    from dflash_bench.metrics.acceptance import READERS
+
+    assert profiles.names() == list(profiles.PROFILES)
+    for p in profiles.PROFILES.values():
+        assert p.acceptance in READERS and p.api in APIS and p.runner in RUNNERS, p.name
+        assert p.chat_template in ("server", "client"), p.name
+        # a server that takes templated text is sent the target's tokenizer; a chat server is sent none
+        pair = models.resolve("Qwen3-8B")
+        assert p.tokenizer(pair) == (pair.target if p.chat_template == "client" else None)
+    assert profiles.get("sglang").api == "generate" and profiles.get("sglang").chat_template == "client"
+    assert [n for n, p in profiles.PROFILES.items() if p.runner == "process"] == ["builtin", "emulator", "llamacpp"]
+
+
+def test_cell_acceptance_reads_the_profiles_source():
+    """The same /metrics delta gives tau to the engine whose counters it holds, and nothing to the others."""
+    from dflash_bench.metrics.acceptance import cell_acceptance
+
+    delta = {"llamacpp:spec_decode_num_drafts_total": 10.0, "llamacpp:spec_decode_num_draft_tokens_total": 150.0,
+             "llamacpp:spec_decode_num_accepted_tokens_total": 25.0,
+             'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="0"}': 8.0}
+    got = cell_acceptance("llamacpp", delta, [])
+    assert got["acceptance_source"] == "llamacpp-metrics" and got["acceptance_length"] == pytest.approx(3.5)
+    assert got["acceptance_rate"] == pytest.approx(25 / 150) and got["acceptance_per_position"] == [0.8]
+    assert cell_acceptance("vllm", delta, []) == {} and cell_acceptance("builtin", delta, []) == {}
+    vllm_delta = {k.replace("llamacpp:", "vllm:"): v for k, v in delta.items()}
+    assert cell_acceptance("builtin", vllm_delta, [])["acceptance_source"] == "builtin-metrics"
+    assert cell_acceptance("emulator", vllm_delta, [])["acceptance_source"] == "vllm-metrics"
+    assert cell_acceptance("llamacpp", vllm_delta, []) == {}
+
+
+@pytest.mark.parametrize("preset", ["generic", "h100"])
+def test_llamacpp_command_follows_docs_speculative(preset):
+    # docs/speculative.md: llama-server -m T.gguf -md D.gguf --spec-type draft-dflash --spec-draft-n-max 15
+    llama = profiles.get("llamacpp")
+    pair = models.resolve("Qwen3-8B")
+    gguf = type(pair)(**{**pair.__dict__, "target": "/c/t.gguf", "drafter": "/c/d.gguf"})
+    ar, df = llama.command(gguf, "ar", 8080, preset), llama.command(gguf, "dflash", 8080, preset)
+    assert df[:3] == ["llama-server", "-m", "/c/t.gguf"]
+    spec = df[df.index("-md"):df.index("-md") + 6]
+    assert spec == ["-md", "/c/d.gguf", "--spec-type", "draft-dflash", "--spec-draft-n-max", "15"]
+    assert [a for a in df if a not in spec] == ar  # AR is the DFlash command minus the draft flags
+    assert {"--metrics", "--jinja"} <= set(ar) and ar[ar.index("--port") + 1] == "8080"
+    assert ("-ngl" in ar) == (preset != "generic")
+    assert llama.container_command(ar)[:2] == ["-m", "/c/t.gguf"]  # the image's entrypoint is llama-server
+    assert llama.image_for(preset) == ("ghcr.io/ggml-org/llama.cpp:server" if preset == "generic"
+                                       else "ghcr.io/ggml-org/llama.cpp:server-cuda")
+    assert (llama.acceptance, llama.api, llama.chat_template, llama.runner) == (
+        "llamacpp-metrics", "chat", "server", "process")

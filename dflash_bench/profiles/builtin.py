@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dflash_bench import __version__
-from dflash_bench.engines.base import EngineProfile
+from dflash_bench.profiles.base import EngineProfile
 from dflash_bench.models import ModelPair
 
 DEFAULT_IMAGE = f"dflash-bench:{__version__}"  # docker build -f docker/Dockerfile -t dflash-bench:VERSION .
@@ -25,6 +25,10 @@ class Builtin(EngineProfile):
     ready_path = "/health"
     acceptance = "builtin-metrics"
     default_port = 8000
+    runner = "process"  # it runs wherever dflash-bench is installed; the image is for GPU hosts
+
+    def image_missing(self) -> str:
+        return "not built (see docker/)"
 
     def base_command(self, pair: ModelPair) -> list[str]:
         return ["dflash-bench", "serve", "--model", pair.target]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dflash_bench.engines.base import EngineProfile
+from dflash_bench.profiles.base import EngineProfile, python_module
 from dflash_bench.models import ModelPair
 
 DEFAULT_IMAGE = "lmsysorg/sglang:v0.5.20"
@@ -39,6 +39,14 @@ class SGLang(EngineProfile):
     ready_path = "/health"
     acceptance = "sglang-meta"
     default_port = 30000
+    api = "generate"  # native /generate: its meta_info carries spec_verify_ct, the acceptance source
+    chat_template = "client"  # /generate takes templated text
+
+    def version_note(self, pair: ModelPair) -> str:
+        return pair.sglang_version
+
+    def local_install(self) -> tuple[bool, str] | None:
+        return python_module("sglang")
 
     def base_command(self, pair: ModelPair) -> list[str]:
         return ["python3", "-m", "sglang.launch_server", "--model-path", pair.target]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from dflash_bench.engines.base import EngineProfile
+from dflash_bench.profiles.base import EngineProfile, python_module
 from dflash_bench.models import ModelPair
 
 DEFAULT_IMAGE = "vllm/vllm-openai:v0.29.0"
@@ -22,6 +22,12 @@ class VLLM(EngineProfile):
     ready_path = "/health"
     acceptance = "vllm-metrics"
     default_port = 8000
+
+    def version_note(self, pair: ModelPair) -> str:
+        return pair.vllm_version
+
+    def local_install(self) -> tuple[bool, str] | None:
+        return python_module("vllm")
 
     def base_command(self, pair: ModelPair) -> list[str]:
         return ["vllm", "serve", pair.target]

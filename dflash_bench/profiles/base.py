@@ -28,6 +28,14 @@ def tensor_parallel(engine_args: Any) -> int | None:
     return None
 
 
+def python_module(module: str) -> tuple[bool, str]:
+    """Is the engine's Python package importable here (for `--runner process`)?"""
+    import importlib.util
+
+    found = importlib.util.find_spec(module) is not None
+    return found, "importable" if found else f"not installed (pip install '.[{module}]', or use docker)"
+
+
 def check_mode(mode: str) -> str:
     if mode not in MODES:
         raise UserError(f"unknown mode {mode!r}: use ar or dflash.")
@@ -49,9 +57,45 @@ class EngineProfile:
     name: ClassVar[str]
     image: ClassVar[str | None]  # default container image (None: no image, process runner only)
     ready_path: ClassVar[str] = "/health"
-    acceptance: ClassVar[str]  # "vllm-metrics" | "sglang-meta" | "builtin-metrics"
+    # How tau is read (metrics/acceptance.py READERS): "vllm-metrics" | "builtin-metrics" | "sglang-meta" |
+    # "llamacpp-metrics". It is also the acceptance_source written to each cell.
+    acceptance: ClassVar[str]
     metrics_path: ClassVar[str] = "/metrics"
     default_port: ClassVar[int] = 8000
+    api: ClassVar[str] = "chat"  # the client API: OpenAI "chat" completions, or SGLang's native "generate"
+    # Who renders the chat template: the "server" (chat API), or the "client" with the target's tokenizer
+    # (SGLang's /generate takes templated text).
+    chat_template: ClassVar[str] = "server"
+    runner: ClassVar[str] = "docker"  # the default runner: "docker" (its image) or "process" (a local command)
+
+    def image_for(self, preset: str) -> str | None:
+        """The default image for a GPU preset (most engines ship one image for all)."""
+        return self.image
+
+    def serve_pair(self, pair: ModelPair, mode: str, convert: bool) -> ModelPair:
+        """The pair as the server loads it (llama.cpp: GGUF files). `convert` False only plans the paths
+        (dry runs); True makes them."""
+        return pair
+
+    def process_argv(self, argv: list[str]) -> list[str]:
+        """The command as the process runner starts it (where the engine's executable is found)."""
+        return list(argv)
+
+    def tokenizer(self, pair: ModelPair) -> str | None:
+        """The tokenizer the client renders prompts with (None: the server renders them)."""
+        return pair.target if self.chat_template == "client" else None
+
+    def version_note(self, pair: ModelPair) -> str:
+        """The engine build the pair's card needs ("" when a release does)."""
+        return ""
+
+    def image_missing(self) -> str:
+        """What `doctor` says when the default image is not on this machine."""
+        return "not pulled (the first launch pulls it)"
+
+    def local_install(self) -> tuple[bool, str] | None:
+        """(found, detail) for `--runner process` on this machine; None when the profile has nothing to check."""
+        return None
 
     def command(self, pair: ModelPair, mode: str, port: int, preset: str | None = "generic",
                 extra_args: Sequence[str] = (), host: str | None = None) -> list[str]:
