@@ -10,6 +10,7 @@ import orjson
 import pytest
 
 from dflash_bench.client import measure_cell
+from dflash_bench.client.loadgen import arrival_offsets
 from dflash_bench.client.protocol import RequestSettings, build_body
 from dflash_bench.emulator import Emulator, EmulatorConfig, EmulatorProcess
 from dflash_bench.store import SweepDir
@@ -125,15 +126,24 @@ def test_multi_turn_sends_the_models_own_reply(tmp_path: Path):
         assert by[(p.id, 1)].t_send >= first.t_end
 
 
-def test_poisson_arrivals_spread_the_dispatches(tmp_path: Path):
+def test_poisson_arrivals_are_exponential_and_seeded():
+    offsets = arrival_offsets(4001, 100.0, seed=1)
+    gaps = [b - a for a, b in zip(offsets, offsets[1:])]
+    mean = statistics.mean(gaps)
+    assert 0.0095 < mean < 0.0105  # 1 / (100 req/s) = 10 ms, over 4000 seeded draws
+    assert 0.9 < statistics.stdev(gaps) / mean < 1.1  # exponential gaps (CV 1), not a fixed clock
+    assert arrival_offsets(50, 100.0, seed=1) == arrival_offsets(50, 100.0, seed=1) != arrival_offsets(50, 100.0, seed=2)
+
+
+def test_open_loop_sends_no_request_before_its_arrival_time(tmp_path: Path):
     with EmulatorProcess(mode="ar", ttft_ms=1, itl_ms=1, output_len=2) as em:
         s = measure_cell(em.url, prompts(60), concurrency=60, cell_dir=cell(tmp_path), request_rate=100.0,
                          warmup=False, seed=1)
-    sends = sorted(r.t_send for r in measured(tmp_path))
-    gaps = [b - a for a, b in zip(sends, sends[1:])]
-    mean = statistics.mean(gaps)
-    assert 0.006 < mean < 0.016  # 1 / (100 req/s) = 10 ms
-    assert statistics.stdev(gaps) / mean > 0.5  # exponential gaps (CV 1), not a fixed clock
+    planned = dict(zip((p.id for p in prompts(60)), arrival_offsets(60, 100.0, seed=1)))
+    sends = {r.prompt_id: r.t_send for r in measured(tmp_path)}
+    # the records' clock starts before the schedule does, so a send can only be at or after its arrival time
+    assert all(sends[pid] >= planned[pid] - 1e-6 for pid in planned)
+    assert max(planned.values()) > 0.3  # so the last sends waited for a schedule that spread them out
     assert s.settings.request_rate == 100.0
 
 

@@ -131,7 +131,7 @@ class LoadGenerator:
         return LoadResult(self.records, t_start, t_end, self.t0)
 
     async def _open_loop(self, prompts: Sequence) -> None:
-        rng = random.Random(self.load.seed)
+        offsets = arrival_offsets(len(prompts), self.load.request_rate or 0.0, self.load.seed)
         sem = asyncio.Semaphore(self.load.concurrency)
         tasks = []
         t = time.perf_counter()
@@ -142,11 +142,20 @@ class LoadGenerator:
             finally:
                 sem.release()
 
-        for p in prompts:
-            delay = t - time.perf_counter()
+        for p, offset in zip(prompts, offsets):  # prompt i is never sent before t + offsets[i]
+            delay = t + offset - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
             await sem.acquire()
             tasks.append(asyncio.create_task(go(p)))
-            t += rng.expovariate(self.load.request_rate)
         await asyncio.gather(*tasks)
+
+
+def arrival_offsets(n: int, rate: float, seed: int) -> list[float]:
+    """Open-loop arrival times in seconds after the first: a Poisson process of `rate` requests/s, seeded."""
+    rng = random.Random(seed)
+    out, t = [], 0.0
+    for _ in range(n):
+        out.append(t)
+        t += rng.expovariate(rate)
+    return out
