@@ -6,7 +6,6 @@ Each running server is recorded in a small registry folder (one JSON file per se
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import shutil
@@ -17,10 +16,23 @@ import tempfile
 import time
 from pathlib import Path
 
+from pydantic import BaseModel, Field, ValidationError
+
 from dflash_bench.errors import UserError
 from dflash_bench.launch.common import Server, ServerInfo
+from dflash_bench.store import atomic_write_json
 
 STOP_GRACE_S = 15.0
+
+
+class Registration(BaseModel):
+    """One running process server, as `<registry_dir>/<pgid>.json`: what `stop` needs to find it later."""
+
+    pgid: int
+    owner_pid: int  # the harness that started it: once it is gone, the server is a leftover
+    argv: list[str] = Field(default_factory=list)
+    url: str | None = None
+    started: float | None = None  # time.time()
 
 
 def registry_dir() -> Path:
@@ -139,12 +151,8 @@ class ProcessServer(Server):
         self._register(self.argv)
 
     def _register(self, argv: list[str]) -> None:
-        self._record.parent.mkdir(parents=True, exist_ok=True)
-        data = {"pgid": self.proc.pid, "owner_pid": os.getpid(), "argv": argv, "url": self.url,
-                "started": time.time()}
-        tmp = self._record.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data))
-        tmp.replace(self._record)
+        atomic_write_json(self._record, Registration(pgid=self.proc.pid, owner_pid=os.getpid(), argv=argv,
+                                                     url=self.url, started=time.time()))
 
     def exit_code(self) -> int | None:
         return self.proc.poll() if self.proc else -1
@@ -171,16 +179,16 @@ def stop_leftovers(all_: bool = False) -> list[str]:
     folder = registry_dir()
     for rec in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         try:
-            data = json.loads(rec.read_text())
-            pgid, owner = int(data["pgid"]), int(data["owner_pid"])
-        except (OSError, ValueError, KeyError, TypeError):
+            reg = Registration.model_validate_json(rec.read_text())
+        except (OSError, ValueError, ValidationError):
             rec.unlink(missing_ok=True)
             continue
-        if not _group_alive(pgid) or not _leader_runs(pgid, data.get("argv") or []):
+        pgid, owner = reg.pgid, reg.owner_pid
+        if not _group_alive(pgid) or not _leader_runs(pgid, reg.argv):
             rec.unlink(missing_ok=True)  # gone, or its id now belongs to another program
             continue
         if all_ or not _pid_alive(owner):
             stop_group(pgid)
             rec.unlink(missing_ok=True)
-            stopped.append(f"process group {pgid}: {shlex.join(data.get('argv', []))[:120]}")
+            stopped.append(f"process group {pgid}: {shlex.join(reg.argv)[:120]}")
     return stopped
