@@ -7,7 +7,8 @@ server. What is counted is what the harness executes:
 
 - files: the dflash_bench Python modules with at least one function that ran (templates are not counted);
 - function lines: per file, the union of the line spans (first to last line) of the functions that ran, so
-  a nested function is not counted twice. Module-level code (imports, class bodies) is not counted.
+  a nested function is not counted twice. Module-level code and class bodies (imports, schema fields) are
+  not counted.
 
     PYTHONPATH=. python benchmarks/reading_path.py --data-dir ../shared/datasets [--json out.json]
 """
@@ -15,6 +16,7 @@ server. What is counted is what the harness executes:
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import sys
 import tempfile
@@ -37,7 +39,7 @@ def trace(argvs: list[list[str]]) -> dict[str, set[int]]:
     seen: set[CodeType] = set()
 
     def profiler(frame, event, _arg):
-        if event == "call" and frame.f_code.co_name != "<module>":
+        if event == "call" and frame.f_code.co_flags & inspect.CO_NEWLOCALS:  # functions, not module or class bodies
             seen.add(frame.f_code)
 
     sys.setprofile(profiler)
