@@ -22,8 +22,10 @@ SMALL_NOISE = (1.0, 1.006, 0.994)
 
 
 def plant(path: Path, *, concurrency=(1, 8), repeats=3, noise=SMALL_NOISE, scale=None, tau_scale=1.0,
-          exact=None, accuracy=None, failed=(), reason="server exited with code 137", suite="gsm8k", models=None) -> Path:
-    """A sweep folder with known numbers. scale: {(mode, c): factor on throughput}; failed: cell ids."""
+          exact=None, accuracy=None, failed=(), reason="server exited with code 137", suite="gsm8k", models=None,
+          warned=()) -> Path:
+    """A sweep folder with known numbers. scale: {(mode, c): factor on throughput}; failed: cell ids;
+    warned: DFlash cell ids whose summary says they did not speculate (dflash_warning)."""
     scale = scale or {}
     plan, summaries = [], []
     for r in range(repeats):
@@ -43,7 +45,8 @@ def plant(path: Path, *, concurrency=(1, 8), repeats=3, noise=SMALL_NOISE, scale
                 summaries.append(CellSummary(
                     cell_id=cid, engine="vllm", mode=mode, suite=suite, concurrency=c, repeat=r,
                     output_throughput=tput, tpot_ms=Stat(n=10, mean=tpot, p50=tpot),
-                    acceptance_length=6.0 * tau_scale if mode == "dflash" else None, **quality))
+                    acceptance_length=6.0 * tau_scale if mode == "dflash" else None, **quality,
+                    dflash_warning="tau 1.00: the drafter's tokens were (almost) never accepted" if cid in warned else None))
     sweep = SweepDir.create(path, Manifest(sweep_id=path.name, plan=plan, models=models or {"target": {"id": "t"}, "drafter": {"id": "d"}}))
     for s in summaries:
         sweep.write_summary(s)
@@ -276,6 +279,21 @@ def test_failed_cell_fails_its_metrics_with_the_reason(base, tmp_path):
     assert next(c for c in no_reason.cells if c.failed).failed == {"vllm-ar-gsm8k-c8": "failed"}
     long = gate.collect(plant(tmp_path / "l", failed={cell_id("vllm", "ar", "gsm8k", 8)}, reason="x" * 5000))
     assert len(next(c for c in long.cells if c.failed).failed["vllm-ar-gsm8k-c8"]) == 300
+
+
+def test_a_dflash_cell_that_did_not_speculate_fails_the_gate_by_itself(base, tmp_path):
+    warned = cell_id("vllm", "dflash", "gsm8k", 8, 1)
+    sweep = plant(tmp_path / "s", warned={warned})
+    result = gate.gate(sweep, base)  # every number matches the baseline: only the warning fails it
+    assert failing(result) == {("vllm/dflash/gsm8k/c8", "speculation")}
+    (chk,) = result.failures
+    assert chk.method == "no speculation" and warned in chk.note and "never accepted" in chk.note
+    junit = tmp_path / "gate.xml"
+    code, out = cli(sweep, "--baseline", base, "--junit", junit, "--markdown", tmp_path / "m.md")
+    assert code == 1 and "speculation" in out
+    assert [f.get("message") for f in ET.parse(junit).iter("failure") if "never accepted" in (f.text or "") + f.get("message")]
+    assert "speculation" in (tmp_path / "m.md").read_text()
+    assert gate.gate(base, sweep).passed  # the baseline's own warnings are not the sweep's regression
 
 
 def test_tau_missing_from_the_sweep_fails(base, tmp_path):

@@ -210,6 +210,22 @@ def test_sparse_summaries_render(tmp_path):
     assert "No complete cell with throughput and TPOT." in parsed.all_text()
 
 
+def test_dflash_cells_that_did_not_speculate_are_called_out_at_the_top(tmp_path):
+    plan = [CellPlan(cell_id=f"x-{m}-gsm8k-c1", engine="x", mode=m, suite="gsm8k", concurrency=1) for m in ("ar", "dflash")]
+    sweep = SweepDir.create(tmp_path / "fallback", Manifest(sweep_id="fallback", plan=plan))
+    warning = f"no acceptance source: /metrics answered HTTP 404 {XSS}"
+    for cell, tput in zip(plan, (100.0, 98.0)):
+        sweep.write_summary(CellSummary(cell_id=cell.cell_id, engine="x", mode=cell.mode, suite="gsm8k", concurrency=1,
+                                        output_throughput=tput, dflash_warning=warning if cell.mode == "dflash" else None))
+    page = build_report([tmp_path / "fallback"])
+    parsed = Page(page.read_text())
+    called = "".join(parsed.by_class["call"])
+    assert "DFlash did not speculate in 1 cell(s)" in called and f"x-dflash-gsm8k-c1: {warning}" in called
+    assert "<script>" not in page.read_text()
+    quiet = make_sweep(tmp_path / "fine", suites=("gsm8k",), concurrency=(1,))
+    assert "did not speculate" not in Page(build_report([quiet]).read_text()).all_text()
+
+
 def test_sweep_with_nothing_complete_renders(tmp_path):
     ids = [f"vllm-{m}-gsm8k-c1" for m in ("ar", "dflash")]
     path = make_sweep(tmp_path / "dead", suites=("gsm8k",), concurrency=(1,), failed={i: "image pull failed" for i in ids})

@@ -32,6 +32,8 @@ class CellValues(CellKey):
     repeats: list[int] = Field(default_factory=list)  # repeats that completed, in order
     metrics: dict[str, list[float]] = Field(default_factory=dict)  # per completed repeat that measured it
     failed: dict[str, str] = Field(default_factory=dict)  # cell id -> failure reason
+    # cell id -> why a complete DFlash cell shows no sign of speculation (CellSummary.dflash_warning)
+    no_speculation: dict[str, str] = Field(default_factory=dict)
 
 
 class Provenance(BaseModel):
@@ -86,6 +88,8 @@ def collect(sweep_dir: Path | str) -> Baseline:
             cell.failed[s.cell_id] = reason if len(reason) <= 300 else reason[:297] + "..."
             continue
         cell.repeats.append(s.repeat)
+        if s.mode == "dflash" and s.dflash_warning:
+            cell.no_speculation[s.cell_id] = s.dflash_warning
         for name, value in gated_values(s).items():
             if _number(value):
                 cell.metrics.setdefault(name, []).append(float(value))  # type: ignore[arg-type]

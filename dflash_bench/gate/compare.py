@@ -34,6 +34,9 @@ METRICS = (
     Metric("exact_match_rate", "lossless exact match", "exact_match", True, False, optional=True),
     Metric("accuracy", "task accuracy", "accuracy", True, False, optional=True),
 )
+# Not a comparison with the baseline: a DFlash cell of the sweep that did not speculate (no acceptance
+# source, draft counters that did not move, tau ~ 1) is the silent fallback to AR, and fails on its own.
+SPECULATION = Metric("speculation", "speculation", "acceptance_length", True, False)
 
 # ---------------------------------------------------------------- the comparison
 
@@ -110,7 +113,8 @@ def compare(sweep: Baseline, base: Baseline, config: GateConfig | None = None,
 
 def _check_cell(ref: CellValues, cur: CellValues, config: GateConfig) -> list[Check]:
     name = ref.key.name
-    out = []
+    out = [Check(name, SPECULATION, "no speculation", "fail", 0.0, [], [], note=f"{cid}: {why}")
+           for cid, why in cur.no_speculation.items()]
     for m in METRICS:
         base = ref.metrics.get(m.name)
         if not base:

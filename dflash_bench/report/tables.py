@@ -236,6 +236,14 @@ def _mean_lists(lists: list[Any]) -> list[float] | None:
     return out
 
 
+def no_speculation(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """Complete DFlash cells that show no sign of speculation (the silent fallback to AR), with why."""
+    if frame.empty or "dflash_warning" not in frame:
+        return []
+    rows = frame[(frame["mode"] == "dflash") & frame["dflash_warning"].map(lambda w: isinstance(w, str) and bool(w))]
+    return [{"cell_id": r["cell_id"], "warning": r["dflash_warning"]} for _, r in rows.iterrows()]
+
+
 def failures(manifest: Manifest, frame: pd.DataFrame) -> list[dict[str, Any]]:
     """Failed cells and why (from their summary, else from the plan), plus planned cells never finished."""
     out: list[dict[str, Any]] = []
