@@ -19,7 +19,7 @@ import jinja2
 
 from dflash_bench import __version__
 from dflash_bench.errors import UserError
-from dflash_bench.report import figures, tables
+from dflash_bench.report import cells, figures, tables
 from dflash_bench.store import MANIFEST, atomic_write_bytes
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -113,7 +113,7 @@ def _context(view: tables.SweepView, figs: dict[str, dict[str, str]]) -> dict[st
         "latency": tables.stat_table(view, ["ttft_ms_p50", "ttft_ms_p90", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p90", "tpot_ms_p99"]),
         "energy": tables.stat_table(view, ["j_per_token", "avg_power_w"]),
         "synthetic": sorted({f"{v:g}" for v in view.frame.get("synthetic_acceptance", []) if _present(v)}),
-        "no_speculation": tables.no_speculation(view.frame),
+        "no_speculation": cells.no_speculation(view.frame),
         "has_energy": "j_per_token" in view.done.columns and view.done["j_per_token"].notna().any(),
         "telemetry_note": m.telemetry or "; ".join(telemetry_off) or "no telemetry.csv in any cell",
         "failed": view.failed,
