@@ -8,7 +8,6 @@ this test run, so the tests can assert that none is left behind.
 
 from __future__ import annotations
 
-import json
 import signal
 import sys
 import uuid
@@ -79,7 +78,7 @@ def test_emulator_in_docker_ready_labelled_logged_and_removed(docker_cli, image,
         host = cont.attrs["HostConfig"]
         assert host["NetworkMode"] == "host" and host["IpcMode"] == "host"
         assert "HF_TOKEN=hf_secret_value_123" in cont.attrs["Config"]["Env"]  # passed through ...
-        info = json.dumps(server.info.to_dict())
+        info = server.info.model_dump_json()
         assert "hf_secret_value_123" not in info  # ... never recorded
         assert server.info.image == image[0] and server.info.image_digest.startswith("sha256:")
         server.check()

@@ -9,13 +9,13 @@ import signal
 import socket
 import threading
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterator
 
 import httpx
 
 from dflash_bench.errors import UserError
+from dflash_bench.store import ServerRecord
 
 LOG_TAIL_LINES = 40
 
@@ -63,26 +63,8 @@ class Terminated(SystemExit):
         super().__init__(128 + signal.SIGTERM)
 
 
-@dataclass
-class ServerInfo:
-    """What was launched, as recorded in the sweep manifest (never secrets: env values are not kept)."""
-
-    runner: str
-    command: list[str]
-    url: str
-    port: int
-    engine: str | None = None
-    mode: str | None = None
-    image: str | None = None
-    image_id: str | None = None
-    image_digest: str | None = None
-    container_id: str | None = None
-    pid: int | None = None
-    log_path: str | None = None
-    env_names: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+# What was launched, as the sweep manifest records it (env names, never their values): the store's schema.
+ServerInfo = ServerRecord
 
 
 def free_port() -> int:

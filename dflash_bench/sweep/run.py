@@ -93,7 +93,7 @@ def run_launch(launch: Launch, settings: SweepSettings, pair, sweep: SweepDir, m
     key = f"{launch.engine}-{launch.mode}"
     try:
         with _server(launch, settings, pair, sweep, manifest, image) as server:
-            _record_server(manifest, key, ServerRecord.model_validate(server["info"]))
+            _record_server(manifest, key, server["info"])
             _check_same_image(manifest, launch.engine)
             sweep.write_manifest(manifest)
             for cell in launch.cells:
@@ -138,7 +138,7 @@ def _server(launch: Launch, settings: SweepSettings, pair, sweep: SweepDir, mani
     """A running server for this launch: launched by us, or the user's own URL."""
     if settings.url_ar:
         url = settings.url_ar if launch.mode == "ar" else settings.url_dflash
-        yield {"url": url, "check": lambda: None, "info": {"runner": "external", "url": url}}
+        yield {"url": url, "check": lambda: None, "info": ServerRecord(runner="external", url=url)}
         return
     from dflash_bench.launch import launch_server
     from dflash_bench.telemetry import scheduler_gpus
@@ -149,7 +149,7 @@ def _server(launch: Launch, settings: SweepSettings, pair, sweep: SweepDir, mani
                        extra_args=settings.engine_args, sweep_id=manifest.sweep_id, image=image,
                        log_path=sweep.log_path(launch.engine, launch.mode),
                        port=settings.port) as server:
-        yield {"url": server.url, "check": server.check, "info": server.info.to_dict()}
+        yield {"url": server.url, "check": server.check, "info": server.info.model_copy()}
 
 
 # ------------------------------------------------------------------ one cell
