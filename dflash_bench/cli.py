@@ -61,6 +61,7 @@ def run(
     model: Optional[str] = typer.Option(None, "--model", help="Served model name (default: the first one in /v1/models)."),
     transport: str = typer.Option("auto", "--transport", help="HTTP client of the streaming loop: auto (raw for http://, aiohttp for https://), raw, aiohttp or httpx."),
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="With --api generate: render this model's chat template (Hugging Face id or folder) before sending."),
+    ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Send ignore_eos: every request generates --max-tokens tokens (compare engines on equal output lengths)."),
 ) -> None:
     """Measure one running server on one suite at one concurrency and write it as a cell of a sweep folder."""
     from dflash_bench.client.run import run_one
@@ -69,7 +70,7 @@ def run(
                          temperature=temperature, label=label, engine=engine, api=api, save_token_ids=save_token_ids,
                          enable_thinking=thinking, out=out, name=name, data_dir=data_dir, seed=seed,
                          request_rate=request_rate, timeout=timeout, warmup=warmup, model=model, transport=transport,
-                         tokenizer=tokenizer)
+                         tokenizer=tokenizer, ignore_eos=ignore_eos)
     if summary.status == "failed":  # as `sweep` does: a failed cell is a failed run
         raise typer.Exit(1)
 

@@ -366,3 +366,16 @@ def test_models_request_obeys_the_timeout(tmp_path: Path):
         with pytest.raises(UserError, match=r"did not answer GET /v1/models within 0.5 s"):
             measure_cell(srv.url, prompts(1), concurrency=1, cell_dir=cell(tmp_path), timeout=0.5)
     assert not (tmp_path / "sw").exists()
+
+
+@pytest.mark.parametrize("api", ["chat", "generate"])
+def test_ignore_eos_runs_every_request_to_max_tokens(tmp_path: Path, api: str):
+    # the emulator's answers end on their own between 0.5x and 1.5x output_len: with ignore_eos none may
+    with EmulatorProcess(mode="ar", ttft_ms=1, itl_ms=0, output_len=20, seed=5) as em:
+        measure_cell(em.url, prompts(6), concurrency=2, cell_dir=cell(tmp_path, "free"), api=api, max_tokens=24,
+                     warmup=False)
+        s = measure_cell(em.url, prompts(6), concurrency=2, cell_dir=cell(tmp_path, "fixed"), api=api, max_tokens=24,
+                         warmup=False, ignore_eos=True)
+    assert s.settings.ignore_eos is True
+    assert {r.output_tokens for r in measured(tmp_path, "fixed")} == {24}
+    assert min(r.output_tokens for r in measured(tmp_path, "free")) < 24

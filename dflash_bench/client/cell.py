@@ -44,7 +44,7 @@ async def measure_async(url: str, prompts: Sequence, *, concurrency: int, max_to
                         save_token_ids: bool = False, enable_thinking: bool | None = None, warmup: bool = True,
                         request_rate: float | None = None, timeout: float | None = 600.0, seed: int = 0,
                         transport: str = "auto", on_progress: ProgressFn | None = None, telemetry=None,
-                        tokenizer: str | None = None) -> Measurement:
+                        tokenizer: str | None = None, ignore_eos: bool = False) -> Measurement:
     """One cell: warm-up, /metrics before, the measured load (GPU telemetry over it), /metrics after.
 
     Every request, the /v1/models and /metrics ones included, obeys `timeout` (seconds; None: none).
@@ -53,7 +53,8 @@ async def measure_async(url: str, prompts: Sequence, *, concurrency: int, max_to
     _check_options(api, transport, concurrency, prompts)
     settings = {"api": api, "max_tokens": max_tokens, "temperature": temperature, "save_token_ids": save_token_ids,
                 "enable_thinking": enable_thinking, "warmup": warmup, "request_rate": request_rate,
-                "timeout_s": timeout, "seed": seed, "transport": transport, "num_prompts": len(prompts)}
+                "timeout_s": timeout, "seed": seed, "transport": transport, "num_prompts": len(prompts),
+                "ignore_eos": ignore_eos}
     try:
         tr = make_transport(transport, url, concurrency + 2)
     except ValueError as err:  # e.g. the raw transport asked for an https:// URL
@@ -63,7 +64,7 @@ async def measure_async(url: str, prompts: Sequence, *, concurrency: int, max_to
     try:
         settings["model"] = model or await served_model(tr, url, api, timeout)
         req = RequestSettings(api=api, model=settings["model"] or "", max_tokens=max_tokens, temperature=temperature,
-                              save_token_ids=save_token_ids, enable_thinking=enable_thinking,
+                              save_token_ids=save_token_ids, enable_thinking=enable_thinking, ignore_eos=ignore_eos,
                               render=_renderer(api, tokenizer, enable_thinking, settings))
         load = LoadSettings(concurrency=concurrency, request_rate=request_rate, warmup=warmup, timeout=timeout, seed=seed)
 

@@ -28,6 +28,7 @@ class RequestSettings:
     save_token_ids: bool = False
     enable_thinking: bool | None = None  # sent as chat_template_kwargs.enable_thinking when set
     seed: int | None = None
+    ignore_eos: bool = False  # every request runs to max_tokens (engines compared on equal output lengths)
     render: Callable[[list[dict[str, str]]], str] | None = None  # /generate: messages -> prompt text
 
 
@@ -38,6 +39,8 @@ def build_body(s: RequestSettings, messages: list[dict[str, str]], max_tokens: i
         sp: dict[str, Any] = {"max_new_tokens": mt, "temperature": s.temperature}
         if s.seed is not None:
             sp["sampling_seed"] = s.seed
+        if s.ignore_eos:
+            sp["ignore_eos"] = True
         text = s.render(messages) if s.render is not None else _flatten(messages)
         body: dict[str, Any] = {"text": text, "sampling_params": sp, "stream": True}
         if s.save_token_ids:
@@ -47,6 +50,8 @@ def build_body(s: RequestSettings, messages: list[dict[str, str]], max_tokens: i
             "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
     if s.seed is not None:
         body["seed"] = s.seed
+    if s.ignore_eos:
+        body["ignore_eos"] = True  # vLLM, SGLang, llama.cpp and the builtin engine all take it
     if s.api == "chat":
         body["messages"] = messages
         if s.enable_thinking is not None:

@@ -19,7 +19,7 @@ def run_one(*, url: str, suite: str, concurrency: int, num_prompts: int | None, 
             label: str, engine: str, api: str, save_token_ids: bool, enable_thinking: bool | None, out: Path,
             name: str | None, data_dir: Path | None, seed: int, request_rate: float | None, timeout: float,
             warmup: bool, model: str | None, transport: str, tokenizer: str | None = None,
-            quiet: bool = False) -> tuple[Path, CellSummary]:
+            ignore_eos: bool = False, quiet: bool = False) -> tuple[Path, CellSummary]:
     """Load the prompts, measure the cell into `<out>/<name>/cells/<cell-id>/`, print a summary.
 
     Returns the cell folder and its summary (the caller exits non-zero when the cell failed). The folder
@@ -40,7 +40,8 @@ def run_one(*, url: str, suite: str, concurrency: int, num_prompts: int | None, 
             m = _measure_with_progress(quiet, cid, url, prompts, concurrency=concurrency, max_tokens=max_tokens,
                                        temperature=temperature, api=api, model=model, save_token_ids=save_token_ids,
                                        enable_thinking=enable_thinking, warmup=warmup, request_rate=request_rate,
-                                       timeout=timeout, seed=seed, transport=transport, tokenizer=tokenizer)
+                                       timeout=timeout, seed=seed, transport=transport, tokenizer=tokenizer,
+                                       ignore_eos=ignore_eos)
         except (UserError, KeyboardInterrupt) as err:
             if fresh:  # nothing was measured: leave no empty sweep folder behind
                 shutil.rmtree(sweep.path, ignore_errors=True)

@@ -87,11 +87,13 @@ class Emulator:
         self.created = time.time()
 
     # ---- the model ---------------------------------------------------------------------------------
-    def plan(self, prompt: str, max_tokens: int) -> Plan:
+    def plan(self, prompt: str, max_tokens: int, ignore_eos: bool = False) -> Plan:
         cfg = self.cfg
         h = int.from_bytes(hashlib.blake2b(f"{cfg.seed}\0{prompt}".encode(), digest_size=8).digest(), "big")
         rng = random.Random(h)
         natural = max(1, round(rng.uniform(0.5, 1.5) * cfg.output_len))
+        if ignore_eos:  # the answer's natural end is not a stop: it runs to max_tokens
+            natural = max_tokens + 1
         n = min(natural, max_tokens)
         ids = [rng.randrange(cfg.vocab_size) for _ in range(n)]
         finish = "stop" if natural <= max_tokens else "length"

@@ -195,7 +195,7 @@ class Server:
             prompt = req.get("prompt")
             prompt = prompt if isinstance(prompt, str) else orjson.dumps(prompt).decode()
         max_tokens = int(req.get("max_tokens") or req.get("max_completion_tokens") or 2048)
-        plan = self.em.plan(prompt, max_tokens)
+        plan = self.em.plan(prompt, max_tokens, ignore_eos=req.get("ignore_eos") is True)
         fault = self.em.fault()
         if fault == "error":
             conn.json(500, {"error": {"message": "planted server error", "type": "InternalServerError", "code": 500}})
@@ -259,7 +259,7 @@ class Server:
         prompt = req.get("text")
         if not isinstance(prompt, str):
             prompt = orjson.dumps(req.get("input_ids")).decode()
-        plan = self.em.plan(prompt, int(sp.get("max_new_tokens") or 128))
+        plan = self.em.plan(prompt, int(sp.get("max_new_tokens") or 128), ignore_eos=sp.get("ignore_eos") is True)
         fault = self.em.fault()
         if fault == "error":
             conn.json(500, {"object": "error", "message": "planted server error", "type": "InternalServerError", "code": 500})

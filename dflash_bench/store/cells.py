@@ -213,6 +213,7 @@ class CellSettings(BaseModel):
     timeout_s: float | None = None
     transport: str | None = None
     prompt_rendering: str | None = None  # api=generate: who rendered the chat template
+    ignore_eos: bool | None = None  # every request ran to max_tokens
 
 
 class Stat(BaseModel):
