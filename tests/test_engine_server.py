@@ -125,14 +125,17 @@ def stream_chat(url, **body):
         return sse(r)
 
 
-def metric(url: str, name: str) -> float:
+def metric(url: str, name: str, where: str = "") -> float:
     text = httpx.get(url + "/metrics").text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + "{") and where in line)
 
 
 @pytest.mark.slow
 def test_stream_carries_cumulative_usage_and_whole_blocks(dflash_url):
     drafts0 = metric(dflash_url, "vllm:spec_decode_num_drafts_total")
+    busy0 = {p: metric(dflash_url, "dflash_bench:engine_thread_seconds_total", f'phase="{p}"')
+             for p in ("prefill", "step", "emit")}
     events = stream_chat(dflash_url, max_tokens=1 + 3 * B, temperature=0,
                          stream_options={"include_usage": True, "continuous_usage_stats": True},
                          logprobs=True, top_logprobs=2, return_tokens_as_token_ids=True,
@@ -157,6 +160,8 @@ def test_stream_carries_cumulative_usage_and_whole_blocks(dflash_url):
     assert 1 + acc / drafts == B
     assert metric(dflash_url, 'vllm:spec_decode_num_accepted_tokens_per_pos_total') == acc
     assert metric(dflash_url, "vllm:generation_tokens_total") >= 1 + 3 * B
+    for phase, before in busy0.items():  # where the engine thread's time went: every phase ran
+        assert metric(dflash_url, "dflash_bench:engine_thread_seconds_total", f'phase="{phase}"') > before, phase
 
 
 def test_non_streaming_chat_and_completions(dflash_url):
@@ -275,3 +280,28 @@ def test_a_non_streaming_client_that_goes_away_frees_its_slot(random_pair):
         assert loop.num_running == 0 and len(loop.engine.free_slots) == 8
         r = httpx.post(url + "/v1/completions", json={**body, "max_tokens": 3}, timeout=30)  # still serves
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+
+
+def test_the_outbox_wakes_the_event_loop_once_per_flush():
+    import asyncio
+
+    from dflash_bench.engine.server import Outbox
+
+    async def main():
+        box, aloop = Outbox(), asyncio.get_running_loop()
+        queues = [asyncio.Queue() for _ in range(5)]
+        sinks = [box.sink(q) for q in queues]
+        wakeups = []
+        real = aloop.call_soon_threadsafe
+        aloop.call_soon_threadsafe = lambda fn, *a: (wakeups.append(fn.__name__), real(fn, *a))[1]
+        try:
+            for step in range(3):  # on the engine thread: every request's delta of a step, then one flush
+                await asyncio.to_thread(lambda: [sink(step) for sink in sinks] and box.flush())
+            await asyncio.to_thread(box.flush)  # nothing pending: no wake-up
+            got = [[await q.get() for _ in range(3)] for q in queues]
+        finally:
+            del aloop.call_soon_threadsafe
+        return got, wakeups.count("_deliver")  # to_thread's own futures also wake the loop
+
+    got, wakeups = asyncio.run(main())
+    assert got == [[0, 1, 2]] * 5 and wakeups == 3

@@ -1,7 +1,10 @@
 """The engine thread: admits requests into free slots (prefill), then steps every running sequence together.
 
 A request that arrives while others decode joins at the next step. Results go to each request's `sink`
-(a callable run on the engine thread; the server hands them over to its event loop).
+(a callable run on the engine thread); after each prefill group and each step the loop calls `flush` once,
+so a server can hand a whole step's results to its event loop in one wake-up rather than one per request.
+The loop also keeps how long its thread spent prefilling, stepping and handing results over (`seconds`),
+which /metrics exposes: where a served run's time goes.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
@@ -40,8 +44,10 @@ class Event(NamedTuple):
 class EngineLoop:
     """Runs an `Engine` on its own thread; `submit` and `abort` are safe to call from any thread."""
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, flush: Callable[[], None] | None = None):
+        """`flush`: called on the engine thread after the sinks of each prefill group and of each step have run."""
         self.engine = engine
+        self.flush = flush
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.waiting: deque[_Req] = deque()
         self.running: list[Seq] = []
@@ -51,6 +57,9 @@ class EngineLoop:
         self._stop = threading.Event()
         self.steps = 0  # decode steps run
         self.events: deque[Event] = deque(maxlen=4096)  # the latest admissions and finishes (for tests and logs)
+        # seconds the engine thread spent per phase: prefill (admission), step (launch, wait, bookkeeping),
+        # emit (sinks and flush, i.e. the hand-over to the server); written by the engine thread only
+        self.seconds = {"prefill": 0.0, "step": 0.0, "emit": 0.0}
         self.thread = threading.Thread(target=self._run, name="dflash-engine", daemon=True)
 
     def start(self) -> "EngineLoop":
@@ -117,15 +126,25 @@ class EngineLoop:
             self._admit_group(batch[i : i + rows])
 
     def _admit_group(self, batch: list[_Req]) -> None:
+        t = time.perf_counter()
+        started = self._prefill(batch)
+        t1 = time.perf_counter()
+        for req, seq, delta in started:
+            self._start(req, seq, delta)
+        self._flush()
+        self.seconds["prefill"] += t1 - t
+        self.seconds["emit"] += time.perf_counter() - t1
+
+    def _prefill(self, batch: list[_Req]) -> list[tuple[_Req, Seq, Delta]]:
+        """Prefill `batch` (batched when it can); a request whose prefill fails gets the error in its sink."""
         if len(batch) > 1:
             try:
                 results = self.engine.add_many([(r.req_id, r.prompt, r.params) for r in batch])
             except Exception:  # retry one by one below, so that only the failing request gets the error
                 log.exception("batched prefill failed")
             else:
-                for req, (seq, delta) in zip(batch, results):
-                    self._start(req, seq, delta)
-                return
+                return [(req, seq, delta) for req, (seq, delta) in zip(batch, results)]
+        started = []
         for req in batch:
             try:
                 [(seq, delta)] = self.engine.add_many([(req.req_id, req.prompt, req.params)])
@@ -133,7 +152,8 @@ class EngineLoop:
                 log.exception("prefill failed")
                 req.sink(err)
                 continue
-            self._start(req, seq, delta)
+            started.append((req, seq, delta))
+        return started
 
     def _start(self, req: _Req, seq: Seq, delta: Delta) -> None:
         self._log("admit", req.req_id)
@@ -142,6 +162,7 @@ class EngineLoop:
         self._emit(seq, delta)
 
     def _step(self) -> None:
+        t = time.perf_counter()
         try:
             deltas = self.engine.step(self.running)
         except Exception as err:
@@ -149,12 +170,21 @@ class EngineLoop:
             for s in list(self.running):
                 self.sinks[s.req_id](err)
                 self._finish(s)
+            self._flush()
             return
+        t1 = time.perf_counter()
         self.steps += 1
         by_req = {d.req_id: d for d in deltas}  # a pipelined engine may step a request it just admitted later
         for s in list(self.running):
             if s.req_id in by_req:
                 self._emit(s, by_req[s.req_id])
+        self._flush()
+        self.seconds["step"] += t1 - t
+        self.seconds["emit"] += time.perf_counter() - t1
+
+    def _flush(self) -> None:
+        if self.flush is not None:
+            self.flush()
 
     def _emit(self, seq: Seq, delta: Delta) -> None:
         self.sinks[seq.req_id](delta)

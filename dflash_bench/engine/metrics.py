@@ -31,6 +31,12 @@ class EngineCollector:
         yield self._counter("vllm:request_success", "Requests that finished (stop or length).", st.requests)
         yield self._gauge("vllm:num_requests_running", "Requests in the decode batch.", self.loop.num_running)
         yield self._gauge("vllm:num_requests_waiting", "Requests waiting for a slot.", self.loop.num_waiting)
+        busy = CounterMetricFamily("dflash_bench:engine_thread_seconds", "Seconds the engine thread spent per "
+                                   "phase: prefill, step (launch, GPU wait, bookkeeping), emit (hand-over to HTTP).",
+                                   labels=["model_name", "phase"])
+        for phase, seconds in self.loop.seconds.items():
+            busy.add_metric([self.model, phase], seconds)
+        yield busy
         synthetic = self.loop.engine.synthetic_tau
         if synthetic is not None:  # benchmarking only: acceptance below is drawn, not measured
             yield self._gauge("dflash_bench:synthetic_acceptance", "Mean acceptance length the verifier was told to "

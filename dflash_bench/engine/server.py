@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import os
 import socket
+import sys
 
 import orjson
 from fastapi import FastAPI, Request
@@ -36,10 +38,38 @@ def _sse(obj) -> bytes:
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
+class Outbox:
+    """The engine thread's results for the event loop, handed over once per step (`EngineLoop.flush`).
+
+    One `call_soon_threadsafe` per request per step wakes the event loop 32 times a step at concurrency 32,
+    each wake-up taking the GIL from the engine thread; one per step carries them all.
+    """
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[asyncio.Queue, object]] = []  # appended and swapped on the engine thread only
+        self.aloop: asyncio.AbstractEventLoop | None = None
+
+    def sink(self, queue: asyncio.Queue):
+        self.aloop = asyncio.get_running_loop()  # the server's one event loop
+        return lambda d: self.pending.append((queue, d))
+
+    def flush(self) -> None:
+        if self.pending and self.aloop is not None:
+            batch, self.pending = self.pending, []
+            self.aloop.call_soon_threadsafe(_deliver, batch)
+
+
+def _deliver(batch: list[tuple[asyncio.Queue, object]]) -> None:
+    for queue, item in batch:
+        queue.put_nowait(item)
+
+
 def build_app(loop: EngineLoop, model_name: str) -> FastAPI:
     """The FastAPI app serving `loop`'s engine under `model_name`."""
     app = FastAPI(title="dflash-bench builtin engine")
     engine = loop.engine
+    outbox = Outbox()
+    loop.flush = outbox.flush
     # A tokenizer of its own: HF fast tokenizers can fail ("Already borrowed") when one instance encodes on
     # this thread while the engine thread decodes with it.
     tok = copy.deepcopy(engine.tok)
@@ -100,9 +130,8 @@ def build_app(loop: EngineLoop, model_name: str) -> FastAPI:
             raise BadRequest("this server runs the fast path, which decodes greedily: use temperature 0")
         fmt = Formatter(kind, model_name, tok, req.return_tokens_as_token_ids)
         queue: asyncio.Queue = asyncio.Queue()
-        aloop = asyncio.get_running_loop()
         req_id = new_id("req")
-        loop.submit(req_id, prompt, params, lambda d: aloop.call_soon_threadsafe(queue.put_nowait, d))
+        loop.submit(req_id, prompt, params, outbox.sink(queue))
         if req.stream:
             opts = req.stream_options
             return StreamingResponse(_stream(req_id, queue, fmt, opts), media_type="text/event-stream")
@@ -195,6 +224,10 @@ def serve(model: str, draft: str | None = None, *, mode: str | None = None, host
     else:
         engine = build_engine(model, draft if mode == "dflash" else None, mode=mode, dtype=dtype, device=device,
                               max_slots=max_slots, max_len=max_model_len)
+    # The engine thread waits for the GPU without the GIL, then needs it back at once to launch the next step;
+    # while the event loop writes SSE chunks, CPython makes it wait a whole switch interval (5 ms by default,
+    # most of an AR step). A short interval bounds that wait; DFLASH_BENCH_SWITCH_INTERVAL_MS sets it.
+    sys.setswitchinterval(float(os.environ.get("DFLASH_BENCH_SWITCH_INTERVAL_MS", "0.2")) / 1000)
     loop = EngineLoop(engine).start()
     name = served_model_name or model
     app = build_app(loop, name)
