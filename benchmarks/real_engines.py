@@ -1,0 +1,300 @@
+"""The harness against real engines on one GPU host: vLLM (the offline bundle) beside the builtin engine.
+
+    . .vllm-bundle/setup.sh    # ../shared/tools/vllm-bundle/build.sh .vllm-bundle, carried to the host
+    PYTHONPATH=.:$PYTHONPATH python benchmarks/real_engines.py pair --data-dir DIR --out real_engines.json
+    PYTHONPATH=.:$PYTHONPATH python benchmarks/real_engines.py shape --engines vllm --out real_engines.json
+    PYTHONPATH=.:$PYTHONPATH python benchmarks/real_engines.py shape --engines builtin --out real_engines.json
+
+`pair`: the embedded default pair swept through `dflash-bench sweep` on each engine (vLLM, the builtin
+reference engine, the builtin `--fast` path): GSM8K, HumanEval and MT-Bench at concurrency 1, 8 and 32, token
+ids saved, so each DFlash cell carries its token agreement with its AR partner (the sweep's lossless check).
+`shape`: the Qwen3-8B-shaped random bf16 target (and a random drafter of Qwen3-8B-DFlash-b16's shape, whose
+tau is about 1: what the speculative path costs) written to `--work`, served by vLLM and by `serve --fast`,
+and measured by `dflash-bench run` at each concurrency with the same GSM8K prompts and `--ignore-eos`, so both
+sides generate exactly `--new-tokens` per request. The builtin rows add where the engine thread's time went
+(`dflash_bench:engine_thread_seconds` on /metrics, per phase, over the cell).
+
+Each call adds its rows to `--out` (one JSON file, `Results` below; rows of the same key are replaced), so
+the parts can run as separate commands within a 10-minute limit. Random weights: only the timing means
+anything in `shape`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from pydantic import BaseModel, Field
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from dflash_bench.store import SweepDir  # noqa: E402
+
+SUITES = "gsm8k,humaneval,mt-bench"
+PAIR = Path(__file__).resolve().parents[1] / "dflash_bench" / "assets" / "default_pair"
+VARIANTS = {  # pair part: engine variant -> (--engine, extra --engine-arg values)
+    "vllm": ("vllm", []),
+    "builtin": ("builtin", []),
+    "builtin-fast": ("builtin", ["--fast"]),
+}
+
+
+class Row(BaseModel):
+    part: str  # pair | shape
+    engine: str  # vllm | builtin | builtin-fast
+    mode: str  # ar | dflash
+    suite: str
+    concurrency: int
+    status: str
+    num_ok: int
+    num_failed: int
+    output_tok_s: float | None
+    tau: float | None
+    ttft_ms_p50: float | None
+    tpot_ms_p50: float | None
+    agreement: float | None = None  # DFlash cells: share of turns whose token ids equal the AR cell's
+    first_divergence_p50: float | None = None
+    engine_thread_s: dict[str, float] = Field(default_factory=dict)  # builtin: seconds per phase over the cell
+    wall_s: float | None = None  # the cell's measured window
+
+    @property
+    def key(self) -> tuple:
+        return (self.part, self.engine, self.mode, self.suite, self.concurrency)
+
+
+class Results(BaseModel):
+    """The file `--out`: every row measured so far, with the machine and versions of each part's run."""
+
+    device: str = ""
+    versions: dict[str, str] = Field(default_factory=dict)
+    ready_s: dict[str, float] = Field(default_factory=dict)  # server -> seconds from start to /health
+    commands: dict[str, str] = Field(default_factory=dict)  # part -> the command line that measured it
+    rows: list[Row] = Field(default_factory=list)
+
+    def merge(self, rows: list[Row]) -> None:
+        keys = {r.key for r in rows}
+        self.rows = [r for r in self.rows if r.key not in keys] + rows
+
+
+def load(path: Path) -> Results:
+    return Results.model_validate_json(path.read_text()) if path.exists() else Results()
+
+
+def save(res: Results, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(res.model_dump_json(indent=1))
+    tmp.replace(path)
+
+
+def machine() -> tuple[str, dict[str, str]]:
+    import torch
+
+    versions = {"torch": torch.__version__}
+    try:
+        import vllm
+
+        versions["vllm"] = vllm.__version__
+    except ImportError:
+        pass
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(), versions
+    return "cpu", versions
+
+
+def row_of(part: str, engine: str, s, busy: dict[str, float] | None = None) -> Row:
+    lossless = s.lossless
+    agree = lossless.exact_match_rate if lossless and lossless.status == "ok" else None
+    first = (lossless.first_divergence or {}).get("p50") if lossless else None
+    return Row(part=part, engine=engine, mode=s.mode, suite=s.suite, concurrency=s.concurrency, status=s.status,
+               num_ok=s.num_ok, num_failed=s.num_failed, output_tok_s=s.output_throughput, tau=s.acceptance_length,
+               ttft_ms_p50=s.ttft_ms.p50 if s.ttft_ms else None, tpot_ms_p50=s.tpot_ms.p50 if s.tpot_ms else None,
+               agreement=agree, first_divergence_p50=first, engine_thread_s=busy or {}, wall_s=s.duration_s)
+
+
+# ------------------------------------------------------------------ pair: dflash-bench sweep per engine
+
+
+def run_pair(args, res: Results, keep) -> None:
+    for variant in args.engines.split(","):
+        engine, extra = VARIANTS[variant]
+        out = Path(args.work) / "pair" / variant
+        cmd = [sys.executable, "-m", "dflash_bench", "sweep", "--model", str(PAIR / "target"), "--drafter",
+               str(PAIR / "drafter"), "--engine", engine, "--runner", "process", "--suites", args.suites,
+               "-c", args.concurrency, "--max-tokens", str(args.new_tokens), "--save-token-ids",
+               "--data-dir", args.data_dir, "--out", str(out), "--port", str(args.port)]
+        if args.num_prompts:
+            cmd += ["-n", str(args.num_prompts)]
+        for a in extra + (["--device", args.device] if engine == "builtin" else []):
+            cmd.append(f"--engine-arg={a}")
+        t = time.monotonic()
+        code = subprocess.run(cmd).returncode
+        print(f"{variant}: sweep exited {code} after {time.monotonic() - t:.0f} s", flush=True)
+        folders = sorted(out.glob("*/manifest.json"), key=lambda p: p.stat().st_mtime)
+        if not folders:
+            print(f"{variant}: no sweep folder was written", flush=True)
+            continue
+        res.commands[f"pair/{variant}"] = " ".join(cmd)
+        keep([row_of("pair", variant, s) for s in SweepDir.open(folders[-1].parent).summaries()])
+
+
+# ------------------------------------------------------------------ shape: the 8B random pair, served
+
+
+def ensure_shape_pair(work: Path, device: str, shape: str) -> tuple[Path, Path]:
+    target, draft = work / shape / "target", work / shape / "drafter"
+    if (target / "config.json").exists() and (draft / "config.json").exists():
+        return target, draft
+    import torch
+    from serve_speed import write_pair
+
+    from engine_speed import SHAPES
+
+    dev = torch.device(device)
+    t = time.monotonic()
+    write_pair(SHAPES[shape], dev, torch.bfloat16 if dev.type == "cuda" else torch.float32, work / shape)
+    print(f"{shape}-shaped pair written in {time.monotonic() - t:.0f} s", flush=True)
+    return target, draft
+
+
+def server_command(engine: str, mode: str, target: Path, draft: Path, args) -> list[str]:
+    if engine == "vllm":
+        cmd = ["vllm", "serve", str(target), "--served-model-name", "random-8b", "--port", str(args.port),
+               "--max-model-len", str(args.max_model_len), "--max-num-batched-tokens", "32768",
+               "--attention-backend", "flash_attn", "--seed", "0"]
+        if mode == "dflash":
+            cmd += ["--speculative-config", json.dumps({"method": "dflash", "model": str(draft),
+                                                        "num_speculative_tokens": 15})]
+        return cmd
+    cmd = [sys.executable, "-m", "dflash_bench", "serve", "--model", str(target), "--port", str(args.port), "--fast",
+           "--device", args.device, "--max-slots", str(max(args.c_list)), "--max-model-len", str(args.max_model_len),
+           "--served-model-name", "random-8b", "--mode", mode]
+    return cmd + (["--draft", str(draft)] if mode == "dflash" else [])
+
+
+def wait_ready(proc: subprocess.Popen, url: str, log: Path, timeout: float = 480) -> float:
+    t = time.monotonic()
+    while time.monotonic() - t < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited ({proc.returncode}):\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return time.monotonic() - t
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise RuntimeError(f"the server was not ready after {timeout:.0f} s:\n{log.read_text()[-3000:]}")
+
+
+def engine_seconds(url: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith("dflash_bench:engine_thread_seconds_total{"):
+            phase = line.split('phase="', 1)[1].split('"', 1)[0]
+            out[phase] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def run_shape(args, res: Results, keep) -> None:
+    work = Path(args.work)
+    target, draft = ensure_shape_pair(work, args.device, args.shape)
+    for engine in args.engines.split(","):
+        for mode in args.modes.split(","):
+            url, log = f"http://127.0.0.1:{args.port}", work / f"shape-{engine}-{mode}.log"
+            cmd = server_command(engine, mode, target, draft, args)
+            proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                res.ready_s[f"shape/{engine}/{mode}"] = wait_ready(proc, url, log)
+                res.commands[f"shape/{engine}/{mode}"] = " ".join(cmd)
+                keep([measure_served(args, url, engine, mode, c, work) for c in args.c_list])
+            except RuntimeError as err:
+                print(f"shape {engine} {mode}: {err}", flush=True)
+            finally:
+                stop(proc)
+
+
+def measure_served(args, url: str, engine: str, mode: str, c: int, work: Path) -> Row:
+    name = f"shape-{engine}-{mode}-c{c}"
+    before = engine_seconds(url) if engine == "builtin" else {}
+    cmd = [sys.executable, "-m", "dflash_bench", "run", "--url", url, "--suite", "gsm8k", "-c", str(c),
+           "-n", str(args.prompts_per_slot * c), "--max-tokens", str(args.new_tokens), "--ignore-eos",
+           "--label", mode, "--engine", engine, "--data-dir", args.data_dir, "--out", str(work / "runs"),
+           "--name", name]
+    subprocess.run(cmd, stdout=subprocess.DEVNULL)
+    after = engine_seconds(url) if engine == "builtin" else {}
+    busy = {k: round(after[k] - before.get(k, 0.0), 3) for k in after}
+    [s] = SweepDir.open(work / "runs" / name).summaries()
+    row = row_of("shape", engine, s, busy)
+    print(f"shape {engine} {mode} c={c}: {row.output_tok_s} tok/s, tau {row.tau}, TPOT p50 {row.tpot_ms_p50} ms, "
+          f"engine thread {busy}", flush=True)
+    return row
+
+
+# ------------------------------------------------------------------ the table
+
+
+def print_table(res: Results) -> None:
+    print(f"\n{res.device} | {json.dumps(res.versions)}")
+    print(f"{'part':>5} | {'engine':>12} | {'mode':>6} | {'suite':>9} | {'c':>3} | {'tok/s':>8} | {'tau':>5} | "
+          f"{'TTFT':>7} | {'TPOT':>6} | {'agree':>5} | ok/failed")
+    for r in sorted(res.rows, key=lambda r: r.key):
+        f = lambda v, spec: format(v, spec) if v is not None else "-"  # noqa: E731
+        print(f"{r.part:>5} | {r.engine:>12} | {r.mode:>6} | {r.suite:>9} | {r.concurrency:>3} | "
+              f"{f(r.output_tok_s, '8.1f'):>8} | {f(r.tau, '5.2f'):>5} | {f(r.ttft_ms_p50, '7.1f'):>7} | "
+              f"{f(r.tpot_ms_p50, '6.2f'):>6} | {f(r.agreement, '5.2f'):>5} | {r.num_ok}/{r.num_failed}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("part", choices=["pair", "shape", "table"])
+    ap.add_argument("--out", required=True, help="the results JSON (rows are added to what it holds)")
+    ap.add_argument("--data-dir", default=os.environ.get("DFLASH_BENCH_DATA", "../shared/datasets"))
+    ap.add_argument("--engines", help="pair: vllm,builtin,builtin-fast (default); shape: vllm,builtin (default)")
+    ap.add_argument("--modes", default="ar,dflash")
+    ap.add_argument("--suites", default=SUITES)
+    ap.add_argument("--concurrency", default="1,8,32")
+    ap.add_argument("--num-prompts", type=int, help="pair: prompts per cell (default: the sweep's)")
+    ap.add_argument("--prompts-per-slot", type=int, default=4, help="shape: requests per cell = this x concurrency")
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--max-model-len", type=int, default=1536)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--shape", default="qwen3-8b", help="shape: the random pair's shape (tiny: a CPU rehearsal)")
+    ap.add_argument("--port", type=int, default=8790)
+    ap.add_argument("--work", default="/tmp/real_engines", help="the shape pair, server logs and sweep folders")
+    args = ap.parse_args()
+    args.c_list = [int(x) for x in args.concurrency.split(",")]
+    out = Path(args.out)
+    res = load(out)
+    if args.part != "table":
+        res.device, versions = machine()
+        res.versions.update(versions)
+        Path(args.work).mkdir(parents=True, exist_ok=True)
+
+        def keep(rows: list[Row]) -> None:  # saved as each server's rows come in: a killed run keeps them
+            res.merge(rows)
+            save(res, out)
+        if args.part == "pair":
+            args.engines = args.engines or "vllm,builtin,builtin-fast"
+            run_pair(args, res, keep)
+        else:
+            args.engines = args.engines or "vllm,builtin"
+            run_shape(args, res, keep)
+    print_table(res)
+
+
+if __name__ == "__main__":
+    main()
