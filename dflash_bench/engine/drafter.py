@@ -179,7 +179,13 @@ def save_drafter(model: DFlashDrafter, out_dir: str | Path) -> None:
     tmp = out / ".model.safetensors.tmp"
     save_file(tensors, str(tmp), metadata={"format": "pt"})
     tmp.replace(out / "model.safetensors")
-    atomic_write_json(out / "config.json", model.config.raw)
+    c = model.config
+    # what z-lab's configs carry and other readers take from the file (vLLM finds the model class by
+    # model_type and architectures); a config read from a real drafter keeps every key it had
+    known = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "num_key_value_heads": c.num_key_value_heads,
+             "head_dim": c.head_dim, "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta,
+             "attention_bias": c.attention_bias, "block_size": c.block_size}
+    atomic_write_json(out / "config.json", {**known, **c.raw})
 
 
 def load_drafter(path: str | Path, *, target_hidden: int, target_layers: int, target_vocab: int, dtype, device) -> DFlashDrafter:

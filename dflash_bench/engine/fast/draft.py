@@ -65,17 +65,17 @@ class FastDrafter:
         return n * self.embed.element_size()
 
     def write_context(self, feats: torch.Tensor | list[torch.Tensor], pos: torch.Tensor, row0: int, *,
-                      lane: int = 0) -> None:
+                      lane: int = 0, slot: torch.Tensor | None = None) -> None:
         """Context K/V of target features `[bs, n, K*h]` (or the K tapped outputs `[bs * n, h]`, joined here)
-        at positions `pos` `[bs, n]` of slots from `row0` (`lane` 1 when it runs beside the target's forward:
-        see `model.matmul`)."""
+        at positions `pos` `[bs, n]` of slots from `row0`, or of the slot the device tensor `slot` holds (a
+        prefill graph's) (`lane` 1 when it runs beside the target's forward: see `model.matmul`)."""
         bs, n = pos.shape
         if isinstance(feats, list):
             feats = torch.cat(feats, -1)
         mm = matmul(self.kernels, lane)
         ctx = norm(self.kernels)(mm(feats.reshape(bs * n, -1), self.fc), self.hidden_norm, self.eps)
         kv_all = mm(ctx, self.wkv, self.bkv)
-        rows = self.cache.rows(row0, pos)
+        rows = self.cache.rows(row0, pos, slot)
         H, hkv, hd, eps = self.H, self.hkv, self.hd, self.eps
         kvd = 2 * hkv * hd
         if self.kernels is not None:

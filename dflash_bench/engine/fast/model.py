@@ -211,9 +211,12 @@ class KVCache:
         self.slots, self.max_len = slots, max_len
 
     @staticmethod
-    def rows(row0: int, pos: torch.Tensor) -> torch.Tensor:
-        """The slot of every entry of `pos` `[bs, n]` (row i is slot row0 + i), contiguous: the kernels read it
-        flat, and a stride-0 view would cost a copy in every layer."""
+    def rows(row0: int, pos: torch.Tensor, slot: torch.Tensor | None = None) -> torch.Tensor:
+        """The slot of every entry of `pos` `[bs, n]` (row i is slot row0 + i, or with `slot` `[1]` the slot
+        it holds: a prefill graph's, read on the device), contiguous: the kernels read it flat, and a stride-0
+        view would cost a copy in every layer."""
+        if slot is not None:
+            return slot.view(1, 1).expand(pos.shape).contiguous()
         return offsets(pos.shape[1], pos.device, row0, pos.shape[0])
 
     def write(self, i: int, rows: torch.Tensor, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -221,7 +224,10 @@ class KVCache:
         self.k[i].index_put_((rows, pos), k)
         self.v[i].index_put_((rows, pos), v)
 
-    def view(self, i: int, row0: int, bs: int, L: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def view(self, i: int, row0: int, bs: int, L: int, slot: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        if slot is not None:  # a copy of the slot's first L positions (a prefill graph serves every slot)
+            return self.k[i][:, :L].index_select(0, slot), self.v[i][:, :L].index_select(0, slot)
         return self.k[i][row0:row0 + bs, :L], self.v[i][row0:row0 + bs, :L]
 
 
@@ -242,11 +248,12 @@ class StepAttention:
         if kernels:
             self.cos, self.sin = kernel_tables(torch.arange(cache.max_len, device=inv_freq.device), inv_freq, rope_scale)
 
-    def __call__(self, pos: torch.Tensor, starts: torch.Tensor, row0: int, L: int):
+    def __call__(self, pos: torch.Tensor, starts: torch.Tensor, row0: int, L: int, slot: torch.Tensor | None = None):
+        """`slot` `[1]`: the one row's slot as a device tensor instead of `row0` (a prefill graph's)."""
         bs, n = pos.shape
         H, hkv, hd, eps, cache = self.H, self.hkv, self.hd, self.eps, self.cache
-        rows = cache.rows(row0, pos)
-        use_kernel = self.kernels is not None and n <= KERNEL_MAX_QUERIES
+        rows = cache.rows(row0, pos, slot)
+        use_kernel = self.kernels is not None and n <= KERNEL_MAX_QUERIES and slot is None
         dtype = cache.k[0].dtype
         masks = {} if use_kernel else {k: step_mask(starts, n, L, H // hkv, dtype, causal=k[0], window=k[1])
                                        for k in set(self.kinds)}
@@ -261,7 +268,7 @@ class StepAttention:
                 if use_kernel:
                     causal, window = self.kinds[i]
                     return attn.decode_attention(q, kc, vc, starts, row0, L, self.scale, causal=causal, window=window)
-                return attention(q, *cache.view(i, row0, bs, L), masks[self.kinds[i]], self.scale)
+                return attention(q, *cache.view(i, row0, bs, L, slot), masks[self.kinds[i]], self.scale)
             return attend
 
         cos, sin = cos_sin(pos.reshape(-1), self.inv_freq, dtype, self.rope_scale)
@@ -269,7 +276,8 @@ class StepAttention:
         def attend(i, ly, x):
             q, k, v = qk_rope(F.linear(x, ly.wqkv, ly.bqkv), ly, H, hkv, hd, cos, sin, eps)
             cache.write(i, rows, pos, k.view(bs, n, hkv, hd), v.view(bs, n, hkv, hd))
-            return attention(q.view(bs, n, H, hd), *cache.view(i, row0, bs, L), masks[self.kinds[i]], self.scale)
+            return attention(q.view(bs, n, H, hd), *cache.view(i, row0, bs, L, slot), masks[self.kinds[i]],
+                             self.scale)
         return attend
 
 
@@ -349,7 +357,8 @@ class FastTarget:
         return n * self.embed.element_size()
 
     def forward(self, ids: torch.Tensor, starts: torch.Tensor, row0: int, L: int, *, last_only: bool = False,
-                taps: tuple[int, ...] = (), on_taps=None, head: bool = True, pos: torch.Tensor | None = None):
+                taps: tuple[int, ...] = (), on_taps=None, head: bool = True, pos: torch.Tensor | None = None,
+                slot: torch.Tensor | None = None, last: torch.Tensor | None = None):
         """Run ids `[bs, n]` at positions `starts[b] + j` in slots `row0..row0+bs-1`, attending to `[0, L)`.
 
         Returns (logits `[bs, n or 1, V]`, the outputs of layers `taps` concatenated `[bs, n, K * hidden]`
@@ -362,7 +371,7 @@ class FastTarget:
         bs, n = ids.shape
         if pos is None:
             pos = starts[:, None] + offsets(n, ids.device)
-        attend = self.attention(pos, starts, row0, L)
+        attend = self.attention(pos, starts, row0, L, slot)
         h, x = embed_norm(self.kernels, ids, self.embed, self.layers[0].ln1, self.eps)
 
         def ordered(feats):
@@ -370,7 +379,9 @@ class FastTarget:
             return [by_layer[i] for i in taps]
         hook = None if on_taps is None else (lambda feats: on_taps(ordered(feats), pos))
         h, x, feats = run_layers(self.layers, h, x, attend, self.norm, self.eps, self.kernels, taps, hook)
-        if last_only:  # contiguous rows: a strided 3-D input would make F.linear read lm_head once per row
+        if last_only and last is not None:
+            x = x.index_select(0, last)
+        elif last_only:  # contiguous rows: a strided 3-D input would make F.linear read lm_head once per row
             x = x.view(bs, n, -1)[:, -1].contiguous()
         out = matmul(self.kernels)(x, self.head).view(bs, 1 if last_only else n, -1) if head else x
         if not taps or on_taps is not None:
