@@ -27,7 +27,7 @@ from dflash_bench.engine.fast.draft import FastDrafter
 from dflash_bench.engine.fast.model import FastTarget, decode_step, matmul, offsets
 
 
-PREFILL_BUCKET = 128  # prompts are padded to a multiple of this: one prefill graph per multiple
+PREFILL_BUCKET = 64  # prompts are padded to a multiple of this: one prefill graph per multiple
 
 
 def synthetic_rate(tau: float, block_size: int) -> float:
