@@ -79,11 +79,12 @@ def run(
 def report(
     sweep_dirs: list[Path] = typer.Argument(..., metavar="SWEEP_DIR...", help="One or more sweep folders; several are shown side by side."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="The HTML file to write (default: report.html in the first sweep folder); figures/ goes beside it."),
+    slo: Optional[str] = typer.Option(None, "--slo", help="Interactivity target to read off at the top, e.g. 'tok_s_user=30,tpot_p90_ms=40' (default: the sweep's --slo)."),
 ) -> None:
     """Write one self-contained offline HTML report (and figures/*.png) from sweep folders."""
     from dflash_bench.report import build_report
 
-    page = build_report(sweep_dirs, out)
+    page = build_report(sweep_dirs, out, slo=slo)
     typer.echo(f"report: {page}")
 
 
@@ -116,12 +117,13 @@ def gate(
     markdown: Optional[Path] = typer.Option(None, "--markdown", help="Write a markdown summary here, for a PR comment or $GITHUB_STEP_SUMMARY."),
     export_baseline: bool = typer.Option(False, "--export-baseline", help="Write SWEEP_DIR's cells as a small baseline file (-o) instead of gating."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="With --export-baseline: the baseline file to write."),
+    slo: Optional[str] = typer.Option(None, "--slo", help="Also gate DFlash's tok/s and speedup at this interactivity target, e.g. 'tok_s_user=30,tpot_p90_ms=40' (default: the sweep's --slo)."),
 ) -> None:
     """Gate a sweep against a baseline: exit 0 pass, 1 regression, 2 unusable input."""
     from dflash_bench.gate import main as gate_main
 
     code = gate_main(sweep_dir, baseline=baseline, export=export_baseline, output=output, thresholds=thresholds,
-                     junit=junit, markdown=markdown)
+                     junit=junit, markdown=markdown, slo=slo)
     raise typer.Exit(code)
 
 
@@ -146,6 +148,7 @@ def sweep(
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the prompt sampling (default 0)."),
     thinking: Optional[bool] = typer.Option(None, "--thinking/--no-thinking", help="Chat-template thinking (default: the pair's)."),
     save_token_ids: Optional[bool] = typer.Option(None, "--save-token-ids", help="Keep output token ids for the lossless check."),
+    slo: Optional[str] = typer.Option(None, "--slo", help="Interactivity target read off at the end: tok/s/user, and optional TTFT/TPOT p90 caps, e.g. 'tok_s_user=30,tpot_p90_ms=40' or just 30 (saved for report and gate)."),
     out: Path = typer.Option(Path("reports"), "--out", help="Folder that receives the sweep folder."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Sweep folder to finish: complete cells are kept, the rest run."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and the exact server commands; run nothing."),
@@ -167,7 +170,7 @@ def sweep(
         "concurrency": parse_list(concurrency, int), "num_prompts": num_prompts, "max_tokens": max_tokens,
         "repeats": repeats, "gpu": gpu, "runner": runner, "port": port, "engine_args": engine_arg or None, "url_ar": url_ar,
         "url_dflash": url_dflash, "temperature": temperature, "seed": seed, "thinking": thinking,
-        "save_token_ids": save_token_ids, "engine_options": {"drafter": drafter} if drafter else None,
+        "save_token_ids": save_token_ids, "engine_options": {"drafter": drafter} if drafter else None, "slo": slo,
     }
     slurm = {"partition": partition, "account": account, "time": time_limit, "gpus_per_node": gpus_per_node,
              "gpu_type": gpu_type, "sbatch_args": sbatch_arg, "poll_s": poll_s}

@@ -222,8 +222,9 @@ def read_off(points: Iterable[SloPoint], slo: SloTarget) -> ReadOff:
 # ---------------------------------------------------------------- both sides
 
 
-def compare(ar: Iterable[SloPoint], dflash: Iterable[SloPoint], slo: SloTarget) -> SloResult:
-    """Both sides read off at the same target, their ratio, and the one-line headline."""
+def compare(ar: Iterable[SloPoint], dflash: Iterable[SloPoint], slo: SloTarget, unit: str = "per GPU") -> SloResult:
+    """Both sides read off at the same target, their ratio, and the one-line headline (throughput `unit`:
+    "per GPU", or "per server" where the GPUs of a server are not known)."""
     a, d = read_off(ar, slo), read_off(dflash, slo)
     speedup, bound = None, None
     if a.tok_s_gpu and d.tok_s_gpu is not None and not (a.status == d.status == "lower_bound"):
@@ -231,7 +232,7 @@ def compare(ar: Iterable[SloPoint], dflash: Iterable[SloPoint], slo: SloTarget) 
         # a lower bound on DFlash raises the ratio's floor; a lower bound on AR caps it
         bound = "at_least" if d.status == "lower_bound" else "at_most" if a.status == "lower_bound" else "exact"
     return SloResult(slo=slo, ar=a, dflash=d, speedup=speedup, speedup_bound=bound,
-                     headline=headline(slo, a, d, speedup, bound))
+                     headline=headline(slo, a, d, speedup, bound, unit))
 
 
 def _side(r: ReadOff) -> str:
@@ -246,18 +247,66 @@ def _short(r: ReadOff) -> str:
     return f"best {_num(r.best_tok_s_user)} tok/s/user"
 
 
-def headline(slo: SloTarget, ar: ReadOff, dflash: ReadOff, speedup: float | None, bound: str | None) -> str:
+def headline(slo: SloTarget, ar: ReadOff, dflash: ReadOff, speedup: float | None, bound: str | None,
+             unit: str = "per GPU") -> str:
     """"at >= X tok/s/user, AR serves A tok/s per GPU and DFlash B (Nx)", with what is not known said plainly."""
     caps = slo.label().split(", ", 1)
     where = f"at {caps[0]}" + (f" ({caps[1]})" if len(caps) > 1 else "")
     if ar.tok_s_gpu is None and dflash.tok_s_gpu is None:
         return f"{where}, neither side reaches the target (AR {_short(ar)}, DFlash {_short(dflash)})"
     if ar.tok_s_gpu is None:
-        return (f"{where}, AR cannot ({_short(ar)}) and DFlash serves {_side(dflash)} tok/s per GPU")
+        return (f"{where}, AR cannot ({_short(ar)}) and DFlash serves {_side(dflash)} tok/s {unit}")
     if dflash.tok_s_gpu is None:
-        return (f"{where}, AR serves {_side(ar)} tok/s per GPU and DFlash cannot ({_short(dflash)})")
-    text = f"{where}, AR serves {_side(ar)} tok/s per GPU and DFlash {_side(dflash)}"
+        return (f"{where}, AR serves {_side(ar)} tok/s {unit} and DFlash cannot ({_short(dflash)})")
+    text = f"{where}, AR serves {_side(ar)} tok/s {unit} and DFlash {_side(dflash)}"
     if speedup is None:
         return text + " (ratio unknown: both meet the target at every measured concurrency; measure higher)"
     sign = {"at_least": ">= ", "at_most": "<= "}.get(bound or "", "")
     return text + f" ({sign}{speedup:.2f}x)"
+
+
+# ---------------------------------------------------------------- a sweep's read-off
+
+
+class SloGroup(BaseModel):
+    """The read-off of one AR/DFlash comparison of a sweep: its engine and suite (and any other axis)."""
+
+    group: dict[str, Any]  # the CellKey fields the group shares: engine, suite, ...
+    result: SloResult
+
+    @property
+    def label(self) -> str:
+        return " / ".join(str(v) for v in self.group.values())
+
+
+def read_sweep(summaries: Iterable[Any], slo: SloTarget, gpus: int | None = 1) -> list[SloGroup]:
+    """Every AR/DFlash comparison of a sweep's complete cells (`store.CellSummary`) read off at `slo`.
+
+    A group is every cell that differs only in mode, concurrency and repeat; each side's points come from its
+    results.csv rows (`points_from_rows`, repeats averaged). `gpus`: GPUs per server, dividing throughput
+    (None: not known, throughput is per server and the headline says so)."""
+    from dflash_bench.store import CellKey, results_row
+
+    fields = [f for f in CellKey.pair_fields() if f not in ("concurrency", "repeat")]
+    sides: dict[tuple, dict[str, list[dict[str, Any]]]] = {}
+    for s in summaries:
+        if s.status != "complete":
+            continue
+        key = tuple(getattr(s, f) for f in fields)
+        sides.setdefault(key, {}).setdefault(s.mode, []).append(results_row(s))
+    out = []
+    for key in sorted(sides, key=lambda k: tuple(str(v) for v in k)):
+        by_mode = sides[key]
+        if "ar" in by_mode and "dflash" in by_mode:
+            ar, df = (points_from_rows(by_mode[m], gpus or 1) for m in ("ar", "dflash"))
+            result = compare(ar, df, slo, "per GPU" if gpus else "per server")
+            out.append(SloGroup(group=dict(zip(fields, key)), result=result))
+    return out
+
+
+HOW_READ = ("Each side's cells over a latency cap are dropped; of the rest, the Pareto frontier of throughput per "
+            "GPU against the median user's tok/s (1000 / TPOT p50) is taken, and the throughput at the target is "
+            "interpolated between the two measured concurrencies that bracket it, linearly in log concurrency. "
+            "Nothing is extrapolated: 'cannot' means no measured concurrency is that fast for its users (the best "
+            "reached is given); '>=' means even the highest concurrency measured met the target, so the true "
+            "figure is higher (measure more concurrency).")

@@ -90,7 +90,10 @@ def test_a_v2_export_of_the_same_sweep_matches_the_v1_baseline(v1, tmp_path):
     """Migration changes the layout, not the numbers the gate compares."""
     v2 = gate.export_baseline(v1, tmp_path / "b.json")
     old = gate.load_baseline(BASELINE_V1)
-    assert [(c.key, c.repeats, c.metrics) for c in v2.cells] == [(c.key, c.repeats, c.metrics) for c in old.cells]
+    # the v1 baseline's metrics, unchanged; a v2 export adds what the SLO read-off needs of each cell
+    assert [(c.key, c.repeats, {k: c.metrics[k] for k in o.metrics}) for c, o in zip(v2.cells, old.cells)] == \
+        [(c.key, c.repeats, c.metrics) for c in old.cells]
+    assert all({"tok_s_user_p50", "tpot_ms_p90"} <= set(c.metrics) for c in v2.cells if c.repeats)
     assert json.loads((tmp_path / "b.json").read_text())["schema_version"] == gate.BASELINE_VERSION
 
 

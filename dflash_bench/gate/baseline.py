@@ -70,6 +70,10 @@ def gated_values(s: CellSummary) -> dict[str, float | None]:
         "acceptance_length": s.acceptance_length,
         "exact_match_rate": s.lossless.exact_match_rate if s.lossless else None,
         "accuracy": s.accuracy.accuracy if s.accuracy else None,
+        # not gated one by one: what the SLO read-off (gate/slo.py) needs of each cell
+        "tok_s_user_p50": s.tok_s_user.p50 if s.tok_s_user else None,
+        "ttft_ms_p90": s.ttft_ms.p90 if s.ttft_ms else None,
+        "tpot_ms_p90": s.tpot_ms.p90 if s.tpot_ms else None,
     }
 
 

@@ -9,23 +9,36 @@ from dflash_bench.gate import output as show
 from dflash_bench.gate.baseline import collect, export_baseline, load_baseline
 from dflash_bench.gate.compare import GateResult, compare
 from dflash_bench.gate.config import GateConfig, load_config
+from dflash_bench.gate.slo import slo_checks
+from dflash_bench.slo import parse_slo
 
 
-def gate(sweep_dir: Path | str, baseline: Path | str, config: GateConfig | None = None) -> GateResult:
-    """Load both sides and compare them."""
+def gate(sweep_dir: Path | str, baseline: Path | str, config: GateConfig | None = None,
+         slo: str | None = None) -> GateResult:
+    """Load both sides and compare them; with an SLO (`slo`, else the sweep's own --slo) also at the target."""
+    target = parse_slo(slo) if slo is not None else None
     base = load_baseline(baseline)
     sweep = collect(sweep_dir)
-    return compare(sweep, base, config, sweep_label=str(sweep_dir), baseline_label=str(baseline))
+    result = compare(sweep, base, config, sweep_label=str(sweep_dir), baseline_label=str(baseline))
+    saved = sweep.provenance.settings.slo if sweep.provenance.settings is not None else None
+    if target is None and saved:
+        target = parse_slo(saved)
+    if target is not None:
+        result.checks += slo_checks(sweep, base, target, result.config)
+        result.notes.append(f"SLO read off on both sides: {target.label()}")
+    return result
 
 
 def main(sweep_dir: Path, *, baseline: Path | None = None, export: bool = False, output: Path | None = None,
-         thresholds: Path | None = None, junit: Path | None = None, markdown: Path | None = None) -> int:
+         thresholds: Path | None = None, junit: Path | None = None, markdown: Path | None = None,
+         slo: str | None = None) -> int:
     """The `gate` command: export a baseline, or gate a sweep and write the reports; returns the exit code."""
     if export:
         if output is None:
             raise UserError("--export-baseline needs -o FILE, the baseline file to write")
-        if baseline or thresholds or junit or markdown:
-            raise UserError("--export-baseline only writes a baseline; leave out --baseline, --thresholds, --junit and --markdown")
+        if baseline or thresholds or junit or markdown or slo:
+            raise UserError("--export-baseline only writes a baseline; leave out --baseline, --thresholds, --junit, "
+                            "--markdown and --slo")
         written = export_baseline(sweep_dir, output)
         show.print_export(written, output)
         return 0
@@ -34,7 +47,7 @@ def main(sweep_dir: Path, *, baseline: Path | None = None, export: bool = False,
     if baseline is None:
         raise UserError("give --baseline, a sweep folder or a file written by `dflash-bench gate --export-baseline`")
     config = load_config(thresholds)
-    result = gate(sweep_dir, baseline, config)
+    result = gate(sweep_dir, baseline, config, slo=slo)
     show.print_table(result)
     if junit is not None:
         show.write_junit(result, junit)

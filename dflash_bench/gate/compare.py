@@ -184,7 +184,7 @@ def _some(cells: dict[CellKey, Any], n: int = 4) -> str:
     return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
 
 
-PLAN_SETTINGS = {"engines", "suites", "concurrency", "repeats", "runner", "port", "url_ar", "url_dflash"}
+PLAN_SETTINGS = {"engines", "suites", "concurrency", "repeats", "runner", "port", "url_ar", "url_dflash", "slo"}
 
 
 def _provenance_notes(sweep: Baseline, base: Baseline) -> list[str]:

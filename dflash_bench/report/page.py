@@ -19,7 +19,7 @@ import jinja2
 
 from dflash_bench import __version__
 from dflash_bench.errors import UserError
-from dflash_bench.report import cells, figures, tables
+from dflash_bench.report import cells, figures, serving, tables
 from dflash_bench.store import MANIFEST, atomic_write_bytes
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -34,10 +34,16 @@ FIGURE_TITLES = {
 }
 
 
-def build_report(sweep_dirs: list[Path], out: Path | None = None) -> Path:
-    """Write report.html (default: inside the first sweep folder) and figures/*.png beside it; return the page's path."""
+def build_report(sweep_dirs: list[Path], out: Path | None = None, slo: str | None = None) -> Path:
+    """Write report.html (default: inside the first sweep folder) and figures/*.png beside it; return the page's path.
+
+    `slo`: the interactivity target to read off (`--slo`), else each sweep's own."""
     if not sweep_dirs:
         raise UserError("give at least one sweep folder")
+    if slo is not None:
+        from dflash_bench.slo import parse_slo
+
+        parse_slo(slo)  # a bad target is one sentence before anything is read
     for path in sweep_dirs:
         if not (Path(path) / MANIFEST).exists() and Path(path).is_dir() and any(Path(path).glob(f"*/{MANIFEST}")):
             raise UserError(f"{path} holds sweep folders, not a sweep; give one of its subfolders")
@@ -58,7 +64,7 @@ def build_report(sweep_dirs: list[Path], out: Path | None = None) -> Path:
             _write(fig_dir / file, data)
             figs[name] = {"src": "data:image/png;base64," + base64.b64encode(data).decode("ascii"),
                           "href": f"figures/{file}", "title": FIGURE_TITLES[name], "name": name}
-        sections.append(_context(view, figs))
+        sections.append(_context(view, figs, slo))
     labels, compare = tables.comparison(views) if many else ([], [])
     html = render(sweeps=sections, compare_labels=labels, compare=compare, version=__version__,
                   generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
@@ -82,7 +88,7 @@ def _out_path(first: Path, out: Path | None) -> Path:
     return out
 
 
-def _context(view: tables.SweepView, figs: dict[str, dict[str, str]]) -> dict[str, Any]:
+def _context(view: tables.SweepView, figs: dict[str, dict[str, str]], slo: str | None = None) -> dict[str, Any]:
     m = view.manifest
     concs, matrix = tables.headline_matrix(view.headline)
     best, worst = tables.best_and_worst(view.headline)
@@ -114,6 +120,8 @@ def _context(view: tables.SweepView, figs: dict[str, dict[str, str]]) -> dict[st
         "energy": tables.stat_table(view, ["j_per_token", "avg_power_w"]),
         "synthetic": sorted({f"{v:g}" for v in view.frame.get("synthetic_acceptance", []) if _present(v)}),
         "no_speculation": cells.no_speculation(view.frame),
+        "slo": serving.slo_context(view, slo),
+        "card": serving.card_context(view),
         "has_energy": "j_per_token" in view.done.columns and view.done["j_per_token"].notna().any(),
         "telemetry_note": m.telemetry or "; ".join(telemetry_off) or "no telemetry.csv in any cell",
         "failed": view.failed,

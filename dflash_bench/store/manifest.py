@@ -36,9 +36,10 @@ class SweepSettings(BaseModel):
     save_token_ids: bool = False
     engine_args: list[str] = Field(default_factory=list)
     engine_options: dict[str, Any] = Field(default_factory=dict)  # e.g. builtin: target/drafter dirs, device
+    slo: str | None = None  # --slo as given: how the end of the sweep, the report and the gate read it off
 
     # settings that may change between a run and its resume without changing what is measured
-    RESUME_FREE: ClassVar[frozenset[str]] = frozenset({"runner", "port", "url_ar", "url_dflash"})
+    RESUME_FREE: ClassVar[frozenset[str]] = frozenset({"runner", "port", "url_ar", "url_dflash", "slo"})
 
     def identity(self) -> dict[str, Any]:
         return {k: v for k, v in self.model_dump().items() if k not in self.RESUME_FREE}

@@ -72,6 +72,10 @@ def _validated(values: dict[str, Any]) -> SweepSettings:
     if values.get("runner") is None:
         engines = values.get("engines") or ["builtin"]
         values["runner"] = "process" if all(profiles.get(e).runner == "process" for e in engines) else "docker"
+    if values.get("slo") is not None:
+        from dflash_bench.slo import parse_slo
+
+        parse_slo(values["slo"])  # a bad target stops the sweep before any server starts
     try:
         return SweepSettings(**values)
     except ValidationError as err:

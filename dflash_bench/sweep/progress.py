@@ -89,6 +89,9 @@ class SweepProgress:
         summaries = sweep.summaries()
         if head.empty and summaries:
             out.print(cells_table(summaries))
+        settings = self.manifest.settings
+        if settings is not None and settings.slo:
+            print_slo(out, summaries, settings.slo, gpus_per_server(self.manifest))
         for s in summaries:
             if s.status == "failed":
                 out.print(f"[red]failed[/] {escape(s.cell_id)}: {escape(s.failure_reason or '')}", highlight=False)
@@ -129,3 +132,21 @@ def headline_table(head) -> Table:
         table.add_row(escape(str(r["engine"])), escape(str(r["suite"])), str(r["concurrency"]), f"{r['ar_tok_s']:,.1f}",
                       f"{r['dflash_tok_s']:,.1f}", f"{r['speedup']:.2f}x", tau)
     return table
+
+
+def gpus_per_server(manifest) -> int | None:
+    """GPUs one server used (the report's reading of the manifest), None when nothing says."""
+    from dflash_bench.report.tables import gpu_count
+
+    return gpu_count(manifest.hardware, manifest.settings, manifest.servers)
+
+
+def print_slo(out: Console, summaries: list[CellSummary], slo_text: str, gpus: int | None) -> None:
+    """The serving team's answer per engine and suite: throughput per GPU at the --slo target, both sides."""
+    from dflash_bench.slo import parse_slo, read_sweep
+
+    groups = read_sweep(summaries, parse_slo(slo_text), gpus)
+    if not groups:
+        out.print("--slo: no engine and suite has both AR and DFlash cells complete to read off", highlight=False)
+    for g in groups:  # one line each, never wrapped: it is the answer people copy
+        out.print(f"[bold]{escape(g.label)}[/]: {escape(g.result.headline)}", highlight=False, soft_wrap=True)

@@ -283,6 +283,7 @@ def _resumable(sweep: SweepDir, settings: SweepSettings, resume: Path) -> Manife
         missing = sorted(set(planned) ^ {c.cell_id for c in manifest.plan})
         raise UserError(f"cannot resume {resume}: its plan differs from this command's (cells in one but not the "
                         f"other: {', '.join(missing[:3]) or 'the same cells in another order'})")
+    manifest.settings = _saved_settings(settings)  # what may change on resume (runner, port, URLs, --slo) does
     return manifest
 
 

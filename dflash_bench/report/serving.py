@@ -1,0 +1,70 @@
+"""What a serving team asks of the report: throughput at their SLO, and the model card beside their numbers.
+
+Both are read from the sweep as the rest of the page is (typed summaries, the headline table); every string
+reaches the page through the escaping template.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from dflash_bench import published as card
+from dflash_bench import slo as slo_mod
+from dflash_bench.errors import UserError
+from dflash_bench.report.tables import SweepView, gpu_names
+from dflash_bench.store import SweepDir
+
+
+def slo_context(view: SweepView, slo_text: str | None) -> dict[str, Any] | None:
+    """The SLO read-off of every AR/DFlash group of the sweep: `--slo` given to the report, else the sweep's own."""
+    settings = view.manifest.settings
+    text = slo_text or (settings.slo if settings is not None else None)
+    if not text:
+        return None
+    target = slo_mod.parse_slo(text)
+    groups = slo_mod.read_sweep(SweepDir.open(view.path).summaries(), target, view.gpus)
+    return {"target": target.label(), "source": "report --slo" if slo_text else "the sweep's --slo",
+            "per": "per GPU" if view.gpus else "per server (the GPUs per server are not recorded)",
+            "groups": [{"label": g.label, "headline": g.result.headline, "ar": g.result.ar.status,
+                        "dflash": g.result.dflash.status} for g in groups],
+            "how": slo_mod.HOW_READ}
+
+
+def card_context(view: SweepView) -> dict[str, Any] | None:
+    """The model card's table beside the sweep's cells of the same suite and concurrency, and the settings that
+    differ, when the sweep's model is a known pair whose card publishes one."""
+    from dflash_bench.models import resolve
+
+    settings = view.manifest.settings
+    if settings is None:
+        return None
+    try:
+        table = resolve(settings.model).published()
+    except UserError:
+        return None
+    if table is None:
+        return None
+    head = view.headline
+    engines = list(head["engine"].unique()) if not head.empty else []
+    engine = table.settings.engine if table.settings.engine in engines else (engines[0] if engines else None)
+    measured = [card.MeasuredRow(suite=r["suite"], concurrency=int(r["concurrency"]), ar_tok_s=_f(r["ar_tok_s"]),
+                                 dflash_tok_s=_f(r["dflash_tok_s"]), tau=_f(r["tau"]))
+                for _, r in head.iterrows() if r["engine"] == engine]
+    run = card.RunSettings(gpu=gpu_names(view.manifest.hardware) or None, engine=engine,
+                           thinking=None,  # read from the rendered prompt once cells record it, never the flag
+                           max_tokens=settings.max_tokens, temperature=settings.temperature,
+                           block_size=view.manifest.models.block_size)
+    rows = card.side_by_side(table, measured)
+    return {"card": table.card, "pair": table.pair, "quoted_from": table.quoted_from, "engine": engine,
+            "settings": table.settings, "notes": table.notes,
+            "rows": rows, "gaps": card.setting_gaps(table.settings, run),
+            "measured_any": any(r.measured is not None for r in rows)}
+
+
+def _f(value: Any) -> float | None:
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(x) else x
