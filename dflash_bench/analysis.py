@@ -27,6 +27,8 @@ def cells(*sweep_dirs: Path | str) -> pd.DataFrame:
         if not rows:
             continue
         frame = pd.DataFrame(rows, columns=list(RESULTS_COLUMNS))
+        # a suite's own prompts (None) as 0: a key column must hold no NaN, or grouping and merging drop the cell
+        frame["input_len"] = pd.to_numeric(frame["input_len"]).fillna(0).astype(int)
         frame.insert(0, "sweep", sweep.read_manifest().sweep_id)
         frames.append(frame)
     if not frames:

@@ -148,6 +148,7 @@ def sweep(
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the prompt sampling (default 0)."),
     thinking: Optional[bool] = typer.Option(None, "--thinking/--no-thinking", help="Chat-template thinking (default: the pair's)."),
     save_token_ids: Optional[bool] = typer.Option(None, "--save-token-ids", help="Keep output token ids for the lossless check."),
+    input_len: Optional[str] = typer.Option(None, "--input-len", help="Long-prompt axis: one long-<N> suite per length, prompts of about N tokens of real text with a question at the end, e.g. 1k,4k,16k."),
     slo: Optional[str] = typer.Option(None, "--slo", help="Interactivity target read off at the end: tok/s/user, and optional TTFT/TPOT p90 caps, e.g. 'tok_s_user=30,tpot_p90_ms=40' or just 30 (saved for report and gate)."),
     out: Path = typer.Option(Path("reports"), "--out", help="Folder that receives the sweep folder."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Sweep folder to finish: complete cells are kept, the rest run."),
@@ -163,6 +164,7 @@ def sweep(
     poll_s: Optional[float] = typer.Option(None, "--poll-s", min=0.1, hidden=True, help="Seconds between job state checks (default 5)."),
 ) -> None:
     """Launch paired AR and DFlash servers and measure every suite at every concurrency into one sweep folder."""
+    from dflash_bench.longctx import parse_input_lens
     from dflash_bench.sweep.commands import parse_list, resolve_suites, sweep_command
 
     options = {
@@ -171,6 +173,7 @@ def sweep(
         "repeats": repeats, "gpu": gpu, "runner": runner, "port": port, "engine_args": engine_arg or None, "url_ar": url_ar,
         "url_dflash": url_dflash, "temperature": temperature, "seed": seed, "thinking": thinking,
         "save_token_ids": save_token_ids, "engine_options": {"drafter": drafter} if drafter else None, "slo": slo,
+        "input_lens": parse_input_lens(input_len) if input_len is not None else None,
     }
     slurm = {"partition": partition, "account": account, "time": time_limit, "gpus_per_node": gpus_per_node,
              "gpu_type": gpu_type, "sbatch_args": sbatch_arg, "poll_s": poll_s}

@@ -275,8 +275,8 @@ class SloGroup(BaseModel):
     result: SloResult
 
     @property
-    def label(self) -> str:
-        return " / ".join(str(v) for v in self.group.values())
+    def label(self) -> str:  # an axis a group does not use (None) is left out: its suite already names it
+        return " / ".join(str(v) for v in self.group.values() if v is not None)
 
 
 def read_sweep(summaries: Iterable[Any], slo: SloTarget, gpus: int | None = 1) -> list[SloGroup]:

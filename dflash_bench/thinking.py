@@ -96,3 +96,41 @@ def template_hash(template: str) -> str:
     import hashlib
 
     return "sha256:" + hashlib.sha256(template.encode("utf-8")).hexdigest()[:16]
+
+
+class ThinkingRecord(BaseModel):
+    """What one cell records: thinking as its rendered prompt shows it, and the template's hash."""
+
+    mode: Mode
+    evidence: str
+    template_hash: str | None = None
+
+
+_TOKENIZERS: dict[str, Any] = {}
+
+
+def record(target: str, messages: list[dict[str, str]], enable_thinking: bool | None) -> ThinkingRecord:
+    """Render `messages` as the server does (the target's chat template, the same enable_thinking) and read
+    thinking off the result. "unknown", with why, when the target's tokenizer is not on this machine (a hub id
+    never downloaded here) or has no chat template: the flag sent is never taken for what the model saw."""
+    tok = _TOKENIZERS.get(target)
+    if tok is None:
+        try:
+            from transformers import AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(target, local_files_only=True)
+        except Exception as err:  # noqa: BLE001 - any loader failure means "cannot tell", said plainly
+            why = str(err).splitlines()[0][:120] if str(err) else type(err).__name__
+            return ThinkingRecord(mode="unknown", evidence=f"the target's tokenizer is not on this machine ({why})")
+        _TOKENIZERS[target] = tok
+    template = getattr(tok, "chat_template", None)
+    if not isinstance(template, str):
+        return ThinkingRecord(mode="unknown", evidence="the target's tokenizer has no chat template")
+    kwargs: dict[str, Any] = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+    try:
+        rendered = str(tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs))
+    except Exception as err:  # noqa: BLE001 - a template that cannot render these messages
+        return ThinkingRecord(mode="unknown", evidence=f"the chat template did not render: {str(err)[:120]}",
+                              template_hash=template_hash(template))
+    state = detect(rendered, template)
+    return ThinkingRecord(mode=state.mode, evidence=state.evidence, template_hash=template_hash(template))

@@ -44,7 +44,8 @@ def _groups(b: Baseline) -> dict[tuple[str, ...], dict[str, list[CellValues]]]:
     out: dict[tuple[str, ...], dict[str, list[CellValues]]] = {}
     for c in b.cells:
         if c.repeats:
-            out.setdefault(tuple(str(getattr(c, f)) for f in fields), {}).setdefault(c.mode, []).append(c)
+            key = tuple(str(getattr(c, f)) for f in fields if getattr(c, f) is not None)
+            out.setdefault(key, {}).setdefault(c.mode, []).append(c)
     return {k: v for k, v in out.items() if "ar" in v and "dflash" in v}
 
 

@@ -285,7 +285,37 @@ def power(view: SweepView) -> plt.Figure | None:
     return fig
 
 
+def input_length(view: SweepView) -> plt.Figure | None:
+    """Speedup and τ against the prompt's length, one line per engine and concurrency: only when the sweep
+    has the --input-len axis (its long-<N> suites)."""
+    head = view.headline
+    if head.empty or "input_len" not in head.columns:
+        return None
+    data = head[head["input_len"] > 0]
+    if data.empty:
+        return None
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.0))
+    cmap = plt.get_cmap("Dark2")
+    for i, ((engine, conc), g) in enumerate(data.groupby(["engine", "concurrency"])):
+        g = g.sort_values("input_len")
+        label = f"c={conc}" if len(_engines(view)) == 1 else f"{engine} c={conc}"
+        left.plot(g["input_len"], g["speedup"], marker="o", color=cmap(i % 8), label=label)
+        right.plot(g["input_len"], g["tau"], marker="o", color=cmap(i % 8), label=label)
+    for ax, ylabel in ((left, "speedup (DFlash / AR tok/s)"), (right, "acceptance length τ")):
+        ax.set_xscale("log", base=2)
+        ticks = sorted(int(n) for n in set(data["input_len"]))
+        ax.set_xticks(ticks, [f"{n // 1024}k" if n % 1024 == 0 else str(n) for n in ticks])
+        ax.set_xlabel("prompt length (tokens)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    left.axhline(1.0, color="grey", linewidth=0.8)
+    left.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    return fig
+
+
 FIGURES: dict[str, Callable[[SweepView], plt.Figure | None]] = {
+    "input_length": input_length,
     "pareto": pareto,
     "pareto_p90": pareto_p90,
     "acceptance": acceptance,

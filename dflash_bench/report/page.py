@@ -24,6 +24,7 @@ from dflash_bench.store import MANIFEST, atomic_write_bytes
 
 TEMPLATES = Path(__file__).parent / "templates"
 FIGURE_TITLES = {
+    "input_length": "Speedup and τ by prompt length",
     "pareto": "Throughput vs interactivity",
     "pareto_p90": "Throughput vs interactivity at p90 TPOT (the tail)",
     "acceptance": "Acceptance length τ by concurrency",

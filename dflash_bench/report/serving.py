@@ -51,8 +51,13 @@ def card_context(view: SweepView) -> dict[str, Any] | None:
     measured = [card.MeasuredRow(suite=r["suite"], concurrency=int(r["concurrency"]), ar_tok_s=_f(r["ar_tok_s"]),
                                  dflash_tok_s=_f(r["dflash_tok_s"]), tau=_f(r["tau"]))
                 for _, r in head.iterrows() if r["engine"] == engine]
+    cells = [s for s in SweepDir.open(view.path).summaries() if s.engine == engine]
+    modes = {s.thinking for s in cells} - {None, "unknown"}
+    hashes = {s.template_hash for s in cells} - {None}
     run = card.RunSettings(gpu=gpu_names(view.manifest.hardware) or None, engine=engine,
-                           thinking=None,  # read from the rendered prompt once cells record it, never the flag
+                           # as the cells' rendered prompts show it, never the flag; not stated when they disagree
+                           thinking=(modes == {"on"}) if len(modes) == 1 else None,
+                           template_hash=hashes.pop() if len(hashes) == 1 else None,
                            max_tokens=settings.max_tokens, temperature=settings.temperature,
                            block_size=view.manifest.models.block_size)
     rows = card.side_by_side(table, measured)

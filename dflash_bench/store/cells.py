@@ -31,6 +31,9 @@ class CellKey(BaseModel):
     suite: str
     concurrency: int
     repeat: int = 0
+    # the long-prompt axis (--input-len): tokens of context the cell's prompts carry, on the long-<N> suites
+    # built from real text (longctx.py); None for a suite's own prompts (and every cell of older folders)
+    input_len: int | None = None
 
     # AR and DFlash cells of one pair differ only in the mode; the gate's samples only in the repeat
     PAIR_EXCLUDES: ClassVar[frozenset[str]] = frozenset({"cell_id", "mode"})
@@ -83,7 +86,7 @@ class CellKey(BaseModel):
         return "/".join(parts + ([f"r{self.repeat}"] if self.repeat else []))
 
     def sort_key(self) -> tuple:
-        return tuple(getattr(self, f) for f in self.identity_fields())
+        return tuple(-1 if v is None else v for v in (getattr(self, f) for f in self.identity_fields()))
 
 
 def cell_id(engine: str, mode: str, suite: str, concurrency: int, repeat: int = 0) -> str:
@@ -301,6 +304,10 @@ class CellSummary(CellKey):
     telemetry_throttle_reasons: str | None = None  # ';'-joined
     telemetry_throttled_frac: float | None = None
 
+    # thinking as the cell's rendered prompt shows it (thinking.record), not as the flag asked; the template's hash
+    thinking: str | None = None  # on | off | unknown
+    thinking_evidence: str | None = None
+    template_hash: str | None = None
     lossless: LosslessSummary | None = None  # DFlash cells, after quality/lossless.py
     accuracy: AccuracySummary | None = None  # scorable suites, after quality/accuracy.py
 

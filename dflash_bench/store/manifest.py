@@ -36,6 +36,7 @@ class SweepSettings(BaseModel):
     save_token_ids: bool = False
     engine_args: list[str] = Field(default_factory=list)
     engine_options: dict[str, Any] = Field(default_factory=dict)  # e.g. builtin: target/drafter dirs, device
+    input_lens: list[int] = Field(default_factory=list)  # --input-len: one long-<N> suite per length
     slo: str | None = None  # --slo as given: how the end of the sweep, the report and the gate read it off
 
     # settings that may change between a run and its resume without changing what is measured

@@ -31,14 +31,23 @@ def plan_cells(settings: SweepSettings) -> list[CellPlan]:
     """
     _check(settings)
     out = []
+    suites = [(suite, None) for suite in settings.suites] + [(long_suite(n), n) for n in settings.input_lens]
     for engine in settings.engines:
         for repeat in range(settings.repeats):
             modes = MODES if repeat % 2 == 0 else MODES[::-1]
             for mode in modes:
-                for suite in settings.suites:
+                for suite, n in suites:
                     for c in settings.concurrency:
-                        out.append(CellPlan(engine=engine, mode=mode, suite=suite, concurrency=c, repeat=repeat))
+                        out.append(CellPlan(engine=engine, mode=mode, suite=suite, concurrency=c, repeat=repeat,
+                                            input_len=n))
     return out
+
+
+def long_suite(n: int) -> str:
+    """The suite of the --input-len axis at n tokens: long-4k, long-1000 (longctx.build_prompts' name)."""
+    from dflash_bench.longctx import length_label
+
+    return f"long-{length_label(n)}"
 
 
 def launches(plan: list[CellPlan], pending_only: bool = True) -> list[Launch]:
@@ -62,8 +71,10 @@ def check_resume(saved: SweepSettings | dict[str, Any] | None, current: SweepSet
 
 
 def _check(settings: SweepSettings) -> None:
-    if not settings.suites:
+    if not settings.suites and not settings.input_lens:
         raise UserError("no suites to run; pass --suites all or a comma-separated list")
+    if len(set(settings.input_lens)) != len(settings.input_lens) or any(n < 1 for n in settings.input_lens):
+        raise UserError("--input-len takes distinct positive lengths, e.g. 1k,4k,16k")
     if not settings.concurrency or any(c < 1 for c in settings.concurrency):
         raise UserError("--concurrency takes positive integers, e.g. 1,8,32")
     if settings.repeats < 1:

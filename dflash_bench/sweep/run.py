@@ -182,7 +182,9 @@ def _run_cell(cell: CellPlan, url: str, settings: SweepSettings, pair, sweep: Sw
     except UserError as err:
         failure = f"server died: {_reason(err)}"
     summary = summarize_cell(m, cell_id=cell.cell_id, engine=cell.engine, mode=cell.mode, suite=cell.suite,
-                             concurrency=cell.concurrency, repeat=cell.repeat, failure=failure)
+                             concurrency=cell.concurrency, repeat=cell.repeat, failure=failure,
+                             input_len=cell.input_len)
+    _record_thinking(summary, pair.target, cell_prompts, thinking)
     write_cell(sweep, summary, m)  # what was measured is kept and counted, failed or not
     cell.status, cell.reason = summary.status, summary.failure_reason
     if summary.status == "failed":
@@ -190,6 +192,16 @@ def _run_cell(cell: CellPlan, url: str, settings: SweepSettings, pair, sweep: Sw
     sweep.write_manifest(manifest)
     sweep.write_results_csv()
     progress.end_cell(cell, summary)
+
+
+def _record_thinking(summary, target: str, prompts, enable_thinking: bool | None) -> None:
+    """Thinking as the cell's first prompt renders with the target's own template (thinking.record)."""
+    from dflash_bench.thinking import record
+
+    if not prompts:
+        return
+    rec = record(target, [{"role": "user", "content": prompts[0].turns[0]}], enable_thinking)
+    summary.thinking, summary.thinking_evidence, summary.template_hash = rec.mode, rec.evidence, rec.template_hash
 
 
 def _reason(err: UserError) -> str:
@@ -219,7 +231,7 @@ def fail_cell(sweep: SweepDir, manifest: Manifest, cell: CellPlan, reason: str, 
 
     summary = summarize_records(sweep.read_requests(cell.cell_id), cell_id=cell.cell_id, engine=cell.engine,
                                 mode=cell.mode, suite=cell.suite, concurrency=cell.concurrency, repeat=cell.repeat,
-                                failure=reason)
+                                failure=reason, input_len=cell.input_len)
     cell.status, cell.reason = "failed", summary.failure_reason
     sweep.write_summary(summary)
     sweep.write_manifest(manifest)
@@ -333,24 +345,64 @@ def _sweep_id(model: str, engines: list[str]) -> str:
     return f"{stamp}-{safe}-{'+'.join(engines)}"
 
 
+LONG_MAX_TOKENS = 256  # new tokens per request on the long-<N> suites unless --max-tokens says otherwise
+
+
 def prompt_loader(settings: SweepSettings, data_dir: Path | None):
-    """(suite, concurrency) -> (prompts, max_tokens). Suites load once up front so bad data fails fast."""
+    """(suite, concurrency) -> (prompts, max_tokens). Suites load once up front so bad data fails fast.
+
+    The --input-len suites (long-<N>) are built from real text by longctx.build_prompts, counted with the
+    target's tokenizer when it is a local folder (else about 4 characters a token, as each prompt records)."""
+    from dflash_bench.longctx import build_prompts
     from dflash_bench.suites import get_suite, load_prompts
+    from dflash_bench.sweep.plan import long_suite
 
     for suite in settings.suites:
         get_suite(suite)
+    long = {long_suite(n): n for n in settings.input_lens}
+    tokenizer = _local_target(settings.model)
+    check_context(settings, tokenizer)
     cache: dict[tuple[str, int], tuple[list, int]] = {}
 
     def load(suite: str, concurrency: int) -> tuple[list, int]:
         if (suite, concurrency) not in cache:
             n = max(settings.num_prompts or max(16, 4 * concurrency), concurrency)
-            prompts = load_prompts(suite, data_dir=data_dir, num_prompts=n, seed=settings.seed)
-            cache[(suite, concurrency)] = (prompts, settings.max_tokens or get_suite(suite).default_max_tokens)
+            if suite in long:
+                prompts = build_prompts(long[suite], data_dir=data_dir, num_prompts=n, tokenizer=tokenizer,
+                                        seed=settings.seed)
+                cache[(suite, concurrency)] = (prompts, settings.max_tokens or LONG_MAX_TOKENS)
+            else:
+                prompts = load_prompts(suite, data_dir=data_dir, num_prompts=n, seed=settings.seed)
+                cache[(suite, concurrency)] = (prompts, settings.max_tokens or get_suite(suite).default_max_tokens)
         return cache[(suite, concurrency)]
 
-    for suite in settings.suites:  # fail before any server starts when a dataset is missing or malformed
+    for suite in [*settings.suites, *long]:  # fail before any server starts when a dataset is missing or malformed
         load(suite, settings.concurrency[0])
     return load
+
+
+def _local_target(model: str) -> Path | None:
+    """The target's folder when it is one on this machine (its tokenizer counts the long prompts)."""
+    path = Path(model)
+    return path if (path / "config.json").is_file() and (path / "tokenizer_config.json").is_file() else None
+
+
+def check_context(settings: SweepSettings, target: Path | None) -> None:
+    """Refuse an --input-len the target cannot hold, where its config says how many positions it has."""
+    import json
+
+    if not settings.input_lens or target is None:
+        return
+    try:
+        config = json.loads((target / "config.json").read_text())
+    except (OSError, ValueError):
+        return
+    limit = config.get("max_position_embeddings") or (config.get("text_config") or {}).get("max_position_embeddings")
+    new = settings.max_tokens or LONG_MAX_TOKENS
+    too_long = [n for n in settings.input_lens if isinstance(limit, int) and n + new > limit]
+    if too_long:
+        raise UserError(f"--input-len {too_long[0]} plus {new} new tokens passes the target's {limit} positions "
+                        f"({settings.model}): use lengths up to {limit - new}, or a target with a longer context")
 
 
 def start_telemetry(manifest: Manifest, progress: SweepProgress, settings: SweepSettings, pair):

@@ -1,0 +1,56 @@
+"""Each cell records thinking as its rendered prompt shows it (thinking.record), through a whole sweep."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dflash_bench.launch import free_port
+from dflash_bench.store import SweepDir, read_results_csv
+from dflash_bench.thinking import record, template_hash
+
+QWEN_LIKE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+             "{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and "
+             "enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}")
+
+
+def tokenizer_folder(path: Path, template: str = QWEN_LIKE) -> Path:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tk = Tokenizer(models.WordLevel({"[UNK]": 0, "hi": 1}, unk_token="[UNK]"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="[UNK]")
+    fast.chat_template = template
+    fast.save_pretrained(path)
+    return path
+
+
+def test_record_reads_the_rendered_prompt_not_the_flag(tmp_path):
+    folder = tokenizer_folder(tmp_path / "tok")
+    hi = [{"role": "user", "content": "hi"}]
+    off, on, default = record(str(folder), hi, False), record(str(folder), hi, True), record(str(folder), hi, None)
+    assert (off.mode, off.evidence) == ("off", "empty <think></think> block")
+    assert on.mode == "on" and default.mode == "on"  # the template closes no block unless told: the model opens one
+    assert off.template_hash == on.template_hash == template_hash(QWEN_LIKE)
+    plain = record(str(tokenizer_folder(tmp_path / "plain", "{{ messages[0]['content'] }}")), hi, True)
+    assert (plain.mode, plain.evidence) == ("off", "the chat template has no thinking mode")  # the flag is ignored
+    gone = record(str(tmp_path / "missing"), hi, False)
+    assert gone.mode == "unknown" and gone.evidence.startswith("the target's tokenizer is not on this machine")
+
+
+@pytest.mark.parametrize("flag,mode", [("--no-thinking", "off"), ("--thinking", "on")])
+def test_every_cell_of_a_sweep_records_its_thinking(tmp_path, data_dir, flag, mode):
+    target = tokenizer_folder(tmp_path / "target")
+    proc = subprocess.run([sys.executable, "-m", "dflash_bench", "sweep", "--model", str(target), "--drafter",
+                           "org/d", "--engine", "emulator", "--suites", "gsm8k", "-c", "1", "-n", "2", "--max-tokens",
+                           "8", "--port", str(free_port()), "--out", str(tmp_path / "out"), "--data-dir", str(data_dir),
+                           flag], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (folder,) = [p for p in (tmp_path / "out").iterdir() if (p / "manifest.json").exists()]
+    cells = SweepDir.open(folder).summaries()
+    assert len(cells) == 2 and {(s.thinking, s.template_hash) for s in cells} == {(mode, template_hash(QWEN_LIKE))}
+    assert {r.thinking for r in read_results_csv(folder / "results.csv")} == {mode}
