@@ -29,11 +29,21 @@ def cells(*sweep_dirs: Path | str) -> pd.DataFrame:
         frame = pd.DataFrame(rows, columns=list(RESULTS_COLUMNS))
         # a suite's own prompts (None) as 0: a key column must hold no NaN, or grouping and merging drop the cell
         frame["input_len"] = pd.to_numeric(frame["input_len"]).fillna(0).astype(int)
+        frame = _thinking_arms(frame)
         frame.insert(0, "sweep", sweep.read_manifest().sweep_id)
         frames.append(frame)
     if not frames:
         return pd.DataFrame(columns=["sweep", *CellKey.model_fields, "status"])
     return pd.concat(frames, ignore_index=True)
+
+
+def _thinking_arms(frame: pd.DataFrame) -> pd.DataFrame:
+    """--thinking both: each arm shown as a suite of its own ("gsm8k (thinking on)"), so every table and figure
+    keeps the arms apart; the key column becomes "on", "off" or "" (never NaN, which grouping would drop)."""
+    arm = frame["thinking_asked"].map({True: "on", False: "off"}).fillna("")
+    frame = frame.assign(thinking_asked=arm)
+    frame["suite"] = [f"{s} (thinking {a})" if a else s for s, a in zip(frame["suite"], arm)]
+    return frame
 
 
 def complete(frame: pd.DataFrame) -> pd.DataFrame:

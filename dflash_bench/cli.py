@@ -146,7 +146,8 @@ def sweep(
     url_dflash: Optional[str] = typer.Option(None, "--url-dflash", help="Measure this running DFlash server instead of launching one."),
     temperature: Optional[float] = typer.Option(None, "--temperature", min=0.0, help="Sampling temperature (default 0)."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the prompt sampling (default 0)."),
-    thinking: Optional[bool] = typer.Option(None, "--thinking/--no-thinking", help="Chat-template thinking (default: the pair's)."),
+    thinking: Optional[str] = typer.Option(None, "--thinking", help="Chat-template thinking: on, off, or both (every cell twice, a paired comparison); default: the pair's."),
+    no_thinking: bool = typer.Option(False, "--no-thinking", help="The same as --thinking off."),
     save_token_ids: Optional[bool] = typer.Option(None, "--save-token-ids", help="Keep output token ids for the lossless check."),
     input_len: Optional[str] = typer.Option(None, "--input-len", help="Long-prompt axis: one long-<N> suite per length, prompts of about N tokens of real text with a question at the end, e.g. 1k,4k,16k."),
     slo: Optional[str] = typer.Option(None, "--slo", help="Interactivity target read off at the end: tok/s/user, and optional TTFT/TPOT p90 caps, e.g. 'tok_s_user=30,tpot_p90_ms=40' or just 30 (saved for report and gate)."),
@@ -165,13 +166,14 @@ def sweep(
 ) -> None:
     """Launch paired AR and DFlash servers and measure every suite at every concurrency into one sweep folder."""
     from dflash_bench.longctx import parse_input_lens
-    from dflash_bench.sweep.commands import parse_list, resolve_suites, sweep_command
+    from dflash_bench.sweep.commands import parse_list, resolve_suites, sweep_command, thinking_options
 
     options = {
         "model": model, "engines": parse_list(engine), "suites": resolve_suites(suites if suites or resume else "all"),
         "concurrency": parse_list(concurrency, int), "num_prompts": num_prompts, "max_tokens": max_tokens,
         "repeats": repeats, "gpu": gpu, "runner": runner, "port": port, "engine_args": engine_arg or None, "url_ar": url_ar,
-        "url_dflash": url_dflash, "temperature": temperature, "seed": seed, "thinking": thinking,
+        "url_dflash": url_dflash, "temperature": temperature, "seed": seed,
+        **thinking_options(thinking, no_thinking),
         "save_token_ids": save_token_ids, "engine_options": {"drafter": drafter} if drafter else None, "slo": slo,
         "input_lens": parse_input_lens(input_len) if input_len is not None else None,
     }

@@ -275,8 +275,10 @@ class SloGroup(BaseModel):
     result: SloResult
 
     @property
-    def label(self) -> str:  # an axis a group does not use (None) is left out: its suite already names it
-        return " / ".join(str(v) for v in self.group.values() if v is not None)
+    def label(self) -> str:  # an axis a group does not use (None) is left out; input_len: its suite names it
+        parts = [f"thinking {'on' if v else 'off'}" if k == "thinking_asked" else str(v)
+                 for k, v in self.group.items() if v is not None and k != "input_len"]
+        return " / ".join(parts)
 
 
 def read_sweep(summaries: Iterable[Any], slo: SloTarget, gpus: int | None = 1) -> list[SloGroup]:

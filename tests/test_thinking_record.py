@@ -42,7 +42,7 @@ def test_record_reads_the_rendered_prompt_not_the_flag(tmp_path):
     assert gone.mode == "unknown" and gone.evidence.startswith("the target's tokenizer is not on this machine")
 
 
-@pytest.mark.parametrize("flag,mode", [("--no-thinking", "off"), ("--thinking", "on")])
+@pytest.mark.parametrize("flag,mode", [("--no-thinking", "off"), ("--thinking=on", "on")])
 def test_every_cell_of_a_sweep_records_its_thinking(tmp_path, data_dir, flag, mode):
     target = tokenizer_folder(tmp_path / "target")
     proc = subprocess.run([sys.executable, "-m", "dflash_bench", "sweep", "--model", str(target), "--drafter",
@@ -54,3 +54,33 @@ def test_every_cell_of_a_sweep_records_its_thinking(tmp_path, data_dir, flag, mo
     cells = SweepDir.open(folder).summaries()
     assert len(cells) == 2 and {(s.thinking, s.template_hash) for s in cells} == {(mode, template_hash(QWEN_LIKE))}
     assert {r.thinking for r in read_results_csv(folder / "results.csv")} == {mode}
+
+
+def test_thinking_both_runs_every_cell_in_both_arms_and_the_report_pairs_them(tmp_path, data_dir):
+    target = tokenizer_folder(tmp_path / "target")
+    proc = subprocess.run([sys.executable, "-m", "dflash_bench", "sweep", "--model", str(target), "--drafter",
+                           "org/d", "--engine", "emulator", "--suites", "gsm8k", "-c", "1,2", "-n", "2", "--max-tokens",
+                           "8", "--port", str(free_port()), "--out", str(tmp_path / "out"), "--data-dir", str(data_dir),
+                           "--thinking", "both", "--slo", "10"], capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (folder,) = [p for p in (tmp_path / "out").iterdir() if (p / "manifest.json").exists()]
+    cells = {s.cell_id: s for s in SweepDir.open(folder).summaries()}
+    assert len(cells) == 8
+    # each arm asked for its setting, and its rendered prompt shows it: the record follows the arm, not a default
+    assert {(s.thinking_asked, s.thinking) for s in cells.values()} == {(False, "off"), (True, "on")}
+    assert cells["emulator-dflash-gsm8k-c2-think"].thinking == "on"
+    assert cells["emulator-ar-gsm8k-c1-nothink"].thinking == "off"
+    assert "emulator / gsm8k / thinking on: at >= 10 tok/s/user" in proc.stdout
+    assert "emulator / gsm8k / thinking off: at >= 10 tok/s/user" in proc.stdout
+    report = subprocess.run([sys.executable, "-m", "dflash_bench", "report", str(folder)], capture_output=True,
+                            text=True, timeout=120)
+    assert report.returncode == 0, report.stderr
+    html = (folder / "report.html").read_text()
+    assert "Thinking off and on, paired" in html and "gsm8k (thinking on)" in html and "gsm8k (thinking off)" in html
+
+
+def test_a_bad_thinking_value_is_one_sentence(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "dflash_bench", "sweep", "--model", "org/x", "--engine", "emulator",
+                           "--thinking", "maybe", "--dry-run"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "--thinking takes on, off or both, not 'maybe'" in proc.stderr

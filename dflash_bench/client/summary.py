@@ -20,12 +20,13 @@ TAU_FALLBACK = 1.05  # a DFlash cell whose tau is below this accepted (almost) n
 
 
 def summarize_cell(m: Measurement, *, cell_id: str, engine: str, mode: str, suite: str, concurrency: int,
-                   repeat: int = 0, failure: str | None = None, input_len: int | None = None) -> CellSummary:
+                   repeat: int = 0, failure: str | None = None, input_len: int | None = None,
+                   thinking_asked: bool | None = None) -> CellSummary:
     """The cell's summary from what was measured; `failure` (e.g. the server died) fails it regardless."""
     snaps = m.snaps
     summary = summarize_records(m.records, cell_id=cell_id, engine=engine, mode=mode, suite=suite,
                                 concurrency=concurrency, repeat=repeat, delta=snaps.get("delta"), failure=failure,
-                                input_len=input_len)
+                                input_len=input_len, thinking_asked=thinking_asked)
     summary.url, summary.started_at, summary.finished_at = m.url, m.started_at, m.finished_at
     summary.settings = CellSettings.model_validate(m.settings)
     if m.telemetry is not None:
@@ -43,10 +44,11 @@ def summarize_cell(m: Measurement, *, cell_id: str, engine: str, mode: str, suit
 
 def summarize_records(records: list[RequestRecord], *, cell_id: str, engine: str, mode: str, suite: str,
                       concurrency: int, repeat: int = 0, delta: dict[str, float] | None = None,
-                      failure: str | None = None, input_len: int | None = None) -> CellSummary:
+                      failure: str | None = None, input_len: int | None = None,
+                      thinking_asked: bool | None = None) -> CellSummary:
     """Counts, latencies and acceptance of `records`; failed when `failure` is given or nothing succeeded."""
     summary = CellSummary(cell_id=cell_id, engine=engine, mode=mode, suite=suite, concurrency=concurrency,
-                          repeat=repeat, input_len=input_len, **summarize(records),
+                          repeat=repeat, input_len=input_len, thinking_asked=thinking_asked, **summarize(records),
                           **cell_acceptance(engine, delta, records))
     summary.not_measured = not_measured(records)
     reasons = failure_reasons(records)

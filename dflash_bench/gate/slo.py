@@ -44,9 +44,13 @@ def _groups(b: Baseline) -> dict[tuple[str, ...], dict[str, list[CellValues]]]:
     out: dict[tuple[str, ...], dict[str, list[CellValues]]] = {}
     for c in b.cells:
         if c.repeats:
-            key = tuple(str(getattr(c, f)) for f in fields if getattr(c, f) is not None)
+            key = tuple(_show(f, getattr(c, f)) for f in fields if getattr(c, f) is not None and f != "input_len")
             out.setdefault(key, {}).setdefault(c.mode, []).append(c)
     return {k: v for k, v in out.items() if "ar" in v and "dflash" in v}
+
+
+def _show(field: str, value: object) -> str:
+    return f"thinking {'on' if value else 'off'}" if field == "thinking_asked" else str(value)
 
 
 def _points(cells: list[CellValues]) -> list[SloPoint] | None:

@@ -123,6 +123,7 @@ def _context(view: tables.SweepView, figs: dict[str, dict[str, str]], slo: str |
         "no_speculation": cells.no_speculation(view.frame),
         "slo": serving.slo_context(view, slo),
         "card": serving.card_context(view),
+        "thinking_pairs": serving.thinking_pairs(view),
         "has_energy": "j_per_token" in view.done.columns and view.done["j_per_token"].notna().any(),
         "telemetry_note": m.telemetry or "; ".join(telemetry_off) or "no telemetry.csv in any cell",
         "failed": view.failed,

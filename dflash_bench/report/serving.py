@@ -73,3 +73,19 @@ def _f(value: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return None if math.isnan(x) else x
+
+
+def thinking_pairs(view: SweepView) -> list[dict[str, Any]]:
+    """--thinking both: per engine, suite and concurrency, speedup and τ with thinking off beside on."""
+    head = view.headline
+    if head.empty or "thinking_asked" not in head.columns or not (head["thinking_asked"] != "").any():
+        return []
+    arms = head[head["thinking_asked"] != ""]
+    arms = arms.assign(base=arms["suite"].str.replace(r" \(thinking (on|off)\)$", "", regex=True))
+    rows = []
+    for (engine, suite, conc), g in arms.groupby(["engine", "base", "concurrency"], sort=False):
+        side = {arm: g[g["thinking_asked"] == arm].iloc[0] for arm in ("off", "on") if (g["thinking_asked"] == arm).any()}
+        rows.append({"engine": engine, "suite": suite, "concurrency": int(conc),
+                     **{f"{k}_{arm}": _f(side[arm][k]) if arm in side else None
+                        for arm in ("off", "on") for k in ("speedup", "tau")}})
+    return rows

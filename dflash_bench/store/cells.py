@@ -34,6 +34,8 @@ class CellKey(BaseModel):
     # the long-prompt axis (--input-len): tokens of context the cell's prompts carry, on the long-<N> suites
     # built from real text (longctx.py); None for a suite's own prompts (and every cell of older folders)
     input_len: int | None = None
+    # --thinking both: the arm of the paired thinking comparison the requests asked for; None without the axis
+    thinking_asked: bool | None = None
 
     # AR and DFlash cells of one pair differ only in the mode; the gate's samples only in the repeat
     PAIR_EXCLUDES: ClassVar[frozenset[str]] = frozenset({"cell_id", "mode"})
@@ -50,6 +52,8 @@ class CellKey(BaseModel):
     @staticmethod
     def make_id(values: dict[str, Any]) -> str:
         base = f"{values['engine']}-{values['mode']}-{values['suite']}-c{values['concurrency']}"
+        if values.get("thinking_asked") is not None:
+            base += "-think" if values["thinking_asked"] else "-nothink"
         repeat = int(values.get("repeat") or 0)
         return base if repeat == 0 else f"{base}-r{repeat}"
 

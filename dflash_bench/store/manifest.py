@@ -27,6 +27,7 @@ class SweepSettings(BaseModel):
     temperature: float = 0.0
     seed: int = 0
     thinking: bool | None = None  # None means the model pair's default
+    thinking_both: bool = False  # --thinking both: every cell with thinking off and on (CellKey.thinking_asked)
     gpu: str = "generic"  # preset name for engine flags
     runner: str = "docker"  # docker | process
     port: int | None = None  # port of launched servers (None: the engine's default)

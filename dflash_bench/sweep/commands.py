@@ -83,6 +83,19 @@ def _validated(values: dict[str, Any]) -> SweepSettings:
         raise UserError(f"bad sweep setting {'.'.join(map(str, e['loc']))}: {e['msg']}") from None
 
 
+def thinking_options(value: str | None, off: bool) -> dict[str, Any]:
+    """--thinking on|off|both (and --no-thinking) -> the settings `thinking` and `thinking_both` (None: not given)."""
+    if off and value is not None:
+        raise UserError("give --thinking on|off|both or --no-thinking, not both")
+    if off or value is None:
+        return {"thinking": False if off else None, "thinking_both": None}
+    choice = {"on": True, "off": False, "both": None}
+    if value.strip().lower() not in choice:
+        raise UserError(f"--thinking takes on, off or both, not {value!r}")
+    v = value.strip().lower()
+    return {"thinking": choice[v], "thinking_both": True if v == "both" else None}
+
+
 def parse_list(value: str | None, kind=str) -> list | None:
     """'1,8,32' -> [1, 8, 32]; None stays None; a bad item is a UserError."""
     if value is None:

@@ -32,14 +32,16 @@ def plan_cells(settings: SweepSettings) -> list[CellPlan]:
     _check(settings)
     out = []
     suites = [(suite, None) for suite in settings.suites] + [(long_suite(n), n) for n in settings.input_lens]
+    arms: list[bool | None] = [False, True] if settings.thinking_both else [None]
     for engine in settings.engines:
         for repeat in range(settings.repeats):
             modes = MODES if repeat % 2 == 0 else MODES[::-1]
             for mode in modes:
                 for suite, n in suites:
-                    for c in settings.concurrency:
-                        out.append(CellPlan(engine=engine, mode=mode, suite=suite, concurrency=c, repeat=repeat,
-                                            input_len=n))
+                    for arm in arms:
+                        for c in settings.concurrency:
+                            out.append(CellPlan(engine=engine, mode=mode, suite=suite, concurrency=c, repeat=repeat,
+                                                input_len=n, thinking_asked=arm))
     return out
 
 

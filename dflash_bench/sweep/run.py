@@ -167,6 +167,8 @@ def _run_cell(cell: CellPlan, url: str, settings: SweepSettings, pair, sweep: Sw
     cell_prompts, max_tokens = prompts(cell.suite, cell.concurrency)
     progress.start_cell(cell, total=sum(len(p.turns) for p in cell_prompts))
     thinking = settings.thinking if settings.thinking is not None else pair.thinking
+    if cell.thinking_asked is not None:  # --thinking both: this cell's arm
+        thinking = cell.thinking_asked
     try:
         m = measure(url, cell_prompts, concurrency=cell.concurrency, max_tokens=max_tokens,
                     temperature=settings.temperature, api=profiles.get(cell.engine).api,
@@ -183,7 +185,7 @@ def _run_cell(cell: CellPlan, url: str, settings: SweepSettings, pair, sweep: Sw
         failure = f"server died: {_reason(err)}"
     summary = summarize_cell(m, cell_id=cell.cell_id, engine=cell.engine, mode=cell.mode, suite=cell.suite,
                              concurrency=cell.concurrency, repeat=cell.repeat, failure=failure,
-                             input_len=cell.input_len)
+                             input_len=cell.input_len, thinking_asked=cell.thinking_asked)
     _record_thinking(summary, pair.target, cell_prompts, thinking)
     write_cell(sweep, summary, m)  # what was measured is kept and counted, failed or not
     cell.status, cell.reason = summary.status, summary.failure_reason
@@ -231,7 +233,7 @@ def fail_cell(sweep: SweepDir, manifest: Manifest, cell: CellPlan, reason: str, 
 
     summary = summarize_records(sweep.read_requests(cell.cell_id), cell_id=cell.cell_id, engine=cell.engine,
                                 mode=cell.mode, suite=cell.suite, concurrency=cell.concurrency, repeat=cell.repeat,
-                                failure=reason, input_len=cell.input_len)
+                                failure=reason, input_len=cell.input_len, thinking_asked=cell.thinking_asked)
     cell.status, cell.reason = "failed", summary.failure_reason
     sweep.write_summary(summary)
     sweep.write_manifest(manifest)
