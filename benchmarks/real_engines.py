@@ -34,6 +34,8 @@ from pydantic import BaseModel, Field
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+from serve_speed import wait_ready, write_pair  # noqa: E402
+
 from dflash_bench.store import SweepDir  # noqa: E402
 
 SUITES = "gsm8k,humaneval,mt-bench"
@@ -107,6 +109,12 @@ def machine() -> tuple[str, dict[str, str]]:
     return "cpu", versions
 
 
+def shown(cmd: list[str]) -> str:
+    """A command as the results file keeps it: no path of the machine it ran on."""
+    root = str(PAIR.parents[2]) + "/"
+    return " ".join("python" if a == sys.executable else a.replace(root, "") for a in cmd)
+
+
 def row_of(part: str, engine: str, s, busy: dict[str, float] | None = None) -> Row:
     lossless = s.lossless
     agree = lossless.exact_match_rate if lossless and lossless.status == "ok" else None
@@ -139,7 +147,7 @@ def run_pair(args, res: Results, keep) -> None:
         if not folders:
             print(f"{variant}: no sweep folder was written", flush=True)
             continue
-        res.commands[f"pair/{variant}"] = " ".join(cmd)
+        res.commands[f"pair/{variant}"] = shown(cmd)
         keep([row_of("pair", variant, s) for s in SweepDir.open(folders[-1].parent).summaries()])
 
 
@@ -151,7 +159,6 @@ def ensure_shape_pair(work: Path, device: str, shape: str) -> tuple[Path, Path]:
     if (target / "config.json").exists() and (draft / "config.json").exists():
         return target, draft
     import torch
-    from serve_speed import write_pair
 
     from engine_speed import SHAPES
 
@@ -177,20 +184,6 @@ def server_command(engine: str, mode: str, target: Path, draft: Path, args) -> l
            "--device", args.device, "--max-slots", str(max(args.c_list)), "--max-model-len", str(args.max_model_len),
            "--served-model-name", "random-8b", "--mode", mode]
     return cmd + (["--draft", str(draft)] if mode == "dflash" else [])
-
-
-def wait_ready(proc: subprocess.Popen, url: str, log: Path, timeout: float = 480) -> float:
-    t = time.monotonic()
-    while time.monotonic() - t < timeout:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited ({proc.returncode}):\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return time.monotonic() - t
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise RuntimeError(f"the server was not ready after {timeout:.0f} s:\n{log.read_text()[-3000:]}")
 
 
 def engine_seconds(url: str) -> dict[str, float]:
@@ -220,10 +213,10 @@ def run_shape(args, res: Results, keep) -> None:
             cmd = server_command(engine, mode, target, draft, args)
             proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
             try:
-                res.ready_s[f"shape/{engine}/{mode}"] = wait_ready(proc, url, log)
-                res.commands[f"shape/{engine}/{mode}"] = " ".join(cmd)
+                res.ready_s[f"shape/{engine}/{mode}"] = wait_ready(proc, url, 480, log)
+                res.commands[f"shape/{engine}/{mode}"] = shown(cmd)
                 keep([measure_served(args, url, engine, mode, c, work) for c in args.c_list])
-            except RuntimeError as err:
+            except SystemExit as err:  # serve_speed.wait_ready's way of saying the server never came up
                 print(f"shape {engine} {mode}: {err}", flush=True)
             finally:
                 stop(proc)
