@@ -275,10 +275,15 @@ class SloGroup(BaseModel):
     result: SloResult
 
     @property
-    def label(self) -> str:  # an axis a group does not use (None) is left out; input_len: its suite names it
-        parts = [f"thinking {'on' if v else 'off'}" if k == "thinking_asked" else str(v)
-                 for k, v in self.group.items() if v is not None and k != "input_len"]
-        return " / ".join(parts)
+    def label(self) -> str:
+        return group_label(self.group)
+
+
+def group_label(group: Mapping[str, Any]) -> str:
+    """"vllm / gsm8k / thinking on": an axis a group does not use (None) is left out, and so is input_len,
+    which its long-<N> suite names already."""
+    return " / ".join(f"thinking {'on' if v else 'off'}" if k == "thinking_asked" else str(v)
+                      for k, v in group.items() if v is not None and k != "input_len")
 
 
 def read_sweep(summaries: Iterable[Any], slo: SloTarget, gpus: int | None = 1) -> list[SloGroup]:

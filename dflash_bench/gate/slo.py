@@ -14,7 +14,7 @@ from __future__ import annotations
 from dflash_bench.gate.baseline import Baseline, CellValues
 from dflash_bench.gate.compare import Check, Metric, judge
 from dflash_bench.gate.config import GateConfig
-from dflash_bench.slo import SloPoint, SloResult, SloTarget, compare
+from dflash_bench.slo import SloPoint, SloResult, SloTarget, compare, group_label
 from dflash_bench.store import CellKey
 
 SLO_TPUT = Metric("slo_dflash_tok_s", "DFlash tok/s at the SLO", "throughput", True, True)
@@ -27,7 +27,7 @@ def slo_checks(sweep: Baseline, base: Baseline, slo: SloTarget, config: GateConf
     cur, ref = _groups(sweep), _groups(base)
     out: list[Check] = []
     for key in sorted(cur.keys() & ref.keys()):
-        name = f"{' / '.join(key)} @ SLO"
+        name = f"{key} @ SLO"
         now, then = _read(cur[key], slo), _read(ref[key], slo)
         if now is None or then is None:
             why = "the sweep" if now is None else "the baseline (exported before --slo could be read off)"
@@ -39,18 +39,15 @@ def slo_checks(sweep: Baseline, base: Baseline, slo: SloTarget, config: GateConf
     return out
 
 
-def _groups(b: Baseline) -> dict[tuple[str, ...], dict[str, list[CellValues]]]:
+def _groups(b: Baseline) -> dict[str, dict[str, list[CellValues]]]:
+    """The cells of each AR/DFlash comparison, by its label (`slo.group_label`, as the sweep's read-off)."""
     fields = [f for f in CellKey.pair_fields() if f not in ("concurrency", "repeat")]
-    out: dict[tuple[str, ...], dict[str, list[CellValues]]] = {}
+    out: dict[str, dict[str, list[CellValues]]] = {}
     for c in b.cells:
         if c.repeats:
-            key = tuple(_show(f, getattr(c, f)) for f in fields if getattr(c, f) is not None and f != "input_len")
+            key = group_label({f: getattr(c, f) for f in fields})
             out.setdefault(key, {}).setdefault(c.mode, []).append(c)
     return {k: v for k, v in out.items() if "ar" in v and "dflash" in v}
-
-
-def _show(field: str, value: object) -> str:
-    return f"thinking {'on' if value else 'off'}" if field == "thinking_asked" else str(value)
 
 
 def _points(cells: list[CellValues]) -> list[SloPoint] | None:

@@ -271,7 +271,6 @@ class FastRunner:
             self.logits[:, 0].index_copy_(0, slot, logits[0])
         self.pre_tok.copy_(logits[0, -1].argmax().view(1))
 
-
     def _ar(self, bs: int, L: int) -> None:
         x, _ = self.t.forward(self.anchor[:bs, None], self.start[:bs], 0, L, head=False)
         self._commit(bs, self._greedy(x, bs, 1))
