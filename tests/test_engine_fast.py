@@ -59,6 +59,31 @@ def test_fast_ar_and_dflash_equal_the_reference_engine(setup):
     assert fast_df.tau == pytest.approx(ref_tau)
 
 
+def test_adaptive_width_keeps_the_targets_greedy_output(setup):
+    """Verifying fewer drafts per step (chosen by load, or fixed narrow) commits only the target's own tokens."""
+    ar, df = setup
+    prompts = _prompts(ar.tok, 5)
+    ref = [s.out for s in ref_generate(ar, prompts, SamplingParams(max_tokens=N, ignore_eos=True))]
+    auto = _fast(df, adaptive=True)
+    assert auto.widths == [2, 4, B]
+    assert generate(auto, prompts, N) == ref
+    assert set(auto.chooser.chosen) == {2, 4, B}  # every width ran (each is timed before the choice trusts it)
+    assert auto.drafted < auto.row_steps * (B - 1)  # some steps verified fewer than the whole block
+    narrow = _fast(df, width=2)
+    assert generate(narrow, prompts, N) == ref
+    assert narrow.drafted == narrow.row_steps and 1 <= narrow.tau <= 2
+
+
+def test_synthetic_acceptance_of_a_narrow_verify_follows_the_same_curve(setup):
+    """Synthetic acceptance is geometric by position: verifying w - 1 drafts gives 1 + sum_{k<w} a^k, not tau."""
+    _, df = setup
+    runner = _fast(df, synthetic_tau=3.5, seed=3, width=3)
+    generate(runner, _prompts(df.tok, 8), 2 * N)
+    a = runner.rate
+    assert runner.tau <= 3
+    assert runner.tau == pytest.approx(1 + a + a * a, abs=0.12)  # ~180 row-steps drawn from a seeded table
+
+
 def test_ragged_batches_reuse_slots_and_cross_kv_buckets(setup):
     ar, df = setup
     runner = _fast(df)
@@ -148,6 +173,9 @@ def test_fast_engine_serves_the_decode_loop_like_the_reference(setup, tmp_path):
     want, got = ref_generate(ref, ps, sp), ref_generate(fast, ps, sp)
     assert [s.out for s in got] == [s.out for s in want]
     assert fast.stats.drafts > 0 and fast.stats.generation_tokens == ref.stats.generation_tokens
+    widths = fast.stats.widths  # tokens verified per row -> row-steps (the /metrics verify-width counter)
+    assert sum(widths.values()) == fast.stats.drafts and set(widths) <= {2, 4, B}
+    assert sum((w - 1) * n for w, n in widths.items()) == fast.stats.draft_tokens
     assert fast.free_slots and sorted(fast.free_slots) == list(range(SLOTS))
     with pytest.raises(ValueError, match="greedily"):
         fast.add("x", ps[0], SamplingParams(temperature=0.7))
@@ -192,6 +220,9 @@ def test_serve_fast_labels_synthetic_acceptance_over_http(tmp_path):
         assert "dflash_bench:synthetic_acceptance{" in text
         drafts = sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if x.startswith("vllm:spec_decode_num_drafts_total{"))
         assert drafts > 0
+        widths = {int(x.split('width="')[1].split('"')[0]): float(x.rsplit(" ", 1)[1]) for x in text.splitlines()
+                  if x.startswith("dflash_bench:verify_width_row_steps_total{")}
+        assert sum(widths.values()) == drafts and set(widths) <= {2, 4, B}  # --verify-width auto, the default
         bad = httpx.post(url + "/v1/completions", json={**body, "temperature": 0.7}, timeout=60)
         assert bad.status_code == 400 and "greedily" in bad.json()["message"]
 

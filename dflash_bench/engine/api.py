@@ -115,7 +115,7 @@ def spec_metrics(d: Delta, block_size: int) -> dict | None:
     if block_size <= 1 or d.steps == 0:
         return None
     return {"speculative_decoding": {"num_spec_steps": d.steps, "num_accepted_draft_tokens": d.accepted,
-                                     "num_draft_tokens": d.steps * (block_size - 1),
+                                     "num_draft_tokens": d.drafted,
                                      "mean_acceptance_length": 1 + d.accepted / d.steps}}
 
 

@@ -27,6 +27,7 @@ class Seq:
     finish: str | None = None
     steps: int = 0  # verify steps (each one a draft in vLLM's counting when B > 1)
     accepted: int = 0  # accepted draft tokens over all steps
+    drafted: int = 0  # draft tokens verified over all steps (the adaptive fast path verifies fewer than B - 1)
 
 
 @dataclass
@@ -42,6 +43,7 @@ class Delta:
     logprobs: list[tuple[int, float, list[tuple[int, float]]]] | None = None
     steps: int = 0  # verify steps so far
     accepted: int = 0  # accepted draft tokens so far
+    drafted: int = 0  # draft tokens verified so far
 
 
 @dataclass
@@ -52,6 +54,7 @@ class Stats:
     draft_tokens: int = 0
     accepted: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)
+    widths: dict[int, int] = field(default_factory=dict)  # tokens verified per row (anchor + drafts) -> row-steps
     generation_tokens: int = 0
     prompt_tokens: int = 0
     requests: int = 0  # finished (stop or length); aborted ones are not counted, as in vLLM
@@ -94,21 +97,24 @@ class Bookkeeping:
         self.stats.prompt_tokens += len(s.prompt)
         return self.commit(s, [token], logits)
 
-    def stepped(self, s: Seq, tokens: list[int], logits: torch.Tensor) -> Delta:
-        """One verify step: `tokens` are the accepted drafts, then the bonus token (AR: the one token)."""
-        a = len(tokens) - 1
-        self._count(a)
+    def stepped(self, s: Seq, tokens: list[int], logits: torch.Tensor, width: int | None = None) -> Delta:
+        """One verify step: `tokens` are the accepted drafts, then the bonus token (AR: the one token);
+        `width`: tokens the step verified for this row (default: the whole block)."""
+        a, drafted = len(tokens) - 1, (width or self.B) - 1
+        self._count(a, drafted)
         s.start += a + 1
         s.steps += 1
         s.accepted += a
+        s.drafted += drafted
         return self.commit(s, tokens, logits)
 
-    def _count(self, a: int) -> None:
+    def _count(self, a: int, drafted: int) -> None:
         st = self.stats
         if self.B > 1:
             st.drafts += 1
-            st.draft_tokens += self.B - 1
+            st.draft_tokens += drafted
             st.accepted += a
+            st.widths[drafted + 1] = st.widths.get(drafted + 1, 0) + 1
             for i in range(a):
                 st.accepted_per_pos[i] += 1
 
@@ -139,7 +145,7 @@ class Bookkeeping:
         self.stats.generation_tokens += len(tokens)
         lps = _logprobs(logits[: len(tokens)], tokens, p.logprobs) if p.logprobs is not None else None
         return Delta(s.req_id, tokens, s.detok.delta(finish is not None), len(s.prompt), len(s.out), finish, lps,
-                     s.steps, s.accepted)
+                     s.steps, s.accepted, s.drafted)
 
 
 def _logprobs(logits: torch.Tensor, tokens: list[int], top: int):

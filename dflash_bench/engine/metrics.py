@@ -51,6 +51,12 @@ class EngineCollector:
         for i, n in enumerate(st.accepted_per_pos):
             per_pos.add_metric([self.model, str(i)], n)
         yield per_pos
+        widths = CounterMetricFamily("dflash_bench:verify_width_row_steps", "Row-steps by tokens verified per row "
+                                     "(the anchor and its drafts; the fast path chooses it by load).",
+                                     labels=["model_name", "width"])
+        for w, n in sorted(st.widths.items()):
+            widths.add_metric([self.model, str(w)], n)
+        yield widths
 
 
 def render(loop: EngineLoop, model_name: str) -> bytes:

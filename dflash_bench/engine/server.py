@@ -201,7 +201,8 @@ def _check_port(host: str, port: int) -> None:
 def serve(model: str, draft: str | None = None, *, mode: str | None = None, host: str = "127.0.0.1", port: int = 8000,
           dtype: str = "auto", device: str = "auto", max_slots: int = 32, max_model_len: int = 4096,
           served_model_name: str | None = None, log_level: str = "warning", fast: bool = False,
-          synthetic_acceptance: float | None = None, benchmark_only: bool = False, step_ahead: bool = True) -> None:
+          synthetic_acceptance: float | None = None, benchmark_only: bool = False, step_ahead: bool = True,
+          verify_width: str = "auto") -> None:
     """Load the model(s) and serve until interrupted (the `dflash-bench serve` command)."""
     import uvicorn
 
@@ -211,16 +212,21 @@ def serve(model: str, draft: str | None = None, *, mode: str | None = None, host
     if max_slots < 1 or max_model_len < 16:
         raise UserError("--max-slots must be at least 1 and --max-model-len at least 16")
     _check_port(host, port)
+    if verify_width not in ("auto", "full"):
+        raise UserError(f"--verify-width must be auto or full, not {verify_width!r}")
     if fast:  # engine/fast: fused forward, CUDA graphs (greedy only)
         from dflash_bench.engine.fast.engine import build_fast_engine
 
         engine = build_fast_engine(model, draft if mode == "dflash" else None, mode=mode, dtype=dtype, device=device,
                                    max_slots=max_slots, max_len=max_model_len, synthetic_tau=synthetic_acceptance,
-                                   benchmark_only=benchmark_only, step_ahead=step_ahead)
+                                   benchmark_only=benchmark_only, step_ahead=step_ahead,
+                                   adaptive=verify_width == "auto")
     elif synthetic_acceptance is not None:
         raise UserError("--synthetic-acceptance runs on the fast path only: add --fast --benchmark-only")
     elif not step_ahead:
         raise UserError("--no-step-ahead applies to the fast path only: add --fast")
+    elif verify_width != "auto":
+        raise UserError("--verify-width applies to the fast path only: add --fast")
     else:
         engine = build_engine(model, draft if mode == "dflash" else None, mode=mode, dtype=dtype, device=device,
                               max_slots=max_slots, max_len=max_model_len)

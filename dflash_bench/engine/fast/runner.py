@@ -12,7 +12,9 @@ step of a new shape advances exactly once. Rows of a bucket past the last runnin
 results are discarded and `active` keeps their state still.
 
 Synthetic acceptance (benchmarks only): the verifier accepts a drawn number of drafts instead of comparing
-them with the target, each position with probability a, leading run kept, so that E[tokens per step] = tau.
+them with the target, each position with probability a, leading run kept, so that E[tokens per step] = tau
+over the whole block. That is a geometric curve by position (P(first i accepted) = a^i): a step that verifies
+only its first w - 1 drafts (adaptive width, width.py) draws from the same curve, 1 + sum_{k<w} a^k tokens.
 The uniforms come from a seeded table on the device, read at a per-row step counter the commit advances.
 """
 
@@ -25,6 +27,7 @@ import torch
 
 from dflash_bench.engine.fast.draft import FastDrafter
 from dflash_bench.engine.fast.model import FastTarget, decode_step, matmul, offsets
+from dflash_bench.engine.fast.width import WidthChooser
 
 
 PREFILL_BUCKET = 64  # prompts are padded to a multiple of this: one prefill graph per multiple
@@ -50,10 +53,10 @@ SYNTHETIC_STEPS = 4096  # rows of the synthetic-acceptance table (it cycles afte
 def commit(post: torch.Tensor, drafts: torch.Tensor, active: torch.Tensor, start: torch.Tensor, anchor: torch.Tensor,
            out: torch.Tensor, synth: tuple | None = None) -> None:
     """The end of a step: accept, then advance the active rows (the reference of `triton_ops.commit`, same args)."""
-    n = post.shape[1] - 1  # drafts per row (AR: none)
+    n = post.shape[1] - 1  # drafts verified per row (AR: none)
     if synth is not None:
         uniforms, step, rate = synth  # step: each row's own counter, advanced here
-        ok = uniforms[step % uniforms.shape[0], torch.arange(len(post), device=post.device)] < rate  # no host read
+        ok = uniforms[step % uniforms.shape[0], torch.arange(len(post), device=post.device), :n] < rate  # no host read
         step += 1
     else:
         ok = drafts[:, :n] == post[:, :-1]
@@ -78,7 +81,7 @@ class FastRunner:
 
     def __init__(self, target: FastTarget, drafter: FastDrafter | None = None, *, graphs: bool | None = None,
                  kv_block: int = 256, synthetic_tau: float | None = None, seed: int = 0, keep_logits: bool = False,
-                 overlap: bool = True):
+                 overlap: bool = True, adaptive: bool = False, width: int | None = None):
         self.t, self.d = target, drafter
         self.B = drafter.B if drafter else 1
         self.S, self.max_len = target.cache.slots, target.max_len
@@ -120,8 +123,15 @@ class FastRunner:
         self.graphs: dict[tuple, object] = {}
         self.pool = torch.cuda.graph_pool_handle() if self.graphs_on else None
         self.steps = self.accepted = self.row_steps = 0  # steps; accepted drafts and verifies summed over rows
+        self.drafted = 0  # drafts verified, summed over rows
         self.timings: list[tuple] = []  # (draft start, draft end / verify start, verify end) when timing
         self.timing = False
+        # adaptive: each step verifies the anchor and its first w - 1 drafts, w chosen by load (width.py);
+        # else always `width` (default: the whole block)
+        self.chooser = WidthChooser(self.B) if drafter and adaptive else None
+        self.fixed = min(width or self.B, self.B)
+        self.widths = self.chooser.widths if self.chooser else [self.fixed]
+        self.width = self.fixed  # the width of the step collected last
 
     # ---- requests -------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -176,9 +186,10 @@ class FastRunner:
             for L in lengths:
                 if self.B == 1:
                     self._run(("ar", bs, L), lambda: self._ar(bs, L))
-                else:
-                    self._run(("draft", bs, L), lambda: self._draft(bs, L))
-                    self._run(("verify", bs, L), lambda: self._verify(bs, L))
+                    continue
+                for w in self.widths:
+                    self._run(("draft", bs, L, w), lambda: self._draft(bs, L, w))
+                    self._run(("verify", bs, L, w), lambda: self._verify(bs, L, w))
         torch.cuda.synchronize()
         return len(self.graphs)
 
@@ -208,15 +219,18 @@ class FastRunner:
             self.active.copy_(mask, non_blocking=True)  # in stream order: steps in flight keep their mask
             self._stepped = tuple(slots)
         L = min(self.max_len, -(-need // self.kv_block) * self.kv_block)
-        t0 = self._mark()
+        w = self.chooser.choose(bs, len(slots)) if self.chooser else self.fixed
+        timed = self.timing or self.chooser is not None
+        graphs = len(self.graphs)
+        t0 = self._mark(timed)
         if self.B == 1:
             self._run(("ar", bs, L), lambda: self._ar(bs, L))
             t1 = t0
         else:
-            self._run(("draft", bs, L), lambda: self._draft(bs, L))
-            t1 = self._mark()
-            self._run(("verify", bs, L), lambda: self._verify(bs, L))
-        t2 = self._mark()
+            self._run(("draft", bs, L, w), lambda: self._draft(bs, L, w))
+            t1 = self._mark(self.timing)
+            self._run(("verify", bs, L, w), lambda: self._verify(bs, L, w))
+        t2 = self._mark(timed)
         if self.timing:
             self.timings.append((t0, t1, t2))
         host = self.host[self.launched % len(self.host)]
@@ -224,11 +238,13 @@ class FastRunner:
         done = None
         if self.dev.type == "cuda":
             host[:bs].copy_(self.out[:bs], non_blocking=True)
-            done = torch.cuda.Event()
+            done = torch.cuda.Event(enable_timing=timed)
             done.record()
         else:
             host[:bs].copy_(self.out[:bs])
-        self.inflight.append(([(s, self.admitted[s]) for s in slots], bs, host, done))
+        # a step that captured a graph ran its body twice, with the host capturing in between: not its time
+        span = (t0, done if self.dev.type == "cuda" else t2) if timed and len(self.graphs) == graphs else None
+        self.inflight.append(([(s, self.admitted[s]) for s in slots], bs, host, done, w, span))
         return True
 
     def covers(self, slots: list[int]) -> bool:
@@ -238,20 +254,25 @@ class FastRunner:
     def collect(self) -> dict[int, list[int]]:
         """The new tokens of the oldest step in flight, per slot (slots released, or re-admitted, since are left
         out)."""
-        slots, bs, host, done = self.inflight.popleft()
+        slots, bs, host, done, w, span = self.inflight.popleft()
         if done is not None:
             done.synchronize()
         rows = host[:bs].tolist()
-        out = {}
+        out, accepted = {}, []
         for s, admitted in slots:
             if s not in self.host_start or self.admitted[s] != admitted:
                 continue
             a = rows[s][0] if self.B > 1 else 0
-            out[s] = rows[s][1:1 + a] + [rows[s][-1]]
+            out[s] = rows[s][1:1 + a] + [rows[s][w]]  # accepted drafts, then the bonus (column w)
             self.host_start[s] += a + 1
-            self.accepted += a
+            accepted.append(a)
+        self.accepted += sum(accepted)
         self.steps += 1
         self.row_steps += len(out)
+        self.drafted += len(out) * (w - 1)
+        self.width = w
+        if self.chooser is not None:
+            self.chooser.observe(bs, w, accepted, self._seconds(span))
         return out
 
     @property
@@ -275,21 +296,25 @@ class FastRunner:
         x, _ = self.t.forward(self.anchor[:bs, None], self.start[:bs], 0, L, head=False)
         self._commit(bs, self._greedy(x, bs, 1))
 
-    def _draft(self, bs: int, L: int) -> None:
+    def _draft(self, bs: int, L: int, w: int) -> None:
+        """The drafter over the whole block, as it was trained (a block cut to w tokens drafts worse, measured on
+        the embedded pair); the vocabulary only for the w - 1 drafts the verify checks."""
         pos = torch.add(self.start[:bs, None], offsets(self.B, self.dev), out=self.pos[:bs])
         x = self.d.hidden(self.anchor[:bs], self.start[:bs], 0, L, pos=pos)
-        drafts = self.drafts[:bs]
+        if w < self.B:
+            x = x.view(bs, self.B - 1, -1)[:, : w - 1].reshape(bs * (w - 1), -1)
+        drafts = self.drafts[:bs, : w - 1]
         if self.t.kernels is not None and self.d.plain_head:
             self.t.kernels.gemm.linear_argmax(x, self.d.head, drafts)
         else:
-            self._argmax(self.d.logits(x).view(bs, self.B - 1, -1), drafts)
+            self._argmax(self.d.logits(x).view(bs, w - 1, -1), drafts)
 
-    def _verify(self, bs: int, L: int) -> None:
+    def _verify(self, bs: int, L: int, w: int) -> None:
         """The target over `[anchor, drafts]`, then the commit. The drafter's context K/V of every row's 16
         positions is written from the tapped features here: the accepted ones are the next draft's context,
         and the rest lie at or past the new start, where that draft's own block is written before it is read.
         Rows outside the step write only there too, as their target rows do."""
-        ids = self.tokens[:bs]
+        ids = self.tokens[:bs, :w]
         main, keep = torch.cuda.current_stream() if self.side else None, []
 
         def context(feats, pos):
@@ -301,11 +326,11 @@ class FastRunner:
             with torch.cuda.stream(self.side):
                 self.d.write_context(feats, pos, 0, lane=1)
         x, _ = self.t.forward(ids, self.start[:bs], 0, L, taps=self.taps, on_taps=context, head=False,
-                              pos=self.pos[:bs])
-        post = self._greedy(x, bs, self.B)
+                              pos=self.pos[:bs, :w])
+        post = self._greedy(x, bs, w)
         if self.side is not None:
             main.wait_stream(self.side)
-        self._commit(bs, post)
+        self._commit(bs, post, w)
 
     def _greedy(self, x: torch.Tensor, bs: int, n: int) -> torch.Tensor:
         """The target's greedy tokens `[bs, n]` from its final hidden rows; the logits are written (for
@@ -314,7 +339,7 @@ class FastRunner:
             return self.t.kernels.gemm.linear_argmax(x, self.t.head).view(bs, n)
         logits = matmul(self.t.kernels)(x, self.t.head).view(bs, n, -1)
         if self.logits is not None:
-            self.logits[:bs] = logits
+            self.logits[:bs, :n] = logits
         return self._argmax(logits)
 
     def _argmax(self, logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -324,10 +349,10 @@ class FastRunner:
         ids = logits.argmax(-1)
         return ids if out is None else out.copy_(ids)
 
-    def _commit(self, bs: int, post: torch.Tensor) -> None:
+    def _commit(self, bs: int, post: torch.Tensor, w: int = 1) -> None:
         synth = (self.uniforms, self.synth_step[:bs], self.rate) if self.rate is not None else None
         fn = commit if self.t.kernels is None else self.t.kernels.ops.commit  # the kernel: one launch, not a dozen
-        fn(post, self.drafts[:bs], self.active[:bs], self.start[:bs], self.anchor[:bs], self.out[:bs], synth)
+        fn(post, self.drafts[:bs], self.active[:bs], self.start[:bs], self.anchor[:bs], self.out[:bs, : w + 1], synth)
 
     def _run(self, key: tuple, body) -> None:
         def fn():
@@ -356,14 +381,22 @@ class FastRunner:
         """The state a graph body advances (everything else it writes is recomputed identically)."""
         return [self.start, self.anchor] + ([self.synth_step] if self.rate is not None else [])
 
-    def _mark(self):
-        if not self.timing:
+    def _mark(self, on: bool):
+        if not on:
             return None
         if self.dev.type == "cuda":
             ev = torch.cuda.Event(enable_timing=True)
             ev.record()
             return ev
         return time.perf_counter()
+
+    def _seconds(self, span) -> float | None:
+        """A collected step's time: between its CUDA events on a GPU (already synchronised), else the span of
+        its `launch` (a CPU step runs there)."""
+        if span is None:
+            return None
+        t0, t1 = span
+        return t0.elapsed_time(t1) / 1e3 if self.dev.type == "cuda" else t1 - t0
 
     def step_times_ms(self) -> tuple[float, float]:
         """Median ms per draft and per verify (or AR) step over the timed steps."""

@@ -1,0 +1,93 @@
+"""How many tokens a DFlash step verifies per row (the anchor and its first w - 1 drafts), chosen by load.
+
+A verify of bs rows x w tokens costs more as bs x w grows (on a GPU it turns compute-bound near 512
+tokens), while drafts far into the block are rarely accepted. Each step takes the width w that maximises
+expected committed tokens per second, rows x E[tokens | w] / T(bs, w), where
+
+- E[tokens | w] = 1 + sum_{i < w} P(at least i drafts accepted), each P measured online from the rows'
+  accepted counts (decayed, so it follows the workload), over the steps that verified position i;
+- T(bs, w) is the measured time of a step of that batch bucket and width (an average of its recent steps).
+
+An untimed (bucket, width) pair is tried once before the choice trusts the table, and every `explore`-th
+step re-times whichever is stalest of the best width's two neighbours and the whole block (which keeps the far
+positions' acceptance measured), so neither table goes stale where it matters. The runner leaves out the
+time of a step that captured a CUDA graph.
+Greedy output is unchanged by the width: verification only commits tokens the target itself chose.
+"""
+
+from __future__ import annotations
+
+WIDTHS = (2, 4, 6, 8, 10, 12, 16)  # candidate tokens per row, capped at the block size (which is always a candidate)
+DECAY = 0.999  # per row-step weight of older acceptance counts
+ALPHA = 0.25  # weight of the newest step time in its running average
+EXPLORE = 32  # every this many steps: re-time the stalest of the best width's neighbours and the whole block
+PRIOR = 4.0  # row-steps of the optimistic guess behind each measured survival
+
+
+class WidthChooser:
+    """Tokens per row for the next verify, from measured acceptance by position and measured step times."""
+
+    def __init__(self, block_size: int, widths: tuple[int, ...] = WIDTHS, explore: int = EXPLORE):
+        self.B = block_size
+        self.widths = sorted({w for w in widths if 1 < w < block_size} | {block_size})
+        self.explore = explore
+        self.verified = [0.0] * block_size  # [i]: decayed row-steps that verified draft i (1-based)
+        self.reached = [0.0] * block_size  # [i]: decayed row-steps that accepted drafts 1..i
+        self.times: dict[tuple[int, int], float] = {}  # (batch bucket, width) -> seconds per step
+        self.timed_at: dict[tuple[int, int], int] = {}
+        self.steps = 0
+        self.chosen: dict[int, int] = {}  # width -> steps that used it
+        self._cached: list[float] | None = None  # survival by position, until the next observation
+
+    def survival(self, i: int) -> float:
+        """P(drafts 1..i all accepted), measured over the row-steps that verified position i; PRIOR row-steps
+        of the optimistic guess survival(i - 1) keep a few early rows from deciding it (an unverified position
+        looks as good as the one before it, so it gets tried)."""
+        return self._curve()[i]
+
+    def expected(self, w: int) -> float:
+        """Expected tokens a row commits in a step of width w (the bonus token included)."""
+        return 1.0 + sum(self._curve()[1:w])
+
+    def _curve(self) -> list[float]:
+        if self._cached is None:
+            c = [1.0]
+            for i in range(1, self.B):
+                c.append(min(c[-1], (self.reached[i] + PRIOR * c[-1]) / (self.verified[i] + PRIOR)))
+            self._cached = c
+        return self._cached
+
+    def choose(self, bucket: int, rows: int) -> int:
+        self.steps += 1
+        untimed = [w for w in self.widths if (bucket, w) not in self.times]
+        if untimed:
+            w = untimed[-1]
+        else:
+            w = max(self.widths, key=lambda w: rows * self.expected(w) / self.times[(bucket, w)])
+            if self.steps % self.explore == 0:
+                k = self.widths.index(w)
+                near = self.widths[max(k - 1, 0): k + 2] + [self.B]
+                w = min(near, key=lambda w: self.timed_at[(bucket, w)])
+        self.chosen[w] = self.chosen.get(w, 0) + 1
+        return w
+
+    def observe(self, bucket: int, w: int, accepted: list[int], seconds: float | None) -> None:
+        """A collected step: each row's accepted drafts, and the step's time when it was measured."""
+        self._cached = None
+        n, keep = len(accepted), DECAY ** len(accepted)
+        for i in range(1, self.B):
+            self.verified[i] *= keep
+            self.reached[i] *= keep
+        hist = [0] * w  # rows by accepted drafts (at most w - 1)
+        for a in accepted:
+            hist[min(a, w - 1)] += 1
+        at_least = n
+        for i in range(1, w):
+            at_least -= hist[i - 1]
+            self.verified[i] += n
+            self.reached[i] += at_least
+        if seconds is not None and seconds > 0:
+            key = (bucket, w)
+            old = self.times.get(key)
+            self.times[key] = seconds if old is None else (1 - ALPHA) * old + ALPHA * seconds
+            self.timed_at[key] = self.steps

@@ -1,0 +1,60 @@
+"""The adaptive verify width's chooser (engine/fast/width.py): what it picks from measured acceptance and times."""
+
+from __future__ import annotations
+
+import pytest
+
+from dflash_bench.engine.fast.width import WidthChooser
+
+B = 16
+
+
+def _feed(ch: WidthChooser, bucket: int, rows: int, accepted, cost, steps: int) -> list[int]:
+    """`steps` choose/observe rounds: each row accepts `accepted(w)` drafts; a step of width w takes cost(w) s."""
+    picked = []
+    for _ in range(steps):
+        w = ch.choose(bucket, rows)
+        picked.append(w)
+        ch.observe(bucket, w, [min(accepted(w), w - 1)] * rows, cost(w))
+    return picked
+
+
+def test_every_width_is_timed_before_the_table_is_trusted():
+    ch = WidthChooser(B)
+    assert ch.widths == [2, 4, 6, 8, 10, 12, 16]
+    first = _feed(ch, 8, 8, lambda w: 0, lambda w: 1.0, 7)
+    assert sorted(first) == [2, 4, 6, 8, 10, 12, 16]  # the whole block first: the far positions get measured
+
+
+def test_a_flat_cost_and_high_acceptance_verify_the_whole_block():
+    ch = WidthChooser(B)
+    picked = _feed(ch, 1, 1, lambda w: w - 1, lambda w: 1.0 + (0.05 if w == 16 else 0.0), 200)
+    assert picked[-100:].count(16) > 90  # memory-bound (c=1): checking more costs almost nothing
+    assert ch.expected(16) == pytest.approx(16)
+
+
+def test_a_compute_bound_step_with_low_acceptance_narrows():
+    ch = WidthChooser(B)
+    cost = lambda w: 0.8 + 0.15 * w  # noqa: E731  (grows with tokens per row: a big batch)
+    picked = _feed(ch, 32, 32, lambda w: 2, cost, 300)  # two drafts accepted: positions past 3 never pay
+    tail = picked[-100:]
+    assert max(set(tail), key=tail.count) == 4
+    assert ch.survival(2) == pytest.approx(1.0) and ch.survival(3) < 0.05
+
+
+def test_the_choice_follows_a_change_of_workload():
+    ch = WidthChooser(B)
+    cost = lambda w: 0.8 + 0.1 * w  # noqa: E731
+    _feed(ch, 16, 16, lambda w: 1, cost, 400)
+    assert ch.choose(16, 16) == 2  # one draft accepted: the narrowest verify that holds it
+    picked = _feed(ch, 16, 16, lambda w: w - 1, cost, 3000)  # the drafter now gets everything right
+    assert picked[-100:].count(16) > 90
+
+
+def test_widths_stay_within_the_block_and_batches_keep_their_own_times():
+    assert WidthChooser(6).widths == [2, 4, 6]
+    assert WidthChooser(2).widths == [2]
+    ch = WidthChooser(B)
+    _feed(ch, 1, 1, lambda w: w - 1, lambda w: 1.0, 8)
+    assert {b for b, _ in ch.times} == {1}
+    assert ch.choose(64, 64) == 16  # a new batch bucket is timed afresh, the whole block first
