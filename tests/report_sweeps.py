@@ -36,6 +36,9 @@ def _summary(engine: str, mode: str, suite: str, c: int, repeat: int, *, energy:
         s.acceptance_rate = (tau - 1) / 15
         s.acceptance_per_position = [round(0.95 * math.exp(-0.18 * i) - 0.01 * math.log2(c), 4) for i in range(15)]
         s.acceptance_source = "vllm-metrics"
+        s.num_drafts = 1000
+        s.num_draft_tokens = 15000 if engine != "builtin" else round(1000 * (15 - min(c, 48) / 4))
+        s.verify_width = 1 + s.num_draft_tokens / s.num_drafts  # the builtin engine narrows its verify under load
     if energy:
         s.avg_power_w = 350.0 + 8 * c + (40 if mode == "dflash" else 0)
         s.j_per_token = s.avg_power_w / tput

@@ -159,6 +159,7 @@ def test_stream_carries_cumulative_usage_and_whole_blocks(dflash_url):
     drafts = metric(dflash_url, "vllm:spec_decode_num_drafts_total")
     assert 1 + acc / drafts == B
     assert metric(dflash_url, 'vllm:spec_decode_num_accepted_tokens_per_pos_total') == acc
+    assert metric(dflash_url, "dflash_bench:verify_width_row_steps_total", f'width="{B}"') == drafts
     assert metric(dflash_url, "vllm:generation_tokens_total") >= 1 + 3 * B
     for phase, before in busy0.items():  # where the engine thread's time went: every phase ran
         assert metric(dflash_url, "dflash_bench:engine_thread_seconds_total", f'phase="{phase}"') > before, phase
@@ -263,6 +264,7 @@ def test_harness_run_measures_the_builtin_server(dflash_url, tmp_path, data_dir)
     summary = json.loads((cell / "summary.json").read_text())
     assert summary["num_ok"] == 4 and summary["total_output_tokens"] == 4 * 12
     assert summary["acceptance_length"] == B and summary["acceptance_source"] == "builtin-metrics"
+    assert summary["verify_width"] == B  # the reference engine verifies the whole block every step
     rows = [json.loads(line) for line in (cell / "requests.jsonl").read_text().splitlines()]
     measured = [r for r in rows if not r["warmup"]]
     assert all(r["token_ids"] == [PREDICTED_TOKEN] * 12 for r in measured)

@@ -52,6 +52,7 @@ def test_fixture_tau_from_zero():
     acc = prometheus.vllm_acceptance(prometheus.delta({}, snap))
     assert acc["acceptance_length"] == pytest.approx(6.87)
     assert acc["acceptance_rate"] == pytest.approx(5870 / 15000)
+    assert acc["verify_width"] == pytest.approx(1 + 15000 / 1000)  # tokens verified per row and step
     assert acc["acceptance_per_position"] == pytest.approx([0.9, 0.82])
 
 

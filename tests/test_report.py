@@ -17,7 +17,8 @@ from dflash_bench.report.figures import frontier
 from dflash_bench.report.tables import gpu_count, redact
 from dflash_bench.store import CellPlan, CellSummary, Manifest, SweepDir, atomic_write_text
 
-ALL_FIGURES = {"pareto", "pareto_p90", "acceptance", "acceptance_positions", "latency", "energy", "power"}
+ALL_FIGURES = {"pareto", "pareto_p90", "acceptance", "acceptance_positions", "verify_width", "latency", "energy",
+               "power"}
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
@@ -323,3 +324,22 @@ def test_cli_report(tmp_path):
     assert (out / "report.html").exists() and (out / "figures" / "pareto.png").exists()
     bad = subprocess.run([sys.executable, "-m", "dflash_bench", "report", str(tmp_path / "nope")], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and bad.stderr.strip().count("\n") == 0
+
+
+def test_verify_width_by_concurrency_is_drawn_only_where_measured(tmp_path):
+    """The builtin fast path narrows its verify under load: the figure and the numbers table show the width per
+    concurrency. A sweep whose cells never reported it (an older sweep) gets no such figure."""
+    from dflash_bench.store import CellSummary
+
+    path = make_sweep(tmp_path / "builtin", engine="builtin", suites=("gsm8k",), telemetry=False)
+    parsed = Page(build_report([path]).read_text())
+    assert "verify_width" in _figures_in(parsed)
+    text = parsed.all_text()
+    assert "verified per step" in text
+    for width in (15.8, 14.0, 8.0):  # c = 1, 8, 32: 1 + num_draft_tokens / num_drafts, as report_sweeps writes
+        assert f"{width:.1f}" in text
+    for f in path.glob("cells/*/summary.json"):
+        s = CellSummary.model_validate_json(f.read_text())
+        s.verify_width = None
+        f.write_text(s.model_dump_json())
+    assert "verify_width" not in _figures_in(Page(build_report([path]).read_text()))

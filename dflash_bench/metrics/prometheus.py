@@ -55,6 +55,8 @@ def vllm_acceptance(d: dict[str, float]) -> dict[str, Any] | None:
 
 def spec_acceptance(d: dict[str, float], namespace: str) -> dict[str, Any] | None:
     """tau = 1 + d(accepted)/d(drafts), rate = d(accepted)/d(draft tokens), per-position d(pos_i)/d(drafts),
+    verify width = 1 + d(draft tokens)/d(drafts) (tokens verified per row and step: the block size, unless the
+    engine verifies fewer drafts under load as the builtin fast path does),
     from the counters named `<namespace>spec_decode_*` (vLLM: "vllm:", llama.cpp: "llamacpp:").
 
     None when the server has no speculative counters or ran no verify step in the window (tau absent, not 1)."""
@@ -71,4 +73,5 @@ def spec_acceptance(d: dict[str, float], namespace: str) -> dict[str, Any] | Non
     per_pos = [pos[i] / drafts for i in sorted(pos)] if pos else None
     return {"acceptance_length": 1.0 + acc / drafts, "acceptance_rate": acc / draft_tokens if draft_tokens else None,
             "acceptance_per_position": per_pos, "num_drafts": int(drafts),
+            "verify_width": 1.0 + draft_tokens / drafts if draft_tokens is not None else None,
             "num_draft_tokens": None if draft_tokens is None else int(draft_tokens), "num_accepted_tokens": int(acc)}

@@ -184,6 +184,32 @@ def positions(view: SweepView) -> plt.Figure | None:
     return fig
 
 
+def verify_width(view: SweepView) -> plt.Figure | None:
+    """Tokens verified per row and step against concurrency: the block size for an engine that always checks
+    the whole block (vLLM), less where the engine narrows the verify under load (the builtin fast path)."""
+    data = view.done[view.done["mode"] == "dflash"] if not view.done.empty else view.done
+    data = _valid(data, "verify_width") if "verify_width" in data.columns else data.iloc[0:0]
+    if data.empty:
+        return None
+    fig, ax = plt.subplots(figsize=(7.5, 3.6))
+    cmap = plt.get_cmap("Dark2")
+    for i, suite in enumerate(view.ordered(data["suite"])):
+        for engine, g in data[data["suite"] == suite].groupby("engine"):
+            g = g.sort_values("concurrency")
+            st = _style(view, engine, "dflash")
+            label = suite if len(_engines(view)) == 1 else f"{suite} ({engine})"
+            ax.plot(g["concurrency"], g["verify_width"], color=cmap(i % 8), marker=st["marker"],
+                    linestyle=st["linestyle"], label=label)
+    _conc_axis(ax, sorted(int(c) for c in set(data["concurrency"])))
+    ax.set_xlabel("concurrency")
+    ax.set_ylabel("tokens verified per row and step")
+    ax.set_ylim(bottom=1)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    return fig
+
+
 # ------------------------------------------------------------------ latency and energy
 
 
@@ -320,6 +346,7 @@ FIGURES: dict[str, Callable[[SweepView], plt.Figure | None]] = {
     "pareto_p90": pareto_p90,
     "acceptance": acceptance,
     "acceptance_positions": positions,
+    "verify_width": verify_width,
     "latency": latency,
     "energy": energy,
     "power": power,

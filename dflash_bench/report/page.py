@@ -29,6 +29,7 @@ FIGURE_TITLES = {
     "pareto_p90": "Throughput vs interactivity at p90 TPOT (the tail)",
     "acceptance": "Acceptance length τ by concurrency",
     "acceptance_positions": "Acceptance rate per draft position",
+    "verify_width": "Tokens verified per row and step by concurrency",
     "latency": "TTFT and TPOT percentiles",
     "energy": "Energy per output token",
     "power": "GPU power over the measured window (first repeat)",
@@ -114,7 +115,8 @@ def _context(view: tables.SweepView, figs: dict[str, dict[str, str]], slo: str |
         "worst": worst,
         "tau": tables.tau_matrix(view),
         "accept": [r for r in tables.stat_table(view, ["acceptance_length", "acceptance_length_req_weighted",
-                                                       "acceptance_length_token_weighted", "acceptance_rate"])
+                                                       "acceptance_length_token_weighted", "acceptance_rate",
+                                                       "verify_width"])
                    if _present(r.get("acceptance_length_dflash"))],
         "pareto": tables.stat_table(view, ["output_throughput", "tok_s_user_p50", "tok_s_user_at_tpot_p90"]),
         "latency": tables.stat_table(view, ["ttft_ms_p50", "ttft_ms_p90", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p90", "tpot_ms_p99"]),

@@ -275,6 +275,7 @@ class CellSummary(CellKey):
     acceptance_source: str | None = None  # vllm-metrics | sglang-meta | builtin-metrics
     num_drafts: int | None = None
     num_draft_tokens: int | None = None
+    verify_width: float | None = None  # mean tokens verified per row and step, 1 + num_draft_tokens / num_drafts
     num_accepted_tokens: int | None = None
     synthetic_acceptance: float | None = None  # set when the server ran with synthetic acceptance
 
