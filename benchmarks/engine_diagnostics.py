@@ -99,7 +99,8 @@ def profile_step(runner: FastRunner, dev, path: str | None = None, rows: int = 1
 
 
 def lossless_tiny(dev) -> dict:
-    """Real tiny Qwen3 pair (float32) on this device: reference engine AR vs fast AR vs fast DFlash token ids."""
+    """Real tiny Qwen3 pair (float32) on this device: reference engine AR vs fast AR vs fast DFlash token ids
+    (the whole block verified every step, and the width chosen by load)."""
     from dflash_bench.engine.build import build_engine
     from dflash_bench.engine.decode import generate as ref_generate
     from dflash_bench.engine.sampling import SamplingParams
@@ -119,7 +120,10 @@ def lossless_tiny(dev) -> dict:
             fast_ar = generate(FastRunner(ft, None, kv_block=64), ps, 64)
             r = FastRunner(ft, fd, kv_block=64)
             fast_df = generate(r, ps, 64)
-            res[name] = dict(ar_equal_reference=fast_ar == ref, dflash_equal_ar=fast_df == fast_ar, tau=round(r.tau, 3))
+            auto = FastRunner(ft, fd, kv_block=64, adaptive=True)
+            fast_auto = generate(auto, ps, 64)
+            res[name] = dict(ar_equal_reference=fast_ar == ref, dflash_equal_ar=fast_df == fast_ar, tau=round(r.tau, 3),
+                             adaptive_equal_ar=fast_auto == fast_ar, adaptive_tau=round(auto.tau, 3))
     return res
 
 

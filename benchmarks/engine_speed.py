@@ -1,6 +1,7 @@
-"""Builtin engine speed on one GPU (issue 10): the fast path's AR vs DFlash, transformers `generate`, memory.
+"""Builtin engine speed on one GPU (issues 10, 24): the fast path's AR vs DFlash, transformers `generate`, memory.
 
-One run prints one table. Setup: a Qwen3-8B-shaped target (36 layers, hidden 4096, bf16) and a
+One run prints one table: per concurrency AR, DFlash verifying the whole block every step (fixed 16), and
+DFlash choosing its verify width by load (adaptive, the server's default), with the widths it chose. Setup: a Qwen3-8B-shaped target (36 layers, hidden 4096, bf16) and a
 Qwen3-8B-DFlash-b16-shaped drafter (5 layers, B = 16), random weights built on the GPU (nothing is
 downloaded). Random weights accept nothing, so DFlash rows use synthetic acceptance (mean tau, labelled).
 Greedy losslessness (AR == DFlash token ids, real acceptance) is checked on the same device first.
@@ -70,7 +71,8 @@ def timed(runner: FastRunner, ps: list[list[int]], new: int, dev, *, pipeline: b
     host round trip per step (the server's loop when a request wants logprobs).
     """
     generate(runner, ps, new, pipeline=pipeline)
-    runner.steps = runner.accepted = runner.row_steps = 0
+    runner.steps = runner.accepted = runner.row_steps = runner.drafted = 0
+    chosen0 = dict(runner.chooser.chosen) if runner.chooser else {}
     runner.timings = []
     sync(dev)
     t0 = time.perf_counter()
@@ -84,9 +86,15 @@ def timed(runner: FastRunner, ps: list[list[int]], new: int, dev, *, pipeline: b
     runner.timing = False
     draft_ms, verify_ms = runner.step_times_ms()
     decoded = sum(min(len(o), new) - 1 for o in outs)
-    return dict(tok_s=decoded / (t2 - t1), e2e_tok_s=len(ps) * new / (t2 - t0), prefill_s=t1 - t0,
-                steps=runner.steps, step_ms=(t2 - t1) / runner.steps * 1e3, draft_ms=draft_ms, verify_ms=verify_ms,
-                tau=runner.tau if runner.B > 1 else 1.0)
+    out = dict(tok_s=decoded / (t2 - t1), e2e_tok_s=len(ps) * new / (t2 - t0), prefill_s=t1 - t0,
+               steps=runner.steps, step_ms=(t2 - t1) / runner.steps * 1e3, draft_ms=draft_ms, verify_ms=verify_ms,
+               tau=runner.tau if runner.B > 1 else 1.0)
+    if runner.B > 1:  # tokens verified per row and step, and (adaptive) the widths chosen in the measured run
+        out["verify_width"] = 1 + runner.drafted / max(runner.row_steps, 1)
+        if runner.chooser:
+            out["widths"] = {w: n - chosen0.get(w, 0) for w, n in sorted(runner.chooser.chosen.items())
+                             if n > chosen0.get(w, 0)}
+    return out
 
 
 def hf_generate(hf, p: list[int], new: int, dev) -> float:
@@ -139,7 +147,7 @@ def main() -> None:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=512)
-    ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32])
+    ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32, 64])
     ap.add_argument("--tau", type=float, default=6.5, help="synthetic acceptance length of the DFlash rows")
     ap.add_argument("--hf-tokens", type=int, default=64, help="new tokens for the transformers generate row")
     ap.add_argument("--soak", type=int, default=1000, help="requests in the memory soak (0: skip)")
@@ -195,19 +203,24 @@ def main() -> None:
     res["lossless_big"] = dict(identical_prefix=same_fraction(x, y), all_equal=x == y, tau=round(real.tau, 3),
                                max_gap_at_divergence=max(g[0::2], default=0.0), logit_std=max(g[1::2], default=0.0))
     print("lossless (big, bf16, real acceptance):", res["lossless_big"], flush=True)
-    del real
+    auto_real = FastRunner(target, fd, kv_block=a.kv_block, adaptive=True)
+    res["lossless_big"]["adaptive_equal_fixed"] = generate(auto_real, ps, n) == y
+    del real, auto_real
 
     res["hf_generate_tok_s"] = hf_generate(hf, ps[0], a.hf_tokens, dev)
     print(f"transformers generate: {res['hf_generate_tok_s']:.1f} tok/s", flush=True)
 
     df = FastRunner(target, fd, kv_block=a.kv_block, synthetic_tau=a.tau)
+    auto = FastRunner(target, fd, kv_block=a.kv_block, synthetic_tau=a.tau, adaptive=True)
     rows = []
     for c in a.concurrency:
         p = prompts(c, a.prompt_len, shape["vocab"], 100 + c)
         r_ar = timed(ar, p, a.new_tokens, dev)
         r_df = timed(df, p, a.new_tokens, dev)
-        rows.append(dict(concurrency=c, ar=r_ar, dflash=r_df))
-        print(f"c={c}: AR {r_ar['tok_s']:.1f} tok/s, DFlash {r_df['tok_s']:.1f} tok/s", flush=True)
+        r_auto = timed(auto, p, a.new_tokens, dev)
+        rows.append(dict(concurrency=c, ar=r_ar, dflash=r_df, adaptive=r_auto))
+        print(f"c={c}: AR {r_ar['tok_s']:.1f} tok/s, DFlash fixed-{shape['block']} {r_df['tok_s']:.1f} tok/s, "
+              f"adaptive {r_auto['tok_s']:.1f} tok/s (widths {r_auto.get('widths')})", flush=True)
     res["rows"] = rows
     p1 = prompts(1, a.prompt_len, shape["vocab"], 101)
     res["unpipelined_c1"] = dict(ar=timed(ar, p1, a.new_tokens, dev, pipeline=False),
@@ -261,17 +274,28 @@ def print_table(res: dict) -> None:
     print(hdr)
     print("-" * len(hdr))
     for row in res["rows"]:
-        r_ar, r_df = row["ar"], row["dflash"]
-        sp = r_df["tok_s"] / r_ar["tok_s"]
-        print(f"{row['concurrency']:>4} | {r_ar['tok_s']:>9.1f} | {r_ar['step_ms']:>10.2f} | "
-              f"{100 * floor_ms / r_ar['step_ms']:>8.0f}% | {r_df['tok_s']:>12.1f} | {sp:>6.2f}x | {r_df['tau']:>5.2f} | "
-              f"{r_df['draft_ms']:>8.2f} | {r_df['verify_ms']:>9.2f} | {100 * iter_floor / r_df['step_ms']:>8.0f}% | "
-              f"{sp / r_df['tau']:>11.2f} | {r_df['step_ms'] / r_ar['step_ms']:>10.3f}")
+        r_ar = row["ar"]
+        for name in ("dflash", "adaptive"):
+            if name not in row:
+                continue
+            r_df = row[name]
+            sp = r_df["tok_s"] / r_ar["tok_s"]
+            lead = (f"{row['concurrency']:>4} | {r_ar['tok_s']:>9.1f} | {r_ar['step_ms']:>10.2f} | "
+                    f"{100 * floor_ms / r_ar['step_ms']:>8.0f}% |" if name == "dflash" else f"{'':>4} | {'adaptive':>9} | "
+                    f"{'width ' + format(r_df.get('verify_width', 0), '.1f'):>10} | {'':>9} |")
+            print(f"{lead} {r_df['tok_s']:>12.1f} | {sp:>6.2f}x | {r_df['tau']:>5.2f} | "
+                  f"{r_df['draft_ms']:>8.2f} | {r_df['verify_ms']:>9.2f} | {100 * iter_floor / r_df['step_ms']:>8.0f}% | "
+                  f"{sp / r_df['tau']:>11.2f} | {r_df['step_ms'] / r_ar['step_ms']:>10.3f}")
     print("Steps pipelined: step k+1 is launched before step k's tokens are read. "
           "tok/s: decode tokens after prefill / decode wall time, summed over the concurrent requests. ms per "
           "draft/verify: CUDA-event medians. %floor: weight bytes per step / copy bandwidth over the measured step "
           "(DFlash: target + drafter + borrowed lm_head). DF/AR step: a draft plus verify step in AR steps "
-          "(speedup/tau is its inverse, less the tokens the last step accepts past the end).")
+          "(speedup/tau is its inverse, less the tokens the last step accepts past the end). First DFlash row of each "
+          "concurrency: the whole block verified every step (fixed); second: the width chosen by load (adaptive; "
+          "width = tokens verified per row and step, mean), the same synthetic per-position curve.")
+    for row in res["rows"]:
+        if "adaptive" in row:
+            print(f"c={row['concurrency']}: adaptive chose widths {row['adaptive'].get('widths')} (steps per width)")
     lt, lb = res["lossless_tiny"], res["lossless_big"]
     print(f"lossless: tiny float32 pair {lt}; big bf16 pair AR vs DFlash (real acceptance, tau {lb['tau']}): "
           f"identical {100 * lb['identical_prefix']:.1f}% of tokens; at each first difference the two tokens' "
