@@ -31,6 +31,8 @@ from dflash_bench.engine.fast.width import WidthChooser
 
 
 PREFILL_BUCKET = 64  # prompts are padded to a multiple of this: one prefill graph per multiple
+NARROW_ROWS = 8  # GPU: batch buckets from this size may verify less than the whole block (adaptive width); a
+# smaller batch's verify is memory-bound (H100, Qwen3-8B shape: 6.20 ms at 1 x 16 tokens, 5.97 for one token)
 
 
 def synthetic_rate(tau: float, block_size: int) -> float:
@@ -128,7 +130,8 @@ class FastRunner:
         self.timing = False
         # adaptive: each step verifies the anchor and its first w - 1 drafts, w chosen by load (width.py);
         # else always `width` (default: the whole block)
-        self.chooser = WidthChooser(self.B) if drafter and adaptive else None
+        self.chooser = (WidthChooser(self.B, narrow_from=NARROW_ROWS if self.graphs_on else 1)
+                        if drafter and adaptive else None)
         self.fixed = min(width or self.B, self.B)
         self.widths = self.chooser.widths if self.chooser else [self.fixed]
         self.width = self.fixed  # the width of the step collected last
@@ -187,7 +190,7 @@ class FastRunner:
                 if self.B == 1:
                     self._run(("ar", bs, L), lambda: self._ar(bs, L))
                     continue
-                for w in self.widths:
+                for w in self.chooser.candidates(bs) if self.chooser else self.widths:
                     self._run(("draft", bs, L, w), lambda: self._draft(bs, L, w))
                     self._run(("verify", bs, L, w), lambda: self._verify(bs, L, w))
         torch.cuda.synchronize()

@@ -17,7 +17,7 @@ Greedy output is unchanged by the width: verification only commits tokens the ta
 
 from __future__ import annotations
 
-WIDTHS = (2, 4, 6, 8, 10, 12, 16)  # candidate tokens per row, capped at the block size (which is always a candidate)
+WIDTHS = (2, 4, 6, 8, 10, 16)  # candidate tokens per row, capped at the block size (which is always a candidate)
 DECAY = 0.999  # per row-step weight of older acceptance counts
 ALPHA = 0.25  # weight of the newest step time in its running average
 EXPLORE = 32  # every this many steps: re-time the stalest of the best width's neighbours and the whole block
@@ -27,10 +27,13 @@ PRIOR = 4.0  # row-steps of the optimistic guess behind each measured survival
 class WidthChooser:
     """Tokens per row for the next verify, from measured acceptance by position and measured step times."""
 
-    def __init__(self, block_size: int, widths: tuple[int, ...] = WIDTHS, explore: int = EXPLORE):
+    def __init__(self, block_size: int, widths: tuple[int, ...] = WIDTHS, explore: int = EXPLORE,
+                 narrow_from: int = 1):
+        """`narrow_from`: the smallest batch bucket that may verify less than the whole block (a GPU's verify of
+        a few rows costs about the same at any width, and every width is a CUDA graph per bucket and length)."""
         self.B = block_size
         self.widths = sorted({w for w in widths if 1 < w < block_size} | {block_size})
-        self.explore = explore
+        self.explore, self.narrow_from = explore, narrow_from
         self.verified = [0.0] * block_size  # [i]: decayed row-steps that verified draft i (1-based)
         self.reached = [0.0] * block_size  # [i]: decayed row-steps that accepted drafts 1..i
         self.times: dict[tuple[int, int], float] = {}  # (batch bucket, width) -> seconds per step
@@ -57,16 +60,23 @@ class WidthChooser:
             self._cached = c
         return self._cached
 
+    def candidates(self, bucket: int) -> list[int]:
+        """The widths a step of this batch bucket may take."""
+        return self.widths if bucket >= self.narrow_from else [self.B]
+
     def choose(self, bucket: int, rows: int) -> int:
         self.steps += 1
-        untimed = [w for w in self.widths if (bucket, w) not in self.times]
-        if untimed:
+        widths = self.candidates(bucket)
+        untimed = [w for w in widths if (bucket, w) not in self.times]
+        if len(widths) == 1:
+            w = widths[0]
+        elif untimed:
             w = untimed[-1]
         else:
-            w = max(self.widths, key=lambda w: rows * self.expected(w) / self.times[(bucket, w)])
+            w = max(widths, key=lambda w: rows * self.expected(w) / self.times[(bucket, w)])
             if self.steps % self.explore == 0:
-                k = self.widths.index(w)
-                near = self.widths[max(k - 1, 0): k + 2] + [self.B]
+                k = widths.index(w)
+                near = widths[max(k - 1, 0): k + 2] + [self.B]
                 w = min(near, key=lambda w: self.timed_at[(bucket, w)])
         self.chosen[w] = self.chosen.get(w, 0) + 1
         return w
