@@ -71,6 +71,8 @@ def timed(runner: FastRunner, ps: list[list[int]], new: int, dev, *, pipeline: b
     host round trip per step (the server's loop when a request wants logprobs).
     """
     generate(runner, ps, new, pipeline=pipeline)
+    if runner.rate is not None:  # every DFlash runner draws the same synthetic acceptances in its measured run
+        runner.synth_step.zero_()
     runner.steps = runner.accepted = runner.row_steps = runner.drafted = 0
     chosen0 = dict(runner.chooser.chosen) if runner.chooser else {}
     runner.timings = []
@@ -212,6 +214,11 @@ def main() -> None:
 
     df = FastRunner(target, fd, kv_block=a.kv_block, synthetic_tau=a.tau)
     auto = FastRunner(target, fd, kv_block=a.kv_block, synthetic_tau=a.tau, adaptive=True)
+    if dev.type == "cuda":  # as the server does: no capture inside a measured run (adaptive widths vary per step)
+        for name, r in (("fixed", df), ("adaptive", auto)):
+            t = time.perf_counter()
+            res[f"capture_all_{name}"] = dict(graphs=r.capture_all(), seconds=round(time.perf_counter() - t, 1))
+        print("graphs captured before the rows:", res["capture_all_fixed"], res["capture_all_adaptive"], flush=True)
     rows = []
     for c in a.concurrency:
         p = prompts(c, a.prompt_len, shape["vocab"], 100 + c)

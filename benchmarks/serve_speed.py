@@ -43,12 +43,14 @@ def write_pair(shape: dict, dev: torch.device, dtype, root: Path) -> tuple[Path,
     return target, draft
 
 
-def start_server(args, target: Path, draft: Path, mode: str, ahead: bool, port: int, log: Path) -> subprocess.Popen:
+def start_server(args, target: Path, draft: Path, mode: str, ahead: bool, port: int, log: Path,
+                 width: str = "auto") -> subprocess.Popen:
     cmd = [sys.executable, "-m", "dflash_bench", "serve", "--model", str(target), "--port", str(port),
            "--device", args.device, "--max-slots", str(max(args.concurrency)), "--max-model-len", "1536", "--fast",
            "--mode", mode, "--step-ahead" if ahead else "--no-step-ahead", "--served-model-name", f"random-{args.shape}"]
     if mode == "dflash":
-        cmd += ["--draft", str(draft), "--synthetic-acceptance", str(args.tau), "--benchmark-only"]
+        cmd += ["--draft", str(draft), "--synthetic-acceptance", str(args.tau), "--benchmark-only",
+                "--verify-width", width]
     return subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
 
 
@@ -88,6 +90,8 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=8765)
     ap.add_argument("--step-ahead", choices=["on", "off", "both"], default="both",
                     help="serve with --step-ahead, --no-step-ahead, or each in turn")
+    ap.add_argument("--verify-width", choices=["auto", "full", "both"], default="auto",
+                    help="DFlash servers verify a width chosen by load (auto, the default), the whole block, or each")
     ap.add_argument("--out", help="also write the results as JSON here")
     args = ap.parse_args()
     dev = torch.device(args.device)
@@ -100,11 +104,13 @@ def main() -> None:
         target, draft = write_pair(SHAPES[args.shape], dev, dtype, root)
         print(f"pair written in {time.monotonic() - t:.0f} s", flush=True)
         aheads = {"on": [True], "off": [False], "both": [True, False]}[args.step_ahead]
+        widths = {"auto": ["auto"], "full": ["full"], "both": ["auto", "full"]}[args.verify_width]
         for ahead in aheads:
-            for mode in ("ar", "dflash"):
-                tag = f"{mode}{'' if ahead else '_no_step_ahead'}"
+            for mode, width in [("ar", "auto")] + [("dflash", w) for w in widths]:
+                tag = f"{mode}{'_full' if width == 'full' and args.verify_width == 'both' else ''}" \
+                      f"{'' if ahead else '_no_step_ahead'}"
                 url, log = f"http://127.0.0.1:{args.port}", root / f"{tag}.log"
-                proc = start_server(args, target, draft, mode, ahead, args.port, log)
+                proc = start_server(args, target, draft, mode, ahead, args.port, log, width)
                 try:
                     res[f"{tag}_ready_s"] = wait_ready(proc, url, 900, log)
                     for c in args.concurrency:
@@ -128,25 +134,29 @@ def main() -> None:
 def brief(s: dict) -> dict:
     """The few numbers of a cell summary the table shows."""
     return {"tok_s": s["output_throughput"], "tpot_ms_p50": (s["tpot_ms"] or {}).get("p50"),
-            "tau": s["acceptance_length"], "ok": s["num_ok"], "failed": s["num_failed"]}
+            "tau": s["acceptance_length"], "width": s.get("verify_width"), "ok": s["num_ok"], "failed": s["num_failed"]}
 
 
 def print_table(res: dict) -> None:
     print(f"\n{res['device']} | {res['shape']} | serve --fast over HTTP, GSM8K prompts, {res['new_tokens']} new tokens, "
           f"DFlash synthetic tau {res['tau']}")
-    print(f"{'conc':>4} | {'step ahead':>10} | {'AR tok/s':>9} | {'AR TTFT':>7} | {'AR TPOT':>7} | {'DFlash tok/s':>12} | "
-          f"{'DF TTFT':>7} | {'DF TPOT':>7} | {'tau':>5} | {'speedup':>7}")
+    print(f"{'conc':>4} | {'step ahead':>14} | {'AR tok/s':>9} | {'AR TTFT':>7} | {'AR TPOT':>7} | {'DFlash tok/s':>12} | "
+          f"{'DF TTFT':>7} | {'DF TPOT':>7} | {'tau':>5} | {'width':>5} | {'speedup':>7}")
     for c, row in res["rows"].items():
-        for suffix, label in (("", "on"), ("_no_step_ahead", "off")):
-            if "ar" + suffix not in row or "dflash" + suffix not in row:
+        for suffix, label, df in (("", "on", "dflash"), ("", "on, full", "dflash_full"),
+                                  ("_no_step_ahead", "off", "dflash"), ("_no_step_ahead", "off, full", "dflash_full")):
+            if "ar" + suffix not in row or df + suffix not in row:
                 continue
-            a, d = row["ar" + suffix], row["dflash" + suffix]
+            a, d = row["ar" + suffix], row[df + suffix]
             ttft = lambda s: (s["ttft_ms"] or {}).get("p50") or 0.0  # noqa: E731
             tpot = lambda s: (s["tpot_ms"] or {}).get("p50") or 0.0  # noqa: E731
-            print(f"{c:>4} | {label:>10} | {a['output_throughput']:>9.1f} | {ttft(a):>7.1f} | {tpot(a):>7.2f} | "
+            print(f"{c:>4} | {label:>14} | {a['output_throughput']:>9.1f} | {ttft(a):>7.1f} | {tpot(a):>7.2f} | "
                   f"{d['output_throughput']:>12.1f} | {ttft(d):>7.1f} | {tpot(d):>7.2f} | {d['acceptance_length'] or 0:>5.2f} | "
+                  f"{d.get('verify_width') or 0:>5.1f} | "
                   f"{d['output_throughput'] / a['output_throughput']:>6.2f}x")
-    print("tok/s: output tokens / the cell's wall time; TTFT and TPOT: medians in ms.")
+    print("tok/s: output tokens / the cell's wall time; TTFT and TPOT: medians in ms. DFlash verifies a width chosen "
+          "by load (--verify-width auto), or with 'full' the whole block every step; width: tokens verified per row "
+          "and step, mean.")
 
 
 if __name__ == "__main__":
