@@ -96,7 +96,7 @@ class FastEngine:
         if not r.covers(slots) and not r.launch(slots) and not r.inflight:
             raise ValueError(f"a sequence would pass the cache length {r.max_len}")
         if self.step_ahead and len(r.inflight) == 1 and r.covers(slots) and all(
-                s.params.logprobs is None and len(s.out) + r.B < s.params.max_tokens for s in seqs):
+                s.params.logprobs is None and len(s.out) + r.reach() < s.params.max_tokens for s in seqs):
             r.launch(slots)  # declines near the cache bound: then the next call launches
         got = r.collect()
         return [self.book.stepped(s, got[s.slot], r.logits[s.slot, : len(got[s.slot])], r.width)

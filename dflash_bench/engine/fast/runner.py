@@ -250,6 +250,10 @@ class FastRunner:
         self.inflight.append(([(s, self.admitted[s]) for s in slots], bs, host, done, w, span))
         return True
 
+    def reach(self) -> int:
+        """The most tokens the steps in flight may still add to one row (each: its verify width)."""
+        return sum(step[4] for step in self.inflight)
+
     def covers(self, slots: list[int]) -> bool:
         """Whether the newest step in flight steps every one of `slots`, for the requests they hold now."""
         return bool(self.inflight) and {(s, self.admitted[s]) for s in slots} <= set(self.inflight[-1][0])
@@ -431,7 +435,7 @@ def decode(runner: FastRunner, outs: list[list[int]], max_new: int, *, pipeline:
     while live:
         if not runner.inflight and not runner.launch(live):
             raise ValueError(f"a sequence would pass the cache length {runner.max_len}")
-        if pipeline and all(len(outs[i]) + runner.B * len(runner.inflight) < max_new for i in live):
+        if pipeline and all(len(outs[i]) + runner.reach() < max_new for i in live):
             runner.launch(live)  # may decline near the cache bound; then the next round launches
         got = runner.collect()
         for i in live:
