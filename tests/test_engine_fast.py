@@ -425,3 +425,37 @@ def test_fast_target_refuses_biases_it_would_drop():
     head = torch.zeros(64, 32)
     with pytest.raises(UserError, match="without --fast"):
         FastDrafter(drafter, head, head, max_slots=1, max_len=16)
+
+
+@pytest.mark.parametrize("mode", ["ar", "dflash"])
+def test_a_batched_steps_logprobs_are_each_rows_own(tmp_path, mode):
+    """Rows of one step that want logprobs (top 0, 2 and 3, beside a row that wants none) get them in one pass
+    over the step (`step_logprobs`); each token's logprob and top alternatives equal transformers' own
+    forward over that request's prompt and output, position by position."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from dflash_bench.engine.fast.engine import build_fast_engine
+
+    target, drafter = make_tiny_pair(tmp_path, seed=1, block_size=B)
+    engine = build_fast_engine(str(target), str(drafter) if mode == "dflash" else None, mode=mode, max_slots=4,
+                               max_len=MAX_LEN, dtype="float64", device="cpu")
+    ps = _prompts(engine.tok, 4)
+    tops = [None, 0, 2, 3]
+    got, _ = _serve(engine, [(0, p, SamplingParams(max_tokens=12, ignore_eos=True, logprobs=k)) for p, k in zip(ps, tops)])
+    hf = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float64).eval()
+    for i, (p, k) in enumerate(zip(ps, tops)):
+        out, lps = got[i]
+        if k is None:
+            assert lps == []
+            continue
+        assert [t for t, _, _ in lps] == out and len(out) == 12
+        with torch.no_grad():
+            ref = torch.log_softmax(hf(torch.tensor([p + out])).logits[0, len(p) - 1: -1].double(), -1)
+        for pos, (tok, lp, top) in enumerate(lps):
+            assert lp == pytest.approx(ref[pos, tok].item(), abs=1e-5)
+            assert len(top) == k
+            if k:
+                vals, idx = ref[pos].topk(k)
+                assert [t for t, _ in top] == idx.tolist()
+                assert [v for _, v in top] == pytest.approx(vals.tolist(), abs=1e-5)

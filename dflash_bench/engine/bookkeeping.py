@@ -97,16 +97,18 @@ class Bookkeeping:
         self.stats.prompt_tokens += len(s.prompt)
         return self.commit(s, [token], logits)
 
-    def stepped(self, s: Seq, tokens: list[int], logits: torch.Tensor, width: int | None = None) -> Delta:
+    def stepped(self, s: Seq, tokens: list[int], logits: torch.Tensor, width: int | None = None,
+                lps: Logprobs | None = None) -> Delta:
         """One verify step: `tokens` are the accepted drafts, then the bonus token (AR: the one token);
-        `width`: tokens the step verified for this row (default: the whole block)."""
+        `width`: tokens the step verified for this row (default: the whole block); `lps`: the tokens' logprobs
+        when the caller computed them for the whole step (`step_logprobs`)."""
         a, drafted = len(tokens) - 1, (width or self.B) - 1
         self._count(a, drafted)
         s.start += a + 1
         s.steps += 1
         s.accepted += a
         s.drafted += drafted
-        return self.commit(s, tokens, logits)
+        return self.commit(s, tokens, logits, lps)
 
     def _count(self, a: int, drafted: int) -> None:
         st = self.stats
@@ -118,7 +120,7 @@ class Bookkeeping:
             for i in range(a):
                 st.accepted_per_pos[i] += 1
 
-    def commit(self, s: Seq, tokens: list[int], logits: torch.Tensor) -> Delta:
+    def commit(self, s: Seq, tokens: list[int], logits: torch.Tensor, lps: Logprobs | None = None) -> Delta:
         """Append a step's tokens, stopping at EOS, stop ids, max_tokens or stop strings."""
         p, base = s.params, len(s.out)
         finish = None
@@ -143,17 +145,35 @@ class Bookkeeping:
             s.detok.flush()
             self.stats.requests += 1
         self.stats.generation_tokens += len(tokens)
-        lps = _logprobs(logits[: len(tokens)], tokens, p.logprobs) if p.logprobs is not None else None
+        if p.logprobs is not None:
+            lps = (lps if lps is not None else step_logprobs([(logits, tokens, p.logprobs)])[0])[: len(tokens)]
+        else:
+            lps = None
         return Delta(s.req_id, tokens, s.detok.delta(finish is not None), len(s.prompt), len(s.out), finish, lps,
                      s.steps, s.accepted, s.drafted)
 
 
-def _logprobs(logits: torch.Tensor, tokens: list[int], top: int):
-    lp = torch.log_softmax(logits.float(), -1)
-    chosen = lp.gather(-1, torch.tensor(tokens, device=lp.device)[:, None])[:, 0].tolist()
+Logprobs = list[tuple[int, float, list[tuple[int, float]]]]  # per token: (token, logprob, top (token, logprob))
+
+
+def step_logprobs(rows: list[tuple[torch.Tensor, list[int], int]]) -> list[Logprobs]:
+    """Logprobs of a step's tokens for many rows at once: per row its logits `[>= n, V]`, its n tokens and how
+    many top alternatives it wants. One log-softmax, gather and top-k over every row, and one copy to the host
+    (a copy per row and per kind was a host round trip each: most of a batched step's time with logprobs on)."""
+    if not rows:
+        return []
+    n = [len(t) for _, t, _ in rows]
+    lp = torch.log_softmax(torch.cat([lg[:k] for (lg, _, _), k in zip(rows, n)]).float(), -1)
+    ids = torch.tensor([t for _, ts, _ in rows for t in ts], device=lp.device)
+    top = max(k for _, _, k in rows)
+    parts = [lp.gather(-1, ids[:, None])]
     if top > 0:
         vals, idx = lp.topk(top, -1)
-        tops = [list(zip(i, v)) for i, v in zip(idx.tolist(), vals.tolist())]
-    else:
-        tops = [[] for _ in tokens]
-    return [(t, c, tp) for t, c, tp in zip(tokens, chosen, tops)]
+        parts += [vals, idx.float()]  # token ids are exact in float32 below 2**24
+    host = torch.cat(parts, 1).tolist()
+    out, i = [], 0
+    for (_, tokens, k), m in zip(rows, n):
+        out.append([(t, r[0], [(int(j), v) for j, v in zip(r[1 + top: 1 + top + k], r[1: 1 + k])])
+                    for t, r in zip(tokens, host[i: i + m])])
+        i += m
+    return out

@@ -11,7 +11,7 @@ import dataclasses
 
 import torch
 
-from dflash_bench.engine.bookkeeping import Bookkeeping, Delta, Seq, Stats
+from dflash_bench.engine.bookkeeping import Bookkeeping, Delta, Seq, Stats, step_logprobs
 from dflash_bench.engine.propose import Proposer
 from dflash_bench.engine.protocol import Engine
 from dflash_bench.engine.sampling import SamplingParams, accept, sample_drafts, sample_tokens
@@ -131,11 +131,11 @@ class ReferenceEngine:
             acc, bonus = accept(logits, drafts, q, params)
             self.proposer.commit(seqs, feats, starts)
         host = torch.cat([acc[:, None], bonus[:, None], drafts], 1).tolist()  # one device-to-host copy a step
-        deltas = []
-        for row, s in enumerate(seqs):
-            a, b, d = host[row][0], host[row][1], host[row][2:]
-            deltas.append(self.book.stepped(s, d[:a] + [b], logits[row, : a + 1]))
-        return deltas
+        tokens = [h[2:][: h[0]] + [h[1]] for h in host]
+        want = [row for row, s in enumerate(seqs) if s.params.logprobs is not None]
+        lps = dict(zip(want, step_logprobs([(logits[row], tokens[row], seqs[row].params.logprobs) for row in want])))
+        return [self.book.stepped(s, tokens[row], logits[row, : len(tokens[row])], lps=lps.get(row))
+                for row, s in enumerate(seqs)]
 
     def _draft(self, seqs, params):
         tokens, draft_logits = self.proposer.propose(seqs)

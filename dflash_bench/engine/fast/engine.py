@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from dflash_bench.engine.bookkeeping import Bookkeeping, Delta, Seq, Stats
+from dflash_bench.engine.bookkeeping import Bookkeeping, Delta, Seq, Stats, step_logprobs
 from dflash_bench.engine.fast.draft import FastDrafter
 from dflash_bench.engine.fast.model import FastTarget
 from dflash_bench.engine.fast.runner import FastRunner
@@ -99,8 +99,12 @@ class FastEngine:
                 s.params.logprobs is None and len(s.out) + r.reach() < s.params.max_tokens for s in seqs):
             r.launch(slots)  # declines near the cache bound: then the next call launches
         got = r.collect()
-        return [self.book.stepped(s, got[s.slot], r.logits[s.slot, : len(got[s.slot])], r.width)
-                for s in seqs if s.slot in got]
+        stepped = [s for s in seqs if s.slot in got]
+        want = [s for s in stepped if s.params.logprobs is not None]
+        lps = dict(zip([s.slot for s in want], step_logprobs([(r.logits[s.slot], got[s.slot], s.params.logprobs)
+                                                             for s in want])))
+        return [self.book.stepped(s, got[s.slot], r.logits[s.slot, : len(got[s.slot])], r.width, lps.get(s.slot))
+                for s in stepped]
 
     def release(self, s: Seq) -> None:
         if s.slot >= 0:
