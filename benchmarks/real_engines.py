@@ -4,6 +4,8 @@
     PYTHONPATH=.:$PYTHONPATH python benchmarks/real_engines.py pair --data-dir DIR --out real_engines.json
     PYTHONPATH=.:$PYTHONPATH python benchmarks/real_engines.py shape --engines vllm --out real_engines.json
     PYTHONPATH=.:$PYTHONPATH python benchmarks/real_engines.py shape --engines builtin --out real_engines.json
+    . .sglang-bundle/setup.sh  # tools/sglang_bundle/build.sh .sglang-bundle; not in the same shell as vLLM's
+    PYTHONPATH=.:$PYTHONPATH python benchmarks/real_engines.py pair --engines sglang --data-dir DIR --out real_engines.json
 
 `pair`: the embedded default pair swept through `dflash-bench sweep` on each engine (vLLM, the builtin
 reference engine, the builtin `--fast` path): GSM8K, HumanEval and MT-Bench at concurrency 1, 8 and 32, token
@@ -44,6 +46,10 @@ VARIANTS = {  # pair part: engine variant -> (--engine, extra --engine-arg value
     "vllm": ("vllm", []),
     "builtin": ("builtin", []),
     "builtin-fast": ("builtin", ["--fast"]),
+    # the offline bundle of tools/sglang_bundle has no FlashInfer and no FlashAttention 3: triton attention,
+    # torch sampling; half the GPU for the KV pool, as its smoke test ran
+    "sglang": ("sglang", ["--attention-backend", "triton", "--sampling-backend", "pytorch",
+                          "--mem-fraction-static", "0.5"]),
 }
 
 
@@ -104,6 +110,12 @@ def machine() -> tuple[str, dict[str, str]]:
         versions["vllm"] = vllm.__version__
     except ImportError:
         pass
+    try:  # the version only: importing SGLang starts its CUDA set-up
+        from importlib.metadata import version
+
+        versions["sglang"] = version("sglang")
+    except Exception:
+        pass
     if torch.cuda.is_available():
         return torch.cuda.get_device_name(), versions
     return "cpu", versions
@@ -134,8 +146,10 @@ def run_pair(args, res: Results, keep) -> None:
         out = Path(args.work) / "pair" / variant
         cmd = [sys.executable, "-m", "dflash_bench", "sweep", "--model", str(PAIR / "target"), "--drafter",
                str(PAIR / "drafter"), "--engine", engine, "--runner", "process", "--suites", args.suites,
-               "-c", args.concurrency, "--max-tokens", str(args.new_tokens), "--save-token-ids",
+               "-c", args.concurrency, "--max-tokens", str(args.new_tokens),
                "--data-dir", args.data_dir, "--out", str(out), "--port", str(args.port)]
+        if engine != "sglang":  # SGLang 0.5.16's DFLASH aborts requests that ask for logprobs (H100, 11d71ba)
+            cmd.append("--save-token-ids")
         if args.num_prompts:
             cmd += ["-n", str(args.num_prompts)]
         for a in extra + (["--device", args.device] if engine == "builtin" else []):

@@ -5,6 +5,8 @@
   (only the final usage chunk), and /metrics answers 404.
 - "hang": accepts every connection and never answers.
 - "script": like plain, but the model's text is planted HTML (`<script>` ...), to check escaping.
+- "abort": SGLang's `/generate` refusing a request inside a 200 stream, as SGLang 0.5.16's DFLASH answered
+  `return_logprob` on an H100: one token, then `finish_reason {"type": "abort", "status_code": 400, ...}`.
 Connections are kept alive, so a client's connect count is observable (`connections`).
 """
 
@@ -76,6 +78,8 @@ class BadServer:
         if path == "/v1/models":
             data = json.dumps({"object": "list", "data": [{"id": "bad-model", "object": "model"}]}).encode()
             w.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(data), data))
+        elif method == "POST" and path == "/generate" and self.kind == "abort":
+            await self._abort(w)
         elif method == "POST" and path in ("/v1/chat/completions", "/v1/completions"):
             await self._stream(path.endswith("chat/completions"), w)
         else:
@@ -93,6 +97,14 @@ class BadServer:
         await self._event(w, {"id": "x", "choices": [{"index": 0, "delta": {}, "text": "", "finish_reason": "length"}]})
         await self._event(w, {"id": "x", "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": len(pieces),
                                                                   "total_tokens": 5 + len(pieces)}})
+        w.write(_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+
+    async def _abort(self, w: asyncio.StreamWriter) -> None:
+        w.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+        reason = {"type": "abort", "message": "DFLASH speculative decoding does not support return_logprob yet.",
+                  "status_code": 400, "err_type": "BadRequestError"}
+        await self._event(w, {"text": " (", "output_ids": [374], "meta_info": {
+            "id": "x", "finish_reason": reason, "prompt_tokens": 5, "completion_tokens": 1}})
         w.write(_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
 
     @staticmethod

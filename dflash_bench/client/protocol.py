@@ -286,6 +286,9 @@ class Stream:
         fr = meta.get("finish_reason")
         if fr:
             self.finish = fr.get("type") if isinstance(fr, dict) else str(fr)
+            if self.finish == "abort":  # SGLang refuses a request inside a 200 stream (e.g. DFLASH + logprobs)
+                why = fr.get("message") if isinstance(fr, dict) else None
+                self.error = f"server aborted the request: {str(why or fr)[:200]}"
         if meta.get("spec_verify_ct") is not None:
             self.spec_steps = meta["spec_verify_ct"]
             self.spec_accepted = meta.get("spec_accept_token_num", meta.get("spec_accepted_drafts"))
