@@ -121,10 +121,14 @@ def machine() -> tuple[str, dict[str, str]]:
     return "cpu", versions
 
 
-def shown(cmd: list[str]) -> str:
-    """A command as the results file keeps it: no path of the machine it ran on."""
+def shown(cmd: list[str], work: str | None = None) -> str:
+    """A command as the results file keeps it: no path of the machine it ran on (`--work` becomes WORK)."""
     root = str(PAIR.parents[2]) + "/"
-    return " ".join("python" if a == sys.executable else a.replace(root, "") for a in cmd)
+
+    def one(a: str) -> str:
+        a = a.replace(root, "")
+        return a.replace(str(work).rstrip("/"), "WORK") if work else a
+    return " ".join("python" if a == sys.executable else one(a) for a in cmd)
 
 
 def row_of(part: str, engine: str, s, busy: dict[str, float] | None = None) -> Row:
@@ -161,7 +165,7 @@ def run_pair(args, res: Results, keep) -> None:
         if not folders:
             print(f"{variant}: no sweep folder was written", flush=True)
             continue
-        res.commands[f"pair/{variant}"] = shown(cmd)
+        res.commands[f"pair/{variant}"] = shown(cmd, args.work)
         keep([row_of("pair", variant, s) for s in SweepDir.open(folders[-1].parent).summaries()])
 
 
@@ -228,7 +232,7 @@ def run_shape(args, res: Results, keep) -> None:
             proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
             try:
                 res.ready_s[f"shape/{engine}/{mode}"] = wait_ready(proc, url, 480, log)
-                res.commands[f"shape/{engine}/{mode}"] = shown(cmd)
+                res.commands[f"shape/{engine}/{mode}"] = shown(cmd, args.work)
                 keep([measure_served(args, url, engine, mode, c, work) for c in args.c_list])
             except SystemExit as err:  # serve_speed.wait_ready's way of saying the server never came up
                 print(f"shape {engine} {mode}: {err}", flush=True)

@@ -84,7 +84,8 @@ def profile(args, model: Path, draft: Path | None, tag: str, work: Path) -> dict
     finally:
         stop(proc)
     [s] = SweepDir.open(work / "runs" / tag).summaries()
-    out = dict(model=str(model), mode=args.mode, concurrency=args.concurrency, max_tokens=args.max_tokens,
+    root = str(PAIR.parents[3]) + "/"  # the results keep no path of the machine they ran on
+    out = dict(model=str(model).replace(root, ""), mode=args.mode, concurrency=args.concurrency, max_tokens=args.max_tokens,
                tok_s=s.output_throughput, tpot_ms_p50=(s.tpot_ms.p50 if s.tpot_ms else None),
                ttft_ms_p50=(s.ttft_ms.p50 if s.ttft_ms else None), wall_s=round(seconds, 2),
                engine_thread_s={k: round(after[k] - before.get(k, 0.0), 3) for k in after},
