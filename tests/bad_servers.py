@@ -5,8 +5,9 @@
   (only the final usage chunk), and /metrics answers 404.
 - "hang": accepts every connection and never answers.
 - "script": like plain, but the model's text is planted HTML (`<script>` ...), to check escaping.
-- "abort": SGLang's `/generate` refusing a request inside a 200 stream, as SGLang 0.5.16's DFLASH answered
-  `return_logprob` on an H100: one token, then `finish_reason {"type": "abort", "status_code": 400, ...}`.
+- "abort": a request refused inside a 200 stream. `/generate` answers as SGLang 0.5.16's DFLASH answered
+  `return_logprob` on an H100: one token, then `finish_reason {"type": "abort", "status_code": 400, ...}`;
+  the OpenAI routes as vLLM ends an aborted request: one token, then `finish_reason "abort"`.
 Connections are kept alive, so a client's connect count is observable (`connections`).
 """
 
@@ -90,11 +91,14 @@ class BadServer:
         w.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
         pieces = [SCRIPT] + WORDS[: self.tokens - 1] if self.kind == "script" else \
             [WORDS[i % len(WORDS)] for i in range(self.tokens)]
+        if self.kind == "abort":
+            pieces = pieces[:1]
         for piece in pieces:  # one token per chunk, no usage in it
             choice = {"index": 0, "delta": {"content": piece}} if chat else {"index": 0, "text": piece}
             await self._event(w, {"id": "x", "object": "chunk", "choices": [choice]})
             await asyncio.sleep(0.001)
-        await self._event(w, {"id": "x", "choices": [{"index": 0, "delta": {}, "text": "", "finish_reason": "length"}]})
+        finish = "abort" if self.kind == "abort" else "length"
+        await self._event(w, {"id": "x", "choices": [{"index": 0, "delta": {}, "text": "", "finish_reason": finish}]})
         await self._event(w, {"id": "x", "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": len(pieces),
                                                                   "total_tokens": 5 + len(pieces)}})
         w.write(_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")

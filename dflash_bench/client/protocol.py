@@ -107,7 +107,7 @@ class Stream:
 
     __slots__ = ("api", "want_ids", "times", "tokens", "t_first_byte", "t_first_token", "t_end", "pieces",
                  "text", "prompt_tokens", "output_tokens", "finish", "error", "done", "ids", "tops",
-                 "spec_steps", "spec_accepted", "chars", "tokens_from", "t_write", "connect_s")
+                 "spec_steps", "spec_accepted", "chars", "tokens_from", "t_write", "connect_s", "_abort_reason")
 
     def __init__(self, api: str, want_ids: bool):
         self.api = api
@@ -132,6 +132,7 @@ class Stream:
         self.tokens_from: str | None = None  # where `tokens` came from: "usage" or "text" (see finish_tokens)
         self.t_write: float | None = None  # when the transport wrote the request (after connecting)
         self.connect_s: float | None = None  # the TCP connect this request waited for; None: a reused connection
+        self._abort_reason: str | None = None  # what the server said when it aborted the request
 
     def output_text(self) -> str:
         return self.text if self.text is not None else "".join(self.pieces)
@@ -181,6 +182,9 @@ class Stream:
                 self._feed_openai(t, obj)
         except (AttributeError, KeyError, TypeError, ValueError, IndexError) as err:
             self.error = f"malformed SSE event: {type(err).__name__} {err} in {payload[:80].decode('utf-8', 'replace')!r}"
+            return
+        if self.finish == "abort" and self.error is None:  # a refusal inside a 200 stream (vLLM, SGLang)
+            self.error = f"server aborted the request: {self._abort_reason or 'finish_reason abort'}"
 
     def _token_chunk(self, t: float, cum: int) -> None:
         if not self.tokens or cum > self.tokens[-1]:
@@ -286,9 +290,8 @@ class Stream:
         fr = meta.get("finish_reason")
         if fr:
             self.finish = fr.get("type") if isinstance(fr, dict) else str(fr)
-            if self.finish == "abort":  # SGLang refuses a request inside a 200 stream (e.g. DFLASH + logprobs)
-                why = fr.get("message") if isinstance(fr, dict) else None
-                self.error = f"server aborted the request: {str(why or fr)[:200]}"
+            if isinstance(fr, dict) and fr.get("message"):  # SGLang says why it aborted (e.g. DFLASH + logprobs)
+                self._abort_reason = str(fr["message"])[:200]
         if meta.get("spec_verify_ct") is not None:
             self.spec_steps = meta["spec_verify_ct"]
             self.spec_accepted = meta.get("spec_accept_token_num", meta.get("spec_accepted_drafts"))
