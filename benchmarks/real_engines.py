@@ -198,6 +198,15 @@ def server_command(engine: str, mode: str, target: Path, draft: Path, args) -> l
             cmd += ["--speculative-config", json.dumps({"method": "dflash", "model": str(draft),
                                                         "num_speculative_tokens": 15})]
         return cmd
+    if engine == "sglang":  # the bundle's backends (VARIANTS); 0.7 of the GPU holds the 8B weights and a KV pool
+        cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(target), "--served-model-name",
+               "random-8b", "--port", str(args.port), "--context-length", str(args.max_model_len),
+               "--random-seed", "0", "--max-running-requests", str(max(64, max(args.c_list))), "--enable-metrics",
+               *VARIANTS["sglang"][1][:-2], "--mem-fraction-static", "0.7"]
+        if mode == "dflash":
+            cmd += ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(draft),
+                    "--speculative-num-draft-tokens", "16"]
+        return cmd
     cmd = [sys.executable, "-m", "dflash_bench", "serve", "--model", str(target), "--port", str(args.port), "--fast",
            "--device", args.device, "--max-slots", str(max(args.c_list)), "--max-model-len", str(args.max_model_len),
            "--served-model-name", "random-8b", "--mode", mode]
@@ -227,6 +236,9 @@ def run_shape(args, res: Results, keep) -> None:
     target, draft = ensure_shape_pair(work, args.device, args.shape)
     for engine in args.engines.split(","):
         for mode in args.modes.split(","):
+            if engine == "inprocess":
+                keep(measure_inprocess(args, mode, target, draft))
+                continue
             url, log = f"http://127.0.0.1:{args.port}", work / f"shape-{engine}-{mode}.log"
             cmd = server_command(engine, mode, target, draft, args)
             proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
@@ -240,13 +252,34 @@ def run_shape(args, res: Results, keep) -> None:
                 stop(proc)
 
 
+def measure_inprocess(args, mode: str, target: Path, draft: Path) -> list[Row]:
+    """The builtin engine's own throughput on the served rows' workload (closed_loop.py, in its own process so
+    that the GPU is free again for the next server)."""
+    cmd = [sys.executable, os.path.join(os.path.dirname(__file__), "closed_loop.py"), "--model", str(target),
+           "--data-dir", args.data_dir, "--concurrency", args.concurrency, "--prompts-per-slot",
+           str(args.prompts_per_slot), "--new-tokens", str(args.new_tokens), "--max-model-len",
+           str(args.max_model_len), "--device", args.device] + (["--draft", str(draft)] if mode == "dflash" else [])
+    got = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+    rows = []
+    for line in got.stdout.splitlines():
+        if line.startswith("{"):
+            c = json.loads(line)
+            rows.append(Row(part="shape", engine="inprocess", mode=mode, suite="gsm8k", concurrency=c["concurrency"],
+                            status="ok", num_ok=c["requests"], num_failed=0, output_tok_s=c["output_tok_s"],
+                            tau=c["tau"], ttft_ms_p50=c["ttft_ms_p50"], tpot_ms_p50=None, wall_s=c["wall_s"]))
+            print(f"shape inprocess {mode} c={c['concurrency']}: {c['output_tok_s']:.1f} tok/s", flush=True)
+    if got.returncode:
+        print(f"shape inprocess {mode}: closed_loop.py exited {got.returncode}", flush=True)
+    return rows
+
+
 def measure_served(args, url: str, engine: str, mode: str, c: int, work: Path) -> Row:
     name = f"shape-{engine}-{mode}-c{c}"
     before = engine_seconds(url) if engine == "builtin" else {}
     cmd = [sys.executable, "-m", "dflash_bench", "run", "--url", url, "--suite", "gsm8k", "-c", str(c),
            "-n", str(args.prompts_per_slot * c), "--max-tokens", str(args.new_tokens), "--ignore-eos",
            "--label", mode, "--engine", engine, "--data-dir", args.data_dir, "--out", str(work / "runs"),
-           "--name", name]
+           "--name", name] + (["--tokenizer", str(work / args.shape / "target")] if engine == "sglang" else [])
     subprocess.run(cmd, stdout=subprocess.DEVNULL)
     after = engine_seconds(url) if engine == "builtin" else {}
     busy = {k: round(after[k] - before.get(k, 0.0), 3) for k in after}
@@ -276,7 +309,8 @@ def main() -> None:
     ap.add_argument("part", choices=["pair", "shape", "table"])
     ap.add_argument("--out", required=True, help="the results JSON (rows are added to what it holds)")
     ap.add_argument("--data-dir", default=os.environ.get("DFLASH_BENCH_DATA", "../shared/datasets"))
-    ap.add_argument("--engines", help="pair: vllm,builtin,builtin-fast (default); shape: vllm,builtin (default)")
+    ap.add_argument("--engines", help="pair: vllm,builtin,builtin-fast (default), sglang; shape: vllm,builtin "
+                                      "(default), sglang, inprocess (the builtin engine without its server)")
     ap.add_argument("--modes", default="ar,dflash")
     ap.add_argument("--suites", default=SUITES)
     ap.add_argument("--concurrency", default="1,8,32")

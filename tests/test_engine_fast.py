@@ -10,6 +10,7 @@ import random
 import pytest
 
 pytest.importorskip("transformers")
+import torch  # noqa: E402
 
 from dflash_bench.engine.build import build_engine  # noqa: E402
 from dflash_bench.engine.decode import generate as ref_generate  # noqa: E402
@@ -94,6 +95,37 @@ def test_ragged_batches_reuse_slots_and_cross_kv_buckets(setup):
     second = _prompts(ar.tok, 3)
     ref2 = [s.out for s in ref_generate(ar, second, SamplingParams(max_tokens=N, ignore_eos=True))]
     assert generate(runner, second, N) == ref2
+
+
+@pytest.mark.parametrize("budget", [8192, 48])
+def test_batched_prefill_equals_one_prompt_at_a_time(setup, monkeypatch, budget):
+    """Prompts of different lengths prefilled together (right-padded, in any slot order; with a small token
+    budget in several groups) leave the slots as one-by-one prefills do: first tokens, logits, the target's
+    and the drafter's K/V over each prompt, and every token decoded after."""
+    from dflash_bench.engine.fast import runner as runner_mod
+
+    monkeypatch.setattr(runner_mod, "PREFILL_TOKENS", budget)
+    ar, df = setup
+    prompts = _prompts(ar.tok, 5)
+    assert len({len(p) for p in prompts}) > 2
+    ref = [s.out for s in ref_generate(ar, prompts, SamplingParams(max_tokens=N, ignore_eos=True))]
+    slots = [3, 0, 4, 1, 2]
+    alone, together = _fast(df, keep_logits=True), _fast(df, keep_logits=True)
+    firsts = [alone.add(s, p) for s, p in zip(slots, prompts)]
+    assert together.add_many(slots, prompts) == firsts == [o[0] for o in ref]
+    close = dict(rtol=1e-9, atol=1e-9)  # float64: other padding, other reduction order, nothing more
+    for s, p in zip(slots, prompts):
+        n = len(p)
+        torch.testing.assert_close(together.logits[s, 0], alone.logits[s, 0], **close)
+        for a, b in ((alone.t.cache, together.t.cache), (alone.d.cache, together.d.cache)):
+            for i in range(len(a.k)):
+                torch.testing.assert_close(b.k[i][s, :n], a.k[i][s, :n], **close)
+                torch.testing.assert_close(b.v[i][s, :n], a.v[i][s, :n], **close)
+    outs: list[list[int]] = [[] for _ in slots]
+    for s, f in zip(slots, firsts):
+        outs[s] = [f]
+    runner_mod.decode(together, outs, N)
+    assert [outs[s][:N] for s in slots] == ref
 
 
 def test_new_prompt_lengths_leave_no_index_tensors_behind(setup):

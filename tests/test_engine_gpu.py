@@ -39,13 +39,19 @@ def pair(request, tmp_path_factory):
     return make_tiny_pair(tmp_path_factory.mktemp(request.param), arch=request.param, seed=1, block_size=B)
 
 
+@pytest.mark.parametrize("prefill", ["graphs", "batched"])
 @pytest.mark.parametrize("mode", ["ar", "dflash"])
-def test_graphed_step_ahead_fast_path_equals_the_reference(pair, mode):
+def test_graphed_step_ahead_fast_path_equals_the_reference(pair, mode, prefill, monkeypatch):
+    """`prefill`: the prompts one graph each (few tokens), or together in one eager forward (as a burst of
+    long prompts is: BATCHED_PREFILL_MIN lowered to 0)."""
     from dflash_bench.engine.build import build_engine
     from dflash_bench.engine.decode import generate
     from dflash_bench.engine.fast.engine import build_fast_engine
+    from dflash_bench.engine.fast import runner as runner_mod
     from dflash_bench.engine.sampling import SamplingParams
 
+    if prefill == "batched":
+        monkeypatch.setattr(runner_mod, "BATCHED_PREFILL_MIN", 0)
     target, drafter = pair
     draft = str(drafter) if mode == "dflash" else None
     kw = dict(mode=mode, max_slots=SLOTS, max_len=MAX_LEN, dtype="float32", device="cuda")
@@ -62,6 +68,9 @@ def test_graphed_step_ahead_fast_path_equals_the_reference(pair, mode):
         depth.append(len(r.inflight))
         return ok
     r.launch = counted
+    batched = []
+    rows = r._prefill_rows
+    r._prefill_rows = lambda slots, prompts: batched.append(len(slots)) or rows(slots, prompts)
 
     ps = _prompts(ref.tok, 6)
     sp = SamplingParams(max_tokens=N, ignore_eos=True)
@@ -69,6 +78,7 @@ def test_graphed_step_ahead_fast_path_equals_the_reference(pair, mode):
     got = [s.out for s in generate(fast, ps, sp)]
     assert got == want and all(len(o) == N for o in got)
     assert max(depth) == 2  # steps ran ahead
+    assert batched == ([6] if prefill == "batched" else [])
     assert fast.stats.generation_tokens == ref.stats.generation_tokens
     if mode == "dflash":  # the same drafts accepted, step by step: the same tau
         assert (fast.stats.drafts, fast.stats.accepted) == (ref.stats.drafts, ref.stats.accepted)

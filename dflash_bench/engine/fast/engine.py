@@ -26,7 +26,6 @@ class FastEngine:
     """The `protocol.Engine` over a `FastRunner`; requests are kept by a `Bookkeeping`, as in the reference."""
 
     greedy_only = True  # the server answers 400 to sampling requests
-    prefill_rows = 1  # one eager forward per prompt
 
     def __init__(self, model, tokenizer, drafter=None, *, eos_ids: list[int], max_slots: int, max_len: int,
                  synthetic_tau: float | None = None, kv_block: int = 256, step_ahead: bool = True,
@@ -38,6 +37,7 @@ class FastEngine:
                                  adaptive=adaptive)
         self.runner.capture_all()  # GPU: every graph before the first request (no capture pause mid-serving)
         self.tok, self.B = tokenizer, self.runner.B
+        self.prefill_rows = max_slots  # the runner groups a batch of prompts into forwards by length
         self.max_len, self.vocab_size = max_len, ft.vocab_size
         self.synthetic_tau = synthetic_tau
         self.step_ahead = step_ahead
@@ -54,32 +54,27 @@ class FastEngine:
     def check(self, n_prompt: int, max_tokens: int) -> str | None:
         return self.book.check(n_prompt, max_tokens)
 
-    @torch.inference_mode()
     def add(self, req_id: str, prompt: list[int], params: SamplingParams) -> tuple[Seq, Delta]:
-        if not params.greedy:
-            raise ValueError("the fast path decodes greedily: use temperature 0, or serve without --fast to sample")
-        seq = self.book.open(req_id, prompt, params)
-        try:
-            tok = self.runner.add(seq.slot, prompt)
-        except BaseException:  # the slot goes back: nobody will hear about this request
-            self.release(seq)
-            raise
-        return seq, self.book.prefilled(seq, tok, self.runner.logits[seq.slot, :1])
+        return self.add_many([(req_id, prompt, params)])[0]
 
+    @torch.inference_mode()
     def add_many(self, reqs: list[tuple[str, list[int], SamplingParams]]) -> list[tuple[Seq, Delta]]:
-        """Prefill several requests (one eager forward each on the fast path); results in input order.
+        """Prefill several requests, batched by the runner (`FastRunner.add_many`); results in input order.
 
-        All or nothing, like `ReferenceEngine.add_many`: when one fails, the slots of those already added go back.
+        All or nothing, like `ReferenceEngine.add_many`: when it fails, every slot taken here goes back.
         """
-        done: list[tuple[Seq, Delta]] = []
+        if any(not params.greedy for _, _, params in reqs):
+            raise ValueError("the fast path decodes greedily: use temperature 0, or serve without --fast to sample")
+        seqs: list[Seq] = []
         try:
-            for r in reqs:
-                done.append(self.add(*r))
-        except BaseException:
-            for seq, _ in done:
-                self.release(seq)
+            for req_id, prompt, params in reqs:
+                seqs.append(self.book.open(req_id, prompt, params))
+            toks = self.runner.add_many([s.slot for s in seqs], [s.prompt for s in seqs])
+        except BaseException:  # the slots go back: nobody will hear about these requests
+            for s in seqs:
+                self.release(s)
             raise
-        return done
+        return [(s, self.book.prefilled(s, tok, self.runner.logits[s.slot, :1])) for s, tok in zip(seqs, toks)]
 
     @torch.inference_mode()
     def step(self, seqs: list[Seq]) -> list[Delta]:

@@ -212,11 +212,11 @@ class KVCache:
 
     @staticmethod
     def rows(row0: int, pos: torch.Tensor, slot: torch.Tensor | None = None) -> torch.Tensor:
-        """The slot of every entry of `pos` `[bs, n]` (row i is slot row0 + i, or with `slot` `[1]` the slot
-        it holds: a prefill graph's, read on the device), contiguous: the kernels read it flat, and a stride-0
+        """The slot of every entry of `pos` `[bs, n]` (row i is slot row0 + i, or with `slot` `[bs]` the slot
+        `slot[i]`: a prefill's, read on the device), contiguous: the kernels read it flat, and a stride-0
         view would cost a copy in every layer."""
         if slot is not None:
-            return slot.view(1, 1).expand(pos.shape).contiguous()
+            return slot.view(-1, 1).expand(pos.shape).contiguous()
         return offsets(pos.shape[1], pos.device, row0, pos.shape[0])
 
     def write(self, i: int, rows: torch.Tensor, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -226,7 +226,7 @@ class KVCache:
 
     def view(self, i: int, row0: int, bs: int, L: int, slot: torch.Tensor | None = None
              ) -> tuple[torch.Tensor, torch.Tensor]:
-        if slot is not None:  # a copy of the slot's first L positions (a prefill graph serves every slot)
+        if slot is not None:  # a copy of the slots' first L positions (a prefill's: one graph serves every slot)
             return self.k[i][:, :L].index_select(0, slot), self.v[i][:, :L].index_select(0, slot)
         return self.k[i][row0:row0 + bs, :L], self.v[i][row0:row0 + bs, :L]
 
@@ -249,7 +249,7 @@ class StepAttention:
             self.cos, self.sin = kernel_tables(torch.arange(cache.max_len, device=inv_freq.device), inv_freq, rope_scale)
 
     def __call__(self, pos: torch.Tensor, starts: torch.Tensor, row0: int, L: int, slot: torch.Tensor | None = None):
-        """`slot` `[1]`: the one row's slot as a device tensor instead of `row0` (a prefill graph's)."""
+        """`slot` `[bs]`: each row's slot as a device tensor instead of `row0` (a prefill's)."""
         bs, n = pos.shape
         H, hkv, hd, eps, cache = self.H, self.hkv, self.hd, self.eps, self.cache
         rows = cache.rows(row0, pos, slot)

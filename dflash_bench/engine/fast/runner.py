@@ -31,6 +31,8 @@ from dflash_bench.engine.fast.width import WidthChooser
 
 
 PREFILL_BUCKET = 64  # prompts are padded to a multiple of this: one prefill graph per multiple
+PREFILL_TOKENS = 8192  # padded prompt tokens per batched prefill forward at most (its activations grow with it)
+BATCHED_PREFILL_MIN = 1024  # GPU: padded tokens from which prompts are prefilled together, not graph by graph
 NARROW_ROWS = 8  # GPU: batch buckets from this size may verify less than the whole block (adaptive width); a
 # smaller batch's verify is memory-bound (H100, Qwen3-8B shape: 6.20 ms at 1 x 16 tokens, 5.97 for one token)
 
@@ -155,12 +157,65 @@ class FastRunner:
         self.pre_in[:2 + P].copy_(host[:2 + P], non_blocking=True)
         self._run(("prefill", P), lambda: self._prefill(P))
         tok = self.pre_tok[0]
+        self._admitted(slot, n, tok)
+        return int(tok)
+
+    @torch.inference_mode()
+    def add_many(self, slots: list[int], prompts: list[list[int]]) -> list[int]:
+        """Prefill `prompts[i]` into `slots[i]`; returns each one's first generated token, in input order.
+
+        Prompts of similar length go together, right-padded to the longest of their group, in forwards of at
+        most PREFILL_TOKENS padded tokens: the group reads the weights once, and the host launches one
+        forward, not one per prompt. On a GPU a group under BATCHED_PREFILL_MIN tokens runs the one-prompt
+        graphs (`add`) instead: an eager forward's launches cost the host more than such a group's GPU time.
+        Nothing is run unless every prompt fits the cache.
+        """
+        for p in prompts:
+            if not 0 < len(p) <= self.max_len:
+                raise IndexError(f"a prompt of {len(p)} tokens does not fit the cache of {self.max_len} positions")
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        groups: list[list[int]] = [[]]
+        for i in order:  # sorted: the newcomer is the longest of its group
+            if groups[-1] and (len(groups[-1]) + 1) * len(prompts[i]) > PREFILL_TOKENS:
+                groups.append([])
+            groups[-1].append(i)
+        toks: dict[int, int] = {}
+        for g in groups:
+            if len(g) == 1 or (self.graphs_on and len(g) * len(prompts[g[-1]]) < BATCHED_PREFILL_MIN):
+                toks.update((i, self.add(slots[i], prompts[i])) for i in g)
+            else:
+                toks.update(zip(g, self._prefill_rows([slots[i] for i in g], [prompts[i] for i in g])))
+        return [toks[i] for i in range(len(prompts))]
+
+    def _prefill_rows(self, slots: list[int], prompts: list[list[int]]) -> list[int]:
+        """One eager forward over right-padded prompts (the padding's K/V lands past each prompt, as in `add`)."""
+        k, n = len(prompts), [len(p) for p in prompts]
+        P = max(n)
+        ids = torch.zeros(k, P, dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, : n[i]] = torch.tensor(p, dtype=torch.long)
+        dev = self.dev
+        ids = ids.to(dev, non_blocking=True)
+        slot = torch.tensor(slots, device=dev)
+        last = torch.tensor([i * P + m - 1 for i, m in enumerate(n)], device=dev)
+        logits, feats = self.t.forward(ids, torch.zeros(k, dtype=torch.long, device=dev), 0, P, last_only=True,
+                                       taps=self.taps, slot=slot, last=last)
+        if self.d:
+            self.d.write_context(feats, offsets(P, dev).expand(k, P), 0, slot=slot)
+        if self.logits is not None:
+            self.logits[:, 0].index_copy_(0, slot, logits[:, 0])
+        tok = logits[:, 0].argmax(-1)
+        for i, s in enumerate(slots):
+            self._admitted(s, n[i], tok[i])
+        return tok.tolist()
+
+    def _admitted(self, slot: int, n: int, tok: torch.Tensor) -> None:
+        """A prefilled slot's state: its anchor is the first token, `n` positions are committed."""
         self.start[slot] = n
         self.anchor[slot] = tok
         self.active[slot] = 1
         self.host_start[slot] = n
         self.admitted[slot] += 1
-        return int(tok)
 
     def release(self, slot: int) -> None:
         """Free the slot; as padding it then writes at positions 0..B-1 of its own row, never past the cache."""
