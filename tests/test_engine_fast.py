@@ -317,6 +317,41 @@ def test_serve_fast_gives_requests_arriving_mid_decode_what_they_get_alone(tmp_p
     assert ev["finish", "t0"].step > t2.step
 
 
+def test_a_burst_is_admitted_one_prefill_group_per_step(tmp_path):
+    """Five requests waiting at once, prefill groups of two (`prefill_tokens`): the loop prefills one group
+    per turn, the rows already admitted step in between, each group goes to the runner as one batch, and every
+    request gets the tokens it gets alone."""
+    import threading
+
+    from dflash_bench.engine.fast.engine import build_fast_engine
+    from dflash_bench.engine.loop import EngineLoop
+
+    target, drafter = make_tiny_pair(tmp_path, seed=1, block_size=B)
+    engine = build_fast_engine(str(target), str(drafter), max_slots=8, max_len=MAX_LEN, dtype="float64", device="cpu")
+    ps = [list(range(40 + i, 50 + i)) for i in range(5)]  # 10 tokens each
+    sp = SamplingParams(max_tokens=12, ignore_eos=True)
+    alone = [ref_generate(engine, [p], sp)[0].out for p in ps]
+    engine.prefill_tokens = 20
+    groups = []
+    add_many = engine.runner.add_many
+    engine.runner.add_many = lambda slots, prompts: groups.append(len(slots)) or add_many(slots, prompts)
+    loop = EngineLoop(engine)
+    got: dict = {}
+    dones = [threading.Event() for _ in ps]
+    for i, p in enumerate(ps):
+        _submit(loop, f"r{i}", p, sp, got, dones[i])
+    loop.start()
+    try:
+        assert all(d.wait(120) for d in dones)
+    finally:
+        loop.stop()
+    assert groups == [2, 2, 1]
+    assert [got[f"r{i}"] for i in range(5)] == alone
+    admits = [e for e in loop.events if e.kind == "admit"]
+    assert [e.step for e in admits] == [0, 0, 1, 1, 2]  # a step between two groups
+    assert admits[2].running == ("r0", "r1") and admits[4].running == ("r0", "r1", "r2", "r3")
+
+
 def test_a_paused_row_resumes_where_it_stopped(setup):
     """Rows of the batch bucket that are not stepped (padding, paused) keep anchor, position and context."""
     ar, df = setup

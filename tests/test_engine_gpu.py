@@ -42,16 +42,16 @@ def pair(request, tmp_path_factory):
 @pytest.mark.parametrize("prefill", ["graphs", "batched"])
 @pytest.mark.parametrize("mode", ["ar", "dflash"])
 def test_graphed_step_ahead_fast_path_equals_the_reference(pair, mode, prefill, monkeypatch):
-    """`prefill`: the prompts one graph each (few tokens), or together in one eager forward (as a burst of
-    long prompts is: BATCHED_PREFILL_MIN lowered to 0)."""
+    """`prefill`: the prompts one graph each (BATCHED_PREFILL_ROWS raised), or together in one eager forward (as a burst of
+    prompts is: six short prompts are under PREFILL_TOKENS and at least BATCHED_PREFILL_ROWS)."""
     from dflash_bench.engine.build import build_engine
     from dflash_bench.engine.decode import generate
     from dflash_bench.engine.fast.engine import build_fast_engine
     from dflash_bench.engine.fast import runner as runner_mod
     from dflash_bench.engine.sampling import SamplingParams
 
-    if prefill == "batched":
-        monkeypatch.setattr(runner_mod, "BATCHED_PREFILL_MIN", 0)
+    if prefill == "graphs":
+        monkeypatch.setattr(runner_mod, "BATCHED_PREFILL_ROWS", 1000)
     target, drafter = pair
     draft = str(drafter) if mode == "dflash" else None
     kw = dict(mode=mode, max_slots=SLOTS, max_len=MAX_LEN, dtype="float32", device="cuda")

@@ -38,6 +38,7 @@ class ReferenceEngine:
                                 max_len=target.max_len)
         self.device = target.device
         self.prefill_rows = PREFILL_ROWS if self.device.type == "cuda" else 1
+        self.prefill_tokens = PREFILL_TOKENS
 
     @property
     def stats(self) -> Stats:

@@ -1,6 +1,6 @@
 """The engine thread: admits requests into free slots (prefill), then steps every running sequence together.
 
-A request that arrives while others decode joins at the next step. Results go to each request's `sink`
+A request that arrives while others decode joins at the next step (a burst: one prefill group per step). Results go to each request's `sink`
 (a callable run on the engine thread); after each prefill group and each step the loop calls `flush` once,
 so a server can hand a whole step's results to its event loop in one wake-up rather than one per request.
 The loop also keeps how long its thread spent prefilling, stepping and handing results over (`seconds`),
@@ -117,13 +117,20 @@ class EngineLoop:
             self._finish(s)
 
     def _admit(self) -> None:
-        """Prefill as many waiting requests as there are free slots (batched when the engine can)."""
-        batch = []
-        while self.waiting and len(batch) < len(self.engine.free_slots):
+        """Prefill the oldest waiting requests that fit the free slots and one prefill forward (`prefill_rows`,
+        `prefill_tokens`). One group per turn of the loop: the rows already running take a step between two
+        groups, so a burst of prompts does not stall them for its whole prefill, and each group's first
+        tokens go out as soon as it is done."""
+        rows = min(len(self.engine.free_slots), self.engine.prefill_rows)
+        batch: list[_Req] = []
+        longest = 0
+        while self.waiting and len(batch) < rows:
+            longest = max(longest, len(self.waiting[0].prompt))
+            if batch and (len(batch) + 1) * longest > self.engine.prefill_tokens:
+                break
             batch.append(self.waiting.popleft())
-        rows = self.engine.prefill_rows
-        for i in range(0, len(batch), rows):  # each group's first tokens go out before the next group's prefill
-            self._admit_group(batch[i : i + rows])
+        if batch:
+            self._admit_group(batch)
 
     def _admit_group(self, batch: list[_Req]) -> None:
         t = time.perf_counter()

@@ -18,7 +18,8 @@ class Engine(Protocol):
     tok: object  # the Hugging Face tokenizer
     max_len: int  # tokens per slot (prompt + output + one block)
     vocab_size: int
-    prefill_rows: int  # requests per prefill forward: the loop admits in groups of this size
+    prefill_rows: int  # requests per prefill forward: the loop admits in groups of at most this size
+    prefill_tokens: int  # and of at most this many padded prompt tokens (rows x the longest prompt)
     greedy_only: bool  # the server answers 400 to sampling requests
     synthetic_tau: float | None  # benchmarking only: acceptance is drawn, not measured (labelled in every response)
 

@@ -14,7 +14,7 @@ import torch
 from dflash_bench.engine.bookkeeping import Bookkeeping, Delta, Seq, Stats, step_logprobs
 from dflash_bench.engine.fast.draft import FastDrafter
 from dflash_bench.engine.fast.model import FastTarget
-from dflash_bench.engine.fast.runner import FastRunner
+from dflash_bench.engine.fast.runner import PREFILL_TOKENS, FastRunner
 from dflash_bench.engine.sampling import SamplingParams
 from dflash_bench.errors import UserError
 
@@ -37,7 +37,7 @@ class FastEngine:
                                  adaptive=adaptive)
         self.runner.capture_all()  # GPU: every graph before the first request (no capture pause mid-serving)
         self.tok, self.B = tokenizer, self.runner.B
-        self.prefill_rows = max_slots  # the runner groups a batch of prompts into forwards by length
+        self.prefill_rows, self.prefill_tokens = max_slots, PREFILL_TOKENS  # a group: one forward (`runner.add_many`)
         self.max_len, self.vocab_size = max_len, ft.vocab_size
         self.synthetic_tau = synthetic_tau
         self.step_ahead = step_ahead

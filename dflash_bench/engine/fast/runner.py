@@ -31,8 +31,12 @@ from dflash_bench.engine.fast.width import WidthChooser
 
 
 PREFILL_BUCKET = 64  # prompts are padded to a multiple of this: one prefill graph per multiple
-PREFILL_TOKENS = 8192  # padded prompt tokens per batched prefill forward at most (its activations grow with it)
-BATCHED_PREFILL_MIN = 1024  # GPU: padded tokens from which prompts are prefilled together, not graph by graph
+# Prefilling k prompts (benchmarks/prefill_speed.py, H100, Qwen3-8B shape), ms per prompt at k = 1, 2, 4, 8, 32,
+# one eager forward for k > 1: 128 tokens 7.7, 11.8, 6.8, 3.4, 3.3; 320 tokens 11.8, 13.7, 8.7, 8.7, 8.3 (one graph
+# each: 7.7 and 11.5 at any k). Past ~1-2k tokens a forward is compute-bound: a larger group only delays its first
+# tokens. Under 4 prompts the eager forward's launches (~20 ms of host time) cost more than the graphs.
+PREFILL_TOKENS = 2048  # padded prompt tokens per batched prefill forward at most
+BATCHED_PREFILL_ROWS = 4  # GPU: prompts from which a group is prefilled in one eager forward, not graph by graph
 NARROW_ROWS = 8  # GPU: batch buckets from this size may verify less than the whole block (adaptive width); a
 # smaller batch's verify is memory-bound (H100, Qwen3-8B shape: 6.20 ms at 1 x 16 tokens, 5.97 for one token)
 
@@ -166,7 +170,7 @@ class FastRunner:
 
         Prompts of similar length go together, right-padded to the longest of their group, in forwards of at
         most PREFILL_TOKENS padded tokens: the group reads the weights once, and the host launches one
-        forward, not one per prompt. On a GPU a group under BATCHED_PREFILL_MIN tokens runs the one-prompt
+        forward, not one per prompt. On a GPU a group of fewer than BATCHED_PREFILL_ROWS runs the one-prompt
         graphs (`add`) instead: an eager forward's launches cost the host more than such a group's GPU time.
         Nothing is run unless every prompt fits the cache.
         """
@@ -181,7 +185,7 @@ class FastRunner:
             groups[-1].append(i)
         toks: dict[int, int] = {}
         for g in groups:
-            if len(g) == 1 or (self.graphs_on and len(g) * len(prompts[g[-1]]) < BATCHED_PREFILL_MIN):
+            if len(g) == 1 or (self.graphs_on and len(g) < BATCHED_PREFILL_ROWS):
                 toks.update((i, self.add(slots[i], prompts[i])) for i in g)
             else:
                 toks.update(zip(g, self._prefill_rows([slots[i] for i in g], [prompts[i] for i in g])))
