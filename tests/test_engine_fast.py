@@ -75,6 +75,54 @@ def test_adaptive_width_keeps_the_targets_greedy_output(setup):
     assert narrow.drafted == narrow.row_steps and 1 <= narrow.tau <= 2
 
 
+@pytest.mark.parametrize("w", [2, 4])
+def test_a_cut_draft_drafts_what_the_reference_drafts_on_a_block_of_that_length(tmp_path, w):
+    """`cut_draft`: a step of width w drafts only the w positions it verifies. Its drafts, step by step, are
+    those of the reference drafter run on blocks of w (the same weights, block_size w), not those of the whole
+    block cut after w - 1 drafts; the target's greedy output is unchanged."""
+    import json
+    import shutil
+
+    target, drafter = make_tiny_pair(tmp_path, seed=1, block_size=B)
+    short = tmp_path / "short"
+    shutil.copytree(drafter, short)
+    cfg = json.loads((short / "config.json").read_text())
+    (short / "config.json").write_text(json.dumps({**cfg, "block_size": w}))
+    kw = dict(max_slots=SLOTS, max_len=MAX_LEN, dtype="float64")
+    ar = build_engine(str(target), mode="ar", **kw)
+    ref = build_engine(str(target), str(short), mode="dflash", **kw)
+    df = build_engine(str(target), str(drafter), mode="dflash", **kw)
+    ref_drafts: list[list[int]] = []
+    propose = ref.proposer.propose
+
+    def recorded(seqs):
+        tokens, logits = propose(seqs)
+        ref_drafts.append(logits.argmax(-1)[0].tolist())
+        return tokens, logits
+    ref.proposer.propose = recorded
+
+    def fast_drafts(runner: FastRunner, prompt: list[int]) -> tuple[list[int], list[list[int]]]:
+        out, drafts = [runner.add(0, prompt)], []
+        while len(out) < N:
+            out += runner.step([0])[0]
+            drafts.append(runner.out[0, 1:w].tolist())
+        runner.release(0)
+        return out[:N], drafts
+
+    differs = False
+    for p in _prompts(ar.tok, 3):
+        want = ref_generate(ar, [p], SamplingParams(max_tokens=N, ignore_eos=True))[0].out
+        ref_drafts.clear()
+        assert ref_generate(ref, [p], SamplingParams(max_tokens=N, ignore_eos=True))[0].out == want
+        out, drafts = fast_drafts(_fast(df, width=w, cut_draft=True), p)
+        assert out == want
+        assert drafts == ref_drafts
+        whole = fast_drafts(_fast(df, width=w), p)
+        assert whole[0] == want
+        differs |= whole[1] != drafts
+    assert differs  # the whole block's first drafts are not the cut block's
+
+
 def test_synthetic_acceptance_of_a_narrow_verify_follows_the_same_curve(setup):
     """Synthetic acceptance is geometric by position: verifying w - 1 drafts gives 1 + sum_{k<w} a^k, not tau."""
     _, df = setup

@@ -97,20 +97,22 @@ class FastDrafter:
         return self.c.output_multiplier == 1.0 and not self.c.final_logit_softcapping
 
     def hidden(self, anchors: torch.Tensor, starts: torch.Tensor, row0: int, L: int,
-               pos: torch.Tensor | None = None) -> torch.Tensor:
-        """The draft for the block `[anchor, mask x (B-1)]` at `starts[b]..starts[b]+B-1`, up to the final
-        norm: its output `[bs * (B-1), hidden]` at the mask positions (`logits` maps it to the vocabulary).
-        `pos`: the block's positions `starts[:, None] + arange(B)`, when the caller has them already."""
-        c, B, bs = self.c, self.B, anchors.shape[0]
+               pos: torch.Tensor | None = None, n: int | None = None) -> torch.Tensor:
+        """The draft for the block `[anchor, mask x (n-1)]` at `starts[b]..starts[b]+n-1` (n: the block size B,
+        or fewer for a cut block: it attends only to its own n positions), up to the final norm: its output
+        `[bs * (n-1), hidden]` at the mask positions (`logits` maps it to the vocabulary). `pos`: the block's
+        positions `starts[:, None] + arange(n)`, when the caller has them already."""
+        c, bs = self.c, anchors.shape[0]
+        n = self.B if n is None else n
         h, x = embed_norm(self.kernels, anchors[:, None], self.embed, self.layers[0].ln1, self.eps,
-                          scale=c.input_embedding_scale, n=B, fill=c.mask_token_id)
+                          scale=c.input_embedding_scale, n=n, fill=c.mask_token_id)
         if pos is None:
-            pos = starts[:, None] + offsets(B, starts.device)
+            pos = starts[:, None] + offsets(n, starts.device)
         attend = self.attention(pos, starts, row0, L)
         _, x, _ = run_layers(self.layers, h, x, attend, self.norm, self.eps, self.kernels)
-        # a contiguous [bs * (B-1), hidden] input: on a strided 3-D view F.linear falls back to a batched
+        # a contiguous [bs * (n-1), hidden] input: on a strided 3-D view F.linear falls back to a batched
         # matmul that reads the whole lm_head once per row
-        return x.view(bs, B, -1)[:, 1:].reshape(bs * (B - 1), -1)
+        return x.view(bs, n, -1)[:, 1:].reshape(bs * (n - 1), -1)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """Draft logits of `hidden`'s rows."""

@@ -89,7 +89,7 @@ class FastRunner:
 
     def __init__(self, target: FastTarget, drafter: FastDrafter | None = None, *, graphs: bool | None = None,
                  kv_block: int = 256, synthetic_tau: float | None = None, seed: int = 0, keep_logits: bool = False,
-                 overlap: bool = True, adaptive: bool = False, width: int | None = None):
+                 overlap: bool = True, adaptive: bool = False, width: int | None = None, cut_draft: bool = False):
         self.t, self.d = target, drafter
         self.B = drafter.B if drafter else 1
         self.S, self.max_len = target.cache.slots, target.max_len
@@ -141,6 +141,9 @@ class FastRunner:
         self.fixed = min(width or self.B, self.B)
         self.widths = self.chooser.widths if self.chooser else [self.fixed]
         self.width = self.fixed  # the width of the step collected last
+        # draft only the w positions a step verifies (a block cut to w), not the whole block: for drafters
+        # trained on blocks of random length, which draft a cut block as well
+        self.cut_draft = cut_draft
 
     # ---- requests -------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -364,11 +367,13 @@ class FastRunner:
 
     def _draft(self, bs: int, L: int, w: int) -> None:
         """The drafter over the whole block, as it was trained (a block cut to w tokens drafts worse, measured on
-        the embedded pair); the vocabulary only for the w - 1 drafts the verify checks."""
-        pos = torch.add(self.start[:bs, None], offsets(self.B, self.dev), out=self.pos[:bs])
-        x = self.d.hidden(self.anchor[:bs], self.start[:bs], 0, L, pos=pos)
-        if w < self.B:
-            x = x.view(bs, self.B - 1, -1)[:, : w - 1].reshape(bs * (w - 1), -1)
+        the embedded pair), or with `cut_draft` over the w positions the verify checks; the vocabulary only for
+        the w - 1 drafts the verify checks."""
+        n = w if self.cut_draft else self.B
+        pos = torch.add(self.start[:bs, None], offsets(n, self.dev), out=self.pos[:bs, :n])
+        x = self.d.hidden(self.anchor[:bs], self.start[:bs], 0, L, pos=pos, n=n)
+        if w < n:
+            x = x.view(bs, n - 1, -1)[:, : w - 1].reshape(bs * (w - 1), -1)
         drafts = self.drafts[:bs, : w - 1]
         if self.t.kernels is not None and self.d.plain_head:
             self.t.kernels.gemm.linear_argmax(x, self.d.head, drafts)
