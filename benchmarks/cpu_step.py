@@ -53,7 +53,7 @@ from dflash_bench.engine.fast.runner import FastRunner, decode  # noqa: E402
 from dflash_bench.engine.target import load_model  # noqa: E402
 
 PAIR = ROOT / "dflash_bench" / "assets" / "default_pair"
-KERNELS = {"auto": None, "torch": False}  # FastTarget's `kernels`
+KERNELS = {"auto": None, "cpu": "cpu", "torch": False}  # FastTarget's `kernels`
 
 
 def parse_shapes(text: str) -> list[tuple[int, int]]:
@@ -231,7 +231,7 @@ def main() -> None:
     ap.add_argument("--data-dir")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (serve --device cpu uses 1)")
     ap.add_argument("--kernels", choices=sorted(KERNELS), default="auto",
-                    help="the step's ops: auto (as serve --fast picks them), torch (plain torch ops)")
+                    help="the step's ops: auto (as serve --fast picks them), cpu (the C kernels), torch (plain torch ops)")
     ap.add_argument("--out", help="also write the results as JSON here")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)

@@ -38,13 +38,30 @@ def setup(request, tmp_path_factory):
     return ar, df
 
 
-def _fast(df, *, drafter=True, **kw):
-    t = FastTarget(df.target.model, max_slots=SLOTS, max_len=MAX_LEN)
-    d = FastDrafter(df.proposer.drafter, t.embed, t.head, max_slots=SLOTS, max_len=MAX_LEN) if drafter else None
+def _fast(df, *, drafter=True, kernels=None, **kw):
+    """kernels None: the CPU kernels where a C compiler builds them (else the torch path); False: the torch path."""
+    t = FastTarget(df.target.model, max_slots=SLOTS, max_len=MAX_LEN, kernels=kernels)
+    d = FastDrafter(df.proposer.drafter, t.embed, t.head, max_slots=SLOTS, max_len=MAX_LEN,
+                    kernels=kernels) if drafter else None
     return FastRunner(t, d, kv_block=16, **kw)
 
 
-def test_fast_ar_and_dflash_equal_the_reference_engine(setup):
+# the two ways a CPU runs a step: the C kernels (engine/fast/cpu_kernels.c) and plain torch ops
+PATHS = [pytest.param("cpu", id="cpu-kernels"), pytest.param(False, id="torch-ops")]
+
+
+def _path(kernels):
+    if kernels == "cpu":
+        from dflash_bench.engine.fast import cpu_kernels
+
+        if cpu_kernels.load() is None:
+            pytest.skip("no C compiler builds the CPU kernels")
+    return kernels
+
+
+@pytest.mark.parametrize("kernels", PATHS)
+def test_fast_ar_and_dflash_equal_the_reference_engine(setup, kernels):
+    kernels = _path(kernels)
     ar, df = setup
     prompts = _prompts(ar.tok, 5)
     ref = [s.out for s in ref_generate(ar, prompts, SamplingParams(max_tokens=N, ignore_eos=True))]
@@ -52,37 +69,42 @@ def test_fast_ar_and_dflash_equal_the_reference_engine(setup):
     ref_generate(df, prompts, SamplingParams(max_tokens=N, ignore_eos=True))
     ref_tau = 1 + (df.stats.accepted - a0) / (df.stats.drafts - d0)
 
-    fast_ar = _fast(df, drafter=False)
+    fast_ar = _fast(df, drafter=False, kernels=kernels)
+    assert (fast_ar.t.kernels is not None) == (kernels == "cpu")
     assert generate(fast_ar, prompts, N) == ref
-    fast_df = _fast(df)
+    fast_df = _fast(df, kernels=kernels)
     assert generate(fast_df, prompts, N) == ref
     # same drafts as the reference drafter, step by step: the per-step acceptance matches exactly
     assert fast_df.tau == pytest.approx(ref_tau)
 
 
-def test_adaptive_width_keeps_the_targets_greedy_output(setup):
+@pytest.mark.parametrize("kernels", PATHS)
+def test_adaptive_width_keeps_the_targets_greedy_output(setup, kernels):
     """Verifying fewer drafts per step (chosen by load, or fixed narrow) commits only the target's own tokens."""
+    kernels = _path(kernels)
     ar, df = setup
     prompts = _prompts(ar.tok, 5)
     ref = [s.out for s in ref_generate(ar, prompts, SamplingParams(max_tokens=N, ignore_eos=True))]
-    auto = _fast(df, adaptive=True)
+    auto = _fast(df, adaptive=True, kernels=kernels)
     assert auto.widths == [2, 4, B]
     assert generate(auto, prompts, N) == ref
     assert set(auto.chooser.chosen) == {2, 4, B}  # every width ran (each is timed before the choice trusts it)
     assert auto.drafted < auto.row_steps * (B - 1)  # some steps verified fewer than the whole block
-    narrow = _fast(df, width=2)
+    narrow = _fast(df, width=2, kernels=kernels)
     assert generate(narrow, prompts, N) == ref
     assert narrow.drafted == narrow.row_steps and 1 <= narrow.tau <= 2
 
 
+@pytest.mark.parametrize("kernels", PATHS)
 @pytest.mark.parametrize("w", [2, 4])
-def test_a_cut_draft_drafts_what_the_reference_drafts_on_a_block_of_that_length(tmp_path, w):
+def test_a_cut_draft_drafts_what_the_reference_drafts_on_a_block_of_that_length(tmp_path, w, kernels):
     """`cut_draft`: a step of width w drafts only the w positions it verifies. Its drafts, step by step, are
     those of the reference drafter run on blocks of w (the same weights, block_size w), not those of the whole
     block cut after w - 1 drafts; the target's greedy output is unchanged."""
     import json
     import shutil
 
+    kernels = _path(kernels)
     target, drafter = make_tiny_pair(tmp_path, seed=1, block_size=B)
     short = tmp_path / "short"
     shutil.copytree(drafter, short)
@@ -114,10 +136,10 @@ def test_a_cut_draft_drafts_what_the_reference_drafts_on_a_block_of_that_length(
         want = ref_generate(ar, [p], SamplingParams(max_tokens=N, ignore_eos=True))[0].out
         ref_drafts.clear()
         assert ref_generate(ref, [p], SamplingParams(max_tokens=N, ignore_eos=True))[0].out == want
-        out, drafts = fast_drafts(_fast(df, width=w, cut_draft=True), p)
+        out, drafts = fast_drafts(_fast(df, width=w, cut_draft=True, kernels=kernels), p)
         assert out == want
         assert drafts == ref_drafts
-        whole = fast_drafts(_fast(df, width=w), p)
+        whole = fast_drafts(_fast(df, width=w, kernels=kernels), p)
         assert whole[0] == want
         differs |= whole[1] != drafts
     assert differs  # the whole block's first drafts are not the cut block's

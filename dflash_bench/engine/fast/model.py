@@ -65,13 +65,27 @@ class Kernels:
     gemm: ModuleType  # triton_gemm: skinny matmuls, and the lm_head's matmul fused with its argmax
 
 
-def load_kernels(device: torch.device, want: bool | None) -> Kernels | None:
-    """The Triton kernels, or None for the torch path.
+def load_kernels(device: torch.device, want: bool | str | None, dtype: torch.dtype | None = None) -> Kernels | None:
+    """The kernels of a decode step, or None for the torch path.
 
-    want None: kernels on CUDA when Triton imports. True: kernels anywhere (the CPU tests run them in Triton's
-    interpreter). False: the torch path.
+    want None: on CUDA the Triton kernels when Triton imports; on a CPU the C kernels (`cpu_kernels`, float32
+    and float64) when the machine's C compiler builds them. True: the Triton kernels anywhere (the CPU tests
+    run them in Triton's interpreter). "cpu": the C kernels (an error where they cannot be built). False: the
+    torch path.
     """
-    if want is False or (want is None and device.type != "cuda"):
+    if want is False:
+        return None
+    if device.type == "cpu" and want in (None, "cpu"):
+        from dflash_bench.engine.fast import cpu_kernels
+
+        if dtype not in cpu_kernels.SUFFIX:
+            if want == "cpu":
+                raise UserError(f"the CPU kernels run float32 and float64 models, not {dtype}")
+            return None
+        if cpu_kernels.load(required=want == "cpu") is None:
+            return None
+        return Kernels(ops=cpu_kernels, attn=cpu_kernels, gemm=cpu_kernels)
+    if want is None and device.type != "cuda":
         return None
     try:
         from dflash_bench.engine.fast import triton_attn, triton_gemm, triton_ops
@@ -80,6 +94,12 @@ def load_kernels(device: torch.device, want: bool | None) -> Kernels | None:
             raise UserError("the fast path's kernels need Triton: pip install triton") from None
         return None
     return Kernels(ops=triton_ops, attn=triton_attn, gemm=triton_gemm)
+
+
+def prepared(kernels, w: torch.Tensor) -> torch.Tensor:
+    """A weight as the kernels' matmul reads it: the CPU kernels' packed panels; otherwise as it is."""
+    pack = getattr(kernels.gemm, "pack", None) if kernels else None
+    return pack(w) if pack else w
 
 
 def norm(kernels):
@@ -297,7 +317,7 @@ def _linear_weight(m: nn.Linear) -> torch.Tensor:
 class FastTarget:
     """The target's forward with fused projections over a `KVCache`; can return the outputs of chosen layers."""
 
-    def __init__(self, hf_model: nn.Module, *, max_slots: int, max_len: int, kernels: bool | None = None):
+    def __init__(self, hf_model: nn.Module, *, max_slots: int, max_len: int, kernels: bool | str | None = None):
         cfg = hf_model.config.get_text_config()
         inner = hf_model.model
         self.n_layers = cfg.num_hidden_layers
@@ -308,9 +328,11 @@ class FastTarget:
         self.hidden_size = cfg.hidden_size
         self.embed = inner.embed_tokens.weight.detach()
         self.norm = inner.norm.weight.detach()
-        self.head = hf_model.get_output_embeddings().weight.detach()
+        self.head = hf_model.get_output_embeddings().weight.detach()  # `[V, hidden]`, lent to the drafter
         self.vocab_size = self.head.shape[0]
         self.dtype, self.device = self.embed.dtype, self.embed.device
+        self.kernels = load_kernels(self.device, kernels, self.dtype)
+        self.lm_head = prepared(self.kernels, self.head)  # the head as this target's matmuls read it
         rot = inner.rotary_emb
         self.inv_freq = rot.inv_freq.detach().float()
         self.rope_scale = float(getattr(rot, "attention_scaling", 1.0))
@@ -319,7 +341,6 @@ class FastTarget:
         self.scale = float(getattr(inner.layers[0].self_attn, "scaling", self.hd ** -0.5))
         self.cache = KVCache(self.n_layers, max_slots, max_len, self.hkv, self.hd, self.dtype, self.device)
         self.max_len = max_len
-        self.kernels = load_kernels(self.device, kernels)
         self.attention = StepAttention(self.cache, self.kernels, heads=self.H, kv_heads=self.hkv, head_dim=self.hd,
                                        eps=self.eps, scale=self.scale, kinds=[(True, w) for w in self.windows],
                                        inv_freq=self.inv_freq, rope_scale=self.rope_scale)
@@ -337,20 +358,21 @@ class FastTarget:
         wqk = None
         if qn is not None:
             wqk = torch.cat([qn.weight.detach().expand(self.H, -1), kn.weight.detach().expand(self.hkv, -1)])
+        mm = functools.partial(prepared, self.kernels)
         return Layer(
-            wqkv=torch.cat([_linear_weight(p) for p in projs]),
+            wqkv=mm(torch.cat([_linear_weight(p) for p in projs])),
             bqkv=bias,
-            wo=_linear_weight(a.o_proj),
+            wo=mm(_linear_weight(a.o_proj)),
             wqk=wqk,
             ln1=layer.input_layernorm.weight.detach(),
             ln2=layer.post_attention_layernorm.weight.detach(),
-            w13=torch.cat([_linear_weight(m.gate_proj), _linear_weight(m.up_proj)]),
-            w2=_linear_weight(m.down_proj),
+            w13=mm(torch.cat([_linear_weight(m.gate_proj), _linear_weight(m.up_proj)])),
+            w2=mm(_linear_weight(m.down_proj)),
         )
 
     def weight_bytes(self) -> int:
         """Bytes one decode step must read: every weight but the embedding table (one row of it is read)."""
-        n = self.norm.numel() + self.head.numel()
+        n = self.norm.numel() + self.lm_head.numel()
         for ly in self.layers:
             n += sum(t.numel() for t in (ly.wqkv, ly.wo, ly.ln1, ly.ln2, ly.w13, ly.w2) if t is not None)
             n += sum(t.numel() for t in (ly.bqkv, ly.wqk) if t is not None)
@@ -383,7 +405,7 @@ class FastTarget:
             x = x.index_select(0, last)
         elif last_only:  # contiguous rows: a strided 3-D input would make F.linear read lm_head once per row
             x = x.view(bs, n, -1)[:, -1].contiguous()
-        out = matmul(self.kernels)(x, self.head).view(bs, 1 if last_only else n, -1) if head else x
+        out = matmul(self.kernels)(x, self.lm_head).view(bs, 1 if last_only else n, -1) if head else x
         if not taps or on_taps is not None:
             return out, None
         return out, torch.cat(ordered(feats), -1).view(bs, n, -1)

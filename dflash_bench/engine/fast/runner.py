@@ -376,7 +376,7 @@ class FastRunner:
             x = x.view(bs, n - 1, -1)[:, : w - 1].reshape(bs * (w - 1), -1)
         drafts = self.drafts[:bs, : w - 1]
         if self.t.kernels is not None and self.d.plain_head:
-            self.t.kernels.gemm.linear_argmax(x, self.d.head, drafts)
+            self.t.kernels.gemm.linear_argmax(x, self.d.lm_head, drafts)
         else:
             self._argmax(self.d.logits(x).view(bs, w - 1, -1), drafts)
 
@@ -407,8 +407,8 @@ class FastRunner:
         """The target's greedy tokens `[bs, n]` from its final hidden rows; the logits are written (for
         logprobs) only when the runner keeps them."""
         if self.logits is None and self.t.kernels is not None:
-            return self.t.kernels.gemm.linear_argmax(x, self.t.head).view(bs, n)
-        logits = matmul(self.t.kernels)(x, self.t.head).view(bs, n, -1)
+            return self.t.kernels.gemm.linear_argmax(x, self.t.lm_head).view(bs, n)
+        logits = matmul(self.t.kernels)(x, self.t.lm_head).view(bs, n, -1)
         if self.logits is not None:
             self.logits[:bs, :n] = logits
         return self._argmax(logits)
