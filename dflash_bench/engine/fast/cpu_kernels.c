@@ -281,47 +281,51 @@ static inline __attribute__((always_inline)) void attn_tile_##SUF(              
 int attention_##SUF(const T *q, const T *kc, const T *vc, long s_slot, long s_pos, long s_head,              \
                     const int64_t *starts, long row0, long bs, long n, long H, long hkv, long hd, double scale, \
                     int causal, long window, T *out) {                                                       \
-    long rep = H / hkv, nr = rep * n;                                                                        \
-    T *sc = malloc(sizeof(T) * (2 * TILE + nr * (hd + 2)));                                                  \
+    long rep = H / hkv, nr = rep * n; /* query rows per KV head */                                           \
+    T *sc = malloc(sizeof(T) * (2 * TILE + H * n * (hd + 2)));                                               \
     long *lo = malloc(sizeof(long) * 2 * nr);                                                                \
-    if (!sc || !lo) { free(sc); free(lo); return -1; }                                                       \
-    T *acc = sc + 2 * TILE, *mx = acc + nr * hd, *sum = mx + nr;                                             \
+    const T **qr = malloc(sizeof(T *) * H * n);                                                              \
+    if (!sc || !lo || !qr) { free(sc); free(lo); free(qr); return -1; }                                      \
+    T *acc = sc + 2 * TILE, *mx = acc + H * n * hd, *sum = mx + H * n;                                       \
     long *hi = lo + nr;                                                                                      \
     for (long b = 0; b < bs; b++) {                                                                          \
         long s0 = starts[b], klo = s0 + n, khi = 0;                                                          \
-        for (long i = 0; i < nr; i++) { /* row i: query j = i / rep, head g * rep + i % rep */               \
+        for (long i = 0; i < nr; i++) { /* row i of a KV head: query j = i / rep, its (i % rep)th head */    \
             long p = s0 + i / rep;                                                                           \
             lo[i] = window > 0 ? max_l(0, p - window + 1) : 0;                                               \
             hi[i] = causal ? p + 1 : (window > 0 ? min_l(s0 + n, p + window) : s0 + n);                      \
             klo = min_l(klo, lo[i]);                                                                         \
             khi = max_l(khi, hi[i]);                                                                         \
         }                                                                                                    \
-        for (long g = 0; g < hkv; g++) {                                                                     \
-            const T *K = kc + (row0 + b) * s_slot + g * s_head, *Vv = vc + (row0 + b) * s_slot + g * s_head; \
-            const T *qr[nr];                                                                                 \
-            for (long i = 0; i < nr; i++) {                                                                  \
-                qr[i] = q + ((b * n + i / rep) * H + g * rep + i % rep) * hd;                                \
-                mx[i] = -INFINITY;                                                                           \
-                sum[i] = 0;                                                                                  \
-            }                                                                                                \
-            memset(acc, 0, sizeof(T) * nr * hd);                                                             \
-            for (long k0 = klo; k0 < khi; k0 += TILE) {                                                      \
-                long k1 = min_l(khi, k0 + TILE), i = 0;                                                      \
+        const T *K = kc + (row0 + b) * s_slot, *Vv = vc + (row0 + b) * s_slot;                               \
+        for (long i = 0; i < hkv * nr; i++) { /* rows of KV head g: g * nr .. (g + 1) * nr - 1 */             \
+            long g = i / nr, r = i % nr;                                                                     \
+            qr[i] = q + ((b * n + r / rep) * H + g * rep + r % rep) * hd;                                    \
+            mx[i] = -INFINITY;                                                                               \
+            sum[i] = 0;                                                                                      \
+        }                                                                                                    \
+        memset(acc, 0, sizeof(T) * hkv * nr * hd);                                                           \
+        for (long k0 = klo; k0 < khi; k0 += TILE) {                                                          \
+            long k1 = min_l(khi, k0 + TILE);                                                                 \
+            for (long g = 0; g < hkv; g++) {                                                                 \
+                long i = 0, o = g * nr;                                                                      \
                 for (; i + 2 <= nr; i += 2)                                                                  \
-                    attn_tile_##SUF(2, qr + i, K, Vv, s_pos, hd, (T)scale, lo + i, hi + i, k0, k1, sc, mx + i, \
-                                    sum + i, acc + i * hd);                                                  \
+                    attn_tile_##SUF(2, qr + o + i, K + g * s_head, Vv + g * s_head, s_pos, hd, (T)scale, lo + i, \
+                                    hi + i, k0, k1, sc, mx + o + i, sum + o + i, acc + (o + i) * hd);       \
                 if (i < nr)                                                                                  \
-                    attn_tile_##SUF(1, qr + i, K, Vv, s_pos, hd, (T)scale, lo + i, hi + i, k0, k1, sc, mx + i, \
-                                    sum + i, acc + i * hd);                                                  \
+                    attn_tile_##SUF(1, qr + o + i, K + g * s_head, Vv + g * s_head, s_pos, hd, (T)scale, lo + i, \
+                                    hi + i, k0, k1, sc, mx + o + i, sum + o + i, acc + (o + i) * hd);       \
             }                                                                                                \
-            for (long i = 0; i < nr; i++) {                                                                  \
-                T *o = out + (b * n + i / rep) * H * hd + (g * rep + i % rep) * hd, inv = sum[i] > 0 ? 1 / sum[i] : 0; \
-                for (long c = 0; c < hd; c++) o[c] = acc[i * hd + c] * inv;                                  \
-            }                                                                                                \
+        }                                                                                                    \
+        for (long i = 0; i < hkv * nr; i++) {                                                                \
+            long g = i / nr, r = i % nr;                                                                     \
+            T *o = out + (b * n + r / rep) * H * hd + (g * rep + r % rep) * hd, inv = sum[i] > 0 ? 1 / sum[i] : 0; \
+            for (long c = 0; c < hd; c++) o[c] = acc[i * hd + c] * inv;                                      \
         }                                                                                                    \
     }                                                                                                        \
     free(sc);                                                                                                \
     free(lo);                                                                                                \
+    free(qr);                                                                                                \
     return 0;                                                                                                \
 }
 
