@@ -11,13 +11,14 @@ drafter's config (hidden size, heads, block 16, tapped layers) with random weigh
 entry LxI (L layers, intermediate size I; the embedded drafter is 2x768): a step's cost does not depend on
 the weights. Prompts are random token ids of `--prompt-len`.
 
-1. Step costs, per batch of `--batches` rows: the AR step, and per verify width w (`--widths`) the DFlash
-   draft and verify, drafting the whole block ("block") or only the w positions the verify checks ("cut",
-   `FastRunner(cut_draft=True)`), each the median over `--steps` steps (after 2 warm-up steps) of the
-   runner's own per-phase timer, then the median over `--rounds` rounds; in each round every
-   configuration runs once, AR first. ratio = (draft + verify) / AR step. Steps commit synthetic acceptance
-   `--tau` (the KV grows as it would), so "step" (the wall time of `runner.step`, host bookkeeping
-   included) is also given.
+1. Step costs, per batch of `--batches` rows and per verify width w (`--widths`): the DFlash draft and verify,
+   drafting the whole block ("block") or only the w positions the verify checks ("cut",
+   `FastRunner(cut_draft=True)`), and the AR step, one AR step and one DFlash step in turn (each runner over
+   its own copy of the target, both prefilled with the same prompts), so that both see the same load on a
+   shared machine: the median over `--steps` steps (after 2 warm-up steps) of the runners' own per-phase
+   timers, then the median over `--rounds` rounds. ratio = (draft + verify) / AR step, the median of the
+   rounds' ratios. Steps commit synthetic acceptance `--tau` (the KV grows as it would); "step ratio" uses
+   the wall time of `runner.step` (host bookkeeping included).
 2. In-process tok/s (unless `--skip-throughput`): per concurrency of `--concurrency`, AR against DFlash with
    the width chosen by load (`adaptive`, the server's default) and synthetic acceptance `--tau` (a
    per-position curve fitted to tau over the whole block; a narrower step accepts what that curve gives),
@@ -83,52 +84,64 @@ def med(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
-def measure_steps(runner: FastRunner, prompts: list[list[int]], steps: int) -> dict:
-    """Prefill `prompts` into slots 0.., 2 warm-up steps, then `steps` timed steps: the medians of the runner's
-    draft and verify (AR: the step) timers and of the wall time of `runner.step`, in ms."""
+def interleaved(ar: FastRunner, df: FastRunner, prompts: list[list[int]], steps: int) -> dict:
+    """Prefill `prompts` into slots 0.. of both runners (each over its own target copy), 2 warm-up steps each,
+    then `steps` rounds of one AR step and one DFlash step, so both see the same machine: the medians of the
+    runners' own timers (AR step; DFlash draft and verify) and of the wall time of `runner.step`, in ms."""
     slots = list(range(len(prompts)))
-    runner.add_many(slots, prompts)
-    for _ in range(2):
-        runner.step(slots)
-    runner.timings, runner.timing = [], True
-    walls = []
+    walls: dict[str, list[float]] = {"ar": [], "df": []}
+    for r in (ar, df):
+        r.add_many(slots, prompts)
+        for _ in range(2):
+            r.step(slots)
+        r.timings, r.timing = [], True
     for _ in range(steps):
-        t = time.perf_counter()
-        runner.step(slots)
-        walls.append((time.perf_counter() - t) * 1e3)
-    runner.timing = False
-    draft, verify = runner.step_times_ms()
-    for s in slots:
-        runner.release(s)
-    return dict(draft_ms=draft if runner.B > 1 else 0.0, verify_ms=verify, step_ms=med(walls))
+        for name, r in (("ar", ar), ("df", df)):
+            t = time.perf_counter()
+            r.step(slots)
+            walls[name].append((time.perf_counter() - t) * 1e3)
+    out = {}
+    for name, r in (("ar", ar), ("df", df)):
+        r.timing = False
+        draft, verify = r.step_times_ms()
+        out[name] = dict(draft_ms=draft if r.B > 1 else 0.0, verify_ms=verify, step_ms=med(walls[name]))
+        for s in slots:
+            r.release(s)
+    return out
 
 
-def step_costs(target: FastTarget, drafters: dict[str, FastDrafter], a) -> list[dict]:
-    vocab = target.vocab_size
+def step_costs(targets: tuple[FastTarget, FastTarget], drafters: dict[str, FastDrafter], a) -> list[dict]:
+    """Per batch, drafter, width and draft kind, `interleaved` AR and DFlash steps, every round; medians over
+    rounds (the ratio: the median of each round's own ratio)."""
+    vocab = targets[0].vocab_size
     B = next(iter(drafters.values())).B
     samples: dict[tuple, list[dict]] = {}
     for rnd in range(a.rounds):
         for bs in a.batches:
             prompts = random_prompts(bs, a.prompt_len, vocab, 1000 * rnd + bs)
-            samples.setdefault((bs, "ar"), []).append(measure_steps(FastRunner(target, None), prompts, a.steps))
             for name, fd in drafters.items():
                 for w in a.widths:
                     for cut in ([False, True] if w < B else [False]):
-                        r = FastRunner(target, fd, width=w, cut_draft=cut, synthetic_tau=a.tau, seed=rnd)
-                        samples.setdefault((bs, name, w, cut), []).append(measure_steps(r, prompts, a.steps))
+                        df = FastRunner(targets[1], fd, width=w, cut_draft=cut, synthetic_tau=a.tau, seed=rnd)
+                        samples.setdefault((bs, name, w, cut), []).append(
+                            interleaved(FastRunner(targets[0], None), df, prompts, a.steps))
             print(f"round {rnd + 1}/{a.rounds}, batch {bs} done", flush=True)
     rows = []
     for bs in a.batches:
-        ar = med([s["step_ms"] for s in samples[(bs, "ar")]])
-        ar_timer = med([s["verify_ms"] for s in samples[(bs, "ar")]])
-        row: dict = dict(batch=bs, ar_ms=ar_timer, ar_step_ms=ar, dflash=[])
+        ss = [s["ar"] for key, got in samples.items() if key[0] == bs for s in got]
+        row: dict = dict(batch=bs, ar_ms=med([s["verify_ms"] for s in ss]), ar_step_ms=med([s["step_ms"] for s in ss]),
+                         dflash=[])
         for name in drafters:
             for w in a.widths:
                 for cut in ([False, True] if w < B else [False]):
-                    ss = samples[(bs, name, w, cut)]
-                    d, v, st = (med([s[k] for s in ss]) for k in ("draft_ms", "verify_ms", "step_ms"))
-                    row["dflash"].append(dict(drafter=name, width=w, draft="cut" if cut else "block", draft_ms=d,
-                                              verify_ms=v, step_ms=st, ratio=(d + v) / ar_timer, step_ratio=st / ar))
+                    got = samples[(bs, name, w, cut)]
+                    ar, df = [g["ar"] for g in got], [g["df"] for g in got]
+                    d, v, st = (med([s[k] for s in df]) for k in ("draft_ms", "verify_ms", "step_ms"))
+                    row["dflash"].append(dict(
+                        drafter=name, width=w, draft="cut" if cut else "block", ar_ms=med([s["verify_ms"] for s in ar]),
+                        draft_ms=d, verify_ms=v, step_ms=st,
+                        ratio=med([(x["draft_ms"] + x["verify_ms"]) / y["verify_ms"] for x, y in zip(df, ar)]),
+                        step_ratio=med([x["step_ms"] / y["step_ms"] for x, y in zip(df, ar)])))
         rows.append(row)
     return rows
 
@@ -203,11 +216,12 @@ def print_steps(rows: list[dict], a) -> None:
           f"{'verify ms':>9} | {'DFlash ms':>9} | {'ratio':>5} | {'step ratio':>10}")
     for row in rows:
         for d in row["dflash"]:
-            print(f"{row['batch']:>5} | {row['ar_ms']:>6.2f} | {d['drafter']:>7} | {d['width']:>2} | {d['draft']:>5} | "
+            print(f"{row['batch']:>5} | {d['ar_ms']:>6.2f} | {d['drafter']:>7} | {d['width']:>2} | {d['draft']:>5} | "
                   f"{d['draft_ms']:>8.2f} | {d['verify_ms']:>9.2f} | {d['draft_ms'] + d['verify_ms']:>9.2f} | "
                   f"{d['ratio']:>5.2f} | {d['step_ratio']:>10.2f}")
-    print("ratio: (draft + verify) / AR step, the runner's timers; step ratio: the same with each step's wall time "
-          "(host bookkeeping included).")
+    print("AR ms: the AR steps interleaved with that row's DFlash steps. ratio: (draft + verify) / AR step, the "
+          "runners' timers, the median of the rounds' ratios; step ratio: the same with each step's wall time (host "
+          "bookkeeping included).")
 
 
 def main() -> None:
@@ -242,18 +256,19 @@ def main() -> None:
     S = max(a.batches + a.concurrency)
     kernels = KERNELS[a.kernels]
     target = FastTarget(hf, max_slots=S, max_len=max_len, kernels=kernels)
+    df_target = FastTarget(hf, max_slots=S, max_len=max_len, kernels=kernels)  # its own cache, for interleaving
     res: dict = dict(machine=platform.processor() or platform.machine(), cpus=os.cpu_count(), torch=torch.__version__,
                      threads=torch.get_num_threads(),
                      kernels=target.kernels.gemm.__name__.rpartition(".")[2] if target.kernels else "torch ops",
                      args={k: v for k, v in vars(a).items()})
     print(f"{res['machine']}, {res['cpus']} CPUs, torch {res['torch']}, {res['threads']} thread(s), "
           f"{res['kernels']}", flush=True)
-    drafters = {f"{L}x{inter}": FastDrafter(random_drafter(Path(a.drafter), L, inter), target.embed, target.head,
+    drafters = {f"{L}x{inter}": FastDrafter(random_drafter(Path(a.drafter), L, inter), df_target.embed, df_target.head,
                                             max_slots=S, max_len=max_len, kernels=kernels)
                 for L, inter in a.draft_shapes}
     t0 = time.perf_counter()
     if not a.skip_steps:
-        res["steps"] = step_costs(target, drafters, a)
+        res["steps"] = step_costs((target, df_target), drafters, a)
         print_steps(res["steps"], a)
         save(res, a.out)
     if not a.skip_throughput:
