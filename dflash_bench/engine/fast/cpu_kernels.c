@@ -18,6 +18,9 @@
  */
 #include <math.h>
 #include <stdint.h>
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,6 +32,7 @@
 typedef float vf __attribute__((vector_size(VB)));
 typedef double vd __attribute__((vector_size(VB)));
 typedef int32_t vi __attribute__((vector_size(VB)));
+typedef int64_t vl __attribute__((vector_size(VB)));
 
 static inline long min_l(long a, long b) { return a < b ? a : b; }
 static inline long max_l(long a, long b) { return a > b ? a : b; }
@@ -51,7 +55,7 @@ static inline vf exp_vf(vf x) {
     y = y * x + 5.0000001201e-1f;
     y = y * x * x + x + 1.0f;
     vi e = (__builtin_convertvector(fx, vi) + 127) << 23;
-    return y * (vf)e;
+    return (vf)((vi)(y * (vf)e) & ~under); /* 0 below the range (exp(-inf) included), as libm's */
 }
 
 static inline vd exp_vd(vd x) { /* float64 runs only in tests: libm's exp, lane by lane */
@@ -59,7 +63,22 @@ static inline vd exp_vd(vd x) { /* float64 runs only in tests: libm's exp, lane 
     return x;
 }
 
-#define DEFINE_KERNELS(T, V, SUF, EXPV)                                                                       \
+/* out[j] = the sum of the lanes of v[j], j < 4 */
+static inline void hsum4_f32(const vf *v, float *out) {
+#if defined(__AVX__) && VB == 32
+    __m256 ab = _mm256_hadd_ps((__m256)v[0], (__m256)v[1]), cd = _mm256_hadd_ps((__m256)v[2], (__m256)v[3]);
+    __m256 all = _mm256_hadd_ps(ab, cd); /* lanes 0-3: halves of the four sums, lanes 4-7: the other halves */
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(all), _mm256_extractf128_ps(all, 1)));
+#else
+    for (int j = 0; j < 4; j++) { float t = 0; for (int i = 0; i < 8; i++) t += v[j][i]; out[j] = t; }
+#endif
+}
+
+static inline void hsum4_f64(const vd *v, double *out) {
+    for (int j = 0; j < 4; j++) { double t = 0; for (int i = 0; i < 4; i++) t += v[j][i]; out[j] = t; }
+}
+
+#define DEFINE_KERNELS(T, V, VI, SUF, EXPV)                                                                    \
 enum { N_##SUF = VB / sizeof(T), PW_##SUF = 2 * (VB / sizeof(T)) };                                          \
 static inline V ld_##SUF(const T *p) { V v; memcpy(&v, p, sizeof v); return v; }                             \
 static inline void st_##SUF(T *p, V v) { memcpy(p, &v, sizeof v); }                                          \
@@ -201,11 +220,11 @@ void qk_rope_store_##SUF(const T *qkv, long ld, long t, long nq, long hkv, long 
     }                                                                                                        \
 }                                                                                                            \
                                                                                                              \
-/* One tile [k0, k1) of keys for rb (1 or 2, a constant where inlined) query rows q[r] with key ranges       \
- * [lo[r], hi[r]): scores (4 keys at a time), an online-softmax update of mx, sum and the rows' unnormalised \
- * outputs acc (rows of hd), then p @ V. sc: [rb][TILE] scratch. */                                          \
+/* One tile [k0, k1) of keys (K, V rows s_pos apart) for rb (1 or 2, a constant where inlined) query rows   \
+ * q[r], pre-scaled, with key ranges [lo[r], hi[r]): scores (4 keys at a time), an online-softmax update of \
+ * mx, sum and the rows' unnormalised outputs acc (rows of hd), then p @ V. sc: [rb][TILE] scratch. */      \
 static inline __attribute__((always_inline)) void attn_tile_##SUF(                                           \
-        int rb, const T *const *q, const T *K, const T *Vv, long s_pos, long hd, T scale, const long *lo,     \
+        int rb, const T *const *q, const T *K, const T *Vv, long s_pos, long hd, const long *lo,             \
         const long *hi, long k0, long k1, T *sc, T *mx, T *sum, T *acc) {                                    \
     enum { N = N_##SUF };                                                                                    \
     long a = k1, e = k0;                                                                                     \
@@ -223,8 +242,7 @@ static inline __attribute__((always_inline)) void attn_tile_##SUF(              
                 d[r][0] += qv * x0; d[r][1] += qv * x1; d[r][2] += qv * x2; d[r][3] += qv * x3;              \
             }                                                                                                \
         }                                                                                                    \
-        for (int r = 0; r < rb; r++)                                                                         \
-            for (int j = 0; j < 4; j++) sc[r * TILE + kk - k0 + j] = hsum_##SUF(d[r][j]) * scale;           \
+        for (int r = 0; r < rb; r++) hsum4_##SUF(d[r], sc + r * TILE + kk - k0);                             \
     }                                                                                                        \
     for (; kk < e; kk++) {                                                                                   \
         V d[2] = {{0}};                                                                                      \
@@ -232,19 +250,25 @@ static inline __attribute__((always_inline)) void attn_tile_##SUF(              
             V x = ld_##SUF(K + kk * s_pos + c);                                                              \
             for (int r = 0; r < rb; r++) d[r] += ld_##SUF(q[r] + c) * x;                                     \
         }                                                                                                    \
-        for (int r = 0; r < rb; r++) sc[r * TILE + kk - k0] = hsum_##SUF(d[r]) * scale;                      \
+        for (int r = 0; r < rb; r++) sc[r * TILE + kk - k0] = hsum_##SUF(d[r]);                              \
     }                                                                                                        \
     for (int r = 0; r < rb; r++) { /* softmax: p = exp(s - max) on the row's keys, 0 on the others */        \
         T *s = sc + r * TILE - k0;                                                                           \
         long ar = max_l(a, lo[r]), er = min_l(e, hi[r]);                                                     \
-        for (long i = a; i < e; i++) if (i < ar || i >= er) s[i] = 0;                                        \
-        if (ar >= er) continue;                                                                              \
+        if (ar >= er) { memset(s + a, 0, sizeof(T) * (e - a)); continue; }                                   \
+        for (long i = a; i < ar; i++) s[i] = -INFINITY;                                                      \
+        for (long i = er; i < e; i++) s[i] = -INFINITY;                                                      \
+        V mv = (V){0} - INFINITY;                                                                            \
+        long i = a;                                                                                          \
+        for (; i + N <= e; i += N) { V x = ld_##SUF(s + i); VI gt = x > mv; mv = (V)(((VI)x & gt) | ((VI)mv & ~gt)); } \
         T m = mx[r];                                                                                         \
-        for (long i = ar; i < er; i++) if (s[i] > m) m = s[i];                                               \
+        for (int j = 0; j < N; j++) if (mv[j] > m) m = mv[j];                                                \
+        for (; i < e; i++) if (s[i] > m) m = s[i];                                                           \
         T alpha = mx[r] == -INFINITY ? 0 : (T)exp((double)(mx[r] - m)), l = 0;                               \
-        long i = ar;                                                                                         \
-        for (; i + N <= er; i += N) { V p = EXPV(ld_##SUF(s + i) - m); st_##SUF(s + i, p); l += hsum_##SUF(p); } \
-        for (; i < er; i++) { s[i] = (T)exp((double)(s[i] - m)); l += s[i]; }                                \
+        V lv = {0};                                                                                          \
+        for (i = a; i + N <= e; i += N) { V p = EXPV(ld_##SUF(s + i) - m); st_##SUF(s + i, p); lv += p; }   \
+        l = hsum_##SUF(lv);                                                                                  \
+        for (; i < e; i++) { s[i] = s[i] == -INFINITY ? 0 : (T)exp((double)(s[i] - m)); l += s[i]; }         \
         mx[r] = m;                                                                                           \
         sum[r] = sum[r] * alpha + l;                                                                         \
         if (alpha != 1) for (long c = 0; c < hd; c += N) st_##SUF(acc + r * hd + c, ld_##SUF(acc + r * hd + c) * alpha); \
@@ -275,18 +299,21 @@ static inline __attribute__((always_inline)) void attn_tile_##SUF(              
 }                                                                                                            \
                                                                                                              \
 /* out [bs * n, H * hd] = attention of q [bs, n, H, hd] (contiguous) over slots row0.. of the caches (strides \
- * s_slot, s_pos, s_head; hd a multiple of the vector width, contiguous): query j of row b at p = starts[b] + j \
- * sees key k iff k <= p (causal) or k < starts[b] + n (not), and with window > 0 also |p - k| < window. The \
- * query heads of a KV head go two rows at a time over tiles of TILE keys, so K and V are read once. */     \
+ * s_slot, s_pos = Hkv * hd, s_head = hd; hd a multiple of the vector width): query j of row b at           \
+ * p = starts[b] + j sees key k iff k <= p (causal) or k < starts[b] + n (not), and with window > 0 also    \
+ * |p - k| < window. Per row b, tiles of TILE keys: the tile's keys and values, every KV head, are copied   \
+ * (one sequential read: strided reads of each head's half measured 25% slower at 32 rows), then every     \
+ * query head goes over them, two rows at a time. */                                                        \
 int attention_##SUF(const T *q, const T *kc, const T *vc, long s_slot, long s_pos, long s_head,              \
                     const int64_t *starts, long row0, long bs, long n, long H, long hkv, long hd, double scale, \
                     int causal, long window, T *out) {                                                       \
     long rep = H / hkv, nr = rep * n; /* query rows per KV head */                                           \
-    T *sc = malloc(sizeof(T) * (2 * TILE + H * n * (hd + 2)));                                               \
+    T *sc = malloc(sizeof(T) * (2 * TILE + H * n * 2 * hd + 2 * TILE * s_pos + 2 * H * n));                  \
     long *lo = malloc(sizeof(long) * 2 * nr);                                                                \
     const T **qr = malloc(sizeof(T *) * H * n);                                                              \
     if (!sc || !lo || !qr) { free(sc); free(lo); free(qr); return -1; }                                      \
-    T *acc = sc + 2 * TILE, *mx = acc + H * n * hd, *sum = mx + H * n;                                       \
+    T *acc = sc + 2 * TILE, *qs = acc + H * n * hd, *kt = qs + H * n * hd, *vt = kt + TILE * s_pos;          \
+    T *mx = vt + TILE * s_pos, *sum = mx + H * n;                                                            \
     long *hi = lo + nr;                                                                                      \
     for (long b = 0; b < bs; b++) {                                                                          \
         long s0 = starts[b], klo = s0 + n, khi = 0;                                                          \
@@ -300,21 +327,26 @@ int attention_##SUF(const T *q, const T *kc, const T *vc, long s_slot, long s_po
         const T *K = kc + (row0 + b) * s_slot, *Vv = vc + (row0 + b) * s_slot;                               \
         for (long i = 0; i < hkv * nr; i++) { /* rows of KV head g: g * nr .. (g + 1) * nr - 1 */             \
             long g = i / nr, r = i % nr;                                                                     \
-            qr[i] = q + ((b * n + r / rep) * H + g * rep + r % rep) * hd;                                    \
+            const T *src = q + ((b * n + r / rep) * H + g * rep + r % rep) * hd;                             \
+            for (long c = 0; c < hd; c++) qs[i * hd + c] = src[c] * (T)scale;                                \
+            qr[i] = qs + i * hd;                                                                             \
             mx[i] = -INFINITY;                                                                               \
             sum[i] = 0;                                                                                      \
         }                                                                                                    \
         memset(acc, 0, sizeof(T) * hkv * nr * hd);                                                           \
         for (long k0 = klo; k0 < khi; k0 += TILE) {                                                          \
             long k1 = min_l(khi, k0 + TILE);                                                                 \
+            memcpy(kt, K + k0 * s_pos, sizeof(T) * (k1 - k0) * s_pos);                                       \
+            memcpy(vt, Vv + k0 * s_pos, sizeof(T) * (k1 - k0) * s_pos);                                      \
+            const T *Kt = kt - k0 * s_pos, *Vt = vt - k0 * s_pos;                                            \
             for (long g = 0; g < hkv; g++) {                                                                 \
                 long i = 0, o = g * nr;                                                                      \
                 for (; i + 2 <= nr; i += 2)                                                                  \
-                    attn_tile_##SUF(2, qr + o + i, K + g * s_head, Vv + g * s_head, s_pos, hd, (T)scale, lo + i, \
-                                    hi + i, k0, k1, sc, mx + o + i, sum + o + i, acc + (o + i) * hd);       \
+                    attn_tile_##SUF(2, qr + o + i, Kt + g * s_head, Vt + g * s_head, s_pos, hd, lo + i, hi + i, \
+                                    k0, k1, sc, mx + o + i, sum + o + i, acc + (o + i) * hd);               \
                 if (i < nr)                                                                                  \
-                    attn_tile_##SUF(1, qr + o + i, K + g * s_head, Vv + g * s_head, s_pos, hd, (T)scale, lo + i, \
-                                    hi + i, k0, k1, sc, mx + o + i, sum + o + i, acc + (o + i) * hd);       \
+                    attn_tile_##SUF(1, qr + o + i, Kt + g * s_head, Vt + g * s_head, s_pos, hd, lo + i, hi + i, \
+                                    k0, k1, sc, mx + o + i, sum + o + i, acc + (o + i) * hd);               \
             }                                                                                                \
         }                                                                                                    \
         for (long i = 0; i < hkv * nr; i++) {                                                                \
@@ -329,8 +361,8 @@ int attention_##SUF(const T *q, const T *kc, const T *vc, long s_slot, long s_po
     return 0;                                                                                                \
 }
 
-DEFINE_KERNELS(float, vf, f32, exp_vf)
-DEFINE_KERNELS(double, vd, f64, exp_vd)
+DEFINE_KERNELS(float, vf, vi, f32, exp_vf)
+DEFINE_KERNELS(double, vd, vl, f64, exp_vd)
 
 /* A step's commit, per row r of bs: accept the leading drafts that equal the target's tokens `post` (or, with
  * uniforms, those whose uniform at table row step[r] % steps is below rate, advancing step[r]); then for an

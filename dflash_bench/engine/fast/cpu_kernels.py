@@ -199,7 +199,8 @@ def decode_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, starts
     each row reading only the keys its queries see (`triton_attn.decode_attention`'s rule; L is unused)."""
     bs, n, H, hd = q.shape
     q, starts = q.contiguous(), starts.contiguous()
-    assert kc.stride() == vc.stride() and kc.stride(3) == 1 and starts.dtype == torch.int64
+    assert kc.stride() == vc.stride() and kc[0].is_contiguous() and starts.dtype == torch.int64
+    assert hd % (32 // q.element_size()) == 0, f"head dim {hd} is not a multiple of the vector width"
     out = torch.empty(bs * n, H * hd, dtype=q.dtype)
     if _fn("attention", q.dtype)(q.data_ptr(), kc.data_ptr(), vc.data_ptr(), kc.stride(0), kc.stride(1),
                                  kc.stride(2), starts.data_ptr(), row0, bs, n, H, kc.shape[2], hd, scale, int(causal),
