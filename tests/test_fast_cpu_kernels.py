@@ -46,6 +46,18 @@ def test_linear_over_packed_weights_matches_torch(dtype, m):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_argmax_is_torchs_first_maximum(dtype):
+    torch.manual_seed(3)
+    x = torch.randn(2, 3, 4163, dtype=dtype)  # a tail past the vector width
+    x[0, 1, 4162] = 50.0  # the max in the tail
+    x[1, 0, 5] = x[1, 0, 3000] = 60.0  # a tie: the first wins
+    assert torch.equal(ck.argmax(x), x.argmax(-1)) and ck.argmax(x)[1, 0] == 5
+    tokens = torch.full((2, 4), -7)
+    ck.argmax(x[:, :, :100], tokens[:, 1:])  # strided columns, as the runner's drafts
+    assert torch.equal(tokens[:, 1:], x[:, :, :100].argmax(-1)) and (tokens[:, 0] == -7).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_norms_silu_and_embedding_match_torch(dtype):
     torch.manual_seed(0)
     w = torch.randn(100, dtype=dtype)  # not a multiple of the vector width

@@ -160,6 +160,34 @@ void rms_norm_##SUF(const T *h, const T *a, T *sum, const T *w, T *out, long row
     }                                                                                                        \
 }                                                                                                            \
                                                                                                              \
+/* out[r] = the first column of row r's maximum, x [rows, n] with row stride ld */                           \
+static inline V vmax_##SUF(V a, V b) { VI gt = a > b; return (V)(((VI)a & gt) | ((VI)b & ~gt)); }           \
+void argmax_##SUF(const T *x, long ld, long rows, long n, int64_t *out) {                                    \
+    enum { N = N_##SUF };                                                                                    \
+    for (long r = 0; r < rows; r++) {                                                                        \
+        const T *xr = x + r * ld;                                                                            \
+        V m0 = (V){0} - INFINITY, m1 = m0, m2 = m0, m3 = m0;                                                 \
+        long i = 0;                                                                                          \
+        for (; i + 4 * N <= n; i += 4 * N) {                                                                 \
+            m0 = vmax_##SUF(ld_##SUF(xr + i), m0); m1 = vmax_##SUF(ld_##SUF(xr + i + N), m1);                \
+            m2 = vmax_##SUF(ld_##SUF(xr + i + 2 * N), m2); m3 = vmax_##SUF(ld_##SUF(xr + i + 3 * N), m3);    \
+        }                                                                                                    \
+        m0 = vmax_##SUF(vmax_##SUF(m0, m1), vmax_##SUF(m2, m3));                                             \
+        T m = -INFINITY;                                                                                     \
+        for (int j = 0; j < N; j++) if (m0[j] > m) m = m0[j];                                                \
+        for (; i < n; i++) if (xr[i] > m) m = xr[i];                                                         \
+        long best = 0;                                                                                       \
+        for (; best + N <= n; best += N) { /* the first vector holding the maximum, then its lane */        \
+            VI eq = ld_##SUF(xr + best) == m;                                                                \
+            int any = 0;                                                                                     \
+            for (int j = 0; j < N; j++) any |= eq[j] != 0;                                                   \
+            if (any) break;                                                                                  \
+        }                                                                                                    \
+        while (best < n - 1 && xr[best] != m) best++;                                                        \
+        out[r] = best;                                                                                       \
+    }                                                                                                        \
+}                                                                                                            \
+                                                                                                             \
 /* out [rows, n] = silu(gu[:, :n]) * gu[:, n:], gu rows of 2n with row stride ld */                          \
 void silu_mul_##SUF(const T *gu, long ld, T *out, long rows, long n) {                                       \
     for (long r = 0; r < rows; r++) {                                                                        \

@@ -42,6 +42,7 @@ _SIGNATURES = {
     "linear": [_P, _L, _L, _L, _P, _L, _P, _P, _L],
     "rms_norm": [_P, _P, _P, _P, _P, _L, _L, _D],
     "silu_mul": [_P, _L, _P, _L, _L],
+    "argmax": [_P, _L, _L, _L, _P],
     "embed_norm": [_P, _L, _L, _L, _L, _L, _P, _L, _D, _P, _D, _P, _P],
     "qk_rope_store": [_P, _L, _L, _L, _L, _L, _P, _P, _P, _P, _P, _P, _L, _L, _L, _P, _D, _P],
     "attention": [_P, _P, _P, _L, _L, _L, _P, _L, _L, _L, _L, _L, _L, _D, _I, _L, _P],
@@ -123,7 +124,12 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
 
 
 def argmax(logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    ids = logits.argmax(-1)
+    """`logits.argmax(-1)` (the first column of each row's maximum), into `out` (any strides) when given."""
+    x = logits.reshape(-1, logits.shape[-1])
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    ids = torch.empty(logits.shape[:-1], dtype=torch.int64)
+    _fn("argmax", x.dtype)(x.data_ptr(), x.stride(0), x.shape[0], x.shape[1], ids.data_ptr())
     return ids if out is None else out.copy_(ids.view(out.shape))
 
 
