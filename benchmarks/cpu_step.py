@@ -148,7 +148,7 @@ def step_costs(targets: tuple[FastTarget, FastTarget], drafters: dict[str, FastD
 
 def decode_rate(runner: FastRunner, prompts: list[list[int]], new: int) -> dict:
     """Prefill (not timed), then decode every prompt to `new` tokens: tok/s, tau, widths chosen meanwhile."""
-    runner.steps = runner.accepted = runner.row_steps = runner.drafted = 0
+    runner.reset_counts()
     before = dict(runner.chooser.chosen) if runner.chooser else {}
     firsts = runner.add_many(list(range(len(prompts))), prompts)
     outs = [[f] for f in firsts]

@@ -27,7 +27,7 @@ import torch
 
 from dflash_bench.engine.fast.draft import FastDrafter
 from dflash_bench.engine.fast.model import FastTarget, decode_step, matmul, offsets
-from dflash_bench.engine.fast.width import WidthChooser
+from dflash_bench.engine.fast.width import CPU_WIDTHS, WIDTHS, WidthChooser
 
 
 PREFILL_BUCKET = 64  # prompts are padded to a multiple of this: one prefill graph per multiple
@@ -131,12 +131,13 @@ class FastRunner:
         self.graphs: dict[tuple, object] = {}
         self.pool = torch.cuda.graph_pool_handle() if self.graphs_on else None
         self.steps = self.accepted = self.row_steps = 0  # steps; accepted drafts and verifies summed over rows
-        self.drafted = 0  # drafts verified, summed over rows
+        self.drafted = self.drafting_rows = 0  # drafts verified, and verifies that checked any, summed over rows
         self.timings: list[tuple] = []  # (draft start, draft end / verify start, verify end) when timing
         self.timing = False
         # adaptive: each step verifies the anchor and its first w - 1 drafts, w chosen by load (width.py);
         # else always `width` (default: the whole block)
-        self.chooser = (WidthChooser(self.B, narrow_from=NARROW_ROWS if self.graphs_on else 1)
+        self.chooser = (WidthChooser(self.B, WIDTHS if self.graphs_on else CPU_WIDTHS,
+                                     narrow_from=NARROW_ROWS if self.graphs_on else 1)
                         if drafter and adaptive else None)
         self.fixed = min(width or self.B, self.B)
         self.widths = self.chooser.widths if self.chooser else [self.fixed]
@@ -291,6 +292,9 @@ class FastRunner:
         if self.B == 1:
             self._run(("ar", bs, L), lambda: self._ar(bs, L))
             t1 = t0
+        elif w == 1:  # the anchor alone: no draft
+            t1 = t0
+            self._run(("verify", bs, L, w), lambda: self._verify(bs, L, w))
         else:
             self._run(("draft", bs, L, w), lambda: self._draft(bs, L, w))
             t1 = self._mark(self.timing)
@@ -338,16 +342,21 @@ class FastRunner:
         self.accepted += sum(accepted)
         self.steps += 1
         self.row_steps += len(out)
+        self.drafting_rows += len(out) if w > 1 else 0
         self.drafted += len(out) * (w - 1)
         self.width = w
         if self.chooser is not None:
             self.chooser.observe(bs, w, accepted, self._seconds(span))
         return out
 
+    def reset_counts(self) -> None:
+        """Zero the step and acceptance counters (`tau`, `drafted`, ...): a benchmark's measured run starts here."""
+        self.steps = self.accepted = self.row_steps = self.drafted = self.drafting_rows = 0
+
     @property
     def tau(self) -> float:
-        """Tokens per verify, bonus included (vLLM's 1 + accepted / drafts)."""
-        return 1 + self.accepted / max(self.row_steps, 1)
+        """Tokens per verify that checked drafts, bonus included (vLLM's 1 + accepted / drafts)."""
+        return 1 + self.accepted / max(self.drafting_rows, 1)
 
     # ---- the graphed bodies: compute, then commit the step for the active rows --------------------------
     def _prefill(self, P: int) -> None:
@@ -386,6 +395,8 @@ class FastRunner:
         and the rest lie at or past the new start, where that draft's own block is written before it is read.
         Rows outside the step write only there too, as their target rows do."""
         ids = self.tokens[:bs, :w]
+        if w == 1:  # no draft ran to set the positions
+            self.pos[:bs, 0].copy_(self.start[:bs])
         main, keep = torch.cuda.current_stream() if self.side else None, []
 
         def context(feats, pos):
