@@ -137,7 +137,7 @@ class FastRunner:
         # adaptive: each step verifies the anchor and its first w - 1 drafts, w chosen by load (width.py);
         # else always `width` (default: the whole block)
         self.chooser = (WidthChooser(self.B, WIDTHS if self.graphs_on else CPU_WIDTHS,
-                                     narrow_from=NARROW_ROWS if self.graphs_on else 1)
+                                     narrow_from=NARROW_ROWS if self.graphs_on else 1, explore_block=self.graphs_on)
                         if drafter and adaptive else None)
         self.fixed = min(width or self.B, self.B)
         self.widths = self.chooser.widths if self.chooser else [self.fixed]
