@@ -11,14 +11,15 @@ drafter's config (hidden size, heads, block 16, tapped layers) with random weigh
 entry LxI (L layers, intermediate size I; the embedded drafter is 2x768): a step's cost does not depend on
 the weights. Prompts are random token ids of `--prompt-len`.
 
-1. Step costs, per batch of `--batches` rows and per verify width w (`--widths`): the DFlash draft and verify,
-   drafting the whole block ("block") or only the w positions the verify checks ("cut",
-   `FastRunner(cut_draft=True)`), and the AR step, one AR step and one DFlash step in turn (each runner over
+1. Step costs, per batch of `--batches` rows and per verify width w (`--widths`; 1: the anchor alone, no
+   draft): the DFlash draft and verify, drafting the whole block ("block") or only the w positions the verify
+   checks ("cut", `FastRunner(cut_draft=True)`; `--draft` picks), and the AR step, one AR step and one DFlash step in turn (each runner over
    its own copy of the target, both prefilled with the same prompts), so that both see the same load on a
    shared machine: the median over `--steps` steps (after 2 warm-up steps) of the runners' own per-phase
    timers, then the median over `--rounds` rounds. ratio = (draft + verify) / AR step, the median of the
    rounds' ratios. Steps commit synthetic acceptance `--tau` (the KV grows as it would); "step ratio" uses
-   the wall time of `runner.step` (host bookkeeping included).
+   the wall time of `runner.step` (host bookkeeping included). "speedup at w": E[tokens | w] / ratio, what
+   DFlash would gain over AR if every step verified w tokens, E from the synthetic curve of `--tau`.
 2. In-process tok/s (unless `--skip-throughput`): per concurrency of `--concurrency`, AR against DFlash with
    the width chosen by load (`adaptive`, the server's default) and synthetic acceptance `--tau` (a
    per-position curve fitted to tau over the whole block; a narrower step accepts what that curve gives),
@@ -50,7 +51,7 @@ sys.path.insert(0, str(ROOT))
 from dflash_bench.engine.drafter import DFlashDrafter, DrafterConfig, load_drafter  # noqa: E402
 from dflash_bench.engine.fast.draft import FastDrafter  # noqa: E402
 from dflash_bench.engine.fast.model import FastTarget  # noqa: E402
-from dflash_bench.engine.fast.runner import FastRunner, decode  # noqa: E402
+from dflash_bench.engine.fast.runner import FastRunner, decode, synthetic_rate  # noqa: E402
 from dflash_bench.engine.target import load_model  # noqa: E402
 
 PAIR = ROOT / "dflash_bench" / "assets" / "default_pair"
@@ -110,6 +111,13 @@ def interleaved(ar: FastRunner, df: FastRunner, prompts: list[list[int]], steps:
     return out
 
 
+def kinds(w: int, B: int, draft: str) -> list[bool]:
+    """The draft kinds (cut or not) measured at width w: one where they are the same (w = 1: no draft; w = B)."""
+    if w in (1, B):
+        return [draft == "cut"]
+    return {"block": [False], "cut": [True], "both": [False, True]}[draft]
+
+
 def step_costs(targets: tuple[FastTarget, FastTarget], drafters: dict[str, FastDrafter], a) -> list[dict]:
     """Per batch, drafter, width and draft kind, `interleaved` AR and DFlash steps, every round; medians over
     rounds (the ratio: the median of each round's own ratio)."""
@@ -121,7 +129,7 @@ def step_costs(targets: tuple[FastTarget, FastTarget], drafters: dict[str, FastD
             prompts = random_prompts(bs, a.prompt_len, vocab, 1000 * rnd + bs)
             for name, fd in drafters.items():
                 for w in a.widths:
-                    for cut in ([False, True] if w < B else [False]):
+                    for cut in kinds(w, B, a.draft):
                         df = FastRunner(targets[1], fd, width=w, cut_draft=cut, synthetic_tau=a.tau, seed=rnd)
                         samples.setdefault((bs, name, w, cut), []).append(
                             interleaved(FastRunner(targets[0], None), df, prompts, a.steps))
@@ -133,15 +141,17 @@ def step_costs(targets: tuple[FastTarget, FastTarget], drafters: dict[str, FastD
                          dflash=[])
         for name in drafters:
             for w in a.widths:
-                for cut in ([False, True] if w < B else [False]):
+                for cut in kinds(w, B, a.draft):
                     got = samples[(bs, name, w, cut)]
                     ar, df = [g["ar"] for g in got], [g["df"] for g in got]
                     d, v, st = (med([s[k] for s in df]) for k in ("draft_ms", "verify_ms", "step_ms"))
                     row["dflash"].append(dict(
-                        drafter=name, width=w, draft="cut" if cut else "block", ar_ms=med([s["verify_ms"] for s in ar]),
+                        drafter=name, width=w, draft="none" if w == 1 else "cut" if cut else "block", ar_ms=med([s["verify_ms"] for s in ar]),
                         draft_ms=d, verify_ms=v, step_ms=st,
                         ratio=med([(x["draft_ms"] + x["verify_ms"]) / y["verify_ms"] for x, y in zip(df, ar)]),
                         step_ratio=med([x["step_ms"] / y["step_ms"] for x, y in zip(df, ar)])))
+                    rate = synthetic_rate(a.tau, B)
+                    row["dflash"][-1]["speedup_at_w"] = sum(rate ** k for k in range(w)) / row["dflash"][-1]["ratio"]
         rows.append(row)
     return rows
 
@@ -213,15 +223,15 @@ def print_steps(rows: list[dict], a) -> None:
     print(f"\nStep costs, ms (medians; {a.rounds} rounds x {a.steps} steps; prompts {a.prompt_len} tokens; "
           f"synthetic tau {a.tau} commits)")
     print(f"{'batch':>5} | {'AR ms':>6} | {'drafter':>7} | {'w':>2} | {'draft':>5} | {'draft ms':>8} | "
-          f"{'verify ms':>9} | {'DFlash ms':>9} | {'ratio':>5} | {'step ratio':>10}")
+          f"{'verify ms':>9} | {'DFlash ms':>9} | {'ratio':>5} | {'step ratio':>10} | {'speedup at w':>12}")
     for row in rows:
         for d in row["dflash"]:
             print(f"{row['batch']:>5} | {d['ar_ms']:>6.2f} | {d['drafter']:>7} | {d['width']:>2} | {d['draft']:>5} | "
                   f"{d['draft_ms']:>8.2f} | {d['verify_ms']:>9.2f} | {d['draft_ms'] + d['verify_ms']:>9.2f} | "
-                  f"{d['ratio']:>5.2f} | {d['step_ratio']:>10.2f}")
+                  f"{d['ratio']:>5.2f} | {d['step_ratio']:>10.2f} | {d['speedup_at_w']:>11.2f}x")
     print("AR ms: the AR steps interleaved with that row's DFlash steps. ratio: (draft + verify) / AR step, the "
           "runners' timers, the median of the rounds' ratios; step ratio: the same with each step's wall time (host "
-          "bookkeeping included).")
+          "bookkeeping included). speedup at w: E[tokens | w] / ratio with the synthetic curve of tau.")
 
 
 def main() -> None:
@@ -231,8 +241,10 @@ def main() -> None:
     ap.add_argument("--draft-shapes", type=parse_shapes, default=parse_shapes("2x768"),
                     help="random drafters LxI (layers x intermediate size), comma-separated")
     ap.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32])
-    ap.add_argument("--widths", type=lambda s: [int(x) for x in s.split(",")], default=[2, 4, 6, 8, 16])
+    ap.add_argument("--widths", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 3, 4, 6, 8, 16])
     ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32])
+    ap.add_argument("--draft", choices=["block", "cut", "both"], default="both",
+                    help="step costs: draft the whole block, only the positions verified, or each")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--steps", type=int, default=12, help="timed steps per configuration and round")
     ap.add_argument("--rounds", type=int, default=3)
