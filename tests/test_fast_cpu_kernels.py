@@ -157,7 +157,7 @@ def test_commit_matches_the_torch_commit(synthetic):
 
 
 def test_load_kernels_picks_the_c_kernels_on_a_cpu(monkeypatch):
-    from dflash_bench.engine.fast.model import load_kernels
+    from dflash_bench.engine.fast.kernels import load_kernels
     from dflash_bench.errors import UserError
 
     cpu = torch.device("cpu")

@@ -1,7 +1,7 @@
-"""The fast path's CPU kernels: `cpu_kernels.c`, built with the machine's C compiler, called through ctypes.
+"""The fast path's CPU kernels (cpu_kernels.c, cpu_attention.c), built with the machine's C compiler, run by ctypes.
 
 The same calls as the Triton modules (`triton_gemm.linear` and `linear_argmax`, `triton_ops`' norms, RoPE +
-cache write, silu * up, embedding, argmax and commit, `triton_attn.decode_attention`), so `model.Kernels`
+cache write, silu * up, embedding, argmax and commit, `triton_attn.decode_attention`), so `kernels.Kernels`
 takes this module in all three places on a CPU. Why: an eager torch decode step on a CPU is ~40 ops a layer
 of ~5 us dispatch each, and MKL's sgemm costs about twice a one-row gemv from 2 to 8 rows, so a verify of a
 few tokens cost 1.7x an AR step's matmuls; here a layer is 9 calls, and the matmul (`linear`, over weights
@@ -32,7 +32,8 @@ from dflash_bench.llamacpp import cache_root
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_suffix(".c")
+HERE = Path(__file__).parent
+SOURCES = [HERE / "cpu_kernels.c", HERE / "cpu_attention.c"]  # and the header both include, cpu_kernels.h
 FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-std=gnu11", "-shared", "-fPIC"]
 ENV = "DFLASH_BENCH_CPU_KERNELS"
 SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
@@ -65,14 +66,15 @@ def _build() -> ctypes.CDLL | None:
     if cc is None:
         log.warning("no C compiler found: the fast path runs plain torch ops on the CPU")
         return None
-    src = SOURCE.read_bytes()
+    src = b"".join(f.read_bytes() for f in SOURCES + [HERE / "cpu_kernels.h"])
     key = hashlib.sha256(src + " ".join([cc] + FLAGS).encode()).hexdigest()[:16]
     lib = cache_root() / "cpu_kernels" / f"{key}.so"
     if not lib.exists():
         lib.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=lib.parent) as tmp:
             out = Path(tmp) / lib.name
-            done = subprocess.run([cc, *FLAGS, "-o", str(out), str(SOURCE), "-lm"], capture_output=True, text=True)
+            done = subprocess.run([cc, *FLAGS, "-o", str(out), *map(str, SOURCES), "-lm"], capture_output=True,
+                                  text=True)
             if done.returncode:
                 log.warning("the CPU kernels did not build (%s): the fast path runs plain torch ops\n%s", cc,
                             done.stderr[-2000:])

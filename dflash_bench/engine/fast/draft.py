@@ -12,8 +12,9 @@ import functools
 import torch
 
 from dflash_bench.engine.drafter import DFlashDrafter
-from dflash_bench.engine.fast.model import (KVCache, Layer, StepAttention, embed_norm, load_kernels, matmul, norm,
-                                            offsets, prepared, rms_norm, run_layers)
+from dflash_bench.engine.fast.kernels import load_kernels, prepared
+from dflash_bench.engine.fast.model import (KVCache, Layer, StepAttention, embed_norm, matmul, norm, offsets, rms_norm,
+                                            run_layers)
 from dflash_bench.engine.rope import cos_sin, inv_freq, rope
 from dflash_bench.errors import UserError
 

@@ -4,10 +4,11 @@ Weights come from a loaded Hugging Face model (q/k/v and gate/up concatenated on
 by reference). The cache is `[slots, max_len, kv_heads, head_dim]` per layer and a batch of `bs` rows always
 covers slots `row0 .. row0 + bs - 1`.
 
-Two ways to run a layer, same math: on a GPU with Triton, the fused kernels of `triton_ops` (norms, q/k norm +
-RoPE + cache write, silu * up) and `triton_attn` (split-K attention that reads only each row's valid keys);
-elsewhere (the CPU tests' reference), plain torch ops and SDPA over the cache view `cache[row0:row0 + bs, :L]`
-with an additive mask built once per step. Prefill (long `n`) always takes SDPA for its attention.
+Two ways to run a layer, same math: with kernels (`kernels.py` picks them: on a GPU Triton's `triton_ops`
+(norms, q/k norm + RoPE + cache write, silu * up) and `triton_attn` (split-K attention that reads only each
+row's valid keys); on a CPU the same calls in C, `cpu_kernels`), or plain torch ops and SDPA over the cache
+view `cache[row0:row0 + bs, :L]` with an additive mask built once per step (the kernels' reference, and the
+CPU path without a C compiler). Prefill (long `n`) always takes SDPA for its attention.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import functools
 from dataclasses import dataclass
-from types import ModuleType
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +23,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from dflash_bench.engine.cache import row_mask
+from dflash_bench.engine.fast.kernels import load_kernels, prepared
 from dflash_bench.engine.rope import cos_sin, kernel_tables, rope
 from dflash_bench.errors import UserError
 
@@ -54,52 +55,6 @@ def offsets(n: int, device: torch.device, row0: int = 0, bs: int = 0) -> torch.T
         if _KEEP[0]:
             _INDEX[key] = t
     return t
-
-
-@dataclass(frozen=True)
-class Kernels:
-    """The Triton kernel modules of a decode step."""
-
-    ops: ModuleType  # triton_ops: norms, q/k norm + RoPE + cache write, silu * up, embedding, argmax, commit
-    attn: ModuleType  # triton_attn: split-K attention over each row's valid keys
-    gemm: ModuleType  # triton_gemm: skinny matmuls, and the lm_head's matmul fused with its argmax
-
-
-def load_kernels(device: torch.device, want: bool | str | None, dtype: torch.dtype | None = None) -> Kernels | None:
-    """The kernels of a decode step, or None for the torch path.
-
-    want None: on CUDA the Triton kernels when Triton imports; on a CPU the C kernels (`cpu_kernels`, float32
-    and float64) when the machine's C compiler builds them. True: the Triton kernels anywhere (the CPU tests
-    run them in Triton's interpreter). "cpu": the C kernels (an error where they cannot be built). False: the
-    torch path.
-    """
-    if want is False:
-        return None
-    if device.type == "cpu" and want in (None, "cpu"):
-        from dflash_bench.engine.fast import cpu_kernels
-
-        if dtype not in cpu_kernels.SUFFIX:
-            if want == "cpu":
-                raise UserError(f"the CPU kernels run float32 and float64 models, not {dtype}")
-            return None
-        if cpu_kernels.load(required=want == "cpu") is None:
-            return None
-        return Kernels(ops=cpu_kernels, attn=cpu_kernels, gemm=cpu_kernels)
-    if want is None and device.type != "cuda":
-        return None
-    try:
-        from dflash_bench.engine.fast import triton_attn, triton_gemm, triton_ops
-    except ImportError:
-        if want:
-            raise UserError("the fast path's kernels need Triton: pip install triton") from None
-        return None
-    return Kernels(ops=triton_ops, attn=triton_attn, gemm=triton_gemm)
-
-
-def prepared(kernels, w: torch.Tensor) -> torch.Tensor:
-    """A weight as the kernels' matmul reads it: the CPU kernels' packed panels; otherwise as it is."""
-    pack = getattr(kernels.gemm, "pack", None) if kernels else None
-    return pack(w) if pack else w
 
 
 def norm(kernels):
