@@ -24,8 +24,9 @@ the weights. Prompts are random token ids of `--prompt-len`.
    the width chosen by load (`adaptive`, the server's default) and synthetic acceptance `--tau` (a
    per-position curve fitted to tau over the whole block; a narrower step accepts what that curve gives),
    whole-block drafts and cut ones: decode tokens / decode wall time over `--new-tokens` per request
-   (prefill not counted), median over rounds, with the widths the chooser took. The DFlash runners keep their
-   width chooser from a warm-up run, as a server does.
+   (prefill not counted), median over rounds, with the widths the chooser took; and the same until the
+   first request finished ("full batch": DFlash rows finish at different steps, AR rows all at once). The
+   DFlash runners keep their width chooser from a warm-up run, as a server does.
 3. `--real`: the embedded pair as it is (or `--drafter DIR`), real acceptance on GSM8K prompts from
    `--data-dir` (chat template), AR against DFlash (adaptive; --cut-draft too with `--real-cut`) at each
    concurrency: tok/s, tau, and whether DFlash's tokens equal AR's.
@@ -157,15 +158,28 @@ def step_costs(targets: tuple[FastTarget, FastTarget], drafters: dict[str, FastD
 
 
 def decode_rate(runner: FastRunner, prompts: list[list[int]], new: int) -> dict:
-    """Prefill (not timed), then decode every prompt to `new` tokens: tok/s, tau, widths chosen meanwhile."""
+    """Prefill (not timed), then decode every prompt to `new` tokens: tok/s, tau, widths chosen meanwhile, and
+    tok/s until the first request finished (every row still running: DFlash rows finish at different steps,
+    AR rows at once, and a closed batch's tail is no serving workload)."""
     runner.reset_counts()
     before = dict(runner.chooser.chosen) if runner.chooser else {}
     firsts = runner.add_many(list(range(len(prompts))), prompts)
     outs = [[f] for f in firsts]
+    first: dict = {}
+
+    def release(slot: int) -> None:
+        if not first:
+            first.update(t=time.perf_counter(), tokens=sum(min(len(o), new) - 1 for o in outs))
+        type(runner).release(runner, slot)
+    runner.release = release  # type: ignore[method-assign]
     t = time.perf_counter()
-    decode(runner, outs, new)
+    try:
+        decode(runner, outs, new)
+    finally:
+        del runner.release
     dt = time.perf_counter() - t
-    out = dict(tok_s=sum(min(len(o), new) - 1 for o in outs) / dt, steps=runner.steps, outs=[o[:new] for o in outs])
+    out = dict(tok_s=sum(min(len(o), new) - 1 for o in outs) / dt, steps=runner.steps, outs=[o[:new] for o in outs],
+               full_batch_tok_s=first["tokens"] / (first["t"] - t))
     if runner.B > 1:
         out.update(tau=runner.tau, width=1 + runner.drafted / max(runner.row_steps, 1))
         if runner.chooser:
@@ -189,7 +203,8 @@ def throughput(target: FastTarget, fd: FastDrafter, prompts_for, a, tau: float |
             ps = prompts_for(c, rnd)
             for k, r in runners.items():
                 got[k].append(decode_rate(r, ps, a.new_tokens))
-        row: dict = dict(concurrency=c, ar_tok_s=med([g["tok_s"] for g in got["ar"]]))
+        row: dict = dict(concurrency=c, ar_tok_s=med([g["tok_s"] for g in got["ar"]]),
+                         ar_full_batch_tok_s=med([g["full_batch_tok_s"] for g in got["ar"]]))
         for k in runners:
             if k == "ar":
                 continue
@@ -200,7 +215,9 @@ def throughput(target: FastTarget, fd: FastDrafter, prompts_for, a, tau: float |
                     widths[w] = widths.get(w, 0) + n
             row[k] = dict(tok_s=med([g["tok_s"] for g in gs]), tau=med([g["tau"] for g in gs]),
                           width=med([g["width"] for g in gs]), widths=widths,
-                          speedup=med([g["tok_s"] for g in gs]) / row["ar_tok_s"])
+                          speedup=med([g["tok_s"] for g in gs]) / row["ar_tok_s"],
+                          full_batch_tok_s=med([g["full_batch_tok_s"] for g in gs]))
+            row[k]["full_batch_speedup"] = row[k]["full_batch_tok_s"] / row["ar_full_batch_tok_s"]
             if tau is None:  # real acceptance: greedy DFlash must say what AR says
                 row[k]["same_tokens_as_ar"] = all(g["outs"] == h["outs"] for g, h in zip(gs, got["ar"]))
         rows.append(row)
