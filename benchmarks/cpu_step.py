@@ -27,7 +27,9 @@ the weights. Prompts are random token ids of `--prompt-len`.
    (prefill not counted), median over rounds, with the widths the chooser took; and the same until the
    first request finished ("full batch": DFlash rows finish at different steps, AR rows all at once). The
    DFlash runners keep their width chooser from a warm-up run, as a server does.
-3. `--real`: the embedded pair as it is (or `--drafter DIR`), real acceptance on GSM8K prompts from
+3. `--compare-torch`: the AR step and a DFlash step (`--compare-width`, cut drafts) on plain torch ops against
+   the kernels (the C kernels on a CPU), one of each in turn, per batch.
+4. `--real`: the embedded pair as it is (or `--drafter DIR`), real acceptance on GSM8K prompts from
    `--data-dir` (chat template), AR against DFlash (adaptive; --cut-draft too with `--real-cut`) at each
    concurrency: tok/s, tau, and whether DFlash's tokens equal AR's.
 """
@@ -157,6 +159,35 @@ def step_costs(targets: tuple[FastTarget, FastTarget], drafters: dict[str, FastD
     return rows
 
 
+def compare_torch(hf, target: FastTarget, drafter_cfg: Path, shape: tuple[int, int], max_len: int, a) -> list[dict]:
+    """The same steps on the torch path (plain torch ops, MKL's sgemm, SDPA) and on `target`'s kernels, one step
+    of each in turn (`interleaved`): AR, and DFlash at `--compare-width` with cut drafts, per batch."""
+    S = max(a.batches)
+    plain = FastTarget(hf, max_slots=S, max_len=max_len, kernels=False)
+    d = random_drafter(drafter_cfg, *shape)
+    fd = FastDrafter(d, target.embed, target.head, max_slots=S, max_len=max_len, kernels=None)
+    fd_plain = FastDrafter(d, plain.embed, plain.head, max_slots=S, max_len=max_len, kernels=False)
+    w, rows = a.compare_width, []
+    for bs in a.batches:
+        got: dict[str, list[dict]] = {"ar": [], "dflash": []}
+        for rnd in range(a.rounds):
+            prompts = random_prompts(bs, a.prompt_len, target.vocab_size, 5000 + 1000 * rnd + bs)
+            got["ar"].append(interleaved(FastRunner(target, None), FastRunner(plain, None), prompts, a.steps))
+            got["dflash"].append(interleaved(
+                FastRunner(target, fd, width=w, cut_draft=True, synthetic_tau=a.tau, seed=rnd),
+                FastRunner(plain, fd_plain, width=w, cut_draft=True, synthetic_tau=a.tau, seed=rnd), prompts, a.steps))
+        row: dict = dict(batch=bs, width=w)
+        for kind, gs in got.items():
+            ms = lambda x: x["draft_ms"] + x["verify_ms"]  # noqa: E731
+            row[kind] = dict(kernels_ms=med([ms(g["ar"]) for g in gs]), torch_ms=med([ms(g["df"]) for g in gs]),
+                             torch_over_kernels=med([ms(g["df"]) / ms(g["ar"]) for g in gs]))
+        rows.append(row)
+        print(f"batch {bs}: AR step {row['ar']['torch_ms']:.2f} ms on torch ops, {row['ar']['kernels_ms']:.2f} on the "
+              f"kernels ({row['ar']['torch_over_kernels']:.2f}x); DFlash w={w} cut {row['dflash']['torch_ms']:.2f} vs "
+              f"{row['dflash']['kernels_ms']:.2f} ({row['dflash']['torch_over_kernels']:.2f}x)", flush=True)
+    return rows
+
+
 def decode_rate(runner: FastRunner, prompts: list[list[int]], new: int) -> dict:
     """Prefill (not timed), then decode every prompt to `new` tokens: tok/s, tau, widths chosen meanwhile, and
     tok/s until the first request finished (every row still running: DFlash rows finish at different steps,
@@ -272,6 +303,9 @@ def main() -> None:
     ap.add_argument("--real", action="store_true", help="also the real pair's acceptance on GSM8K (needs --data-dir)")
     ap.add_argument("--real-cut", action="store_true", help="with --real: also DFlash with --cut-draft")
     ap.add_argument("--data-dir")
+    ap.add_argument("--compare-torch", action="store_true",
+                    help="also: AR and DFlash (--compare-width, cut) steps on torch ops against the kernels, in turn")
+    ap.add_argument("--compare-width", type=int, default=4)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (serve --device cpu uses 1)")
     ap.add_argument("--kernels", choices=sorted(KERNELS), default="auto",
                     help="the step's ops: auto (as serve --fast picks them), cpu (the C kernels), torch (plain torch ops)")
@@ -299,6 +333,10 @@ def main() -> None:
     if not a.skip_steps:
         res["steps"] = step_costs((target, df_target), drafters, a)
         print_steps(res["steps"], a)
+        save(res, a.out)
+    if a.compare_torch:
+        print("\nTorch ops against the kernels, one step of each in turn (medians):")
+        res["torch_vs_kernels"] = compare_torch(hf, target, Path(a.drafter), a.draft_shapes[0], max_len, a)
         save(res, a.out)
     if not a.skip_throughput:
         fd = next(iter(drafters.values()))
