@@ -323,7 +323,7 @@ def main() -> None:
     res: dict = dict(machine=platform.processor() or platform.machine(), cpus=os.cpu_count(), torch=torch.__version__,
                      threads=torch.get_num_threads(),
                      kernels=target.kernels.gemm.__name__.rpartition(".")[2] if target.kernels else "torch ops",
-                     args={k: v for k, v in vars(a).items()})
+                     args=portable(vars(a)))
     print(f"{res['machine']}, {res['cpus']} CPUs, torch {res['torch']}, {res['threads']} thread(s), "
           f"{res['kernels']}", flush=True)
     drafters = {f"{L}x{inter}": FastDrafter(random_drafter(Path(a.drafter), L, inter), df_target.embed, df_target.head,
@@ -361,6 +361,17 @@ def main() -> None:
         save(res, a.out)
     res["seconds"] = round(time.perf_counter() - t0, 1)
     save(res, a.out)
+
+
+def portable(args: dict) -> dict:
+    """The options as they can be kept in the repository: no path of the machine they ran on."""
+    out = dict(args)
+    for k in ("target", "drafter"):
+        p = Path(out[k]).resolve()
+        out[k] = str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else p.name
+    out["data_dir"] = "DATA_DIR" if out.get("data_dir") else None
+    out["out"] = Path(out["out"]).name if out.get("out") else None
+    return out
 
 
 def save(res: dict, path: str | None) -> None:
