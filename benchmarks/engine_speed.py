@@ -73,7 +73,7 @@ def timed(runner: FastRunner, ps: list[list[int]], new: int, dev, *, pipeline: b
     generate(runner, ps, new, pipeline=pipeline)
     if runner.rate is not None:  # every DFlash runner draws the same synthetic acceptances in its measured run
         runner.synth_step.zero_()
-    runner.steps = runner.accepted = runner.row_steps = runner.drafted = 0
+    runner.reset_counts()
     chosen0 = dict(runner.chooser.chosen) if runner.chooser else {}
     runner.timings = []
     sync(dev)

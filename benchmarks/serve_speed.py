@@ -3,11 +3,16 @@ acceptance), and `dflash-bench run` against each, as a user would measure it.
 
     PYTHONPATH=. python benchmarks/serve_speed.py --data-dir DIR --out F          # GPU, ~5 min
     PYTHONPATH=. python benchmarks/serve_speed.py --shape tiny --device cpu --data-dir ../shared/datasets
+    PYTHONPATH=. python benchmarks/serve_speed.py --shape pair --device cpu --data-dir ../shared/datasets \
+        --concurrency 1,8,32 --tau 4 --new-tokens 256 --step-ahead on --cut-draft both   # CPU, ~15 min
 
 Each server gets GSM8K prompts at each concurrency (closed loop, 512 new tokens, greedy), with the next step
 launched before the host reads this one's tokens (`--step-ahead`, the default) and without; the table gives
 the cells' output tok/s, median TTFT and TPOT and tau as the load generator measured them over HTTP.
-Random weights: the text is noise, only the timing means anything.
+Random weights: the text is noise, only the timing means anything. `--shape pair`: the embedded pair's
+target as it is (its weights and tokenizer) and a random drafter of the embedded drafter's config with
+`--draft-shape` LxI (layers x intermediate size); its requests ask for `--ignore-eos` (with synthetic
+acceptance the text is not the target's, so only the AR server would stop at the target's end of text).
 """
 
 from __future__ import annotations
@@ -27,8 +32,21 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 from engine_speed import SHAPES, build_pair  # noqa: E402
 
-from dflash_bench.engine.drafter import save_drafter  # noqa: E402
+from dflash_bench.engine.drafter import DFlashDrafter, DrafterConfig, save_drafter  # noqa: E402
 from dflash_bench.engine.tiny import make_tokenizer  # noqa: E402
+
+PAIR = Path(__file__).resolve().parents[1] / "dflash_bench" / "assets" / "default_pair"
+
+
+def write_random_drafter(shape: str, root: Path) -> Path:
+    """A drafter of the embedded drafter's config with shape LxI (layers x intermediate size), random weights."""
+    layers, inter = (int(x) for x in shape.lower().split("x"))
+    raw = json.loads((PAIR / "drafter" / "config.json").read_text())
+    raw.update(num_hidden_layers=layers, intermediate_size=inter, dtype="float32")
+    d = DFlashDrafter(DrafterConfig.from_dict(raw))
+    d.init_random(0)
+    save_drafter(d, root / "drafter")
+    return root / "drafter"
 
 
 def write_pair(shape: dict, dev: torch.device, dtype, root: Path) -> tuple[Path, Path]:
@@ -44,13 +62,13 @@ def write_pair(shape: dict, dev: torch.device, dtype, root: Path) -> tuple[Path,
 
 
 def start_server(args, target: Path, draft: Path, mode: str, ahead: bool, port: int, log: Path,
-                 width: str = "auto") -> subprocess.Popen:
+                 width: str = "auto", cut: bool = False) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "dflash_bench", "serve", "--model", str(target), "--port", str(port),
            "--device", args.device, "--max-slots", str(max(args.concurrency)), "--max-model-len", "1536", "--fast",
            "--mode", mode, "--step-ahead" if ahead else "--no-step-ahead", "--served-model-name", f"random-{args.shape}"]
     if mode == "dflash":
         cmd += ["--draft", str(draft), "--synthetic-acceptance", str(args.tau), "--benchmark-only",
-                "--verify-width", width]
+                "--verify-width", width] + (["--cut-draft"] if cut else [])
     return subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
 
 
@@ -73,6 +91,8 @@ def measure(args, url: str, mode: str, c: int, out: Path, tag: str) -> dict:
     cmd = [sys.executable, "-m", "dflash_bench", "run", "--url", url, "--suite", "gsm8k", "-c", str(c),
            "-n", str(args.prompts_per_slot * c), "--max-tokens", str(args.new_tokens), "--label", mode,
            "--engine", "builtin", "--data-dir", str(args.data_dir), "--out", str(out), "--name", name]
+    if args.shape == "pair":
+        cmd.append("--ignore-eos")
     if subprocess.run(cmd, stdout=subprocess.DEVNULL).returncode:
         raise SystemExit(f"dflash-bench run failed against the {tag} server (its error is above)")
     return json.loads(next((out / name).glob("cells/*/summary.json")).read_text())
@@ -80,7 +100,8 @@ def measure(args, url: str, mode: str, c: int, out: Path, tag: str) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-8b")
+    ap.add_argument("--shape", choices=sorted(SHAPES) + ["pair"], default="qwen3-8b")
+    ap.add_argument("--draft-shape", default="2x768", help="--shape pair: the random drafter's LxI")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--data-dir", required=True)
     ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8])
@@ -92,25 +113,33 @@ def main() -> None:
                     help="serve with --step-ahead, --no-step-ahead, or each in turn")
     ap.add_argument("--verify-width", choices=["auto", "full", "both"], default="auto",
                     help="DFlash servers verify a width chosen by load (auto, the default), the whole block, or each")
+    ap.add_argument("--cut-draft", choices=["off", "on", "both"], default="off",
+                    help="DFlash servers draft only the positions a step verifies (--cut-draft), the whole block, or each")
     ap.add_argument("--out", help="also write the results as JSON here")
     args = ap.parse_args()
     dev = torch.device(args.device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     res: dict = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", "shape": args.shape,
                  "tau": args.tau, "new_tokens": args.new_tokens, "rows": {}}
+    if args.shape == "pair":
+        res["draft_shape"] = args.draft_shape
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         t = time.monotonic()
-        target, draft = write_pair(SHAPES[args.shape], dev, dtype, root)
+        if args.shape == "pair":
+            target, draft = PAIR / "target", write_random_drafter(args.draft_shape, root)
+        else:
+            target, draft = write_pair(SHAPES[args.shape], dev, dtype, root)
         print(f"pair written in {time.monotonic() - t:.0f} s", flush=True)
         aheads = {"on": [True], "off": [False], "both": [True, False]}[args.step_ahead]
         widths = {"auto": ["auto"], "full": ["full"], "both": ["auto", "full"]}[args.verify_width]
+        cuts = {"off": [False], "on": [True], "both": [False, True]}[args.cut_draft]
         for ahead in aheads:
-            for mode, width in [("ar", "auto")] + [("dflash", w) for w in widths]:
+            for mode, width, cut in [("ar", "auto", False)] + [("dflash", w, c) for w in widths for c in cuts]:
                 tag = f"{mode}{'_full' if width == 'full' and args.verify_width == 'both' else ''}" \
-                      f"{'' if ahead else '_no_step_ahead'}"
+                      f"{'_cut' if cut and args.cut_draft == 'both' else ''}{'' if ahead else '_no_step_ahead'}"
                 url, log = f"http://127.0.0.1:{args.port}", root / f"{tag}.log"
-                proc = start_server(args, target, draft, mode, ahead, args.port, log, width)
+                proc = start_server(args, target, draft, mode, ahead, args.port, log, width, cut)
                 try:
                     res[f"{tag}_ready_s"] = wait_ready(proc, url, 900, log)
                     for c in args.concurrency:
@@ -143,8 +172,9 @@ def print_table(res: dict) -> None:
     print(f"{'conc':>4} | {'step ahead':>14} | {'AR tok/s':>9} | {'AR TTFT':>7} | {'AR TPOT':>7} | {'DFlash tok/s':>12} | "
           f"{'DF TTFT':>7} | {'DF TPOT':>7} | {'tau':>5} | {'width':>5} | {'speedup':>7}")
     for c, row in res["rows"].items():
-        for suffix, label, df in (("", "on", "dflash"), ("", "on, full", "dflash_full"),
-                                  ("_no_step_ahead", "off", "dflash"), ("_no_step_ahead", "off, full", "dflash_full")):
+        for suffix, label, df in (("", "on", "dflash"), ("", "on, full", "dflash_full"), ("", "on, cut", "dflash_cut"),
+                                  ("_no_step_ahead", "off", "dflash"), ("_no_step_ahead", "off, full", "dflash_full"),
+                                  ("_no_step_ahead", "off, cut", "dflash_cut")):
             if "ar" + suffix not in row or df + suffix not in row:
                 continue
             a, d = row["ar" + suffix], row[df + suffix]
@@ -155,8 +185,8 @@ def print_table(res: dict) -> None:
                   f"{d.get('verify_width') or 0:>5.1f} | "
                   f"{d['output_throughput'] / a['output_throughput']:>6.2f}x")
     print("tok/s: output tokens / the cell's wall time; TTFT and TPOT: medians in ms. DFlash verifies a width chosen "
-          "by load (--verify-width auto), or with 'full' the whole block every step; width: tokens verified per row "
-          "and step, mean.")
+          "by load (--verify-width auto), or with 'full' the whole block every step; 'cut': --cut-draft (drafts only "
+          "the positions a step verifies); width: tokens verified per row and step, mean.")
 
 
 if __name__ == "__main__":

@@ -38,13 +38,30 @@ def setup(request, tmp_path_factory):
     return ar, df
 
 
-def _fast(df, *, drafter=True, **kw):
-    t = FastTarget(df.target.model, max_slots=SLOTS, max_len=MAX_LEN)
-    d = FastDrafter(df.proposer.drafter, t.embed, t.head, max_slots=SLOTS, max_len=MAX_LEN) if drafter else None
+def _fast(df, *, drafter=True, kernels=None, **kw):
+    """kernels None: the CPU kernels where a C compiler builds them (else the torch path); False: the torch path."""
+    t = FastTarget(df.target.model, max_slots=SLOTS, max_len=MAX_LEN, kernels=kernels)
+    d = FastDrafter(df.proposer.drafter, t.embed, t.head, max_slots=SLOTS, max_len=MAX_LEN,
+                    kernels=kernels) if drafter else None
     return FastRunner(t, d, kv_block=16, **kw)
 
 
-def test_fast_ar_and_dflash_equal_the_reference_engine(setup):
+# the two ways a CPU runs a step: the C kernels (engine/fast/cpu_kernels.c) and plain torch ops
+PATHS = [pytest.param("cpu", id="cpu-kernels"), pytest.param(False, id="torch-ops")]
+
+
+def _path(kernels):
+    if kernels == "cpu":
+        from dflash_bench.engine.fast import cpu_kernels
+
+        if cpu_kernels.load() is None:
+            pytest.skip("no C compiler builds the CPU kernels")
+    return kernels
+
+
+@pytest.mark.parametrize("kernels", PATHS)
+def test_fast_ar_and_dflash_equal_the_reference_engine(setup, kernels):
+    kernels = _path(kernels)
     ar, df = setup
     prompts = _prompts(ar.tok, 5)
     ref = [s.out for s in ref_generate(ar, prompts, SamplingParams(max_tokens=N, ignore_eos=True))]
@@ -52,27 +69,98 @@ def test_fast_ar_and_dflash_equal_the_reference_engine(setup):
     ref_generate(df, prompts, SamplingParams(max_tokens=N, ignore_eos=True))
     ref_tau = 1 + (df.stats.accepted - a0) / (df.stats.drafts - d0)
 
-    fast_ar = _fast(df, drafter=False)
+    fast_ar = _fast(df, drafter=False, kernels=kernels)
+    assert (fast_ar.t.kernels is not None) == (kernels == "cpu")
     assert generate(fast_ar, prompts, N) == ref
-    fast_df = _fast(df)
+    fast_df = _fast(df, kernels=kernels)
     assert generate(fast_df, prompts, N) == ref
     # same drafts as the reference drafter, step by step: the per-step acceptance matches exactly
     assert fast_df.tau == pytest.approx(ref_tau)
 
 
-def test_adaptive_width_keeps_the_targets_greedy_output(setup):
+@pytest.mark.parametrize("kernels", PATHS)
+def test_adaptive_width_keeps_the_targets_greedy_output(setup, kernels):
     """Verifying fewer drafts per step (chosen by load, or fixed narrow) commits only the target's own tokens."""
+    kernels = _path(kernels)
     ar, df = setup
     prompts = _prompts(ar.tok, 5)
     ref = [s.out for s in ref_generate(ar, prompts, SamplingParams(max_tokens=N, ignore_eos=True))]
-    auto = _fast(df, adaptive=True)
-    assert auto.widths == [2, 4, B]
+    auto = _fast(df, adaptive=True, kernels=kernels)
+    assert auto.widths == [1, 2, 3, 4, B]  # on a CPU: 1 (the anchor alone, no draft) and 3 too
     assert generate(auto, prompts, N) == ref
-    assert set(auto.chooser.chosen) == {2, 4, B}  # every width ran (each is timed before the choice trusts it)
+    assert set(auto.chooser.chosen) == {1, 2, 3, 4, B}  # every width ran (each is timed before the choice trusts it)
     assert auto.drafted < auto.row_steps * (B - 1)  # some steps verified fewer than the whole block
-    narrow = _fast(df, width=2)
+    narrow = _fast(df, width=2, kernels=kernels)
     assert generate(narrow, prompts, N) == ref
     assert narrow.drafted == narrow.row_steps and 1 <= narrow.tau <= 2
+
+
+@pytest.mark.parametrize("kernels", PATHS)
+def test_a_step_of_the_anchor_alone_still_writes_the_drafters_context(setup, kernels):
+    """Width 1 (a CPU's adaptive runner may take it under load) runs no draft and verifies the anchor alone: the
+    target's tokens, no drafts counted, and the drafter's context K/V written as a drafting step writes it, so
+    that a later draft reads what it would have read."""
+    kernels = _path(kernels)
+    ar, df = setup
+    prompts = _prompts(ar.tok, 2)
+    ref = [s.out for s in ref_generate(ar, prompts, SamplingParams(max_tokens=N, ignore_eos=True))]
+    alone, drafting = _fast(df, width=1, kernels=kernels), _fast(df, width=4, kernels=kernels)
+    for p, want in zip(prompts, ref):  # one at a time: no step runs after the slot is released
+        assert generate(alone, [p], N) == [want] == generate(drafting, [p], N)
+        n = len(p) + N - B  # positions both runners committed
+        for a, b in zip(alone.d.cache.k + alone.d.cache.v, drafting.d.cache.k + drafting.d.cache.v):
+            torch.testing.assert_close(a[0, :n], b[0, :n], rtol=1e-9, atol=1e-9)
+    assert alone.drafted == 0 and alone.tau == 1 and alone.row_steps == 2 * (N - 1)
+
+
+@pytest.mark.parametrize("kernels", PATHS)
+@pytest.mark.parametrize("w", [2, 4])
+def test_a_cut_draft_drafts_what_the_reference_drafts_on_a_block_of_that_length(tmp_path, w, kernels):
+    """`cut_draft`: a step of width w drafts only the w positions it verifies. Its drafts, step by step, are
+    those of the reference drafter run on blocks of w (the same weights, block_size w), not those of the whole
+    block cut after w - 1 drafts; the target's greedy output is unchanged."""
+    import json
+    import shutil
+
+    kernels = _path(kernels)
+    target, drafter = make_tiny_pair(tmp_path, seed=1, block_size=B)
+    short = tmp_path / "short"
+    shutil.copytree(drafter, short)
+    cfg = json.loads((short / "config.json").read_text())
+    (short / "config.json").write_text(json.dumps({**cfg, "block_size": w}))
+    kw = dict(max_slots=SLOTS, max_len=MAX_LEN, dtype="float64")
+    ar = build_engine(str(target), mode="ar", **kw)
+    ref = build_engine(str(target), str(short), mode="dflash", **kw)
+    df = build_engine(str(target), str(drafter), mode="dflash", **kw)
+    ref_drafts: list[list[int]] = []
+    propose = ref.proposer.propose
+
+    def recorded(seqs):
+        tokens, logits = propose(seqs)
+        ref_drafts.append(logits.argmax(-1)[0].tolist())
+        return tokens, logits
+    ref.proposer.propose = recorded
+
+    def fast_drafts(runner: FastRunner, prompt: list[int]) -> tuple[list[int], list[list[int]]]:
+        out, drafts = [runner.add(0, prompt)], []
+        while len(out) < N:
+            out += runner.step([0])[0]
+            drafts.append(runner.out[0, 1:w].tolist())
+        runner.release(0)
+        return out[:N], drafts
+
+    differs = False
+    for p in _prompts(ar.tok, 3):
+        want = ref_generate(ar, [p], SamplingParams(max_tokens=N, ignore_eos=True))[0].out
+        ref_drafts.clear()
+        assert ref_generate(ref, [p], SamplingParams(max_tokens=N, ignore_eos=True))[0].out == want
+        out, drafts = fast_drafts(_fast(df, width=w, cut_draft=True, kernels=kernels), p)
+        assert out == want
+        assert drafts == ref_drafts
+        whole = fast_drafts(_fast(df, width=w, kernels=kernels), p)
+        assert whole[0] == want
+        differs |= whole[1] != drafts
+    assert differs  # the whole block's first drafts are not the cut block's
 
 
 def test_synthetic_acceptance_of_a_narrow_verify_follows_the_same_curve(setup):
@@ -206,7 +294,10 @@ def test_fast_engine_serves_the_decode_loop_like_the_reference(setup, tmp_path):
     assert [s.out for s in got] == [s.out for s in want]
     assert fast.stats.drafts > 0 and fast.stats.generation_tokens == ref.stats.generation_tokens
     widths = fast.stats.widths  # tokens verified per row -> row-steps (the /metrics verify-width counter)
-    assert sum(widths.values()) == fast.stats.drafts and set(widths) <= {2, 4, B}
+    # on a CPU a row-step of width 1 (the anchor alone) is no draft: a random drafter accepts ~nothing, so the
+    # adaptive engine mostly stops drafting
+    assert sum(widths.values()) == fast.stats.drafts + widths.get(1, 0) and set(widths) <= {1, 2, 3, 4, B}
+    assert widths.get(1, 0) > fast.stats.drafts
     assert sum((w - 1) * n for w, n in widths.items()) == fast.stats.draft_tokens
     assert fast.free_slots and sorted(fast.free_slots) == list(range(SLOTS))
     with pytest.raises(ValueError, match="greedily"):
@@ -254,7 +345,8 @@ def test_serve_fast_labels_synthetic_acceptance_over_http(tmp_path):
         assert drafts > 0
         widths = {int(x.split('width="')[1].split('"')[0]): float(x.rsplit(" ", 1)[1]) for x in text.splitlines()
                   if x.startswith("dflash_bench:verify_width_row_steps_total{")}
-        assert sum(widths.values()) == drafts and set(widths) <= {2, 4, B}  # --verify-width auto, the default
+        # --verify-width auto, the default; on a CPU width 1 (the anchor alone) too, which is no draft
+        assert sum(widths.values()) == drafts + widths.get(1, 0) and set(widths) <= {1, 2, 3, 4, B}
         bad = httpx.post(url + "/v1/completions", json={**body, "temperature": 0.7}, timeout=60)
         assert bad.status_code == 400 and "greedily" in bad.json()["message"]
 
@@ -526,3 +618,20 @@ def test_a_batched_steps_logprobs_are_each_rows_own(tmp_path, mode):
                 vals, idx = ref[pos].topk(k)
                 assert [t for t, _ in top] == idx.tolist()
                 assert [v for _, v in top] == pytest.approx(vals.tolist(), abs=1e-5)
+
+
+def test_a_step_of_the_anchor_alone_is_no_draft_in_the_counters(setup):
+    """vLLM's counters count drafts: a step that verified the anchor alone (width 1) adds a row-step of width 1
+    and nothing to drafts, draft tokens or acceptance, so tau is the speculative steps' own."""
+    from dflash_bench.engine.bookkeeping import Bookkeeping
+
+    _, df = setup
+    book = Bookkeeping(df.tok, eos_ids=[], block_size=B, slots=2, max_len=MAX_LEN)
+    s = book.open("r", [1, 2, 3], SamplingParams(max_tokens=20, ignore_eos=True))
+    logits = torch.zeros(B, 8)
+    book.prefilled(s, 5, logits[:1])
+    book.stepped(s, [7], logits[:1], width=1)
+    book.stepped(s, [8, 9, 10], logits[:3], width=4)
+    st = book.stats
+    assert (st.drafts, st.draft_tokens, st.accepted, st.widths) == (1, 3, 2, {1: 1, 4: 1})
+    assert s.out == [5, 7, 8, 9, 10]

@@ -65,3 +65,19 @@ def test_small_batches_on_a_gpu_verify_the_whole_block():
     assert ch.candidates(4) == [16] and ch.candidates(8) == ch.widths
     picked = _feed(ch, 4, 4, lambda w: 0, lambda w: 0.5 + 0.1 * w, 50)  # narrowing would pay, but is not a graph
     assert set(picked) == {16} and (4, 2) not in ch.times
+
+
+def test_a_cpu_stops_drafting_where_no_draft_pays_and_does_not_retime_the_whole_block():
+    """CPU widths: 1 verifies the anchor alone (no draft, cost of an AR step). Where every verified draft costs
+    about what it earns (a compute-bound step), the choice settles on 1; without `explore_block` the periodic
+    re-timing visits only the best width's neighbours, never the costly whole block again."""
+    from dflash_bench.engine.fast.width import CPU_WIDTHS
+
+    ch = WidthChooser(B, CPU_WIDTHS, explore_block=False)
+    assert ch.widths == [1, 2, 3, 4, 6, 8, 10, 16] and ch.expected(1) == 1.0
+    cost = lambda w: 1.0 + 0.6 * (w - 1)  # noqa: E731  (each token verified ~0.6 of an AR step)
+    picked = _feed(ch, 32, 32, lambda w: 0 if w < 3 else 1, cost, 300)
+    assert sorted(picked[:8]) == ch.widths  # each timed once first
+    assert picked[-100:].count(1) > 80 and 16 not in picked[8:]
+    ch = WidthChooser(B, CPU_WIDTHS)  # the GPU's schedule does go back to the whole block
+    assert 16 in _feed(ch, 32, 32, lambda w: 0 if w < 3 else 1, cost, 300)[8:]

@@ -113,10 +113,11 @@ class Bookkeeping:
     def _count(self, a: int, drafted: int) -> None:
         st = self.stats
         if self.B > 1:
+            st.widths[drafted + 1] = st.widths.get(drafted + 1, 0) + 1
+        if self.B > 1 and drafted:  # a step that verified the anchor alone drafted nothing: not a draft
             st.drafts += 1
             st.draft_tokens += drafted
             st.accepted += a
-            st.widths[drafted + 1] = st.widths.get(drafted + 1, 0) + 1
             for i in range(a):
                 st.accepted_per_pos[i] += 1
 

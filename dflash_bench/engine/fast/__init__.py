@@ -9,7 +9,10 @@
 - `runner.py`: state on the device, fixed-shape draft / verify / AR steps captured as CUDA graphs per
   (batch bucket, KV-length bucket), greedy acceptance and the step's commit inside the graphs, steps that
   can run one ahead of the host, and an opt-in synthetic-acceptance mode for benchmarking random weights.
+- `kernels.py`: which kernels a step runs; `cpu_kernels.py` + `cpu_kernels.c`: on a CPU the same calls in C
+  (built with the machine's C compiler at first use), the torch ops where none builds.
+- `width.py`: the verify width chosen by load.
 
-Eager (no graphs, torch ops) on the CPU, so the tests check losslessness of exactly this code; they run the
-Triton kernels in Triton's interpreter.
+Eager (no graphs) on the CPU, so the tests check losslessness of exactly this code, on the C kernels and on
+torch ops; they run the Triton kernels in Triton's interpreter.
 """

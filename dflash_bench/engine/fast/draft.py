@@ -7,59 +7,65 @@ attends to context and block (non-causal, or causal with a window on sliding lay
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from dflash_bench.engine.drafter import DFlashDrafter
-from dflash_bench.engine.fast.model import (KVCache, Layer, StepAttention, embed_norm, load_kernels, matmul, norm,
-                                            offsets, rms_norm, run_layers)
+from dflash_bench.engine.fast.kernels import load_kernels, prepared
+from dflash_bench.engine.fast.model import (KVCache, Layer, StepAttention, embed_norm, matmul, norm, offsets, rms_norm,
+                                            run_layers)
 from dflash_bench.engine.rope import cos_sin, inv_freq, rope
 from dflash_bench.errors import UserError
 
 
 class FastDrafter:
     def __init__(self, drafter: DFlashDrafter, embed: torch.Tensor, head: torch.Tensor, *, max_slots: int, max_len: int,
-                 kernels: bool | None = None):
+                 kernels: bool | str | None = None):
         c = self.c = drafter.config
         if c.attention_bias:  # _fuse keeps the q/k/v biases; o_proj's would be dropped
             raise UserError("the fast path runs drafters without attention biases: serve without --fast")
         self.B = c.block_size
         self.embed, self.head = embed, head
         self.dtype, self.device = embed.dtype, embed.device
+        self.kernels = load_kernels(self.device, kernels, self.dtype)
+        self.lm_head = prepared(self.kernels, head)  # the borrowed head as this drafter's matmuls read it
         self.H, self.hkv, self.hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         self.eps = c.rms_norm_eps
+        # every layer's context K/V projection stacked: one matmul per step instead of one per layer
+        kv = [torch.cat([ly.self_attn.k_proj.weight, ly.self_attn.v_proj.weight]).detach() for ly in drafter.layers]
+        self.wkv = prepared(self.kernels, torch.cat(kv))
         self.layers = [self._fuse(ly) for ly in drafter.layers]
+        kvd = 2 * self.hkv * self.hd
+        self.bkv = None if self.layers[0].bqkv is None else torch.cat([ly.bqkv[-kvd:] for ly in self.layers])
         self.kinds = [c.layer_mask_kind(i) for i in range(c.num_hidden_layers)]
-        self.fc = drafter.fc.weight.detach()
+        self.fc = prepared(self.kernels, drafter.fc.weight.detach())
         self.hidden_norm = drafter.hidden_norm.weight.detach()
         self.norm = drafter.norm.weight.detach()
         self.cache = KVCache(c.num_hidden_layers, max_slots, max_len, self.hkv, self.hd, self.dtype, self.device)
         self.inv_freq = inv_freq(self.hd, c.rope_theta, self.device)
-        self.kernels = load_kernels(self.device, kernels)
         self.attention = StepAttention(self.cache, self.kernels, heads=self.H, kv_heads=self.hkv, head_dim=self.hd,
                                        eps=self.eps, scale=self.hd ** -0.5, kinds=self.kinds, inv_freq=self.inv_freq,
                                        rope_scale=1.0)
-        # every layer's context K/V projection stacked: one matmul per step instead of one per layer
-        kvd = 2 * self.hkv * self.hd
-        self.wkv = torch.cat([ly.wqkv[-kvd:] for ly in self.layers])
-        self.bkv = None if self.layers[0].bqkv is None else torch.cat([ly.bqkv[-kvd:] for ly in self.layers])
 
     def _fuse(self, layer) -> Layer:
         a, m = layer.self_attn, layer.mlp
         projs = (a.q_proj, a.k_proj, a.v_proj)
+        mm = functools.partial(prepared, self.kernels)
         return Layer(
-            wqkv=torch.cat([p.weight.detach() for p in projs]),
+            wqkv=mm(torch.cat([p.weight.detach() for p in projs])),
             bqkv=torch.cat([p.bias.detach() for p in projs]) if a.q_proj.bias is not None else None,
-            wo=a.o_proj.weight.detach(),
+            wo=mm(a.o_proj.weight.detach()),
             wqk=torch.cat([a.q_norm.weight.detach().expand(self.H, -1), a.k_norm.weight.detach().expand(self.hkv, -1)]),
             ln1=layer.input_layernorm.weight.detach(),
             ln2=layer.post_attention_layernorm.weight.detach(),
-            w13=torch.cat([m.gate_proj.weight.detach(), m.up_proj.weight.detach()]),
-            w2=m.down_proj.weight.detach(),
+            w13=mm(torch.cat([m.gate_proj.weight.detach(), m.up_proj.weight.detach()])),
+            w2=mm(m.down_proj.weight.detach()),
         )
 
     def weight_bytes(self) -> int:
         """Bytes one draft step reads: the drafter's weights plus the target's lm_head it borrows."""
-        n = self.fc.numel() + self.head.numel()
+        n = self.fc.numel() + self.lm_head.numel()
         for ly in self.layers:
             n += ly.wqkv.numel() + ly.wo.numel() + ly.w13.numel() + ly.w2.numel()
         return n * self.embed.element_size()
@@ -97,25 +103,27 @@ class FastDrafter:
         return self.c.output_multiplier == 1.0 and not self.c.final_logit_softcapping
 
     def hidden(self, anchors: torch.Tensor, starts: torch.Tensor, row0: int, L: int,
-               pos: torch.Tensor | None = None) -> torch.Tensor:
-        """The draft for the block `[anchor, mask x (B-1)]` at `starts[b]..starts[b]+B-1`, up to the final
-        norm: its output `[bs * (B-1), hidden]` at the mask positions (`logits` maps it to the vocabulary).
-        `pos`: the block's positions `starts[:, None] + arange(B)`, when the caller has them already."""
-        c, B, bs = self.c, self.B, anchors.shape[0]
+               pos: torch.Tensor | None = None, n: int | None = None) -> torch.Tensor:
+        """The draft for the block `[anchor, mask x (n-1)]` at `starts[b]..starts[b]+n-1` (n: the block size B,
+        or fewer for a cut block: it attends only to its own n positions), up to the final norm: its output
+        `[bs * (n-1), hidden]` at the mask positions (`logits` maps it to the vocabulary). `pos`: the block's
+        positions `starts[:, None] + arange(n)`, when the caller has them already."""
+        c, bs = self.c, anchors.shape[0]
+        n = self.B if n is None else n
         h, x = embed_norm(self.kernels, anchors[:, None], self.embed, self.layers[0].ln1, self.eps,
-                          scale=c.input_embedding_scale, n=B, fill=c.mask_token_id)
+                          scale=c.input_embedding_scale, n=n, fill=c.mask_token_id)
         if pos is None:
-            pos = starts[:, None] + offsets(B, starts.device)
+            pos = starts[:, None] + offsets(n, starts.device)
         attend = self.attention(pos, starts, row0, L)
         _, x, _ = run_layers(self.layers, h, x, attend, self.norm, self.eps, self.kernels)
-        # a contiguous [bs * (B-1), hidden] input: on a strided 3-D view F.linear falls back to a batched
+        # a contiguous [bs * (n-1), hidden] input: on a strided 3-D view F.linear falls back to a batched
         # matmul that reads the whole lm_head once per row
-        return x.view(bs, B, -1)[:, 1:].reshape(bs * (B - 1), -1)
+        return x.view(bs, n, -1)[:, 1:].reshape(bs * (n - 1), -1)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """Draft logits of `hidden`'s rows."""
         c = self.c
-        logits = matmul(self.kernels)(x, self.head)
+        logits = matmul(self.kernels)(x, self.lm_head)
         if c.output_multiplier != 1.0:
             logits = logits * c.output_multiplier
         if c.final_logit_softcapping:

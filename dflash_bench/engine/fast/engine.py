@@ -29,12 +29,12 @@ class FastEngine:
 
     def __init__(self, model, tokenizer, drafter=None, *, eos_ids: list[int], max_slots: int, max_len: int,
                  synthetic_tau: float | None = None, kv_block: int = 256, step_ahead: bool = True,
-                 adaptive: bool = True):
+                 adaptive: bool = True, cut_draft: bool = False):
         """`model`: the loaded Hugging Face target (`target.load_model`); `drafter`: a `DFlashDrafter` or None."""
         ft = FastTarget(model, max_slots=max_slots, max_len=max_len)
         fd = FastDrafter(drafter, ft.embed, ft.head, max_slots=max_slots, max_len=max_len) if drafter is not None else None
         self.runner = FastRunner(ft, fd, kv_block=kv_block, synthetic_tau=synthetic_tau, keep_logits=True,
-                                 adaptive=adaptive)
+                                 adaptive=adaptive, cut_draft=cut_draft)
         self.runner.capture_all()  # GPU: every graph before the first request (no capture pause mid-serving)
         self.tok, self.B = tokenizer, self.runner.B
         self.prefill_rows, self.prefill_tokens = max_slots, PREFILL_TOKENS  # a group: one forward (`runner.add_many`)
@@ -110,7 +110,7 @@ class FastEngine:
 def build_fast_engine(model: str, draft: str | None = None, *, mode: str = "dflash", dtype: str = "auto",
                       device: str = "auto", max_slots: int = 32, max_len: int = 4096, tokenizer=None,
                       synthetic_tau: float | None = None, benchmark_only: bool = False,
-                      step_ahead: bool = True, adaptive: bool = True) -> FastEngine:
+                      step_ahead: bool = True, adaptive: bool = True, cut_draft: bool = False) -> FastEngine:
     """Like `build.build_engine`, on the fast path (CUDA graphs on a GPU, eager on the CPU)."""
     from dflash_bench.engine.build import eos_ids, load_tokenizer, resolve_dtype
     from dflash_bench.engine.drafter import load_drafter
@@ -144,4 +144,4 @@ def build_fast_engine(model: str, draft: str | None = None, *, mode: str = "dfla
         if synthetic_tau is not None and not 1 <= synthetic_tau <= drafter.config.block_size:
             raise UserError(f"--synthetic-acceptance must lie between 1 and the block size {drafter.config.block_size}")
     return FastEngine(hf, tok, drafter, eos_ids=eos_ids(hf, tok), max_slots=max_slots, max_len=max_len,
-                      synthetic_tau=synthetic_tau, step_ahead=step_ahead, adaptive=adaptive)
+                      synthetic_tau=synthetic_tau, step_ahead=step_ahead, adaptive=adaptive, cut_draft=cut_draft)

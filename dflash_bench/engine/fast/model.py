@@ -4,10 +4,11 @@ Weights come from a loaded Hugging Face model (q/k/v and gate/up concatenated on
 by reference). The cache is `[slots, max_len, kv_heads, head_dim]` per layer and a batch of `bs` rows always
 covers slots `row0 .. row0 + bs - 1`.
 
-Two ways to run a layer, same math: on a GPU with Triton, the fused kernels of `triton_ops` (norms, q/k norm +
-RoPE + cache write, silu * up) and `triton_attn` (split-K attention that reads only each row's valid keys);
-elsewhere (the CPU tests' reference), plain torch ops and SDPA over the cache view `cache[row0:row0 + bs, :L]`
-with an additive mask built once per step. Prefill (long `n`) always takes SDPA for its attention.
+Two ways to run a layer, same math: with kernels (`kernels.py` picks them: on a GPU Triton's `triton_ops`
+(norms, q/k norm + RoPE + cache write, silu * up) and `triton_attn` (split-K attention that reads only each
+row's valid keys); on a CPU the same calls in C, `cpu_kernels`), or plain torch ops and SDPA over the cache
+view `cache[row0:row0 + bs, :L]` with an additive mask built once per step (the kernels' reference, and the
+CPU path without a C compiler). Prefill (long `n`) always takes SDPA for its attention.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import functools
 from dataclasses import dataclass
-from types import ModuleType
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +23,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from dflash_bench.engine.cache import row_mask
+from dflash_bench.engine.fast.kernels import load_kernels, prepared
 from dflash_bench.engine.rope import cos_sin, kernel_tables, rope
 from dflash_bench.errors import UserError
 
@@ -54,32 +55,6 @@ def offsets(n: int, device: torch.device, row0: int = 0, bs: int = 0) -> torch.T
         if _KEEP[0]:
             _INDEX[key] = t
     return t
-
-
-@dataclass(frozen=True)
-class Kernels:
-    """The Triton kernel modules of a decode step."""
-
-    ops: ModuleType  # triton_ops: norms, q/k norm + RoPE + cache write, silu * up, embedding, argmax, commit
-    attn: ModuleType  # triton_attn: split-K attention over each row's valid keys
-    gemm: ModuleType  # triton_gemm: skinny matmuls, and the lm_head's matmul fused with its argmax
-
-
-def load_kernels(device: torch.device, want: bool | None) -> Kernels | None:
-    """The Triton kernels, or None for the torch path.
-
-    want None: kernels on CUDA when Triton imports. True: kernels anywhere (the CPU tests run them in Triton's
-    interpreter). False: the torch path.
-    """
-    if want is False or (want is None and device.type != "cuda"):
-        return None
-    try:
-        from dflash_bench.engine.fast import triton_attn, triton_gemm, triton_ops
-    except ImportError:
-        if want:
-            raise UserError("the fast path's kernels need Triton: pip install triton") from None
-        return None
-    return Kernels(ops=triton_ops, attn=triton_attn, gemm=triton_gemm)
 
 
 def norm(kernels):
@@ -297,7 +272,7 @@ def _linear_weight(m: nn.Linear) -> torch.Tensor:
 class FastTarget:
     """The target's forward with fused projections over a `KVCache`; can return the outputs of chosen layers."""
 
-    def __init__(self, hf_model: nn.Module, *, max_slots: int, max_len: int, kernels: bool | None = None):
+    def __init__(self, hf_model: nn.Module, *, max_slots: int, max_len: int, kernels: bool | str | None = None):
         cfg = hf_model.config.get_text_config()
         inner = hf_model.model
         self.n_layers = cfg.num_hidden_layers
@@ -308,9 +283,11 @@ class FastTarget:
         self.hidden_size = cfg.hidden_size
         self.embed = inner.embed_tokens.weight.detach()
         self.norm = inner.norm.weight.detach()
-        self.head = hf_model.get_output_embeddings().weight.detach()
+        self.head = hf_model.get_output_embeddings().weight.detach()  # `[V, hidden]`, lent to the drafter
         self.vocab_size = self.head.shape[0]
         self.dtype, self.device = self.embed.dtype, self.embed.device
+        self.kernels = load_kernels(self.device, kernels, self.dtype)
+        self.lm_head = prepared(self.kernels, self.head)  # the head as this target's matmuls read it
         rot = inner.rotary_emb
         self.inv_freq = rot.inv_freq.detach().float()
         self.rope_scale = float(getattr(rot, "attention_scaling", 1.0))
@@ -319,7 +296,6 @@ class FastTarget:
         self.scale = float(getattr(inner.layers[0].self_attn, "scaling", self.hd ** -0.5))
         self.cache = KVCache(self.n_layers, max_slots, max_len, self.hkv, self.hd, self.dtype, self.device)
         self.max_len = max_len
-        self.kernels = load_kernels(self.device, kernels)
         self.attention = StepAttention(self.cache, self.kernels, heads=self.H, kv_heads=self.hkv, head_dim=self.hd,
                                        eps=self.eps, scale=self.scale, kinds=[(True, w) for w in self.windows],
                                        inv_freq=self.inv_freq, rope_scale=self.rope_scale)
@@ -337,20 +313,21 @@ class FastTarget:
         wqk = None
         if qn is not None:
             wqk = torch.cat([qn.weight.detach().expand(self.H, -1), kn.weight.detach().expand(self.hkv, -1)])
+        mm = functools.partial(prepared, self.kernels)
         return Layer(
-            wqkv=torch.cat([_linear_weight(p) for p in projs]),
+            wqkv=mm(torch.cat([_linear_weight(p) for p in projs])),
             bqkv=bias,
-            wo=_linear_weight(a.o_proj),
+            wo=mm(_linear_weight(a.o_proj)),
             wqk=wqk,
             ln1=layer.input_layernorm.weight.detach(),
             ln2=layer.post_attention_layernorm.weight.detach(),
-            w13=torch.cat([_linear_weight(m.gate_proj), _linear_weight(m.up_proj)]),
-            w2=_linear_weight(m.down_proj),
+            w13=mm(torch.cat([_linear_weight(m.gate_proj), _linear_weight(m.up_proj)])),
+            w2=mm(_linear_weight(m.down_proj)),
         )
 
     def weight_bytes(self) -> int:
         """Bytes one decode step must read: every weight but the embedding table (one row of it is read)."""
-        n = self.norm.numel() + self.head.numel()
+        n = self.norm.numel() + self.lm_head.numel()
         for ly in self.layers:
             n += sum(t.numel() for t in (ly.wqkv, ly.wo, ly.ln1, ly.ln2, ly.w13, ly.w2) if t is not None)
             n += sum(t.numel() for t in (ly.bqkv, ly.wqk) if t is not None)
@@ -383,7 +360,7 @@ class FastTarget:
             x = x.index_select(0, last)
         elif last_only:  # contiguous rows: a strided 3-D input would make F.linear read lm_head once per row
             x = x.view(bs, n, -1)[:, -1].contiguous()
-        out = matmul(self.kernels)(x, self.head).view(bs, 1 if last_only else n, -1) if head else x
+        out = matmul(self.kernels)(x, self.lm_head).view(bs, 1 if last_only else n, -1) if head else x
         if not taps or on_taps is not None:
             return out, None
         return out, torch.cat(ordered(feats), -1).view(bs, n, -1)

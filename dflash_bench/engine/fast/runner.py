@@ -27,7 +27,7 @@ import torch
 
 from dflash_bench.engine.fast.draft import FastDrafter
 from dflash_bench.engine.fast.model import FastTarget, decode_step, matmul, offsets
-from dflash_bench.engine.fast.width import WidthChooser
+from dflash_bench.engine.fast.width import CPU_WIDTHS, WIDTHS, WidthChooser
 
 
 PREFILL_BUCKET = 64  # prompts are padded to a multiple of this: one prefill graph per multiple
@@ -89,7 +89,7 @@ class FastRunner:
 
     def __init__(self, target: FastTarget, drafter: FastDrafter | None = None, *, graphs: bool | None = None,
                  kv_block: int = 256, synthetic_tau: float | None = None, seed: int = 0, keep_logits: bool = False,
-                 overlap: bool = True, adaptive: bool = False, width: int | None = None):
+                 overlap: bool = True, adaptive: bool = False, width: int | None = None, cut_draft: bool = False):
         self.t, self.d = target, drafter
         self.B = drafter.B if drafter else 1
         self.S, self.max_len = target.cache.slots, target.max_len
@@ -131,16 +131,20 @@ class FastRunner:
         self.graphs: dict[tuple, object] = {}
         self.pool = torch.cuda.graph_pool_handle() if self.graphs_on else None
         self.steps = self.accepted = self.row_steps = 0  # steps; accepted drafts and verifies summed over rows
-        self.drafted = 0  # drafts verified, summed over rows
+        self.drafted = self.drafting_rows = 0  # drafts verified, and verifies that checked any, summed over rows
         self.timings: list[tuple] = []  # (draft start, draft end / verify start, verify end) when timing
         self.timing = False
         # adaptive: each step verifies the anchor and its first w - 1 drafts, w chosen by load (width.py);
         # else always `width` (default: the whole block)
-        self.chooser = (WidthChooser(self.B, narrow_from=NARROW_ROWS if self.graphs_on else 1)
+        self.chooser = (WidthChooser(self.B, WIDTHS if self.graphs_on else CPU_WIDTHS,
+                                     narrow_from=NARROW_ROWS if self.graphs_on else 1, explore_block=self.graphs_on)
                         if drafter and adaptive else None)
         self.fixed = min(width or self.B, self.B)
         self.widths = self.chooser.widths if self.chooser else [self.fixed]
         self.width = self.fixed  # the width of the step collected last
+        # draft only the w positions a step verifies (a block cut to w), not the whole block: for drafters
+        # trained on blocks of random length, which draft a cut block as well
+        self.cut_draft = cut_draft
 
     # ---- requests -------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -288,6 +292,9 @@ class FastRunner:
         if self.B == 1:
             self._run(("ar", bs, L), lambda: self._ar(bs, L))
             t1 = t0
+        elif w == 1:  # the anchor alone: no draft
+            t1 = t0
+            self._run(("verify", bs, L, w), lambda: self._verify(bs, L, w))
         else:
             self._run(("draft", bs, L, w), lambda: self._draft(bs, L, w))
             t1 = self._mark(self.timing)
@@ -335,16 +342,21 @@ class FastRunner:
         self.accepted += sum(accepted)
         self.steps += 1
         self.row_steps += len(out)
+        self.drafting_rows += len(out) if w > 1 else 0
         self.drafted += len(out) * (w - 1)
         self.width = w
         if self.chooser is not None:
             self.chooser.observe(bs, w, accepted, self._seconds(span))
         return out
 
+    def reset_counts(self) -> None:
+        """Zero the step and acceptance counters (`tau`, `drafted`, ...): a benchmark's measured run starts here."""
+        self.steps = self.accepted = self.row_steps = self.drafted = self.drafting_rows = 0
+
     @property
     def tau(self) -> float:
-        """Tokens per verify, bonus included (vLLM's 1 + accepted / drafts)."""
-        return 1 + self.accepted / max(self.row_steps, 1)
+        """Tokens per verify that checked drafts, bonus included (vLLM's 1 + accepted / drafts)."""
+        return 1 + self.accepted / max(self.drafting_rows, 1)
 
     # ---- the graphed bodies: compute, then commit the step for the active rows --------------------------
     def _prefill(self, P: int) -> None:
@@ -364,14 +376,16 @@ class FastRunner:
 
     def _draft(self, bs: int, L: int, w: int) -> None:
         """The drafter over the whole block, as it was trained (a block cut to w tokens drafts worse, measured on
-        the embedded pair); the vocabulary only for the w - 1 drafts the verify checks."""
-        pos = torch.add(self.start[:bs, None], offsets(self.B, self.dev), out=self.pos[:bs])
-        x = self.d.hidden(self.anchor[:bs], self.start[:bs], 0, L, pos=pos)
-        if w < self.B:
-            x = x.view(bs, self.B - 1, -1)[:, : w - 1].reshape(bs * (w - 1), -1)
+        the embedded pair), or with `cut_draft` over the w positions the verify checks; the vocabulary only for
+        the w - 1 drafts the verify checks."""
+        n = w if self.cut_draft else self.B
+        pos = torch.add(self.start[:bs, None], offsets(n, self.dev), out=self.pos[:bs, :n])
+        x = self.d.hidden(self.anchor[:bs], self.start[:bs], 0, L, pos=pos, n=n)
+        if w < n:
+            x = x.view(bs, n - 1, -1)[:, : w - 1].reshape(bs * (w - 1), -1)
         drafts = self.drafts[:bs, : w - 1]
         if self.t.kernels is not None and self.d.plain_head:
-            self.t.kernels.gemm.linear_argmax(x, self.d.head, drafts)
+            self.t.kernels.gemm.linear_argmax(x, self.d.lm_head, drafts)
         else:
             self._argmax(self.d.logits(x).view(bs, w - 1, -1), drafts)
 
@@ -381,6 +395,8 @@ class FastRunner:
         and the rest lie at or past the new start, where that draft's own block is written before it is read.
         Rows outside the step write only there too, as their target rows do."""
         ids = self.tokens[:bs, :w]
+        if w == 1:  # no draft ran to set the positions
+            self.pos[:bs, 0].copy_(self.start[:bs])
         main, keep = torch.cuda.current_stream() if self.side else None, []
 
         def context(feats, pos):
@@ -402,8 +418,8 @@ class FastRunner:
         """The target's greedy tokens `[bs, n]` from its final hidden rows; the logits are written (for
         logprobs) only when the runner keeps them."""
         if self.logits is None and self.t.kernels is not None:
-            return self.t.kernels.gemm.linear_argmax(x, self.t.head).view(bs, n)
-        logits = matmul(self.t.kernels)(x, self.t.head).view(bs, n, -1)
+            return self.t.kernels.gemm.linear_argmax(x, self.t.lm_head).view(bs, n)
+        logits = matmul(self.t.kernels)(x, self.t.lm_head).view(bs, n, -1)
         if self.logits is not None:
             self.logits[:bs, :n] = logits
         return self._argmax(logits)

@@ -8,9 +8,15 @@ expected committed tokens per second, rows x E[tokens | w] / T(bs, w), where
   accepted counts (decayed, so it follows the workload), over the steps that verified position i;
 - T(bs, w) is the measured time of a step of that batch bucket and width (an average of its recent steps).
 
+A width of 1 (where the caller offers it: the runner does on a CPU) verifies the anchor alone, no draft: an
+AR step (plus the drafter's context), for loads where no speculative step pays for itself (on a CPU at 32
+rows a step's matmuls are already compute-bound, and each verified draft costs about what an AR token does).
+
 An untimed (bucket, width) pair is tried once before the choice trusts the table, and every `explore`-th
-step re-times whichever is stalest of the best width's two neighbours and the whole block (which keeps the far
-positions' acceptance measured), so neither table goes stale where it matters. The runner leaves out the
+step re-times whichever is stalest of the best width's two neighbours and (on a GPU) the whole block (which
+keeps the far positions' acceptance measured), so neither table goes stale where it matters. A CPU does not
+re-time the whole block: at 32 rows it costs ~10 AR steps there, and re-timing it every 128 steps took a
+quarter of a run's time; the optimistic prior still lets the choice climb one neighbour at a time. The runner leaves out the
 time of a step that captured a CUDA graph.
 Greedy output is unchanged by the width: verification only commits tokens the target itself chose.
 """
@@ -18,6 +24,7 @@ Greedy output is unchanged by the width: verification only commits tokens the ta
 from __future__ import annotations
 
 WIDTHS = (2, 4, 6, 8, 10, 16)  # candidate tokens per row, capped at the block size (which is always a candidate)
+CPU_WIDTHS = (1, 2, 3, 4, 6, 8, 10, 16)  # a CPU step has no graph per width: narrower steps, and none at all
 DECAY = 0.999  # per row-step weight of older acceptance counts
 ALPHA = 0.25  # weight of the newest step time in its running average
 EXPLORE = 32  # every this many steps: re-time the stalest of the best width's neighbours and the whole block
@@ -28,12 +35,12 @@ class WidthChooser:
     """Tokens per row for the next verify, from measured acceptance by position and measured step times."""
 
     def __init__(self, block_size: int, widths: tuple[int, ...] = WIDTHS, explore: int = EXPLORE,
-                 narrow_from: int = 1):
+                 narrow_from: int = 1, explore_block: bool = True):
         """`narrow_from`: the smallest batch bucket that may verify less than the whole block (a GPU's verify of
         a few rows costs about the same at any width, and every width is a CUDA graph per bucket and length)."""
         self.B = block_size
-        self.widths = sorted({w for w in widths if 1 < w < block_size} | {block_size})
-        self.explore, self.narrow_from = explore, narrow_from
+        self.widths = sorted({w for w in widths if 0 < w < block_size} | {block_size})
+        self.explore, self.narrow_from, self.explore_block = explore, narrow_from, explore_block
         self.verified = [0.0] * block_size  # [i]: decayed row-steps that verified draft i (1-based)
         self.reached = [0.0] * block_size  # [i]: decayed row-steps that accepted drafts 1..i
         self.times: dict[tuple[int, int], float] = {}  # (batch bucket, width) -> seconds per step
@@ -76,7 +83,7 @@ class WidthChooser:
             w = max(widths, key=lambda w: rows * self.expected(w) / self.times[(bucket, w)])
             if self.steps % self.explore == 0:
                 k = widths.index(w)
-                near = widths[max(k - 1, 0): k + 2] + [self.B]
+                near = widths[max(k - 1, 0): k + 2] + ([self.B] if self.explore_block else [])
                 w = min(near, key=lambda w: self.timed_at[(bucket, w)])
         self.chosen[w] = self.chosen.get(w, 0) + 1
         return w
