@@ -54,7 +54,9 @@ sys.path.insert(0, str(ROOT))
 from dflash_bench.engine.drafter import DFlashDrafter, DrafterConfig, load_drafter  # noqa: E402
 from dflash_bench.engine.fast.draft import FastDrafter  # noqa: E402
 from dflash_bench.engine.fast.model import FastTarget  # noqa: E402
-from dflash_bench.engine.fast.runner import FastRunner, decode, synthetic_rate  # noqa: E402
+from dflash_bench.engine.fast.accept import synthetic_rate  # noqa: E402
+from dflash_bench.engine.fast.drive import decode  # noqa: E402
+from dflash_bench.engine.fast.runner import FastRunner  # noqa: E402
 from dflash_bench.engine.target import load_model  # noqa: E402
 
 PAIR = ROOT / "dflash_bench" / "assets" / "default_pair"

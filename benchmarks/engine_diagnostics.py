@@ -13,7 +13,8 @@ import torch
 
 from dflash_bench.engine.fast.draft import FastDrafter
 from dflash_bench.engine.fast.model import FastTarget, matmul
-from dflash_bench.engine.fast.runner import FastRunner, generate
+from dflash_bench.engine.fast.drive import generate
+from dflash_bench.engine.fast.runner import FastRunner
 
 
 def sync(dev):

@@ -27,7 +27,8 @@ sys.path[:0] = [os.path.join(HERE, ".."), HERE]
 from dflash_bench.engine.drafter import DFlashDrafter, DrafterConfig  # noqa: E402
 from dflash_bench.engine.fast.draft import FastDrafter  # noqa: E402
 from dflash_bench.engine.fast.model import FastTarget  # noqa: E402
-from dflash_bench.engine.fast.runner import FastRunner, decode, generate  # noqa: E402
+from dflash_bench.engine.fast.drive import decode, generate  # noqa: E402
+from dflash_bench.engine.fast.runner import FastRunner  # noqa: E402
 
 from engine_diagnostics import (copy_bandwidth, divergence_gaps, kernels_agree, lossless_tiny,  # noqa: E402
                                 matmul_chain_ms, profile_step, same_fraction, sync)

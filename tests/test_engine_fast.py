@@ -16,7 +16,9 @@ from dflash_bench.engine.build import build_engine  # noqa: E402
 from dflash_bench.engine.decode import generate as ref_generate  # noqa: E402
 from dflash_bench.engine.fast.draft import FastDrafter  # noqa: E402
 from dflash_bench.engine.fast.model import FastTarget  # noqa: E402
-from dflash_bench.engine.fast.runner import FastRunner, generate, synthetic_rate  # noqa: E402
+from dflash_bench.engine.fast.accept import synthetic_rate  # noqa: E402
+from dflash_bench.engine.fast.drive import decode, generate  # noqa: E402
+from dflash_bench.engine.fast.runner import FastRunner  # noqa: E402
 from dflash_bench.engine.sampling import SamplingParams  # noqa: E402
 from dflash_bench.engine.tiny import make_tiny_pair  # noqa: E402
 
@@ -212,7 +214,7 @@ def test_batched_prefill_equals_one_prompt_at_a_time(setup, monkeypatch, budget)
     outs: list[list[int]] = [[] for _ in slots]
     for s, f in zip(slots, firsts):
         outs[s] = [f]
-    runner_mod.decode(together, outs, N)
+    decode(together, outs, N)
     assert [outs[s][:N] for s in slots] == ref
 
 

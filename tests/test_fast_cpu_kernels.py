@@ -132,7 +132,7 @@ def test_attention_matches_sdpa_over_the_masked_cache(dtype, bs, n, causal, wind
 
 @pytest.mark.parametrize("synthetic", [False, True])
 def test_commit_matches_the_torch_commit(synthetic):
-    from dflash_bench.engine.fast.runner import commit
+    from dflash_bench.engine.fast.accept import commit
 
     torch.manual_seed(2)
     S, bs, Bk = 8, 6, 5

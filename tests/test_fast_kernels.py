@@ -131,7 +131,7 @@ def test_qk_rope_store_matches_torch_and_writes_only_its_slots(ops, norm, group,
 @pytest.mark.parametrize("mode", ["match", "synthetic", "ar"])
 def test_commit_matches_the_torch_commit_exactly(ops, mode):
     """The whole step commit in one launch leaves every buffer as the runner's torch commit does."""
-    from dflash_bench.engine.fast.runner import commit, synthetic_rate
+    from dflash_bench.engine.fast.accept import commit, synthetic_rate
 
     torch.manual_seed(2)
     S, bs, Bk = 8, 6, (1 if mode == "ar" else 5)  # bs < S: the kernel sees row slices of the buffers
@@ -184,7 +184,8 @@ def test_fast_path_with_kernels_is_lossless(tmp_path):
     from dflash_bench.engine.decode import generate as ref_generate
     from dflash_bench.engine.fast.draft import FastDrafter
     from dflash_bench.engine.fast.model import FastTarget
-    from dflash_bench.engine.fast.runner import FastRunner, generate
+    from dflash_bench.engine.fast.drive import generate
+    from dflash_bench.engine.fast.runner import FastRunner
     from dflash_bench.engine.sampling import SamplingParams
     from dflash_bench.engine.tiny import make_tiny_pair
 

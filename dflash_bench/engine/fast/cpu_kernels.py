@@ -19,6 +19,7 @@ import ctypes
 import hashlib
 import logging
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -67,7 +68,7 @@ def _build() -> ctypes.CDLL | None:
         log.warning("no C compiler found: the fast path runs plain torch ops on the CPU")
         return None
     src = b"".join(f.read_bytes() for f in SOURCES + [HERE / "cpu_kernels.h"])
-    key = hashlib.sha256(src + " ".join([cc] + FLAGS).encode()).hexdigest()[:16]
+    key = hashlib.sha256(src + " ".join([cc] + FLAGS).encode() + _cpu_id()).hexdigest()[:16]
     lib = cache_root() / "cpu_kernels" / f"{key}.so"
     if not lib.exists():
         lib.parent.mkdir(parents=True, exist_ok=True)
@@ -88,6 +89,16 @@ def _build() -> ctypes.CDLL | None:
     dll.commit.argtypes = [_P, _L, _P, _L, _P, _P, _P, _L, _P, _L, _L, _L, _P, _L, _L, _L, _P, _D]
     dll.commit.restype = None
     return dll
+
+
+def _cpu_id() -> bytes:
+    """What -march=native builds for: the processor's model and feature flags (a cache folder shared by machines
+    of other processors must not hand them this one's build)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:  # not Linux: the platform's own description
+        return f"{platform.machine()} {platform.processor()}".encode()
+    return "\n".join(sorted({ln for ln in info if ln.startswith(("model name", "flags", "Features"))})).encode()
 
 
 def _fn(name: str, dtype: torch.dtype | None = None):
@@ -219,7 +230,7 @@ def decode_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, starts
 
 def commit(post: torch.Tensor, drafts: torch.Tensor, active: torch.Tensor, start: torch.Tensor, anchor: torch.Tensor,
            out: torch.Tensor, synth: tuple | None = None) -> None:
-    """A step's commit, as `triton_ops.commit` (same arguments; `runner.commit` is the torch reference)."""
+    """A step's commit, as `triton_ops.commit` (same arguments; `accept.commit` is the torch reference)."""
     bs, B = post.shape
     assert post.stride(1) == drafts.stride(1) == out.stride(1) == 1 and active.is_contiguous() and start.is_contiguous()
     u, step, rate = synth if synth is not None else (None, None, 0.0)

@@ -25,6 +25,7 @@ from collections import deque
 
 import torch
 
+from dflash_bench.engine.fast.accept import SYNTHETIC_STEPS, commit, synthetic_rate
 from dflash_bench.engine.fast.draft import FastDrafter
 from dflash_bench.engine.fast.model import FastTarget, decode_step, matmul, offsets
 from dflash_bench.engine.fast.width import CPU_WIDTHS, WIDTHS, WidthChooser
@@ -39,41 +40,6 @@ PREFILL_TOKENS = 2048  # padded prompt tokens per batched prefill forward at mos
 BATCHED_PREFILL_ROWS = 4  # GPU: prompts from which a group is prefilled in one eager forward, not graph by graph
 NARROW_ROWS = 8  # GPU: batch buckets from this size may verify less than the whole block (adaptive width); a
 # smaller batch's verify is memory-bound (H100, Qwen3-8B shape: 6.20 ms at 1 x 16 tokens, 5.97 for one token)
-
-
-def synthetic_rate(tau: float, block_size: int) -> float:
-    """The per-position acceptance a with 1 + sum_{k=1}^{B-1} a^k = tau (bisection)."""
-    if not 1.0 <= tau <= block_size:
-        raise ValueError(f"synthetic acceptance length must lie in [1, {block_size}], got {tau}")
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if 1 + sum(mid**k for k in range(1, block_size)) < tau:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
-
-
-SYNTHETIC_STEPS = 4096  # rows of the synthetic-acceptance table (it cycles after that many steps)
-
-
-def commit(post: torch.Tensor, drafts: torch.Tensor, active: torch.Tensor, start: torch.Tensor, anchor: torch.Tensor,
-           out: torch.Tensor, synth: tuple | None = None) -> None:
-    """The end of a step: accept, then advance the active rows (the reference of `triton_ops.commit`, same args)."""
-    n = post.shape[1] - 1  # drafts verified per row (AR: none)
-    if synth is not None:
-        uniforms, step, rate = synth  # step: each row's own counter, advanced here
-        ok = uniforms[step % uniforms.shape[0], torch.arange(len(post), device=post.device), :n] < rate  # no host read
-        step += 1
-    else:
-        ok = drafts[:, :n] == post[:, :-1]
-    acc = ok.long().cumprod(1).sum(1)
-    bonus = post.gather(1, acc[:, None])[:, 0]
-    on = active.bool()
-    start += (acc + 1) * active
-    anchor.copy_(torch.where(on, bonus, anchor))
-    out.copy_(torch.cat([acc[:, None], drafts[:, :n], bonus[:, None]], 1))
 
 
 def buckets(max_slots: int) -> list[int]:
@@ -491,34 +457,3 @@ class FastRunner:
             v = [(c - b) * 1e3 for _, b, c in self.timings]
         med = lambda xs: sorted(xs)[len(xs) // 2] if xs else 0.0  # noqa: E731
         return med(d), med(v)
-
-
-def generate(runner: FastRunner, prompts: list[list[int]], max_new: int, *, pipeline: bool = True) -> list[list[int]]:
-    """Greedy-decode every prompt to `max_new` tokens, all batched together in slots 0..n-1."""
-    outs = [[runner.add(i, p)] for i, p in enumerate(prompts)]
-    decode(runner, outs, max_new, pipeline=pipeline)
-    return [o[:max_new] for o in outs]
-
-
-def decode(runner: FastRunner, outs: list[list[int]], max_new: int, *, pipeline: bool = True) -> None:
-    """Extend each `outs[i]` (slot i, prefilled) to at least `max_new` tokens, releasing each slot when done.
-
-    Pipelined: the next step is launched before this one's tokens are read, with the same slots, unless a
-    slot could finish with the steps already in flight (that step would be wasted on it).
-    """
-    live = [i for i in range(len(outs)) if len(outs[i]) < max_new]
-    while live:
-        if not runner.inflight and not runner.launch(live):
-            raise ValueError(f"a sequence would pass the cache length {runner.max_len}")
-        if pipeline and all(len(outs[i]) + runner.reach() < max_new for i in live):
-            runner.launch(live)  # may decline near the cache bound; then the next round launches
-        got = runner.collect()
-        for i in live:
-            outs[i].extend(got[i])
-            if len(outs[i]) >= max_new:
-                runner.release(i)
-        live = [i for i in live if len(outs[i]) < max_new]
-    while runner.inflight:
-        runner.collect()
-    for i in range(len(outs)):
-        runner.release(i)

@@ -288,7 +288,7 @@ def commit(post: torch.Tensor, drafts: torch.Tensor, active: torch.Tensor, start
     `[steps, >= bs, B - 1]`, per-row step counters `[bs]`, rate) those whose uniform at table row
     `step[r] % steps` is below rate, and advances every row's counter. Then for the active rows
     start += accepted + 1, anchor = the bonus token; out = [accepted, drafts, bonus] for every row. AR
-    (B == 1) has no drafts. `runner.commit` is the torch reference.
+    (B == 1) has no drafts. `accept.commit` is the torch reference.
     """
     bs, B = post.shape
     assert post.stride(1) == drafts.stride(1) == out.stride(1) == 1
