@@ -161,6 +161,8 @@ def train_drafter(
     steps: int = typer.Option(1000, "--steps", min=1, help="Optimiser steps."),
     block_size: int = typer.Option(16, "--block-size", min=2, help="Block size B (drafts B-1 tokens per step)."),
     layers: int = typer.Option(2, "--layers", min=1, help="Drafter decoder layers."),
+    intermediate_size: Optional[int] = typer.Option(None, "--intermediate-size", min=1, help="The drafter's MLP width (default: the target's)."),
+    cut_blocks: float = typer.Option(0.0, "--cut-blocks", help="Share of training blocks cut to a random 2..B-1 slots, so that an engine drafting fewer positions under load (the builtin engine) drafts as well."),
     target_layers: Optional[str] = typer.Option(None, "--target-layers", help="Comma-separated target layers to read (default: z-lab's spacing)."),
     gamma: Optional[float] = typer.Option(None, "--gamma", help="Loss decay exp(-(k-1)/gamma) over block position k (default 7 for B=16)."),
     lr: float = typer.Option(6e-4, "--lr", help="Peak learning rate (AdamW, cosine)."),
@@ -176,5 +178,5 @@ def train_drafter(
     from dflash_bench.train.drafter import train_drafter_main
 
     train_drafter_main(target, str(data), str(out), device=device, steps=steps, block_size=block_size, layers=layers,
-                       target_layer_ids=target_layers, gamma=gamma, lr=lr, batch=batch, anchors=anchors,
-                       max_new_tokens=max_new_tokens, num_prompts=num_prompts, mask_token_id=mask_token_id, seed=seed)
+                       intermediate=intermediate_size, cut_blocks=cut_blocks, target_layer_ids=target_layers, gamma=gamma,
+                       lr=lr, batch=batch, anchors=anchors, max_new_tokens=max_new_tokens, num_prompts=num_prompts, mask_token_id=mask_token_id, seed=seed)

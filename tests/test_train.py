@@ -148,6 +148,7 @@ def test_read_prompts_formats(tmp_path):
 @pytest.mark.parametrize("extra, message", [
     (["--target-layers", "1,x"], "--target-layers must be"),
     (["--data", "MISSING"], "no training data"),
+    (["--cut-blocks", "1.5"], "--cut-blocks is a share"),
 ])
 def test_cli_bad_input_is_one_sentence(pair, tmp_path, extra, message):
     target, _ = pair
@@ -157,3 +158,48 @@ def test_cli_bad_input_is_one_sentence(pair, tmp_path, extra, message):
     r = subprocess.run([sys.executable, "-m", "dflash_bench", "train-drafter", *args], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_cut_block_drafts_as_a_block_of_that_length(pair):
+    """Blocks cut to l slots (what an engine drafting fewer positions runs) give, at their slots, the logits of
+    a drafter whose block is l long, and nothing past them reaches the slots before."""
+    import copy
+
+    target, drafter = pair
+    e = build_engine(str(target), str(drafter), mode="dflash", max_slots=1, max_len=64, dtype="float64")
+    tgt = FrozenTarget(str(target), "cpu", torch.float64)
+    tgt.tap(e.proposer.layer_ids)
+    ids = torch.randint(0, 256, (1, 30))
+    feats = tgt.features(ids)
+    anchors = torch.tensor([[8, 17]])
+    d = e.proposer.drafter
+    full = L.block_logits(d, tgt.embed_weight, tgt.lm_head, ids, feats, anchors)
+    cut = L.block_logits(d, tgt.embed_weight, tgt.lm_head, ids, feats, anchors, torch.tensor([[3, 6]]))
+    short = copy.copy(d)
+    short.config = copy.copy(d.config)
+    short.config.block_size = 3
+    want = L.block_logits(short, tgt.embed_weight, tgt.lm_head, ids, feats, anchors)
+    torch.testing.assert_close(cut[0, 0, :2], want[0, 0], rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(cut[0, 1], full[0, 1])  # the second block was not cut (6 = B)
+    assert not torch.allclose(cut[0, 0, :2], full[0, 0, :2])  # the cut changed what the first block sees
+
+
+def test_block_lengths_mix_whole_and_cut_blocks():
+    g = torch.Generator().manual_seed(0)
+    n = L.block_lengths((4, 256), 16, 0.5, g)
+    assert n.min() >= 2 and n.max() == 16
+    whole = (n == 16).float().mean().item()
+    assert 0.4 < whole < 0.6 and len(set(n[n < 16].tolist())) == 14  # 2..15 all drawn
+    assert (L.block_lengths((2, 8), 16, 0.0, g) == 16).all()
+
+
+def test_slots_past_a_cut_are_not_trained():
+    ids = torch.arange(20)[None]
+    anchors, valid = torch.tensor([[3]]), torch.tensor([[True]])
+    logits = torch.full((1, 1, 5, 20), -10.0)
+    for k in range(2):
+        logits[0, 0, k, 3 + k + 1] = 10.0  # slots 1 and 2 right, 3..5 wrong
+    loss, stats = L.dflash_loss(logits, ids, torch.tensor([20]), anchors, valid, 7.0, torch.tensor([[3]]))
+    assert loss < 1e-3 and stats["acc_len"].item() == 3.0
+    whole, _ = L.dflash_loss(logits, ids, torch.tensor([20]), anchors, valid, 7.0)
+    assert whole > 1.0

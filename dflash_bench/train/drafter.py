@@ -25,6 +25,8 @@ class DrafterTrainConfig:
     steps: int = 1000
     block_size: int = 16
     layers: int = 2
+    intermediate: int | None = None  # the drafter's MLP width (default: the target's)
+    cut_blocks: float = 0.0  # share of blocks cut to a random 2..B-1 slots (loss.block_lengths)
     gamma: float | None = None  # default: the paper's value for the block size
     lr: float = 6e-4
     batch: int = 16
@@ -97,7 +99,7 @@ def drafter_config_dict(tcfg, c: DrafterTrainConfig, mask_id: int, layer_ids: li
         "architectures": ["DFlashDraftModel"],
         "model_type": "qwen3",
         "hidden_size": tcfg.hidden_size,
-        "intermediate_size": tcfg.intermediate_size,
+        "intermediate_size": c.intermediate or tcfg.intermediate_size,
         "num_hidden_layers": c.layers,
         "num_attention_heads": heads,
         "num_key_value_heads": getattr(tcfg, "num_key_value_heads", None) or heads,
@@ -171,12 +173,15 @@ def _batches(samples: list[tuple[list[int], list[int]]], batch: int, rng: random
 
 
 def train_drafter(target: str, data: str | list[list[dict]], out: str, config: DrafterTrainConfig | None = None,
-                  *, log=print) -> dict:
-    """Regenerate responses with the target, train a DFlash drafter, save it in z-lab's format under `out`."""
-    from dflash_bench.engine.build import eos_ids, load_tokenizer
+                  *, log=print, samples: list[tuple[list[int], list[int]]] | None = None) -> dict:
+    """Regenerate responses with the target, train a DFlash drafter, save it in z-lab's format under `out`.
+
+    `samples`: (prompt ids, response ids) the target already generated (`regenerate_samples`), instead of `data`.
+    """
+    from dflash_bench.engine.build import load_tokenizer
     from dflash_bench.engine.drafter import DFlashDrafter, DrafterConfig, save_drafter
     from dflash_bench.store import atomic_write_json
-    from dflash_bench.train.data import encode_prompts, read_prompts, regenerate
+    from dflash_bench.train.data import read_prompts
 
     c = config or DrafterTrainConfig()
     _check(c)
@@ -186,18 +191,14 @@ def train_drafter(target: str, data: str | list[list[dict]], out: str, config: D
         raise UserError(f"no target model at {target!r}: expected a folder with config.json (a Hugging Face model)")
     torch.manual_seed(c.seed)
     tok = load_tokenizer(target)
-    prompts = read_prompts(data, c.num_prompts) if isinstance(data, (str, Path)) else data[: c.num_prompts]
     dtype = torch.bfloat16 if c.device.startswith("cuda") else torch.float32
     tgt = FrozenTarget(target, c.device, dtype)
-    t0 = time.time()
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    samples = regenerate(tgt.model, encode_prompts(tok, prompts, c.max_prompt_tokens), eos_ids=eos_ids(tgt.model, tok),
-                         pad_id=pad, max_new_tokens=c.max_new_tokens, batch=c.regen_batch, log=log)
-    samples = [s for s in samples if len(s[1]) >= 2]
-    if not samples:
-        raise UserError("the target produced no responses of two tokens or more for these prompts")
+    t0 = time.time()
+    if samples is None:
+        prompts = read_prompts(data, c.num_prompts) if isinstance(data, (str, Path)) else data[: c.num_prompts]
+        samples = _regenerate(tgt, tok, prompts, c, pad, log)
     regen_s = time.time() - t0
-    log(f"regenerated {len(samples)} responses, {sum(len(r) for _, r in samples)} tokens in {regen_s:.0f} s")
 
     vocab = tgt.embed_weight.shape[0]
     layer_ids = c.target_layer_ids or build_target_layer_ids(tgt.config.num_hidden_layers, max(c.layers, 2))
@@ -222,11 +223,39 @@ def train_drafter(target: str, data: str | list[list[dict]], out: str, config: D
     return summary
 
 
+def regenerate_samples(target: str, prompts: list[list[dict]], c: DrafterTrainConfig, *, log=print
+                       ) -> list[tuple[list[int], list[int]]]:
+    """The target's own greedy responses to `prompts` (what `train_drafter` trains on), to train several
+    drafters from one regeneration."""
+    from dflash_bench.engine.build import load_tokenizer
+
+    tok = load_tokenizer(target)
+    tgt = FrozenTarget(target, c.device, torch.bfloat16 if c.device.startswith("cuda") else torch.float32)
+    return _regenerate(tgt, tok, prompts, c, tok.pad_token_id if tok.pad_token_id is not None else 0, log)
+
+
+def _regenerate(tgt: FrozenTarget, tok, prompts: list[list[dict]], c: DrafterTrainConfig, pad: int, log
+                ) -> list[tuple[list[int], list[int]]]:
+    from dflash_bench.engine.build import eos_ids
+    from dflash_bench.train.data import encode_prompts, regenerate
+
+    t0 = time.time()
+    samples = regenerate(tgt.model, encode_prompts(tok, prompts, c.max_prompt_tokens), eos_ids=eos_ids(tgt.model, tok),
+                         pad_id=pad, max_new_tokens=c.max_new_tokens, batch=c.regen_batch, log=log)
+    samples = [s for s in samples if len(s[1]) >= 2]
+    if not samples:
+        raise UserError("the target produced no responses of two tokens or more for these prompts")
+    log(f"regenerated {len(samples)} responses, {sum(len(r) for _, r in samples)} tokens in {time.time() - t0:.0f} s")
+    return samples
+
+
 def _check(c: DrafterTrainConfig) -> None:
     if c.block_size < 2:
         raise UserError(f"--block-size must be at least 2, got {c.block_size}")
     if c.steps < 1 or c.layers < 1 or c.batch < 1 or c.anchors < 1:
         raise UserError("--steps, --layers, --batch and --anchors must be positive")
+    if not 0.0 <= c.cut_blocks <= 1.0:
+        raise UserError(f"--cut-blocks is a share of blocks between 0 and 1, got {c.cut_blocks}")
 
 
 def _loop(drafter, tgt: FrozenTarget, samples, c: DrafterTrainConfig, pad: int, log) -> dict:
@@ -247,9 +276,10 @@ def _loop(drafter, tgt: FrozenTarget, samples, c: DrafterTrainConfig, pad: int, 
         ids, mask, lengths = (t.to(c.device) for t in next(batches))
         feats = tgt.features(ids)
         anchors, valid = L.select_anchors(mask, lengths, c.anchors, g)
+        cut = L.block_lengths(tuple(anchors.shape), c.block_size, c.cut_blocks, g) if c.cut_blocks else None
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
-            logits = L.block_logits(drafter, tgt.embed_weight, tgt.lm_head, ids, feats, anchors)
-            loss, stats = L.dflash_loss(logits, ids, lengths, anchors, valid, gamma)
+            logits = L.block_logits(drafter, tgt.embed_weight, tgt.lm_head, ids, feats, anchors, cut)
+            loss, stats = L.dflash_loss(logits, ids, lengths, anchors, valid, gamma, cut)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

@@ -6,6 +6,10 @@ becomes a block `[token@p, mask x (B-1)]` at positions p..p+B-1 whose queries se
 positions < p and every slot of their own block (bidirectional), never another block. Slot k (1..B-1) is
 trained to predict the token at p+k, weighted by exp(-(k-1)/gamma). The math reuses the engine's drafter
 modules (`dflash_bench.engine.drafter`), so what is trained here is exactly what the engine runs.
+
+A block may also be cut to its first l slots (`block_lengths`): its queries then see only those slots of their
+block and only slots 1..l-1 are trained. A drafter trained on a mix of whole and cut blocks drafts as well from
+a block an engine cuts to the drafts it will verify (the builtin engine under load) as from the whole block.
 """
 
 from __future__ import annotations
@@ -48,11 +52,21 @@ def select_anchors(loss_mask: torch.Tensor, lengths: torch.Tensor, n: int, gener
     return anchors, valid
 
 
+def block_lengths(shape: tuple[int, int], block_size: int, cut: float, generator=None) -> torch.Tensor:
+    """Slots per block `[bs, n]`: the whole block, or with probability `cut` a length drawn uniformly from
+    2..block_size-1."""
+    whole = torch.rand(shape, generator=generator) >= cut
+    short = torch.randint(2, max(3, block_size), shape, generator=generator)
+    return torch.where(whole, torch.full(shape, block_size), short.clamp(max=block_size))
+
+
 def block_logits(drafter: DFlashDrafter, embed_weight: torch.Tensor, lm_head, ids: torch.Tensor,
-                 feats: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+                 feats: torch.Tensor, anchors: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
     """Draft logits `[bs, n, B-1, V]` of every anchor's block, in one drafter pass.
 
-    `ids` `[bs, L]` the tokens, `feats` `[bs, L, K*hidden]` the target layer outputs, `anchors` `[bs, n]`.
+    `ids` `[bs, L]` the tokens, `feats` `[bs, L, K*hidden]` the target layer outputs, `anchors` `[bs, n]`,
+    `lengths` `[bs, n]` each block's slots (default: all B; a slot past its block's length is not attended to,
+    and its logits are not to be trained).
     """
     c = drafter.config
     B, hd = c.block_size, c.head_dim
@@ -69,7 +83,7 @@ def block_logits(drafter: DFlashDrafter, embed_weight: torch.Tensor, lm_head, id
     ctx_pos = torch.arange(L, device=dev)[None].expand(bs, L)
     cos_c, sin_c = rope_cos_sin(ctx_pos, hd, c.rope_theta, dtype)
     cos_b, sin_b = rope_cos_sin(block_pos, hd, c.rope_theta, dtype)
-    mask = _block_mask(anchors, L, B)
+    mask = _block_mask(anchors, L, B, lengths)
     for layer in drafter.layers:
         a = layer.self_attn
         kc, vc = a.kv(ctx, cos_c, sin_c)
@@ -88,20 +102,25 @@ def block_logits(drafter: DFlashDrafter, embed_weight: torch.Tensor, lm_head, id
     return logits
 
 
-def _block_mask(anchors: torch.Tensor, L: int, B: int) -> torch.Tensor:
-    """`[bs, 1, n*B, L + n*B]`: a block's queries see context < its anchor and their own block only."""
+def _block_mask(anchors: torch.Tensor, L: int, B: int, lengths: torch.Tensor | None = None) -> torch.Tensor:
+    """`[bs, 1, n*B, L + n*B]`: a block's queries see context < its anchor and their own block only (its first
+    `lengths` slots when given)."""
     bs, n = anchors.shape
     dev = anchors.device
     q_anchor = anchors.repeat_interleave(B, dim=1)  # [bs, n*B]
     ctx = torch.arange(L, device=dev)[None, None, :] < q_anchor[:, :, None]
     blk_id = torch.arange(n, device=dev).repeat_interleave(B)
     own = (blk_id[:, None] == blk_id[None, :])[None].expand(bs, -1, -1)
+    if lengths is not None:  # keys past their block's length are not there
+        slot = torch.arange(B, device=dev).repeat(n)
+        own = own & (slot[None, None, :] < lengths.to(dev).repeat_interleave(B, dim=1)[:, None, :])
     return torch.cat([ctx, own], dim=2)[:, None]
 
 
 def dflash_loss(logits: torch.Tensor, ids: torch.Tensor, lengths: torch.Tensor, anchors: torch.Tensor,
-                valid: torch.Tensor, gamma: float) -> tuple[torch.Tensor, dict]:
-    """Decay-weighted CE of slot k against the token at anchor+k, plus an acceptance estimate.
+                valid: torch.Tensor, gamma: float, block_len: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+    """Decay-weighted CE of slot k against the token at anchor+k, plus an acceptance estimate (slots past a
+    block's `block_len` are neither trained nor counted).
 
     Returns (loss, stats) where stats has `acc_len` (mean accepted drafts + 1 per block if the drafts were
     verified against these labels: the training-time estimate of tau) and `top1` per slot.
@@ -111,6 +130,8 @@ def dflash_loss(logits: torch.Tensor, ids: torch.Tensor, lengths: torch.Tensor, 
     k = torch.arange(1, Bm1 + 1, device=dev)
     pos = anchors[:, :, None] + k  # [bs, n, B-1]
     ok = valid[:, :, None] & (pos < lengths[:, None, None])
+    if block_len is not None:
+        ok = ok & (k[None, None] < block_len.to(dev)[:, :, None])
     labels = ids.gather(1, pos.clamp(max=ids.shape[1] - 1).reshape(bs, -1)).reshape(bs, n, Bm1)
     ce = F.cross_entropy(logits.float().reshape(-1, V), labels.reshape(-1), reduction="none").reshape(bs, n, Bm1)
     w = position_weights(Bm1 + 1, gamma, dev)[None, None] * ok
