@@ -32,3 +32,4 @@ def test_demo_runs_every_suite_and_writes_the_report(tmp_path, data_dir):
             assert r["lossless_exact_match_rate"] == "1.0", (r["cell_id"], r["lossless_status"])
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["status"] == "complete" and manifest["servers"]["builtin-dflash"]["command"][:2] == ["dflash-bench", "serve"]
+    assert {"--fast", "--cut-draft"} <= set(manifest["servers"]["builtin-dflash"]["command"])

@@ -2,7 +2,6 @@
 
     python recipes/tiny_pair/measure.py --data-dir ../shared/datasets               # suites, CPU
     python recipes/tiny_pair/measure.py --prompts-file prompts.jsonl --device cuda  # pre-rendered prompts
-    python recipes/tiny_pair/measure.py --suites stdlib-heldout                     # the recipe's held-out pairs
 
 Each suite's first-turn prompts are sent one at a time (concurrency 1, greedy, chat template) to an AR engine
 and a DFlash engine over the same target (one warm-up request each, not counted). Throughput = output
@@ -21,8 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-SUITES = ["gsm8k", "math500", "humaneval", "mbpp", "mt-bench"]
-HELD_OUT = "stdlib-heldout"
+SUITES = ["gsm8k", "math500", "humaneval", "mbpp", "mt-bench", "spec-bench"]
 
 
 def load(args) -> dict[str, list[str]]:
@@ -37,12 +35,7 @@ def load(args) -> dict[str, list[str]]:
     data_dir = Path(args.data_dir) if args.data_dir else None
     out = {}
     for s in args.suites.split(","):
-        if s == HELD_OUT:  # the recipe's held-out stdlib pairs: the pair's own distribution, unseen in training
-            from dflash_bench.train.data import split_pairs, stdlib_pairs
-
-            out[s] = [u for u, _ in split_pairs(stdlib_pairs(), 0.02, 0)[1][: args.num_prompts]]
-        else:
-            out[s] = [p.turns[0] for p in load_prompts(s, data_dir=data_dir, num_prompts=args.num_prompts, seed=0)]
+        out[s] = [p.turns[0] for p in load_prompts(s, data_dir=data_dir, num_prompts=args.num_prompts, seed=0)]
     return out
 
 

@@ -341,9 +341,9 @@ class FastRunner:
         self._commit(bs, self._greedy(x, bs, 1))
 
     def _draft(self, bs: int, L: int, w: int) -> None:
-        """The drafter over the whole block, as it was trained (a block cut to w tokens drafts worse, measured on
-        the embedded pair), or with `cut_draft` over the w positions the verify checks; the vocabulary only for
-        the w - 1 drafts the verify checks."""
+        """The drafter over the whole block, as z-lab's drafters are trained (a block cut to w tokens drafts worse
+        with them), or with `cut_draft` over the w positions the verify checks (for drafters trained on cut
+        blocks too, as the embedded one); the vocabulary only for the w - 1 drafts the verify checks."""
         n = w if self.cut_draft else self.B
         pos = torch.add(self.start[:bs, None], offsets(n, self.dev), out=self.pos[:bs, :n])
         x = self.d.hidden(self.anchor[:bs], self.start[:bs], 0, L, pos=pos, n=n)
