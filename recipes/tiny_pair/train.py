@@ -1,6 +1,6 @@
 """Train the project's tiny target/drafter pair from a fresh clone, offline.
 
-    python recipes/tiny_pair/train.py --data-dir DATA --device cuda                # the committed pair (H100: ~4 min)
+    python recipes/tiny_pair/train.py --data-dir DATA --device cuda                # the committed pair (H100: ~6 min)
     python recipes/tiny_pair/train.py --data-dir DATA --scale toy --out /tmp/pair  # a few steps on a CPU
 
 1. Text: Python's standard library as chat pairs (docstring -> code, module part -> source, pydoc topic ->
@@ -40,8 +40,8 @@ sys.path.insert(0, str(ROOT))
 SCALES = {
     # target: tokenizer size, model shape, steps, seconds; samples: prompts per kind, response length; drafter
     "full": dict(vocab=4096, hidden=256, layers=6, heads=4, kv_heads=2, inter=768, t_steps=3000, t_batch=32,
-                 seq_len=1024, t_lr=2e-3, t_time=140, t_epochs=3, suite_repeat=3, varied=4, sample_prompts=4500,
-                 max_new=192, d_steps=20000, d_batch=96, anchors=48, d_time=75, d_lr=1.5e-3, regen_batch=512),
+                 seq_len=1024, t_lr=2e-3, t_time=140, t_epochs=3, suite_repeat=3, varied=4, sample_prompts=8000,
+                 max_new=192, d_steps=1460, d_batch=96, anchors=48, d_time=600, d_lr=1.5e-3, regen_batch=512),
     "toy": dict(vocab=400, hidden=64, layers=4, heads=4, kv_heads=2, inter=128, t_steps=20, t_batch=8,
                 seq_len=128, t_lr=2e-3, t_time=60, t_epochs=None, suite_repeat=1, varied=1, sample_prompts=None, max_new=24,
                 d_steps=10, d_batch=4, anchors=8, d_time=60, d_lr=1e-3, regen_batch=32, pairs=400, records=60),
@@ -61,7 +61,7 @@ def main() -> None:
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--drafter", action="append", default=None,
                     help="NAME:LAYERS:INTERMEDIATE:T1,T2,.. (target layers read); repeat for several (default "
-                         "d:2:768:1,2,3,4); the first is copied to OUT/drafter")
+                         "d:1:512:1,2,3,4); the first is copied to OUT/drafter")
     ap.add_argument("--target-seconds", type=float, help="time limit of the target's training")
     ap.add_argument("--target-epochs", type=float, help="the target's training length in passes over its text")
     ap.add_argument("--drafter-seconds", type=float, help="time limit of each drafter's training")
@@ -90,7 +90,7 @@ def main() -> None:
         record["samples"] = make_samples(data, out, s, a)
         _save(record_path, record)
     if a.stage in ("all", "drafter"):
-        specs = [parse_drafter(d) for d in (a.drafter or ["d:2:768:1,2,3,4"])]
+        specs = [parse_drafter(d) for d in (a.drafter or ["d:1:512:1,2,3,4"])]
         record.setdefault("drafters", {})
         for spec in specs:
             record["drafters"][spec["name"]] = train_drafter(out, spec, s, a)
