@@ -49,11 +49,15 @@ def closed_loop(engine, prompts: list[list[int]], concurrency: int, max_tokens: 
             batch.append((str(i), p, params))
             sent[str(i)] = time.perf_counter()
         started = engine.add_many(batch) if batch else []
-        now = time.perf_counter()
-        ttft += [now - sent[seq.req_id] for seq, _ in started]
         running += [seq for seq, _ in started]
-        deltas = [d for _, d in started] + engine.step(running)
-        tokens += sum(len(d.token_ids) for d in deltas)
+        first = [d for _, d in started if d is not None]  # None: prefilled beside the steps, first token later
+        now = time.perf_counter()
+        stepped = engine.step(running)
+        later = time.perf_counter()
+        for d, t in [(d, now) for d in first] + [(d, later) for d in stepped]:
+            if d.req_id in sent:  # the request's first token
+                ttft.append(t - sent.pop(d.req_id))
+        tokens += sum(len(d.token_ids) for d in first + stepped)
         for s in [s for s in running if s.finish]:
             engine.release(s)
             running.remove(s)

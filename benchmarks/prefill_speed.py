@@ -1,6 +1,6 @@
 """Prefilling k prompts: one graph each (`FastRunner.add`) against one batched eager forward (`_prefill_rows`).
 
-What `runner.BATCHED_PREFILL_ROWS` and `PREFILL_TOKENS` are chosen from: per prompt length and k, the median ms
+What `prefill.BATCHED_PREFILL_ROWS` and `PREFILL_TOKENS` are chosen from: per prompt length and k, the median ms
 of each way (CUDA-synchronised, after a warm-up), on the target and drafter given (a DFlash prefill also
 writes the drafter's context K/V).
 

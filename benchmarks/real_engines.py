@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -210,6 +211,8 @@ def server_command(engine: str, mode: str, target: Path, draft: Path, args) -> l
     cmd = [sys.executable, "-m", "dflash_bench", "serve", "--model", str(target), "--port", str(args.port), "--fast",
            "--device", args.device, "--max-slots", str(max(args.c_list)), "--max-model-len", str(args.max_model_len),
            "--served-model-name", "random-8b", "--mode", mode]
+    if engine == "builtin-inline":  # every prefill between two steps, as before prefills ran beside them
+        cmd.append("--prefill-inline")
     return cmd + (["--draft", str(draft)] if mode == "dflash" else [])
 
 
@@ -220,6 +223,17 @@ def engine_seconds(url: str) -> dict[str, float]:
             phase = line.split('phase="', 1)[1].split('"', 1)[0]
             out[phase] = float(line.rsplit(" ", 1)[1])
     return out
+
+
+def free_port(start: int) -> int:
+    """The first port from `start` that nothing listens on."""
+    import socket
+
+    for port in range(start, start + 100):
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) != 0:
+                return port
+    raise SystemExit(f"no free port in {start}..{start + 99}")
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -239,13 +253,15 @@ def run_shape(args, res: Results, keep) -> None:
             if engine == "inprocess":
                 keep(measure_inprocess(args, mode, target, draft))
                 continue
+            args.port = free_port(args.port)  # a server a killed run left behind must not answer for this one
             url, log = f"http://127.0.0.1:{args.port}", work / f"shape-{engine}-{mode}.log"
             cmd = server_command(engine, mode, target, draft, args)
             proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
             try:
                 res.ready_s[f"shape/{engine}/{mode}"] = wait_ready(proc, url, 480, log)
                 res.commands[f"shape/{engine}/{mode}"] = shown(cmd, args.work)
-                keep([measure_served(args, url, engine, mode, c, work) for c in args.c_list])
+                for c in args.c_list:  # each cell saved as it ends: a run killed mid-way keeps the cells before
+                    keep([measure_served(args, url, engine, mode, c, work)])
             except SystemExit as err:  # serve_speed.wait_ready's way of saying the server never came up
                 print(f"shape {engine} {mode}: {err}", flush=True)
             finally:
@@ -275,13 +291,14 @@ def measure_inprocess(args, mode: str, target: Path, draft: Path) -> list[Row]:
 
 def measure_served(args, url: str, engine: str, mode: str, c: int, work: Path) -> Row:
     name = f"shape-{engine}-{mode}-c{c}"
-    before = engine_seconds(url) if engine == "builtin" else {}
+    builtin = engine.startswith("builtin")
+    before = engine_seconds(url) if builtin else {}
     cmd = [sys.executable, "-m", "dflash_bench", "run", "--url", url, "--suite", "gsm8k", "-c", str(c),
            "-n", str(args.prompts_per_slot * c), "--max-tokens", str(args.new_tokens), "--ignore-eos",
-           "--label", mode, "--engine", engine, "--data-dir", args.data_dir, "--out", str(work / "runs"),
+           "--label", mode, "--engine", "builtin" if builtin else engine, "--data-dir", args.data_dir, "--out", str(work / "runs"),
            "--name", name] + (["--tokenizer", str(work / args.shape / "target")] if engine == "sglang" else [])
     subprocess.run(cmd, stdout=subprocess.DEVNULL)
-    after = engine_seconds(url) if engine == "builtin" else {}
+    after = engine_seconds(url) if builtin else {}
     busy = {k: round(after[k] - before.get(k, 0.0), 3) for k in after}
     [s] = SweepDir.open(work / "runs" / name).summaries()
     row = row_of("shape", engine, s, busy)
@@ -310,7 +327,8 @@ def main() -> None:
     ap.add_argument("--out", required=True, help="the results JSON (rows are added to what it holds)")
     ap.add_argument("--data-dir", default=os.environ.get("DFLASH_BENCH_DATA", "../shared/datasets"))
     ap.add_argument("--engines", help="pair: vllm,builtin,builtin-fast (default), sglang; shape: vllm,builtin "
-                                      "(default), sglang, inprocess (the builtin engine without its server)")
+                                      "(default), sglang, builtin-inline (prefills between steps), inprocess (the "
+                                      "builtin engine without its server)")
     ap.add_argument("--modes", default="ar,dflash")
     ap.add_argument("--suites", default=SUITES)
     ap.add_argument("--concurrency", default="1,8,32")
@@ -323,6 +341,8 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=8790)
     ap.add_argument("--work", default="/tmp/real_engines", help="the shape pair, server logs and sweep folders")
     args = ap.parse_args()
+    # killed by `timeout` (SIGTERM), unwind: the `finally` blocks stop the server they started
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args.c_list = [int(x) for x in args.concurrency.split(",")]
     out = Path(args.out)
     res = load(out)

@@ -192,9 +192,9 @@ def test_batched_prefill_equals_one_prompt_at_a_time(setup, monkeypatch, budget)
     """Prompts of different lengths prefilled together (right-padded, in any slot order; with a small token
     budget in several groups) leave the slots as one-by-one prefills do: first tokens, logits, the target's
     and the drafter's K/V over each prompt, and every token decoded after."""
-    from dflash_bench.engine.fast import runner as runner_mod
+    from dflash_bench.engine.fast import prefill as prefill_mod
 
-    monkeypatch.setattr(runner_mod, "PREFILL_TOKENS", budget)
+    monkeypatch.setattr(prefill_mod, "PREFILL_TOKENS", budget)
     ar, df = setup
     prompts = _prompts(ar.tok, 5)
     assert len({len(p) for p in prompts}) > 2
@@ -409,6 +409,59 @@ def test_serve_fast_gives_requests_arriving_mid_decode_what_they_get_alone(tmp_p
     # 2, submitted at 1's first token, waited for the slot 1 left, then joined 0, still decoding
     assert t2.step >= ev["finish", "t1"].step > t1.step + 1 and t2.running == ("t0",)
     assert ev["finish", "t0"].step > t2.step
+
+
+class _FirstTokensLater:
+    """The fast engine as it runs on a GPU while rows decode (`background.py`): `add_many` answers None for a
+    request, and its first token comes out of a later `step`. Here the prefill is done at once and its delta held."""
+
+    def __init__(self, engine):
+        self.engine, self.held = engine, []
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def add_many(self, reqs):
+        got = self.engine.add_many(reqs)
+        self.held += [d for _, d in got]
+        return [(s, None) for s, _ in got]
+
+    def step(self, seqs):
+        held, self.held = self.held, []
+        waiting = {d.req_id for d in held}
+        live = [s for s in seqs if s.req_id not in waiting and not s.finish]
+        return held + (self.engine.step(live) if live else [])
+
+
+def test_the_loop_takes_a_first_token_from_a_later_step(tmp_path):
+    """An engine that prefills beside its steps answers None at admission: the loop keeps the request in the batch
+    without emitting, sends its first token when a step brings it, and finishes a request whose first token is
+    its last (max_tokens 1) without stepping it; every request gets what it gets alone."""
+    import threading
+
+    from dflash_bench.engine.fast.engine import build_fast_engine
+    from dflash_bench.engine.loop import EngineLoop
+
+    target, drafter = make_tiny_pair(tmp_path, seed=1, block_size=B)
+    engine = build_fast_engine(str(target), str(drafter), max_slots=3, max_len=MAX_LEN, dtype="float64", device="cpu")
+    ps = _prompts(engine.tok, 3)
+    sps = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (30, 1, 17)]
+    alone = [ref_generate(engine, [p], sp)[0].out for p, sp in zip(ps, sps)]
+    loop = EngineLoop(_FirstTokensLater(engine)).start()
+    got: dict = {}
+    dones = [threading.Event() for _ in ps]
+    try:
+        third = lambda: _submit(loop, "r2", ps[2], sps[2], got, dones[2])  # noqa: E731
+        second = lambda: _submit(loop, "r1", ps[1], sps[1], got, dones[1], then=third)  # noqa: E731
+        _submit(loop, "r0", ps[0], sps[0], got, dones[0], then=second, after=2)
+        assert all(d.wait(120) for d in dones)
+    finally:
+        loop.stop()
+    assert [got[f"r{i}"] for i in range(3)] == alone and [len(o) for o in alone] == [30, 1, 17]
+    assert not loop.running and sorted(engine.free_slots) == [0, 1, 2]
+    ev = {(e.kind, e.req_id): e for e in loop.events}
+    assert ev["admit", "r1"].running == ("r0",)  # admitted mid-decode, its token a step later
+    assert ev["finish", "r1"].step > ev["admit", "r1"].step
 
 
 def test_a_burst_is_admitted_one_prefill_group_per_step(tmp_path):

@@ -91,8 +91,9 @@ class Bookkeeping:
             self.free_slots.append(s.slot)
             s.slot = -1
 
-    def prefilled(self, s: Seq, token: int, logits: torch.Tensor) -> Delta:
-        """The prompt is in the cache and `token` is the first generated one."""
+    def prefilled(self, s: Seq, token: int, logits: torch.Tensor | None) -> Delta:
+        """The prompt is in the cache and `token` is the first generated one (`logits`: its row, needed only for
+        logprobs)."""
         s.start = len(s.prompt)
         self.stats.prompt_tokens += len(s.prompt)
         return self.commit(s, [token], logits)
@@ -121,7 +122,7 @@ class Bookkeeping:
             for i in range(a):
                 st.accepted_per_pos[i] += 1
 
-    def commit(self, s: Seq, tokens: list[int], logits: torch.Tensor, lps: Logprobs | None = None) -> Delta:
+    def commit(self, s: Seq, tokens: list[int], logits: torch.Tensor | None, lps: Logprobs | None = None) -> Delta:
         """Append a step's tokens, stopping at EOS, stop ids, max_tokens or stop strings."""
         p, base = s.params, len(s.out)
         finish = None
@@ -147,7 +148,10 @@ class Bookkeeping:
             self.stats.requests += 1
         self.stats.generation_tokens += len(tokens)
         if p.logprobs is not None:
-            lps = (lps if lps is not None else step_logprobs([(logits, tokens, p.logprobs)])[0])[: len(tokens)]
+            if lps is None:
+                assert logits is not None, "logprobs need the step's logits"
+                lps = step_logprobs([(logits, tokens, p.logprobs)])[0]
+            lps = lps[: len(tokens)]
         else:
             lps = None
         return Delta(s.req_id, tokens, s.detok.delta(finish is not None), len(s.prompt), len(s.out), finish, lps,

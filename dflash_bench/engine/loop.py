@@ -142,7 +142,7 @@ class EngineLoop:
         self.seconds["prefill"] += t1 - t
         self.seconds["emit"] += time.perf_counter() - t1
 
-    def _prefill(self, batch: list[_Req]) -> list[tuple[_Req, Seq, Delta]]:
+    def _prefill(self, batch: list[_Req]) -> list[tuple[_Req, Seq, Delta | None]]:
         """Prefill `batch` (batched when it can); a request whose prefill fails gets the error in its sink."""
         if len(batch) > 1:
             try:
@@ -162,11 +162,13 @@ class EngineLoop:
             started.append((req, seq, delta))
         return started
 
-    def _start(self, req: _Req, seq: Seq, delta: Delta) -> None:
+    def _start(self, req: _Req, seq: Seq, delta: Delta | None) -> None:
+        """A request in the batch; `delta` None: its prefill runs on, its first token comes with a step."""
         self._log("admit", req.req_id)
         self.sinks[req.req_id] = req.sink
         self.running.append(seq)
-        self._emit(seq, delta)
+        if delta is not None:
+            self._emit(seq, delta)
 
     def _step(self) -> None:
         t = time.perf_counter()

@@ -32,11 +32,13 @@ class Engine(Protocol):
     def check(self, n_prompt: int, max_tokens: int) -> str | None:
         """Why a request cannot be served (None when it can)."""
 
-    def add_many(self, reqs: list[tuple[str, list[int], SamplingParams]]) -> list[tuple[Seq, Delta]]:
-        """Prefill new requests, all or nothing; their first tokens, in input order."""
+    def add_many(self, reqs: list[tuple[str, list[int], SamplingParams]]) -> list[tuple[Seq, Delta | None]]:
+        """Prefill new requests, all or nothing; their first tokens, in input order (None: the prefill runs on,
+        and the first token comes from a later `step`)."""
 
     def step(self, seqs: list[Seq]) -> list[Delta]:
-        """One decode step; a delta per request it stepped (a pipelined engine may skip one just admitted)."""
+        """One decode step; a delta per request it stepped (a pipelined engine may skip one just admitted), or
+        whose first token is ready since."""
 
     def release(self, seq: Seq) -> None:
         """Give the sequence's slot back (after it finished or was aborted)."""

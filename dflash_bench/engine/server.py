@@ -202,7 +202,7 @@ def serve(model: str, draft: str | None = None, *, mode: str | None = None, host
           dtype: str = "auto", device: str = "auto", max_slots: int = 32, max_model_len: int = 4096,
           served_model_name: str | None = None, log_level: str = "warning", fast: bool = False,
           synthetic_acceptance: float | None = None, benchmark_only: bool = False, step_ahead: bool = True,
-          verify_width: str = "auto", cut_draft: bool = False) -> None:
+          verify_width: str = "auto", cut_draft: bool = False, prefill_beside: bool = True) -> None:
     """Load the model(s) and serve until interrupted (the `dflash-bench serve` command)."""
     import uvicorn
 
@@ -220,11 +220,12 @@ def serve(model: str, draft: str | None = None, *, mode: str | None = None, host
         engine = build_fast_engine(model, draft if mode == "dflash" else None, mode=mode, dtype=dtype, device=device,
                                    max_slots=max_slots, max_len=max_model_len, synthetic_tau=synthetic_acceptance,
                                    benchmark_only=benchmark_only, step_ahead=step_ahead,
-                                   adaptive=verify_width == "auto", cut_draft=cut_draft)
+                                   adaptive=verify_width == "auto", cut_draft=cut_draft, background=prefill_beside)
     elif synthetic_acceptance is not None:
         raise UserError("--synthetic-acceptance runs on the fast path only: add --fast --benchmark-only")
-    elif not step_ahead:
-        raise UserError("--no-step-ahead applies to the fast path only: add --fast")
+    elif not step_ahead or not prefill_beside:
+        raise UserError(f"{'--no-step-ahead' if not step_ahead else '--prefill-inline'} applies to the fast path only: "
+                        "add --fast")
     elif verify_width != "auto" or cut_draft:
         raise UserError(f"{'--cut-draft' if cut_draft else '--verify-width'} applies to the fast path only: add --fast")
     else:

@@ -14,7 +14,8 @@ import torch
 from dflash_bench.engine.bookkeeping import Bookkeeping, Delta, Seq, Stats, step_logprobs
 from dflash_bench.engine.fast.draft import FastDrafter
 from dflash_bench.engine.fast.model import FastTarget
-from dflash_bench.engine.fast.runner import PREFILL_TOKENS, FastRunner
+from dflash_bench.engine.fast import prefill
+from dflash_bench.engine.fast.runner import FastRunner
 from dflash_bench.engine.sampling import SamplingParams
 from dflash_bench.errors import UserError
 
@@ -29,7 +30,7 @@ class FastEngine:
 
     def __init__(self, model, tokenizer, drafter=None, *, eos_ids: list[int], max_slots: int, max_len: int,
                  synthetic_tau: float | None = None, kv_block: int = 256, step_ahead: bool = True,
-                 adaptive: bool = True, cut_draft: bool = False):
+                 adaptive: bool = True, cut_draft: bool = False, background: bool = True):
         """`model`: the loaded Hugging Face target (`target.load_model`); `drafter`: a `DFlashDrafter` or None."""
         ft = FastTarget(model, max_slots=max_slots, max_len=max_len)
         fd = FastDrafter(drafter, ft.embed, ft.head, max_slots=max_slots, max_len=max_len) if drafter is not None else None
@@ -37,10 +38,11 @@ class FastEngine:
                                  adaptive=adaptive, cut_draft=cut_draft)
         self.runner.capture_all()  # GPU: every graph before the first request (no capture pause mid-serving)
         self.tok, self.B = tokenizer, self.runner.B
-        self.prefill_rows, self.prefill_tokens = max_slots, PREFILL_TOKENS  # a group: one forward (`runner.add_many`)
+        self.prefill_rows, self.prefill_tokens = max_slots, prefill.PREFILL_TOKENS  # a group: one forward (`runner.add_many`)
         self.max_len, self.vocab_size = max_len, ft.vocab_size
         self.synthetic_tau = synthetic_tau
         self.step_ahead = step_ahead
+        self.background = background  # prefill beside the steps (GPU), see `add_many`
         self.book = Bookkeeping(tokenizer, eos_ids=eos_ids, block_size=self.B, slots=max_slots, max_len=max_len)
 
     @property
@@ -54,13 +56,15 @@ class FastEngine:
     def check(self, n_prompt: int, max_tokens: int) -> str | None:
         return self.book.check(n_prompt, max_tokens)
 
-    def add(self, req_id: str, prompt: list[int], params: SamplingParams) -> tuple[Seq, Delta]:
+    def add(self, req_id: str, prompt: list[int], params: SamplingParams) -> tuple[Seq, Delta | None]:
         return self.add_many([(req_id, prompt, params)])[0]
 
     @torch.inference_mode()
-    def add_many(self, reqs: list[tuple[str, list[int], SamplingParams]]) -> list[tuple[Seq, Delta]]:
+    def add_many(self, reqs: list[tuple[str, list[int], SamplingParams]]) -> list[tuple[Seq, Delta | None]]:
         """Prefill several requests, batched by the runner (`FastRunner.add_many`); results in input order.
 
+        On a GPU, a few prompts admitted while other rows decode are prefilled beside their steps
+        (`background.py`): their delta is None here, and their first token comes from a later `step`.
         All or nothing, like `ReferenceEngine.add_many`: when it fails, every slot taken here goes back.
         """
         if any(not params.greedy for _, _, params in reqs):
@@ -69,12 +73,35 @@ class FastEngine:
         try:
             for req_id, prompt, params in reqs:
                 seqs.append(self.book.open(req_id, prompt, params))
+            if self._beside(seqs):
+                for s in seqs:
+                    self.runner.bg.begin(s.slot, s.prompt)
+                return [(s, None) for s in seqs]
             toks = self.runner.add_many([s.slot for s in seqs], [s.prompt for s in seqs])
         except BaseException:  # the slots go back: nobody will hear about these requests
             for s in seqs:
                 self.release(s)
             raise
         return [(s, self.book.prefilled(s, tok, self.runner.logits[s.slot, :1])) for s, tok in zip(seqs, toks)]
+
+    def _beside(self, seqs: list[Seq]) -> bool:
+        """Whether to prefill `seqs` beside the steps: on a GPU, while rows decode, a group the runner would run
+        graph by graph anyway, none wanting logprobs (a step may overwrite its prefill's logits row)."""
+        r = self.runner
+        return (r.bg is not None and self.background and bool(r.host_start)
+                and len(seqs) < prefill.BATCHED_PREFILL_ROWS
+                and all(s.params.logprobs is None and r.bg.fits(s.prompt) for s in seqs))
+
+    def _prefilled(self, seqs: list[Seq]) -> tuple[list[Delta], list[Seq]]:
+        """The first tokens of the prefills beside the steps that are done (waiting for one when nothing else
+        runs), and the sequences a step may take now."""
+        bg = self.runner.bg
+        if bg is None or not bg.pending:
+            return [], seqs
+        by_slot = {s.slot: s for s in seqs}
+        done = bg.ready(wait=all(s.slot in bg.pending for s in seqs))
+        firsts = [self.book.prefilled(by_slot[slot], tok, None) for slot, tok in done.items() if slot in by_slot]
+        return firsts, [s for s in seqs if s.slot not in bg.pending and not s.finish]
 
     @torch.inference_mode()
     def step(self, seqs: list[Seq]) -> list[Delta]:
@@ -87,6 +114,9 @@ class FastEngine:
         the last step's logits) or could reach max_tokens with the steps in flight.
         """
         r = self.runner
+        firsts, seqs = self._prefilled(seqs)
+        if not seqs:
+            return firsts
         slots = [s.slot for s in seqs]
         if not r.covers(slots) and not r.launch(slots) and not r.inflight:
             raise ValueError(f"a sequence would pass the cache length {r.max_len}")
@@ -98,8 +128,8 @@ class FastEngine:
         want = [s for s in stepped if s.params.logprobs is not None]
         lps = dict(zip([s.slot for s in want], step_logprobs([(r.logits[s.slot], got[s.slot], s.params.logprobs)
                                                              for s in want])))
-        return [self.book.stepped(s, got[s.slot], r.logits[s.slot, : len(got[s.slot])], r.width, lps.get(s.slot))
-                for s in stepped]
+        return firsts + [self.book.stepped(s, got[s.slot], r.logits[s.slot, : len(got[s.slot])], r.width,
+                                           lps.get(s.slot)) for s in stepped]
 
     def release(self, s: Seq) -> None:
         if s.slot >= 0:
@@ -110,7 +140,8 @@ class FastEngine:
 def build_fast_engine(model: str, draft: str | None = None, *, mode: str = "dflash", dtype: str = "auto",
                       device: str = "auto", max_slots: int = 32, max_len: int = 4096, tokenizer=None,
                       synthetic_tau: float | None = None, benchmark_only: bool = False,
-                      step_ahead: bool = True, adaptive: bool = True, cut_draft: bool = False) -> FastEngine:
+                      step_ahead: bool = True, adaptive: bool = True, cut_draft: bool = False,
+                      background: bool = True) -> FastEngine:
     """Like `build.build_engine`, on the fast path (CUDA graphs on a GPU, eager on the CPU)."""
     from dflash_bench.engine.build import eos_ids, load_tokenizer, resolve_dtype
     from dflash_bench.engine.drafter import load_drafter
@@ -144,4 +175,5 @@ def build_fast_engine(model: str, draft: str | None = None, *, mode: str = "dfla
         if synthetic_tau is not None and not 1 <= synthetic_tau <= drafter.config.block_size:
             raise UserError(f"--synthetic-acceptance must lie between 1 and the block size {drafter.config.block_size}")
     return FastEngine(hf, tok, drafter, eos_ids=eos_ids(hf, tok), max_slots=max_slots, max_len=max_len,
-                      synthetic_tau=synthetic_tau, step_ahead=step_ahead, adaptive=adaptive, cut_draft=cut_draft)
+                      synthetic_tau=synthetic_tau, step_ahead=step_ahead, adaptive=adaptive, cut_draft=cut_draft,
+                      background=background)

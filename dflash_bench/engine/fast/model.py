@@ -335,7 +335,7 @@ class FastTarget:
 
     def forward(self, ids: torch.Tensor, starts: torch.Tensor, row0: int, L: int, *, last_only: bool = False,
                 taps: tuple[int, ...] = (), on_taps=None, head: bool = True, pos: torch.Tensor | None = None,
-                slot: torch.Tensor | None = None, last: torch.Tensor | None = None):
+                slot: torch.Tensor | None = None, last: torch.Tensor | None = None, lane: int = 0):
         """Run ids `[bs, n]` at positions `starts[b] + j` in slots `row0..row0+bs-1`, attending to `[0, L)`.
 
         Returns (logits `[bs, n or 1, V]`, the outputs of layers `taps` concatenated `[bs, n, K * hidden]`
@@ -344,6 +344,7 @@ class FastTarget:
         callee) and the positions `[bs, n]` are instead handed to `on_taps` as soon as the last tapped layer has
         run (so work on them can overlap the later layers), and None is returned in place of the
         concatenation. `pos`: the positions `starts[:, None] + arange(n)`, when the caller has them already.
+        `lane`: the split-K workspace of the head's matmul (see `matmul`).
         """
         bs, n = ids.shape
         if pos is None:
@@ -360,7 +361,7 @@ class FastTarget:
             x = x.index_select(0, last)
         elif last_only:  # contiguous rows: a strided 3-D input would make F.linear read lm_head once per row
             x = x.view(bs, n, -1)[:, -1].contiguous()
-        out = matmul(self.kernels)(x, self.lm_head).view(bs, 1 if last_only else n, -1) if head else x
+        out = matmul(self.kernels, lane)(x, self.lm_head).view(bs, 1 if last_only else n, -1) if head else x
         if not taps or on_taps is not None:
             return out, None
         return out, torch.cat(ordered(feats), -1).view(bs, n, -1)

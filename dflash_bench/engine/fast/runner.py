@@ -26,18 +26,13 @@ from collections import deque
 import torch
 
 from dflash_bench.engine.fast.accept import SYNTHETIC_STEPS, commit, synthetic_rate
+from dflash_bench.engine.fast.background import BackgroundPrefill
 from dflash_bench.engine.fast.draft import FastDrafter
 from dflash_bench.engine.fast.model import FastTarget, decode_step, matmul, offsets
+from dflash_bench.engine.fast.prefill import PREFILL_BUCKET, Prefills
 from dflash_bench.engine.fast.width import CPU_WIDTHS, WIDTHS, WidthChooser
 
 
-PREFILL_BUCKET = 64  # prompts are padded to a multiple of this: one prefill graph per multiple
-# Prefilling k prompts (benchmarks/prefill_speed.py, H100, Qwen3-8B shape), ms per prompt at k = 1, 2, 4, 8, 32,
-# one eager forward for k > 1: 128 tokens 7.7, 11.8, 6.8, 3.4, 3.3; 320 tokens 11.8, 13.7, 8.7, 8.7, 8.3 (one graph
-# each: 7.7 and 11.5 at any k). Past ~1-2k tokens a forward is compute-bound: a larger group only delays its first
-# tokens. Under 4 prompts the eager forward's launches (~20 ms of host time) cost more than the graphs.
-PREFILL_TOKENS = 2048  # padded prompt tokens per batched prefill forward at most
-BATCHED_PREFILL_ROWS = 4  # GPU: prompts from which a group is prefilled in one eager forward, not graph by graph
 NARROW_ROWS = 8  # GPU: batch buckets from this size may verify less than the whole block (adaptive width); a
 # smaller batch's verify is memory-bound (H100, Qwen3-8B shape: 6.20 ms at 1 x 16 tokens, 5.97 for one token)
 
@@ -50,7 +45,7 @@ def buckets(max_slots: int) -> list[int]:
     return out + [max_slots]
 
 
-class FastRunner:
+class FastRunner(Prefills):
     """Greedy AR (no drafter) or DFlash (with a drafter) decoding on the fast path."""
 
     def __init__(self, target: FastTarget, drafter: FastDrafter | None = None, *, graphs: bool | None = None,
@@ -96,6 +91,12 @@ class FastRunner:
         self._stepped: tuple = ()
         self.graphs: dict[tuple, object] = {}
         self.pool = torch.cuda.graph_pool_handle() if self.graphs_on else None
+        # prefill graphs may replay beside a step (`background`): a memory pool of their own, and a capture stream
+        # of their own, for cuBLAS keeps a workspace per stream and a graph replays the one it was captured with
+        # (captured like the steps', a prefill beside a DFlash verify computed with the verify's partial sums)
+        self.pre_pool = torch.cuda.graph_pool_handle() if self.graphs_on else None
+        self.pre_capture = torch.cuda.Stream(dev) if self.graphs_on else None
+        self.bg = BackgroundPrefill(self) if self.graphs_on else None
         self.steps = self.accepted = self.row_steps = 0  # steps; accepted drafts and verifies summed over rows
         self.drafted = self.drafting_rows = 0  # drafts verified, and verifies that checked any, summed over rows
         self.timings: list[tuple] = []  # (draft start, draft end / verify start, verify end) when timing
@@ -113,86 +114,10 @@ class FastRunner:
         self.cut_draft = cut_draft
 
     # ---- requests -------------------------------------------------------------------------------
-    @torch.inference_mode()
-    def add(self, slot: int, prompt: list[int]) -> int:
-        """Prefill `prompt` into `slot`; returns the first generated token.
-
-        The prompt is padded to its length bucket (a multiple of PREFILL_BUCKET) and run by that bucket's
-        graph, whatever the slot: eagerly, a prefill's ~400 kernel launches cost the host 3-4x the GPU's
-        time. The padding's K/V lands past the prompt, where no query looks before a step rewrites it.
-        """
-        n = len(prompt)
-        if not 0 < n <= self.max_len:
-            raise IndexError(f"a prompt of {n} tokens does not fit the cache of {self.max_len} positions")
-        P = min(-(-n // PREFILL_BUCKET) * PREFILL_BUCKET, self.max_len)
-        host = self.pre_host
-        host[0], host[1], host[2:2 + n] = slot, n - 1, torch.tensor(prompt, dtype=torch.long)
-        host[2 + n:2 + P] = 0
-        self.pre_in[:2 + P].copy_(host[:2 + P], non_blocking=True)
-        self._run(("prefill", P), lambda: self._prefill(P))
-        tok = self.pre_tok[0]
-        self._admitted(slot, n, tok)
-        return int(tok)
-
-    @torch.inference_mode()
-    def add_many(self, slots: list[int], prompts: list[list[int]]) -> list[int]:
-        """Prefill `prompts[i]` into `slots[i]`; returns each one's first generated token, in input order.
-
-        Prompts of similar length go together, right-padded to the longest of their group, in forwards of at
-        most PREFILL_TOKENS padded tokens: the group reads the weights once, and the host launches one
-        forward, not one per prompt. On a GPU a group of fewer than BATCHED_PREFILL_ROWS runs the one-prompt
-        graphs (`add`) instead: an eager forward's launches cost the host more than such a group's GPU time.
-        Nothing is run unless every prompt fits the cache.
-        """
-        for p in prompts:
-            if not 0 < len(p) <= self.max_len:
-                raise IndexError(f"a prompt of {len(p)} tokens does not fit the cache of {self.max_len} positions")
-        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-        groups: list[list[int]] = [[]]
-        for i in order:  # sorted: the newcomer is the longest of its group
-            if groups[-1] and (len(groups[-1]) + 1) * len(prompts[i]) > PREFILL_TOKENS:
-                groups.append([])
-            groups[-1].append(i)
-        toks: dict[int, int] = {}
-        for g in groups:
-            if len(g) == 1 or (self.graphs_on and len(g) < BATCHED_PREFILL_ROWS):
-                toks.update((i, self.add(slots[i], prompts[i])) for i in g)
-            else:
-                toks.update(zip(g, self._prefill_rows([slots[i] for i in g], [prompts[i] for i in g])))
-        return [toks[i] for i in range(len(prompts))]
-
-    def _prefill_rows(self, slots: list[int], prompts: list[list[int]]) -> list[int]:
-        """One eager forward over right-padded prompts (the padding's K/V lands past each prompt, as in `add`)."""
-        k, n = len(prompts), [len(p) for p in prompts]
-        P = max(n)
-        ids = torch.zeros(k, P, dtype=torch.long)
-        for i, p in enumerate(prompts):
-            ids[i, : n[i]] = torch.tensor(p, dtype=torch.long)
-        dev = self.dev
-        ids = ids.to(dev, non_blocking=True)
-        slot = torch.tensor(slots, device=dev)
-        last = torch.tensor([i * P + m - 1 for i, m in enumerate(n)], device=dev)
-        logits, feats = self.t.forward(ids, torch.zeros(k, dtype=torch.long, device=dev), 0, P, last_only=True,
-                                       taps=self.taps, slot=slot, last=last)
-        if self.d:
-            self.d.write_context(feats, offsets(P, dev).expand(k, P), 0, slot=slot)
-        if self.logits is not None:
-            self.logits[:, 0].index_copy_(0, slot, logits[:, 0])
-        tok = logits[:, 0].argmax(-1)
-        for i, s in enumerate(slots):
-            self._admitted(s, n[i], tok[i])
-        return tok.tolist()
-
-    def _admitted(self, slot: int, n: int, tok: torch.Tensor) -> None:
-        """A prefilled slot's state: its anchor is the first token, `n` positions are committed."""
-        self.start[slot] = n
-        self.anchor[slot] = tok
-        self.active[slot] = 1
-        self.host_start[slot] = n
-        self.admitted[slot] += 1
-
     def release(self, slot: int) -> None:
         """Free the slot; as padding it then writes at positions 0..B-1 of its own row, never past the cache."""
+        if self.bg is not None:
+            self.bg.drop(slot)
         self.active[slot] = 0
         self.start[slot] = 0
         self.host_start.pop(slot, None)
@@ -213,7 +138,7 @@ class FastRunner:
         lengths = sorted({min(self.max_len, L) for L in range(self.kv_block, self.max_len + self.kv_block, self.kv_block)})
         for P in sorted({min(P, self.max_len) for P in range(PREFILL_BUCKET, self.max_len + PREFILL_BUCKET,
                                                              PREFILL_BUCKET)}):
-            self._run(("prefill", P), lambda: self._prefill(P))
+            self.prefill_graph(P)
         for bs in self.sizes:
             for L in lengths:
                 if self.B == 1:
@@ -325,17 +250,6 @@ class FastRunner:
         return 1 + self.accepted / max(self.drafting_rows, 1)
 
     # ---- the graphed bodies: compute, then commit the step for the active rows --------------------------
-    def _prefill(self, P: int) -> None:
-        """A prompt padded to P tokens into the slot `pre_in[0]` holds; its first token into `pre_tok`."""
-        slot, last, ids = self.pre_in[0:1], self.pre_in[1:2], self.pre_in[2:2 + P][None]
-        logits, feats = self.t.forward(ids, self.pre_start, 0, P, last_only=True, taps=self.taps, slot=slot,
-                                       last=last)
-        if self.d:
-            self.d.write_context(feats, offsets(P, self.dev)[None], 0, slot=slot)
-        if self.logits is not None:
-            self.logits[:, 0].index_copy_(0, slot, logits[0])
-        self.pre_tok.copy_(logits[0, -1].argmax().view(1))
-
     def _ar(self, bs: int, L: int) -> None:
         x, _ = self.t.forward(self.anchor[:bs, None], self.start[:bs], 0, L, head=False)
         self._commit(bs, self._greedy(x, bs, 1))
@@ -420,7 +334,8 @@ class FastRunner:
             for t, saved in zip(self._committed(), state):
                 t.copy_(saved)
             g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=self.pool):
+            pre = key[0] == "prefill"
+            with torch.cuda.graph(g, pool=self.pre_pool if pre else self.pool, stream=self.pre_capture if pre else None):
                 fn()
             self.graphs[key] = g
         g.replay()
