@@ -8,7 +8,7 @@
 The fast path as `serve --fast --device cpu` runs it (one torch thread, float32, eager), on the embedded
 target (`dflash_bench/assets/default_pair/target`, its real weights) and DFlash drafters of the embedded
 drafter's config (hidden size, heads, block 16, tapped layers) with random weights, one per `--draft-shapes`
-entry LxI (L layers, intermediate size I; the embedded drafter is 2x768): a step's cost does not depend on
+entry LxI (L layers, intermediate size I; the embedded drafter is 1x512): a step's cost does not depend on
 the weights. Prompts are random token ids of `--prompt-len`.
 
 1. Step costs, per batch of `--batches` rows and per verify width w (`--widths`; 1: the anchor alone, no
@@ -288,7 +288,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default=str(PAIR / "target"))
     ap.add_argument("--drafter", default=str(PAIR / "drafter"), help="config of the random drafters; --real: the drafter")
-    ap.add_argument("--draft-shapes", type=parse_shapes, default=parse_shapes("2x768"),
+    ap.add_argument("--draft-shapes", type=parse_shapes, default=parse_shapes("1x512"),
                     help="random drafters LxI (layers x intermediate size), comma-separated")
     ap.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32])
     ap.add_argument("--widths", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 3, 4, 6, 8, 16])

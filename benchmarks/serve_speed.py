@@ -101,7 +101,7 @@ def measure(args, url: str, mode: str, c: int, out: Path, tag: str) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", choices=sorted(SHAPES) + ["pair"], default="qwen3-8b")
-    ap.add_argument("--draft-shape", default="2x768", help="--shape pair: the random drafter's LxI")
+    ap.add_argument("--draft-shape", default="1x512", help="--shape pair: the random drafter's LxI")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--data-dir", required=True)
     ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8])
