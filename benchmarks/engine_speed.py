@@ -54,6 +54,9 @@ def build_pair(shape: dict, dev, dtype):
         "hidden_size": shape["hidden"], "intermediate_size": shape["inter"], "num_hidden_layers": shape["draft_layers"],
         "num_attention_heads": shape["heads"], "num_key_value_heads": shape["kv"], "head_dim": shape["hd"],
         "vocab_size": shape["vocab"], "block_size": shape["block"],
+        # z-lab's configs carry it, and SGLang's DFLASH checks target_layer_ids against it (without it, against the
+        # drafter's own layer count: "target_layer_ids[1]=9, target_num_layers=5", H100, 0.5.16)
+        "num_target_layers": shape["layers"],
         "dflash_config": {"mask_token_id": shape["mask"], "target_layer_ids": shape["taps"]}})
     with torch.device(dev):
         drafter = DFlashDrafter(dcfg).to(dtype).eval()
