@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dflash_bench.engine.fast.width import WidthChooser
+from dflash_bench.engine.fast.width import CPU_DECAY, CPU_WIDTHS, DECAY, WidthChooser
 
 B = 16
 
@@ -81,3 +81,21 @@ def test_a_cpu_stops_drafting_where_no_draft_pays_and_does_not_retime_the_whole_
     assert picked[-100:].count(1) > 80 and 16 not in picked[8:]
     ch = WidthChooser(B, CPU_WIDTHS)  # the GPU's schedule does go back to the whole block
     assert 16 in _feed(ch, 32, 32, lambda w: 0 if w < 3 else 1, cost, 300)[8:]
+
+
+@pytest.mark.parametrize("decay", [CPU_DECAY, DECAY])
+def test_on_a_cpu_a_short_cell_after_other_workloads_gets_its_own_widths(decay):
+    """A demo on a CPU runs short cells one after another on one server: a suite whose drafts are all accepted at
+    one row, the same at 32 rows (compute-bound there: the anchor alone), then 44 steps of a suite that accepts 2
+    drafts. With the CPU's decay the last cell's steps verify the 3-4 tokens that hold them within a few steps;
+    with the GPU's (0.999 per row-step) the first suite's far acceptance still decides, and every step verifies
+    the whole block. Costs: DFlash step / AR step at one row on this box (cpu_step_cpu_real_pair.json)."""
+    ratio = {1: 1.05, 2: 1.38, 3: 1.42, 4: 1.43, 6: 1.49, 8: 1.63, 10: 1.8, 16: 2.18}
+    ch = WidthChooser(B, CPU_WIDTHS, explore_block=False, decay=decay)
+    _feed(ch, 1, 1, lambda w: w - 1, lambda w: ratio[w], 100)
+    assert _feed(ch, 32, 32, lambda w: w - 1, lambda w: 1.0 * w, 40)[-1] == 1
+    picked = _feed(ch, 1, 1, lambda w: 2, lambda w: ratio[w], 44)
+    if decay == CPU_DECAY:
+        assert all(3 <= w <= 4 for w in picked[-20:]), picked
+    else:
+        assert picked[-20:].count(16) >= 15, picked

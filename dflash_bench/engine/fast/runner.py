@@ -30,7 +30,7 @@ from dflash_bench.engine.fast.background import BackgroundPrefill
 from dflash_bench.engine.fast.draft import FastDrafter
 from dflash_bench.engine.fast.model import FastTarget, decode_step, matmul, offsets
 from dflash_bench.engine.fast.prefill import PREFILL_BUCKET, Prefills
-from dflash_bench.engine.fast.width import CPU_WIDTHS, WIDTHS, WidthChooser
+from dflash_bench.engine.fast.width import CPU_DECAY, CPU_WIDTHS, DECAY, WIDTHS, WidthChooser
 
 
 NARROW_ROWS = 8  # GPU: batch buckets from this size may verify less than the whole block (adaptive width); a
@@ -104,7 +104,8 @@ class FastRunner(Prefills):
         # adaptive: each step verifies the anchor and its first w - 1 drafts, w chosen by load (width.py);
         # else always `width` (default: the whole block)
         self.chooser = (WidthChooser(self.B, WIDTHS if self.graphs_on else CPU_WIDTHS,
-                                     narrow_from=NARROW_ROWS if self.graphs_on else 1, explore_block=self.graphs_on)
+                                     narrow_from=NARROW_ROWS if self.graphs_on else 1, explore_block=self.graphs_on,
+                                     decay=DECAY if self.graphs_on else CPU_DECAY)
                         if drafter and adaptive else None)
         self.fixed = min(width or self.B, self.B)
         self.widths = self.chooser.widths if self.chooser else [self.fixed]

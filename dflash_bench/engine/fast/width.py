@@ -26,6 +26,11 @@ from __future__ import annotations
 WIDTHS = (2, 4, 6, 8, 10, 16)  # candidate tokens per row, capped at the block size (which is always a candidate)
 CPU_WIDTHS = (1, 2, 3, 4, 6, 8, 10, 16)  # a CPU step has no graph per width: narrower steps, and none at all
 DECAY = 0.999  # per row-step weight of older acceptance counts
+# A CPU's: its steps are slower and a demo's cells short (4 requests of 32 tokens at concurrency 1, ~44 steps), so
+# the suite before would decide the next one's widths: served on this 2-core box, HumanEval at concurrency 1 after
+# three GSM8K cells ran 139-145 tok/s at 0.999 (verifying 10-16 tokens that GSM8K accepts and HumanEval does not),
+# 187-198 at 0.99, 188 on a fresh server
+CPU_DECAY = 0.99
 ALPHA = 0.25  # weight of the newest step time in its running average
 EXPLORE = 32  # every this many steps: re-time the stalest of the best width's neighbours and the whole block
 PRIOR = 4.0  # row-steps of the optimistic guess behind each measured survival
@@ -35,12 +40,13 @@ class WidthChooser:
     """Tokens per row for the next verify, from measured acceptance by position and measured step times."""
 
     def __init__(self, block_size: int, widths: tuple[int, ...] = WIDTHS, explore: int = EXPLORE,
-                 narrow_from: int = 1, explore_block: bool = True):
+                 narrow_from: int = 1, explore_block: bool = True, decay: float = DECAY):
         """`narrow_from`: the smallest batch bucket that may verify less than the whole block (a GPU's verify of
         a few rows costs about the same at any width, and every width is a CUDA graph per bucket and length)."""
         self.B = block_size
         self.widths = sorted({w for w in widths if 0 < w < block_size} | {block_size})
         self.explore, self.narrow_from, self.explore_block = explore, narrow_from, explore_block
+        self.decay = decay  # per row-step weight of older acceptance counts
         self.verified = [0.0] * block_size  # [i]: decayed row-steps that verified draft i (1-based)
         self.reached = [0.0] * block_size  # [i]: decayed row-steps that accepted drafts 1..i
         self.times: dict[tuple[int, int], float] = {}  # (batch bucket, width) -> seconds per step
@@ -91,7 +97,7 @@ class WidthChooser:
     def observe(self, bucket: int, w: int, accepted: list[int], seconds: float | None) -> None:
         """A collected step: each row's accepted drafts, and the step's time when it was measured."""
         self._cached = None
-        n, keep = len(accepted), DECAY ** len(accepted)
+        n, keep = len(accepted), self.decay ** len(accepted)
         for i in range(1, self.B):
             self.verified[i] *= keep
             self.reached[i] *= keep
