@@ -39,6 +39,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from serve_speed import wait_ready, write_pair  # noqa: E402
 
+from dflash_bench.launch import free_port  # noqa: E402
 from dflash_bench.store import SweepDir  # noqa: E402
 
 SUITES = "gsm8k,humaneval,mt-bench"
@@ -225,17 +226,6 @@ def engine_seconds(url: str) -> dict[str, float]:
     return out
 
 
-def free_port(start: int) -> int:
-    """The first port from `start` that nothing listens on."""
-    import socket
-
-    for port in range(start, start + 100):
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) != 0:
-                return port
-    raise SystemExit(f"no free port in {start}..{start + 99}")
-
-
 def stop(proc: subprocess.Popen) -> None:
     proc.terminate()
     try:
@@ -253,7 +243,7 @@ def run_shape(args, res: Results, keep) -> None:
             if engine == "inprocess":
                 keep(measure_inprocess(args, mode, target, draft))
                 continue
-            args.port = free_port(args.port)  # a server a killed run left behind must not answer for this one
+            args.port = free_port()  # a server a killed run left behind must not answer for this one
             url, log = f"http://127.0.0.1:{args.port}", work / f"shape-{engine}-{mode}.log"
             cmd = server_command(engine, mode, target, draft, args)
             proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)

@@ -197,7 +197,7 @@ def train_drafter(target: str, data: str | list[list[dict]], out: str, config: D
     t0 = time.time()
     if samples is None:
         prompts = read_prompts(data, c.num_prompts) if isinstance(data, (str, Path)) else data[: c.num_prompts]
-        samples = _regenerate(tgt, tok, prompts, c, pad, log)
+        samples = _regenerate(tgt, tok, prompts, c, log)
     regen_s = time.time() - t0
 
     vocab = tgt.embed_weight.shape[0]
@@ -229,17 +229,17 @@ def regenerate_samples(target: str, prompts: list[list[dict]], c: DrafterTrainCo
     drafters from one regeneration."""
     from dflash_bench.engine.build import load_tokenizer
 
-    tok = load_tokenizer(target)
     tgt = FrozenTarget(target, c.device, torch.bfloat16 if c.device.startswith("cuda") else torch.float32)
-    return _regenerate(tgt, tok, prompts, c, tok.pad_token_id if tok.pad_token_id is not None else 0, log)
+    return _regenerate(tgt, load_tokenizer(target), prompts, c, log)
 
 
-def _regenerate(tgt: FrozenTarget, tok, prompts: list[list[dict]], c: DrafterTrainConfig, pad: int, log
+def _regenerate(tgt: FrozenTarget, tok, prompts: list[list[dict]], c: DrafterTrainConfig, log
                 ) -> list[tuple[list[int], list[int]]]:
     from dflash_bench.engine.build import eos_ids
     from dflash_bench.train.data import encode_prompts, regenerate
 
     t0 = time.time()
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     samples = regenerate(tgt.model, encode_prompts(tok, prompts, c.max_prompt_tokens), eos_ids=eos_ids(tgt.model, tok),
                          pad_id=pad, max_new_tokens=c.max_new_tokens, batch=c.regen_batch, log=log)
     samples = [s for s in samples if len(s[1]) >= 2]

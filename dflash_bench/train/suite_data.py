@@ -154,10 +154,10 @@ def _mbpp_full(data_dir: Path, held: HeldOut, skip: set[int]) -> list[tuple[str,
     path = Path(data_dir) / "mbpp" / "mbpp.jsonl"
     if not path.is_file():
         return []
-    pairs = []
+    pairs, drop = [], held.mbpp_task_ids | skip
     for line in path.read_text(encoding="utf-8").splitlines():
         rec = json.loads(line)
-        if int(rec["task_id"]) in held.mbpp_task_ids | skip or held.is_held_out(rec["text"]):
+        if int(rec["task_id"]) in drop or held.is_held_out(rec["text"]):
             continue
         tests = "\n".join(rec["test_list"][:1])
         pairs.append((f"{rec['text']}\n{tests}".strip(), f"{CODE}```python\n{_code(rec['code'])}\n```"))

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import random
 import shutil
@@ -78,6 +77,8 @@ def main() -> None:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     record_path = out / "recipe.json"
+    from dflash_bench.store import atomic_write_json
+
     record = json.loads(record_path.read_text()) if record_path.is_file() else {}
     record.update(scale=a.scale, seed=a.seed, python=platform.python_version())
 
@@ -85,23 +86,24 @@ def main() -> None:
     record["data"] = data["counts"]
     if a.stage in ("all", "target"):
         record["target"] = train_target(data, out / "target", s, a)
-        _save(record_path, record)
+        atomic_write_json(record_path, record)
     if a.stage in ("all", "samples"):
         record["samples"] = make_samples(data, out, s, a)
-        _save(record_path, record)
+        atomic_write_json(record_path, record)
     if a.stage in ("all", "drafter"):
         specs = [parse_drafter(d) for d in (a.drafter or ["d:1:512:1,2,3,4"])]
         record.setdefault("drafters", {})
+        samples = load_samples(out / "samples.pt")
         for spec in specs:
-            record["drafters"][spec["name"]] = train_drafter(out, spec, s, a)
-            _save(record_path, record)
+            record["drafters"][spec["name"]] = train_drafter(out, samples, spec, s, a)
+            atomic_write_json(record_path, record)
         chosen = out / "drafters" / specs[0]["name"]
         shutil.rmtree(out / "drafter", ignore_errors=True)
         shutil.copytree(chosen, out / "drafter")
         record["drafter"] = {"name": specs[0]["name"], **record["drafters"][specs[0]["name"]]}
     record["sizes_mb"] = {d: round(sum(f.stat().st_size for f in (out / d).glob("*")) / 1e6, 2)
                           for d in ("target", "drafter") if (out / d).is_dir()}
-    _save(record_path, record)
+    atomic_write_json(record_path, record)
     log(json.dumps(record, indent=2))
 
 
@@ -204,17 +206,22 @@ def parse_drafter(text: str) -> dict:
         raise SystemExit(f"--drafter takes NAME:LAYERS:INTERMEDIATE:T1,T2,..., got {text!r}") from None
 
 
-def train_drafter(out: Path, spec: dict, s: dict, a) -> dict:
+def load_samples(path: Path) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, response ids) as `make_samples` saved them."""
     import torch
 
-    from dflash_bench.train.drafter import DrafterTrainConfig, train_drafter as fit
-
-    saved = torch.load(out / "samples.pt")
+    saved = torch.load(path)
     samples, at = [], 0
     for n, m in zip(saved["prompt_len"].tolist(), saved["response_len"].tolist()):
         row = saved["ids"][at:at + n + m].long().tolist()
         samples.append((row[:n], row[n:]))
         at += n + m
+    return samples
+
+
+def train_drafter(out: Path, samples: list, spec: dict, s: dict, a) -> dict:
+    from dflash_bench.train.drafter import DrafterTrainConfig, train_drafter as fit
+
     cfg = DrafterTrainConfig(steps=s["d_steps"], block_size=a.block_size, layers=spec["layers"],
                              intermediate=spec["intermediate"], cut_blocks=CUT_BLOCKS, batch=s["d_batch"],
                              anchors=s["anchors"], max_new_tokens=s["max_new"], device=a.device, seed=a.seed,
@@ -224,12 +231,6 @@ def train_drafter(out: Path, spec: dict, s: dict, a) -> dict:
     summary["gpu"] = _gpu_name(a.device)
     summary["spec"] = spec
     return summary
-
-
-def _save(path: Path, record: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=2))
-    os.replace(tmp, path)
 
 
 def _cuda() -> bool:

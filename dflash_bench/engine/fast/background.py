@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-PREFILL_LANE = 2  # split-K workspace of the prefill's one-row matmul (the head): the steps use 0 and 1
+from dflash_bench.engine.fast.prefill import stage
 
 
 class BackgroundPrefill:
@@ -44,11 +44,9 @@ class BackgroundPrefill:
 
     def begin(self, slot: int, prompt: list[int]) -> None:
         """Enqueue the prefill of `prompt` into `slot` (free, and `fits`); returns at once."""
-        r, n = self.r, len(prompt)
-        P = r.padded(n)
+        r, P = self.r, self.r.padded(len(prompt))
         row = self.host[slot]
-        row[0], row[1], row[2:2 + n] = slot, n - 1, torch.tensor(prompt, dtype=torch.long)
-        row[2 + n:2 + P] = 0
+        stage(row, slot, prompt, P)
         r.start[slot] = P  # main stream: steps launched from now on write this slot's padding K/V past the prompt
         self.stream.wait_stream(torch.cuda.current_stream(r.dev))
         with torch.cuda.stream(self.stream):
@@ -58,7 +56,7 @@ class BackgroundPrefill:
             self.tok_host[slot:slot + 1].copy_(r.pre_tok, non_blocking=True)
             done = torch.cuda.Event()
             done.record()
-        self.pending[slot] = (n, done)
+        self.pending[slot] = (len(prompt), done)
 
     def ready(self, wait: bool = False) -> dict[int, int]:
         """Admit the slots whose prefill is done (with `wait`, at least the oldest, waiting for it): their state is

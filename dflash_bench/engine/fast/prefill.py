@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import torch
 
-from dflash_bench.engine.fast.background import PREFILL_LANE
 from dflash_bench.engine.fast.model import offsets
 
 PREFILL_BUCKET = 64  # prompts are padded to a multiple of this: one prefill graph per multiple
@@ -19,6 +18,15 @@ PREFILL_BUCKET = 64  # prompts are padded to a multiple of this: one prefill gra
 # tokens. Under 4 prompts the eager forward's launches (~20 ms of host time) cost more than the graphs.
 PREFILL_TOKENS = 2048  # padded prompt tokens per batched prefill forward at most
 BATCHED_PREFILL_ROWS = 4  # GPU: prompts from which a group is prefilled in one eager forward, not graph by graph
+PREFILL_LANE = 2  # split-K workspace of a prefill's one-row matmul (the head): the steps use 0 and 1
+
+
+def stage(buf: torch.Tensor, slot: int, prompt: list[int], P: int) -> None:
+    """A prefill graph's inputs in `buf` (host memory): the slot, the index of the prompt's last token, and its
+    ids padded with zeros to P."""
+    n = len(prompt)
+    buf[0], buf[1], buf[2:2 + n] = slot, n - 1, torch.tensor(prompt, dtype=torch.long)
+    buf[2 + n:2 + P] = 0
 
 
 class Prefills:
@@ -38,10 +46,8 @@ class Prefills:
         P = self.padded(n)
         if self.bg is not None:
             self.bg.join()  # a prefill beside the steps may still read `pre_in`
-        host = self.pre_host
-        host[0], host[1], host[2:2 + n] = slot, n - 1, torch.tensor(prompt, dtype=torch.long)
-        host[2 + n:2 + P] = 0
-        self.pre_in[:2 + P].copy_(host[:2 + P], non_blocking=True)
+        stage(self.pre_host, slot, prompt, P)
+        self.pre_in[:2 + P].copy_(self.pre_host[:2 + P], non_blocking=True)
         self.prefill_graph(P)
         tok = self.pre_tok[0]
         self.admit(slot, n, tok)
@@ -111,7 +117,6 @@ class Prefills:
         self.active[slot] = 1
         self.host_start[slot] = n
         self.admitted[slot] += 1
-
 
     def _prefill(self, P: int) -> None:
         """A prompt padded to P tokens into the slot `pre_in[0]` holds; its first token into `pre_tok`."""

@@ -26,10 +26,9 @@ from __future__ import annotations
 WIDTHS = (2, 4, 6, 8, 10, 16)  # candidate tokens per row, capped at the block size (which is always a candidate)
 CPU_WIDTHS = (1, 2, 3, 4, 6, 8, 10, 16)  # a CPU step has no graph per width: narrower steps, and none at all
 DECAY = 0.999  # per row-step weight of older acceptance counts
-# A CPU's: its steps are slower and a demo's cells short (4 requests of 32 tokens at concurrency 1, ~44 steps), so
-# the suite before would decide the next one's widths: served on this 2-core box, HumanEval at concurrency 1 after
-# three GSM8K cells ran 139-145 tok/s at 0.999 (verifying 10-16 tokens that GSM8K accepts and HumanEval does not),
-# 187-198 at 0.99, 188 on a fresh server
+# A CPU's: a demo's cells are short (4 requests of 32 tokens at concurrency 1, ~44 steps) and run one after another
+# on one server, so the suite before would decide the next one's widths (tests/test_width.py); in process
+# (benchmarks/suite_sequence.py) the difference was within a 2-core box's noise
 CPU_DECAY = 0.99
 ALPHA = 0.25  # weight of the newest step time in its running average
 EXPLORE = 32  # every this many steps: re-time the stalest of the best width's neighbours and the whole block
