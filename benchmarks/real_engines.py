@@ -71,6 +71,7 @@ class Row(BaseModel):
     agreement: float | None = None  # DFlash cells: share of turns whose token ids equal the AR cell's
     first_divergence_p50: float | None = None
     engine_thread_s: dict[str, float] = Field(default_factory=dict)  # builtin: seconds per phase over the cell
+    prefill_groups: int | None = None  # builtin: prefill groups over the cell (requests / groups: prompts per forward)
     wall_s: float | None = None  # the cell's measured window
 
     @property
@@ -133,14 +134,15 @@ def shown(cmd: list[str], work: str | None = None) -> str:
     return " ".join("python" if a == sys.executable else one(a) for a in cmd)
 
 
-def row_of(part: str, engine: str, s, busy: dict[str, float] | None = None) -> Row:
+def row_of(part: str, engine: str, s, busy: dict[str, float] | None = None, groups: int | None = None) -> Row:
     lossless = s.lossless
     agree = lossless.exact_match_rate if lossless and lossless.status == "ok" else None
     first = (lossless.first_divergence or {}).get("p50") if lossless else None
     return Row(part=part, engine=engine, mode=s.mode, suite=s.suite, concurrency=s.concurrency, status=s.status,
                num_ok=s.num_ok, num_failed=s.num_failed, output_tok_s=s.output_throughput, tau=s.acceptance_length,
                ttft_ms_p50=s.ttft_ms.p50 if s.ttft_ms else None, tpot_ms_p50=s.tpot_ms.p50 if s.tpot_ms else None,
-               agreement=agree, first_divergence_p50=first, engine_thread_s=busy or {}, wall_s=s.duration_s)
+               agreement=agree, first_divergence_p50=first, engine_thread_s=busy or {}, prefill_groups=groups,
+               wall_s=s.duration_s)
 
 
 # ------------------------------------------------------------------ pair: dflash-bench sweep per engine
@@ -214,15 +216,20 @@ def server_command(engine: str, mode: str, target: Path, draft: Path, args) -> l
            "--served-model-name", "random-8b", "--mode", mode]
     if engine == "builtin-inline":  # every prefill between two steps, as before prefills ran beside them
         cmd.append("--prefill-inline")
+    if engine == "builtin-nogather":  # every prompt admitted as it comes, as before prompts waited for company
+        cmd += ["--gather-steps", "0"]
     return cmd + (["--draft", str(draft)] if mode == "dflash" else [])
 
 
-def engine_seconds(url: str) -> dict[str, float]:
+def engine_counters(url: str) -> dict[str, float]:
+    """The builtin engine's thread seconds per phase, and its prefill groups (key `groups`), from /metrics."""
     out: dict[str, float] = {}
     for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
         if line.startswith("dflash_bench:engine_thread_seconds_total{"):
             phase = line.split('phase="', 1)[1].split('"', 1)[0]
             out[phase] = float(line.rsplit(" ", 1)[1])
+        elif line.startswith("dflash_bench:prefill_groups_total{"):
+            out["groups"] = float(line.rsplit(" ", 1)[1])
     return out
 
 
@@ -282,18 +289,19 @@ def measure_inprocess(args, mode: str, target: Path, draft: Path) -> list[Row]:
 def measure_served(args, url: str, engine: str, mode: str, c: int, work: Path) -> Row:
     name = f"shape-{engine}-{mode}-c{c}"
     builtin = engine.startswith("builtin")
-    before = engine_seconds(url) if builtin else {}
+    before = engine_counters(url) if builtin else {}
     cmd = [sys.executable, "-m", "dflash_bench", "run", "--url", url, "--suite", "gsm8k", "-c", str(c),
            "-n", str(args.prompts_per_slot * c), "--max-tokens", str(args.new_tokens), "--ignore-eos",
            "--label", mode, "--engine", "builtin" if builtin else engine, "--data-dir", args.data_dir, "--out", str(work / "runs"),
            "--name", name] + (["--tokenizer", str(work / args.shape / "target")] if engine == "sglang" else [])
     subprocess.run(cmd, stdout=subprocess.DEVNULL)
-    after = engine_seconds(url) if builtin else {}
+    after = engine_counters(url) if builtin else {}
     busy = {k: round(after[k] - before.get(k, 0.0), 3) for k in after}
+    groups = busy.pop("groups", None)
     [s] = SweepDir.open(work / "runs" / name).summaries()
-    row = row_of("shape", engine, s, busy)
+    row = row_of("shape", engine, s, busy, int(groups) if groups is not None else None)
     print(f"shape {engine} {mode} c={c}: {row.output_tok_s} tok/s, tau {row.tau}, TPOT p50 {row.tpot_ms_p50} ms, "
-          f"engine thread {busy}", flush=True)
+          f"engine thread {busy}, prefill groups {groups}", flush=True)
     return row
 
 
@@ -317,7 +325,8 @@ def main() -> None:
     ap.add_argument("--out", required=True, help="the results JSON (rows are added to what it holds)")
     ap.add_argument("--data-dir", default=os.environ.get("DFLASH_BENCH_DATA", "../shared/datasets"))
     ap.add_argument("--engines", help="pair: vllm,builtin,builtin-fast (default), sglang; shape: vllm,builtin "
-                                      "(default), sglang, builtin-inline (prefills between steps), inprocess (the "
+                                      "(default), sglang, builtin-inline (prefills between steps), builtin-nogather (every prompt "
+                                      "admitted as it comes), inprocess (the "
                                       "builtin engine without its server)")
     ap.add_argument("--modes", default="ar,dflash")
     ap.add_argument("--suites", default=SUITES)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from real_engines import engine_seconds, ensure_shape_pair, stop  # noqa: E402
+from real_engines import engine_counters, ensure_shape_pair, stop  # noqa: E402
 from serve_speed import wait_ready  # noqa: E402
 
 from dflash_bench.store import SweepDir  # noqa: E402
@@ -68,7 +68,7 @@ def profile(args, model: Path, draft: Path | None, tag: str, work: Path) -> dict
                 str(args.concurrency), "--max-tokens", str(args.max_tokens), "--ignore-eos", "--engine", "builtin",
                 "--data-dir", args.data_dir, "--out", str(work / "runs")] + args.run_arg
         subprocess.run(load + ["-n", str(args.concurrency), "--name", f"{tag}-warm"], stdout=subprocess.DEVNULL)
-        before = engine_seconds(url)
+        before = engine_counters(url)
         raw = work / f"{tag}.raw"
         spy = subprocess.Popen([args.py_spy, "record", "-p", str(proc.pid), "--gil", "--nonblocking", "--threads",
                                 "-r", str(args.rate), "-f", "raw", "-o", str(raw)],
@@ -80,7 +80,7 @@ def profile(args, model: Path, draft: Path | None, tag: str, work: Path) -> dict
         seconds = time.monotonic() - t + 1.0
         spy.send_signal(signal.SIGINT)
         spy.wait(60)
-        after = engine_seconds(url)
+        after = engine_counters(url)
     finally:
         stop(proc)
     [s] = SweepDir.open(work / "runs" / tag).summaries()

@@ -37,6 +37,8 @@ class EngineCollector:
         for phase, seconds in self.loop.seconds.items():
             busy.add_metric([self.model, phase], seconds)
         yield busy
+        yield self._counter("dflash_bench:prefill_groups", "Prefill groups the engine thread admitted (requests "
+                            "admitted / groups: prompts per prefill forward).", self.loop.groups)
         synthetic = self.loop.engine.synthetic_tau
         if synthetic is not None:  # benchmarking only: acceptance below is drawn, not measured
             yield self._gauge("dflash_bench:synthetic_acceptance", "Mean acceptance length the verifier was told to "
