@@ -216,8 +216,6 @@ def server_command(engine: str, mode: str, target: Path, draft: Path, args) -> l
            "--served-model-name", "random-8b", "--mode", mode]
     if engine == "builtin-inline":  # every prefill between two steps, as before prefills ran beside them
         cmd.append("--prefill-inline")
-    if engine == "builtin-nogather":  # every prompt admitted as it comes, as before prompts waited for company
-        cmd += ["--gather-steps", "0"]
     return cmd + (["--draft", str(draft)] if mode == "dflash" else [])
 
 
@@ -325,8 +323,7 @@ def main() -> None:
     ap.add_argument("--out", required=True, help="the results JSON (rows are added to what it holds)")
     ap.add_argument("--data-dir", default=os.environ.get("DFLASH_BENCH_DATA", "../shared/datasets"))
     ap.add_argument("--engines", help="pair: vllm,builtin,builtin-fast (default), sglang; shape: vllm,builtin "
-                                      "(default), sglang, builtin-inline (prefills between steps), builtin-nogather (every prompt "
-                                      "admitted as it comes), inprocess (the "
+                                      "(default), sglang, builtin-inline (prefills between steps), inprocess (the "
                                       "builtin engine without its server)")
     ap.add_argument("--modes", default="ar,dflash")
     ap.add_argument("--suites", default=SUITES)

@@ -143,7 +143,6 @@ def serve(
     verify_width: str = typer.Option("auto", "--verify-width", help="Fast path, DFlash: auto (verify the anchor and as many drafts per step as maximise committed tokens per second, from measured acceptance and step times) or full (the whole block every step)."),
     cut_draft: bool = typer.Option(False, "--cut-draft", help="Fast path, DFlash: draft only the positions a step verifies (the anchor and w - 1 masks), not the whole block; for drafters trained on blocks of random length."),
     prefill_beside: bool = typer.Option(True, "--prefill-beside/--prefill-inline", help="Fast path on a GPU: prefill a prompt that arrives while others decode on its own CUDA stream, beside their steps (inline: between two steps, which stall meanwhile)."),
-    gather_steps: Optional[int] = typer.Option(None, "--gather-steps", help="Fast path: while rows decode, decode steps a newly arrived prompt may wait for others, so that they share one prefill forward (default: 2 on a GPU, 0 on the CPU)."),
 ) -> None:
     """Serve the builtin DFlash engine (OpenAI-compatible API, vLLM metric names) until interrupted."""
     from dflash_bench.engine.server import serve as run_server
@@ -151,8 +150,7 @@ def serve(
     run_server(model, draft, mode=mode, host=host, port=port, dtype=dtype, device=device, max_slots=max_slots,
                max_model_len=max_model_len, served_model_name=served_model_name, fast=fast,
                synthetic_acceptance=synthetic_acceptance, benchmark_only=benchmark_only, step_ahead=step_ahead,
-               verify_width=verify_width, cut_draft=cut_draft, prefill_beside=prefill_beside,
-               gather_steps=gather_steps)
+               verify_width=verify_width, cut_draft=cut_draft, prefill_beside=prefill_beside)
 
 
 

@@ -464,43 +464,6 @@ def test_the_loop_takes_a_first_token_from_a_later_step(tmp_path):
     assert ev["finish", "r1"].step > ev["admit", "r1"].step
 
 
-def test_a_lone_prompt_waits_for_others_to_share_its_prefill(tmp_path):
-    """With `gather_steps` 2 (a GPU's default), a prompt that arrives alone while a row decodes waits two steps
-    for company; prompts that fill the free slots go at once, as one group; tokens are what each gets alone."""
-    import threading
-
-    from dflash_bench.engine.fast.engine import build_fast_engine
-    from dflash_bench.engine.loop import EngineLoop
-
-    target, drafter = make_tiny_pair(tmp_path, seed=1, block_size=B)
-    engine = build_fast_engine(str(target), str(drafter), max_slots=4, max_len=MAX_LEN, dtype="float64", device="cpu",
-                               gather_steps=2)
-    ps = _prompts(engine.tok, 4)
-    sp = SamplingParams(max_tokens=30, ignore_eos=True)
-    alone = [ref_generate(engine, [p], sp)[0].out for p in ps]
-    groups = []
-    add_many = engine.runner.add_many
-    engine.runner.add_many = lambda slots, prompts: groups.append(len(slots)) or add_many(slots, prompts)
-    loop = EngineLoop(engine).start()
-    got: dict = {}
-    dones = [threading.Event() for _ in ps]
-    try:
-        def pair():  # two prompts for the two free slots
-            for i in (2, 3):
-                _submit(loop, f"r{i}", ps[i], sp, got, dones[i])
-        lone = lambda: _submit(loop, "r1", ps[1], sp, got, dones[1], then=pair)  # noqa: E731
-        _submit(loop, "r0", ps[0], sp, got, dones[0], then=lone, after=2)  # r1 arrives after step 1
-        assert all(d.wait(120) for d in dones)
-    finally:
-        loop.stop()
-    assert [got[f"r{i}"] for i in range(4)] == alone
-    admit = {e.req_id: e for e in loop.events if e.kind == "admit"}
-    # r1 came after step 1 and waited two steps; r2 and r3 came with r1's first token, were taken after the
-    # step that followed, and went at once
-    assert [admit[f"r{i}"].step for i in range(4)] == [0, 3, 4, 4]
-    assert admit["r2"].running == ("r0", "r1") and groups == [1, 1, 2] and loop.groups == 3
-
-
 def test_a_burst_is_admitted_one_prefill_group_per_step(tmp_path):
     """Five requests waiting at once, prefill groups of two (`prefill_tokens`): the loop prefills one group
     per turn, the rows already admitted step in between, each group goes to the runner as one batch, and every
@@ -529,7 +492,7 @@ def test_a_burst_is_admitted_one_prefill_group_per_step(tmp_path):
         assert all(d.wait(120) for d in dones)
     finally:
         loop.stop()
-    assert groups == [2, 2, 1]
+    assert groups == [2, 2, 1] and loop.groups == 3
     assert [got[f"r{i}"] for i in range(5)] == alone
     admits = [e for e in loop.events if e.kind == "admit"]
     assert [e.step for e in admits] == [0, 0, 1, 1, 2]  # a step between two groups

@@ -27,7 +27,6 @@ class ReferenceEngine:
 
     greedy_only = False
     synthetic_tau = None
-    gather_steps = 0  # the loop admits a prompt at once
 
     def __init__(self, target: Target, tokenizer, proposer: Proposer | None = None, *, eos_ids: list[int]):
         self.target, self.tok, self.proposer = target, tokenizer, proposer

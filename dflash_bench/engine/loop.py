@@ -1,9 +1,6 @@
 """The engine thread: admits requests into free slots (prefill), then steps every running sequence together.
 
-A request that arrives while others decode joins at the next step (a burst: one prefill group per step), or,
-when the engine asks for it (`gather_steps`), up to that many steps later, so that the prompts of rows that
-finished together, which their clients send back within a few milliseconds, share one prefill forward rather
-than each reading the weights on its own. Results go to each request's `sink`
+A request that arrives while others decode joins at the next step (a burst: one prefill group per step). Results go to each request's `sink`
 (a callable run on the engine thread); after each prefill group and each step the loop calls `flush` once,
 so a server can hand a whole step's results to its event loop in one wake-up rather than one per request.
 The loop also keeps how long its thread spent prefilling, stepping and handing results over (`seconds`),
@@ -33,7 +30,6 @@ class _Req:
     prompt: list[int]
     params: SamplingParams
     sink: Callable[[Delta | Exception], None]
-    since: int = 0  # the loop's decode steps when it arrived
 
 
 class Event(NamedTuple):
@@ -60,9 +56,7 @@ class EngineLoop:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.steps = 0  # decode steps run
-        self.groups = 0  # prefill groups admitted (requests admitted / groups: how well prompts were batched)
-        # steps a prompt may wait, while rows decode, for others to fill its prefill group (0: admit at once)
-        self.gather_steps = getattr(engine, "gather_steps", 0)
+        self.groups = 0  # prefill groups admitted (requests admitted / groups: prompts per prefill forward)
         self.events: deque[Event] = deque(maxlen=4096)  # the latest admissions and finishes (for tests and logs)
         # seconds the engine thread spent per phase: prefill (admission), step (launch, wait, bookkeeping),
         # emit (sinks and flush, i.e. the hand-over to the server); written by the engine thread only
@@ -108,7 +102,6 @@ class EngineLoop:
             item = self.inbox.get(timeout=0.5) if block else self.inbox.get_nowait()
             while True:
                 if item is not None:
-                    item.since = self.steps
                     self.waiting.append(item)
                 item = self.inbox.get_nowait()
         except queue.Empty:
@@ -128,26 +121,17 @@ class EngineLoop:
         """Prefill the oldest waiting requests that fit the free slots and one prefill forward (`prefill_rows`,
         `prefill_tokens`). One group per turn of the loop: the rows already running take a step between two
         groups, so a burst of prompts does not stall them for its whole prefill, and each group's first
-        tokens go out as soon as it is done. While rows decode, a group that could take more waits for them up
-        to `gather_steps` steps (counted from its oldest request's arrival)."""
-        n, full = self._group()
-        if not n or (not full and self.running and self.steps - self.waiting[0].since < self.gather_steps):
-            return
-        self._admit_group([self.waiting.popleft() for _ in range(n)])
-
-    def _group(self) -> tuple[int, bool]:
-        """How many of the oldest waiting requests one prefill group takes, and whether it could take no more
-        (the free slots, `prefill_rows` or `prefill_tokens` bound it, not the queue's length)."""
+        tokens go out as soon as it is done."""
         rows = min(len(self.engine.free_slots), self.engine.prefill_rows)
-        n = longest = 0
-        for req in self.waiting:
-            if n == rows:
-                return n, True
-            longest = max(longest, len(req.prompt))
-            if n and (n + 1) * longest > self.engine.prefill_tokens:
-                return n, True
-            n += 1
-        return n, n == rows
+        batch: list[_Req] = []
+        longest = 0
+        while self.waiting and len(batch) < rows:
+            longest = max(longest, len(self.waiting[0].prompt))
+            if batch and (len(batch) + 1) * longest > self.engine.prefill_tokens:
+                break
+            batch.append(self.waiting.popleft())
+        if batch:
+            self._admit_group(batch)
 
     def _admit_group(self, batch: list[_Req]) -> None:
         self.groups += 1

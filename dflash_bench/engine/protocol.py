@@ -20,7 +20,6 @@ class Engine(Protocol):
     vocab_size: int
     prefill_rows: int  # requests per prefill forward: the loop admits in groups of at most this size
     prefill_tokens: int  # and of at most this many padded prompt tokens (rows x the longest prompt)
-    gather_steps: int  # while rows decode, steps a group that could take more prompts waits for them (0: none)
     greedy_only: bool  # the server answers 400 to sampling requests
     synthetic_tau: float | None  # benchmarking only: acceptance is drawn, not measured (labelled in every response)
 

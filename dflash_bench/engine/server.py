@@ -202,8 +202,7 @@ def serve(model: str, draft: str | None = None, *, mode: str | None = None, host
           dtype: str = "auto", device: str = "auto", max_slots: int = 32, max_model_len: int = 4096,
           served_model_name: str | None = None, log_level: str = "warning", fast: bool = False,
           synthetic_acceptance: float | None = None, benchmark_only: bool = False, step_ahead: bool = True,
-          verify_width: str = "auto", cut_draft: bool = False, prefill_beside: bool = True,
-          gather_steps: int | None = None) -> None:
+          verify_width: str = "auto", cut_draft: bool = False, prefill_beside: bool = True) -> None:
     """Load the model(s) and serve until interrupted (the `dflash-bench serve` command)."""
     import uvicorn
 
@@ -215,21 +214,18 @@ def serve(model: str, draft: str | None = None, *, mode: str | None = None, host
     _check_port(host, port)
     if verify_width not in ("auto", "full"):
         raise UserError(f"--verify-width must be auto or full, not {verify_width!r}")
-    if gather_steps is not None and gather_steps < 0:
-        raise UserError(f"--gather-steps must be 0 or more, not {gather_steps}")
     if fast:  # engine/fast: fused forward, CUDA graphs (greedy only)
         from dflash_bench.engine.fast.engine import build_fast_engine
 
         engine = build_fast_engine(model, draft if mode == "dflash" else None, mode=mode, dtype=dtype, device=device,
                                    max_slots=max_slots, max_len=max_model_len, synthetic_tau=synthetic_acceptance,
                                    benchmark_only=benchmark_only, step_ahead=step_ahead,
-                                   adaptive=verify_width == "auto", cut_draft=cut_draft, background=prefill_beside,
-                                   gather_steps=gather_steps)
+                                   adaptive=verify_width == "auto", cut_draft=cut_draft, background=prefill_beside)
     elif synthetic_acceptance is not None:
         raise UserError("--synthetic-acceptance runs on the fast path only: add --fast --benchmark-only")
-    elif not step_ahead or not prefill_beside or gather_steps is not None:
-        flag = "--no-step-ahead" if not step_ahead else "--prefill-inline" if not prefill_beside else "--gather-steps"
-        raise UserError(f"{flag} applies to the fast path only: add --fast")
+    elif not step_ahead or not prefill_beside:
+        raise UserError(f"{'--no-step-ahead' if not step_ahead else '--prefill-inline'} applies to the fast path only: "
+                        "add --fast")
     elif verify_width != "auto" or cut_draft:
         raise UserError(f"{'--cut-draft' if cut_draft else '--verify-width'} applies to the fast path only: add --fast")
     else:

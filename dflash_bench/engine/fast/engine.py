@@ -30,10 +30,8 @@ class FastEngine:
 
     def __init__(self, model, tokenizer, drafter=None, *, eos_ids: list[int], max_slots: int, max_len: int,
                  synthetic_tau: float | None = None, kv_block: int = 256, step_ahead: bool = True,
-                 adaptive: bool = True, cut_draft: bool = False, background: bool = True,
-                 gather_steps: int | None = None):
-        """`model`: the loaded Hugging Face target (`target.load_model`); `drafter`: a `DFlashDrafter` or None;
-        `gather_steps`: see `prefill.GATHER_STEPS` (None: its default on this device)."""
+                 adaptive: bool = True, cut_draft: bool = False, background: bool = True):
+        """`model`: the loaded Hugging Face target (`target.load_model`); `drafter`: a `DFlashDrafter` or None."""
         ft = FastTarget(model, max_slots=max_slots, max_len=max_len)
         fd = FastDrafter(drafter, ft.embed, ft.head, max_slots=max_slots, max_len=max_len) if drafter is not None else None
         self.runner = FastRunner(ft, fd, kv_block=kv_block, synthetic_tau=synthetic_tau, keep_logits=True,
@@ -45,8 +43,6 @@ class FastEngine:
         self.synthetic_tau = synthetic_tau
         self.step_ahead = step_ahead
         self.background = background  # prefill beside the steps (GPU), see `add_many`
-        on_gpu = ft.device.type == "cuda"
-        self.gather_steps = (prefill.GATHER_STEPS if on_gpu else 0) if gather_steps is None else gather_steps
         self.book = Bookkeeping(tokenizer, eos_ids=eos_ids, block_size=self.B, slots=max_slots, max_len=max_len)
 
     @property
@@ -145,7 +141,7 @@ def build_fast_engine(model: str, draft: str | None = None, *, mode: str = "dfla
                       device: str = "auto", max_slots: int = 32, max_len: int = 4096, tokenizer=None,
                       synthetic_tau: float | None = None, benchmark_only: bool = False,
                       step_ahead: bool = True, adaptive: bool = True, cut_draft: bool = False,
-                      background: bool = True, gather_steps: int | None = None) -> FastEngine:
+                      background: bool = True) -> FastEngine:
     """Like `build.build_engine`, on the fast path (CUDA graphs on a GPU, eager on the CPU)."""
     from dflash_bench.engine.build import eos_ids, load_tokenizer, resolve_dtype
     from dflash_bench.engine.drafter import load_drafter
@@ -180,4 +176,4 @@ def build_fast_engine(model: str, draft: str | None = None, *, mode: str = "dfla
             raise UserError(f"--synthetic-acceptance must lie between 1 and the block size {drafter.config.block_size}")
     return FastEngine(hf, tok, drafter, eos_ids=eos_ids(hf, tok), max_slots=max_slots, max_len=max_len,
                       synthetic_tau=synthetic_tau, step_ahead=step_ahead, adaptive=adaptive, cut_draft=cut_draft,
-                      background=background, gather_steps=gather_steps)
+                      background=background)

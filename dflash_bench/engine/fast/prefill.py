@@ -18,11 +18,6 @@ PREFILL_BUCKET = 64  # prompts are padded to a multiple of this: one prefill gra
 # tokens. Under 4 prompts the eager forward's launches (~20 ms of host time) cost more than the graphs.
 PREFILL_TOKENS = 2048  # padded prompt tokens per batched prefill forward at most
 BATCHED_PREFILL_ROWS = 4  # GPU: prompts from which a group is prefilled in one eager forward, not graph by graph
-# GPU, served: a prompt that arrives while rows decode waits up to this many steps for others to fill its group.
-# Rows that asked for as many tokens finish in the same step, and their clients' next prompts reach the server
-# one by one over a few milliseconds; admitted as they came, each went alone (beside the steps), reading all the
-# weights for a hundred tokens (H100, 8B shape, 32 rows of 128 tokens: 1.7 s of 5.4 in prefills).
-GATHER_STEPS = 2
 PREFILL_LANE = 2  # split-K workspace of a prefill's one-row matmul (the head): the steps use 0 and 1
 
 
