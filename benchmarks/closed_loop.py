@@ -39,7 +39,7 @@ def closed_loop(engine, prompts: list[list[int]], concurrency: int, max_tokens: 
     running: list = []
     sent: dict[str, float] = {}
     ttft: list[float] = []
-    tokens = 0
+    tokens = steps = 0
     st0 = (engine.stats.drafts, engine.stats.accepted)
     t0 = time.perf_counter()
     while todo or running:
@@ -53,6 +53,7 @@ def closed_loop(engine, prompts: list[list[int]], concurrency: int, max_tokens: 
         first = [d for _, d in started if d is not None]  # None: prefilled beside the steps, first token later
         now = time.perf_counter()
         stepped = engine.step(running)
+        steps += 1
         later = time.perf_counter()
         for d, t in [(d, now) for d in first] + [(d, later) for d in stepped]:
             if d.req_id in sent:  # the request's first token
@@ -65,7 +66,7 @@ def closed_loop(engine, prompts: list[list[int]], concurrency: int, max_tokens: 
     ttft.sort()
     drafts, accepted = engine.stats.drafts - st0[0], engine.stats.accepted - st0[1]
     return {"concurrency": concurrency, "requests": len(prompts), "output_tokens": tokens, "wall_s": round(wall, 4),
-            "output_tok_s": tokens / wall, "ttft_ms_p50": 1e3 * ttft[len(ttft) // 2],
+            "output_tok_s": tokens / wall, "decode_steps": steps, "ttft_ms_p50": 1e3 * ttft[len(ttft) // 2],
             "tau": 1 + accepted / drafts if drafts else None}
 
 

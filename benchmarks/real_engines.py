@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -72,6 +73,7 @@ class Row(BaseModel):
     first_divergence_p50: float | None = None
     engine_thread_s: dict[str, float] = Field(default_factory=dict)  # builtin: seconds per phase over the cell
     prefill_groups: int | None = None  # builtin: prefill groups over the cell (requests / groups: prompts per forward)
+    decode_steps: int | None = None  # builtin: decode steps over the cell (in process at 32 rows, 128 tokens: ~127 a wave)
     wall_s: float | None = None  # the cell's measured window
 
     @property
@@ -134,7 +136,8 @@ def shown(cmd: list[str], work: str | None = None) -> str:
     return " ".join("python" if a == sys.executable else one(a) for a in cmd)
 
 
-def row_of(part: str, engine: str, s, busy: dict[str, float] | None = None, groups: int | None = None) -> Row:
+def row_of(part: str, engine: str, s, busy: dict[str, float] | None = None, groups: int | None = None,
+           steps: int | None = None) -> Row:
     lossless = s.lossless
     agree = lossless.exact_match_rate if lossless and lossless.status == "ok" else None
     first = (lossless.first_divergence or {}).get("p50") if lossless else None
@@ -142,7 +145,7 @@ def row_of(part: str, engine: str, s, busy: dict[str, float] | None = None, grou
                num_ok=s.num_ok, num_failed=s.num_failed, output_tok_s=s.output_throughput, tau=s.acceptance_length,
                ttft_ms_p50=s.ttft_ms.p50 if s.ttft_ms else None, tpot_ms_p50=s.tpot_ms.p50 if s.tpot_ms else None,
                agreement=agree, first_divergence_p50=first, engine_thread_s=busy or {}, prefill_groups=groups,
-               wall_s=s.duration_s)
+               decode_steps=steps, wall_s=s.duration_s)
 
 
 # ------------------------------------------------------------------ pair: dflash-bench sweep per engine
@@ -220,7 +223,8 @@ def server_command(engine: str, mode: str, target: Path, draft: Path, args) -> l
 
 
 def engine_counters(url: str) -> dict[str, float]:
-    """The builtin engine's thread seconds per phase, and its prefill groups (key `groups`), from /metrics."""
+    """The builtin engine's thread seconds per phase, its prefill groups (key `groups`) and decode steps (`steps`),
+    from /metrics."""
     out: dict[str, float] = {}
     for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
         if line.startswith("dflash_bench:engine_thread_seconds_total{"):
@@ -228,6 +232,8 @@ def engine_counters(url: str) -> dict[str, float]:
             out[phase] = float(line.rsplit(" ", 1)[1])
         elif line.startswith("dflash_bench:prefill_groups_total{"):
             out["groups"] = float(line.rsplit(" ", 1)[1])
+        elif line.startswith("dflash_bench:decode_steps_total{"):
+            out["steps"] = float(line.rsplit(" ", 1)[1])
     return out
 
 
@@ -277,7 +283,8 @@ def measure_inprocess(args, mode: str, target: Path, draft: Path) -> list[Row]:
             c = json.loads(line)
             rows.append(Row(part="shape", engine="inprocess", mode=mode, suite="gsm8k", concurrency=c["concurrency"],
                             status="ok", num_ok=c["requests"], num_failed=0, output_tok_s=c["output_tok_s"],
-                            tau=c["tau"], ttft_ms_p50=c["ttft_ms_p50"], tpot_ms_p50=None, wall_s=c["wall_s"]))
+                            tau=c["tau"], ttft_ms_p50=c["ttft_ms_p50"], tpot_ms_p50=None, wall_s=c["wall_s"],
+                            decode_steps=c["decode_steps"]))
             print(f"shape inprocess {mode} c={c['concurrency']}: {c['output_tok_s']:.1f} tok/s", flush=True)
     if got.returncode:
         print(f"shape inprocess {mode}: closed_loop.py exited {got.returncode}", flush=True)
@@ -287,6 +294,7 @@ def measure_inprocess(args, mode: str, target: Path, draft: Path) -> list[Row]:
 def measure_served(args, url: str, engine: str, mode: str, c: int, work: Path) -> Row:
     name = f"shape-{engine}-{mode}-c{c}"
     builtin = engine.startswith("builtin")
+    shutil.rmtree(work / "runs" / name, ignore_errors=True)  # a cell of an earlier call would be resumed, not re-measured
     before = engine_counters(url) if builtin else {}
     cmd = [sys.executable, "-m", "dflash_bench", "run", "--url", url, "--suite", "gsm8k", "-c", str(c),
            "-n", str(args.prompts_per_slot * c), "--max-tokens", str(args.new_tokens), "--ignore-eos",
@@ -295,11 +303,12 @@ def measure_served(args, url: str, engine: str, mode: str, c: int, work: Path) -
     subprocess.run(cmd, stdout=subprocess.DEVNULL)
     after = engine_counters(url) if builtin else {}
     busy = {k: round(after[k] - before.get(k, 0.0), 3) for k in after}
-    groups = busy.pop("groups", None)
+    groups, steps = busy.pop("groups", None), busy.pop("steps", None)
     [s] = SweepDir.open(work / "runs" / name).summaries()
-    row = row_of("shape", engine, s, busy, int(groups) if groups is not None else None)
+    row = row_of("shape", engine, s, busy, int(groups) if groups is not None else None,
+                 int(steps) if steps is not None else None)
     print(f"shape {engine} {mode} c={c}: {row.output_tok_s} tok/s, tau {row.tau}, TPOT p50 {row.tpot_ms_p50} ms, "
-          f"engine thread {busy}, prefill groups {groups}", flush=True)
+          f"engine thread {busy}, prefill groups {groups}, decode steps {steps}", flush=True)
     return row
 
 

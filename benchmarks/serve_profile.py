@@ -88,7 +88,7 @@ def profile(args, model: Path, draft: Path | None, tag: str, work: Path) -> dict
     out = dict(model=str(model).replace(root, ""), mode=args.mode, concurrency=args.concurrency, max_tokens=args.max_tokens,
                tok_s=s.output_throughput, tpot_ms_p50=(s.tpot_ms.p50 if s.tpot_ms else None),
                ttft_ms_p50=(s.ttft_ms.p50 if s.ttft_ms else None), wall_s=round(seconds, 2),
-               engine_thread_s={k: round(after[k] - before.get(k, 0.0), 3) for k in after},
+               engine_thread_s={k: round(after[k] - before.get(k, 0.0), 3) for k in after if k not in ("groups", "steps")},
                threads=summarise(raw, args.rate * seconds, args.top) if raw.exists() else {},
                py_spy_log=(work / f"{tag}.py-spy.log").read_text()[-2000:])
     return out

@@ -37,6 +37,8 @@ class EngineCollector:
         for phase, seconds in self.loop.seconds.items():
             busy.add_metric([self.model, phase], seconds)
         yield busy
+        yield self._counter("dflash_bench:decode_steps", "Decode steps the engine thread ran (tokens / steps: rows "
+                            "per step, times tau).", self.loop.steps)
         yield self._counter("dflash_bench:prefill_groups", "Prefill groups the engine thread admitted (requests "
                             "admitted / groups: prompts per prefill forward).", self.loop.groups)
         synthetic = self.loop.engine.synthetic_tau
