@@ -351,17 +351,18 @@ def test_two_engines_decode_on_two_threads_at_once(pair):
 
 def test_a_drafter_made_from_a_bare_config_is_saved_as_zlab_writes_them(tmp_path):
     """engine_speed builds drafters from a bare dict: saved, they must still name their model class
-    (vLLM refuses a config.json without model_type), while a real drafter's keys are kept as they were."""
+    (vLLM refuses a config.json without model_type) and their weights' dtype (SGLang assumed float16 without it),
+    while a real drafter's keys are kept as they were."""
     from dflash_bench.engine.drafter import DFlashDrafter, DrafterConfig, load_drafter, save_drafter
 
     bare = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
             "block_size": 4, "dflash_config": {"mask_token_id": 63, "target_layer_ids": [0]}}
-    save_drafter(DFlashDrafter(DrafterConfig.from_dict(bare)), tmp_path / "bare")
+    save_drafter(DFlashDrafter(DrafterConfig.from_dict(bare)).to(torch.bfloat16), tmp_path / "bare")
     cfg = json.loads((tmp_path / "bare" / "config.json").read_text())
-    assert cfg["architectures"] == ["DFlashDraftModel"] and cfg["model_type"] == "qwen3"
+    assert cfg["architectures"] == ["DFlashDraftModel"] and cfg["model_type"] == "qwen3" and cfg["dtype"] == "bfloat16"
     assert cfg["num_key_value_heads"] == 2 and cfg["head_dim"] == 16 and cfg["dflash_config"] == bare["dflash_config"]
     load_drafter(tmp_path / "bare", target_hidden=32, target_layers=1, target_vocab=64, dtype=None, device="cpu")
-    own = {**bare, "model_type": "llama", "rope_theta": 500000.0}
+    own = {**bare, "model_type": "llama", "rope_theta": 500000.0, "torch_dtype": "float16"}
     save_drafter(DFlashDrafter(DrafterConfig.from_dict(own)), tmp_path / "own")
     cfg = json.loads((tmp_path / "own" / "config.json").read_text())
-    assert cfg["model_type"] == "llama" and cfg["rope_theta"] == 500000.0
+    assert cfg["model_type"] == "llama" and cfg["rope_theta"] == 500000.0 and "dtype" not in cfg

@@ -185,6 +185,9 @@ def save_drafter(model: DFlashDrafter, out_dir: str | Path) -> None:
     known = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "num_key_value_heads": c.num_key_value_heads,
              "head_dim": c.head_dim, "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta,
              "attention_bias": c.attention_bias, "block_size": c.block_size}
+    if "dtype" not in c.raw and "torch_dtype" not in c.raw:  # the weights' own: a reader that finds none assumes
+        # float32 and casts to float16 (SGLang 0.5.16's DFLASH did, then multiplied them with a bf16 target's features)
+        known["dtype"] = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
     atomic_write_json(out / "config.json", {**known, **c.raw})
 
 
