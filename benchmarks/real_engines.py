@@ -209,7 +209,7 @@ def server_command(engine: str, mode: str, target: Path, draft: Path, args) -> l
         cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(target), "--served-model-name",
                "random-8b", "--port", str(args.port), "--context-length", str(args.max_model_len),
                "--random-seed", "0", "--max-running-requests", str(max(64, max(args.c_list))), "--enable-metrics",
-               *VARIANTS["sglang"][1][:-2], "--mem-fraction-static", "0.7"]
+               *VARIANTS["sglang"][1][:-2], "--mem-fraction-static", "0.7", "--dtype", "bfloat16"]
         if mode == "dflash":
             cmd += ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(draft),
                     "--speculative-num-draft-tokens", "16"]
