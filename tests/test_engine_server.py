@@ -136,6 +136,7 @@ def test_stream_carries_cumulative_usage_and_whole_blocks(dflash_url):
     drafts0 = metric(dflash_url, "vllm:spec_decode_num_drafts_total")
     busy0 = {p: metric(dflash_url, "dflash_bench:engine_thread_seconds_total", f'phase="{p}"')
              for p in ("prefill", "step", "emit")}
+    steps0, groups0 = (metric(dflash_url, f"dflash_bench:{n}_total") for n in ("decode_steps", "prefill_groups"))
     events = stream_chat(dflash_url, max_tokens=1 + 3 * B, temperature=0,
                          stream_options={"include_usage": True, "continuous_usage_stats": True},
                          logprobs=True, top_logprobs=2, return_tokens_as_token_ids=True,
@@ -155,6 +156,8 @@ def test_stream_carries_cumulative_usage_and_whole_blocks(dflash_url):
     assert tail["metrics"]["speculative_decoding"]["mean_acceptance_length"] == B
     # tau from /metrics, as the harness computes it for vLLM: 1 + accepted / drafts
     assert metric(dflash_url, "vllm:spec_decode_num_drafts_total") - drafts0 == 3
+    assert metric(dflash_url, "dflash_bench:decode_steps_total") - steps0 == 3  # one prefill, then three steps
+    assert metric(dflash_url, "dflash_bench:prefill_groups_total") - groups0 == 1
     acc = metric(dflash_url, "vllm:spec_decode_num_accepted_tokens_total")
     drafts = metric(dflash_url, "vllm:spec_decode_num_drafts_total")
     assert 1 + acc / drafts == B

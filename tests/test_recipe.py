@@ -28,6 +28,8 @@ def test_the_recipe_trains_a_pair_the_engine_serves(tmp_path, data_dir):
     assert set(record["drafters"]) == {"a", "b"} and record["drafter"]["name"] == "a"  # the first one is the pair's
     conf = json.loads((out / "drafter" / "config.json").read_text())
     assert (conf["num_hidden_layers"], conf["intermediate_size"]) == (1, 64)
+    target = json.loads((out / "target" / "config.json").read_text())  # for transformers 4 readers (z-lab's code)
+    assert target["rope_theta"] == target["rope_parameters"]["rope_theta"] == conf["rope_theta"]
     assert conf["dflash_config"]["target_layer_ids"] == [1, 2]
     from dflash_bench.engine.build import build_engine
     from dflash_bench.engine.decode import generate

@@ -37,6 +37,8 @@ def test_pair_is_small_bf16_with_tokenizer_and_chat_template():
     assert (PAIR / "target" / "tokenizer.json").is_file()
     conf = json.loads((PAIR / "drafter" / "config.json").read_text())
     assert conf["architectures"] == ["DFlashDraftModel"] and conf["block_size"] == 16
+    target = json.loads((PAIR / "target" / "config.json").read_text())  # transformers 4 (z-lab's) reads only this
+    assert target["rope_theta"] == target["rope_parameters"]["rope_theta"] == conf["rope_theta"]
 
 
 @pytest.mark.parametrize("suite", ["gsm8k", "math500", "mbpp"])

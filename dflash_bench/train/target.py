@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -63,6 +64,18 @@ def pack(tokenizer, texts: list[str], seq_len: int) -> torch.Tensor:
     return torch.tensor(ids[: n * seq_len], dtype=torch.long).view(n, seq_len)
 
 
+def legacy_rope(config: Path) -> None:
+    """Also write `rope_theta` at the top of a saved config.json, as Qwen3's own configs have it: transformers 5
+    keeps it only in `rope_parameters`, and transformers 4 (which z-lab's reference code pins, 4.57.1) reads the
+    top-level key, so without it decoded the pair with RoPE base 10000 (recipes/tiny_pair/zlab_check.py)."""
+    from dflash_bench.store import atomic_write_json
+
+    cfg = json.loads(config.read_text())
+    theta = (cfg.get("rope_parameters") or {}).get("rope_theta")
+    if theta is not None and "rope_theta" not in cfg:
+        atomic_write_json(config, {**cfg, "rope_theta": theta})
+
+
 def train_target(tokenizer, texts: list[str], out: str | Path, *, spec: TargetSpec | None = None, steps: int = 1000,
                  batch: int = 32, seq_len: int = 512, lr: float = 2e-3, device: str = "cpu", seed: int = 0,
                  time_limit: float | None = None, log=print) -> dict:
@@ -101,6 +114,7 @@ def train_target(tokenizer, texts: list[str], out: str | Path, *, spec: TargetSp
     model.to(torch.bfloat16)
     model.config.dtype = "bfloat16"
     model.save_pretrained(str(out))
+    legacy_rope(Path(out) / "config.json")
     tokenizer.save_pretrained(str(out))
     return {"params": n_params, "tokens": int(data.numel()), "steps": step, "batch": batch, "seq_len": seq_len,
             "final_loss": round(loss.item(), 4), "seconds": round(seconds, 1), "spec": asdict(spec), "device": device}
