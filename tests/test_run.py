@@ -204,3 +204,22 @@ def test_run_labelled_dflash_without_speculation_says_so_loudly(tmp_path: Path, 
     summary = json.loads((tmp_path / "s" / "cells" / "vllm-dflash-gsm8k-c1" / "summary.json").read_text())
     assert summary["dflash_warning"].startswith("no acceptance source")
     assert summary["itl_ms"] is not None and "no per-chunk usage" in summary["not_measured"]["itl_ms"]
+
+
+def test_run_says_up_front_when_sglang_tau_cannot_be_read_through_chat(tmp_path: Path, data_dir: Path):
+    """SGLang carries acceptance only in /generate's meta_info: a DFlash cell measured through chat gets no tau,
+    and `run` says so before it measures (the cell is still measured); through /generate, or AR, no note."""
+    with EmulatorProcess(mode="dflash", ttft_ms=1, itl_ms=1, output_len=4) as em:
+        def run(*extra: str) -> subprocess.CompletedProcess:
+            cmd = [sys.executable, "-m", "dflash_bench", "run", "--url", em.url, "--suite", "gsm8k", "-n", "2",
+                   "--engine", "sglang", "--out", str(tmp_path), "--data-dir", str(data_dir), *extra]
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        chat = run("--label", "dflash", "--name", "chat")
+        ar = run("--label", "ar", "--name", "ar")
+    assert chat.returncode == 0, chat.stderr
+    assert "sglang reports acceptance only through its native API: with --api chat" in " ".join(chat.stderr.split())
+    assert "--api generate --tokenizer MODEL" in " ".join(chat.stderr.split())
+    assert ar.returncode == 0 and "native API" not in ar.stderr
+    from dflash_bench.client.run import acceptance_note
+
+    assert acceptance_note("sglang", "dflash", "generate") is None and acceptance_note("vllm", "dflash", "chat") is None

@@ -28,6 +28,11 @@ def run_one(*, url: str, suite: str, concurrency: int, num_prompts: int | None, 
 
     _check_options(url, label, engine, api, transport)
     _probe(url, timeout)
+    if not quiet and (note := acceptance_note(engine, label, api)):
+        from rich.console import Console
+        from rich.markup import escape
+
+        Console(stderr=True).print(f"[yellow]{escape(note)}[/]", highlight=False)
     prompts = load_prompts(suite, data_dir=data_dir, num_prompts=num_prompts, seed=seed)
     name = name or "run-" + datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     cid = cell_id(engine, label, suite, concurrency)
@@ -61,6 +66,17 @@ def run_one(*, url: str, suite: str, concurrency: int, num_prompts: int | None, 
     if not quiet:
         print_summary(summary, sweep.cell_dir(cid))
     return sweep.cell_dir(cid), summary
+
+
+def acceptance_note(engine: str, label: str, api: str) -> str | None:
+    """Why a DFlash cell's tau cannot be read with this API (SGLang: only /generate's meta_info carries it)."""
+    from dflash_bench import profiles
+
+    profile = profiles.get(engine)
+    if label != "dflash" or profile.acceptance != "sglang-meta" or api == profile.api:
+        return None
+    return (f"{engine} reports acceptance only through its native API: with --api {api} this cell's tau will be "
+            f"missing; measure with --api {profile.api} --tokenizer MODEL (the served model's chat template)")
 
 
 def _check_options(url: str, label: str, engine: str, api: str, transport: str) -> None:
