@@ -70,23 +70,34 @@ def closed_loop(engine, prompts: list[list[int]], concurrency: int, max_tokens: 
             "tau": 1 + accepted / drafts if drafts else None}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def workload_args(ap: argparse.ArgumentParser, concurrency: str = "1,8,32") -> None:
+    """The workload's options (model, drafter, prompts, lengths), shared with `wave_anatomy.py`."""
     ap.add_argument("--model", required=True)
     ap.add_argument("--draft")
     ap.add_argument("--data-dir", type=Path)
-    ap.add_argument("--suite", default="gsm8k")
-    ap.add_argument("--concurrency", default="1,8,32")
+    ap.add_argument("--concurrency", default=concurrency)
     ap.add_argument("--prompts-per-slot", type=int, default=4)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--max-model-len", type=int, default=1536)
     ap.add_argument("--device", default="auto")
-    args = ap.parse_args()
+
+
+def build(args) -> tuple:
+    """The fast engine of `workload_args`, with slots for the highest concurrency, and the concurrencies."""
     from dflash_bench.engine.fast.engine import build_fast_engine
 
     cs = [int(c) for c in args.concurrency.split(",")]
     engine = build_fast_engine(args.model, args.draft, mode="dflash" if args.draft else "ar", device=args.device,
                                max_slots=max(cs), max_len=args.max_model_len)
+    return engine, cs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    workload_args(ap)
+    ap.add_argument("--suite", default="gsm8k")
+    args = ap.parse_args()
+    engine, cs = build(args)
     for c in cs:
         prompts = suite_prompts(engine.tok, args.suite, args.prompts_per_slot * c, args.data_dir)
         closed_loop(engine, prompts[:c], c, 16)  # a warm-up, as `dflash-bench run` sends one per client

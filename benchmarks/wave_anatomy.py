@@ -19,7 +19,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from closed_loop import closed_loop, suite_prompts  # noqa: E402
+from closed_loop import build, closed_loop, suite_prompts, workload_args  # noqa: E402
 
 
 def timed(engine, sync):
@@ -48,24 +48,14 @@ def timed(engine, sync):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--draft")
-    ap.add_argument("--data-dir")
-    ap.add_argument("--concurrency", default="8,32")
+    workload_args(ap, concurrency="8,32")
     ap.add_argument("--prefill-tokens", default="2048,4096,8192")
-    ap.add_argument("--prompts-per-slot", type=int, default=4)
-    ap.add_argument("--new-tokens", type=int, default=128)
-    ap.add_argument("--max-model-len", type=int, default=1536)
-    ap.add_argument("--device", default="auto")
     args = ap.parse_args()
     import torch
 
     from dflash_bench.engine.fast import prefill
-    from dflash_bench.engine.fast.engine import build_fast_engine
 
-    cs = [int(c) for c in args.concurrency.split(",")]
-    engine = build_fast_engine(args.model, args.draft, mode="dflash" if args.draft else "ar", device=args.device,
-                               max_slots=max(cs), max_len=args.max_model_len)
+    engine, cs = build(args)
     sync = torch.cuda.synchronize if engine.runner.dev.type == "cuda" else (lambda: None)
     for c in cs:
         prompts = suite_prompts(engine.tok, "gsm8k", args.prompts_per_slot * c, args.data_dir)
