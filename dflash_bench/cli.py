@@ -136,6 +136,7 @@ def sweep(
     num_prompts: Optional[int] = typer.Option(None, "--num-prompts", "-n", min=1, help="Prompts per cell (default max(16, 4 x concurrency))."),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", min=1, help="Output cap per request (default: each suite's, 2048)."),
     repeats: Optional[int] = typer.Option(None, "--repeats", min=1, help="Measure every cell this many times (modes alternate to cancel drift)."),
+    paired: Optional[bool] = typer.Option(None, "--paired", help="Run each engine's AR and DFlash servers together and measure every cell AR then DFlash, seconds apart (both must fit the machine at once; the DFlash server takes a free port)."),
     gpu: Optional[str] = typer.Option(None, "--gpu", help="Engine flag preset: h100, b300 or generic."),
     drafter: Optional[str] = typer.Option(None, "--drafter", help="DFlash drafter (HF id or folder) when --model is not a known pair."),
     runner: Optional[str] = typer.Option(None, "--runner", help="docker or process (default: docker for vllm/sglang, process for builtin/emulator)."),
@@ -171,7 +172,7 @@ def sweep(
     options = {
         "model": model, "engines": parse_list(engine), "suites": resolve_suites(suites if suites or resume else "all"),
         "concurrency": parse_list(concurrency, int), "num_prompts": num_prompts, "max_tokens": max_tokens,
-        "repeats": repeats, "gpu": gpu, "runner": runner, "port": port, "engine_args": engine_arg or None, "url_ar": url_ar,
+        "repeats": repeats, "paired": paired, "gpu": gpu, "runner": runner, "port": port, "engine_args": engine_arg or None, "url_ar": url_ar,
         "url_dflash": url_dflash, "temperature": temperature, "seed": seed,
         **thinking_options(thinking, no_thinking),
         "save_token_ids": save_token_ids, "engine_options": {"drafter": drafter} if drafter else None, "slo": slo,

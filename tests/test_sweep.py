@@ -79,6 +79,35 @@ def test_whole_sweep_against_the_emulator(tmp_path, data_dir):
     assert_servers_gone(folder)
 
 
+def test_a_paired_sweep_runs_both_servers_once_and_alternates_the_cells(tmp_path, data_dir):
+    """--paired: the AR and DFlash servers are each launched once and up together (cells alternate AR, DFlash per
+    suite and concurrency, each on its own server), every cell completes, and both servers are gone at the end."""
+    out = tmp_path / "reports"
+    proc = subprocess.run(sweep_argv(out, "--data-dir", str(data_dir), "--paired", suites="gsm8k"), capture_output=True,
+                          text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    folder = only_sweep(out)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert [c["cell_id"] for c in manifest["plan"]] == ["emulator-ar-gsm8k-c1", "emulator-dflash-gsm8k-c1",
+                                                        "emulator-ar-gsm8k-c4", "emulator-dflash-gsm8k-c4"]
+    assert {c["status"] for c in manifest["plan"]} == {"complete"} and manifest["settings"]["paired"] is True
+    servers = manifest["servers"]
+    assert set(servers) == {"emulator-ar", "emulator-dflash"}  # one launch each: no "#2" for a relaunch
+    assert servers["emulator-ar"]["url"] != servers["emulator-dflash"]["url"]
+    rows = results(folder)
+    assert float(rows["emulator-dflash-gsm8k-c1"]["acceptance_length"]) == pytest.approx(5.0, rel=0.15)
+    assert rows["emulator-ar-gsm8k-c4"]["acceptance_length"] == ""  # each cell measured its own mode's server
+    assert_servers_gone(folder)
+
+
+def test_paired_with_slurm_is_one_sentence_and_writes_nothing(tmp_path):
+    out = tmp_path / "reports"
+    proc = subprocess.run(sweep_argv(out, "--paired", "--executor", "slurm"), capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "--executor slurm runs one job per server: drop --paired" in " ".join(proc.stderr.split())
+    assert not out.exists() or not any(out.iterdir())
+
+
 def test_dry_run_prints_plan_and_commands(tmp_path):
     proc = subprocess.run(sweep_argv(tmp_path, "--dry-run", suites="gsm8k", conc="1"), capture_output=True, text=True,
                           timeout=60)

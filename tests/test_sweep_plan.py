@@ -25,6 +25,21 @@ def test_repeats_alternate_modes_and_share_launches():
     assert all(len(g.cells) in (4, 8) for g in groups)
 
 
+def test_paired_cells_alternate_modes_and_each_engine_keeps_one_server_per_mode():
+    """Paired: every (suite, concurrency) AR then DFlash (DFlash first on odd repeats, as unpaired), and the
+    launches are one per (engine, mode) over the engine's cells, whatever their order."""
+    plan = plan_cells(_settings(repeats=2, engines=["vllm", "sglang"], paired=True))
+    first = [(c.mode, c.suite, c.concurrency) for c in plan if c.engine == "vllm" and c.repeat == 0]
+    assert first == [(m, s, c) for s in ("gsm8k", "mt-bench") for c in (1, 8) for m in ("ar", "dflash")]
+    assert [c.mode for c in plan if c.engine == "vllm" and c.repeat == 1][:2] == ["dflash", "ar"]
+    assert sorted(c.cell_id for c in plan) == sorted(c.cell_id for c in plan_cells(_settings(repeats=2,
+                                                                                             engines=["vllm", "sglang"])))
+    groups = launches(plan, paired=True)
+    assert [(g.engine, g.mode, len(g.cells)) for g in groups] == [
+        ("vllm", "ar", 8), ("vllm", "dflash", 8), ("sglang", "ar", 8), ("sglang", "dflash", 8)]
+    assert max(len(g.cells) for g in launches(plan)) == 2  # grouped by runs of one mode: a server every cell or two
+
+
 def test_launches_skip_complete_cells():
     plan = plan_cells(_settings())
     for c in plan[:5]:

@@ -24,6 +24,9 @@ class SweepSettings(BaseModel):
     num_prompts: int | None = None  # per cell; None means max(concurrency, suite default)
     max_tokens: int | None = None  # None means each suite's default
     repeats: int = 1
+    # both servers of an engine up together and the cells in pairs, AR then DFlash per (suite, concurrency), so
+    # that a change of the machine's speed lands on both sides of each comparison (else each mode's cells in a row)
+    paired: bool = False
     temperature: float = 0.0
     seed: int = 0
     thinking: bool | None = None  # None means the model pair's default

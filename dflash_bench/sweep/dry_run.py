@@ -21,7 +21,9 @@ def print_plan(settings: SweepSettings, image: str | None) -> None:
     typer.echo(f"{len(plan)} cells, in run order:")
     for i, c in enumerate(plan, 1):
         typer.echo(f"{i:4d}. {c.cell_id}")
-    for launch in launches(plan):
+    if settings.paired:
+        typer.echo("paired: each engine's AR and DFlash servers run together (DFlash on a free port)")
+    for launch in launches(plan, paired=settings.paired):
         if settings.url_ar:
             url = settings.url_ar if launch.mode == "ar" else settings.url_dflash
             console.print(f"[bold]{launch.engine} {launch.mode}[/] ({len(launch.cells)} cells): measure {escape(url)}")

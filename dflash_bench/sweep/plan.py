@@ -9,7 +9,7 @@ from typing import Any
 from dflash_bench.errors import UserError
 from dflash_bench.store import CellPlan, SweepSettings
 
-__all__ = ["MODES", "Launch", "SweepSettings", "check_resume", "launches", "plan_cells"]
+__all__ = ["MODES", "Launch", "SweepSettings", "check_resume", "launches", "pending", "plan_cells"]
 
 MODES = ("ar", "dflash")
 
@@ -24,24 +24,24 @@ class Launch:
 
 
 def plan_cells(settings: SweepSettings) -> list[CellPlan]:
-    """engine x repeat x mode x suite x concurrency, in run order.
+    """engine x repeat x mode x suite x concurrency, in run order (paired: mode innermost).
 
     Modes alternate with the repeat (AR, DFlash, then DFlash, AR, ...) so that slow drift of the machine
-    (clocks, temperature) lands on both modes equally; consecutive cells of one mode share a launch.
+    (clocks, temperature) lands on both modes equally; consecutive cells of one mode share a launch. Paired, both
+    modes' servers run together and each (suite, concurrency) is measured AR then DFlash, seconds apart.
     """
     _check(settings)
     out = []
     suites = [(suite, None) for suite in settings.suites] + [(long_suite(n), n) for n in settings.input_lens]
     arms: list[bool | None] = [False, True] if settings.thinking_both else [None]
+    keys = [(suite, n, arm, c) for suite, n in suites for arm in arms for c in settings.concurrency]
     for engine in settings.engines:
         for repeat in range(settings.repeats):
             modes = MODES if repeat % 2 == 0 else MODES[::-1]
-            for mode in modes:
-                for suite, n in suites:
-                    for arm in arms:
-                        for c in settings.concurrency:
-                            out.append(CellPlan(engine=engine, mode=mode, suite=suite, concurrency=c, repeat=repeat,
-                                                input_len=n, thinking_asked=arm))
+            order = [(m, k) for k in keys for m in modes] if settings.paired else [(m, k) for m in modes for k in keys]
+            for mode, (suite, n, arm, c) in order:
+                out.append(CellPlan(engine=engine, mode=mode, suite=suite, concurrency=c, repeat=repeat, input_len=n,
+                                    thinking_asked=arm))
     return out
 
 
@@ -52,10 +52,23 @@ def long_suite(n: int) -> str:
     return f"long-{length_label(n)}"
 
 
-def launches(plan: list[CellPlan], pending_only: bool = True) -> list[Launch]:
-    """Group the plan into server lifetimes: consecutive cells of one (engine, mode)."""
-    cells = [c for c in plan if c.status in ("pending", "running", "failed")] if pending_only else list(plan)
-    return [Launch(engine, mode, tuple(group)) for (engine, mode), group in groupby(cells, key=lambda c: (c.engine, c.mode))]
+def launches(plan: list[CellPlan], pending_only: bool = True, paired: bool = False) -> list[Launch]:
+    """Group the plan into server lifetimes: consecutive cells of one (engine, mode); paired, one lifetime per
+    (engine, mode) over the engine's consecutive cells (its two servers run together: see `sweep.run`)."""
+    cells = pending(plan) if pending_only else list(plan)
+    if not paired:
+        return [Launch(engine, mode, tuple(group)) for (engine, mode), group in groupby(cells, key=lambda c: (c.engine, c.mode))]
+    out = []
+    for engine, group in groupby(cells, key=lambda c: c.engine):
+        mine = list(group)
+        out += [Launch(engine, mode, tuple(c for c in mine if c.mode == mode)) for mode in MODES
+                if any(c.mode == mode for c in mine)]
+    return out
+
+
+def pending(plan: list[CellPlan]) -> list[CellPlan]:
+    """The cells a run (or a resume) still has to measure, in plan order."""
+    return [c for c in plan if c.status in ("pending", "running", "failed")]
 
 
 def check_resume(saved: SweepSettings | dict[str, Any] | None, current: SweepSettings) -> None:

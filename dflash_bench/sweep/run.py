@@ -12,6 +12,7 @@ import shutil
 import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from itertools import groupby
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -19,7 +20,7 @@ from dflash_bench.errors import UserError
 from dflash_bench.store import CellPlan, GpuInfo, Manifest, ServerRecord, StoreError, SweepDir, now_iso
 from dflash_bench.store.lock import WriterLock, create_locked, open_locked
 from dflash_bench.sweep import provenance
-from dflash_bench.sweep.plan import Launch, SweepSettings, check_resume, launches, plan_cells
+from dflash_bench.sweep.plan import Launch, SweepSettings, check_resume, launches, pending, plan_cells
 from dflash_bench.sweep.progress import SweepProgress
 
 
@@ -68,8 +69,13 @@ def _run_plan(settings: SweepSettings, pair, sweep: SweepDir, manifest: Manifest
     telemetry = start_telemetry(manifest, progress, settings, pair)
     try:
         with progress:
-            for launch in launches(manifest.plan):
-                run_launch(launch, settings, pair, sweep, manifest, prompts, progress, telemetry, result, image)
+            if settings.paired:
+                ls = launches(manifest.plan, paired=True)
+                for _, group in groupby(ls, key=lambda launch: launch.engine):
+                    run_paired(list(group), settings, pair, sweep, manifest, prompts, progress, telemetry, result, image)
+            else:
+                for launch in launches(manifest.plan):
+                    run_launch(launch, settings, pair, sweep, manifest, prompts, progress, telemetry, result, image)
     except KeyboardInterrupt:
         result.interrupted = True
     except SystemExit as err:  # SIGTERM unwinds as launch.Terminated (a SystemExit)
@@ -111,6 +117,48 @@ def run_launch(launch: Launch, settings: SweepSettings, pair, sweep: SweepDir, m
                 fail_cell(sweep, manifest, cell, f"server did not start: {_reason(err)}", result)
 
 
+def run_paired(group: list[Launch], settings: SweepSettings, pair, sweep: SweepDir, manifest: Manifest, prompts,
+               progress: SweepProgress, telemetry, result: SweepResult, image: str | None) -> None:
+    """One engine's AR and DFlash servers up together (the DFlash one on a free port), its cells in plan order:
+    each (suite, concurrency) measured on both within seconds. A server that does not start fails its own cells."""
+    engine = group[0].engine
+    try:
+        with contextlib.ExitStack() as stack:
+            servers = {}
+            for launch in group:
+                port = _free_port() if launch.mode == "dflash" else settings.port
+                try:
+                    server = stack.enter_context(_server(launch, settings, pair, sweep, manifest, image, port=port))
+                except UserError as err:
+                    for cell in launch.cells:
+                        fail_cell(sweep, manifest, cell, f"server did not start: {_reason(err)}", result)
+                    continue
+                _record_server(manifest, f"{engine}-{launch.mode}", server["info"])
+                servers[launch.mode] = server
+            _check_same_image(manifest, engine)
+            sweep.write_manifest(manifest)
+            for cell in [c for c in pending(manifest.plan) if c.engine == engine and c.mode in servers]:
+                server = servers[cell.mode]
+                try:
+                    server["check"]()
+                except UserError as err:  # the server died between cells: its later cells fail
+                    fail_cell(sweep, manifest, cell, f"server died: {_reason(err)}", result)
+                    continue
+                _run_cell(cell, server["url"], settings, pair, sweep, manifest, prompts, progress, telemetry,
+                          server["check"], result)
+    except UserError as err:  # a server that could not be stopped cleanly: what is left of this engine fails
+        for launch in group:
+            for cell in launch.cells:
+                if cell.status not in ("complete", "failed"):
+                    fail_cell(sweep, manifest, cell, _reason(err), result)
+
+
+def _free_port() -> int:
+    from dflash_bench.launch import free_port
+
+    return free_port()
+
+
 def _record_server(manifest: Manifest, key: str, info: ServerRecord) -> None:
     """The first server of each (engine, mode) keeps its key; later ones (a resume, a relaunch) are added
     beside it as `<key> #2`, `#3`, ..., so the record of what measured the first cells is never lost."""
@@ -134,8 +182,8 @@ def _check_same_image(manifest: Manifest, engine: str) -> None:
 
 @contextlib.contextmanager
 def _server(launch: Launch, settings: SweepSettings, pair, sweep: SweepDir, manifest: Manifest,
-            image: str | None) -> Iterator[dict[str, Any]]:
-    """A running server for this launch: launched by us, or the user's own URL."""
+            image: str | None, port: int | None = None) -> Iterator[dict[str, Any]]:
+    """A running server for this launch: launched by us (on `port`, else --port), or the user's own URL."""
     if settings.url_ar:
         url = settings.url_ar if launch.mode == "ar" else settings.url_dflash
         yield {"url": url, "check": lambda: None, "info": ServerRecord(runner="external", url=url)}
@@ -148,7 +196,7 @@ def _server(launch: Launch, settings: SweepSettings, pair, sweep: SweepDir, mani
     with launch_server(launch.engine, pair, launch.mode, runner=runner, preset=settings.gpu, gpus=gpus,
                        extra_args=settings.engine_args, sweep_id=manifest.sweep_id, image=image,
                        log_path=sweep.log_path(launch.engine, launch.mode),
-                       port=settings.port) as server:
+                       port=port or settings.port) as server:
         yield {"url": server.url, "check": server.check, "info": server.info.model_copy()}
 
 

@@ -126,6 +126,9 @@ def _prepare(settings: SweepSettings, opts: SlurmOptions, out: Path, resume: Pat
 
     if settings.url_ar:
         raise UserError("--executor slurm launches its servers on the cluster's nodes; drop --url-ar/--url-dflash")
+    if settings.paired:
+        raise UserError("--paired runs both servers of an engine on one machine at once; --executor slurm runs one "
+                        "job per server: drop --paired")
     if provenance.redact(settings.engine_args) != settings.engine_args:
         raise UserError("an --engine-arg carries a secret (a token, key or password); pass it through the "
                         "environment instead (HF_TOKEN, VLLM_API_KEY, ...): jobs inherit it, the sweep folder never sees it")
