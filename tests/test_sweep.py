@@ -383,11 +383,11 @@ def test_a_dflash_server_that_never_accepts_is_flagged_in_the_table_and_summary(
 
 def test_saved_settings_keep_every_option_but_a_password_in_a_url():
     from dflash_bench.sweep.plan import SweepSettings
-    from dflash_bench.sweep.run import _saved_settings
+    from dflash_bench.sweep.folder import saved_settings
 
     s = SweepSettings(model="m", suites=["gsm8k"], port=18001, runner="process", image="img:1",
                       url_ar="http://u:hunter2@h:8000/v1", url_dflash="http://h:8001")
-    saved = _saved_settings(s)
+    saved = saved_settings(s)
     assert saved.port == 18001 and saved.runner == "process" and saved.image == "img:1"
     assert saved.url_ar == "http://u:***@h:8000/v1" and saved.url_dflash == "http://h:8001"
     assert "hunter2" not in saved.model_dump_json()

@@ -54,7 +54,7 @@ def _settings(options: dict[str, Any], resume: Path | None, image: str | None = 
     if image is not None:
         given["image"] = image
     if resume is not None:
-        from dflash_bench.sweep.run import check_has_plan
+        from dflash_bench.sweep.folder import check_has_plan
 
         manifest = SweepDir.open(resume).read_manifest()
         check_has_plan(manifest, resume)

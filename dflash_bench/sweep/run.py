@@ -11,16 +11,15 @@ import os
 import shutil
 import sys
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from itertools import groupby
 from pathlib import Path
 from typing import Any, Iterator
 
 from dflash_bench.errors import UserError
-from dflash_bench.store import CellPlan, GpuInfo, Manifest, ServerRecord, StoreError, SweepDir, now_iso
-from dflash_bench.store.lock import WriterLock, create_locked, open_locked
+from dflash_bench.store import CellPlan, GpuInfo, Manifest, ServerRecord, StoreError, SweepDir
 from dflash_bench.sweep import provenance
-from dflash_bench.sweep.plan import Launch, SweepSettings, check_resume, launches, pending, plan_cells
+from dflash_bench.sweep.folder import close_sweep, open_sweep, stop_leftovers
+from dflash_bench.sweep.plan import Launch, SweepSettings, launches, pending
 from dflash_bench.sweep.progress import SweepProgress
 
 
@@ -53,7 +52,7 @@ def run_sweep(settings: SweepSettings, *, out: Path, resume: Path | None = None,
     sweep, manifest, lock = open_sweep(settings, out, resume, pair, argv or sys.argv)
     try:
         if resume is not None:
-            _stop_leftovers(manifest.sweep_id)  # only now: the lock says no other run of this sweep is alive
+            stop_leftovers(manifest.sweep_id)  # only now: the lock says no other run of this sweep is alive
             prompts = prompt_loader(settings, data_dir)
         result = _run_plan(settings, pair, sweep, manifest, prompts, image, quiet)
         annotate_quality(sweep, settings)
@@ -287,112 +286,6 @@ def fail_cell(sweep: SweepDir, manifest: Manifest, cell: CellPlan, reason: str, 
     sweep.write_manifest(manifest)
     sweep.write_results_csv()
     result.failed.append(cell.cell_id)
-
-
-# ------------------------------------------------------------------ the folder
-
-
-def open_sweep(settings: SweepSettings, out: Path, resume: Path | None, pair,
-          argv: list[str]) -> tuple[SweepDir, Manifest, WriterLock]:
-    """The sweep folder (new, or the one to resume) and its writer's lock, held by this process."""
-    if resume is not None:
-        sweep, lock = open_locked(resume)  # before anything is read for writing: a second resume is refused here
-        try:
-            manifest = _resumable(sweep, settings, resume)
-        except BaseException:
-            lock.release()
-            raise
-        for cell in manifest.plan:  # whatever was running when it stopped is redone; failed cells get a new try
-            status_from_disk(sweep, cell)
-        manifest.status = "running"
-        manifest.notes.append(f"resumed {now_iso()} by: {' '.join(provenance.redact(argv))}")
-        sweep.write_manifest(manifest)
-        return sweep, manifest, lock
-    sweep_id = _sweep_id(pair.name, settings.engines)
-    manifest = Manifest(  # every setting is saved, the resume-free ones too: a resume takes them back
-        sweep_id=sweep_id, command_line=provenance.redact(argv), settings=_saved_settings(settings),
-        plan=plan_cells(settings), versions=provenance.versions(), hardware={"host": provenance.host()},
-        models={"target": provenance.model_revision(pair.target),
-                "drafter": provenance.model_revision(pair.drafter) if pair.drafter else None,
-                "block_size": pair.block_size,
-                "thinking": settings.thinking if settings.thinking is not None else pair.thinking},
-    )
-    # locked before the manifest is written: of two sweeps started in the same second, one gets the folder
-    sweep, lock = create_locked(Path(out) / sweep_id, manifest)
-    return sweep, manifest, lock
-
-
-def _saved_settings(settings: SweepSettings) -> SweepSettings:
-    """What the manifest keeps of the settings: all of them, but a password in a --url-* is never written
-    (a resume then needs that --url-* given again)."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    masked = {}
-    for key in ("url_ar", "url_dflash"):
-        u = urlsplit(getattr(settings, key) or "")
-        if u.password:
-            masked[key] = urlunsplit(u._replace(netloc=f"{u.username}:***@{u.hostname}" + (f":{u.port}" if u.port else "")))
-    return settings.model_copy(update=masked)
-
-
-def _resumable(sweep: SweepDir, settings: SweepSettings, resume: Path) -> Manifest:
-    """The manifest of a sweep this command may finish; a UserError that says what is wrong otherwise."""
-    manifest = sweep.read_manifest()
-    check_has_plan(manifest, resume)
-    check_resume(manifest.settings, settings)
-    planned = [c.cell_id for c in plan_cells(settings)]
-    if planned != [c.cell_id for c in manifest.plan]:
-        missing = sorted(set(planned) ^ {c.cell_id for c in manifest.plan})
-        raise UserError(f"cannot resume {resume}: its plan differs from this command's (cells in one but not the "
-                        f"other: {', '.join(missing[:3]) or 'the same cells in another order'})")
-    manifest.settings = _saved_settings(settings)  # what may change on resume (runner, port, URLs, --slo) does
-    return manifest
-
-
-def check_has_plan(manifest: Manifest, folder: Path) -> None:
-    """A folder `sweep --resume` can finish: a plan of cells and the settings that made it."""
-    if not manifest.plan:
-        raise UserError(f"cannot resume {folder}: its manifest has no plan of cells (a sweep stopped before it "
-                        "planned, or an edited manifest); start a new sweep instead")
-    if manifest.settings is None:
-        raise UserError(f"cannot resume {folder}: it was written by `dflash-bench run`, not by a sweep (its manifest "
-                        "has no sweep settings); add cells to it with `dflash-bench run --name`, or start a new sweep")
-
-
-def status_from_disk(sweep: SweepDir, cell: CellPlan) -> None:
-    """summary.json is the truth: a kill can land after a cell wrote it and before the manifest said so.
-
-    A cell with a summary keeps its status (complete, or failed and tried again); one without is pending."""
-    summary = sweep.read_summary(cell.cell_id)
-    cell.status, cell.reason = (summary.status, summary.failure_reason) if summary else ("pending", None)
-
-
-def close_sweep(sweep: SweepDir, manifest: Manifest, result: SweepResult) -> None:
-    for cell in manifest.plan:
-        if cell.status == "running":
-            status_from_disk(sweep, cell)
-    pending = [c for c in manifest.plan if c.status == "pending"]
-    manifest.status = ("interrupted" if result.interrupted or pending
-                       else "failed" if result.failed else "complete")
-    sweep.write_manifest(manifest)
-    sweep.write_results_csv()
-
-
-def _stop_leftovers(sweep_id: str) -> None:
-    """Servers a killed run of this sweep left behind still hold ports and GPU memory: stop them first."""
-    from dflash_bench.launch import docker, process
-
-    process.stop_leftovers()  # process servers whose harness is gone
-    try:
-        docker.stop_leftovers(False, sweep_id)
-    except UserError:
-        pass  # no docker daemon: no containers to stop
-
-
-def _sweep_id(model: str, engines: list[str]) -> str:
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    safe = "".join(ch if ch.isalnum() or ch in "-._" else "_" for ch in model)
-    return f"{stamp}-{safe}-{'+'.join(engines)}"
 
 
 LONG_MAX_TOKENS = 256  # new tokens per request on the long-<N> suites unless --max-tokens says otherwise

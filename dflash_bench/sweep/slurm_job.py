@@ -41,6 +41,7 @@ def run_job(folder: Path, key: str) -> int:
     """Measure this job's cells not yet complete; the local sweep's exit code (0, 1 some failed, 130 stopped)."""
     from dflash_bench import models
     from dflash_bench.launch import free_port, sigterm_unwinds
+    from dflash_bench.sweep import folder as sweep_folder
     from dflash_bench.sweep import run
     from dflash_bench.sweep.progress import SweepProgress
 
@@ -54,7 +55,7 @@ def run_job(folder: Path, key: str) -> int:
     manifest.plan = [c for c in manifest.plan if c.cell_id in mine]
     manifest.servers, manifest.notes, manifest.status = {}, [], "running"
     for cell in manifest.plan:
-        run.status_from_disk(shared, cell)
+        sweep_folder.status_from_disk(shared, cell)
     sweep = JobSweepDir(folder, key)
     pair = models.resolve(settings.model, drafter=settings.engine_options.get("drafter"))
     prompts = run.prompt_loader(settings, Path(job.data_dir) if job.data_dir else None)
@@ -75,7 +76,7 @@ def run_job(folder: Path, key: str) -> int:
         if not run.is_terminated(err):
             raise
     finally:
-        run.close_sweep(sweep, manifest, result)
+        sweep_folder.close_sweep(sweep, manifest, result)
     for cell in manifest.plan:
         print(f"dflash-bench: {cell.cell_id}: {cell.status}{' (' + cell.reason + ')' if cell.reason else ''}", flush=True)
     return result.exit_code

@@ -87,6 +87,7 @@ def run_slurm_sweeps(plans: list[tuple[SweepSettings, SlurmOptions, Path]], *, r
     """Each (settings, Slurm options, out) is one sweep folder (one per GPU type): submit every cell not
     complete as jobs, wait for all of them together, and return each folder's merged SweepResult."""
     from dflash_bench.launch import Terminated, sigterm_unwinds
+    from dflash_bench.sweep import folder as sweep_folder
     from dflash_bench.sweep import run
     from dflash_bench.sweep.progress import SweepProgress
 
@@ -110,7 +111,7 @@ def run_slurm_sweeps(plans: list[tuple[SweepSettings, SlurmOptions, Path]], *, r
     finally:
         for r in runs:
             _merge(r.sweep, r.manifest, r.jobs)
-            run.close_sweep(r.sweep, r.manifest, r.result)
+            sweep_folder.close_sweep(r.sweep, r.manifest, r.result)
     for r in runs:
         run.annotate_quality(r.sweep, r.settings)
         r.lock.release()
@@ -122,6 +123,7 @@ def _prepare(settings: SweepSettings, opts: SlurmOptions, out: Path, resume: Pat
              argv: list[str], console: Console) -> _Run:
     """Check the settings, open (or create) the folder, settle an earlier run's jobs; the cells to submit."""
     from dflash_bench import models
+    from dflash_bench.sweep import folder as sweep_folder
     from dflash_bench.sweep import provenance, run
 
     if settings.url_ar:
@@ -136,11 +138,11 @@ def _prepare(settings: SweepSettings, opts: SlurmOptions, out: Path, resume: Pat
     watched: list[SlurmJob] = []
     if resume is not None:  # jobs of an earlier run settle first, so that the plan's statuses read the truth
         watched = _earlier_jobs(Path(resume), console)
-        sweep, manifest, lock = run.open_sweep(settings, out, resume, pair, argv)
+        sweep, manifest, lock = sweep_folder.open_sweep(settings, out, resume, pair, argv)
         run.prompt_loader(settings, data_dir)
     else:
         run.prompt_loader(settings, data_dir)  # a missing dataset fails here, before a folder or a job exists
-        sweep, manifest, lock = run.open_sweep(settings, out, None, pair, argv)
+        sweep, manifest, lock = sweep_folder.open_sweep(settings, out, None, pair, argv)
     busy = {cid for job in watched for cid in job.cells}
     return _Run(settings, opts, pair, sweep, manifest, run.SweepResult(sweep.path), lock, jobs=list(watched),
                 todo=[c for c in manifest.plan if c.cell_id not in busy])
