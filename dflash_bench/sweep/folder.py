@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from dflash_bench.errors import UserError
 from dflash_bench.store import CellPlan, Manifest, SweepDir, now_iso
@@ -16,8 +16,12 @@ from dflash_bench.store.lock import WriterLock, create_locked, open_locked
 from dflash_bench.sweep import provenance
 from dflash_bench.sweep.plan import SweepSettings, check_resume, plan_cells
 
-if TYPE_CHECKING:
-    from dflash_bench.sweep.run import SweepResult
+
+class Outcome(Protocol):
+    """What `close_sweep` reads of a run's result (`run.SweepResult`)."""
+
+    interrupted: bool
+    failed: list[str]
 
 
 def open_sweep(settings: SweepSettings, out: Path, resume: Path | None, pair,
@@ -95,7 +99,7 @@ def status_from_disk(sweep: SweepDir, cell: CellPlan) -> None:
     cell.status, cell.reason = (summary.status, summary.failure_reason) if summary else ("pending", None)
 
 
-def close_sweep(sweep: SweepDir, manifest: Manifest, result: SweepResult) -> None:
+def close_sweep(sweep: SweepDir, manifest: Manifest, result: Outcome) -> None:
     for cell in manifest.plan:
         if cell.status == "running":
             status_from_disk(sweep, cell)
