@@ -49,7 +49,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out")
     a = ap.parse_args()
-    tok = engine("ar").tok
+    from dflash_bench.engine.build import load_tokenizer
+
+    tok = load_tokenizer(str(PAIR / "target"))  # the prompts once, before any engine is built
     before = {c: suite_prompts(tok, a.before, c if c > 1 else 4, a.data_dir) for c in (1, 8, 32)}
     target = suite_prompts(tok, a.suite, 4, a.data_dir)
     rows = []

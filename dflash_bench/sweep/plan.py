@@ -9,7 +9,7 @@ from typing import Any
 from dflash_bench.errors import UserError
 from dflash_bench.store import CellPlan, SweepSettings
 
-__all__ = ["MODES", "Launch", "SweepSettings", "check_resume", "launches", "pending", "plan_cells"]
+__all__ = ["MODES", "Launch", "SweepSettings", "check_resume", "launches", "plan_cells"]
 
 MODES = ("ar", "dflash")
 
@@ -54,8 +54,8 @@ def long_suite(n: int) -> str:
 
 def launches(plan: list[CellPlan], pending_only: bool = True, paired: bool = False) -> list[Launch]:
     """Group the plan into server lifetimes: consecutive cells of one (engine, mode); paired, one lifetime per
-    (engine, mode) over the engine's consecutive cells (its two servers run together: see `sweep.run`)."""
-    cells = pending(plan) if pending_only else list(plan)
+    (engine, mode) over the engine's consecutive cells (its two servers run together: `run.run_servers`)."""
+    cells = [c for c in plan if c.status in ("pending", "running", "failed")] if pending_only else list(plan)
     if not paired:
         return [Launch(engine, mode, tuple(group)) for (engine, mode), group in groupby(cells, key=lambda c: (c.engine, c.mode))]
     out = []
@@ -64,11 +64,6 @@ def launches(plan: list[CellPlan], pending_only: bool = True, paired: bool = Fal
         out += [Launch(engine, mode, tuple(c for c in mine if c.mode == mode)) for mode in MODES
                 if any(c.mode == mode for c in mine)]
     return out
-
-
-def pending(plan: list[CellPlan]) -> list[CellPlan]:
-    """The cells a run (or a resume) still has to measure, in plan order."""
-    return [c for c in plan if c.status in ("pending", "running", "failed")]
 
 
 def check_resume(saved: SweepSettings | dict[str, Any] | None, current: SweepSettings) -> None:

@@ -19,7 +19,7 @@ from dflash_bench.errors import UserError
 from dflash_bench.store import CellPlan, GpuInfo, Manifest, ServerRecord, StoreError, SweepDir
 from dflash_bench.sweep import provenance
 from dflash_bench.sweep.folder import close_sweep, open_sweep, stop_leftovers
-from dflash_bench.sweep.plan import Launch, SweepSettings, launches, pending
+from dflash_bench.sweep.plan import Launch, SweepSettings, launches
 from dflash_bench.sweep.progress import SweepProgress
 
 
@@ -68,13 +68,8 @@ def _run_plan(settings: SweepSettings, pair, sweep: SweepDir, manifest: Manifest
     telemetry = start_telemetry(manifest, progress, settings, pair)
     try:
         with progress:
-            if settings.paired:
-                ls = launches(manifest.plan, paired=True)
-                for _, group in groupby(ls, key=lambda launch: launch.engine):
-                    run_paired(list(group), settings, pair, sweep, manifest, prompts, progress, telemetry, result, image)
-            else:
-                for launch in launches(manifest.plan):
-                    run_launch(launch, settings, pair, sweep, manifest, prompts, progress, telemetry, result, image)
+            for group in _groups(launches(manifest.plan, paired=settings.paired), settings.paired):
+                run_servers(group, settings, pair, sweep, manifest, prompts, progress, telemetry, result, image)
     except KeyboardInterrupt:
         result.interrupted = True
     except SystemExit as err:  # SIGTERM unwinds as launch.Terminated (a SystemExit)
@@ -90,53 +85,40 @@ def _run_plan(settings: SweepSettings, pair, sweep: SweepDir, manifest: Manifest
     return result
 
 
-# ------------------------------------------------------------------ one server lifetime
+def _groups(ls: list[Launch], paired: bool) -> list[list[Launch]]:
+    """The launches whose servers run together: each alone, or paired an engine's two."""
+    return [list(g) for _, g in groupby(ls, key=lambda launch: launch.engine)] if paired else [[launch] for launch in ls]
 
 
-def run_launch(launch: Launch, settings: SweepSettings, pair, sweep: SweepDir, manifest: Manifest, prompts,
+# ------------------------------------------------------------------ server lifetimes
+
+
+def run_servers(group: list[Launch], settings: SweepSettings, pair, sweep: SweepDir, manifest: Manifest, prompts,
                 progress: SweepProgress, telemetry, result: SweepResult, image: str | None) -> None:
-    key = f"{launch.engine}-{launch.mode}"
-    try:
-        with _server(launch, settings, pair, sweep, manifest, image) as server:
-            _record_server(manifest, key, server["info"])
-            _check_same_image(manifest, launch.engine)
-            sweep.write_manifest(manifest)
-            for cell in launch.cells:
-                check = server["check"]
-                try:
-                    check()
-                except UserError as err:  # the server died between cells: the rest of this launch fails
-                    fail_cell(sweep, manifest, cell, f"server died: {_reason(err)}", result)
-                    continue
-                _run_cell(cell, server["url"], settings, pair, sweep, manifest, prompts, progress, telemetry,
-                          check, result)
-    except UserError as err:  # could not start the server: every remaining cell of this launch fails
-        for cell in launch.cells:
-            if cell.status not in ("complete", "failed"):
-                fail_cell(sweep, manifest, cell, f"server did not start: {_reason(err)}", result)
-
-
-def run_paired(group: list[Launch], settings: SweepSettings, pair, sweep: SweepDir, manifest: Manifest, prompts,
-               progress: SweepProgress, telemetry, result: SweepResult, image: str | None) -> None:
-    """One engine's AR and DFlash servers up together (the DFlash one on a free port), its cells in plan order:
-    each (suite, concurrency) measured on both within seconds. A server that does not start fails its own cells."""
-    engine = group[0].engine
+    """Server lifetimes run together: one launch, or with --paired an engine's AR and DFlash launches (the DFlash
+    server on a free port); their cells in plan order. A server that does not start fails its own cells, one that
+    dies fails its later ones."""
+    mine = {id(c) for launch in group for c in launch.cells}
+    cells = [c for c in manifest.plan if id(c) in mine]
     try:
         with contextlib.ExitStack() as stack:
             servers = {}
             for launch in group:
-                port = _free_port() if launch.mode == "dflash" else settings.port
+                port = settings.port
+                if len(group) > 1 and launch.mode == "dflash":
+                    from dflash_bench.launch import free_port
+
+                    port = free_port()
                 try:
-                    server = stack.enter_context(_server(launch, settings, pair, sweep, manifest, image, port=port))
+                    servers[launch.mode] = stack.enter_context(_server(launch, settings, pair, sweep, manifest, image, port))
                 except UserError as err:
                     for cell in launch.cells:
                         fail_cell(sweep, manifest, cell, f"server did not start: {_reason(err)}", result)
                     continue
-                _record_server(manifest, f"{engine}-{launch.mode}", server["info"])
-                servers[launch.mode] = server
-            _check_same_image(manifest, engine)
+                _record_server(manifest, f"{launch.engine}-{launch.mode}", servers[launch.mode]["info"])
+                _check_same_image(manifest, launch.engine)
             sweep.write_manifest(manifest)
-            for cell in [c for c in pending(manifest.plan) if c.engine == engine and c.mode in servers]:
+            for cell in [c for c in cells if c.mode in servers]:
                 server = servers[cell.mode]
                 try:
                     server["check"]()
@@ -145,17 +127,10 @@ def run_paired(group: list[Launch], settings: SweepSettings, pair, sweep: SweepD
                     continue
                 _run_cell(cell, server["url"], settings, pair, sweep, manifest, prompts, progress, telemetry,
                           server["check"], result)
-    except UserError as err:  # a server that could not be stopped cleanly: what is left of this engine fails
-        for launch in group:
-            for cell in launch.cells:
-                if cell.status not in ("complete", "failed"):
-                    fail_cell(sweep, manifest, cell, _reason(err), result)
-
-
-def _free_port() -> int:
-    from dflash_bench.launch import free_port
-
-    return free_port()
+    except UserError as err:  # as the servers went down: what is left of these launches fails
+        for cell in cells:
+            if cell.status not in ("complete", "failed"):
+                fail_cell(sweep, manifest, cell, f"server did not start: {_reason(err)}", result)
 
 
 def _record_server(manifest: Manifest, key: str, info: ServerRecord) -> None:
@@ -181,8 +156,9 @@ def _check_same_image(manifest: Manifest, engine: str) -> None:
 
 @contextlib.contextmanager
 def _server(launch: Launch, settings: SweepSettings, pair, sweep: SweepDir, manifest: Manifest,
-            image: str | None, port: int | None = None) -> Iterator[dict[str, Any]]:
-    """A running server for this launch: launched by us (on `port`, else --port), or the user's own URL."""
+            image: str | None, port: int | None) -> Iterator[dict[str, Any]]:
+    """A running server for this launch: launched by us on `port` (None: the engine's default), or the user's
+    own URL."""
     if settings.url_ar:
         url = settings.url_ar if launch.mode == "ar" else settings.url_dflash
         yield {"url": url, "check": lambda: None, "info": ServerRecord(runner="external", url=url)}
@@ -195,7 +171,7 @@ def _server(launch: Launch, settings: SweepSettings, pair, sweep: SweepDir, mani
     with launch_server(launch.engine, pair, launch.mode, runner=runner, preset=settings.gpu, gpus=gpus,
                        extra_args=settings.engine_args, sweep_id=manifest.sweep_id, image=image,
                        log_path=sweep.log_path(launch.engine, launch.mode),
-                       port=port or settings.port) as server:
+                       port=port) as server:
         yield {"url": server.url, "check": server.check, "info": server.info.model_copy()}
 
 

@@ -68,7 +68,8 @@ def run_job(folder: Path, key: str) -> int:
         with sigterm_unwinds():  # scancel and the time limit send SIGTERM: unwind, stop the server, record
             for launch in launches(manifest.plan):
                 print(f"dflash-bench: {launch.engine} {launch.mode}: {len(launch.cells)} cells", flush=True)
-                run.run_launch(launch, settings, pair, sweep, manifest, prompts, progress, telemetry, result, job.image)
+                run.run_servers([launch], settings, pair, sweep, manifest, prompts, progress, telemetry, result,
+                                job.image)
     except KeyboardInterrupt:
         result.interrupted = True
     except SystemExit as err:  # SIGTERM from scancel or the time limit unwinds as launch.Terminated

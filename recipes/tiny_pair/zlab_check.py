@@ -25,9 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from acceptance import ROOT, SUITES, encode  # this script's folder is on sys.path
+
 PAIR = ROOT / "dflash_bench" / "assets" / "default_pair"
-SUITES = "gsm8k,math500,humaneval,mbpp,mt-bench,spec-bench"
 
 
 def zlab_side(zlab: str, pair: Path, prompts_in: Path, out: Path, max_tokens: int) -> None:
@@ -72,10 +72,6 @@ def main() -> None:
         return
     if not a.data_dir:
         sys.exit("--data-dir is required")
-    sys.path.insert(0, str(ROOT))
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from acceptance import encode
-
     from dflash_bench.engine.build import build_engine
     from dflash_bench.engine.decode import generate
     from dflash_bench.engine.sampling import SamplingParams
