@@ -217,8 +217,8 @@ def server_command(engine: str, mode: str, target: Path, draft: Path, args) -> l
     cmd = [sys.executable, "-m", "dflash_bench", "serve", "--model", str(target), "--port", str(args.port), "--fast",
            "--device", args.device, "--max-slots", str(max(args.c_list)), "--max-model-len", str(args.max_model_len),
            "--served-model-name", "random-8b", "--mode", mode]
-    if engine == "builtin-inline":  # every prefill between two steps, as before prefills ran beside them
-        cmd.append("--prefill-inline")
+    if engine.startswith("builtin-"):  # builtin-first, builtin-inline, builtin-beside: that `serve --prefill`
+        cmd += ["--prefill", engine.split("-", 1)[1]]
     return cmd + (["--draft", str(draft)] if mode == "dflash" else [])
 
 
@@ -333,7 +333,8 @@ def main() -> None:
     ap.add_argument("--out", required=True, help="the results JSON (rows are added to what it holds)")
     ap.add_argument("--data-dir", default=os.environ.get("DFLASH_BENCH_DATA", "../shared/datasets"))
     ap.add_argument("--engines", help="pair: vllm,builtin,builtin-fast (default), sglang; shape: vllm,builtin "
-                                      "(default), sglang, builtin-inline (prefills between steps), inprocess (the "
+                                      "(default), sglang, builtin-first / builtin-inline / builtin-beside (that "
+                                      "`serve --prefill`), inprocess (the "
                                       "builtin engine without its server)")
     ap.add_argument("--modes", default="ar,dflash")
     ap.add_argument("--suites", default=SUITES)

@@ -499,6 +499,39 @@ def test_a_burst_is_admitted_one_prefill_group_per_step(tmp_path):
     assert admits[2].running == ("r0", "r1") and admits[4].running == ("r0", "r1", "r2", "r3")
 
 
+def test_prefill_first_fills_the_batch_before_it_steps(tmp_path):
+    """`prefill_first`: five requests waiting at once, prefill groups of two, and a sixth that arrives during the
+    first group's prefill (submitted from r0's first token, on the engine thread): every group, the latecomer's
+    too, is prefilled before the first step, and every request gets the tokens it gets alone."""
+    import threading
+
+    from dflash_bench.engine.fast.engine import build_fast_engine
+    from dflash_bench.engine.loop import EngineLoop
+
+    target, drafter = make_tiny_pair(tmp_path, seed=1, block_size=B)
+    engine = build_fast_engine(str(target), str(drafter), max_slots=8, max_len=MAX_LEN, dtype="float64", device="cpu")
+    ps = [list(range(40 + i, 50 + i)) for i in range(6)]  # 10 tokens each
+    sp = SamplingParams(max_tokens=12, ignore_eos=True)
+    alone = [ref_generate(engine, [p], sp)[0].out for p in ps]
+    engine.prefill_tokens = 20
+    loop = EngineLoop(engine, prefill_first=True)
+    got: dict = {}
+    dones = [threading.Event() for _ in ps]
+    late = lambda: _submit(loop, "r5", ps[5], sp, got, dones[5])  # noqa: E731
+    _submit(loop, "r0", ps[0], sp, got, dones[0], then=late)
+    for i in range(1, 5):
+        _submit(loop, f"r{i}", ps[i], sp, got, dones[i])
+    loop.start()
+    try:
+        assert all(d.wait(120) for d in dones)
+    finally:
+        loop.stop()
+    assert loop.groups == 3  # [r0 r1] [r2 r3] [r4 r5]: the latecomer shares the last group
+    assert [got[f"r{i}"] for i in range(6)] == alone
+    admits = [e for e in loop.events if e.kind == "admit"]
+    assert [e.req_id for e in admits] == [f"r{i}" for i in range(6)] and {e.step for e in admits} == {0}
+
+
 def test_a_paused_row_resumes_where_it_stopped(setup):
     """Rows of the batch bucket that are not stepped (padding, paused) keep anchor, position and context."""
     ar, df = setup

@@ -1,6 +1,9 @@
 """The engine thread: admits requests into free slots (prefill), then steps every running sequence together.
 
-A request that arrives while others decode joins at the next step (a burst: one prefill group per step). Results go to each request's `sink`
+A request that arrives while others decode joins at the next step. A burst is admitted one prefill group per
+step (the rows already running step between two groups), or, with `prefill_first`, every waiting prompt that
+fits a free slot is prefilled before the next step, those that arrive meanwhile included (the batch fills
+before it steps, as a scheduler that puts prefills first does). Results go to each request's `sink`
 (a callable run on the engine thread); after each prefill group and each step the loop calls `flush` once,
 so a server can hand a whole step's results to its event loop in one wake-up rather than one per request.
 The loop also keeps how long its thread spent prefilling, stepping and handing results over (`seconds`),
@@ -44,10 +47,12 @@ class Event(NamedTuple):
 class EngineLoop:
     """Runs an `Engine` on its own thread; `submit` and `abort` are safe to call from any thread."""
 
-    def __init__(self, engine: Engine, flush: Callable[[], None] | None = None):
-        """`flush`: called on the engine thread after the sinks of each prefill group and of each step have run."""
+    def __init__(self, engine: Engine, flush: Callable[[], None] | None = None, *, prefill_first: bool = False):
+        """`flush`: called on the engine thread after the sinks of each prefill group and of each step have run;
+        `prefill_first`: prefill every waiting prompt that fits before the next step (see the module)."""
         self.engine = engine
         self.flush = flush
+        self.prefill_first = prefill_first
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.waiting: deque[_Req] = deque()
         self.running: list[Seq] = []
@@ -93,7 +98,8 @@ class EngineLoop:
         while not self._stop.is_set():
             self._take(block=not self.running and not self.waiting)
             self._drop_aborted()
-            self._admit()
+            while self._admit() and self.prefill_first:
+                self._take(block=False)  # what arrived during that prefill joins before the step too
             if self.running:
                 self._step()
 
@@ -117,11 +123,11 @@ class EngineLoop:
         for s in [s for s in self.running if s.req_id in gone]:
             self._finish(s)
 
-    def _admit(self) -> None:
+    def _admit(self) -> bool:
         """Prefill the oldest waiting requests that fit the free slots and one prefill forward (`prefill_rows`,
-        `prefill_tokens`). One group per turn of the loop: the rows already running take a step between two
-        groups, so a burst of prompts does not stall them for its whole prefill, and each group's first
-        tokens go out as soon as it is done."""
+        `prefill_tokens`); whether any was taken. One group per call: unless `prefill_first`, the rows already
+        running take a step between two groups, so a burst of prompts does not stall them for its whole
+        prefill. Each group's first tokens go out as soon as it is done."""
         rows = min(len(self.engine.free_slots), self.engine.prefill_rows)
         batch: list[_Req] = []
         longest = 0
@@ -132,6 +138,7 @@ class EngineLoop:
             batch.append(self.waiting.popleft())
         if batch:
             self._admit_group(batch)
+        return bool(batch)
 
     def _admit_group(self, batch: list[_Req]) -> None:
         self.groups += 1

@@ -189,6 +189,9 @@ def build_app(loop: EngineLoop, model_name: str) -> FastAPI:
     return app
 
 
+PREFILL = ("auto", "first", "inline", "beside")  # serve --prefill: see EngineLoop and fast/background.py
+
+
 def _check_port(host: str, port: int) -> None:
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -202,7 +205,7 @@ def serve(model: str, draft: str | None = None, *, mode: str | None = None, host
           dtype: str = "auto", device: str = "auto", max_slots: int = 32, max_model_len: int = 4096,
           served_model_name: str | None = None, log_level: str = "warning", fast: bool = False,
           synthetic_acceptance: float | None = None, benchmark_only: bool = False, step_ahead: bool = True,
-          verify_width: str = "auto", cut_draft: bool = False, prefill_beside: bool = True) -> None:
+          verify_width: str = "auto", cut_draft: bool = False, prefill: str = "auto") -> None:
     """Load the model(s) and serve until interrupted (the `dflash-bench serve` command)."""
     import uvicorn
 
@@ -214,17 +217,20 @@ def serve(model: str, draft: str | None = None, *, mode: str | None = None, host
     _check_port(host, port)
     if verify_width not in ("auto", "full"):
         raise UserError(f"--verify-width must be auto or full, not {verify_width!r}")
+    if prefill not in PREFILL:
+        raise UserError(f"--prefill must be one of {', '.join(PREFILL)}, not {prefill!r}")
     if fast:  # engine/fast: fused forward, CUDA graphs (greedy only)
         from dflash_bench.engine.fast.engine import build_fast_engine
 
         engine = build_fast_engine(model, draft if mode == "dflash" else None, mode=mode, dtype=dtype, device=device,
                                    max_slots=max_slots, max_len=max_model_len, synthetic_tau=synthetic_acceptance,
                                    benchmark_only=benchmark_only, step_ahead=step_ahead,
-                                   adaptive=verify_width == "auto", cut_draft=cut_draft, background=prefill_beside)
+                                   adaptive=verify_width == "auto", cut_draft=cut_draft,
+                                   background=prefill in ("auto", "beside"))
     elif synthetic_acceptance is not None:
         raise UserError("--synthetic-acceptance runs on the fast path only: add --fast --benchmark-only")
-    elif not step_ahead or not prefill_beside:
-        raise UserError(f"{'--no-step-ahead' if not step_ahead else '--prefill-inline'} applies to the fast path only: "
+    elif not step_ahead or prefill == "beside":
+        raise UserError(f"{'--no-step-ahead' if not step_ahead else '--prefill beside'} applies to the fast path only: "
                         "add --fast")
     elif verify_width != "auto" or cut_draft:
         raise UserError(f"{'--cut-draft' if cut_draft else '--verify-width'} applies to the fast path only: add --fast")
@@ -235,7 +241,7 @@ def serve(model: str, draft: str | None = None, *, mode: str | None = None, host
     # while the event loop writes SSE chunks, CPython makes it wait a whole switch interval (5 ms by default,
     # most of an AR step). A short interval bounds that wait; DFLASH_BENCH_SWITCH_INTERVAL_MS sets it.
     sys.setswitchinterval(float(os.environ.get("DFLASH_BENCH_SWITCH_INTERVAL_MS", "0.2")) / 1000)
-    loop = EngineLoop(engine).start()
+    loop = EngineLoop(engine, prefill_first=prefill == "first").start()
     name = served_model_name or model
     app = build_app(loop, name)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
