@@ -74,6 +74,10 @@ class Row(BaseModel):
     engine_thread_s: dict[str, float] = Field(default_factory=dict)  # builtin: seconds per phase over the cell
     prefill_groups: int | None = None  # builtin: prefill groups over the cell (requests / groups: prompts per forward)
     decode_steps: int | None = None  # builtin: decode steps over the cell (in process at 32 rows, 128 tokens: ~127 a wave)
+    # vLLM: prompt tokens looked up in its prefix cache over the cell, and those found (a cell's prompts that an
+    # earlier cell sent: at 32 the first 32 prompts are the cell at 8's)
+    prefix_cache_queries: int | None = None
+    prefix_cache_hits: int | None = None
     wall_s: float | None = None  # the cell's measured window
 
     @property
@@ -195,10 +199,12 @@ def ensure_shape_pair(work: Path, device: str, shape: str) -> tuple[Path, Path]:
 
 
 def server_command(engine: str, mode: str, target: Path, draft: Path, args) -> list[str]:
-    if engine == "vllm":
+    if engine in ("vllm", "vllm-nocache"):  # vllm-nocache: its prefix cache off, as the builtin engine has none
         cmd = ["vllm", "serve", str(target), "--served-model-name", "random-8b", "--port", str(args.port),
                "--max-model-len", str(args.max_model_len), "--max-num-batched-tokens", "32768",
                "--attention-backend", "flash_attn", "--seed", "0", "--max-num-seqs", str(max(64, max(args.c_list)))]
+        if engine == "vllm-nocache":
+            cmd.append("--no-enable-prefix-caching")
         # vLLM sizes its sampler for --max-num-seqs (default 1024): 1024 x 16 drafted rows of float32 logits
         # over a 151,936-token vocabulary ran out of memory on an 80 GB H100 beside the 8B weights
         if mode == "dflash":
@@ -224,9 +230,12 @@ def server_command(engine: str, mode: str, target: Path, draft: Path, args) -> l
 
 def engine_counters(url: str) -> dict[str, float]:
     """The builtin engine's thread seconds per phase, its prefill groups (key `groups`) and decode steps (`steps`),
-    from /metrics."""
+    or vLLM's prefix-cache lookups and hits in tokens (`queries`, `hits`), from /metrics."""
     out: dict[str, float] = {}
     for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        for name, key in (("vllm:prefix_cache_queries_total", "queries"), ("vllm:prefix_cache_hits_total", "hits")):
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
         if line.startswith("dflash_bench:engine_thread_seconds_total{"):
             phase = line.split('phase="', 1)[1].split('"', 1)[0]
             out[phase] = float(line.rsplit(" ", 1)[1])
@@ -294,22 +303,25 @@ def measure_inprocess(args, mode: str, target: Path, draft: Path) -> list[Row]:
 def measure_served(args, url: str, engine: str, mode: str, c: int, work: Path) -> Row:
     name = f"shape-{engine}-{mode}-c{c}"
     builtin = engine.startswith("builtin")
+    counted = builtin or engine.startswith("vllm")
     shutil.rmtree(work / "runs" / name, ignore_errors=True)  # a cell of an earlier call would be resumed, not re-measured
-    before = engine_counters(url) if builtin else {}
+    before = engine_counters(url) if counted else {}
     cmd = [sys.executable, "-m", "dflash_bench", "run", "--url", url, "--suite", "gsm8k", "-c", str(c),
            "-n", str(args.prompts_per_slot * c), "--max-tokens", str(args.new_tokens), "--ignore-eos",
            "--label", mode, "--engine", "builtin" if builtin else engine, "--data-dir", args.data_dir, "--out", str(work / "runs"),
            "--name", name] + (["--api", "generate", "--tokenizer", str(work / args.shape / "target")]
                                 if engine == "sglang" else [])  # SGLang's tau: /generate's meta_info only
     subprocess.run(cmd, stdout=subprocess.DEVNULL)
-    after = engine_counters(url) if builtin else {}
+    after = engine_counters(url) if counted else {}
     busy = {k: round(after[k] - before.get(k, 0.0), 3) for k in after}
-    groups, steps = busy.pop("groups", None), busy.pop("steps", None)
+    count = lambda k: int(busy.pop(k)) if k in busy else None  # noqa: E731
+    groups, steps, queries, hits = count("groups"), count("steps"), count("queries"), count("hits")
     [s] = SweepDir.open(work / "runs" / name).summaries()
-    row = row_of("shape", engine, s, busy, int(groups) if groups is not None else None,
-                 int(steps) if steps is not None else None)
+    row = row_of("shape", engine, s, busy, groups, steps)
+    row.prefix_cache_queries, row.prefix_cache_hits = queries, hits
     print(f"shape {engine} {mode} c={c}: {row.output_tok_s} tok/s, tau {row.tau}, TPOT p50 {row.tpot_ms_p50} ms, "
-          f"engine thread {busy}, prefill groups {groups}, decode steps {steps}", flush=True)
+          f"engine thread {busy}, prefill groups {groups}, decode steps {steps}, prefix cache hits {hits} of "
+          f"{queries} tokens", flush=True)
     return row
 
 

@@ -226,7 +226,7 @@ def serve(model: str, draft: str | None = None, *, mode: str | None = None, host
                                    max_slots=max_slots, max_len=max_model_len, synthetic_tau=synthetic_acceptance,
                                    benchmark_only=benchmark_only, step_ahead=step_ahead,
                                    adaptive=verify_width == "auto", cut_draft=cut_draft,
-                                   background=prefill in ("auto", "beside"))
+                                   background=prefill == "beside")
     elif synthetic_acceptance is not None:
         raise UserError("--synthetic-acceptance runs on the fast path only: add --fast --benchmark-only")
     elif not step_ahead or prefill == "beside":
@@ -241,7 +241,7 @@ def serve(model: str, draft: str | None = None, *, mode: str | None = None, host
     # while the event loop writes SSE chunks, CPython makes it wait a whole switch interval (5 ms by default,
     # most of an AR step). A short interval bounds that wait; DFLASH_BENCH_SWITCH_INTERVAL_MS sets it.
     sys.setswitchinterval(float(os.environ.get("DFLASH_BENCH_SWITCH_INTERVAL_MS", "0.2")) / 1000)
-    loop = EngineLoop(engine, prefill_first=prefill == "first").start()
+    loop = EngineLoop(engine, prefill_first=prefill in ("auto", "first")).start()
     name = served_model_name or model
     app = build_app(loop, name)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
