@@ -308,7 +308,7 @@ def measure_served(args, url: str, engine: str, mode: str, c: int, work: Path) -
     before = engine_counters(url) if counted else {}
     cmd = [sys.executable, "-m", "dflash_bench", "run", "--url", url, "--suite", "gsm8k", "-c", str(c),
            "-n", str(args.prompts_per_slot * c), "--max-tokens", str(args.new_tokens), "--ignore-eos",
-           "--label", mode, "--engine", "builtin" if builtin else engine, "--data-dir", args.data_dir, "--out", str(work / "runs"),
+           "--label", mode, "--engine", "builtin" if builtin else engine.split("-")[0], "--data-dir", args.data_dir, "--out", str(work / "runs"),
            "--name", name] + (["--api", "generate", "--tokenizer", str(work / args.shape / "target")]
                                 if engine == "sglang" else [])  # SGLang's tau: /generate's meta_info only
     subprocess.run(cmd, stdout=subprocess.DEVNULL)
