@@ -44,6 +44,8 @@ def emulate(
     fail_every: int = typer.Option(0, "--fail-every", help="Every k-th generation request fails (0: never)."),
     fail_kind: str = typer.Option("error", "--fail-kind", help="error | stream-error | drop | malformed | hang."),
     crash_after_requests: int = typer.Option(0, "--crash-after-requests", help="Exit abruptly (code 3) once this many requests completed, cutting streams in flight."),
+    prefix_cache: bool = typer.Option(False, "--prefix-cache", help="Emulate vLLM's automatic prefix caching on its counters, vllm:prefix_cache_* (blocks of 16 tokens, never evicted)."),
+    prompt_tokens_details: bool = typer.Option(False, "--prompt-tokens-details", help="As vLLM's --enable-prompt-tokens-details: usage carries prompt_tokens_details.cached_tokens."),
 ) -> None:
     """Serve a timing emulator of an AR or DFlash LLM server (OpenAI + SGLang /generate + /metrics) with known truth."""
     from dflash_bench.emulator import EmulatorConfig
@@ -53,7 +55,8 @@ def emulate(
         cfg = EmulatorConfig(mode=mode, ttft_ms=ttft_ms, itl_ms=itl_ms, block_size=block_size,
                              acceptance_length=acceptance_length, output_len=output_len, batch_slope_ms=batch_slope_ms,
                              seed=seed, model=model, per_request_spec_metrics=per_request_spec_metrics,
-                             fail_every=fail_every, fail_kind=fail_kind, crash_after_requests=crash_after_requests)
+                             fail_every=fail_every, fail_kind=fail_kind, crash_after_requests=crash_after_requests,
+                             prefix_cache=prefix_cache, prompt_tokens_details=prompt_tokens_details)
     except ValueError as err:
         raise UserError(f"{err}.") from None
     try:

@@ -227,6 +227,24 @@ def test_dflash_cells_that_did_not_speculate_are_called_out_at_the_top(tmp_path)
     assert "did not speculate" not in Page(build_report([quiet]).read_text()).all_text()
 
 
+def test_cells_whose_prompts_the_server_had_cached_are_called_out(tmp_path):
+    """A cell at 1% or more of its prompt tokens from the server's prefix cache is named with its share; one
+    under that, or whose server does not say, is not."""
+    shares = {1: (0.0, "usage"), 4: (0.243, "vllm-metrics"), 8: (0.004, "usage"), 16: (None, None)}
+    plan = [CellPlan(cell_id=f"vllm-ar-gsm8k-c{c}", engine="vllm", mode="ar", suite="gsm8k", concurrency=c)
+            for c in shares]
+    sweep = SweepDir.create(tmp_path / "cached", Manifest(sweep_id="cached", plan=plan))
+    for cell in plan:
+        rate, source = shares[cell.concurrency]
+        sweep.write_summary(CellSummary(cell_id=cell.cell_id, engine="vllm", mode="ar", suite="gsm8k",
+                                        concurrency=cell.concurrency, output_throughput=100.0,
+                                        prefix_cache_hit_rate=rate, prefix_cache_source=source))
+    called = "".join(Page(build_report([tmp_path / "cached"]).read_text()).by_class["call"])
+    assert "prefix cache in 1 cell(s)" in called
+    assert "vllm-ar-gsm8k-c4: 24.3% of its prompt tokens (vllm-metrics)" in called
+    assert "c1:" not in called and "c8:" not in called and "c16:" not in called
+
+
 def test_sweep_with_nothing_complete_renders(tmp_path):
     ids = [f"vllm-{m}-gsm8k-c1" for m in ("ar", "dflash")]
     path = make_sweep(tmp_path / "dead", suites=("gsm8k",), concurrency=(1,), failed={i: "image pull failed" for i in ids})

@@ -92,7 +92,8 @@ class LoadGenerator:
             connect_ms=None if st.connect_s is None else round(st.connect_s * 1000.0, 3), t_first_byte=rel(st.t_first_byte), t_first_token=rel(st.t_first_token),
             t_end=rel(t_end), chunk_times=[round(t - t0, 6) for t in st.times], chunk_tokens=st.tokens,
             chunk_tokens_from=st.tokens_from if st.tokens else None,
-            prompt_tokens=st.prompt_tokens, output_tokens=st.output_tokens, finish_reason=st.finish,
+            prompt_tokens=st.prompt_tokens, cached_prompt_tokens=st.cached_tokens, output_tokens=st.output_tokens,
+            finish_reason=st.finish,
             error=st.error, spec_verify_ct=st.spec_steps, spec_accepted_tokens=st.spec_accepted,
             output_text=st.output_text(), **st.saved_ids())
 

@@ -107,7 +107,8 @@ class Stream:
 
     __slots__ = ("api", "want_ids", "times", "tokens", "t_first_byte", "t_first_token", "t_end", "pieces",
                  "text", "prompt_tokens", "output_tokens", "finish", "error", "done", "ids", "tops",
-                 "spec_steps", "spec_accepted", "chars", "tokens_from", "t_write", "connect_s", "_abort_reason")
+                 "spec_steps", "spec_accepted", "cached_tokens", "chars", "tokens_from", "t_write", "connect_s",
+                 "_abort_reason")
 
     def __init__(self, api: str, want_ids: bool):
         self.api = api
@@ -128,6 +129,7 @@ class Stream:
         self.tops: list[list[tuple[int, float]]] | None = [] if want_ids else None
         self.spec_steps: int | None = None
         self.spec_accepted: int | None = None
+        self.cached_tokens: int | None = None  # prompt tokens the server read from its prefix cache, where it says
         self.chars: list[int] = []  # cumulative characters after each content chunk that carried no usage
         self.tokens_from: str | None = None  # where `tokens` came from: "usage" or "text" (see finish_tokens)
         self.t_write: float | None = None  # when the transport wrote the request (after connecting)
@@ -200,6 +202,9 @@ class Stream:
             ct = usage.get("completion_tokens")
             if ct is not None:
                 self.output_tokens = ct
+            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+            if cached is not None:
+                self.cached_tokens = int(cached)
         choices = obj.get("choices")
         if choices:
             c = choices[0]
@@ -292,6 +297,8 @@ class Stream:
             self.finish = fr.get("type") if isinstance(fr, dict) else str(fr)
             if isinstance(fr, dict) and fr.get("message"):  # SGLang says why it aborted (e.g. DFLASH + logprobs)
                 self._abort_reason = str(fr["message"])[:200]
+        if meta.get("cached_tokens") is not None:
+            self.cached_tokens = int(meta["cached_tokens"])
         if meta.get("spec_verify_ct") is not None:
             self.spec_steps = meta["spec_verify_ct"]
             self.spec_accepted = meta.get("spec_accept_token_num", meta.get("spec_accepted_drafts"))

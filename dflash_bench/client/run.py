@@ -178,6 +178,9 @@ def print_summary(s: CellSummary, cell_dir: Path) -> None:
                   + (f", request-weighted {s.acceptance_length_req_weighted:.3f}" if s.acceptance_length_req_weighted else ""))
     else:
         con.print("acceptance length tau: absent (the server reported no speculative counters)")
+    if s.prefix_cache_hit_rate:
+        con.print(f"prefix cache: {100 * s.prefix_cache_hit_rate:.1f}% of the prompt tokens were read from the "
+                  f"server's cache ({s.prefix_cache_source}), not computed")
     if s.dflash_warning:
         con.print(f"[bold red]WARNING: DFlash not in effect: {escape(s.dflash_warning)}[/]", highlight=False)
     if s.num_failed:

@@ -11,6 +11,7 @@ from typing import Any, Sequence
 
 from dflash_bench.client.cell import Measurement, measure
 from dflash_bench.metrics.acceptance import cell_acceptance, counter_namespace
+from dflash_bench.metrics.cache import prefix_cache
 from dflash_bench.metrics.definitions import failure_reasons, not_measured, summarize
 from dflash_bench.metrics.prometheus import ACCEPTED, DRAFTS
 from dflash_bench.store import TELEMETRY, CellSettings, CellSummary, RequestRecord, SweepDir
@@ -49,7 +50,7 @@ def summarize_records(records: list[RequestRecord], *, cell_id: str, engine: str
     """Counts, latencies and acceptance of `records`; failed when `failure` is given or nothing succeeded."""
     summary = CellSummary(cell_id=cell_id, engine=engine, mode=mode, suite=suite, concurrency=concurrency,
                           repeat=repeat, input_len=input_len, thinking_asked=thinking_asked, **summarize(records),
-                          **cell_acceptance(engine, delta, records))
+                          **cell_acceptance(engine, delta, records), **prefix_cache(records, delta))
     summary.not_measured = not_measured(records)
     reasons = failure_reasons(records)
     summary.failures = reasons

@@ -11,7 +11,11 @@ that the harness measures right:
   exactly `acceptance_length`, the last step cut at the output length (counters still count the whole
   step, as vLLM's do);
 - output length and token ids are a deterministic function of (seed, prompt), identical in both modes,
-  so an AR and a DFlash emulator are "lossless" with respect to each other.
+  so an AR and a DFlash emulator are "lossless" with respect to each other;
+- with `prefix_cache`, vLLM's automatic prefix caching as its counters show it (`lookup`): the prompt tokens
+  each request finds cached, whole blocks of 16 tokens, under `vllm:prefix_cache_*`, and with
+  `prompt_tokens_details` in `usage.prompt_tokens_details.cached_tokens` (the first token still comes
+  `ttft_ms` after the request).
 
 Fault injection (`fail_every`/`fail_kind`, `crash_after_requests`) lets tests plant the failures a real
 server shows. The HTTP side is `server.py`.
@@ -28,6 +32,7 @@ from dataclasses import dataclass, field
 
 
 FAIL_KINDS = ("error", "stream-error", "drop", "malformed", "hang")
+PREFIX_BLOCK = 16  # tokens per prefix-cache block (vLLM's default block size); a token is 4 prompt bytes (`plan`)
 
 
 @dataclass
@@ -46,6 +51,8 @@ class EmulatorConfig:
     fail_every: int = 0  # every k-th generation request fails with fail_kind (0 = never)
     fail_kind: str = "error"
     crash_after_requests: int = 0  # exit(3) once this many generation requests have completed
+    prefix_cache: bool = False  # vLLM's automatic prefix caching, on its counters (see Emulator.lookup)
+    prompt_tokens_details: bool = False  # vLLM's --enable-prompt-tokens-details: usage says the cached tokens
 
     def __post_init__(self) -> None:
         if self.mode not in ("ar", "dflash"):
@@ -66,6 +73,8 @@ class Counters:
     draft_tokens: int = 0
     accepted: int = 0
     per_pos: list[int] = field(default_factory=list)
+    prefix_queries: int = 0  # prompt tokens looked up in the prefix cache
+    prefix_hits: int = 0  # and found there
 
 
 @dataclass
@@ -76,6 +85,7 @@ class Plan:
     finish: str
     steps: list[int]  # tokens accepted+bonus per verify step (the first token is not a step)
     prompt_tokens: int
+    cached_tokens: int | None = None  # of the prompt's, found in the prefix cache (None: no cache; `lookup`)
 
 
 class Emulator:
@@ -85,6 +95,7 @@ class Emulator:
         self.n_gen = 0
         self.n_done = 0
         self.created = time.time()
+        self.blocks: set[bytes] = set()  # the prefix cache: a key per cached block and everything before it
 
     # ---- the model ---------------------------------------------------------------------------------
     def plan(self, prompt: str, max_tokens: int, ignore_eos: bool = False) -> Plan:
@@ -110,6 +121,31 @@ class Emulator:
                 steps.append(k)
                 left -= k
         return Plan(ids, finish, steps, max(1, len(prompt.encode()) // 4))
+
+    def lookup(self, prompt: str, prompt_tokens: int) -> int | None:
+        """The prefix cache (None when off): how many of the prompt's tokens are cached, in whole blocks of
+        PREFIX_BLOCK tokens from the start, each block keyed by every byte up to its end, and at most all but the
+        last token (which a server computes anyway); then the prompt's blocks are cached, never evicted. Counted
+        as vLLM counts it: every prompt token a query, every cached one a hit."""
+        if not self.cfg.prefix_cache:
+            return None
+        data, step = prompt.encode(), 4 * PREFIX_BLOCK
+        h = hashlib.blake2b(digest_size=16)
+        keys = []
+        for i in range(prompt_tokens // PREFIX_BLOCK):
+            h.update(data[i * step:(i + 1) * step])
+            keys.append(h.copy().digest())
+        hit = 0
+        while hit < (prompt_tokens - 1) // PREFIX_BLOCK and keys[hit] in self.blocks:
+            hit += 1
+        self.blocks.update(keys)
+        self.c.prefix_queries += prompt_tokens
+        self.c.prefix_hits += hit * PREFIX_BLOCK
+        return hit * PREFIX_BLOCK
+
+    def reported(self, plan: Plan) -> int | None:
+        """The cached tokens a response's usage says (None: it says nothing, vLLM's default)."""
+        return (plan.cached_tokens or 0) if self.cfg.prompt_tokens_details else None
 
     def count_step(self, k: int) -> None:
         """Record one verify step in the vLLM-style counters (the whole step, even past EOS)."""
@@ -153,6 +189,9 @@ class Emulator:
         counter("vllm:request_success", c.requests_ok, "Count of successfully processed requests.", ',finished_reason="stop"')
         out.append("# HELP vllm:num_requests_running Number of requests in model execution batches.")
         out.append(f"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{{lab}}} {float(c.running)}")
+        if self.cfg.prefix_cache:
+            counter("vllm:prefix_cache_queries", c.prefix_queries, "Prefix cache queries, in terms of number of queried tokens.")
+            counter("vllm:prefix_cache_hits", c.prefix_hits, "Prefix cache hits, in terms of number of cached tokens.")
         if self.cfg.mode == "dflash":
             counter("vllm:spec_decode_num_drafts", c.drafts, "Number of spec decoding drafts.")
             counter("vllm:spec_decode_num_draft_tokens", c.draft_tokens, "Number of draft tokens.")

@@ -164,7 +164,7 @@ class Server:
                 yield pos, end
                 pos = end
             self.log.append({"prompt": prompt[:200], "t_arrival": t0, "t_first": t_first, "t_last": t_last,
-                             "tokens": n, "steps": len(plan.steps)})
+                             "tokens": n, "steps": len(plan.steps), "cached_tokens": plan.cached_tokens})
         finally:
             em.c.running -= 1
 
@@ -200,6 +200,7 @@ class Server:
         if fault == "error":
             conn.json(500, {"error": {"message": "planted server error", "type": "InternalServerError", "code": 500}})
             return True
+        plan.cached_tokens = self.em.lookup(prompt, plan.prompt_tokens)
         reply = Reply("chat" if chat else "completions", self.cfg.model,
                       ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:16])
         want_lp = bool(req.get("logprobs")) if chat else req.get("logprobs") is not None
@@ -208,7 +209,7 @@ class Server:
                 async for _ in tl:
                     pass
             self._done()
-            conn.json(200, reply.full(_text(plan.ids), plan.finish, usage(plan.prompt_tokens, len(plan.ids))))
+            conn.json(200, reply.full(_text(plan.ids), plan.finish, usage(plan.prompt_tokens, len(plan.ids), self.em.reported(plan))))
             return True
         so = req.get("stream_options") or {}
         usage_each = bool(so.get("include_usage") and so.get("continuous_usage_stats"))
@@ -217,13 +218,13 @@ class Server:
         def chunk(a: int, b: int, finish: str | None) -> dict:
             ids = plan.ids[a:b]
             lp = _logprobs(ids, chat) if want_lp else None
-            return reply.chunk(_text(ids), finish, lp, usage(plan.prompt_tokens, b) if usage_each else None)
+            return reply.chunk(_text(ids), finish, lp, usage(plan.prompt_tokens, b, self.em.reported(plan)) if usage_each else None)
 
         n = len(plan.ids)
         async with aclosing(self.timeline(plan, t0, prompt)) as tl:
             async for a, b in tl:
                 if a == 0 and chat:
-                    await conn.data(reply.role_chunk(usage(plan.prompt_tokens, 0) if usage_each else None))
+                    await conn.data(reply.role_chunk(usage(plan.prompt_tokens, 0, self.em.reported(plan)) if usage_each else None))
                 if fault and a > 0:
                     return await self._fault(fault, conn)
                 await conn.data(chunk(a, b, plan.finish if b == n else None))
@@ -231,7 +232,7 @@ class Server:
             metrics = None
             if self.cfg.per_request_spec_metrics and self.cfg.mode == "dflash":
                 metrics = {"speculative_decoding": self.spec_summary(plan)}
-            await conn.data(reply.usage_chunk(usage(plan.prompt_tokens, n), metrics))
+            await conn.data(reply.usage_chunk(usage(plan.prompt_tokens, n, self.em.reported(plan)), metrics))
         await conn.end_stream()
         self._done()
         return True
@@ -264,6 +265,7 @@ class Server:
         if fault == "error":
             conn.json(500, {"object": "error", "message": "planted server error", "type": "InternalServerError", "code": 500})
             return True
+        plan.cached_tokens = self.em.lookup(prompt, plan.prompt_tokens)
         rid = uuid.uuid4().hex
         n = len(plan.ids)
 
@@ -273,7 +275,7 @@ class Server:
             if done:
                 fr = {"type": "stop", "matched": 2} if plan.finish == "stop" else {"type": "length", "length": n}
             meta = {"id": rid, "finish_reason": fr, "prompt_tokens": plan.prompt_tokens, "completion_tokens": b,
-                    "cached_tokens": 0}
+                    "cached_tokens": plan.cached_tokens or 0}
             if done:
                 meta["e2e_latency"] = asyncio.get_running_loop().time() - t0
                 if self.cfg.mode == "dflash" and plan.steps:

@@ -107,7 +107,7 @@ def completion_prompt(tokenizer, req: CompletionRequest) -> list[int]:
 
 
 def usage(d: Delta) -> dict:
-    return openai_format.usage(d.prompt_tokens, d.completion_tokens)
+    return openai_format.usage(d.prompt_tokens, d.completion_tokens, 0)  # no prefix cache: no prompt token is cached
 
 
 def spec_metrics(d: Delta, block_size: int) -> dict | None:

@@ -1,5 +1,6 @@
 """What the report says about single cells: failed or unfinished ones, DFlash cells that did not speculate,
-the quality checks' verdict per AR/DFlash pair, and sample outputs (escaped by the page, never here)."""
+cells whose prompts the server partly read from its prefix cache, the quality checks' verdict per AR/DFlash
+pair, and sample outputs (escaped by the page, never here)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dflash_bench import analysis
 from dflash_bench.store import Manifest, SweepDir
 
 SAMPLE_CHARS = 600
+CACHED_SHARE = 0.01  # a cell whose server read at least this share of its prompt tokens from its prefix cache
 
 
 def no_speculation(frame: pd.DataFrame) -> list[dict[str, Any]]:
@@ -20,6 +22,17 @@ def no_speculation(frame: pd.DataFrame) -> list[dict[str, Any]]:
         return []
     rows = frame[(frame["mode"] == "dflash") & frame["dflash_warning"].map(lambda w: isinstance(w, str) and bool(w))]
     return [{"cell_id": r["cell_id"], "warning": r["dflash_warning"]} for _, r in rows.iterrows()]
+
+
+def prefix_cached(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """Complete cells whose server read at least CACHED_SHARE of their prompt tokens from its prefix cache
+    (`metrics/cache.py`), with the share and where it was read."""
+    if frame.empty or "prefix_cache_hit_rate" not in frame:
+        return []
+    done = analysis.complete(frame)
+    share = pd.to_numeric(done["prefix_cache_hit_rate"], errors="coerce")
+    return [{"cell_id": r["cell_id"], "share": float(r["prefix_cache_hit_rate"]), "source": r["prefix_cache_source"]}
+            for _, r in done[share >= CACHED_SHARE].iterrows()]
 
 
 def failures(manifest: Manifest, frame: pd.DataFrame) -> list[dict[str, Any]]:

@@ -123,6 +123,7 @@ def _context(view: tables.SweepView, figs: dict[str, dict[str, str]], slo: str |
         "energy": tables.stat_table(view, ["j_per_token", "avg_power_w"]),
         "synthetic": sorted({f"{v:g}" for v in view.frame.get("synthetic_acceptance", []) if _present(v)}),
         "no_speculation": cells.no_speculation(view.frame),
+        "prefix_cached": cells.prefix_cached(view.frame),
         "slo": serving.slo_context(view, slo),
         "card": serving.card_context(view),
         "thinking_pairs": serving.thinking_pairs(view),

@@ -119,6 +119,9 @@ class RequestRecord(BaseModel):
     chunk_tokens: list[int] = Field(default_factory=list)  # cumulative output tokens after each chunk
     chunk_tokens_from: Literal["usage", "text"] | None = None  # text: no per-chunk usage, spread by characters
     prompt_tokens: int | None = None  # from the server's usage, never counted by the client
+    # of them, read from the server's prefix cache, where its response says (usage.prompt_tokens_details, or
+    # SGLang's meta_info); None: not said
+    cached_prompt_tokens: int | None = None
     output_tokens: int | None = None
     finish_reason: str | None = None
     error: str | None = None  # None means the request succeeded
@@ -278,6 +281,10 @@ class CellSummary(CellKey):
     verify_width: float | None = None  # mean tokens verified per row and step, 1 + num_draft_tokens / num_drafts
     num_accepted_tokens: int | None = None
     synthetic_acceptance: float | None = None  # set when the server ran with synthetic acceptance
+    # share of the measured prompt tokens the server read from its prefix cache (metrics/cache.py): a cell whose
+    # prompts an earlier cell sent has that much of its prefill free; None where the server does not say
+    prefix_cache_hit_rate: float | None = None
+    prefix_cache_source: Literal["usage", "vllm-metrics"] | None = None
 
     failures: dict[str, int] = Field(default_factory=dict)  # failure kind -> count of measured requests
     clock_origin_monotonic_s: float | None = None  # records' time origin on this host's time.perf_counter
