@@ -145,7 +145,7 @@ def serve(
     step_ahead: bool = typer.Option(True, "--step-ahead/--no-step-ahead", help="Fast path: launch the next decode step before reading this one's tokens (the GPU never waits for the host; a request admitted mid-decode waits up to one step longer for its first token)."),
     verify_width: str = typer.Option("auto", "--verify-width", help="Fast path, DFlash: auto (verify the anchor and as many drafts per step as maximise committed tokens per second, from measured acceptance and step times) or full (the whole block every step)."),
     cut_draft: bool = typer.Option(False, "--cut-draft", help="Fast path, DFlash: draft only the positions a step verifies (the anchor and w - 1 masks), not the whole block; for drafters trained on blocks of random length."),
-    prefill: str = typer.Option("auto", "--prefill", help="When a prompt that arrives while others decode is prefilled: first (every waiting prompt before the next step: the batch fills before it steps, the running rows wait), inline (one prefill group between two steps), beside (fast path on a GPU: on its own CUDA stream, beside the steps; the first tokens come sooner, fewer tokens per second). auto: first."),
+    prefill: str = typer.Option("first", "--prefill", help="When a prompt that arrives while others decode is prefilled: first (every waiting prompt before the next step: the batch fills before it steps, the running rows wait), inline (one prefill group between two steps), beside (fast path on a GPU: on its own CUDA stream, beside the steps; the first tokens come sooner, fewer tokens per second)."),
 ) -> None:
     """Serve the builtin DFlash engine (OpenAI-compatible API, vLLM metric names) until interrupted."""
     from dflash_bench.engine.server import serve as run_server

@@ -201,6 +201,7 @@ class Server:
             conn.json(500, {"error": {"message": "planted server error", "type": "InternalServerError", "code": 500}})
             return True
         plan.cached_tokens = self.em.lookup(prompt, plan.prompt_tokens)
+        said = self.em.reported(plan)  # the cached tokens its usage says, or None
         reply = Reply("chat" if chat else "completions", self.cfg.model,
                       ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:16])
         want_lp = bool(req.get("logprobs")) if chat else req.get("logprobs") is not None
@@ -209,7 +210,7 @@ class Server:
                 async for _ in tl:
                     pass
             self._done()
-            conn.json(200, reply.full(_text(plan.ids), plan.finish, usage(plan.prompt_tokens, len(plan.ids), self.em.reported(plan))))
+            conn.json(200, reply.full(_text(plan.ids), plan.finish, usage(plan.prompt_tokens, len(plan.ids), said)))
             return True
         so = req.get("stream_options") or {}
         usage_each = bool(so.get("include_usage") and so.get("continuous_usage_stats"))
@@ -218,13 +219,13 @@ class Server:
         def chunk(a: int, b: int, finish: str | None) -> dict:
             ids = plan.ids[a:b]
             lp = _logprobs(ids, chat) if want_lp else None
-            return reply.chunk(_text(ids), finish, lp, usage(plan.prompt_tokens, b, self.em.reported(plan)) if usage_each else None)
+            return reply.chunk(_text(ids), finish, lp, usage(plan.prompt_tokens, b, said) if usage_each else None)
 
         n = len(plan.ids)
         async with aclosing(self.timeline(plan, t0, prompt)) as tl:
             async for a, b in tl:
                 if a == 0 and chat:
-                    await conn.data(reply.role_chunk(usage(plan.prompt_tokens, 0, self.em.reported(plan)) if usage_each else None))
+                    await conn.data(reply.role_chunk(usage(plan.prompt_tokens, 0, said) if usage_each else None))
                 if fault and a > 0:
                     return await self._fault(fault, conn)
                 await conn.data(chunk(a, b, plan.finish if b == n else None))
@@ -232,7 +233,7 @@ class Server:
             metrics = None
             if self.cfg.per_request_spec_metrics and self.cfg.mode == "dflash":
                 metrics = {"speculative_decoding": self.spec_summary(plan)}
-            await conn.data(reply.usage_chunk(usage(plan.prompt_tokens, n, self.em.reported(plan)), metrics))
+            await conn.data(reply.usage_chunk(usage(plan.prompt_tokens, n, said), metrics))
         await conn.end_stream()
         self._done()
         return True

@@ -189,7 +189,7 @@ def build_app(loop: EngineLoop, model_name: str) -> FastAPI:
     return app
 
 
-PREFILL = ("auto", "first", "inline", "beside")  # serve --prefill: see EngineLoop and fast/background.py
+PREFILL = ("first", "inline", "beside")  # serve --prefill: see EngineLoop and fast/background.py
 
 
 def _check_port(host: str, port: int) -> None:
@@ -205,7 +205,7 @@ def serve(model: str, draft: str | None = None, *, mode: str | None = None, host
           dtype: str = "auto", device: str = "auto", max_slots: int = 32, max_model_len: int = 4096,
           served_model_name: str | None = None, log_level: str = "warning", fast: bool = False,
           synthetic_acceptance: float | None = None, benchmark_only: bool = False, step_ahead: bool = True,
-          verify_width: str = "auto", cut_draft: bool = False, prefill: str = "auto") -> None:
+          verify_width: str = "auto", cut_draft: bool = False, prefill: str = "first") -> None:
     """Load the model(s) and serve until interrupted (the `dflash-bench serve` command)."""
     import uvicorn
 
@@ -241,7 +241,7 @@ def serve(model: str, draft: str | None = None, *, mode: str | None = None, host
     # while the event loop writes SSE chunks, CPython makes it wait a whole switch interval (5 ms by default,
     # most of an AR step). A short interval bounds that wait; DFLASH_BENCH_SWITCH_INTERVAL_MS sets it.
     sys.setswitchinterval(float(os.environ.get("DFLASH_BENCH_SWITCH_INTERVAL_MS", "0.2")) / 1000)
-    loop = EngineLoop(engine, prefill_first=prefill in ("auto", "first")).start()
+    loop = EngineLoop(engine, prefill_first=prefill == "first").start()
     name = served_model_name or model
     app = build_app(loop, name)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
