@@ -9,7 +9,8 @@ token ids saved, GGUF f32. Then:
   llama-server reports no ids for accepted draft tokens;
 - the counters agree with the per-response `timings` (draft_n / draft_n_accepted) on a server launched
   here;
-- each request's usage says the prompt tokens llama.cpp read from its slot's cache (the builtin engine: 0).
+- each request's usage says the prompt tokens llama.cpp read from its cache, most of a prompt an earlier cell
+  sent (the builtin engine: 0).
 Skips when llama-server is neither on PATH nor built, unless DFLASH_BENCH_REQUIRE_LLAMACPP=1 (CI), where
 that absence fails.
 """
@@ -148,17 +149,17 @@ def test_llamacpp_ar_and_dflash_agree_token_for_token(sweep):
 
 
 def test_every_cell_says_what_the_servers_prefix_caches_held(sweep):
-    """llama.cpp says each request's cached prompt tokens in its usage (`prompt_tokens_details`; a slot keeps
-    its last prompt, so a new one reuses at least their common chat-template opening); the builtin engine
-    has no prefix cache and says 0. Both are read from the responses, request by request."""
+    """llama.cpp says each request's cached prompt tokens in its usage (`prompt_tokens_details`), and keeps the
+    prompts it has seen (in its slots and its prompt cache): each cell at 4 re-sends the 8 prompts its suite's
+    cell at 1 sent, and most of their tokens come from the cache (measured by hand: 42 of a 43-token prompt sent
+    again). The builtin engine has no prefix cache and says 0. Both are read from the responses."""
     cells = _summaries(sweep)
     for (engine, mode, suite, conc), s in cells.items():
         assert s.prefix_cache_source == "usage", (engine, mode, suite, conc)
-        assert 0.0 <= s.prefix_cache_hit_rate < 1.0
         if engine == "builtin":
             assert s.prefix_cache_hit_rate == 0.0
-    cached = [r.cached_prompt_tokens for r in sweep.read_requests("llamacpp-ar-gsm8k-c1") if not r.warmup]
-    assert all(c is not None for c in cached) and any(cached)
+        elif conc == 4:
+            assert s.prefix_cache_hit_rate > max(0.5, cells[(engine, mode, suite, 1)].prefix_cache_hit_rate)
 
 
 def test_counters_agree_with_per_response_timings():
