@@ -464,21 +464,29 @@ def test_the_loop_takes_a_first_token_from_a_later_step(tmp_path):
     assert ev["finish", "r1"].step > ev["admit", "r1"].step
 
 
+def _burst(tmp_path, n: int):
+    """A fast engine of 8 slots whose prefill groups hold two of the `n` 10-token prompts, the prompts, their
+    sampling (12 tokens, ignore_eos) and what each gets alone."""
+    from dflash_bench.engine.fast.engine import build_fast_engine
+
+    target, drafter = make_tiny_pair(tmp_path, seed=1, block_size=B)
+    engine = build_fast_engine(str(target), str(drafter), max_slots=8, max_len=MAX_LEN, dtype="float64", device="cpu")
+    ps = [list(range(40 + i, 50 + i)) for i in range(n)]
+    sp = SamplingParams(max_tokens=12, ignore_eos=True)
+    alone = [ref_generate(engine, [p], sp)[0].out for p in ps]
+    engine.prefill_tokens = 20
+    return engine, ps, sp, alone
+
+
 def test_a_burst_is_admitted_one_prefill_group_per_step(tmp_path):
     """Five requests waiting at once, prefill groups of two (`prefill_tokens`): the loop prefills one group
     per turn, the rows already admitted step in between, each group goes to the runner as one batch, and every
     request gets the tokens it gets alone."""
     import threading
 
-    from dflash_bench.engine.fast.engine import build_fast_engine
     from dflash_bench.engine.loop import EngineLoop
 
-    target, drafter = make_tiny_pair(tmp_path, seed=1, block_size=B)
-    engine = build_fast_engine(str(target), str(drafter), max_slots=8, max_len=MAX_LEN, dtype="float64", device="cpu")
-    ps = [list(range(40 + i, 50 + i)) for i in range(5)]  # 10 tokens each
-    sp = SamplingParams(max_tokens=12, ignore_eos=True)
-    alone = [ref_generate(engine, [p], sp)[0].out for p in ps]
-    engine.prefill_tokens = 20
+    engine, ps, sp, alone = _burst(tmp_path, 5)
     groups = []
     add_many = engine.runner.add_many
     engine.runner.add_many = lambda slots, prompts: groups.append(len(slots)) or add_many(slots, prompts)
@@ -505,15 +513,9 @@ def test_prefill_first_fills_the_batch_before_it_steps(tmp_path):
     too, is prefilled before the first step, and every request gets the tokens it gets alone."""
     import threading
 
-    from dflash_bench.engine.fast.engine import build_fast_engine
     from dflash_bench.engine.loop import EngineLoop
 
-    target, drafter = make_tiny_pair(tmp_path, seed=1, block_size=B)
-    engine = build_fast_engine(str(target), str(drafter), max_slots=8, max_len=MAX_LEN, dtype="float64", device="cpu")
-    ps = [list(range(40 + i, 50 + i)) for i in range(6)]  # 10 tokens each
-    sp = SamplingParams(max_tokens=12, ignore_eos=True)
-    alone = [ref_generate(engine, [p], sp)[0].out for p in ps]
-    engine.prefill_tokens = 20
+    engine, ps, sp, alone = _burst(tmp_path, 6)
     loop = EngineLoop(engine, prefill_first=True)
     got: dict = {}
     dones = [threading.Event() for _ in ps]
