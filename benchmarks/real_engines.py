@@ -41,6 +41,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from serve_speed import wait_ready, write_pair  # noqa: E402
 
 from dflash_bench.launch import free_port  # noqa: E402
+from dflash_bench.metrics.cache import HITS, QUERIES  # noqa: E402
 from dflash_bench.store import SweepDir  # noqa: E402
 
 SUITES = "gsm8k,humaneval,mt-bench"
@@ -233,7 +234,7 @@ def engine_counters(url: str) -> dict[str, float]:
     or vLLM's prefix-cache lookups and hits in tokens (`queries`, `hits`), from /metrics."""
     out: dict[str, float] = {}
     for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
-        for name, key in (("vllm:prefix_cache_queries_total", "queries"), ("vllm:prefix_cache_hits_total", "hits")):
+        for name, key in ((QUERIES, "queries"), (HITS, "hits")):
             if line.startswith(name + "{") or line.startswith(name + " "):
                 out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
         if line.startswith("dflash_bench:engine_thread_seconds_total{"):
