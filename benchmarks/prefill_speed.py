@@ -1,4 +1,5 @@
-"""Prefilling k prompts: one graph each (`FastRunner.add`) against one batched eager forward (`_prefill_rows`).
+"""Prefilling k prompts: one graph each (`FastRunner.add`) against one batched eager forward (`_prefill_rows`),
+and for k in `prefill.GRAPHED_ROWS` one graph of k rows (`_prefill_graphed`).
 
 What `prefill.BATCHED_PREFILL_ROWS` and `PREFILL_TOKENS` are chosen from: per prompt length and k, the median ms
 of each way (CUDA-synchronised, after a warm-up), on the target and drafter given (a DFlash prefill also
@@ -41,19 +42,21 @@ def main() -> None:
     ap.add_argument("--out")
     args = ap.parse_args()
     from dflash_bench.engine.fast.engine import build_fast_engine
+    from dflash_bench.engine.fast.prefill import GRAPHED_ROWS
 
     rows = [int(k) for k in args.rows.split(",")]
     r = build_fast_engine(args.model, args.draft, mode="dflash" if args.draft else "ar",
                           max_slots=max(rows), max_len=args.max_model_len).runner
     sync = torch.cuda.synchronize if r.dev.type == "cuda" else (lambda: None)
     rng = random.Random(0)
+    top = min(30000, r.t.vocab_size)  # token ids of the model's vocabulary (the CPU kernels do not check them)
     res = []
     for n in [int(x) for x in args.lengths.split(",")]:
         for k in rows:
             if k * n > 4 * 8192:
                 continue
             slots = list(range(k))
-            prompts = [[rng.randrange(1000, 30000) for _ in range(n)] for _ in slots]
+            prompts = [[rng.randrange(min(1000, top - 1), top) for _ in range(n)] for _ in slots]
 
             def one_by_one():
                 for s, p in zip(slots, prompts):
@@ -62,8 +65,12 @@ def main() -> None:
             def batched():
                 r._prefill_rows(slots, prompts)
 
+            def grouped():  # one graph of k rows (prefill.GRAPHED_ROWS)
+                r._prefill_graphed(slots, prompts)
+
             row = {"prompt_tokens": n, "rows": k, "graphs_ms": timed(one_by_one, sync, args.reps),
-                   "batched_ms": timed(batched, sync, args.reps) if k > 1 else None}
+                   "batched_ms": timed(batched, sync, args.reps) if k > 1 else None,
+                   "grouped_graph_ms": timed(grouped, sync, args.reps) if k in GRAPHED_ROWS else None}
             for s in slots:
                 r.release(s)
             print(json.dumps(row), flush=True)

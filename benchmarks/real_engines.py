@@ -310,7 +310,7 @@ def measure_served(args, url: str, engine: str, mode: str, c: int, work: Path) -
     cmd = [sys.executable, "-m", "dflash_bench", "run", "--url", url, "--suite", "gsm8k", "-c", str(c),
            "-n", str(args.prompts_per_slot * c), "--max-tokens", str(args.new_tokens), "--ignore-eos",
            "--label", mode, "--engine", "builtin" if builtin else engine.split("-")[0], "--data-dir", args.data_dir, "--out", str(work / "runs"),
-           "--name", name] + (["--api", "generate", "--tokenizer", str(work / args.shape / "target")]
+           "--name", name] + (["--seed", str(c)] if args.fresh_prompts else []) + (["--api", "generate", "--tokenizer", str(work / args.shape / "target")]
                                 if engine == "sglang" else [])  # SGLang's tau: /generate's meta_info only
     subprocess.run(cmd, stdout=subprocess.DEVNULL)
     after = engine_counters(url) if counted else {}
@@ -354,6 +354,9 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,8,32")
     ap.add_argument("--num-prompts", type=int, help="pair: prompts per cell (default: the sweep's)")
     ap.add_argument("--prompts-per-slot", type=int, default=4, help="shape: requests per cell = this x concurrency")
+    ap.add_argument("--fresh-prompts", action="store_true",
+                    help="shape: each cell draws its own prompts (`run --seed C`), so that no cell re-sends the "
+                         "prompts of the one before and reads them from a prefix cache")
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--max-model-len", type=int, default=1536)
     ap.add_argument("--device", default="cuda")

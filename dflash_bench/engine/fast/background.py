@@ -46,14 +46,14 @@ class BackgroundPrefill:
         """Enqueue the prefill of `prompt` into `slot` (free, and `fits`); returns at once."""
         r, P = self.r, self.r.padded(len(prompt))
         row = self.host[slot]
-        stage(row, slot, prompt, P)
+        stage(row, [slot], [prompt], P)
         r.start[slot] = P  # main stream: steps launched from now on write this slot's padding K/V past the prompt
         self.stream.wait_stream(torch.cuda.current_stream(r.dev))
         with torch.cuda.stream(self.stream):
             r.pre_in[:2 + P].copy_(row[:2 + P], non_blocking=True)
             r.prefill_graph(P)
-            self.tok[slot:slot + 1].copy_(r.pre_tok)
-            self.tok_host[slot:slot + 1].copy_(r.pre_tok, non_blocking=True)
+            self.tok[slot:slot + 1].copy_(r.pre_tok[:1])
+            self.tok_host[slot:slot + 1].copy_(r.pre_tok[:1], non_blocking=True)
             done = torch.cuda.Event()
             done.record()
         self.pending[slot] = (len(prompt), done)

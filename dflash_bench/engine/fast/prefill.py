@@ -18,15 +18,22 @@ PREFILL_BUCKET = 64  # prompts are padded to a multiple of this: one prefill gra
 # tokens. Under 4 prompts the eager forward's launches (~20 ms of host time) cost more than the graphs.
 PREFILL_TOKENS = 2048  # padded prompt tokens per batched prefill forward at most
 BATCHED_PREFILL_ROWS = 4  # GPU: prompts from which a group is prefilled in one eager forward, not graph by graph
+# GPU: groups of 2 or 3 prompts run one graph of k rows padded to the longest (its bucket): one forward reads the
+# weights once and fills more of the GPU than k one-row graphs, without an eager forward's ~20 ms of launches
+GRAPHED_ROWS = (2, 3)
 PREFILL_LANE = 2  # split-K workspace of a prefill's one-row matmul (the head): the steps use 0 and 1
 
 
-def stage(buf: torch.Tensor, slot: int, prompt: list[int], P: int) -> None:
-    """A prefill graph's inputs in `buf` (host memory): the slot, the index of the prompt's last token, and its
-    ids padded with zeros to P."""
-    n = len(prompt)
-    buf[0], buf[1], buf[2:2 + n] = slot, n - 1, torch.tensor(prompt, dtype=torch.long)
-    buf[2 + n:2 + P] = 0
+def stage(buf: torch.Tensor, slots: list[int], prompts: list[list[int]], P: int) -> int:
+    """A prefill graph's inputs in `buf` (host memory): the k slots, the index of each prompt's last token in the
+    k x P ids, and the ids, each prompt padded with zeros to P. Returns how many entries it wrote."""
+    k = len(prompts)
+    for i, (slot, prompt) in enumerate(zip(slots, prompts)):
+        n, at = len(prompt), 2 * k + i * P
+        buf[i], buf[k + i] = slot, i * P + n - 1
+        buf[at:at + n] = torch.tensor(prompt, dtype=torch.long)
+        buf[at + n:at + P] = 0
+    return 2 * k + k * P
 
 
 class Prefills:
@@ -43,23 +50,39 @@ class Prefills:
         n = len(prompt)
         if not 0 < n <= self.max_len:
             raise IndexError(f"a prompt of {n} tokens does not fit the cache of {self.max_len} positions")
-        P = self.padded(n)
+        return self._prefill_graphed([slot], [prompt])[0]
+
+    def _prefill_graphed(self, slots: list[int], prompts: list[list[int]]) -> list[int]:
+        """k prompts (k = 1 or in GRAPHED_ROWS) by the graph of k rows and their longest prompt's bucket."""
+        k, n = len(prompts), [len(p) for p in prompts]
+        P = self.padded(max(n))
         if self.bg is not None:
             self.bg.join()  # a prefill beside the steps may still read `pre_in`
-        stage(self.pre_host, slot, prompt, P)
-        self.pre_in[:2 + P].copy_(self.pre_host[:2 + P], non_blocking=True)
-        self.prefill_graph(P)
-        tok = self.pre_tok[0]
-        self.admit(slot, n, tok)
-        return int(tok)
+        m = stage(self.pre_host, slots, prompts, P)
+        self.pre_in[:m].copy_(self.pre_host[:m], non_blocking=True)
+        self.prefill_graph(P, k)
+        toks = self.pre_tok[:k]
+        for i, slot in enumerate(slots):
+            self.admit(slot, n[i], toks[i])
+        return toks.tolist()
 
     def padded(self, n: int) -> int:
         """A prompt's length bucket: `n` up to a multiple of PREFILL_BUCKET (at most the cache)."""
         return min(-(-n // PREFILL_BUCKET) * PREFILL_BUCKET, self.max_len)
 
-    def prefill_graph(self, P: int) -> None:
-        """Run the prefill of the prompt `pre_in` holds, padded to P (its graph on a GPU), on the current stream."""
-        self._run(("prefill", P), lambda: self._prefill(P))
+    def prefill_graph(self, P: int, k: int = 1) -> None:
+        """Run the prefill of the k prompts `pre_in` holds, padded to P (their graph on a GPU), on the current
+        stream."""
+        self._run(("prefill", P) if k == 1 else ("prefill", P, k), lambda: self._prefill(P, k))
+
+    def grouped_buckets(self) -> list[tuple[int, int]]:
+        """(P, k) of every graph of several rows a group may need: k in GRAPHED_ROWS, k * P within a group's
+        tokens (a group of k is cut at PREFILL_TOKENS before padding, so its bucket may pass it by < k buckets)."""
+        out = []
+        for k in GRAPHED_ROWS:
+            top = self.padded(-(-PREFILL_TOKENS // k))
+            out += [(P, k) for P in range(PREFILL_BUCKET, min(top, self.max_len) + 1, PREFILL_BUCKET)]
+        return out
 
     @torch.inference_mode()
     def add_many(self, slots: list[int], prompts: list[list[int]]) -> list[int]:
@@ -82,7 +105,9 @@ class Prefills:
             groups[-1].append(i)
         toks: dict[int, int] = {}
         for g in groups:
-            if len(g) == 1 or (self.graphs_on and len(g) < BATCHED_PREFILL_ROWS):
+            if len(g) == 1 or (self.graphs_on and len(g) in GRAPHED_ROWS):
+                toks.update(zip(g, self._prefill_graphed([slots[i] for i in g], [prompts[i] for i in g])))
+            elif self.graphs_on and len(g) < BATCHED_PREFILL_ROWS:
                 toks.update((i, self.add(slots[i], prompts[i])) for i in g)
             else:
                 toks.update(zip(g, self._prefill_rows([slots[i] for i in g], [prompts[i] for i in g])))
@@ -118,13 +143,14 @@ class Prefills:
         self.host_start[slot] = n
         self.admitted[slot] += 1
 
-    def _prefill(self, P: int) -> None:
-        """A prompt padded to P tokens into the slot `pre_in[0]` holds; its first token into `pre_tok`."""
-        slot, last, ids = self.pre_in[0:1], self.pre_in[1:2], self.pre_in[2:2 + P][None]
-        logits, feats = self.t.forward(ids, self.pre_start, 0, P, last_only=True, taps=self.taps, slot=slot,
+    def _prefill(self, P: int, k: int = 1) -> None:
+        """k prompts padded to P tokens into the slots `pre_in` holds (`stage`); their first tokens into
+        `pre_tok`."""
+        slot, last, ids = self.pre_in[0:k], self.pre_in[k:2 * k], self.pre_in[2 * k:2 * k + k * P].view(k, P)
+        logits, feats = self.t.forward(ids, self.pre_start[:k], 0, P, last_only=True, taps=self.taps, slot=slot,
                                        last=last, lane=PREFILL_LANE)
         if self.d:
-            self.d.write_context(feats, offsets(P, self.dev)[None], 0, slot=slot)
+            self.d.write_context(feats, offsets(P, self.dev).expand(k, P), 0, slot=slot)
         if self.logits is not None:
-            self.logits[:, 0].index_copy_(0, slot, logits[0])
-        self.pre_tok.copy_(logits[0, -1].argmax().view(1))
+            self.logits[:, 0].index_copy_(0, slot, logits[:, 0])
+        self.pre_tok[:k].copy_(logits[:, -1].argmax(-1))

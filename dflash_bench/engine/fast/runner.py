@@ -29,7 +29,7 @@ from dflash_bench.engine.fast.accept import SYNTHETIC_STEPS, commit, synthetic_r
 from dflash_bench.engine.fast.background import BackgroundPrefill
 from dflash_bench.engine.fast.draft import FastDrafter
 from dflash_bench.engine.fast.model import FastTarget, decode_step, matmul, offsets
-from dflash_bench.engine.fast.prefill import PREFILL_BUCKET, Prefills
+from dflash_bench.engine.fast.prefill import GRAPHED_ROWS, PREFILL_BUCKET, Prefills
 from dflash_bench.engine.fast.width import CPU_DECAY, CPU_WIDTHS, DECAY, WIDTHS, WidthChooser
 
 
@@ -82,10 +82,11 @@ class FastRunner(Prefills):
             self.uniforms = torch.rand(SYNTHETIC_STEPS, self.S, self.B - 1, generator=gen).to(dev)
             self.synth_step = torch.zeros(self.S, **long)  # per row: its commit advances it, no extra launch
         # a prefill's inputs (slot, index of the last prompt token, ids padded to the bucket), copied in one go
-        self.pre_host = torch.zeros(2 + self.max_len, dtype=torch.long, pin_memory=dev.type == "cuda")
-        self.pre_in = torch.zeros(2 + self.max_len, **long)
-        self.pre_start = torch.zeros(1, **long)
-        self.pre_tok = torch.zeros(1, **long)
+        k = max(GRAPHED_ROWS)  # up to k prompts: k slots, k last indices, k padded rows of ids
+        self.pre_host = torch.zeros(2 * k + k * self.max_len, dtype=torch.long, pin_memory=dev.type == "cuda")
+        self.pre_in = torch.zeros(2 * k + k * self.max_len, **long)
+        self.pre_start = torch.zeros(k, **long)
+        self.pre_tok = torch.zeros(k, **long)
         self.host_start: dict[int, int] = {}
         self.admitted = [0] * self.S  # requests admitted per slot: a step in flight from before is not theirs
         self._stepped: tuple = ()
@@ -140,6 +141,8 @@ class FastRunner(Prefills):
         for P in sorted({min(P, self.max_len) for P in range(PREFILL_BUCKET, self.max_len + PREFILL_BUCKET,
                                                              PREFILL_BUCKET)}):
             self.prefill_graph(P)
+        for P, k in self.grouped_buckets():
+            self.prefill_graph(P, k)
         for bs in self.sizes:
             for L in lengths:
                 if self.B == 1:
