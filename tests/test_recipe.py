@@ -25,6 +25,7 @@ def test_the_recipe_trains_a_pair_the_engine_serves(tmp_path, data_dir):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     record = json.loads((out / "recipe.json").read_text())
     assert record["data"]["held_out_per_suite"] == 64 and record["samples"]["responses"] == 24
+    assert record["data"]["synthetic_prompts"]["chat"] > 0 and record["data"]["synthetic_prompts"]["code"] > 0
     assert set(record["drafters"]) == {"a", "b"} and record["drafter"]["name"] == "a"  # the first one is the pair's
     conf = json.loads((out / "drafter" / "config.json").read_text())
     assert (conf["num_hidden_layers"], conf["intermediate_size"]) == (1, 64)

@@ -41,10 +41,11 @@ def test_pair_is_small_bf16_with_tokenizer_and_chat_template():
     assert target["rope_theta"] == target["rope_parameters"]["rope_theta"] == conf["rope_theta"]
 
 
-@pytest.mark.parametrize("suite", ["gsm8k", "math500", "mbpp"])
+@pytest.mark.parametrize("suite", ["gsm8k", "math500", "humaneval", "mbpp", "mt-bench", "spec-bench"])
 def test_pair_accepts_long_drafts_on_the_demos_prompts(suite, data_dir):
     """The first four prompts the demo sends (never trained on: tests/test_suite_data.py), 32 tokens as the demo
-    asks: at least 4 tokens per verify on these suites (measured 8.2, 5.7, 4.3), token for token what AR says."""
+    asks: at least 3.5 tokens per verify on every suite the demo runs (issue 21's bar; measured 9.7, 6.4, 4.8,
+    5.9, 5.3, 7.4), token for token what AR says."""
     from dflash_bench.suites import load_prompts
 
     kw = dict(max_slots=4, max_len=1024, dtype="float32")
@@ -56,7 +57,7 @@ def test_pair_accepts_long_drafts_on_the_demos_prompts(suite, data_dir):
            for p in load_prompts(suite, data_dir=data_dir, num_prompts=4, seed=0)]
     params = SamplingParams(max_tokens=32)
     assert [s.out for s in generate(df, ids, params)] == [s.out for s in generate(ar, ids, params)]
-    assert 1 + df.stats.accepted / df.stats.drafts >= 4.0
+    assert 1 + df.stats.accepted / df.stats.drafts >= 3.5
 
 
 def test_pair_drafts_are_accepted_and_output_equals_ar():

@@ -1,6 +1,6 @@
 """Train the project's tiny target/drafter pair from a fresh clone, offline.
 
-    python recipes/tiny_pair/train.py --data-dir DATA --device cuda                # the committed pair (H100: ~6 min)
+    python recipes/tiny_pair/train.py --data-dir DATA --device cuda                # the committed pair (H100: ~20 min)
     python recipes/tiny_pair/train.py --data-dir DATA --scale toy --out /tmp/pair  # a few steps on a CPU
 
 1. Text: Python's standard library as chat pairs (docstring -> code, module part -> source, pydoc topic ->
@@ -12,7 +12,8 @@
 3. A Qwen3-architecture target of a few million parameters, trained from scratch on it.
 4. Self-distillation, as DFlash drafters are trained: the target's own greedy responses to prompts like the
    suites' that it never saw (the other half of the records, the same prompts with new numbers, and
-   held-out standard-library prompts), as it will not have seen a demo's; then
+   held-out standard-library prompts, and requests like MT-Bench's, Spec-Bench's and HumanEval's written over
+   held-out text by `dflash_bench.train.synthetic`), as it will not have seen a demo's; then
    one or more drafters trained on those responses (`--drafter NAME:LAYERS:INTERMEDIATE:TARGET_LAYERS`), part
    of the blocks cut short so that an engine may draft fewer positions under load.
 
@@ -39,11 +40,13 @@ sys.path.insert(0, str(ROOT))
 SCALES = {
     # target: tokenizer size, model shape, steps, seconds; samples: prompts per kind, response length; drafter
     "full": dict(vocab=4096, hidden=256, layers=6, heads=4, kv_heads=2, inter=768, t_steps=3000, t_batch=32,
-                 seq_len=1024, t_lr=2e-3, t_time=140, t_epochs=3, suite_repeat=3, varied=4, sample_prompts=8000,
-                 max_new=192, d_steps=1460, d_batch=96, anchors=48, d_time=600, d_lr=1.5e-3, regen_batch=512),
+                 seq_len=1024, t_lr=2e-3, t_time=140, t_epochs=3, suite_repeat=3, varied=4, sample_prompts=40000,
+                 max_new=192, d_steps=12300, d_batch=96, anchors=48, d_time=960, d_lr=1.5e-3, regen_batch=512,
+                 chat=24000, code=1000),
     "toy": dict(vocab=400, hidden=64, layers=4, heads=4, kv_heads=2, inter=128, t_steps=20, t_batch=8,
                 seq_len=128, t_lr=2e-3, t_time=60, t_epochs=None, suite_repeat=1, varied=1, sample_prompts=None, max_new=24,
-                d_steps=10, d_batch=4, anchors=8, d_time=60, d_lr=1e-3, regen_batch=32, pairs=400, records=60),
+                d_steps=10, d_batch=4, anchors=8, d_time=60, d_lr=1e-3, regen_batch=32, pairs=400, records=60,
+                chat=40, code=10),
 }
 DRAFTER_SHARE = 0.5  # of the suites' records: prompts for the drafter only (the stdlib: a fifth of that)
 CUT_BLOCKS = 0.5  # share of training blocks cut to 2..15 slots (the builtin engine drafts fewer under load)
@@ -64,6 +67,7 @@ def main() -> None:
     ap.add_argument("--target-seconds", type=float, help="time limit of the target's training")
     ap.add_argument("--target-epochs", type=float, help="the target's training length in passes over its text")
     ap.add_argument("--drafter-seconds", type=float, help="time limit of each drafter's training")
+    ap.add_argument("--drafter-steps", type=int, help="training steps of each drafter")
     ap.add_argument("--sample-prompts", type=int, help="regenerate responses for at most this many prompts")
     ap.add_argument("--max-new", type=int, help="length of the regenerated responses")
     ap.add_argument("--init-drafter", default=None, help="continue training this drafter (same shape)")
@@ -71,6 +75,7 @@ def main() -> None:
     s = dict(SCALES[a.scale])
     s["t_time"] = a.target_seconds or s["t_time"]
     s["d_time"] = a.drafter_seconds or s["d_time"]
+    s["d_steps"] = a.drafter_steps or s["d_steps"]
     s["max_new"] = a.max_new or s["max_new"]
     s["t_epochs"] = a.target_epochs or s["t_epochs"]
     s["sample_prompts"] = a.sample_prompts or s["sample_prompts"]
@@ -112,6 +117,7 @@ def training_data(data_dir: Path, s: dict, seed: int) -> dict:
     suites' records with their answers, extractive summaries) and the drafter's prompts (the other half, the
     held part of the stdlib pairs), which the target never saw."""
     from dflash_bench.train import suite_data as sd
+    from dflash_bench.train import synthetic
     from dflash_bench.train.data import split_pairs, stdlib_pairs
 
     pairs = stdlib_pairs()
@@ -127,11 +133,18 @@ def training_data(data_dir: Path, s: dict, seed: int) -> dict:
     answers += sd.summary_pairs([a for u, a in stdlib if u.startswith("Explain ")], held)
     prompts = sd.train_prompts(theirs) + [u for u, _ in stdlib_held]
     prompts += [f"Summarize: {' '.join(a.split())}" for u, a in stdlib_held if u.startswith("Explain ")]
+    rng = random.Random(seed + 2)  # requests like MT-Bench's, Spec-Bench's and HumanEval's over unseen text
+    texts = [a for u, a in stdlib_held if u.startswith("Explain ")] + sd.train_prompts(theirs)
+    subjects = synthetic.topics(pairs) + synthetic.phrases(sd.train_prompts(theirs), rng)
+    chat = synthetic.chat_prompts(subjects, synthetic.passages(texts, rng), s["chat"], rng)
+    code = synthetic.code_prompts(stdlib_held, s["code"], rng)
+    prompts += [x for x in chat + code if not held.is_held_out(x)]  # a passage may quote a held-out prompt
     for u in [u for u, _ in answers] + prompts:  # a leak here would be a bug in suite_data: refuse to train on it
         if held.is_held_out(u):
             raise SystemExit(f"held-out prompt in the training data: {u[:80]!r}")
     counts = {"stdlib_pairs": len(stdlib), "target_answer_pairs": len(answers), "drafter_prompts": len(prompts),
               "held_out_prompts": len(held.ids), "held_out_per_suite": sd.HOLD,
+              "synthetic_prompts": {"chat": len(chat), "code": len(code)},
               "target_records_by_suite": {k: sum(p.suite == k for p in mine) for k in sd.SUITES},
               "drafter_records_by_suite": {k: sum(p.suite == k for p in theirs) for k in sd.SUITES}}
     log(f"data: {json.dumps(counts)}")
