@@ -39,19 +39,24 @@ def pair(request, tmp_path_factory):
     return make_tiny_pair(tmp_path_factory.mktemp(request.param), arch=request.param, seed=1, block_size=B)
 
 
-@pytest.mark.parametrize("prefill", ["graphs", "batched"])
+@pytest.mark.parametrize("prefill", ["graphs", "grouped", "batched"])
 @pytest.mark.parametrize("mode", ["ar", "dflash"])
 def test_graphed_step_ahead_fast_path_equals_the_reference(pair, mode, prefill, monkeypatch):
-    """`prefill`: the prompts one graph each (BATCHED_PREFILL_ROWS raised), or together in one eager forward (as a burst of
-    prompts is: six short prompts are under PREFILL_TOKENS and at least BATCHED_PREFILL_ROWS)."""
+    """`prefill`: the prompts one graph each (a token budget of one prompt per group), in one captured graph of six
+    rows (6 made one of GRAPHED_ROWS), or together in one eager forward (as a burst of prompts is: six short
+    prompts are under PREFILL_TOKENS and more than GRAPHED_ROWS)."""
     from dflash_bench.engine.build import build_engine
     from dflash_bench.engine.decode import generate
-    from dflash_bench.engine.fast.engine import build_fast_engine
     from dflash_bench.engine.fast import prefill as prefill_mod
+    from dflash_bench.engine.fast import runner as runner_mod
+    from dflash_bench.engine.fast.engine import build_fast_engine
     from dflash_bench.engine.sampling import SamplingParams
 
     if prefill == "graphs":
-        monkeypatch.setattr(prefill_mod, "BATCHED_PREFILL_ROWS", 1000)
+        monkeypatch.setattr(prefill_mod, "PREFILL_TOKENS", 1)
+    if prefill == "grouped":
+        for mod in (prefill_mod, runner_mod):
+            monkeypatch.setattr(mod, "GRAPHED_ROWS", (2, 3, 6))
     target, drafter = pair
     draft = str(drafter) if mode == "dflash" else None
     kw = dict(mode=mode, max_slots=SLOTS, max_len=MAX_LEN, dtype="float32", device="cuda")
@@ -79,6 +84,7 @@ def test_graphed_step_ahead_fast_path_equals_the_reference(pair, mode, prefill, 
     assert got == want and all(len(o) == N for o in got)
     assert max(depth) == 2  # steps ran ahead
     assert batched == ([6] if prefill == "batched" else [])
+    assert any(key[0] == "prefill" and key[2:] == (6,) for key in r.graphs) == (prefill == "grouped")
     assert fast.stats.generation_tokens == ref.stats.generation_tokens
     if mode == "dflash":  # the same drafts accepted, step by step: the same tau
         assert (fast.stats.drafts, fast.stats.accepted) == (ref.stats.drafts, ref.stats.accepted)

@@ -1,4 +1,5 @@
-"""A `FastRunner`'s prompts: prefilled into their slots, one graph per prompt or a group in one forward.
+"""A `FastRunner`'s prompts: prefilled into their slots, one graph per prompt or per group of 2-3, or a larger group
+in one forward.
 
 The runner's half that admits requests (its other half steps them). A prefill writes the prompt's K/V (and the
 drafter's context) into its slot and leaves the first generated token as the slot's anchor; on a GPU a prompt
@@ -90,8 +91,8 @@ class Prefills:
 
         Prompts of similar length go together, right-padded to the longest of their group, in forwards of at
         most PREFILL_TOKENS padded tokens: the group reads the weights once, and the host launches one
-        forward, not one per prompt. On a GPU a group of fewer than BATCHED_PREFILL_ROWS runs the one-prompt
-        graphs (`add`) instead: an eager forward's launches cost the host more than such a group's GPU time.
+        forward, not one per prompt. On a GPU a group of GRAPHED_ROWS prompts runs the captured graph of that
+        many rows instead: an eager forward's launches cost the host more than such a group's GPU time.
         Nothing is run unless every prompt fits the cache.
         """
         for p in prompts:
@@ -107,8 +108,6 @@ class Prefills:
         for g in groups:
             if len(g) == 1 or (self.graphs_on and len(g) in GRAPHED_ROWS):
                 toks.update(zip(g, self._prefill_graphed([slots[i] for i in g], [prompts[i] for i in g])))
-            elif self.graphs_on and len(g) < BATCHED_PREFILL_ROWS:
-                toks.update((i, self.add(slots[i], prompts[i])) for i in g)
             else:
                 toks.update(zip(g, self._prefill_rows([slots[i] for i in g], [prompts[i] for i in g])))
         return [toks[i] for i in range(len(prompts))]
