@@ -310,8 +310,9 @@ def measure_served(args, url: str, engine: str, mode: str, c: int, work: Path) -
     cmd = [sys.executable, "-m", "dflash_bench", "run", "--url", url, "--suite", "gsm8k", "-c", str(c),
            "-n", str(args.prompts_per_slot * c), "--max-tokens", str(args.new_tokens), "--ignore-eos",
            "--label", mode, "--engine", "builtin" if builtin else engine.split("-")[0], "--data-dir", args.data_dir, "--out", str(work / "runs"),
-           "--name", name] + (["--seed", str(c)] if args.fresh_prompts else []) + (["--api", "generate", "--tokenizer", str(work / args.shape / "target")]
+           "--name", name] + (["--api", "generate", "--tokenizer", str(work / args.shape / "target")]
                                 if engine == "sglang" else [])  # SGLang's tau: /generate's meta_info only
+    cmd += ["--seed", str(c)] if args.fresh_prompts else []
     subprocess.run(cmd, stdout=subprocess.DEVNULL)
     after = engine_counters(url) if counted else {}
     busy = {k: round(after[k] - before.get(k, 0.0), 3) for k in after}

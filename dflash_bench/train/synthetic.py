@@ -16,7 +16,7 @@ import ast
 import random
 import re
 
-HUMANEVAL = "Write a solution to the following problem and make sure that it passes the tests:\n```python\n{}\n```"
+from dflash_bench.suite_file import get_suite
 
 # MT-Bench's categories (writing, roleplay, reasoning, math, coding, extraction, stem, humanities) and
 # Spec-Bench's tasks (translation, summarization, qa, rag), as requests about a topic or over a passage
@@ -116,7 +116,8 @@ def code_prompts(code_pairs: list[tuple[str, str]], n: int, rng: random.Random) 
     write, in HumanEval's wrapper."""
     heads = [h for h in (_head(code) for _, code in code_pairs if code.startswith("def ")) if h]
     rng.shuffle(heads)
-    return [HUMANEVAL.format("\n" + h + "\n") for h in heads[:n]]
+    template = get_suite("humaneval").template  # suites/humaneval.toml: the wrapper around the record's {prompt}
+    return [template.replace("{prompt}", "\n" + h + "\n") for h in heads[:n]]
 
 
 def _head(code: str) -> str | None:
