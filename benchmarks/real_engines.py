@@ -75,6 +75,7 @@ class Row(BaseModel):
     engine_thread_s: dict[str, float] = Field(default_factory=dict)  # builtin: seconds per phase over the cell
     prefill_groups: int | None = None  # builtin: prefill groups over the cell (requests / groups: prompts per forward)
     decode_steps: int | None = None  # builtin: decode steps over the cell (in process at 32 rows, 128 tokens: ~127 a wave)
+    mixed_prefills: int | None = None  # builtin `--prefill mixed`: prompts of the cell prefilled inside a decode step
     # vLLM: prompt tokens looked up in its prefix cache over the cell, and those found (a cell's prompts that an
     # earlier cell sent: at 32 the first 32 prompts are the cell at 8's)
     prefix_cache_queries: int | None = None
@@ -244,6 +245,8 @@ def engine_counters(url: str) -> dict[str, float]:
             out["groups"] = float(line.rsplit(" ", 1)[1])
         elif line.startswith("dflash_bench:decode_steps_total{"):
             out["steps"] = float(line.rsplit(" ", 1)[1])
+        elif line.startswith("dflash_bench:mixed_prefills_total{"):
+            out["mixed"] = float(line.rsplit(" ", 1)[1])
     return out
 
 
@@ -317,12 +320,12 @@ def measure_served(args, url: str, engine: str, mode: str, c: int, work: Path) -
     after = engine_counters(url) if counted else {}
     busy = {k: round(after[k] - before.get(k, 0.0), 3) for k in after}
     count = lambda k: int(busy.pop(k)) if k in busy else None  # noqa: E731
-    groups, steps, queries, hits = count("groups"), count("steps"), count("queries"), count("hits")
+    groups, steps, queries, hits, mixed = (count(k) for k in ("groups", "steps", "queries", "hits", "mixed"))
     [s] = SweepDir.open(work / "runs" / name).summaries()
     row = row_of("shape", engine, s, busy, groups, steps)
-    row.prefix_cache_queries, row.prefix_cache_hits = queries, hits
+    row.prefix_cache_queries, row.prefix_cache_hits, row.mixed_prefills = queries, hits, mixed
     print(f"shape {engine} {mode} c={c}: {row.output_tok_s} tok/s, tau {row.tau}, TPOT p50 {row.tpot_ms_p50} ms, "
-          f"engine thread {busy}, prefill groups {groups}, decode steps {steps}, prefix cache hits {hits} of "
+          f"engine thread {busy}, prefill groups {groups} (mixed {mixed}), decode steps {steps}, prefix cache hits {hits} of "
           f"{queries} tokens", flush=True)
     return row
 
@@ -347,7 +350,7 @@ def main() -> None:
     ap.add_argument("--out", required=True, help="the results JSON (rows are added to what it holds)")
     ap.add_argument("--data-dir", default=os.environ.get("DFLASH_BENCH_DATA", "../shared/datasets"))
     ap.add_argument("--engines", help="pair: vllm,builtin,builtin-fast (default), sglang; shape: vllm,builtin "
-                                      "(default), sglang, builtin-first / builtin-inline / builtin-beside (that "
+                                      "(default), sglang, builtin-first / -inline / -beside / -mixed (that "
                                       "`serve --prefill`), inprocess (the "
                                       "builtin engine without its server)")
     ap.add_argument("--modes", default="ar,dflash")

@@ -381,21 +381,25 @@ def _submit(loop, req_id: str, prompt, sp, got: dict, done, then=None, after: in
     loop.submit(req_id, prompt, sp, sink)
 
 
-def test_serve_fast_gives_requests_arriving_mid_decode_what_they_get_alone(tmp_path):
+@pytest.mark.parametrize("mode", ["dflash", "ar-mixed"])
+def test_serve_fast_gives_requests_arriving_mid_decode_what_they_get_alone(tmp_path, mode):
     """The server's batching thread over the stepping-ahead fast engine, two slots. Request 1 is submitted from
     request 0's second delta and request 2 from request 1's first, on the engine thread, so they arrive while
     0 decodes (2 when no slot is free), whatever the machine's load. The loop's event log proves when each
-    joined; each request gets the very tokens it gets alone."""
+    joined; each request gets the very tokens it gets alone. `ar-mixed`: `serve --prefill mixed`, where both
+    ride in request 0's steps."""
     import threading
 
     from dflash_bench.engine.fast.engine import build_fast_engine
     from dflash_bench.engine.loop import EngineLoop
 
     target, drafter = make_tiny_pair(tmp_path, seed=1, block_size=B)
-    engine = build_fast_engine(str(target), str(drafter), max_slots=2, max_len=MAX_LEN, dtype="float64", device="cpu")
+    mixed = mode == "ar-mixed"
+    engine = build_fast_engine(str(target), None if mixed else str(drafter), mode=mode[:2] if mixed else mode,
+                               max_slots=2, max_len=MAX_LEN, dtype="float64", device="cpu", mixed=mixed)
     ps = _prompts(engine.tok, 3)
     sps = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (37, 20, 28)]
-    loop = EngineLoop(engine).start()
+    loop = EngineLoop(engine, prefill_first=mixed).start()
     alone: dict = {}
     together: dict = {}
     try:
@@ -418,6 +422,7 @@ def test_serve_fast_gives_requests_arriving_mid_decode_what_they_get_alone(tmp_p
     # 2, submitted at 1's first token, waited for the slot 1 left, then joined 0, still decoding
     assert t2.step >= ev["finish", "t1"].step > t1.step + 1 and t2.running == ("t0",)
     assert ev["finish", "t0"].step > t2.step
+    assert engine.mixed_prefills == (2 if mixed else 0)
 
 
 class _FirstTokensLater:
@@ -569,8 +574,8 @@ def _serve(engine, reqs: list[tuple[int, list[int], SamplingParams]]) -> tuple[d
     while pending or running:
         while pending and pending[0][1][0] <= t and engine.free_slots:
             i, (_, prompt, sp) = pending.pop(0)
-            seq, d = engine.add(str(i), prompt, sp)
-            seqs[i], lps[i] = seq, list(d.logprobs or [])
+            seq, d = engine.add(str(i), prompt, sp)  # d None: its first token comes from a step
+            seqs[i], lps[i] = seq, list(d.logprobs or []) if d else []
             running.append(seq)
         for d in engine.step(running) if running else []:
             lps[int(d.req_id)] += d.logprobs or []
@@ -616,6 +621,59 @@ def test_the_pipelined_engine_serves_what_step_by_step_serves(tmp_path, mode):
     assert max(ahead) == 1 and max(never) == 0  # the pipelined engine did run steps ahead
     for e in engines:
         assert sorted(e.free_slots) == [0, 1, 2] and not e.runner.host_start
+
+
+def test_prompts_that_ride_in_steps_are_served_what_they_get_alone(tmp_path):
+    """AR with `mixed`: prompts admitted while rows decode are prefilled by those rows' next steps (one a
+    step, two steps in flight), a request that wants logprobs is prefilled alone, one stops early on a stop
+    token: every request's tokens and logprobs equal the step-by-step engine's without riding."""
+    from dflash_bench.engine.fast.engine import build_fast_engine
+
+    target, _ = make_tiny_pair(tmp_path, seed=1, block_size=B)
+    kw = dict(mode="ar", max_slots=4, max_len=MAX_LEN, dtype="float64", device="cpu")
+    mixed = build_fast_engine(str(target), mixed=True, **kw)
+    plain = build_fast_engine(str(target), step_ahead=False, **kw)
+    ps = _prompts(plain.tok, 8)
+    free = ref_generate(plain, [ps[6]], SamplingParams(max_tokens=N, ignore_eos=True))[0].out
+    stop = next(i for i in range(3, N) if free[i] not in free[:i])
+    reqs = [(0, ps[0], SamplingParams(max_tokens=N, ignore_eos=True)),
+            (2, ps[1], SamplingParams(max_tokens=9, ignore_eos=True)),
+            (3, ps[2], SamplingParams(max_tokens=N, ignore_eos=True)),
+            (3, ps[3], SamplingParams(max_tokens=N, ignore_eos=True, logprobs=2)),
+            (5, ps[6], SamplingParams(max_tokens=N, ignore_eos=True, stop_token_ids=[free[stop]])),
+            (6, ps[4], SamplingParams(max_tokens=12, ignore_eos=True)),
+            (20, ps[5], SamplingParams(max_tokens=N, ignore_eos=True))]
+    (got, _), (want, _) = _serve(mixed, reqs), _serve(plain, reqs)
+    assert got == want
+    assert mixed.runner.rode >= 4 and plain.runner.rode == 0
+    assert sorted(mixed.free_slots) == [0, 1, 2, 3] and not mixed.queue and not mixed.runner.riding
+
+
+@pytest.mark.parametrize("kernels", PATHS)
+def test_a_prompt_that_rides_in_a_step_decodes_as_if_prefilled_alone(setup, kernels):
+    """A prompt prefilled by the forward of the running rows' AR step, into a slot that step's batch bucket
+    covers as padding (slot 1 beside rows 0 and 2) and into one past it, with a second step in flight behind
+    it: every row's tokens are greedy decoding's of its prompt alone."""
+    ar, df = setup
+    ps = _prompts(ar.tok, 4)
+    ref = [s.out for s in ref_generate(ar, ps, SamplingParams(max_tokens=N, ignore_eos=True))]
+    runner = _fast(df, drafter=False, kernels=_path(kernels), mixed=True)
+    outs = {0: [runner.add(0, ps[0])], 2: [runner.add(2, ps[1])]}
+    rides = {3: (1, ps[2]), 7: (5, ps[3])}
+    for step in range(3 * N):
+        live = [s for s in outs if len(outs[s]) < N]
+        if not live:
+            break
+        assert runner.launch(live, rides.get(step))
+        if step in rides:  # a second step behind it, before its first token is read
+            assert runner.launch(live)
+        for _ in range(len(runner.inflight)):
+            for s, toks in runner.collect().items():
+                outs[s].extend(toks)
+            for s, tok in runner.took.items():
+                outs[s] = [tok]
+    assert runner.rode == 2
+    assert [outs[s][:N] for s in (0, 2, 1, 5)] == ref
 
 
 def test_a_failing_prefill_gives_every_slot_back(tmp_path):

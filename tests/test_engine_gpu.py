@@ -147,3 +147,42 @@ def test_prompts_prefilled_beside_the_steps_get_what_they_get_alone(pair, mode):
         step()
     assert not bg.pending and sorted(fast.free_slots) == list(range(SLOTS))
     assert {k: v for k, v in out.items() if k != "3"} == {str(i): want[i] for i in (0, 1, 2, 4)}
+
+
+def test_prompts_that_ride_in_graphed_steps_get_what_they_get_alone(pair):
+    """AR with `mixed` under CUDA graphs: prompts admitted while others decode are prefilled by the rows' next
+    step (one captured graph per batch bucket and prompt bucket), every request gets the tokens the reference
+    engine gives it alone."""
+    from dflash_bench.engine.build import build_engine
+    from dflash_bench.engine.decode import generate
+    from dflash_bench.engine.fast.engine import build_fast_engine
+    from dflash_bench.engine.sampling import SamplingParams
+
+    target, _ = pair
+    kw = dict(mode="ar", max_slots=SLOTS, max_len=MAX_LEN, dtype="float32", device="cuda")
+    ref = build_engine(str(target), **kw)
+    fast = build_fast_engine(str(target), step_ahead=True, mixed=True, **kw)
+    assert any(key[0] == "mixed" for key in fast.runner.graphs)  # captured at build
+    ps = _prompts(ref.tok, 6)
+    sp = SamplingParams(max_tokens=N, ignore_eos=True)
+    want = [generate(ref, [p], sp)[0].out for p in ps]
+    out: dict[str, list[int]] = {}
+    running = []
+    for i, p in enumerate(ps):
+        [(seq, delta)] = fast.add_many([(str(i), p, sp)])
+        out[seq.req_id] = list(delta.token_ids) if delta is not None else []
+        running.append(seq)
+        for _ in range(i % 3 + 1):
+            for d in fast.step(running):
+                out[d.req_id].extend(d.token_ids)
+            for s in [s for s in running if s.finish]:
+                fast.release(s)
+                running.remove(s)
+    while running:
+        for d in fast.step(running):
+            out[d.req_id].extend(d.token_ids)
+        for s in [s for s in running if s.finish]:
+            fast.release(s)
+            running.remove(s)
+    assert fast.runner.rode == 5  # every prompt but the first rode in a step
+    assert out == {str(i): want[i] for i in range(len(ps))}

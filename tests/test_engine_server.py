@@ -257,6 +257,9 @@ def test_serve_errors_are_one_sentence(random_pair, tmp_path):
     out = subprocess.run([sys.executable, "-m", "dflash_bench", "serve", "--model", str(target), "--prefill", "later",
                           "--device", "cpu", "--port", str(free_port())], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "--prefill must be one of" in out.stderr and "Traceback" not in out.stderr
+    out = subprocess.run([sys.executable, "-m", "dflash_bench", "serve", "--model", str(target), "--prefill", "mixed",
+                          "--device", "cpu", "--port", str(free_port())], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "--prefill mixed applies to the fast path" in out.stderr
 
 
 @pytest.mark.slow

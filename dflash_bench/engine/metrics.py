@@ -41,6 +41,10 @@ class EngineCollector:
                             "per step, times tau).", self.loop.steps)
         yield self._counter("dflash_bench:prefill_groups", "Prefill groups the engine thread admitted (requests "
                             "admitted / groups: prompts per prefill forward).", self.loop.groups)
+        mixed = getattr(self.loop.engine, "mixed_prefills", None)
+        if mixed is not None:  # the fast path: prompts that rode in a decode step (`serve --prefill mixed`)
+            yield self._counter("dflash_bench:mixed_prefills", "Prompts prefilled by the forward of a decode step "
+                                "(the running rows' and the prompt's tokens in one forward).", mixed)
         synthetic = self.loop.engine.synthetic_tau
         if synthetic is not None:  # benchmarking only: acceptance below is drawn, not measured
             yield self._gauge("dflash_bench:synthetic_acceptance", "Mean acceptance length the verifier was told to "

@@ -189,7 +189,7 @@ def build_app(loop: EngineLoop, model_name: str) -> FastAPI:
     return app
 
 
-PREFILL = ("first", "inline", "beside")  # serve --prefill: see EngineLoop and fast/background.py
+PREFILL = ("first", "inline", "beside", "mixed")  # serve --prefill: see EngineLoop, fast/background.py, fast/mixed.py
 
 
 def _check_port(host: str, port: int) -> None:
@@ -226,12 +226,12 @@ def serve(model: str, draft: str | None = None, *, mode: str | None = None, host
                                    max_slots=max_slots, max_len=max_model_len, synthetic_tau=synthetic_acceptance,
                                    benchmark_only=benchmark_only, step_ahead=step_ahead,
                                    adaptive=verify_width == "auto", cut_draft=cut_draft,
-                                   background=prefill == "beside")
+                                   background=prefill == "beside", mixed=prefill == "mixed")
     elif synthetic_acceptance is not None:
         raise UserError("--synthetic-acceptance runs on the fast path only: add --fast --benchmark-only")
-    elif not step_ahead or prefill == "beside":
-        raise UserError(f"{'--no-step-ahead' if not step_ahead else '--prefill beside'} applies to the fast path only: "
-                        "add --fast")
+    elif not step_ahead or prefill in ("beside", "mixed"):
+        raise UserError(f"{'--no-step-ahead' if not step_ahead else '--prefill ' + prefill} applies to the fast path "
+                        "only: add --fast")
     elif verify_width != "auto" or cut_draft:
         raise UserError(f"{'--cut-draft' if cut_draft else '--verify-width'} applies to the fast path only: add --fast")
     else:
@@ -241,7 +241,7 @@ def serve(model: str, draft: str | None = None, *, mode: str | None = None, host
     # while the event loop writes SSE chunks, CPython makes it wait a whole switch interval (5 ms by default,
     # most of an AR step). A short interval bounds that wait; DFLASH_BENCH_SWITCH_INTERVAL_MS sets it.
     sys.setswitchinterval(float(os.environ.get("DFLASH_BENCH_SWITCH_INTERVAL_MS", "0.2")) / 1000)
-    loop = EngineLoop(engine, prefill_first=prefill == "first").start()
+    loop = EngineLoop(engine, prefill_first=prefill in ("first", "mixed")).start()
     name = served_model_name or model
     app = build_app(loop, name)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")

@@ -9,6 +9,8 @@ when the caller says it is a benchmark.
 
 from __future__ import annotations
 
+from collections import deque
+
 import torch
 
 from dflash_bench.engine.bookkeeping import Bookkeeping, Delta, Seq, Stats, step_logprobs
@@ -30,12 +32,13 @@ class FastEngine:
 
     def __init__(self, model, tokenizer, drafter=None, *, eos_ids: list[int], max_slots: int, max_len: int,
                  synthetic_tau: float | None = None, kv_block: int = 256, step_ahead: bool = True,
-                 adaptive: bool = True, cut_draft: bool = False, background: bool = True):
-        """`model`: the loaded Hugging Face target (`target.load_model`); `drafter`: a `DFlashDrafter` or None."""
+                 adaptive: bool = True, cut_draft: bool = False, background: bool = True, mixed: bool = False):
+        """`model`: the loaded Hugging Face target (`target.load_model`); `drafter`: a `DFlashDrafter` or None.
+        `mixed` (AR): a prompt admitted while rows decode rides in their next step's forward (`fast/mixed.py`)."""
         ft = FastTarget(model, max_slots=max_slots, max_len=max_len)
         fd = FastDrafter(drafter, ft.embed, ft.head, max_slots=max_slots, max_len=max_len) if drafter is not None else None
         self.runner = FastRunner(ft, fd, kv_block=kv_block, synthetic_tau=synthetic_tau, keep_logits=True,
-                                 adaptive=adaptive, cut_draft=cut_draft)
+                                 adaptive=adaptive, cut_draft=cut_draft, mixed=mixed)
         self.runner.capture_all()  # GPU: every graph before the first request (no capture pause mid-serving)
         self.tok, self.B = tokenizer, self.runner.B
         self.prefill_rows, self.prefill_tokens = max_slots, prefill.PREFILL_TOKENS  # a group: one forward (`runner.add_many`)
@@ -43,11 +46,17 @@ class FastEngine:
         self.synthetic_tau = synthetic_tau
         self.step_ahead = step_ahead
         self.background = background  # prefill beside the steps (GPU), see `add_many`
+        self.queue: deque[Seq] = deque()  # admitted, waiting to ride in a step (`mixed`), oldest first
         self.book = Bookkeeping(tokenizer, eos_ids=eos_ids, block_size=self.B, slots=max_slots, max_len=max_len)
 
     @property
     def stats(self) -> Stats:
         return self.book.stats
+
+    @property
+    def mixed_prefills(self) -> int:
+        """Prompts prefilled by the forward of a decode step (`mixed`)."""
+        return self.runner.rode
 
     @property
     def free_slots(self) -> list[int]:
@@ -73,6 +82,9 @@ class FastEngine:
         try:
             for req_id, prompt, params in reqs:
                 seqs.append(self.book.open(req_id, prompt, params))
+            if self._ride(seqs):
+                self.queue.extend(seqs)
+                return [(s, None) for s in seqs]
             if self._beside(seqs):
                 for s in seqs:
                     self.runner.bg.begin(s.slot, s.prompt)
@@ -91,6 +103,39 @@ class FastEngine:
         return (r.bg is not None and self.background and bool(r.host_start)
                 and len(seqs) < prefill.BATCHED_PREFILL_ROWS
                 and all(s.params.logprobs is None and r.bg.fits(s.prompt) for s in seqs))
+
+    def _ride(self, seqs: list[Seq]) -> bool:
+        """Whether `seqs` wait to ride in the next steps (one prompt a step): AR with `mixed`, while rows decode,
+        none wanting logprobs (the step after may overwrite its prefill's logits row)."""
+        r = self.runner
+        return r.mixed and bool(r.host_start) and all(s.params.logprobs is None and r.can_ride(s.prompt)
+                                                      for s in seqs)
+
+    def _launch(self, slots: list[int]) -> bool:
+        """Launch a step for `slots`, carrying the oldest prompt that waits to ride."""
+        ride = self.queue[0] if self.queue else None
+        ok = self.runner.launch(slots, None if ride is None else (ride.slot, ride.prompt))
+        if ok and ride is not None:
+            self.queue.popleft()
+        return ok
+
+    def _rode(self, seqs: list[Seq]) -> list[Delta]:
+        """The first tokens of the prompts that rode in the step collected last."""
+        by_slot = {s.slot: s for s in seqs}
+        return [self.book.prefilled(by_slot[slot], tok, None) for slot, tok in self.runner.took.items()
+                if slot in by_slot]
+
+    def _no_rows(self, seqs: list[Seq]) -> list[Delta]:
+        """Nothing left to step while prompts wait to ride: collect the steps they ride in, prefill the rest."""
+        r, out = self.runner, []
+        while r.inflight:
+            r.collect()
+            out += self._rode(seqs)
+        if self.queue:
+            wait, self.queue = list(self.queue), deque()
+            toks = r.add_many([s.slot for s in wait], [s.prompt for s in wait])
+            out += [self.book.prefilled(s, tok, r.logits[s.slot, :1]) for s, tok in zip(wait, toks)]
+        return out
 
     def _prefilled(self, seqs: list[Seq]) -> tuple[list[Delta], list[Seq]]:
         """The first tokens of the prefills beside the steps that are done (waiting for one when nothing else
@@ -111,20 +156,26 @@ class FastEngine:
         before its tokens are read and the GPU does not wait for the host between steps. A request admitted
         since joins the step launched now and gets its tokens on the next call; one that finished early
         leaves a wasted row in the step ahead. No step runs ahead while a request wants logprobs (read from
-        the last step's logits) or could reach max_tokens with the steps in flight.
+        the last step's logits; nor is one launched while a step in flight may hold such a row's) or could reach
+        max_tokens with the steps in flight. With `mixed`, each launch carries the oldest prompt waiting to ride.
         """
         r = self.runner
         firsts, seqs = self._prefilled(seqs)
-        if not seqs:
-            return firsts
-        slots = [s.slot for s in seqs]
-        if not r.covers(slots) and not r.launch(slots) and not r.inflight:
+        waiting = {s.slot for s in self.queue} | set(r.riding)
+        rows = [s for s in seqs if s.slot not in waiting]
+        if not rows:
+            return firsts + self._no_rows(seqs)
+        slots = [s.slot for s in rows]
+        # a step in flight whose rows may want logprobs is read before the next launch (which rewrites the logits)
+        wait = bool(r.inflight) and any(s.params.logprobs is not None for s in rows)
+        if not r.covers(slots) and not wait and not self._launch(slots) and not r.inflight:
             raise ValueError(f"a sequence would pass the cache length {r.max_len}")
         if self.step_ahead and len(r.inflight) == 1 and r.covers(slots) and all(
-                s.params.logprobs is None and len(s.out) + r.reach() < s.params.max_tokens for s in seqs):
-            r.launch(slots)  # declines near the cache bound: then the next call launches
+                s.params.logprobs is None and len(s.out) + r.reach() < s.params.max_tokens for s in rows):
+            self._launch(slots)  # declines near the cache bound: then the next call launches
         got = r.collect()
-        stepped = [s for s in seqs if s.slot in got]
+        firsts += self._rode(seqs)
+        stepped = [s for s in rows if s.slot in got]
         want = [s for s in stepped if s.params.logprobs is not None]
         lps = dict(zip([s.slot for s in want], step_logprobs([(r.logits[s.slot], got[s.slot], s.params.logprobs)
                                                              for s in want])))
@@ -132,6 +183,7 @@ class FastEngine:
                                            lps.get(s.slot)) for s in stepped]
 
     def release(self, s: Seq) -> None:
+        self.queue = deque(q for q in self.queue if q is not s)
         if s.slot >= 0:
             self.runner.release(s.slot)
         self.book.release(s)
@@ -141,7 +193,7 @@ def build_fast_engine(model: str, draft: str | None = None, *, mode: str = "dfla
                       device: str = "auto", max_slots: int = 32, max_len: int = 4096, tokenizer=None,
                       synthetic_tau: float | None = None, benchmark_only: bool = False,
                       step_ahead: bool = True, adaptive: bool = True, cut_draft: bool = False,
-                      background: bool = True) -> FastEngine:
+                      background: bool = True, mixed: bool = False) -> FastEngine:
     """Like `build.build_engine`, on the fast path (CUDA graphs on a GPU, eager on the CPU)."""
     from dflash_bench.engine.build import eos_ids, load_tokenizer, resolve_dtype
     from dflash_bench.engine.drafter import load_drafter
@@ -176,4 +228,4 @@ def build_fast_engine(model: str, draft: str | None = None, *, mode: str = "dfla
             raise UserError(f"--synthetic-acceptance must lie between 1 and the block size {drafter.config.block_size}")
     return FastEngine(hf, tok, drafter, eos_ids=eos_ids(hf, tok), max_slots=max_slots, max_len=max_len,
                       synthetic_tau=synthetic_tau, step_ahead=step_ahead, adaptive=adaptive, cut_draft=cut_draft,
-                      background=background)
+                      background=background, mixed=mixed)

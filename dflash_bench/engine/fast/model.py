@@ -209,8 +209,8 @@ class KVCache:
 class StepAttention:
     """A layer stack's attention over its `KVCache` (the target's and the drafter's alike).
 
-    Called once per step, it returns `attend(i, layer, normed h) -> [t, H * hd]`: the q/k/v projection, q/k norm
-    and RoPE, the cache write and attention with layer i's `kinds[i]` = (causal, window). With `kernels`, the
+    Called once per step, it returns `attend(i, layer, normed h, qkv=None) -> [t, H * hd]`: the q/k/v projection
+    (unless given: `mixed.py` projects two calls' rows in one matmul), q/k norm and RoPE, the cache write and attention with layer i's `kinds[i]` = (causal, window). With `kernels`, the
     Triton ones (RoPE from tables built here once for every cache position; SDPA for rows longer than
     KERNEL_MAX_QUERIES, i.e. prefill); without, torch ops and SDPA with this step's masks.
     """
@@ -236,10 +236,11 @@ class StepAttention:
             ops, attn, gemm = self.kernels.ops, self.kernels.attn, self.kernels.gemm
             flat_rows, flat_pos = rows.reshape(-1), pos.reshape(-1)
 
-            def attend(i, ly, x):
+            def attend(i, ly, x, qkv=None):
                 kc, vc = cache.k[i], cache.v[i]
-                q = ops.qk_rope_store(gemm.linear(x, ly.wqkv, ly.bqkv), H, hkv, hd, self.cos, self.sin, flat_rows,
-                                      flat_pos, kc, vc, ly.wqk, eps).view(bs, n, H, hd)
+                qkv = gemm.linear(x, ly.wqkv, ly.bqkv) if qkv is None else qkv
+                q = ops.qk_rope_store(qkv, H, hkv, hd, self.cos, self.sin, flat_rows, flat_pos, kc, vc, ly.wqk,
+                                      eps).view(bs, n, H, hd)
                 if use_kernel:
                     causal, window = self.kinds[i]
                     return attn.decode_attention(q, kc, vc, starts, row0, L, self.scale, causal=causal, window=window)
@@ -248,8 +249,9 @@ class StepAttention:
 
         cos, sin = cos_sin(pos.reshape(-1), self.inv_freq, dtype, self.rope_scale)
 
-        def attend(i, ly, x):
-            q, k, v = qk_rope(F.linear(x, ly.wqkv, ly.bqkv), ly, H, hkv, hd, cos, sin, eps)
+        def attend(i, ly, x, qkv=None):
+            qkv = F.linear(x, ly.wqkv, ly.bqkv) if qkv is None else qkv
+            q, k, v = qk_rope(qkv, ly, H, hkv, hd, cos, sin, eps)
             cache.write(i, rows, pos, k.view(bs, n, hkv, hd), v.view(bs, n, hkv, hd))
             return attention(q.view(bs, n, H, hd), *cache.view(i, row0, bs, L, slot), masks[self.kinds[i]],
                              self.scale)
