@@ -649,6 +649,30 @@ def test_prompts_that_ride_in_steps_are_served_what_they_get_alone(tmp_path):
     assert sorted(mixed.free_slots) == [0, 1, 2, 3] and not mixed.queue and not mixed.runner.riding
 
 
+def test_only_a_few_prompts_at_a_time_ride(tmp_path):
+    """While rows decode, a group of fewer than BATCHED_PREFILL_ROWS prompts waits to ride, one a step; a burst,
+    or a group behind a queue that long, is prefilled at once in one forward (riding, its rows would start a
+    step apart each)."""
+    from dflash_bench.engine.fast.engine import build_fast_engine
+    from dflash_bench.engine.fast.prefill import BATCHED_PREFILL_ROWS as FEW
+
+    target, _ = make_tiny_pair(tmp_path, seed=1, block_size=B)
+    engine = build_fast_engine(str(target), mode="ar", max_slots=3 * FEW, max_len=MAX_LEN, dtype="float64",
+                               device="cpu", mixed=True)
+    ps = _prompts(engine.tok, 3 * FEW)
+    sp = SamplingParams(max_tokens=N, ignore_eos=True)
+    [(_, first)] = engine.add_many([("0", ps[0], sp)])
+    assert first is not None  # nothing decodes yet: prefilled at once
+    burst = engine.add_many([(str(i), ps[i], sp) for i in range(1, 1 + FEW)])
+    assert all(d is not None for _, d in burst) and not engine.queue
+    for i in range(1 + FEW, 1 + 2 * FEW):  # one at a time: each waits to ride
+        [(_, d)] = engine.add_many([(str(i), ps[i], sp)])
+        assert d is None
+    assert len(engine.queue) == FEW
+    [(_, d)] = engine.add_many([("last", ps[-1], sp)])
+    assert d is not None and len(engine.queue) == FEW  # behind a queue that long: at once
+
+
 @pytest.mark.parametrize("kernels", PATHS)
 def test_a_prompt_that_rides_in_a_step_decodes_as_if_prefilled_alone(setup, kernels):
     """A prompt prefilled by the forward of the running rows' AR step, into a slot that step's batch bucket

@@ -68,8 +68,8 @@ def test_graphed_step_ahead_fast_path_equals_the_reference(pair, mode, prefill, 
     depth = []  # steps in flight after each launch: 2 means one was launched before the last one's tokens were read
     launch = r.launch
 
-    def counted(slots):
-        ok = launch(slots)
+    def counted(slots, ride=None):
+        ok = launch(slots, ride)
         depth.append(len(r.inflight))
         return ok
     r.launch = counted

@@ -105,11 +105,13 @@ class FastEngine:
                 and all(s.params.logprobs is None and r.bg.fits(s.prompt) for s in seqs))
 
     def _ride(self, seqs: list[Seq]) -> bool:
-        """Whether `seqs` wait to ride in the next steps (one prompt a step): AR with `mixed`, while rows decode,
-        none wanting logprobs (the step after may overwrite its prefill's logits row)."""
-        r = self.runner
-        return r.mixed and bool(r.host_start) and all(s.params.logprobs is None and r.can_ride(s.prompt)
-                                                      for s in seqs)
+        """Whether `seqs` wait to ride in the next steps (one prompt a step): AR with `mixed`, while rows decode, a
+        few at a time (a burst, or a long queue, is prefilled in one forward: one prompt a step would stagger
+        its rows' starts by as many steps), none wanting logprobs (the step after may overwrite its prefill's
+        logits row)."""
+        r, few = self.runner, prefill.BATCHED_PREFILL_ROWS
+        return (r.mixed and bool(r.host_start) and len(seqs) < few and len(self.queue) < few
+                and all(s.params.logprobs is None and r.can_ride(s.prompt) for s in seqs))
 
     def _launch(self, slots: list[int]) -> bool:
         """Launch a step for `slots`, carrying the oldest prompt that waits to ride."""
