@@ -624,15 +624,17 @@ def test_the_pipelined_engine_serves_what_step_by_step_serves(tmp_path, mode):
 
 
 def test_prompts_that_ride_in_steps_are_served_what_they_get_alone(tmp_path):
-    """AR with `mixed`: prompts admitted while rows decode are prefilled by those rows' next steps (one a
-    step, two steps in flight), a request that wants logprobs is prefilled alone, one stops early on a stop
-    token: every request's tokens and logprobs equal the step-by-step engine's without riding."""
+    """AR with `mixed`: prompts admitted while rows decode are prefilled by those rows' next steps (two that
+    arrive together by one step; two steps in flight), a request that wants logprobs is prefilled alone, one
+    stops early on a stop token: every request's tokens and logprobs equal the step-by-step engine's."""
     from dflash_bench.engine.fast.engine import build_fast_engine
 
     target, _ = make_tiny_pair(tmp_path, seed=1, block_size=B)
-    kw = dict(mode="ar", max_slots=4, max_len=MAX_LEN, dtype="float64", device="cpu")
+    kw = dict(mode="ar", max_slots=8, max_len=MAX_LEN, dtype="float64", device="cpu")
     mixed = build_fast_engine(str(target), mixed=True, **kw)
     plain = build_fast_engine(str(target), step_ahead=False, **kw)
+    carried, launch = [], mixed.runner.launch
+    mixed.runner.launch = lambda slots, rides=(): carried.append(len(rides)) or launch(slots, rides)
     ps = _prompts(plain.tok, 8)
     free = ref_generate(plain, [ps[6]], SamplingParams(max_tokens=N, ignore_eos=True))[0].out
     stop = next(i for i in range(3, N) if free[i] not in free[:i])
@@ -642,53 +644,59 @@ def test_prompts_that_ride_in_steps_are_served_what_they_get_alone(tmp_path):
             (3, ps[3], SamplingParams(max_tokens=N, ignore_eos=True, logprobs=2)),
             (5, ps[6], SamplingParams(max_tokens=N, ignore_eos=True, stop_token_ids=[free[stop]])),
             (6, ps[4], SamplingParams(max_tokens=12, ignore_eos=True)),
+            (6, ps[7], SamplingParams(max_tokens=N, ignore_eos=True)),
             (20, ps[5], SamplingParams(max_tokens=N, ignore_eos=True))]
     (got, _), (want, _) = _serve(mixed, reqs), _serve(plain, reqs)
     assert got == want
-    assert mixed.runner.rode >= 4 and plain.runner.rode == 0
-    assert sorted(mixed.free_slots) == [0, 1, 2, 3] and not mixed.queue and not mixed.runner.riding
+    assert mixed.runner.rode >= 5 and plain.runner.rode == 0
+    assert max(carried) == 2  # the two that arrived together rode in one step
+    assert sorted(mixed.free_slots) == list(range(8)) and not mixed.queue and not mixed.runner.riding
 
 
 def test_only_a_few_prompts_at_a_time_ride(tmp_path):
-    """While rows decode, a group of fewer than BATCHED_PREFILL_ROWS prompts waits to ride, one a step; a burst,
-    or a group behind a queue that long, is prefilled at once in one forward (riding, its rows would start a
-    step apart each)."""
+    """While rows decode, a group of fewer than BATCHED_PREFILL_ROWS prompts waits to ride, a few a step, up to
+    RIDE_QUEUE waiting; a burst, or a prompt behind a queue that long, is prefilled at once in one forward
+    (riding, the rows of a long queue would start steps apart)."""
     from dflash_bench.engine.fast.engine import build_fast_engine
+    from dflash_bench.engine.fast.mixed import RIDE_QUEUE
     from dflash_bench.engine.fast.prefill import BATCHED_PREFILL_ROWS as FEW
 
     target, _ = make_tiny_pair(tmp_path, seed=1, block_size=B)
-    engine = build_fast_engine(str(target), mode="ar", max_slots=3 * FEW, max_len=MAX_LEN, dtype="float64",
+    n = 2 + FEW + RIDE_QUEUE
+    engine = build_fast_engine(str(target), mode="ar", max_slots=n, max_len=MAX_LEN, dtype="float64",
                                device="cpu", mixed=True)
-    ps = _prompts(engine.tok, 3 * FEW)
+    ps = _prompts(engine.tok, n)
     sp = SamplingParams(max_tokens=N, ignore_eos=True)
     [(_, first)] = engine.add_many([("0", ps[0], sp)])
     assert first is not None  # nothing decodes yet: prefilled at once
     burst = engine.add_many([(str(i), ps[i], sp) for i in range(1, 1 + FEW)])
     assert all(d is not None for _, d in burst) and not engine.queue
-    for i in range(1 + FEW, 1 + 2 * FEW):  # one at a time: each waits to ride
+    for i in range(1 + FEW, 1 + FEW + RIDE_QUEUE):  # one at a time: each waits to ride
         [(_, d)] = engine.add_many([(str(i), ps[i], sp)])
         assert d is None
-    assert len(engine.queue) == FEW
+    assert len(engine.queue) == RIDE_QUEUE
     [(_, d)] = engine.add_many([("last", ps[-1], sp)])
-    assert d is not None and len(engine.queue) == FEW  # behind a queue that long: at once
+    assert d is not None and len(engine.queue) == RIDE_QUEUE  # behind a queue that long: at once
 
 
 @pytest.mark.parametrize("kernels", PATHS)
-def test_a_prompt_that_rides_in_a_step_decodes_as_if_prefilled_alone(setup, kernels):
-    """A prompt prefilled by the forward of the running rows' AR step, into a slot that step's batch bucket
-    covers as padding (slot 1 beside rows 0 and 2) and into one past it, with a second step in flight behind
-    it: every row's tokens are greedy decoding's of its prompt alone."""
+def test_prompts_that_ride_in_a_step_decode_as_if_prefilled_alone(setup, kernels):
+    """Prompts prefilled by the forward of the running rows' AR step: one into a slot that step's batch bucket
+    covers as padding (slot 1 beside rows 0 and 2), later two of different lengths together, one inside the
+    bucket and one past it, each time with a second step in flight behind: every row's tokens are greedy
+    decoding's of its prompt alone."""
     ar, df = setup
-    ps = _prompts(ar.tok, 4)
+    ps = _prompts(ar.tok, 5)
     ref = [s.out for s in ref_generate(ar, ps, SamplingParams(max_tokens=N, ignore_eos=True))]
     runner = _fast(df, drafter=False, kernels=_path(kernels), mixed=True)
     outs = {0: [runner.add(0, ps[0])], 2: [runner.add(2, ps[1])]}
-    rides = {3: (1, ps[2]), 7: (5, ps[3])}
+    rides = {3: [(1, ps[2])], 7: [(3, ps[3]), (5, ps[4])]}
+    assert len(ps[3]) != len(ps[4])
     for step in range(3 * N):
         live = [s for s in outs if len(outs[s]) < N]
         if not live:
             break
-        assert runner.launch(live, rides.get(step))
+        assert runner.launch(live, rides.get(step, []))
         if step in rides:  # a second step behind it, before its first token is read
             assert runner.launch(live)
         for _ in range(len(runner.inflight)):
@@ -696,8 +704,8 @@ def test_a_prompt_that_rides_in_a_step_decodes_as_if_prefilled_alone(setup, kern
                 outs[s].extend(toks)
             for s, tok in runner.took.items():
                 outs[s] = [tok]
-    assert runner.rode == 2
-    assert [outs[s][:N] for s in (0, 2, 1, 5)] == ref
+    assert runner.rode == 3
+    assert [outs[s][:N] for s in (0, 2, 1, 3, 5)] == ref
 
 
 def test_a_failing_prefill_gives_every_slot_back(tmp_path):

@@ -68,8 +68,8 @@ def test_graphed_step_ahead_fast_path_equals_the_reference(pair, mode, prefill, 
     depth = []  # steps in flight after each launch: 2 means one was launched before the last one's tokens were read
     launch = r.launch
 
-    def counted(slots, ride=None):
-        ok = launch(slots, ride)
+    def counted(slots, rides=()):
+        ok = launch(slots, rides)
         depth.append(len(r.inflight))
         return ok
     r.launch = counted
@@ -151,8 +151,8 @@ def test_prompts_prefilled_beside_the_steps_get_what_they_get_alone(pair, mode):
 
 def test_prompts_that_ride_in_graphed_steps_get_what_they_get_alone(pair):
     """AR with `mixed` under CUDA graphs: prompts admitted while others decode are prefilled by the rows' next
-    step (one captured graph per batch bucket and prompt bucket), every request gets the tokens the reference
-    engine gives it alone."""
+    step (one captured graph per batch bucket, prompt bucket and prompt count; two of them together), every
+    request gets the tokens the reference engine gives it alone."""
     from dflash_bench.engine.build import build_engine
     from dflash_bench.engine.decode import generate
     from dflash_bench.engine.fast.engine import build_fast_engine
@@ -166,13 +166,15 @@ def test_prompts_that_ride_in_graphed_steps_get_what_they_get_alone(pair):
     ps = _prompts(ref.tok, 6)
     sp = SamplingParams(max_tokens=N, ignore_eos=True)
     want = [generate(ref, [p], sp)[0].out for p in ps]
+    carried, launch = [], fast.runner.launch
+    fast.runner.launch = lambda slots, rides=(): carried.append(len(rides)) or launch(slots, rides)
     out: dict[str, list[int]] = {}
     running = []
     for i, p in enumerate(ps):
         [(seq, delta)] = fast.add_many([(str(i), p, sp)])
         out[seq.req_id] = list(delta.token_ids) if delta is not None else []
         running.append(seq)
-        for _ in range(i % 3 + 1):
+        for _ in range(0 if i == 2 else 1 + i % 2):  # 2 and 3 ride in one step
             for d in fast.step(running):
                 out[d.req_id].extend(d.token_ids)
             for s in [s for s in running if s.finish]:
@@ -184,5 +186,5 @@ def test_prompts_that_ride_in_graphed_steps_get_what_they_get_alone(pair):
         for s in [s for s in running if s.finish]:
             fast.release(s)
             running.remove(s)
-    assert fast.runner.rode == 5  # every prompt but the first rode in a step
+    assert fast.runner.rode == 5 and max(carried) == 2  # every prompt but the first rode in a step
     assert out == {str(i): want[i] for i in range(len(ps))}

@@ -17,6 +17,7 @@ from dflash_bench.engine.bookkeeping import Bookkeeping, Delta, Seq, Stats, step
 from dflash_bench.engine.fast.draft import FastDrafter
 from dflash_bench.engine.fast.model import FastTarget
 from dflash_bench.engine.fast import prefill
+from dflash_bench.engine.fast.mixed import MIXED_ROWS, RIDE_QUEUE
 from dflash_bench.engine.fast.runner import FastRunner
 from dflash_bench.engine.sampling import SamplingParams
 from dflash_bench.errors import UserError
@@ -105,19 +106,24 @@ class FastEngine:
                 and all(s.params.logprobs is None and r.bg.fits(s.prompt) for s in seqs))
 
     def _ride(self, seqs: list[Seq]) -> bool:
-        """Whether `seqs` wait to ride in the next steps (one prompt a step): AR with `mixed`, while rows decode, a
-        few at a time (a burst, or a long queue, is prefilled in one forward: one prompt a step would stagger
-        its rows' starts by as many steps), none wanting logprobs (the step after may overwrite its prefill's
-        logits row)."""
-        r, few = self.runner, prefill.BATCHED_PREFILL_ROWS
-        return (r.mixed and bool(r.host_start) and len(seqs) < few and len(self.queue) < few
-                and all(s.params.logprobs is None and r.can_ride(s.prompt) for s in seqs))
+        """Whether `seqs` wait to ride in the next steps (up to max(MIXED_ROWS) a step): AR with `mixed`, while rows
+        decode, a few at a time (a burst, or a group behind a long queue, is prefilled in one forward: riding,
+        its rows' starts would be staggered by steps), none wanting logprobs (the step after may overwrite its
+        prefill's logits row)."""
+        r = self.runner
+        return (r.mixed and bool(r.host_start) and len(seqs) < prefill.BATCHED_PREFILL_ROWS
+                and len(self.queue) + len(seqs) <= RIDE_QUEUE
+                and all(s.params.logprobs is None and r.can_ride([s.prompt]) for s in seqs))
 
     def _launch(self, slots: list[int]) -> bool:
-        """Launch a step for `slots`, carrying the oldest prompt that waits to ride."""
-        ride = self.queue[0] if self.queue else None
-        ok = self.runner.launch(slots, None if ride is None else (ride.slot, ride.prompt))
-        if ok and ride is not None:
+        """Launch a step for `slots`, carrying the oldest prompts that wait to ride, as many as may go together."""
+        rides: list[Seq] = []
+        for s in list(self.queue)[:max(MIXED_ROWS)]:
+            if not self.runner.can_ride([q.prompt for q in rides + [s]]):
+                break
+            rides.append(s)
+        ok = self.runner.launch(slots, [(s.slot, s.prompt) for s in rides])
+        for _ in rides if ok else []:
             self.queue.popleft()
         return ok
 

@@ -28,9 +28,9 @@ import torch
 from dflash_bench.engine.fast.accept import SYNTHETIC_STEPS, commit, synthetic_rate
 from dflash_bench.engine.fast.background import BackgroundPrefill
 from dflash_bench.engine.fast.draft import FastDrafter
-from dflash_bench.engine.fast.mixed import MixedSteps
+from dflash_bench.engine.fast.mixed import MIXED_ROWS, MixedSteps
 from dflash_bench.engine.fast.model import FastTarget, decode_step, matmul, offsets
-from dflash_bench.engine.fast.prefill import GRAPHED_ROWS, PREFILL_BUCKET, Prefills, stage
+from dflash_bench.engine.fast.prefill import GRAPHED_ROWS, PREFILL_BUCKET, Prefills
 from dflash_bench.engine.fast.width import CPU_DECAY, CPU_WIDTHS, DECAY, WIDTHS, WidthChooser
 
 
@@ -84,7 +84,7 @@ class FastRunner(Prefills, MixedSteps):
             self.uniforms = torch.rand(SYNTHETIC_STEPS, self.S, self.B - 1, generator=gen).to(dev)
             self.synth_step = torch.zeros(self.S, **long)  # per row: its commit advances it, no extra launch
         # a prefill's inputs (slot, index of the last prompt token, ids padded to the bucket), copied in one go
-        k = max(GRAPHED_ROWS)  # up to k prompts: k slots, k last indices, k padded rows of ids
+        k = max(*GRAPHED_ROWS, *MIXED_ROWS)  # up to k prompts: k slots, k last indices, k padded rows of ids
         self.pre_host = torch.zeros(2 * k + k * self.max_len, dtype=torch.long, pin_memory=dev.type == "cuda")
         self.pre_in = torch.zeros(2 * k + k * self.max_len, **long)
         self.pre_start = torch.zeros(k, **long)
@@ -93,11 +93,12 @@ class FastRunner(Prefills, MixedSteps):
         # AR with `mixed`: a launch may carry a prompt (mixed.py); its inputs are staged in the host row of that
         # launch's copy, its first token comes back beside the step's tokens
         self.mixed = mixed and drafter is None
-        self.ride_host = [torch.zeros(2 + self.max_len, dtype=torch.long, pin_memory=dev.type == "cuda")
+        k = max(MIXED_ROWS)
+        self.ride_host = [torch.zeros(2 * k + k * self.max_len, dtype=torch.long, pin_memory=dev.type == "cuda")
                           for _ in self.host] if self.mixed else []
-        self.first_host = [torch.zeros(1, dtype=torch.long, pin_memory=dev.type == "cuda") for _ in self.host]
+        self.first_host = [torch.zeros(k, dtype=torch.long, pin_memory=dev.type == "cuda") for _ in self.host]
         self.riding: dict[int, int] = {}  # slot -> its admission number, while its prompt's step is in flight
-        self.took: dict[int, int] = {}  # the slot a collected step prefilled -> its first token
+        self.took: dict[int, int] = {}  # the slots a collected step prefilled -> their first tokens
         self.rode = 0  # prompts prefilled by a step's forward
         self.admitted = [0] * self.S  # requests admitted per slot: a step in flight from before is not theirs
         self._stepped: tuple = ()
@@ -156,8 +157,8 @@ class FastRunner(Prefills, MixedSteps):
         for P, k in self.grouped_buckets():
             self.prefill_graph(P, k)
         for bs in self.sizes if self.mixed else []:
-            for P in self.mixed_buckets():
-                self._run(("mixed", bs, P), lambda: self._mixed(bs, P))
+            for P, k in self.mixed_buckets():
+                self._run(("mixed", bs, P, k), lambda: self._mixed(bs, P, k))
         for bs in self.sizes:
             for L in lengths:
                 if self.B == 1:
@@ -178,14 +179,14 @@ class FastRunner(Prefills, MixedSteps):
         return self.collect()
 
     @torch.inference_mode()
-    def launch(self, slots: list[int], ride: tuple[int, list[int]] | None = None) -> bool:
+    def launch(self, slots: list[int], rides: list[tuple[int, list[int]]] = ()) -> bool:
         """Enqueue one step for `slots` behind the steps in flight, without waiting for them.
 
         So the GPU never idles while the host reads a step's tokens: launch step k+1, then `collect` step k.
         The cache bound assumes every step in flight accepts a whole block. Returns False, enqueuing
         nothing, when that bound would pass the cache or two steps are already in flight: collect first.
-        `ride`: (a free slot, a prompt that `can_ride`) prefilled by the same forward (AR with `mixed`); its
-        first token comes with this step's `collect`, in `took`.
+        `rides`: (a free slot, a prompt) pairs that `can_ride` together, prefilled by the same forward (AR with
+        `mixed`); their first tokens come with this step's `collect`, in `took`.
         """
         need = max(self.host_start[s] for s in slots) + self.B * (len(self.inflight) + 1)
         if need > self.max_len or len(self.inflight) >= len(self.host):
@@ -201,10 +202,9 @@ class FastRunner(Prefills, MixedSteps):
         timed = self.timing or self.chooser is not None
         graphs = len(self.graphs)
         t0 = self._mark(timed)
-        if ride is not None:
-            t1, P = t0, self._stage_ride(*ride)
-            self._run(("mixed", bs, P), lambda: self._mixed(bs, P))
-            ride = (ride[0], self.admitted[ride[0]], len(ride[1]))
+        if rides:
+            t1, (P, k) = t0, self._stage_rides(rides)
+            self._run(("mixed", bs, P, k), lambda: self._mixed(bs, P, k))
         elif self.B == 1:
             self._run(("ar", bs, L), lambda: self._ar(bs, L))
             t1 = t0
@@ -221,8 +221,8 @@ class FastRunner(Prefills, MixedSteps):
         host, first = self.host[self.launched % len(self.host)], self.first_host[self.launched % len(self.host)]
         self.launched += 1
         done = None
-        if ride is not None:
-            first.copy_(self.pre_tok[:1], non_blocking=True)
+        if rides:
+            first[:len(rides)].copy_(self.pre_tok[:len(rides)], non_blocking=True)
         if self.dev.type == "cuda":
             host[:bs].copy_(self.out[:bs], non_blocking=True)
             done = torch.cuda.Event(enable_timing=timed)
@@ -231,24 +231,9 @@ class FastRunner(Prefills, MixedSteps):
             host[:bs].copy_(self.out[:bs])
         # a step that captured a graph ran its body twice, with the host capturing in between: not its time
         span = (t0, done if self.dev.type == "cuda" else t2) if timed and len(self.graphs) == graphs else None
-        self.inflight.append(([(s, self.admitted[s]) for s in slots], bs, host, done, w, span,
-                              None if ride is None else (*ride, first)))
+        riders = [(s, self.admitted[s], len(p)) for s, p in rides]
+        self.inflight.append(([(s, self.admitted[s]) for s in slots], bs, host, done, w, span, (riders, first)))
         return True
-
-    def _stage_ride(self, slot: int, prompt: list[int]) -> int:
-        """Copy a riding prompt's inputs into `pre_in` (in stream order, behind the steps in flight) and count the
-        slot admitted; returns its bucket."""
-        if not self.mixed or not self.can_ride(prompt):
-            raise ValueError(f"a prompt of {len(prompt)} tokens cannot ride in a step of this runner")
-        P = self.padded(len(prompt))
-        buf = self.ride_host[self.launched % len(self.host)]  # free: the launch before last was collected
-        m = stage(buf, [slot], [prompt], P)
-        if self.bg is not None:
-            self.bg.join()  # a prefill beside the steps may still read `pre_in`
-        self.pre_in[:m].copy_(buf[:m], non_blocking=True)
-        self.admitted[slot] += 1
-        self.riding[slot] = self.admitted[slot]
-        return P
 
     def reach(self) -> int:
         """The most tokens the steps in flight may still add to one row (each: its verify width)."""
@@ -260,17 +245,11 @@ class FastRunner(Prefills, MixedSteps):
 
     def collect(self) -> dict[int, list[int]]:
         """The new tokens of the oldest step in flight, per slot (slots released, or re-admitted, since are left
-        out); a prompt that rode in it is admitted, its first token in `took`."""
-        slots, bs, host, done, w, span, ride = self.inflight.popleft()
+        out); the prompts that rode in it are admitted, their first tokens in `took`."""
+        slots, bs, host, done, w, span, riders = self.inflight.popleft()
         if done is not None:
             done.synchronize()
-        self.took = {}
-        if ride is not None and self.riding.get(ride[0]) == ride[1]:  # not released since
-            slot, _, n, first = ride
-            del self.riding[slot]
-            self.host_start[slot] = n
-            self.took[slot] = int(first[0])
-            self.rode += 1
+        self._took(*riders)
         rows = host[:bs].tolist()
         out, accepted = {}, []
         for s, admitted in slots:
