@@ -654,13 +654,13 @@ def test_prompts_that_ride_in_steps_are_served_what_they_get_alone(tmp_path):
 
 
 def test_only_a_few_prompts_at_a_time_ride(tmp_path):
-    """While rows decode, a group of fewer than BATCHED_PREFILL_ROWS prompts waits to ride, a few a step, up to
-    RIDE_QUEUE waiting; a burst, or a prompt behind a queue that long, is prefilled at once in one forward
-    (riding, the rows of a long queue would start steps apart)."""
+    """While rows decode, prompts wait to ride, a few a step, up to RIDE_QUEUE waiting; a burst of more, or a
+    prompt behind a queue that long, is prefilled at once in one forward (riding, the rows of a long queue
+    would start steps apart)."""
     from dflash_bench.engine.fast.engine import build_fast_engine
     from dflash_bench.engine.fast.mixed import RIDE_QUEUE
-    from dflash_bench.engine.fast.prefill import BATCHED_PREFILL_ROWS as FEW
 
+    FEW = RIDE_QUEUE + 1
     target, _ = make_tiny_pair(tmp_path, seed=1, block_size=B)
     n = 2 + FEW + RIDE_QUEUE
     engine = build_fast_engine(str(target), mode="ar", max_slots=n, max_len=MAX_LEN, dtype="float64",

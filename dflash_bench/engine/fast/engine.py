@@ -107,12 +107,11 @@ class FastEngine:
 
     def _ride(self, seqs: list[Seq]) -> bool:
         """Whether `seqs` wait to ride in the next steps (up to max(MIXED_ROWS) a step): AR with `mixed`, while rows
-        decode, a few at a time (a burst, or a group behind a long queue, is prefilled in one forward: riding,
-        its rows' starts would be staggered by steps), none wanting logprobs (the step after may overwrite its
-        prefill's logits row)."""
+        decode, with at most RIDE_QUEUE waiting (a larger burst is prefilled in one forward: riding, its rows'
+        starts would be staggered by steps), none wanting logprobs (the step after may overwrite its prefill's
+        logits row)."""
         r = self.runner
-        return (r.mixed and bool(r.host_start) and len(seqs) < prefill.BATCHED_PREFILL_ROWS
-                and len(self.queue) + len(seqs) <= RIDE_QUEUE
+        return (r.mixed and bool(r.host_start) and len(self.queue) + len(seqs) <= RIDE_QUEUE
                 and all(s.params.logprobs is None and r.can_ride([s.prompt]) for s in seqs))
 
     def _launch(self, slots: list[int]) -> bool:

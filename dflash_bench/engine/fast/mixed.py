@@ -15,6 +15,8 @@ stays as the host's mask left it (off): the next step the host launches with a s
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from dflash_bench.engine.fast.model import FastTarget, embed_norm, matmul, offsets, run_layers
@@ -22,7 +24,8 @@ from dflash_bench.engine.fast.prefill import PREFILL_BUCKET, stage
 
 MIXED_TOKENS = 1024  # padded prompt tokens a step may carry: one prompt up to this, k prompts up to this / k each
 MIXED_ROWS = (1, 2, 3)  # prompts a step may carry (a group of more is prefilled in one forward of its own)
-RIDE_QUEUE = 2 * max(MIXED_ROWS)  # prompts that may wait to ride: two steps' worth (more are prefilled at once)
+# prompts that may wait to ride (more are prefilled at once): two steps' worth; DFLASH_BENCH_RIDE_QUEUE sets it
+RIDE_QUEUE = int(os.environ.get("DFLASH_BENCH_RIDE_QUEUE", 2 * max(MIXED_ROWS)))
 
 
 def forward_mixed(t: FastTarget, anchor: torch.Tensor, starts: torch.Tensor, L: int, ids: torch.Tensor,
