@@ -653,13 +653,15 @@ def test_prompts_that_ride_in_steps_are_served_what_they_get_alone(tmp_path):
     assert sorted(mixed.free_slots) == list(range(8)) and not mixed.queue and not mixed.runner.riding
 
 
-def test_only_a_few_prompts_at_a_time_ride(tmp_path):
+def test_only_a_few_prompts_at_a_time_ride(tmp_path, monkeypatch):
     """While rows decode, prompts wait to ride, a few a step, up to RIDE_QUEUE waiting; a burst of more, or a
     prompt behind a queue that long, is prefilled at once in one forward (riding, the rows of a long queue
     would start steps apart)."""
+    from dflash_bench.engine.fast import engine as engine_mod
     from dflash_bench.engine.fast.engine import build_fast_engine
-    from dflash_bench.engine.fast.mixed import RIDE_QUEUE
 
+    RIDE_QUEUE = 3
+    monkeypatch.setattr(engine_mod, "RIDE_QUEUE", RIDE_QUEUE)
     FEW = RIDE_QUEUE + 1
     target, _ = make_tiny_pair(tmp_path, seed=1, block_size=B)
     n = 2 + FEW + RIDE_QUEUE

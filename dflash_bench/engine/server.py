@@ -189,7 +189,17 @@ def build_app(loop: EngineLoop, model_name: str) -> FastAPI:
     return app
 
 
-PREFILL = ("first", "inline", "beside", "mixed")  # serve --prefill: see EngineLoop, fast/background.py, fast/mixed.py
+# serve --prefill: see EngineLoop, fast/background.py, fast/mixed.py; auto is mixed for AR on the fast path on a
+# GPU (its best on the 8B shape at 32 rows, README), first everywhere else
+PREFILL = ("auto", "first", "inline", "beside", "mixed")
+
+
+def _on_gpu(device: str) -> bool:
+    if device == "auto":
+        import torch
+
+        return torch.cuda.is_available()
+    return device.startswith("cuda")
 
 
 def _check_port(host: str, port: int) -> None:
@@ -205,7 +215,7 @@ def serve(model: str, draft: str | None = None, *, mode: str | None = None, host
           dtype: str = "auto", device: str = "auto", max_slots: int = 32, max_model_len: int = 4096,
           served_model_name: str | None = None, log_level: str = "warning", fast: bool = False,
           synthetic_acceptance: float | None = None, benchmark_only: bool = False, step_ahead: bool = True,
-          verify_width: str = "auto", cut_draft: bool = False, prefill: str = "first") -> None:
+          verify_width: str = "auto", cut_draft: bool = False, prefill: str = "auto") -> None:
     """Load the model(s) and serve until interrupted (the `dflash-bench serve` command)."""
     import uvicorn
 
@@ -219,6 +229,8 @@ def serve(model: str, draft: str | None = None, *, mode: str | None = None, host
         raise UserError(f"--verify-width must be auto or full, not {verify_width!r}")
     if prefill not in PREFILL:
         raise UserError(f"--prefill must be one of {', '.join(PREFILL)}, not {prefill!r}")
+    if prefill == "auto":
+        prefill = "mixed" if fast and mode == "ar" and _on_gpu(device) else "first"
     if fast:  # engine/fast: fused forward, CUDA graphs (greedy only)
         from dflash_bench.engine.fast.engine import build_fast_engine
 
@@ -245,7 +257,8 @@ def serve(model: str, draft: str | None = None, *, mode: str | None = None, host
     name = served_model_name or model
     app = build_app(loop, name)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    log.info("serving %s (mode %s, block size %d) on http://%s:%d", name, mode, engine.B, host, port)
+    log.info("serving %s (mode %s, block size %d, prefill %s) on http://%s:%d", name, mode, engine.B, prefill, host,
+             port)
     try:
         uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
     finally:
