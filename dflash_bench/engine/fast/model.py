@@ -210,9 +210,10 @@ class StepAttention:
     """A layer stack's attention over its `KVCache` (the target's and the drafter's alike).
 
     Called once per step, it returns `attend(i, layer, normed h, qkv=None) -> [t, H * hd]`: the q/k/v projection
-    (unless given: `mixed.py` projects two calls' rows in one matmul), q/k norm and RoPE, the cache write and attention with layer i's `kinds[i]` = (causal, window). With `kernels`, the
-    Triton ones (RoPE from tables built here once for every cache position; SDPA for rows longer than
-    KERNEL_MAX_QUERIES, i.e. prefill); without, torch ops and SDPA with this step's masks.
+    (unless given: `mixed.py` projects two calls' rows in one matmul), q/k norm and RoPE, the cache write and
+    attention with layer i's `kinds[i]` = (causal, window). With `kernels`, the Triton ones (RoPE from tables built
+    here once for every cache position; SDPA for rows longer than KERNEL_MAX_QUERIES, i.e. prefill); without,
+    torch ops and SDPA with this step's masks.
     """
 
     def __init__(self, cache: KVCache, kernels, *, heads: int, kv_heads: int, head_dim: int, eps: float,

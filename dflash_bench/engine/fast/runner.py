@@ -90,8 +90,8 @@ class FastRunner(Prefills, MixedSteps):
         self.pre_start = torch.zeros(k, **long)
         self.pre_tok = torch.zeros(k, **long)
         self.host_start: dict[int, int] = {}
-        # AR with `mixed`: a launch may carry a prompt (mixed.py); its inputs are staged in the host row of that
-        # launch's copy, its first token comes back beside the step's tokens
+        # AR with `mixed`: a launch may carry up to max(MIXED_ROWS) prompts (mixed.py), their inputs staged in the
+        # host buffer of that launch, their first tokens copied back beside the step's tokens
         self.mixed = mixed and drafter is None
         k = max(MIXED_ROWS)
         self.ride_host = [torch.zeros(2 * k + k * self.max_len, dtype=torch.long, pin_memory=dev.type == "cuda")
