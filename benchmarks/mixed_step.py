@@ -12,23 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import statistics
 import time
 from pathlib import Path
 
 import torch
-
-
-def median_ms(fn, reps: int, sync) -> float:
-    fn()  # warm-up
-    out = []
-    for _ in range(reps):
-        sync()
-        t = time.perf_counter()
-        fn()
-        sync()
-        out.append(1e3 * (time.perf_counter() - t))
-    return statistics.median(out)
+from prefill_speed import timed  # median ms after a warm-up, synchronised
 
 
 def main() -> None:
@@ -86,8 +74,8 @@ def main() -> None:
                 r.collect()
                 for s in free:
                     r.release(s)
-            row = {"rows": bs, "prompt_tokens": n, "prompts": k, "step_ms": median_ms(step, args.reps, sync),
-                   "prefill_ms": median_ms(alone, args.reps, sync), "mixed_ms": median_ms(mixed, args.reps, sync)}
+            row = {"rows": bs, "prompt_tokens": n, "prompts": k, "step_ms": timed(step, sync, args.reps),
+                   "prefill_ms": timed(alone, sync, args.reps), "mixed_ms": timed(mixed, sync, args.reps)}
             row["saved_ms"] = round(row["step_ms"] + row["prefill_ms"] - row["mixed_ms"], 3)
             print(json.dumps(row), flush=True)
             res.append(row)
