@@ -316,3 +316,13 @@ def test_the_outbox_wakes_the_event_loop_once_per_flush():
 
     got, wakeups = asyncio.run(main())
     assert got == [[0, 1, 2]] * 5 and wakeups == 3
+
+
+@pytest.mark.parametrize("fast,mode,device,want", [
+    (True, "ar", "cuda", "mixed"), (True, "ar", "cuda:1", "mixed"), (True, "dflash", "cuda", "first"),
+    (False, "ar", "cuda", "first"), (True, "ar", "cpu", "first")])
+def test_prefill_auto_rides_only_for_ar_on_the_fast_path_on_a_gpu(fast, mode, device, want):
+    from dflash_bench.engine.server import resolve_prefill
+
+    assert resolve_prefill("auto", fast=fast, mode=mode, device=device) == want
+    assert resolve_prefill("beside", fast=fast, mode=mode, device=device) == "beside"  # a choice stands

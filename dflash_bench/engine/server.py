@@ -194,12 +194,16 @@ def build_app(loop: EngineLoop, model_name: str) -> FastAPI:
 PREFILL = ("auto", "first", "inline", "beside", "mixed")
 
 
-def _on_gpu(device: str) -> bool:
+def resolve_prefill(prefill: str, *, fast: bool, mode: str, device: str) -> str:
+    """`serve --prefill auto`: mixed for AR on the fast path on a GPU, first everywhere else (a CPU's step and
+    prefill are both compute-bound: riding saves nothing there); any other choice as given."""
+    if prefill != "auto":
+        return prefill
     if device == "auto":
         import torch
 
-        return torch.cuda.is_available()
-    return device.startswith("cuda")
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return "mixed" if fast and mode == "ar" and device.startswith("cuda") else "first"
 
 
 def _check_port(host: str, port: int) -> None:
@@ -229,8 +233,7 @@ def serve(model: str, draft: str | None = None, *, mode: str | None = None, host
         raise UserError(f"--verify-width must be auto or full, not {verify_width!r}")
     if prefill not in PREFILL:
         raise UserError(f"--prefill must be one of {', '.join(PREFILL)}, not {prefill!r}")
-    if prefill == "auto":
-        prefill = "mixed" if fast and mode == "ar" and _on_gpu(device) else "first"
+    prefill = resolve_prefill(prefill, fast=fast, mode=mode, device=device)
     if fast:  # engine/fast: fused forward, CUDA graphs (greedy only)
         from dflash_bench.engine.fast.engine import build_fast_engine
 
