@@ -20,7 +20,7 @@ import os
 import torch
 
 from dflash_bench.engine.fast.model import FastTarget, embed_norm, matmul, offsets, run_layers
-from dflash_bench.engine.fast.prefill import PREFILL_BUCKET, stage
+from dflash_bench.engine.fast.prefill import PREFILL_BUCKET
 
 MIXED_TOKENS = 1024  # padded prompt tokens a step may carry: one prompt up to this, k prompts up to this / k each
 MIXED_ROWS = (1, 2, 3)  # prompts a step may carry (a group of more is prefilled in one forward of its own)
@@ -58,9 +58,11 @@ class MixedSteps:
                 for P in range(PREFILL_BUCKET, min(MIXED_TOKENS // k, self.max_len - 1) + 1, PREFILL_BUCKET)]
 
     def can_ride(self, prompts: list[list[int]]) -> bool:
-        """Whether `prompts` may ride in one step together (a mixed graph of their count and longest bucket)."""
-        return (self.mixed and 0 < len(prompts) and all(prompts)
-                and (self.padded(max(map(len, prompts))), len(prompts)) in self.mixed_buckets())
+        """Whether `prompts` may ride in one step together (a mixed graph of their count and longest bucket: see
+        `mixed_buckets`)."""
+        k = len(prompts)
+        return (self.mixed and k in MIXED_ROWS and all(prompts)
+                and self.padded(max(map(len, prompts))) <= min(MIXED_TOKENS // k, self.max_len - 1))
 
     def _stage_rides(self, rides: list[tuple[int, list[int]]]) -> tuple[int, int]:
         """Copy riding prompts' inputs into `pre_in` (in stream order, behind the steps in flight) and count their
@@ -68,12 +70,8 @@ class MixedSteps:
         slots, prompts = [s for s, _ in rides], [p for _, p in rides]
         if not self.can_ride(prompts):
             raise ValueError(f"prompts of {[len(p) for p in prompts]} tokens cannot ride in one step of this runner")
-        P = self.padded(max(map(len, prompts)))
-        buf = self.ride_host[self.launched % len(self.host)]  # free: the launch before last was collected
-        m = stage(buf, slots, prompts, P)
-        if self.bg is not None:
-            self.bg.join()  # a prefill beside the steps may still read `pre_in`
-        self.pre_in[:m].copy_(buf[:m], non_blocking=True)
+        # this launch's host buffer: free, for the launch before last was collected
+        P = self.stage_in(self.ride_host[self.launched % len(self.host)], slots, prompts)
         for s in slots:
             self.admitted[s] += 1
             self.riding[s] = self.admitted[s]

@@ -56,16 +56,22 @@ class Prefills:
     def _prefill_graphed(self, slots: list[int], prompts: list[list[int]]) -> list[int]:
         """k prompts (k = 1 or in GRAPHED_ROWS) by the graph of k rows and their longest prompt's bucket."""
         k, n = len(prompts), [len(p) for p in prompts]
-        P = self.padded(max(n))
-        if self.bg is not None:
-            self.bg.join()  # a prefill beside the steps may still read `pre_in`
-        m = stage(self.pre_host, slots, prompts, P)
-        self.pre_in[:m].copy_(self.pre_host[:m], non_blocking=True)
+        P = self.stage_in(self.pre_host, slots, prompts)
         self.prefill_graph(P, k)
         toks = self.pre_tok[:k]
         for i, slot in enumerate(slots):
             self.admit(slot, n[i], toks[i])
         return toks.tolist()
+
+    def stage_in(self, buf: torch.Tensor, slots: list[int], prompts: list[list[int]]) -> int:
+        """Stage k prompts in `buf` (pinned host memory) and copy them into `pre_in` on the current stream, padded
+        to their longest one's bucket, which it returns."""
+        P = self.padded(max(map(len, prompts)))
+        if self.bg is not None:
+            self.bg.join()  # a prefill beside the steps may still read `pre_in`
+        m = stage(buf, slots, prompts, P)
+        self.pre_in[:m].copy_(buf[:m], non_blocking=True)
+        return P
 
     def padded(self, n: int) -> int:
         """A prompt's length bucket: `n` up to a multiple of PREFILL_BUCKET (at most the cache)."""
