@@ -26,7 +26,7 @@ from __future__ import annotations
 WIDTHS = (2, 4, 6, 8, 10, 16)  # candidate tokens per row, capped at the block size (which is always a candidate)
 CPU_WIDTHS = (1, 2, 3, 4, 6, 8, 10, 16)  # a CPU step has no graph per width: narrower steps, and none at all
 DECAY = 0.999  # per row-step weight of older acceptance counts
-# A CPU's: a demo's cells are short (4 requests of 32 tokens at concurrency 1, ~44 steps) and run one after another
+# A CPU's: a demo's cells are short (4 requests of at most 64 tokens at concurrency 1) and run one after another
 # on one server, so the suite before would decide the next one's widths (tests/test_width.py); in process
 # (benchmarks/suite_sequence.py) the difference was within a 2-core box's noise
 CPU_DECAY = 0.99
