@@ -1,6 +1,7 @@
 """Decode-step matmuls of the Qwen3-8B shape (1 and 16 rows): cuBLAS, cuBLASLt and the Triton skinny kernel.
 
     PYTHONPATH=. python benchmarks/gemm_tuning.py --out F      # GPU only, ~3 min
+    PYTHONPATH=. python benchmarks/gemm_tuning.py --quick --rows 16,32 --out F   # the engine's plans, ~1 min
 
 Each weight shape is timed under a CUDA graph that cycles through enough copies (400 MB) that no call finds
 its weight in L2, as in a real step where every layer's weights are distinct. Then the best plan per shape
@@ -124,12 +125,12 @@ def tune(dev, dt, rows_list=(1, 16)) -> dict:
     return out
 
 
-def quick(dev, dt) -> dict:
+def quick(dev, dt, rows_list=(1, 16)) -> dict:
     """The engine's plan per shape against cuBLAS and a few variations of it (no sweep)."""
     out = {}
     for name, (n, k) in SHAPES.items():
         weights = weight_copies(n, k, dev, dt)
-        for m in (1, 16):
+        for m in rows_list:
             x = torch.randn(m, k, device=dev, dtype=dt)
             base = plan_for(m, n, k, sm_count(dev))
             variants = {"engine": base, "stages4": Plan(**{**base.__dict__, "stages": 4}),
@@ -190,15 +191,39 @@ def chains(dev, dt, best: dict) -> dict:
     return res
 
 
+def target_chains(dev, dt, rows_list) -> dict:
+    """An AR step's matmul chain (36 distinct layers and lm_head) at each row count: cuBLAS against the engine's
+    `linear` (the skinny kernel where `plan_for` takes the shape)."""
+    layers = [{s: torch.randn(*SHAPES[s], device=dev, dtype=dt) * 0.02 for s in ("qkv", "o", "gate_up", "down")}
+              for _ in range(36)]
+    head = torch.randn(*SHAPES["lm_head"], device=dev, dtype=dt) * 0.02
+    res = {}
+    for m in rows_list:
+        xs = {s: torch.randn(m, SHAPES[s][1], device=dev, dtype=dt) for s in SHAPES}
+        for how, mm in (("cublas", F.linear), ("engine", linear)):
+            def body():
+                for ly in layers:
+                    for s, wt in ly.items():
+                        mm(xs[s], wt)
+                mm(xs["lm_head"], head)
+            res[f"ar/{m}/{how}_ms"] = graph_ms(body, reps=20)
+        print(f"chain ar m={m:<2} cublas {res[f'ar/{m}/cublas_ms']:.3f} ms  engine {res[f'ar/{m}/engine_ms']:.3f} ms",
+              flush=True)
+    return res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
-    ap.add_argument("--quick", action="store_true", help="only the engine's plans and a few variations")
+    ap.add_argument("--quick", action="store_true", help="only the engine's plans and a few variations, and the AR "
+                    "step's chain at each of --rows")
+    ap.add_argument("--rows", default="1,16", help="row counts of --quick")
     args = ap.parse_args()
     dev, dt = torch.device("cuda"), torch.bfloat16
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
     if args.quick:
-        res = {"device": torch.cuda.get_device_name(), "quick": quick(dev, dt)}
+        rows = [int(r) for r in args.rows.split(",")]
+        res = {"device": torch.cuda.get_device_name(), "quick": quick(dev, dt, rows), "chains": target_chains(dev, dt, rows)}
         if args.out:
             with open(args.out, "w") as f:
                 json.dump(res, f, indent=1)

@@ -25,7 +25,7 @@ def _inputs(m, n, k, dtype=torch.float32, seed=0):
 
 @pytest.mark.parametrize("mode", ["fma", "dot", "swap"])
 @pytest.mark.parametrize("split", [1, 2, 4])
-@pytest.mark.parametrize("m", [1, 5, 16])
+@pytest.mark.parametrize("m", [1, 5, 16, 17, 32])
 def test_every_plan_matches_linear(mode, split, m):
     tg = _gemm()
     plan = tg.Plan(bn=64 if mode == "swap" else 16, bk=32, split=split, mode=mode)
@@ -70,7 +70,13 @@ def test_plan_for_takes_decode_shapes_and_leaves_the_rest_to_cublas():
     assert tg.plan_for(16, 151936, 4096) == tg.Plan(bn=64, split=1)
     assert tg.plan_for(16, 24576, 4096, sms=100) == tg.Plan(bn=64)  # past three a SM: 256 deep
     assert tg.plan_for(1, 4096, 4096, sms=64) == tg.Plan(bn=64, split=1)  # a smaller GPU: 64 blocks fill it
-    assert tg.plan_for(17, 4096, 4096) is None  # prefill and big batches: cuBLAS
+    # 17-32 rows (a batch of 32, two DFlash blocks) take tiles of 32, whose split-K partials are twice as big
+    assert tg.plan_for(32, 4096, 12288) == tg.Plan(bn=64, split=2) and tg.tile_rows(32) == 32 == tg.tile_rows(17)
+    assert tg.plan_for(32, 24576, 4096) == tg.Plan(bn=64, bk=128)
+    # a huge GPU: 4 x 16 x 65536 partials fit the workspace, 4 x 32 x 65536 do not (the same grid, split in two)
+    assert tg.plan_for(16, 65536, 8192, sms=4096) == tg.Plan(bn=64, split=4)
+    assert tg.plan_for(32, 65536, 8192, sms=4096) == tg.Plan(bn=32, split=2, stages=4)
+    assert tg.plan_for(33, 4096, 4096) is None  # prefill and big batches: cuBLAS
     assert tg.plan_for(1, 4100, 4096) is None  # no column block divides n
     assert tg.plan_for(1, 4096, 4104) is None  # no depth divides k
     x, w, _ = _inputs(40, 48, 64)
@@ -95,7 +101,7 @@ def test_a_plan_the_gpu_cannot_launch_falls_back_to_cublas(monkeypatch):
     assert len(calls) == 1  # refused once, then straight to cuBLAS
 
 
-@pytest.mark.parametrize("m", [1, 5, 16])
+@pytest.mark.parametrize("m", [1, 5, 16, 32])
 def test_linear_argmax_is_the_argmax_of_the_logits(m):
     """The lm_head's greedy tokens without its logits: each column block's best, then the first of the best."""
     tg = _gemm()

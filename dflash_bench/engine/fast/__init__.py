@@ -3,7 +3,7 @@
 - `model.py`: a fused Qwen3/Llama forward (one QKV and one gate/up matmul per layer) over a static slot KV
   cache, where batch row == slot.
 - `triton_gemm.py`, `triton_ops.py`, `triton_attn.py`: on a GPU, every decode-step kernel in Triton (the
-  skinny matmuls of 1-16 rows; residual add + RMSNorm, q/k norm + RoPE + KV write, silu * up, the
+  skinny matmuls of 1-32 rows; residual add + RMSNorm, q/k norm + RoPE + KV write, silu * up, the
   vocabulary argmax, the step's commit; split-K attention over each row's valid keys).
 - `draft.py`: the DFlash drafter's forward with the same layout.
 - `runner.py`: state on the device, fixed-shape draft / verify / AR steps captured as CUDA graphs per

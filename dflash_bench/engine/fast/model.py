@@ -63,7 +63,7 @@ def norm(kernels):
 
 
 def matmul(kernels, lane: int = 0):
-    """`F.linear`, or with kernels the one that takes decode-sized inputs (<= 16 rows) to the skinny kernel
+    """`F.linear`, or with kernels the one that takes decode-sized inputs (<= 32 rows) to the skinny kernel
     (`lane` 1 for matmuls that run beside the main stream's: their own split-K workspace)."""
     if not kernels:
         return F.linear

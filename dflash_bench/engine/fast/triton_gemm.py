@@ -1,7 +1,8 @@
-"""Skinny matmuls for decode steps (Triton): `y = x @ w.T` for `x` `[m, k]` with m <= 16, `w` `[n, k]`.
+"""Skinny matmuls for decode steps (Triton): `y = x @ w.T` for `x` `[m, k]` with m <= 32, `w` `[n, k]`.
 
-A decode step's matmuls read every weight once for 1 (AR) or 16 (a DFlash block) rows: they are bound by
-memory bandwidth, and the rows cost nothing as long as the weights stream at full speed. A program owns `BN`
+A decode step's matmuls read every weight once for 1 (AR) to 32 (a batch of 32, two DFlash blocks) rows: they
+are bound by memory bandwidth, and the rows cost nothing as long as the weights stream at full speed. Up to 16
+rows take tiles of 16, more take tiles of 32 (`tile_rows`). A program owns `BN`
 output columns and `k / SPLIT` of the reduction and streams its slice of `w` once. It multiplies on CUDA
 cores ("fma", one row), on tensor cores with the rows padded to 16 ("dot"), or with the operands swapped so
 the weight tile is the tensor cores' large side ("swap", what `plan_for` picks). With `SPLIT` > 1 the partial
@@ -23,7 +24,7 @@ import triton.language as tl
 
 from dflash_bench.engine.fast.triton_attn import sm_count
 
-MAX_ROWS = 16
+MAX_ROWS = 32  # more rows (prefill, big batches of blocks): cuBLAS
 MODES = {"fma": 0, "dot": 1, "swap": 2}
 # Triton's interpreter multiplies bfloat16 tiles as raw bits in tl.dot: there (the CPU tests) widen first
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -41,6 +42,11 @@ class Plan:
     def fits(self, m: int, n: int, k: int) -> bool:
         return (m <= MAX_ROWS and (self.mode != "fma" or m == 1) and n % self.bn == 0
                 and k % (self.split * self.bk) == 0)
+
+
+def tile_rows(m: int) -> int:
+    """Rows of a tensor-core tile for m rows: 16, or 32 past 16 (the dot's smallest shapes that hold them)."""
+    return 16 if m <= 16 else 32
 
 
 @triton.jit
@@ -106,7 +112,7 @@ def _skinny_kernel(x_ptr, w_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, sxm, sy
             tl.atomic_xchg(cnt_ptr + pn, 0)
 
 
-WORKSPACE_FLOATS = 1 << 22  # split-K partials: plans keep split * 16 * n within this
+WORKSPACE_FLOATS = 1 << 22  # split-K partials: plans keep split * tile_rows(m) * n within this
 COUNTERS = 1 << 16
 _scratch: dict[tuple[torch.device, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -145,7 +151,7 @@ def plan_for(m: int, n: int, k: int, sms: int = 132) -> Plan | None:
         shallow = n // widths[0] <= 3 * sms and bk == 256
         return Plan(bn=widths[0], bk=128 if shallow else bk)
     fits = [(n // bn * split, bn, split) for bn in widths for split in (1, 2, 4)
-            if k % (split * bk) == 0 and split * MAX_ROWS * n <= WORKSPACE_FLOATS and n // bn * split <= sms]
+            if k % (split * bk) == 0 and split * tile_rows(m) * n <= WORKSPACE_FLOATS and n // bn * split <= sms]
     if not fits:
         return Plan(bn=widths[0], bk=bk)
     short = k <= 4096  # a short reduction is not split where a split-free grid fills the GPU as well
@@ -157,7 +163,7 @@ _refused: set[Plan] = set()  # plans this GPU cannot launch (too little shared m
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, lane: int = 0) -> torch.Tensor:
-    """`F.linear(x, w, bias)`: the skinny kernel for a 2-D x of at most 16 rows, cuBLAS otherwise. `lane`:
+    """`F.linear(x, w, bias)`: the skinny kernel for a 2-D x of at most MAX_ROWS rows, cuBLAS otherwise. `lane`:
     which split-K workspace (see `_workspace`)."""
     plan = None
     if x.dim() == 2 and x.stride(1) == 1 and w.is_contiguous() and x.dtype == w.dtype:
@@ -173,12 +179,12 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
 
 def skinny_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, plan: Plan = Plan(), *,
                   lane: int = 0) -> torch.Tensor:
-    """`F.linear(x, w, bias)` for a contiguous `[m, k]` x with m <= 16 that `plan` fits."""
+    """`F.linear(x, w, bias)` for a contiguous `[m, k]` x with m <= MAX_ROWS that `plan` fits."""
     m, k = x.shape
     n = w.shape[0]
     assert plan.fits(m, n, k) and x.stride(1) == 1 and w.is_contiguous(), (m, n, k, plan)
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    bm = 1 if plan.mode == "fma" else MAX_ROWS
+    bm = 1 if plan.mode == "fma" else tile_rows(m)
     ws, cnt = _workspace(x.device, lane)
     if plan.split > 1 and (plan.split * bm * n > ws.numel() or n // plan.bn > cnt.numel()):
         raise ValueError(f"split-K workspace too small for {plan} on [{m}, {k}] x [{n}, {k}]")
@@ -210,7 +216,7 @@ def linear_argmax(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = N
     val, idx = triton_ops.chunk_maxima(m, chunks, x.device)
     try:
         _skinny_kernel[(chunks, 1)](
-            x, w, val, val, idx, idx, m, n, k, x.stride(0), 0, BM=MAX_ROWS, BN=plan.bn, BK=plan.bk, SPLIT=1,
+            x, w, val, val, idx, idx, m, n, k, x.stride(0), 0, BM=tile_rows(m), BN=plan.bn, BK=plan.bk, SPLIT=1,
             MODE=MODES[plan.mode], HAS_BIAS=False, PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
             WIDEN=_INTERPRET and x.dtype != torch.float32, ARGMAX=True, num_warps=plan.warps, num_stages=plan.stages)
     except triton.runtime.errors.OutOfResources:  # raised at the first launch, before any graph capture
