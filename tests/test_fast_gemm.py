@@ -101,6 +101,27 @@ def test_a_plan_the_gpu_cannot_launch_falls_back_to_cublas(monkeypatch):
     assert len(calls) == 1  # refused once, then straight to cuBLAS
 
 
+def test_a_plan_refused_for_32_rows_still_runs_16(monkeypatch):
+    """A 32-row tile of a plan needs more shared memory than its 16-row tile: refused past 16 rows (an H100,
+    the drafter's k/v projection), the same plan keeps the skinny kernel up to 16."""
+    tg = _gemm()
+    real, calls = tg.skinny_linear, []
+
+    def small_only(x, w, bias, plan, lane=0):
+        calls.append(x.shape[0])
+        if x.shape[0] > 16:
+            raise tg.triton.runtime.errors.OutOfResources(245760, 232448, "shared memory")
+        return real(x, w, bias, plan, lane=lane)
+
+    monkeypatch.setattr(tg, "skinny_linear", small_only)
+    monkeypatch.setattr(tg, "_refused", set())
+    _, w, b = _inputs(1, 64, 128)
+    for m in (32, 16, 32, 16):
+        x, _, _ = _inputs(m, 64, 128, seed=m)
+        assert torch.allclose(tg.linear(x, w, b), F.linear(x, w, b), atol=1e-4, rtol=1e-4)
+    assert calls == [32, 16, 16]  # 32 rows refused once, then cuBLAS; 16 rows on the skinny kernel each time
+
+
 @pytest.mark.parametrize("m", [1, 5, 16, 32])
 def test_linear_argmax_is_the_argmax_of_the_logits(m):
     """The lm_head's greedy tokens without its logits: each column block's best, then the first of the best."""

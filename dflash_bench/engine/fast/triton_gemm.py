@@ -159,7 +159,9 @@ def plan_for(m: int, n: int, k: int, sms: int = 132) -> Plan | None:
     return Plan(bn=bn, bk=bk, split=split, stages=4 if bn == 32 else 3)
 
 
-_refused: set[Plan] = set()  # plans this GPU cannot launch (too little shared memory): cuBLAS instead
+# (plan, tile rows) this GPU cannot launch (too little shared memory: a 32-row tile needs more than a 16-row
+# one of the same plan): cuBLAS instead
+_refused: set[tuple[Plan, int]] = set()
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, lane: int = 0) -> torch.Tensor:
@@ -168,12 +170,12 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
     plan = None
     if x.dim() == 2 and x.stride(1) == 1 and w.is_contiguous() and x.dtype == w.dtype:
         plan = plan_for(x.shape[0], w.shape[0], x.shape[1], sm_count(x.device))
-    if plan is None or plan in _refused:
+    if plan is None or (plan, tile_rows(x.shape[0])) in _refused:
         return F.linear(x, w, bias)
     try:
         return skinny_linear(x, w, bias, plan, lane=lane)
     except triton.runtime.errors.OutOfResources:  # raised at the first launch, before any graph capture
-        _refused.add(plan)
+        _refused.add((plan, tile_rows(x.shape[0])))
         return F.linear(x, w, bias)
 
 
@@ -210,7 +212,7 @@ def linear_argmax(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = N
     plan = None
     if x.stride(1) == 1 and w.is_contiguous() and x.dtype == w.dtype:
         plan = plan_for(m, n, k, sm_count(x.device))
-    if plan is None or plan.split > 1 or plan.mode == "fma" or plan in _refused:
+    if plan is None or plan.split > 1 or plan.mode == "fma" or (plan, tile_rows(m)) in _refused:
         return triton_ops.argmax(linear(x, w), out)
     chunks = n // plan.bn
     val, idx = triton_ops.chunk_maxima(m, chunks, x.device)
@@ -220,7 +222,7 @@ def linear_argmax(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = N
             MODE=MODES[plan.mode], HAS_BIAS=False, PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
             WIDEN=_INTERPRET and x.dtype != torch.float32, ARGMAX=True, num_warps=plan.warps, num_stages=plan.stages)
     except triton.runtime.errors.OutOfResources:  # raised at the first launch, before any graph capture
-        _refused.add(plan)
+        _refused.add((plan, tile_rows(m)))
         return triton_ops.argmax(linear(x, w), out)
     if out is None:
         out = torch.empty(m, dtype=torch.int64, device=x.device)
