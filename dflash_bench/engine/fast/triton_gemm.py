@@ -1,12 +1,11 @@
 """Skinny matmuls for decode steps (Triton): `y = x @ w.T` for `x` `[m, k]` with m <= 32, `w` `[n, k]`.
 
 A decode step's matmuls read every weight once for 1 (AR) to 32 (a batch of 32, two DFlash blocks) rows: they
-are bound by memory bandwidth, and the rows cost nothing as long as the weights stream at full speed. Up to 16
-rows take tiles of 16, more take tiles of 32 (`tile_rows`). A program owns `BN`
-output columns and `k / SPLIT` of the reduction and streams its slice of `w` once. It multiplies on CUDA
-cores ("fma", one row), on tensor cores with the rows padded to 16 ("dot"), or with the operands swapped so
-the weight tile is the tensor cores' large side ("swap", what `plan_for` picks). With `SPLIT` > 1 the partial
-sums go to a float32 workspace and the last program of a column block (an atomic counter it resets) adds them
+are bound by memory bandwidth, and the rows cost nothing as long as the weights stream at full speed. A program
+owns `BN` output columns and `k / SPLIT` of the reduction and streams its slice of `w` once. It multiplies on CUDA
+cores ("fma", one row), on tensor cores with the rows padded to 16, or to 32 past 16 (`tile_rows`; "dot"), or
+with the operands swapped so the weight tile is the tensor cores' large side ("swap", what `plan_for` picks). With
+`SPLIT` > 1 the partial sums go to a float32 workspace and the last program of a column block (an atomic counter it resets) adds them
 up, so one launch does the whole matmul and it is safe to capture in a CUDA graph.
 
 `benchmarks/gemm_tuning.py` times every `Plan` against cuBLAS on the GPU.
