@@ -5,8 +5,8 @@ are bound by memory bandwidth, and the rows cost nothing as long as the weights 
 owns `BN` output columns and `k / SPLIT` of the reduction and streams its slice of `w` once. It multiplies on CUDA
 cores ("fma", one row), on tensor cores with the rows padded to 16, or to 32 past 16 (`tile_rows`; "dot"), or
 with the operands swapped so the weight tile is the tensor cores' large side ("swap", what `plan_for` picks). With
-`SPLIT` > 1 the partial sums go to a float32 workspace and the last program of a column block (an atomic counter it resets) adds them
-up, so one launch does the whole matmul and it is safe to capture in a CUDA graph.
+`SPLIT` > 1 the partial sums go to a float32 workspace and the last program of a column block (an atomic counter
+it resets) adds them up, so one launch does the whole matmul and it is safe to capture in a CUDA graph.
 
 `benchmarks/gemm_tuning.py` times every `Plan` against cuBLAS on the GPU.
 """
