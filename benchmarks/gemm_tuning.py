@@ -1,4 +1,5 @@
-"""Decode-step matmuls of the Qwen3-8B shape (1 and 16 rows): cuBLAS, cuBLASLt and the Triton skinny kernel.
+"""Decode-step matmuls of the Qwen3-8B shape (1 and 16 rows; `--quick`: any): cuBLAS, cuBLASLt and the Triton
+skinny kernel.
 
     PYTHONPATH=. python benchmarks/gemm_tuning.py --out F      # GPU only, ~3 min
     PYTHONPATH=. python benchmarks/gemm_tuning.py --quick --rows 16,32 --out F   # the engine's plans, ~1 min
