@@ -3,8 +3,8 @@
 Why: the harness's own cost per output token and the lag of its timestamps behind the wire both come
 from the client's event-loop work per chunk. Here each network read is timestamped in `data_received`,
 the moment the event loop reads the socket, and parsed right there (chunked transfer decoding, SSE line
-splitting, JSON) with no task switch per chunk. README "Harness overhead" has the measurements that made
-this the default; aiohttp and httpx remain selectable (and serve https://).
+splitting, JSON) with no task switch per chunk. docs/results/harness.md has the method and the command of
+the measurements that made this the default; aiohttp and httpx remain selectable (and serve https://).
 
 Scope: keep-alive connection pool, `POST` with a JSON body, `GET`; responses with chunked encoding,
 Content-Length, or read-until-close. No TLS, no proxies, no redirects, no compression.

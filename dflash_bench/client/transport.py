@@ -2,7 +2,7 @@
 
 Each feeds a `Stream` with every SSE `data:` payload, stamped with the time of the network read that
 carried it (one clock read per read, not per event). `auto` (the default) picks `raw` (rawhttp.py) for
-http:// and aiohttp for https://: measured here (README, "Harness overhead") raw stamps the first token
+http:// and aiohttp for https://: measured here (docs/results/harness.md) raw stamps the first token
 within a fraction of a millisecond of the packet on the wire even at concurrency 256, where aiohttp's
 stamps lag by tens of ms and httpx's by seconds; their CPU per token is alike for raw and aiohttp.
 """

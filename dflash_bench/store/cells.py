@@ -20,7 +20,7 @@ class CellKey(BaseModel):
     """What a cell is: the one place its identity is defined. Plans, summaries, the gate and the analysis
     all match cells through it, so a new axis (an input length, say) is a new field here and nowhere else.
 
-    `cell_id` names the cell's folder: `<engine>-<mode>-<suite>-c<concurrency>[-r<repeat>]` unless given
+    `cell_id` names the cell's folder: `<engine>-<mode>-<suite>-c<concurrency>[-think|-nothink][-r<repeat>]` unless given
     (`dflash-bench run` and tests may measure into a folder of another name). It is not part of the identity."""
 
     model_config = ConfigDict(frozen=True)

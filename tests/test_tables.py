@@ -1,0 +1,73 @@
+"""benchmarks/tables.py: the committed pages hold exactly what benchmarks/results/*.json give, and a changed
+results value is caught."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmarks import tables
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _copy_repo_pages(tmp: Path) -> Path:
+    """README.md, docs/results/ and benchmarks/results/ in a root of their own, to change freely."""
+    for page in {e.page for e in tables.TABLES}:
+        (tmp / page).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / page, tmp / page)
+    shutil.copytree(REPO / "benchmarks" / "results", tmp / "benchmarks" / "results")
+    return tmp
+
+
+def test_committed_pages_match_their_results():
+    # the command CI and a fresh clone run, as a user types it
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.tables", "--check"], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_a_changed_result_fails_the_check_and_a_rewrite_mends_it(tmp_path, capsys):
+    root = _copy_repo_pages(tmp_path)
+    assert tables.main(["--check", "--root", str(root)]) == 0
+    source = root / "benchmarks" / "results" / "engine_speed_h100.json"
+    data = json.loads(source.read_text())
+    data["rows"][0]["ar"]["tok_s"] *= 1.5
+    source.write_text(json.dumps(data))
+
+    assert tables.main(["--check", "--root", str(root)]) == 1
+    err = capsys.readouterr().err
+    assert "docs/results/fast-path-gpu.md" in err and "engine_speed" in err
+    before = (root / "docs/results/fast-path-gpu.md").read_text()
+
+    assert tables.main(["--root", str(root)]) == 0
+    after = (root / "docs/results/fast-path-gpu.md").read_text()
+    assert after != before and f"{data['rows'][0]['ar']['tok_s']:.1f}" in after
+    assert tables.main(["--check", "--root", str(root)]) == 0
+
+
+def test_prose_is_kept_and_only_blocks_are_rewritten(tmp_path):
+    root = _copy_repo_pages(tmp_path)
+    page = root / "docs/results/tiny-pair.md"
+    text = page.read_text()
+    start = text.index("<!-- table:acceptance -->\n") + len("<!-- table:acceptance -->\n")
+    end = text.index("<!-- /table:acceptance -->")
+    page.write_text("A line of prose added by hand.\n" + text[:start] + "| stale |\n" + text[end:])
+    assert tables.main(["--check", "--root", str(root)]) == 1
+    assert tables.main(["--root", str(root)]) == 0
+    assert page.read_text() == "A line of prose added by hand.\n" + text
+
+
+def test_a_block_without_an_entry_or_a_missing_source_is_one_sentence(tmp_path, capsys):
+    root = _copy_repo_pages(tmp_path)
+    page = root / "docs/results/demo.md"
+    page.write_text(page.read_text() + "\n<!-- table:no_such_table -->\n<!-- /table:no_such_table -->\n")
+    assert tables.main(["--check", "--root", str(root)]) == 2
+    assert "no_such_table" in capsys.readouterr().err
+
+    root = _copy_repo_pages(tmp_path / "second")
+    (root / "benchmarks" / "results" / "zlab_check_cpu.json").unlink()
+    assert tables.main(["--check", "--root", str(root)]) == 2
+    assert "zlab_check_cpu.json is missing" in capsys.readouterr().err
