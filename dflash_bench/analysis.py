@@ -42,8 +42,16 @@ def _thinking_arms(frame: pd.DataFrame) -> pd.DataFrame:
     keeps the arms apart; the key column becomes "on", "off" or "" (never NaN, which grouping would drop)."""
     arm = frame["thinking_asked"].map({True: "on", False: "off"}).fillna("")
     frame = frame.assign(thinking_asked=arm)
-    frame["suite"] = [f"{s} (thinking {a})" if a else s for s, a in zip(frame["suite"], arm)]
+    frame["suite"] = [f"{s}{ARM_SUFFIX.format(a)}" if a else s for s, a in zip(frame["suite"], arm)]
     return frame
+
+
+ARM_SUFFIX = " (thinking {})"
+
+
+def base_suite(suites: pd.Series) -> pd.Series:
+    """The suites' own names, with the --thinking both arm _thinking_arms appended taken off again."""
+    return suites.str.replace(r" \(thinking (on|off)\)$", "", regex=True)
 
 
 def complete(frame: pd.DataFrame) -> pd.DataFrame:

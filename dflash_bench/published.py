@@ -5,8 +5,8 @@
                                                     thinking=False, max_tokens=2048))
     rows = side_by_side(table, measured_rows)
 
-The figures are copied exactly from the cards as quoted in shared/reference/dflash.md §4.3 ("HF model
-cards"); each table names its card's URL. Users who fail to reproduce a card usually differ in thinking,
+The figures are copied exactly from the Hugging Face model cards; each table names its card's URL, which
+the report cites. Users who fail to reproduce a card usually differ in thinking,
 chat template or max tokens, so `setting_gaps` lists every such difference, and the settings nobody can
 compare (a template hash the card never published) as "unknown" rather than as a match.
 """
@@ -47,8 +47,7 @@ class PublishedRow(BaseModel):
 
 class PublishedTable(BaseModel):
     pair: str  # models.KNOWN name
-    card: str  # the card's URL
-    quoted_from: str = "shared/reference/dflash.md §4.3 (HF model cards)"
+    card: str  # the card's URL: the source the report cites
     settings: PublishedSettings
     rows: list[PublishedRow]
     notes: str = ""

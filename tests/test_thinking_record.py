@@ -77,6 +77,45 @@ def test_thinking_both_runs_every_cell_in_both_arms_and_the_report_pairs_them(tm
     assert report.returncode == 0, report.stderr
     html = (folder / "report.html").read_text()
     assert "Thinking off and on, paired" in html and "gsm8k (thinking on)" in html and "gsm8k (thinking off)" in html
+    assert "The model card beside this sweep" not in html  # a pair whose card publishes no table
+
+
+def test_thinking_both_reads_the_card_beside_the_arm_the_card_names(tmp_path, data_dir):
+    """gemma-4-31B-it's card measured with thinking on: its rows take the sweep's thinking-on cells, and the
+    page cites the card's own URL."""
+    import json
+    import re
+    import shutil
+
+    target = tokenizer_folder(tmp_path / "target")
+    proc = subprocess.run([sys.executable, "-m", "dflash_bench", "sweep", "--model", str(target), "--drafter",
+                           "org/d", "--engine", "emulator", "--suites", "gsm8k", "-c", "1", "-n", "2", "--max-tokens",
+                           "8", "--port", str(free_port()), "--out", str(tmp_path / "out"), "--data-dir", str(data_dir),
+                           "--thinking", "both", "--engine-arg=--acceptance-length=5"], capture_output=True, text=True,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (folder,) = [p for p in (tmp_path / "out").iterdir() if (p / "manifest.json").exists()]
+    copy = tmp_path / "gemma"
+    shutil.copytree(folder, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["settings"]["model"] = "gemma-4-31B-it"  # a pair whose card publishes a table (thinking on)
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    marked = copy / "cells" / "emulator-dflash-gsm8k-c1-nothink" / "summary.json"
+    summary = json.loads(marked.read_text())
+    summary["output_throughput"] = 54321.0  # the off arm, marked: its row must not reach the card's table
+    marked.write_text(json.dumps(summary))
+    report = subprocess.run([sys.executable, "-m", "dflash_bench", "report", str(copy)], capture_output=True,
+                            text=True, timeout=120)
+    assert report.returncode == 0, report.stderr
+    html = re.sub(r"\s+", " ", (copy / "report.html").read_text())
+    assert "The model card beside this sweep" in html and "beside this sweep's thinking-on arm" in html
+    assert '<a href="https://huggingface.co/z-lab/gemma-4-31B-it-DFlash">' in html and "dflash.md" not in html
+    sweep = SweepDir.open(copy)
+    on = [sweep.read_summary(f"emulator-{m}-gsm8k-c1-think").output_throughput for m in ("ar", "dflash")]
+    row = re.search(r"<tr><td>gsm8k</td><td class=\"n\">1</td>(.*?)</tr>", html).group(1)
+    assert "not measured" not in row and f"{on[1] / on[0]:,.2f}×" in row, row
+    assert f"{on[0]:,.0f}</td><td class=\"n\">{on[1]:,.0f}</td>" in row and "54,321" not in row
+    assert "<b>thinking</b>" not in html  # the arm's prompts show thinking on, as the card's did
 
 
 def test_a_bad_thinking_value_is_one_sentence(tmp_path):

@@ -9,6 +9,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import pandas as pd
+
+from dflash_bench import analysis
 from dflash_bench import published as card
 from dflash_bench import slo as slo_mod
 from dflash_bench.errors import UserError
@@ -45,13 +48,15 @@ def card_context(view: SweepView) -> dict[str, Any] | None:
         return None
     if table is None:
         return None
-    head = view.headline
+    head, arm = card_arm(view.headline, table.settings.thinking)
     engines = list(head["engine"].unique()) if not head.empty else []
     engine = table.settings.engine if table.settings.engine in engines else (engines[0] if engines else None)
     measured = [card.MeasuredRow(suite=r["suite"], concurrency=int(r["concurrency"]), ar_tok_s=_f(r["ar_tok_s"]),
                                  dflash_tok_s=_f(r["dflash_tok_s"]), tau=_f(r["tau"]))
                 for _, r in head.iterrows() if r["engine"] == engine]
-    cells = [s for s in SweepDir.open(view.path).summaries() if s.engine == engine]
+    asked = {"on": True, "off": False}.get(arm or "")
+    cells = [s for s in SweepDir.open(view.path).summaries() if s.engine == engine
+             and (arm is None or s.thinking_asked is asked)]
     modes = {s.thinking for s in cells} - {None, "unknown"}
     hashes = {s.template_hash for s in cells} - {None}
     run = card.RunSettings(gpu=gpu_names(view.manifest.hardware) or None, engine=engine,
@@ -61,10 +66,20 @@ def card_context(view: SweepView) -> dict[str, Any] | None:
                            max_tokens=settings.max_tokens, temperature=settings.temperature,
                            block_size=view.manifest.models.block_size)
     rows = card.side_by_side(table, measured)
-    return {"card": table.card, "pair": table.pair, "quoted_from": table.quoted_from, "engine": engine,
+    return {"card": table.card, "pair": table.pair, "arm": arm, "engine": engine,
             "settings": table.settings, "notes": table.notes,
             "rows": rows, "gaps": card.setting_gaps(table.settings, run),
             "measured_any": any(r.measured is not None for r in rows)}
+
+
+def card_arm(head: pd.DataFrame, card_thinking: bool | None) -> tuple[pd.DataFrame, str | None]:
+    """A --thinking both sweep is read beside the card through the arm the card's own setting names (on where
+    the card does not say), its suites under their own names; any other sweep as it is, with no arm."""
+    if head.empty or "thinking_asked" not in head.columns or not (head["thinking_asked"] != "").any():
+        return head, None
+    arm = "off" if card_thinking is False else "on"
+    picked = head[head["thinking_asked"] == arm]
+    return picked.assign(suite=analysis.base_suite(picked["suite"])), arm
 
 
 def _f(value: Any) -> float | None:
@@ -81,7 +96,7 @@ def thinking_pairs(view: SweepView) -> list[dict[str, Any]]:
     if head.empty or "thinking_asked" not in head.columns or not (head["thinking_asked"] != "").any():
         return []
     arms = head[head["thinking_asked"] != ""]
-    arms = arms.assign(base=arms["suite"].str.replace(r" \(thinking (on|off)\)$", "", regex=True))
+    arms = arms.assign(base=analysis.base_suite(arms["suite"]))
     rows = []
     for (engine, suite, conc), g in arms.groupby(["engine", "base", "concurrency"], sort=False):
         side = {arm: g[g["thinking_asked"] == arm].iloc[0] for arm in ("off", "on") if (g["thinking_asked"] == arm).any()}
