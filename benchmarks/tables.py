@@ -179,11 +179,40 @@ def cpu_step_costs(results: list[Any]) -> Table:
             if d["drafter"] != "1x256" or d["draft"] == "block":
                 continue
             rows.append([str(step["batch"]), str(d["width"]), f2(d["ar_ms"]), f2(d["draft_ms"]), f2(d["verify_ms"]),
-                         f2(d["ratio"]), f"{d['speedup_at_w']:.2f}x"])
-    return Table(["rows", "w", "AR ms", "draft ms", "verify ms", "DFlash / AR step", "speedup at w"], rows,
+                         f2(d["ratio"]), f2(d["step_ratio"]), f"{d['speedup_at_w']:.2f}x"])
+    return Table(["rows", "w", "AR ms", "draft ms", "verify ms", "draft + verify / AR", "whole step / AR step", "speedup at w"], rows,
                  [f"Drafter 1x256 (layers x intermediate size), drafts cut to the w positions verified (w = 1: the anchor "
                   f"alone, no draft); synthetic acceptance τ = {data['args']['tau']}; prompts of "
                   f"{data['args']['prompt_len']} tokens. \"speedup at w\": tokens a step of width w commits / its cost."])
+
+
+def cpu_drafter_shapes(results: list[Any]) -> Table:
+    data = results[0]
+    step = data["steps"][0]
+    widths = sorted({d["width"] for d in step["dflash"]})
+    by = {(d["drafter"], d["width"]): d for d in step["dflash"] if d["draft"] == "cut"}
+    shapes = list(dict.fromkeys(d["drafter"] for d in step["dflash"]))
+    rows = [[shape] + [f2(by[(shape, w)]["ratio"]) if (shape, w) in by else "-" for w in widths] for shape in shapes]
+    return Table(["drafter (layers x intermediate)"] + [f"w = {w}" for w in widths], rows,
+                 [f"Draft + verify over AR's step at {step['batch']} row, cut drafts, synthetic τ = {data['args']['tau']}."])
+
+
+def cpu_real_pair(results: list[Any]) -> Table:
+    data = results[0]
+    step = data["steps"][0]
+    by = {(d["width"], d["draft"]): d for d in step["dflash"]}
+    widths = sorted({w for w, _ in by})
+    rows = [[kind] + [f2(by[(w, k)]["step_ratio"]) if (w, k) in by else "-" for w in widths]
+            for kind, k in (("cut drafts", "cut"), ("whole block drafted", "block"), ("anchor alone", "none"))]
+    notes = [f"A whole DFlash step over an AR step at {step['batch']} row, the embedded pair ({data['args']['draft_shapes'][0][0]}x"
+             f"{data['args']['draft_shapes'][0][1]} drafter), real acceptance."]
+    for r in data.get("real", []):
+        notes.append(f"In process on GSM8K prompts, {data['args']['new_tokens']} new tokens each (past the end of the pair's "
+                     f"short answers, where it accepts little), concurrency {r['concurrency']}: "
+                     f"DFlash / AR {r['cut']['speedup']:.2f}x with cut drafts, {r['block']['speedup']:.2f}x with whole blocks "
+                     f"(τ {f2(r['cut']['tau'])}); tokens equal AR's: "
+                     f"{'yes' if r['cut']['same_tokens_as_ar'] and r['block']['same_tokens_as_ar'] else 'no'}.")
+    return Table(["draft"] + [f"w = {w}" for w in widths], rows, notes)
 
 
 def cpu_throughput(results: list[Any]) -> Table:
@@ -292,6 +321,39 @@ def engine_speed(results: list[Any]) -> Table:
                   "draft ms", "verify ms", "speedup/τ", "DFlash step / AR step"], out, notes)
 
 
+def gemm_tuning(results: list[Any]) -> Table:
+    data = results[0]
+    rows = []
+    for key, shape in data["shapes"].items():
+        name, nrows = key.split("/")
+        best = min(shape["every"].values()) if shape.get("every") else None
+        rows.append([name, nrows, f1(shape["cublas"]), f1(shape["cublaslt"]), f1(shape["engine"]), f1(best),
+                     f"{shape['engine'] / shape['cublas'] - 1:+.1%}"])
+    for name, chain in data["chains"].items():
+        rows.append([{"ar": "an AR step's chain"}.get(name, f"a {name} step's chain"), "-", f"{chain['cublas_ms'] * 1000:.1f}", "-", f"{chain['engine_ms'] * 1000:.1f}",
+                     f"{chain['best_ms'] * 1000:.1f}", f"{chain['engine_ms'] / chain['cublas_ms'] - 1:+.1%}"])
+    return Table(["matmul", "rows", "cuBLAS µs", "cuBLASLt µs", "engine's plan µs", "best setting swept µs", "engine vs cuBLAS"], rows,
+                 ["The Qwen3-8B shape's decode matmuls (bf16), weight copies cycled so nothing is served from L2; a step's "
+                  "chain: every layer's matmuls and the lm_head."])
+
+
+def step_anatomy(results: list[Any]) -> Table:
+    data = results[0]
+    kinds = sorted(set(data["ar"]["kinds"]) | set(data["dflash"]["kinds"]))
+    rows = []
+    for kind in kinds:
+        row = [kind]
+        for side in ("ar", "dflash"):
+            k = data[side]["kinds"].get(kind)
+            row += ["-", "-"] if k is None else [f1(k["us"]), f"{k['launches']:.0f}"]
+        rows.append(row)
+    totals = [sum(k["us"] for k in data[side]["kinds"].values()) for side in ("ar", "dflash")]
+    rows.append(["all", f1(totals[0]), "-", f1(totals[1]), "-"])
+    return Table(["kernel kind", "AR µs", "AR launches", "DFlash µs", "DFlash launches"], rows,
+                 [f"One step of the {data['shape']} shape at batch 1, context {data['context']}, from replayed CUDA graphs; "
+                  "DFlash is a draft and a verify of the whole block."])
+
+
 def engine_speed_adaptive(results: list[Any]) -> Table:
     out = []
     for r in results[0]["rows"]:
@@ -361,6 +423,12 @@ TABLES: list[Entry] = [
           "PYTHONPATH=. python benchmarks/serve_speed.py --shape pair --draft-shape 1x256 --device cpu --data-dir DATA "
           "--concurrency 1,8,32 --tau 4 --new-tokens 256 --prompts-per-slot 2 --step-ahead on --cut-draft both --out F",
           cpu_throughput),
+    Entry("cpu_drafter_shapes", "docs/results/cpu-fast-path.md", ("cpu_step_cpu_shapes.json",),
+          "python benchmarks/cpu_step.py --draft-shapes 1x256,1x512,1x768,2x256,2x512,2x768 --batches 1 --widths 2,3,4,6,8 "
+          "--draft cut --skip-throughput --out F", cpu_drafter_shapes),
+    Entry("cpu_real_pair", "docs/results/cpu-fast-path.md", ("cpu_step_cpu_real_pair.json",),
+          "python benchmarks/cpu_step.py --real --real-cut --data-dir DATA --batches 1 --draft-shapes 1x512 --skip-throughput --out F",
+          cpu_real_pair),
     Entry("engines_h100", "docs/results/engines-one-gpu.md", ("real_engines_h100_lease_j.json",),
           "PYTHONPATH=. python benchmarks/real_engines.py shape --engines builtin,inprocess,vllm --modes ar,dflash "
           "--fresh-prompts --data-dir .data", engines_h100),
@@ -373,6 +441,10 @@ TABLES: list[Entry] = [
     Entry("engine_speed", "docs/results/fast-path-gpu.md", ("engine_speed_h100.json", "engine_speed_h200.json"),
           "PYTHONPATH=. python benchmarks/engine_speed.py --out engine_speed.json --torch-path", engine_speed,
           machine="one NVIDIA H100 80GB HBM3 and one NVIDIA H200, each a fresh machine"),
+    Entry("gemm_tuning", "docs/results/fast-path-gpu.md", ("gemm_tuning_h100.json",),
+          "PYTHONPATH=. python benchmarks/gemm_tuning.py --out F", gemm_tuning),
+    Entry("step_anatomy", "docs/results/fast-path-gpu.md", ("step_anatomy_h100.json",),
+          "PYTHONPATH=. python benchmarks/step_anatomy.py --out step_anatomy.json", step_anatomy),
     Entry("engine_speed_adaptive", "docs/results/fast-path-gpu.md", ("engine_speed_h100_adaptive.json",),
           "PYTHONPATH=. python benchmarks/engine_speed.py --out F --soak 300 --hf-tokens 16", engine_speed_adaptive),
     Entry("serve_speed_h100", "docs/results/fast-path-gpu.md", ("serve_speed_h100.json",),
