@@ -411,7 +411,7 @@ DEMO = "demo_cpu_64_tokens.json"
 
 TABLES: list[Entry] = [
     Entry("demo_summary", "README.md", (DEMO,), None, demo_summary),
-    Entry("engines_summary", "README.md", ("real_engines_h100_lease_j.json",),
+    Entry("engines_summary", "README.md", ("real_engines_h100_builtin_vllm.json",),
           "PYTHONPATH=. python benchmarks/real_engines.py shape --engines builtin,inprocess,vllm --modes ar,dflash "
           "--fresh-prompts --data-dir .data", engines_summary),
     Entry("demo_runs", "docs/results/demo.md", (DEMO,), None, demo_runs),
@@ -429,7 +429,7 @@ TABLES: list[Entry] = [
     Entry("cpu_real_pair", "docs/results/cpu-fast-path.md", ("cpu_step_cpu_real_pair.json",),
           "python benchmarks/cpu_step.py --real --real-cut --data-dir DATA --batches 1 --draft-shapes 1x512 --skip-throughput --out F",
           cpu_real_pair),
-    Entry("engines_h100", "docs/results/engines-one-gpu.md", ("real_engines_h100_lease_j.json",),
+    Entry("engines_h100", "docs/results/engines-one-gpu.md", ("real_engines_h100_builtin_vllm.json",),
           "PYTHONPATH=. python benchmarks/real_engines.py shape --engines builtin,inprocess,vllm --modes ar,dflash "
           "--fresh-prompts --data-dir .data", engines_h100),
     Entry("engines_three_h100", "docs/results/engines-one-gpu.md", ("real_engines_h100_three_engines.json",),
