@@ -86,7 +86,8 @@ def test_dflash_equals_ar_greedy_batched_and_single(engines):
         assert ids(generate(df, ps, sp)) == ref
         assert [ids(generate(df, [p], sp))[0] for p in ps] == ref
         assert all(len(o) == max_tokens for o in ref)
-    assert df.stats.drafts > 0 and df.stats.draft_tokens == df.stats.drafts * (B - 1)
+    # a last block past max_tokens drafts only the positions inside the request (metrics/definitions.py tau)
+    assert df.stats.drafts > 0 and df.stats.draft_tokens < df.stats.drafts * (B - 1)
 
 
 def test_ar_engine_equals_transformers_generate(pair, engines):
@@ -136,7 +137,27 @@ def test_wrong_drafter_accepts_nothing(engines):
     eng = with_proposer(ar, Oracle(ref, ar.target.vocab_size, lambda s: 0))
     got = generate(eng, ps, sp)
     assert ids(got) == [ref[tuple(p)] for p in ps]
-    assert eng.stats.accepted == 0 and all(s.steps == 19 for s in got)  # tau = 1
+    # tau = 1; 19 decode steps, the last with room for one token only: no draft position left, no verify step
+    assert eng.stats.accepted == 0 and all(s.steps == 18 for s in got)
+
+
+@pytest.mark.parametrize("room", [2, 1])
+def test_drafts_past_max_tokens_count_for_nothing(engines, room):
+    """tau is tokens committed per verify step, nothing past the request's end (metrics/definitions.py): an
+    oracle drafter whose last block runs past max_tokens has only the drafts inside the request counted, and a
+    last step with room for one token is no verify step (llama.cpp counts the same way). Before, the builtin
+    engine counted the whole last block as drafted and accepted."""
+    ar, _ = engines
+    ps = prompts(ar.tok)
+    max_tokens = 1 + 3 * B + room  # the prefill's token, three full blocks, then `room` tokens left
+    ref, sp = _reference(ar, ps, max_tokens)
+    eng = with_proposer(ar, Oracle(ref, ar.target.vocab_size, lambda s: B - 1))
+    got = generate(eng, ps, sp)
+    assert ids(got) == [ref[tuple(p)] for p in ps]
+    assert all(s.steps == 3 + (room > 1) for s in got)
+    assert all(s.accepted == len(s.out) - 1 - s.steps - (room == 1) for s in got)  # committed drafts only
+    assert eng.stats.draft_tokens == eng.stats.accepted == len(ps) * (3 * (B - 1) + room - 1)
+    assert eng.stats.drafts == len(ps) * (3 + (room > 1))
 
 
 def test_ragged_acceptance_in_one_batch(engines):

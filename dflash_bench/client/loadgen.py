@@ -95,6 +95,7 @@ class LoadGenerator:
             prompt_tokens=st.prompt_tokens, cached_prompt_tokens=st.cached_tokens, output_tokens=st.output_tokens,
             finish_reason=st.finish,
             error=st.error, spec_verify_ct=st.spec_steps, spec_accepted_tokens=st.spec_accepted,
+            spec_draft_tokens=st.spec_drafted,
             output_text=st.output_text(), **st.saved_ids())
 
     async def conversation(self, prompt_id: str, turns: Sequence[str], warmup: bool = False) -> None:

@@ -107,7 +107,7 @@ class Stream:
 
     __slots__ = ("api", "want_ids", "times", "tokens", "t_first_byte", "t_first_token", "t_end", "pieces",
                  "text", "prompt_tokens", "output_tokens", "finish", "error", "done", "ids", "tops",
-                 "spec_steps", "spec_accepted", "cached_tokens", "chars", "tokens_from", "t_write", "connect_s",
+                 "spec_steps", "spec_accepted", "spec_drafted", "cached_tokens", "chars", "tokens_from", "t_write", "connect_s",
                  "_abort_reason")
 
     def __init__(self, api: str, want_ids: bool):
@@ -129,6 +129,7 @@ class Stream:
         self.tops: list[list[tuple[int, float]]] | None = [] if want_ids else None
         self.spec_steps: int | None = None
         self.spec_accepted: int | None = None
+        self.spec_drafted: int | None = None  # llama.cpp timings.draft_n
         self.cached_tokens: int | None = None  # prompt tokens the server read from its prefix cache, where it says
         self.chars: list[int] = []  # cumulative characters after each content chunk that carried no usage
         self.tokens_from: str | None = None  # where `tokens` came from: "usage" or "text" (see finish_tokens)
@@ -233,6 +234,10 @@ class Stream:
             if spec:
                 self.spec_steps = spec.get("num_spec_steps")
                 self.spec_accepted = spec.get("num_accepted_draft_tokens")
+            timings = obj.get("timings")  # llama.cpp: this response's drafts (draft_n, only where it drafted)
+            if isinstance(timings, dict) and timings.get("draft_n") is not None:
+                self.spec_drafted = int(timings["draft_n"])
+                self.spec_accepted = int(timings.get("draft_n_accepted") or 0)
 
     def finish_tokens(self) -> None:
         """Cumulative tokens per chunk once the stream ended. Without per-chunk usage, the final usage

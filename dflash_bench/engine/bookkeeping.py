@@ -25,9 +25,9 @@ class Seq:
     start: int = 0  # position of the anchor (= committed target KV length)
     out: list[int] = field(default_factory=list)  # generated tokens; out[-1] is the anchor
     finish: str | None = None
-    steps: int = 0  # verify steps (each one a draft in vLLM's counting when B > 1)
-    accepted: int = 0  # accepted draft tokens over all steps
-    drafted: int = 0  # draft tokens verified over all steps (the adaptive fast path verifies fewer than B - 1)
+    steps: int = 0  # verify steps as metrics/definitions.py's tau counts them (a draft in vLLM's counting)
+    accepted: int = 0  # accepted draft tokens committed (none past EOS, a stop or max_tokens)
+    drafted: int = 0  # draft positions verified inside the request (the adaptive fast path verifies fewer than B - 1)
 
 
 @dataclass
@@ -102,28 +102,33 @@ class Bookkeeping:
                 lps: Logprobs | None = None) -> Delta:
         """One verify step: `tokens` are the accepted drafts, then the bonus token (AR: the one token);
         `width`: tokens the step verified for this row (default: the whole block); `lps`: the tokens' logprobs
-        when the caller computed them for the whole step (`step_logprobs`)."""
-        a, drafted = len(tokens) - 1, (width or self.B) - 1
-        self._count(a, drafted)
-        s.start += a + 1
-        s.steps += 1
-        s.accepted += a
-        s.drafted += drafted
-        return self.commit(s, tokens, logits, lps)
+        when the caller computed them for the whole step (`step_logprobs`).
 
-    def _count(self, a: int, drafted: int) -> None:
-        st = self.stats
+        Counted by metrics/definitions.py's tau: only draft positions inside the request (max_tokens) count as
+        drafted, only committed tokens as accepted, and a step with no draft position left is no verify step."""
+        verified, room = width or self.B, s.params.max_tokens - len(s.out)  # room: tokens the request may commit
         if self.B > 1:
-            st.widths[drafted + 1] = st.widths.get(drafted + 1, 0) + 1
-        if self.B > 1 and drafted:  # a step that verified the anchor alone drafted nothing: not a draft
+            self.stats.widths[verified] = self.stats.widths.get(verified, 0) + 1
+        s.start += len(tokens)
+        drafted = min(verified - 1, max(room - 1, 0)) if self.B > 1 else 0
+        return self.commit(s, tokens, logits, lps, drafted=drafted)
+
+    def _count(self, s: Seq, a: int, drafted: int) -> None:
+        st = self.stats
+        if drafted:  # a step that verified the anchor alone drafted nothing: not a draft
             st.drafts += 1
             st.draft_tokens += drafted
             st.accepted += a
             for i in range(a):
                 st.accepted_per_pos[i] += 1
+            s.steps += 1
+            s.accepted += a
+            s.drafted += drafted
 
-    def commit(self, s: Seq, tokens: list[int], logits: torch.Tensor | None, lps: Logprobs | None = None) -> Delta:
-        """Append a step's tokens, stopping at EOS, stop ids, max_tokens or stop strings."""
+    def commit(self, s: Seq, tokens: list[int], logits: torch.Tensor | None, lps: Logprobs | None = None,
+               drafted: int | None = None) -> Delta:
+        """Append a step's tokens, stopping at EOS, stop ids, max_tokens or stop strings; a verify step
+        (`drafted` given) counts as accepted the drafts committed, never one cut by a stop."""
         p, base = s.params, len(s.out)
         finish = None
         for i, tok in enumerate(tokens):  # cheap id checks first
@@ -143,6 +148,8 @@ class Bookkeeping:
             s.detok.add(tokens)
         s.out.extend(tokens)
         s.finish = finish
+        if drafted is not None:
+            self._count(s, len(tokens) - 1, drafted)
         if finish:
             s.detok.flush()
             self.stats.requests += 1

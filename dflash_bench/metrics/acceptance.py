@@ -10,6 +10,14 @@ Each engine profile names its source (`EngineProfile.acceptance`, one of READERS
 
 Token-weighted = pooled over verify steps (what the counters give); request-weighted = mean of each
 request's own tau. A server without speculative counters gets tau None, never 1.
+
+What tau means is metrics/definitions.py's (TAU_DEFINITION); each profile's `tau_counting` says how its
+engine's own counters differ. Where the stream allows (`EngineProfile.client_tau`), `client_tau` computes the
+same quantity from the client's side as a check (acceptance_length_client):
+- "chunks": each token chunk after the first carries one step's tokens: tokens after the first chunk / chunks
+  after it (steps without a draft count too, so it may read a little below the counters);
+- "timings": llama.cpp's per-response timings.draft_n_accepted: (output - 1) / (output - 1 - accepted), every
+  decode step counted (a final one-token step too).
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from dflash_bench import profiles
+from dflash_bench.metrics.definitions import TAU_DEFINITION, acceptance_length
 from dflash_bench.metrics.prometheus import spec_acceptance
 from dflash_bench.store import RequestRecord
 
@@ -47,6 +56,28 @@ def per_request(records: Sequence[RequestRecord], sglang: bool) -> dict[str, Any
     return out
 
 
+def client_tau(records: Sequence[RequestRecord], how: str | None) -> float | None:
+    """tau from the stream as the client saw it (the module docstring says how), pooled over the cell's
+    successful measured requests; None where the stream does not allow it."""
+    ok = [r for r in records if not r.warmup and r.ok and r.output_tokens]
+    tokens = steps = 0
+    if how == "chunks":
+        for r in ok:
+            if r.chunk_tokens_from == "usage" and len(r.chunk_tokens) >= 2:
+                tokens += r.chunk_tokens[-1] - r.chunk_tokens[0]
+                steps += len(r.chunk_tokens) - 1
+    elif how == "timings":
+        for r in ok:
+            n = r.output_tokens or 0
+            if r.spec_accepted_tokens is not None and n > 1:
+                tokens += r.spec_accepted_tokens
+                steps += n - 1 - r.spec_accepted_tokens
+        return acceptance_length(tokens, steps) if tokens else None
+    else:
+        return None
+    return tokens / steps if steps and tokens > steps else None
+
+
 def counter_namespace(engine: str) -> str:
     """The /metrics prefix of the engine's speculative counters ("" when it reports them per request)."""
     return READERS[profiles.get(engine).acceptance] or ""
@@ -55,7 +86,8 @@ def counter_namespace(engine: str) -> str:
 def cell_acceptance(engine: str, metrics_delta: dict[str, float] | None,
                     records: Sequence[RequestRecord]) -> dict[str, Any]:
     """The CellSummary acceptance fields (all None when the server did no speculative decoding)."""
-    source = profiles.get(engine).acceptance
+    profile = profiles.get(engine)
+    source = profile.acceptance
     namespace = READERS[source]
     out: dict[str, Any] = {}
     counters = spec_acceptance(metrics_delta, namespace) if metrics_delta and namespace else None
@@ -74,4 +106,10 @@ def cell_acceptance(engine: str, metrics_delta: dict[str, float] | None,
         out["num_drafts"] = pr["num_drafts"]
         out["num_accepted_tokens"] = pr.get("num_accepted_tokens")
         out["acceptance_source"] = "sglang-meta" if sglang else "vllm-per-request"
+    if out:
+        out["acceptance_definition"] = TAU_DEFINITION
+        client = client_tau(records, profile.client_tau)
+        if client is not None:
+            out["acceptance_length_client"] = client
+            out["acceptance_client_source"] = profile.client_tau
     return out

@@ -15,6 +15,14 @@ Over a cell's measured requests (warm-up excluded):
   carried (the final usage total is exact), as vLLM's bench serve and guidellm do; `not_measured` says so.
 - tokens per chunk = tokens carried by each chunk after the first token chunk.
 - E2E = stream end - request sent.
+- acceptance length tau (TAU_DEFINITION) = tokens committed to the output per target verify step, counting
+  nothing past the request's end: a verify step is a target forward that checked at least one draft position
+  the request still had room for; it commits its accepted drafts plus the bonus token, cut at EOS, a stop
+  or max_tokens. tau = 1 + accepted / verify steps (`acceptance_length`). A forward with no such draft
+  position (an AR step, the anchor alone, a last step with room for one token) is no verify step. Each
+  engine's profile says how its own counters differ from this (`EngineProfile.tau_counting`), and docs/
+  acceptance.md how each is read; a client-side check (`metrics/acceptance.py` `client_tau`) computes the
+  same quantity from the stream where the stream carries one verify step per chunk or says its drafts.
 """
 
 from __future__ import annotations
@@ -23,6 +31,16 @@ from typing import Any, Sequence
 
 from dflash_bench.metrics.stats import describe, describe_weighted
 from dflash_bench.store import RequestRecord
+
+
+# The version of the tau definition above that a cell's tau follows (CellSummary.acceptance_definition). 2: drafts
+# past the request's end count for nothing; before (absent), the builtin engine counted a last step's whole block.
+TAU_DEFINITION = 2
+
+
+def acceptance_length(accepted: float, verify_steps: float) -> float | None:
+    """tau = 1 + accepted drafts / verify steps (None without a verify step: absent, never 1)."""
+    return 1.0 + accepted / verify_steps if verify_steps and verify_steps > 0 else None
 
 
 def ttft_ms(r: RequestRecord) -> float | None:

@@ -12,6 +12,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from dflash_bench.metrics.definitions import acceptance_length
+
 KEEP_LABELS = ("position",)
 
 
@@ -71,7 +73,7 @@ def spec_acceptance(d: dict[str, float], namespace: str) -> dict[str, Any] | Non
         if k.startswith(prefix):
             pos[int(k[len(prefix):].split('"', 1)[0])] = v
     per_pos = [pos[i] / drafts for i in sorted(pos)] if pos else None
-    return {"acceptance_length": 1.0 + acc / drafts, "acceptance_rate": acc / draft_tokens if draft_tokens else None,
+    return {"acceptance_length": acceptance_length(acc, drafts), "acceptance_rate": acc / draft_tokens if draft_tokens else None,
             "acceptance_per_position": per_pos, "num_drafts": int(drafts),
             "verify_width": 1.0 + draft_tokens / drafts if draft_tokens is not None else None,
             "num_draft_tokens": None if draft_tokens is None else int(draft_tokens), "num_accepted_tokens": int(acc)}

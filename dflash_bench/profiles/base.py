@@ -60,6 +60,11 @@ class EngineProfile:
     # How tau is read (metrics/acceptance.py READERS): "vllm-metrics" | "builtin-metrics" | "sglang-meta" |
     # "llamacpp-metrics". It is also the acceptance_source written to each cell.
     acceptance: ClassVar[str]
+    # How the engine's own counting differs from metrics/definitions.py's tau ("" where it counts as defined),
+    # and where the client checks it (metrics/acceptance.py CLIENT_TAU): "chunks" when each stream chunk carries
+    # one verify step's tokens, "timings" for llama.cpp's per-response draft counts, None where it cannot.
+    tau_counting: ClassVar[str] = ""
+    client_tau: ClassVar[str | None] = None
     metrics_path: ClassVar[str] = "/metrics"
     default_port: ClassVar[int] = 8000
     api: ClassVar[str] = "chat"  # the client API: OpenAI "chat" completions, or SGLang's native "generate"

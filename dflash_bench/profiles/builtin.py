@@ -24,6 +24,8 @@ class Builtin(EngineProfile):
     image = DEFAULT_IMAGE
     ready_path = "/health"
     acceptance = "builtin-metrics"
+    tau_counting = ""  # as defined (acceptance_definition 2: a last step's drafts cut at max_tokens count for nothing)
+    client_tau = "chunks"  # one chunk per step, the first one the prefill's token
     default_port = 8000
     runner = "process"  # it runs wherever dflash-bench is installed; the image is for GPU hosts
 

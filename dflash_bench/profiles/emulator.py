@@ -19,6 +19,9 @@ class Emulator(EngineProfile):
     image = None  # runs where dflash-bench is installed (process runner, or a test image)
     ready_path = "/health"
     acceptance = "vllm-metrics"
+    tau_counting = ("the emulator draws each step's accepted drafts around --acceptance-length and counts them with "
+                    "vLLM's counters; a last step's draws past max_tokens count, as in vLLM")
+    client_tau = "chunks"
     default_port = 8000
     runner = "process"
 

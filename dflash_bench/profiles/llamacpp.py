@@ -40,6 +40,9 @@ class LlamaCpp(EngineProfile):
     image = IMAGE
     ready_path = "/health"
     acceptance = "llamacpp-metrics"
+    tau_counting = ("llama.cpp shortens a request's last draft to the tokens left and does not count a step with none; "
+                    "drafts accepted past EOS still count (server-context.cpp, n_draft_accepted)")
+    client_tau = "timings"  # each response's timings.draft_n_accepted over its decode steps
     default_port = 8080
     runner = "process"  # the CPU build `dflash-bench engines build llamacpp` installs; docker on GPU hosts
 

@@ -38,6 +38,8 @@ class SGLang(EngineProfile):
     image = DEFAULT_IMAGE
     ready_path = "/health"
     acceptance = "sglang-meta"
+    tau_counting = ("SGLang's completion_tokens / spec_verify_ct counts the prefill's first token and every verify "
+                    "forward, a last one cut at max_tokens included: about 1 / verify steps above the definition's")
     default_port = 30000
     api = "generate"  # native /generate: its meta_info carries spec_verify_ct, the acceptance source
     chat_template = "client"  # /generate takes templated text

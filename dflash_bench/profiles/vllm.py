@@ -21,6 +21,10 @@ class VLLM(EngineProfile):
     image = DEFAULT_IMAGE
     ready_path = "/health"
     acceptance = "vllm-metrics"
+    tau_counting = ("vLLM counts a step's accepted drafts before its stop checks (v1 scheduler, update_from_output): "
+                    "drafts accepted past max_tokens or EOS count, so tau reads slightly above the definition's on "
+                    "short outputs")
+    client_tau = "chunks"  # one delta per engine step (servers.md)
     default_port = 8000
 
     def version_note(self, pair: ModelPair) -> str:

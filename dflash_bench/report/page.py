@@ -116,11 +116,13 @@ def _context(view: tables.SweepView, figs: dict[str, dict[str, str]], slo: str |
         "tau": tables.tau_matrix(view),
         "accept": [r for r in tables.stat_table(view, ["acceptance_length", "acceptance_length_req_weighted",
                                                        "acceptance_length_token_weighted", "acceptance_rate",
-                                                       "verify_width"])
+                                                       "verify_width", "acceptance_source",
+                                                       "acceptance_length_client", "acceptance_client_source"])
                    if _present(r.get("acceptance_length_dflash"))],
         "pareto": tables.stat_table(view, ["output_throughput", "tok_s_user_p50", "tok_s_user_at_tpot_p90"]),
         "latency": tables.stat_table(view, ["ttft_ms_p50", "ttft_ms_p90", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p90", "tpot_ms_p99"]),
         "energy": tables.stat_table(view, ["j_per_token", "avg_power_w"]),
+        "tau_counting": tables.tau_counting(view),
         "synthetic": sorted({f"{v:g}" for v in view.frame.get("synthetic_acceptance", []) if _present(v)}),
         "no_speculation": cells.no_speculation(view.frame),
         "prefix_cached": cells.prefix_cached(view.frame),

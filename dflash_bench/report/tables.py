@@ -16,7 +16,8 @@ from typing import Any
 import pandas as pd
 from pydantic import BaseModel
 
-from dflash_bench import analysis
+from dflash_bench import analysis, profiles
+from dflash_bench.errors import UserError
 from dflash_bench.report.cells import failures, quality_pairs, sample_outputs
 from dflash_bench.profiles.base import tensor_parallel
 from dflash_bench.store import CellKey, Hardware, Manifest, SweepDir, SweepSettings
@@ -315,6 +316,19 @@ def tau_matrix(view: SweepView) -> tuple[list[int], list[dict[str, Any]]]:
         by_c = {int(r["concurrency"]): r.to_dict() for _, r in group.iterrows()}
         rows.append({"engine": engine, "suite": suite, "cells": [by_c.get(c) for c in concs]})
     return concs, rows
+
+
+def tau_counting(view: SweepView) -> list[tuple[str, str]]:
+    """(engine, how its counters differ from metrics/definitions.py's tau) for the sweep's engines that differ."""
+    out = []
+    for engine in sorted(set(view.done["engine"])) if not view.done.empty else []:
+        try:
+            note = profiles.get(engine).tau_counting
+        except UserError:  # an engine this version does not know: nothing to say about it
+            continue
+        if note:
+            out.append((engine, note))
+    return out
 
 
 def stat_table(view: SweepView, metrics: list[str]) -> list[dict[str, Any]]:

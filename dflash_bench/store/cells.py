@@ -127,6 +127,7 @@ class RequestRecord(BaseModel):
     error: str | None = None  # None means the request succeeded
     spec_verify_ct: int | None = None  # SGLang meta_info: verification steps of this request
     spec_accepted_tokens: int | None = None  # per-request accepted draft tokens where the server says
+    spec_draft_tokens: int | None = None  # per-request drafted tokens where the server says (llama.cpp timings.draft_n)
     output_text: str | None = None
     token_ids: list[int] | None = None  # with --save-token-ids
     top_logprobs: list[list[tuple[int, float]]] | None = None  # per position: [(id, logprob), ...] top-2
@@ -275,7 +276,12 @@ class CellSummary(CellKey):
     acceptance_length_token_weighted: float | None = None
     acceptance_rate: float | None = None
     acceptance_per_position: list[float] | None = None
-    acceptance_source: str | None = None  # vllm-metrics | sglang-meta | builtin-metrics
+    acceptance_source: str | None = None  # vllm-metrics | sglang-meta | builtin-metrics | llamacpp-metrics | ...
+    # the version of metrics/definitions.py's tau the server's counting was read by (TAU_DEFINITION; None: written
+    # before it, when the builtin engine counted a last step's drafts cut at max_tokens)
+    acceptance_definition: int | None = None
+    acceptance_length_client: float | None = None  # the same tau from the stream, as a check (metrics/acceptance.py)
+    acceptance_client_source: str | None = None  # chunks | timings
     num_drafts: int | None = None
     num_draft_tokens: int | None = None
     verify_width: float | None = None  # mean tokens verified per row and step, 1 + num_draft_tokens / num_drafts
