@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from dataclasses import dataclass
 
 import torch
 
@@ -36,6 +37,20 @@ from dflash_bench.engine.fast.width import CPU_DECAY, CPU_WIDTHS, DECAY, WIDTHS,
 
 NARROW_ROWS = 8  # GPU: batch buckets from this size may verify less than the whole block (adaptive width); a
 # smaller batch's verify is memory-bound (H100, Qwen3-8B shape: 6.20 ms at 1 x 16 tokens, 5.97 for one token)
+
+
+@dataclass
+class InFlight:
+    """A step launched and not yet collected: what it stepped and where its results land."""
+
+    rows: list[tuple[int, int]]  # (slot, admission number) of each row stepped
+    bs: int  # batch bucket
+    host: torch.Tensor  # the pinned host copy of `out` its results land in
+    done: torch.cuda.Event | None  # recorded after that copy (GPU)
+    width: int  # tokens verified per row (AR: 1)
+    span: tuple | None  # (start, end) marks of its time, when timed
+    riders: list[tuple[int, int, int]]  # (slot, admission number, prompt length) of the prompts that rode in it
+    first: torch.Tensor  # the pinned host copy of the riders' first tokens
 
 
 def buckets(max_slots: int) -> list[int]:
@@ -70,7 +85,7 @@ class FastRunner(Prefills, MixedSteps):
         self.out = torch.zeros(self.S, self.B + 1, **long)  # per row: accepted, drafts..., bonus (AR: the token)
         # two host copies of `out`: a step's tokens are read while the next one runs
         self.host = [torch.zeros(self.S, self.B + 1, dtype=torch.long, pin_memory=dev.type == "cuda") for _ in range(2)]
-        self.inflight: deque = deque()  # (slots, bs, host copy, its CUDA event) per step launched, oldest first
+        self.inflight: deque[InFlight] = deque()  # per step launched, oldest first
         self.launched = 0
         # target logits of the last step per slot (for logprobs); the prefill's last logits go to position 0
         self.logits = torch.zeros(self.S, self.B, target.vocab_size, dtype=target.dtype, device=dev) if keep_logits else None
@@ -232,27 +247,27 @@ class FastRunner(Prefills, MixedSteps):
         # a step that captured a graph ran its body twice, with the host capturing in between: not its time
         span = (t0, done if self.dev.type == "cuda" else t2) if timed and len(self.graphs) == graphs else None
         riders = [(s, self.admitted[s], len(p)) for s, p in rides]
-        self.inflight.append(([(s, self.admitted[s]) for s in slots], bs, host, done, w, span, (riders, first)))
+        self.inflight.append(InFlight([(s, self.admitted[s]) for s in slots], bs, host, done, w, span, riders, first))
         return True
 
     def reach(self) -> int:
         """The most tokens the steps in flight may still add to one row (each: its verify width)."""
-        return sum(step[4] for step in self.inflight)
+        return sum(step.width for step in self.inflight)
 
     def covers(self, slots: list[int]) -> bool:
         """Whether the newest step in flight steps every one of `slots`, for the requests they hold now."""
-        return bool(self.inflight) and {(s, self.admitted[s]) for s in slots} <= set(self.inflight[-1][0])
+        return bool(self.inflight) and {(s, self.admitted[s]) for s in slots} <= set(self.inflight[-1].rows)
 
     def collect(self) -> dict[int, list[int]]:
         """The new tokens of the oldest step in flight, per slot (slots released, or re-admitted, since are left
         out); the prompts that rode in it are admitted, their first tokens in `took`."""
-        slots, bs, host, done, w, span, riders = self.inflight.popleft()
-        if done is not None:
-            done.synchronize()
-        self._took(*riders)
-        rows = host[:bs].tolist()
+        step = self.inflight.popleft()
+        if step.done is not None:
+            step.done.synchronize()
+        self._took(step.riders, step.first)
+        bs, w, rows = step.bs, step.width, step.host[:step.bs].tolist()
         out, accepted = {}, []
-        for s, admitted in slots:
+        for s, admitted in step.rows:
             if s not in self.host_start or self.admitted[s] != admitted:
                 continue
             a = rows[s][0] if self.B > 1 else 0
@@ -266,7 +281,7 @@ class FastRunner(Prefills, MixedSteps):
         self.drafted += len(out) * (w - 1)
         self.width = w
         if self.chooser is not None:
-            self.chooser.observe(bs, w, accepted, self._seconds(span))
+            self.chooser.observe(bs, w, accepted, self._seconds(step.span))
         return out
 
     def reset_counts(self) -> None:
