@@ -50,7 +50,7 @@ def closed_loop(engine, prompts: list[list[int]], concurrency: int, max_tokens: 
             sent[str(i)] = time.perf_counter()
         started = engine.add_many(batch) if batch else []
         running += [seq for seq, _ in started]
-        first = [d for _, d in started if d is not None]  # None: prefilled beside the steps, first token later
+        first = [d for _, d in started if d is not None]  # None: rides in a later step, first token then
         now = time.perf_counter()
         stepped = engine.step(running)
         steps += 1

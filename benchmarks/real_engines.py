@@ -225,7 +225,7 @@ def server_command(engine: str, mode: str, target: Path, draft: Path, args) -> l
     cmd = [sys.executable, "-m", "dflash_bench", "serve", "--model", str(target), "--port", str(args.port), "--fast",
            "--device", args.device, "--max-slots", str(max(args.c_list)), "--max-model-len", str(args.max_model_len),
            "--served-model-name", "random-8b", "--mode", mode]
-    if engine.startswith("builtin-"):  # builtin-first, builtin-inline, builtin-beside: that `serve --prefill`
+    if engine.startswith("builtin-"):  # builtin-first, builtin-mixed: that `serve --prefill`
         cmd += ["--prefill", engine.split("-", 1)[1]]
     return cmd + (["--draft", str(draft)] if mode == "dflash" else [])
 
@@ -350,7 +350,7 @@ def main() -> None:
     ap.add_argument("--out", required=True, help="the results JSON (rows are added to what it holds)")
     ap.add_argument("--data-dir", default=os.environ.get("DFLASH_BENCH_DATA", "../shared/datasets"))
     ap.add_argument("--engines", help="pair: vllm,builtin,builtin-fast (default), sglang; shape: vllm,builtin "
-                                      "(default), sglang, builtin-first / -inline / -beside / -mixed (that "
+                                      "(default), sglang, builtin-first / -mixed (that "
                                       "`serve --prefill`), inprocess (the "
                                       "builtin engine without its server)")
     ap.add_argument("--modes", default="ar,dflash")

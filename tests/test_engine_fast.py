@@ -400,7 +400,7 @@ def test_serve_fast_gives_requests_arriving_mid_decode_what_they_get_alone(tmp_p
                                max_slots=2, max_len=MAX_LEN, dtype="float64", device="cpu", mixed=mixed)
     ps = _prompts(engine.tok, 3)
     sps = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (37, 20, 28)]
-    loop = EngineLoop(engine, prefill_first=mixed).start()
+    loop = EngineLoop(engine).start()
     alone: dict = {}
     together: dict = {}
     try:
@@ -427,8 +427,8 @@ def test_serve_fast_gives_requests_arriving_mid_decode_what_they_get_alone(tmp_p
 
 
 class _FirstTokensLater:
-    """The fast engine as it runs on a GPU while rows decode (`background.py`): `add_many` answers None for a
-    request, and its first token comes out of a later `step`. Here the prefill is done at once and its delta held."""
+    """A fast engine whose prompts ride in later steps (`mixed`): `add_many` answers None for a request, and its
+    first token comes out of a later `step`. Here the prefill is done at once and its delta held, for every mode."""
 
     def __init__(self, engine):
         self.engine, self.held = engine, []
@@ -449,7 +449,7 @@ class _FirstTokensLater:
 
 
 def test_the_loop_takes_a_first_token_from_a_later_step(tmp_path):
-    """An engine that prefills beside its steps answers None at admission: the loop keeps the request in the batch
+    """An engine whose prompts ride in its steps answers None at admission: the loop keeps the request in the batch
     without emitting, sends its first token when a step brings it, and finishes a request whose first token is
     its last (max_tokens 1) without stepping it; every request gets what it gets alone."""
     import threading
@@ -493,37 +493,8 @@ def _burst(tmp_path, n: int):
     return engine, ps, sp, alone
 
 
-def test_a_burst_is_admitted_one_prefill_group_per_step(tmp_path):
-    """Five requests waiting at once, prefill groups of two (`prefill_tokens`): the loop prefills one group
-    per turn, the rows already admitted step in between, each group goes to the runner as one batch, and every
-    request gets the tokens it gets alone."""
-    import threading
-
-    from dflash_bench.engine.loop import EngineLoop
-
-    engine, ps, sp, alone = _burst(tmp_path, 5)
-    groups = []
-    add_many = engine.runner.add_many
-    engine.runner.add_many = lambda slots, prompts: groups.append(len(slots)) or add_many(slots, prompts)
-    loop = EngineLoop(engine)
-    got: dict = {}
-    dones = [threading.Event() for _ in ps]
-    for i, p in enumerate(ps):
-        _submit(loop, f"r{i}", p, sp, got, dones[i])
-    loop.start()
-    try:
-        assert all(d.wait(120) for d in dones)
-    finally:
-        loop.stop()
-    assert groups == [2, 2, 1] and loop.groups == 3
-    assert [got[f"r{i}"] for i in range(5)] == alone
-    admits = [e for e in loop.events if e.kind == "admit"]
-    assert [e.step for e in admits] == [0, 0, 1, 1, 2]  # a step between two groups
-    assert admits[2].running == ("r0", "r1") and admits[4].running == ("r0", "r1", "r2", "r3")
-
-
 def test_prefill_first_fills_the_batch_before_it_steps(tmp_path):
-    """`prefill_first`: five requests waiting at once, prefill groups of two, and a sixth that arrives during the
+    """Five requests waiting at once, prefill groups of two, and a sixth that arrives during the
     first group's prefill (submitted from r0's first token, on the engine thread): every group, the latecomer's
     too, is prefilled before the first step, and every request gets the tokens it gets alone."""
     import threading
@@ -531,7 +502,7 @@ def test_prefill_first_fills_the_batch_before_it_steps(tmp_path):
     from dflash_bench.engine.loop import EngineLoop
 
     engine, ps, sp, alone = _burst(tmp_path, 6)
-    loop = EngineLoop(engine, prefill_first=True)
+    loop = EngineLoop(engine)
     got: dict = {}
     dones = [threading.Event() for _ in ps]
     late = lambda: _submit(loop, "r5", ps[5], sp, got, dones[5])  # noqa: E731

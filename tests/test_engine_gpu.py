@@ -91,64 +91,6 @@ def test_graphed_step_ahead_fast_path_equals_the_reference(pair, mode, prefill, 
         assert fast.stats.accepted_per_pos == ref.stats.accepted_per_pos
 
 
-@pytest.mark.parametrize("mode", ["ar", "dflash"])
-def test_prompts_prefilled_beside_the_steps_get_what_they_get_alone(pair, mode):
-    """Requests admitted while another decodes are prefilled on their own stream (`background.py`): `add_many`
-    answers None and a later `step` brings the first token. One request is released while its prefill runs and its
-    slot is taken at once by the next (in line, behind it). Every finished request gets the tokens the reference
-    engine gives it alone, and the first one is never held up."""
-    from dflash_bench.engine.build import build_engine
-    from dflash_bench.engine.decode import generate
-    from dflash_bench.engine.fast.engine import build_fast_engine
-    from dflash_bench.engine.sampling import SamplingParams
-
-    target, drafter = pair
-    draft = str(drafter) if mode == "dflash" else None
-    kw = dict(mode=mode, max_slots=SLOTS, max_len=MAX_LEN, dtype="float32", device="cuda")
-    ref = build_engine(str(target), draft, **kw)
-    fast = build_fast_engine(str(target), draft, step_ahead=True, **kw)
-    bg = fast.runner.bg
-    ps = _prompts(ref.tok, 5)
-    sp = SamplingParams(max_tokens=N, ignore_eos=True)
-    want = [generate(ref, [p], sp)[0].out for p in ps]
-
-    out: dict[str, list[int]] = {}
-    running = []
-
-    def admit(i: int):
-        [(seq, delta)] = fast.add_many([(str(i), ps[i], sp)])
-        if delta is not None:
-            out[seq.req_id] = list(delta.token_ids)
-        running.append(seq)
-        return seq, delta
-
-    def step():
-        for d in fast.step(running):
-            out.setdefault(d.req_id, []).extend(d.token_ids)
-        for s in [s for s in running if s.finish]:
-            fast.release(s)
-            running.remove(s)
-
-    _, first = admit(0)
-    assert first is not None  # nothing decoding: prefilled in line
-    step()
-    for i in (1, 2):
-        _, d = admit(i)
-        assert d is None and str(i) not in out and bg.pending  # beside the steps
-        step()
-    gone, d = admit(3)
-    slot = gone.slot
-    assert d is None and slot in bg.pending
-    fast.release(gone)  # while its prefill runs
-    running.remove(gone)
-    assert slot not in bg.pending
-    admit(4)  # may take the slot just freed
-    while running:
-        step()
-    assert not bg.pending and sorted(fast.free_slots) == list(range(SLOTS))
-    assert {k: v for k, v in out.items() if k != "3"} == {str(i): want[i] for i in (0, 1, 2, 4)}
-
-
 def test_prompts_that_ride_in_graphed_steps_get_what_they_get_alone(pair):
     """AR with `mixed` under CUDA graphs: prompts admitted while others decode are prefilled by the rows' next
     step (one captured graph per batch bucket, prompt bucket and prompt count; two of them together), every

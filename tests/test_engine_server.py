@@ -254,7 +254,7 @@ def test_serve_errors_are_one_sentence(random_pair, tmp_path):
     out = subprocess.run([sys.executable, "-m", "dflash_bench", "serve", "--model", str(target), "--no-step-ahead",
                           "--device", "cpu", "--port", str(free_port())], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "fast path only" in out.stderr and "Traceback" not in out.stderr
-    out = subprocess.run([sys.executable, "-m", "dflash_bench", "serve", "--model", str(target), "--prefill", "later",
+    out = subprocess.run([sys.executable, "-m", "dflash_bench", "serve", "--model", str(target), "--prefill", "beside",
                           "--device", "cpu", "--port", str(free_port())], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "--prefill must be one of" in out.stderr and "Traceback" not in out.stderr
     out = subprocess.run([sys.executable, "-m", "dflash_bench", "serve", "--model", str(target), "--prefill", "mixed",
@@ -325,4 +325,4 @@ def test_prefill_auto_rides_only_for_ar_on_the_fast_path_on_a_gpu(fast, mode, de
     from dflash_bench.engine.server import resolve_prefill
 
     assert resolve_prefill("auto", fast=fast, mode=mode, device=device) == want
-    assert resolve_prefill("beside", fast=fast, mode=mode, device=device) == "beside"  # a choice stands
+    assert resolve_prefill("first", fast=fast, mode=mode, device=device) == "first"  # a choice stands

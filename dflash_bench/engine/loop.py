@@ -1,9 +1,8 @@
 """The engine thread: admits requests into free slots (prefill), then steps every running sequence together.
 
-A request that arrives while others decode joins at the next step. A burst is admitted one prefill group per
-step (the rows already running step between two groups), or, with `prefill_first`, every waiting prompt that
-fits a free slot is prefilled before the next step, those that arrive meanwhile included (the batch fills
-before it steps, as a scheduler that puts prefills first does). Results go to each request's `sink`
+A request that arrives while others decode joins at the next step: every waiting prompt that fits a free slot
+is prefilled before the next step, one prefill group at a time, those that arrive meanwhile included (the
+batch fills before it steps, as a scheduler that puts prefills first does). Results go to each request's `sink`
 (a callable run on the engine thread); after each prefill group and each step the loop calls `flush` once,
 so a server can hand a whole step's results to its event loop in one wake-up rather than one per request.
 The loop also keeps how long its thread spent prefilling, stepping and handing results over (`seconds`),
@@ -47,12 +46,10 @@ class Event(NamedTuple):
 class EngineLoop:
     """Runs an `Engine` on its own thread; `submit` and `abort` are safe to call from any thread."""
 
-    def __init__(self, engine: Engine, flush: Callable[[], None] | None = None, *, prefill_first: bool = False):
-        """`flush`: called on the engine thread after the sinks of each prefill group and of each step have run;
-        `prefill_first`: prefill every waiting prompt that fits before the next step (see the module)."""
+    def __init__(self, engine: Engine, flush: Callable[[], None] | None = None):
+        """`flush`: called on the engine thread after the sinks of each prefill group and of each step have run."""
         self.engine = engine
         self.flush = flush
-        self.prefill_first = prefill_first
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.waiting: deque[_Req] = deque()
         self.running: list[Seq] = []
@@ -98,7 +95,7 @@ class EngineLoop:
         while not self._stop.is_set():
             self._take(block=not self.running and not self.waiting)
             self._drop_aborted()
-            while self._admit() and self.prefill_first:
+            while self._admit():
                 self._take(block=False)  # what arrived during that prefill joins before the step too
             if self.running:
                 self._step()
@@ -125,9 +122,7 @@ class EngineLoop:
 
     def _admit(self) -> bool:
         """Prefill the oldest waiting requests that fit the free slots and one prefill forward (`prefill_rows`,
-        `prefill_tokens`); whether any was taken. One group per call: unless `prefill_first`, the rows already
-        running take a step between two groups, so a burst of prompts does not stall them for its whole
-        prefill. Each group's first tokens go out as soon as it is done."""
+        `prefill_tokens`); whether any was taken. Each group's first tokens go out as soon as it is done."""
         rows = min(len(self.engine.free_slots), self.engine.prefill_rows)
         batch: list[_Req] = []
         longest = 0

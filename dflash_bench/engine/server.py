@@ -189,9 +189,9 @@ def build_app(loop: EngineLoop, model_name: str) -> FastAPI:
     return app
 
 
-# serve --prefill: see EngineLoop, fast/background.py, fast/mixed.py; auto is mixed for AR on the fast path on a
-# GPU (its best on the 8B shape at 32 rows, README), first everywhere else
-PREFILL = ("auto", "first", "inline", "beside", "mixed")
+# serve --prefill: see EngineLoop, fast/mixed.py; auto is mixed for AR on the fast path on a GPU (its best on the
+# 8B shape at 32 rows, README), first everywhere else
+PREFILL = ("auto", "first", "mixed")
 
 
 def resolve_prefill(prefill: str, *, fast: bool, mode: str, device: str) -> str:
@@ -240,11 +240,10 @@ def serve(model: str, draft: str | None = None, *, mode: str | None = None, host
         engine = build_fast_engine(model, draft if mode == "dflash" else None, mode=mode, dtype=dtype, device=device,
                                    max_slots=max_slots, max_len=max_model_len, synthetic_tau=synthetic_acceptance,
                                    benchmark_only=benchmark_only, step_ahead=step_ahead,
-                                   adaptive=verify_width == "auto", cut_draft=cut_draft,
-                                   background=prefill == "beside", mixed=prefill == "mixed")
+                                   adaptive=verify_width == "auto", cut_draft=cut_draft, mixed=prefill == "mixed")
     elif synthetic_acceptance is not None:
         raise UserError("--synthetic-acceptance runs on the fast path only: add --fast --benchmark-only")
-    elif not step_ahead or prefill in ("beside", "mixed"):
+    elif not step_ahead or prefill == "mixed":
         raise UserError(f"{'--no-step-ahead' if not step_ahead else '--prefill ' + prefill} applies to the fast path "
                         "only: add --fast")
     elif verify_width != "auto" or cut_draft:
@@ -256,7 +255,7 @@ def serve(model: str, draft: str | None = None, *, mode: str | None = None, host
     # while the event loop writes SSE chunks, CPython makes it wait a whole switch interval (5 ms by default,
     # most of an AR step). A short interval bounds that wait; DFLASH_BENCH_SWITCH_INTERVAL_MS sets it.
     sys.setswitchinterval(float(os.environ.get("DFLASH_BENCH_SWITCH_INTERVAL_MS", "0.2")) / 1000)
-    loop = EngineLoop(engine, prefill_first=prefill in ("first", "mixed")).start()
+    loop = EngineLoop(engine).start()
     name = served_model_name or model
     app = build_app(loop, name)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")

@@ -33,7 +33,7 @@ class FastEngine:
 
     def __init__(self, model, tokenizer, drafter=None, *, eos_ids: list[int], max_slots: int, max_len: int,
                  synthetic_tau: float | None = None, kv_block: int = 256, step_ahead: bool = True,
-                 adaptive: bool = True, cut_draft: bool = False, background: bool = True, mixed: bool = False):
+                 adaptive: bool = True, cut_draft: bool = False, mixed: bool = False):
         """`model`: the loaded Hugging Face target (`target.load_model`); `drafter`: a `DFlashDrafter` or None.
         `mixed` (AR): a prompt admitted while rows decode rides in their next step's forward (`fast/mixed.py`)."""
         ft = FastTarget(model, max_slots=max_slots, max_len=max_len)
@@ -46,7 +46,6 @@ class FastEngine:
         self.max_len, self.vocab_size = max_len, ft.vocab_size
         self.synthetic_tau = synthetic_tau
         self.step_ahead = step_ahead
-        self.background = background  # prefill beside the steps (GPU), see `add_many`
         self.queue: deque[Seq] = deque()  # admitted, waiting to ride in a step (`mixed`), oldest first
         self.book = Bookkeeping(tokenizer, eos_ids=eos_ids, block_size=self.B, slots=max_slots, max_len=max_len)
 
@@ -73,8 +72,8 @@ class FastEngine:
     def add_many(self, reqs: list[tuple[str, list[int], SamplingParams]]) -> list[tuple[Seq, Delta | None]]:
         """Prefill several requests, batched by the runner (`FastRunner.add_many`); results in input order.
 
-        On a GPU, a few prompts admitted while other rows decode are prefilled beside their steps
-        (`background.py`): their delta is None here, and their first token comes from a later `step`.
+        With `mixed`, prompts admitted while other rows decode wait to ride in their steps: their delta is None
+        here, and their first token comes from a later `step`.
         All or nothing, like `ReferenceEngine.add_many`: when it fails, every slot taken here goes back.
         """
         if any(not params.greedy for _, _, params in reqs):
@@ -86,24 +85,12 @@ class FastEngine:
             if self._ride(seqs):
                 self.queue.extend(seqs)
                 return [(s, None) for s in seqs]
-            if self._beside(seqs):
-                for s in seqs:
-                    self.runner.bg.begin(s.slot, s.prompt)
-                return [(s, None) for s in seqs]
             toks = self.runner.add_many([s.slot for s in seqs], [s.prompt for s in seqs])
         except BaseException:  # the slots go back: nobody will hear about these requests
             for s in seqs:
                 self.release(s)
             raise
         return [(s, self.book.prefilled(s, tok, self.runner.logits[s.slot, :1])) for s, tok in zip(seqs, toks)]
-
-    def _beside(self, seqs: list[Seq]) -> bool:
-        """Whether to prefill `seqs` beside the steps: on a GPU, while rows decode, a group the runner would run
-        graph by graph anyway, none wanting logprobs (a step may overwrite its prefill's logits row)."""
-        r = self.runner
-        return (r.bg is not None and self.background and bool(r.host_start)
-                and len(seqs) < prefill.BATCHED_PREFILL_ROWS
-                and all(s.params.logprobs is None and r.bg.fits(s.prompt) for s in seqs))
 
     def _ride(self, seqs: list[Seq]) -> bool:
         """Whether `seqs` wait to ride in the next steps (up to max(MIXED_ROWS) a step): AR with `mixed`, while rows
@@ -144,17 +131,6 @@ class FastEngine:
             out += [self.book.prefilled(s, tok, r.logits[s.slot, :1]) for s, tok in zip(wait, toks)]
         return out
 
-    def _prefilled(self, seqs: list[Seq]) -> tuple[list[Delta], list[Seq]]:
-        """The first tokens of the prefills beside the steps that are done (waiting for one when nothing else
-        runs), and the sequences a step may take now."""
-        bg = self.runner.bg
-        if bg is None or not bg.pending:
-            return [], seqs
-        by_slot = {s.slot: s for s in seqs}
-        done = bg.ready(wait=all(s.slot in bg.pending for s in seqs))
-        firsts = [self.book.prefilled(by_slot[slot], tok, None) for slot, tok in done.items() if slot in by_slot]
-        return firsts, [s for s in seqs if s.slot not in bg.pending and not s.finish]
-
     @torch.inference_mode()
     def step(self, seqs: list[Seq]) -> list[Delta]:
         """The tokens of one decode step, for the requests it stepped (not always all of `seqs`).
@@ -166,8 +142,7 @@ class FastEngine:
         the last step's logits; nor is one launched while a step in flight may hold such a row's) or could reach
         max_tokens with the steps in flight. With `mixed`, each launch carries the oldest prompt waiting to ride.
         """
-        r = self.runner
-        firsts, seqs = self._prefilled(seqs)
+        r, firsts = self.runner, []
         waiting = {s.slot for s in self.queue} | set(r.riding)
         rows = [s for s in seqs if s.slot not in waiting]
         if not rows:
@@ -200,7 +175,7 @@ def build_fast_engine(model: str, draft: str | None = None, *, mode: str = "dfla
                       device: str = "auto", max_slots: int = 32, max_len: int = 4096, tokenizer=None,
                       synthetic_tau: float | None = None, benchmark_only: bool = False,
                       step_ahead: bool = True, adaptive: bool = True, cut_draft: bool = False,
-                      background: bool = True, mixed: bool = False) -> FastEngine:
+                      mixed: bool = False) -> FastEngine:
     """Like `build.build_engine`, on the fast path (CUDA graphs on a GPU, eager on the CPU)."""
     from dflash_bench.engine.build import eos_ids, load_tokenizer, resolve_dtype
     from dflash_bench.engine.drafter import load_drafter
@@ -235,4 +210,4 @@ def build_fast_engine(model: str, draft: str | None = None, *, mode: str = "dfla
             raise UserError(f"--synthetic-acceptance must lie between 1 and the block size {drafter.config.block_size}")
     return FastEngine(hf, tok, drafter, eos_ids=eos_ids(hf, tok), max_slots=max_slots, max_len=max_len,
                       synthetic_tau=synthetic_tau, step_ahead=step_ahead, adaptive=adaptive, cut_draft=cut_draft,
-                      background=background, mixed=mixed)
+                      mixed=mixed)

@@ -2,8 +2,7 @@
 in one forward.
 
 The runner's half that admits requests (its other half steps them). A prefill writes the prompt's K/V (and the
-drafter's context) into its slot and leaves the first generated token as the slot's anchor; on a GPU a prompt
-that arrives while others decode may instead run beside their steps (`background.py`).
+drafter's context) into its slot and leaves the first generated token as the slot's anchor.
 """
 
 from __future__ import annotations
@@ -67,8 +66,6 @@ class Prefills:
         """Stage k prompts in `buf` (pinned host memory) and copy them into `pre_in` on the current stream, padded
         to their longest one's bucket, which it returns."""
         P = self.padded(max(map(len, prompts)))
-        if self.bg is not None:
-            self.bg.join()  # a prefill beside the steps may still read `pre_in`
         m = stage(buf, slots, prompts, P)
         self.pre_in[:m].copy_(buf[:m], non_blocking=True)
         return P

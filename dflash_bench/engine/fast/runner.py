@@ -27,7 +27,6 @@ from dataclasses import dataclass
 import torch
 
 from dflash_bench.engine.fast.accept import SYNTHETIC_STEPS, commit, synthetic_rate
-from dflash_bench.engine.fast.background import BackgroundPrefill
 from dflash_bench.engine.fast.draft import FastDrafter
 from dflash_bench.engine.fast.mixed import MIXED_ROWS, MixedSteps
 from dflash_bench.engine.fast.model import FastTarget, decode_step, matmul, offsets
@@ -119,12 +118,6 @@ class FastRunner(Prefills, MixedSteps):
         self._stepped: tuple = ()
         self.graphs: dict[tuple, object] = {}
         self.pool = torch.cuda.graph_pool_handle() if self.graphs_on else None
-        # prefill graphs may replay beside a step (`background`): a memory pool of their own, and a capture stream
-        # of their own, for cuBLAS keeps a workspace per stream and a graph replays the one it was captured with
-        # (captured like the steps', a prefill beside a DFlash verify computed with the verify's partial sums)
-        self.pre_pool = torch.cuda.graph_pool_handle() if self.graphs_on else None
-        self.pre_capture = torch.cuda.Stream(dev) if self.graphs_on else None
-        self.bg = BackgroundPrefill(self) if self.graphs_on else None
         self.steps = self.accepted = self.row_steps = 0  # steps; accepted drafts and verifies summed over rows
         self.drafted = self.drafting_rows = 0  # drafts verified, and verifies that checked any, summed over rows
         self.timings: list[tuple] = []  # (draft start, draft end / verify start, verify end) when timing
@@ -145,8 +138,6 @@ class FastRunner(Prefills, MixedSteps):
     # ---- requests -------------------------------------------------------------------------------
     def release(self, slot: int) -> None:
         """Free the slot; as padding it then writes at positions 0..B-1 of its own row, never past the cache."""
-        if self.bg is not None:
-            self.bg.drop(slot)
         self.active[slot] = 0
         self.start[slot] = 0
         self.host_start.pop(slot, None)
@@ -378,8 +369,7 @@ class FastRunner(Prefills, MixedSteps):
             for t, saved in zip(self._committed(), state):
                 t.copy_(saved)
             g = torch.cuda.CUDAGraph()
-            pre = key[0] == "prefill"
-            with torch.cuda.graph(g, pool=self.pre_pool if pre else self.pool, stream=self.pre_capture if pre else None):
+            with torch.cuda.graph(g, pool=self.pool):
                 fn()
             self.graphs[key] = g
         g.replay()
