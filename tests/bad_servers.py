@@ -9,21 +9,27 @@
   `return_logprob` on an H100: one token, then `finish_reason {"type": "abort", "status_code": 400, ...}`;
   the OpenAI routes as vLLM ends an aborted request: one token, then `finish_reason "abort"`.
 Connections are kept alive, so a client's connect count is observable (`connections`).
+`accept_delay_s`: the server accepts each connection that long after it is pending (the kernel completed its
+handshake), one at a time, and records when (`accepted`, perf_counter).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import select
+import socket
 import threading
+import time
 
 SCRIPT = "<script>alert('x')</script><img src=x onerror=alert(1)>"
 WORDS = ["alpha", " beta", " gamma", " delta", " epsilon", " zeta", " eta", " theta"]
 
 
 class BadServer:
-    def __init__(self, kind: str = "plain", tokens: int = 8):
-        self.kind, self.tokens = kind, tokens
+    def __init__(self, kind: str = "plain", tokens: int = 8, accept_delay_s: float = 0.0):
+        self.kind, self.tokens, self.accept_delay_s = kind, tokens, accept_delay_s
+        self.accepted: list[float] = []
         self.connections = 0
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -39,13 +45,15 @@ class BadServer:
         self.close()
 
     def close(self) -> None:
+        self._closing = True
         asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
         self._loop.close()
 
     async def _shutdown(self) -> None:
-        self._server.close()
+        if self._server is not None:
+            self._server.close()
         tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
         for t in tasks:
             t.cancel()
@@ -53,10 +61,32 @@ class BadServer:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
-        self._server = self._loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0))
-        self.port = self._server.sockets[0].getsockname()[1]
+        self._closing = False
+        if self.accept_delay_s:
+            listener = socket.create_server(("127.0.0.1", 0), backlog=64)
+            self._server = None
+            self.port = listener.getsockname()[1]
+            threading.Thread(target=self._accept_late, args=(listener,), daemon=True).start()
+        else:
+            self._server = self._loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0))
+            self.port = self._server.sockets[0].getsockname()[1]
         self._ready.set()
         self._loop.run_forever()
+
+    def _accept_late(self, listener: socket.socket) -> None:
+        with listener:
+            while not self._closing:
+                if not select.select([listener], [], [], 0.05)[0]:
+                    continue  # nothing pending
+                time.sleep(self.accept_delay_s)
+                conn, _ = listener.accept()
+                self.accepted.append(time.perf_counter())
+                conn.setblocking(False)
+                asyncio.run_coroutine_threadsafe(self._serve_accepted(conn), self._loop)
+
+    async def _serve_accepted(self, conn: socket.socket) -> None:
+        reader, writer = await asyncio.open_connection(sock=conn)
+        await self._handle(reader, writer)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1

@@ -89,7 +89,9 @@ class LoadGenerator:
         return RequestRecord(
             request_id=f"{'w' if warmup else 'r'}{self._seq}", prompt_id=prompt_id, turn=turn, warmup=warmup,
             t_send=rel(t_send), t_write=rel(st.t_write),
-            connect_ms=None if st.connect_s is None else round(st.connect_s * 1000.0, 3), t_first_byte=rel(st.t_first_byte), t_first_token=rel(st.t_first_token),
+            connect_ms=None if st.connect_s is None else round(st.connect_s * 1000.0, 3),
+            connect_wait_ms=None if st.connect_wait_s is None else round(st.connect_wait_s * 1000.0, 3),
+            connection=st.connection, t_first_byte=rel(st.t_first_byte), t_first_token=rel(st.t_first_token),
             t_end=rel(t_end), chunk_times=[round(t - t0, 6) for t in st.times], chunk_tokens=st.tokens,
             chunk_tokens_from=st.tokens_from if st.tokens else None,
             prompt_tokens=st.prompt_tokens, cached_prompt_tokens=st.cached_tokens, output_tokens=st.output_tokens,

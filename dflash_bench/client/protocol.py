@@ -107,7 +107,7 @@ class Stream:
 
     __slots__ = ("api", "want_ids", "times", "tokens", "t_first_byte", "t_first_token", "t_end", "pieces",
                  "text", "prompt_tokens", "output_tokens", "finish", "error", "done", "ids", "tops",
-                 "spec_steps", "spec_accepted", "spec_drafted", "cached_tokens", "chars", "tokens_from", "t_write", "connect_s",
+                 "spec_steps", "spec_accepted", "spec_drafted", "cached_tokens", "chars", "tokens_from", "t_write", "connect_s", "connect_wait_s", "connection",
                  "_abort_reason")
 
     def __init__(self, api: str, want_ids: bool):
@@ -134,7 +134,12 @@ class Stream:
         self.chars: list[int] = []  # cumulative characters after each content chunk that carried no usage
         self.tokens_from: str | None = None  # where `tokens` came from: "usage" or "text" (see finish_tokens)
         self.t_write: float | None = None  # when the transport wrote the request (after connecting)
-        self.connect_s: float | None = None  # the TCP connect this request waited for; None: a reused connection
+        # A new connection's TCP handshake (SYN to SYN-ACK, the kernel's timing; None where not measured) and the
+        # rest of the wait for it: the client's event loop handing the connected socket over (and name lookup).
+        # `connection` says "new" or "reused" (None: the request never got a connection).
+        self.connect_s: float | None = None
+        self.connect_wait_s: float | None = None
+        self.connection: str | None = None
         self._abort_reason: str | None = None  # what the server said when it aborted the request
 
     def output_text(self) -> str:

@@ -13,12 +13,31 @@ Content-Length, or read-until-close. No TLS, no proxies, no redirects, no compre
 from __future__ import annotations
 
 import asyncio
+import socket
+import struct
 import time
 from urllib.parse import urlsplit
 
 from dflash_bench.client.protocol import Stream, error_message
 
 _clock = time.perf_counter
+_TCPI_RTT = 68  # struct tcp_info (linux/tcp.h): byte offset of tcpi_rtt, microseconds
+
+
+def handshake_s(sock: socket.socket) -> float | None:
+    """The TCP handshake of a socket that just connected, SYN to SYN-ACK, as the kernel timed it: Linux's first
+    RTT sample (TCP_INFO tcpi_rtt) is the handshake's, taken before any data moved. None where the OS does not
+    say (no TCP_INFO), or a SYN was retransmitted (no sample: the kernel's initial value would read as one)."""
+    opt = getattr(socket, "TCP_INFO", None)
+    if opt is None:
+        return None
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, opt, 104)
+    except OSError:
+        return None
+    if len(info) < _TCPI_RTT + 4 or info[2]:  # info[2]: tcpi_retransmits
+        return None
+    return struct.unpack_from("I", info, _TCPI_RTT)[0] / 1e6
 
 
 class _Response:
@@ -175,21 +194,40 @@ class RawTransport:
         self.hosthdr = f"{self.host}:{self.port}".encode()
         self.idle: list[_Conn] = []
         self.all: set[_Conn] = set()
+        self._addr: tuple | None = None  # the server's resolved address (resolved once)
 
     async def _acquire(self, st: Stream | None = None) -> tuple[_Conn, bool]:
         while self.idle:
             c = self.idle.pop()
             if not c.closed:
+                if st is not None and st.connection is None:
+                    st.connection = "reused"
                 return c, True
         loop = asyncio.get_running_loop()
         t = _clock()
         try:
-            _, conn = await loop.create_connection(lambda: _Conn(self), self.host, self.port)
+            if self._addr is None:
+                family, _, _, _, addr = (await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM))[0]
+                self._addr = (family, addr)
+            family, addr = self._addr
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock.setblocking(False)
+            try:
+                await loop.sock_connect(sock, addr)
+            except BaseException:
+                sock.close()
+                raise
+            handshake = handshake_s(sock)
+            _, conn = await loop.create_connection(lambda: _Conn(self), sock=sock)
         except OSError as err:
             raise ConnectionError(f"cannot connect to {self.host}:{self.port}: {err.strerror or err}") from None
         self.all.add(conn)
         if st is not None:  # the connect is its own figure, never part of TTFT
-            st.connect_s = (st.connect_s or 0.0) + _clock() - t
+            waited = _clock() - t
+            st.connection = "new"
+            if handshake is not None:
+                st.connect_s = (st.connect_s or 0.0) + handshake
+            st.connect_wait_s = (st.connect_wait_s or 0.0) + max(waited - (handshake or 0.0), 0.0)
         return conn, False
 
     def _release(self, c: _Conn) -> None:

@@ -153,7 +153,8 @@ def _fmt(v: float | None, spec: str = ".1f") -> str:
 
 ROWS = (("TTFT ms", "ttft_ms"), ("TPOT ms", "tpot_ms"), ("per-token latency ms", "itl_ms"),
         ("chunk gap ms", "chunk_gap_ms"), ("E2E ms", "e2e_ms"), ("tok/s/user", "tok_s_user"),
-        ("tokens/chunk", "tokens_per_chunk"), ("TCP connect ms", "connect_ms"))
+        ("tokens/chunk", "tokens_per_chunk"), ("TCP handshake ms", "connect_ms"),
+        ("connect wait ms (event loop)", "connect_wait_ms"))
 
 
 def print_summary(s: CellSummary, cell_dir: Path) -> None:

@@ -64,8 +64,14 @@ def _aiohttp_trace(aiohttp):
 
     async def connect_end(session, ctx, params) -> None:  # noqa: ARG001
         st = ctx.trace_request_ctx
-        if isinstance(st, Stream):
-            st.connect_s = (st.connect_s or 0.0) + time.perf_counter() - ctx.t_connect
+        if isinstance(st, Stream):  # the handshake is not seen apart from the loop's wait: all of it is the wait
+            st.connection = "new"
+            st.connect_wait_s = (st.connect_wait_s or 0.0) + time.perf_counter() - ctx.t_connect
+
+    async def reused(session, ctx, params) -> None:  # noqa: ARG001
+        st = ctx.trace_request_ctx
+        if isinstance(st, Stream) and st.connection is None:
+            st.connection = "reused"
 
     async def headers_sent(session, ctx, params) -> None:  # noqa: ARG001
         st = ctx.trace_request_ctx
@@ -74,6 +80,7 @@ def _aiohttp_trace(aiohttp):
 
     config.on_connection_create_start.append(connect_start)
     config.on_connection_create_end.append(connect_end)
+    config.on_connection_reuseconn.append(reused)
     config.on_request_headers_sent.append(headers_sent)
     return config
 
@@ -85,9 +92,11 @@ def _httpx_trace(st: Stream):
     async def trace(event: str, info: dict) -> None:  # noqa: ARG001
         if event == "connection.connect_tcp.started":
             started[0] = time.perf_counter()
-        elif event == "connection.connect_tcp.complete":
-            st.connect_s = (st.connect_s or 0.0) + time.perf_counter() - started[0]
+        elif event == "connection.connect_tcp.complete":  # as aiohttp's: the handshake is not seen apart
+            st.connection = "new"
+            st.connect_wait_s = (st.connect_wait_s or 0.0) + time.perf_counter() - started[0]
         elif event == "http11.send_request_headers.started":
+            st.connection = st.connection or "reused"
             st.t_write = time.perf_counter()
 
     return trace

@@ -5,8 +5,12 @@ Over a cell's measured requests (warm-up excluded):
 - output throughput = sum of output tokens of successful requests / (last completion - first dispatch).
   Output tokens come from the server's usage, never from counting chunks.
 - request throughput = successful requests / the same window.
-- TTFT = first content chunk - request written (after any TCP connect, which is its own figure,
-  connect_ms: with --no-warmup the first request of each connection would otherwise count it).
+- TTFT = first content chunk - request written (after any TCP connect, which is its own figure: with
+  --no-warmup the first request of each connection would otherwise count it).
+- connect_ms = a new connection's TCP handshake, SYN to SYN-ACK, as the kernel timed it (raw transport on
+  Linux); connect_wait_ms = the rest of its wait for the connection, the client's event loop handing the
+  socket over (at high concurrency, opening the other connections). Every measured request says whether
+  its connection was "new" or "reused" (connections_reused counts the latter).
 - TPOT = (E2E - TTFT) / (output tokens - 1), per request with more than one output token.
 - tok/s/user = 1000 / TPOT (ms), per request, then percentiles.
 - per-token latency (itl_ms) = each chunk gap divided over the tokens that chunk carries (from cumulative
@@ -95,6 +99,8 @@ def summarize(records: Sequence[RequestRecord]) -> dict[str, Any]:
     out["chunk_gap_ms"] = describe([g for g, _ in gaps])
     out["tokens_per_chunk"] = describe([k for _, k in gaps])
     out["connect_ms"] = describe([r.connect_ms for r in measured if r.connect_ms is not None])
+    out["connect_wait_ms"] = describe([r.connect_wait_ms for r in measured if r.connect_wait_ms is not None])
+    out["connections_reused"] = sum(r.connection == "reused" for r in measured)
     return out
 
 

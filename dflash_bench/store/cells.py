@@ -111,7 +111,12 @@ class RequestRecord(BaseModel):
     warmup: bool = False
     t_send: float  # dispatch (the throughput window starts at the first one)
     t_write: float | None = None  # the request's bytes handed to the socket, after any connect: TTFT starts here
-    connect_ms: float | None = None  # TCP connect this request waited for (None: it reused a connection)
+    # a new connection's TCP handshake, SYN to SYN-ACK as the kernel timed it (raw transport on Linux; None: not
+    # measured, or `connection` "reused"), and the rest of its wait for the connection: the client's event loop
+    # handing the connected socket over (aiohttp, httpx: the whole connect, the handshake not seen apart)
+    connect_ms: float | None = None
+    connect_wait_ms: float | None = None
+    connection: Literal["new", "reused"] | None = None  # None: no connection was made (it failed to connect)
     t_first_byte: float | None = None  # first byte of the response body
     t_first_token: float | None = None  # first chunk that carried content
     t_end: float | None = None
@@ -269,7 +274,9 @@ class CellSummary(CellKey):
     e2e_ms: Stat | None = None
     tok_s_user: Stat | None = None  # 1000 / TPOT per request
     tokens_per_chunk: Stat | None = None
-    connect_ms: Stat | None = None  # TCP connects requests waited for (kept out of TTFT)
+    connect_ms: Stat | None = None  # TCP handshakes (SYN to SYN-ACK) of new connections (kept out of TTFT)
+    connect_wait_ms: Stat | None = None  # the rest of new connections' wait: the client's event loop
+    connections_reused: int | None = None  # measured requests sent on a connection opened before them
 
     acceptance_length: float | None = None  # tau; None when the server has no speculative counters
     acceptance_length_req_weighted: float | None = None
@@ -330,4 +337,5 @@ class CellSummary(CellKey):
     accuracy: AccuracySummary | None = None  # scorable suites, after quality/accuracy.py
 
 
-STAT_FIELDS = ("ttft_ms", "tpot_ms", "itl_ms", "chunk_gap_ms", "e2e_ms", "tok_s_user", "tokens_per_chunk", "connect_ms")
+STAT_FIELDS = ("ttft_ms", "tpot_ms", "itl_ms", "chunk_gap_ms", "e2e_ms", "tok_s_user", "tokens_per_chunk", "connect_ms",
+               "connect_wait_ms")
