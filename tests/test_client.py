@@ -331,13 +331,14 @@ def test_a_dflash_cell_without_acceptance_source_is_flagged(tmp_path: Path):
 
 def test_a_dflash_cell_whose_drafts_were_never_accepted_is_flagged():
     from dflash_bench.client.summary import dflash_warning
-    from dflash_bench.store import CellSummary
+    from dflash_bench.store import CellSummary, ServerMetrics
 
     base = dict(cell_id="c", engine="vllm", mode="dflash", suite="s", concurrency=1, num_ok=4)
+    none = ServerMetrics(url="http://s/metrics")
     assert "never accepted" in dflash_warning(CellSummary(**base, acceptance_length=1.01, num_drafts=100,
-                                                          num_accepted_tokens=1), {})
-    assert dflash_warning(CellSummary(**base, acceptance_length=3.0), {}) is None
-    idle = {"delta": {"vllm:spec_decode_num_drafts_total": 0.0}}
+                                                          num_accepted_tokens=1), none)
+    assert dflash_warning(CellSummary(**base, acceptance_length=3.0), none) is None
+    idle = ServerMetrics(url="http://s/metrics", delta={"vllm:spec_decode_num_drafts_total": 0.0})
     assert "did not move" in dflash_warning(CellSummary(**base), idle)
 
 

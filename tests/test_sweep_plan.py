@@ -2,7 +2,7 @@ import pytest
 
 from dflash_bench.errors import UserError
 from dflash_bench.sweep.plan import SweepSettings, check_resume, launches, plan_cells
-from dflash_bench.sweep.provenance import redact
+from dflash_bench.store.provenance import redact
 
 
 def _settings(**kw):
@@ -79,15 +79,15 @@ def test_redact_hides_secret_values():
 
 def test_a_changed_image_digest_between_modes_is_noted():
     from dflash_bench.store import Manifest
-    from dflash_bench.sweep.run import _check_same_image
+    from dflash_bench.sweep.launch import check_same_image
 
     server = {"runner": "docker", "url": "http://127.0.0.1:8000", "image_digest": "sha256:a"}
     m = Manifest(sweep_id="s", servers={"vllm-ar": server, "vllm-dflash": server})
-    _check_same_image(m, "vllm")
+    check_same_image(m, "vllm")
     assert m.notes == []
     m.servers["vllm-dflash"].image_digest = "sha256:b"
-    _check_same_image(m, "vllm")
-    _check_same_image(m, "vllm")
+    check_same_image(m, "vllm")
+    check_same_image(m, "vllm")
     assert len(m.notes) == 1 and "sha256:a vs sha256:b" in m.notes[0]
 
 
@@ -108,7 +108,7 @@ def test_resume_compares_the_saved_typed_settings(tmp_path):
 
 def test_a_cell_measured_again_starts_from_an_empty_folder(tmp_path):
     from dflash_bench.store import CellPlan, CellSummary, Manifest, SweepDir
-    from dflash_bench.sweep.run import _clear_attempt
+    from dflash_bench.sweep.measure import clear_attempt
 
     cell = CellPlan(cell_id="e-ar-gsm8k-c1", engine="e", mode="ar", suite="gsm8k", concurrency=1, status="failed")
     sweep = SweepDir.create(tmp_path / "s", Manifest(sweep_id="s", plan=[cell]))
@@ -116,12 +116,12 @@ def test_a_cell_measured_again_starts_from_an_empty_folder(tmp_path):
     sweep.write_summary(CellSummary(cell_id=cell.cell_id, engine="e", mode="ar", suite="gsm8k", concurrency=1,
                                     status="failed", failure_reason="server died"))
     (sweep.cell_dir(cell.cell_id) / "telemetry.csv").write_text("t_s,power_w\n0,100\n")
-    _clear_attempt(sweep, manifest, cell)
+    clear_attempt(sweep, manifest, cell)
     assert not sweep.cell_dir(cell.cell_id).exists()
     assert manifest.notes == ["e-ar-gsm8k-c1: measured again after a failed attempt (server died)"]
     sweep.cell_dir(cell.cell_id).mkdir(parents=True)  # a kill mid-write left a broken summary: cleared all the same
     (sweep.cell_dir(cell.cell_id) / "summary.json").write_text('{"cell_id": ')
-    _clear_attempt(sweep, manifest, cell)
+    clear_attempt(sweep, manifest, cell)
     assert not sweep.cell_dir(cell.cell_id).exists()
 
 
@@ -133,7 +133,7 @@ def test_a_cell_measured_again_starts_from_an_empty_folder(tmp_path):
 ])
 def test_telemetry_watches_the_gpus_the_server_uses(model, engine, args, expected):
     from dflash_bench import models
-    from dflash_bench.sweep.run import server_devices
+    from dflash_bench.sweep.telemetry import server_devices
 
     settings = _settings(model=model, engines=[engine], engine_args=args)
     assert server_devices(settings, models.resolve(model)) == expected

@@ -1,6 +1,6 @@
 """Async streaming load generator and the request protocols (chat, completions, SGLang /generate).
 
-Entry points: `measure(url, prompts, concurrency=...)` -> Measurement (nothing written);
+Entry points: `measure(url, prompts, RequestSettings, LoadSettings)` -> Measurement (nothing written);
 `client.summary.summarize_cell` and `write_cell` turn it into a cell of the caller's SweepDir;
 `measure_cell(url, prompts, concurrency=..., cell_dir=...)` does all three.
 """

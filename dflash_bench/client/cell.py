@@ -8,8 +8,8 @@ turns it into a CellSummary and `client.summary.write_cell` writes both through 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
-from typing import Any, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import orjson
 
@@ -18,7 +18,11 @@ from dflash_bench.client.protocol import APIS, RequestSettings, chat_renderer
 from dflash_bench.client.transport import TRANSPORTS, Transport, make_transport, with_timeout
 from dflash_bench.errors import UserError
 from dflash_bench.metrics import prometheus
-from dflash_bench.store import RequestRecord, now_iso
+from dflash_bench.store import CellSettings, RequestRecord, ServerMetrics, now_iso
+
+if TYPE_CHECKING:
+    from dflash_bench.suites import Prompt
+    from dflash_bench.telemetry import TelemetrySampler
 
 
 @dataclass
@@ -27,49 +31,42 @@ class Measurement:
 
     url: str
     records: list[RequestRecord]
-    settings: dict[str, Any]
+    settings: CellSettings  # how the client measured (the request and load settings, the served model)
     started_at: str
     finished_at: str
     t0: float  # perf_counter origin of the records' times (this host's monotonic clock)
-    snaps: dict[str, Any] = field(default_factory=dict)  # /metrics before, after, delta, error
-    telemetry: Any = None  # the GPU sampler that covered the measured window, if any
+    snaps: ServerMetrics  # /metrics before, after, delta, error
+    telemetry: TelemetrySampler | None = None  # the GPU sampler that covered the measured window, if any
 
 
-def measure(url: str, prompts: Sequence, **options: Any) -> Measurement:
-    return asyncio.run(measure_async(url, prompts, **options))
+def measure(url: str, prompts: Sequence[Prompt], request: RequestSettings, load: LoadSettings,
+            telemetry: TelemetrySampler | None = None, on_progress: ProgressFn | None = None) -> Measurement:
+    """`measure_async` run to its end on a fresh event loop."""
+    return asyncio.run(measure_async(url, prompts, request, load, telemetry, on_progress))
 
 
-async def measure_async(url: str, prompts: Sequence, *, concurrency: int, max_tokens: int = 2048,
-                        temperature: float = 0.0, api: str = "chat", model: str | None = None,
-                        save_token_ids: bool = False, enable_thinking: bool | None = None, warmup: bool = True,
-                        request_rate: float | None = None, timeout: float | None = 600.0, seed: int = 0,
-                        transport: str = "auto", on_progress: ProgressFn | None = None, telemetry=None,
-                        tokenizer: str | None = None, ignore_eos: bool = False) -> Measurement:
+async def measure_async(url: str, prompts: Sequence[Prompt], request: RequestSettings, load: LoadSettings,
+                        telemetry: TelemetrySampler | None = None,
+                        on_progress: ProgressFn | None = None) -> Measurement:
     """One cell: warm-up, /metrics before, the measured load (GPU telemetry over it), /metrics after.
 
-    Every request, the /v1/models and /metrics ones included, obeys `timeout` (seconds; None: none).
-    With api="generate" (SGLang native), `tokenizer` (a Hugging Face id or folder) renders the model's
-    chat template on the client; without it the raw prompt text is sent and the settings say so."""
-    _check_options(api, transport, concurrency, prompts)
-    settings = {"api": api, "max_tokens": max_tokens, "temperature": temperature, "save_token_ids": save_token_ids,
-                "enable_thinking": enable_thinking, "warmup": warmup, "request_rate": request_rate,
-                "timeout_s": timeout, "seed": seed, "transport": transport, "num_prompts": len(prompts),
-                "ignore_eos": ignore_eos}
+    Every request, the /v1/models and /metrics ones included, obeys `load.timeout` (seconds; None: none).
+    `request.model` empty: the first model /v1/models lists. With api="generate" (SGLang native),
+    `request.tokenizer` (a Hugging Face id or folder) renders the model's chat template on the client;
+    without it the raw prompt text is sent and the settings say so."""
+    _check_options(request.api, load.transport, load.concurrency, prompts)
     try:
-        tr = make_transport(transport, url, concurrency + 2)
+        tr = make_transport(load.transport, url, load.concurrency + 2)
     except ValueError as err:  # e.g. the raw transport asked for an https:// URL
         raise UserError(str(err)) from None
     started = now_iso()
-    snaps: dict[str, Any] = {"url": url.rstrip("/") + "/metrics"}
+    snaps = ServerMetrics(url=url.rstrip("/") + "/metrics")
     try:
-        settings["model"] = model or await served_model(tr, url, api, timeout)
-        req = RequestSettings(api=api, model=settings["model"] or "", max_tokens=max_tokens, temperature=temperature,
-                              save_token_ids=save_token_ids, enable_thinking=enable_thinking, ignore_eos=ignore_eos,
-                              render=_renderer(api, tokenizer, enable_thinking, settings))
-        load = LoadSettings(concurrency=concurrency, request_rate=request_rate, warmup=warmup, timeout=timeout, seed=seed)
+        model = request.model or await served_model(tr, url, request.api, load.timeout)
+        req = replace(request, model=model or "", render=request.render or _renderer(request))
 
         async def before() -> None:
-            snaps["before"], snaps["error"] = await _scrape(tr, timeout)
+            snaps.before, snaps.error = await _scrape(tr, load.timeout)
             if telemetry is not None:  # GPU samples cover the measured window only
                 telemetry.start()
 
@@ -79,17 +76,29 @@ async def measure_async(url: str, prompts: Sequence, *, concurrency: int, max_to
         finally:
             if telemetry is not None:
                 telemetry.stop()
-        snaps["after"], err = await _scrape(tr, timeout)
-        snaps["error"] = snaps.get("error") or err
+        snaps.after, err = await _scrape(tr, load.timeout)
+        snaps.error = snaps.error or err
     finally:
         await tr.close()
-    if snaps.get("before") and snaps.get("after"):
-        snaps["delta"] = prometheus.delta(snaps["before"], snaps["after"])
-    return Measurement(url=url, records=result.records, settings=settings, started_at=started, finished_at=now_iso(),
-                       t0=result.t0, snaps=snaps, telemetry=telemetry)
+    if snaps.before and snaps.after:
+        snaps.delta = prometheus.delta(snaps.before, snaps.after)
+    return Measurement(url=url, records=result.records, settings=cell_settings(request, load, model, len(prompts)),
+                       started_at=started, finished_at=now_iso(), t0=result.t0, snaps=snaps, telemetry=telemetry)
 
 
-def _check_options(api: str, transport: str, concurrency: int, prompts: Sequence) -> None:
+def cell_settings(request: RequestSettings, load: LoadSettings, model: str | None, num_prompts: int) -> CellSettings:
+    """What summary.json keeps of how the cell was measured."""
+    rendering = None
+    if request.api == "generate":
+        rendering = f"chat template of {request.tokenizer}" if request.tokenizer else "raw text (no chat template)"
+    return CellSettings(api=request.api, model=model, max_tokens=request.max_tokens, temperature=request.temperature,
+                        save_token_ids=request.save_token_ids, enable_thinking=request.enable_thinking,
+                        warmup=load.warmup, request_rate=load.request_rate, timeout_s=load.timeout, seed=load.seed,
+                        transport=load.transport, num_prompts=num_prompts, ignore_eos=request.ignore_eos,
+                        prompt_rendering=rendering)
+
+
+def _check_options(api: str, transport: str, concurrency: int, prompts: Sequence[Prompt]) -> None:
     if api not in APIS:
         raise UserError(f"unknown api {api!r}; choose one of {', '.join(APIS)}")
     if transport not in TRANSPORTS:
@@ -100,14 +109,12 @@ def _check_options(api: str, transport: str, concurrency: int, prompts: Sequence
         raise UserError("no prompts to send")
 
 
-def _renderer(api: str, tokenizer: str | None, enable_thinking: bool | None, settings: dict[str, Any]):
-    if api != "generate":
-        return None
-    settings["prompt_rendering"] = f"chat template of {tokenizer}" if tokenizer else "raw text (no chat template)"
-    if not tokenizer:
+def _renderer(request: RequestSettings) -> Callable[[list[dict[str, str]]], str] | None:
+    """/generate with a tokenizer: the model's chat template, rendered here."""
+    if request.api != "generate" or not request.tokenizer:
         return None
     try:
-        return chat_renderer(tokenizer, enable_thinking)
+        return chat_renderer(request.tokenizer, request.enable_thinking)
     except ValueError as err:
         raise UserError(str(err)) from None
 
@@ -134,7 +141,7 @@ async def served_model(tr: Transport, url: str, api: str, timeout: float | None)
     raise UserError(f"the server at {url} did not list a model at /v1/models (HTTP {status}); pass --model")
 
 
-async def _scrape(tr: Transport, timeout: float | None) -> tuple[dict | None, str | None]:
+async def _scrape(tr: Transport, timeout: float | None) -> tuple[dict[str, dict[str, float]] | None, str | None]:
     try:
         status, body = await with_timeout(tr.get("/metrics"), timeout)
     except TimeoutError:

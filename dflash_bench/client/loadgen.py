@@ -21,12 +21,15 @@ ProgressFn = Callable[[int, int, int, float], None]  # (requests done, total, ou
 
 @dataclass
 class LoadSettings:
+    """How a cell's requests are sent: how many at once, at what rate, over which transport."""
+
     concurrency: int = 1
     request_rate: float | None = None  # requests/s (Poisson); None: closed loop
     warmup: bool = True
     warmup_max_tokens: int = 64
     timeout: float | None = 600.0  # per request, seconds
     seed: int = 0
+    transport: str = "auto"  # client/transport.py TRANSPORTS
 
 
 @dataclass

@@ -21,14 +21,17 @@ PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "gene
 
 @dataclass(frozen=True)
 class RequestSettings:
+    """What every request of a cell asks for (the body build_body sends)."""
+
     api: str = "chat"
-    model: str = ""
+    model: str = ""  # empty for `measure`: the first model the server lists at /v1/models
     max_tokens: int = 2048
     temperature: float = 0.0
     save_token_ids: bool = False
     enable_thinking: bool | None = None  # sent as chat_template_kwargs.enable_thinking when set
     seed: int | None = None
     ignore_eos: bool = False  # every request runs to max_tokens (engines compared on equal output lengths)
+    tokenizer: str | None = None  # /generate: the Hugging Face id or folder whose chat template renders prompts
     render: Callable[[list[dict[str, str]]], str] | None = None  # /generate: messages -> prompt text
 
 

@@ -7,12 +7,18 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dflash_bench.client.cell import Measurement, measure
+from dflash_bench.client.loadgen import LoadSettings
+from dflash_bench.client.protocol import RequestSettings
 from dflash_bench.client.summary import summarize_cell, write_cell
 from dflash_bench.errors import UserError
 from dflash_bench.store import CellPlan, CellSummary, Manifest, SweepDir, cell_id
 from dflash_bench.store.lock import WriterLock
+
+if TYPE_CHECKING:
+    from dflash_bench.suites import Prompt
 
 
 def run_one(*, url: str, suite: str, concurrency: int, num_prompts: int | None, max_tokens: int, temperature: float,
@@ -42,11 +48,12 @@ def run_one(*, url: str, suite: str, concurrency: int, num_prompts: int | None, 
         manifest.plan = [c for c in manifest.plan if c.cell_id != cid] + [plan]
         sweep.write_manifest(manifest)
         try:
-            m = _measure_with_progress(quiet, cid, url, prompts, concurrency=concurrency, max_tokens=max_tokens,
-                                       temperature=temperature, api=api, model=model, save_token_ids=save_token_ids,
-                                       enable_thinking=enable_thinking, warmup=warmup, request_rate=request_rate,
-                                       timeout=timeout, seed=seed, transport=transport, tokenizer=tokenizer,
-                                       ignore_eos=ignore_eos)
+            request = RequestSettings(api=api, model=model or "", max_tokens=max_tokens, temperature=temperature,
+                                      save_token_ids=save_token_ids, enable_thinking=enable_thinking,
+                                      ignore_eos=ignore_eos, tokenizer=tokenizer)
+            load = LoadSettings(concurrency=concurrency, request_rate=request_rate, warmup=warmup, timeout=timeout,
+                                seed=seed, transport=transport)
+            m = _measure_with_progress(quiet, cid, url, prompts, request, load)
         except (UserError, KeyboardInterrupt) as err:
             if fresh:  # nothing was measured: leave no empty sweep folder behind
                 shutil.rmtree(sweep.path, ignore_errors=True)
@@ -120,15 +127,16 @@ def _open_or_create(path: Path, cid: str) -> tuple[SweepDir, Manifest, WriterLoc
             lock.release()
             raise UserError(f"{path} already holds a measured cell {cid}; choose another --name or --label")
         return sweep, sweep.read_manifest(), lock, False
-    from dflash_bench.sweep.provenance import redact
+    from dflash_bench.store.provenance import redact
 
     sweep, lock = create_locked(path, Manifest(sweep_id=path.name, command_line=redact(sys.argv)))
     return sweep, sweep.read_manifest(), lock, True
 
 
-def _measure_with_progress(quiet: bool, cid: str, url: str, prompts, **kw) -> Measurement:
+def _measure_with_progress(quiet: bool, cid: str, url: str, prompts: list[Prompt], request: RequestSettings,
+                           load: LoadSettings) -> Measurement:
     if quiet:
-        return measure(url, prompts, **kw)
+        return measure(url, prompts, request, load)
     from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -144,7 +152,7 @@ def _measure_with_progress(quiet: bool, cid: str, url: str, prompts, **kw) -> Me
                 last[0] = now
                 bar.update(task, completed=done, rate=f"{tokens / elapsed:,.0f} tok/s" if elapsed > 0 else "")
 
-        return measure(url, prompts, on_progress=on_progress, **kw)
+        return measure(url, prompts, request, load, on_progress=on_progress)
 
 
 def _fmt(v: float | None, spec: str = ".1f") -> str:

@@ -7,14 +7,20 @@ still summarises what was measured, with the cell marked failed and the reason f
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from dflash_bench.client.cell import Measurement, measure
+from dflash_bench.client.loadgen import LoadSettings, ProgressFn
+from dflash_bench.client.protocol import RequestSettings
 from dflash_bench.metrics.acceptance import cell_acceptance, counter_namespace
 from dflash_bench.metrics.cache import prefix_cache
 from dflash_bench.metrics.definitions import failure_reasons, not_measured, summarize
 from dflash_bench.metrics.prometheus import ACCEPTED, DRAFTS
-from dflash_bench.store import TELEMETRY, CellSettings, CellSummary, RequestRecord, SweepDir
+from dflash_bench.store import TELEMETRY, CellSummary, RequestRecord, ServerMetrics, SweepDir
+
+if TYPE_CHECKING:
+    from dflash_bench.suites import Prompt
+    from dflash_bench.telemetry import TelemetrySampler
 
 SYNTHETIC_GAUGE = "dflash_bench:synthetic_acceptance"  # the builtin engine's benchmarking-only label
 TAU_FALLBACK = 1.05  # a DFlash cell whose tau is below this accepted (almost) no drafted token
@@ -26,19 +32,19 @@ def summarize_cell(m: Measurement, *, cell_id: str, engine: str, mode: str, suit
     """The cell's summary from what was measured; `failure` (e.g. the server died) fails it regardless."""
     snaps = m.snaps
     summary = summarize_records(m.records, cell_id=cell_id, engine=engine, mode=mode, suite=suite,
-                                concurrency=concurrency, repeat=repeat, delta=snaps.get("delta"), failure=failure,
+                                concurrency=concurrency, repeat=repeat, delta=snaps.delta, failure=failure,
                                 input_len=input_len, thinking_asked=thinking_asked)
     summary.url, summary.started_at, summary.finished_at = m.url, m.started_at, m.finished_at
-    summary.settings = CellSettings.model_validate(m.settings)
+    summary.settings = m.settings.model_copy()
     if m.telemetry is not None:
         energy = m.telemetry.summarize(summary.total_output_tokens)
         for key, value in (energy.summary_fields() | energy.extra_fields()).items():
             setattr(summary, key, value)
-    summary.synthetic_acceptance = (snaps.get("after") or {}).get("gauges", {}).get(SYNTHETIC_GAUGE)
+    summary.synthetic_acceptance = (snaps.after or {}).get("gauges", {}).get(SYNTHETIC_GAUGE)
     # the records' time origin on this host's monotonic clock (time.perf_counter), to line them up with
     # server-side logs or other samples taken on the same host
     summary.clock_origin_monotonic_s = m.t0
-    summary.server_metrics_error = snaps.get("error") or None
+    summary.server_metrics_error = snaps.error or None
     summary.dflash_warning = dflash_warning(summary, snaps)
     return summary
 
@@ -62,21 +68,21 @@ def summarize_records(records: list[RequestRecord], *, cell_id: str, engine: str
     return summary
 
 
-def dflash_warning(s: CellSummary, snaps: dict[str, Any]) -> str | None:
+def dflash_warning(s: CellSummary, snaps: ServerMetrics) -> str | None:
     """Why a DFlash cell looks like plain AR decoding (the silent fallback users report), or None."""
     if s.mode != "dflash" or s.num_ok == 0:
         return None
     drafts = f"{counter_namespace(s.engine)}{DRAFTS}"
     if s.acceptance_length is None:
-        delta = snaps.get("delta") or {}
+        delta = snaps.delta or {}
         if drafts in delta and not delta[drafts]:
             return (f"no speculation: the server's draft counters did not move over the cell ({drafts} "
                     "+0); it decoded without its drafter (a silent fallback to AR?)")
-        why = snaps.get("error") or "/metrics carries no speculative-decoding counters"
+        why = snaps.error or "/metrics carries no speculative-decoding counters"
         return (f"no acceptance source: {why}, and no response carried per-request speculative fields; "
                 "nothing shows that this server speculated (a silent fallback to AR?)")
     if s.acceptance_length < TAU_FALLBACK:
-        accepted = s.num_accepted_tokens if s.num_accepted_tokens is not None else (snaps.get("delta") or {}).get(
+        accepted = s.num_accepted_tokens if s.num_accepted_tokens is not None else (snaps.delta or {}).get(
             f"{counter_namespace(s.engine)}{ACCEPTED}")
         return (f"tau {s.acceptance_length:.2f}: the drafter's tokens were (almost) never accepted "
                 f"({accepted} accepted over {s.num_drafts} drafts); this is AR decoding with extra work")
@@ -94,15 +100,25 @@ def write_cell(sweep: SweepDir, summary: CellSummary, m: Measurement | None) -> 
     sweep.write_summary(summary)
 
 
-def measure_cell(url: str, prompts: Sequence, *, cell_dir: Path, engine: str = "vllm", mode: str = "ar",
-                 suite: str | None = None, repeat: int = 0, **options: Any) -> CellSummary:
+def measure_cell(url: str, prompts: Sequence[Prompt], *, cell_dir: Path, concurrency: int, engine: str = "vllm",
+                 mode: str = "ar", suite: str | None = None, repeat: int = 0, api: str = "chat", model: str = "",
+                 max_tokens: int = 2048, temperature: float = 0.0, save_token_ids: bool = False,
+                 enable_thinking: bool | None = None, ignore_eos: bool = False, tokenizer: str | None = None,
+                 warmup: bool = True, request_rate: float | None = None, timeout: float | None = 600.0,
+                 seed: int = 0, transport: str = "auto", on_progress: ProgressFn | None = None,
+                 telemetry: TelemetrySampler | None = None) -> CellSummary:
     """Measure, summarise and write one cell into `cell_dir` (a `<sweep>/cells/<cell-id>` folder).
 
-    The options are `measure_async`'s. Raises UserError when the server cannot be reached at all;
-    request failures during the cell are recorded (with their reasons) and counted instead."""
+    The options are RequestSettings' and LoadSettings' fields. Raises UserError when the server cannot be
+    reached at all; request failures during the cell are recorded (with their reasons) and counted instead."""
     cell_dir = Path(cell_dir)
-    m = measure(url, prompts, **options)
+    request = RequestSettings(api=api, model=model, max_tokens=max_tokens, temperature=temperature,
+                              save_token_ids=save_token_ids, enable_thinking=enable_thinking, ignore_eos=ignore_eos,
+                              tokenizer=tokenizer)
+    load = LoadSettings(concurrency=concurrency, request_rate=request_rate, warmup=warmup, timeout=timeout, seed=seed,
+                        transport=transport)
+    m = measure(url, prompts, request, load, telemetry, on_progress)
     summary = summarize_cell(m, cell_id=cell_dir.name, engine=engine, mode=mode,
-                             suite=suite or prompts[0].suite, concurrency=options["concurrency"], repeat=repeat)
+                             suite=suite or prompts[0].suite, concurrency=concurrency, repeat=repeat)
     write_cell(SweepDir(cell_dir.parent.parent), summary, m)
     return summary

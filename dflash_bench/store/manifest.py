@@ -90,7 +90,7 @@ class Hardware(_Open):
 
 
 class ModelRevision(_Open):
-    """What can be known offline about a model (sweep/provenance.py model_revision)."""
+    """What can be known offline about a model (store/provenance.py model_revision)."""
 
     id: str
     revision: str | None = None  # the commit the local Hugging Face cache resolved `main` to

@@ -13,12 +13,12 @@ from typing import Protocol
 from dflash_bench.errors import UserError
 from dflash_bench.store import CellPlan, Manifest, SweepDir, now_iso
 from dflash_bench.store.lock import WriterLock, create_locked, open_locked
-from dflash_bench.sweep import provenance
+from dflash_bench.store import provenance
 from dflash_bench.sweep.plan import SweepSettings, check_resume, plan_cells
 
 
 class Outcome(Protocol):
-    """What `close_sweep` reads of a run's result (`run.SweepResult`)."""
+    """What `close_sweep` reads of a run's result (`context.SweepResult`)."""
 
     interrupted: bool
     failed: list[str]

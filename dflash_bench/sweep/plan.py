@@ -54,7 +54,7 @@ def long_suite(n: int) -> str:
 
 def launches(plan: list[CellPlan], pending_only: bool = True, paired: bool = False) -> list[Launch]:
     """Group the plan into server lifetimes: consecutive cells of one (engine, mode); paired, one lifetime per
-    (engine, mode) over the engine's consecutive cells (its two servers run together: `run.run_servers`)."""
+    (engine, mode) over the engine's consecutive cells (its two servers run together: `launch.servers_up`)."""
     cells = [c for c in plan if c.status in ("pending", "running", "failed")] if pending_only else list(plan)
     if not paired:
         return [Launch(engine, mode, tuple(group)) for (engine, mode), group in groupby(cells, key=lambda c: (c.engine, c.mode))]

@@ -43,7 +43,10 @@ def run_job(folder: Path, key: str) -> int:
     from dflash_bench.launch import free_port, sigterm_unwinds
     from dflash_bench.sweep import folder as sweep_folder
     from dflash_bench.sweep import run
+    from dflash_bench.sweep.context import SweepContext, SweepResult, stops_recorded
     from dflash_bench.sweep.progress import SweepProgress
+    from dflash_bench.sweep.prompts import prompt_loader
+    from dflash_bench.sweep.telemetry import start_telemetry
 
     folder = Path(folder).resolve()
     job = slurm.read_job(folder, key)
@@ -58,29 +61,23 @@ def run_job(folder: Path, key: str) -> int:
         sweep_folder.status_from_disk(shared, cell)
     sweep = JobSweepDir(folder, key)
     pair = models.resolve(settings.model, drafter=settings.engine_options.get("drafter"))
-    prompts = run.prompt_loader(settings, Path(job.data_dir) if job.data_dir else None)
+    prompts = prompt_loader(settings, Path(job.data_dir) if job.data_dir else None)
     progress = SweepProgress(manifest, quiet=True)
-    telemetry = run.start_telemetry(manifest, progress, settings, pair)
+    ctx = SweepContext(settings, pair, sweep, manifest, prompts, SweepResult(folder), progress,
+                       telemetry=start_telemetry(manifest, progress, settings, pair), image=job.image)
     _place(manifest)
     sweep.write_manifest(manifest)
-    result = run.SweepResult(folder)
     try:
-        with sigterm_unwinds():  # scancel and the time limit send SIGTERM: unwind, stop the server, record
+        # scancel and the time limit send SIGTERM: unwind, stop the server, record
+        with stops_recorded(ctx.result), sigterm_unwinds():
             for launch in launches(manifest.plan):
                 print(f"dflash-bench: {launch.engine} {launch.mode}: {len(launch.cells)} cells", flush=True)
-                run.run_servers([launch], settings, pair, sweep, manifest, prompts, progress, telemetry, result,
-                                job.image)
-    except KeyboardInterrupt:
-        result.interrupted = True
-    except SystemExit as err:  # SIGTERM from scancel or the time limit unwinds as launch.Terminated
-        result.interrupted = True
-        if not run.is_terminated(err):
-            raise
+                run.measure_group(ctx, [launch])
     finally:
-        sweep_folder.close_sweep(sweep, manifest, result)
+        sweep_folder.close_sweep(sweep, manifest, ctx.result)
     for cell in manifest.plan:
         print(f"dflash-bench: {cell.cell_id}: {cell.status}{' (' + cell.reason + ')' if cell.reason else ''}", flush=True)
-    return result.exit_code
+    return ctx.result.exit_code
 
 
 def _place(manifest: Manifest) -> None:

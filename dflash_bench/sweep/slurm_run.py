@@ -14,16 +14,23 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
 
 from dflash_bench.errors import UserError
-from dflash_bench.store import Manifest, StoreError, SweepDir, now_iso, read_json_model
+from dflash_bench.store import CellPlan, Manifest, StoreError, SweepDir, now_iso, read_json_model
+from dflash_bench.store.lock import WriterLock
 from dflash_bench.sweep import slurm
+from dflash_bench.sweep.context import SweepContext, SweepResult
 from dflash_bench.sweep.plan import SweepSettings, launches
+from dflash_bench.sweep.prompts import prompt_loader
 from dflash_bench.sweep.slurm import SlurmJob, SlurmOptions
+from dflash_bench.sweep.write import Ledger, annotate_quality, fail_cell
+
+if TYPE_CHECKING:
+    from dflash_bench.models import ModelPair
 
 CANCEL_WAIT_S = 180.0  # after Ctrl-C: how long to wait for cancelled jobs to end before giving up on them
 
@@ -69,68 +76,78 @@ def _for_type(settings: SweepSettings, gpu_type: str, preset_given: bool) -> Swe
 
 @dataclass
 class _Run:
-    """One sweep folder under way: its settings, what Slurm is asked for, its jobs and its result."""
+    """One sweep folder under way: its context, what Slurm is asked for, its jobs."""
 
-    settings: SweepSettings
+    ctx: SweepContext
     opts: SlurmOptions
-    pair: Any
+    lock: WriterLock  # the folder's writer lock: the submitter is its one writer of manifest.json
+    data_dir: Path | None
+    jobs: list[SlurmJob] = field(default_factory=list)
+    todo: list[CellPlan] = field(default_factory=list)
+
+
+@dataclass
+class _Earlier:
+    """An earlier run's folder while its jobs settle, before this run's context exists (a write.Ledger)."""
+
     sweep: SweepDir
     manifest: Manifest
-    result: Any
-    lock: Any  # the folder's writer lock (store/lock.py): the submitter is its one writer of manifest.json
-    jobs: list[SlurmJob] = field(default_factory=list)
-    todo: list = field(default_factory=list)
+    result: SweepResult
 
 
 def run_slurm_sweeps(plans: list[tuple[SweepSettings, SlurmOptions, Path]], *, resume: Path | None,
-                     data_dir: Path | None, argv: list[str], image: str | None) -> list:
+                     data_dir: Path | None, argv: list[str], image: str | None) -> list[SweepResult]:
     """Each (settings, Slurm options, out) is one sweep folder (one per GPU type): submit every cell not
     complete as jobs, wait for all of them together, and return each folder's merged SweepResult."""
     from dflash_bench.launch import Terminated, sigterm_unwinds
     from dflash_bench.sweep import folder as sweep_folder
-    from dflash_bench.sweep import run
-    from dflash_bench.sweep.progress import SweepProgress
 
+    for settings, _, _ in plans:  # what no cluster can run is refused before Slurm's commands are looked for
+        _check_settings(settings)
     slurm.require_slurm()
     console = Console(stderr=True)
-    runs = [_prepare(settings, opts, out, resume, data_dir, argv, console) for settings, opts, out in plans]
+    runs = [_prepare(settings, opts, out, resume, data_dir, argv, image, console) for settings, opts, out in plans]
     try:
         with sigterm_unwinds():  # from the first sbatch on, whatever stops this command cancels its jobs
             for r in runs:
-                _submit_all(r.sweep, r.manifest, r.todo, r.settings, r.opts, data_dir, image, r.pair, console, r.jobs)
+                _submit_all(r, r.todo, console)
             while any(j.active for r in runs for j in r.jobs):
                 time.sleep(min(r.opts.poll_s for r in runs))
                 for r in runs:
-                    _poll(r.sweep, r.manifest, r.jobs, r.result, console)
-                    _merge(r.sweep, r.manifest, r.jobs)
-                    r.sweep.write_manifest(r.manifest)
+                    _poll(r.ctx, r.jobs, console)
+                    _merge(r.ctx.sweep, r.ctx.manifest, r.jobs)
+                    r.ctx.sweep.write_manifest(r.ctx.manifest)
     except (KeyboardInterrupt, Terminated):  # Ctrl-C or SIGTERM: no job of ours is left queued or running
         for r in runs:
-            r.result.interrupted = True
+            r.ctx.result.interrupted = True
         _cancel_and_wait(runs, console)
     finally:
         for r in runs:
-            _merge(r.sweep, r.manifest, r.jobs)
-            sweep_folder.close_sweep(r.sweep, r.manifest, r.result)
+            _merge(r.ctx.sweep, r.ctx.manifest, r.jobs)
+            sweep_folder.close_sweep(r.ctx.sweep, r.ctx.manifest, r.ctx.result)
     for r in runs:
-        run.annotate_quality(r.sweep, r.settings)
+        annotate_quality(r.ctx.sweep, r.ctx.settings)
         r.lock.release()
-        SweepProgress(r.manifest).print_table(r.sweep)
-    return [r.result for r in runs]
+        r.ctx.progress.print_table(r.ctx.sweep)
+    return [r.ctx.result for r in runs]
 
 
-def _prepare(settings: SweepSettings, opts: SlurmOptions, out: Path, resume: Path | None, data_dir: Path | None,
-             argv: list[str], console: Console) -> _Run:
-    """Check the settings, open (or create) the folder, settle an earlier run's jobs; the cells to submit."""
-    from dflash_bench import models
-    from dflash_bench.sweep import folder as sweep_folder
-    from dflash_bench.sweep import provenance, run
-
+def _check_settings(settings: SweepSettings) -> None:
     if settings.url_ar:
         raise UserError("--executor slurm launches its servers on the cluster's nodes; drop --url-ar/--url-dflash")
     if settings.paired:
         raise UserError("--paired runs both servers of an engine on one machine at once; --executor slurm runs one "
                         "job per server: drop --paired")
+
+
+def _prepare(settings: SweepSettings, opts: SlurmOptions, out: Path, resume: Path | None, data_dir: Path | None,
+             argv: list[str], image: str | None, console: Console) -> _Run:
+    """Check the settings, open (or create) the folder, settle an earlier run's jobs; the cells to submit."""
+    from dflash_bench import models
+    from dflash_bench.store import provenance
+    from dflash_bench.sweep import folder as sweep_folder
+    from dflash_bench.sweep.progress import SweepProgress
+
     if provenance.redact(settings.engine_args) != settings.engine_args:
         raise UserError("an --engine-arg carries a secret (a token, key or password); pass it through the "
                         "environment instead (HF_TOKEN, VLLM_API_KEY, ...): jobs inherit it, the sweep folder never sees it")
@@ -139,13 +156,14 @@ def _prepare(settings: SweepSettings, opts: SlurmOptions, out: Path, resume: Pat
     if resume is not None:  # jobs of an earlier run settle first, so that the plan's statuses read the truth
         watched = _earlier_jobs(Path(resume), console)
         sweep, manifest, lock = sweep_folder.open_sweep(settings, out, resume, pair, argv)
-        run.prompt_loader(settings, data_dir)
+        prompts = prompt_loader(settings, data_dir)
     else:
-        run.prompt_loader(settings, data_dir)  # a missing dataset fails here, before a folder or a job exists
+        prompts = prompt_loader(settings, data_dir)  # a missing dataset fails here, before a folder or a job exists
         sweep, manifest, lock = sweep_folder.open_sweep(settings, out, None, pair, argv)
     busy = {cid for job in watched for cid in job.cells}
-    return _Run(settings, opts, pair, sweep, manifest, run.SweepResult(sweep.path), lock, jobs=list(watched),
-                todo=[c for c in manifest.plan if c.cell_id not in busy])
+    ctx = SweepContext(settings, pair, sweep, manifest, prompts, SweepResult(sweep.path), SweepProgress(manifest),
+                       image=image)
+    return _Run(ctx, opts, lock, data_dir, jobs=list(watched), todo=[c for c in manifest.plan if c.cell_id not in busy])
 
 
 # ---------------------------------------------------------------- submitting
@@ -166,16 +184,17 @@ def print_jobs(settings: SweepSettings, opts: SlurmOptions, image: str | None) -
         typer.echo(slurm.job_script(Path("SWEEP_DIR"), job, opts, "SWEEP_ID").rstrip())
 
 
-def _submit_all(sweep: SweepDir, manifest: Manifest, cells, settings: SweepSettings, opts: SlurmOptions,
-                data_dir: Path | None, image: str | None, pair, console: Console, jobs: list[SlurmJob]) -> None:
-    """Submit one job per server group of `cells`, appending each to `jobs` as soon as it is queued."""
+def _submit_all(r: _Run, cells: list[CellPlan], console: Console) -> None:
+    """Submit one job per server group of `cells`, appending each to `r.jobs` as soon as it is queued."""
+    sweep, manifest, settings, opts, jobs = r.ctx.sweep, r.ctx.manifest, r.ctx.settings, r.opts, r.jobs
+    data_dir, image = r.data_dir, r.ctx.image
     round_ = len({job.key.split("-")[0] for job in slurm.read_jobs(sweep.path)})
     earlier = len(jobs)
     for i, launch in enumerate(launches(cells)):
         job = SlurmJob(key=f"r{round_}-{i:02d}-{launch.engine}-{launch.mode}", engine=launch.engine, mode=launch.mode,
                        cells=[c.cell_id for c in launch.cells], settings=settings.model_dump(),
                        data_dir=str(Path(data_dir).resolve()) if data_dir else None, image=image,
-                       gpus=_gpus(settings, opts, pair, launch.engine))
+                       gpus=_gpus(settings, opts, r.ctx.pair, launch.engine))
         slurm.write_job(sweep.path, job)
         try:
             job.job_id = slurm.submit(sweep.path, job, opts, manifest.sweep_id)
@@ -196,7 +215,7 @@ def _submit_all(sweep: SweepDir, manifest: Manifest, cells, settings: SweepSetti
         console.print(f"submitted slurm job {job.job_id}: {job.key} ({len(job.cells)} cells, {job.gpus} GPUs)")
 
 
-def _gpus(settings: SweepSettings, opts: SlurmOptions, pair, engine: str) -> int:
+def _gpus(settings: SweepSettings, opts: SlurmOptions, pair: ModelPair, engine: str) -> int:
     """GPUs of one job: --gpus-per-node, else the server's tensor-parallel size (the emulator needs none)."""
     if opts.gpus_per_node is not None:
         return opts.gpus_per_node
@@ -214,9 +233,7 @@ def _earlier_jobs(folder: Path, console: Console) -> list[SlurmJob]:
         return []
     sweep = SweepDir.open(folder)
     manifest = sweep.read_manifest()
-    from dflash_bench.sweep.run import SweepResult
-
-    _poll(sweep, manifest, jobs, SweepResult(sweep.path), console)
+    _poll(_Earlier(sweep, manifest, SweepResult(sweep.path)), jobs, console)
     sweep.write_manifest(manifest)
     alive = [j for j in jobs if j.active]
     if alive:
@@ -242,7 +259,8 @@ def refuse_local_resume(folder: Path) -> None:
 # ---------------------------------------------------------------- watching
 
 
-def _poll(sweep: SweepDir, manifest: Manifest, jobs: list[SlurmJob], result, console: Console) -> None:
+def _poll(ctx: Ledger, jobs: list[SlurmJob], console: Console) -> None:
+    sweep = ctx.sweep
     active = [j for j in jobs if j.active]
     found = slurm.states([j.job_id for j in active])
     for job in active:
@@ -256,13 +274,12 @@ def _poll(sweep: SweepDir, manifest: Manifest, jobs: list[SlurmJob], result, con
                 slurm.write_job(sweep.path, job)
                 console.print(f"slurm job {job.job_id} {job.key}: {st.state}{' on ' + st.node if st.node else ''}")
             continue
-        _finish(sweep, manifest, job, st, result, console)
+        _finish(ctx, job, st, console)
 
 
-def _finish(sweep: SweepDir, manifest: Manifest, job: SlurmJob, st: slurm.JobState, result, console: Console) -> None:
+def _finish(ctx: Ledger, job: SlurmJob, st: slurm.JobState, console: Console) -> None:
     """An ended job: its cells without a summary fail with the scheduler's state and the log's tail."""
-    from dflash_bench.sweep.run import fail_cell
-
+    sweep, manifest, result = ctx.sweep, ctx.manifest, ctx.result
     _merge(sweep, manifest, [job])
     job.state, job.ended_at = st.state, now_iso()
     job.reason = None if st.state == "COMPLETED" else slurm.describe(job, st)
@@ -270,8 +287,8 @@ def _finish(sweep: SweepDir, manifest: Manifest, job: SlurmJob, st: slurm.JobSta
     why = job.reason or slurm.describe(job, st)
     unfinished = [cid for cid in job.cells if sweep.read_summary(cid) is None]
     for cid in unfinished:
-        fail_cell(sweep, manifest, manifest.cell(cid),
-              f"{why}: the job ended before this cell finished; log tail: {slurm.log_tail(sweep.path, job.key)}", result)
+        fail_cell(ctx, manifest.cell(cid),
+                  f"{why}: the job ended before this cell finished; log tail: {slurm.log_tail(sweep.path, job.key)}")
     for cid in job.cells:
         summary = sweep.read_summary(cid)
         if summary is not None and summary.status == "failed" and cid not in result.failed:
@@ -289,7 +306,7 @@ def _cancel_and_wait(runs: list[_Run], console: Console) -> None:
     while any(j.active for r in runs for j in r.jobs) and time.monotonic() < deadline:
         time.sleep(1.0)
         for r in runs:
-            _poll(r.sweep, r.manifest, r.jobs, r.result, console)
+            _poll(r.ctx, r.jobs, console)
 
 
 # ---------------------------------------------------------------- merging

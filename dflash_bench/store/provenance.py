@@ -54,9 +54,8 @@ def model_revision(model: str) -> dict[str, Any]:
     """What can be known offline about a model: a local folder's config hash and chat-template hash,
     or the commit the local Hugging Face cache resolved `main` to."""
     info: dict[str, Any] = {"id": model}
-    folder = Path(model)
-    if not folder.is_dir():
-        folder = _hf_snapshot(model, info)
+    local = Path(model)
+    folder = local if local.is_dir() else _hf_snapshot(model, info)
     if folder is not None and folder.is_dir():
         config = folder / "config.json"
         if config.exists():

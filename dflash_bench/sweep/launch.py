@@ -1,0 +1,125 @@
+"""The launch phase: the servers of one group up (one launch, or with --paired an engine's AR and DFlash
+servers together), the cells they serve handed out while each server is alive, every server torn down.
+
+A server that does not start fails its own cells, one that dies fails its later ones (`Servers.alive`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from dflash_bench.errors import UserError
+from dflash_bench.store import CellPlan, Manifest, ServerRecord
+from dflash_bench.sweep.context import SweepContext, reason
+from dflash_bench.sweep.plan import Launch
+from dflash_bench.sweep.write import fail_cell
+
+
+@dataclass
+class Server:
+    """A server cells are measured on: launched by the sweep, or the user's own URL."""
+
+    url: str
+    check: Callable[[], None]  # raises UserError once the server has died (launch.Server.check)
+    info: ServerRecord
+
+
+@dataclass
+class Servers:
+    """The servers of one group that started, by mode, and the group's cells in plan order."""
+
+    ctx: SweepContext
+    cells: list[CellPlan]
+    by_mode: dict[str, Server]
+
+    def alive(self) -> Iterator[tuple[CellPlan, Server]]:
+        """Each cell whose server started, with that server, while it is alive; a cell whose server died
+        between cells fails with the reason instead."""
+        for cell in [c for c in self.cells if c.mode in self.by_mode]:
+            server = self.by_mode[cell.mode]
+            try:
+                server.check()
+            except UserError as err:
+                fail_cell(self.ctx, cell, f"server died: {reason(err)}")
+                continue
+            yield cell, server
+
+
+@contextlib.contextmanager
+def servers_up(ctx: SweepContext, group: list[Launch]) -> Iterator[Servers]:
+    """The group's servers, started in order (paired, the DFlash server on a free port), and always torn down.
+
+    A UserError as the servers go down fails what is left of the group's cells."""
+    mine = {id(c) for launch in group for c in launch.cells}
+    cells = [c for c in ctx.manifest.plan if id(c) in mine]
+    handed_out = False
+    try:
+        with contextlib.ExitStack() as stack:
+            up: dict[str, Server] = {}
+            for launch in group:
+                port = ctx.settings.port
+                if len(group) > 1 and launch.mode == "dflash":
+                    from dflash_bench.launch import free_port
+
+                    port = free_port()
+                try:
+                    up[launch.mode] = stack.enter_context(_server(ctx, launch, port))
+                except UserError as err:
+                    for cell in launch.cells:
+                        fail_cell(ctx, cell, f"server did not start: {reason(err)}")
+                    continue
+                record_server(ctx.manifest, f"{launch.engine}-{launch.mode}", up[launch.mode].info)
+                check_same_image(ctx.manifest, launch.engine)
+            ctx.sweep.write_manifest(ctx.manifest)
+            handed_out = True
+            yield Servers(ctx, cells, up)
+    except UserError as err:  # as the servers went down: what is left of these launches fails
+        for cell in cells:
+            if cell.status not in ("complete", "failed"):
+                fail_cell(ctx, cell, f"server did not start: {reason(err)}")
+        if not handed_out:
+            yield Servers(ctx, [], {})
+
+
+@contextlib.contextmanager
+def _server(ctx: SweepContext, launch: Launch, port: int | None) -> Iterator[Server]:
+    """A running server for this launch: launched by us on `port` (None: the engine's default), or the user's
+    own URL."""
+    settings = ctx.settings
+    if settings.url_ar:
+        url = (settings.url_ar if launch.mode == "ar" else settings.url_dflash) or ""  # plan: both or neither
+        yield Server(url=url, check=lambda: None, info=ServerRecord(runner="external", url=url))
+        return
+    from dflash_bench.launch import launch_server
+    from dflash_bench.telemetry import scheduler_gpus
+
+    runner = settings.runner
+    gpus = (scheduler_gpus() or "all") if runner == "docker" else "all"  # a container escapes a Slurm job's GPUs
+    with launch_server(launch.engine, ctx.pair, launch.mode, runner=runner, preset=settings.gpu, gpus=gpus,
+                       extra_args=settings.engine_args, sweep_id=ctx.manifest.sweep_id, image=ctx.image,
+                       log_path=ctx.sweep.log_path(launch.engine, launch.mode),
+                       port=port) as server:
+        yield Server(url=server.url, check=server.check, info=server.info.model_copy())
+
+
+def record_server(manifest: Manifest, key: str, info: ServerRecord) -> None:
+    """The first server of each (engine, mode) keeps its key; later ones (a resume, a relaunch) are added
+    beside it as `<key> #2`, `#3`, ..., so the record of what measured the first cells is never lost."""
+    if key not in manifest.servers:
+        manifest.servers[key] = info
+        return
+    n = 2
+    while f"{key} #{n}" in manifest.servers:
+        n += 1
+    manifest.servers[f"{key} #{n}"] = info
+
+
+def check_same_image(manifest: Manifest, engine: str) -> None:
+    """AR and DFlash must run the same image: a digest that changed between them (a re-pulled tag) is noted."""
+    digests = {mode: getattr(manifest.servers.get(f"{engine}-{mode}"), "image_digest", None) for mode in ("ar", "dflash")}
+    if all(digests.values()) and digests["ar"] != digests["dflash"]:
+        note = f"{engine}: the AR and DFlash servers ran different image digests ({digests['ar']} vs {digests['dflash']})"
+        if note not in manifest.notes:
+            manifest.notes.append(note)
