@@ -139,7 +139,8 @@ def serve(
     max_slots: int = typer.Option(32, "--max-slots", help="Most requests decoded together; more wait in a queue."),
     max_model_len: int = typer.Option(4096, "--max-model-len", help="Most tokens per request (prompt + output); sizes the KV cache."),
     served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="Model name in the API (default: --model as given)."),
-    fast: bool = typer.Option(False, "--fast", help="Fast path: fused Qwen3/Llama forward with CUDA graphs (greedy requests only)."),
+    fast: bool = typer.Option(False, "--fast", help="Fast path: fused Qwen3/Llama/Gemma 4 forward with CUDA graphs (greedy requests only)."),
+    load_format: str = typer.Option("auto", "--load-format", help="auto (the weight files) or dummy (random weights of the configs' shapes, created on the device: measure a large model's speed without its files; answers are meaningless)."),
     synthetic_acceptance: Optional[float] = typer.Option(None, "--synthetic-acceptance", help="Benchmarking random weights: accept drafts at this mean length (tokens are wrong; needs --fast --benchmark-only)."),
     benchmark_only: bool = typer.Option(False, "--benchmark-only", help="Allow options that make answers wrong on purpose (--synthetic-acceptance)."),
     step_ahead: bool = typer.Option(True, "--step-ahead/--no-step-ahead", help="Fast path: launch the next decode step before reading this one's tokens (the GPU never waits for the host; a request admitted mid-decode waits up to one step longer for its first token)."),
@@ -153,7 +154,7 @@ def serve(
     run_server(model, draft, mode=mode, host=host, port=port, dtype=dtype, device=device, max_slots=max_slots,
                max_model_len=max_model_len, served_model_name=served_model_name, fast=fast,
                synthetic_acceptance=synthetic_acceptance, benchmark_only=benchmark_only, step_ahead=step_ahead,
-               verify_width=verify_width, cut_draft=cut_draft, prefill=prefill)
+               verify_width=verify_width, cut_draft=cut_draft, prefill=prefill, load_format=load_format)
 
 
 

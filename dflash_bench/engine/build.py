@@ -38,9 +38,10 @@ def eos_ids(model, tokenizer) -> list[int]:
 
 def build_engine(model: str, draft: str | None = None, *, mode: str = "dflash", dtype: str = "auto",
                  device: str = "cpu", max_slots: int = 32, max_len: int = 4096, tokenizer=None,
-                 threads: int | None = None):
+                 threads: int | None = None, dummy: bool = False):
     """Load the target (and the drafter in dflash mode) and return a `ReferenceEngine`.
 
+    `dummy`: random weights of the configs' shapes (`target.load_model`, `drafter.load_drafter`).
     On CPU, torch uses `threads` threads (default 1): small models run many tiny ops, where extra threads
     only add synchronisation, and 10-25x slower steps were measured with 2 threads on a busy 2-core machine.
     """
@@ -63,10 +64,10 @@ def build_engine(model: str, draft: str | None = None, *, mode: str = "dflash", 
         torch.backends.cuda.enable_cudnn_sdp(False)
     dt = resolve_dtype(dtype, device)
     tok = tokenizer or load_tokenizer(model)
-    target = Target(model, dtype=dt, device=device, max_slots=max_slots, max_len=max_len)
+    target = Target(model, dtype=dt, device=device, max_slots=max_slots, max_len=max_len, dummy=dummy)
     proposer = None
     if mode == "dflash":
         drafter = load_drafter(draft, target_hidden=target.hidden_size, target_layers=target.n_layers,
-                               target_vocab=target.vocab_size, dtype=dt, device=device)
+                               target_vocab=target.vocab_size, dtype=dt, device=device, dummy=dummy)
         proposer = DFlashProposer(drafter, target.embed_weight(), target.lm_head(), max_slots=max_slots, max_len=max_len)
     return ReferenceEngine(target, tok, proposer, eos_ids=eos_ids(target.model, tok))

@@ -12,12 +12,11 @@ import torch.nn.functional as F
 
 
 class SlotCache:
-    """Per-layer K/V buffers indexed by (slot, position)."""
+    """Per-layer K/V buffers indexed by (slot, position); `shapes`: each layer's (KV heads, head size)."""
 
-    def __init__(self, layers: int, slots: int, max_len: int, kv_heads: int, head_dim: int, dtype, device):
-        shape = (slots, max_len, kv_heads, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+    def __init__(self, shapes: list[tuple[int, int]], slots: int, max_len: int, dtype, device):
+        self.k = [torch.zeros((slots, max_len, h, d), dtype=dtype, device=device) for h, d in shapes]
+        self.v = [torch.zeros((slots, max_len, h, d), dtype=dtype, device=device) for h, d in shapes]
         self.max_len = max_len
 
     def write(self, layer: int, slots: torch.Tensor, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:

@@ -9,6 +9,7 @@ context and block without a causal mask (sliding-window layers are causal with a
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,9 @@ from torch import nn
 
 from dflash_bench.engine.rope import cos_sin, inv_freq, rope
 from dflash_bench.errors import UserError
+
+
+ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh")}  # of MLP gates
 
 
 @dataclass
@@ -42,6 +46,7 @@ class DrafterConfig:
     input_embedding_scale: float = 1.0
     output_multiplier: float = 1.0
     final_logit_softcapping: float | None = None
+    hidden_act: str = "silu"
     raw: dict = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -57,6 +62,9 @@ class DrafterConfig:
         if rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
             raise UserError(f"the drafter uses RoPE scaling {rope.get('rope_type', rope.get('type'))!r}, which the builtin engine does not support")
         heads = d["num_attention_heads"]
+        act = d.get("hidden_act", d.get("hidden_activation", "silu"))
+        if act not in ACTIVATIONS:
+            raise UserError(f"the drafter's MLP activation {act!r} is not one the builtin engine runs ({', '.join(ACTIVATIONS)})")
         return cls(
             hidden_size=d["hidden_size"],
             intermediate_size=d["intermediate_size"],
@@ -72,11 +80,13 @@ class DrafterConfig:
             attention_bias=bool(d.get("attention_bias", False)),
             vocab_size=d.get("vocab_size"),
             layer_types=list(d.get("layer_types") or []),
-            sliding_window=d.get("sliding_window"),
+            # as z-lab's Qwen3Config reads it: the window only with use_sliding_window (sliding layers stay causal)
+            sliding_window=d.get("sliding_window") if d.get("use_sliding_window") else None,
             is_causal=pick("is_causal", pick("causal")),
             input_embedding_scale=float(pick("input_embedding_scale", 1.0) or 1.0),
             output_multiplier=float(pick("output_multiplier", 1.0) or 1.0),
             final_logit_softcapping=pick("final_logit_softcapping"),
+            hidden_act=act,
             raw=d,
         )
 
@@ -124,9 +134,10 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+        self.act = ACTIVATIONS[c.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
 class Layer(nn.Module):
@@ -191,8 +202,10 @@ def save_drafter(model: DFlashDrafter, out_dir: str | Path) -> None:
     atomic_write_json(out / "config.json", {**known, **c.raw})
 
 
-def load_drafter(path: str | Path, *, target_hidden: int, target_layers: int, target_vocab: int, dtype, device) -> DFlashDrafter:
-    """Load a z-lab drafter strictly and check that it fits the target; mismatches are one clear error."""
+def load_drafter(path: str | Path, *, target_hidden: int, target_layers: int, target_vocab: int, dtype, device,
+                 dummy: bool = False) -> DFlashDrafter:
+    """Load a z-lab drafter strictly and check that it fits the target; mismatches are one clear error.
+    `dummy`: random weights of its config's shape, created on the device (the folder needs only config.json)."""
     from safetensors.torch import load_file
 
     folder = Path(path)
@@ -210,6 +223,11 @@ def load_drafter(path: str | Path, *, target_hidden: int, target_layers: int, ta
         raise UserError(f"the drafter's mask_token_id {c.mask_token_id} is outside the target's vocabulary of {target_vocab}")
     if c.block_size < 2:
         raise UserError(f"the drafter's block_size must be at least 2, got {c.block_size}")
+    if dummy:
+        with torch.device(device):
+            model = DFlashDrafter(c).to(dtype)
+        model.init_random(0)
+        return model.eval()
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise UserError(f"no model.safetensors in the drafter folder {str(path)!r}")

@@ -39,7 +39,8 @@ class DFlashProposer:
         self.layer_ids = list(c.target_layer_ids)
         self.embed_weight, self.lm_head = embed_weight, lm_head
         w = embed_weight
-        self.cache = SlotCache(c.num_hidden_layers, max_slots, max_len, c.num_key_value_heads, c.head_dim, w.dtype, w.device)
+        self.cache = SlotCache([(c.num_key_value_heads, c.head_dim)] * c.num_hidden_layers, max_slots, max_len, w.dtype,
+                               w.device)
         self.pending: dict[int, tuple[torch.Tensor, int]] = {}  # slot -> (features [B, K*h], first position)
 
     def _rope(self, pos: torch.Tensor):

@@ -219,7 +219,7 @@ def serve(model: str, draft: str | None = None, *, mode: str | None = None, host
           dtype: str = "auto", device: str = "auto", max_slots: int = 32, max_model_len: int = 4096,
           served_model_name: str | None = None, log_level: str = "warning", fast: bool = False,
           synthetic_acceptance: float | None = None, benchmark_only: bool = False, step_ahead: bool = True,
-          verify_width: str = "auto", cut_draft: bool = False, prefill: str = "auto") -> None:
+          verify_width: str = "auto", cut_draft: bool = False, prefill: str = "auto", load_format: str = "auto") -> None:
     """Load the model(s) and serve until interrupted (the `dflash-bench serve` command)."""
     import uvicorn
 
@@ -234,13 +234,17 @@ def serve(model: str, draft: str | None = None, *, mode: str | None = None, host
     if prefill not in PREFILL:
         raise UserError(f"--prefill must be one of {', '.join(PREFILL)}, not {prefill!r}")
     prefill = resolve_prefill(prefill, fast=fast, mode=mode, device=device)
+    if load_format not in ("auto", "dummy"):
+        raise UserError(f"--load-format must be auto or dummy, not {load_format!r}")
+    dummy = load_format == "dummy"
     if fast:  # engine/fast: fused forward, CUDA graphs (greedy only)
         from dflash_bench.engine.fast.engine import build_fast_engine
 
         engine = build_fast_engine(model, draft if mode == "dflash" else None, mode=mode, dtype=dtype, device=device,
                                    max_slots=max_slots, max_len=max_model_len, synthetic_tau=synthetic_acceptance,
                                    benchmark_only=benchmark_only, step_ahead=step_ahead,
-                                   adaptive=verify_width == "auto", cut_draft=cut_draft, mixed=prefill == "mixed")
+                                   adaptive=verify_width == "auto", cut_draft=cut_draft, mixed=prefill == "mixed",
+                                   dummy=dummy)
     elif synthetic_acceptance is not None:
         raise UserError("--synthetic-acceptance runs on the fast path only: add --fast --benchmark-only")
     elif not step_ahead or prefill == "mixed":
@@ -250,7 +254,7 @@ def serve(model: str, draft: str | None = None, *, mode: str | None = None, host
         raise UserError(f"{'--cut-draft' if cut_draft else '--verify-width'} applies to the fast path only: add --fast")
     else:
         engine = build_engine(model, draft if mode == "dflash" else None, mode=mode, dtype=dtype, device=device,
-                              max_slots=max_slots, max_len=max_model_len)
+                              max_slots=max_slots, max_len=max_model_len, dummy=dummy)
     # The engine thread waits for the GPU without the GIL, then needs it back at once to launch the next step;
     # while the event loop writes SSE chunks, CPython makes it wait a whole switch interval (5 ms by default,
     # most of an AR step). A short interval bounds that wait; DFLASH_BENCH_SWITCH_INTERVAL_MS sets it.

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from dflash_bench.engine.cache import SlotCache, attend, row_mask
+from dflash_bench.engine.layers import check_servable, kv_shapes
 from dflash_bench.errors import UserError
 
 ATTN_NAME = "slot_cache"  # must not contain "flash": transformers treats such names as kernels
@@ -62,15 +63,6 @@ def _device_map(device: str) -> dict:
     return {"device_map": {"": device}}
 
 
-def _check_attention_only(cfg) -> None:
-    """Recurrent layers (Mamba, GatedDeltaNet) keep state our slot cache cannot roll back: refuse them."""
-    kinds = set(getattr(cfg, "layer_types", None) or [])
-    other = kinds - {"full_attention", "sliding_attention"}
-    if other:
-        raise UserError(f"the target ({cfg.model_type}) has {', '.join(sorted(other))} layers; the builtin engine "
-                        "serves attention-only models (use vLLM or SGLang for hybrid ones)")
-
-
 def decoder_layers(model: nn.Module, n_layers: int) -> nn.ModuleList:
     for name, mod in model.named_modules():
         if isinstance(mod, nn.ModuleList) and name.endswith("layers") and len(mod) == n_layers:
@@ -78,28 +70,36 @@ def decoder_layers(model: nn.Module, n_layers: int) -> nn.ModuleList:
     raise UserError("could not find the decoder layers of the target model; this architecture is not supported")
 
 
-def load_model(path: str, *, dtype: torch.dtype, device: str) -> nn.Module:
+def load_model(path: str, *, dtype: torch.dtype, device: str, dummy: bool = False) -> nn.Module:
     """The Hugging Face causal LM at `path`, on `device`, with its attention routed to the slot cache.
 
-    Both engines start here: `Target` runs it as it is, the fast path copies out its weights."""
-    from transformers import AutoModelForCausalLM
+    Both engines start here: `Target` runs it as it is, the fast path copies out its weights. `dummy`
+    (`serve --load-format dummy`): random weights of the config's shape, created on the device (no weight file
+    is read), as vLLM's dummy format, for measuring a large model's speed without its weights."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     _register()
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=ATTN_NAME,
-                                                     **_device_map(device))
-    except OSError as err:
-        raise UserError(f"could not load the target model from {path!r}: {str(err).splitlines()[0]}") from err
-    model.to(device).eval()
-    _check_attention_only(model.config.get_text_config())
-    return model
+        cfg = AutoConfig.from_pretrained(path)
+        check_servable(cfg.get_text_config())
+        if dummy:
+            with torch.device(device):
+                model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=ATTN_NAME)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=ATTN_NAME,
+                                                         **_device_map(device))
+    except (OSError, ValueError, KeyError) as err:
+        raise UserError(f"the builtin engine could not load the target model from {path!r}: "
+                        f"{str(err).strip().splitlines()[0]}") from err
+    return model.to(device).eval()
 
 
 class Target:
     """A loaded target model with a slot KV cache of `max_slots` sequences of `max_len` tokens."""
 
-    def __init__(self, path: str, *, dtype: torch.dtype, device: str, max_slots: int, max_len: int):
-        self.model = load_model(path, dtype=dtype, device=device)
+    def __init__(self, path: str, *, dtype: torch.dtype, device: str, max_slots: int, max_len: int,
+                 dummy: bool = False):
+        self.model = load_model(path, dtype=dtype, device=device, dummy=dummy)
         self.config = self.model.config.get_text_config()
         self.device = torch.device(device)
         self.dtype = dtype
@@ -107,10 +107,8 @@ class Target:
         self.n_layers = cfg.num_hidden_layers
         self.hidden_size = cfg.hidden_size
         self.vocab_size = self.model.get_output_embeddings().weight.shape[0]
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         self.max_len = max_len
-        self.cache = SlotCache(self.n_layers, max_slots, max_len, kv_heads, head_dim, dtype, self.device)
+        self.cache = SlotCache(kv_shapes(cfg), max_slots, max_len, dtype, self.device)
         self.layers = decoder_layers(self.model, self.n_layers)
         self._taps: list[int] = []
         self._captured: dict[int, torch.Tensor] = {}

@@ -87,13 +87,29 @@ def _target_config(arch: str, layers: int, hidden: int):
 
         common.pop("tie_word_embeddings")
         return Gemma3TextConfig(**common, sliding_window=8, final_logit_softcapping=30.0, tie_word_embeddings=False)
-    raise ValueError(f"unknown tiny architecture {arch!r}; use 'qwen3', 'llama' or 'gemma3'")
+    if arch == "gemma4":  # Gemma 4's 31B layout in small: sliding layers (window 8) and full ones with their own
+        # head size and KV heads, the key as the value (k_eq_v), partial rotary on full layers, softcapping, tied head
+        from transformers import Gemma4TextConfig
+
+        common.pop("tie_word_embeddings")
+        common.pop("rope_theta")
+        types = ["full_attention" if i % 3 == 2 or i == layers - 1 else "sliding_attention" for i in range(layers)]
+        return Gemma4TextConfig(**common, layer_types=types, sliding_window=8, global_head_dim=hidden // 2,
+                                num_global_key_value_heads=1, attention_k_eq_v=True, final_logit_softcapping=30.0,
+                                hidden_size_per_layer_input=0, tie_word_embeddings=True)
+    raise ValueError(f"unknown tiny architecture {arch!r}; use 'qwen3', 'llama', 'gemma3' or 'gemma4'")
 
 
 def drafter_config(target_cfg, *, layers: int, block_size: int, target_layer_ids: list[int]) -> dict:
-    """A z-lab style drafter config.json (a Qwen3 config plus block_size and dflash_config)."""
+    """A z-lab style drafter config.json (a Qwen3 config plus block_size and dflash_config); for a Gemma 4 target,
+    the gemma-4 drafter's knobs: sliding (causal, windowed) and full draft layers, the target's embedding scale
+    and its final-logit softcapping on the draft path."""
     hidden = target_cfg.hidden_size
-    return {
+    gemma = {}
+    if target_cfg.model_type == "gemma4_text":
+        gemma = {"layer_types": ["sliding_attention"] * (layers - 1) + ["full_attention"], "sliding_window": 4,
+                 "use_sliding_window": True}
+    base = {
         "architectures": ["DFlashDraftModel"],
         "model_type": "qwen3",
         "hidden_size": hidden,
@@ -113,12 +129,16 @@ def drafter_config(target_cfg, *, layers: int, block_size: int, target_layer_ids
         "dflash_config": {"mask_token_id": MASK_TOKEN_ID, "target_layer_ids": target_layer_ids},
         "dtype": "float32",
     }
+    if gemma:
+        base["dflash_config"].update(input_embedding_scale=hidden**0.5,
+                                     final_logit_softcapping=target_cfg.final_logit_softcapping)
+    return {**base, **gemma}
 
 
 def make_tiny_pair(
     out_dir: str | os.PathLike,
     *,
-    arch: str = "qwen3",  # or "llama", "gemma3"
+    arch: str = "qwen3",  # or "llama", "gemma3", "gemma4"
     seed: int = 0,
     block_size: int = 8,
     layers: int = 4,
@@ -144,7 +164,10 @@ def make_tiny_pair(
     cfg = _target_config(arch, layers, hidden)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     with torch.no_grad():  # peaked next-token distributions: decisive argmax, meaningful sampling
-        model.get_output_embeddings().weight.mul_(25.0)
+        if cfg.tie_word_embeddings:  # the head is the embedding table: scale the final norm instead
+            model.model.norm.weight.mul_(25.0)
+        else:
+            model.get_output_embeddings().weight.mul_(25.0)
         if predictable:
             _wire_constant(model, model.get_input_embeddings().weight, model.model.norm.weight,
                            model.get_output_embeddings().weight)
@@ -153,6 +176,8 @@ def make_tiny_pair(
     make_tokenizer().save_pretrained(target_dir)
 
     ids = sorted({0, max(0, layers // 2), max(0, layers - 2)})
+    if arch == "gemma4":  # six target features, as the gemma-4-31B drafter reads
+        ids = [round(i * (layers - 2) / 5) for i in range(6)]  # not the last layer (HF reports it normed)
     dcfg = DrafterConfig.from_dict(drafter_config(cfg, layers=draft_layers, block_size=block_size, target_layer_ids=ids))
     drafter = DFlashDrafter(dcfg)
     drafter.init_random(seed)

@@ -175,7 +175,7 @@ def build_fast_engine(model: str, draft: str | None = None, *, mode: str = "dfla
                       device: str = "auto", max_slots: int = 32, max_len: int = 4096, tokenizer=None,
                       synthetic_tau: float | None = None, benchmark_only: bool = False,
                       step_ahead: bool = True, adaptive: bool = True, cut_draft: bool = False,
-                      mixed: bool = False) -> FastEngine:
+                      mixed: bool = False, dummy: bool = False) -> FastEngine:
     """Like `build.build_engine`, on the fast path (CUDA graphs on a GPU, eager on the CPU)."""
     from dflash_bench.engine.build import eos_ids, load_tokenizer, resolve_dtype
     from dflash_bench.engine.drafter import load_drafter
@@ -197,7 +197,7 @@ def build_fast_engine(model: str, draft: str | None = None, *, mode: str = "dfla
         torch.set_num_threads(1)
     dt = resolve_dtype(dtype, device)
     tok = tokenizer or load_tokenizer(model)
-    hf = load_model(model, dtype=dt, device=device)
+    hf = load_model(model, dtype=dt, device=device, dummy=dummy)
     cfg = hf.config.get_text_config()
     kind = getattr(cfg, "model_type", "?")
     if kind not in FAST_MODEL_TYPES:
@@ -205,7 +205,8 @@ def build_fast_engine(model: str, draft: str | None = None, *, mode: str = "dfla
     drafter = None
     if mode == "dflash":
         drafter = load_drafter(draft, target_hidden=cfg.hidden_size, target_layers=cfg.num_hidden_layers,
-                               target_vocab=hf.get_output_embeddings().weight.shape[0], dtype=dt, device=device)
+                               target_vocab=hf.get_output_embeddings().weight.shape[0], dtype=dt, device=device,
+                               dummy=dummy)
         if synthetic_tau is not None and not 1 <= synthetic_tau <= drafter.config.block_size:
             raise UserError(f"--synthetic-acceptance must lie between 1 and the block size {drafter.config.block_size}")
     return FastEngine(hf, tok, drafter, eos_ids=eos_ids(hf, tok), max_slots=max_slots, max_len=max_len,

@@ -1,0 +1,168 @@
+"""Gemma 4 on the builtin engine: tokens equal to transformers' own generate, DFlash equal to AR, and the gemma-4
+drafter step for step equal to z-lab's reference code (PyPI dflash 0.1.0), on a tiny random Gemma4ForCausalLM.
+
+The tiny target covers what the 31B's layout has: sliding layers (window 8, shorter than most prompts) and full
+ones with their own head size and KV heads, the key as the value (attention_k_eq_v), proportional partial rotary
+(0.25) on full layers, final-logit softcapping and a tied head. Its drafter has a sliding (causal, window 4) and a
+full (non-causal) layer, six target features, the embedding scale and softcapped draft logits.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from dflash_bench.engine.build import build_engine  # noqa: E402
+from dflash_bench.engine.decode import generate  # noqa: E402
+from dflash_bench.engine.sampling import SamplingParams  # noqa: E402
+from dflash_bench.engine.tiny import make_tiny_pair  # noqa: E402
+from dflash_bench.errors import UserError  # noqa: E402
+
+from zlab_reference import zlab_model  # noqa: E402
+
+pytestmark = pytest.mark.engine
+B = 6
+FAVOURED = range(97, 100)  # embedding rows made larger: drafts and targets agree now and then (ragged acceptance)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    from transformers import AutoModelForCausalLM
+
+    target, drafter = make_tiny_pair(tmp_path_factory.mktemp("gemma4"), arch="gemma4", seed=1, block_size=B, layers=7)
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
+    with torch.no_grad():
+        model.get_input_embeddings().weight[FAVOURED] *= 3.0
+    model.save_pretrained(target)
+    return target, drafter
+
+
+@pytest.fixture(scope="module")
+def engines(pair):
+    target, drafter = pair
+    ar = build_engine(str(target), mode="ar", max_slots=8, max_len=256, dtype="float64")
+    df = build_engine(str(target), str(drafter), mode="dflash", max_slots=8, max_len=256, dtype="float64")
+    ar.prefill_rows = df.prefill_rows = 8  # batched, right-padded prefill too
+    return ar, df
+
+
+def prompts(n=6, seed=0):
+    rng = random.Random(seed)
+    return [[rng.randrange(256) for _ in range(rng.randint(3, 30))] for _ in range(n)]
+
+
+def outs(seqs):
+    return [s.out for s in seqs]
+
+
+def test_the_tiny_pair_has_what_gemma4_31b_has(pair):
+    cfg = json.loads((pair[0] / "config.json").read_text())
+    assert set(cfg["layer_types"]) == {"sliding_attention", "full_attention"}
+    assert cfg["attention_k_eq_v"] and cfg["final_logit_softcapping"] == 30.0 and cfg["tie_word_embeddings"]
+    full = [str(i) for i, t in enumerate(cfg["layer_types"]) if t == "full_attention"]
+    assert {cfg["per_layer_config"][i]["head_dim"] for i in full} == {2 * cfg["head_dim"]}
+    assert cfg["rope_parameters"]["full_attention"] == {"partial_rotary_factor": 0.25, "rope_theta": 1e6,
+                                                        "rope_type": "proportional"}
+    assert cfg["sliding_window"] < max(len(p) for p in prompts())
+    d = json.loads((pair[1] / "config.json").read_text())
+    assert d["layer_types"] == ["sliding_attention", "full_attention"] and d["use_sliding_window"]
+    assert len(d["dflash_config"]["target_layer_ids"]) == 6
+    assert d["dflash_config"]["input_embedding_scale"] == 8.0 and d["dflash_config"]["final_logit_softcapping"] == 30.0
+
+
+def test_ar_equals_transformers_generate(pair, engines):
+    from transformers import AutoModelForCausalLM
+
+    ar, _ = engines
+    ps = prompts(4)
+    hf = AutoModelForCausalLM.from_pretrained(str(pair[0]), dtype=torch.float64).eval()
+    ref = [hf.generate(torch.tensor([p]), max_new_tokens=24, do_sample=False, eos_token_id=None,
+                       pad_token_id=256)[0, len(p):].tolist() for p in ps]
+    sp = SamplingParams(max_tokens=24, ignore_eos=True)
+    assert outs(generate(ar, ps, sp)) == ref
+    assert [outs(generate(ar, [p], sp))[0] for p in ps] == ref
+
+
+def test_dflash_equals_ar_at_several_batch_sizes(engines):
+    ar, df = engines
+    ps = prompts(6, seed=1)
+    sp = SamplingParams(max_tokens=40, ignore_eos=True)
+    ref = outs(generate(ar, ps, sp))
+    before = df.stats.accepted
+    for bs in (1, 3, 6):
+        got = [o for i in range(0, len(ps), bs) for o in outs(generate(df, ps[i:i + bs], sp))]
+        assert got == ref
+    assert df.stats.accepted > before  # some drafts were accepted: the rollback of the rest was exercised
+
+
+def test_dflash_is_step_for_step_zlabs_reference(pair, engines):
+    """Greedy DFlash through z-lab's `dflash_generate` (its drafter class, transformers' target and cache): the
+    same tokens, the same acceptance length at every step, and the same draft logits at every full block."""
+    from transformers import AutoModelForCausalLM
+
+    zm = zlab_model()
+    _, df = engines
+    target = AutoModelForCausalLM.from_pretrained(str(pair[0]), dtype=torch.float64).eval()
+    drafter = zm.DFlashDraftModel.from_pretrained(str(pair[1]), dtype=torch.float64).eval()
+    theirs_logits, ours_logits = [], []
+    compute = drafter.compute_logits
+    drafter.compute_logits = lambda h, head: theirs_logits.append(compute(h, head)) or theirs_logits[-1]
+    propose, step, lengths = df.proposer.propose, df.step, []
+    df.proposer.propose = lambda seqs: (lambda r: ours_logits.append(r[1]) or r)(propose(seqs))
+    df.step = lambda seqs: (lambda d: lengths.extend(len(x.token_ids) for x in d) or d)(step(seqs))
+    n, longest = 36, 1
+    try:
+        for p in prompts(6, seed=2):
+            theirs_logits.clear()
+            ours_logits.clear()
+            lengths.clear()
+            z = zm.dflash_generate(drafter, target, torch.tensor([p]), n, None, 0.0, return_stats=True)
+            got = generate(df, [p], SamplingParams(max_tokens=n, ignore_eos=True))[0].out
+            assert got == z.output_ids[0, len(p):len(p) + n].tolist()
+            assert lengths[:-1] == z.acceptance_lengths[:len(lengths) - 1]  # the last step is cut at n
+            full = [(t, o) for t, o in zip(theirs_logits, ours_logits) if t.shape[1] == B - 1]
+            assert len(full) >= len(lengths) - B  # z-lab cuts the blocks of its last steps at n
+            for t, o in full:
+                torch.testing.assert_close(o[0], t[0], rtol=0, atol=1e-5)
+            longest = max(longest, *z.acceptance_lengths)
+    finally:
+        del drafter.compute_logits, df.proposer.propose, df.step
+    assert longest > 1  # drafts were accepted: ragged steps were compared
+
+
+def test_a_gemma4_it_cannot_serve_is_one_sentence(tmp_path):
+    """KV sharing (Gemma 4 E2B/E4B: later layers read an earlier layer's keys of the same forward) is refused."""
+    from transformers import AutoModelForCausalLM, Gemma4TextConfig
+
+    cfg = Gemma4TextConfig(vocab_size=272, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                           num_attention_heads=2, num_key_value_heads=1, head_dim=16, global_head_dim=32,
+                           num_kv_shared_layers=2, hidden_size_per_layer_input=0, sliding_window=8,
+                           layer_types=["sliding_attention", "full_attention"] * 2)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path)
+    with pytest.raises(UserError, match="shares keys and values across its last 2 layers"):
+        build_engine(str(tmp_path), mode="ar", max_slots=1, max_len=64, tokenizer=object())
+
+
+def test_dummy_weights_serve_a_config_without_weight_files(pair, tmp_path):
+    """`--load-format dummy`: the folders need only their config.json (and the target its tokenizer)."""
+    import shutil
+
+    target, drafter = tmp_path / "target", tmp_path / "drafter"
+    shutil.copytree(pair[0], target, ignore=shutil.ignore_patterns("*.safetensors"))
+    shutil.copytree(pair[1], drafter, ignore=shutil.ignore_patterns("*.safetensors"))
+    with pytest.raises(UserError):
+        build_engine(str(target), str(drafter), mode="dflash", max_slots=2, max_len=128)
+    df = build_engine(str(target), str(drafter), mode="dflash", max_slots=2, max_len=128, dummy=True)
+    ar = build_engine(str(target), mode="ar", max_slots=2, max_len=128, dummy=True)
+    with torch.no_grad():  # the same seed-free random init in both: make them one model
+        for a, b in zip(ar.target.model.parameters(), df.target.model.parameters()):
+            a.copy_(b)
+    sp = SamplingParams(max_tokens=12, ignore_eos=True)
+    ps = prompts(2)
+    assert outs(generate(df, ps, sp)) == outs(generate(ar, ps, sp))
+    assert df.stats.drafts > 0
