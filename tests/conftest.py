@@ -17,6 +17,19 @@ def pytest_configure(config) -> None:
         os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+# A test that takes one of these fixtures needs a service from outside Python (tests/services.py): it gets the
+# service's marker, so that `pytest -m "slurm or docker or llamacpp or browser"` selects exactly those tests.
+SERVICE_FIXTURES = {"slurm_cluster": "slurm", "docker_cli": "docker", "llama_server": "llamacpp",
+                    "chromium_bin": "browser"}
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        for fixture, marker in SERVICE_FIXTURES.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(marker)
+
+
 def _data_dir() -> Path:
     env = os.environ.get("DFLASH_BENCH_DATA")
     return Path(env) if env else REPO.parent / "shared" / "datasets"

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import tarfile
 import time
 from pathlib import Path
+
+from services import sigint_delivered
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -57,14 +61,32 @@ def server_argv(port: int, mode: str = "ok") -> list[str]:
 
 
 def start_harness(cfg: dict) -> tuple[subprocess.Popen, str]:
-    """Start the harness; return it and what it printed after READY (pid or container id)."""
+    """Start the harness (Ctrl-C reaches it however pytest was started); return it and what it printed after
+    READY (pid or container id). Pair it with `stop_harness` in a finally."""
     proc = subprocess.Popen([sys.executable, "-c", HARNESS, json.dumps(cfg)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=sigint_delivered)
     line = proc.stdout.readline()
     if not line.startswith("READY"):
-        proc.kill()
+        stop_harness(proc)
         raise AssertionError(f"harness did not get ready: {line!r} {proc.stderr.read()}")
     return proc, line.split()[1]
+
+
+def stop_harness(proc: subprocess.Popen, server_pgid: int | None = None) -> None:
+    """Whatever a test did to it: a harness still running gets SIGTERM, so that it tears its server down, and
+    SIGKILL after 30 s; then a process server's group that outlived it is killed too."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if server_pgid is not None and group_alive(server_pgid):
+        try:
+            os.killpg(server_pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def group_alive(pgid: int) -> bool:

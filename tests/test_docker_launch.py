@@ -17,7 +17,8 @@ import httpx
 import pytest
 
 from dflash_bench.launch import DockerOptions, ServerDied, free_port, launch_command
-from launch_helpers import host_python_mounts, server_argv, skeleton_tar, start_harness, wait_until
+from launch_helpers import host_python_mounts, server_argv, skeleton_tar, start_harness, stop_harness, wait_until
+from services import service_missing
 
 pytestmark = pytest.mark.docker
 RUN_LABEL = "dflash-bench.test-run"
@@ -31,7 +32,7 @@ def docker_cli():
         cli = docker.from_env(timeout=20)
         cli.ping()
     except Exception as err:  # no daemon, no permission, no SDK
-        pytest.skip(f"no Docker daemon reachable ({type(err).__name__}: {err}); .ci/run starts one")
+        service_missing("docker", f"no Docker daemon reachable ({type(err).__name__}: {err}); .ci/run starts one")
     return cli
 
 
@@ -46,6 +47,14 @@ def image(docker_cli, tmp_path_factory):
     for cont in docker_cli.containers.list(all=True, filters={"label": f"{RUN_LABEL}={run}"}):
         cont.remove(force=True)
     docker_cli.images.remove(tag, force=True)
+
+
+@pytest.fixture(autouse=True)
+def _no_container_outlives_its_test(docker_cli, image):
+    """A test that fails half-way leaves no container for the next test of this run to trip over."""
+    yield
+    for cont in leftovers(docker_cli, image[1]):
+        cont.remove(force=True)
 
 
 def leftovers(cli, run: str) -> list:
@@ -120,7 +129,7 @@ def test_signal_to_the_harness_leaves_no_container(docker_cli, image, sig):
         assert rc != 0, "the harness must report the interruption"
         assert not leftovers(docker_cli, image[1])
     finally:
-        harness.kill()
+        stop_harness(harness)
 
 
 def test_stop_removes_only_containers_whose_harness_is_gone(docker_cli, image, tmp_path):
@@ -131,7 +140,7 @@ def test_stop_removes_only_containers_whose_harness_is_gone(docker_cli, image, t
     harness, orphan = start_harness({"argv": server_argv(port), "port": port, "runner": "docker", "docker": opts,
                                      "log_path": str(tmp_path / "orphan.log")})
     harness.kill()  # SIGKILL: the harness cannot tear down
-    harness.wait(timeout=10)
+    stop_harness(harness)
     with launch_command(server_argv(port2), port=port2, runner="docker", docker=options(image)) as live:
         assert {c.id for c in leftovers(docker_cli, image[1])} == {orphan, live.info.container_id}
         removed = stop_leftovers(labels={RUN_LABEL: image[1]})

@@ -144,7 +144,8 @@ def test_launch_keeps_the_builtin_engine_up_until_ctrl_c(tmp_path):
 
     from dflash_bench.engine.tiny import make_tiny_pair
     from dflash_bench.launch import free_port
-    from launch_helpers import group_alive
+    from launch_helpers import group_alive, stop_harness
+    from services import sigint_delivered
 
     target, drafter = make_tiny_pair(tmp_path / "tiny", block_size=4)
     port = free_port()
@@ -153,7 +154,8 @@ def test_launch_keeps_the_builtin_engine_up_until_ctrl_c(tmp_path):
          "--mode", "dflash", "--runner", "process", "--port", str(port), "--engine-arg=--device=cpu",
          "--log", str(tmp_path / "server.log")],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "DFLASH_BENCH_RUN_DIR": str(tmp_path / "run")})
+        env={**os.environ, "DFLASH_BENCH_RUN_DIR": str(tmp_path / "run")}, preexec_fn=sigint_delivered)
+    pid = None
     try:
         line = proc.stdout.readline()
         assert line.startswith(f"ready: http://127.0.0.1:{port}"), (line, proc.stderr.read() if proc.poll() else "")
@@ -163,4 +165,4 @@ def test_launch_keeps_the_builtin_engine_up_until_ctrl_c(tmp_path):
         assert proc.wait(timeout=30) == 130
         assert not group_alive(pid)
     finally:
-        proc.kill()
+        stop_harness(proc, pid)

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from dflash_bench.launch import ServerDied, ServerNotReady, free_port, launch_command
-from launch_helpers import group_alive, pid_alive, server_argv, start_harness, wait_until
+from launch_helpers import group_alive, pid_alive, server_argv, start_harness, stop_harness, wait_until
 
 
 @pytest.fixture(autouse=True)
@@ -78,7 +78,7 @@ def test_signal_to_the_harness_leaves_no_process(sig, codes):
         assert rc in codes, harness.stderr.read()
         assert not group_alive(pid)
     finally:
-        harness.kill()
+        stop_harness(harness, int(pid))
 
 
 def test_stop_removes_servers_of_a_killed_harness(tmp_path):
@@ -98,9 +98,7 @@ def test_stop_removes_servers_of_a_killed_harness(tmp_path):
         assert out.returncode == 0 and f"process group {pid}" in out.stdout
         assert wait_until(lambda: not group_alive(pid), 5)
     finally:
-        harness.kill()
-        if group_alive(pid):
-            os.killpg(pid, signal.SIGKILL)
+        stop_harness(harness, pid)
 
 
 def test_dflash_bench_runs_without_its_script_on_path(tmp_path, monkeypatch):

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from services import service_missing
 
 from dflash_bench.launch import free_port, launch_server
 from dflash_bench.llamacpp.build import find_server
@@ -51,19 +52,16 @@ MIN_IDENTICAL_BATCHED = 0.5
 ENV = {"DFLASH_BENCH_GGUF_TYPE": "f32"}
 
 
-def _require_server() -> Path:
+@pytest.fixture(scope="module")
+def llama_server() -> Path:  # the tests that take it are marked `llamacpp` (conftest.py)
     server = find_server()
     if server is None:
-        if os.environ.get("DFLASH_BENCH_REQUIRE_LLAMACPP") == "1":
-            pytest.fail("DFLASH_BENCH_REQUIRE_LLAMACPP=1 but llama-server is neither on PATH nor built "
-                        "(run `dflash-bench engines build llamacpp`)")
-        pytest.skip("llama-server not found: `dflash-bench engines build llamacpp` builds it")
+        service_missing("llamacpp", "llama-server is neither on PATH nor built: `dflash-bench engines build llamacpp` builds it")
     return server
 
 
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory, data_dir) -> SweepDir:
-    _require_server()
+def sweep(llama_server, tmp_path_factory, data_dir) -> SweepDir:
     out = tmp_path_factory.mktemp("llamacpp")
     argv = [sys.executable, "-m", "dflash_bench", "sweep", "--model", str(PAIR / "target"),
             "--drafter", str(PAIR / "drafter"), "--engine", "llamacpp,builtin", "--suites", ",".join(SUITES),
@@ -162,10 +160,10 @@ def test_every_cell_says_what_the_servers_prefix_caches_held(sweep):
             assert s.prefix_cache_hit_rate > max(0.5, cells[(engine, mode, suite, 1)].prefix_cache_hit_rate)
 
 
-def test_counters_agree_with_per_response_timings():
+def test_counters_agree_with_per_response_timings(llama_server, monkeypatch):
     """The /metrics deltas the harness reads equal the sum of the responses' own draft counts."""
-    _require_server()
-    os.environ.update(ENV)
+    for name, value in ENV.items():
+        monkeypatch.setenv(name, value)
     pair = resolve(str(PAIR / "target"), drafter=str(PAIR / "drafter"))
     prompts = ["Count from one to twenty.", "Name three colours and a fruit.", "What is 12 times 7?"]
     with launch_server("llamacpp", pair, "dflash", runner="process", port=free_port()) as server:

@@ -13,14 +13,19 @@ from pathlib import Path
 
 import pytest
 from report_sweeps import XSS, make_sweep
+from services import service_missing
 
 from dflash_bench.report import build_report
 
 CHROMIUM = os.environ.get("DFLASH_BENCH_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium; .ci/run does)"),
-]
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def chromium_bin() -> str:  # every test here takes it, so each is marked `browser` (conftest.py)
+    if CHROMIUM is None:
+        service_missing("chromium", "chromium is not installed (apt-get install chromium; .ci/run does)")
+    return CHROMIUM
 CONSOLE = re.compile(r":CONSOLE[:(]\d*\)?\]\s*(.*)")
 
 

@@ -3,7 +3,7 @@ several server groups as jobs, one cancelled mid-cell with scancel, recorded fai
 then resumed to completion; report and gate read the merged folder.
 
 Skipped when no Slurm controller answers, unless DFLASH_BENCH_REQUIRE_SLURM=1 (set by .ci/run), where a
-missing Slurm fails the test instead of hiding it.
+missing Slurm fails the test instead of hiding it (tests/services.py).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from services import service_missing
 
 
 EMU = ["--engine-arg=--ttft-ms=5", "--engine-arg=--itl-ms=25", "--engine-arg=--acceptance-length=5",
@@ -39,12 +40,10 @@ def _slurm_answers() -> str | None:
 
 
 @pytest.fixture(scope="module")
-def slurm_cluster():
+def slurm_cluster():  # the tests that take it are marked `slurm` (conftest.py)
     why = _slurm_answers()
     if why is not None:
-        if os.environ.get("DFLASH_BENCH_REQUIRE_SLURM") == "1":
-            pytest.fail(f"DFLASH_BENCH_REQUIRE_SLURM=1 but {why}")
-        pytest.skip(why)
+        service_missing("slurm", why)
 
 
 def sweep_argv(out: Path, data_dir: Path, *extra: str) -> list[str]:

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from dflash_bench.launch import free_port
+from launch_helpers import stop_harness
+from services import sigint_delivered
 
 EMU = ["--engine-arg=--ttft-ms=5", "--engine-arg=--itl-ms=2", "--engine-arg=--acceptance-length=5",
        "--engine-arg=--seed=1"]
@@ -141,6 +143,21 @@ def test_server_crashing_mid_cell_fails_cells_and_the_sweep_goes_on(tmp_path, da
     assert_servers_gone(folder)
 
 
+@pytest.fixture
+def no_server_outlives(tmp_path):
+    """A test that fails half-way leaves no server of its sweeps running: each recorded in a manifest under
+    tmp_path and still running that command is killed with its process group."""
+    yield
+    for manifest in tmp_path.rglob("manifest.json"):
+        for info in json.loads(manifest.read_text()).get("servers", {}).values():
+            pid = info.get("pid")
+            try:
+                if pid and pid_alive(pid) and b"dflash_bench" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    os.killpg(pid, signal.SIGKILL)
+            except (OSError, ProcessLookupError):
+                pass
+
+
 def _wait_for_cells(out: Path, n: int, proc: subprocess.Popen, timeout: float = 120) -> Path:
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -154,17 +171,17 @@ def _wait_for_cells(out: Path, n: int, proc: subprocess.Popen, timeout: float = 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
-def test_killed_sweep_resumes_only_the_remaining_cells(tmp_path, data_dir, sig):
+def test_killed_sweep_resumes_only_the_remaining_cells(tmp_path, data_dir, sig, no_server_outlives):
     out = tmp_path / "reports"
     argv = sweep_argv(out, "--data-dir", str(data_dir))
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=sigint_delivered)
     try:
         folder = _wait_for_cells(out, 3, proc)
         proc.send_signal(sig)
         proc.wait(timeout=30)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        stop_harness(proc)
     if sig == signal.SIGINT:
         assert proc.returncode == 130
         printed = proc.stdout.read()
