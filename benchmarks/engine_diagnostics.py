@@ -81,8 +81,9 @@ def profile_step(runner: FastRunner, dev, path: str | None = None, rows: int = 1
     runner.add(0, list(range(1000, 1128)))
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
     L = runner.kv_block
-    bodies = {"AR step": lambda: runner._ar(1, L)} if runner.B == 1 else \
-        {"draft": lambda: runner._draft(1, L), "verify": lambda: runner._verify(1, L)}
+    b, B = runner.bodies, runner.B
+    bodies = {"AR step": lambda: b.ar(1, L)} if B == 1 else \
+        {"draft": lambda: b.draft(1, L, B), "verify": lambda: b.verify(1, L, B)}
     key = "self_device_time_total" if dev.type == "cuda" else "self_cpu_time_total"
     tables = []
     with torch.inference_mode():

@@ -75,8 +75,8 @@ def timed(runner: FastRunner, ps: list[list[int]], new: int, dev, *, pipeline: b
     host round trip per step (the server's loop when a request wants logprobs).
     """
     generate(runner, ps, new, pipeline=pipeline)
-    if runner.rate is not None:  # every DFlash runner draws the same synthetic acceptances in its measured run
-        runner.synth_step.zero_()
+    if runner.bodies.rate is not None:  # every DFlash runner draws the same synthetic acceptances in its measured run
+        runner.bodies.synth_step.zero_()
     runner.reset_counts()
     chosen0 = dict(runner.chooser.chosen) if runner.chooser else {}
     runner.timings = []

@@ -57,7 +57,7 @@ def main() -> None:
         for n, k in [(int(x), k) for x in args.lengths.split(",") for k in ks]:
             free = list(range(bs, bs + k))  # the slots prompts ride into: padding of the rows' bucket, or past it
             ps = [prompt(n) for _ in free]
-            if not r.can_ride(ps):
+            if not r.sched.can_ride(ps):
                 continue
 
             def step():

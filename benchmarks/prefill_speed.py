@@ -1,7 +1,7 @@
 """Prefilling k prompts: one graph each (`FastRunner.add`) against one batched eager forward (`_prefill_rows`),
-and for k in `prefill.GRAPHED_ROWS` one graph of k rows (`_prefill_graphed`).
+and for k in `scheduler.GRAPHED_ROWS` one graph of k rows (`FastRunner.prefill`).
 
-What `prefill.BATCHED_PREFILL_ROWS` and `PREFILL_TOKENS` are chosen from: per prompt length and k, the median ms
+What `scheduler.GRAPHED_ROWS` and `PREFILL_TOKENS` are chosen from: per prompt length and k, the median ms
 of each way (CUDA-synchronised, after a warm-up), on the target and drafter given (a DFlash prefill also
 writes the drafter's context K/V).
 
@@ -42,7 +42,7 @@ def main() -> None:
     ap.add_argument("--out")
     args = ap.parse_args()
     from dflash_bench.engine.fast.engine import build_fast_engine
-    from dflash_bench.engine.fast.prefill import GRAPHED_ROWS
+    from dflash_bench.engine.fast.scheduler import GRAPHED_ROWS
 
     rows = [int(k) for k in args.rows.split(",")]
     r = build_fast_engine(args.model, args.draft, mode="dflash" if args.draft else "ar",
@@ -63,10 +63,10 @@ def main() -> None:
                     r.add(s, p)
 
             def batched():
-                r._prefill_rows(slots, prompts)
+                r.prefill(slots, prompts, graphed=False)
 
-            def grouped():  # one graph of k rows (prefill.GRAPHED_ROWS)
-                r._prefill_graphed(slots, prompts)
+            def grouped():  # one graph of k rows (scheduler.GRAPHED_ROWS)
+                r.prefill(slots, prompts, graphed=True)
 
             row = {"prompt_tokens": n, "rows": k, "graphs_ms": timed(one_by_one, sync, args.reps),
                    "batched_ms": timed(batched, sync, args.reps) if k > 1 else None,

@@ -2,7 +2,7 @@
 
 The workload of `closed_loop.py` (c clients, each sending its next GSM8K prompt when its last one ends, every
 request exactly --new-tokens long): rows that start together finish together, so prompts come in waves. For
-each concurrency and each bound on a prefill forward's padded tokens (`prefill.PREFILL_TOKENS`) it runs the
+each concurrency and each bound on a prefill forward's padded tokens (`scheduler.PREFILL_TOKENS`) it runs the
 cell and splits the wall time into prefill calls (`add_many`, synchronised after), decode steps (`step`) and the
 rest, with the prompts' lengths. Prints one JSON line per cell.
 
@@ -53,7 +53,7 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from dflash_bench.engine.fast import prefill
+    from dflash_bench.engine.fast import scheduler
 
     engine, cs = build(args)
     sync = torch.cuda.synchronize if engine.runner.dev.type == "cuda" else (lambda: None)
@@ -62,7 +62,7 @@ def main() -> None:
         lengths = sorted(len(p) for p in prompts)
         closed_loop(engine, prompts[:c], c, 16)  # warm-up
         for tokens in [int(t) for t in args.prefill_tokens.split(",")]:
-            prefill.PREFILL_TOKENS = engine.prefill_tokens = tokens
+            scheduler.PREFILL_TOKENS = engine.prefill_tokens = tokens
             plain = engine.add_many, engine.step
             spent = timed(engine, sync)
             cell = closed_loop(engine, prompts, c, args.new_tokens)

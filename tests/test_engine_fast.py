@@ -88,7 +88,7 @@ def test_adaptive_width_keeps_the_targets_greedy_output(setup, kernels):
     prompts = _prompts(ar.tok, 5)
     ref = [s.out for s in ref_generate(ar, prompts, SamplingParams(max_tokens=N, ignore_eos=True))]
     auto = _fast(df, adaptive=True, kernels=kernels)
-    assert auto.widths == [1, 2, 3, 4, B]  # on a CPU: 1 (the anchor alone, no draft) and 3 too
+    assert auto.sched.widths == [1, 2, 3, 4, B]  # on a CPU: 1 (the anchor alone, no draft) and 3 too
     assert generate(auto, prompts, N) == ref
     assert set(auto.chooser.chosen) == {1, 2, 3, 4, B}  # every width ran (each is timed before the choice trusts it)
     assert auto.drafted < auto.row_steps * (B - 1)  # some steps verified fewer than the whole block
@@ -147,7 +147,7 @@ def test_a_cut_draft_drafts_what_the_reference_drafts_on_a_block_of_that_length(
         out, drafts = [runner.add(0, prompt)], []
         while len(out) < N:
             out += runner.step([0])[0]
-            drafts.append(runner.out[0, 1:w].tolist())
+            drafts.append(runner.state.out[0, 1:w].tolist())
         runner.release(0)
         return out[:N], drafts
 
@@ -170,7 +170,7 @@ def test_synthetic_acceptance_of_a_narrow_verify_follows_the_same_curve(setup):
     _, df = setup
     runner = _fast(df, synthetic_tau=3.5, seed=3, width=3)
     generate(runner, _prompts(df.tok, 8), 2 * N)
-    a = runner.rate
+    a = runner.bodies.rate
     assert runner.tau <= 3
     assert runner.tau == pytest.approx(1 + a + a * a, abs=0.12)  # ~180 row-steps drawn from a seeded table
 
@@ -193,9 +193,9 @@ def test_batched_prefill_equals_one_prompt_at_a_time(setup, monkeypatch, budget,
     budget in several groups; or as the graphs of 2 and 3 rows a GPU runs, here run eagerly) leave the slots
     as one-by-one prefills do: first tokens, logits, the target's and the drafter's K/V over each prompt, and
     every token decoded after."""
-    from dflash_bench.engine.fast import prefill as prefill_mod
+    from dflash_bench.engine.fast import scheduler as scheduler_mod
 
-    monkeypatch.setattr(prefill_mod, "PREFILL_TOKENS", budget)
+    monkeypatch.setattr(scheduler_mod, "PREFILL_TOKENS", budget)
     ar, df = setup
     prompts = _prompts(ar.tok, 5)
     assert len({len(p) for p in prompts}) > 2
@@ -204,7 +204,8 @@ def test_batched_prefill_equals_one_prompt_at_a_time(setup, monkeypatch, budget,
     alone, together = _fast(df, keep_logits=True), _fast(df, keep_logits=True)
     firsts = [alone.add(s, p) for s, p in zip(slots, prompts)]
     if way == "graph":  # the staged k-row inputs, as the captured graphs read them
-        got = together._prefill_graphed(slots[:2], prompts[:2]) + together._prefill_graphed(slots[2:], prompts[2:])
+        got = (together.prefill(slots[:2], prompts[:2], graphed=True)
+               + together.prefill(slots[2:], prompts[2:], graphed=True))
     else:
         got = together.add_many(slots, prompts)
     assert got == firsts == [o[0] for o in ref]
@@ -250,7 +251,7 @@ def test_pipelined_decode_matches_step_by_step_up_to_the_cache_bound(setup):
     sync = _fast(df)
     assert generate(sync, p, n, pipeline=False) == ref
     assert tau == pytest.approx(sync.tau)  # the steps run ahead for finished rows are not counted
-    assert not runner.inflight and not runner.host_start
+    assert not runner.inflight and not runner.sched.lengths
 
 
 def test_launch_declines_a_step_ahead_that_could_pass_the_cache(setup):
@@ -277,7 +278,7 @@ def test_predictable_pair_accepts_whole_blocks(tmp_path):
 def test_synthetic_acceptance_hits_the_asked_mean(setup):
     _, df = setup
     runner = _fast(df, synthetic_tau=3.5, seed=3)
-    draws = (runner.uniforms < runner.rate).long().cumprod(-1).sum(-1)  # what each (step, row) would accept
+    draws = (runner.bodies.uniforms < runner.bodies.rate).long().cumprod(-1).sum(-1)  # what each (step, row) would accept
     assert draws.max() <= B - 1
     assert 1 + draws.double().mean() == pytest.approx(3.5, abs=0.05)
     generate(runner, _prompts(df.tok, 4), N)
@@ -592,7 +593,7 @@ def test_the_pipelined_engine_serves_what_step_by_step_serves(tmp_path, mode):
     assert len(piped[0][0]) == stop + 1 < N  # request 0 stopped early on its stop token
     assert max(ahead) == 1 and max(never) == 0  # the pipelined engine did run steps ahead
     for e in engines:
-        assert sorted(e.free_slots) == [0, 1, 2] and not e.runner.host_start
+        assert sorted(e.free_slots) == [0, 1, 2] and not e.runner.sched.lengths
 
 
 def test_prompts_that_ride_in_steps_are_served_what_they_get_alone(tmp_path):
@@ -605,8 +606,8 @@ def test_prompts_that_ride_in_steps_are_served_what_they_get_alone(tmp_path):
     kw = dict(mode="ar", max_slots=8, max_len=MAX_LEN, dtype="float64", device="cpu")
     mixed = build_fast_engine(str(target), mixed=True, **kw)
     plain = build_fast_engine(str(target), step_ahead=False, **kw)
-    carried, launch = [], mixed.runner.launch
-    mixed.runner.launch = lambda slots, rides=(): carried.append(len(rides)) or launch(slots, rides)
+    carried, run = [], mixed.runner.run
+    mixed.runner.run = lambda plan: carried.append(len(plan.rides)) or run(plan)
     ps = _prompts(plain.tok, 8)
     free = ref_generate(plain, [ps[6]], SamplingParams(max_tokens=N, ignore_eos=True))[0].out
     stop = next(i for i in range(3, N) if free[i] not in free[:i])
@@ -620,37 +621,37 @@ def test_prompts_that_ride_in_steps_are_served_what_they_get_alone(tmp_path):
             (20, ps[5], SamplingParams(max_tokens=N, ignore_eos=True))]
     (got, _), (want, _) = _serve(mixed, reqs), _serve(plain, reqs)
     assert got == want
-    assert mixed.runner.rode >= 5 and plain.runner.rode == 0
+    assert mixed.runner.sched.rode >= 5 and plain.runner.sched.rode == 0
     assert max(carried) == 2  # the two that arrived together rode in one step
-    assert sorted(mixed.free_slots) == list(range(8)) and not mixed.queue and not mixed.runner.riding
+    assert sorted(mixed.free_slots) == list(range(8)) and not mixed.runner.sched.queue and not mixed.runner.sched.riding
 
 
 def test_only_a_few_prompts_at_a_time_ride(tmp_path, monkeypatch):
     """While rows decode, prompts wait to ride, a few a step, up to RIDE_QUEUE waiting; a burst of more, or a
     prompt behind a queue that long, is prefilled at once in one forward (riding, the rows of a long queue
     would start steps apart)."""
-    from dflash_bench.engine.fast import engine as engine_mod
     from dflash_bench.engine.fast.engine import build_fast_engine
 
     RIDE_QUEUE = 3
-    monkeypatch.setattr(engine_mod, "RIDE_QUEUE", RIDE_QUEUE)
     FEW = RIDE_QUEUE + 1
     target, _ = make_tiny_pair(tmp_path, seed=1, block_size=B)
     n = 2 + FEW + RIDE_QUEUE
     engine = build_fast_engine(str(target), mode="ar", max_slots=n, max_len=MAX_LEN, dtype="float64",
                                device="cpu", mixed=True)
+    queue = engine.runner.sched.queue
+    monkeypatch.setattr(engine.runner.sched, "ride_queue", RIDE_QUEUE)
     ps = _prompts(engine.tok, n)
     sp = SamplingParams(max_tokens=N, ignore_eos=True)
     [(_, first)] = engine.add_many([("0", ps[0], sp)])
     assert first is not None  # nothing decodes yet: prefilled at once
     burst = engine.add_many([(str(i), ps[i], sp) for i in range(1, 1 + FEW)])
-    assert all(d is not None for _, d in burst) and not engine.queue
+    assert all(d is not None for _, d in burst) and not queue
     for i in range(1 + FEW, 1 + FEW + RIDE_QUEUE):  # one at a time: each waits to ride
         [(_, d)] = engine.add_many([(str(i), ps[i], sp)])
         assert d is None
-    assert len(engine.queue) == RIDE_QUEUE
+    assert len(queue) == RIDE_QUEUE
     [(_, d)] = engine.add_many([("last", ps[-1], sp)])
-    assert d is not None and len(engine.queue) == RIDE_QUEUE  # behind a queue that long: at once
+    assert d is not None and len(queue) == RIDE_QUEUE  # behind a queue that long: at once
 
 
 @pytest.mark.parametrize("kernels", PATHS)
@@ -676,9 +677,9 @@ def test_prompts_that_ride_in_a_step_decode_as_if_prefilled_alone(setup, kernels
         for _ in range(len(runner.inflight)):
             for s, toks in runner.collect().items():
                 outs[s].extend(toks)
-            for s, tok in runner.took.items():
+            for s, tok in runner.sched.took.items():
                 outs[s] = [tok]
-    assert runner.rode == 3
+    assert runner.sched.rode == 3
     assert [outs[s][:N] for s in (0, 2, 1, 3, 5)] == ref
 
 
@@ -691,7 +692,7 @@ def test_a_failing_prefill_gives_every_slot_back(tmp_path):
     sp = SamplingParams(max_tokens=4, ignore_eos=True)
     with pytest.raises(IndexError):
         fast.add_many([("ok", [1, 2, 3], sp), ("too-long", list(range(1, 100)), sp)])
-    assert sorted(fast.free_slots) == [0, 1, 2, 3] and fast.runner.active.sum() == 0
+    assert sorted(fast.free_slots) == [0, 1, 2, 3] and fast.runner.state.active.sum() == 0
     with pytest.raises(IndexError):
         fast.add("too-long", list(range(1, 100)), sp)
     assert sorted(fast.free_slots) == [0, 1, 2, 3]
@@ -798,3 +799,18 @@ def test_a_step_of_the_anchor_alone_is_no_draft_in_the_counters(setup):
     st = book.stats
     assert (st.drafts, st.draft_tokens, st.accepted, st.widths) == (1, 3, 2, {1: 1, 4: 1})
     assert s.out == [5, 7, 8, 9, 10]
+
+
+def test_no_kernels_is_an_argument_that_runs_the_torch_ops(tmp_path):
+    """`serve --fast --no-kernels` (`build_fast_engine(kernels=False)`): target and drafter run plain torch ops, and
+    serve what the kernels serve."""
+    from dflash_bench.engine.fast.engine import build_fast_engine
+
+    target, drafter = make_tiny_pair(tmp_path, seed=1, block_size=B)
+    kw = dict(max_slots=2, max_len=MAX_LEN, dtype="float64", device="cpu")
+    plain = build_fast_engine(str(target), str(drafter), kernels=False, **kw)
+    assert plain.runner.t.kernels is None and plain.runner.d.kernels is None
+    sp = SamplingParams(max_tokens=20, ignore_eos=True)
+    ps = _prompts(plain.tok, 2)
+    assert ([s.out for s in ref_generate(plain, ps, sp)]
+            == [s.out for s in ref_generate(build_fast_engine(str(target), str(drafter), **kw), ps, sp)])

@@ -47,15 +47,15 @@ def test_graphed_step_ahead_fast_path_equals_the_reference(pair, mode, prefill, 
     prompts are under PREFILL_TOKENS and more than GRAPHED_ROWS)."""
     from dflash_bench.engine.build import build_engine
     from dflash_bench.engine.decode import generate
-    from dflash_bench.engine.fast import prefill as prefill_mod
     from dflash_bench.engine.fast import runner as runner_mod
+    from dflash_bench.engine.fast import scheduler as scheduler_mod
     from dflash_bench.engine.fast.engine import build_fast_engine
     from dflash_bench.engine.sampling import SamplingParams
 
     if prefill == "graphs":
-        monkeypatch.setattr(prefill_mod, "PREFILL_TOKENS", 1)
+        monkeypatch.setattr(scheduler_mod, "PREFILL_TOKENS", 1)
     if prefill == "grouped":
-        for mod in (prefill_mod, runner_mod):
+        for mod in (scheduler_mod, runner_mod):
             monkeypatch.setattr(mod, "GRAPHED_ROWS", (2, 3, 6))
     target, drafter = pair
     draft = str(drafter) if mode == "dflash" else None
@@ -66,16 +66,15 @@ def test_graphed_step_ahead_fast_path_equals_the_reference(pair, mode, prefill, 
     assert r.graphs_on and r.graphs and r.t.kernels is not None  # captured at build, Triton kernels on
 
     depth = []  # steps in flight after each launch: 2 means one was launched before the last one's tokens were read
-    launch = r.launch
+    run = r.run
 
-    def counted(slots, rides=()):
-        ok = launch(slots, rides)
+    def counted(plan):
+        run(plan)
         depth.append(len(r.inflight))
-        return ok
-    r.launch = counted
+    r.run = counted
     batched = []
-    rows = r._prefill_rows
-    r._prefill_rows = lambda slots, prompts: batched.append(len(slots)) or rows(slots, prompts)
+    rows = r.prefills.rows
+    r.prefills.rows = lambda slots, prompts: batched.append(len(slots)) or rows(slots, prompts)
 
     ps = _prompts(ref.tok, 6)
     sp = SamplingParams(max_tokens=N, ignore_eos=True)
@@ -108,8 +107,8 @@ def test_prompts_that_ride_in_graphed_steps_get_what_they_get_alone(pair):
     ps = _prompts(ref.tok, 6)
     sp = SamplingParams(max_tokens=N, ignore_eos=True)
     want = [generate(ref, [p], sp)[0].out for p in ps]
-    carried, launch = [], fast.runner.launch
-    fast.runner.launch = lambda slots, rides=(): carried.append(len(rides)) or launch(slots, rides)
+    carried, run = [], fast.runner.run
+    fast.runner.run = lambda plan: carried.append(len(plan.rides)) or run(plan)
     out: dict[str, list[int]] = {}
     running = []
     for i, p in enumerate(ps):
@@ -128,5 +127,5 @@ def test_prompts_that_ride_in_graphed_steps_get_what_they_get_alone(pair):
         for s in [s for s in running if s.finish]:
             fast.release(s)
             running.remove(s)
-    assert fast.runner.rode == 5 and max(carried) == 2  # every prompt but the first rode in a step
+    assert fast.runner.sched.rode == 5 and max(carried) == 2  # every prompt but the first rode in a step
     assert out == {str(i): want[i] for i in range(len(ps))}

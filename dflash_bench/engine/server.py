@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
-import os
 import socket
 import sys
 
@@ -206,6 +205,12 @@ def resolve_prefill(prefill: str, *, fast: bool, mode: str, device: str) -> str:
     return "mixed" if fast and mode == "ar" and device.startswith("cuda") else "first"
 
 
+# The engine thread waits for the GPU without the GIL, then needs it back at once to launch the next step; while
+# the event loop writes SSE chunks, CPython makes it wait a whole switch interval (5 ms by default, most of an AR
+# step). A short interval bounds that wait.
+SWITCH_INTERVAL_S = 0.0002
+
+
 def _check_port(host: str, port: int) -> None:
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -219,7 +224,8 @@ def serve(model: str, draft: str | None = None, *, mode: str | None = None, host
           dtype: str = "auto", device: str = "auto", max_slots: int = 32, max_model_len: int = 4096,
           served_model_name: str | None = None, log_level: str = "warning", fast: bool = False,
           synthetic_acceptance: float | None = None, benchmark_only: bool = False, step_ahead: bool = True,
-          verify_width: str = "auto", cut_draft: bool = False, prefill: str = "auto", load_format: str = "auto") -> None:
+          verify_width: str = "auto", cut_draft: bool = False, prefill: str = "auto", load_format: str = "auto",
+          kernels: bool = True) -> None:
     """Load the model(s) and serve until interrupted (the `dflash-bench serve` command)."""
     import uvicorn
 
@@ -244,21 +250,19 @@ def serve(model: str, draft: str | None = None, *, mode: str | None = None, host
                                    max_slots=max_slots, max_len=max_model_len, synthetic_tau=synthetic_acceptance,
                                    benchmark_only=benchmark_only, step_ahead=step_ahead,
                                    adaptive=verify_width == "auto", cut_draft=cut_draft, mixed=prefill == "mixed",
-                                   dummy=dummy)
+                                   dummy=dummy, kernels=kernels)
     elif synthetic_acceptance is not None:
         raise UserError("--synthetic-acceptance runs on the fast path only: add --fast --benchmark-only")
     elif not step_ahead or prefill == "mixed":
         raise UserError(f"{'--no-step-ahead' if not step_ahead else '--prefill ' + prefill} applies to the fast path "
                         "only: add --fast")
-    elif verify_width != "auto" or cut_draft:
-        raise UserError(f"{'--cut-draft' if cut_draft else '--verify-width'} applies to the fast path only: add --fast")
+    elif verify_width != "auto" or cut_draft or not kernels:
+        raise UserError(f"{'--cut-draft' if cut_draft else '--no-kernels' if not kernels else '--verify-width'} "
+                        "applies to the fast path only: add --fast")
     else:
         engine = build_engine(model, draft if mode == "dflash" else None, mode=mode, dtype=dtype, device=device,
                               max_slots=max_slots, max_len=max_model_len, dummy=dummy)
-    # The engine thread waits for the GPU without the GIL, then needs it back at once to launch the next step;
-    # while the event loop writes SSE chunks, CPython makes it wait a whole switch interval (5 ms by default,
-    # most of an AR step). A short interval bounds that wait; DFLASH_BENCH_SWITCH_INTERVAL_MS sets it.
-    sys.setswitchinterval(float(os.environ.get("DFLASH_BENCH_SWITCH_INTERVAL_MS", "0.2")) / 1000)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     loop = EngineLoop(engine).start()
     name = served_model_name or model
     app = build_app(loop, name)

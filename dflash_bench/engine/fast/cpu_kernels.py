@@ -9,8 +9,8 @@ packed once by `pack`) reads each weight once for up to 6 rows (benchmarks/cpu_s
 
 float32 and float64 (the tests' dtype). Built once per source and flags into the cache folder
 (DFLASH_BENCH_CACHE, else ~/.cache/dflash-bench) with `cc -O3 -march=native`, about 1.5 s; `load` returns
-None where no compiler builds it, and DFLASH_BENCH_CPU_KERNELS=0 turns the kernels off (the torch path
-then runs). Each call releases the GIL while it runs (ctypes).
+None where no compiler builds it (the torch path then runs; `FastTarget(kernels=False)`, or
+`serve --fast --no-kernels`, runs it by choice). Each call releases the GIL while it runs (ctypes).
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
 SOURCES = [HERE / "cpu_kernels.c", HERE / "cpu_attention.c"]  # and the header both include, cpu_kernels.h
 FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-std=gnu11", "-shared", "-fPIC"]
-ENV = "DFLASH_BENCH_CPU_KERNELS"
 SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
 PANEL = {torch.float32: 16, torch.float64: 8}  # output columns per packed panel (two 32-byte vectors)
 _P, _L, _D, _I = ctypes.c_void_p, ctypes.c_long, ctypes.c_double, ctypes.c_int
@@ -55,10 +54,9 @@ _lib: list = []  # [the loaded library, or None when it could not be built]
 def load(required: bool = False) -> ctypes.CDLL | None:
     """The kernels' library, built on first use; None (or with `required` a UserError) where it cannot be."""
     if not _lib:
-        _lib.append(None if os.environ.get(ENV) == "0" else _build())
+        _lib.append(_build())
     if _lib[0] is None and required:
-        raise UserError("the CPU kernels need a C compiler (cc, gcc or clang on PATH, or CC)"
-                        + (f", and {ENV} is 0" if os.environ.get(ENV) == "0" else ""))
+        raise UserError("the CPU kernels need a C compiler (cc, gcc or clang on PATH, or CC)")
     return _lib[0]
 
 

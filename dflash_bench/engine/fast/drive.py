@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dflash_bench.engine.fast.runner import FastRunner
+from dflash_bench.engine.fast.scheduler import Row
 
 
 def generate(runner: FastRunner, prompts: list[list[int]], max_new: int, *, pipeline: bool = True) -> list[list[int]]:
@@ -16,14 +17,13 @@ def decode(runner: FastRunner, outs: list[list[int]], max_new: int, *, pipeline:
     """Extend each `outs[i]` (slot i, prefilled) to at least `max_new` tokens, releasing each slot when done.
 
     Pipelined: the next step is launched before this one's tokens are read, with the same slots, unless a
-    slot could finish with the steps already in flight (that step would be wasted on it).
+    slot could finish with the steps already in flight (that step would be wasted on it): the scheduler's
+    step-ahead (`Scheduler.schedule`).
     """
     live = [i for i in range(len(outs)) if len(outs[i]) < max_new]
     while live:
-        if not runner.inflight and not runner.launch(live):
-            raise ValueError(f"a sequence would pass the cache length {runner.max_len}")
-        if pipeline and all(len(outs[i]) + runner.reach() < max_new for i in live):
-            runner.launch(live)  # may decline near the cache bound; then the next round launches
+        for plan in runner.sched.schedule([Row(i, left=max_new - len(outs[i])) for i in live], ahead=pipeline):
+            runner.run(plan)
         got = runner.collect()
         for i in live:
             outs[i].extend(got[i])

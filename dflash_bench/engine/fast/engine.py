@@ -16,9 +16,8 @@ import torch
 from dflash_bench.engine.bookkeeping import Bookkeeping, Delta, Seq, Stats, step_logprobs
 from dflash_bench.engine.fast.draft import FastDrafter
 from dflash_bench.engine.fast.model import FastTarget
-from dflash_bench.engine.fast import prefill
-from dflash_bench.engine.fast.mixed import MIXED_ROWS, RIDE_QUEUE
 from dflash_bench.engine.fast.runner import FastRunner
+from dflash_bench.engine.fast.scheduler import PREFILL_TOKENS, Row
 from dflash_bench.engine.sampling import SamplingParams
 from dflash_bench.errors import UserError
 
@@ -33,20 +32,21 @@ class FastEngine:
 
     def __init__(self, model, tokenizer, drafter=None, *, eos_ids: list[int], max_slots: int, max_len: int,
                  synthetic_tau: float | None = None, kv_block: int = 256, step_ahead: bool = True,
-                 adaptive: bool = True, cut_draft: bool = False, mixed: bool = False):
+                 adaptive: bool = True, cut_draft: bool = False, mixed: bool = False, kernels: bool = True):
         """`model`: the loaded Hugging Face target (`target.load_model`); `drafter`: a `DFlashDrafter` or None.
-        `mixed` (AR): a prompt admitted while rows decode rides in their next step's forward (`fast/mixed.py`)."""
-        ft = FastTarget(model, max_slots=max_slots, max_len=max_len)
-        fd = FastDrafter(drafter, ft.embed, ft.head, max_slots=max_slots, max_len=max_len) if drafter is not None else None
+        `mixed` (AR): a prompt admitted while rows decode rides in their next step's forward (`fast/mixed.py`).
+        `kernels` False: plain torch ops instead of the step's kernels (Triton on a GPU, C on a CPU), to compare."""
+        want = None if kernels else False
+        ft = FastTarget(model, max_slots=max_slots, max_len=max_len, kernels=want)
+        fd = (FastDrafter(drafter, ft.embed, ft.head, max_slots=max_slots, max_len=max_len, kernels=want)
+              if drafter is not None else None)
         self.runner = FastRunner(ft, fd, kv_block=kv_block, synthetic_tau=synthetic_tau, keep_logits=True,
-                                 adaptive=adaptive, cut_draft=cut_draft, mixed=mixed)
+                                 adaptive=adaptive, cut_draft=cut_draft, mixed=mixed, step_ahead=step_ahead)
         self.runner.capture_all()  # GPU: every graph before the first request (no capture pause mid-serving)
         self.tok, self.B = tokenizer, self.runner.B
-        self.prefill_rows, self.prefill_tokens = max_slots, prefill.PREFILL_TOKENS  # a group: one forward (`runner.add_many`)
+        self.prefill_rows, self.prefill_tokens = max_slots, PREFILL_TOKENS  # a group: one forward (`runner.add_many`)
         self.max_len, self.vocab_size = max_len, ft.vocab_size
         self.synthetic_tau = synthetic_tau
-        self.step_ahead = step_ahead
-        self.queue: deque[Seq] = deque()  # admitted, waiting to ride in a step (`mixed`), oldest first
         self.book = Bookkeeping(tokenizer, eos_ids=eos_ids, block_size=self.B, slots=max_slots, max_len=max_len)
 
     @property
@@ -56,7 +56,7 @@ class FastEngine:
     @property
     def mixed_prefills(self) -> int:
         """Prompts prefilled by the forward of a decode step (`mixed`)."""
-        return self.runner.rode
+        return self.runner.sched.rode
 
     @property
     def free_slots(self) -> list[int]:
@@ -82,8 +82,9 @@ class FastEngine:
         try:
             for req_id, prompt, params in reqs:
                 seqs.append(self.book.open(req_id, prompt, params))
-            if self._ride(seqs):
-                self.queue.extend(seqs)
+            sched = self.runner.sched
+            if sched.waits_to_ride([s.prompt for s in seqs], any(s.params.logprobs is not None for s in seqs)):
+                sched.queue.extend((s.slot, s.prompt) for s in seqs)
                 return [(s, None) for s in seqs]
             toks = self.runner.add_many([s.slot for s in seqs], [s.prompt for s in seqs])
         except BaseException:  # the slots go back: nobody will hear about these requests
@@ -92,31 +93,10 @@ class FastEngine:
             raise
         return [(s, self.book.prefilled(s, tok, self.runner.logits[s.slot, :1])) for s, tok in zip(seqs, toks)]
 
-    def _ride(self, seqs: list[Seq]) -> bool:
-        """Whether `seqs` wait to ride in the next steps (up to max(MIXED_ROWS) a step): AR with `mixed`, while rows
-        decode, with at most RIDE_QUEUE waiting (a larger burst is prefilled in one forward: riding, its rows'
-        starts would be staggered by steps), none wanting logprobs (the step after may overwrite its prefill's
-        logits row)."""
-        r = self.runner
-        return (r.mixed and bool(r.host_start) and len(self.queue) + len(seqs) <= RIDE_QUEUE
-                and all(s.params.logprobs is None and r.can_ride([s.prompt]) for s in seqs))
-
-    def _launch(self, slots: list[int]) -> bool:
-        """Launch a step for `slots`, carrying the oldest prompts that wait to ride, as many as may go together."""
-        rides: list[Seq] = []
-        for s in list(self.queue)[:max(MIXED_ROWS)]:
-            if not self.runner.can_ride([q.prompt for q in rides + [s]]):
-                break
-            rides.append(s)
-        ok = self.runner.launch(slots, [(s.slot, s.prompt) for s in rides])
-        for _ in rides if ok else []:
-            self.queue.popleft()
-        return ok
-
     def _rode(self, seqs: list[Seq]) -> list[Delta]:
         """The first tokens of the prompts that rode in the step collected last."""
         by_slot = {s.slot: s for s in seqs}
-        return [self.book.prefilled(by_slot[slot], tok, None) for slot, tok in self.runner.took.items()
+        return [self.book.prefilled(by_slot[slot], tok, None) for slot, tok in self.runner.sched.took.items()
                 if slot in by_slot]
 
     def _no_rows(self, seqs: list[Seq]) -> list[Delta]:
@@ -125,10 +105,11 @@ class FastEngine:
         while r.inflight:
             r.collect()
             out += self._rode(seqs)
-        if self.queue:
-            wait, self.queue = list(self.queue), deque()
-            toks = r.add_many([s.slot for s in wait], [s.prompt for s in wait])
-            out += [self.book.prefilled(s, tok, r.logits[s.slot, :1]) for s, tok in zip(wait, toks)]
+        if r.sched.queue:
+            by_slot = {s.slot: s for s in seqs}
+            wait, r.sched.queue = list(r.sched.queue), deque()
+            toks = r.add_many([slot for slot, _ in wait], [p for _, p in wait])
+            out += [self.book.prefilled(by_slot[slot], tok, r.logits[slot, :1]) for (slot, _), tok in zip(wait, toks)]
         return out
 
     @torch.inference_mode()
@@ -138,25 +119,19 @@ class FastEngine:
         Pipelined, the step of this batch was launched on the previous call, so the next one is launched
         before its tokens are read and the GPU does not wait for the host between steps. A request admitted
         since joins the step launched now and gets its tokens on the next call; one that finished early
-        leaves a wasted row in the step ahead. No step runs ahead while a request wants logprobs (read from
-        the last step's logits; nor is one launched while a step in flight may hold such a row's) or could reach
-        max_tokens with the steps in flight. With `mixed`, each launch carries the oldest prompt waiting to ride.
+        leaves a wasted row in the step ahead. What runs is the scheduler's decision (`Scheduler.schedule`:
+        step-ahead, logprobs, max_tokens, the cache bound, the prompts that ride); this executes it.
         """
-        r, firsts = self.runner, []
-        waiting = {s.slot for s in self.queue} | set(r.riding)
-        rows = [s for s in seqs if s.slot not in waiting]
+        r = self.runner
+        stepping = set(r.sched.rows([s.slot for s in seqs]))
+        rows = [s for s in seqs if s.slot in stepping]
         if not rows:
-            return firsts + self._no_rows(seqs)
-        slots = [s.slot for s in rows]
-        # a step in flight whose rows may want logprobs is read before the next launch (which rewrites the logits)
-        wait = bool(r.inflight) and any(s.params.logprobs is not None for s in rows)
-        if not r.covers(slots) and not wait and not self._launch(slots) and not r.inflight:
-            raise ValueError(f"a sequence would pass the cache length {r.max_len}")
-        if self.step_ahead and len(r.inflight) == 1 and r.covers(slots) and all(
-                s.params.logprobs is None and len(s.out) + r.reach() < s.params.max_tokens for s in rows):
-            self._launch(slots)  # declines near the cache bound: then the next call launches
+            return self._no_rows(seqs)
+        for plan in r.sched.schedule([Row(s.slot, s.params.logprobs is not None, s.params.max_tokens - len(s.out))
+                                      for s in rows]):
+            r.run(plan)
         got = r.collect()
-        firsts += self._rode(seqs)
+        firsts = self._rode(seqs)
         stepped = [s for s in rows if s.slot in got]
         want = [s for s in stepped if s.params.logprobs is not None]
         lps = dict(zip([s.slot for s in want], step_logprobs([(r.logits[s.slot], got[s.slot], s.params.logprobs)
@@ -165,7 +140,6 @@ class FastEngine:
                                            lps.get(s.slot)) for s in stepped]
 
     def release(self, s: Seq) -> None:
-        self.queue = deque(q for q in self.queue if q is not s)
         if s.slot >= 0:
             self.runner.release(s.slot)
         self.book.release(s)
@@ -175,7 +149,7 @@ def build_fast_engine(model: str, draft: str | None = None, *, mode: str = "dfla
                       device: str = "auto", max_slots: int = 32, max_len: int = 4096, tokenizer=None,
                       synthetic_tau: float | None = None, benchmark_only: bool = False,
                       step_ahead: bool = True, adaptive: bool = True, cut_draft: bool = False,
-                      mixed: bool = False, dummy: bool = False) -> FastEngine:
+                      mixed: bool = False, dummy: bool = False, kernels: bool = True) -> FastEngine:
     """Like `build.build_engine`, on the fast path (CUDA graphs on a GPU, eager on the CPU)."""
     from dflash_bench.engine.build import eos_ids, load_tokenizer, resolve_dtype
     from dflash_bench.engine.drafter import load_drafter
@@ -211,4 +185,4 @@ def build_fast_engine(model: str, draft: str | None = None, *, mode: str = "dfla
             raise UserError(f"--synthetic-acceptance must lie between 1 and the block size {drafter.config.block_size}")
     return FastEngine(hf, tok, drafter, eos_ids=eos_ids(hf, tok), max_slots=max_slots, max_len=max_len,
                       synthetic_tau=synthetic_tau, step_ahead=step_ahead, adaptive=adaptive, cut_draft=cut_draft,
-                      mixed=mixed)
+                      mixed=mixed, kernels=kernels)

@@ -1,0 +1,119 @@
+"""The fast path's scheduler on its own (no model, no device): the decisions `FastRunner` and `FastEngine` execute.
+
+The exactness tests (test_engine_fast.py) show that executing these plans serves the reference engine's tokens;
+here each decision is checked against the rule it states: the cache bound and the depth of steps in flight,
+buckets, step-ahead, which prompts ride together, and how prompts are grouped into prefill forwards.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from dflash_bench.engine.fast import scheduler as sch
+from dflash_bench.engine.fast.scheduler import Row, Scheduler
+
+
+def _sched(**kw) -> Scheduler:
+    args = dict(slots=6, block=4, max_len=64, kv_block=16)
+    args.update(kw)
+    return Scheduler(**args)
+
+
+def test_a_plan_takes_the_bucket_above_its_last_slot_and_the_kv_bucket_of_the_cache_bound():
+    s = _sched()
+    for slot in (0, 2):
+        s.prefilled(slot, 10)
+    p = s.plan([0, 2])
+    # rows 0..3 run (buckets 1, 2, 4, 6), keys up to 10 + one whole block, rounded up to 16
+    assert (p.kind, p.bs, p.L, p.width, p.slots) == ("dflash", 4, 16, 4, [0, 2])
+    assert p.rows == ((0, 1), (2, 1))  # each slot's admission number
+    q = s.plan([0, 2])  # behind one in flight: the bound assumes that one accepts a whole block too
+    assert q.L == 32 and s.reach() == 8
+    assert s.plan([0, 2]) is None  # DEPTH steps in flight: collect first
+
+
+def test_no_step_is_planned_that_could_pass_the_cache():
+    s = _sched()
+    s.prefilled(0, 64 - 2 * 4 + 1)
+    assert s.plan([0]) is not None  # room for one more block
+    assert s.plan([0]) is None  # a second could pass the cache if the first accepted a whole block
+    p = s.inflight[0]
+    s.collected(p, {0: 1}, [], None)
+    assert s.lengths[0] == 64 - 2 * 4 + 3 and not s.inflight
+
+
+def test_steps_are_collected_in_order_and_released_or_readmitted_rows_are_not_current():
+    s = _sched()
+    for slot in (0, 1):
+        s.prefilled(slot, 5)
+    a, b = s.plan([0, 1]), s.plan([0, 1])
+    with pytest.raises(RuntimeError):
+        s.collected(b, {}, [], None)
+    s.release(1)
+    assert s.current(a) == [0]
+    s.prefilled(1, 7)  # the slot taken by the next request: the steps in flight are not its
+    assert s.current(a) == [0] and not s.covers([0, 1]) and s.covers([0])
+
+
+def test_step_ahead_stops_for_logprobs_and_for_rows_that_could_finish_in_flight():
+    s = _sched()
+    s.prefilled(0, 5)
+    assert len(s.schedule([Row(0)])) == 2  # one now, one ahead
+    s = _sched()
+    s.prefilled(0, 5)
+    assert len(s.schedule([Row(0, logprobs=True)])) == 1
+    assert s.schedule([Row(0, logprobs=True)]) == []  # the step in flight may hold its logits: read it first
+    s = _sched()
+    s.prefilled(0, 5)
+    assert len(s.schedule([Row(0, left=4)])) == 1  # the step in flight may bring its 4 tokens
+    s = _sched(step_ahead=False)
+    s.prefilled(0, 5)
+    assert len(s.schedule([Row(0)])) == 1  # no step ahead
+    assert len(s.schedule([Row(0)], ahead=True)) == 1  # the one in flight covers the row: only the step ahead
+
+
+def test_schedule_says_when_a_sequence_would_pass_the_cache():
+    s = _sched()
+    s.prefilled(0, 64)
+    with pytest.raises(ValueError, match="cache length 64"):
+        s.schedule([Row(0)])
+
+
+def test_prompts_ride_a_few_a_step_oldest_first_while_rows_decode():
+    s = _sched(block=1, mixed=True, ride_queue=4, max_len=128)
+    assert not s.waits_to_ride([[1] * 10], logprobs=False)  # nothing decodes: prefilled at once
+    s.prefilled(0, 8)
+    assert s.waits_to_ride([[1] * 10], logprobs=False)
+    assert not s.waits_to_ride([[1] * 10], logprobs=True)
+    assert not s.waits_to_ride([[1] * 10] * 5, logprobs=False)  # a burst past the queue: at once
+    assert not s.waits_to_ride([[1] * (sch.MIXED_TOKENS + 1)], logprobs=False)  # too long to ride
+    s.queue.extend([(1, [1] * 10), (2, [2] * 20), (3, [3] * 30), (4, [4] * 40)])
+    assert s.rows([0, 1, 2]) == [0] and s.waiting() == {1, 2, 3, 4}
+    [p] = s.schedule([Row(0, left=1)])  # no step ahead: row 0 may finish with this one
+    assert p.kind == "mixed" and [r.slot for r in p.rides] == [1, 2, 3] and p.P == 64  # max(MIXED_ROWS) at most
+    assert list(s.queue) == [(4, [4] * 40)] and set(s.riding) == {1, 2, 3}
+    s.release(2)  # gone while its prompt rides: not admitted
+    s.collected(p, {0: 0}, [11, 12, 13], None)
+    assert s.took == {1: 11, 3: 13} and s.lengths == {0: 9, 1: 10, 3: 30} and s.rode == 2
+
+
+def test_no_plan_leaves_the_riders_waiting():
+    s = _sched(block=1, mixed=True)
+    s.prefilled(0, 64 - 1)
+    s.queue.append((1, [1] * 10))
+    assert s.plan([0]) is not None and s.schedule([Row(0)]) == []
+    assert list(s.queue) == [(1, [1] * 10)] and not s.riding
+
+
+def test_prefill_groups_hold_similar_lengths_within_the_token_budget(monkeypatch):
+    monkeypatch.setattr(sch, "PREFILL_TOKENS", 100)
+    s = _sched(slots=8, max_len=128)
+    lengths = [40, 10, 30, 20, 45, 12]
+    groups = s.prefill_groups(lengths)
+    assert sorted(i for g, _ in groups for i in g) == list(range(6))
+    for g, graphed in groups:
+        assert len(g) * max(lengths[i] for i in g) <= 100 and graphed == (len(g) == 1)
+    assert [g for g, _ in groups] == [[1, 5, 3], [2, 0], [4]]  # sorted by length, cut at the budget
+    assert [graphed for _, graphed in _sched(slots=8, graphs=True).prefill_groups([5, 6])] == [True]  # GRAPHED_ROWS
+    with pytest.raises(IndexError):
+        s.prefill_groups([129])
