@@ -93,8 +93,11 @@ def _command(data: dict[str, Any]) -> str:
 def _machine(data: dict[str, Any]) -> str:
     if "device" in data:
         return str(data["device"])
-    if "machine" in data:
-        return f"{data['machine']}, {data.get('cpus', '?')} cores"
+    machine = data.get("machine")
+    if isinstance(machine, dict):  # benchmarks/demo_repeats.py
+        return f"{machine.get('cpu', '?')}, {machine.get('cores', '?')} cores"
+    if machine is not None:
+        return f"{machine}, {data.get('cpus', '?')} cores"
     return "not recorded"
 
 
@@ -102,9 +105,15 @@ def _machine(data: dict[str, Any]) -> str:
 
 
 def _demo_ratios(data: dict[str, Any]) -> dict[tuple[str, int], list[tuple[float, float | None]]]:
-    """(suite, concurrency) -> per run (DFlash / AR output tok/s, DFlash τ)."""
+    """(suite, concurrency) -> per run (DFlash / AR output tok/s, DFlash τ). A run's cells are either one per
+    suite, concurrency and mode (`output_tok_s`), or one per suite and concurrency with the run's `speedup`
+    (the median over its repeats, as benchmarks/demo_repeats.py writes them)."""
     out: dict[tuple[str, int], list[tuple[float, float | None]]] = {}
     for run in data["runs"]:
+        if all("speedup" in c for c in run["cells"]):
+            for c in run["cells"]:
+                out.setdefault((c["suite"], c["concurrency"]), []).append((c["speedup"], c.get("tau")))
+            continue
         cells = {(c["suite"], c["concurrency"], c["mode"]): c for c in run["cells"]}
         for (suite, conc, mode), cell in cells.items():
             ar = cells.get((suite, conc, "ar"))
@@ -137,7 +146,7 @@ def _demo_grid(data: dict[str, Any], with_tau: bool) -> Table:
              "after the install; DFlash / AR output tok/s, lowest-highest over the runs"
              + (", with DFlash's τ" if with_tau else "") + "."]
     exact = [c["lossless_exact_match_rate"] for r in runs for c in r["cells"]
-             if c["mode"] == "dflash" and c.get("lossless_exact_match_rate") is not None]
+             if c.get("mode") == "dflash" and c.get("lossless_exact_match_rate") is not None]
     if exact:
         notes.append(f"DFlash's tokens equal AR's in {sum(e == 1 for e in exact)} of {len(exact)} DFlash cells.")
     return Table(["suite"] + [f"concurrency {c}" for c in concs], rows, notes)
@@ -405,8 +414,9 @@ def zlab_check(results: list[Any]) -> Table:
                   f"reference engine, {data['rows'][0]['max_tokens']} new tokens."])
 
 
-# the demo's repeated runs (runs[].command, .seconds, .cells[]: suite, concurrency, mode, output_tok_s, tau,
-# lossless_exact_match_rate): README's range and docs/results/demo.md
+# The demo's repeated runs, the range README states and docs/results/demo.md details: runs[].seconds and
+# .cells[] (see _demo_ratios for the two forms). When benchmarks/demo_repeats.py's file is committed, name it
+# here (benchmarks/results/demo_cpu_repeats.json) and run `python -m benchmarks.tables`.
 DEMO = "demo_cpu_64_tokens.json"
 
 TABLES: list[Entry] = [

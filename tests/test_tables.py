@@ -71,3 +71,15 @@ def test_a_block_without_an_entry_or_a_missing_source_is_one_sentence(tmp_path, 
     (root / "benchmarks" / "results" / "zlab_check_cpu.json").unlink()
     assert tables.main(["--check", "--root", str(root)]) == 2
     assert "zlab_check_cpu.json is missing" in capsys.readouterr().err
+
+
+def test_the_demo_range_reads_demo_repeats_files_too():
+    # benchmarks/demo_repeats.py writes one cell per suite and concurrency with the run's median speedup
+    runs = [{"seconds": s, "cells": [{"suite": "gsm8k", "concurrency": 1, "repeats": 2, "speedup": x, "speedup_min": x - 0.1,
+                                      "speedup_max": x + 0.1, "ar_tok_s": 100.0, "dflash_tok_s": 100.0 * x, "tau": t}]}
+            for s, x, t in ((150.0, 1.8, 9.0), (170.0, 2.2, 9.5), (160.0, 0.9, 8.0))]
+    data = {"command": "dflash-bench demo", "machine": {"cpu": "some CPU", "cores": 2}, "runs": runs}
+    table = tables.demo_runs([data])
+    assert table.rows == [["gsm8k", "0.90-2.20x (τ 8.00-9.50), ahead in 2 of 3"]]
+    assert "3 runs, 150-170 s each" in table.notes[0]
+    assert tables._machine(data) == "some CPU, 2 cores" and tables._command(data) == "dflash-bench demo"
