@@ -152,6 +152,7 @@ def sweep(
     save_token_ids: Optional[bool] = typer.Option(None, "--save-token-ids", help="Keep output token ids for the lossless check."),
     input_len: Optional[str] = typer.Option(None, "--input-len", help="Long-prompt axis: one long-<N> suite per length, prompts of about N tokens of real text with a question at the end, e.g. 1k,4k,16k."),
     slo: Optional[str] = typer.Option(None, "--slo", help="Interactivity target read off at the end: tok/s/user, and optional TTFT/TPOT p90 caps, e.g. 'tok_s_user=30,tpot_p90_ms=40' or just 30 (saved for report and gate)."),
+    min_cell_seconds: Optional[float] = typer.Option(None, "--min-cell-seconds", min=0.0, help="Send each cell's prompts again until its measured window lasts this long, so that its GPU energy can be measured (a cell shorter than ~1 s has too few telemetry samples)."),
     out: Path = typer.Option(Path("reports"), "--out", help="Folder that receives the sweep folder."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Sweep folder to finish: complete cells are kept, the rest run."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and the exact server commands; run nothing."),
@@ -177,6 +178,7 @@ def sweep(
         **thinking_options(thinking, no_thinking),
         "save_token_ids": save_token_ids, "engine_options": {"drafter": drafter} if drafter else None, "slo": slo,
         "input_lens": parse_input_lens(input_len) if input_len is not None else None,
+        "min_cell_seconds": min_cell_seconds,
     }
     slurm = {"partition": partition, "account": account, "time": time_limit, "gpus_per_node": gpus_per_node,
              "gpu_type": gpu_type, "sbatch_args": sbatch_arg, "poll_s": poll_s}

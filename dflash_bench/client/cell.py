@@ -82,7 +82,9 @@ async def measure_async(url: str, prompts: Sequence[Prompt], request: RequestSet
         await tr.close()
     if snaps.before and snaps.after:
         snaps.delta = prometheus.delta(snaps.before, snaps.after)
-    return Measurement(url=url, records=result.records, settings=cell_settings(request, load, model, len(prompts)),
+    settings = cell_settings(request, load, model, len(prompts))
+    settings.prompt_passes = result.passes
+    return Measurement(url=url, records=result.records, settings=settings,
                        started_at=started, finished_at=now_iso(), t0=result.t0, snaps=snaps, telemetry=telemetry)
 
 
@@ -95,7 +97,7 @@ def cell_settings(request: RequestSettings, load: LoadSettings, model: str | Non
                         save_token_ids=request.save_token_ids, enable_thinking=request.enable_thinking,
                         warmup=load.warmup, request_rate=load.request_rate, timeout_s=load.timeout, seed=load.seed,
                         transport=load.transport, num_prompts=num_prompts, ignore_eos=request.ignore_eos,
-                        prompt_rendering=rendering)
+                        prompt_rendering=rendering, min_seconds=load.min_seconds or None)
 
 
 def _check_options(api: str, transport: str, concurrency: int, prompts: Sequence[Prompt]) -> None:

@@ -30,6 +30,9 @@ class LoadSettings:
     timeout: float | None = 600.0  # per request, seconds
     seed: int = 0
     transport: str = "auto"  # client/transport.py TRANSPORTS
+    # the measured window lasts at least this long: the prompts are sent again (ids "<id>~2", "~3", ...) until it
+    # does, so that a short cell lasts long enough for its energy to be measured (--min-cell-seconds)
+    min_seconds: float = 0.0
 
 
 @dataclass
@@ -39,6 +42,7 @@ class LoadResult:
     t_end: float  # perf_counter when the last measured request ended
     t0: float  # perf_counter origin of the records' times
     notes: list[str] = field(default_factory=list)
+    passes: int = 1  # times the prompt list was sent (more than once: --min-cell-seconds)
 
 
 class LoadGenerator:
@@ -124,18 +128,25 @@ class LoadGenerator:
         if self.between is not None:
             await self.between()
         t_start = self._t_start = time.perf_counter()
-        if self.load.request_rate:
-            await self._open_loop(prompts)
-        else:
-            it = iter(prompts)
-
-            async def worker() -> None:
-                for p in it:  # a shared iterator: each worker takes the next prompt when its last one ends
-                    await self.conversation(p.id, p.turns)
-
-            await asyncio.gather(*(worker() for _ in range(min(n, len(prompts)))))
+        passes = 0
+        while not passes or (prompts and time.perf_counter() - t_start < self.load.min_seconds):
+            passes += 1
+            batch = prompts if passes == 1 else [_again(p, passes) for p in prompts]
+            if passes > 1:
+                self._total += sum(len(p.turns) for p in prompts)
+            if self.load.request_rate:
+                await self._open_loop(batch)
+            else:
+                it = iter(batch)
+                await asyncio.gather(*(self._worker(it) for _ in range(min(n, len(batch)))))
         t_end = time.perf_counter()
-        return LoadResult(self.records, t_start, t_end, self.t0)
+        notes = [f"the prompts were sent {passes} times so that the cell lasted at least {self.load.min_seconds:g} s "
+                 "(--min-cell-seconds)"] if passes > 1 else []
+        return LoadResult(self.records, t_start, t_end, self.t0, notes, passes)
+
+    async def _worker(self, it) -> None:
+        for p in it:  # a shared iterator: each worker takes the next prompt when its last one ends
+            await self.conversation(p.id, p.turns)
 
     async def _open_loop(self, prompts: Sequence) -> None:
         offsets = arrival_offsets(len(prompts), self.load.request_rate or 0.0, self.load.seed)
@@ -156,6 +167,18 @@ class LoadGenerator:
             await sem.acquire()
             tasks.append(asyncio.create_task(go(p)))
         await asyncio.gather(*tasks)
+
+
+@dataclass(frozen=True)
+class _Again:
+    """A prompt sent again to lengthen a cell, under its own id (`<id>~<pass>`)."""
+
+    id: str
+    turns: Sequence[str]
+
+
+def _again(p, n: int) -> _Again:
+    return _Again(f"{p.id}~{n}", p.turns)
 
 
 def arrival_offsets(n: int, rate: float, seed: int) -> list[float]:

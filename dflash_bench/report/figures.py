@@ -260,6 +260,8 @@ def latency(view: SweepView) -> plt.Figure | None:
 
 def energy(view: SweepView) -> plt.Figure | None:
     data = _valid(view.done, "j_per_token")
+    if "energy_valid" in data.columns:  # a window too short for its source has no energy per token
+        data = data[data["energy_valid"].map(lambda v: v is not False and v not in ("False", "false"))]
     if data.empty:
         return None
     suites = view.ordered(data["suite"])

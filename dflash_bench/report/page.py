@@ -121,7 +121,7 @@ def _context(view: tables.SweepView, figs: dict[str, dict[str, str]], slo: str |
                    if _present(r.get("acceptance_length_dflash"))],
         "pareto": tables.stat_table(view, ["output_throughput", "tok_s_user_p50", "tok_s_user_at_tpot_p90"]),
         "latency": tables.stat_table(view, ["ttft_ms_p50", "ttft_ms_p90", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p90", "tpot_ms_p99"]),
-        "energy": tables.stat_table(view, ["j_per_token", "avg_power_w"]),
+        "energy": tables.energy_rows(view),
         "tau_counting": tables.tau_counting(view),
         "synthetic": sorted({f"{v:g}" for v in view.frame.get("synthetic_acceptance", []) if _present(v)}),
         "no_speculation": cells.no_speculation(view.frame),

@@ -318,6 +318,28 @@ def tau_matrix(view: SweepView) -> tuple[list[int], list[dict[str, Any]]]:
     return concs, rows
 
 
+def energy_rows(view: SweepView) -> list[dict[str, Any]]:
+    """AR and DFlash energy per token side by side. A cell whose energy is invalid (too short for its source, a
+    gap) shows no J/token but why; a pair whose cells read different sources (NVML's counter, integrated power)
+    shows no ratio (`ratio_note` says why): the two disagree by tens of percent on short windows."""
+    rows = stat_table(view, ["j_per_token", "avg_power_w", "energy_source", "energy_valid", "energy_note"])
+    for r in rows:
+        for mode in ("ar", "dflash"):
+            valid = r.get(f"energy_valid_{mode}")
+            if _present(valid) and valid in (False, "False", "false"):
+                r[f"j_per_token_{mode}"] = None
+                r[f"invalid_{mode}"] = r.get(f"energy_note_{mode}") or "energy not valid"
+        sources = {r.get(f"energy_source_{m}") for m in ("ar", "dflash")}
+        if len(sources) > 1 and None not in sources and all(_present(r.get(f"j_per_token_{m}")) for m in ("ar", "dflash")):
+            r["ratio_note"] = (f"no ratio: AR energy from the {r['energy_source_ar']} source, DFlash from the "
+                               f"{r['energy_source_dflash']} one")
+    return rows
+
+
+def _present(v: Any) -> bool:
+    return v is not None and not (isinstance(v, float) and math.isnan(v))
+
+
 def tau_counting(view: SweepView) -> list[tuple[str, str]]:
     """(engine, how its counters differ from metrics/definitions.py's tau) for the sweep's engines that differ."""
     out = []

@@ -230,6 +230,8 @@ class CellSettings(BaseModel):
     transport: str | None = None
     prompt_rendering: str | None = None  # api=generate: who rendered the chat template
     ignore_eos: bool | None = None  # every request ran to max_tokens
+    min_seconds: float | None = None  # --min-cell-seconds: the prompts were sent again until the window lasted this
+    prompt_passes: int | None = None  # times the prompt list was sent (more than 1: lengthened by min_seconds)
 
 
 class Stat(BaseModel):

@@ -42,6 +42,8 @@ class SweepSettings(BaseModel):
     engine_options: dict[str, Any] = Field(default_factory=dict)  # e.g. builtin: target/drafter dirs, device
     input_lens: list[int] = Field(default_factory=list)  # --input-len: one long-<N> suite per length
     slo: str | None = None  # --slo as given: how the end of the sweep, the report and the gate read it off
+    # --min-cell-seconds: each cell's prompts are sent again until its measured window lasts this long (energy)
+    min_cell_seconds: float = 0.0
 
     # settings that may change between a run and its resume without changing what is measured
     RESUME_FREE: ClassVar[frozenset[str]] = frozenset({"runner", "port", "url_ar", "url_dflash", "slo"})

@@ -3,6 +3,11 @@
 Energy comes from the GPU's total-energy counter (last minus first reading) where every GPU has one;
 otherwise from power integrated over time (trapezoids), which is valid only when the samples have no
 gap longer than `max_gap_s`. Both numbers are kept where both exist, as a cross-check. Several GPUs add up.
+
+A window too short for its source is invalid, with the reason, and has no energy per token: fewer than
+MIN_SAMPLES samples of a GPU (either source), or a counter that moved fewer times than it updates in a second
+(its update rate read from the window itself: a counter that updates every 100 ms needs a window of ~1 s).
+`--min-cell-seconds` lengthens a cell until its energy can be measured.
 """
 
 from __future__ import annotations
@@ -11,6 +16,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from dflash_bench.telemetry.nvml import SLOWDOWN_MASK, Sample, throttle_names
+
+
+MIN_SAMPLES = 10  # telemetry samples of each GPU a window needs before its energy is worth a number
+LENGTHEN = "--min-cell-seconds lengthens a cell"
 
 
 def default_max_gap(interval_s: float) -> float:
@@ -80,7 +89,22 @@ def _counter(ss: list[Sample]) -> tuple[float | None, str]:
     values = [s.energy_mj for s in ss if s.energy_mj is not None]
     if any(b < a for a, b in zip(values, values[1:])):
         return None, f"the energy counter of GPU {gpu} went backwards (driver reloaded?)"
+    moves, rate = counter_moves(ss)
+    if rate is None or moves < rate:
+        said = f"about {rate:.0f} times a second" if rate else "too rarely to tell how often"
+        return None, (f"the energy counter of GPU {gpu} moved {moves} times in the window and updates {said}: too "
+                      f"short for the counter ({LENGTHEN})")
     return (values[-1] - values[0]) / 1000.0, ""
+
+
+def counter_moves(ss: list[Sample]) -> tuple[int, float | None]:
+    """How often the energy counter moved in the window, and how often it updates (moves per second between
+    its first and last move; None with fewer than 2 moves)."""
+    read = [s for s in ss if s.energy_mj is not None]
+    times = [b.t_s for a, b in zip(read, read[1:]) if b.energy_mj != a.energy_mj]
+    if len(times) < 2 or times[-1] <= times[0]:
+        return len(times), None
+    return len(times), (len(times) - 1) / (times[-1] - times[0])
 
 
 @dataclass
@@ -165,6 +189,12 @@ def summarize(
         valid = integrated is not None and all(g.integrated_valid for g in per)
         reason = "; ".join(notes)
 
+    few = [g for g in per if g.n_samples < MIN_SAMPLES]
+    if few:
+        valid = False
+        reason = "; ".join([f"only {g.n_samples} telemetry samples of GPU {g.gpu} in the window (fewer than "
+                            f"{MIN_SAMPLES}): too short to measure energy ({LENGTHEN})" for g in few]
+                           + ([reason] if reason else []))
     duration = max(g.duration_s for g in per)
     out = EnergySummary(energy, source, valid, reason, duration_s=duration, output_tokens=output_tokens)
     out.energy_counter_j, out.energy_integrated_j = counted, integrated
@@ -172,7 +202,7 @@ def summarize(
     out.max_gap_s = max(g.max_gap_s for g in per)
     if energy is not None and duration > 0:
         out.avg_power_w = energy / duration
-    if energy is not None and output_tokens > 0:
+    if energy is not None and valid and output_tokens > 0:  # an invalid window shows no energy per token
         out.j_per_token = energy / output_tokens
         out.tokens_per_j = output_tokens / energy if energy > 0 else None
     _gpu_state(out, samples)
