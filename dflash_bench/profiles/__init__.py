@@ -10,6 +10,7 @@ from __future__ import annotations
 from dflash_bench.profiles.base import MODES, PRESETS, EngineProfile, check_mode, check_preset, tensor_parallel
 from dflash_bench.profiles.builtin import Builtin
 from dflash_bench.profiles.emulator import Emulator
+from dflash_bench.profiles.gpus import recorded_gpus
 from dflash_bench.profiles.llamacpp import LlamaCpp
 from dflash_bench.profiles.sglang import SGLang
 from dflash_bench.profiles.vllm import VLLM
@@ -17,7 +18,8 @@ from dflash_bench.errors import UserError
 
 PROFILES: dict[str, EngineProfile] = {e.name: e for e in (VLLM(), SGLang(), Builtin(), Emulator(), LlamaCpp())}
 
-__all__ = ["PROFILES", "MODES", "PRESETS", "EngineProfile", "check_mode", "check_preset", "get", "names", "tensor_parallel"]
+__all__ = ["PROFILES", "MODES", "PRESETS", "EngineProfile", "check_mode", "check_preset", "get", "names", "recorded_gpus",
+           "server_gpus", "tensor_parallel"]
 
 
 def names() -> list[str]:
@@ -30,3 +32,14 @@ def get(name: str) -> EngineProfile:
         return PROFILES[name.lower()]
     except (KeyError, AttributeError):
         raise UserError(f"unknown engine {name!r}: use one of {', '.join(PROFILES)}.") from None
+
+
+def server_gpus(engine: str, pair, settings) -> int:
+    """GPUs of one launched server, the one answer for telemetry, Slurm jobs and the server's record:
+    `--tensor-parallel-size` (SweepSettings.tensor_parallel), else the tensor-parallel flag in its command
+    (card flags and --engine-arg, the last one winning), else one; the emulator uses none."""
+    if engine == "emulator":
+        return 0
+    if settings.tensor_parallel:
+        return int(settings.tensor_parallel)
+    return tensor_parallel(get(engine).command(pair, "ar", 0, settings.gpu, settings.engine_args)) or 1

@@ -17,9 +17,10 @@ TP_FLAGS = ("--tensor-parallel-size", "-tp", "--tp-size", "--tp")
 
 
 def tensor_parallel(engine_args: Any) -> int | None:
-    """The tensor-parallel size passed through to the engine (vLLM `--tensor-parallel-size`, SGLang `--tp-size`)."""
+    """The tensor-parallel size passed through to the engine (vLLM `--tensor-parallel-size`, SGLang `--tp-size`);
+    the last one given wins, as in the engines' own argument parsers."""
     args = [str(a) for a in engine_args] if isinstance(engine_args, list) else []
-    for i, arg in enumerate(args):
+    for i, arg in reversed(list(enumerate(args))):
         flag, eq, value = arg.partition("=")
         if flag in TP_FLAGS:
             value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
@@ -72,6 +73,13 @@ class EngineProfile:
     # (SGLang's /generate takes templated text).
     chat_template: ClassVar[str] = "server"
     runner: ClassVar[str] = "docker"  # the default runner: "docker" (its image) or "process" (a local command)
+    # The share of each GPU the engine may fill with weights and KV cache (sweep/fit.py); None: the engine
+    # is not sized from the plan (the emulator, llama.cpp).
+    memory_fraction: ClassVar[float | None] = None
+    # Of that share, what the engine keeps for activations, CUDA graphs and the sampler (vLLM's
+    # --gpu-memory-utilization covers them; SGLang's --mem-fraction-static leaves them outside).
+    reserved_gib: ClassVar[float] = 0.0
+    local_module: ClassVar[str | None] = None  # the Python distribution a process runner starts, if any
 
     def image_for(self, preset: str) -> str | None:
         """The default image for a GPU preset (most engines ship one image for all)."""
@@ -93,6 +101,34 @@ class EngineProfile:
     def version_note(self, pair: ModelPair) -> str:
         """The engine build the pair's card needs ("" when a release does)."""
         return ""
+
+    def refusal(self, pair: ModelPair, mode: str, version: str | None) -> str | None:
+        """Why this engine, at `version` (None: unknown), cannot serve the pair in this mode, in one sentence;
+        None when nothing known stops it. The sweep fails that server's cells with it before launch."""
+        return None
+
+    def failure(self, log_tail: str) -> str | None:
+        """The one sentence for a server death whose cause the engine's log names, else None."""
+        return None
+
+    def version(self, runner: str, image: str | None) -> str | None:
+        """The engine's version where it is known before launch: the local package (process runner) or the
+        image's version tag (docker), else None."""
+        import re
+
+        if runner == "process":
+            module = self.local_module
+            if not module:
+                return None
+            from importlib.metadata import PackageNotFoundError, version
+
+            try:
+                return version(module)
+            except PackageNotFoundError:
+                return None
+        tag = (image or self.image or "").rpartition(":")[2]
+        match = re.fullmatch(r"v?(\d+\.\d+(?:\.\d+)?)", tag)
+        return match.group(1) if match else None
 
     def image_missing(self) -> str:
         """What `doctor` says when the default image is not on this machine."""
@@ -131,6 +167,14 @@ class EngineProfile:
 
     def ar_flags(self) -> list[str]:
         """Flags only the AR server gets (none for vLLM and SGLang: AR is the command minus spec flags)."""
+        return []
+
+    def sizing_flags(self, context_len: int | None, max_concurrency: int, tensor_parallel: int | None) -> list[str]:
+        """Flags that size the server for the plan (sweep/fit.py): its context limit (None: not derived, the
+        GPU's memory is unknown), memory fraction, most requests at once, tensor-parallel size."""
+        if tensor_parallel and tensor_parallel > 1:
+            raise UserError(f"--tensor-parallel-size {tensor_parallel}: the {self.name} engine runs on one GPU; "
+                            f"tensor parallelism is for vllm and sglang.")
         return []
 
     def harness_flags(self) -> list[str]:

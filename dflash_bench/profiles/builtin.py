@@ -28,6 +28,14 @@ class Builtin(EngineProfile):
     client_tau = "chunks"  # one chunk per step, the first one the prefill's token
     default_port = 8000
     runner = "process"  # it runs wherever dflash-bench is installed; the image is for GPU hosts
+    memory_fraction = 0.9  # not a flag: its KV cache is --max-slots x --max-model-len, sized up front
+    reserved_gib = 2.0
+
+    def sizing_flags(self, context_len: int | None, max_concurrency: int, tensor_parallel: int | None) -> list[str]:
+        super().sizing_flags(context_len, max_concurrency, tensor_parallel)  # one GPU: refuses a larger size
+        if context_len is None:
+            return []
+        return ["--max-model-len", str(context_len), "--max-slots", str(max_concurrency)]
 
     def image_missing(self) -> str:
         return "not built (see docker/)"

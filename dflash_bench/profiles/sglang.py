@@ -43,6 +43,15 @@ class SGLang(EngineProfile):
     default_port = 30000
     api = "generate"  # native /generate: its meta_info carries spec_verify_ct, the acceptance source
     chat_template = "client"  # /generate takes templated text
+    local_module = "sglang"
+    memory_fraction = 0.88  # --mem-fraction-static: weights and the KV pool; the rest: activations, graphs
+
+    def sizing_flags(self, context_len: int | None, max_concurrency: int, tensor_parallel: int | None) -> list[str]:
+        flags = ["--tp-size", str(tensor_parallel)] if tensor_parallel else []
+        if context_len is None:
+            return flags
+        return ["--context-length", str(context_len), "--mem-fraction-static", str(self.memory_fraction),
+                "--max-running-requests", str(max_concurrency), *flags]
 
     def version_note(self, pair: ModelPair) -> str:
         return pair.sglang_version

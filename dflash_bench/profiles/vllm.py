@@ -14,6 +14,28 @@ from dflash_bench.models import ModelPair
 
 DEFAULT_IMAGE = "vllm/vllm-openai:v0.29.0"
 
+# vLLM's DFlash draft model (qwen3_dflash.py) raises for a drafter that mixes sliding-window and full-attention
+# layers, and its draft path applies no final-logit softcapping: 0.25.1 does both (read in its source, seen on
+# an H100). Versions up to this one are refused before launch; a later one is launched, and its log read.
+MIXED_DRAFT_REFUSED_UP_TO = (0, 25, 1)
+MIXED_DRAFT_LOG = "DFlash does not yet support mixed sliding/full attention"
+
+
+def mixed_draft_sentence(version: str | None) -> str:
+    which = f"vLLM {version}" if version else "this vLLM"
+    return (f"{which} cannot run DFlash with this drafter: its DFlash draft model refuses a drafter that mixes "
+            f"sliding-window and full-attention layers (NotImplementedError, vllm issue 40898) and applies no "
+            f"final-logit softcapping, which Gemma 4 drafters need (PR #41703); measure this pair's DFlash with "
+            f"sglang, or pass --image with a vLLM build of PR #41703.")
+
+
+def _version_tuple(version: str) -> tuple[int, ...] | None:
+    parts = version.split("+")[0].split(".")[:3]
+    try:
+        return tuple(int(p) for p in parts)
+    except ValueError:
+        return None
+
 
 @dataclass(frozen=True)
 class VLLM(EngineProfile):
@@ -26,9 +48,32 @@ class VLLM(EngineProfile):
                     "short outputs")
     client_tau = "chunks"  # one delta per engine step (servers.md)
     default_port = 8000
+    local_module = "vllm"
+    memory_fraction = 0.92  # --gpu-memory-utilization: weights, activations and KV together
+    reserved_gib = 4.0  # an 8k-token prefill's activations, CUDA graphs, a 262k vocabulary's logits
+
+    def sizing_flags(self, context_len: int | None, max_concurrency: int, tensor_parallel: int | None) -> list[str]:
+        flags = ["--tensor-parallel-size", str(tensor_parallel)] if tensor_parallel else []
+        if context_len is None:
+            return flags
+        # --max-num-seqs: vLLM sizes its sampler for it (default 1024 rows of float32 logits, x16 drafted rows
+        # with DFlash), which runs a large vocabulary out of memory; the sweep never sends more than this
+        return ["--max-model-len", str(context_len), "--gpu-memory-utilization", str(self.memory_fraction),
+                "--max-num-seqs", str(max_concurrency), *flags]
 
     def version_note(self, pair: ModelPair) -> str:
         return pair.vllm_version
+
+    def refusal(self, pair: ModelPair, mode: str, version: str | None) -> str | None:
+        from dflash_bench.model_shapes import mixes_layer_types, pair_configs
+
+        if mode != "dflash" or not version or not mixes_layer_types(pair_configs(pair)[1]):
+            return None
+        known = _version_tuple(version)
+        return mixed_draft_sentence(version) if known and known <= MIXED_DRAFT_REFUSED_UP_TO else None
+
+    def failure(self, log_tail: str) -> str | None:
+        return mixed_draft_sentence(None) if MIXED_DRAFT_LOG in log_tail else None
 
     def local_install(self) -> tuple[bool, str] | None:
         return python_module("vllm")

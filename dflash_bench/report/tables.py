@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from dflash_bench import analysis, profiles
 from dflash_bench.errors import UserError
 from dflash_bench.report.cells import failures, quality_pairs, sample_outputs
-from dflash_bench.profiles.base import tensor_parallel
+from dflash_bench.profiles.gpus import recorded_gpus
 from dflash_bench.store import CellKey, Hardware, Manifest, SweepDir, SweepSettings
 
 SECRET_KEY = re.compile(r"(^|[_-])token$|secret|passw|api[_-]?key|authorization", re.I)  # not max_tokens
@@ -151,19 +151,18 @@ def plain(value: Any) -> Any:
 
 def gpu_count(hardware: Hardware | dict[str, Any], settings: SweepSettings | dict[str, Any] | None = None,
               servers: dict[str, Any] | None = None) -> int | None:
-    """How many GPUs one server used: the tensor-parallel size in the sweep's engine args or in the commands of
-    the servers it launched (card flags included); a launched server without one uses one GPU, however many
-    the host has. Else the GPUs the manifest's `hardware` lists (None when nothing says: per server)."""
+    """How many GPUs one server used (profiles.recorded_gpus: what its record says); a launched server
+    that says nothing uses one GPU, however many the host has. Else the GPUs the manifest's `hardware`
+    lists (None when nothing says: per server)."""
     hardware, settings, servers = plain(hardware), plain(settings), plain(servers)
-    commands = [info.get("command") for info in (servers or {}).values() if isinstance(info, dict)]
-    tp = tensor_parallel((settings or {}).get("engine_args")) or max(
-        (tensor_parallel(c) or 0 for c in commands if isinstance(c, list)), default=0)
-    if tp:
-        return tp
+    recorded = recorded_gpus(servers, settings)
+    if recorded:
+        return recorded
     for key in ("gpus_per_server", "tensor_parallel", "tp"):
         if isinstance(hardware.get(key), int) and hardware[key] > 0:
             return hardware[key]
     gpus = hardware.get("gpus")
+    commands = [info.get("command") for info in (servers or {}).values() if isinstance(info, dict)]
     if gpus and any(isinstance(c, list) and c for c in commands):
         return 1  # vLLM, SGLang and the builtin engine use one GPU unless told to shard
     if isinstance(gpus, list) and gpus:

@@ -44,6 +44,8 @@ class SweepSettings(BaseModel):
     slo: str | None = None  # --slo as given: how the end of the sweep, the report and the gate read it off
     # --min-cell-seconds: each cell's prompts are sent again until its measured window lasts this long (energy)
     min_cell_seconds: float = 0.0
+    tensor_parallel: int | None = None  # --tensor-parallel-size: GPUs per launched server (None: the flags' or one)
+    context_len: int | None = None  # the context limit derived from the plan for a known GPU (sweep/fit.py)
 
     # settings that may change between a run and its resume without changing what is measured
     RESUME_FREE: ClassVar[frozenset[str]] = frozenset({"runner", "port", "url_ar", "url_dflash", "slo"})
@@ -124,6 +126,7 @@ class ServerRecord(_Open):
     pid: int | None = None
     log_path: str | None = None
     env_names: list[str] = Field(default_factory=list)
+    gpus: int | None = None  # GPUs the launched server used (profiles.server_gpus)
 
     @model_serializer(mode="wrap")
     def _drop_unknown(self, handler: Any) -> dict[str, Any]:

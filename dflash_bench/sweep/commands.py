@@ -31,6 +31,7 @@ def sweep_command(options: dict[str, Any], *, out: Path, resume: Path | None, dr
 
         refuse_local_resume(Path(resume))
     settings = _settings(options, resume, image)
+    settings = _sized(settings, data_dir)
     if executor not in ("local", "slurm"):
         raise UserError(f"--executor is local or slurm, not {executor!r}")
     if executor == "local" and any(v not in (None, []) for v in (slurm or {}).values()):
@@ -47,6 +48,14 @@ def sweep_command(options: dict[str, Any], *, out: Path, resume: Path | None, dr
 
     result = run_sweep(settings, out=out, resume=resume, data_dir=data_dir, argv=sys.argv, image=image)
     return result.exit_code
+
+
+def _sized(settings: SweepSettings, data_dir: Path | None) -> SweepSettings:
+    """The plan sized for its GPU (sweep/fit.py): a context limit derived, a plan that cannot fit refused."""
+    from dflash_bench import models
+    from dflash_bench.sweep.fit import size
+
+    return size(settings, models.resolve(settings.model, drafter=settings.engine_options.get("drafter")), data_dir)
 
 
 def _settings(options: dict[str, Any], resume: Path | None, image: str | None = None) -> SweepSettings:

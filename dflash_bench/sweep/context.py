@@ -49,9 +49,16 @@ class SweepContext:
     image: str | None = None  # --image: the container image for every server (None: the profile's)
 
 
-def reason(err: UserError) -> str:
-    """A server's death explained by the log lines that say why (launch.common.explain), else the message."""
-    return getattr(err, "reason", None) or str(err)
+def reason(err: UserError, engine: str | None = None) -> str:
+    """A server's death explained by the log lines that say why (launch.common.explain), else the message;
+    led by the engine's own sentence where its log names a known cause (profiles' `failure`)."""
+    text = getattr(err, "reason", None) or str(err)
+    if engine is None:
+        return text
+    from dflash_bench import profiles
+
+    known = profiles.get(engine).failure(getattr(err, "log_tail", "") or "")
+    return f"{known} ({text})" if known else text
 
 
 @contextlib.contextmanager

@@ -14,6 +14,7 @@ def print_plan(settings: SweepSettings, image: str | None) -> None:
     from dflash_bench import models
     from dflash_bench.launch import plan_server
     from dflash_bench.launch.commands import dry_run_line
+    from dflash_bench.sweep.fit import server_args
 
     pair = models.resolve(settings.model, drafter=settings.engine_options.get("drafter"))
     plan = plan_cells(settings)
@@ -21,6 +22,9 @@ def print_plan(settings: SweepSettings, image: str | None) -> None:
     typer.echo(f"{len(plan)} cells, in run order:")
     for i, c in enumerate(plan, 1):
         typer.echo(f"{i:4d}. {c.cell_id}")
+    if settings.context_len:
+        typer.echo(f"context limit {settings.context_len} tokens (the plan's longest conversation plus the block, "
+                   f"rounded up), sized for {settings.gpu}")
     if settings.paired:
         typer.echo("paired: each engine's AR and DFlash servers run together (DFlash on a free port)")
     for launch in launches(plan, paired=settings.paired):
@@ -29,7 +33,10 @@ def print_plan(settings: SweepSettings, image: str | None) -> None:
             console.print(f"[bold]{launch.engine} {launch.mode}[/] ({len(launch.cells)} cells): measure {escape(url)}")
             continue
         profile, _, argv, env, port = plan_server(launch.engine, pair, launch.mode, port=settings.port, preset=settings.gpu,
-                                                  extra_args=settings.engine_args, runner=settings.runner)
+                                                  extra_args=server_args(settings, launch.engine), runner=settings.runner)
         line = dry_run_line(profile, argv, env, port, settings.runner, image or profile.image_for(settings.gpu), "all", "host")
         console.print(f"[bold]{launch.engine} {launch.mode}[/] ({len(launch.cells)} cells):")
         typer.echo(line)
+        why = profile.refusal(pair, launch.mode, profile.version(settings.runner, image or settings.image))
+        if why:
+            typer.echo(f"  refused before launch: {why}")

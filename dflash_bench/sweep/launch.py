@@ -42,7 +42,7 @@ class Servers:
             try:
                 server.check()
             except UserError as err:
-                fail_cell(self.ctx, cell, f"server died: {reason(err)}")
+                fail_cell(self.ctx, cell, f"server died: {reason(err, cell.engine)}")
                 continue
             yield cell, server
 
@@ -65,10 +65,11 @@ def servers_up(ctx: SweepContext, group: list[Launch]) -> Iterator[Servers]:
 
                     port = free_port()
                 try:
+                    refused(ctx, launch)
                     up[launch.mode] = stack.enter_context(_server(ctx, launch, port))
                 except UserError as err:
                     for cell in launch.cells:
-                        fail_cell(ctx, cell, f"server did not start: {reason(err)}")
+                        fail_cell(ctx, cell, f"server did not start: {reason(err, launch.engine)}")
                     continue
                 record_server(ctx.manifest, f"{launch.engine}-{launch.mode}", up[launch.mode].info)
                 check_same_image(ctx.manifest, launch.engine)
@@ -78,7 +79,7 @@ def servers_up(ctx: SweepContext, group: list[Launch]) -> Iterator[Servers]:
     except UserError as err:  # as the servers went down: what is left of these launches fails
         for cell in cells:
             if cell.status not in ("complete", "failed"):
-                fail_cell(ctx, cell, f"server did not start: {reason(err)}")
+                fail_cell(ctx, cell, f"server did not start: {reason(err, cell.engine)}")
         if not handed_out:
             yield Servers(ctx, [], {})
 
@@ -92,16 +93,31 @@ def _server(ctx: SweepContext, launch: Launch, port: int | None) -> Iterator[Ser
         url = (settings.url_ar if launch.mode == "ar" else settings.url_dflash) or ""  # plan: both or neither
         yield Server(url=url, check=lambda: None, info=ServerRecord(runner="external", url=url))
         return
+    from dflash_bench import profiles
     from dflash_bench.launch import launch_server
+    from dflash_bench.sweep.fit import server_args
     from dflash_bench.telemetry import scheduler_gpus
 
     runner = settings.runner
     gpus = (scheduler_gpus() or "all") if runner == "docker" else "all"  # a container escapes a Slurm job's GPUs
     with launch_server(launch.engine, ctx.pair, launch.mode, runner=runner, preset=settings.gpu, gpus=gpus,
-                       extra_args=settings.engine_args, sweep_id=ctx.manifest.sweep_id, image=ctx.image,
+                       extra_args=server_args(settings, launch.engine), sweep_id=ctx.manifest.sweep_id, image=ctx.image,
                        log_path=ctx.sweep.log_path(launch.engine, launch.mode),
                        port=port) as server:
-        yield Server(url=server.url, check=server.check, info=server.info.model_copy())
+        gpus_used = profiles.server_gpus(launch.engine, ctx.pair, settings)
+        yield Server(url=server.url, check=server.check, info=server.info.model_copy(update={"gpus": gpus_used}))
+
+
+def refused(ctx: SweepContext, launch: Launch) -> None:
+    """Refuse, before launch, a server the engine's known version cannot run (profiles' `refusal`)."""
+    from dflash_bench import profiles
+
+    if ctx.settings.url_ar:
+        return
+    profile = profiles.get(launch.engine)
+    why = profile.refusal(ctx.pair, launch.mode, profile.version(ctx.settings.runner, ctx.image))
+    if why:
+        raise UserError(why)
 
 
 def record_server(manifest: Manifest, key: str, info: ServerRecord) -> None:

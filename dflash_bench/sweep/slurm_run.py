@@ -219,11 +219,9 @@ def _gpus(settings: SweepSettings, opts: SlurmOptions, pair: ModelPair, engine: 
     """GPUs of one job: --gpus-per-node, else the server's tensor-parallel size (the emulator needs none)."""
     if opts.gpus_per_node is not None:
         return opts.gpus_per_node
-    if engine == "emulator":
-        return 0
     from dflash_bench import profiles
 
-    return profiles.tensor_parallel(profiles.get(engine).command(pair, "ar", 0, settings.gpu, settings.engine_args)) or 1
+    return profiles.server_gpus(engine, pair, settings)
 
 
 def _earlier_jobs(folder: Path, console: Console) -> list[SlurmJob]:

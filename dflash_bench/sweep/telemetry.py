@@ -35,12 +35,11 @@ def start_telemetry(manifest: Manifest, progress: SweepProgress, settings: Sweep
 
 
 def server_devices(settings: SweepSettings, pair: ModelPair) -> list[int] | None:
-    """The device numbers a launched server uses: its tensor-parallel size from the card flags and
-    --engine-arg (one GPU when neither says). None for servers the user runs: which GPUs is unknown."""
+    """The device numbers a launched server uses (profiles.server_gpus; one GPU when nothing says): every one
+    is sampled, so telemetry and energy cover all of a tensor-parallel server's GPUs. None for servers the
+    user runs: which GPUs is unknown."""
     if settings.url_ar:
         return None
     from dflash_bench import profiles
 
-    tp = max(profiles.tensor_parallel(profiles.get(e).command(pair, "ar", 0, settings.gpu, settings.engine_args)) or 1
-             for e in settings.engines)
-    return list(range(tp))
+    return list(range(max(profiles.server_gpus(e, pair, settings) for e in settings.engines) or 1))

@@ -1,0 +1,243 @@
+"""Does a plan fit its GPUs? The context limit it needs, the engines' sizing flags, weights + KV against memory.
+
+With `--gpu h100` / `h200` / ... (a GPU whose memory is known), `size()`:
+- derives the context limit from the plan: the longest conversation (its turns, the answers between them and
+  `--max-tokens`), plus the block, rounded up to 256 tokens (`SweepSettings.context_len`);
+- checks, before anything launches, that the target's weights (and the drafter's) plus the KV cache of
+  `max concurrency` sequences of that length fit `tensor_parallel` GPUs at the engine's memory fraction,
+  and refuses in one sentence what does not, saying what would fit.
+`server_args()` gives each engine's sizing flags (vLLM `--max-model-len --gpu-memory-utilization
+--max-num-seqs --tensor-parallel-size`, SGLang `--context-length --mem-fraction-static --max-running-requests
+--tp-size`, the builtin engine `--max-model-len --max-slots`) ahead of the user's `--engine-arg`s, which win.
+
+The geometry comes from the target's config.json (a local folder) or, for a known pair named by its short
+name, from `model_shapes.py`. KV per token: 2 (K and V) x KV heads x head size x 2 bytes per layer; a
+sliding-window layer keeps at most its window. Weights: the attention and MLP projections and the embedding
+(a second table when it is not tied), in bf16. A model the formula does not cover (mixture of experts) is
+not checked.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dflash_bench.errors import UserError
+
+GIB = 1 << 30
+# Memory of one GPU as the driver reports it (nvidia-smi's total; H100 80GB HBM3: 81559 MiB, H200: 143771 MiB).
+GPU_MEMORY_GIB = {"h100": 79.6, "h200": 140.4, "h20": 95.0, "b200": 178.0, "b300": 268.0, "gb200": 184.0,
+                  "gb300": 278.0}
+ROUND = 256
+BYTES = 2  # bf16 weights and KV
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """What a model costs in memory: weights, and KV bytes per token of the layers that keep every token
+    and of the sliding-window layers (which keep at most `window` tokens)."""
+
+    weight_bytes: int
+    kv_full: int
+    kv_window: int
+    window: int | None
+
+    def kv_bytes(self, tokens: int) -> int:
+        kept = min(tokens, self.window) if self.window else tokens
+        return self.kv_full * tokens + self.kv_window * kept
+
+
+def text_config(config: dict[str, Any]) -> dict[str, Any]:
+    return config.get("text_config") if isinstance(config.get("text_config"), dict) else config  # type: ignore[return-value]
+
+
+def geometry(config: dict[str, Any] | None, *, drafter: bool = False) -> Geometry | None:
+    """The memory geometry of a dense decoder from its config (None where it is not one the formula covers).
+    A drafter shares the target's embedding and head; it adds its `fc` over the target features."""
+    if not isinstance(config, dict):
+        return None
+    c = text_config(config)
+    if c.get("num_experts") or c.get("num_local_experts") or c.get("enable_moe_block") or c.get("n_routed_experts"):
+        return None
+    try:
+        hidden, layers, heads = int(c["hidden_size"]), int(c["num_hidden_layers"]), int(c["num_attention_heads"])
+        inter, vocab = int(c["intermediate_size"]), int(c["vocab_size"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    hd = int(c.get("head_dim") or hidden // heads)
+    kv = int(c.get("num_key_value_heads") or heads)
+    types = c.get("layer_types") if isinstance(c.get("layer_types"), list) else ["full_attention"] * layers
+    window = c.get("sliding_window") if any(t == "sliding_attention" for t in types) else None
+    weights = kv_full = kv_window = 0
+    for kind in types[:layers]:
+        full = kind != "sliding_attention"
+        lhd = int(c.get("global_head_dim") or hd) if full else hd
+        lkv = int(c.get("num_global_key_value_heads") or kv) if full else kv
+        k_eq_v = full and bool(c.get("attention_k_eq_v"))
+        weights += hidden * heads * lhd * 2 + hidden * lkv * lhd * (1 if k_eq_v else 2) + 3 * hidden * inter
+        per_token = 2 * lkv * lhd * BYTES
+        if full or not window:
+            kv_full += per_token
+        else:
+            kv_window += per_token
+    if drafter:
+        dc = c.get("dflash_config") or {}
+        feats = len(dc.get("target_layer_ids") or []) or int(c.get("num_target_layers") or 0)
+        weights += feats * hidden * hidden
+    else:
+        weights += vocab * hidden * (1 if c.get("tie_word_embeddings", True) else 2)
+    return Geometry(weights * BYTES, kv_full, kv_window, int(window) if window else None)
+
+
+def gpu_memory_gib(gpu: str | None) -> float | None:
+    return GPU_MEMORY_GIB.get((gpu or "").lower())
+
+
+# ------------------------------------------------------------------ the plan's lengths
+
+
+def conversation_tokens(prompt, max_tokens: int, count) -> int:
+    """Tokens of a prompt's longest context: every turn (with a chat template's few tokens around each), the
+    answers before the last turn, and the last answer."""
+    turns = prompt.turns or [""]
+    return sum(count(t) + 16 for t in turns) + len(turns) * max_tokens
+
+
+def token_counter(target: str | None):
+    """Token counts with the target's tokenizer where it is a local folder, else about 3 characters a token
+    (an over-estimate for English text, so a plan is not passed on an optimistic guess)."""
+    if target and (Path(target) / "tokenizer_config.json").is_file():
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(target)
+        return lambda text: len(tok(text, add_special_tokens=False)["input_ids"])
+    return lambda text: math.ceil(len(text) / 3)
+
+
+def longest_context(settings, pair, data_dir: Path | None) -> int:
+    """The longest context any request of the plan can reach, in the target's tokens."""
+    from dflash_bench.sweep.prompts import LONG_MAX_TOKENS
+    from dflash_bench.suites import get_suite, load_prompts
+
+    count = token_counter(pair.target)
+    n = max(settings.num_prompts or max(16, 4 * c), c) if (c := max(settings.concurrency)) else 16
+    longest = 0
+    for suite in settings.suites:
+        new = settings.max_tokens or get_suite(suite).default_max_tokens
+        prompts = load_prompts(suite, data_dir=data_dir, num_prompts=n, seed=settings.seed)
+        longest = max([longest] + [conversation_tokens(p, new, count) for p in prompts])
+    for n_in in settings.input_lens:
+        longest = max(longest, n_in + 64 + (settings.max_tokens or LONG_MAX_TOKENS))
+    return longest
+
+
+def round_up(tokens: int) -> int:
+    return -(-tokens // ROUND) * ROUND
+
+
+# ------------------------------------------------------------------ the check
+
+
+@dataclass(frozen=True)
+class Fit:
+    """Memory of a plan on its GPUs, in bytes (all GPUs of one server together)."""
+
+    budget: int  # what the engine may fill with weights and KV
+    weights: int  # target + drafter
+    kv_per_seq: int  # one sequence at the context limit
+    concurrency: int
+
+    @property
+    def needed(self) -> int:
+        return self.weights + self.concurrency * self.kv_per_seq
+
+    @property
+    def fits(self) -> bool:
+        return self.needed <= self.budget
+
+
+def usable_gib(engine: str, gpu_gib: float) -> float:
+    """What one GPU gives an engine for weights and KV: its memory fraction less what it reserves inside it."""
+    from dflash_bench import profiles
+
+    profile = profiles.get(engine)
+    return gpu_gib * (profile.memory_fraction or 0.9) - profile.reserved_gib
+
+
+def fit(target: Geometry, drafter: Geometry | None, *, usable: float, gpus: int, context: int,
+        concurrency: int) -> Fit:
+    budget = int(gpus * usable * GIB)
+    weights = target.weight_bytes + (drafter.weight_bytes if drafter else 0)
+    kv = target.kv_bytes(context) + (drafter.kv_bytes(context) if drafter else 0)
+    return Fit(budget, weights, kv, concurrency)
+
+
+def refusal(f: Fit, *, gpu: str, gpus: int, context: int, max_tokens: int | None,
+            target: Geometry, drafter: Geometry | None, usable: float) -> str:
+    """The one sentence for a plan that does not fit, with what would."""
+    have, need = f.budget / GIB, f.needed / GIB
+    where = f"{gpus} {gpu.upper()}{'s' if gpus > 1 else ''}"
+    head = (f"the plan does not fit {where}: {f.weights / GIB:.1f} GiB of weights plus the KV cache of "
+            f"{f.concurrency} sequences of {context} tokens ({f.concurrency * f.kv_per_seq / GIB:.1f} GiB) need "
+            f"{need:.1f} GiB, and the engine may fill {have:.1f} GiB")
+    ways = []
+    for tp in (2, 4, 8):
+        if tp > gpus and fit(target, drafter, usable=usable, gpus=tp, context=context,
+                             concurrency=f.concurrency).fits:
+            ways.append(f"--tensor-parallel-size {tp}")
+            break
+    if f.weights >= f.budget:
+        return f"{head}; the weights alone do not fit: use " + (ways[0] if ways else "more GPUs") + "."
+    room = f.budget - f.weights
+    c_max = room // f.kv_per_seq if f.kv_per_seq else f.concurrency
+    if c_max >= 1:
+        ways.append(f"a concurrency of at most {c_max}")
+    per_seq = room // f.concurrency
+    tokens = max((t for t in range(ROUND, context, ROUND)
+                  if target.kv_bytes(t) + (drafter.kv_bytes(t) if drafter else 0) <= per_seq), default=0)
+    if tokens:
+        cut = context - tokens
+        ways.append(f"contexts of at most {tokens} tokens (--max-tokens {max_tokens - cut})"
+                    if max_tokens and max_tokens > cut else f"contexts of at most {tokens} tokens (shorter prompts)")
+    return f"{head}: use {' or '.join(ways)}." if ways else f"{head}."
+
+
+def size(settings, pair, data_dir: Path | None):
+    """The settings with the derived context limit, after refusing a plan that cannot fit; unchanged where the
+    GPU's memory is unknown (--gpu generic) or no launched engine is sized (the user's own servers)."""
+    gpu_gib = gpu_memory_gib(settings.gpu)
+    sized = [e for e in settings.engines if _sized(e)]
+    if gpu_gib is None or not sized or settings.url_ar:
+        return settings
+    context = round_up(longest_context(settings, pair, data_dir) + pair.block_size)
+    from dflash_bench.model_shapes import pair_configs
+
+    target_cfg, drafter_cfg = pair_configs(pair)
+    target, drafter = geometry(target_cfg), geometry(drafter_cfg, drafter=True) if pair.drafter else None
+    if target is not None:
+        gpus = settings.tensor_parallel or 1
+        for engine in sized:
+            usable = usable_gib(engine, gpu_gib)
+            f = fit(target, drafter, usable=usable, gpus=gpus, context=context, concurrency=max(settings.concurrency))
+            if not f.fits:
+                raise UserError(f"{engine}: " + refusal(f, gpu=settings.gpu, gpus=gpus, context=context,
+                                                        max_tokens=settings.max_tokens, target=target,
+                                                        drafter=drafter, usable=usable))
+    return settings.model_copy(update={"context_len": context})
+
+
+def _sized(engine: str) -> bool:
+    from dflash_bench import profiles
+
+    return profiles.get(engine).memory_fraction is not None
+
+
+def server_args(settings, engine: str) -> list[str]:
+    """The server's extra arguments: the engine's sizing flags for this plan, then the user's --engine-args."""
+    from dflash_bench import profiles
+
+    flags = profiles.get(engine).sizing_flags(settings.context_len, max(settings.concurrency),
+                                              settings.tensor_parallel)
+    return flags + list(settings.engine_args)

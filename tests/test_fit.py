@@ -1,0 +1,181 @@
+"""Sizing a plan for its GPUs from configs alone: the context limit, the engines' flags, the refusal of a plan
+that cannot fit, tensor parallelism, and vLLM's DFlash refusal for a drafter that mixes layer types."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dflash_bench import models, profiles
+from dflash_bench.errors import UserError
+from dflash_bench.model_shapes import GEMMA4_31B_DRAFTER, GEMMA4_31B_TARGET, mixes_layer_types, pair_configs
+from dflash_bench.store.manifest import SweepSettings
+from dflash_bench.sweep import fit
+
+ROOT = Path(__file__).resolve().parents[1]
+GEMMA = models.resolve("gemma-4-31B-it")
+
+
+def test_gemma_geometry_matches_the_published_sizes():
+    g = fit.geometry(GEMMA4_31B_TARGET)
+    assert g is not None
+    # about 62 GB of bf16 weights (30.7 B parameters)
+    assert 60e9 < g.weight_bytes < 63e9
+    # 10 full layers keep every token: 4 KV heads x 512 x K and V x 2 bytes; 50 sliding layers keep their window
+    assert g.kv_full == 10 * 2 * 4 * 512 * 2
+    assert g.kv_window == 50 * 2 * 16 * 256 * 2
+    assert g.window == 1024
+    # the third-party figure: about 3.5 GB at 32k tokens
+    assert 3.4e9 < g.kv_bytes(32768) < 3.6e9
+    assert g.kv_bytes(4096) - g.kv_bytes(2048) == 2048 * g.kv_full  # past the window only full layers grow
+
+
+def test_a_mixture_of_experts_is_not_sized():
+    assert fit.geometry({**GEMMA4_31B_TARGET, "enable_moe_block": True}) is None
+    assert fit.geometry({"hidden_size": 8}) is None
+
+
+def _settings(**kw) -> SweepSettings:
+    values = dict(model="gemma-4-31B-it", engines=["vllm"], suites=["gsm8k", "mt-bench"], concurrency=[1, 8, 32],
+                  max_tokens=128, gpu="h100")
+    return SweepSettings(**{**values, **kw})
+
+
+def test_one_h100_refuses_32_sequences_and_says_what_fits(data_dir):
+    with pytest.raises(UserError) as err:
+        fit.size(_settings(), GEMMA, data_dir)
+    text = str(err.value)
+    assert "does not fit 1 H100" in text and "32 sequences" in text
+    assert "--tensor-parallel-size 2" in text
+    assert "a concurrency of at most" in text
+    assert "\n" not in text  # one sentence
+
+
+def test_two_h100s_fit_the_same_plan_and_the_limit_is_derived(data_dir):
+    sized = fit.size(_settings(tensor_parallel=2), GEMMA, data_dir)
+    assert sized.context_len is not None and sized.context_len % fit.ROUND == 0
+    # the longest conversation plus the block, rounded up: at least the output cap of two mt-bench turns
+    assert sized.context_len >= 2 * 128 + GEMMA.block_size
+    args = fit.server_args(sized, "vllm")
+    assert args[args.index("--max-model-len") + 1] == str(sized.context_len)
+    assert args[args.index("--tensor-parallel-size") + 1] == "2"
+    assert args[args.index("--max-num-seqs") + 1] == "32"
+
+
+def test_weights_alone_too_large_ask_for_more_gpus(data_dir, monkeypatch):
+    monkeypatch.setitem(fit.GPU_MEMORY_GIB, "l40s", 44.0)
+    with pytest.raises(UserError, match="the weights alone do not fit: use --tensor-parallel-size 2"):
+        fit.size(_settings(concurrency=[1], gpu="l40s"), GEMMA, data_dir)
+
+
+def test_a_lower_concurrency_passes(data_dir):
+    sized = fit.size(_settings(concurrency=[1, 8]), GEMMA, data_dir)
+    assert sized.context_len
+
+
+def test_generic_preset_and_external_servers_are_not_sized(data_dir):
+    assert fit.size(_settings(gpu="generic"), GEMMA, data_dir).context_len is None
+    external = _settings(url_ar="http://127.0.0.1:1", url_dflash="http://127.0.0.1:2")
+    assert fit.size(external, GEMMA, data_dir).context_len is None
+
+
+def test_each_engine_gets_its_own_sizing_flags():
+    vllm = profiles.get("vllm").sizing_flags(1024, 8, 2)
+    assert vllm[:6] == ["--max-model-len", "1024", "--gpu-memory-utilization", "0.92", "--max-num-seqs", "8"]
+    sglang = profiles.get("sglang").sizing_flags(1024, 8, 2)
+    assert sglang == ["--context-length", "1024", "--mem-fraction-static", "0.88", "--max-running-requests", "8",
+                      "--tp-size", "2"]
+    assert profiles.get("builtin").sizing_flags(1024, 8, None) == ["--max-model-len", "1024", "--max-slots", "8"]
+    with pytest.raises(UserError, match="builtin engine runs on one GPU"):
+        profiles.get("builtin").sizing_flags(1024, 8, 2)
+    assert profiles.get("vllm").sizing_flags(None, 8, 2) == ["--tensor-parallel-size", "2"]
+
+
+def test_the_users_engine_args_come_last_so_they_win(data_dir):
+    sized = fit.size(_settings(concurrency=[1], engine_args=["--max-model-len", "4096"]), GEMMA, data_dir)
+    args = fit.server_args(sized, "vllm")
+    assert args[-2:] == ["--max-model-len", "4096"] and args.index("--max-model-len") < len(args) - 2
+
+
+def test_server_gpus_is_one_answer_for_telemetry_slurm_and_report():
+    settings = _settings(tensor_parallel=2)
+    assert profiles.server_gpus("vllm", GEMMA, settings) == 2
+    assert profiles.server_gpus("emulator", GEMMA, settings) == 0
+    assert profiles.server_gpus("vllm", GEMMA, _settings()) == 1
+    card = _settings(engine_args=["--tp-size", "1", "--tp-size", "4"])
+    assert profiles.server_gpus("sglang", GEMMA, card) == 4  # the last flag wins, as in the engine
+    assert profiles.recorded_gpus({"vllm-ar": {"gpus": 2, "command": ["vllm"]}}, {}) == 2
+    assert profiles.recorded_gpus({}, {"tensor_parallel": 2}) == 2
+    assert profiles.recorded_gpus({"vllm-ar": {"command": ["vllm", "--tensor-parallel-size", "2"]}}, {}) == 2
+    assert profiles.recorded_gpus({}, {}) is None
+
+
+def test_vllm_refuses_dflash_on_a_mixed_drafter_before_launch_where_its_version_is_known():
+    vllm = profiles.get("vllm")
+    assert mixes_layer_types(GEMMA4_31B_DRAFTER)
+    why = vllm.refusal(GEMMA, "dflash", "0.25.1")
+    assert why and why.startswith("vLLM 0.25.1 cannot run DFlash with this drafter")
+    assert "vllm issue 40898" in why and "PR #41703" in why and "sglang" in why
+    assert vllm.refusal(GEMMA, "ar", "0.25.1") is None
+    assert vllm.refusal(GEMMA, "dflash", None) is None  # unknown: launched, and its log read
+    assert vllm.refusal(GEMMA, "dflash", "0.31.0") is None
+    assert vllm.refusal(models.resolve("Qwen3-8B"), "dflash", "0.25.1") is None
+    assert vllm.version("docker", "vllm/vllm-openai:v0.25.1") == "0.25.1"
+    assert vllm.version("docker", "my/vllm:latest") is None
+
+
+def test_vllm_names_the_cause_from_its_log():
+    log = ("(EngineCore pid=1560) NotImplementedError: DFlash does not yet support mixed sliding/full attention "
+           "via layer_types; see https://github.com/vllm-project/vllm/issues/40898.")
+    assert profiles.get("vllm").failure(log).startswith("this vLLM cannot run DFlash with this drafter")
+    assert profiles.get("vllm").failure("CUDA out of memory") is None
+
+
+def test_the_shape_writer_writes_folders_the_sizing_reads(tmp_path, data_dir):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from big_shape import write_shape
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    written = write_shape("gemma-4-31B-it", tmp_path)  # one token a byte: no training in a test
+    assert written["renders"]["text"] == "<bos><start_of_turn>user\nWhat is 7 * 6?<end_of_turn>\n<start_of_turn>model\n"
+    pair = models.resolve(written["target"], drafter=written["drafter"])
+    target, drafter = pair_configs(pair)
+    assert fit.geometry(target) == fit.geometry(GEMMA4_31B_TARGET)
+    assert drafter["dflash_config"]["target_layer_ids"] == [1, 12, 23, 35, 46, 57]
+    assert not (Path(written["target"]) / "model.safetensors").exists()  # the engines make the weights
+    # the local folder's tokenizer counts the prompts: one token a byte makes longer contexts than the estimate
+    local = fit.size(_settings(model=written["target"], concurrency=[1], engine_options={"drafter": written["drafter"]}),
+                     pair, data_dir)
+    named = fit.size(_settings(concurrency=[1]), GEMMA, data_dir)
+    assert local.context_len > named.context_len
+
+
+def test_dry_run_shows_the_derived_limit_and_refuses_what_cannot_fit(data_dir):
+    base = [sys.executable, "-m", "dflash_bench", "sweep", "--model", "gemma-4-31B-it", "--engine", "vllm",
+            "--gpu", "h100", "--dry-run", "--data-dir", str(data_dir), "--suites", "gsm8k,mt-bench",
+            "--max-tokens", "128"]
+    ok = subprocess.run(base + ["-c", "1,8"], capture_output=True, text=True, cwd=ROOT)
+    assert ok.returncode == 0, ok.stderr
+    limit = next(line for line in ok.stdout.splitlines() if line.startswith("context limit"))
+    n = int(limit.split()[2])
+    assert f"--max-model-len {n} --gpu-memory-utilization 0.92 --max-num-seqs 8" in ok.stdout
+    refused = subprocess.run(base + ["-c", "1,8,32"], capture_output=True, text=True, cwd=ROOT)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "--tensor-parallel-size 2" in refused.stderr
+    tp = subprocess.run(base + ["-c", "1,8,32", "--tensor-parallel-size", "2"], capture_output=True, text=True,
+                        cwd=ROOT)
+    assert tp.returncode == 0, tp.stderr
+    assert "--tensor-parallel-size 2" in tp.stdout
+
+
+def test_config_file_round_trip(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(GEMMA4_31B_TARGET))
+    from dflash_bench.model_shapes import read_config
+
+    assert read_config(tmp_path) == GEMMA4_31B_TARGET
+    assert read_config(tmp_path / "missing") is None
