@@ -4,6 +4,7 @@ that cannot fit, tensor parallelism, and vLLM's DFlash refusal for a drafter tha
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -179,3 +180,24 @@ def test_config_file_round_trip(tmp_path):
 
     assert read_config(tmp_path) == GEMMA4_31B_TARGET
     assert read_config(tmp_path / "missing") is None
+
+
+def test_a_sweep_fails_vllms_dflash_cells_with_the_sentence_and_never_launches_them(tmp_path, data_dir):
+    """The process runner's vLLM is 0.25.1 (its distribution metadata, as the offline bundle installs it):
+    the DFlash server is refused before launch; the AR server is launched (and fails here: no vLLM to run)."""
+    site = tmp_path / "site" / "vllm-0.25.1.dist-info"
+    site.mkdir(parents=True)
+    (site / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.25.1\n")
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{site.parent}",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}/usr/bin{os.pathsep}/bin"}
+    out = tmp_path / "out"
+    got = subprocess.run([sys.executable, "-m", "dflash_bench", "sweep", "--model", "gemma-4-31B-it", "--engine", "vllm",
+                          "--runner", "process", "-c", "1", "--suites", "gsm8k", "-n", "1", "--data-dir", str(data_dir),
+                          "--out", str(out)], capture_output=True, text=True, cwd=ROOT, env=env)
+    assert "Traceback" not in got.stderr
+    [folder] = [p.parent for p in out.glob("*/manifest.json")]
+    manifest = json.loads((folder / "manifest.json").read_text())
+    reasons = {c["cell_id"]: c.get("reason") or "" for c in manifest["plan"]}
+    assert reasons["vllm-dflash-gsm8k-c1"].startswith("server did not start: vLLM 0.25.1 cannot run DFlash with this drafter")
+    assert "vllm-dflash" not in " ".join(manifest.get("servers", {}))  # never launched
+    assert "cannot run DFlash" not in reasons["vllm-ar-gsm8k-c1"]
