@@ -32,6 +32,19 @@ def test_pairs_and_headline(tmp_path):
     row = h.iloc[0]
     assert row["ar_tok_s"] == pytest.approx(105.0) and row["dflash_tok_s"] == pytest.approx(392.5)
     assert row["tau"] == pytest.approx(5.5) and row["repeats"] == 2
+    # the speedup is the repeats' median ratio (each repeat's pair ran close together), with their spread
+    assert row["speedup"] == pytest.approx(3.75) and (row["speedup_min"], row["speedup_max"]) == pytest.approx((3.5, 4.0))
+
+
+def test_one_disturbed_repeat_does_not_move_the_speedup(tmp_path):
+    path = _sweep(tmp_path / "s", [
+        ("builtin", "ar", "gsm8k", 1, 0, 100.0, None), ("builtin", "dflash", "gsm8k", 1, 0, 300.0, 6.0),
+        ("builtin", "ar", "gsm8k", 1, 1, 30.0, None), ("builtin", "dflash", "gsm8k", 1, 1, 290.0, 6.0),  # AR disturbed
+        ("builtin", "ar", "gsm8k", 1, 2, 105.0, None), ("builtin", "dflash", "gsm8k", 1, 2, 330.0, 6.0),
+    ])
+    row = analysis.headline(analysis.cells(path)).iloc[0]
+    assert row["speedup"] == pytest.approx(330 / 105) and row["speedup_max"] == pytest.approx(290 / 30)
+    assert row["speedup_min"] == pytest.approx(3.0)
 
 
 def test_several_sweeps_do_not_pair_across(tmp_path):

@@ -69,20 +69,38 @@ def quality_pairs(path: Path) -> list[dict[str, Any]]:
         if not (lossless or acc or acc_ar):
             continue
         kinds = lossless.get("divergences") or {}
+        unscored = _unscored(r["suite"])
         out.append({
             "engine": r["engine"], "suite": r["suite"], "concurrency": r["concurrency"], "repeat": r["repeat"],
             "exact": (f"{lossless['exact_match_rate']:.1%} of {lossless.get('n')}" if lossless.get("exact_match_rate") is not None
-                      else lossless.get("status", "–")),
+                      else lossless.get("status", NOT_CHECKED)),
             "divergences": ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())) or ("none" if lossless.get("n") else "–"),
             "first": (lossless.get("first_divergence") or {}).get("p50"),
-            "acc_ar": _accuracy(acc_ar), "acc_dflash": _accuracy(acc), "diff": _paired(acc.get("vs_ar")),
+            "acc_ar": _accuracy(acc_ar, unscored), "acc_dflash": _accuracy(acc, unscored),
+            "diff": _paired(acc.get("vs_ar")) if acc else unscored,
         })
     return out
 
 
-def _accuracy(x: dict[str, Any]) -> str:
+NOT_CHECKED = "not checked: run dflash-bench quality"
+
+
+def _unscored(suite: str) -> str:
+    """What an accuracy cell the checks never filled says: the command that fills it, or that none can."""
+    from dflash_bench.analysis import base_suite
+    from dflash_bench.quality.accuracy import ANSWER_SUITES, CODE_SUITES
+
+    base = str(base_suite(pd.Series([suite])).iloc[0])
+    if base in ANSWER_SUITES:
+        return "not scored: run dflash-bench quality"
+    if base in CODE_SUITES:
+        return "not scored: run dflash-bench quality --score-code"
+    return "no reference answers to score"
+
+
+def _accuracy(x: dict[str, Any], unscored: str = "–") -> str:
     if not x:
-        return "–"
+        return unscored
     if x.get("accuracy") is None:
         return str(x.get("status", "–"))
     interval = f" [{x['ci_low']:.1%}, {x['ci_high']:.1%}]" if x.get("ci_low") is not None and x.get("ci_high") is not None else ""

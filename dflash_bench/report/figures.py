@@ -99,13 +99,13 @@ def pareto(view: SweepView, x: str = "tok_s_user_p50", xlabel: str = "interactiv
     per = view.gpus or 1
     suites = view.ordered(data["suite"])
     fig, axes = _grid(len(suites))
+    labels: list[tuple[Any, float, float, str, str]] = []
     for ax, suite in zip(axes, suites):
         for (engine, mode), g in data[data["suite"] == suite].groupby(["engine", "mode"]):
             st = _style(view, engine, mode)
             xs, ys = g[x].to_numpy(float), g["output_throughput"].to_numpy(float) / per
             ax.scatter(xs, ys, color=st["color"], marker=st["marker"], zorder=3, label=_series_label(view, engine, mode))
-            for px, py, c in zip(xs, ys, g["concurrency"]):
-                ax.annotate(f"c{int(c)}", (px, py), textcoords="offset points", xytext=(4, 4), fontsize=8)
+            labels += [(ax, px, py, f"c{int(c)}", st["color"]) for px, py, c in zip(xs, ys, g["concurrency"])]
             front = frontier(list(zip(xs, ys)))
             ax.plot([p[0] for p in front], [p[1] for p in front], color=st["color"], linestyle=st["linestyle"], alpha=0.8)
         ax.set_title(suite)
@@ -116,7 +116,38 @@ def pareto(view: SweepView, x: str = "tok_s_user_p50", xlabel: str = "interactiv
         ax.set_ylim(bottom=0)
     axes[0].legend(fontsize=8)
     fig.tight_layout()
+    place_labels(fig, labels)
     return fig
+
+
+# offsets (points) tried in turn for a point's label: beside it, then above and below, then further out
+_OFFSETS = [(4, 4, "left"), (4, -11, "left"), (-4, 4, "right"), (-4, -11, "right"), (4, 13, "left"),
+            (4, -20, "left"), (-4, 13, "right"), (-4, -20, "right"), (4, 22, "left"), (4, -29, "left")]
+
+
+def place_labels(fig: plt.Figure, labels: list[tuple[Any, float, float, str, str]]) -> list[Any]:
+    """Label each point (axes, x, y, text, colour) where its text overlaps no label placed before it on the
+    same axes (AR and DFlash points of one concurrency often sit close), trying the offsets in turn; the
+    texts it drew. Call after the layout is final: it measures the texts as drawn."""
+    renderer = fig.canvas.get_renderer()
+    placed: dict[int, list[Any]] = {}
+    drawn = []
+    for ax, px, py, text, color in labels:
+        boxes = placed.setdefault(id(ax), [])
+        for dx, dy, ha in _OFFSETS:
+            note = ax.annotate(text, (px, py), textcoords="offset points", xytext=(dx, dy), ha=ha, fontsize=8,
+                               color=color)
+            box = note.get_window_extent(renderer)
+            if not any(box.overlaps(b) for b in boxes):
+                break
+            note.remove()
+        else:  # crowded beyond every offset: the first place, over another label rather than no label
+            dx, dy, ha = _OFFSETS[0]
+            note = ax.annotate(text, (px, py), textcoords="offset points", xytext=(dx, dy), ha=ha, fontsize=8, color=color)
+            box = note.get_window_extent(renderer)
+        boxes.append(box)
+        drawn.append(note)
+    return drawn
 
 
 def pareto_p90(view: SweepView) -> plt.Figure | None:

@@ -19,7 +19,7 @@ import jinja2
 
 from dflash_bench import __version__
 from dflash_bench.errors import UserError
-from dflash_bench.report import cells, figures, serving, tables
+from dflash_bench.report import cells, figures, measured, serving, tables
 from dflash_bench.store import MANIFEST, atomic_write_bytes
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -133,6 +133,8 @@ def _context(view: tables.SweepView, figs: dict[str, dict[str, str]], slo: str |
         "telemetry_note": m.telemetry or "; ".join(telemetry_off) or "no telemetry.csv in any cell",
         "failed": view.failed,
         "quality": view.quality,
+        "quality_hint": measured.quality_hint(view),
+        "measured": measured.describe(view),
         "samples": view.samples,
         "command_line": shlex.join(m.command_line) if m.command_line else "",
         "manifest_blocks": [(k, _pretty(tables.redact(tables.plain(getattr(m, k))))) for k in

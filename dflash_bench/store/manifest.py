@@ -100,6 +100,7 @@ class ModelRevision(_Open):
     revision: str | None = None  # the commit the local Hugging Face cache resolved `main` to
     config_sha256: str | None = None
     chat_template_sha256: str | None = None
+    parameters: int | None = None  # counted from the safetensors headers of a folder on this machine
 
 
 class Models(_Open):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import platform
 import re
@@ -63,7 +64,28 @@ def model_revision(model: str) -> dict[str, Any]:
         template = chat_template(folder)
         if template:
             info["chat_template_sha256"] = hashlib.sha256(template.encode()).hexdigest()[:16]
+        count = parameter_count(folder)
+        if count:
+            info["parameters"] = count
     return info
+
+
+def parameter_count(folder: Path) -> int | None:
+    """The parameters in a model folder's *.safetensors files, read from their headers alone (a header is
+    8 bytes of length, then JSON naming each tensor's shape); None without such files or with a broken one."""
+    total = 0
+    files = sorted(folder.glob("*.safetensors"))
+    try:
+        for file in files:
+            with open(file, "rb") as fh:
+                size = int.from_bytes(fh.read(8), "little")
+                if not 0 < size < 100_000_000:
+                    return None
+                header = json.loads(fh.read(size))
+            total += sum(math.prod(t["shape"]) for name, t in header.items() if name != "__metadata__")
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return total or None
 
 
 def chat_template(folder: Path) -> str | None:

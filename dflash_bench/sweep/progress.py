@@ -121,8 +121,18 @@ def cells_table(summaries: list[CellSummary]) -> Table:
     return table
 
 
+def speedup_text(row) -> str:
+    """'2.41x', and with repeats their median and lowest-highest: '2.41x (2.30-2.55)'."""
+    text = f"{row['speedup']:.2f}x"
+    if int(row.get("repeats", 1) or 1) > 1 and row.get("speedup_min") == row.get("speedup_min"):
+        text += f" ({row['speedup_min']:.2f}-{row['speedup_max']:.2f})"
+    return text
+
+
 def headline_table(head) -> Table:
-    table = Table(title="AR vs DFlash (output tokens/s)")
+    most = int(head["repeats"].max()) if "repeats" in head.columns and not head.empty else 1
+    title = "AR vs DFlash (output tokens/s" + (f"; speedup over {most} repeats: median (lowest-highest))" if most > 1 else ")")
+    table = Table(title=title)
     for col in ("engine", "suite", "concurrency", "AR tok/s", "DFlash tok/s", "speedup", "τ"):
         table.add_column(col, justify="right" if col not in ("engine", "suite") else "left")
     for _, r in head.iterrows():
@@ -130,7 +140,7 @@ def headline_table(head) -> Table:
         if tau == "-" or r["tau"] < 1.05:  # the DFlash server showed no sign of speculating
             tau = f"[bold red]{tau} (no speculation)[/]"
         table.add_row(escape(str(r["engine"])), escape(str(r["suite"])), str(r["concurrency"]), f"{r['ar_tok_s']:,.1f}",
-                      f"{r['dflash_tok_s']:,.1f}", f"{r['speedup']:.2f}x", tau)
+                      f"{r['dflash_tok_s']:,.1f}", speedup_text(r), tau)
     return table
 
 

@@ -1,0 +1,112 @@
+"""The report says what was measured: engine, device, model sizes, max tokens and thinking above the numbers;
+a toy target's outputs labelled as such; empty quality cells naming the command that fills them; Pareto
+labels that do not overlap; speedups with their spread over repeats."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from report_sweeps import make_sweep
+
+from dflash_bench.report import build_report, figures
+from dflash_bench.report.tables import load
+from dflash_bench.store import SweepDir
+
+
+def _text(page: Path) -> str:
+    html = re.sub(r"<img[^>]*>", "", page.read_text())
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
+
+
+def _toy_model(folder: Path) -> Path:
+    """A model folder whose safetensors hold 1000 x 64 + 64 = 64,064 parameters."""
+    from safetensors.numpy import save_file
+
+    folder.mkdir(parents=True)
+    save_file({"embed.weight": np.zeros((1000, 64), np.float32), "norm.weight": np.zeros(64, np.float32)},
+              str(folder / "model.safetensors"))
+    (folder / "config.json").write_text("{}")
+    return folder
+
+
+def test_a_toy_targets_report_says_what_was_measured_and_labels_its_outputs(tmp_path):
+    target = _toy_model(tmp_path / "toy-target")
+    path = make_sweep(tmp_path / "cpu", engine="builtin", gpus=None, telemetry=False, concurrency=(1, 4),
+                      model=str(target))
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["models"]["drafter"]["parameters"] = 2_500_000  # as the sweep records it (provenance.model_revision)
+    manifest["settings"]["thinking"] = False
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    text = _text(build_report([path]))
+    line = re.search(r"Measured: (.*?)\.(?: |$)", text).group(1)
+    assert line.split(" · ") == ["engine builtin", "CPU (no GPU recorded)", "target 64.1K parameters",
+                                 "drafter 2.5M parameters", "max tokens 512", "thinking off (asked)"]
+    assert "A toy target (64.1K parameters)" in text
+    assert "Outputs of a toy model (64.1K parameters), not meant to read as sensible text" in text
+
+
+def test_a_real_models_report_gives_its_gpu_and_no_toy_label(tmp_path):
+    path = make_sweep(tmp_path / "h100", gpus=2, model="Qwen/Qwen3-8B")  # not on this machine: size unknown
+    text = _text(build_report([path]))
+    line = re.search(r"Measured: (.*?)\.(?: |$)", text).group(1)
+    assert line.startswith("engine vllm · 2× NVIDIA H100 80GB HBM3 · target size not recorded")
+    assert "toy" not in text.lower()
+
+
+def test_empty_quality_cells_name_the_command_that_fills_them(tmp_path, monkeypatch):
+    path = make_sweep(tmp_path / "q", lossless=True)
+    sweep = SweepDir.open(path)
+    for s in sweep.summaries():  # the lossless check ran (the sweep saved token ids); accuracy was never scored
+        s.accuracy = None
+        sweep.write_summary(s)
+    monkeypatch.chdir(tmp_path)
+    text = _text(build_report([path]))
+    assert "fills in with dflash-bench quality q " in text  # the folder as seen from where the report was built
+    row = re.search(r"vllm gsm8k 1 0 (.*?) vllm", text).group(1)
+    assert row.count("not scored: run dflash-bench quality") == 3 and "–" not in row, row
+    assert "no reference answers to score" in re.search(r"vllm mt-bench 1 0 (.*?) vllm", text).group(1)
+
+
+def test_speedups_with_repeats_show_their_spread(tmp_path):
+    path = make_sweep(tmp_path / "rep", repeats=3, suites=("gsm8k",), concurrency=(1,))
+    sweep = SweepDir.open(path)
+    for s in sweep.summaries():  # DFlash repeats 2.0x, 3.0x and 2.5x the AR cells' 100 tok/s
+        s.output_throughput = 100.0 if s.mode == "ar" else 100.0 * (2.0, 3.0, 2.5)[s.repeat]
+        sweep.write_summary(s)
+    text = _text(build_report([path]))
+    assert "2.50× 2.00–3.00× over 3 repeats" in text
+
+
+def test_pareto_labels_do_not_overlap_where_points_coincide(tmp_path):
+    path = make_sweep(tmp_path / "p", suites=("gsm8k",), concurrency=(1, 8, 32))
+    (view,) = load([path])
+    ar = view.done[view.done["mode"] == "ar"]
+    for col in ("output_throughput", "tok_s_user_p50"):  # every DFlash point on top of its AR point
+        view.done.loc[view.done["mode"] == "dflash", col] = ar.set_index("concurrency").loc[
+            view.done.loc[view.done["mode"] == "dflash", "concurrency"], col].to_numpy()
+    fig = figures.pareto(view)
+    renderer = fig.canvas.get_renderer()
+    (ax,) = [a for a in fig.axes if a.get_visible()]
+    boxes = [t.get_window_extent(renderer) for t in ax.texts]
+    assert sorted(t.get_text() for t in ax.texts) == sorted(["c1", "c8", "c32"] * 2)
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1:]:
+            assert not a.overlaps(b), (a, b)
+
+
+@pytest.mark.parametrize("offsets", [[(4, 4, "left")] * 10])
+def test_the_overlap_check_can_fail(tmp_path, offsets, monkeypatch):
+    """With one place for every label, coinciding points' labels do overlap: the check above can see it."""
+    monkeypatch.setattr(figures, "_OFFSETS", offsets)
+    path = make_sweep(tmp_path / "p", suites=("gsm8k",), concurrency=(8,))
+    (view,) = load([path])
+    for col in ("output_throughput", "tok_s_user_p50"):
+        view.done[col] = float(view.done[col].iloc[0])
+    fig = figures.pareto(view)
+    (ax,) = [a for a in fig.axes if a.get_visible()]
+    a, b = (t.get_window_extent(fig.canvas.get_renderer()) for t in ax.texts)
+    assert a.overlaps(b)
