@@ -200,7 +200,7 @@ def test_scheduler_gpus_reads_the_jobs_gpus_from_slurm():
 def test_job_script_asks_for_the_servers_gpus_and_runs_the_hidden_job_command(tmp_path):
     from dflash_bench.sweep.slurm import SlurmJob, SlurmOptions, job_script
 
-    job = SlurmJob(key="r0-00-vllm-ar", engine="vllm", mode="ar", cells=["vllm-ar-gsm8k-c1"], settings={}, gpus=2)
+    job = SlurmJob(key="r0-00-vllm-ar", engine="vllm", mode="ar", cells=["vllm-ar-gsm8k-c1"], gpus=2)
     opts = SlurmOptions(partition="gpu", time="04:00:00", gpu_type="h100", sbatch_args=["--qos=high"])
     script = job_script(tmp_path, job, opts, "sweep-1")
     lines = script.splitlines()
@@ -250,7 +250,7 @@ def test_local_resume_is_refused_while_a_job_of_the_sweep_runs(slurm_cluster, tm
     job_id = sub.stdout.strip().split(";")[0]
     try:
         write_job(folder, SlurmJob(key="r0-00-vllm-ar", engine="vllm", mode="ar", cells=["vllm-ar-gsm8k-c1"],
-                                   settings={}, job_id=job_id, state="RUNNING"))
+                                   job_id=job_id, state="RUNNING"))
         proc = subprocess.run([sys.executable, "-m", "dflash_bench", "sweep", "--resume", str(folder)],
                               capture_output=True, text=True, timeout=120)
     finally:

@@ -76,8 +76,8 @@ async def measure_async(url: str, prompts: Sequence[Prompt], request: RequestSet
         finally:
             if telemetry is not None:
                 telemetry.stop()
-        snaps.after, err = await _scrape(tr, load.timeout)
-        snaps.error = snaps.error or err
+        snaps.after, late = await _scrape(tr, load.timeout)
+        snaps.error = snaps.error or late
     finally:
         await tr.close()
     if snaps.before and snaps.after:

@@ -10,7 +10,7 @@ import asyncio
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Awaitable, Callable, Sequence
 
 from dflash_bench.client.protocol import PATHS, RequestSettings, Stream, build_body
 from dflash_bench.client.transport import Transport, with_timeout
@@ -47,7 +47,7 @@ class LoadResult:
 
 class LoadGenerator:
     def __init__(self, transport: Transport, req: RequestSettings, load: LoadSettings,
-                 on_progress: ProgressFn | None = None, between: Callable[[], object] | None = None):
+                 on_progress: ProgressFn | None = None, between: Callable[[], Awaitable[None]] | None = None):
         self.tr = transport
         self.req = req
         self.load = load

@@ -11,12 +11,19 @@ the arrival time of the network read that carried it, and keeps only what the me
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, TypedDict
 
 import orjson
 
 APIS = ("chat", "completions", "generate")
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "generate": "/generate"}
+
+
+class SavedIds(TypedDict):
+    """A request's token ids and top-2 logprobs per position, as the record keeps them (RequestRecord)."""
+
+    token_ids: list[int] | None
+    top_logprobs: list[list[tuple[int, float]]] | None
 
 
 @dataclass(frozen=True)
@@ -87,10 +94,10 @@ def chat_renderer(tokenizer: str, enable_thinking: bool | None) -> Callable[[lis
         raise ValueError(f"cannot load the tokenizer {tokenizer!r}: {str(err).splitlines()[0][:160]}") from None
     if not getattr(tok, "chat_template", None):
         raise ValueError(f"the tokenizer {tokenizer!r} has no chat template")
-    kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+    kwargs: dict[str, Any] = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
 
     def render(messages: list[dict[str, str]]) -> str:
-        return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
+        return str(tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs))
 
     return render
 
@@ -128,8 +135,8 @@ class Stream:
         self.finish: str | None = None
         self.error: str | None = None
         self.done = False
-        self.ids: list[int] | None = [] if want_ids else None
-        self.tops: list[list[tuple[int, float]]] | None = [] if want_ids else None
+        self.ids: list[int] = []  # filled only when want_ids
+        self.tops: list[list[tuple[int, float]]] = []
         self.spec_steps: int | None = None
         self.spec_accepted: int | None = None
         self.spec_drafted: int | None = None  # llama.cpp timings.draft_n
@@ -148,13 +155,13 @@ class Stream:
     def output_text(self) -> str:
         return self.text if self.text is not None else "".join(self.pieces)
 
-    def saved_ids(self) -> dict:
-        """token_ids and top_logprobs for the record; both None when the server reported ids for fewer tokens
-        than it generated (llama.cpp sends logprobs for none of the accepted draft tokens): a partial list
-        would read as a divergence at its end. One missing id is allowed: a final stop token some servers
-        count but do not report."""
+    def saved_ids(self) -> SavedIds:
+        """token_ids and top_logprobs for the record; both None when they were not asked for, or when the server
+        reported ids for fewer tokens than it generated (llama.cpp sends logprobs for none of the accepted draft
+        tokens): a partial list would read as a divergence at its end. One missing id is allowed: a final stop
+        token some servers count but do not report."""
         ids = self.ids
-        if ids is not None and self.output_tokens is not None and len(ids) < self.output_tokens - 1:
+        if not self.want_ids or (self.output_tokens is not None and len(ids) < self.output_tokens - 1):
             return {"token_ids": None, "top_logprobs": None}
         return {"token_ids": ids, "top_logprobs": self.tops}
 
@@ -261,7 +268,8 @@ class Stream:
             self.tokens = list(range(1, n + 1))
         else:
             total = chars[-1] or 1
-            cum, prev = [], 0
+            cum: list[int] = []
+            prev = 0
             for c in chars:
                 prev = max(prev, min(n, round(n * c / total)), 1 if not cum else 0)
                 cum.append(prev)

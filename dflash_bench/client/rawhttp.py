@@ -244,6 +244,7 @@ class RawTransport:
             r = c.resp = _Response(st, asyncio.get_running_loop().create_future())
             if st is not None:
                 st.t_write = _clock()
+            assert c.tr is not None  # connection_made set it before create_connection returned
             c.tr.write(head + body)
             try:
                 return await r.fut

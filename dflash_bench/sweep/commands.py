@@ -65,9 +65,8 @@ def _settings(options: dict[str, Any], resume: Path | None, image: str | None = 
     if resume is not None:
         from dflash_bench.sweep.folder import check_has_plan
 
-        manifest = SweepDir.open(resume).read_manifest()
-        check_has_plan(manifest, resume)
-        merged = {**manifest.settings.model_dump(), **given}  # every option not given again is the sweep's own
+        saved = check_has_plan(SweepDir.open(resume).read_manifest(), resume)
+        merged = {**saved.model_dump(), **given}  # every option not given again is the sweep's own
         return _validated(merged)
     if "model" not in given:
         raise UserError("pass --model (a short name from `dflash-bench models`, a Hugging Face id or a folder)")
@@ -123,7 +122,7 @@ def resolve_suites(value: str | None) -> list[str] | None:
         return None
     if value.strip() == "all":
         return [s.name for s in list_suites() if s.name != "speed-bench"]  # needs a prepared copy: ask for it by name
-    names = parse_list(value)
+    names = parse_list(value) or []
     for name in names:
         get_suite(name)
     return names

@@ -30,7 +30,7 @@ def print_plan(settings: SweepSettings, image: str | None) -> None:
     for launch in launches(plan, paired=settings.paired):
         if settings.url_ar:
             url = settings.url_ar if launch.mode == "ar" else settings.url_dflash
-            console.print(f"[bold]{launch.engine} {launch.mode}[/] ({len(launch.cells)} cells): measure {escape(url)}")
+            console.print(f"[bold]{launch.engine} {launch.mode}[/] ({len(launch.cells)} cells): measure {escape(url or '')}")
             continue
         profile, _, argv, env, port = plan_server(launch.engine, pair, launch.mode, port=settings.port, preset=settings.gpu,
                                                   extra_args=server_args(settings, launch.engine), runner=settings.runner)

@@ -81,14 +81,15 @@ def _resumable(sweep: SweepDir, settings: SweepSettings, resume: Path) -> Manife
     return manifest
 
 
-def check_has_plan(manifest: Manifest, folder: Path) -> None:
-    """A folder `sweep --resume` can finish: a plan of cells and the settings that made it."""
+def check_has_plan(manifest: Manifest, folder: Path) -> SweepSettings:
+    """A folder `sweep --resume` can finish: a plan of cells and the settings that made it (returned)."""
     if not manifest.plan:
         raise UserError(f"cannot resume {folder}: its manifest has no plan of cells (a sweep stopped before it "
                         "planned, or an edited manifest); start a new sweep instead")
     if manifest.settings is None:
         raise UserError(f"cannot resume {folder}: it was written by `dflash-bench run`, not by a sweep (its manifest "
                         "has no sweep settings); add cells to it with `dflash-bench run --name`, or start a new sweep")
+    return manifest.settings
 
 
 def status_from_disk(sweep: SweepDir, cell: CellPlan) -> None:

@@ -65,8 +65,10 @@ def check_context(settings: SweepSettings, target: Path | None) -> None:
     except (OSError, ValueError):
         return
     limit = config.get("max_position_embeddings") or (config.get("text_config") or {}).get("max_position_embeddings")
+    if not isinstance(limit, int):
+        return
     new = settings.max_tokens or LONG_MAX_TOKENS
-    too_long = [n for n in settings.input_lens if isinstance(limit, int) and n + new > limit]
+    too_long = [n for n in settings.input_lens if n + new > limit]
     if too_long:
         raise UserError(f"--input-len {too_long[0]} plus {new} new tokens passes the target's {limit} positions "
                         f"({settings.model}): use lengths up to {limit - new}, or a target with a longer context")

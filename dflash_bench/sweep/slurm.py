@@ -20,12 +20,11 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, Field
 
 from dflash_bench.errors import UserError
-from dflash_bench.store import atomic_write_json, atomic_write_text, read_json_model
+from dflash_bench.store import SweepSettings, atomic_write_json, atomic_write_text, read_json_model
 
 SLURM_DIR = "slurm"
 # a job in one of these states has not ended (COMPLETING: its processes are still being cleaned up)
@@ -52,7 +51,8 @@ class SlurmJob(BaseModel):
     engine: str
     mode: str
     cells: list[str]
-    settings: dict[str, Any]  # the full SweepSettings (runner included), so the job needs no command line
+    settings: SweepSettings | None = None  # all of them (runner included), so the job needs no command line;
+    # None only in --dry-run's scripts, which are shown, never run
     data_dir: str | None = None
     image: str | None = None
     gpus: int = 0
@@ -66,6 +66,11 @@ class SlurmJob(BaseModel):
     @property
     def active(self) -> bool:
         return self.state in ACTIVE
+
+
+def job_ids(jobs: list[SlurmJob]) -> list[str]:
+    """The scheduler's ids of the jobs submitted (a job not yet submitted has none)."""
+    return [j.job_id for j in jobs if j.job_id]
 
 
 class JobState(BaseModel):

@@ -12,9 +12,10 @@ import os
 import socket
 from pathlib import Path
 
+from dflash_bench.errors import UserError
 from dflash_bench.store import Manifest, SweepDir, atomic_write_json
 from dflash_bench.sweep import slurm
-from dflash_bench.sweep.plan import SweepSettings, launches
+from dflash_bench.sweep.plan import launches
 
 
 class JobSweepDir(SweepDir):
@@ -52,7 +53,9 @@ def run_job(folder: Path, key: str) -> int:
     job = slurm.read_job(folder, key)
     shared = SweepDir.open(folder)
     # jobs that share a node must not share a port: each takes a free one (port is a resume-free setting)
-    settings = SweepSettings(**{**job.settings, "port": free_port()})
+    if job.settings is None:
+        raise UserError(f"{slurm.job_file(folder, key)} holds no sweep settings: it is a --dry-run's job, not one to run")
+    settings = job.settings.model_copy(update={"port": free_port()})
     manifest = shared.read_manifest()
     mine = set(job.cells)
     manifest.plan = [c for c in manifest.plan if c.cell_id in mine]

@@ -179,7 +179,7 @@ def print_jobs(settings: SweepSettings, opts: SlurmOptions, image: str | None) -
     pair = models.resolve(settings.model, drafter=settings.engine_options.get("drafter"))
     for i, launch in enumerate(launches(plan_cells(settings))):
         job = SlurmJob(key=f"r0-{i:02d}-{launch.engine}-{launch.mode}", engine=launch.engine, mode=launch.mode,
-                       cells=[c.cell_id for c in launch.cells], settings={}, gpus=_gpus(settings, opts, pair, launch.engine))
+                       cells=[c.cell_id for c in launch.cells], gpus=_gpus(settings, opts, pair, launch.engine))
         typer.echo(f"\nslurm job {job.key} ({len(job.cells)} cells):")
         typer.echo(slurm.job_script(Path("SWEEP_DIR"), job, opts, "SWEEP_ID").rstrip())
 
@@ -192,7 +192,7 @@ def _submit_all(r: _Run, cells: list[CellPlan], console: Console) -> None:
     earlier = len(jobs)
     for i, launch in enumerate(launches(cells)):
         job = SlurmJob(key=f"r{round_}-{i:02d}-{launch.engine}-{launch.mode}", engine=launch.engine, mode=launch.mode,
-                       cells=[c.cell_id for c in launch.cells], settings=settings.model_dump(),
+                       cells=[c.cell_id for c in launch.cells], settings=settings,
                        data_dir=str(Path(data_dir).resolve()) if data_dir else None, image=image,
                        gpus=_gpus(settings, opts, r.ctx.pair, launch.engine))
         slurm.write_job(sweep.path, job)
@@ -245,10 +245,10 @@ def refuse_local_resume(folder: Path) -> None:
     if not recorded:
         return
     try:
-        found = slurm.states([j.job_id for j in recorded])
+        found = slurm.states(slurm.job_ids(recorded))
     except UserError:
         return  # no Slurm here: the jobs cannot be running where this machine could see them
-    alive = [j.job_id for j in recorded if found.get(j.job_id) and found[j.job_id].state in slurm.ACTIVE]
+    alive = [j for j in slurm.job_ids(recorded) if j in found and found[j].state in slurm.ACTIVE]
     if alive:
         raise UserError(f"Slurm jobs {', '.join(alive)} of this sweep are still queued or running; resume with "
                         "--executor slurm to wait on them, or scancel them first")
@@ -260,9 +260,9 @@ def refuse_local_resume(folder: Path) -> None:
 def _poll(ctx: Ledger, jobs: list[SlurmJob], console: Console) -> None:
     sweep = ctx.sweep
     active = [j for j in jobs if j.active]
-    found = slurm.states([j.job_id for j in active])
+    found = slurm.states(slurm.job_ids(active))
     for job in active:
-        st = found.get(job.job_id)
+        st = found.get(job.job_id) if job.job_id else None
         if st is None:
             continue
         job.node = st.node or job.node
@@ -298,8 +298,8 @@ def _finish(ctx: Ledger, job: SlurmJob, st: slurm.JobState, console: Console) ->
 def _cancel_and_wait(runs: list[_Run], console: Console) -> None:
     """Ctrl-C: cancel every job these sweeps have queued or running (none is left behind), then record them."""
     active = [j for r in runs for j in r.jobs if j.active]
-    console.print(f"interrupted: cancelling slurm jobs {', '.join(j.job_id for j in active)}")
-    slurm.cancel([j.job_id for j in active])
+    console.print(f"interrupted: cancelling slurm jobs {', '.join(slurm.job_ids(active))}")
+    slurm.cancel(slurm.job_ids(active))
     deadline = time.monotonic() + CANCEL_WAIT_S
     while any(j.active for r in runs for j in r.jobs) and time.monotonic() < deadline:
         time.sleep(1.0)

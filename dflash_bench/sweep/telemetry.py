@@ -24,7 +24,7 @@ def start_telemetry(manifest: Manifest, progress: SweepProgress, settings: Sweep
     if status.enabled:  # devices 0..tp-1 of what the server sees (a container launched here sees every GPU)
         visible = os.environ.get("CUDA_VISIBLE_DEVICES") if settings.runner == "process" else scheduler_gpus()
         devices = server_devices(settings, pair)
-        gpus = resolve_gpus(devices, visible) if devices is not None else None
+        gpus = resolve_gpus([*devices], visible) if devices is not None else None
     sampler = TelemetrySampler(gpus)
     manifest.telemetry = sampler.status.as_manifest()
     if sampler.enabled:
