@@ -68,7 +68,8 @@ def geometry(config: dict[str, Any] | None, *, drafter: bool = False) -> Geometr
         return None
     hd = int(c.get("head_dim") or hidden // heads)
     kv = int(c.get("num_key_value_heads") or heads)
-    types = c.get("layer_types") if isinstance(c.get("layer_types"), list) else ["full_attention"] * layers
+    given = c.get("layer_types")
+    types: list[Any] = given if isinstance(given, list) else ["full_attention"] * layers
     window = c.get("sliding_window") if any(t == "sliding_attention" for t in types) else None
     weights = kv_full = kv_window = 0
     for kind in types[:layers]:
