@@ -57,6 +57,7 @@ from dflash_bench.engine.fast.model import FastTarget  # noqa: E402
 from dflash_bench.engine.fast.accept import synthetic_rate  # noqa: E402
 from dflash_bench.engine.fast.drive import decode  # noqa: E402
 from dflash_bench.engine.fast.runner import FastRunner  # noqa: E402
+from dflash_bench.engine.fast.timer import StepTimer  # noqa: E402
 from dflash_bench.engine.target import load_model  # noqa: E402
 
 PAIR = ROOT / "dflash_bench" / "assets" / "default_pair"
@@ -96,11 +97,12 @@ def interleaved(ar: FastRunner, df: FastRunner, prompts: list[list[int]], steps:
     runners' own timers (AR step; DFlash draft and verify) and of the wall time of `runner.step`, in ms."""
     slots = list(range(len(prompts)))
     walls: dict[str, list[float]] = {"ar": [], "df": []}
-    for r in (ar, df):
+    timers = {}
+    for name, r in (("ar", ar), ("df", df)):
         r.add_many(slots, prompts)
         for _ in range(2):
             r.step(slots)
-        r.timings, r.timing = [], True
+        timers[name] = StepTimer().attach(r)
     for _ in range(steps):
         for name, r in (("ar", ar), ("df", df)):
             t = time.perf_counter()
@@ -108,8 +110,8 @@ def interleaved(ar: FastRunner, df: FastRunner, prompts: list[list[int]], steps:
             walls[name].append((time.perf_counter() - t) * 1e3)
     out = {}
     for name, r in (("ar", ar), ("df", df)):
-        r.timing = False
-        draft, verify = r.step_times_ms()
+        timers[name].detach()
+        draft, verify = timers[name].step_times_ms()
         out[name] = dict(draft_ms=draft if r.B > 1 else 0.0, verify_ms=verify, step_ms=med(walls[name]))
         for s in slots:
             r.release(s)
@@ -194,27 +196,25 @@ def decode_rate(runner: FastRunner, prompts: list[list[int]], new: int) -> dict:
     """Prefill (not timed), then decode every prompt to `new` tokens: tok/s, tau, widths chosen meanwhile, and
     tok/s until the first request finished (every row still running: DFlash rows finish at different steps,
     AR rows at once, and a closed batch's tail is no serving workload)."""
-    runner.reset_counts()
     before = dict(runner.chooser.chosen) if runner.chooser else {}
+    timer = StepTimer().attach(runner)  # the decode's steps and acceptance (prefill steps nothing)
     firsts = runner.add_many(list(range(len(prompts))), prompts)
     outs = [[f] for f in firsts]
     first: dict = {}
 
-    def release(slot: int) -> None:
+    def done(slot: int) -> None:
         if not first:
             first.update(t=time.perf_counter(), tokens=sum(min(len(o), new) - 1 for o in outs))
-        type(runner).release(runner, slot)
-    runner.release = release  # type: ignore[method-assign]
     t = time.perf_counter()
     try:
-        decode(runner, outs, new)
+        decode(runner, outs, new, on_done=done)
     finally:
-        del runner.release
+        timer.detach()
     dt = time.perf_counter() - t
-    out = dict(tok_s=sum(min(len(o), new) - 1 for o in outs) / dt, steps=runner.steps, outs=[o[:new] for o in outs],
+    out = dict(tok_s=sum(min(len(o), new) - 1 for o in outs) / dt, steps=timer.steps, outs=[o[:new] for o in outs],
                full_batch_tok_s=first["tokens"] / (first["t"] - t))
     if runner.B > 1:
-        out.update(tau=runner.tau, width=1 + runner.drafted / max(runner.row_steps, 1))
+        out.update(tau=timer.tau, width=timer.verify_width)
         if runner.chooser:
             out["widths"] = {w: n - before.get(w, 0) for w, n in sorted(runner.chooser.chosen.items())
                              if n > before.get(w, 0)}

@@ -15,6 +15,7 @@ from dflash_bench.engine.fast.draft import FastDrafter
 from dflash_bench.engine.fast.model import FastTarget, matmul
 from dflash_bench.engine.fast.drive import generate
 from dflash_bench.engine.fast.runner import FastRunner
+from dflash_bench.engine.fast.timer import StepTimer
 
 
 def sync(dev):
@@ -120,12 +121,11 @@ def lossless_tiny(dev) -> dict:
             ft = FastTarget(df.target.model, max_slots=8, max_len=512)
             fd = FastDrafter(df.proposer.drafter, ft.embed, ft.head, max_slots=8, max_len=512)
             fast_ar = generate(FastRunner(ft, None, kv_block=64), ps, 64)
-            r = FastRunner(ft, fd, kv_block=64)
-            fast_df = generate(r, ps, 64)
-            auto = FastRunner(ft, fd, kv_block=64, adaptive=True)
-            fast_auto = generate(auto, ps, 64)
-            res[name] = dict(ar_equal_reference=fast_ar == ref, dflash_equal_ar=fast_df == fast_ar, tau=round(r.tau, 3),
-                             adaptive_equal_ar=fast_auto == fast_ar, adaptive_tau=round(auto.tau, 3))
+            r, auto = FastRunner(ft, fd, kv_block=64), FastRunner(ft, fd, kv_block=64, adaptive=True)
+            timers = StepTimer().attach(r), StepTimer().attach(auto)
+            fast_df, fast_auto = generate(r, ps, 64), generate(auto, ps, 64)
+            res[name] = dict(ar_equal_reference=fast_ar == ref, dflash_equal_ar=fast_df == fast_ar, tau=round(timers[0].tau, 3),
+                             adaptive_equal_ar=fast_auto == fast_ar, adaptive_tau=round(timers[1].tau, 3))
     return res
 
 

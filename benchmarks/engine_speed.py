@@ -29,6 +29,7 @@ from dflash_bench.engine.fast.draft import FastDrafter  # noqa: E402
 from dflash_bench.engine.fast.model import FastTarget  # noqa: E402
 from dflash_bench.engine.fast.drive import decode, generate  # noqa: E402
 from dflash_bench.engine.fast.runner import FastRunner  # noqa: E402
+from dflash_bench.engine.fast.timer import StepTimer  # noqa: E402
 
 from engine_diagnostics import (copy_bandwidth, divergence_gaps, kernels_agree, lossless_tiny,  # noqa: E402
                                 matmul_chain_ms, profile_step, same_fraction, sync)
@@ -77,38 +78,33 @@ def timed(runner: FastRunner, ps: list[list[int]], new: int, dev, *, pipeline: b
     generate(runner, ps, new, pipeline=pipeline)
     if runner.bodies.rate is not None:  # every DFlash runner draws the same synthetic acceptances in its measured run
         runner.bodies.synth_step.zero_()
-    runner.reset_counts()
     chosen0 = dict(runner.chooser.chosen) if runner.chooser else {}
-    runner.timings = []
     sync(dev)
     t0 = time.perf_counter()
     outs = [[runner.add(i, p)] for i, p in enumerate(ps)]
     sync(dev)
     t1 = time.perf_counter()
-    runner.timing = True
+    timer = StepTimer().attach(runner)  # the decode's steps: their times and acceptance
     first: dict = {}  # when the first request finished, and the tokens decoded by then (every row still running)
 
-    def release(slot: int) -> None:
+    def done(slot: int) -> None:
         if not first:
             first.update(t=time.perf_counter(), tokens=sum(min(len(o), new) - 1 for o in outs))
-        type(runner).release(runner, slot)
 
-    runner.release = release  # type: ignore[method-assign]
     try:
-        decode(runner, outs, new, pipeline=pipeline)
+        decode(runner, outs, new, pipeline=pipeline, on_done=done)
     finally:
-        del runner.release
+        timer.detach()
     sync(dev)
     t2 = time.perf_counter()
-    runner.timing = False
-    draft_ms, verify_ms = runner.step_times_ms()
+    draft_ms, verify_ms = timer.step_times_ms()
     decoded = sum(min(len(o), new) - 1 for o in outs)
     out = dict(tok_s=decoded / (t2 - t1), e2e_tok_s=len(ps) * new / (t2 - t0), prefill_s=t1 - t0,
-               steps=runner.steps, step_ms=(t2 - t1) / runner.steps * 1e3, draft_ms=draft_ms, verify_ms=verify_ms,
-               tau=runner.tau if runner.B > 1 else 1.0,
+               steps=timer.steps, step_ms=(t2 - t1) / timer.steps * 1e3, draft_ms=draft_ms, verify_ms=verify_ms,
+               tau=timer.tau if runner.B > 1 else 1.0,
                full_batch_tok_s=first["tokens"] / (first["t"] - t1) if first.get("t", t1) > t1 else None)
     if runner.B > 1:  # tokens verified per row and step, and (adaptive) the widths chosen in the measured run
-        out["verify_width"] = 1 + runner.drafted / max(runner.row_steps, 1)
+        out["verify_width"] = timer.verify_width
         if runner.chooser:
             out["widths"] = {w: n - chosen0.get(w, 0) for w, n in sorted(runner.chooser.chosen.items())
                              if n > chosen0.get(w, 0)}
@@ -216,9 +212,10 @@ def main() -> None:
             return
     ps = prompts(min(S, 8), a.prompt_len, shape["vocab"], 1)
     n = min(64, a.new_tokens)
+    real_timer = StepTimer().attach(real)
     x, y = generate(ar, ps, n), generate(real, ps, n)
     g = divergence_gaps(hf, ps, x, y)
-    res["lossless_big"] = dict(identical_prefix=same_fraction(x, y), all_equal=x == y, tau=round(real.tau, 3),
+    res["lossless_big"] = dict(identical_prefix=same_fraction(x, y), all_equal=x == y, tau=round(real_timer.tau, 3),
                                max_gap_at_divergence=max(g[0::2], default=0.0), logit_std=max(g[1::2], default=0.0))
     print("lossless (big, bf16, real acceptance):", res["lossless_big"], flush=True)
     auto_real = FastRunner(target, fd, kv_block=a.kv_block, adaptive=True)

@@ -19,6 +19,7 @@ from dflash_bench.engine.fast.model import FastTarget  # noqa: E402
 from dflash_bench.engine.fast.accept import synthetic_rate  # noqa: E402
 from dflash_bench.engine.fast.drive import decode, generate  # noqa: E402
 from dflash_bench.engine.fast.runner import FastRunner  # noqa: E402
+from dflash_bench.engine.fast.timer import StepTimer  # noqa: E402
 from dflash_bench.engine.sampling import SamplingParams  # noqa: E402
 from dflash_bench.engine.tiny import make_tiny_pair  # noqa: E402
 
@@ -45,7 +46,9 @@ def _fast(df, *, drafter=True, kernels=None, **kw):
     t = FastTarget(df.target.model, max_slots=SLOTS, max_len=MAX_LEN, kernels=kernels)
     d = FastDrafter(df.proposer.drafter, t.embed, t.head, max_slots=SLOTS, max_len=MAX_LEN,
                     kernels=kernels) if drafter else None
-    return FastRunner(t, d, kv_block=16, **kw)
+    runner = FastRunner(t, d, kv_block=16, **kw)
+    StepTimer().attach(runner)  # its counts: tau, drafts verified, row-steps
+    return runner
 
 
 # the two ways a CPU runs a step: the C kernels (engine/fast/cpu_kernels.c) and plain torch ops
@@ -77,7 +80,7 @@ def test_fast_ar_and_dflash_equal_the_reference_engine(setup, kernels):
     fast_df = _fast(df, kernels=kernels)
     assert generate(fast_df, prompts, N) == ref
     # same drafts as the reference drafter, step by step: the per-step acceptance matches exactly
-    assert fast_df.tau == pytest.approx(ref_tau)
+    assert fast_df.timer.tau == pytest.approx(ref_tau)
 
 
 @pytest.mark.parametrize("kernels", PATHS)
@@ -91,10 +94,10 @@ def test_adaptive_width_keeps_the_targets_greedy_output(setup, kernels):
     assert auto.sched.widths == [1, 2, 3, 4, B]  # on a CPU: 1 (the anchor alone, no draft) and 3 too
     assert generate(auto, prompts, N) == ref
     assert set(auto.chooser.chosen) == {1, 2, 3, 4, B}  # every width ran (each is timed before the choice trusts it)
-    assert auto.drafted < auto.row_steps * (B - 1)  # some steps verified fewer than the whole block
+    assert auto.timer.drafted < auto.timer.row_steps * (B - 1)  # some steps verified fewer than the whole block
     narrow = _fast(df, width=2, kernels=kernels)
     assert generate(narrow, prompts, N) == ref
-    assert narrow.drafted == narrow.row_steps and 1 <= narrow.tau <= 2
+    assert narrow.timer.drafted == narrow.timer.row_steps and 1 <= narrow.timer.tau <= 2
 
 
 @pytest.mark.parametrize("kernels", PATHS)
@@ -112,7 +115,7 @@ def test_a_step_of_the_anchor_alone_still_writes_the_drafters_context(setup, ker
         n = len(p) + N - B  # positions both runners committed
         for a, b in zip(alone.d.cache.k + alone.d.cache.v, drafting.d.cache.k + drafting.d.cache.v):
             torch.testing.assert_close(a[0, :n], b[0, :n], rtol=1e-9, atol=1e-9)
-    assert alone.drafted == 0 and alone.tau == 1 and alone.row_steps == 2 * (N - 1)
+    assert alone.timer.drafted == 0 and alone.timer.tau == 1 and alone.timer.row_steps == 2 * (N - 1)
 
 
 @pytest.mark.parametrize("kernels", PATHS)
@@ -171,8 +174,8 @@ def test_synthetic_acceptance_of_a_narrow_verify_follows_the_same_curve(setup):
     runner = _fast(df, synthetic_tau=3.5, seed=3, width=3)
     generate(runner, _prompts(df.tok, 8), 2 * N)
     a = runner.bodies.rate
-    assert runner.tau <= 3
-    assert runner.tau == pytest.approx(1 + a + a * a, abs=0.12)  # ~180 row-steps drawn from a seeded table
+    assert runner.timer.tau <= 3
+    assert runner.timer.tau == pytest.approx(1 + a + a * a, abs=0.12)  # ~180 row-steps drawn from a seeded table
 
 
 def test_ragged_batches_reuse_slots_and_cross_kv_buckets(setup):
@@ -247,10 +250,10 @@ def test_pipelined_decode_matches_step_by_step_up_to_the_cache_bound(setup):
     ref = [s.out for s in ref_generate(ar, p, SamplingParams(max_tokens=n, ignore_eos=True))]
     runner = _fast(df)
     assert generate(runner, p, n) == ref
-    tau = runner.tau
+    tau = runner.timer.tau
     sync = _fast(df)
     assert generate(sync, p, n, pipeline=False) == ref
-    assert tau == pytest.approx(sync.tau)  # the steps run ahead for finished rows are not counted
+    assert tau == pytest.approx(sync.timer.tau)  # the steps run ahead for finished rows are not counted
     assert not runner.inflight and not runner.sched.lengths
 
 
@@ -271,7 +274,7 @@ def test_predictable_pair_accepts_whole_blocks(tmp_path):
     df = build_engine(str(target), str(drafter), mode="dflash", max_slots=SLOTS, max_len=MAX_LEN, dtype="float32")
     runner = _fast(df)
     out = generate(runner, _prompts(df.tok, 2), N)
-    assert runner.tau == B
+    assert runner.timer.tau == B
     assert all(o == [ord("a")] * N for o in out)
 
 
@@ -282,7 +285,7 @@ def test_synthetic_acceptance_hits_the_asked_mean(setup):
     assert draws.max() <= B - 1
     assert 1 + draws.double().mean() == pytest.approx(3.5, abs=0.05)
     generate(runner, _prompts(df.tok, 4), N)
-    assert 2.5 < runner.tau < 4.5  # the engine really took the drawn counts (real acceptance here is ~1.2)
+    assert 2.5 < runner.timer.tau < 4.5  # the engine really took the drawn counts (real acceptance here is ~1.2)
     with pytest.raises(ValueError):
         synthetic_rate(B + 0.5, B)
     assert synthetic_rate(float(B), B) == pytest.approx(1.0)

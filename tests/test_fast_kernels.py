@@ -186,6 +186,7 @@ def test_fast_path_with_kernels_is_lossless(tmp_path):
     from dflash_bench.engine.fast.model import FastTarget
     from dflash_bench.engine.fast.drive import generate
     from dflash_bench.engine.fast.runner import FastRunner
+    from dflash_bench.engine.fast.timer import StepTimer
     from dflash_bench.engine.sampling import SamplingParams
     from dflash_bench.engine.tiny import make_tiny_pair
 
@@ -202,10 +203,12 @@ def test_fast_path_with_kernels_is_lossless(tmp_path):
         d = FastDrafter(df.proposer.drafter, t.embed, t.head, max_slots=SLOTS, max_len=MAX_LEN,
                         kernels=kernels) if with_drafter else None
         assert (t.kernels is not None) == kernels
-        return FastRunner(t, d, kv_block=16)
+        r = FastRunner(t, d, kv_block=16)
+        StepTimer().attach(r)
+        return r
 
     assert generate(runner(False, True), prompts, N) == ref
     fast_df, plain_df = runner(True, True), runner(True, False)
     assert generate(fast_df, prompts, N) == ref
     generate(plain_df, prompts, N)
-    assert fast_df.tau == pytest.approx(plain_df.tau)  # the kernels draft what the torch path drafts
+    assert fast_df.timer.tau == pytest.approx(plain_df.timer.tau)  # the kernels draft what the torch path drafts

@@ -6,9 +6,12 @@
   skinny matmuls of 1-32 rows; residual add + RMSNorm, q/k norm + RoPE + KV write, silu * up, the
   vocabulary argmax, the step's commit; split-K attention over each row's valid keys).
 - `draft.py`: the DFlash drafter's forward with the same layout.
-- `runner.py`: state on the device, fixed-shape draft / verify / AR steps captured as CUDA graphs per
-  (batch bucket, KV-length bucket), greedy acceptance and the step's commit inside the graphs, steps that
-  can run one ahead of the host, and an opt-in synthetic-acceptance mode for benchmarking random weights.
+- `scheduler.py`: every decision of a step (rows, buckets, verify width, the cache bound, step-ahead, the
+  prompts that ride, prefill groups), emitted as a `StepPlan`.
+- `runner.py`: executes plans: fixed-shape draft / verify / AR steps captured as CUDA graphs per (batch
+  bucket, KV-length bucket) over device state (`slots.py`), their bodies in `steps.py` (greedy acceptance and
+  the step's commit inside the graphs, an opt-in synthetic-acceptance mode for benchmarking random weights),
+  prompts by `prefill.py`; steps can run one ahead of the host. `timer.py`: what benchmarks attach to time it.
 - `kernels.py`: which kernels a step runs; `cpu_kernels.py` + `cpu_kernels.c`: on a CPU the same calls in C
   (built with the machine's C compiler at first use), the torch ops where none builds.
 - `width.py`: the verify width chosen by load.

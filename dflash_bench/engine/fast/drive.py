@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 from dflash_bench.engine.fast.runner import FastRunner
 from dflash_bench.engine.fast.scheduler import Row
 
@@ -13,8 +15,10 @@ def generate(runner: FastRunner, prompts: list[list[int]], max_new: int, *, pipe
     return [o[:max_new] for o in outs]
 
 
-def decode(runner: FastRunner, outs: list[list[int]], max_new: int, *, pipeline: bool = True) -> None:
-    """Extend each `outs[i]` (slot i, prefilled) to at least `max_new` tokens, releasing each slot when done.
+def decode(runner: FastRunner, outs: list[list[int]], max_new: int, *, pipeline: bool = True,
+           on_done: Callable[[int], None] | None = None) -> None:
+    """Extend each `outs[i]` (slot i, prefilled) to at least `max_new` tokens, releasing each slot when done
+    (`on_done(i)` is called first: a benchmark's hook, e.g. when the first request finished).
 
     Pipelined: the next step is launched before this one's tokens are read, with the same slots, unless a
     slot could finish with the steps already in flight (that step would be wasted on it): the scheduler's
@@ -28,6 +32,8 @@ def decode(runner: FastRunner, outs: list[list[int]], max_new: int, *, pipeline:
         for i in live:
             outs[i].extend(got[i])
             if len(outs[i]) >= max_new:
+                if on_done is not None:
+                    on_done(i)
                 runner.release(i)
         live = [i for i in live if len(outs[i]) < max_new]
     while runner.inflight:

@@ -10,7 +10,6 @@ next step; two host copies let step k+1 run while step k's tokens are read.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -23,6 +22,7 @@ from dflash_bench.engine.fast.scheduler import (GRAPHED_ROWS, MIXED_ROWS, PREFIL
                                                 buckets)
 from dflash_bench.engine.fast.slots import GraphCache, SlotState
 from dflash_bench.engine.fast.steps import StepBodies
+from dflash_bench.engine.fast.timer import StepTimer, mark, seconds
 from dflash_bench.engine.fast.width import CPU_DECAY, CPU_WIDTHS, DECAY, WIDTHS, WidthChooser
 
 
@@ -84,10 +84,7 @@ class FastRunner:
         self.inflight: deque[InFlight] = deque()  # per step launched, oldest first
         self.launched = 0
         self._stepped: tuple = ()
-        self.steps = self.accepted = self.row_steps = 0  # steps; accepted drafts and verifies summed over rows
-        self.drafted = self.drafting_rows = 0  # drafts verified, and verifies that checked any, summed over rows
-        self.timings: list[tuple] = []  # (draft start, draft end / verify start, verify end) when timing
-        self.timing = False
+        self.timer: StepTimer | None = None  # a benchmark's, attached (`StepTimer.attach`)
         self.width = self.sched.fixed  # the width of the step collected last
 
     @property
@@ -194,9 +191,10 @@ class FastRunner:
             mask[plan.slots] = 1
             self.state.active.copy_(mask, non_blocking=True)  # in stream order: steps in flight keep their mask
             self._stepped = tuple(plan.slots)
-        timed = self.timing or self.chooser is not None
+        timer = self.timer
+        timed = timer is not None or self.chooser is not None  # the chooser weighs widths by measured step times
         graphs, b = len(self.graphs), self.bodies
-        t0 = self._mark(timed)
+        t0 = mark(self.dev) if timed else None
         t1 = t0
         if plan.kind == "mixed":
             # this launch's host buffer: free, for the launch before last was collected
@@ -210,11 +208,11 @@ class FastRunner:
             self.graphs.run(("verify", bs, L, w), lambda: b.verify(bs, L, w))
         else:
             self.graphs.run(("draft", bs, L, w), lambda: b.draft(bs, L, w))
-            t1 = self._mark(self.timing)
+            t1 = mark(self.dev) if timer is not None else None
             self.graphs.run(("verify", bs, L, w), lambda: b.verify(bs, L, w))
-        t2 = self._mark(timed)
-        if self.timing:
-            self.timings.append((t0, t1, t2))
+        t2 = mark(self.dev) if timed else None
+        if timer is not None:
+            timer.launched(t0, t1, t2)
         host, first = self.host[self.launched % len(self.host)], self.first_host[self.launched % len(self.host)]
         self.launched += 1
         done = None
@@ -247,49 +245,11 @@ class FastRunner:
             a = rows[s][0] if self.B > 1 else 0
             out[s] = rows[s][1:1 + a] + [rows[s][w]]  # accepted drafts, then the bonus (column w)
             accepted[s] = a
-        self.sched.collected(plan, accepted, step.first[:len(plan.rides)].tolist(), self._seconds(step.span))
-        self.accepted += sum(accepted.values())
-        self.steps += 1
-        self.row_steps += len(out)
-        self.drafting_rows += len(out) if w > 1 else 0
-        self.drafted += len(out) * (w - 1)
+        # a collected step's time: between its CUDA events on a GPU (synchronised above), else the span of its
+        # `run` (a CPU step runs there)
+        secs = seconds(self.dev, *step.span) if step.span is not None else None
+        self.sched.collected(plan, accepted, step.first[:len(plan.rides)].tolist(), secs)
+        if self.timer is not None:
+            self.timer.collected(plan, len(out), sum(accepted.values()))
         self.width = w
         return out
-
-    def reset_counts(self) -> None:
-        """Zero the step and acceptance counters (`tau`, `drafted`, ...): a benchmark's measured run starts here."""
-        self.steps = self.accepted = self.row_steps = self.drafted = self.drafting_rows = 0
-
-    @property
-    def tau(self) -> float:
-        """Tokens per verify that checked drafts, bonus included (vLLM's 1 + accepted / drafts)."""
-        return 1 + self.accepted / max(self.drafting_rows, 1)
-
-    def _mark(self, on: bool):
-        if not on:
-            return None
-        if self.dev.type == "cuda":
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            return ev
-        return time.perf_counter()
-
-    def _seconds(self, span) -> float | None:
-        """A collected step's time: between its CUDA events on a GPU (already synchronised), else the span of
-        its `launch` (a CPU step runs there)."""
-        if span is None:
-            return None
-        t0, t1 = span
-        return t0.elapsed_time(t1) / 1e3 if self.dev.type == "cuda" else t1 - t0
-
-    def step_times_ms(self) -> tuple[float, float]:
-        """Median ms per draft and per verify (or AR) step over the timed steps."""
-        if self.dev.type == "cuda":
-            torch.cuda.synchronize()
-            d = [a.elapsed_time(b) for a, b, _ in self.timings]
-            v = [b.elapsed_time(c) for _, b, c in self.timings]
-        else:
-            d = [(b - a) * 1e3 for a, b, _ in self.timings]
-            v = [(c - b) * 1e3 for _, b, c in self.timings]
-        med = lambda xs: sorted(xs)[len(xs) // 2] if xs else 0.0  # noqa: E731
-        return med(d), med(v)
