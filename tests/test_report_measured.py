@@ -43,8 +43,10 @@ def test_a_toy_targets_report_says_what_was_measured_and_labels_its_outputs(tmp_
     (path / "manifest.json").write_text(json.dumps(manifest))
     text = _text(build_report([path]))
     line = re.search(r"Measured: (.*?)\.(?: |$)", text).group(1)
-    assert line.split(" · ") == ["engine builtin", "CPU (no GPU recorded)", "target 64.1K parameters",
-                                 "drafter 2.5M parameters", "max tokens 512", "thinking off (asked)"]
+    assert line.split(" · ") == ["engine builtin", "CPU (no GPU recorded)", f"target {tmp_path.name}/toy-target (64.1K parameters)",
+                                 "drafter z-lab/Qwen3-8B-DFlash-b16 (2.5M parameters)", "max tokens 512",
+                                 "thinking off (asked)"]
+    assert str(tmp_path) not in line  # a local model by its last two parts, not this machine's path
     assert "A toy target (64.1K parameters)" in text
     assert "Outputs of a toy model (64.1K parameters), not meant to read as sensible text" in text
 
@@ -53,7 +55,7 @@ def test_a_real_models_report_gives_its_gpu_and_no_toy_label(tmp_path):
     path = make_sweep(tmp_path / "h100", gpus=2, model="Qwen/Qwen3-8B")  # not on this machine: size unknown
     text = _text(build_report([path]))
     line = re.search(r"Measured: (.*?)\.(?: |$)", text).group(1)
-    assert line.startswith("engine vllm · 2× NVIDIA H100 80GB HBM3 · target size not recorded")
+    assert line.startswith("engine vllm · 2× NVIDIA H100 80GB HBM3 · target Qwen/Qwen3-8B (size not recorded)")
     assert "toy" not in text.lower()
 
 

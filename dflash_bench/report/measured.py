@@ -26,6 +26,15 @@ def size(parameters: int | None) -> str:
     return f"{parameters} parameters"
 
 
+def name(model: Any) -> str:
+    """A hub id as it is; a local folder by its last two parts (the machine's path says nothing to a reader)."""
+    ident = str(getattr(model, "id", "") or "") if model is not None else ""
+    if not ident:
+        return "not recorded"
+    path = Path(ident)
+    return "/".join(path.parts[-2:]) if path.is_absolute() else ident
+
+
 def _parameters(model: Any) -> int | None:
     """As the sweep recorded it; for a folder written before it did, counted now if the model is still here."""
     if model is None:
@@ -69,7 +78,8 @@ def describe(view: SweepView) -> dict[str, Any]:
     engines = sorted(set(view.frame["engine"])) if not view.frame.empty else (settings.engines if settings else [])
     target, drafter = _parameters(m.models.target), _parameters(m.models.drafter)
     parts = [f"{'engines' if len(engines) > 1 else 'engine'} {', '.join(map(str, engines)) or 'none'}",
-             device(view), f"target {size(target)}", f"drafter {size(drafter)}"]
+             device(view), f"target {name(m.models.target)} ({size(target)})",
+             f"drafter {name(m.models.drafter)} ({size(drafter)})"]
     if settings is not None:
         parts.append(f"max tokens {settings.max_tokens}" if settings.max_tokens else "max tokens: each suite's default")
     parts.append(thinking(view))
