@@ -103,3 +103,13 @@ def test_no_private_name_is_imported_from_another_module():
                 for target, what in _imports(name, file, modules)
                 if what and what.startswith("_") and not what.startswith("__") and target != name]
     assert borrowed == []
+
+
+def test_no_phase_of_the_sweep_calls_back_into_its_driver():
+    """sweep/run.py calls the phases top-down; a phase that imported it back would make the order circular
+    (only the drivers that run whole sweeps or jobs may import it)."""
+    modules = _modules()
+    drivers = {"dflash_bench.sweep.run", "dflash_bench.sweep.commands", "dflash_bench.sweep.slurm_job"}
+    back = [name for name, file in modules.items() if name not in drivers
+            for target, _ in _imports(name, file, modules) if target == "dflash_bench.sweep.run"]
+    assert back == []
