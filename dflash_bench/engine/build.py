@@ -12,8 +12,9 @@ DTYPES = {"auto": None, "float32": torch.float32, "float16": torch.float16, "bfl
 def resolve_dtype(name: str, device: str) -> torch.dtype:
     if name not in DTYPES:
         raise UserError(f"unknown dtype {name!r}; use one of {', '.join(DTYPES)}")
-    if DTYPES[name] is not None:
-        return DTYPES[name]
+    dt = DTYPES[name]
+    if dt is not None:
+        return dt
     return torch.bfloat16 if device.startswith("cuda") else torch.float32
 
 
@@ -67,6 +68,7 @@ def build_engine(model: str, draft: str | None = None, *, mode: str = "dflash", 
     target = Target(model, dtype=dt, device=device, max_slots=max_slots, max_len=max_len, dummy=dummy)
     proposer = None
     if mode == "dflash":
+        assert draft is not None  # checked above
         drafter = load_drafter(draft, target_hidden=target.hidden_size, target_layers=target.n_layers,
                                target_vocab=target.vocab_size, dtype=dt, device=device, dummy=dummy)
         proposer = DFlashProposer(drafter, target.embed_weight(), target.lm_head(), max_slots=max_slots, max_len=max_len)

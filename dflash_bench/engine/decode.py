@@ -127,6 +127,7 @@ class ReferenceEngine:
             acc = torch.zeros_like(bonus)
             drafts = bonus[:, None][:, :0]
         else:
+            assert self.proposer is not None  # B > 1
             drafts, q = self._draft(seqs, params)
             logits, feats = self.target.forward(torch.cat([anchors, drafts], 1), starts, slots)
             acc, bonus = accept(logits, drafts, q, params)
@@ -134,7 +135,8 @@ class ReferenceEngine:
         host = torch.cat([acc[:, None], bonus[:, None], drafts], 1).tolist()  # one device-to-host copy a step
         tokens = [h[2:][: h[0]] + [h[1]] for h in host]
         want = [row for row, s in enumerate(seqs) if s.params.logprobs is not None]
-        lps = dict(zip(want, step_logprobs([(logits[row], tokens[row], seqs[row].params.logprobs) for row in want])))
+        lps = dict(zip(want, step_logprobs([(logits[row], tokens[row], seqs[row].params.logprobs or 0)
+                                            for row in want])))
         return [self.book.stepped(s, tokens[row], logits[row, : len(tokens[row])], lps=lps.get(row))
                 for row, s in enumerate(seqs)]
 

@@ -13,6 +13,7 @@ import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -22,7 +23,7 @@ from dflash_bench.engine.rope import cos_sin, inv_freq, rope
 from dflash_bench.errors import UserError
 
 
-ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh")}  # of MLP gates
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"silu": F.silu, "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh")}  # of MLP gates
 
 
 @dataclass

@@ -8,7 +8,7 @@ Tests inject their own proposers (an oracle that knows the target's tokens, one 
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -34,7 +34,8 @@ class DFlashProposer:
 
     def __init__(self, drafter: DFlashDrafter, embed_weight: torch.Tensor, lm_head, *, max_slots: int, max_len: int):
         c = drafter.config
-        self.drafter, self.c = drafter, c
+        self.drafter: Any = drafter  # its modules are read by attribute (nn.Module's getattr is untyped)
+        self.c = c
         self.block_size = c.block_size
         self.layer_ids = list(c.target_layer_ids)
         self.embed_weight, self.lm_head = embed_weight, lm_head
@@ -57,11 +58,13 @@ class DFlashProposer:
     def prefill(self, slot: int, feats: torch.Tensor | None) -> None:
         """Store the context K/V of the whole prompt (features `[P, K*h]`) in the slot."""
         self.pending.pop(slot, None)
+        assert feats is not None  # a DFlash target taps its layers
         pos = torch.arange(feats.shape[0], device=feats.device)[None]
         self._write_context(feats[None], pos, torch.tensor([slot], device=feats.device))
 
     def commit(self, seqs: Sequence, feats: torch.Tensor | None, starts: torch.Tensor) -> None:
         """Keep the verify features; the accepted ones become context on the next draft (the rest is overwritten)."""
+        assert feats is not None  # a DFlash target taps its layers
         for row, s in enumerate(seqs):
             self.pending[s.slot] = (feats[row], int(starts[row]))
 
@@ -102,7 +105,8 @@ class DFlashProposer:
 
     def _pending_context(self, seqs: Sequence, block_pos: torch.Tensor):
         """Each row's new context features and positions; a row with none writes zeros the block overwrites."""
-        rows, pos = [], []
+        rows: list[torch.Tensor | None] = []
+        pos: list[torch.Tensor] = []
         for row, s in enumerate(seqs):
             got = self.pending.pop(s.slot, None)
             if got is None:

@@ -8,6 +8,8 @@ the decoder layers capture the outputs the drafter reads (HF `hidden_states[id +
 
 from __future__ import annotations
 
+from typing import Any
+
 import threading
 from dataclasses import dataclass
 
@@ -70,7 +72,7 @@ def decoder_layers(model: nn.Module, n_layers: int) -> nn.ModuleList:
     raise UserError("could not find the decoder layers of the target model; this architecture is not supported")
 
 
-def load_model(path: str, *, dtype: torch.dtype, device: str, dummy: bool = False) -> nn.Module:
+def load_model(path: str, *, dtype: torch.dtype, device: str, dummy: bool = False) -> Any:  # a transformers LM
     """The Hugging Face causal LM at `path`, on `device`, with its attention routed to the slot cache.
 
     Both engines start here: `Target` runs it as it is, the fast path copies out its weights. `dummy`
@@ -112,7 +114,7 @@ class Target:
         self.layers = decoder_layers(self.model, self.n_layers)
         self._taps: list[int] = []
         self._captured: dict[int, torch.Tensor] = {}
-        self._hooks = []
+        self._hooks: list[torch.utils.hooks.RemovableHandle] = []
 
     def tap(self, layer_ids: list[int]) -> None:
         """Capture the outputs of these decoder layers on every forward (HF `hidden_states[id + 1]`)."""

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 from pathlib import Path
 
 import torch
@@ -59,7 +60,7 @@ def _byte_of(ch: str) -> int:
 
 
 def _target_config(arch: str, layers: int, hidden: int):
-    common = dict(
+    common: dict[str, Any] = dict(
         vocab_size=VOCAB_SIZE,
         hidden_size=hidden,
         intermediate_size=2 * hidden,
@@ -94,9 +95,9 @@ def _target_config(arch: str, layers: int, hidden: int):
         common.pop("tie_word_embeddings")
         common.pop("rope_theta")
         types = ["full_attention" if i % 3 == 2 or i == layers - 1 else "sliding_attention" for i in range(layers)]
-        return Gemma4TextConfig(**common, layer_types=types, sliding_window=8, global_head_dim=hidden // 2,
-                                num_global_key_value_heads=1, attention_k_eq_v=True, final_logit_softcapping=30.0,
-                                hidden_size_per_layer_input=0, tie_word_embeddings=True)
+        gemma4: dict[str, Any] = dict(global_head_dim=hidden // 2, num_global_key_value_heads=1)  # untyped in 5.x
+        return Gemma4TextConfig(**common, **gemma4, layer_types=types, sliding_window=8, attention_k_eq_v=True,
+                                final_logit_softcapping=30.0, hidden_size_per_layer_input=0, tie_word_embeddings=True)
     raise ValueError(f"unknown tiny architecture {arch!r}; use 'qwen3', 'llama', 'gemma3' or 'gemma4'")
 
 

@@ -8,6 +8,7 @@ attends to context and block (non-causal, or causal with a window on sliding lay
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 
@@ -33,11 +34,13 @@ class FastDrafter:
         self.H, self.hkv, self.hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         self.eps = c.rms_norm_eps
         # every layer's context K/V projection stacked: one matmul per step instead of one per layer
-        kv = [torch.cat([ly.self_attn.k_proj.weight, ly.self_attn.v_proj.weight]).detach() for ly in drafter.layers]
+        layers: list[Any] = list(drafter.layers)  # the drafter's modules, read by attribute
+        kv = [torch.cat([ly.self_attn.k_proj.weight, ly.self_attn.v_proj.weight]).detach() for ly in layers]
         self.wkv = prepared(self.kernels, torch.cat(kv))
-        self.layers = [self._fuse(ly) for ly in drafter.layers]
+        self.layers = [self._fuse(ly) for ly in layers]
         kvd = 2 * self.hkv * self.hd
-        self.bkv = None if self.layers[0].bqkv is None else torch.cat([ly.bqkv[-kvd:] for ly in self.layers])
+        biases = [ly.bqkv[-kvd:] for ly in self.layers if ly.bqkv is not None]  # every layer's or none
+        self.bkv = torch.cat(biases) if biases else None
         self.kinds = [c.layer_mask_kind(i) for i in range(c.num_hidden_layers)]
         self.fc = prepared(self.kernels, drafter.fc.weight.detach())
         self.hidden_norm = drafter.hidden_norm.weight.detach()
@@ -84,16 +87,17 @@ class FastDrafter:
         rows = self.cache.rows(row0, pos, slot)
         H, hkv, hd, eps = self.H, self.hkv, self.hd, self.eps
         kvd = 2 * hkv * hd
+        wk = [ly.wqk[H:] for ly in self.layers if ly.wqk is not None]  # the drafter's k norms (it has q/k norms)
         if self.kernels is not None:
-            for i, ly in enumerate(self.layers):
+            for i in range(len(self.layers)):
                 self.kernels.ops.qk_rope_store(kv_all[:, i * kvd:(i + 1) * kvd], 0, hkv, hd, self.attention.cos,
                                               self.attention.sin, rows.reshape(-1), pos.reshape(-1), self.cache.k[i],
-                                              self.cache.v[i], ly.wqk[H:], eps)
+                                              self.cache.v[i], wk[i], eps)
             return
         cos, sin = cos_sin(pos.reshape(-1), self.inv_freq, self.dtype)
-        for i, ly in enumerate(self.layers):
+        for i in range(len(self.layers)):
             kv = kv_all[:, i * kvd:(i + 1) * kvd]
-            k = rope(rms_norm(kv[:, :kvd // 2].view(-1, hkv, hd), None, eps) * ly.wqk[H:], cos, sin)
+            k = rope(rms_norm(kv[:, :kvd // 2].view(-1, hkv, hd), None, eps) * wk[i], cos, sin)
             self.cache.write(i, rows, pos, k.view(bs, n, hkv, hd), kv[:, kvd // 2:].view(bs, n, hkv, hd))
 
     @property

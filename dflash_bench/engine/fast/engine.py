@@ -10,6 +10,7 @@ when the caller says it is a benchmark.
 from __future__ import annotations
 
 from collections import deque
+from typing import Any
 
 import torch
 
@@ -43,6 +44,8 @@ class FastEngine:
         self.runner = FastRunner(ft, fd, kv_block=kv_block, synthetic_tau=synthetic_tau, keep_logits=True,
                                  adaptive=adaptive, cut_draft=cut_draft, mixed=mixed, step_ahead=step_ahead)
         self.runner.capture_all()  # GPU: every graph before the first request (no capture pause mid-serving)
+        assert self.runner.logits is not None
+        self.logits: torch.Tensor = self.runner.logits  # per slot the last step's target logits (for logprobs)
         self.tok, self.B = tokenizer, self.runner.B
         self.prefill_rows, self.prefill_tokens = max_slots, PREFILL_TOKENS  # a group: one forward (`runner.add_many`)
         self.max_len, self.vocab_size = max_len, ft.vocab_size
@@ -91,7 +94,7 @@ class FastEngine:
             for s in seqs:
                 self.release(s)
             raise
-        return [(s, self.book.prefilled(s, tok, self.runner.logits[s.slot, :1])) for s, tok in zip(seqs, toks)]
+        return [(s, self.book.prefilled(s, tok, self.logits[s.slot, :1])) for s, tok in zip(seqs, toks)]
 
     def _rode(self, seqs: list[Seq]) -> list[Delta]:
         """The first tokens of the prompts that rode in the step collected last."""
@@ -109,7 +112,7 @@ class FastEngine:
             by_slot = {s.slot: s for s in seqs}
             wait, r.sched.queue = list(r.sched.queue), deque()
             toks = r.add_many([slot for slot, _ in wait], [p for _, p in wait])
-            out += [self.book.prefilled(by_slot[slot], tok, r.logits[slot, :1]) for (slot, _), tok in zip(wait, toks)]
+            out += [self.book.prefilled(by_slot[slot], tok, self.logits[slot, :1]) for (slot, _), tok in zip(wait, toks)]
         return out
 
     @torch.inference_mode()
@@ -134,9 +137,9 @@ class FastEngine:
         firsts = self._rode(seqs)
         stepped = [s for s in rows if s.slot in got]
         want = [s for s in stepped if s.params.logprobs is not None]
-        lps = dict(zip([s.slot for s in want], step_logprobs([(r.logits[s.slot], got[s.slot], s.params.logprobs)
+        lps = dict(zip([s.slot for s in want], step_logprobs([(self.logits[s.slot], got[s.slot], s.params.logprobs or 0)
                                                              for s in want])))
-        return firsts + [self.book.stepped(s, got[s.slot], r.logits[s.slot, : len(got[s.slot])], r.width,
+        return firsts + [self.book.stepped(s, got[s.slot], self.logits[s.slot, : len(got[s.slot])], r.width,
                                            lps.get(s.slot)) for s in stepped]
 
     def release(self, s: Seq) -> None:
@@ -171,13 +174,14 @@ def build_fast_engine(model: str, draft: str | None = None, *, mode: str = "dfla
         torch.set_num_threads(1)
     dt = resolve_dtype(dtype, device)
     tok = tokenizer or load_tokenizer(model)
-    hf = load_model(model, dtype=dt, device=device, dummy=dummy)
+    hf: Any = load_model(model, dtype=dt, device=device, dummy=dummy)  # a transformers model
     cfg = hf.config.get_text_config()
     kind = getattr(cfg, "model_type", "?")
     if kind not in FAST_MODEL_TYPES:
         raise UserError(f"the fast path runs {', '.join(FAST_MODEL_TYPES)} models, not {kind!r}: serve without --fast")
     drafter = None
     if mode == "dflash":
+        assert draft is not None  # checked above
         drafter = load_drafter(draft, target_hidden=cfg.hidden_size, target_layers=cfg.num_hidden_layers,
                                target_vocab=hf.get_output_embeddings().weight.shape[0], dtype=dt, device=device,
                                dummy=dummy)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from typing import Any
 from dataclasses import dataclass
 
 import torch
@@ -80,6 +81,7 @@ def embed_norm(kernels, ids: torch.Tensor, embed: torch.Tensor, w: torch.Tensor,
     if kernels:
         return kernels.ops.embed_norm(ids, embed, w, eps, scale, n, fill)
     if fill is not None:
+        assert n is not None  # the block's length
         ids = torch.cat([ids[:, :1], torch.full((ids.shape[0], n - 1), fill, dtype=ids.dtype, device=ids.device)], 1)
     h = F.embedding(ids.reshape(-1), embed)
     if scale != 1.0:
@@ -237,7 +239,7 @@ class StepAttention:
             ops, attn, gemm = self.kernels.ops, self.kernels.attn, self.kernels.gemm
             flat_rows, flat_pos = rows.reshape(-1), pos.reshape(-1)
 
-            def attend(i, ly, x, qkv=None):
+            def kernel_attend(i, ly, x, qkv=None):
                 kc, vc = cache.k[i], cache.v[i]
                 qkv = gemm.linear(x, ly.wqkv, ly.bqkv) if qkv is None else qkv
                 q = ops.qk_rope_store(qkv, H, hkv, hd, self.cos, self.sin, flat_rows, flat_pos, kc, vc, ly.wqk,
@@ -246,7 +248,7 @@ class StepAttention:
                     causal, window = self.kinds[i]
                     return attn.decode_attention(q, kc, vc, starts, row0, L, self.scale, causal=causal, window=window)
                 return attention(q, *cache.view(i, row0, bs, L, slot), masks[self.kinds[i]], self.scale)
-            return attend
+            return kernel_attend
 
         cos, sin = cos_sin(pos.reshape(-1), self.inv_freq, dtype, self.rope_scale)
 
@@ -275,7 +277,8 @@ def _linear_weight(m: nn.Linear) -> torch.Tensor:
 class FastTarget:
     """The target's forward with fused projections over a `KVCache`; can return the outputs of chosen layers."""
 
-    def __init__(self, hf_model: nn.Module, *, max_slots: int, max_len: int, kernels: bool | str | None = None):
+    def __init__(self, hf_model: Any, *, max_slots: int, max_len: int, kernels: bool | str | None = None):
+        """`hf_model`: a loaded transformers causal LM (`target.load_model`), whose weights are copied out."""
         cfg = hf_model.config.get_text_config()
         inner = hf_model.model
         self.n_layers = cfg.num_hidden_layers
@@ -315,6 +318,7 @@ class FastTarget:
         qn, kn = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
         wqk = None
         if qn is not None:
+            assert kn is not None  # q and k are normed together
             wqk = torch.cat([qn.weight.detach().expand(self.H, -1), kn.weight.detach().expand(self.hkv, -1)])
         mm = functools.partial(prepared, self.kernels)
         return Layer(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
@@ -172,7 +173,7 @@ class FastRunner:
         return self.collect()
 
     @torch.inference_mode()
-    def launch(self, slots: list[int], rides: list[tuple[int, list[int]]] = ()) -> bool:
+    def launch(self, slots: list[int], rides: Sequence[tuple[int, list[int]]] = ()) -> bool:
         """Enqueue the step the scheduler plans for `slots` (carrying `rides`, AR with `mixed`), behind the steps
         in flight; False, enqueuing nothing, when it plans none (the cache bound, or two steps in flight)."""
         plan = self.sched.plan(slots, rides)

@@ -22,22 +22,23 @@ class SlotState:
     def __init__(self, *, slots: int, block: int, max_len: int, vocab: int, dtype: torch.dtype, device: torch.device,
                  keep_logits: bool, prompts: int):
         """`prompts`: the most prompts one prefill or mixed step stages (the inputs' buffers)."""
-        long = dict(dtype=torch.long, device=device)
-        self.start = torch.zeros(slots, **long)
-        self.active = torch.zeros(slots, **long)
+        def long(*shape: int) -> torch.Tensor:
+            return torch.zeros(*shape, dtype=torch.long, device=device)
+        self.start = long(slots)
+        self.active = long(slots)
         # per slot the next verify's tokens: the anchor (last committed token), then the drafts (AR: none)
-        self.tokens = torch.zeros(slots, block, **long)
+        self.tokens = long(slots, block)
         self.anchor = self.tokens[:, 0]
-        self.drafts = self.tokens[:, 1:] if block > 1 else torch.zeros(slots, 1, **long)
-        self.pos = torch.zeros(slots, block, **long)  # the step's positions: set by the draft, read by the verify
-        self.out = torch.zeros(slots, block + 1, **long)  # per row: accepted, drafts..., bonus (AR: the token)
+        self.drafts = self.tokens[:, 1:] if block > 1 else long(slots, 1)
+        self.pos = long(slots, block)  # the step's positions: set by the draft, read by the verify
+        self.out = long(slots, block + 1)  # per row: accepted, drafts..., bonus (AR: the token)
         # target logits of the last step per slot (for logprobs); the prefill's last logits go to position 0
         self.logits = torch.zeros(slots, block, vocab, dtype=dtype, device=device) if keep_logits else None
         # a prefill's inputs (slot, index of the last prompt token, ids padded to the bucket), copied in one go
         k = prompts  # up to k prompts: k slots, k last indices, k padded rows of ids
-        self.pre_in = torch.zeros(2 * k + k * max_len, **long)
-        self.pre_start = torch.zeros(k, **long)
-        self.pre_tok = torch.zeros(k, **long)
+        self.pre_in = long(2 * k + k * max_len)
+        self.pre_start = long(k)
+        self.pre_tok = long(k)
 
 
 class GraphCache:

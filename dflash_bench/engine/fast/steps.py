@@ -82,21 +82,22 @@ class StepBodies:
         ids = s.tokens[:bs, :w]
         if w == 1:  # no draft ran to set the positions
             s.pos[:bs, 0].copy_(s.start[:bs])
-        main, keep = torch.cuda.current_stream() if self.side else None, []
+        side = self.side
+        main, keep = torch.cuda.current_stream() if side else None, []
 
         def context(feats, pos):
-            if self.side is None:
+            if side is None:
                 d.write_context(feats, pos, 0)
                 return
             keep.append((feats, pos))  # alive until the join: main's allocator must not reuse it meanwhile
-            self.side.wait_stream(main)
-            with torch.cuda.stream(self.side):
+            side.wait_stream(main)
+            with torch.cuda.stream(side):
                 d.write_context(feats, pos, 0, lane=1)
         x, _ = self.t.forward(ids, s.start[:bs], 0, L, taps=self.taps, on_taps=context, head=False,
                               pos=s.pos[:bs, :w])
         post = self.greedy(x, bs, w)
-        if self.side is not None:
-            main.wait_stream(self.side)
+        if side is not None and main is not None:
+            main.wait_stream(side)
         self.commit(bs, post, w)
 
     def mixed(self, bs: int, P: int, k: int) -> None:
