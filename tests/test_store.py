@@ -154,7 +154,7 @@ def test_a_failed_atomic_write_leaves_the_old_file_and_no_temp_file(tmp_path, mo
     target = tmp_path / "f.txt"
     atomic_write_text(target, "old" * 1000)
     _inject(monkeypatch, point, exc)
-    with pytest.raises(exc):
+    with pytest.raises(StoreError if exc is OSError else exc):  # an OSError is named as a StoreError
         atomic_write_text(target, "new" * 100_000)
     monkeypatch.undo()
     assert target.read_text() == "old" * 1000
@@ -165,7 +165,7 @@ def test_a_failed_atomic_write_leaves_the_old_file_and_no_temp_file(tmp_path, mo
 @pytest.mark.parametrize("point", FAULTS)
 def test_a_failed_first_write_leaves_no_file_at_all(tmp_path, monkeypatch, point, exc):
     _inject(monkeypatch, point, exc)
-    with pytest.raises(exc):
+    with pytest.raises(StoreError if exc is OSError else exc):
         atomic_write_text(tmp_path / "f.txt", "new")
     monkeypatch.undo()
     assert list(tmp_path.iterdir()) == []

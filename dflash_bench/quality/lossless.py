@@ -28,7 +28,7 @@ from typing import Iterable, Literal
 from pydantic import BaseModel
 
 from dflash_bench.metrics.stats import percentile
-from dflash_bench.store import CellSummary, LosslessSummary, RequestRecord, SweepDir, atomic_write_text
+from dflash_bench.store import CellSummary, LosslessSummary, RequestRecord, StoreError, SweepDir, atomic_write_text, read_text
 
 __all__ = ["LosslessSummary", "Comparison", "annotate_sweep", "compare_cells", "read_comparisons", "summarize"]
 
@@ -259,4 +259,8 @@ def read_comparisons(sweep_dir: Path | str, dflash_cell: str) -> list[Comparison
     file = Path(sweep_dir) / "cells" / dflash_cell / LOSSLESS_FILE
     if not file.exists():
         return []
-    return [Comparison.model_validate_json(line) for line in file.read_text().splitlines() if line.strip()]
+    try:
+        return [Comparison.model_validate_json(line) for line in read_text(file).splitlines() if line.strip()]
+    except ValueError:  # pydantic's ValidationError
+        raise StoreError(f"{file} holds a line that is not a lossless comparison; it is damaged (run "
+                         "`dflash-bench quality` on the folder again)") from None

@@ -23,7 +23,7 @@ from dflash_bench.store.cells import (
 )
 from dflash_bench.store.folder import (
     MANIFEST, REQUESTS, RESULTS, SERVER_METRICS, SUMMARY, TELEMETRY, StoreError, SweepDir, atomic_write_bytes,
-    atomic_write_json, atomic_write_text, read_json_model,
+    atomic_write_json, atomic_write_text, read_json_model, read_text,
 )
 from dflash_bench.store.manifest import (
     CellPlan, GpuInfo, Hardware, HostInfo, Manifest, ModelRevision, Models, ServerRecord, SweepSettings,
@@ -35,6 +35,6 @@ __all__ = [
     "SCHEMA_VERSION", "STAT_FIELDS", "AccuracySummary", "CellKey", "CellSettings", "CellStatus", "CellSummary", "LosslessSummary",
     "Mode", "PairedDiff", "RequestRecord", "ServerMetrics", "Stat", "cell_id", "MANIFEST", "REQUESTS", "RESULTS",
     "SERVER_METRICS", "SUMMARY", "TELEMETRY", "StoreError", "SweepDir", "atomic_write_bytes", "atomic_write_json",
-    "atomic_write_text", "read_json_model", "CellPlan", "GpuInfo", "Hardware", "HostInfo", "Manifest", "ModelRevision", "Models",
+    "atomic_write_text", "read_json_model", "read_text", "CellPlan", "GpuInfo", "Hardware", "HostInfo", "Manifest", "ModelRevision", "Models",
     "ServerRecord", "SweepSettings", "RESULTS_COLUMNS", "ResultsRow", "read_results_csv", "results_row", "now_iso",
 ]

@@ -8,6 +8,7 @@ writing them back; `SweepDir.migrate()` does that on request.
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
@@ -17,10 +18,10 @@ from typing import Any, Iterable
 
 from pydantic import BaseModel, ValidationError
 
-from dflash_bench.errors import UserError
 from dflash_bench.store.migrate import OLDEST, manifest_v1, needs_migration, summary_v1
 from dflash_bench.store.cells import SCHEMA_VERSION, CellSummary, RequestRecord, ServerMetrics
 from dflash_bench.store.manifest import Manifest
+from dflash_bench.store.reading import StoreError, read_text
 from dflash_bench.store.results import csv_text
 from dflash_bench.store.timestamps import now_iso
 
@@ -30,10 +31,6 @@ REQUESTS = "requests.jsonl"
 SERVER_METRICS = "server_metrics.json"
 TELEMETRY = "telemetry.csv"
 RESULTS = "results.csv"
-
-
-class StoreError(UserError):
-    """A sweep folder that cannot be read: missing, half-written, corrupt or of another schema version."""
 
 
 # ---------------------------------------------------------------- atomic writes
@@ -55,9 +52,14 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write `data` as `path` whole or not at all; a disk that is full (or refuses the write) is a StoreError
+    naming the file, so the user knows which folder's disk to free."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as err:
+        raise _write_error(path, err) from None
     try:
         try:
             os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; the result should read like any other file
@@ -66,9 +68,19 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         finally:
             os.close(fd)
         os.replace(tmp, path)
+    except OSError as err:
+        Path(tmp).unlink(missing_ok=True)
+        raise _write_error(path, err) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _write_error(path: Path, err: OSError) -> "StoreError":
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return StoreError(f"cannot write {path}: the disk holding {path.parent} is full; free space there (what "
+                          "was written before is kept, and --resume finishes a sweep)")
+    return StoreError(f"cannot write {path}: {err.strerror or err}")
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -161,7 +173,7 @@ class SweepDir:
         if not file.exists():
             return []
         out = []
-        for lineno, line in enumerate(file.read_text().splitlines(), 1):
+        for lineno, line in enumerate(read_text(file).splitlines(), 1):
             if line.strip():
                 try:
                     out.append(RequestRecord.model_validate_json(line))
@@ -190,6 +202,20 @@ class SweepDir:
             self.migrated_from = OLDEST
             data = summary_v1(data)
         return _validate(CellSummary, data, file)
+
+    def damage(self, cid: str) -> str | None:
+        """Why a cell with a summary cannot be trusted as measured (a file that does not read back, or a
+        requests.jsonl that lost records), as one sentence; None when it reads back whole."""
+        try:
+            summary = self.read_summary(cid)
+            records = self.read_requests(cid)
+            self.read_server_metrics(cid)
+        except StoreError as err:
+            return str(err)
+        if summary is not None and summary.status == "complete" and len(records) != summary.num_requests + summary.num_warmup:
+            return (f"{self.cell_dir(cid) / REQUESTS} holds {len(records)} records where its summary counted "
+                    f"{summary.num_requests + summary.num_warmup}: it was cut short")
+        return None
 
     def summaries(self) -> list[CellSummary]:
         """Summaries of every cell on disk that has one, in plan order (cells not in the plan last)."""
@@ -224,12 +250,13 @@ def read_json_model(model: type[BaseModel], file: Path) -> Any:
 
 
 def _load_json(file: Path) -> Any:
+    text = read_text(file)
     try:
-        return json.loads(file.read_text())
+        return json.loads(text)
     except json.JSONDecodeError as err:
         raise StoreError(f"{file} is not valid JSON (line {err.lineno}): the folder may be half-written or corrupt") from None
-    except OSError as err:
-        raise StoreError(f"cannot read {file}: {err.strerror}") from None
+    except RecursionError:  # brackets nested past Python's stack
+        raise StoreError(f"{file} is not valid JSON (nested too deep): the folder may be corrupt") from None
 
 
 def _validate(model: type[BaseModel], data: Any, file: Path) -> Any:

@@ -16,6 +16,7 @@ from typing import Any, Literal, Optional, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, create_model, field_validator
 
+from dflash_bench.store.reading import StoreError, read_text
 from dflash_bench.store.cells import STAT_FIELDS, AccuracySummary, CellSettings, CellSummary, LosslessSummary, PairedDiff, Stat
 
 LIST_SEP = ";"
@@ -121,5 +122,7 @@ def csv_text(summaries: list[CellSummary]) -> str:
 
 def read_results_csv(path: Path) -> list[BaseModel]:
     """The typed rows of a results.csv (what a CI job reads without the sweep folder)."""
-    with open(path, newline="") as f:
-        return [ResultsRow.model_validate(r) for r in csv.DictReader(f)]
+    try:
+        return [ResultsRow.model_validate(r) for r in csv.DictReader(io.StringIO(read_text(path), newline=""))]
+    except (csv.Error, ValueError) as err:  # pydantic's ValidationError is a ValueError
+        raise StoreError(f"{path} is not a results.csv of this version ({str(err).splitlines()[0][:120]})") from None

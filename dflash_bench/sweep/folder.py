@@ -6,6 +6,7 @@ where summary.json is the truth. `run.py` owns the order of work between opening
 
 from __future__ import annotations
 
+import sys
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Protocol
@@ -35,6 +36,14 @@ def open_sweep(settings: SweepSettings, out: Path, resume: Path | None, pair,
             lock.release()
             raise
         for cell in manifest.plan:  # whatever was running when it stopped is redone; failed cells get a new try
+            damaged = sweep.damage(cell.cell_id)
+            if damaged:  # a cell whose files do not read back whole is measured again, and the resume says so
+                kept = set_aside(sweep, cell.cell_id)
+                note = f"{cell.cell_id}: measured again: {damaged} (its files are kept in {kept})"
+                manifest.notes.append(note)
+                print(f"note: {note}", file=sys.stderr, flush=True)
+                cell.status, cell.reason = "pending", None
+                continue
             status_from_disk(sweep, cell)
         manifest.status = "running"
         manifest.notes.append(f"resumed {now_iso()} by: {' '.join(provenance.redact(argv))}")
@@ -90,6 +99,21 @@ def check_has_plan(manifest: Manifest, folder: Path) -> SweepSettings:
         raise UserError(f"cannot resume {folder}: it was written by `dflash-bench run`, not by a sweep (its manifest "
                         "has no sweep settings); add cells to it with `dflash-bench run --name`, or start a new sweep")
     return manifest.settings
+
+
+def set_aside(sweep: SweepDir, cid: str) -> Path:
+    """Move a damaged cell's folder to damaged/<cell-id>[-n]/ (out of cells/, where every reader would trip on
+    it), so the cell is measured again while nothing that was on disk is lost."""
+    import shutil
+
+    dest = sweep.path / "damaged" / cid
+    n = 1
+    while dest.exists():
+        n += 1
+        dest = sweep.path / "damaged" / f"{cid}-{n}"
+    dest.parent.mkdir(exist_ok=True)
+    shutil.move(str(sweep.cell_dir(cid)), str(dest))
+    return dest
 
 
 def status_from_disk(sweep: SweepDir, cell: CellPlan) -> None:

@@ -154,9 +154,12 @@ def read_csv(path: Path) -> list[Sample]:
     """Samples back from a telemetry.csv (columns it lacks stay None; unknown columns are ignored)."""
     path = Path(path)
     try:
-        rows = list(csv.DictReader(path.open(newline="")))
+        with path.open(newline="", encoding="utf-8") as fh:
+            rows = list(csv.DictReader(fh))
     except OSError as err:
         raise UserError(f"cannot read telemetry file {path}: {err.strerror}.") from None
+    except (UnicodeDecodeError, csv.Error):
+        raise UserError(f"{path} is not a telemetry CSV (bytes that are not UTF-8 text); it is damaged.") from None
     out = []
     for n, row in enumerate(rows, start=2):
         try:
