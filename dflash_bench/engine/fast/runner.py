@@ -19,16 +19,11 @@ import torch
 from dflash_bench.engine.fast.draft import FastDrafter
 from dflash_bench.engine.fast.model import FastTarget
 from dflash_bench.engine.fast.prefill import Prefiller
-from dflash_bench.engine.fast.scheduler import (GRAPHED_ROWS, MIXED_ROWS, PREFILL_BUCKET, Scheduler, StepPlan,
-                                                buckets)
+from dflash_bench.engine.fast.scheduler import GRAPHED_ROWS, MIXED_ROWS, Scheduler, StepPlan, buckets
 from dflash_bench.engine.fast.slots import GraphCache, SlotState
 from dflash_bench.engine.fast.steps import StepBodies
 from dflash_bench.engine.fast.timer import StepTimer, mark, seconds
-from dflash_bench.engine.fast.width import CPU_DECAY, CPU_WIDTHS, DECAY, WIDTHS, WidthChooser
 
-
-NARROW_ROWS = 8  # GPU: batch buckets from this size may verify less than the whole block (adaptive width); a
-# smaller batch's verify is memory-bound (H100, Qwen3-8B shape: 6.20 ms at 1 x 16 tokens, 5.97 for one token)
 
 __all__ = ["FastRunner", "InFlight", "buckets"]
 
@@ -57,15 +52,10 @@ class FastRunner:
         dev = self.dev = target.device
         self.graphs_on = dev.type == "cuda" if graphs is None else graphs
         self.kv_block = kv_block
-        # adaptive: each step verifies the anchor and its first w - 1 drafts, w chosen by load (width.py);
-        # else always `width` (default: the whole block)
-        self.chooser = (WidthChooser(self.B, WIDTHS if self.graphs_on else CPU_WIDTHS,
-                                     narrow_from=NARROW_ROWS if self.graphs_on else 1, explore_block=self.graphs_on,
-                                     decay=DECAY if self.graphs_on else CPU_DECAY)
-                        if drafter and adaptive else None)
         self.sched = Scheduler(slots=self.S, block=self.B, max_len=self.max_len, kv_block=kv_block,
-                               chooser=self.chooser, width=width, mixed=mixed and drafter is None,
-                               graphs=self.graphs_on, step_ahead=step_ahead)
+                               adaptive=adaptive, width=width, mixed=mixed, graphs=self.graphs_on,
+                               step_ahead=step_ahead)
+        self.chooser = self.sched.chooser  # the scheduler's width chooser (benchmarks read what it chose)
         k = max(*GRAPHED_ROWS, *MIXED_ROWS)  # the most prompts one graph stages
         self.state = SlotState(slots=self.S, block=self.B, max_len=self.max_len, vocab=target.vocab_size,
                                dtype=target.dtype, device=dev, keep_logits=keep_logits, prompts=k)
@@ -143,9 +133,7 @@ class FastRunner:
             raise RuntimeError("capture_all runs before any request is added")
         self.state.active.zero_()
         self._stepped = ()
-        lengths = sorted({min(self.max_len, L) for L in range(self.kv_block, self.max_len + self.kv_block, self.kv_block)})
-        for P in sorted({min(P, self.max_len) for P in range(PREFILL_BUCKET, self.max_len + PREFILL_BUCKET,
-                                                             PREFILL_BUCKET)}):
+        for P in self.sched.prefill_buckets():
             self.prefills.graph(P)
         for P, k in self.sched.grouped_buckets():
             self.prefills.graph(P, k)
@@ -154,11 +142,11 @@ class FastRunner:
             for P, k in self.sched.mixed_buckets():
                 self.graphs.run(("mixed", bs, P, k), lambda: b.mixed(bs, P, k))
         for bs in self.sched.sizes:
-            for L in lengths:
+            for L in self.sched.kv_buckets():
                 if self.B == 1:
                     self.graphs.run(("ar", bs, L), lambda: b.ar(bs, L))
                     continue
-                for w in self.chooser.candidates(bs) if self.chooser else self.sched.widths:
+                for w in self.sched.candidates(bs):
                     self.graphs.run(("draft", bs, L, w), lambda: b.draft(bs, L, w))
                     self.graphs.run(("verify", bs, L, w), lambda: b.verify(bs, L, w))
         torch.cuda.synchronize()

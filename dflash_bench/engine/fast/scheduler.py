@@ -20,6 +20,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
+from dflash_bench.engine.fast.width import CPU_DECAY, CPU_WIDTHS, DECAY, WIDTHS, WidthChooser
+
 PREFILL_BUCKET = 64  # prompts are padded to a multiple of this: one prefill graph per multiple
 # Prefilling k prompts (benchmarks/prefill_speed.py, H100, Qwen3-8B shape), ms per prompt at k = 1, 2, 4, 8, 32,
 # one eager forward for k > 1: 128 tokens 7.7, 11.8, 6.8, 3.4, 3.3; 320 tokens 11.8, 13.7, 8.7, 8.7, 8.3 (one graph
@@ -35,6 +37,8 @@ MIXED_ROWS = (1, 2, 3)  # prompts a step may carry (a group of more is prefilled
 # every prompt riding beat six at most: 3236.4 against 3170.2 tok/s
 RIDE_QUEUE = 64
 DEPTH = 2  # steps in flight at most: step k+1 is launched before step k's tokens are read
+NARROW_ROWS = 8  # GPU: batch buckets from this size may verify less than the whole block (adaptive width); a
+# smaller batch's verify is memory-bound (H100, Qwen3-8B shape: 6.20 ms at 1 x 16 tokens, 5.97 for one token)
 
 
 class Chooser(Protocol):
@@ -97,15 +101,23 @@ class Row:
 class Scheduler:
     """Decides each step of one `FastRunner` (see the module) from the host's facts about its slots."""
 
-    def __init__(self, *, slots: int, block: int, max_len: int, kv_block: int, chooser: Chooser | None = None,
+    def __init__(self, *, slots: int, block: int, max_len: int, kv_block: int, adaptive: bool = False,
                  width: int | None = None, mixed: bool = False, graphs: bool = False, step_ahead: bool = True,
                  ride_queue: int = RIDE_QUEUE):
+        """`adaptive` (DFlash): each step verifies the anchor and its first w - 1 drafts, w chosen by load
+        (width.py; a GPU's candidates and decay, or a CPU's, by `graphs`); else always `width` (default: the
+        whole block). `mixed` (AR): prompts admitted while rows decode may ride in their steps."""
         self.S, self.B, self.max_len, self.kv_block = slots, block, max_len, kv_block
         self.sizes = buckets(slots)
-        self.chooser = chooser
+        self.chooser: Chooser | None = (
+            WidthChooser(block, WIDTHS if graphs else CPU_WIDTHS, narrow_from=NARROW_ROWS if graphs else 1,
+                         explore_block=graphs, decay=DECAY if graphs else CPU_DECAY)
+            if adaptive and block > 1 else None)
+        chooser = self.chooser
         self.fixed = min(width or block, block)
         self.widths = chooser.widths if chooser else [self.fixed]
-        self.mixed, self.graphs, self.step_ahead, self.ride_queue = mixed, graphs, step_ahead, ride_queue
+        self.mixed = mixed and block == 1  # prompts ride in AR steps only
+        self.graphs, self.step_ahead, self.ride_queue = graphs, step_ahead, ride_queue
         self.lengths: dict[int, int] = {}  # running slot -> committed tokens (as of the last step collected)
         self.admitted = [0] * slots  # requests admitted per slot: a step in flight from before is not theirs
         self.riding: dict[int, int] = {}  # slot -> its admission number, while its prompt's step is in flight
@@ -113,6 +125,20 @@ class Scheduler:
         self.inflight: deque[StepPlan] = deque()  # planned and not yet collected, oldest first
         self.took: dict[int, int] = {}  # the slots the step collected last prefilled -> their first tokens
         self.rode = 0  # prompts prefilled by a step's forward
+
+    # ---- the shapes a plan may take (every graph `FastRunner.capture_all` captures) -----------------------
+    def kv_buckets(self) -> list[int]:
+        """Every KV-length bucket a plan may take: multiples of `kv_block`, the cache length last."""
+        return sorted({min(self.max_len, L) for L in range(self.kv_block, self.max_len + self.kv_block, self.kv_block)})
+
+    def candidates(self, bucket: int) -> list[int]:
+        """The verify widths a step of this batch bucket may take."""
+        return self.chooser.candidates(bucket) if self.chooser else self.widths
+
+    def prefill_buckets(self) -> list[int]:
+        """Every prompt bucket of a one-prompt prefill graph."""
+        return sorted({min(P, self.max_len) for P in range(PREFILL_BUCKET, self.max_len + PREFILL_BUCKET,
+                                                           PREFILL_BUCKET)})
 
     # ---- prefills ---------------------------------------------------------------------------------
     def padded(self, n: int) -> int:
