@@ -15,7 +15,7 @@ from dflash_bench.store import SweepDir
 from dflash_bench.sweep.dry_run import print_plan
 from dflash_bench.sweep.plan import SweepSettings
 
-DEMO_CONCURRENCY = [1, 8, 32]
+DEMO_CONCURRENCY = [1, 8]
 DEMO_ENGINE_ARGS = ["--fast", "--cut-draft", "--device", "cpu"]
 
 
@@ -132,8 +132,9 @@ def resolve_suites(value: str | None) -> list[str] | None:
 
 
 def demo_command(*, out: Path, data_dir: Path | None, max_tokens: int, num_prompts: int,
-                 concurrency: list[int] | None) -> int:
-    """The builtin engine on the embedded default pair, every suite, concurrency 1, 8, 32; then the report.
+                 concurrency: list[int] | None, repeats: int = 1) -> int:
+    """The builtin engine on the embedded default pair, every suite, concurrency 1 and 8, each cell `repeats`
+    times; then the report.
 
     The fast path (`serve --fast`: the C kernels on a CPU, greedy as the demo asks), drafting only the
     positions a step verifies (`--cut-draft`: the embedded drafter was trained on cut blocks). Paired: both
@@ -150,7 +151,7 @@ def demo_command(*, out: Path, data_dir: Path | None, max_tokens: int, num_promp
     settings = SweepSettings(model=str(target), engines=["builtin"], suites=suites,
                              concurrency=concurrency or DEMO_CONCURRENCY, num_prompts=num_prompts,
                              max_tokens=max_tokens, runner="process", port=free_port(), engine_args=DEMO_ENGINE_ARGS,
-                             engine_options={"drafter": str(drafter)}, save_token_ids=True, paired=True)
+                             engine_options={"drafter": str(drafter)}, save_token_ids=True, paired=True, repeats=repeats)
     result = run_sweep(settings, out=out, data_dir=data_dir, argv=sys.argv)
     typer.echo(f"report: {build_report([result.path])}")
     return result.exit_code
