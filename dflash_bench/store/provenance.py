@@ -13,17 +13,17 @@ import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
-from typing import Any
 
 from dflash_bench import __version__
+from dflash_bench.store.manifest import HostInfo, ModelRevision
 
 # option names whose value is secret: --hf-token, --api-key, --client-secret; not --max-tokens or --tokenizer
 SECRET_OPTION = re.compile(r"(^|[_-])(token|key)$|secret|passw|auth", re.I)
 HF_TOKEN = re.compile(r"\bhf_[A-Za-z0-9]{8,}")
 
 
-def versions() -> dict[str, Any]:
-    out: dict[str, Any] = {"dflash_bench": __version__, "git_revision": git_revision(), "python": sys.version.split()[0]}
+def versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {"dflash_bench": __version__, "git_revision": git_revision(), "python": sys.version.split()[0]}
     for dist in ("torch", "transformers", "vllm", "sglang", "httpx", "aiohttp"):
         try:
             out[dist] = metadata.version(dist)
@@ -46,27 +46,25 @@ def git_revision() -> str | None:
         return None
 
 
-def host() -> dict[str, Any]:
-    return {"hostname": socket.gethostname(), "platform": platform.platform(), "cpu_count": os.cpu_count(),
-            "machine": platform.machine()}
+def host() -> HostInfo:
+    return HostInfo(hostname=socket.gethostname(), platform=platform.platform(), cpu_count=os.cpu_count(),
+                    machine=platform.machine())
 
 
-def model_revision(model: str) -> dict[str, Any]:
-    """What can be known offline about a model: a local folder's config hash and chat-template hash,
-    or the commit the local Hugging Face cache resolved `main` to."""
-    info: dict[str, Any] = {"id": model}
+def model_revision(model: str) -> ModelRevision:
+    """What can be known offline about a model: a local folder's config hash, chat-template hash and parameter
+    count, or the commit the local Hugging Face cache resolved `main` to (and its snapshot's)."""
+    info = ModelRevision(id=model)
     local = Path(model)
     folder = local if local.is_dir() else _hf_snapshot(model, info)
     if folder is not None and folder.is_dir():
         config = folder / "config.json"
         if config.exists():
-            info["config_sha256"] = hashlib.sha256(config.read_bytes()).hexdigest()[:16]
+            info.config_sha256 = hashlib.sha256(config.read_bytes()).hexdigest()[:16]
         template = chat_template(folder)
         if template:
-            info["chat_template_sha256"] = hashlib.sha256(template.encode()).hexdigest()[:16]
-        count = parameter_count(folder)
-        if count:
-            info["parameters"] = count
+            info.chat_template_sha256 = hashlib.sha256(template.encode()).hexdigest()[:16]
+        info.parameters = parameter_count(folder)
     return info
 
 
@@ -128,11 +126,11 @@ def _secret_option(part: str) -> bool:
     return part.startswith("-") and SECRET_OPTION.search(part.lstrip("-")) is not None
 
 
-def _hf_snapshot(model: str, info: dict[str, Any]) -> Path | None:
+def _hf_snapshot(model: str, info: ModelRevision) -> Path | None:
     cache = Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub")
     repo = cache / ("models--" + model.replace("/", "--"))
     ref = repo / "refs" / "main"
     if not ref.exists():
         return None
-    info["revision"] = ref.read_text().strip()
-    return repo / "snapshots" / info["revision"]
+    info.revision = ref.read_text().strip()
+    return repo / "snapshots" / info.revision

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Protocol
 
 from dflash_bench.errors import UserError
-from dflash_bench.store import CellPlan, Manifest, SweepDir, now_iso
+from dflash_bench.store import CellPlan, Hardware, Manifest, Models, SweepDir, now_iso
 from dflash_bench.store.lock import WriterLock, create_locked, open_locked
 from dflash_bench.store import provenance
 from dflash_bench.sweep.plan import SweepSettings, check_resume, plan_cells
@@ -52,11 +52,11 @@ def open_sweep(settings: SweepSettings, out: Path, resume: Path | None, pair,
     sweep_id = sweep_id_of(pair.name, settings.engines)
     manifest = Manifest(  # every setting is saved, the resume-free ones too: a resume takes them back
         sweep_id=sweep_id, command_line=provenance.redact(argv), settings=saved_settings(settings),
-        plan=plan_cells(settings), versions=provenance.versions(), hardware={"host": provenance.host()},
-        models={"target": provenance.model_revision(pair.target),
-                "drafter": provenance.model_revision(pair.drafter) if pair.drafter else None,
-                "block_size": pair.block_size,
-                "thinking": settings.thinking if settings.thinking is not None else pair.thinking},
+        plan=plan_cells(settings), versions=provenance.versions(), hardware=Hardware(host=provenance.host()),
+        models=Models(target=provenance.model_revision(pair.target),
+                      drafter=provenance.model_revision(pair.drafter) if pair.drafter else None,
+                      block_size=pair.block_size,
+                      thinking=settings.thinking if settings.thinking is not None else pair.thinking),
     )
     # locked before the manifest is written: of two sweeps started in the same second, one gets the folder
     sweep, lock = create_locked(Path(out) / sweep_id, manifest)
