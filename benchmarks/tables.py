@@ -281,6 +281,35 @@ def engines_three(results: list[Any]) -> Table:
                                      ("vLLM DFlash", "vllm", "dflash"), ("SGLang DFlash", "sglang", "dflash")])
 
 
+def big_shape(results: list[Any]) -> Table:
+    """benchmarks/big_sweep.py: each run's cells (engine x mode x GPUs x suite x concurrency), its command and
+    the servers' commands as notes, failed cells by their reason, plans refused before launch."""
+    data = results[0]
+    rows, notes = [], []
+    for n, run in enumerate(data["runs"], 1):
+        notes.append(f"Run {n} ({run['device']}, {run['gpus_per_server']} GPU(s) per server, context limit "
+                     f"{run.get('context_len')}): `{run['command']}`.")
+        notes += [f"Run {n}, {name}: `{cmd}`." for name, cmd in run["servers"].items()]
+        failed: dict[tuple[str, str], str] = {}
+        for r in run["rows"]:
+            if r["tok_s"] is None:
+                failed.setdefault((r["engine"], r["mode"]), r.get("reason") or r["status"])
+                continue
+            mem = "-" if r["peak_mem_mib"] is None else f"{r['peak_mem_mib'] / 1024:.1f}"
+            cache = "-" if r["prefix_cache_hit_rate"] is None else f"{r['prefix_cache_hit_rate']:.0%}"
+            rows.append([str(n), r["engine"], r["mode"], str(r["gpus"]), r["suite"], str(r["concurrency"]),
+                         f1(r["tok_s"]), f1(r["tok_s_per_gpu"]), f1(r["ttft_ms_p50"]), f2(r["tpot_ms_p50"]),
+                         mem, cache, f2(r["tau"]) if r["tau"] is not None else "-"])
+        notes += [f"Run {n}, {e} {m}: every cell failed: {why}" for (e, m), why in failed.items()]
+    notes += [f"Refused before launch: `{r['command']}`: {r['sentence']}" for r in data.get("refused", [])]
+    notes.append(f"Weights {data['weights']}; tokenizer: {data['tokenizer']}. Peak memory: the most one of the "
+                 "server's GPUs held during the cell (vLLM takes its whole share at start). Prefix cache: the share of "
+                 "the cell's prompt tokens the server read from its cache (cells of one run share prompts).")
+    header = ["run", "engine", "mode", "GPUs", "suite", "c", "tok/s", "tok/s per GPU", "TTFT p50 ms", "TPOT p50 ms",
+              "peak GPU GiB", "prefix cache", "τ"]
+    return Table(header, rows, notes)
+
+
 def pair_retrained(results: list[Any]) -> Table:
     return _pair_table_by_suite(results[0], [("vLLM", "vllm"), ("builtin `--fast`", "builtin-fast")])
 
@@ -448,6 +477,8 @@ TABLES: list[Entry] = [
     Entry("pair_retrained_h100", "docs/results/engines-one-gpu.md", ("real_engines_h100_pair_retrained.json",),
           "PYTHONPATH=. python benchmarks/real_engines.py pair --engines vllm,builtin-fast --concurrency 1,8 --data-dir .data",
           pair_retrained),
+    Entry("gemma4_31b_h100", "docs/results/gemma-4-31b.md", ("gemma4_31b_h100.json",), None, big_shape,
+          machine="one NVIDIA H100 80GB HBM3 (nvidia-h100-x1) and two on one host (nvidia-h100-x2), each a fresh machine"),
     Entry("engine_speed", "docs/results/fast-path-gpu.md", ("engine_speed_h100.json", "engine_speed_h200.json"),
           "PYTHONPATH=. python benchmarks/engine_speed.py --out engine_speed.json --torch-path", engine_speed,
           machine="one NVIDIA H100 80GB HBM3 and one NVIDIA H200, each a fresh machine"),

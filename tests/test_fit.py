@@ -201,3 +201,17 @@ def test_a_sweep_fails_vllms_dflash_cells_with_the_sentence_and_never_launches_t
     assert reasons["vllm-dflash-gsm8k-c1"].startswith("server did not start: vLLM 0.25.1 cannot run DFlash with this drafter")
     assert "vllm-dflash" not in " ".join(manifest.get("servers", {}))  # never launched
     assert "cannot run DFlash" not in reasons["vllm-ar-gsm8k-c1"]
+
+
+def test_a_drafter_vllm_will_not_load_does_not_count_against_its_memory(data_dir, monkeypatch):
+    """vLLM 0.25.1 refuses this pair's DFlash server, so only the target's weights share the GPU with the KV."""
+    context = fit.size(_settings(concurrency=[1], num_prompts=16), GEMMA, data_dir).context_len
+    target, drafter = fit.geometry(GEMMA4_31B_TARGET), fit.geometry(GEMMA4_31B_DRAFTER, drafter=True)
+    usable = fit.usable_gib("vllm", fit.GPU_MEMORY_GIB["h100"])
+    c = next(c for c in range(1, 64) if not fit.fit(target, drafter, usable=usable, gpus=1, context=context,
+                                                    concurrency=c).fits)
+    assert fit.fit(target, None, usable=usable, gpus=1, context=context, concurrency=c).fits  # the case exists
+    with pytest.raises(UserError, match=f"{c} sequences"):
+        fit.size(_settings(concurrency=[c], num_prompts=16), GEMMA, data_dir)  # version unknown: the DFlash server may launch
+    monkeypatch.setattr(type(profiles.get("vllm")), "version", lambda self, runner, image: "0.25.1")
+    assert fit.size(_settings(concurrency=[c], num_prompts=16), GEMMA, data_dir).context_len == context

@@ -3,7 +3,8 @@
 With `--gpu h100` / `h200` / ... (a GPU whose memory is known), `size()`:
 - derives the context limit from the plan: the longest conversation (its turns, the answers between them and
   `--max-tokens`), plus the block, rounded up to 256 tokens (`SweepSettings.context_len`);
-- checks, before anything launches, that the target's weights (and the drafter's) plus the KV cache of
+- checks, before anything launches, that the target's weights (and the drafter's, where the engine's DFlash
+  server will launch) plus the KV cache of
   `max concurrency` sequences of that length fit `tensor_parallel` GPUs at the engine's memory fraction,
   and refuses in one sentence what does not, saying what would fit.
 `server_args()` gives each engine's sizing flags (vLLM `--max-model-len --gpu-memory-utilization
@@ -221,12 +222,21 @@ def size(settings, pair, data_dir: Path | None):
         gpus = settings.tensor_parallel or 1
         for engine in sized:
             usable = usable_gib(engine, gpu_gib)
-            f = fit(target, drafter, usable=usable, gpus=gpus, context=context, concurrency=max(settings.concurrency))
+            draft = drafter if _runs_dflash(engine, pair, settings) else None
+            f = fit(target, draft, usable=usable, gpus=gpus, context=context, concurrency=max(settings.concurrency))
             if not f.fits:
                 raise UserError(f"{engine}: " + refusal(f, gpu=settings.gpu, gpus=gpus, context=context,
                                                         max_tokens=settings.max_tokens, target=target,
-                                                        drafter=drafter, usable=usable))
+                                                        drafter=draft, usable=usable))
     return settings.model_copy(update={"context_len": context})
+
+
+def _runs_dflash(engine: str, pair, settings) -> bool:
+    """Will this engine's DFlash server launch (a drafter, and no refusal of its known version)?"""
+    from dflash_bench import profiles
+
+    profile = profiles.get(engine)
+    return bool(pair.drafter) and not profile.refusal(pair, "dflash", profile.version(settings.runner, settings.image))
 
 
 def _sized(engine: str) -> bool:
