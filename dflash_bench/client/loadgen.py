@@ -10,11 +10,21 @@ import asyncio
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Sequence
+from typing import Awaitable, Callable, Iterator, Protocol, Sequence
 
 from dflash_bench.client.protocol import PATHS, RequestSettings, Stream, build_body
 from dflash_bench.client.transport import Transport, with_timeout
 from dflash_bench.store import RequestRecord
+
+class Conversation(Protocol):
+    """What the load sends of a prompt: its id and its user turns (suites.Prompt, or one sent again)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def turns(self) -> Sequence[str]: ...
+
 
 ProgressFn = Callable[[int, int, int, float], None]  # (requests done, total, output tokens, s since measuring began)
 
@@ -117,7 +127,7 @@ class LoadGenerator:
                 return  # a later turn needs this turn's reply
             messages.append({"role": "assistant", "content": st.output_text()})
 
-    async def run(self, prompts: Sequence) -> LoadResult:
+    async def run(self, prompts: Sequence[Conversation]) -> LoadResult:
         n = self.load.concurrency
         self._total = sum(len(p.turns) for p in prompts)
         if self.load.warmup and prompts:
@@ -144,17 +154,17 @@ class LoadGenerator:
                  "(--min-cell-seconds)"] if passes > 1 else []
         return LoadResult(self.records, t_start, t_end, self.t0, notes, passes)
 
-    async def _worker(self, it) -> None:
+    async def _worker(self, it: Iterator[Conversation]) -> None:
         for p in it:  # a shared iterator: each worker takes the next prompt when its last one ends
             await self.conversation(p.id, p.turns)
 
-    async def _open_loop(self, prompts: Sequence) -> None:
+    async def _open_loop(self, prompts: Sequence[Conversation]) -> None:
         offsets = arrival_offsets(len(prompts), self.load.request_rate or 0.0, self.load.seed)
         sem = asyncio.Semaphore(self.load.concurrency)
         tasks = []
         t = time.perf_counter()
 
-        async def go(p) -> None:
+        async def go(p: Conversation) -> None:
             try:
                 await self.conversation(p.id, p.turns)
             finally:
@@ -177,7 +187,7 @@ class _Again:
     turns: Sequence[str]
 
 
-def _again(p, n: int) -> _Again:
+def _again(p: Conversation, n: int) -> _Again:
     return _Again(f"{p.id}~{n}", p.turns)
 
 

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Protocol
+from types import ModuleType, SimpleNamespace
+from typing import Any, AsyncIterator, Awaitable, Callable, Protocol, TypeVar
 
 from dflash_bench.client.protocol import Stream, error_message
+
+T = TypeVar("T")
 
 TRANSPORTS = ("auto", "raw", "aiohttp", "httpx")
 _HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream"}
@@ -55,25 +58,25 @@ class AiohttpTransport:
         await self.session.close()
 
 
-def _aiohttp_trace(aiohttp):
+def _aiohttp_trace(aiohttp: ModuleType) -> Any:
     """Connect time and the moment the request was written, onto the request's Stream (see rawhttp)."""
     config = aiohttp.TraceConfig()
 
-    async def connect_start(session, ctx, params) -> None:  # noqa: ARG001
+    async def connect_start(session: object, ctx: SimpleNamespace, params: object) -> None:  # noqa: ARG001
         ctx.t_connect = time.perf_counter()
 
-    async def connect_end(session, ctx, params) -> None:  # noqa: ARG001
+    async def connect_end(session: object, ctx: SimpleNamespace, params: object) -> None:  # noqa: ARG001
         st = ctx.trace_request_ctx
         if isinstance(st, Stream):  # the handshake is not seen apart from the loop's wait: all of it is the wait
             st.connection = "new"
             st.connect_wait_s = (st.connect_wait_s or 0.0) + time.perf_counter() - ctx.t_connect
 
-    async def reused(session, ctx, params) -> None:  # noqa: ARG001
+    async def reused(session: object, ctx: SimpleNamespace, params: object) -> None:  # noqa: ARG001
         st = ctx.trace_request_ctx
         if isinstance(st, Stream) and st.connection is None:
             st.connection = "reused"
 
-    async def headers_sent(session, ctx, params) -> None:  # noqa: ARG001
+    async def headers_sent(session: object, ctx: SimpleNamespace, params: object) -> None:  # noqa: ARG001
         st = ctx.trace_request_ctx
         if isinstance(st, Stream):
             st.t_write = time.perf_counter()
@@ -85,11 +88,11 @@ def _aiohttp_trace(aiohttp):
     return config
 
 
-def _httpx_trace(st: Stream):
+def _httpx_trace(st: Stream) -> Callable[[str, dict[str, Any]], Awaitable[None]]:
     """httpx's per-request trace extension: connect time and the request's write, onto `st`."""
     started = [0.0]
 
-    async def trace(event: str, info: dict) -> None:  # noqa: ARG001
+    async def trace(event: str, info: dict[str, Any]) -> None:  # noqa: ARG001
         if event == "connection.connect_tcp.started":
             started[0] = time.perf_counter()
         elif event == "connection.connect_tcp.complete":  # as aiohttp's: the handshake is not seen apart
@@ -102,7 +105,7 @@ def _httpx_trace(st: Stream):
     return trace
 
 
-async def _read_sse(st: Stream, chunks) -> None:
+async def _read_sse(st: Stream, chunks: AsyncIterator[bytes]) -> None:
     """Stamp each read as it arrives and hand whole lines to the SSE parser (aiohttp and httpx alike)."""
     clock = time.perf_counter
     buf = b""
@@ -160,7 +163,7 @@ def make_transport(name: str, base_url: str, connections: int) -> Transport:
     raise ValueError(f"unknown transport {name!r}; choose one of {', '.join(TRANSPORTS)}")
 
 
-async def with_timeout(coro, seconds: float | None):
+async def with_timeout(coro: Awaitable[T], seconds: float | None) -> T:
     """Run `coro` under a deadline; None means no deadline."""
     if seconds is None:
         return await coro

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import typer
 from rich.console import Console
@@ -105,7 +105,7 @@ def thinking_options(value: str | None, off: bool) -> dict[str, Any]:
     return {"thinking": choice[v], "thinking_both": True if v == "both" else None}
 
 
-def parse_list(value: str | None, kind=str) -> list | None:
+def parse_list(value: str | None, kind: Callable[[str], Any] = str) -> list[Any] | None:
     """'1,8,32' -> [1, 8, 32]; None stays None; a bad item is a UserError."""
     if value is None:
         return None

@@ -23,9 +23,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from dflash_bench.errors import UserError
+from dflash_bench.store import SweepSettings
+
+if TYPE_CHECKING:
+    from dflash_bench.models import ModelPair
+    from dflash_bench.suites import Prompt
 
 GIB = 1 << 30
 # Memory of one GPU as the driver reports it (nvidia-smi's total; H100 80GB HBM3: 81559 MiB, H200: 143771 MiB).
@@ -100,14 +105,14 @@ def gpu_memory_gib(gpu: str | None) -> float | None:
 # ------------------------------------------------------------------ the plan's lengths
 
 
-def conversation_tokens(prompt, max_tokens: int, count) -> int:
+def conversation_tokens(prompt: Prompt, max_tokens: int, count: Callable[[str], int]) -> int:
     """Tokens of a prompt's longest context: every turn (with a chat template's few tokens around each), the
     answers before the last turn, and the last answer."""
     turns = prompt.turns or [""]
     return sum(count(t) + 16 for t in turns) + len(turns) * max_tokens
 
 
-def token_counter(target: str | None):
+def token_counter(target: str | None) -> Callable[[str], int]:
     """Token counts with the target's tokenizer where it is a local folder, else about 3 characters a token
     (an over-estimate for English text, so a plan is not passed on an optimistic guess)."""
     if target and (Path(target) / "tokenizer_config.json").is_file():
@@ -118,7 +123,7 @@ def token_counter(target: str | None):
     return lambda text: math.ceil(len(text) / 3)
 
 
-def longest_context(settings, pair, data_dir: Path | None) -> int:
+def longest_context(settings: SweepSettings, pair: ModelPair, data_dir: Path | None) -> int:
     """The longest context any request of the plan can reach, in the target's tokens."""
     from dflash_bench.sweep.prompts import LONG_MAX_TOKENS
     from dflash_bench.suites import get_suite, load_prompts
@@ -206,7 +211,7 @@ def refusal(f: Fit, *, gpu: str, gpus: int, context: int, max_tokens: int | None
     return f"{head}: use {' or '.join(ways)}." if ways else f"{head}."
 
 
-def size(settings, pair, data_dir: Path | None):
+def size(settings: SweepSettings, pair: ModelPair, data_dir: Path | None) -> SweepSettings:
     """The settings with the derived context limit, after refusing a plan that cannot fit; unchanged where the
     GPU's memory is unknown (--gpu generic) or no launched engine is sized (the user's own servers)."""
     gpu_gib = gpu_memory_gib(settings.gpu)
@@ -245,7 +250,7 @@ def _sized(engine: str) -> bool:
     return profiles.get(engine).memory_fraction is not None
 
 
-def server_args(settings, engine: str) -> list[str]:
+def server_args(settings: SweepSettings, engine: str) -> list[str]:
     """The server's extra arguments: the engine's sizing flags for this plan, then the user's --engine-args."""
     from dflash_bench import profiles
 

@@ -9,13 +9,16 @@ from __future__ import annotations
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from dflash_bench.errors import UserError
 from dflash_bench.store import CellPlan, Hardware, Manifest, Models, SweepDir, now_iso
 from dflash_bench.store.lock import WriterLock, create_locked, open_locked
 from dflash_bench.store import provenance
 from dflash_bench.sweep.plan import SweepSettings, check_resume, plan_cells
+
+if TYPE_CHECKING:
+    from dflash_bench.models import ModelPair
 
 
 class Outcome(Protocol):
@@ -25,8 +28,8 @@ class Outcome(Protocol):
     failed: list[str]
 
 
-def open_sweep(settings: SweepSettings, out: Path, resume: Path | None, pair,
-          argv: list[str]) -> tuple[SweepDir, Manifest, WriterLock]:
+def open_sweep(settings: SweepSettings, out: Path, resume: Path | None, pair: ModelPair,
+               argv: list[str]) -> tuple[SweepDir, Manifest, WriterLock]:
     """The sweep folder (new, or the one to resume) and its writer's lock, held by this process."""
     if resume is not None:
         sweep, lock = open_locked(resume)  # before anything is read for writing: a second resume is refused here

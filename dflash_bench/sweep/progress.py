@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shlex
 import time
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.live import Live
@@ -13,6 +14,9 @@ from rich.table import Table
 from rich.text import Text
 
 from dflash_bench.store import CellPlan, CellSummary, Manifest, SweepDir
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 class SweepProgress:
@@ -32,7 +36,7 @@ class SweepProgress:
             self._live.__enter__()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: Any) -> None:
         if self._live is not None:
             self._live.__exit__(*exc)
             self._live = None
@@ -121,7 +125,7 @@ def cells_table(summaries: list[CellSummary]) -> Table:
     return table
 
 
-def speedup_text(row) -> str:
+def speedup_text(row: pd.Series) -> str:
     """'2.41x', and with repeats their median and lowest-highest: '2.41x (2.30-2.55)'."""
     text = f"{row['speedup']:.2f}x"
     if int(row.get("repeats", 1) or 1) > 1 and row.get("speedup_min") == row.get("speedup_min"):
@@ -129,7 +133,7 @@ def speedup_text(row) -> str:
     return text
 
 
-def headline_table(head) -> Table:
+def headline_table(head: pd.DataFrame) -> Table:
     most = int(head["repeats"].max()) if "repeats" in head.columns and not head.empty else 1
     title = "AR vs DFlash (output tokens/s" + (f"; speedup over {most} repeats: median (lowest-highest))" if most > 1 else ")")
     table = Table(title=title)
@@ -144,7 +148,7 @@ def headline_table(head) -> Table:
     return table
 
 
-def gpus_per_server(manifest) -> int | None:
+def gpus_per_server(manifest: Manifest) -> int | None:
     """GPUs one server used (the report's reading of the manifest), None when nothing says."""
     from dflash_bench.report.tables import gpu_count
 
