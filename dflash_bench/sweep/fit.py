@@ -236,7 +236,7 @@ def size(settings: SweepSettings, pair: ModelPair, data_dir: Path | None) -> Swe
     return settings.model_copy(update={"context_len": context})
 
 
-def _runs_dflash(engine: str, pair, settings) -> bool:
+def _runs_dflash(engine: str, pair: ModelPair, settings: SweepSettings) -> bool:
     """Will this engine's DFlash server launch (a drafter, and no refusal of its known version)?"""
     from dflash_bench import profiles
 
