@@ -215,3 +215,20 @@ def test_a_drafter_vllm_will_not_load_does_not_count_against_its_memory(data_dir
         fit.size(_settings(concurrency=[c], num_prompts=16), GEMMA, data_dir)  # version unknown: the DFlash server may launch
     monkeypatch.setattr(type(profiles.get("vllm")), "version", lambda self, runner, image: "0.25.1")
     assert fit.size(_settings(concurrency=[c], num_prompts=16), GEMMA, data_dir).context_len == context
+
+
+def test_the_sweeps_tables_show_tok_s_per_gpu_for_a_sharded_server():
+    from rich.console import Console
+
+    from dflash_bench.store import CellSummary
+    from dflash_bench.sweep.progress import cells_table
+
+    s = CellSummary(cell_id="vllm-ar-gsm8k-c32", engine="vllm", mode="ar", suite="gsm8k", concurrency=32,
+                    status="complete", output_throughput=1864.9)
+    console = Console(width=200, record=True)
+    console.print(cells_table([s], 2))
+    text = console.export_text()
+    assert "tok/s per GPU" in text and "932.5" in text and "2 GPUs per server" in text
+    console = Console(width=200, record=True)
+    console.print(cells_table([s], 1))
+    assert "per GPU" not in console.export_text()

@@ -88,14 +88,15 @@ class SweepProgress:
         out = Console()
         frame = analysis.cells(sweep.path)
         head = analysis.headline(frame) if not frame.empty else frame
+        gpus = gpus_per_server(self.manifest)
         if not head.empty:
-            out.print(headline_table(head))
+            out.print(headline_table(head, gpus))
         summaries = sweep.summaries()
         if head.empty and summaries:
-            out.print(cells_table(summaries))
+            out.print(cells_table(summaries, gpus))
         settings = self.manifest.settings
         if settings is not None and settings.slo:
-            print_slo(out, summaries, settings.slo, gpus_per_server(self.manifest))
+            print_slo(out, summaries, settings.slo, gpus)
         for s in summaries:
             if s.status == "failed":
                 out.print(f"[red]failed[/] {escape(s.cell_id)}: {escape(s.failure_reason or '')}", highlight=False)
@@ -112,16 +113,22 @@ class SweepProgress:
               f"  dflash-bench sweep --resume {shlex.quote(str(sweep.path))}", flush=True)
 
 
-def cells_table(summaries: list[CellSummary]) -> Table:
-    """Every finished cell on its own: what an interrupted sweep has so far."""
-    table = Table(title="finished cells (output tokens/s)")
-    for col in ("cell", "status", "tok/s", "τ"):
+def per_gpu(tok_s: float | None, gpus: int | None) -> str:
+    return "-" if tok_s is None or tok_s != tok_s or not gpus else f"{tok_s / gpus:,.1f}"
+
+
+def cells_table(summaries: list[CellSummary], gpus: int | None = None) -> Table:
+    """Every finished cell on its own: what an interrupted sweep has so far (tok/s per GPU too, for servers of
+    several GPUs)."""
+    shard = gpus is not None and gpus > 1
+    table = Table(title="finished cells (output tokens/s" + (f"; {gpus} GPUs per server)" if shard else ")"))
+    for col in ("cell", "status", "tok/s") + (("tok/s per GPU",) if shard else ()) + ("τ",):
         table.add_column(col, justify="left" if col in ("cell", "status") else "right")
     for s in summaries:
         tput = "-" if s.output_throughput is None else f"{s.output_throughput:,.1f}"
         tau = "-" if s.acceptance_length is None else f"{s.acceptance_length:.2f}"
         status = s.status if not s.dflash_warning else f"{s.status}, NO SPECULATION"
-        table.add_row(escape(s.cell_id), escape(status), tput, tau)
+        table.add_row(escape(s.cell_id), escape(status), tput, *([per_gpu(s.output_throughput, gpus)] if shard else []), tau)
     return table
 
 
@@ -133,18 +140,22 @@ def speedup_text(row: pd.Series) -> str:
     return text
 
 
-def headline_table(head: pd.DataFrame) -> Table:
+def headline_table(head: pd.DataFrame, gpus: int | None = None) -> Table:
     most = int(head["repeats"].max()) if "repeats" in head.columns and not head.empty else 1
-    title = "AR vs DFlash (output tokens/s" + (f"; speedup over {most} repeats: median (lowest-highest))" if most > 1 else ")")
+    shard = gpus is not None and gpus > 1
+    title = "AR vs DFlash (output tokens/s" + (f"; {gpus} GPUs per server" if shard else "") + (
+        f"; speedup over {most} repeats: median (lowest-highest))" if most > 1 else ")")
     table = Table(title=title)
-    for col in ("engine", "suite", "concurrency", "AR tok/s", "DFlash tok/s", "speedup", "τ"):
+    extra = ("AR tok/s per GPU", "DFlash tok/s per GPU") if shard else ()
+    for col in ("engine", "suite", "concurrency", "AR tok/s", "DFlash tok/s", *extra, "speedup", "τ"):
         table.add_column(col, justify="right" if col not in ("engine", "suite") else "left")
     for _, r in head.iterrows():
         tau = "-" if r["tau"] != r["tau"] or r["tau"] is None else f"{r['tau']:.2f}"
         if tau == "-" or r["tau"] < 1.05:  # the DFlash server showed no sign of speculating
             tau = f"[bold red]{tau} (no speculation)[/]"
+        shares = [per_gpu(r["ar_tok_s"], gpus), per_gpu(r["dflash_tok_s"], gpus)] if shard else []
         table.add_row(escape(str(r["engine"])), escape(str(r["suite"])), str(r["concurrency"]), f"{r['ar_tok_s']:,.1f}",
-                      f"{r['dflash_tok_s']:,.1f}", speedup_text(r), tau)
+                      f"{r['dflash_tok_s']:,.1f}", *shares, speedup_text(r), tau)
     return table
 
 
