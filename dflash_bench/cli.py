@@ -64,13 +64,17 @@ def run(
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Send ignore_eos: every request generates --max-tokens tokens (compare engines on equal output lengths)."),
 ) -> None:
     """Measure one running server on one suite at one concurrency and write it as a cell of a sweep folder."""
+    from dflash_bench.client.loadgen import LoadSettings
+    from dflash_bench.client.protocol import RequestSettings
     from dflash_bench.client.run import run_one
 
-    _, summary = run_one(url=url, suite=suite, concurrency=concurrency, num_prompts=num_prompts, max_tokens=max_tokens,
-                         temperature=temperature, label=label, engine=engine, api=api, save_token_ids=save_token_ids,
-                         enable_thinking=thinking, out=out, name=name, data_dir=data_dir, seed=seed,
-                         request_rate=request_rate, timeout=timeout, warmup=warmup, model=model, transport=transport,
-                         tokenizer=tokenizer, ignore_eos=ignore_eos)
+    request = RequestSettings(api=api, model=model or "", max_tokens=max_tokens, temperature=temperature,
+                              save_token_ids=save_token_ids, enable_thinking=thinking, ignore_eos=ignore_eos,
+                              tokenizer=tokenizer)
+    load = LoadSettings(concurrency=concurrency, request_rate=request_rate, warmup=warmup, timeout=timeout, seed=seed,
+                        transport=transport)
+    _, summary = run_one(url, suite, request, load, label=label, engine=engine, out=out, name=name, data_dir=data_dir,
+                         num_prompts=num_prompts)
     if summary.status == "failed":  # as `sweep` does: a failed cell is a failed run
         raise typer.Exit(1)
 

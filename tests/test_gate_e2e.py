@@ -7,15 +7,15 @@ from pathlib import Path
 import pytest
 
 from dflash_bench import gate
+from dflash_bench.client.loadgen import LoadSettings
+from dflash_bench.client.protocol import RequestSettings
 from dflash_bench.client.run import run_one
 from dflash_bench.emulator import EmulatorProcess
 
 
 def measure(url: str, label: str, out: Path, name: str, data_dir: Path) -> None:
-    run_one(url=url, suite="gsm8k", concurrency=4, num_prompts=8, max_tokens=64, temperature=0.0, label=label,
-            engine="vllm", api="chat", save_token_ids=False, enable_thinking=None, out=out, name=name,
-            data_dir=data_dir, seed=0, request_rate=None, timeout=30.0, warmup=True, model=None,
-            transport="aiohttp", quiet=True)
+    run_one(url, "gsm8k", RequestSettings(max_tokens=64), LoadSettings(concurrency=4, timeout=30.0, transport="aiohttp"),
+            label=label, engine="vllm", out=out, name=name, data_dir=data_dir, num_prompts=8, quiet=True)
 
 
 @pytest.mark.slow

@@ -12,6 +12,8 @@ from dflash_bench.launch import free_port, launch_command  # noqa: E402
 
 @pytest.mark.slow
 def test_synthetic_acceptance_reaches_the_summary_and_the_report(tmp_path, data_dir):
+    from dflash_bench.client.loadgen import LoadSettings
+    from dflash_bench.client.protocol import RequestSettings
     from dflash_bench.client.run import run_one
     from dflash_bench.report import build_report
     from dflash_bench.store import SweepDir
@@ -22,11 +24,9 @@ def test_synthetic_acceptance_reaches_the_summary_and_the_report(tmp_path, data_
             "--max-model-len", "512", "--max-slots", "4", "--synthetic-acceptance", "3", "--benchmark-only",
             "--port", str(port)]
     with launch_command(argv, port=port, runner="process", ready_timeout=120, name="synthetic") as server:
-        common = dict(url=server.url, suite="gsm8k", concurrency=2, num_prompts=2, max_tokens=16, temperature=0.0,
-                      engine="builtin", api="chat", save_token_ids=False, enable_thinking=None, out=tmp_path / "reports",
-                      name="syn", data_dir=data_dir, seed=0, request_rate=None, timeout=60.0, warmup=True, model=None,
-                      transport="auto", quiet=True)
-        run_one(label="dflash", **common)
+        run_one(server.url, "gsm8k", RequestSettings(max_tokens=16), LoadSettings(concurrency=2, timeout=60.0),
+                label="dflash", engine="builtin", out=tmp_path / "reports", name="syn", data_dir=data_dir,
+                num_prompts=2, quiet=True)
     sweep = SweepDir.open(tmp_path / "reports" / "syn")
     (summary,) = sweep.summaries()
     assert summary.synthetic_acceptance == 3.0

@@ -21,25 +21,25 @@ if TYPE_CHECKING:
     from dflash_bench.suites import Prompt
 
 
-def run_one(*, url: str, suite: str, concurrency: int, num_prompts: int | None, max_tokens: int, temperature: float,
-            label: str, engine: str, api: str, save_token_ids: bool, enable_thinking: bool | None, out: Path,
-            name: str | None, data_dir: Path | None, seed: int, request_rate: float | None, timeout: float,
-            warmup: bool, model: str | None, transport: str, tokenizer: str | None = None,
-            ignore_eos: bool = False, quiet: bool = False) -> tuple[Path, CellSummary]:
-    """Load the prompts, measure the cell into `<out>/<name>/cells/<cell-id>/`, print a summary.
+def run_one(url: str, suite: str, request: RequestSettings, load: LoadSettings, *, label: str, engine: str, out: Path,
+            name: str | None = None, data_dir: Path | None = None, num_prompts: int | None = None,
+            quiet: bool = False) -> tuple[Path, CellSummary]:
+    """Load the prompts (`load.seed` picks them), measure the cell into `<out>/<name>/cells/<cell-id>/`, print a
+    summary.
 
     Returns the cell folder and its summary (the caller exits non-zero when the cell failed). The folder
     is locked while this runs; one made here and left with nothing measured is removed again."""
     from dflash_bench.suites import load_prompts
 
-    _check_options(url, label, engine, api, transport)
-    _probe(url, timeout)
+    api, concurrency = request.api, load.concurrency
+    _check_options(url, label, engine, api, load.transport)
+    _probe(url, load.timeout)
     if not quiet and (note := acceptance_note(engine, label, api)):
         from rich.console import Console
         from rich.markup import escape
 
         Console(stderr=True).print(f"[yellow]{escape(note)}[/]", highlight=False)
-    prompts = load_prompts(suite, data_dir=data_dir, num_prompts=num_prompts, seed=seed)
+    prompts = load_prompts(suite, data_dir=data_dir, num_prompts=num_prompts, seed=load.seed)
     name = name or "run-" + datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     cid = cell_id(engine, label, suite, concurrency)
     sweep, manifest, lock, fresh = _open_or_create(Path(out) / name, cid)
@@ -48,11 +48,6 @@ def run_one(*, url: str, suite: str, concurrency: int, num_prompts: int | None, 
         manifest.plan = [c for c in manifest.plan if c.cell_id != cid] + [plan]
         sweep.write_manifest(manifest)
         try:
-            request = RequestSettings(api=api, model=model or "", max_tokens=max_tokens, temperature=temperature,
-                                      save_token_ids=save_token_ids, enable_thinking=enable_thinking,
-                                      ignore_eos=ignore_eos, tokenizer=tokenizer)
-            load = LoadSettings(concurrency=concurrency, request_rate=request_rate, warmup=warmup, timeout=timeout,
-                                seed=seed, transport=transport)
             m = _measure_with_progress(quiet, cid, url, prompts, request, load)
         except (UserError, KeyboardInterrupt) as err:
             if fresh:  # nothing was measured: leave no empty sweep folder behind
@@ -104,7 +99,7 @@ def _check_options(url: str, label: str, engine: str, api: str, transport: str) 
         raise UserError(f"--url must start with http:// or https:// (got {url!r})")
 
 
-def _probe(url: str, timeout: float) -> None:
+def _probe(url: str, timeout: float | None) -> None:
     """Refuse an unreachable server before anything is written to disk."""
     import socket
     from urllib.parse import urlsplit
