@@ -272,8 +272,12 @@ def test_harness_run_measures_the_builtin_server(dflash_url, tmp_path, data_dir)
     cell = tmp_path / "s" / "cells" / "builtin-dflash-gsm8k-c2"
     summary = json.loads((cell / "summary.json").read_text())
     assert summary["num_ok"] == 4 and summary["total_output_tokens"] == 4 * 12
-    assert summary["acceptance_length"] == B and summary["acceptance_source"] == "builtin-metrics"
-    assert summary["verify_width"] == B  # the reference engine verifies the whole block every step
+    # tau counts committed tokens per verify step (metrics/definitions.py): whole blocks accepted, the 11 tokens
+    # after the prefill's in ceil(11 / B) steps, the last one cut at max_tokens
+    assert summary["acceptance_length"] == pytest.approx(11 / -(-11 // B))
+    assert summary["acceptance_source"] == "builtin-metrics"
+    # the reference engine verifies the whole block every step; positions past max_tokens are not counted
+    assert summary["verify_width"] == pytest.approx(11 / -(-11 // B))
     rows = [json.loads(line) for line in (cell / "requests.jsonl").read_text().splitlines()]
     measured = [r for r in rows if not r["warmup"]]
     assert all(r["token_ids"] == [PREDICTED_TOKEN] * 12 for r in measured)
