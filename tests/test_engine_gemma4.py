@@ -42,13 +42,22 @@ def pair(tmp_path_factory):
     return target, drafter
 
 
-@pytest.fixture(scope="module")
-def engines(pair):
+def _engines(pair, dtype):
     target, drafter = pair
-    ar = build_engine(str(target), mode="ar", max_slots=8, max_len=256, dtype="float64")
-    df = build_engine(str(target), str(drafter), mode="dflash", max_slots=8, max_len=256, dtype="float64")
+    ar = build_engine(str(target), mode="ar", max_slots=8, max_len=256, dtype=dtype)
+    df = build_engine(str(target), str(drafter), mode="dflash", max_slots=8, max_len=256, dtype=dtype)
     ar.prefill_rows = df.prefill_rows = 8  # batched, right-padded prefill too
     return ar, df
+
+
+@pytest.fixture(scope="module")
+def engines(pair):
+    return _engines(pair, "float64")
+
+
+@pytest.fixture(scope="module")
+def engines32(pair):  # the Triton kernels run float32 and half types
+    return _engines(pair, "float32")
 
 
 def prompts(n=6, seed=0):
@@ -166,3 +175,94 @@ def test_dummy_weights_serve_a_config_without_weight_files(pair, tmp_path):
     ps = prompts(2)
     assert outs(generate(df, ps, sp)) == outs(generate(ar, ps, sp))
     assert df.stats.drafts > 0
+
+
+# ---- the fast path (`serve --fast`): the same tokens through its three CPU ways of running a step ----------------
+# "cpu": the C kernels; False: plain torch ops; True: the Triton kernels in Triton's interpreter (what a GPU runs)
+FAST_PATHS = [pytest.param("cpu", id="c-kernels"), pytest.param(False, id="torch-ops"),
+              pytest.param(True, id="triton-interpreter")]
+
+
+def _fast_runner(df, *, drafter: bool, kernels, ring_margin=None, monkeypatch=None, **kw):
+    from dflash_bench.engine.fast import gemma
+    from dflash_bench.engine.fast.draft import FastDrafter
+    from dflash_bench.engine.fast.runner import FastRunner
+
+    if kernels == "cpu":
+        from dflash_bench.engine.fast import cpu_kernels
+
+        if cpu_kernels.load() is None:
+            pytest.skip("no C compiler builds the CPU kernels")
+    if ring_margin is not None:
+        monkeypatch.setattr(gemma, "RING_MARGIN", ring_margin)
+    t = gemma.GemmaTarget(df.target.model, max_slots=8, max_len=256, kernels=kernels)
+    d = FastDrafter(df.proposer.drafter, t.embed, t.head, max_slots=8, max_len=256, kernels=kernels) if drafter else None
+    return FastRunner(t, d, kv_block=16, **kw)
+
+
+def _step_lengths(engine, p, n):
+    """Tokens per step of the reference engine decoding `p` alone to `n` tokens."""
+    step, lengths = engine.step, []
+    engine.step = lambda seqs: (lambda d: lengths.extend(len(x.token_ids) for x in d) or d)(step(seqs))
+    try:
+        generate(engine, [p], SamplingParams(max_tokens=n, ignore_eos=True))
+    finally:
+        del engine.step
+    return lengths
+
+
+def _fast_step_lengths(runner, p, n):
+    out, lengths = [runner.add(0, p)], []
+    while len(out) < n:
+        got = runner.step([0])[0]
+        out += got
+        lengths.append(len(got))
+    runner.release(0)
+    return lengths
+
+
+@pytest.mark.parametrize("kernels", FAST_PATHS)
+def test_fast_path_equals_the_reference_ar_and_dflash(request, kernels, monkeypatch):
+    """AR and DFlash at batch 1 and 5; the sliding layers' ring is the window plus one block (the least that
+    holds every key a step's queries see), so it wraps many times; DFlash drafts what the reference drafts, step
+    for step (the same number of tokens at every step but the last, which the request's end cuts)."""
+    from dflash_bench.engine.fast.drive import generate as fast_generate
+
+    slow = kernels is True  # the interpreter runs a kernel launch in ~0.1 s: fewer prompts and tokens
+    ar, df = request.getfixturevalue("engines32" if slow else "engines")
+    n = 5 if slow else 40
+    ps = prompts(5, seed=3)[2:4] if slow else prompts(5, seed=3)
+    ref = outs(generate(ar, ps, SamplingParams(max_tokens=n, ignore_eos=True)))
+    fast_ar = _fast_runner(df, drafter=False, kernels=kernels, ring_margin=B, monkeypatch=monkeypatch)
+    assert fast_ar.t.kinds[0].ring == 8 + B and (fast_ar.t.kernels is not None) == (kernels is not False)
+    assert fast_generate(fast_ar, ps, n) == ref
+    fast_df = _fast_runner(df, drafter=True, kernels=kernels, ring_margin=B, monkeypatch=monkeypatch)
+    assert fast_generate(fast_df, ps, n) == ref
+    if slow:
+        return
+    assert [fast_generate(fast_ar, [p], n)[0] for p in ps[:2]] == ref[:2]
+    longest = 1
+    for p in ps:
+        want = _step_lengths(df, p, n)
+        assert _fast_step_lengths(fast_df, p, n)[:-1] == want[:-1]
+        longest = max(longest, *want)
+    assert longest > 1  # drafts were accepted: ragged steps were compared
+
+
+def test_serve_fast_builds_the_gemma4_engine_and_keeps_only_the_window(pair):
+    """`build_fast_engine` (what `serve --fast` runs) on the folders: greedy tokens equal the reference engine's at
+    several batch sizes; the sliding layers' cache is a ring of the window plus RING_MARGIN positions a slot."""
+    from dflash_bench.engine.fast import gemma
+    from dflash_bench.engine.fast.engine import build_fast_engine
+
+    ar = build_engine(str(pair[0]), mode="ar", max_slots=8, max_len=256, dtype="float64")
+    ps = prompts(6, seed=4)
+    sp = SamplingParams(max_tokens=30, ignore_eos=True)
+    ref = outs(generate(ar, ps, sp))
+    for mode in ("ar", "dflash"):
+        fe = build_fast_engine(str(pair[0]), str(pair[1]) if mode == "dflash" else None, mode=mode, dtype="float64",
+                               device="cpu", max_slots=8, max_len=256)
+        sliding, full = fe.runner.t.kinds
+        assert sliding.k[0].shape == (8, 8 + gemma.RING_MARGIN + 1, 2, 16) and full.k[0].shape == (8, 256, 1, 32)
+        for bs in (1, 2, 6):
+            assert [o for i in range(0, 6, bs) for o in outs(generate(fe, ps[i:i + bs], sp))] == ref

@@ -224,3 +224,45 @@ def test_float64_and_bad_shapes_are_refused():
         ta.decode_attention(q.double(), kc.double(), vc.double(), st, 0, 64, 0.25, causal=True)
     with pytest.raises(ValueError, match="power-of-two"):
         ta.decode_attention(q[..., :12], kc[..., :12], vc[..., :12], st, 0, 64, 0.25, causal=True)
+
+
+def _ring(cache, starts, n, row0, ring, fill=float("nan")):
+    """A sliding layer's ring of `ring` rows: key k of slot row0 + b at row k % ring for the newest `ring` keys of
+    each row (up to starts[b] + n), NaN elsewhere (never read)."""
+    out = torch.full((cache.shape[0], ring, *cache.shape[2:]), fill, dtype=cache.dtype)
+    for b, s in enumerate(starts.tolist()):
+        for k in range(max(0, s + n - ring), s + n):
+            out[row0 + b, k % ring] = cache[row0 + b, k]
+    return out
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("hd", [32, 512])
+def test_a_ring_cache_of_a_sliding_window_reads_what_the_full_cache_holds(causal, hd):
+    """Gemma 4's sliding layers keep only their window (ring of window + block rows, key k at k % ring); 512: the
+    head size of its full layers. Rows start before, at and past one ring, their windows wrap around it."""
+    ta = _kernel()
+    bs, n, H, hkv, row0, L, window = 3, 6, 4, 2, 1, 192, 20
+    ring = window + n + 2
+    q, kc, vc, st = _case(bs, n, H, hkv, hd, [3, 22, 150], row0, L)
+    scale = hd ** -0.5
+    ref = _reference(q, kc, vc, st, row0, L, scale, causal=causal, window=window)
+    out = ta.decode_attention(q, _ring(kc, st, n, row0, ring), _ring(vc, st, n, row0, ring), st, row0, L, scale,
+                              causal=causal, window=window, ring=ring)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_head_dim_512_takes_narrower_tiles(monkeypatch):
+    """Gemma 4's full layers (head size 512, 4 KV heads, 8 query heads each): 32-key tiles in two stages."""
+    ta = _kernel()
+    real, seen = ta._split_kernel, []
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                seen.append((kw["BLOCK_N"], kw["num_stages"]))
+                return real[grid](*args, **kw)
+            return launch
+    monkeypatch.setattr(ta, "_split_kernel", Spy())
+    _check(2, 2, 8, 1, 512, [40, 300], 0, 384, causal=True, splits=2)
+    assert seen == [(32, 2)]

@@ -166,3 +166,23 @@ def test_load_kernels_picks_the_c_kernels_on_a_cpu(monkeypatch):
     assert load_kernels(cpu, None, torch.bfloat16) is None  # the torch path
     with pytest.raises(UserError):
         load_kernels(cpu, "cpu", torch.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,causal", [(1, True), (6, True), (6, False)])
+def test_attention_over_a_ring_cache(dtype, n, causal):
+    """A sliding layer that keeps only its window: key k at row k % ring; a tile that wraps is read in two parts."""
+    torch.manual_seed(n)
+    S, L, hkv, H, hd, window = 4, 160, 2, 4, 16, 20
+    ring = window + n + 3
+    kc, vc = torch.randn(S, L, hkv, hd, dtype=dtype), torch.randn(S, L, hkv, hd, dtype=dtype)
+    starts = torch.tensor([2, 40, 131])
+    q = torch.randn(3, n, H, hd, dtype=dtype)
+    mask = step_mask(starts, n, L, H // hkv, dtype, causal=causal, window=window)
+    want = attention(q, kc[1:4], vc[1:4], mask, 0.3)
+    rk, rv = (torch.full((S, ring, hkv, hd), float("nan"), dtype=dtype) for _ in range(2))
+    for b, s in enumerate(starts.tolist()):
+        for k in range(max(0, s + n - ring), s + n):
+            rk[1 + b, k % ring], rv[1 + b, k % ring] = kc[1 + b, k], vc[1 + b, k]
+    got = ck.decode_attention(q, rk, rv, starts, 1, L, 0.3, causal=causal, window=window, ring=ring)
+    torch.testing.assert_close(got, want, **close(dtype))

@@ -87,12 +87,12 @@ static inline __attribute__((always_inline)) void attn_tile_##SUF(              
 /* out [bs * n, H * hd] = attention of q [bs, n, H, hd] (contiguous) over slots row0.. of the caches (strides \
  * s_slot, s_pos = Hkv * hd, s_head = hd; hd a multiple of the vector width): query j of row b at           \
  * p = starts[b] + j sees key k iff k <= p (causal) or k < starts[b] + n (not), and with window > 0 also    \
- * |p - k| < window. Per row b, tiles of TILE keys: the tile's keys and values, every KV head, are copied   \
+ * |p - k| < window. ring > 0: the caches hold key k at row k % ring (a sliding layer's window). Per row b, tiles of TILE keys: the tile's keys and values, every KV head, are copied   \
  * (one sequential read: strided reads of each head's half measured 25% slower at 32 rows), then every     \
  * query head goes over them, two rows at a time. */                                                        \
 int attention_##SUF(const T *q, const T *kc, const T *vc, long s_slot, long s_pos, long s_head,              \
                     const int64_t *starts, long row0, long bs, long n, long H, long hkv, long hd, double scale, \
-                    int causal, long window, T *out) {                                                       \
+                    int causal, long window, long ring, T *out) {                                            \
     long rep = H / hkv, nr = rep * n; /* query rows per KV head */                                           \
     T *sc = malloc(sizeof(T) * (2 * TILE + H * n * 2 * hd + 2 * TILE * s_pos + 2 * H * n));                  \
     long *lo = malloc(sizeof(long) * 2 * nr);                                                                \
@@ -122,8 +122,13 @@ int attention_##SUF(const T *q, const T *kc, const T *vc, long s_slot, long s_po
         memset(acc, 0, sizeof(T) * hkv * nr * hd);                                                           \
         for (long k0 = klo; k0 < khi; k0 += TILE) {                                                          \
             long k1 = min_l(khi, k0 + TILE);                                                                 \
-            memcpy(kt, K + k0 * s_pos, sizeof(T) * (k1 - k0) * s_pos);                                       \
-            memcpy(vt, Vv + k0 * s_pos, sizeof(T) * (k1 - k0) * s_pos);                                      \
+            long r0 = ring > 0 ? k0 % ring : k0, m = ring > 0 ? min_l(k1 - k0, ring - r0) : k1 - k0;          \
+            memcpy(kt, K + r0 * s_pos, sizeof(T) * m * s_pos);                                               \
+            memcpy(vt, Vv + r0 * s_pos, sizeof(T) * m * s_pos);                                              \
+            if (m < k1 - k0) { /* the tile wraps around the ring */                                          \
+                memcpy(kt + m * s_pos, K, sizeof(T) * (k1 - k0 - m) * s_pos);                                \
+                memcpy(vt + m * s_pos, Vv, sizeof(T) * (k1 - k0 - m) * s_pos);                               \
+            }                                                                                                \
             const T *Kt = kt - k0 * s_pos, *Vt = vt - k0 * s_pos;                                            \
             for (long g = 0; g < hkv; g++) {                                                                 \
                 long i = 0, o = g * nr;                                                                      \

@@ -46,7 +46,7 @@ _SIGNATURES = {
     "argmax": [_P, _L, _L, _L, _P],
     "embed_norm": [_P, _L, _L, _L, _L, _L, _P, _L, _D, _P, _D, _P, _P],
     "qk_rope_store": [_P, _L, _L, _L, _L, _L, _P, _P, _P, _P, _P, _P, _L, _L, _L, _P, _D, _P],
-    "attention": [_P, _P, _P, _L, _L, _L, _P, _L, _L, _L, _L, _L, _L, _D, _I, _L, _P],
+    "attention": [_P, _P, _P, _L, _L, _L, _P, _L, _L, _L, _L, _L, _L, _D, _I, _L, _L, _P],
 }
 _lib: list = []  # [the loaded library, or None when it could not be built]
 
@@ -211,9 +211,10 @@ def qk_rope_store(qkv: torch.Tensor, nq: int, hkv: int, hd: int, cos: torch.Tens
 
 
 def decode_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, starts: torch.Tensor, row0: int,
-                     L: int, scale: float, *, causal: bool, window: int | None = None) -> torch.Tensor:
+                     L: int, scale: float, *, causal: bool, window: int | None = None, ring: int = 0) -> torch.Tensor:
     """q `[bs, n, H, hd]` over cache slots `row0..row0+bs-1` of kc/vc `[S, max_len, Hkv, hd]` -> `[bs * n, H * hd]`,
-    each row reading only the keys its queries see (`triton_attn.decode_attention`'s rule; L is unused)."""
+    each row reading only the keys its queries see (`triton_attn.decode_attention`'s rule; L is unused; `ring`:
+    key k at row k % ring)."""
     bs, n, H, hd = q.shape
     q, starts = q.contiguous(), starts.contiguous()
     assert kc.stride() == vc.stride() and kc[0].is_contiguous() and starts.dtype == torch.int64
@@ -221,7 +222,7 @@ def decode_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, starts
     out = torch.empty(bs * n, H * hd, dtype=q.dtype)
     if _fn("attention", q.dtype)(q.data_ptr(), kc.data_ptr(), vc.data_ptr(), kc.stride(0), kc.stride(1),
                                  kc.stride(2), starts.data_ptr(), row0, bs, n, H, kc.shape[2], hd, scale, int(causal),
-                                 window or 0, out.data_ptr()):
+                                 window or 0, ring, out.data_ptr()):
         raise MemoryError("attention: no memory for its scratch")
     return out
 

@@ -26,6 +26,8 @@ class FastDrafter:
         c = self.c = drafter.config
         if c.attention_bias:  # _fuse keeps the q/k/v biases; o_proj's would be dropped
             raise UserError("the fast path runs drafters without attention biases: serve without --fast")
+        if c.hidden_act != "silu":
+            raise UserError(f"the fast path runs drafters with SwiGLU MLPs, not {c.hidden_act!r}: serve without --fast")
         self.B = c.block_size
         self.embed, self.head = embed, head
         self.dtype, self.device = embed.dtype, embed.device

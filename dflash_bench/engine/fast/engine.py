@@ -16,6 +16,7 @@ import torch
 
 from dflash_bench.engine.bookkeeping import Bookkeeping, Delta, Seq, Stats, step_logprobs
 from dflash_bench.engine.fast.draft import FastDrafter
+from dflash_bench.engine.fast.gemma import GemmaTarget
 from dflash_bench.engine.fast.model import FastTarget
 from dflash_bench.engine.fast.runner import FastRunner
 from dflash_bench.engine.fast.scheduler import PREFILL_TOKENS, Row
@@ -23,7 +24,7 @@ from dflash_bench.engine.sampling import SamplingParams
 from dflash_bench.errors import UserError
 
 
-FAST_MODEL_TYPES = ("qwen3", "qwen2", "llama", "mistral")
+FAST_MODEL_TYPES = ("qwen3", "qwen2", "llama", "mistral", "gemma4_text")
 
 
 class FastEngine:
@@ -38,7 +39,10 @@ class FastEngine:
         `mixed` (AR): a prompt admitted while rows decode rides in their next step's forward (`fast/mixed.py`).
         `kernels` False: plain torch ops instead of the step's kernels (Triton on a GPU, C on a CPU), to compare."""
         want = None if kernels else False
-        ft = FastTarget(model, max_slots=max_slots, max_len=max_len, kernels=want)
+        gemma = model.config.get_text_config().model_type == "gemma4_text"
+        ft = (GemmaTarget(model, max_slots=max_slots, max_len=max_len, kernels=want, consume=True) if gemma
+              else FastTarget(model, max_slots=max_slots, max_len=max_len, kernels=want))
+        mixed = mixed and not gemma  # a Gemma 4 step carries no prompts: they are prefilled first
         fd = (FastDrafter(drafter, ft.embed, ft.head, max_slots=max_slots, max_len=max_len, kernels=want)
               if drafter is not None else None)
         self.runner = FastRunner(ft, fd, kv_block=kv_block, synthetic_tau=synthetic_tau, keep_logits=True,

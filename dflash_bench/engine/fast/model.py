@@ -110,6 +110,11 @@ def qk_rope(qkv: torch.Tensor, ly: "Layer", H: int, hkv: int, hd: int, cos, sin,
     return qk[:, :H], qk[:, H:], qkv[:, (H + hkv) * hd:].view(t, hkv, hd)
 
 
+def softcap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """Final-logit softcapping (Gemma): `tanh(logits / cap) * cap`; none when `cap` is None."""
+    return logits if not cap else torch.tanh(logits / cap) * cap
+
+
 def silu_mul(gu: torch.Tensor) -> torch.Tensor:
     g, u = gu.chunk(2, dim=-1)
     return F.silu(g) * u
@@ -276,6 +281,8 @@ def _linear_weight(m: nn.Linear) -> torch.Tensor:
 
 class FastTarget:
     """The target's forward with fused projections over a `KVCache`; can return the outputs of chosen layers."""
+
+    softcap = None  # no final-logit softcapping (`gemma.GemmaTarget` has it)
 
     def __init__(self, hf_model: Any, *, max_slots: int, max_len: int, kernels: bool | str | None = None):
         """`hf_model`: a loaded transformers causal LM (`target.load_model`), whose weights are copied out."""

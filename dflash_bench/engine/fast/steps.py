@@ -21,7 +21,7 @@ import torch
 from dflash_bench.engine.fast.accept import SYNTHETIC_STEPS, commit, synthetic_rate
 from dflash_bench.engine.fast.draft import FastDrafter
 from dflash_bench.engine.fast.mixed import forward_mixed
-from dflash_bench.engine.fast.model import FastTarget, matmul, offsets
+from dflash_bench.engine.fast.model import FastTarget, matmul, offsets, softcap
 from dflash_bench.engine.fast.slots import SlotState
 
 
@@ -117,7 +117,7 @@ class StepBodies:
         logprobs) only when the state keeps them."""
         if self.s.logits is None and self.t.kernels is not None:
             return self.t.kernels.gemm.linear_argmax(x, self.t.lm_head).view(bs, n)
-        logits = matmul(self.t.kernels)(x, self.t.lm_head).view(bs, n, -1)
+        logits = softcap(matmul(self.t.kernels)(x, self.t.lm_head), self.t.softcap).view(bs, n, -1)
         if self.s.logits is not None:
             self.s.logits[:bs, :n] = logits
         return self.argmax(logits)

@@ -60,7 +60,8 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, starts_ptr, out_ptr, part_ptr, m_ptr, l_p
                   sq_b, sq_n, sq_h, sk_s, sk_t, sk_h, sv_s, sv_t, sv_h,
                   N: tl.constexpr, H: tl.constexpr, HKV: tl.constexpr, REP: tl.constexpr, HD: tl.constexpr,
                   M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
-                  DIRECT: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr, n_splits: tl.constexpr):
+                  DIRECT: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr, n_splits: tl.constexpr,
+                  RING: tl.constexpr = 0):
     """Program (b * HKV + kv_head, row block, split): the online softmax of the row block's M query rows over
     one split; the last split of a (b, kv_head, row block) to finish also merges all splits of those rows."""
     b = tl.program_id(0) // HKV
@@ -101,8 +102,9 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, starts_ptr, out_ptr, part_ptr, m_ptr, l_p
     for k0 in range(lo, hi, BLOCK_N):
         kpos = k0 + tl.arange(0, BLOCK_N)
         in_split = kpos < hi
-        k = tl.load(k_base + kpos[:, None] * sk_t + d[None, :], mask=in_split[:, None], other=0.0)
-        v = tl.load(v_base + kpos[:, None] * sv_t + d[None, :], mask=in_split[:, None], other=0.0)  # with k
+        krow = kpos % RING if RING > 0 else kpos  # a sliding layer's ring holds key k at row k % RING
+        k = tl.load(k_base + krow[:, None] * sk_t + d[None, :], mask=in_split[:, None], other=0.0)
+        v = tl.load(v_base + krow[:, None] * sv_t + d[None, :], mask=in_split[:, None], other=0.0)  # with k
         s = _dot(q, tl.trans(k), PRECISION, WIDEN) * scale_log2  # [M, BLOCK_N]
         if CAUSAL:
             valid = kpos[None, :] <= qpos[:, None]
@@ -200,8 +202,10 @@ def num_splits(L: int, programs: int, sms: int = 132) -> int:
 
 
 def decode_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, starts: torch.Tensor, row0: int,
-                     L: int, scale: float, *, causal: bool, window: int | None = None) -> torch.Tensor:
+                     L: int, scale: float, *, causal: bool, window: int | None = None, ring: int = 0) -> torch.Tensor:
     """q `[bs, n, H, hd]` over cache slots `row0..row0+bs-1` of kc/vc `[S, max_len, Hkv, hd]` -> `[bs * n, H * hd]`.
+    `ring` > 0: the cache holds key k at row k % ring (a sliding layer that keeps only its window; the caller
+    guarantees that every key a query sees lies within `ring` positions of the newest).
 
     Query j of row b (at `starts[b] + j`) sees key k in [0, L) iff k <= its position (causal) or
     k < starts[b] + n (non-causal), and, with a window, |position - k| < window. The caller guarantees
@@ -232,27 +236,30 @@ def decode_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, starts
         m = torch.empty(splits, bs * n * H, dtype=torch.float32, device=q.device)
         l = torch.empty(splits, bs * n * H, dtype=torch.float32, device=q.device)
         cnt = _counters(q.device, programs)
-    def launch(block_n):
+    def launch(block_n, stages):
         _split_kernel[(bs * hkv, row_blocks, splits)](
             q, kc, vc, starts, out, part, m, l, cnt, row0, scale * LOG2E,
             q.stride(0), q.stride(1), q.stride(2), kc.stride(0), kc.stride(1), kc.stride(2),
             vc.stride(0), vc.stride(1), vc.stride(2),
             N=n, H=H, HKV=hkv, REP=rep, HD=hd, M=M, BLOCK_N=block_n, CAUSAL=causal, WINDOW=window or 0,
-            DIRECT=splits == 1, n_splits=splits, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-            WIDEN=_INTERPRET and q.dtype == torch.bfloat16, num_warps=WARPS, num_stages=STAGES)
+            DIRECT=splits == 1, n_splits=splits, RING=ring, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+            WIDEN=_INTERPRET and q.dtype == torch.bfloat16, num_warps=WARPS, num_stages=stages)
     # 128-key tiles for a grid of at most one wave; more programs than SMs take 64-key tiles, whose smaller
     # shared memory lets two programs share an SM (H100: AR at batch 32 took 7.70 ms a step with 128-key
     # tiles against 7.14 with 64)
-    small = q.device in _SMALL_TILES or programs * splits > sm_count(q.device)
-    block_n = 64 if small else BLOCK_N
-    try:
-        launch(block_n)
-    except triton.runtime.errors.OutOfResources:  # at the first launch, before any graph capture
-        if block_n == 64:
-            raise
-        _SMALL_TILES.add(q.device)
-        launch(64)
-    return out
+    # tiles; wider heads (Gemma 4's 256 and 512) take proportionally fewer keys a tile, and past 128 two stages
+    small = (q.device, hd) in _SMALL_TILES or programs * splits > sm_count(q.device)
+    block_n = max(16, min(64 if small else BLOCK_N, BLOCK_N * 128 // hd))
+    stages = STAGES if hd <= 128 else 2
+    while True:
+        try:
+            launch(block_n, stages)
+            return out
+        except triton.runtime.errors.OutOfResources:  # at the first launch, before any graph capture
+            if block_n <= 16:
+                raise
+            _SMALL_TILES.add((q.device, hd))
+            block_n //= 2
 
 
-_SMALL_TILES: set[torch.device] = set()  # GPUs whose shared memory does not hold 128-key tiles
+_SMALL_TILES: set[tuple] = set()  # (GPU, head dim) whose shared memory does not hold the first choice of tiles

@@ -1,0 +1,267 @@
+"""Gemma 4 (`gemma4_text`) on the fast path: the target's forward over its two kinds of layers.
+
+What differs from `model.FastTarget` (Qwen3/Llama), and how it is done here:
+- sliding layers (16 KV heads x 256 on the 31B, window 1024, full rotary at theta 1e4) and full layers (4 x 512,
+  the key projection serving as the value, `attention_k_eq_v`; proportional rotary, 0.25 of the head rotated):
+  each kind its own KV cache, RoPE table and head size (`Kind`);
+- a sliding layer keeps only its window: a ring of `window + RING_MARGIN` positions a slot, key k at row k % ring
+  (enough for the window and any step's new tokens, so a step never overwrites a key one of its queries sees);
+  a full layer keeps every position. The attention kernels (Triton's on a GPU, the C ones on a CPU) read the
+  ring in place; prefill and the torch path attend over the ring's earlier keys and the step's own;
+- q and k RMSNorm with weights, v RMSNorm without; attention scale 1; the embedding times sqrt(hidden) (rounded to
+  the weights' dtype, as transformers does); four norms a layer (after attention and after the MLP, then the
+  residual add, times the layer's scalar); GeGLU with tanh GELU; the final logits softcapped (tanh, 30); tied head.
+
+The decoder layers' weights are copied into fused projections and, with `consume`, each HF layer is dropped as
+soon as it is copied (a 31B model then never sits in memory twice). Per-layer embeddings (E2B/E4B), MoE blocks
+and KV sharing are refused in one sentence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dflash_bench.engine.fast.kernels import load_kernels, prepared
+from dflash_bench.engine.fast.model import (KERNEL_MAX_QUERIES, add_rms_norm, attention, embed_norm, matmul, offsets,
+                                            softcap)
+from dflash_bench.engine.layers import layer_config
+from dflash_bench.engine.rope import cos_sin, rope
+from dflash_bench.errors import UserError
+
+RING_MARGIN = 48  # ring rows past the window: at least the most new tokens a step writes per row (a 16-token block)
+
+
+@dataclass
+class GemmaLayer:
+    wqkv: torch.Tensor  # q, k, v projections fused (k_eq_v: the key's weights twice, the value is the raw key)
+    wo: torch.Tensor
+    qn: torch.Tensor
+    kn: torch.Tensor
+    ln1: torch.Tensor  # input_layernorm
+    post_attn: torch.Tensor
+    pre_ff: torch.Tensor
+    post_ff: torch.Tensor
+    w13: torch.Tensor  # gate and up fused
+    w2: torch.Tensor
+    scalar: float  # the layer's output scale (layer_scalar)
+    kind: int  # 0 sliding, 1 full
+    local: int  # its index among the layers of its kind (its cache)
+
+
+@dataclass
+class Kind:
+    """A kind of layer: its KV geometry, window, RoPE and cache (`ring` rows a slot, 0: every position)."""
+
+    hkv: int
+    hd: int
+    window: int | None
+    ring: int
+    inv_freq: torch.Tensor
+    rope_scale: float
+    k: list[torch.Tensor]
+    v: list[torch.Tensor]
+
+
+class SlotCount:
+    def __init__(self, slots: int):
+        self.slots = slots
+
+
+def check_fast_gemma(cfg) -> None:
+    """What the fast path's Gemma 4 forward does not run, in one sentence."""
+    if getattr(cfg, "hidden_size_per_layer_input", 0):
+        raise UserError("the fast path runs Gemma 4 without per-layer embeddings (E2B/E4B have them): serve without --fast")
+    if getattr(cfg, "enable_moe_block", False):
+        raise UserError("the fast path runs dense Gemma 4 models, not MoE ones (26B-A4B): serve without --fast")
+    if getattr(cfg, "attention_bias", False):
+        raise UserError("the fast path runs Gemma 4 without attention biases: serve without --fast")
+    if getattr(cfg, "hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
+        raise UserError(f"the fast path runs Gemma 4 with GeGLU (gelu_pytorch_tanh), not {cfg.hidden_activation!r}")
+
+
+def gelu_mul(gu: torch.Tensor) -> torch.Tensor:
+    g, u = gu.chunk(2, dim=-1)
+    return F.gelu(g, approximate="tanh") * u
+
+
+def _w(m: nn.Linear) -> torch.Tensor:
+    return m.weight.detach()
+
+
+class GemmaTarget:
+    """`FastTarget`'s interface (forward, lm_head, kernels, cache.slots, ...) for `gemma4_text` models."""
+
+    def __init__(self, hf_model: nn.Module, *, max_slots: int, max_len: int, kernels: bool | str | None = None,
+                 consume: bool = False):
+        cfg = hf_model.config.get_text_config()
+        check_fast_gemma(cfg)
+        inner = hf_model.model
+        self.n_layers, self.hidden_size = cfg.num_hidden_layers, cfg.hidden_size
+        self.H, self.eps = cfg.num_attention_heads, cfg.rms_norm_eps
+        self.embed = inner.embed_tokens.weight.detach()
+        self.dtype, self.device = self.embed.dtype, self.embed.device
+        self.embed_scale = float(torch.tensor(cfg.hidden_size ** 0.5).to(self.dtype))  # rounded as HF rounds it
+        self.norm = inner.norm.weight.detach()
+        self.head = hf_model.get_output_embeddings().weight.detach()  # tied: the embedding table
+        self.vocab_size = self.head.shape[0]
+        self.softcap = cfg.final_logit_softcapping
+        self.kernels = load_kernels(self.device, kernels, self.dtype)
+        self.lm_head = prepared(self.kernels, self.head)
+        self.scale = float(inner.layers[0].self_attn.scaling)
+        self.max_len, self.cache = max_len, SlotCount(max_slots)
+        self.kinds = self._kinds(cfg, inner.rotary_emb, max_slots, max_len)
+        self.layers = []
+        for i in range(self.n_layers):
+            self.layers.append(self._fuse(inner.layers[i], cfg, i))
+            if consume:  # the HF layer's weights go now: a large model is not held twice
+                inner.layers[i] = nn.Module()
+
+    def _kinds(self, cfg, rot, slots: int, max_len: int) -> list[Kind]:
+        kinds = []
+        for kind in ("sliding_attention", "full_attention"):
+            ids = [i for i, t in enumerate(cfg.layer_types) if t == kind]
+            c = layer_config(cfg, ids[0]) if ids else cfg
+            hkv, hd = c.num_key_value_heads, c.head_dim
+            window = cfg.sliding_window if kind == "sliding_attention" else None
+            ring = window + RING_MARGIN if window is not None and window + RING_MARGIN < max_len else 0
+            rows = ring + 1 if ring else max_len  # a ring's last row: where a prefill's padding is written
+            shape = (slots, rows, hkv, hd)
+            inv = getattr(rot, f"{kind}_inv_freq", None)
+            kinds.append(Kind(hkv, hd, window, ring, inv.detach().float() if inv is not None else torch.zeros(hd // 2),
+                              float(getattr(rot, f"{kind}_attention_scaling", 1.0)),
+                              [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in ids],
+                              [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in ids]))
+        return kinds
+
+    def _fuse(self, layer, cfg, i: int) -> GemmaLayer:
+        a, m = layer.self_attn, layer.mlp
+        kind = 0 if cfg.layer_types[i] == "sliding_attention" else 1
+        v = _w(a.v_proj) if a.v_proj is not None else _w(a.k_proj)  # k_eq_v: the raw key is the value
+        mm = lambda w: prepared(self.kernels, w)  # noqa: E731
+        return GemmaLayer(
+            wqkv=mm(torch.cat([_w(a.q_proj), _w(a.k_proj), v])), wo=mm(_w(a.o_proj)),
+            qn=a.q_norm.weight.detach(), kn=a.k_norm.weight.detach(),
+            ln1=layer.input_layernorm.weight.detach(), post_attn=layer.post_attention_layernorm.weight.detach(),
+            pre_ff=layer.pre_feedforward_layernorm.weight.detach(),
+            post_ff=layer.post_feedforward_layernorm.weight.detach(),
+            w13=mm(torch.cat([_w(m.gate_proj), _w(m.up_proj)])), w2=mm(_w(m.down_proj)),
+            scalar=float(layer.layer_scalar), kind=kind,
+            local=sum(1 for t in cfg.layer_types[:i] if (t == "sliding_attention") == (kind == 0)))
+
+    def weight_bytes(self) -> int:
+        """Bytes one decode step reads: every weight but the embedding table (the tied head is read whole)."""
+        n = self.norm.numel() + self.lm_head.numel()
+        for ly in self.layers:
+            n += sum(t.numel() for t in (ly.wqkv, ly.wo, ly.qn, ly.kn, ly.ln1, ly.post_attn, ly.pre_ff, ly.post_ff,
+                                         ly.w13, ly.w2))
+        return n * self.embed.element_size()
+
+    def kv_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for k in self.kinds for t in k.k + k.v)
+
+    def forward(self, ids: torch.Tensor, starts: torch.Tensor, row0: int, L: int, *, last_only: bool = False,
+                taps: tuple[int, ...] = (), on_taps=None, head: bool = True, pos: torch.Tensor | None = None,
+                slot: torch.Tensor | None = None, last: torch.Tensor | None = None, lane: int = 0):
+        """`FastTarget.forward`'s contract. A prefill (`last`: each row's last prompt token) writes a sliding
+        layer's ring only with its rows' own newest positions, never their padding."""
+        bs, n = ids.shape
+        if pos is None:
+            pos = starts[:, None] + offsets(n, ids.device)
+        ends = starts + n if last is None else last - offsets(bs, ids.device) * n + 1 + starts
+        attend = self._attention(pos, starts, row0, L, slot, ends)
+        kernels, eps = self.kernels, self.eps
+        mm = matmul(kernels)
+        nrm = kernels.ops.rms_norm if kernels else (lambda x, w, e: F.rms_norm(x, (x.shape[-1],), w, e))
+        add_norm = kernels.ops.add_rms_norm if kernels else add_rms_norm
+        h, x = embed_norm(kernels, ids, self.embed, self.layers[0].ln1, eps, scale=self.embed_scale)
+        feats: dict[int, torch.Tensor] = {}
+        for i, ly in enumerate(self.layers):
+            h, x = add_norm(h, nrm(mm(attend(ly, x), ly.wo), ly.post_attn, eps), ly.pre_ff, eps)
+            m = nrm(mm(gelu_mul(mm(x, ly.w13)), ly.w2), ly.post_ff, eps)
+            nxt = self.layers[i + 1].ln1 if i + 1 < len(self.layers) else self.norm
+            if ly.scalar == 1.0:
+                h, x = add_norm(h, m, nxt, eps)
+            else:
+                h = (h + m) * ly.scalar
+                x = nrm(h, nxt, eps)
+            if i in taps:
+                feats[i] = h
+                if on_taps is not None and len(feats) == len(set(taps)):
+                    on_taps([feats[t] for t in taps], pos)
+        if last_only and last is not None:
+            x = x.index_select(0, last)
+        elif last_only:
+            x = x.view(bs, n, -1)[:, -1].contiguous()
+        out = softcap(matmul(kernels, lane)(x, self.lm_head), self.softcap).view(bs, 1 if last_only else n, -1) \
+            if head else x
+        if not taps or on_taps is not None:
+            return out, None
+        return out, torch.cat([feats[t] for t in taps], -1).view(bs, n, -1)
+
+    def _attention(self, pos, starts, row0: int, L: int, slot, ends):
+        """`attend(layer, normed h) -> [t, H * hd]` for this step: q/k/v norms, RoPE, the cache write, attention."""
+        bs, n = pos.shape
+        H, dtype = self.H, self.dtype
+        rows = slot.view(-1, 1).expand(bs, n) if slot is not None else offsets(n, pos.device, row0, bs)
+        flat = pos.reshape(-1)
+        tables = [cos_sin(flat, k.inv_freq.to(pos.device), dtype, k.rope_scale) for k in self.kinds]
+        kernel = self.kernels is not None and n <= KERNEL_MAX_QUERIES and slot is None
+        masks: dict[int, torch.Tensor] = {}
+
+        def attend(ly: GemmaLayer, x: torch.Tensor) -> torch.Tensor:
+            g = self.kinds[ly.kind]
+            hkv, hd = g.hkv, g.hd
+            qkv = matmul(self.kernels)(x, ly.wqkv)
+            t = qkv.shape[0]
+            q = F.rms_norm(qkv[:, :H * hd].view(t, H, hd), (hd,), ly.qn, self.eps)
+            k = F.rms_norm(qkv[:, H * hd:(H + hkv) * hd].view(t, hkv, hd), (hd,), ly.kn, self.eps)
+            v = F.rms_norm(qkv[:, (H + hkv) * hd:].view(t, hkv, hd), (hd,), None, self.eps)
+            cos, sin = tables[ly.kind]
+            q, k = rope(q, cos, sin).view(bs, n, H, hd), rope(k, cos, sin).view(bs, n, hkv, hd)
+            v = v.view(bs, n, hkv, hd)
+            kc, vc = g.k[ly.local], g.v[ly.local]
+            if not g.ring:
+                kc.index_put_((rows, pos), k)
+                vc.index_put_((rows, pos), v)
+                if kernel:
+                    return self.kernels.attn.decode_attention(q, kc, vc, starts, row0, L, self.scale, causal=True)
+                if ly.kind not in masks:
+                    masks[ly.kind] = _mask(pos, torch.arange(L, device=pos.device).expand(bs, L), None, H // hkv, dtype)
+                kv = (kc.index_select(0, slot), vc.index_select(0, slot)) if slot is not None else \
+                    (kc[row0:row0 + bs], vc[row0:row0 + bs])
+                return attention(q, kv[0][:, :L], kv[1][:, :L], masks[ly.kind], self.scale)
+            keep = (pos < ends[:, None]) & (pos >= ends[:, None] - g.ring)  # the rows' own newest positions
+            at = torch.where(keep, pos % g.ring, g.ring)  # the rest into the ring's spare last row
+            if kernel:
+                kc.index_put_((rows, at), k)
+                vc.index_put_((rows, at), v)
+                return self.kernels.attn.decode_attention(q, kc, vc, starts, row0, L, self.scale, causal=True,
+                                                          window=g.window, ring=g.ring)
+            # the ring's keys before this step's first position, then the step's own
+            before = starts[:, None] - g.ring + offsets(g.ring, pos.device)
+            srow = rows[:, :1].expand(bs, g.ring)
+            kpos = torch.cat([before, pos], 1)
+            keys = torch.cat([kc[srow, before % g.ring], k], 1)
+            vals = torch.cat([vc[srow, before % g.ring], v], 1)
+            if -ly.kind - 1 not in masks:
+                masks[-ly.kind - 1] = _mask(pos, kpos, g.window, H // hkv, dtype)
+            out = attention(q, keys, vals, masks[-ly.kind - 1], self.scale)
+            kc.index_put_((rows, at), k)
+            vc.index_put_((rows, at), v)
+            return out
+        return attend
+
+
+def _mask(qpos: torch.Tensor, kpos: torch.Tensor, window: int | None, rep: int, dtype) -> torch.Tensor:
+    """Causal (and windowed) additive mask `[bs, 1, rep * n, keys]` of queries at `qpos` `[bs, n]` over keys at
+    `kpos` `[bs, keys]` (negative positions: none), stacked for `model.attention`'s grouped query rows."""
+    d = qpos[:, :, None] - kpos[:, None, :]
+    vis = (d >= 0) & (kpos[:, None, :] >= 0)
+    if window is not None:
+        vis = vis & (d < window)
+    m = torch.zeros(vis.shape, dtype=dtype, device=qpos.device).masked_fill(~vis, float("-inf"))
+    return m.repeat(1, rep, 1)[:, None]
