@@ -10,7 +10,7 @@ when the caller says it is a benchmark.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -40,8 +40,8 @@ class FastEngine:
         `kernels` False: plain torch ops instead of the step's kernels (Triton on a GPU, C on a CPU), to compare."""
         want = None if kernels else False
         gemma = model.config.get_text_config().model_type == "gemma4_text"
-        ft = (GemmaTarget(model, max_slots=max_slots, max_len=max_len, kernels=want, consume=True) if gemma
-              else FastTarget(model, max_slots=max_slots, max_len=max_len, kernels=want))
+        ft = (cast(FastTarget, GemmaTarget(model, max_slots=max_slots, max_len=max_len, kernels=want, consume=True))
+              if gemma else FastTarget(model, max_slots=max_slots, max_len=max_len, kernels=want))  # one interface
         mixed = mixed and not gemma  # a Gemma 4 step carries no prompts: they are prefilled first
         fd = (FastDrafter(drafter, ft.embed, ft.head, max_slots=max_slots, max_len=max_len, kernels=want)
               if drafter is not None else None)

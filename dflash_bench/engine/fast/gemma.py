@@ -20,6 +20,7 @@ and KV sharing are refused in one sentence.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -95,7 +96,7 @@ def _w(m: nn.Linear) -> torch.Tensor:
 class GemmaTarget:
     """`FastTarget`'s interface (forward, lm_head, kernels, cache.slots, ...) for `gemma4_text` models."""
 
-    def __init__(self, hf_model: nn.Module, *, max_slots: int, max_len: int, kernels: bool | str | None = None,
+    def __init__(self, hf_model: Any, *, max_slots: int, max_len: int, kernels: bool | str | None = None,
                  consume: bool = False):
         cfg = hf_model.config.get_text_config()
         check_fast_gemma(cfg)
@@ -209,7 +210,8 @@ class GemmaTarget:
         rows = slot.view(-1, 1).expand(bs, n) if slot is not None else offsets(n, pos.device, row0, bs)
         flat = pos.reshape(-1)
         tables = [cos_sin(flat, k.inv_freq.to(pos.device), dtype, k.rope_scale) for k in self.kinds]
-        kernel = self.kernels is not None and n <= KERNEL_MAX_QUERIES and slot is None
+        attn = self.kernels.attn if self.kernels is not None else None
+        kernel = attn is not None and n <= KERNEL_MAX_QUERIES and slot is None
         masks: dict[int, torch.Tensor] = {}
 
         def attend(ly: GemmaLayer, x: torch.Tensor) -> torch.Tensor:
@@ -227,8 +229,8 @@ class GemmaTarget:
             if not g.ring:
                 kc.index_put_((rows, pos), k)
                 vc.index_put_((rows, pos), v)
-                if kernel:
-                    return self.kernels.attn.decode_attention(q, kc, vc, starts, row0, L, self.scale, causal=True)
+                if kernel and attn is not None:
+                    return attn.decode_attention(q, kc, vc, starts, row0, L, self.scale, causal=True)
                 if ly.kind not in masks:
                     masks[ly.kind] = _mask(pos, torch.arange(L, device=pos.device).expand(bs, L), None, H // hkv, dtype)
                 kv = (kc.index_select(0, slot), vc.index_select(0, slot)) if slot is not None else \
@@ -236,10 +238,10 @@ class GemmaTarget:
                 return attention(q, kv[0][:, :L], kv[1][:, :L], masks[ly.kind], self.scale)
             keep = (pos < ends[:, None]) & (pos >= ends[:, None] - g.ring)  # the rows' own newest positions
             at = torch.where(keep, pos % g.ring, g.ring)  # the rest into the ring's spare last row
-            if kernel:
+            if kernel and attn is not None:
                 kc.index_put_((rows, at), k)
                 vc.index_put_((rows, at), v)
-                return self.kernels.attn.decode_attention(q, kc, vc, starts, row0, L, self.scale, causal=True,
+                return attn.decode_attention(q, kc, vc, starts, row0, L, self.scale, causal=True,
                                                           window=g.window, ring=g.ring)
             # the ring's keys before this step's first position, then the step's own
             before = starts[:, None] - g.ring + offsets(g.ring, pos.device)
