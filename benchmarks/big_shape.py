@@ -81,15 +81,18 @@ def make_tokenizer(data_dir: Path | None, vocab_size: int = VOCAB):
                                    chat_template=CHAT_TEMPLATE)
 
 
-def write_shape(pair: str, out: Path, data_dir: Path | None = None) -> dict[str, Any]:
-    """Write the target and drafter folders of `pair`; what was written and what the template renders."""
-    from dflash_bench.model_shapes import shape_of
+def write_shape(pair: str, out: Path, data_dir: Path | None = None, naming: str = "hf") -> dict[str, Any]:
+    """Write the target and drafter folders of `pair`; what was written and what the template renders.
+    naming "sglang": the target's config in SGLang's naming (model_shapes.sglang_naming), for SGLang 0.5.16."""
+    from dflash_bench.model_shapes import sglang_naming, shape_of
 
     shape = shape_of(pair)
     if shape is None:
         raise SystemExit(f"no recorded shape for {pair!r} (dflash_bench/model_shapes.py)")
     target_cfg, drafter_cfg = shape
-    target, drafter = out / pair, out / f"{pair}-DFlash"
+    if naming == "sglang":
+        target_cfg = sglang_naming(target_cfg)
+    target, drafter = out / (pair if naming == "hf" else f"{pair}-{naming}"), out / f"{pair}-DFlash"
     target.mkdir(parents=True, exist_ok=True)
     drafter.mkdir(parents=True, exist_ok=True)
     tok = make_tokenizer(data_dir)
@@ -111,10 +114,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pair", default="gemma-4-31B-it")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--naming", choices=["hf", "sglang"], default="hf",
+                    help="sglang: the target config in SGLang 0.5.16's Gemma 4 naming, in WORK/<pair>-sglang")
     ap.add_argument("--data-dir", type=Path, help="the offline suites: train the tokenizer on their text "
                                                  "(default: one token per byte)")
     args = ap.parse_args()
-    print(json.dumps(write_shape(args.pair, args.out, args.data_dir), indent=1))
+    print(json.dumps(write_shape(args.pair, args.out, args.data_dir, args.naming), indent=1))
 
 
 if __name__ == "__main__":

@@ -66,6 +66,7 @@ GEMMA4_31B_DRAFTER: dict[str, Any] = {
     "head_dim": 128,
     "layer_types": ["sliding_attention"] * 4 + ["full_attention"],
     "sliding_window": 2048,
+    "use_sliding_window": True,  # Qwen3Config drops sliding_window without it (SGLang's DFlash needs the window)
     "rope_theta": 1000000.0,
     "rms_norm_eps": 1e-6,
     "attention_bias": False,
@@ -84,6 +85,17 @@ GEMMA4_31B_DRAFTER: dict[str, Any] = {
 SHAPES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "gemma-4-31B-it": (GEMMA4_31B_TARGET, GEMMA4_31B_DRAFTER),
 }
+
+
+def sglang_naming(target: dict[str, Any]) -> dict[str, Any]:
+    """A Gemma 4 text config in SGLang 0.5.16's naming: the base `head_dim` / `num_key_value_heads` are the
+    full-attention layers' and `swa_*` the sliding layers' (SGLang converts only a multimodal `gemma4` config
+    to it; a text-only `gemma4_text` one must carry it, else its KV pool asks for `swa_num_key_value_heads`)."""
+    out = {k: v for k, v in target.items() if k not in ("global_head_dim", "num_global_key_value_heads")}
+    out.update(head_dim=target["global_head_dim"], num_key_value_heads=target["num_global_key_value_heads"],
+               swa_head_dim=target["head_dim"], swa_v_head_dim=target["head_dim"],
+               swa_num_key_value_heads=target["num_key_value_heads"])
+    return out
 
 
 def shape_of(pair_name: str) -> tuple[dict[str, Any], dict[str, Any]] | None:

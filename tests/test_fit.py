@@ -232,3 +232,12 @@ def test_the_sweeps_tables_show_tok_s_per_gpu_for_a_sharded_server():
     console = Console(width=200, record=True)
     console.print(cells_table([s], 1))
     assert "per GPU" not in console.export_text()
+
+
+def test_sglangs_naming_of_gemma_4_is_the_same_model_to_the_sizing():
+    from dflash_bench.model_shapes import sglang_naming
+
+    named = sglang_naming(GEMMA4_31B_TARGET)
+    assert named["head_dim"] == 512 and named["swa_head_dim"] == 256 and named["swa_num_key_value_heads"] == 16
+    assert "global_head_dim" not in named
+    assert fit.geometry(named) == fit.geometry(GEMMA4_31B_TARGET)

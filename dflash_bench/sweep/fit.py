@@ -74,14 +74,17 @@ def geometry(config: dict[str, Any] | None, *, drafter: bool = False) -> Geometr
         return None
     hd = int(c.get("head_dim") or hidden // heads)
     kv = int(c.get("num_key_value_heads") or heads)
+    # full-attention layers: `global_*` where a config names them (Gemma 4), else the base values; sliding
+    # layers: `swa_*` where a config names them (SGLang's naming of the same model), else the base values
+    full_hd, full_kv = int(c.get("global_head_dim") or hd), int(c.get("num_global_key_value_heads") or kv)
+    swa_hd, swa_kv = int(c.get("swa_head_dim") or hd), int(c.get("swa_num_key_value_heads") or kv)
     given = c.get("layer_types")
     types: list[Any] = given if isinstance(given, list) else ["full_attention"] * layers
     window = c.get("sliding_window") if any(t == "sliding_attention" for t in types) else None
     weights = kv_full = kv_window = 0
     for kind in types[:layers]:
         full = kind != "sliding_attention"
-        lhd = int(c.get("global_head_dim") or hd) if full else hd
-        lkv = int(c.get("num_global_key_value_heads") or kv) if full else kv
+        lhd, lkv = (full_hd, full_kv) if full else (swa_hd, swa_kv)
         k_eq_v = full and bool(c.get("attention_k_eq_v"))
         weights += hidden * heads * lhd * 2 + hidden * lkv * lhd * (1 if k_eq_v else 2) + 3 * hidden * inter
         per_token = 2 * lkv * lhd * BYTES
