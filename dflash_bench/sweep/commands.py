@@ -13,7 +13,7 @@ from rich.markup import escape
 from dflash_bench.errors import UserError
 from dflash_bench.store import SweepDir
 from dflash_bench.sweep.dry_run import print_plan
-from dflash_bench.sweep.plan import SweepSettings
+from dflash_bench.sweep.plan import SweepSettings, resolve_pair
 
 DEMO_CONCURRENCY = [1, 8]
 DEMO_ENGINE_ARGS = ["--fast", "--cut-draft", "--device", "cpu"]
@@ -52,10 +52,9 @@ def sweep_command(options: dict[str, Any], *, out: Path, resume: Path | None, dr
 
 def _sized(settings: SweepSettings, data_dir: Path | None) -> SweepSettings:
     """The plan sized for its GPU (sweep/fit.py): a context limit derived, a plan that cannot fit refused."""
-    from dflash_bench import models
     from dflash_bench.sweep.fit import size
 
-    return size(settings, models.resolve(settings.model, drafter=settings.engine_options.get("drafter")), data_dir)
+    return size(settings, resolve_pair(settings), data_dir)
 
 
 def _settings(options: dict[str, Any], resume: Path | None, image: str | None = None) -> SweepSettings:

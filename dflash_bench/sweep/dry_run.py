@@ -6,17 +6,16 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from dflash_bench.sweep.plan import SweepSettings, launches, plan_cells
+from dflash_bench.sweep.plan import SweepSettings, launches, plan_cells, resolve_pair
 
 
 def print_plan(settings: SweepSettings, image: str | None) -> None:
     """--dry-run: the cells in run order and the exact command of every server launch."""
-    from dflash_bench import models
     from dflash_bench.launch import plan_server
     from dflash_bench.launch.commands import dry_run_line
     from dflash_bench.sweep.fit import server_args
 
-    pair = models.resolve(settings.model, drafter=settings.engine_options.get("drafter"))
+    pair = resolve_pair(settings)
     plan = plan_cells(settings)
     console = Console()
     typer.echo(f"{len(plan)} cells, in run order:")

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import groupby
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dflash_bench.errors import UserError
 from dflash_bench.store import CellPlan, SweepSettings
 
-__all__ = ["MODES", "Launch", "SweepSettings", "check_resume", "launches", "plan_cells"]
+if TYPE_CHECKING:
+    from dflash_bench.models import ModelPair
+
+__all__ = ["MODES", "Launch", "SweepSettings", "check_resume", "launches", "plan_cells", "resolve_pair"]
 
 MODES = ("ar", "dflash")
 
@@ -21,6 +24,13 @@ class Launch:
     engine: str
     mode: str
     cells: tuple[CellPlan, ...]
+
+
+def resolve_pair(settings: SweepSettings) -> ModelPair:
+    """The target/drafter pair the settings name (--model, and --drafter kept in engine_options)."""
+    from dflash_bench import models
+
+    return models.resolve(settings.model, drafter=settings.engine_options.get("drafter"))
 
 
 def plan_cells(settings: SweepSettings) -> list[CellPlan]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from dflash_bench.errors import UserError
 from dflash_bench.store import Manifest, SweepDir, atomic_write_json
 from dflash_bench.sweep import slurm
-from dflash_bench.sweep.plan import launches
+from dflash_bench.sweep.plan import launches, resolve_pair
 
 
 class JobSweepDir(SweepDir):
@@ -40,7 +40,6 @@ class JobSweepDir(SweepDir):
 
 def run_job(folder: Path, key: str) -> int:
     """Measure this job's cells not yet complete; the local sweep's exit code (0, 1 some failed, 130 stopped)."""
-    from dflash_bench import models
     from dflash_bench.launch import free_port, sigterm_unwinds
     from dflash_bench.sweep import folder as sweep_folder
     from dflash_bench.sweep import run
@@ -63,7 +62,7 @@ def run_job(folder: Path, key: str) -> int:
     for cell in manifest.plan:
         sweep_folder.status_from_disk(shared, cell)
     sweep = JobSweepDir(folder, key)
-    pair = models.resolve(settings.model, drafter=settings.engine_options.get("drafter"))
+    pair = resolve_pair(settings)
     prompts = prompt_loader(settings, Path(job.data_dir) if job.data_dir else None)
     progress = SweepProgress(manifest, quiet=True)
     ctx = SweepContext(settings, pair, sweep, manifest, prompts, SweepResult(folder), progress,

@@ -24,7 +24,7 @@ from dflash_bench.store import CellPlan, Manifest, StoreError, SweepDir, now_iso
 from dflash_bench.store.lock import WriterLock
 from dflash_bench.sweep import slurm
 from dflash_bench.sweep.context import SweepContext, SweepResult
-from dflash_bench.sweep.plan import SweepSettings, launches
+from dflash_bench.sweep.plan import SweepSettings, launches, resolve_pair
 from dflash_bench.sweep.prompts import prompt_loader
 from dflash_bench.sweep.slurm import SlurmJob, SlurmOptions
 from dflash_bench.sweep.write import Ledger, annotate_quality, fail_cell
@@ -143,7 +143,6 @@ def _check_settings(settings: SweepSettings) -> None:
 def _prepare(settings: SweepSettings, opts: SlurmOptions, out: Path, resume: Path | None, data_dir: Path | None,
              argv: list[str], image: str | None, console: Console) -> _Run:
     """Check the settings, open (or create) the folder, settle an earlier run's jobs; the cells to submit."""
-    from dflash_bench import models
     from dflash_bench.store import provenance
     from dflash_bench.sweep import folder as sweep_folder
     from dflash_bench.sweep.progress import SweepProgress
@@ -151,7 +150,7 @@ def _prepare(settings: SweepSettings, opts: SlurmOptions, out: Path, resume: Pat
     if provenance.redact(settings.engine_args) != settings.engine_args:
         raise UserError("an --engine-arg carries a secret (a token, key or password); pass it through the "
                         "environment instead (HF_TOKEN, VLLM_API_KEY, ...): jobs inherit it, the sweep folder never sees it")
-    pair = models.resolve(settings.model, drafter=settings.engine_options.get("drafter"))
+    pair = resolve_pair(settings)
     watched: list[SlurmJob] = []
     if resume is not None:  # jobs of an earlier run settle first, so that the plan's statuses read the truth
         watched = _earlier_jobs(Path(resume), console)
@@ -173,10 +172,9 @@ def print_jobs(settings: SweepSettings, opts: SlurmOptions, image: str | None) -
     """--dry-run: the job script each server group would be submitted as (for a sweep started now)."""
     import typer
 
-    from dflash_bench import models
     from dflash_bench.sweep.plan import plan_cells
 
-    pair = models.resolve(settings.model, drafter=settings.engine_options.get("drafter"))
+    pair = resolve_pair(settings)
     for i, launch in enumerate(launches(plan_cells(settings))):
         job = SlurmJob(key=f"r0-{i:02d}-{launch.engine}-{launch.mode}", engine=launch.engine, mode=launch.mode,
                        cells=[c.cell_id for c in launch.cells], gpus=_gpus(settings, opts, pair, launch.engine))

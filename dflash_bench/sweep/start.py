@@ -12,6 +12,7 @@ from dflash_bench.store.lock import WriterLock
 from dflash_bench.store.provenance import redact
 from dflash_bench.sweep.context import SweepContext, SweepResult
 from dflash_bench.sweep.folder import open_sweep, stop_leftovers
+from dflash_bench.sweep.plan import resolve_pair
 from dflash_bench.sweep.progress import SweepProgress
 from dflash_bench.sweep.prompts import prompt_loader
 from dflash_bench.sweep.telemetry import start_telemetry
@@ -20,12 +21,11 @@ from dflash_bench.sweep.telemetry import start_telemetry
 def start_sweep(settings: SweepSettings, *, out: Path, resume: Path | None, data_dir: Path | None, argv: list[str],
                 quiet: bool, image: str | None) -> tuple[SweepContext, WriterLock]:
     """The sweep's context and its folder's lock (held by this process; the caller releases it)."""
-    from dflash_bench import models
 
     if redact(settings.engine_args) != settings.engine_args:  # it would land in the manifest
         raise UserError("an --engine-arg carries a secret (a token, key or password); pass it through the "
                         "environment instead (HF_TOKEN, VLLM_API_KEY, ...) so it is never written to the sweep folder")
-    pair = models.resolve(settings.model, drafter=settings.engine_options.get("drafter"))
+    pair = resolve_pair(settings)
     early = prompt_loader(settings, data_dir) if resume is None else None  # a missing dataset: before any folder
     # a mismatched resume is refused before any dataset is touched; the folder's lock, taken here, is
     # held until everything is written
