@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks import tables
+from benchmarks import table_renderers, tables
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -79,7 +79,7 @@ def test_the_demo_range_reads_demo_repeats_files_too():
                                       "speedup_max": x + 0.1, "ar_tok_s": 100.0, "dflash_tok_s": 100.0 * x, "tau": t}]}
             for s, x, t in ((150.0, 1.8, 9.0), (170.0, 2.2, 9.5), (160.0, 0.9, 8.0))]
     data = {"command": "dflash-bench demo", "machine": {"cpu": "some CPU", "cores": 2}, "runs": runs}
-    table = tables.demo_runs([data])
+    table = table_renderers.demo_runs([data])
     assert table.rows == [["gsm8k", "0.90-2.20x (τ 8.00-9.50), ahead in 2 of 3"]]
     assert "3 runs, 150-170 s each" in table.notes[0]
-    assert tables._machine(data) == "some CPU, 2 cores" and tables._command(data) == "dflash-bench demo"
+    assert table_renderers.machine_of(data) == "some CPU, 2 cores" and table_renderers.command_of(data) == "dflash-bench demo"

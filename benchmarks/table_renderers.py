@@ -1,0 +1,402 @@
+"""The tables benchmarks/tables.py writes: one function per table, from the loaded results JSON to rows of text.
+
+Each function takes the loaded JSON of its entry's sources, in order, and returns a Table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+SUITES = ("gsm8k", "math500", "humaneval", "mbpp", "mt-bench", "spec-bench")
+
+
+class TablesError(Exception):
+    """A page or a results file this script cannot use: one sentence, exit 2."""
+
+
+@dataclass
+class Table:
+    header: list[str]
+    rows: list[list[str]]
+    notes: list[str] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------- formatting
+
+
+def f1(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
+def f2(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def span(values: Sequence[float], fmt: Callable[[float], str] = f2, unit: str = "") -> str:
+    """`lo-hi` (one value when all are equal after formatting)."""
+    lo, hi = fmt(min(values)), fmt(max(values))
+    return f"{lo}{unit}" if lo == hi else f"{lo}-{hi}{unit}"
+
+
+def command_of(data: dict[str, Any]) -> str:
+    if "command" in data:
+        return str(data["command"])
+    commands = sorted({str(run["command"]) for run in data.get("runs", []) if "command" in run})
+    if not commands:
+        raise TablesError("a table's entry names no command and its results file records none")
+    return "`, `".join(commands)
+
+
+def machine_of(data: dict[str, Any]) -> str:
+    if "device" in data:
+        return str(data["device"])
+    machine = data.get("machine")
+    if isinstance(machine, dict):  # benchmarks/demo_repeats.py
+        return f"{machine.get('cpu', '?')}, {machine.get('cores', '?')} cores"
+    if machine is not None:
+        return f"{machine}, {data.get('cpus', '?')} cores"
+    return "not recorded"
+
+
+# ---------------------------------------------------------------- the demo (CPU)
+
+
+def _demo_ratios(data: dict[str, Any]) -> dict[tuple[str, int], list[tuple[float, float | None]]]:
+    """(suite, concurrency) -> per run (DFlash / AR output tok/s, DFlash τ). A run's cells are either one per
+    suite, concurrency and mode (`output_tok_s`), or one per suite and concurrency with the run's `speedup`
+    (the median over its repeats, as benchmarks/demo_repeats.py writes them)."""
+    out: dict[tuple[str, int], list[tuple[float, float | None]]] = {}
+    for run in data["runs"]:
+        if all("speedup" in c for c in run["cells"]):
+            for c in run["cells"]:
+                out.setdefault((c["suite"], c["concurrency"]), []).append((c["speedup"], c.get("tau")))
+            continue
+        cells = {(c["suite"], c["concurrency"], c["mode"]): c for c in run["cells"]}
+        for (suite, conc, mode), cell in cells.items():
+            ar = cells.get((suite, conc, "ar"))
+            if mode == "dflash" and ar and ar["output_tok_s"]:
+                out.setdefault((suite, conc), []).append((cell["output_tok_s"] / ar["output_tok_s"], cell.get("tau")))
+    return out
+
+
+def _demo_grid(data: dict[str, Any], with_tau: bool) -> Table:
+    ratios = _demo_ratios(data)
+    concs = sorted({c for _, c in ratios})
+    suites = [s for s in SUITES if any((s, c) in ratios for c in concs)]
+    rows = []
+    for suite in suites:
+        row = [suite]
+        for conc in concs:
+            runs = ratios.get((suite, conc), [])
+            if not runs:
+                row.append("-")
+                continue
+            text = span([r for r, _ in runs], unit="x")
+            taus = [t for _, t in runs if t is not None]
+            if with_tau and taus:
+                text += f" (τ {span(taus)})"
+            text += f", ahead in {sum(r > 1 for r, _ in runs)} of {len(runs)}"
+            row.append(text)
+        rows.append(row)
+    runs = data["runs"]
+    notes = [f"{len(runs)} runs, {span([r['seconds'] for r in runs], fmt=lambda s: f'{s:.0f}', unit=' s')} each "
+             "after the install; DFlash / AR output tok/s, lowest-highest over the runs"
+             + (", with DFlash's τ" if with_tau else "") + "."]
+    exact = [c["lossless_exact_match_rate"] for r in runs for c in r["cells"]
+             if c.get("mode") == "dflash" and c.get("lossless_exact_match_rate") is not None]
+    if exact:
+        notes.append(f"DFlash's tokens equal AR's in {sum(e == 1 for e in exact)} of {len(exact)} DFlash cells.")
+    return Table(["suite"] + [f"concurrency {c}" for c in concs], rows, notes)
+
+
+def demo_summary(results: list[Any]) -> Table:
+    return _demo_grid(results[0], with_tau=False)
+
+
+def demo_runs(results: list[Any]) -> Table:
+    return _demo_grid(results[0], with_tau=True)
+
+
+def cpu_anatomy(results: list[Any]) -> Table:
+    rows_by_batch: dict[int, dict[int, dict[str, Any]]] = {}
+    for r in results[0]["rows"]:
+        rows_by_batch.setdefault(r["batch"], {})[r["width"]] = r
+    widths = sorted({w for b in rows_by_batch.values() for w in b if w})
+    rows = []
+    for batch, by_width in sorted(rows_by_batch.items()):
+        row = [str(batch), f"{by_width[0]['ms']['step']:.2f} ms"]
+        for w in widths:
+            r = by_width.get(w)
+            row.append("-" if r is None else f"{r['step_over_ar']:.2f} ({w / r['step_over_ar']:.2f}x)")
+        rows.append(row)
+    return Table(["rows", "AR step"] + [f"w = {w}" for w in widths], rows,
+                 ["A verify of w tokens a row, in AR steps of the same round, and in brackets what DFlash would gain "
+                  "over AR if every draft were accepted (w / cost)."])
+
+
+# ---------------------------------------------------------------- the CPU fast path
+
+
+def cpu_step_costs(results: list[Any]) -> Table:
+    data = results[0]
+    rows = []
+    for step in data["steps"]:
+        for d in step["dflash"]:
+            if d["drafter"] != "1x256" or d["draft"] == "block":
+                continue
+            rows.append([str(step["batch"]), str(d["width"]), f2(d["ar_ms"]), f2(d["draft_ms"]), f2(d["verify_ms"]),
+                         f2(d["ratio"]), f2(d["step_ratio"]), f"{d['speedup_at_w']:.2f}x"])
+    return Table(["rows", "w", "AR ms", "draft ms", "verify ms", "draft + verify / AR", "whole step / AR step", "speedup at w"], rows,
+                 [f"Drafter 1x256 (layers x intermediate size), drafts cut to the w positions verified (w = 1: the anchor "
+                  f"alone, no draft); synthetic acceptance τ = {data['args']['tau']}; prompts of "
+                  f"{data['args']['prompt_len']} tokens. \"speedup at w\": tokens a step of width w commits / its cost."])
+
+
+def cpu_drafter_shapes(results: list[Any]) -> Table:
+    data = results[0]
+    step = data["steps"][0]
+    widths = sorted({d["width"] for d in step["dflash"]})
+    by = {(d["drafter"], d["width"]): d for d in step["dflash"] if d["draft"] == "cut"}
+    shapes = list(dict.fromkeys(d["drafter"] for d in step["dflash"]))
+    rows = [[shape] + [f2(by[(shape, w)]["ratio"]) if (shape, w) in by else "-" for w in widths] for shape in shapes]
+    return Table(["drafter (layers x intermediate)"] + [f"w = {w}" for w in widths], rows,
+                 [f"Draft + verify over AR's step at {step['batch']} row, cut drafts, synthetic τ = {data['args']['tau']}."])
+
+
+def cpu_real_pair(results: list[Any]) -> Table:
+    data = results[0]
+    step = data["steps"][0]
+    by = {(d["width"], d["draft"]): d for d in step["dflash"]}
+    widths = sorted({w for w, _ in by})
+    rows = [[kind] + [f2(by[(w, k)]["step_ratio"]) if (w, k) in by else "-" for w in widths]
+            for kind, k in (("cut drafts", "cut"), ("whole block drafted", "block"), ("anchor alone", "none"))]
+    notes = [f"A whole DFlash step over an AR step at {step['batch']} row, the embedded pair ({data['args']['draft_shapes'][0][0]}x"
+             f"{data['args']['draft_shapes'][0][1]} drafter), real acceptance."]
+    for r in data.get("real", []):
+        notes.append(f"In process on GSM8K prompts, {data['args']['new_tokens']} new tokens each (past the end of the pair's "
+                     f"short answers, where it accepts little), concurrency {r['concurrency']}: "
+                     f"DFlash / AR {r['cut']['speedup']:.2f}x with cut drafts, {r['block']['speedup']:.2f}x with whole blocks "
+                     f"(τ {f2(r['cut']['tau'])}); tokens equal AR's: "
+                     f"{'yes' if r['cut']['same_tokens_as_ar'] and r['block']['same_tokens_as_ar'] else 'no'}.")
+    return Table(["draft"] + [f"w = {w}" for w in widths], rows, notes)
+
+
+def cpu_throughput(results: list[Any]) -> Table:
+    tput, served = results
+    rows = []
+    for t in tput["throughput"]:
+        conc = t["concurrency"]
+        s = served["rows"][str(conc)]
+        ar = s["ar"]["output_throughput"]
+        rows.append([str(conc), f1(t["ar_tok_s"]),
+                     f"{f1(t['cut']['tok_s'])}, {t['cut']['speedup']:.2f}x ({t['cut']['full_batch_speedup']:.2f}x)",
+                     f1(t["cut"]["width"]), f1(ar),
+                     f"{f1(s['dflash']['output_throughput'])}, {s['dflash']['output_throughput'] / ar:.2f}x",
+                     f"{f1(s['dflash_cut']['output_throughput'])}, {s['dflash_cut']['output_throughput'] / ar:.2f}x"])
+    return Table(["concurrency", "AR in process", "DFlash cut in process (until the first request ends)", "its mean width",
+                  "AR served", "DFlash served", "DFlash cut served"], rows,
+                 [f"In process: {tput['args']['new_tokens']} new tokens, median of {tput['args']['rounds']} rounds. "
+                  f"Served: GSM8K, {served['new_tokens']} new tokens. Synthetic acceptance τ = {served['tau']}, "
+                  f"drafter {served['draft_shape']}, adaptive width."])
+
+
+# ---------------------------------------------------------------- engines on one GPU
+
+
+def _shape_table(data: dict[str, Any], columns: Sequence[tuple[str, str, str]]) -> Table:
+    rows = {(r["engine"], r["mode"], r["concurrency"]): r for r in data["rows"] if r["part"] == "shape"}
+    concs = sorted({c for _, _, c in rows})
+    out = []
+    for conc in concs:
+        row = [str(conc)]
+        for _, engine, mode in columns:
+            r = rows.get((engine, mode, conc))
+            row.append("-" if r is None else f"{f1(r['output_tok_s'])} ({f1(r['ttft_ms_p50'])})")
+        out.append(row)
+    taus = {(e, m): [r["tau"] for (e2, m2, _), r in rows.items() if (e2, m2) == (e, m) and r["tau"] is not None]
+            for _, e, m in columns}
+    header = ["concurrency"] + [label + (f", τ {span(taus[(e, m)])}" if taus[(e, m)] else "") for label, e, m in columns]
+    versions = ", ".join(f"{k} {v}" for k, v in data.get("versions", {}).items())
+    return Table(header, out, [f"Output tok/s (median TTFT ms); {versions}. Each server's exact command line is in "
+                               "the file's `commands`."])
+
+
+def engines_h100(results: list[Any]) -> Table:
+    return _shape_table(results[0], [("builtin AR", "builtin", "ar"), ("in process AR", "inprocess", "ar"),
+                                     ("vLLM AR", "vllm", "ar"), ("builtin DFlash", "builtin", "dflash"),
+                                     ("in process DFlash", "inprocess", "dflash"), ("vLLM DFlash", "vllm", "dflash")])
+
+
+def engines_summary(results: list[Any]) -> Table:
+    return _shape_table(results[0], [("builtin AR", "builtin", "ar"), ("vLLM AR", "vllm", "ar"),
+                                     ("builtin DFlash", "builtin", "dflash"), ("vLLM DFlash", "vllm", "dflash")])
+
+
+def engines_three(results: list[Any]) -> Table:
+    return _shape_table(results[0], [("builtin AR", "builtin", "ar"), ("vLLM AR", "vllm", "ar"),
+                                     ("SGLang AR", "sglang", "ar"), ("builtin DFlash", "builtin", "dflash"),
+                                     ("vLLM DFlash", "vllm", "dflash"), ("SGLang DFlash", "sglang", "dflash")])
+
+
+def big_shape(results: list[Any]) -> Table:
+    """benchmarks/big_sweep.py: each run's cells (engine x mode x GPUs x suite x concurrency), its command and
+    the servers' commands as notes, failed cells by their reason, plans refused before launch."""
+    data = results[0]
+    rows, notes = [], []
+    for n, run in enumerate(data["runs"], 1):
+        notes.append(f"Run {n} ({run['device']}, {run['gpus_per_server']} GPU(s) per server, context limit "
+                     f"{run.get('context_len')}): `{run['command']}`.")
+        notes += [f"Run {n}, {name}: `{cmd}`." for name, cmd in run["servers"].items()]
+        failed: dict[tuple[str, str], str] = {}
+        for r in run["rows"]:
+            if r["tok_s"] is None:
+                failed.setdefault((r["engine"], r["mode"]), r.get("reason") or r["status"])
+                continue
+            mem = "-" if r["peak_mem_mib"] is None else f"{r['peak_mem_mib'] / 1024:.1f}"
+            cache = "-" if r["prefix_cache_hit_rate"] is None else f"{r['prefix_cache_hit_rate']:.0%}"
+            rows.append([str(n), r["engine"], r["mode"], str(r["gpus"]), r["suite"], str(r["concurrency"]),
+                         f1(r["tok_s"]), f1(r["tok_s_per_gpu"]), f1(r["ttft_ms_p50"]), f2(r["tpot_ms_p50"]),
+                         mem, cache, f2(r["tau"]) if r["tau"] is not None else "-"])
+        notes += [f"Run {n}, {e} {m}: every cell failed: {why}" for (e, m), why in failed.items()]
+    notes += [f"Refused before launch: `{r['command']}`: {r['sentence']}" for r in data.get("refused", [])]
+    notes.append(f"Weights {data['weights']}; tokenizer: {data['tokenizer']}. Peak memory: the most one of the "
+                 "server's GPUs held during the cell (vLLM takes its whole share at start). Prefix cache: the share of "
+                 "the cell's prompt tokens the server read from its cache (cells of one run share prompts).")
+    header = ["run", "engine", "mode", "GPUs", "suite", "c", "tok/s", "tok/s per GPU", "TTFT p50 ms", "TPOT p50 ms",
+              "peak GPU GiB", "prefix cache", "τ"]
+    return Table(header, rows, notes)
+
+
+def pair_retrained(results: list[Any]) -> Table:
+    return _pair_table_by_suite(results[0], [("vLLM", "vllm"), ("builtin `--fast`", "builtin-fast")])
+
+
+def _pair_table_by_suite(data: dict[str, Any], engines: Sequence[tuple[str, str]]) -> Table:
+    rows = {(r["engine"], r["mode"], r["suite"], r["concurrency"]): r for r in data["rows"] if r["part"] == "pair"}
+    keys = sorted({(s, c) for _, _, s, c in rows}, key=lambda k: (SUITES.index(k[0]), k[1]))
+    out = []
+    for suite, conc in keys:
+        row = [suite, str(conc)]
+        for _, engine in engines:
+            ar, df = rows.get((engine, "ar", suite, conc)), rows.get((engine, "dflash", suite, conc))
+            if ar is None or df is None:
+                row += ["-", "-"]
+                continue
+            row += [f2(df["tau"]), f"{f1(ar['output_tok_s'])} / {f1(df['output_tok_s'])} "
+                                   f"({df['output_tok_s'] / ar['output_tok_s']:.2f}x)"]
+        out.append(row)
+    header = ["suite", "c"]
+    for label, _ in engines:
+        header += [f"{label} τ", f"{label} AR / DFlash"]
+    return Table(header, out, ["Output tok/s, DFlash's speedup in brackets; τ from each engine's own counters."])
+
+
+# ---------------------------------------------------------------- the fast path on one GPU
+
+
+def engine_speed(results: list[Any]) -> Table:
+    out = []
+    for data in results:
+        gpu = "H200" if "H200" in data["device"] else "H100" if "H100" in data["device"] else data["device"]
+        for r in data["rows"]:
+            ar, df = r["ar"], r["dflash"]
+            speedup = df["tok_s"] / ar["tok_s"]
+            out.append([gpu, str(r["concurrency"]), f1(ar["tok_s"]), f2(ar["step_ms"]),
+                        f"{data['floor_ms'] / ar['step_ms']:.0%}", f1(df["tok_s"]), f"{speedup:.2f}x", f2(df["tau"]),
+                        f2(df["draft_ms"]), f2(df["verify_ms"]), f2(speedup / df["tau"]), f"{df['step_ms'] / ar['step_ms']:.3f}"])
+    notes = [f"{d['device']}: weights {d['target_gb']:.2f} GB a step over the measured copy bandwidth "
+             f"{d['copy_bw'] / 1e12:.2f} TB/s give a floor of {d['floor_ms']:.2f} ms a step; torch ops instead of the "
+             f"Triton kernels: AR {f1(d['torch_path_ar_c1']['tok_s'])} tok/s at 1; transformers `generate`: "
+             f"{f1(d['hf_generate_tok_s'])} tok/s." for d in results if "torch_path_ar_c1" in d]
+    d0 = results[0]
+    notes.insert(0, f"Qwen3-8B-shaped target and Qwen3-8B-DFlash-b16-shaped drafter, random bf16 weights; "
+                    f"{d0['prompt_len']}-token prompts, {d0['new_tokens']} new tokens; DFlash with synthetic acceptance "
+                    f"τ = {d0['tau']} (the realised τ in the table); steps pipelined.")
+    return Table(["GPU", "concurrency", "AR tok/s", "AR ms/step", "AR % of floor", "DFlash tok/s", "speedup", "τ",
+                  "draft ms", "verify ms", "speedup/τ", "DFlash step / AR step"], out, notes)
+
+
+def gemm_tuning(results: list[Any]) -> Table:
+    data = results[0]
+    rows = []
+    for key, shape in data["shapes"].items():
+        name, nrows = key.split("/")
+        best = min(shape["every"].values()) if shape.get("every") else None
+        rows.append([name, nrows, f1(shape["cublas"]), f1(shape["cublaslt"]), f1(shape["engine"]), f1(best),
+                     f"{shape['engine'] / shape['cublas'] - 1:+.1%}"])
+    for name, chain in data["chains"].items():
+        rows.append([{"ar": "an AR step's chain"}.get(name, f"a {name} step's chain"), "-", f"{chain['cublas_ms'] * 1000:.1f}", "-", f"{chain['engine_ms'] * 1000:.1f}",
+                     f"{chain['best_ms'] * 1000:.1f}", f"{chain['engine_ms'] / chain['cublas_ms'] - 1:+.1%}"])
+    return Table(["matmul", "rows", "cuBLAS µs", "cuBLASLt µs", "engine's plan µs", "best setting swept µs", "engine vs cuBLAS"], rows,
+                 ["The Qwen3-8B shape's decode matmuls (bf16), weight copies cycled so nothing is served from L2; a step's "
+                  "chain: every layer's matmuls and the lm_head."])
+
+
+def step_anatomy(results: list[Any]) -> Table:
+    data = results[0]
+    kinds = sorted(set(data["ar"]["kinds"]) | set(data["dflash"]["kinds"]))
+    rows = []
+    for kind in kinds:
+        row = [kind]
+        for side in ("ar", "dflash"):
+            k = data[side]["kinds"].get(kind)
+            row += ["-", "-"] if k is None else [f1(k["us"]), f"{k['launches']:.0f}"]
+        rows.append(row)
+    totals = [sum(k["us"] for k in data[side]["kinds"].values()) for side in ("ar", "dflash")]
+    rows.append(["all", f1(totals[0]), "-", f1(totals[1]), "-"])
+    return Table(["kernel kind", "AR µs", "AR launches", "DFlash µs", "DFlash launches"], rows,
+                 [f"One step of the {data['shape']} shape at batch 1, context {data['context']}, from replayed CUDA graphs; "
+                  "DFlash is a draft and a verify of the whole block."])
+
+
+def engine_speed_adaptive(results: list[Any]) -> Table:
+    out = []
+    for r in results[0]["rows"]:
+        ar, df, ad = r["ar"], r["dflash"], r["adaptive"]
+        out.append([str(r["concurrency"]), f1(ar["tok_s"]), f1(df["tok_s"]), f"{df['tok_s'] / ar['tok_s']:.2f}x", f2(df["tau"]),
+                    f1(ad["tok_s"]), f"{ad['tok_s'] / ar['tok_s']:.2f}x", f2(ad["tau"]), f1(ad["verify_width"]),
+                    f"{ad['full_batch_tok_s'] / ar['full_batch_tok_s']:.2f}x"])
+    return Table(["concurrency", "AR tok/s", "whole block: DFlash tok/s", "speedup", "τ", "adaptive: DFlash tok/s", "speedup",
+                  "τ", "width (mean)", "adaptive, until the first request ends"], out,
+                 ["Fixed and adaptive widths draw the same synthetic uniforms; every graph captured before the rows."])
+
+
+def serve_speed_gpu(results: list[Any]) -> Table:
+    data = results[0]
+    out = []
+    for conc, cells in sorted(data["rows"].items(), key=lambda kv: int(kv[0])):
+        for label, suffix in (("on", ""), ("off", "_no_step_ahead")):
+            ar, df = cells.get("ar" + suffix), cells.get("dflash" + suffix)
+            if ar is None or df is None:
+                continue
+            out.append([conc, label, f1(ar["output_throughput"]), f1(ar["ttft_ms"]["p50"]), f2(ar["tpot_ms"]["p50"]),
+                        f1(df["output_throughput"]), f1(df["ttft_ms"]["p50"]), f2(df["tpot_ms"]["p50"]),
+                        f2(df["acceptance_length"]), f"{df['output_throughput'] / ar['output_throughput']:.2f}x"])
+    return Table(["concurrency", "step ahead", "AR tok/s", "AR TTFT ms", "AR TPOT ms", "DFlash tok/s", "DFlash TTFT ms",
+                  "DFlash TPOT ms", "τ", "speedup"], out,
+                 [f"GSM8K prompts, {data['new_tokens']} new tokens, synthetic τ {data['tau']}; TTFT and TPOT are medians."])
+
+
+# ---------------------------------------------------------------- the embedded pair
+
+
+def acceptance(results: list[Any]) -> Table:
+    rows: dict[str, dict[int, dict[str, Any]]] = {}
+    for r in results[0]["rows"]:
+        rows.setdefault(r["suite"], {})[r["max_tokens"]] = r
+    lengths = sorted({n for by in rows.values() for n in by})
+    out = [[s] + [f2(rows[s][n]["tau"]) if n in rows[s] else "-" for n in lengths]
+           + [f"{sum(r['identical'] for r in rows[s].values())} of {sum(r['prompts'] for r in rows[s].values())}"]
+           for s in SUITES if s in rows]
+    return Table(["suite"] + [f"τ at {n} new tokens" for n in lengths] + ["DFlash's tokens equal AR's"], out,
+                 ["The first prompts of each suite in the demo's order, greedy, float32."])
+
+
+def zlab_check(results: list[Any]) -> Table:
+    data = results[0]
+    out = [[r["suite"], f"{r['equal_tokens']} of {r['prompts']}", f2(r["tau_zlab"]), f2(r["tau_builtin"])] for r in data["rows"]]
+    return Table(["suite", "outputs equal token for token", "τ z-lab", "τ builtin"], out,
+                 [f"z-lab's reference code ({data['zlab']}, transformers {data['zlab_transformers']}) against the builtin "
+                  f"reference engine, {data['rows'][0]['max_tokens']} new tokens."])
