@@ -52,4 +52,6 @@ def test_an_output_path_that_cannot_be_written_is_one_line_and_exit_2(tmp_path):
                  ["report", str(sweep), "--out", str(blocked / "r.html")]):
         out = subprocess.run([sys.executable, "-m", "dflash_bench", *args], capture_output=True, text=True, timeout=120)
         assert out.returncode == 2, (args, out.stderr[-500:])
-        assert "Traceback" not in out.stderr and out.stderr.strip().splitlines()[-1].startswith("error: cannot use ")
+        last = out.stderr.strip().splitlines()[-1]
+        assert "Traceback" not in out.stderr and last.startswith(("error: cannot use ", "error: cannot write ")), last
+        assert str(blocked) in last, last  # the sentence names the path in the way

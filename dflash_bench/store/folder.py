@@ -80,6 +80,9 @@ def _write_error(path: Path, err: OSError) -> "StoreError":
     if err.errno in (errno.ENOSPC, errno.EDQUOT):
         return StoreError(f"cannot write {path}: the disk holding {path.parent} is full; free space there (what "
                           "was written before is kept, and --resume finishes a sweep)")
+    if err.errno in (errno.EEXIST, errno.ENOTDIR):  # a file stands where a folder of the path should be
+        blocker = next((p for p in path.parents if p.exists()), path.parent)
+        return StoreError(f"cannot write {path}: {blocker} is a file, not a folder")
     return StoreError(f"cannot write {path}: {err.strerror or err}")
 
 
