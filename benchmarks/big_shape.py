@@ -1,6 +1,6 @@
 """Folders of a large known pair's shape, without weights: vLLM and SGLang load them with `--load-format dummy`.
 
-    python benchmarks/big_shape.py --pair gemma-4-31B-it --out WORK
+    python -m benchmarks.big_shape --pair gemma-4-31B-it --out WORK
 
 writes WORK/<pair>/ (the target: config.json from `dflash_bench.model_shapes`, generation_config.json, a
 tokenizer with a chat template) and WORK/<pair>-DFlash/ (the drafter's config.json in z-lab's format), and

@@ -2,14 +2,14 @@
 
 On the GPU host (the vLLM bundle, plus transformers 5.12.1 for vLLM 0.25.1's Gemma 4; or the SGLang bundle):
 
-    python benchmarks/big_shape.py --pair gemma-4-31B-it --out WORK --data-dir DATA
+    python -m benchmarks.big_shape --pair gemma-4-31B-it --out WORK --data-dir DATA
     dflash-bench sweep --model WORK/gemma-4-31B-it --drafter WORK/gemma-4-31B-it-DFlash --engine vllm \\
         --runner process --gpu h100 --tensor-parallel-size 1 --suites gsm8k,mt-bench -c 1,8 -n 8 --max-tokens 128 \\
         --data-dir DATA --engine-arg=--load-format=dummy --engine-arg=--attention-backend=triton_attn ...
 
 then, anywhere, each sweep folder into the results file (rows of the same run replaced):
 
-    python benchmarks/big_sweep.py --out benchmarks/results/gemma4_31b_h100.json SWEEP_FOLDER...
+    python -m benchmarks.big_sweep --out benchmarks/results/gemma4_31b_h100.json SWEEP_FOLDER...
 
 A row per cell: engine, mode, GPUs per server, tok/s and tok/s per GPU, TTFT and TPOT p50, the peak GPU memory
 the telemetry saw (vLLM takes its whole --gpu-memory-utilization share at start), the share of prompt tokens

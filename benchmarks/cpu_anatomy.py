@@ -1,6 +1,6 @@
 """Where a decode step's time goes on a CPU, per kernel: the AR step against DFlash steps of each width (issue 21).
 
-    PYTHONPATH=. python benchmarks/cpu_anatomy.py --out cpu_anatomy.json     # ~2 min on 2 shared cores
+    python -m benchmarks.cpu_anatomy --out cpu_anatomy.json     # ~2 min on 2 shared cores
 
 The fast path as `serve --fast --cut-draft --device cpu` runs it (one torch thread, float32, the C kernels), on
 the embedded pair (`dflash_bench/assets/default_pair`: its target and its drafter, real weights), `--batches`
@@ -30,17 +30,15 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.cpu_step import PAIR, random_prompts
+
+from dflash_bench.engine.drafter import load_drafter
+from dflash_bench.engine.fast import cpu_kernels
+from dflash_bench.engine.fast.draft import FastDrafter
+from dflash_bench.engine.fast.model import FastTarget
+from dflash_bench.engine.fast.runner import FastRunner
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from cpu_step import PAIR, random_prompts  # noqa: E402
-
-from dflash_bench.engine.drafter import load_drafter  # noqa: E402
-from dflash_bench.engine.fast import cpu_kernels  # noqa: E402
-from dflash_bench.engine.fast.draft import FastDrafter  # noqa: E402
-from dflash_bench.engine.fast.model import FastTarget  # noqa: E402
-from dflash_bench.engine.fast.runner import FastRunner  # noqa: E402
 
 KERNELS = ("linear", "decode_attention", "qk_rope_store", "add_rms_norm", "rms_norm", "silu_mul", "embed_norm",
            "argmax", "commit")
@@ -144,7 +142,7 @@ def main() -> None:
         a.out.write_text(json.dumps(dict(
             device=f"cpu ({os.cpu_count()}-core {cpu_name()}, {platform.machine()}; {torch.get_num_threads()} torch thread)",
             pair="embedded default",
-            command=" ".join(["python benchmarks/cpu_anatomy.py"] + sys.argv[1:]), prompt_len=a.prompt_len,
+            command=" ".join(["python -m benchmarks.cpu_anatomy"] + sys.argv[1:]), prompt_len=a.prompt_len,
             tau=a.tau, steps=a.steps, rounds=a.rounds, rows=rows), indent=1) + "\n")
 
 

@@ -1,9 +1,9 @@
 """DFlash against AR on a CPU (issue 21): what a step costs on the embedded pair's shape, and tok/s in process.
 
-    python benchmarks/cpu_step.py --out cpu_step.json                  # ~6 min on 2 shared cores
-    python benchmarks/cpu_step.py --draft-shapes 1x256,1x512,1x768,2x256,2x512,2x768 --batches 1 \\
+    python -m benchmarks.cpu_step --out cpu_step.json                  # ~6 min on 2 shared cores
+    python -m benchmarks.cpu_step --draft-shapes 1x256,1x512,1x768,2x256,2x512,2x768 --batches 1 \\
         --skip-throughput --out cpu_shapes.json                        # which drafter shapes fit the bound
-    python benchmarks/cpu_step.py --real --data-dir ../shared/datasets # the embedded drafter's own acceptance
+    python -m benchmarks.cpu_step --real --data-dir ../shared/datasets # the embedded drafter's own acceptance
 
 The fast path as `serve --fast --device cpu` runs it (one torch thread, float32, eager), on the embedded
 target (`dflash_bench/assets/default_pair/target`, its real weights) and DFlash drafters of the embedded
@@ -42,23 +42,21 @@ import os
 import platform
 import random
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from dflash_bench.engine.drafter import DFlashDrafter, DrafterConfig, load_drafter
+from dflash_bench.engine.fast.draft import FastDrafter
+from dflash_bench.engine.fast.model import FastTarget
+from dflash_bench.engine.fast.accept import synthetic_rate
+from dflash_bench.engine.fast.drive import decode
+from dflash_bench.engine.fast.runner import FastRunner
+from dflash_bench.engine.fast.timer import StepTimer
+from dflash_bench.engine.target import load_model
 
-from dflash_bench.engine.drafter import DFlashDrafter, DrafterConfig, load_drafter  # noqa: E402
-from dflash_bench.engine.fast.draft import FastDrafter  # noqa: E402
-from dflash_bench.engine.fast.model import FastTarget  # noqa: E402
-from dflash_bench.engine.fast.accept import synthetic_rate  # noqa: E402
-from dflash_bench.engine.fast.drive import decode  # noqa: E402
-from dflash_bench.engine.fast.runner import FastRunner  # noqa: E402
-from dflash_bench.engine.fast.timer import StepTimer  # noqa: E402
-from dflash_bench.engine.target import load_model  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 PAIR = ROOT / "dflash_bench" / "assets" / "default_pair"
 KERNELS = {"auto": None, "cpu": "cpu", "torch": False}  # FastTarget's `kernels`

@@ -2,7 +2,7 @@
 speedup per suite and concurrency read back from its sweep folder (the median over the run's repeats, with
 their lowest and highest), and the range the runs give at concurrency 1.
 
-    DFLASH_BENCH_DATA=../shared/datasets python benchmarks/demo_repeats.py --runs 5 \
+    DFLASH_BENCH_DATA=../shared/datasets python -m benchmarks.demo_repeats --runs 5 \
         --json benchmarks/results/demo_cpu_repeats.json
 
 Extra arguments after `--` go to every `dflash-bench demo` (e.g. `-- --repeats 2`). The machine's load average
@@ -106,7 +106,7 @@ def main() -> None:
         print(f"{suite:12s} c=1: {s['min']:.2f}-{s['max']:.2f}x over {len(runs)} runs (±{s['plus_minus_pct']}%)")
     result = {
         "command": shlex.join(["dflash-bench", "demo", *args.extra]),
-        "how": f"benchmarks/demo_repeats.py --runs {args.runs}: the demo {args.runs} times in a row after the install, "
+        "how": f"python -m benchmarks.demo_repeats --runs {args.runs}: the demo {args.runs} times in a row after the install, "
                "datasets through DFLASH_BENCH_DATA (the offline copies)",
         "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "platform": platform.platform(terse=True)},
         "commit": commit(), "runs": runs, "c1_speedup_range": summary,

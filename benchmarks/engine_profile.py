@@ -1,6 +1,6 @@
 """Where a decode step's time goes: cProfile (host side, syncs included) over AR and DFlash generation.
 
-    python benchmarks/engine_profile.py --device cuda --dtype bfloat16 --hidden 1024 --layers 16
+    python -m benchmarks.engine_profile --device cuda --dtype bfloat16 --hidden 1024 --layers 16
 """
 
 from __future__ import annotations

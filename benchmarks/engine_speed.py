@@ -6,8 +6,8 @@ Qwen3-8B-DFlash-b16-shaped drafter (5 layers, B = 16), random weights built on t
 downloaded). Random weights accept nothing, so DFlash rows use synthetic acceptance (mean tau, labelled).
 Greedy losslessness (AR == DFlash token ids, real acceptance) is checked on the same device first.
 
-    PYTHONPATH=. python benchmarks/engine_speed.py --out engine_speed.json --torch-path  # GPU, ~2.5 minutes
-    python benchmarks/engine_speed.py --shape tiny --device cpu --new-tokens 32 --concurrency 1,4 --soak 20
+    python -m benchmarks.engine_speed --out engine_speed.json --torch-path  # GPU, ~2.5 minutes
+    python -m benchmarks.engine_speed --shape tiny --device cpu --new-tokens 32 --concurrency 1,4 --soak 20
 """
 
 from __future__ import annotations
@@ -16,23 +16,20 @@ import argparse
 import json
 import os
 import random
-import sys
 import time
 
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [os.path.join(HERE, ".."), HERE]
+from dflash_bench.engine.drafter import DFlashDrafter, DrafterConfig
+from dflash_bench.engine.fast.draft import FastDrafter
+from dflash_bench.engine.fast.model import FastTarget
+from dflash_bench.engine.fast.drive import decode, generate
+from dflash_bench.engine.fast.runner import FastRunner
+from dflash_bench.engine.fast.timer import StepTimer
 
-from dflash_bench.engine.drafter import DFlashDrafter, DrafterConfig  # noqa: E402
-from dflash_bench.engine.fast.draft import FastDrafter  # noqa: E402
-from dflash_bench.engine.fast.model import FastTarget  # noqa: E402
-from dflash_bench.engine.fast.drive import decode, generate  # noqa: E402
-from dflash_bench.engine.fast.runner import FastRunner  # noqa: E402
-from dflash_bench.engine.fast.timer import StepTimer  # noqa: E402
+from benchmarks.engine_diagnostics import (copy_bandwidth, divergence_gaps, kernels_agree, lossless_tiny,
+                                           matmul_chain_ms, profile_step, same_fraction, sync)
 
-from engine_diagnostics import (copy_bandwidth, divergence_gaps, kernels_agree, lossless_tiny,  # noqa: E402
-                                matmul_chain_ms, profile_step, same_fraction, sync)
 
 SHAPES = {  # target (Qwen3 config) and drafter sizes
     "qwen3-8b": dict(vocab=151936, hidden=4096, inter=12288, layers=36, heads=32, kv=8, hd=128,

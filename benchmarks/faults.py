@@ -1,6 +1,6 @@
 """Faults, played: the harness against bad servers and against itself, one row per case.
 
-    python benchmarks/faults.py [--data-dir ../shared/datasets] [--only NAME,...]
+    python -m benchmarks.faults [--data-dir ../shared/datasets] [--only NAME,...]
 
 Every case runs the real CLI (`python -m dflash_bench ...`) in child processes against the timing
 emulator (`--engine emulator` / `dflash-bench emulate`) or a small bad server on 127.0.0.1
@@ -24,13 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from benchmarks.fixtures.bad_servers import SCRIPT, BadServer
+
+from dflash_bench.emulator import EmulatorProcess
+from dflash_bench.launch import free_port
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
-
-from bad_servers import SCRIPT, BadServer  # noqa: E402
-
-from dflash_bench.emulator import EmulatorProcess  # noqa: E402
-from dflash_bench.launch import free_port  # noqa: E402
 
 sys.modules.setdefault("faults", sys.modules[__name__])  # one module, run as a script or imported (faults_trust)
 PY = [sys.executable, "-m", "dflash_bench"]
@@ -395,7 +394,7 @@ def no_warmup_connect(tmp: Path, data: Path) -> Row:
                None, left_behind(out), bool(conn) and said and write_after)
 
 
-import faults_trust  # noqa: E402,F401  (issue 43's cases register themselves)
+from benchmarks import faults_trust  # noqa: E402,F401  (issue 43's cases register themselves)
 
 
 def main() -> None:

@@ -8,7 +8,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from faults import PY, Row, case, folders, left_behind, sh, summaries, sweep_argv
+from benchmarks.faults import PY, Row, case, folders, left_behind, sh, summaries, sweep_argv
 
 
 def _damage(blob: bytes, kind: str) -> bytes:

@@ -1,7 +1,7 @@
 """How often the gate's noise-aware check fails: false alarms without a change, detection of a real drop,
 and how long a gate of a large sweep takes.
 
-    PYTHONPATH=. python3 benchmarks/gate_calibration.py [--trials 2000] [--cv 0.03] [--unscaled]
+    python -m benchmarks.gate_calibration [--trials 2000] [--cv 0.03] [--unscaled]
 
 Throughput of every repeat is drawn as mean * (1 + cv * N(0, 1)), the run-to-run noise of a benchmark cell;
 the sweep's mean is the baseline's times (1 + true change). Each trial is one gate check (`gate.judge`)

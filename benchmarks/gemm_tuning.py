@@ -1,8 +1,8 @@
 """Decode-step matmuls of the Qwen3-8B shape (1 and 16 rows; `--quick`: any): cuBLAS, cuBLASLt and the Triton
 skinny kernel.
 
-    PYTHONPATH=. python benchmarks/gemm_tuning.py --out F      # GPU only, ~3 min
-    PYTHONPATH=. python benchmarks/gemm_tuning.py --quick --rows 16,32 --out F   # the engine's plans, ~1 min
+    python -m benchmarks.gemm_tuning --out F      # GPU only, ~3 min
+    python -m benchmarks.gemm_tuning --quick --rows 16,32 --out F   # the engine's plans, ~1 min
 
 Each weight shape is timed under a CUDA graph that cycles through enough copies (400 MB) that no call finds
 its weight in L2, as in a real step where every layer's weights are distinct. Then the best plan per shape

@@ -1,6 +1,6 @@
 """How close the harness's timings come to what the emulator really did, at concurrency 1, 8 and 32.
 
-    python benchmarks/harness_fidelity.py [--concurrency 1,8,32] [--modes ar,dflash]
+    python -m benchmarks.harness_fidelity [--concurrency 1,8,32] [--modes ar,dflash]
 
 These were assertions of tests/test_run.py::test_run_matches_emulator_truth; they depend on how busy the
 machine is (2 of 6 cases failed on a busy 2-core box), so they are measured here and the test keeps only
@@ -12,20 +12,17 @@ the server's busy span (limit 20 ms), and TPOT and throughput against the emulat
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from benchmarks.fixtures.emulator_truth import prompts, truth
 
-from test_run import prompts, truth  # noqa: E402
-
-from dflash_bench.client import measure_cell  # noqa: E402
-from dflash_bench.emulator import EmulatorConfig, EmulatorProcess  # noqa: E402
-from dflash_bench.metrics.definitions import tpot_ms  # noqa: E402
-from dflash_bench.store import SweepDir  # noqa: E402
+from dflash_bench.client import measure_cell
+from dflash_bench.emulator import EmulatorConfig, EmulatorProcess
+from dflash_bench.metrics.definitions import tpot_ms
+from dflash_bench.store import SweepDir
 
 REL_TOL, NOMINAL_TOL, WINDOW_SLACK_S = 0.03, 0.10, 0.02
 

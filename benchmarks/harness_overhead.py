@@ -1,7 +1,7 @@
 """What the harness itself costs: client CPU per output token, the token rate it sustains, and how far its
 TTFT timestamps sit from the packets on the wire.
 
-    python benchmarks/harness_overhead.py [--concurrency 1,8,32,128,512] [--transports aiohttp,httpx]
+    python -m benchmarks.harness_overhead [--concurrency 1,8,32,128,512] [--transports aiohttp,httpx]
                                           [--wire 1,32,256] [--out results.json]
 
 1. CPU: an AR emulator with instant tokens (TTFT 0, step 0: one token per chunk, as fast as it can write)

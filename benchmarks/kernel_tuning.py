@@ -1,8 +1,8 @@
 """Launch settings of the fast path's small Triton kernels on this GPU: microseconds per call under a CUDA graph.
 
-    PYTHONPATH=. python benchmarks/kernel_tuning.py          # GPU only, ~30 s
-    PYTHONPATH=. python benchmarks/kernel_tuning.py --rope --attention-shapes   # only these sweeps, ~80 s
-    PYTHONPATH=. python benchmarks/kernel_tuning.py --no-attention   # norms and silu_mul only
+    python -m benchmarks.kernel_tuning          # GPU only, ~30 s
+    python -m benchmarks.kernel_tuning --rope --attention-shapes   # only these sweeps, ~80 s
+    python -m benchmarks.kernel_tuning --no-attention   # norms and silu_mul only
 
 Rows: add_rms_norm over hidden 4096 at 1 and 16 tokens, silu_mul over 2 x 12288, for several num_warps; the
 decode attention (Qwen3-8B heads, batch 1 and 8) at 1 and 16 queries per row and 200-4000 keys for each forced

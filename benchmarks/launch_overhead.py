@@ -4,7 +4,7 @@ The server is the timing emulator (`dflash-bench emulate`), run as a local proce
 daemon answers, in a container of a skeleton image with the host's Python mounted read-only (as the tests
 do). Times are wall clock, median and max over --repeat launches.
 
-    python benchmarks/launch_overhead.py --repeat 5
+    python -m benchmarks.launch_overhead --repeat 5
 """
 
 from __future__ import annotations
@@ -19,11 +19,9 @@ import time
 import uuid
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from benchmarks.fixtures.docker_image import host_python_mounts, skeleton_tar
 
-from launch_helpers import host_python_mounts, skeleton_tar  # noqa: E402
-
-from dflash_bench.launch import DockerOptions, free_port, launch_command  # noqa: E402
+from dflash_bench.launch import DockerOptions, free_port, launch_command
 
 
 def emulator(port: int) -> list[str]:

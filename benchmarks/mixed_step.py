@@ -3,8 +3,8 @@ prompt length and prompts k, the median ms of the rows' step alone, of the k pro
 and of the step that carries them (`FastRunner.launch(slots, rides)`), each launched and read back
 (CUDA-synchronised, after a warm-up). Riding pays where mixed < step + prefill.
 
-    PYTHONPATH=.:$PYTHONPATH python benchmarks/mixed_step.py --shape qwen3-8b --out mixed_step.json
-    PYTHONPATH=.:$PYTHONPATH python benchmarks/mixed_step.py --model DIR --device cpu   # any target
+    PYTHONPATH=.:$PYTHONPATH python -m benchmarks.mixed_step --shape qwen3-8b --out mixed_step.json
+    PYTHONPATH=.:$PYTHONPATH python -m benchmarks.mixed_step --model DIR --device cpu   # any target
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import torch
-from prefill_speed import timed  # median ms after a warm-up, synchronised
+from benchmarks.prefill_speed import timed  # median ms after a warm-up, synchronised
 
 
 def main() -> None:
@@ -36,7 +36,7 @@ def main() -> None:
 
     model = args.model
     if model is None:
-        from real_engines import ensure_shape_pair
+        from benchmarks.real_engines import ensure_shape_pair
 
         model = str(ensure_shape_pair(Path(args.work), args.device, args.shape)[0])
     rows = [int(k) for k in args.rows.split(",")]
@@ -85,7 +85,7 @@ def main() -> None:
         dev = torch.cuda.get_device_name() if r.dev.type == "cuda" else "cpu"
         with open(args.out, "w") as f:
             json.dump({"device": dev, "torch": torch.__version__, "model": args.model or args.shape,
-                       "command": "python benchmarks/mixed_step.py " + (f"--model {args.model}" if args.model else
+                       "command": "python -m benchmarks.mixed_step " + (f"--model {args.model}" if args.model else
                                                                         f"--shape {args.shape}"),
                        "rows": res}, f, indent=1)
 

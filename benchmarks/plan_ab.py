@@ -4,7 +4,7 @@
 captured afresh, AR and DFlash steps timed as `engine_speed.py` times them (128-token prompt, 512 new
 tokens, synthetic tau 6.5), in rounds so drift shows. A variant overrides the plan of given matmul shapes:
 
-    PYTHONPATH=. python benchmarks/plan_ab.py \\
+    python -m benchmarks.plan_ab \\
         --variant 'o split=1,4096,4096:bn=64,split=2,stages=3+16,4096,4096:bn=64,split=2,stages=3' \\
         --variant 'gate/up 256 deep=1,24576,4096:bk=256+16,24576,4096:bk=256'      # GPU only, ~3 min
 
@@ -18,19 +18,16 @@ import argparse
 import json
 import os
 import statistics
-import sys
 
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [os.path.join(HERE, ".."), HERE]
+from dflash_bench.engine.fast import triton_gemm
+from dflash_bench.engine.fast.draft import FastDrafter
+from dflash_bench.engine.fast.model import FastTarget
+from dflash_bench.engine.fast.runner import FastRunner
 
-from dflash_bench.engine.fast import triton_gemm  # noqa: E402
-from dflash_bench.engine.fast.draft import FastDrafter  # noqa: E402
-from dflash_bench.engine.fast.model import FastTarget  # noqa: E402
-from dflash_bench.engine.fast.runner import FastRunner  # noqa: E402
+from benchmarks.engine_speed import SHAPES, build_pair, prompts, timed
 
-from engine_speed import SHAPES, build_pair, prompts, timed  # noqa: E402
 
 
 def parse_variant(text: str) -> tuple[str, dict]:

@@ -2,7 +2,7 @@
 answer is (fenced in a chat reply) and run against the task's tests in the sandbox. All should pass; a
 failure is a bug in program assembly or a sandbox limit too tight for honest code.
 
-    python benchmarks/quality_sandbox.py --data-dir ../shared/datasets [--workers 2]
+    python -m benchmarks.quality_sandbox --data-dir ../shared/datasets [--workers 2]
 """
 
 from __future__ import annotations

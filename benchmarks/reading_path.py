@@ -10,7 +10,7 @@ server. What is counted is what the harness executes:
   a nested function is not counted twice. Module-level code and class bodies (imports, schema fields) are
   not counted.
 
-    PYTHONPATH=. python benchmarks/reading_path.py --data-dir ../shared/datasets [--json out.json]
+    python -m benchmarks.reading_path --data-dir ../shared/datasets [--json out.json]
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """The harness against real engines on one GPU host: vLLM (the offline bundle) beside the builtin engine.
 
     . .vllm-bundle/setup.sh    # ../shared/tools/vllm-bundle/build.sh .vllm-bundle, carried to the host
-    PYTHONPATH=.:$PYTHONPATH python benchmarks/real_engines.py pair --data-dir DIR --out real_engines.json
-    PYTHONPATH=.:$PYTHONPATH python benchmarks/real_engines.py shape --engines vllm --out real_engines.json
-    PYTHONPATH=.:$PYTHONPATH python benchmarks/real_engines.py shape --engines builtin --out real_engines.json
+    PYTHONPATH=.:$PYTHONPATH python -m benchmarks.real_engines pair --data-dir DIR --out real_engines.json
+    PYTHONPATH=.:$PYTHONPATH python -m benchmarks.real_engines shape --engines vllm --out real_engines.json
+    PYTHONPATH=.:$PYTHONPATH python -m benchmarks.real_engines shape --engines builtin --out real_engines.json
     . .sglang-bundle/setup.sh  # tools/sglang_bundle/build.sh .sglang-bundle; not in the same shell as vLLM's
-    PYTHONPATH=.:$PYTHONPATH python benchmarks/real_engines.py pair --engines sglang --data-dir DIR --out real_engines.json
+    PYTHONPATH=.:$PYTHONPATH python -m benchmarks.real_engines pair --engines sglang --data-dir DIR --out real_engines.json
 
 `pair`: the embedded default pair swept through `dflash-bench sweep` on each engine (vLLM, the builtin
 reference engine, the builtin `--fast` path): GSM8K, HumanEval and MT-Bench at concurrency 1, 8 and 32, token
@@ -36,13 +36,11 @@ from pathlib import Path
 import httpx
 from pydantic import BaseModel, Field
 
-sys.path.insert(0, os.path.dirname(__file__))
+from benchmarks.serve_speed import wait_ready, write_pair
 
-from serve_speed import wait_ready, write_pair  # noqa: E402
-
-from dflash_bench.launch import free_port  # noqa: E402
-from dflash_bench.metrics.cache import HITS, QUERIES  # noqa: E402
-from dflash_bench.store import SweepDir  # noqa: E402
+from dflash_bench.launch import free_port
+from dflash_bench.metrics.cache import HITS, QUERIES
+from dflash_bench.store import SweepDir
 
 SUITES = "gsm8k,humaneval,mt-bench"
 PAIR = Path(__file__).resolve().parents[1] / "dflash_bench" / "assets" / "default_pair"
@@ -191,7 +189,7 @@ def ensure_shape_pair(work: Path, device: str, shape: str) -> tuple[Path, Path]:
         return target, draft
     import torch
 
-    from engine_speed import SHAPES
+    from benchmarks.engine_speed import SHAPES
 
     dev = torch.device(device)
     t = time.monotonic()

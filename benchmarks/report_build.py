@@ -1,6 +1,6 @@
 """How long `dflash-bench report` takes, and how big the page is, on a full-size planted sweep.
 
-    python benchmarks/report_build.py [--suites 7] [--concurrency 1,2,4,8,16,32] [--repeats 3] [--gpus 8]
+    python -m benchmarks.report_build [--suites 7] [--concurrency 1,2,4,8,16,32] [--repeats 3] [--gpus 8]
 
 Builds a sweep folder with planted values (tests/report_sweeps.py: 10 Hz telemetry of every GPU for
 4 s per cell) in a temporary folder, then times build_report on it and prints the sizes.
@@ -9,16 +9,13 @@ Builds a sweep folder with planted values (tests/report_sweeps.py: 10 Hz telemet
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from benchmarks.fixtures.report_sweeps import make_sweep
 
-from report_sweeps import make_sweep  # noqa: E402
-
-from dflash_bench.report import build_report  # noqa: E402
+from dflash_bench.report import build_report
 
 SUITES = ["gsm8k", "math500", "humaneval", "mbpp", "mt-bench", "alpaca", "speed-bench"]
 

@@ -1,6 +1,6 @@
 """Where a served run's host time goes: `serve --fast` under load, sampled by py-spy (issue 20).
 
-    PYTHONPATH=.:$PYTHONPATH python benchmarks/serve_profile.py --py-spy PATH --data-dir DIR --out profile.json
+    PYTHONPATH=.:$PYTHONPATH python -m benchmarks.serve_profile --py-spy PATH --data-dir DIR --out profile.json
 
 Starts `dflash-bench serve --fast` (AR unless `--mode dflash`) for each `--model` (a model folder, or `shape`:
 the Qwen3-8B-shaped random pair `real_engines.py` writes), runs `dflash-bench run` against it (GSM8K,
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import os
 import re
 import signal
 import subprocess
@@ -25,12 +24,10 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(__file__))
+from benchmarks.real_engines import engine_counters, ensure_shape_pair, stop
+from benchmarks.serve_speed import wait_ready
 
-from real_engines import engine_counters, ensure_shape_pair, stop  # noqa: E402
-from serve_speed import wait_ready  # noqa: E402
-
-from dflash_bench.store import SweepDir  # noqa: E402
+from dflash_bench.store import SweepDir
 
 PAIR = Path(__file__).resolve().parents[1] / "dflash_bench" / "assets" / "default_pair" / "target"
 

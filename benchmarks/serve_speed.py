@@ -1,9 +1,9 @@
 """`serve --fast` end to end: the Qwen3-8B-shaped random pair on disk, an AR and a DFlash server (synthetic
 acceptance), and `dflash-bench run` against each, as a user would measure it.
 
-    PYTHONPATH=. python benchmarks/serve_speed.py --data-dir DIR --out F          # GPU, ~5 min
-    PYTHONPATH=. python benchmarks/serve_speed.py --shape tiny --device cpu --data-dir ../shared/datasets
-    PYTHONPATH=. python benchmarks/serve_speed.py --shape pair --device cpu --data-dir ../shared/datasets \
+    python -m benchmarks.serve_speed --data-dir DIR --out F          # GPU, ~5 min
+    python -m benchmarks.serve_speed --shape tiny --device cpu --data-dir ../shared/datasets
+    python -m benchmarks.serve_speed --shape pair --device cpu --data-dir ../shared/datasets \
         --concurrency 1,8,32 --tau 4 --new-tokens 256 --step-ahead on --cut-draft both   # CPU, ~15 min
 
 Each server gets GSM8K prompts at each concurrency (closed loop, 512 new tokens, greedy), with the next step
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -29,11 +28,10 @@ from pathlib import Path
 import httpx
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
-from engine_speed import SHAPES, build_pair  # noqa: E402
+from benchmarks.engine_speed import SHAPES, build_pair
 
-from dflash_bench.engine.drafter import DFlashDrafter, DrafterConfig, save_drafter  # noqa: E402
-from dflash_bench.engine.tiny import make_tokenizer  # noqa: E402
+from dflash_bench.engine.drafter import DFlashDrafter, DrafterConfig, save_drafter
+from dflash_bench.engine.tiny import make_tokenizer
 
 PAIR = Path(__file__).resolve().parents[1] / "dflash_bench" / "assets" / "default_pair"
 

@@ -5,7 +5,7 @@ For a batch-1 AR step and a DFlash step (draft graph + verify graph), at one KV-
 time per step and the number of launches, plus the idle time between kernels (the graphs' launch gaps). The
 kernels DFlash runs that AR does not are listed by name, so a DFlash-only cost can be found.
 
-    PYTHONPATH=. python benchmarks/step_anatomy.py --out anatomy.json   # GPU only, about 40 s
+    python -m benchmarks.step_anatomy --out anatomy.json   # GPU only, about 40 s
 
 It also times the DFlash step with the drafter's context K/V run after the target's layers instead of
 beside them (FastRunner(overlap=False)): the span shows what the second stream saves.
@@ -16,19 +16,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from collections import defaultdict
 
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [os.path.join(HERE, ".."), HERE]
+from dflash_bench.engine.fast.draft import FastDrafter
+from dflash_bench.engine.fast.model import FastTarget
+from dflash_bench.engine.fast.runner import FastRunner
 
-from dflash_bench.engine.fast.draft import FastDrafter  # noqa: E402
-from dflash_bench.engine.fast.model import FastTarget  # noqa: E402
-from dflash_bench.engine.fast.runner import FastRunner  # noqa: E402
+from benchmarks.engine_speed import SHAPES, build_pair, prompts
 
-from engine_speed import SHAPES, build_pair, prompts  # noqa: E402
 
 KINDS = (  # first match wins: substring of the kernel name -> kind
     ("skinny", "matmul"), ("gemm", "matmul"), ("nvjet", "matmul"), ("gemv", "matmul"), ("cutlass", "matmul"),

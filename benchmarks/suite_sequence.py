@@ -5,7 +5,7 @@ chooser's acceptance counts from one suite meet the next one's first cell. This 
 (`closed_loop.py`'s driver, 32 tokens, the demo's prompts): the `--before` suite's cells, then `--suite` at
 concurrency 1, for each `--decay` of the chooser's counts, beside a fresh engine's `--suite` cell and AR's.
 
-    PYTHONPATH=.:$PYTHONPATH python benchmarks/suite_sequence.py --data-dir ../shared/datasets --out F
+    PYTHONPATH=.:$PYTHONPATH python -m benchmarks.suite_sequence --data-dir ../shared/datasets --out F
 """
 
 from __future__ import annotations
@@ -13,12 +13,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(__file__))
-
-from closed_loop import closed_loop, suite_prompts  # noqa: E402
+from benchmarks.closed_loop import closed_loop, suite_prompts
 
 PAIR = Path(__file__).resolve().parents[1] / "dflash_bench" / "assets" / "default_pair"
 

@@ -15,7 +15,7 @@ block is missing from its page, and a results file that is missing are errors (o
 Adding a table is one function and one small entry in TABLES:
 
     Entry("my_table", "docs/results/topic.md", ("my_results.json",),
-          "PYTHONPATH=. python benchmarks/my_bench.py --out benchmarks/results/my_results.json", tr.my_table)
+          "python -m benchmarks.my_bench --out benchmarks/results/my_results.json", tr.my_table)
 
 where `my_table(results)` in benchmarks/table_renderers.py gets the loaded JSON of each source, in order, and
 returns a Table (a header, rows of strings and optional lines printed under it); then put the two markers
@@ -68,45 +68,45 @@ TABLES: list[Entry] = [
     Entry("demo_runs", "docs/results/demo.md", (DEMO,), None, tr.demo_runs),
     Entry("cpu_anatomy", "docs/results/demo.md", ("cpu_anatomy_cpu.json",), None, tr.cpu_anatomy),
     Entry("cpu_step_costs", "docs/results/cpu-fast-path.md", ("cpu_step_cpu.json",),
-          "python benchmarks/cpu_step.py --draft-shapes 1x256,2x768 --out F (its arguments are the file's `args`)", tr.cpu_step_costs),
+          "python -m benchmarks.cpu_step --draft-shapes 1x256,2x768 --out F (its arguments are the file's `args`)", tr.cpu_step_costs),
     Entry("cpu_throughput", "docs/results/cpu-fast-path.md", ("cpu_step_cpu_tput.json", "serve_speed_cpu_pair.json"),
-          "python benchmarks/cpu_step.py --draft-shapes 1x256 --skip-steps --rounds 5 --steps 12 --out F; "
-          "PYTHONPATH=. python benchmarks/serve_speed.py --shape pair --draft-shape 1x256 --device cpu --data-dir DATA "
+          "python -m benchmarks.cpu_step --draft-shapes 1x256 --skip-steps --rounds 5 --steps 12 --out F; "
+          "python -m benchmarks.serve_speed --shape pair --draft-shape 1x256 --device cpu --data-dir DATA "
           "--concurrency 1,8,32 --tau 4 --new-tokens 256 --prompts-per-slot 2 --step-ahead on --cut-draft both --out F",
           tr.cpu_throughput),
     Entry("cpu_drafter_shapes", "docs/results/cpu-fast-path.md", ("cpu_step_cpu_shapes.json",),
-          "python benchmarks/cpu_step.py --draft-shapes 1x256,1x512,1x768,2x256,2x512,2x768 --batches 1 --widths 2,3,4,6,8 "
+          "python -m benchmarks.cpu_step --draft-shapes 1x256,1x512,1x768,2x256,2x512,2x768 --batches 1 --widths 2,3,4,6,8 "
           "--draft cut --skip-throughput --out F", tr.cpu_drafter_shapes),
     Entry("cpu_real_pair", "docs/results/cpu-fast-path.md", ("cpu_step_cpu_real_pair.json",),
-          "python benchmarks/cpu_step.py --real --real-cut --data-dir DATA --batches 1 --draft-shapes 1x512 --skip-throughput --out F",
+          "python -m benchmarks.cpu_step --real --real-cut --data-dir DATA --batches 1 --draft-shapes 1x512 --skip-throughput --out F",
           tr.cpu_real_pair),
     Entry("engines_h100", "docs/results/engines-one-gpu.md", ("real_engines_h100_builtin_vllm.json",),
-          "PYTHONPATH=. python benchmarks/real_engines.py shape --engines builtin,inprocess,vllm --modes ar,dflash "
+          "python -m benchmarks.real_engines shape --engines builtin,inprocess,vllm --modes ar,dflash "
           "--fresh-prompts --data-dir .data", tr.engines_h100),
     Entry("engines_three_h100", "docs/results/engines-one-gpu.md", ("real_engines_h100_three_engines.json",),
-          "PYTHONPATH=. python benchmarks/real_engines.py shape --engines sglang --fresh-prompts --data-dir .data "
+          "python -m benchmarks.real_engines shape --engines sglang --fresh-prompts --data-dir .data "
           "(SGLang's bundle), then the same with --engines builtin,vllm (vLLM's bundle)", tr.engines_three),
     Entry("pair_retrained_h100", "docs/results/engines-one-gpu.md", ("real_engines_h100_pair_retrained.json",),
-          "PYTHONPATH=. python benchmarks/real_engines.py pair --engines vllm,builtin-fast --concurrency 1,8 --data-dir .data",
+          "python -m benchmarks.real_engines pair --engines vllm,builtin-fast --concurrency 1,8 --data-dir .data",
           tr.pair_retrained),
     Entry("gemma4_31b_h100", "docs/results/gemma-4-31b.md", ("gemma4_31b_h100.json",), None, tr.big_shape,
           machine="one NVIDIA H100 80GB HBM3 (nvidia-h100-x1) and two on one host (nvidia-h100-x2), each a fresh machine"),
     Entry("engine_speed", "docs/results/fast-path-gpu.md", ("engine_speed_h100.json", "engine_speed_h200.json"),
-          "PYTHONPATH=. python benchmarks/engine_speed.py --out engine_speed.json --torch-path", tr.engine_speed,
+          "python -m benchmarks.engine_speed --out engine_speed.json --torch-path", tr.engine_speed,
           machine="one NVIDIA H100 80GB HBM3 and one NVIDIA H200, each a fresh machine"),
     Entry("gemm_tuning", "docs/results/fast-path-gpu.md", ("gemm_tuning_h100.json",),
-          "PYTHONPATH=. python benchmarks/gemm_tuning.py --out F", tr.gemm_tuning),
+          "python -m benchmarks.gemm_tuning --out F", tr.gemm_tuning),
     Entry("step_anatomy", "docs/results/fast-path-gpu.md", ("step_anatomy_h100.json",),
-          "PYTHONPATH=. python benchmarks/step_anatomy.py --out step_anatomy.json", tr.step_anatomy),
+          "python -m benchmarks.step_anatomy --out step_anatomy.json", tr.step_anatomy),
     Entry("engine_speed_adaptive", "docs/results/fast-path-gpu.md", ("engine_speed_h100_adaptive.json",),
-          "PYTHONPATH=. python benchmarks/engine_speed.py --out F --soak 300 --hf-tokens 16", tr.engine_speed_adaptive),
+          "python -m benchmarks.engine_speed --out F --soak 300 --hf-tokens 16", tr.engine_speed_adaptive),
     Entry("serve_speed_h100", "docs/results/fast-path-gpu.md", ("serve_speed_h100.json",),
-          "PYTHONPATH=. python benchmarks/serve_speed.py --data-dir DATA", tr.serve_speed_gpu),
+          "python -m benchmarks.serve_speed --data-dir DATA", tr.serve_speed_gpu),
     Entry("acceptance", "docs/results/tiny-pair.md", ("acceptance_cpu_retrained.json",),
-          "python recipes/tiny_pair/acceptance.py --data-dir DATA --num-prompts 32 --max-tokens 32,96", tr.acceptance,
+          "python -m recipes.tiny_pair.acceptance --data-dir DATA --num-prompts 32 --max-tokens 32,96", tr.acceptance,
           machine="a 2-core x86-64 CPU"),
     Entry("zlab_check", "docs/results/tiny-pair.md", ("zlab_check_cpu.json",),
-          "python recipes/tiny_pair/zlab_check.py --zlab DIR --zlab-python PY --data-dir DATA --num-prompts 8", tr.zlab_check,
+          "python -m recipes.tiny_pair.zlab_check --zlab DIR --zlab-python PY --data-dir DATA --num-prompts 8", tr.zlab_check,
           machine="a 2-core x86-64 CPU"),
 ]
 

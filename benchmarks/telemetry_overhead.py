@@ -1,6 +1,6 @@
 """Telemetry on a real GPU: the sampler's own CPU cost, and whether its energy numbers hold.
 
-    PYTHONPATH=. python benchmarks/telemetry_overhead.py --out results/ [--idle-s 20] [--load-s 20]
+    python -m benchmarks.telemetry_overhead --out results/ [--idle-s 20] [--load-s 20]
 
 1. Overhead: the sampler runs at 10 Hz (and --rates) on an idle GPU for --idle-s seconds; reported is
    the CPU time of its thread (time.thread_time) per second of wall time and per tick, and the CPU

@@ -6,20 +6,16 @@ each concurrency and each bound on a prefill forward's padded tokens (`scheduler
 cell and splits the wall time into prefill calls (`add_many`, synchronised after), decode steps (`step`) and the
 rest, with the prompts' lengths. Prints one JSON line per cell.
 
-    PYTHONPATH=.:$PYTHONPATH python benchmarks/wave_anatomy.py --model DIR [--draft DIR] --data-dir .data
+    PYTHONPATH=.:$PYTHONPATH python -m benchmarks.wave_anatomy --model DIR [--draft DIR] --data-dir .data
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(__file__))
-
-from closed_loop import build, closed_loop, suite_prompts, workload_args  # noqa: E402
+from benchmarks.closed_loop import build, closed_loop, suite_prompts, workload_args
 
 
 def timed(engine, sync):

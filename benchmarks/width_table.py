@@ -6,7 +6,7 @@ a row commits per step at each width (from the acceptance it measured).
 Where DFlash can pay: a width w pays over the anchor-only step (w = 1, an AR step plus the drafter's context) when
 E[tokens | w] / T(bucket, w) > 1 / T(bucket, 1).
 
-    PYTHONPATH=. python benchmarks/width_table.py --data-dir DATA --concurrency 8,32 --suites gsm8k,mt-bench \
+    python -m benchmarks.width_table --data-dir DATA --concurrency 8,32 --suites gsm8k,mt-bench \
         --out width_table.json
 """
 
@@ -14,13 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(__file__))
-
-from closed_loop import closed_loop, suite_prompts  # noqa: E402
+from benchmarks.closed_loop import closed_loop, suite_prompts
 
 PAIR = "dflash_bench/assets/default_pair"
 
@@ -63,7 +59,7 @@ def main() -> None:
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"device": args.device, "torch": torch.__version__, "threads": torch.get_num_threads(),
-                       "pair": args.pair, "command": "python benchmarks/width_table.py --data-dir DATA "
+                       "pair": args.pair, "command": "python -m benchmarks.width_table --data-dir DATA "
                        f"--suites {args.suites} --concurrency {args.concurrency} --rounds {args.rounds}",
                        "rows": rows}, f, indent=1)
 

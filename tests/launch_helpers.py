@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import tarfile
 import time
 from pathlib import Path
 
@@ -117,28 +116,3 @@ def wait_until(cond, timeout: float = 10.0) -> bool:
             return True
         time.sleep(0.05)
     return cond()
-
-
-def skeleton_tar(path: Path) -> Path:
-    """A root file system with empty usr, root, tmp, etc and sbin folders and the bin/lib links, to `docker import`."""
-    with tarfile.open(path, "w") as tar:
-        # sbin is a real folder (not a link into the mounted /usr) so docker-init can be mounted there.
-        for name in ("usr", "root", "tmp", "etc", "proc", "sys", "dev", "sbin"):
-            info = tarfile.TarInfo(name)
-            info.type, info.mode = tarfile.DIRTYPE, 0o1777 if name == "tmp" else 0o755
-            tar.addfile(info)
-        for name in ("bin", "lib", "lib64"):
-            info = tarfile.TarInfo(name)
-            info.type, info.linkname = tarfile.SYMTYPE, f"usr/{name}"
-            tar.addfile(info)
-    return path
-
-
-def host_python_mounts() -> list[tuple[str, str, str]]:
-    """Read-only mounts that let the host's Python and this repo run inside a skeleton container."""
-    paths = [Path("/usr"), Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve(), REPO]
-    keep: list[Path] = []
-    for p in sorted(set(paths), key=lambda p: len(p.parts)):
-        if not any(p == k or k in p.parents for k in keep):
-            keep.append(p)
-    return [(str(p), str(p), "ro") for p in keep]

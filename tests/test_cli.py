@@ -42,7 +42,7 @@ def test_a_port_out_of_range_is_refused_before_anything_binds():
 
 def test_an_output_path_that_cannot_be_written_is_one_line_and_exit_2(tmp_path):
     """The gate's exit 1 means regression: an unwritable --junit must not exit 1 through a traceback."""
-    from report_sweeps import make_sweep
+    from benchmarks.fixtures.report_sweeps import make_sweep
 
     sweep = make_sweep(tmp_path / "s")
     blocked = tmp_path / "file"

@@ -14,7 +14,7 @@ from dflash_bench.client.loadgen import arrival_offsets
 from dflash_bench.client.protocol import RequestSettings, build_body
 from dflash_bench.emulator import Emulator, EmulatorConfig, EmulatorProcess
 from dflash_bench.store import SweepDir
-from test_run import P, prompts
+from benchmarks.fixtures.emulator_truth import P, prompts
 
 
 def cell(tmp_path: Path, name: str = "c") -> Path:
@@ -289,7 +289,7 @@ def test_raw_transport_for_https_is_a_user_error(tmp_path: Path):
 
 @pytest.mark.parametrize("transport", ["raw", "aiohttp", "httpx"])
 def test_itl_is_derived_from_chunks_when_the_server_sends_no_per_chunk_usage(tmp_path: Path, transport: str):
-    from bad_servers import BadServer
+    from benchmarks.fixtures.bad_servers import BadServer
 
     with BadServer("plain", tokens=6) as srv:
         s = measure_cell(srv.url, prompts(3), concurrency=1, cell_dir=cell(tmp_path), warmup=False, transport=transport)
@@ -319,7 +319,7 @@ def test_usage_per_chunk_is_kept_as_reported(tmp_path: Path):
 
 
 def test_a_dflash_cell_without_acceptance_source_is_flagged(tmp_path: Path):
-    from bad_servers import BadServer
+    from benchmarks.fixtures.bad_servers import BadServer
 
     with BadServer("plain") as srv:
         s = measure_cell(srv.url, prompts(2), concurrency=1, cell_dir=cell(tmp_path), mode="dflash", warmup=False)
@@ -362,7 +362,7 @@ def test_connect_time_is_kept_out_of_ttft(tmp_path: Path, transport: str):
 
 
 def test_models_request_obeys_the_timeout(tmp_path: Path):
-    from bad_servers import BadServer
+    from benchmarks.fixtures.bad_servers import BadServer
 
     from dflash_bench.errors import UserError
 
@@ -390,7 +390,7 @@ def test_a_request_aborted_inside_its_stream_fails_with_the_servers_reason(tmp_p
     """SGLang 0.5.16's DFLASH answered `return_logprob` with a 200 stream whose one event says finish_reason
     abort (status 400): measured on an H100, the harness had counted those requests as complete. vLLM ends an
     aborted request with finish_reason "abort" on its OpenAI routes."""
-    from bad_servers import BadServer
+    from benchmarks.fixtures.bad_servers import BadServer
 
     with BadServer("abort") as srv:
         s = measure_cell(srv.url, prompts(3), concurrency=1, cell_dir=cell(tmp_path), api=api,

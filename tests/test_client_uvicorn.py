@@ -17,7 +17,7 @@ pytest.importorskip("uvicorn")
 
 from dflash_bench.client import measure_cell  # noqa: E402
 from dflash_bench.store import SweepDir  # noqa: E402
-from test_run import prompts  # noqa: E402
+from benchmarks.fixtures.emulator_truth import prompts  # noqa: E402
 
 TOKENS = 6
 

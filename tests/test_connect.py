@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from bad_servers import BadServer
+from benchmarks.fixtures.bad_servers import BadServer
 from dflash_bench.client.loadgen import LoadGenerator, LoadSettings
 from dflash_bench.client.protocol import RequestSettings
 from dflash_bench.client.rawhttp import RawTransport

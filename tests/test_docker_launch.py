@@ -17,7 +17,8 @@ import httpx
 import pytest
 
 from dflash_bench.launch import DockerOptions, ServerDied, free_port, launch_command
-from launch_helpers import host_python_mounts, server_argv, skeleton_tar, start_harness, stop_harness, wait_until
+from benchmarks.fixtures.docker_image import host_python_mounts, skeleton_tar
+from launch_helpers import server_argv, start_harness, stop_harness, wait_until
 from services import service_missing
 
 pytestmark = pytest.mark.docker

@@ -13,7 +13,7 @@ import pytest
 from dflash_bench.client import measure_cell
 from dflash_bench.emulator import Emulator, EmulatorConfig, EmulatorProcess
 from dflash_bench.metrics import prometheus
-from test_run import prompts
+from benchmarks.fixtures.emulator_truth import prompts
 
 
 def sse(client: httpx.Client, path: str, body: dict) -> list:

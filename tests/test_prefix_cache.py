@@ -12,7 +12,7 @@ from dflash_bench.client.protocol import Stream
 from dflash_bench.emulator import EmulatorProcess
 from dflash_bench.metrics.cache import prefix_cache
 from dflash_bench.store import RequestRecord
-from test_run import P
+from benchmarks.fixtures.emulator_truth import P
 
 BODY = "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. " * 3
 

@@ -13,15 +13,15 @@ import pytest
 pytest.importorskip("transformers")
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
-RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "tiny_pair"
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_the_recipe_trains_a_pair_the_engine_serves(tmp_path, data_dir):
     out = tmp_path / "pair"
-    cmd = [sys.executable, str(RECIPE / "train.py"), "--data-dir", str(data_dir), "--scale", "toy", "--device", "cpu",
+    cmd = [sys.executable, "-m", "recipes.tiny_pair.train", "--data-dir", str(data_dir), "--scale", "toy", "--device", "cpu",
            "--out", str(out), "--target-epochs", "1", "--sample-prompts", "24", "--max-new", "12",
            "--drafter", "a:1:64:1,2", "--drafter", "b:2:64:1,2"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     record = json.loads((out / "recipe.json").read_text())
     assert record["data"]["held_out_per_suite"] == 64 and record["samples"]["responses"] == 24

@@ -8,7 +8,7 @@ import sys
 from html.parser import HTMLParser
 
 import pytest
-from report_sweeps import XSS, make_sweep
+from benchmarks.fixtures.report_sweeps import XSS, make_sweep
 
 from dflash_bench import analysis
 from dflash_bench.errors import UserError

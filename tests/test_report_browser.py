@@ -12,7 +12,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from report_sweeps import XSS, make_sweep
+from benchmarks.fixtures.report_sweeps import XSS, make_sweep
 from services import service_missing
 
 from dflash_bench.report import build_report

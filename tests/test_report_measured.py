@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from report_sweeps import make_sweep
+from benchmarks.fixtures.report_sweeps import make_sweep
 
 from dflash_bench.report import build_report, figures
 from dflash_bench.report.tables import load

@@ -9,53 +9,19 @@ measures that, with the tolerances this file used to assert.
 
 from __future__ import annotations
 
-import heapq
 import json
 import subprocess
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import pytest
 
+from benchmarks.fixtures.emulator_truth import prompts, truth
 from dflash_bench.client import measure_cell
 from dflash_bench.emulator import Emulator, EmulatorConfig, EmulatorProcess
 from dflash_bench.store import SweepDir
 
-
-
-@dataclass
-class P:
-    id: str
-    turns: list[str]
-    suite: str = "synthetic"
-    category: str | None = None
-    reference: str | None = None
-    meta: dict = field(default_factory=dict)
-
-
-def prompts(n: int, tag: str = "q") -> list[P]:
-    return [P(f"synthetic/{tag}{i}", [f"{tag} question number {i}: what is {i} + {i}?"]) for i in range(n)]
-
-
-def truth(cfg: EmulatorConfig, ps: list[P], concurrency: int, max_tokens: int) -> dict:
-    """What an exact harness would report, from the emulator's own plans and a closed-loop schedule."""
-    em = Emulator(cfg)
-    plans = [em.plan(p.turns[0], max_tokens) for p in ps]
-    durations = [(cfg.ttft_ms + len(pl.steps) * cfg.itl_ms) / 1000 for pl in plans]
-    free = [0.0] * min(concurrency, len(ps))  # each worker takes the next prompt when it is free
-    heapq.heapify(free)
-    end = 0.0
-    for d in durations:
-        t = heapq.heappop(free) + d
-        end = max(end, t)
-        heapq.heappush(free, t)
-    tokens = sum(len(pl.ids) for pl in plans)
-    tpots = [len(pl.steps) * cfg.itl_ms / (len(pl.ids) - 1) for pl in plans if len(pl.ids) > 1]
-    steps = [k for pl in plans for k in pl.steps]
-    return {"throughput": tokens / end, "tpot": sum(tpots) / len(tpots), "tokens": tokens,
-            "tau": sum(steps) / len(steps) if steps else None}
 
 
 @pytest.mark.slow
@@ -183,7 +149,7 @@ def test_run_exits_non_zero_when_every_request_failed(tmp_path: Path, data_dir: 
 
 
 def test_run_against_a_server_that_never_answers_obeys_timeout_and_leaves_nothing(tmp_path: Path, data_dir: Path):
-    from bad_servers import BadServer
+    from benchmarks.fixtures.bad_servers import BadServer
 
     with BadServer("hang") as srv:
         res = subprocess.run(run_argv(srv.url, tmp_path / "out", data_dir, "--timeout", "1"),
@@ -194,7 +160,7 @@ def test_run_against_a_server_that_never_answers_obeys_timeout_and_leaves_nothin
 
 
 def test_run_labelled_dflash_without_speculation_says_so_loudly(tmp_path: Path, data_dir: Path):
-    from bad_servers import BadServer
+    from benchmarks.fixtures.bad_servers import BadServer
 
     with BadServer("plain") as srv:
         res = subprocess.run(run_argv(srv.url, tmp_path, data_dir, "--label", "dflash", "--name", "s"),

@@ -213,7 +213,7 @@ def test_job_script_asks_for_the_servers_gpus_and_runs_the_hidden_job_command(tm
 
 
 def test_report_sets_cells_of_each_gpu_type_side_by_side(tmp_path):
-    from report_sweeps import make_sweep
+    from benchmarks.fixtures.report_sweeps import make_sweep
 
     from dflash_bench.report import tables
     from dflash_bench.store import SweepDir
@@ -239,7 +239,7 @@ def test_report_sets_cells_of_each_gpu_type_side_by_side(tmp_path):
 
 def test_local_resume_is_refused_while_a_job_of_the_sweep_runs(slurm_cluster, tmp_path):
     """A plain --resume would measure the cells a queued or running job is measuring: one sentence instead."""
-    from report_sweeps import make_sweep
+    from benchmarks.fixtures.report_sweeps import make_sweep
 
     from dflash_bench.sweep.slurm import SlurmJob, write_job
 

@@ -1,6 +1,6 @@
 """Tau of one or more drafters on the prompts `dflash-bench demo` sends (held out of the pair's training).
 
-    python recipes/tiny_pair/acceptance.py --pair OUT --drafters OUT/drafters/a,OUT/drafters/b --data-dir DATA \
+    python -m recipes.tiny_pair.acceptance --pair OUT --drafters OUT/drafters/a,OUT/drafters/b --data-dir DATA \
         --device cuda --json tau.json
 
 Per suite, the first turns of the first `--num-prompts` prompts of the seed-0 order (the demo sends the first
@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 SUITES = "gsm8k,math500,humaneval,mbpp,mt-bench,spec-bench"
 
 

@@ -1,7 +1,7 @@
 """Measure the tiny pair with the builtin engine: tau per suite, AR and DFlash throughput, greedy parity.
 
-    python recipes/tiny_pair/measure.py --data-dir ../shared/datasets               # suites, CPU
-    python recipes/tiny_pair/measure.py --prompts-file prompts.jsonl --device cuda  # pre-rendered prompts
+    python -m recipes.tiny_pair.measure --data-dir ../shared/datasets               # suites, CPU
+    python -m recipes.tiny_pair.measure --prompts-file prompts.jsonl --device cuda  # pre-rendered prompts
 
 Each suite's first-turn prompts are sent one at a time (concurrency 1, greedy, chat template) to an AR engine
 and a DFlash engine over the same target (one warm-up request each, not counted). Throughput = output
@@ -14,12 +14,10 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 SUITES = ["gsm8k", "math500", "humaneval", "mbpp", "mt-bench", "spec-bench"]
 
 

@@ -1,7 +1,7 @@
 """Train the project's tiny target/drafter pair from a fresh clone, offline.
 
-    python recipes/tiny_pair/train.py --data-dir DATA --device cuda                # the committed pair (H100: ~20 min)
-    python recipes/tiny_pair/train.py --data-dir DATA --scale toy --out /tmp/pair  # a few steps on a CPU
+    python -m recipes.tiny_pair.train --data-dir DATA --device cuda                # the committed pair (H100: ~20 min)
+    python -m recipes.tiny_pair.train --data-dir DATA --scale toy --out /tmp/pair  # a few steps on a CPU
 
 1. Text: Python's standard library as chat pairs (docstring -> code, module part -> source, pydoc topic ->
    documentation, and extractive summaries of the documentation), and half of the suites' records that no demo
@@ -30,12 +30,10 @@ import json
 import platform
 import random
 import shutil
-import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
 SCALES = {
     # target: tokenizer size, model shape, steps, seconds; samples: prompts per kind, response length; drafter

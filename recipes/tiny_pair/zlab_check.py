@@ -1,6 +1,6 @@
 """The pair in z-lab's own reference code: does it load, and does it decode what the builtin engine decodes?
 
-    python recipes/tiny_pair/zlab_check.py --zlab DIR --zlab-python PY --data-dir DATA [--json zlab.json]
+    python -m recipes.tiny_pair.zlab_check --zlab DIR --zlab-python PY --data-dir DATA [--json zlab.json]
 
 DIR is a checkout of github.com/z-lab/dflash (its `dflash/model.py`); PY a Python with the transformers it pins
 (4.57.1: its cache calls changed meaning in 5.x) and torch, e.g. `python3 -m venv Z && Z/bin/pip install
@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from acceptance import ROOT, SUITES, encode  # this script's folder is on sys.path
+from recipes.tiny_pair.acceptance import ROOT, SUITES, encode
 
 PAIR = ROOT / "dflash_bench" / "assets" / "default_pair"
 
@@ -36,8 +37,7 @@ def zlab_side(zlab: str, pair: Path, prompts_in: Path, out: Path, max_tokens: in
     import transformers
     from transformers import AutoModelForCausalLM
 
-    sys.path.insert(0, zlab)
-    import dflash.model as zmodel  # z-lab's reference
+    import dflash.model as zmodel  # z-lab's reference (its checkout is on PYTHONPATH: see main)
 
     zmodel._cuda_time = time.perf_counter  # its stats are timed with CUDA syncs; this runs on the CPU
     target = AutoModelForCausalLM.from_pretrained(pair / "target", torch_dtype=torch.float32).eval()
@@ -85,8 +85,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         pin, zout = Path(tmp) / "prompts.json", Path(tmp) / "zlab.json"
         pin.write_text(json.dumps(prompts))
-        subprocess.run([a.zlab_python, __file__, "--zlab", a.zlab, "--pair", str(pair), "--max-tokens",
-                        str(a.max_tokens), "--zlab-side", str(pin), str(zout)], check=True)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([a.zlab, str(ROOT)])}
+        subprocess.run([a.zlab_python, "-m", "recipes.tiny_pair.zlab_check", "--zlab", a.zlab, "--pair", str(pair),
+                        "--max-tokens", str(a.max_tokens), "--zlab-side", str(pin), str(zout)], check=True, env=env, cwd=ROOT)
         zside = json.loads(zout.read_text())
     theirs = zside["suites"]
     sp = SamplingParams(max_tokens=a.max_tokens, ignore_eos=True)
