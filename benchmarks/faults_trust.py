@@ -84,3 +84,84 @@ def _port() -> int:
     from dflash_bench.launch import free_port
 
     return free_port()
+
+
+# ---------------------------------------------------------------- item 1: the server measured is the one launched
+
+
+def _emulate(port: int, *extra: str) -> subprocess.Popen:
+    proc = subprocess.Popen([*PY, "emulate", "--model", "emulated", "--port", str(port), *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    assert proc.stdout is not None and "listening on" in proc.stdout.readline()
+    return proc
+
+
+@case
+def foreign_server_on_port(tmp: Path, data: Path) -> Row:
+    out = tmp / "out"
+    argv = sweep_argv(out, data)
+    port = int(argv[argv.index("--port") + 1])
+    foreign = _emulate(port)
+    try:
+        proc, dt = sh(argv)
+    finally:
+        foreign.kill()
+        foreign.wait()
+    said = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
+    named = bool(said) and f"already in use by pid {foreign.pid}" in said[0]
+    return Row("a foreign server already on --port", "refused in one sentence naming it, nothing measured",
+               f"exit {proc.returncode}: {(said or ['-'])[0][7:110]}", dt, left_behind(out),
+               proc.returncode == 2 and len(said) == 1 and named and not folders(out))
+
+
+@case
+def two_sweeps_one_port(tmp: Path, data: Path) -> Row:
+    import json
+    import time
+
+    first = sweep_argv(tmp / "one", data, "--engine-arg=--itl-ms=40", n=8)
+    port = first[first.index("--port") + 1]
+    one = subprocess.Popen(first, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not any(c["status"] == "running" for f in folders(tmp / "one")
+                  for c in json.loads((f / "manifest.json").read_text())["plan"]):
+        if time.monotonic() > deadline or one.poll() is not None:
+            break
+        time.sleep(0.05)
+    second = sweep_argv(tmp / "two", data)
+    second[second.index("--port") + 1] = port
+    two, dt = sh(second)
+    one.wait(240)
+    clean = []
+    for folder in folders(tmp / "one") + folders(tmp / "two"):
+        for cid, s in summaries(folder).items():
+            if s["status"] == "complete":
+                delta = json.loads((folder / "cells" / cid / "server_metrics.json").read_text())["delta"]
+                clean.append(delta.get("vllm:request_success_total") == s["num_requests"])
+            else:
+                clean.append("already in use" in (s["failure_reason"] or ""))
+    said = [ln for ln in two.stderr.splitlines() if ln.startswith("error: ")]
+    return Row("two sweeps, different --out, same --port, at once", "the second refused; no cell counts the other's "
+               "requests", f"sweep 1 exit {one.returncode}; sweep 2 exit {two.returncode}: {(said or ['-'])[0][7:80]}; "
+               f"{sum(clean)}/{len(clean)} cells clean", dt, left_behind(tmp / "one"),
+               one.returncode == 0 and two.returncode == 2 and bool(clean) and all(clean))
+
+
+# ---------------------------------------------------------------- item 4: the watchdog
+
+
+@case
+def server_dies_twice(tmp: Path, data: Path) -> Row:
+    import json
+
+    out = tmp / "out"
+    proc, _ = sh(sweep_argv(out, data, "--engine-arg=--crash-after-requests=10", n=5, conc="1,2,3,4,5"), timeout=600)
+    (folder,) = folders(out)
+    s = summaries(folder)
+    servers = json.loads((folder / "manifest.json").read_text())["servers"]
+    seen = {mode: "".join("o" if s[f"emulator-{mode}-gsm8k-c{c}"]["status"] == "complete" else "x"
+                          for c in range(1, 6)) for mode in ("ar", "dflash")}
+    launches = {mode: sum(k.startswith(f"emulator-{mode}") for k in servers) for mode in ("ar", "dflash")}
+    return Row("server exits after every 10 requests (5 cells a server)", "relaunched once after its failed cell; "
+               "the 2nd death fails the rest", f"cells (o=complete): {seen}; launches: {launches}; exit {proc.returncode}",
+               None, left_behind(out), seen == {"ar": "oxoxx", "dflash": "oxoxx"} and launches == {"ar": 2, "dflash": 2})

@@ -62,6 +62,7 @@ def run(
     transport: str = typer.Option("auto", "--transport", help="HTTP client of the streaming loop: auto (raw for http://, aiohttp for https://), raw, aiohttp or httpx."),
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="With --api generate: render this model's chat template (Hugging Face id or folder) before sending."),
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Send ignore_eos: every request generates --max-tokens tokens (compare engines on equal output lengths)."),
+    expect_model: Optional[str] = typer.Option(None, "--expect-model", help="Model id the server must list on /v1/models (refused otherwise)."),
 ) -> None:
     """Measure one running server on one suite at one concurrency and write it as a cell of a sweep folder."""
     from dflash_bench.client.loadgen import LoadSettings
@@ -74,7 +75,7 @@ def run(
     load = LoadSettings(concurrency=concurrency, request_rate=request_rate, warmup=warmup, timeout=timeout, seed=seed,
                         transport=transport)
     _, summary = run_one(url, suite, request, load, label=label, engine=engine, out=out, name=name, data_dir=data_dir,
-                         num_prompts=num_prompts)
+                         num_prompts=num_prompts, expect_model=expect_model)
     if summary.status == "failed":  # as `sweep` does: a failed cell is a failed run
         raise typer.Exit(1)
 
@@ -150,6 +151,7 @@ def sweep(
     engine_arg: Optional[list[str]] = typer.Option(None, "--engine-arg", help="Extra server argument, passed through (repeatable)."),
     url_ar: Optional[str] = typer.Option(None, "--url-ar", help="Measure this running AR server instead of launching one."),
     url_dflash: Optional[str] = typer.Option(None, "--url-dflash", help="Measure this running DFlash server instead of launching one."),
+    expect_model: Optional[str] = typer.Option(None, "--expect-model", help="Model id every server must list on /v1/models (checked at launch or at --url-*, refused otherwise)."),
     temperature: Optional[float] = typer.Option(None, "--temperature", min=0.0, help="Sampling temperature (default 0)."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the prompt sampling (default 0)."),
     thinking: Optional[str] = typer.Option(None, "--thinking", help="Chat-template thinking: on, off, or both (every cell twice, a paired comparison); default: the pair's."),
@@ -180,7 +182,7 @@ def sweep(
         "concurrency": parse_list(concurrency, int), "num_prompts": num_prompts, "max_tokens": max_tokens,
         "repeats": repeats, "paired": paired, "gpu": gpu, "runner": runner, "port": port, "engine_args": engine_arg or None, "url_ar": url_ar,
         "tensor_parallel": tensor_parallel_size,
-        "url_dflash": url_dflash, "temperature": temperature, "seed": seed,
+        "url_dflash": url_dflash, "expect_model": expect_model, "temperature": temperature, "seed": seed,
         **thinking_options(thinking, no_thinking),
         "save_token_ids": save_token_ids, "engine_options": {"drafter": drafter} if drafter else None, "slo": slo,
         "input_lens": parse_input_lens(input_len) if input_len is not None else None,

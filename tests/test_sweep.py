@@ -258,7 +258,9 @@ def test_sweep_measures_servers_the_user_runs(tmp_path, data_dir):
     assert set(rows) == {"vllm-ar-gsm8k-c2", "vllm-dflash-gsm8k-c2"}
     assert float(rows["vllm-dflash-gsm8k-c2"]["acceptance_length"]) == pytest.approx(4.0, rel=0.2)
     manifest = json.loads((folder / "manifest.json").read_text())
-    assert manifest["servers"]["vllm-dflash"] == {"runner": "external", "url": df.url}
+    record = manifest["servers"]["vllm-dflash"]
+    assert set(record) == {"runner", "url", "identity"} and (record["runner"], record["url"]) == ("external", df.url)
+    assert record["identity"]["model"] == "emulator"  # what answered there, checked at every cell
 
 
 def test_secret_engine_args_are_refused_before_anything_is_written(tmp_path, data_dir):

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 def run_one(url: str, suite: str, request: RequestSettings, load: LoadSettings, *, label: str, engine: str, out: Path,
             name: str | None = None, data_dir: Path | None = None, num_prompts: int | None = None,
-            quiet: bool = False) -> tuple[Path, CellSummary]:
+            quiet: bool = False, expect_model: str | None = None) -> tuple[Path, CellSummary]:
     """Load the prompts (`load.seed` picks them), measure the cell into `<out>/<name>/cells/<cell-id>/`, print a
     summary.
 
@@ -34,6 +34,9 @@ def run_one(url: str, suite: str, request: RequestSettings, load: LoadSettings, 
     api, concurrency = request.api, load.concurrency
     _check_options(url, label, engine, api, load.transport)
     _probe(url, load.timeout)
+    from dflash_bench.launch.identity import changed, verify_external
+
+    identity = verify_external(url, expect_model)  # --expect-model refused before anything is written
     if not quiet and (note := acceptance_note(engine, label, api)):
         from rich.console import Console
         from rich.markup import escape
@@ -57,7 +60,10 @@ def run_one(url: str, suite: str, request: RequestSettings, load: LoadSettings, 
                 manifest.status = "failed" if isinstance(err, UserError) else "interrupted"
                 sweep.write_manifest(manifest)
             raise
-        summary = summarize_cell(m, cell_id=cid, engine=engine, mode=label, suite=suite, concurrency=concurrency)
+        why = changed(identity, url)  # another server answering now (restarted, or another model) fails the cell
+        summary = summarize_cell(m, cell_id=cid, engine=engine, mode=label, suite=suite, concurrency=concurrency,
+                                 failure=f"server identity changed mid-cell: {why}" if why else None)
+        summary.server_identity = identity.summary()
         write_cell(sweep, summary, m)
         plan.status, plan.reason = summary.status, summary.failure_reason
         manifest.status = "complete" if all(c.status == "complete" for c in manifest.plan) else "failed"

@@ -187,6 +187,8 @@ class Emulator:
         counter("vllm:prompt_tokens", c.prompt_tokens, "Number of prefill tokens processed.")
         counter("vllm:generation_tokens", c.generation_tokens, "Number of generation tokens processed.")
         counter("vllm:request_success", c.requests_ok, "Count of successfully processed requests.", ',finished_reason="stop"')
+        out.append("# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.")
+        out.append(f"# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds {self.created}")
         out.append("# HELP vllm:num_requests_running Number of requests in model execution batches.")
         out.append(f"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{{lab}}} {float(c.running)}")
         if self.cfg.prefix_cache:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from dflash_bench.engine.loop import EngineLoop
@@ -70,4 +70,5 @@ class EngineCollector:
 def render(loop: EngineLoop, model_name: str) -> bytes:
     reg = CollectorRegistry()
     reg.register(EngineCollector(loop, model_name))
+    ProcessCollector(registry=reg)  # process_start_time_seconds, as vLLM's and SGLang's: who answers (launch/identity.py)
     return generate_latest(reg)

@@ -20,6 +20,7 @@ from typing import Iterator, Sequence
 from dflash_bench.errors import UserError
 from dflash_bench.launch.common import ServerDied, ServerInfo, ServerNotReady, Server, Terminated, free_port, sigterm_unwinds
 from dflash_bench.launch.docker import DockerOptions
+from dflash_bench.launch.identity import check_port_free, verify_launched
 from dflash_bench.models import ModelPair
 from dflash_bench.profiles.base import check_mode as profile_mode, check_preset
 
@@ -55,9 +56,11 @@ def launch_command(
     server: Server | None = None
     with sigterm_unwinds():
         try:
+            check_port_free(port)  # a server already there would answer as ours
             server = _make(runner, list(argv), env, info, name, port, docker, sweep_id, engine, mode)
             server.start()
             server.wait_ready(ready_path, ready_timeout)
+            server.info.identity = verify_launched(server, port)  # the one answering is the one started
             if watchdog:
                 server.start_watchdog()
             yield server

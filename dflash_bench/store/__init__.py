@@ -26,7 +26,7 @@ from dflash_bench.store.folder import (
     atomic_write_json, atomic_write_text, read_json_model, read_text,
 )
 from dflash_bench.store.manifest import (
-    CellPlan, GpuInfo, Hardware, HostInfo, Manifest, ModelRevision, Models, ServerRecord, SweepSettings,
+    CellPlan, GpuInfo, Hardware, HostInfo, Manifest, ModelRevision, Models, ServerIdentity, ServerRecord, SweepSettings,
 )
 from dflash_bench.store.results import RESULTS_COLUMNS, ResultsRow, read_results_csv, results_row
 from dflash_bench.store.timestamps import now_iso
@@ -36,5 +36,5 @@ __all__ = [
     "Mode", "PairedDiff", "RequestRecord", "ServerMetrics", "Stat", "cell_id", "MANIFEST", "REQUESTS", "RESULTS",
     "SERVER_METRICS", "SUMMARY", "TELEMETRY", "StoreError", "SweepDir", "atomic_write_bytes", "atomic_write_json",
     "atomic_write_text", "read_json_model", "read_text", "CellPlan", "GpuInfo", "Hardware", "HostInfo", "Manifest", "ModelRevision", "Models",
-    "ServerRecord", "SweepSettings", "RESULTS_COLUMNS", "ResultsRow", "read_results_csv", "results_row", "now_iso",
+    "ServerIdentity", "ServerRecord", "SweepSettings", "RESULTS_COLUMNS", "ResultsRow", "read_results_csv", "results_row", "now_iso",
 ]

@@ -308,6 +308,8 @@ class CellSummary(CellKey):
     not_measured: dict[str, str] = Field(default_factory=dict)
     # a DFlash cell that shows no sign of speculation (no acceptance source, or tau ~ 1): the silent fallback to AR
     dflash_warning: str | None = None
+    # what was checked that the server measured is the one launched, "; "-joined (ServerIdentity.summary)
+    server_identity: str | None = None
 
     telemetry: str | None = None  # "on" or why it is off
     energy_j: float | None = None

@@ -46,9 +46,10 @@ class SweepSettings(BaseModel):
     min_cell_seconds: float = 0.0
     tensor_parallel: int | None = None  # --tensor-parallel-size: GPUs per launched server (None: the flags' or one)
     context_len: int | None = None  # the context limit derived from the plan for a known GPU (sweep/fit.py)
+    expect_model: str | None = None  # --expect-model: the model id every server must list (launch/identity.py)
 
     # settings that may change between a run and its resume without changing what is measured
-    RESUME_FREE: ClassVar[frozenset[str]] = frozenset({"runner", "port", "url_ar", "url_dflash", "slo"})
+    RESUME_FREE: ClassVar[frozenset[str]] = frozenset({"runner", "port", "url_ar", "url_dflash", "slo", "expect_model"})
 
     def identity(self) -> dict[str, Any]:
         return {k: v for k, v in self.model_dump().items() if k not in self.RESUME_FREE}
@@ -110,6 +111,22 @@ class Models(_Open):
     thinking: bool | None = None
 
 
+class ServerIdentity(BaseModel):
+    """What the harness checked to know the server it measures is the one it launched (launch/identity.py):
+    sentences in `checked`, and what a later check compares (model id, start time, listening pid)."""
+
+    checked: list[str] = Field(default_factory=list)
+    port: int | None = None
+    listener_pid: int | None = None
+    container_id: str | None = None
+    model: str | None = None  # the first id /v1/models listed
+    started: float | None = None  # /metrics process_start_time_seconds (Unix time), where the server has it
+    expected_model: str | None = None  # --expect-model
+
+    def summary(self) -> str:
+        return "; ".join(self.checked)
+
+
 class ServerRecord(_Open):
     """A server a sweep measured: launched (launch.common.ServerInfo, env values never kept) or the user's
     own (runner "external", its URL only). Written without the fields it does not have."""
@@ -128,6 +145,7 @@ class ServerRecord(_Open):
     log_path: str | None = None
     env_names: list[str] = Field(default_factory=list)
     gpus: int | None = None  # GPUs the launched server used (profiles.server_gpus)
+    identity: ServerIdentity | None = None  # what was checked after the launch (None: written before issue 43)
 
     @model_serializer(mode="wrap")
     def _drop_unknown(self, handler: Any) -> dict[str, Any]:

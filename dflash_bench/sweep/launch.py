@@ -1,16 +1,20 @@
 """The launch phase: the servers of one group up (one launch, or with --paired an engine's AR and DFlash
 servers together), the cells they serve handed out while each server is alive, every server torn down.
 
-A server that does not start fails its own cells, one that dies fails its later ones (`Servers.alive`).
+A server that does not start fails its own cells; one that dies is relaunched once, then fails its later ones;
+one whose identity changes (another server answers) fails the cell (`Servers.alive`, launch/identity.py).
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Callable, Iterator
 
 from dflash_bench.errors import UserError
+from dflash_bench.launch.identity import IdentityChanged, changed, expect, verify_external
+from dflash_bench.launch.watchdog import Relaunching
 from dflash_bench.store import CellPlan, Manifest, ServerRecord
 from dflash_bench.sweep.context import SweepContext, reason
 from dflash_bench.sweep.plan import Launch
@@ -22,8 +26,14 @@ class Server:
     """A server cells are measured on: launched by the sweep, or the user's own URL."""
 
     url: str
-    check: Callable[[], None]  # raises UserError once the server has died (launch.Server.check)
+    # raises UserError once the server has died (launch.Server.check), IdentityChanged once another answers
+    check: Callable[[], None]
     info: ServerRecord
+
+    @property
+    def identity(self) -> str | None:
+        """What was checked that this server is the one launched (CellSummary.server_identity)."""
+        return self.info.identity.summary() if self.info.identity else None
 
 
 @dataclass
@@ -33,18 +43,44 @@ class Servers:
     ctx: SweepContext
     cells: list[CellPlan]
     by_mode: dict[str, Server]
+    slots: dict[str, Relaunching[Server]] = field(default_factory=dict)
 
     def alive(self) -> Iterator[tuple[CellPlan, Server]]:
-        """Each cell whose server started, with that server, while it is alive; a cell whose server died
-        between cells fails with the reason instead."""
+        """Each cell whose server started, with that server, while it is alive. A server found dead (the cell
+        it died under is already recorded failed) is relaunched once and its later cells run on the new one;
+        after that, or when another server answers in its place, the cell fails with the reason."""
         for cell in [c for c in self.cells if c.mode in self.by_mode]:
             server = self.by_mode[cell.mode]
             try:
                 server.check()
-            except UserError as err:
-                fail_cell(self.ctx, cell, f"server died: {reason(err, cell.engine)}")
+            except IdentityChanged as err:
+                fail_cell(self.ctx, cell, err.failure)
                 continue
+            except UserError as err:
+                revived = self._relaunch(cell, err)
+                if revived is None:
+                    continue
+                server = revived
             yield cell, server
+
+    def _relaunch(self, cell: CellPlan, died: UserError) -> Server | None:
+        why = reason(died, cell.engine)
+        slot = self.slots.get(cell.mode)
+        try:
+            server = slot.relaunch() if slot is not None else None
+        except UserError as err:
+            fail_cell(self.ctx, cell, f"server died ({why}) and its relaunch did not start: {reason(err, cell.engine)}")
+            return None
+        if server is None:
+            fail_cell(self.ctx, cell, f"server died: {why}")
+            return None
+        key = f"{cell.engine}-{cell.mode}"
+        self.by_mode[cell.mode] = server
+        record_server(self.ctx.manifest, key, server.info)
+        self.ctx.manifest.notes.append(f"{key}: relaunched before {cell.cell_id} after it died ({why}); the cells "
+                                       "from there on ran on the new server")
+        self.ctx.sweep.write_manifest(self.ctx.manifest)
+        return server
 
 
 @contextlib.contextmanager
@@ -58,6 +94,7 @@ def servers_up(ctx: SweepContext, group: list[Launch]) -> Iterator[Servers]:
     try:
         with contextlib.ExitStack() as stack:
             up: dict[str, Server] = {}
+            slots: dict[str, Relaunching[Server]] = {}
             for launch in group:
                 port = ctx.settings.port
                 if len(group) > 1 and launch.mode == "dflash":
@@ -66,7 +103,9 @@ def servers_up(ctx: SweepContext, group: list[Launch]) -> Iterator[Servers]:
                     port = free_port()
                 try:
                     refused(ctx, launch)
-                    up[launch.mode] = stack.enter_context(_server(ctx, launch, port))
+                    slots[launch.mode] = slot = Relaunching(partial(_server, ctx, launch, port))
+                    stack.callback(slot.close)
+                    up[launch.mode] = slot.start()
                 except UserError as err:
                     for cell in launch.cells:
                         fail_cell(ctx, cell, f"server did not start: {reason(err, launch.engine)}")
@@ -75,7 +114,7 @@ def servers_up(ctx: SweepContext, group: list[Launch]) -> Iterator[Servers]:
                 check_same_image(ctx.manifest, launch.engine)
             ctx.sweep.write_manifest(ctx.manifest)
             handed_out = True
-            yield Servers(ctx, cells, up)
+            yield Servers(ctx, cells, up, slots)
     except UserError as err:  # as the servers went down: what is left of these launches fails
         for cell in cells:
             if cell.status not in ("complete", "failed"):
@@ -91,7 +130,8 @@ def _server(ctx: SweepContext, launch: Launch, port: int | None) -> Iterator[Ser
     settings = ctx.settings
     if settings.url_ar:
         url = (settings.url_ar if launch.mode == "ar" else settings.url_dflash) or ""  # plan: both or neither
-        yield Server(url=url, check=lambda: None, info=ServerRecord(runner="external", url=url))
+        info = ServerRecord(runner="external", url=url, identity=verify_external(url, settings.expect_model))
+        yield Server(url=url, check=partial(_same, info, lambda: None), info=info)
         return
     from dflash_bench import profiles
     from dflash_bench.launch import launch_server
@@ -105,7 +145,18 @@ def _server(ctx: SweepContext, launch: Launch, port: int | None) -> Iterator[Ser
                        log_path=ctx.sweep.log_path(launch.engine, launch.mode),
                        port=port) as server:
         gpus_used = profiles.server_gpus(launch.engine, ctx.pair, settings)
-        yield Server(url=server.url, check=server.check, info=server.info.model_copy(update={"gpus": gpus_used}))
+        info = server.info.model_copy(update={"gpus": gpus_used})
+        if info.identity is not None and settings.expect_model:
+            expect(info.identity, server.url, settings.expect_model)
+        yield Server(url=server.url, check=partial(_same, info, server.check), info=info)
+
+
+def _same(info: ServerRecord, alive: Callable[[], None]) -> None:
+    """The server is alive (ServerDied otherwise) and still the one recorded (IdentityChanged otherwise)."""
+    alive()
+    why = changed(info.identity, info.url) if info.identity is not None else None
+    if why:
+        raise IdentityChanged(why)
 
 
 def refused(ctx: SweepContext, launch: Launch) -> None:

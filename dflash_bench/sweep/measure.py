@@ -47,12 +47,13 @@ def measure_cell(ctx: SweepContext, cell: CellPlan, server: Server) -> Measured 
     failure = None
     try:
         server.check()  # a server that died mid-cell fails the cell even if some requests got through
-    except UserError as err:
-        failure = f"server died: {reason(err)}"
+    except UserError as err:  # died, or another server answers now (launch/identity.py's IdentityChanged)
+        failure = getattr(err, "failure", None) or f"server died: {reason(err)}"
     summary = summarize_cell(m, cell_id=cell.cell_id, engine=cell.engine, mode=cell.mode, suite=cell.suite,
                              concurrency=cell.concurrency, repeat=cell.repeat, failure=failure,
                              input_len=cell.input_len, thinking_asked=cell.thinking_asked)
     record_thinking(summary, ctx.pair.target, prompts, thinking)
+    summary.server_identity = server.identity
     return Measured(summary, m)
 
 

@@ -27,12 +27,15 @@ def start_sweep(settings: SweepSettings, *, out: Path, resume: Path | None, data
                         "environment instead (HF_TOKEN, VLLM_API_KEY, ...) so it is never written to the sweep folder")
     pair = resolve_pair(settings)
     early = prompt_loader(settings, data_dir) if resume is None else None  # a missing dataset: before any folder
+    if resume is None:
+        ports_free(settings)
     # a mismatched resume is refused before any dataset is touched; the folder's lock, taken here, is
     # held until everything is written
     sweep, manifest, lock = open_sweep(settings, out, resume, pair, argv)
     try:
         if resume is not None:
             stop_leftovers(manifest.sweep_id)  # only now: the lock says no other run of this sweep is alive
+            ports_free(settings)
         prompts = early or prompt_loader(settings, data_dir)
         progress = SweepProgress(manifest, quiet=quiet)
         telemetry = start_telemetry(manifest, progress, settings, pair)
@@ -41,3 +44,15 @@ def start_sweep(settings: SweepSettings, *, out: Path, resume: Path | None, data
         raise
     return SweepContext(settings, pair, sweep, manifest, prompts, SweepResult(sweep.path), progress,
                         telemetry=telemetry, image=image or settings.image), lock
+
+
+def ports_free(settings: SweepSettings) -> None:
+    """A port another process listens on is refused in one sentence before anything is measured (each launch
+    checks again, and checks that the server answering is the one it started: launch/identity.py)."""
+    if settings.url_ar:
+        return
+    from dflash_bench import profiles
+    from dflash_bench.launch.identity import check_port_free
+
+    for port in sorted({settings.port or profiles.get(e).default_port for e in settings.engines}):
+        check_port_free(port)
