@@ -185,8 +185,7 @@ def test_a_dead_server_is_relaunched_once_and_a_second_death_fails_the_rest(tmp_
         assert status == ["complete", "failed", "complete", "failed", "failed"], (mode, status)
         first, again = m["servers"][f"emulator-{mode}"], m["servers"][f"emulator-{mode} #2"]
         assert first["pid"] != again["pid"] and f"emulator-{mode} #3" not in m["servers"]
-        c2 = s[f"emulator-{mode}-gsm8k-c2"]  # failed under the death: named, or its cut requests counted
-        assert "exited with code 3" in c2["failure_reason"] or c2["num_failed"] > 0
+        assert "exited with code 3" in s[f"emulator-{mode}-gsm8k-c2"]["failure_reason"]  # the death, by its log
         assert s[f"emulator-{mode}-gsm8k-c5"]["failure_reason"].startswith("server died: ")
         assert s[f"emulator-{mode}-gsm8k-c5"]["num_requests"] == 0  # never sent to a dead server
         # c3 ran on the new server: its identity names the new launch's listener

@@ -8,6 +8,7 @@ one whose identity changes (another server answers) fails the cell (`Servers.ali
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Callable, Iterator
@@ -19,6 +20,9 @@ from dflash_bench.store import CellPlan, Manifest, ServerRecord
 from dflash_bench.sweep.context import SweepContext, reason
 from dflash_bench.sweep.plan import Launch
 from dflash_bench.sweep.write import fail_cell
+
+
+DYING_POLLS = 30  # 0.1 s apart: how long a launched server that stopped answering is given to show its exit
 
 
 @dataclass
@@ -155,6 +159,10 @@ def _same(info: ServerRecord, alive: Callable[[], None]) -> None:
     """The server is alive (ServerDied otherwise) and still the one recorded (IdentityChanged otherwise)."""
     alive()
     why = changed(info.identity, info.url) if info.identity is not None else None
+    if why and info.runner != "external":  # a launched server that stopped answering may be exiting: then its
+        for _ in range(DYING_POLLS):       # death, with its log's reason, is what the cell keeps (and relaunches)
+            time.sleep(0.1)
+            alive()
     if why:
         raise IdentityChanged(why)
 
