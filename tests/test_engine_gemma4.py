@@ -38,6 +38,8 @@ def pair(tmp_path_factory):
     model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
     with torch.no_grad():
         model.get_input_embeddings().weight[FAVOURED] *= 3.0
+        for i, layer in enumerate(model.model.layers):  # a real checkpoint's layer scalars are not 1
+            layer.layer_scalar.fill_(0.6 + 0.15 * i)
     model.save_pretrained(target)
     return target, drafter
 
@@ -266,3 +268,48 @@ def test_serve_fast_builds_the_gemma4_engine_and_keeps_only_the_window(pair):
         assert sliding.k[0].shape == (8, 8 + gemma.RING_MARGIN + 1, 2, 16) and full.k[0].shape == (8, 256, 1, 32)
         for bs in (1, 2, 6):
             assert [o for i in range(0, 6, bs) for o in outs(generate(fe, ps[i:i + bs], sp))] == ref
+
+
+@pytest.mark.parametrize("kernels", FAST_PATHS[:2])
+def test_fast_target_logits_equal_transformers(engines, kernels):
+    """The fast target's logits (softcapped, so a dropped cap shows here though greedy tokens cannot see it) for a
+    prompt longer than the window, and then for a step of 3 tokens after it, equal transformers' forward."""
+    from transformers import AutoModelForCausalLM
+
+    from dflash_bench.engine.fast import gemma
+
+    _, df = engines
+    if kernels == "cpu":
+        from dflash_bench.engine.fast import cpu_kernels
+
+        if cpu_kernels.load() is None:
+            pytest.skip("no C compiler builds the CPU kernels")
+    t = gemma.GemmaTarget(df.target.model, max_slots=2, max_len=64, kernels=kernels)
+    hf = AutoModelForCausalLM.from_pretrained(df.target.model.name_or_path, dtype=torch.float64).eval()
+    ids = torch.tensor([prompts(1, seed=5)[0] + [97, 98, 99, 5, 6, 7, 8]])
+    n = ids.shape[1] - 3
+    want = hf(ids).logits[0]
+    got, _ = t.forward(ids[:, :n], torch.tensor([0]), 1, n, slot=torch.tensor([1]), last=torch.tensor([n - 1]),
+                       last_only=True)
+    torch.testing.assert_close(got[0, 0], want[n - 1], rtol=0, atol=1e-3)  # HF norms Gemma 4 in float32
+    step, _ = t.forward(ids[:, n:], torch.tensor([n]), 1, n + 3)
+    torch.testing.assert_close(step[0], want[n:], rtol=0, atol=1e-3)  # HF norms Gemma 4 in float32
+    assert want.abs().max() < 30 and want.abs().max() > 15  # the cap bends the logits here
+
+
+@pytest.mark.parametrize("use", [None, False, True])
+def test_the_drafters_window_is_read_as_zlabs_qwen3config_reads_it(pair, use):
+    """z-lab's drafter class reads its config as a Qwen3Config, which keeps `sliding_window` only with
+    `use_sliding_window`; the sliding layers stay causal either way."""
+    from transformers import Qwen3Config
+
+    from dflash_bench.engine.drafter import DrafterConfig
+
+    d = json.loads((pair[1] / "config.json").read_text())
+    d.pop("use_sliding_window")
+    if use is not None:
+        d["use_sliding_window"] = use
+    c = DrafterConfig.from_dict(d)
+    zlab = Qwen3Config(**{k: v for k, v in d.items() if k not in ("dflash_config", "architectures")})
+    assert c.sliding_window == zlab.sliding_window == (4 if use else None)
+    assert c.layer_mask_kind(0) == (True, zlab.sliding_window) and c.layer_mask_kind(1) == (False, None)
