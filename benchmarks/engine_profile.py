@@ -62,8 +62,8 @@ def main() -> None:
                 prof.disable()
                 dt = time.perf_counter() - t
                 table = None
-            steps = max(s.steps for s in seqs)
-            print(f"== {mode}: {dt * 1000 / steps:.2f} ms per step, {steps} steps")
+            tokens = sum(len(s.out) for s in seqs)  # Seq.steps counts drafting steps only (none in AR): not a step count
+            print(f"== {mode}: {dt * 1000:.1f} ms for {tokens} tokens, {tokens / dt:.1f} tok/s")
             if table is not None:
                 print(table)
             else:

@@ -20,9 +20,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--data-dir", default=os.environ.get("DFLASH_BENCH_DATA"))
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--num-prompts", type=int, default=None, help="N of each suite, drawn in seed-0 order (default: all)")
     args = ap.parse_args()
     for suite in ("humaneval", "mbpp"):
-        prompts = load_prompts(suite, data_dir=args.data_dir)
+        prompts = load_prompts(suite, data_dir=args.data_dir, num_prompts=args.num_prompts)
         programs = []
         for p in prompts:
             reply = f"Here is my solution.\n```python\n{(p.meta['prompt'] if suite == 'humaneval' else '') + p.reference}\n```\n"
