@@ -31,7 +31,7 @@ from dflash_bench.launch import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
-sys.modules.setdefault("faults", sys.modules[__name__])  # one module, run as a script or imported (faults_trust)
+sys.modules.setdefault("benchmarks.faults", sys.modules[__name__])  # one module, run with -m or imported (faults_trust)
 PY = [sys.executable, "-m", "dflash_bench"]
 EMU = ["--engine-arg=--ttft-ms=5", "--engine-arg=--itl-ms=2", "--engine-arg=--acceptance-length=5"]
 
