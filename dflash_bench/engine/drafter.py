@@ -224,11 +224,10 @@ def load_drafter(path: str | Path, *, target_hidden: int, target_layers: int, ta
         raise UserError(f"the drafter's mask_token_id {c.mask_token_id} is outside the target's vocabulary of {target_vocab}")
     if c.block_size < 2:
         raise UserError(f"the drafter's block_size must be at least 2, got {c.block_size}")
-    if dummy:
-        with torch.device(device):
-            model = DFlashDrafter(c).to(dtype)
+    if dummy:  # made and filled on the host, then moved: a float32 copy of it never sits beside the target
+        model = DFlashDrafter(c)
         model.init_random(0)
-        return model.eval()
+        return model.to(device=device, dtype=dtype).eval()
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise UserError(f"no model.safetensors in the drafter folder {str(path)!r}")
