@@ -38,6 +38,11 @@ def suites_show(
     print_prompts(name, num, data_dir, config=config, categories=category)
 
 
+STEADY_HELP = ("A steady stream: keep --concurrency requests in flight, each finished one replaced at once (the prompts "
+               "cycled), and measure a window of this many completions after the ramp-up; the tail is left out.")
+RAMP_HELP = "With --steady-requests: completions before the window opens (default: the concurrency)."
+
+
 @app.command()
 def run(
     url: str = typer.Option(..., "--url", help="Base URL of the running OpenAI-compatible server, e.g. http://127.0.0.1:8000."),
@@ -63,6 +68,8 @@ def run(
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="With --api generate: render this model's chat template (Hugging Face id or folder) before sending."),
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Send ignore_eos: every request generates --max-tokens tokens (compare engines on equal output lengths)."),
     expect_model: Optional[str] = typer.Option(None, "--expect-model", help="Model id the server must list on /v1/models (refused otherwise)."),
+    steady_requests: Optional[int] = typer.Option(None, "--steady-requests", min=1, help=STEADY_HELP),
+    steady_ramp: Optional[int] = typer.Option(None, "--steady-ramp", min=0, help=RAMP_HELP),
 ) -> None:
     """Measure one running server on one suite at one concurrency and write it as a cell of a sweep folder."""
     from dflash_bench.client.loadgen import LoadSettings
@@ -73,7 +80,7 @@ def run(
                               save_token_ids=save_token_ids, enable_thinking=thinking, ignore_eos=ignore_eos,
                               tokenizer=tokenizer)
     load = LoadSettings(concurrency=concurrency, request_rate=request_rate, warmup=warmup, timeout=timeout, seed=seed,
-                        transport=transport)
+                        transport=transport, steady_requests=steady_requests, steady_ramp=steady_ramp)
     _, summary = run_one(url, suite, request, load, label=label, engine=engine, out=out, name=name, data_dir=data_dir,
                          num_prompts=num_prompts, expect_model=expect_model)
     if summary.status == "failed":  # as `sweep` does: a failed cell is a failed run
@@ -159,6 +166,8 @@ def sweep(
     save_token_ids: Optional[bool] = typer.Option(None, "--save-token-ids", help="Keep output token ids for the lossless check."),
     input_len: Optional[str] = typer.Option(None, "--input-len", help="Long-prompt axis: one long-<N> suite per length, prompts of about N tokens of real text with a question at the end, e.g. 1k,4k,16k."),
     slo: Optional[str] = typer.Option(None, "--slo", help="Interactivity target read off at the end: tok/s/user, and optional TTFT/TPOT p90 caps, e.g. 'tok_s_user=30,tpot_p90_ms=40' or just 30 (saved for report and gate)."),
+    steady_requests: Optional[int] = typer.Option(None, "--steady-requests", min=1, help=STEADY_HELP),
+    steady_ramp: Optional[int] = typer.Option(None, "--steady-ramp", min=0, help=RAMP_HELP),
     min_cell_seconds: Optional[float] = typer.Option(None, "--min-cell-seconds", min=0.0, help="Send each cell's prompts again until its measured window lasts this long, so that its GPU energy can be measured (a cell shorter than ~1 s has too few telemetry samples)."),
     out: Path = typer.Option(Path("reports"), "--out", help="Folder that receives the sweep folder."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Sweep folder to finish: complete cells are kept, the rest run."),
@@ -186,7 +195,7 @@ def sweep(
         **thinking_options(thinking, no_thinking),
         "save_token_ids": save_token_ids, "engine_options": {"drafter": drafter} if drafter else None, "slo": slo,
         "input_lens": parse_input_lens(input_len) if input_len is not None else None,
-        "min_cell_seconds": min_cell_seconds,
+        "min_cell_seconds": min_cell_seconds, "steady_requests": steady_requests, "steady_ramp": steady_ramp,
     }
     slurm = {"partition": partition, "account": account, "time": time_limit, "gpus_per_node": gpus_per_node,
              "gpu_type": gpu_type, "sbatch_args": sbatch_arg, "poll_s": poll_s}

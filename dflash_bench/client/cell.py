@@ -55,6 +55,7 @@ async def measure_async(url: str, prompts: Sequence[Prompt], request: RequestSet
     `request.tokenizer` (a Hugging Face id or folder) renders the model's chat template on the client;
     without it the raw prompt text is sent and the settings say so."""
     _check_options(request.api, load.transport, load.concurrency, prompts)
+    check_steady(load)
     try:
         tr = make_transport(load.transport, url, load.concurrency + 2)
     except ValueError as err:  # e.g. the raw transport asked for an https:// URL
@@ -97,7 +98,25 @@ def cell_settings(request: RequestSettings, load: LoadSettings, model: str | Non
                         save_token_ids=request.save_token_ids, enable_thinking=request.enable_thinking,
                         warmup=load.warmup, request_rate=load.request_rate, timeout_s=load.timeout, seed=load.seed,
                         transport=load.transport, num_prompts=num_prompts, ignore_eos=request.ignore_eos,
-                        prompt_rendering=rendering, min_seconds=load.min_seconds or None)
+                        prompt_rendering=rendering, min_seconds=load.min_seconds or None,
+                        steady_requests=load.steady_requests,
+                        steady_ramp=load.ramp if load.steady_requests else None)
+
+
+def check_steady(load: LoadSettings) -> None:
+    """A steady stream's options, or the one sentence on why they cannot be measured."""
+    if load.steady_requests is None:
+        if load.steady_ramp is not None:
+            raise UserError("--steady-ramp needs --steady-requests (the window it comes before)")
+        return
+    if load.steady_requests < 1 or load.ramp < 0:
+        raise UserError("a steady stream needs --steady-requests of at least 1 and a --steady-ramp of 0 or more")
+    if load.request_rate:
+        raise UserError("--steady-requests keeps the concurrency constant (a closed loop); it cannot be combined "
+                        "with --request-rate (Poisson arrivals)")
+    if load.min_seconds:
+        raise UserError("--steady-requests sets the window's length by completions; it cannot be combined with "
+                        "--min-cell-seconds")
 
 
 def _check_options(api: str, transport: str, concurrency: int, prompts: Sequence[Prompt]) -> None:

@@ -1,4 +1,7 @@
-"""The load generator: closed loop (exactly N requests in flight) or Poisson arrivals under a cap.
+"""The load generator: closed loop (exactly N requests in flight) or Poisson arrivals under a cap, or a steady
+stream (`LoadSettings.steady_requests`): N requests kept in flight, each finished one replaced at once, the prompts
+cycled (ids "<id>~2", ...), until the window's last completion; then nothing more is sent and the requests still in
+flight (the tail) finish and are recorded. metrics/definitions.py measures the window between.
 
 A warm-up of N requests (N = concurrency) runs first and is recorded but excluded from every statistic.
 Multi-turn prompts send turn k+1 after the model's own reply to turn k, in the same slot.
@@ -43,6 +46,15 @@ class LoadSettings:
     # the measured window lasts at least this long: the prompts are sent again (ids "<id>~2", "~3", ...) until it
     # does, so that a short cell lasts long enough for its energy to be measured (--min-cell-seconds)
     min_seconds: float = 0.0
+    # a steady stream (--steady-requests): the window holds this many completions, after `steady_ramp` (None: the
+    # concurrency) completions of ramp-up; None: the prompts are sent once as a closed batch
+    steady_requests: int | None = None
+    steady_ramp: int | None = None
+
+    @property
+    def ramp(self) -> int:
+        """Completions before a steady stream's window opens."""
+        return self.concurrency if self.steady_ramp is None else self.steady_ramp
 
 
 @dataclass
@@ -71,6 +83,7 @@ class LoadGenerator:
         self._tokens = 0
         self._total = 0
         self._t_start = self.t0  # reset when the measured window starts (progress tok/s excludes warm-up)
+        self._closed = False  # a steady stream's window has closed: send nothing more
 
     async def one(self, prompt_id: str, turn: int, messages: list[dict], warmup: bool,
                   max_tokens: int | None = None) -> Stream:
@@ -92,6 +105,8 @@ class LoadGenerator:
         self.records.append(self._record(st, prompt_id, turn, warmup, t_send, t_end))
         if not warmup:
             self._done += 1
+            if self.load.steady_requests and self._done >= self.load.ramp + self.load.steady_requests:
+                self._closed = True
             if st.error is None:
                 self._tokens += st.output_tokens or 0
             if self.on_progress:
@@ -120,6 +135,8 @@ class LoadGenerator:
     async def conversation(self, prompt_id: str, turns: Sequence[str], warmup: bool = False) -> None:
         messages: list[dict] = []
         for i, text in enumerate(turns):
+            if self._closed and not warmup:
+                return
             messages.append({"role": "user", "content": text})
             mt = min(self.req.max_tokens, self.load.warmup_max_tokens) if warmup else None
             st = await self.one(prompt_id, i, list(messages), warmup, mt)
@@ -138,6 +155,10 @@ class LoadGenerator:
         if self.between is not None:
             await self.between()
         t_start = self._t_start = time.perf_counter()
+        if self.load.steady_requests and prompts:
+            self._total = self.load.ramp + self.load.steady_requests
+            passes = await self._steady(prompts)
+            return LoadResult(self.records, t_start, time.perf_counter(), self.t0, [], passes)
         passes = 0
         while not passes or (prompts and time.perf_counter() - t_start < self.load.min_seconds):
             passes += 1
@@ -153,6 +174,25 @@ class LoadGenerator:
         notes = [f"the prompts were sent {passes} times so that the cell lasted at least {self.load.min_seconds:g} s "
                  "(--min-cell-seconds)"] if passes > 1 else []
         return LoadResult(self.records, t_start, t_end, self.t0, notes, passes)
+
+    async def _steady(self, prompts: Sequence[Conversation]) -> int:
+        """Keep `concurrency` conversations going, the prompts cycled, until the window closes; the passes begun."""
+        passes = [0]
+
+        def feed() -> Iterator[Conversation]:
+            while True:
+                passes[0] += 1
+                yield from (prompts if passes[0] == 1 else [_again(p, passes[0]) for p in prompts])
+
+        it = feed()
+
+        async def slot() -> None:
+            while not self._closed:
+                p = next(it)
+                await self.conversation(p.id, p.turns)
+
+        await asyncio.gather(*(slot() for _ in range(self.load.concurrency)))
+        return passes[0]
 
     async def _worker(self, it: Iterator[Conversation]) -> None:
         for p in it:  # a shared iterator: each worker takes the next prompt when its last one ends

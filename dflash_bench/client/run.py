@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dflash_bench.client.cell import Measurement, measure
+from dflash_bench.client.cell import Measurement, check_steady, measure
 from dflash_bench.client.loadgen import LoadSettings
 from dflash_bench.client.protocol import RequestSettings
 from dflash_bench.client.summary import summarize_cell, write_cell
@@ -33,6 +33,7 @@ def run_one(url: str, suite: str, request: RequestSettings, load: LoadSettings, 
 
     api, concurrency = request.api, load.concurrency
     _check_options(url, label, engine, api, load.transport)
+    check_steady(load)
     _probe(url, load.timeout)
     from dflash_bench.launch.identity import changed, verify_external
 

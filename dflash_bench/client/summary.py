@@ -14,9 +14,9 @@ from dflash_bench.client.loadgen import LoadSettings, ProgressFn
 from dflash_bench.client.protocol import RequestSettings
 from dflash_bench.metrics.acceptance import cell_acceptance, counter_namespace
 from dflash_bench.metrics.cache import prefix_cache
-from dflash_bench.metrics.definitions import failure_reasons, not_measured, summarize
+from dflash_bench.metrics.definitions import failure_reasons, not_measured, steady_window, summarize
 from dflash_bench.metrics.prometheus import ACCEPTED, DRAFTS
-from dflash_bench.store import TELEMETRY, CellSummary, RequestRecord, ServerMetrics, SweepDir
+from dflash_bench.store import TELEMETRY, CellSummary, RequestRecord, ServerMetrics, SteadyWindow, SweepDir
 
 if TYPE_CHECKING:
     from dflash_bench.suites import Prompt
@@ -31,13 +31,17 @@ def summarize_cell(m: Measurement, *, cell_id: str, engine: str, mode: str, suit
                    thinking_asked: bool | None = None) -> CellSummary:
     """The cell's summary from what was measured; `failure` (e.g. the server died) fails it regardless."""
     snaps = m.snaps
+    steady = None
+    if m.settings.steady_requests:
+        steady = (m.settings.steady_ramp or 0, m.settings.steady_requests)
     summary = summarize_records(m.records, cell_id=cell_id, engine=engine, mode=mode, suite=suite,
                                 concurrency=concurrency, repeat=repeat, delta=snaps.delta, failure=failure,
-                                input_len=input_len, thinking_asked=thinking_asked)
+                                input_len=input_len, thinking_asked=thinking_asked, steady=steady)
     summary.url, summary.started_at, summary.finished_at = m.url, m.started_at, m.finished_at
     summary.settings = m.settings.model_copy()
-    if m.telemetry is not None:
-        energy = m.telemetry.summarize(summary.total_output_tokens)
+    if m.telemetry is not None:  # energy covers the whole stream (a steady stream's ramp and tail too)
+        tokens = summary.steady.stream_output_tokens if summary.steady else summary.total_output_tokens
+        energy = m.telemetry.summarize(tokens)
         for key, value in (energy.summary_fields() | energy.extra_fields()).items():
             setattr(summary, key, value)
     summary.synthetic_acceptance = (snaps.after or {}).get("gauges", {}).get(SYNTHETIC_GAUGE)
@@ -52,11 +56,17 @@ def summarize_cell(m: Measurement, *, cell_id: str, engine: str, mode: str, suit
 def summarize_records(records: list[RequestRecord], *, cell_id: str, engine: str, mode: str, suite: str,
                       concurrency: int, repeat: int = 0, delta: dict[str, float] | None = None,
                       failure: str | None = None, input_len: int | None = None,
-                      thinking_asked: bool | None = None) -> CellSummary:
-    """Counts, latencies and acceptance of `records`; failed when `failure` is given or nothing succeeded."""
+                      thinking_asked: bool | None = None, steady: tuple[int, int] | None = None) -> CellSummary:
+    """Counts, latencies and acceptance of `records`; failed when `failure` is given or nothing succeeded.
+    `steady` (ramp, window requests): a steady stream, measured over its window (steady_window_of)."""
+    window, block = steady_window_of(records, steady) if steady else (None, None)
     summary = CellSummary(cell_id=cell_id, engine=engine, mode=mode, suite=suite, concurrency=concurrency,
-                          repeat=repeat, input_len=input_len, thinking_asked=thinking_asked, **summarize(records),
+                          repeat=repeat, input_len=input_len, thinking_asked=thinking_asked,
+                          **summarize(records, window), steady=block,
                           **cell_acceptance(engine, delta, records), **prefix_cache(records, delta))
+    if steady and window is None and failure is None:
+        failure = (f"the steady stream ended before its window closed: {block.ramp + block.requests if block else 0}"
+                   " completions were needed")
     summary.not_measured = not_measured(records)
     reasons = failure_reasons(records)
     summary.failures = reasons
@@ -66,6 +76,26 @@ def summarize_records(records: list[RequestRecord], *, cell_id: str, engine: str
     if failure is not None:
         summary.status, summary.failure_reason = "failed", " ".join(failure.split())[:2000]
     return summary
+
+
+def steady_window_of(records: list[RequestRecord], steady: tuple[int, int]
+                     ) -> tuple[tuple[float, float] | None, SteadyWindow]:
+    """A steady stream's window (metrics/definitions.py steady_window) and what the summary keeps of it."""
+    ramp, count = steady
+    measured = [r for r in records if not r.warmup]
+    block = SteadyWindow(ramp=ramp, requests=count,
+                         stream_output_tokens=sum(r.output_tokens or 0 for r in measured if r.ok))
+    window = steady_window(records, ramp, count)
+    if window is None:
+        return None, block
+    t_open, t_close = window
+    ends = [(r.t_send, r.t_end) for r in measured if r.t_end is not None]
+    block.t_open, block.t_close = t_open, t_close
+    block.ramp_requests = sum(e <= t_open for _, e in ends)
+    block.cooldown_requests = sum(e > t_close for _, e in ends)
+    block.straddling_open = sum(s < t_open < e <= t_close for s, e in ends)
+    block.straddling_close = sum(s <= t_close < e for s, e in ends)
+    return window, block
 
 
 def dflash_warning(s: CellSummary, snaps: ServerMetrics) -> str | None:
@@ -106,7 +136,8 @@ def measure_cell(url: str, prompts: Sequence[Prompt], *, cell_dir: Path, concurr
                  enable_thinking: bool | None = None, ignore_eos: bool = False, tokenizer: str | None = None,
                  warmup: bool = True, request_rate: float | None = None, timeout: float | None = 600.0,
                  seed: int = 0, transport: str = "auto", on_progress: ProgressFn | None = None,
-                 telemetry: TelemetrySampler | None = None) -> CellSummary:
+                 telemetry: TelemetrySampler | None = None, steady_requests: int | None = None,
+                 steady_ramp: int | None = None) -> CellSummary:
     """Measure, summarise and write one cell into `cell_dir` (a `<sweep>/cells/<cell-id>` folder).
 
     The options are RequestSettings' and LoadSettings' fields. Raises UserError when the server cannot be
@@ -116,7 +147,7 @@ def measure_cell(url: str, prompts: Sequence[Prompt], *, cell_dir: Path, concurr
                               save_token_ids=save_token_ids, enable_thinking=enable_thinking, ignore_eos=ignore_eos,
                               tokenizer=tokenizer)
     load = LoadSettings(concurrency=concurrency, request_rate=request_rate, warmup=warmup, timeout=timeout, seed=seed,
-                        transport=transport)
+                        transport=transport, steady_requests=steady_requests, steady_ramp=steady_ramp)
     m = measure(url, prompts, request, load, telemetry, on_progress)
     summary = summarize_cell(m, cell_id=cell_dir.name, engine=engine, mode=mode,
                              suite=suite or prompts[0].suite, concurrency=concurrency, repeat=repeat)

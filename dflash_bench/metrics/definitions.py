@@ -5,6 +5,15 @@ Over a cell's measured requests (warm-up excluded):
 - output throughput = sum of output tokens of successful requests / (last completion - first dispatch).
   Output tokens come from the server's usage, never from counting chunks.
 - request throughput = successful requests / the same window.
+- a steady stream (--steady-requests N, --steady-ramp R; client/loadgen.py keeps the concurrency constant, each
+  finished request replaced at once) is measured over a window instead: it opens at the R-th completion and
+  closes at the (R+N)-th (completions ordered by end time, failed ones included; R=0: at the first dispatch).
+  Output throughput = output tokens of successful requests streamed inside the window / its length: a request
+  that straddles an edge counts only its tokens whose chunks arrived inside (from its cumulative per-chunk
+  counts; the final usage total counts at the stream's end). Request throughput and every latency figure
+  are over the requests that ended inside the window (R < rank <= R+N); the ramp-up and the tail (requests
+  ending after the window closed, sent before it did) are in no statistic. The server's counters (tau) and
+  the GPU energy cover the whole stream; energy per token divides by the whole stream's tokens.
 - TTFT = first content chunk - request written (after any TCP connect, which is its own figure: with
   --no-warmup the first request of each connection would otherwise count it).
 - connect_ms = a new connection's TCP handshake, SYN to SYN-ACK, as the kernel timed it (raw transport on
@@ -31,6 +40,7 @@ Over a cell's measured requests (warm-up excluded):
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from typing import Any, Sequence
 
 from dflash_bench.metrics.stats import describe, describe_weighted
@@ -70,19 +80,57 @@ def chunk_gaps(r: RequestRecord) -> list[tuple[float, int]]:
     return [((t[i] - t[i - 1]) * 1000.0, c[i] - c[i - 1]) for i in range(1, len(t))]
 
 
-def summarize(records: Sequence[RequestRecord]) -> dict[str, Any]:
-    """The CellSummary fields that depend only on the request records (acceptance is separate)."""
+def steady_window(records: Sequence[RequestRecord], ramp: int, count: int) -> tuple[float, float] | None:
+    """(t_open, t_close) of a steady stream's window: the ramp-th and (ramp+count)-th measured completions by end
+    time (t_open the first dispatch when ramp is 0); None when fewer requests than that ended."""
     measured = [r for r in records if not r.warmup]
+    ends = sorted(r.t_end for r in measured if r.t_end is not None)
+    if count < 1 or len(ends) < ramp + count:
+        return None
+    t_open = ends[ramp - 1] if ramp > 0 else min(r.t_send for r in measured)
+    return t_open, ends[ramp + count - 1]
+
+
+def tokens_between(r: RequestRecord, a: float, b: float) -> int:
+    """Output tokens of `r` that streamed in (a, b]: from its cumulative per-chunk counts, and its usage total
+    at its end (without per-chunk counts, all of them at its end)."""
+    times, cum = list(r.chunk_times), list(r.chunk_tokens)
+    if len(times) != len(cum):
+        times, cum = [], []
+    if r.t_end is not None and r.output_tokens is not None:
+        times.append(max(r.t_end, times[-1]) if times else r.t_end)
+        cum.append(max(r.output_tokens, cum[-1]) if cum else r.output_tokens)
+
+    def upto(t: float) -> int:
+        i = bisect_right(times, t)
+        return cum[i - 1] if i else 0
+
+    return upto(b) - upto(a)
+
+
+def in_window(r: RequestRecord, window: tuple[float, float]) -> bool:
+    """Whether `r` ended inside the window (its statistics count): t_open < t_end <= t_close."""
+    return r.t_end is not None and window[0] < r.t_end <= window[1]
+
+
+def summarize(records: Sequence[RequestRecord], window: tuple[float, float] | None = None) -> dict[str, Any]:
+    """The CellSummary fields that depend only on the request records (acceptance is separate); with a steady
+    stream's `window` (steady_window), over that window as the module's docstring defines."""
+    everything = [r for r in records if not r.warmup]
+    measured = everything if window is None else [r for r in everything if in_window(r, window)]
     ok = [r for r in measured if r.ok]
     out: dict[str, Any] = {"num_requests": len(measured), "num_ok": len(ok), "num_failed": len(measured) - len(ok),
-                           "num_warmup": len(records) - len(measured)}
-    if measured:
+                           "num_warmup": len(records) - len(everything)}
+    if window is not None:
+        duration: float | None = window[1] - window[0]
+        out_tokens = sum(tokens_between(r, *window) for r in everything if r.ok)
+    elif measured:
         first = min(r.t_send for r in measured)
         last = max((r.t_end for r in measured if r.t_end is not None), default=None)
         duration = None if last is None else last - first
+        out_tokens = sum(r.output_tokens or 0 for r in ok)
     else:
-        duration = None
-    out_tokens = sum(r.output_tokens or 0 for r in ok)
+        duration, out_tokens = None, 0
     out["duration_s"] = duration
     out["total_output_tokens"] = out_tokens
     out["total_prompt_tokens"] = sum(r.prompt_tokens or 0 for r in ok)

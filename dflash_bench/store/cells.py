@@ -232,6 +232,25 @@ class CellSettings(BaseModel):
     ignore_eos: bool | None = None  # every request ran to max_tokens
     min_seconds: float | None = None  # --min-cell-seconds: the prompts were sent again until the window lasted this
     prompt_passes: int | None = None  # times the prompt list was sent (more than 1: lengthened by min_seconds)
+    # --steady-requests / --steady-ramp: a steady stream (client/loadgen.py), measured over a window of completions
+    steady_requests: int | None = None
+    steady_ramp: int | None = None
+
+
+class SteadyWindow(BaseModel):
+    """The measured window of a steady-stream cell (metrics/definitions.py `steady_window`): the concurrency held
+    constant, each finished request replaced at once; the window opens at the `ramp`-th completion and closes at
+    the `ramp + requests`-th. Times are the records' (seconds from the cell's origin)."""
+
+    ramp: int  # completions before the window opens (the ramp-up)
+    requests: int  # completions inside the window
+    t_open: float | None = None  # None: the stream ended before the window closed (the cell is failed)
+    t_close: float | None = None
+    ramp_requests: int = 0  # measured requests that ended at or before t_open (out of every statistic)
+    cooldown_requests: int = 0  # measured requests that ended after t_close (the tail; out of every statistic)
+    straddling_open: int = 0  # requests in flight at t_open that ended inside the window
+    straddling_close: int = 0  # requests in flight at t_close (they end in the cool-down)
+    stream_output_tokens: int = 0  # output tokens of every successful measured request, ramp and tail included
 
 
 class Stat(BaseModel):
@@ -263,7 +282,8 @@ class CellSummary(CellKey):
     num_ok: int = 0
     num_failed: int = 0
     num_warmup: int = 0
-    duration_s: float | None = None  # last completion - first dispatch
+    duration_s: float | None = None  # last completion - first dispatch (a steady stream: its window's length)
+    steady: SteadyWindow | None = None  # set when the cell was a steady stream measured over a window
     total_prompt_tokens: int = 0
     total_output_tokens: int = 0
     output_throughput: float | None = None  # tok/s

@@ -44,6 +44,10 @@ class SweepSettings(BaseModel):
     slo: str | None = None  # --slo as given: how the end of the sweep, the report and the gate read it off
     # --min-cell-seconds: each cell's prompts are sent again until its measured window lasts this long (energy)
     min_cell_seconds: float = 0.0
+    # --steady-requests / --steady-ramp: each cell a steady stream measured over a window of completions (None: a
+    # closed batch of its prompts)
+    steady_requests: int | None = None
+    steady_ramp: int | None = None
     tensor_parallel: int | None = None  # --tensor-parallel-size: GPUs per launched server (None: the flags' or one)
     context_len: int | None = None  # the context limit derived from the plan for a known GPU (sweep/fit.py)
     expect_model: str | None = None  # --expect-model: the model id every server must list (launch/identity.py)

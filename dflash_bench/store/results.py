@@ -2,7 +2,7 @@
 
 The columns follow from CellSummary's schema (never from the data, so every results.csv of one version has
 the same header): scalar fields as they are, each Stat as `<metric>_<stat>`, the client's settings as
-`settings_<key>`, the quality summaries' scalars as `lossless_<field>` and `accuracy_<field>` (the paired
+`settings_<key>`, a steady stream's window as `steady_<field>`, the quality summaries' scalars as `lossless_<field>` and `accuracy_<field>` (the paired
 AR difference as `accuracy_vs_ar_<field>`), failure counts as `failures` text ("kind: n; ...") and the
 per-position acceptance as numbers joined by ';'. Nested details stay in summary.json.
 """
@@ -17,7 +17,9 @@ from typing import Any, Literal, Optional, Union, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, create_model, field_validator
 
 from dflash_bench.store.reading import StoreError, read_text
-from dflash_bench.store.cells import STAT_FIELDS, AccuracySummary, CellSettings, CellSummary, LosslessSummary, PairedDiff, Stat
+from dflash_bench.store.cells import (
+    STAT_FIELDS, AccuracySummary, CellSettings, CellSummary, LosslessSummary, PairedDiff, Stat, SteadyWindow,
+)
 
 LIST_SEP = ";"
 
@@ -43,6 +45,8 @@ def _columns() -> dict[str, Any]:
             cols.update({f"{name}_{s}": t for s, t in _scalar_fields(Stat).items()})
         elif name == "settings":
             cols.update({f"settings_{k}": t for k, t in _scalar_fields(CellSettings).items()})
+        elif name == "steady":
+            cols.update({f"steady_{k}": t for k, t in _scalar_fields(SteadyWindow).items()})
         elif name == "lossless":
             cols.update({f"lossless_{k}": t for k, t in _scalar_fields(LosslessSummary).items()})
         elif name == "accuracy":
@@ -93,7 +97,7 @@ def results_row(summary: CellSummary) -> dict[str, Any]:
 
 
 def _value(data: dict[str, Any], col: str) -> Any:
-    for prefix in (*STAT_FIELDS, "settings", "accuracy_vs_ar", "lossless", "accuracy"):
+    for prefix in (*STAT_FIELDS, "settings", "steady", "accuracy_vs_ar", "lossless", "accuracy"):
         if col.startswith(prefix + "_") and prefix != col:
             part = _section(data, prefix)
             return part.get(col[len(prefix) + 1:]) if isinstance(part, dict) else None

@@ -84,6 +84,12 @@ def _validated(values: dict[str, Any]) -> SweepSettings:
         from dflash_bench.slo import parse_slo
 
         parse_slo(values["slo"])  # a bad target stops the sweep before any server starts
+    if values.get("steady_requests") is not None or values.get("steady_ramp") is not None:
+        from dflash_bench.client.cell import check_steady
+        from dflash_bench.client.loadgen import LoadSettings
+
+        check_steady(LoadSettings(steady_requests=values.get("steady_requests"), steady_ramp=values.get("steady_ramp"),
+                                  min_seconds=values.get("min_cell_seconds") or 0.0))
     try:
         return SweepSettings(**values)
     except ValidationError as err:

@@ -38,7 +38,8 @@ def measure_cell(ctx: SweepContext, cell: CellPlan, server: Server) -> Measured 
     request = RequestSettings(api=profile.api, max_tokens=max_tokens, temperature=settings.temperature,
                               save_token_ids=settings.save_token_ids, enable_thinking=thinking,
                               tokenizer=profile.tokenizer(ctx.pair))
-    load = LoadSettings(concurrency=cell.concurrency, seed=settings.seed, min_seconds=settings.min_cell_seconds)
+    load = LoadSettings(concurrency=cell.concurrency, seed=settings.seed, min_seconds=settings.min_cell_seconds,
+                        steady_requests=settings.steady_requests, steady_ramp=settings.steady_ramp)
     try:
         m = measure(server.url, prompts, request, load, ctx.telemetry, ctx.progress.on_request)
     except UserError as err:
