@@ -198,10 +198,13 @@ def _container_listens(server: Server, port: int, inodes: set[str], identity: Se
     if any(str(m.get("HostPort")) == str(port) for m in mapped):
         identity.checked.append(f"port {port} is mapped to container {container.short_id}")
         return
-    try:
-        pids = [int(p[1]) for p in container.top(ps_args="-eo pid,pid").get("Processes") or []]
-    except Exception:  # noqa: BLE001 - the daemon's answer varies; what could not be read is said
-        pids = []
+    try:  # `docker top`: the container's processes by their host pids
+        top = container.top()
+        col = top["Titles"].index("PID")
+        pids = [int(row[col]) for row in top.get("Processes") or []]
+    except Exception:  # noqa: BLE001 - the daemon's answer varies; what could not be read is said, never guessed
+        identity.checked.append(f"listener not checked (docker top of {container.short_id} gave no pids)")
+        return
     mine = _owners(inodes, pids)
     if mine:
         identity.listener_pid = mine[0]
