@@ -313,3 +313,29 @@ def test_the_drafters_window_is_read_as_zlabs_qwen3config_reads_it(pair, use):
     zlab = Qwen3Config(**{k: v for k, v in d.items() if k not in ("dflash_config", "architectures")})
     assert c.sliding_window == zlab.sliding_window == (4 if use else None)
     assert c.layer_mask_kind(0) == (True, zlab.sliding_window) and c.layer_mask_kind(1) == (False, None)
+
+
+def test_serve_fast_load_format_dummy_over_http(pair, tmp_path):
+    """`dflash-bench serve --fast --load-format dummy` on folders without weight files: it serves Gemma 4 and its
+    drafter over HTTP; a wrong --load-format is one sentence."""
+    import shutil
+    import subprocess
+    import sys
+
+    import httpx
+    from test_engine_server import cli_server
+
+    target, drafter = tmp_path / "target", tmp_path / "drafter"
+    shutil.copytree(pair[0], target, ignore=shutil.ignore_patterns("*.safetensors"))
+    shutil.copytree(pair[1], drafter, ignore=shutil.ignore_patterns("*.safetensors"))
+    bad = subprocess.run([sys.executable, "-m", "dflash_bench", "serve", "--model", str(target), "--device", "cpu",
+                          "--load-format", "random"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--load-format must be auto or dummy" in bad.stderr + bad.stdout
+    assert "Traceback" not in bad.stderr
+    with cli_server("--model", str(target), "--draft", str(drafter), "--served-model-name", "g", "--fast",
+                    "--load-format", "dummy") as url:
+        body = {"model": "g", "prompt": "the cat sat on the mat", "max_tokens": 16, "ignore_eos": True,
+                "temperature": 0}
+        r = httpx.post(url + "/v1/completions", json=body, timeout=120).json()
+        assert r["usage"]["completion_tokens"] == 16
+        assert "vllm:spec_decode_num_drafts_total{" in httpx.get(url + "/metrics").text
