@@ -241,3 +241,14 @@ def test_sglangs_naming_of_gemma_4_is_the_same_model_to_the_sizing():
     assert named["head_dim"] == 512 and named["swa_head_dim"] == 256 and named["swa_num_key_value_heads"] == 16
     assert "global_head_dim" not in named
     assert fit.geometry(named) == fit.geometry(GEMMA4_31B_TARGET)
+
+
+def test_a_dry_run_without_the_prompts_prints_the_plan_unsized(tmp_path):
+    empty = tmp_path / "data"
+    empty.mkdir()
+    got = subprocess.run([sys.executable, "-m", "dflash_bench", "sweep", "--model", "gemma-4-31B-it", "--engine", "vllm",
+                          "--gpu", "h100", "--dry-run", "--data-dir", str(empty), "--suites", "gsm8k"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert got.returncode == 0, got.stderr
+    assert "context limit not derived (it needs the plan's prompts)" in got.stdout
+    assert "google/gemma-4-31B-it" in got.stdout and "--max-model-len" not in got.stdout

@@ -31,7 +31,7 @@ def sweep_command(options: dict[str, Any], *, out: Path, resume: Path | None, dr
 
         refuse_local_resume(Path(resume))
     settings = _settings(options, resume, image)
-    settings = _sized(settings, data_dir)
+    settings = _sized(settings, data_dir, dry_run)
     if executor not in ("local", "slurm"):
         raise UserError(f"--executor is local or slurm, not {executor!r}")
     if executor == "local" and any(v not in (None, []) for v in (slurm or {}).values()):
@@ -50,11 +50,18 @@ def sweep_command(options: dict[str, Any], *, out: Path, resume: Path | None, dr
     return result.exit_code
 
 
-def _sized(settings: SweepSettings, data_dir: Path | None) -> SweepSettings:
-    """The plan sized for its GPU (sweep/fit.py): a context limit derived, a plan that cannot fit refused."""
-    from dflash_bench.sweep.fit import size
+def _sized(settings: SweepSettings, data_dir: Path | None, dry_run: bool = False) -> SweepSettings:
+    """The plan sized for its GPU (sweep/fit.py): a context limit derived, a plan that cannot fit refused. A dry
+    run whose prompts cannot be read says so and prints the plan unsized."""
+    from dflash_bench.sweep.fit import PromptsUnavailable, size
 
-    return size(settings, resolve_pair(settings), data_dir)
+    try:
+        return size(settings, resolve_pair(settings), data_dir)
+    except PromptsUnavailable as err:
+        if not dry_run:
+            raise
+        typer.echo(f"context limit not derived (it needs the plan's prompts): {err}")
+        return settings
 
 
 def _settings(options: dict[str, Any], resume: Path | None, image: str | None = None) -> SweepSettings:

@@ -108,6 +108,11 @@ def gpu_memory_gib(gpu: str | None) -> float | None:
 # ------------------------------------------------------------------ the plan's lengths
 
 
+class PromptsUnavailable(UserError):
+    """The plan's prompts could not be read, so its context limit cannot be derived (a dry run goes on
+    without it; a run stops here, as it would at its first cell)."""
+
+
 def conversation_tokens(prompt: Prompt, max_tokens: int, count: Callable[[str], int]) -> int:
     """Tokens of a prompt's longest context: every turn (with a chat template's few tokens around each), the
     answers before the last turn, and the last answer."""
@@ -136,7 +141,10 @@ def longest_context(settings: SweepSettings, pair: ModelPair, data_dir: Path | N
     longest = 0
     for suite in settings.suites:
         new = settings.max_tokens or get_suite(suite).default_max_tokens
-        prompts = load_prompts(suite, data_dir=data_dir, num_prompts=n, seed=settings.seed)
+        try:
+            prompts = load_prompts(suite, data_dir=data_dir, num_prompts=n, seed=settings.seed)
+        except UserError as err:
+            raise PromptsUnavailable(str(err)) from None
         longest = max([longest] + [conversation_tokens(p, new, count) for p in prompts])
     for n_in in settings.input_lens:
         longest = max(longest, n_in + 64 + (settings.max_tokens or LONG_MAX_TOKENS))
