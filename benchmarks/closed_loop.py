@@ -5,7 +5,7 @@ length and concurrency as its served rows, so the two differ only by the serving
 loop, the engine thread's hand-over): c clients, each sending its next prompt as soon as its last one ends.
 The driver admits what waits into free slots (`add_many`, batched as the engine does), then steps everyone.
 
-    PYTHONPATH=.:$PYTHONPATH python -m benchmarks.closed_loop --model DIR [--draft DIR] --data-dir .data
+    python -m benchmarks.closed_loop --model DIR [--draft DIR] --data-dir .data
 """
 
 from __future__ import annotations

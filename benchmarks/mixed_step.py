@@ -3,8 +3,8 @@ prompt length and prompts k, the median ms of the rows' step alone, of the k pro
 and of the step that carries them (`FastRunner.launch(slots, rides)`), each launched and read back
 (CUDA-synchronised, after a warm-up). Riding pays where mixed < step + prefill.
 
-    PYTHONPATH=.:$PYTHONPATH python -m benchmarks.mixed_step --shape qwen3-8b --out mixed_step.json
-    PYTHONPATH=.:$PYTHONPATH python -m benchmarks.mixed_step --model DIR --device cpu   # any target
+    python -m benchmarks.mixed_step --shape qwen3-8b --out mixed_step.json
+    python -m benchmarks.mixed_step --model DIR --device cpu   # any target
 """
 
 from __future__ import annotations

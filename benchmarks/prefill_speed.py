@@ -5,7 +5,7 @@ What `scheduler.GRAPHED_ROWS` and `PREFILL_TOKENS` are chosen from: per prompt l
 of each way (CUDA-synchronised, after a warm-up), on the target and drafter given (a DFlash prefill also
 writes the drafter's context K/V).
 
-    PYTHONPATH=.:$PYTHONPATH python -m benchmarks.prefill_speed --model DIR [--draft DIR] --out prefill.json
+    python -m benchmarks.prefill_speed --model DIR [--draft DIR] --out prefill.json
 """
 
 from __future__ import annotations

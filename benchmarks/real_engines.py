@@ -1,11 +1,11 @@
 """The harness against real engines on one GPU host: vLLM (the offline bundle) beside the builtin engine.
 
     . .vllm-bundle/setup.sh    # ../shared/tools/vllm-bundle/build.sh .vllm-bundle, carried to the host
-    PYTHONPATH=.:$PYTHONPATH python -m benchmarks.real_engines pair --data-dir DIR --out real_engines.json
-    PYTHONPATH=.:$PYTHONPATH python -m benchmarks.real_engines shape --engines vllm --out real_engines.json
-    PYTHONPATH=.:$PYTHONPATH python -m benchmarks.real_engines shape --engines builtin --out real_engines.json
+    python -m benchmarks.real_engines pair --data-dir DIR --out real_engines.json
+    python -m benchmarks.real_engines shape --engines vllm --out real_engines.json
+    python -m benchmarks.real_engines shape --engines builtin --out real_engines.json
     . .sglang-bundle/setup.sh  # tools/sglang_bundle/build.sh .sglang-bundle; not in the same shell as vLLM's
-    PYTHONPATH=.:$PYTHONPATH python -m benchmarks.real_engines pair --engines sglang --data-dir DIR --out real_engines.json
+    python -m benchmarks.real_engines pair --engines sglang --data-dir DIR --out real_engines.json
 
 `pair`: the embedded default pair swept through `dflash-bench sweep` on each engine (vLLM, the builtin
 reference engine, the builtin `--fast` path): GSM8K, HumanEval and MT-Bench at concurrency 1, 8 and 32, token

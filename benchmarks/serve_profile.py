@@ -1,6 +1,6 @@
 """Where a served run's host time goes: `serve --fast` under load, sampled by py-spy (issue 20).
 
-    PYTHONPATH=.:$PYTHONPATH python -m benchmarks.serve_profile --py-spy PATH --data-dir DIR --out profile.json
+    python -m benchmarks.serve_profile --py-spy PATH --data-dir DIR --out profile.json
 
 Starts `dflash-bench serve --fast` (AR unless `--mode dflash`) for each `--model` (a model folder, or `shape`:
 the Qwen3-8B-shaped random pair `real_engines.py` writes), runs `dflash-bench run` against it (GSM8K,

@@ -5,7 +5,7 @@ chooser's acceptance counts from one suite meet the next one's first cell. This 
 (`closed_loop.py`'s driver, 32 tokens, the demo's prompts): the `--before` suite's cells, then `--suite` at
 concurrency 1, for each `--decay` of the chooser's counts, beside a fresh engine's `--suite` cell and AR's.
 
-    PYTHONPATH=.:$PYTHONPATH python -m benchmarks.suite_sequence --data-dir ../shared/datasets --out F
+    python -m benchmarks.suite_sequence --data-dir ../shared/datasets --out F
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from benchmarks.closed_loop import closed_loop, suite_prompts
 PAIR = Path(__file__).resolve().parents[1] / "dflash_bench" / "assets" / "default_pair"
 
 
-def engine(mode: str):
+def engine(mode: str, slots: int = 32):
     from dflash_bench.engine.fast.engine import build_fast_engine
 
     return build_fast_engine(str(PAIR / "target"), str(PAIR / "drafter") if mode == "dflash" else None, mode=mode,
-                             device="cpu", max_slots=32, max_len=2048, cut_draft=True)
+                             device="cpu", max_slots=slots, max_len=2048, cut_draft=True)
 
 
 def cell(e, prompts, c: int, tokens: int) -> dict:
@@ -43,21 +43,23 @@ def main() -> None:
     ap.add_argument("--suite", default="humaneval")
     ap.add_argument("--decay", default="0.99,0.999", help="the chooser's per row-step decay, comma-separated")
     ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--concurrency", default="1,8,32", help="the cells of --before, in this order (the demo's)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out")
     a = ap.parse_args()
     from dflash_bench.engine.build import load_tokenizer
 
     tok = load_tokenizer(str(PAIR / "target"))  # the prompts once, before any engine is built
-    before = {c: suite_prompts(tok, a.before, c if c > 1 else 4, a.data_dir) for c in (1, 8, 32)}
+    cs = [int(c) for c in a.concurrency.split(",")]
+    before = {c: suite_prompts(tok, a.before, c if c > 1 else 4, a.data_dir) for c in cs}
     target = suite_prompts(tok, a.suite, 4, a.data_dir)
     rows = []
     for r in range(a.rounds):
-        ar = engine("ar")
+        ar = engine("ar", max(cs))
         rows.append({"round": r, "engine": "ar", **cell(ar, target, 1, a.tokens)})
-        rows.append({"round": r, "engine": "dflash fresh", **cell(engine("dflash"), target, 1, a.tokens)})
+        rows.append({"round": r, "engine": "dflash fresh", **cell(engine("dflash", max(cs)), target, 1, a.tokens)})
         for d in (float(x) for x in a.decay.split(",")):
-            e = engine("dflash")
+            e = engine("dflash", max(cs))
             e.runner.chooser.decay = d
             for c, ps in before.items():
                 cell(e, ps, c, a.tokens)

@@ -6,7 +6,7 @@ each concurrency and each bound on a prefill forward's padded tokens (`scheduler
 cell and splits the wall time into prefill calls (`add_many`, synchronised after), decode steps (`step`) and the
 rest, with the prompts' lengths. Prints one JSON line per cell.
 
-    PYTHONPATH=.:$PYTHONPATH python -m benchmarks.wave_anatomy --model DIR [--draft DIR] --data-dir .data
+    python -m benchmarks.wave_anatomy --model DIR [--draft DIR] --data-dir .data
 """
 
 from __future__ import annotations

@@ -78,3 +78,82 @@ def test_reading_path_counts_the_files_a_sweep_and_report_run(tmp_path, data_dir
     res = json.loads(out.read_text())
     assert res["files"] == len(res["per_file"]) and "dflash_bench/cli.py" in res["per_file"]
     assert res["function_lines"] == sum(res["per_file"].values())
+
+
+# The in-process engine benchmarks, on the embedded pair on the CPU with the smallest workload each takes.
+PAIR = REPO / "dflash_bench" / "assets" / "default_pair"
+ENGINE = pytest.mark.engine
+
+
+@ENGINE
+def test_cpu_step_times_steps_and_throughput(tmp_path):
+    out = tmp_path / "cpu_step.json"
+    bench("cpu_step", "--draft-shapes", "1x64", "--batches", "1", "--widths", "2", "--concurrency", "1",
+          "--prompt-len", "16", "--steps", "1", "--rounds", "1", "--new-tokens", "4", "--out", str(out))
+    res = json.loads(out.read_text())
+    assert len(res["steps"]) == 1 and len(res["throughput"]) == 1 and res["args"]["target"].startswith("dflash_bench/")
+    assert {"block", "cut"} <= set(res["throughput"][0])
+
+
+@ENGINE
+def test_cpu_anatomy_splits_a_step_into_kernels(tmp_path):
+    out = tmp_path / "anatomy.json"
+    bench("cpu_anatomy", "--batches", "1", "--widths", "2", "--prompt-len", "16", "--steps", "1", "--rounds", "1",
+          "--out", str(out))
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["kind"], r["width"]) for r in rows] == [("ar", 0), ("dflash", 2)] and rows[0]["step_over_ar"] == 1.0
+    assert "linear" in rows[0]["ms"]
+
+
+@ENGINE
+def test_closed_loop_runs_a_cell_in_process(data_dir):
+    out = bench("closed_loop", "--model", str(PAIR / "target"), "--draft", str(PAIR / "drafter"), "--data-dir",
+                str(data_dir), "--concurrency", "1", "--prompts-per-slot", "2", "--new-tokens", "4",
+                "--max-model-len", "512", "--device", "cpu")
+    cell = json.loads(out.strip().splitlines()[-1])
+    assert (cell["concurrency"], cell["requests"], cell["output_tokens"]) == (1, 2, 8) and cell["tau"] >= 1
+
+
+@ENGINE
+def test_suite_sequence_runs_the_demo_cells_in_order(tmp_path, data_dir):
+    out = tmp_path / "seq.json"
+    bench("suite_sequence", "--data-dir", str(data_dir), "--concurrency", "1,2", "--tokens", "4", "--rounds", "1",
+          "--decay", "0.99", "--out", str(out))
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["engine"] for r in rows] == ["ar", "dflash fresh", "dflash after gsm8k, decay 0.99"]
+
+
+@ENGINE
+def test_width_table_records_what_the_chooser_learns(tmp_path, data_dir):
+    out = tmp_path / "widths.json"
+    bench("width_table", "--data-dir", str(data_dir), "--suites", "gsm8k", "--concurrency", "2", "--new-tokens", "4",
+          "--rounds", "1", "--out", str(out))
+    (row,) = json.loads(out.read_text())["rows"]
+    assert (row["suite"], row["concurrency"]) == ("gsm8k", 2) and row["chosen"] and row["step_ms"]
+
+
+@ENGINE
+def test_wave_anatomy_splits_a_cell_into_prefill_and_steps(data_dir):
+    out = bench("wave_anatomy", "--model", str(PAIR / "target"), "--draft", str(PAIR / "drafter"), "--data-dir",
+                str(data_dir), "--concurrency", "2", "--prompts-per-slot", "1", "--new-tokens", "4",
+                "--max-model-len", "512", "--device", "cpu", "--prefill-tokens", "512")
+    cell = json.loads(out.strip().splitlines()[-1])
+    assert (cell["concurrency"], cell["prefill_tokens"], cell["prompts"]) == (2, 512, 2) and cell["steps"] >= 1
+
+
+@ENGINE
+def test_prefill_speed_times_each_way_to_prefill(tmp_path):
+    out = tmp_path / "prefill.json"
+    bench("prefill_speed", "--model", str(PAIR / "target"), "--draft", str(PAIR / "drafter"), "--lengths", "16",
+          "--rows", "1,2", "--reps", "1", "--max-model-len", "256", "--out", str(out))
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["rows"] for r in rows] == [1, 2] and rows[0]["batched_ms"] is None and rows[1]["batched_ms"] > 0
+
+
+@ENGINE
+def test_mixed_step_times_a_prompt_riding_a_decode_step(tmp_path):
+    out = tmp_path / "mixed.json"
+    bench("mixed_step", "--model", str(PAIR / "target"), "--device", "cpu", "--lengths", "16", "--rows", "2",
+          "--prompts", "1", "--reps", "1", "--max-model-len", "256", "--out", str(out))
+    (row,) = json.loads(out.read_text())["rows"]
+    assert (row["rows"], row["prompt_tokens"], row["prompts"]) == (2, 16, 1) and row["mixed_ms"] > 0
