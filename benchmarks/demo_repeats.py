@@ -87,6 +87,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--json", type=Path, help="write the results here")
+    ap.add_argument("--note", default="", help="what the numbers need beside them (the machine's other load, ...)")
     ap.add_argument("--keep", type=Path, help="keep the runs' sweep folders and reports here (default: a temporary folder)")
     ap.add_argument("extra", nargs="*", help="arguments for every `dflash-bench demo` (after --)")
     args = ap.parse_args()
@@ -109,7 +110,7 @@ def main() -> None:
         "how": f"python -m benchmarks.demo_repeats --runs {args.runs}: the demo {args.runs} times in a row after the install, "
                "datasets through DFLASH_BENCH_DATA (the offline copies)",
         "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "platform": platform.platform(terse=True)},
-        "commit": commit(), "runs": runs, "c1_speedup_range": summary,
+        "commit": commit(), **({"note": args.note} if args.note else {}), "runs": runs, "c1_speedup_range": summary,
         "seconds_range": [min(r["seconds"] for r in runs), max(r["seconds"] for r in runs)],
     }
     if args.json:

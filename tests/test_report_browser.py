@@ -96,6 +96,8 @@ def test_report_renders_in_chromium(tmp_path):
     assert dom.title.startswith("DFlash speedup report")  # a planted script that ran would have set it to 'pwned'
     text = "".join(dom.text)
     assert f"answer {XSS}" in text and f"crash {XSS}" in text
+    assert "Measured: engine vllm · 1× NVIDIA H100 80GB HBM3 · target Qwen/Qwen3-8B" in text  # what was measured, on top
+    assert "Measured: engine builtin · CPU (no GPU recorded)" in text
     assert dom.tags.count("img") == len(list((page.parent / "figures").glob("*.png")))
 
     shot = tmp_path / "shot.png"

@@ -98,6 +98,8 @@ def test_pareto_labels_do_not_overlap_where_points_coincide(tmp_path):
     for i, a in enumerate(boxes):
         for b in boxes[i + 1:]:
             assert not a.overlaps(b), (a, b)
+    frame = ax.get_window_extent(renderer)  # none runs off the plot (the right-most point's label goes left)
+    assert all(frame.x0 <= b.x0 and b.x1 <= frame.x1 and frame.y0 <= b.y0 and b.y1 <= frame.y1 for b in boxes)
 
 
 @pytest.mark.parametrize("offsets", [[(4, 4, "left")] * 10])

@@ -126,19 +126,21 @@ _OFFSETS = [(4, 4, "left"), (4, -11, "left"), (-4, 4, "right"), (-4, -11, "right
 
 
 def place_labels(fig: plt.Figure, labels: list[tuple[Any, float, float, str, str]]) -> list[Any]:
-    """Label each point (axes, x, y, text, colour) where its text overlaps no label placed before it on the
-    same axes (AR and DFlash points of one concurrency often sit close), trying the offsets in turn; the
-    texts it drew. Call after the layout is final: it measures the texts as drawn."""
+    """Label each point (axes, x, y, text, colour) where its text stays inside the axes and overlaps no label
+    placed before it on the same axes (AR and DFlash points of one concurrency often sit close), trying the
+    offsets in turn; the texts it drew. Call after the layout is final: it measures the texts as drawn."""
     renderer = fig.canvas.get_renderer()
     placed: dict[int, list[Any]] = {}
     drawn = []
     for ax, px, py, text, color in labels:
         boxes = placed.setdefault(id(ax), [])
+        frame = ax.get_window_extent(renderer)
         for dx, dy, ha in _OFFSETS:
             note = ax.annotate(text, (px, py), textcoords="offset points", xytext=(dx, dy), ha=ha, fontsize=8,
                                color=color)
             box = note.get_window_extent(renderer)
-            if not any(box.overlaps(b) for b in boxes):
+            inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+            if inside and not any(box.overlaps(b) for b in boxes):
                 break
             note.remove()
         else:  # crowded beyond every offset: the first place, over another label rather than no label
