@@ -37,7 +37,7 @@ def run_one(url: str, suite: str, request: RequestSettings, load: LoadSettings, 
     _probe(url, load.timeout)
     from dflash_bench.launch.identity import changed, verify_external
 
-    identity = verify_external(url, expect_model)  # --expect-model refused before anything is written
+    identity = verify_external(url, expect_model, load.timeout)  # --expect-model refused before anything is written
     if not quiet and (note := acceptance_note(engine, label, api)):
         from rich.console import Console
         from rich.markup import escape
@@ -61,7 +61,7 @@ def run_one(url: str, suite: str, request: RequestSettings, load: LoadSettings, 
                 manifest.status = "failed" if isinstance(err, UserError) else "interrupted"
                 sweep.write_manifest(manifest)
             raise
-        why = changed(identity, url)  # another server answering now (restarted, or another model) fails the cell
+        why = changed(identity, url, load.timeout)  # another server answering now (restarted, or another model) fails the cell
         summary = summarize_cell(m, cell_id=cid, engine=engine, mode=label, suite=suite, concurrency=concurrency,
                                  failure=f"server identity changed mid-cell: {why}" if why else None)
         summary.server_identity = identity.summary()

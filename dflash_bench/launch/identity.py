@@ -122,17 +122,22 @@ def check_port_free(port: int) -> None:
 # ---------------------------------------------------------------- what answers
 
 
-def fingerprint(url: str) -> tuple[list[str], float | None]:
-    """(the model ids /v1/models lists, the server's start time from /metrics `process_start_time_seconds`)."""
+def fingerprint(url: str, timeout: float | None = PROBE_TIMEOUT_S) -> tuple[list[str], float | None]:
+    """(the model ids /v1/models lists, the server's start time from /metrics `process_start_time_seconds`);
+    a server that does not answer /v1/models in `timeout` is not asked for /metrics."""
     from dflash_bench.metrics import prometheus
 
     models: list[str] = []
     started = None
-    with httpx.Client(base_url=url, timeout=PROBE_TIMEOUT_S) as client:
-        with contextlib.suppress(httpx.HTTPError, ValueError, AttributeError):
+    with httpx.Client(base_url=url, timeout=timeout) as client:
+        try:
             r = client.get("/v1/models")
             if r.status_code == 200:
                 models = [str(m["id"]) for m in r.json().get("data") or [] if isinstance(m, dict) and m.get("id")]
+        except httpx.TimeoutException:
+            return models, None
+        except (httpx.HTTPError, ValueError, AttributeError):
+            pass
         with contextlib.suppress(httpx.HTTPError, ValueError):
             r = client.get("/metrics")
             if r.status_code == 200:
@@ -153,8 +158,8 @@ def expect(identity: ServerIdentity, url: str, expect_model: str | None, models:
     identity.checked.append(f"/v1/models lists --expect-model {expect_model}")
 
 
-def _served(identity: ServerIdentity, url: str) -> list[str]:
-    models, started = fingerprint(url)
+def _served(identity: ServerIdentity, url: str, timeout: float | None = PROBE_TIMEOUT_S) -> list[str]:
+    models, started = fingerprint(url, timeout)
     identity.model, identity.started = (models[0] if models else None), started
     identity.checked.append(f"model id {identity.model}" if models else "no model id (/v1/models lists none)")
     identity.checked.append(f"start time {started:.2f} (/metrics)" if started is not None
@@ -217,17 +222,18 @@ def _container_listens(server: Server, port: int, inodes: set[str], identity: Se
     identity.checked.append(f"listener not checked (container {container.short_id}'s processes are not readable here)")
 
 
-def verify_external(url: str, expect_model: str | None = None) -> ServerIdentity:
+def verify_external(url: str, expect_model: str | None = None,
+                    timeout: float | None = PROBE_TIMEOUT_S) -> ServerIdentity:
     """A server the user runs (--url): its model id and start time recorded, --expect-model enforced."""
     identity = ServerIdentity()
-    models = _served(identity, url)
+    models = _served(identity, url, timeout)
     expect(identity, url, expect_model, models)
     return identity
 
 
-def changed(identity: ServerIdentity, url: str) -> str | None:
+def changed(identity: ServerIdentity, url: str, timeout: float | None = PROBE_TIMEOUT_S) -> str | None:
     """Why the server answering at `url` is no longer the one `identity` recorded; None while it is."""
-    models, started = fingerprint(url)
+    models, started = fingerprint(url, timeout)
     if not models and started is None:
         return f"the server at {url} no longer answers /v1/models or /metrics"
     # an endpoint that did not answer this time (a slow /metrics under load) is no evidence: only a value that
