@@ -87,7 +87,8 @@ def _make(runner, argv, env, info, name, port, docker, sweep_id, engine, mode) -
 
 
 def plan_server(engine: str, model: str | ModelPair, mode: str, *, port: int | None = None, preset: str = "generic",
-                extra_args: Sequence[str] = (), runner: str = "docker", network: str = "host", prepare: bool = False):
+                extra_args: Sequence[str] = (), runner: str = "docker", network: str = "host", prepare: bool = False,
+                slots: tuple[int, int] | None = None):
     """(profile, pair, argv, env, port): what `launch_server` would run, for --dry-run and manifests.
 
     `prepare` makes the model files the engine needs (llama.cpp converts to GGUF); without it their
@@ -98,12 +99,12 @@ def plan_server(engine: str, model: str | ModelPair, mode: str, *, port: int | N
         raise UserError(f"unknown runner {runner!r}: use docker or process.")
     profile = profiles.get(engine)
     pair = model if isinstance(model, ModelPair) else models.resolve(model)
-    pair = profile.serve_pair(pair, profile_mode(mode), convert=prepare)
+    pair = profile.serve_pair(pair, profile_mode(mode), convert=prepare, preset=check_preset(preset))
     port = port or profile.default_port
     # The harness talks to 127.0.0.1, so servers listen there only (vLLM would take every interface);
     # a port-mapped container must listen on all of its own interfaces for the mapping to reach it.
     host = "0.0.0.0" if runner == "docker" and network != "host" else "127.0.0.1"
-    argv = profile.command(pair, mode, port, preset, extra_args, host=host)
+    argv = profile.command(pair, mode, port, preset, extra_args, host=host, slots=slots)
     return profile, pair, argv, profile.env(pair, mode), port
 
 
@@ -113,10 +114,13 @@ def launch_server(
     preset: str = "generic", gpus: str | None = "all", image: str | None = None, extra_args: Sequence[str] = (),
     sweep_id: str | None = None, log_path: str | Path | None = None,
     ready_timeout: float = DEFAULT_READY_TIMEOUT_S, network: str = "host", docker: DockerOptions | None = None,
+    slots: tuple[int, int] | None = None,
 ) -> Iterator[Server]:
-    """Launch `engine` serving `model` in `mode` ("ar" | "dflash"); see the module docstring."""
+    """Launch `engine` serving `model` in `mode` ("ar" | "dflash"); see the module docstring. `slots`: (slots,
+    per-slot context) for an engine whose slots follow the cell's concurrency (`EngineProfile.slots_per_cell`)."""
     profile, pair, argv, env, port = plan_server(engine, model, mode, port=port, preset=preset,
-                                                 extra_args=extra_args, runner=runner, network=network, prepare=True)
+                                                 extra_args=extra_args, runner=runner, network=network, prepare=True,
+                                                 slots=slots)
     opts = docker
     if runner == "process":
         argv = profile.process_argv(argv)
@@ -132,4 +136,5 @@ def launch_server(
     with launch_command(argv, port=port, runner=runner, ready_path=profile.ready_path, env=env, log_path=log_path,
                         ready_timeout=ready_timeout, name=f"{profile.name}-{mode}", docker=opts, engine=profile.name,
                         mode=mode, sweep_id=sweep_id) as server:
+        server.info.weights = profile.weights(check_preset(preset))
         yield server

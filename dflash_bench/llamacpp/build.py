@@ -48,6 +48,32 @@ def find_server() -> Path | None:
     return built if built.is_file() else None
 
 
+def server_version(server: Path) -> str | None:
+    """The `version: ...` line `llama-server --version` prints (None when it prints none)."""
+    try:
+        proc = subprocess.run([str(server), "--version"], capture_output=True, text=True, timeout=60,
+                              stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for line in (proc.stdout + "\n" + proc.stderr).splitlines():
+        if line.startswith("version:"):
+            return line.split(":", 1)[1].strip()
+    return None
+
+
+def check_server_version(server: Path) -> None:
+    """Refuse a llama-server (from PATH) whose version differs from the build beside the converter's tree:
+    GGUF files written by one llama.cpp and served by another measure a different program."""
+    built = install_dir() / "bin" / SERVER
+    if not built.is_file() or source_tree() is None or Path(server).resolve() == built.resolve():
+        return
+    ours, theirs = server_version(built), server_version(Path(server))
+    if ours != theirs:
+        raise UserError(f"{server} is llama-server {theirs or 'of an unknown version'}, but the GGUF converter is "
+                        f"llama.cpp {ours} ({install_dir()}): take it off PATH, or put a llama-server of that "
+                        "version first on it.")
+
+
 def source_tree(version: str = VERSION) -> Path | None:
     """The llama.cpp tree of the installed build (where the converter lives), if any."""
     src = install_dir(version) / "src"

@@ -80,15 +80,26 @@ class EngineProfile:
     # --gpu-memory-utilization covers them; SGLang's --mem-fraction-static leaves them outside).
     reserved_gib: ClassVar[float] = 0.0
     local_module: ClassVar[str | None] = None  # the Python distribution a process runner starts, if any
+    # A server per concurrency whose slots equal it (llama.cpp: --parallel N, -c N x the per-slot context the
+    # cells need): the plan groups such an engine's cells by concurrency, one launch each (sweep/slots.py).
+    slots_per_cell: ClassVar[bool] = False
 
     def image_for(self, preset: str) -> str | None:
         """The default image for a GPU preset (most engines ship one image for all)."""
         return self.image
 
-    def serve_pair(self, pair: ModelPair, mode: str, convert: bool) -> ModelPair:
+    def serve_pair(self, pair: ModelPair, mode: str, convert: bool, preset: str = "generic") -> ModelPair:
         """The pair as the server loads it (llama.cpp: GGUF files). `convert` False only plans the paths
         (dry runs); True makes them."""
         return pair
+
+    def weights(self, preset: str) -> str | None:
+        """What the server loads where the profile converts the weights (llama.cpp: "GGUF f32"), for the record."""
+        return None
+
+    def slot_flags(self, pair: ModelPair, slots: tuple[int, int] | None) -> list[str]:
+        """Flags for (slots, per-slot context) where `slots_per_cell` (None: the profile's default)."""
+        return []
 
     def process_argv(self, argv: list[str]) -> list[str]:
         """The command as the process runner starts it (where the engine's executable is found)."""
@@ -139,10 +150,12 @@ class EngineProfile:
         return None
 
     def command(self, pair: ModelPair, mode: str, port: int, preset: str | None = "generic",
-                extra_args: Sequence[str] = (), host: str | None = None) -> list[str]:
-        """The full server command line (as a local process would run it)."""
+                extra_args: Sequence[str] = (), host: str | None = None,
+                slots: tuple[int, int] | None = None) -> list[str]:
+        """The full server command line (as a local process would run it); `slots`: (slots, per-slot context)
+        for an engine whose slots follow the cell's concurrency."""
         mode, preset = check_mode(mode), check_preset(preset)
-        argv = self.base_command(pair) + self.target_flags(pair, preset)
+        argv = self.base_command(pair) + self.target_flags(pair, preset) + self.slot_flags(pair, slots)
         argv += self.spec_flags(pair, preset) if mode == "dflash" else self.ar_flags()
         argv += ["--port", str(port)] + (["--host", host] if host else [])
         return argv + self.harness_flags() + list(extra_args)

@@ -19,19 +19,20 @@ from dflash_bench.profiles.base import EngineProfile
 
 IMAGE = "ghcr.io/ggml-org/llama.cpp:server"
 CUDA_IMAGE = "ghcr.io/ggml-org/llama.cpp:server-cuda"
-DTYPE_ENV = "DFLASH_BENCH_GGUF_TYPE"  # f32 | bf16: the GGUF the HF weights are converted to
-DEFAULT_DTYPE = "bf16"
-# Slots (concurrent requests) sharing one unified KV cache: the sweep's concurrency reaches 4 by default;
-# pass `--engine-arg=--parallel --engine-arg=N` for more (llama.cpp takes the last value given).
+DTYPE_ENV = "DFLASH_BENCH_GGUF_TYPE"  # f32 | bf16: the GGUF the HF weights are converted to (overrides the preset's)
+# The GGUF type follows the builtin engine's dtype on the same preset: float32 on the CPU (generic), bfloat16 on
+# the GPU presets. A bf16 GGUF beside the builtin engine's f32 changed the text (AR = DFlash on 18/20) and tau.
+PRESET_DTYPE = {"generic": "f32", "h100": "bf16", "b300": "bf16"}
+# Slots when no cell says (a server launched outside a sweep): four, each with the model's whole context.
 PARALLEL = 4
 # The GPU presets offload every layer; the generic preset leaves it to llama.cpp (CPU here).
 PRESET_FLAGS = {"generic": [], "h100": ["-ngl", "999"], "b300": ["-ngl", "999"]}
 
 
-def gguf_dtype() -> str:
+def gguf_dtype(preset: str = "generic") -> str:
     from dflash_bench.llamacpp.convert import check_dtype
 
-    return check_dtype(os.environ.get(DTYPE_ENV, DEFAULT_DTYPE))
+    return check_dtype(os.environ.get(DTYPE_ENV) or PRESET_DTYPE.get(preset, "bf16"))
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class LlamaCpp(EngineProfile):
     tau_counting = ("llama.cpp shortens a request's last draft to the tokens left and does not count a step with none; "
                     "drafts accepted past EOS still count (server-context.cpp, n_draft_accepted)")
     client_tau = "timings"  # each response's timings.draft_n_accepted over its decode steps
+    slots_per_cell = True
     default_port = 8080
     runner = "process"  # the CPU build `dflash-bench engines build llamacpp` installs; docker on GPU hosts
 
@@ -50,7 +52,16 @@ class LlamaCpp(EngineProfile):
         return ["llama-server", "-m", pair.target]
 
     def target_flags(self, pair: ModelPair, preset: str) -> list[str]:
-        return ["--parallel", str(PARALLEL), "--kv-unified", *PRESET_FLAGS[preset]]
+        return list(PRESET_FLAGS[preset])
+
+    def slot_flags(self, pair: ModelPair, slots: tuple[int, int] | None) -> list[str]:
+        """--parallel = the cell's concurrency, each slot its own KV cache of the context the cells need (a
+        unified cache of the model's 2,048 tokens shared by 4 slots made the drafter skip drafts at 4)."""
+        n, per_slot = slots if slots else (PARALLEL, model_context(pair.target) or 4096)
+        return ["--parallel", str(n), "-c", str(n * per_slot), "--no-kv-unified"]
+
+    def weights(self, preset: str) -> str | None:
+        return f"GGUF {gguf_dtype(preset)}"
 
     def spec_flags(self, pair: ModelPair, preset: str) -> list[str]:
         return ["-md", pair.require_drafter(), "--spec-type", "draft-dflash",
@@ -72,11 +83,11 @@ class LlamaCpp(EngineProfile):
         found = find_server()
         return (True, str(found)) if found else (False, "not found (dflash-bench engines build llamacpp)")
 
-    def serve_pair(self, pair: ModelPair, mode: str, convert: bool) -> ModelPair:
+    def serve_pair(self, pair: ModelPair, mode: str, convert: bool, preset: str = "generic") -> ModelPair:
         """The pair as GGUF files: converted (once per content hash) when `convert`, else the planned paths."""
         from dflash_bench.llamacpp import convert as conv
 
-        dtype = gguf_dtype()
+        dtype = gguf_dtype(preset)
         if pair.target.endswith(".gguf"):  # already converted by the user: served as given
             return pair
         target = _folder(pair.target, convert)
@@ -106,7 +117,24 @@ class LlamaCpp(EngineProfile):
         if found is None:
             raise UserError("llama-server is not on PATH and not built here: run `dflash-bench engines build "
                             "llamacpp` (a CPU build from PyPI's llama-cpp-python sdist), or use --runner docker.")
+        from dflash_bench.llamacpp.build import check_server_version
+
+        check_server_version(found)
         return [str(found), *argv[1:]]
+
+
+def model_context(ref: str) -> int | None:
+    """The positions the model was trained for (config.json max_position_embeddings), where a local folder says."""
+    import json
+
+    path = Path(ref).expanduser()
+    path = path if path.is_dir() else path.parent
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    n = config.get("max_position_embeddings") or (config.get("text_config") or {}).get("max_position_embeddings")
+    return n if isinstance(n, int) and n > 0 else None
 
 
 def _folder(ref: str, download: bool) -> Path:

@@ -150,6 +150,7 @@ class ServerRecord(_Open):
     env_names: list[str] = Field(default_factory=list)
     gpus: int | None = None  # GPUs the launched server used (profiles.server_gpus)
     identity: ServerIdentity | None = None  # what was checked after the launch (None: written before issue 43)
+    weights: str | None = None  # what the server loaded where the profile converts it (llama.cpp: "GGUF f32")
 
     @model_serializer(mode="wrap")
     def _drop_unknown(self, handler: Any) -> dict[str, Any]:

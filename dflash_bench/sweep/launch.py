@@ -19,6 +19,7 @@ from dflash_bench.launch.watchdog import Relaunching
 from dflash_bench.store import CellPlan, Manifest, ServerRecord
 from dflash_bench.sweep.context import SweepContext, reason
 from dflash_bench.sweep.plan import Launch
+from dflash_bench.sweep.slots import launch_slots
 from dflash_bench.sweep.write import fail_cell
 
 
@@ -147,7 +148,7 @@ def _server(ctx: SweepContext, launch: Launch, port: int | None) -> Iterator[Ser
     with launch_server(launch.engine, ctx.pair, launch.mode, runner=runner, preset=settings.gpu, gpus=gpus,
                        extra_args=server_args(settings, launch.engine), sweep_id=ctx.manifest.sweep_id, image=ctx.image,
                        log_path=ctx.sweep.log_path(launch.engine, launch.mode),
-                       port=port) as server:
+                       port=port, slots=launch_slots(ctx, launch)) as server:
         gpus_used = profiles.server_gpus(launch.engine, ctx.pair, settings)
         info = server.info.model_copy(update={"gpus": gpus_used})
         if info.identity is not None and settings.expect_model:

@@ -24,6 +24,7 @@ class Launch:
     engine: str
     mode: str
     cells: tuple[CellPlan, ...]
+    slots: int | None = None  # the concurrency of every cell, for an engine whose slots follow it (slots_per_cell)
 
 
 def resolve_pair(settings: SweepSettings) -> ModelPair:
@@ -46,6 +47,8 @@ def plan_cells(settings: SweepSettings) -> list[CellPlan]:
     arms: list[bool | None] = [False, True] if settings.thinking_both else [None]
     keys = [(suite, n, arm, c) for suite, n in suites for arm in arms for c in settings.concurrency]
     for engine in settings.engines:
+        if _slots_per_cell(engine):  # a server per concurrency: its cells consecutive
+            keys = sorted(keys, key=lambda k: k[3])
         for repeat in range(settings.repeats):
             modes = MODES if repeat % 2 == 0 else MODES[::-1]
             order = [(m, k) for k in keys for m in modes] if settings.paired else [(m, k) for m in modes for k in keys]
@@ -67,13 +70,24 @@ def launches(plan: list[CellPlan], pending_only: bool = True, paired: bool = Fal
     (engine, mode) over the engine's consecutive cells (its two servers run together: `launch.servers_up`)."""
     cells = [c for c in plan if c.status in ("pending", "running", "failed")] if pending_only else list(plan)
     if not paired:
-        return [Launch(engine, mode, tuple(group)) for (engine, mode), group in groupby(cells, key=lambda c: (c.engine, c.mode))]
+        return [Launch(engine, mode, tuple(group), slots) for (engine, mode, slots), group in groupby(cells, key=_launch_key)]
     out = []
-    for engine, group in groupby(cells, key=lambda c: c.engine):
+    for (engine, slots), group in groupby(cells, key=lambda c: _launch_key(c)[::2]):
         mine = list(group)
-        out += [Launch(engine, mode, tuple(c for c in mine if c.mode == mode)) for mode in MODES
+        out += [Launch(engine, mode, tuple(c for c in mine if c.mode == mode), slots) for mode in MODES
                 if any(c.mode == mode for c in mine)]
     return out
+
+
+def _slots_per_cell(engine: str) -> bool:
+    from dflash_bench import profiles
+
+    return profiles.get(engine).slots_per_cell
+
+
+def _launch_key(c: CellPlan) -> tuple[str, str, int | None]:
+    """(engine, mode, slots): one server lifetime; slots is the concurrency where the engine's slots follow it."""
+    return c.engine, c.mode, c.concurrency if _slots_per_cell(c.engine) else None
 
 
 def check_resume(saved: SweepSettings | dict[str, Any] | None, current: SweepSettings) -> None:

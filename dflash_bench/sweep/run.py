@@ -55,4 +55,5 @@ def measure_group(ctx: SweepContext, group: list[Launch]) -> None:
 
 def server_groups(ls: list[Launch], paired: bool) -> list[list[Launch]]:
     """The launches whose servers run together: each alone, or paired an engine's two."""
-    return [list(g) for _, g in groupby(ls, key=lambda launch: launch.engine)] if paired else [[launch] for launch in ls]
+    return [list(g) for _, g in groupby(ls, key=lambda launch: (launch.engine, launch.slots))] if paired \
+        else [[launch] for launch in ls]
