@@ -38,6 +38,8 @@ from dflash_bench.models import resolve
 from dflash_bench.quality.lossless import read_comparisons
 from dflash_bench.store import SweepDir
 
+# The module's sweep (16 cells, 6 launches) runs up to 1500 s on a busy 2-core machine: past pytest's 600 s
+pytestmark = pytest.mark.timeout(1800)
 PAIR = Path(__file__).resolve().parents[1] / "dflash_bench" / "assets" / "default_pair"
 SUITES = ("gsm8k", "mt-bench")
 CONCURRENCY = (1, 4)
