@@ -160,7 +160,7 @@ class LoadGenerator:
             passes = await self._steady(prompts)
             return LoadResult(self.records, t_start, time.perf_counter(), self.t0, [], passes)
         passes = 0
-        while not passes or (prompts and time.perf_counter() - t_start < self.load.min_seconds):
+        while not passes or (prompts and self._window() < self.load.min_seconds):
             passes += 1
             batch = prompts if passes == 1 else [_again(p, passes) for p in prompts]
             if passes > 1:
@@ -193,6 +193,12 @@ class LoadGenerator:
 
         await asyncio.gather(*(slot() for _ in range(self.load.concurrency)))
         return passes[0]
+
+    def _window(self) -> float:
+        """Seconds from the first measured dispatch to the last measured completion (the cell's duration_s)."""
+        measured = [r for r in self.records if not r.warmup]
+        ends = [r.t_end for r in measured if r.t_end is not None]
+        return max(ends) - min(r.t_send for r in measured) if ends else 0.0
 
     async def _worker(self, it: Iterator[Conversation]) -> None:
         for p in it:  # a shared iterator: each worker takes the next prompt when its last one ends

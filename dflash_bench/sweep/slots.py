@@ -9,7 +9,10 @@ the template's own tokens. The context is rounded up to a multiple of ROUND.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from dflash_bench import profiles
+from dflash_bench.suites import Prompt
 from dflash_bench.sweep.context import SweepContext
 from dflash_bench.sweep.plan import Launch
 
@@ -17,7 +20,7 @@ TEMPLATE_TOKENS = 64  # per turn: role markers, a system prompt's share, generat
 ROUND = 256
 
 
-def slot_context(prompts, max_tokens: int, block_size: int) -> int:
+def slot_context(prompts: Sequence[Prompt], max_tokens: int, block_size: int) -> int:
     """Tokens one slot needs for the longest conversation of `prompts` at `max_tokens` a reply."""
     need = max((sum(len(t.encode()) + TEMPLATE_TOKENS + max_tokens for t in p.turns) for p in prompts), default=0)
     need += block_size + 1
