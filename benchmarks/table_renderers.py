@@ -97,13 +97,21 @@ def _demo_grid(data: dict[str, Any], with_tau: bool) -> Table:
             taus = [t for _, t in runs if t is not None]
             if with_tau and taus:
                 text += f" (τ {span(taus)})"
+            repeats = [(c["speedup_min"], c["speedup_max"]) for run in data["runs"] for c in run["cells"]
+                       if (c["suite"], c["concurrency"]) == (suite, conc) and "speedup_min" in c]
+            if with_tau and repeats:
+                text += f", single repeats {span([lo for lo, _ in repeats] + [hi for _, hi in repeats], unit='x')}"
             text += f", ahead in {sum(r > 1 for r, _ in runs)} of {len(runs)}"
             row.append(text)
         rows.append(row)
     runs = data["runs"]
     notes = [f"{len(runs)} runs, {span([r['seconds'] for r in runs], fmt=lambda s: f'{s:.0f}', unit=' s')} each "
              "after the install; DFlash / AR output tok/s, lowest-highest over the runs"
+             + (" (a run's ratio: the median of its repeats')" if any("speedup" in c for r in runs for c in r["cells"]) else "")
              + (", with DFlash's τ" if with_tau else "") + "."]
+    loads = [r[k] for r in runs for k in ("load_avg_1min_before", "load_avg_1min_after") if k in r]
+    if loads:
+        notes.append(f"The machine's 1-minute load average before and after the runs: {span(loads, fmt=f1)}.")
     exact = [c["lossless_exact_match_rate"] for r in runs for c in r["cells"]
              if c.get("mode") == "dflash" and c.get("lossless_exact_match_rate") is not None]
     if exact:

@@ -55,10 +55,8 @@ class Entry:
     machine: str | None = None  # else the first source's `device` / `machine`
 
 
-# The demo's repeated runs, the range README states and docs/results/demo.md details: runs[].seconds and
-# .cells[] (see _demo_ratios for the two forms). When benchmarks/demo_repeats.py's file is committed, name it
-# here (benchmarks/results/demo_cpu_repeats.json) and run `python -m benchmarks.tables`.
-DEMO = "demo_cpu_64_tokens.json"
+# The demo's repeated runs (benchmarks/demo_repeats.py), the range README states and docs/results/demo.md details.
+DEMO = "demo_cpu_repeats.json"
 
 TABLES: list[Entry] = [
     Entry("demo_summary", "README.md", (DEMO,), None, tr.demo_summary),
