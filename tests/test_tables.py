@@ -80,6 +80,7 @@ def test_the_demo_range_reads_demo_repeats_files_too():
             for s, x, t in ((150.0, 1.8, 9.0), (170.0, 2.2, 9.5), (160.0, 0.9, 8.0))]
     data = {"command": "dflash-bench demo", "machine": {"cpu": "some CPU", "cores": 2}, "runs": runs}
     table = table_renderers.demo_runs([data])
-    assert table.rows == [["gsm8k", "0.90-2.20x (τ 8.00-9.50), ahead in 2 of 3"]]
+    assert table.rows == [["gsm8k", "0.90-2.20x (τ 8.00-9.50), single repeats 0.80-2.30x, ahead in 2 of 3"]]
+    assert "the median of its repeats" in table.notes[0]
     assert "3 runs, 150-170 s each" in table.notes[0]
     assert table_renderers.machine_of(data) == "some CPU, 2 cores" and table_renderers.command_of(data) == "dflash-bench demo"
