@@ -133,11 +133,11 @@ def token_counter(target: str | None) -> Callable[[str], int]:
 
 def longest_context(settings: SweepSettings, pair: ModelPair, data_dir: Path | None) -> int:
     """The longest context any request of the plan can reach, in the target's tokens."""
-    from dflash_bench.sweep.prompts import LONG_MAX_TOKENS
+    from dflash_bench.sweep.prompts import LONG_MAX_TOKENS, prompts_per_cell
     from dflash_bench.suites import get_suite, load_prompts
 
     count = token_counter(pair.target)
-    n = max(settings.num_prompts or max(16, 4 * c), c) if (c := max(settings.concurrency)) else 16
+    n = prompts_per_cell(settings, max(settings.concurrency))
     longest = 0
     for suite in settings.suites:
         new = settings.max_tokens or get_suite(suite).default_max_tokens

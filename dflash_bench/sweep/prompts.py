@@ -35,7 +35,7 @@ def prompt_loader(settings: SweepSettings, data_dir: Path | None) -> PromptLoade
 
     def load(suite: str, concurrency: int) -> tuple[list[Prompt], int]:
         if (suite, concurrency) not in cache:
-            n = max(settings.num_prompts or max(16, 4 * concurrency), concurrency)
+            n = prompts_per_cell(settings, concurrency)
             if suite in long:
                 prompts = build_prompts(long[suite], data_dir=data_dir, num_prompts=n, tokenizer=tokenizer,
                                         seed=settings.seed)
@@ -48,6 +48,12 @@ def prompt_loader(settings: SweepSettings, data_dir: Path | None) -> PromptLoade
     for suite in [*settings.suites, *long]:  # fail before any server starts when a dataset is missing or malformed
         load(suite, settings.concurrency[0])
     return load
+
+
+def prompts_per_cell(settings: SweepSettings, concurrency: int) -> int:
+    """How many prompts a cell at `concurrency` sends: --num-prompts, else max(16, 4 x concurrency); never fewer
+    than the concurrency."""
+    return max(settings.num_prompts or max(16, 4 * concurrency), concurrency)
 
 
 def _local_target(model: str) -> Path | None:
