@@ -1,8 +1,8 @@
 """Gemma 4 31B's shape on the fast path (`serve --fast --load-format dummy`), in process on one GPU: a decode
 step's time against the weight-read floor, AR and DFlash with synthetic acceptance.
 
-    python benchmarks/gemma_fast.py --json OUT.json [--slots 8 --max-len 1024 --batches 1,8 --tau 6.5]
-    python benchmarks/gemma_fast.py --json smoke.json --device cpu --shrink   # the script itself, on a CPU
+    python -m benchmarks.gemma_fast --json OUT.json [--slots 8 --max-len 1024 --batches 1,8 --tau 6.5]
+    python -m benchmarks.gemma_fast --json smoke.json --device cpu --shrink   # the script itself, on a CPU
 
 The shape is `dflash_bench.model_shapes`' (written by benchmarks/big_shape.py, without weights); the engine creates
 random weights of it on the GPU. The floor: the bytes one step must read (`GemmaTarget.weight_bytes`: every weight
@@ -18,14 +18,13 @@ import argparse
 import gc
 import json
 import random
+import shlex
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def sync() -> None:
@@ -109,7 +108,8 @@ def main() -> None:
     dev = a.device
     if a.shrink:
         shrink(a.pair)
-    out: dict = {"device": torch.cuda.get_device_name(0) if dev == "cuda" else "cpu", "torch": torch.__version__, "command": " ".join(sys.argv),
+    out: dict = {"device": torch.cuda.get_device_name(0) if dev == "cuda" else "cpu", "torch": torch.__version__,
+                 "command": shlex.join(["python", "-m", "benchmarks.gemma_fast", *sys.argv[1:]]),
                  "pair": a.pair, "slots": a.slots, "max_len": a.max_len, "phases": []}
     out["copy_bandwidth_GBps"] = copy_bandwidth(dev) / 1e9
 
