@@ -61,10 +61,11 @@ DEMO = "demo_cpu_repeats.json"
 TABLES: list[Entry] = [
     Entry("demo_summary", "README.md", (DEMO,), None, tr.demo_summary),
     Entry("engines_summary", "README.md", ("real_engines_h100_builtin_vllm.json",),
-          "PYTHONPATH=. python benchmarks/real_engines.py shape --engines builtin,inprocess,vllm --modes ar,dflash "
+          "python -m benchmarks.real_engines shape --engines builtin,inprocess,vllm --modes ar,dflash "
           "--fresh-prompts --data-dir .data", tr.engines_summary),
     Entry("demo_runs", "docs/results/demo.md", (DEMO,), None, tr.demo_runs),
-    Entry("cpu_anatomy", "docs/results/demo.md", ("cpu_anatomy_cpu.json",), None, tr.cpu_anatomy),
+    Entry("cpu_anatomy", "docs/results/demo.md", ("cpu_anatomy_cpu.json",),
+          "python -m benchmarks.cpu_anatomy --out benchmarks/results/cpu_anatomy_cpu.json", tr.cpu_anatomy),
     Entry("cpu_step_costs", "docs/results/cpu-fast-path.md", ("cpu_step_cpu.json",),
           "python -m benchmarks.cpu_step --draft-shapes 1x256,2x768 --out F (its arguments are the file's `args`)", tr.cpu_step_costs),
     Entry("cpu_throughput", "docs/results/cpu-fast-path.md", ("cpu_step_cpu_tput.json", "serve_speed_cpu_pair.json"),
