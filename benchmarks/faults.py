@@ -395,6 +395,7 @@ def no_warmup_connect(tmp: Path, data: Path) -> Row:
 
 
 from benchmarks import faults_trust  # noqa: E402,F401  (issue 43's cases register themselves)
+from benchmarks import faults_trust2  # noqa: E402,F401  (issue 43's cases 2, 5, 6, 7)
 
 
 def main() -> None:

@@ -12,42 +12,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from benchmarks.fixtures.fake_nvml import POWER_W, UPDATE_S, FakeNvml
 from dflash_bench.telemetry import Sample, TelemetrySampler, summarize
 from dflash_bench.telemetry.energy import MIN_SAMPLES
-
-POWER_W = 200.0
-UPDATE_S = 0.1  # the counter's update period
-
-
-class FakeNvml:
-    """pynvml's calls that telemetry makes, for one GPU drawing POWER_W; the energy counter (mJ) steps every
-    UPDATE_S of perf_counter time, as NVML's does; every other field is unsupported."""
-
-    NVMLError = type("NVMLError", (Exception,), {})
-    NVMLError_LibraryNotFound = type("NVMLError_LibraryNotFound", (NVMLError,), {})
-    NVML_FI_DEV_POWER_INSTANT = 186
-    NVML_SUCCESS = 0
-    NVML_CLOCK_SM, NVML_CLOCK_MEM, NVML_TEMPERATURE_GPU = 1, 2, 0
-
-    def __init__(self):
-        self.t0 = time.perf_counter()
-
-    def nvmlInit(self): pass  # noqa: E704
-    def nvmlShutdown(self): pass  # noqa: E704
-    def nvmlDeviceGetCount(self): return 1  # noqa: E704
-    def nvmlSystemGetDriverVersion(self): return "fake"  # noqa: E704
-    def nvmlDeviceGetHandleByIndex(self, i): return i  # noqa: E704
-    def nvmlDeviceGetPowerUsage(self, h): return int(POWER_W * 1000)  # noqa: E704
-
-    def nvmlDeviceGetTotalEnergyConsumption(self, h):
-        updates = math.floor((time.perf_counter() - self.t0) / UPDATE_S)
-        return int(updates * UPDATE_S * POWER_W * 1000)
-
-    def _unsupported(self, *args):
-        raise self.NVMLError("not supported")
-
-    nvmlDeviceGetFieldValues = nvmlDeviceGetUtilizationRates = nvmlDeviceGetClockInfo = _unsupported
-    nvmlDeviceGetMemoryInfo = nvmlDeviceGetTemperature = nvmlDeviceGetCurrentClocksEventReasons = _unsupported
 
 
 @pytest.fixture
