@@ -136,7 +136,9 @@ def serve(
     port: int = typer.Option(8000, "--port", min=1, max=65535, help="Port to listen on."),
     dtype: str = typer.Option("auto", "--dtype", help="auto (bfloat16 on GPU, float32 on CPU), bfloat16, float16, float32 or float64."),
     device: str = typer.Option("auto", "--device", help="auto (cuda when a GPU is visible, else cpu), cpu, cuda or cuda:N."),
-    max_slots: int = typer.Option(32, "--max-slots", help="Most requests decoded together; more wait in a queue."),
+    max_slots: Optional[int] = typer.Option(None, "--max-slots", help="Most requests decoded together; more wait in a queue (default: with --fast, as many as the KV memory holds, at most 128, on a GPU; else 32). With --fast, more than the memory holds is refused, saying why."),
+    memory_utilization: Optional[float] = typer.Option(None, "--memory-utilization", help="With --fast on a GPU: the share of the device's memory the server may hold (as vLLM's --gpu-memory-utilization; default 0.9); the KV pool gets what the weights leave of it."),
+    kv_cache_memory_bytes: Optional[int] = typer.Option(None, "--kv-cache-memory-bytes", help="With --fast: the KV pool's memory in bytes, instead of --memory-utilization (the only budget on the CPU)."),
     max_model_len: int = typer.Option(4096, "--max-model-len", help="Most tokens per request (prompt + output); sizes the KV cache."),
     served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="Model name in the API (default: --model as given)."),
     fast: bool = typer.Option(False, "--fast", help="Fast path: fused Qwen3/Llama/Gemma 4 forward with CUDA graphs (greedy requests only)."),
@@ -156,7 +158,7 @@ def serve(
                max_model_len=max_model_len, served_model_name=served_model_name, fast=fast,
                synthetic_acceptance=synthetic_acceptance, benchmark_only=benchmark_only, step_ahead=step_ahead,
                verify_width=verify_width, cut_draft=cut_draft, prefill=prefill, load_format=load_format,
-               kernels=kernels)
+               kernels=kernels, memory_utilization=memory_utilization, kv_cache_memory_bytes=kv_cache_memory_bytes)
 
 
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from dflash_bench.client.cell import Measurement, check_steady, measure
 from dflash_bench.client.loadgen import LoadSettings
 from dflash_bench.client.protocol import RequestSettings
+from dflash_bench.client.slots import check_slots
 from dflash_bench.client.summary import summarize_cell, write_cell
 from dflash_bench.errors import UserError
 from dflash_bench.store import CellPlan, CellSummary, Manifest, SweepDir, cell_id
@@ -35,6 +36,7 @@ def run_one(url: str, suite: str, request: RequestSettings, load: LoadSettings, 
     _check_options(url, label, engine, api, load.transport)
     check_steady(load)
     _probe(url, load.timeout)
+    check_slots(url, concurrency, load.timeout)
     from dflash_bench.launch.identity import changed, verify_external
 
     identity = verify_external(url, expect_model, load.timeout)  # --expect-model refused before anything is written

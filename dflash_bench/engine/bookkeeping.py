@@ -65,6 +65,7 @@ class Bookkeeping:
 
     def __init__(self, tokenizer, *, eos_ids: list[int], block_size: int, slots: int, max_len: int):
         self.tok, self.eos_ids, self.B, self.max_len = tokenizer, set(eos_ids), block_size, max_len
+        self.slots = slots  # the KV pool's rows (/metrics dflash_bench:max_slots)
         self.free_slots = list(range(slots - 1, -1, -1))  # popped from the end: lowest slot first
         self.stats = Stats(accepted_per_pos=[0] * max(block_size - 1, 0))
 

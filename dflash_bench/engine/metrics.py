@@ -5,6 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from dflash_bench.client.slots import SLOTS_GAUGE
 from dflash_bench.engine.loop import EngineLoop
 
 
@@ -31,6 +32,9 @@ class EngineCollector:
         yield self._counter("vllm:request_success", "Requests that finished (stop or length).", st.requests)
         yield self._gauge("vllm:num_requests_running", "Requests in the decode batch.", self.loop.num_running)
         yield self._gauge("vllm:num_requests_waiting", "Requests waiting for a slot.", self.loop.num_waiting)
+        slots = getattr(getattr(self.loop.engine, "book", None), "slots", None)
+        if slots is not None:  # the harness refuses a concurrency beyond it before a cell (client/slots.py)
+            yield self._gauge(SLOTS_GAUGE, "Most requests decoded together (the KV pool's slots).", slots)
         busy = CounterMetricFamily("dflash_bench:engine_thread_seconds", "Seconds the engine thread spent per "
                                    "phase: prefill, step (launch, GPU wait, bookkeeping), emit (hand-over to HTTP).",
                                    labels=["model_name", "phase"])

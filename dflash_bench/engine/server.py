@@ -221,18 +221,20 @@ def _check_port(host: str, port: int) -> None:
 
 
 def serve(model: str, draft: str | None = None, *, mode: str | None = None, host: str = "127.0.0.1", port: int = 8000,
-          dtype: str = "auto", device: str = "auto", max_slots: int = 32, max_model_len: int = 4096,
+          dtype: str = "auto", device: str = "auto", max_slots: int | None = 32, max_model_len: int = 4096,
           served_model_name: str | None = None, log_level: str = "warning", fast: bool = False,
           synthetic_acceptance: float | None = None, benchmark_only: bool = False, step_ahead: bool = True,
           verify_width: str = "auto", cut_draft: bool = False, prefill: str = "auto", load_format: str = "auto",
-          kernels: bool = True) -> None:
-    """Load the model(s) and serve until interrupted (the `dflash-bench serve` command)."""
+          kernels: bool = True, memory_utilization: float | None = None,
+          kv_cache_memory_bytes: int | None = None) -> None:
+    """Load the model(s) and serve until interrupted (the `dflash-bench serve` command). `max_slots` None: on the
+    fast path, as many as the KV memory holds (engine/fast/pool.py); else its default."""
     import uvicorn
 
     from dflash_bench.engine.build import build_engine
 
     mode = mode or ("dflash" if draft else "ar")
-    if max_slots < 1 or max_model_len < 16:
+    if (max_slots is not None and max_slots < 1) or max_model_len < 16:
         raise UserError("--max-slots must be at least 1 and --max-model-len at least 16")
     _check_port(host, port)
     if verify_width not in ("auto", "full"):
@@ -250,7 +252,11 @@ def serve(model: str, draft: str | None = None, *, mode: str | None = None, host
                                    max_slots=max_slots, max_len=max_model_len, synthetic_tau=synthetic_acceptance,
                                    benchmark_only=benchmark_only, step_ahead=step_ahead,
                                    adaptive=verify_width == "auto", cut_draft=cut_draft, mixed=prefill == "mixed",
-                                   dummy=dummy, kernels=kernels)
+                                   dummy=dummy, kernels=kernels, kv_cache_memory_bytes=kv_cache_memory_bytes,
+                                   memory_utilization=0.9 if memory_utilization is None else memory_utilization)
+    elif memory_utilization is not None or kv_cache_memory_bytes is not None:
+        raise UserError(f"{'--memory-utilization' if memory_utilization is not None else '--kv-cache-memory-bytes'} "
+                        "sizes the fast path's KV pool: add --fast (without it, --max-slots sizes the cache)")
     elif synthetic_acceptance is not None:
         raise UserError("--synthetic-acceptance runs on the fast path only: add --fast --benchmark-only")
     elif not step_ahead or prefill == "mixed":
@@ -261,7 +267,7 @@ def serve(model: str, draft: str | None = None, *, mode: str | None = None, host
                         "applies to the fast path only: add --fast")
     else:
         engine = build_engine(model, draft if mode == "dflash" else None, mode=mode, dtype=dtype, device=device,
-                              max_slots=max_slots, max_len=max_model_len, dummy=dummy)
+                              max_slots=32 if max_slots is None else max_slots, max_len=max_model_len, dummy=dummy)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     loop = EngineLoop(engine).start()
     name = served_model_name or model

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from dflash_bench.client.cell import measure
 from dflash_bench.client.loadgen import LoadSettings
 from dflash_bench.client.protocol import RequestSettings
+from dflash_bench.client.slots import check_slots
 from dflash_bench.client.summary import summarize_cell
 from dflash_bench.errors import UserError
 from dflash_bench.store import CellPlan, CellSummary, Manifest, StoreError, SweepDir
@@ -41,6 +42,7 @@ def measure_cell(ctx: SweepContext, cell: CellPlan, server: Server) -> Measured 
     load = LoadSettings(concurrency=cell.concurrency, seed=settings.seed, min_seconds=settings.min_cell_seconds,
                         steady_requests=settings.steady_requests, steady_ramp=settings.steady_ramp)
     try:
+        check_slots(server.url, cell.concurrency, load.timeout)  # a builtin server's pool (client/slots.py)
         m = measure(server.url, prompts, request, load, ctx.telemetry, ctx.progress.on_request)
     except UserError as err:
         fail_cell(ctx, cell, reason(err))

@@ -153,11 +153,13 @@ class FastEngine:
 
 
 def build_fast_engine(model: str, draft: str | None = None, *, mode: str = "dflash", dtype: str = "auto",
-                      device: str = "auto", max_slots: int = 32, max_len: int = 4096, tokenizer=None,
+                      device: str = "auto", max_slots: int | None = 32, max_len: int = 4096, tokenizer=None,
                       synthetic_tau: float | None = None, benchmark_only: bool = False,
                       step_ahead: bool = True, adaptive: bool = True, cut_draft: bool = False,
-                      mixed: bool = False, dummy: bool = False, kernels: bool = True) -> FastEngine:
-    """Like `build.build_engine`, on the fast path (CUDA graphs on a GPU, eager on the CPU)."""
+                      mixed: bool = False, dummy: bool = False, kernels: bool = True,
+                      memory_utilization: float = 0.9, kv_cache_memory_bytes: int | None = None) -> FastEngine:
+    """Like `build.build_engine`, on the fast path (CUDA graphs on a GPU, eager on the CPU). `max_slots` None: as
+    many as the memory budget holds (`pool.py`: `memory_utilization` of a GPU, or `kv_cache_memory_bytes`)."""
     from dflash_bench.engine.build import eos_ids, load_tokenizer, resolve_dtype
     from dflash_bench.engine.drafter import load_drafter
     from dflash_bench.engine.target import load_model
@@ -191,6 +193,11 @@ def build_fast_engine(model: str, draft: str | None = None, *, mode: str = "dfla
                                dummy=dummy)
         if synthetic_tau is not None and not 1 <= synthetic_tau <= drafter.config.block_size:
             raise UserError(f"--synthetic-acceptance must lie between 1 and the block size {drafter.config.block_size}")
+    from dflash_bench.engine.fast.pool import pool_slots
+
+    max_slots = pool_slots(cfg, drafter, asked=max_slots, device=device, dtype=dt, max_len=max_len,
+                           utilization=memory_utilization, nbytes=kv_cache_memory_bytes)
     return FastEngine(hf, tok, drafter, eos_ids=eos_ids(hf, tok), max_slots=max_slots, max_len=max_len,
                       synthetic_tau=synthetic_tau, step_ahead=step_ahead, adaptive=adaptive, cut_draft=cut_draft,
                       mixed=mixed, kernels=kernels)
+
