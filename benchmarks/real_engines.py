@@ -36,14 +36,16 @@ from pathlib import Path
 import httpx
 from pydantic import BaseModel, Field
 
-from benchmarks.serve_speed import wait_ready, write_pair
+from benchmarks.serve_speed import write_pair
 
-from dflash_bench.launch import free_port
+from dflash_bench.errors import UserError
+from dflash_bench.launch import free_port, launch_command
 from dflash_bench.metrics.cache import HITS, QUERIES
 from dflash_bench.store import SweepDir
 
 SUITES = "gsm8k,humaneval,mt-bench"
-PAIR = Path(__file__).resolve().parents[1] / "dflash_bench" / "assets" / "default_pair"
+ROOT = Path(__file__).resolve().parents[1]  # the repository: the in-process row runs `-m benchmarks.closed_loop` there
+PAIR = ROOT / "dflash_bench" / "assets" / "default_pair"
 VARIANTS = {  # pair part: engine variant -> (--engine, extra --engine-arg values)
     "vllm": ("vllm", []),
     "builtin": ("builtin", []),
@@ -248,15 +250,6 @@ def engine_counters(url: str) -> dict[str, float]:
     return out
 
 
-def stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 def run_shape(args, res: Results, keep) -> None:
     work = Path(args.work)
     target, draft = ensure_shape_pair(work, args.device, args.shape)
@@ -266,28 +259,27 @@ def run_shape(args, res: Results, keep) -> None:
                 keep(measure_inprocess(args, mode, target, draft))
                 continue
             args.port = free_port()  # a server a killed run left behind must not answer for this one
-            url, log = f"http://127.0.0.1:{args.port}", work / f"shape-{engine}-{mode}.log"
             cmd = server_command(engine, mode, target, draft, args)
-            proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+            t0 = time.monotonic()
             try:
-                res.ready_s[f"shape/{engine}/{mode}"] = wait_ready(proc, url, 480, log)
-                res.commands[f"shape/{engine}/{mode}"] = shown(cmd, args.work)
-                for c in args.c_list:  # each cell saved as it ends: a run killed mid-way keeps the cells before
-                    keep([measure_served(args, url, engine, mode, c, work)])
-            except SystemExit as err:  # serve_speed.wait_ready's way of saying the server never came up
+                with launch_command(cmd, port=args.port, log_path=work / f"shape-{engine}-{mode}.log",
+                                    ready_timeout=480, name=f"{engine}-{mode}") as server:
+                    res.ready_s[f"shape/{engine}/{mode}"] = time.monotonic() - t0
+                    res.commands[f"shape/{engine}/{mode}"] = shown(cmd, args.work)
+                    for c in args.c_list:  # each cell saved as it ends: a run killed mid-way keeps the cells before
+                        keep([measure_served(args, server.url, engine, mode, c, work)])
+            except UserError as err:  # the server died or never answered (the sentence carries its log tail)
                 print(f"shape {engine} {mode}: {err}", flush=True)
-            finally:
-                stop(proc)
 
 
 def measure_inprocess(args, mode: str, target: Path, draft: Path) -> list[Row]:
     """The builtin engine's own throughput on the served rows' workload (closed_loop.py, in its own process so
     that the GPU is free again for the next server)."""
-    cmd = [sys.executable, os.path.join(os.path.dirname(__file__), "closed_loop.py"), "--model", str(target),
+    cmd = [sys.executable, "-m", "benchmarks.closed_loop", "--model", str(target),
            "--data-dir", args.data_dir, "--concurrency", args.concurrency, "--prompts-per-slot",
            str(args.prompts_per_slot), "--new-tokens", str(args.new_tokens), "--max-model-len",
            str(args.max_model_len), "--device", args.device] + (["--draft", str(draft)] if mode == "dflash" else [])
-    got = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+    got = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT)
     rows = []
     for line in got.stdout.splitlines():
         if line.startswith("{"):

@@ -24,9 +24,10 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.real_engines import engine_counters, ensure_shape_pair, stop
-from benchmarks.serve_speed import wait_ready
+from benchmarks.real_engines import engine_counters, ensure_shape_pair
 
+from dflash_bench.errors import UserError
+from dflash_bench.launch import launch_command
 from dflash_bench.store import SweepDir
 
 PAIR = Path(__file__).resolve().parents[1] / "dflash_bench" / "assets" / "default_pair" / "target"
@@ -52,34 +53,38 @@ def summarise(raw: Path, ticks: float, top: int) -> dict:
             for t, n in held.most_common()}
 
 
+def load_and_sample(args, server, tag: str, work: Path) -> tuple[dict, dict, float, Path]:
+    """A warm-up, then the measured run under py-spy; the engine's counters before and after it."""
+    load = [sys.executable, "-m", "dflash_bench", "run", "--url", server.url, "--suite", "gsm8k", "-c",
+            str(args.concurrency), "--max-tokens", str(args.max_tokens), "--ignore-eos", "--engine", "builtin",
+            "--data-dir", args.data_dir, "--out", str(work / "runs")] + args.run_arg
+    subprocess.run(load + ["-n", str(args.concurrency), "--name", f"{tag}-warm"], stdout=subprocess.DEVNULL)
+    before = engine_counters(server.url)
+    raw = work / f"{tag}.raw"
+    spy = subprocess.Popen([args.py_spy, "record", "-p", str(server.info.pid), "--gil", "--nonblocking", "--threads",
+                            "-r", str(args.rate), "-f", "raw", "-o", str(raw)],
+                           stdout=subprocess.DEVNULL, stderr=(work / f"{tag}.py-spy.log").open("w"))
+    time.sleep(1.0)
+    t = time.monotonic()
+    subprocess.run(load + ["-n", str(args.prompts_per_slot * args.concurrency), "--name", tag],
+                   stdout=subprocess.DEVNULL)
+    seconds = time.monotonic() - t + 1.0
+    spy.send_signal(signal.SIGINT)
+    spy.wait(60)
+    after = engine_counters(server.url)
+    return after, before, seconds, raw
+
+
 def profile(args, model: Path, draft: Path | None, tag: str, work: Path) -> dict:
-    url = f"http://127.0.0.1:{args.port}"
     cmd = [sys.executable, "-m", "dflash_bench", "serve", "--model", str(model), "--port", str(args.port), "--fast",
            "--device", args.device, "--max-slots", str(args.concurrency), "--max-model-len", "1536",
            "--served-model-name", tag, "--mode", args.mode] + (["--draft", str(draft)] if draft else [])
-    log = work / f"serve-{tag}.log"
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        wait_ready(proc, url, 480, log)
-        load = [sys.executable, "-m", "dflash_bench", "run", "--url", url, "--suite", "gsm8k", "-c",
-                str(args.concurrency), "--max-tokens", str(args.max_tokens), "--ignore-eos", "--engine", "builtin",
-                "--data-dir", args.data_dir, "--out", str(work / "runs")] + args.run_arg
-        subprocess.run(load + ["-n", str(args.concurrency), "--name", f"{tag}-warm"], stdout=subprocess.DEVNULL)
-        before = engine_counters(url)
-        raw = work / f"{tag}.raw"
-        spy = subprocess.Popen([args.py_spy, "record", "-p", str(proc.pid), "--gil", "--nonblocking", "--threads",
-                                "-r", str(args.rate), "-f", "raw", "-o", str(raw)],
-                               stdout=subprocess.DEVNULL, stderr=(work / f"{tag}.py-spy.log").open("w"))
-        time.sleep(1.0)
-        t = time.monotonic()
-        subprocess.run(load + ["-n", str(args.prompts_per_slot * args.concurrency), "--name", tag],
-                       stdout=subprocess.DEVNULL)
-        seconds = time.monotonic() - t + 1.0
-        spy.send_signal(signal.SIGINT)
-        spy.wait(60)
-        after = engine_counters(url)
-    finally:
-        stop(proc)
+        with launch_command(cmd, port=args.port, log_path=work / f"serve-{tag}.log", ready_timeout=480,
+                            name=tag) as server:
+            after, before, seconds, raw = load_and_sample(args, server, tag, work)
+    except UserError as err:  # the server died or never answered: the sentence carries its log tail
+        raise SystemExit(str(err)) from None
     [s] = SweepDir.open(work / "runs" / tag).summaries()
     root = str(PAIR.parents[3]) + "/"  # the results keep no path of the machine they ran on
     out = dict(model=str(model).replace(root, ""), mode=args.mode, concurrency=args.concurrency, max_tokens=args.max_tokens,

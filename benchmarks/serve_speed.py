@@ -25,13 +25,14 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
 import torch
 
 from benchmarks.engine_speed import SHAPES, build_pair
 
 from dflash_bench.engine.drafter import DFlashDrafter, DrafterConfig, save_drafter
 from dflash_bench.engine.tiny import make_tokenizer
+from dflash_bench.errors import UserError
+from dflash_bench.launch import launch_command
 
 PAIR = Path(__file__).resolve().parents[1] / "dflash_bench" / "assets" / "default_pair"
 
@@ -59,29 +60,16 @@ def write_pair(shape: dict, dev: torch.device, dtype, root: Path) -> tuple[Path,
     return target, draft
 
 
-def start_server(args, target: Path, draft: Path, mode: str, ahead: bool, port: int, log: Path,
-                 width: str = "auto", cut: bool = False) -> subprocess.Popen:
+def server_argv(args, target: Path, draft: Path, mode: str, ahead: bool, port: int, width: str = "auto",
+                cut: bool = False) -> list[str]:
+    """`dflash-bench serve --fast` of one cell's server (launched by `launch.launch_command`, as a sweep's are)."""
     cmd = [sys.executable, "-m", "dflash_bench", "serve", "--model", str(target), "--port", str(port),
            "--device", args.device, "--max-slots", str(max(args.concurrency)), "--max-model-len", "1536", "--fast",
            "--mode", mode, "--step-ahead" if ahead else "--no-step-ahead", "--served-model-name", f"random-{args.shape}"]
     if mode == "dflash":
         cmd += ["--draft", str(draft), "--synthetic-acceptance", str(args.tau), "--benchmark-only",
                 "--verify-width", width] + (["--cut-draft"] if cut else [])
-    return subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
-
-
-def wait_ready(proc: subprocess.Popen, url: str, timeout: float, log: Path) -> float:
-    t = time.monotonic()
-    while time.monotonic() - t < timeout:
-        if proc.poll() is not None:
-            raise SystemExit(f"the server exited ({proc.returncode}):\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return time.monotonic() - t
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise SystemExit(f"the server was not ready after {timeout:.0f} s:\n{log.read_text()[-3000:]}")
+    return cmd
 
 
 def measure(args, url: str, mode: str, c: int, out: Path, tag: str) -> dict:
@@ -136,21 +124,18 @@ def main() -> None:
             for mode, width, cut in [("ar", "auto", False)] + [("dflash", w, c) for w in widths for c in cuts]:
                 tag = f"{mode}{'_full' if width == 'full' and args.verify_width == 'both' else ''}" \
                       f"{'_cut' if cut and args.cut_draft == 'both' else ''}{'' if ahead else '_no_step_ahead'}"
-                url, log = f"http://127.0.0.1:{args.port}", root / f"{tag}.log"
-                proc = start_server(args, target, draft, mode, ahead, args.port, log, width, cut)
+                argv = server_argv(args, target, draft, mode, ahead, args.port, width, cut)
+                t0 = time.monotonic()
                 try:
-                    res[f"{tag}_ready_s"] = wait_ready(proc, url, 900, log)
-                    for c in args.concurrency:
-                        s = measure(args, url, mode, c, root / "sweeps", tag)
-                        res["rows"].setdefault(str(c), {})[tag] = s
-                        print(f"{tag} c={c}: {json.dumps(brief(s))}", flush=True)
-                finally:
-                    proc.terminate()
-                    try:
-                        proc.wait(60)
-                    except subprocess.TimeoutExpired:
-                        proc.kill()
-                        proc.wait()
+                    with launch_command(argv, port=args.port, log_path=root / f"{tag}.log", ready_timeout=900,
+                                        name=tag) as server:
+                        res[f"{tag}_ready_s"] = time.monotonic() - t0
+                        for c in args.concurrency:
+                            s = measure(args, server.url, mode, c, root / "sweeps", tag)
+                            res["rows"].setdefault(str(c), {})[tag] = s
+                            print(f"{tag} c={c}: {json.dumps(brief(s))}", flush=True)
+                except UserError as err:  # the server died or never answered: the sentence carries its log tail
+                    raise SystemExit(str(err)) from None
     print_table(res)
     if args.out:
         tmp = Path(args.out + ".tmp")

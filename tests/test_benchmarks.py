@@ -157,3 +157,62 @@ def test_mixed_step_times_a_prompt_riding_a_decode_step(tmp_path):
           "--prompts", "1", "--reps", "1", "--max-model-len", "256", "--out", str(out))
     (row,) = json.loads(out.read_text())["rows"]
     assert (row["rows"], row["prompt_tokens"], row["prompts"]) == (2, 16, 1) and row["mixed_ms"] > 0
+
+
+@ENGINE
+def test_engine_speed_runs_the_tiny_shape_on_the_cpu(tmp_path):
+    out = tmp_path / "speed.json"
+    bench("engine_speed", "--shape", "tiny", "--device", "cpu", "--prompt-len", "16", "--new-tokens", "8",
+          "--concurrency", "1", "--hf-tokens", "4", "--soak", "2", "--soak-tokens", "4", "--out", str(out))
+    res = json.loads(out.read_text())
+    assert res["shape"] == "tiny" and len(res["rows"]) == 1 and res["soak"]["requests"] == 2
+    # the exactness checks it runs before timing anything hold on the CPU too
+    assert all(v["ar_equal_reference"] and v["dflash_equal_ar"] for v in res["lossless_tiny"].values())
+
+
+def test_harness_overhead_times_the_client_against_the_emulator(tmp_path):
+    out = tmp_path / "overhead.json"
+    bench("harness_overhead", "--concurrency", "1,2", "--transports", "raw,httpx", "--tokens", "8", "--wire", "",
+          "--out", str(out))
+    res = json.loads(out.read_text())
+    assert [(r["transport"], r["concurrency"]) for r in res["cpu"]] == [("raw", 1), ("raw", 2), ("httpx", 1), ("httpx", 2)]
+    assert all(r["failed"] == 0 and r["tokens"] > 0 for r in res["cpu"]) and res["wire"] == []
+
+
+@ENGINE
+@pytest.mark.slow
+def test_serve_speed_serves_the_tiny_shape_and_runs_against_it(tmp_path, data_dir):
+    from dflash_bench.launch import free_port
+
+    out = tmp_path / "serve.json"
+    bench("serve_speed", "--shape", "tiny", "--device", "cpu", "--data-dir", str(data_dir), "--concurrency", "1",
+          "--prompts-per-slot", "1", "--new-tokens", "8", "--step-ahead", "on", "--port", str(free_port()),
+          "--out", str(out))
+    cells = json.loads(out.read_text())["rows"]["1"]
+    assert set(cells) == {"ar", "dflash"} and all(c["num_ok"] == 1 and c["num_failed"] == 0 for c in cells.values())
+    assert cells["dflash"]["acceptance_length"] > 1  # synthetic acceptance
+
+
+@ENGINE
+@pytest.mark.slow
+def test_real_engines_shape_serves_and_runs_in_process(tmp_path, data_dir):
+    out = tmp_path / "real.json"
+    bench("real_engines", "shape", "--engines", "builtin,inprocess", "--modes", "dflash", "--shape", "tiny",
+          "--device", "cpu", "--data-dir", str(data_dir), "--concurrency", "1", "--prompts-per-slot", "1",
+          "--new-tokens", "4", "--max-model-len", "512", "--work", str(tmp_path / "work"), "--out", str(out))
+    rows = json.loads(out.read_text())["rows"]
+    assert sorted((r["engine"], r["num_ok"], r["num_failed"]) for r in rows) == [("builtin", 1, 0), ("inprocess", 1, 0)]
+    table = bench("real_engines", "table", "--out", str(out))
+    assert table.count("| dflash |") == 2
+
+
+def test_serve_profile_summarises_py_spy_output(tmp_path):
+    from benchmarks.serve_profile import summarise
+
+    raw = tmp_path / "x.raw"
+    raw.write_text("thread (1): dflash-engine;step (a.py:3);matmul (b.py:9) 6\n"
+                   "thread (1): dflash-engine;step (a.py:4) 2\nthread (2): MainThread;poll (c.py:1) 2\n")
+    got = summarise(raw, 20, 5)
+    assert list(got) == ["dflash-engine", "MainThread"]
+    assert got["dflash-engine"]["samples"] == 8 and got["dflash-engine"]["gil_share"] == 0.4
+    assert got["dflash-engine"]["inclusive"][0] == ("step (a.py)", 8) and got["dflash-engine"]["self"][0] == ("matmul (b.py)", 6)
