@@ -67,10 +67,19 @@ def test_two_h100s_fit_the_same_plan_and_the_limit_is_derived(data_dir):
     assert args[args.index("--max-num-seqs") + 1] == "32"
 
 
+def test_tensor_parallel_passed_as_an_engine_arg_counts_as_the_option(data_dir):
+    """The server runs on the GPUs its command names (profiles.server_gpus), however the size was passed."""
+    for args in (["--tensor-parallel-size=2"], ["--tensor-parallel-size", "2"]):
+        sized = fit.size(_settings(engine_args=args), GEMMA, data_dir)
+        assert sized.context_len is not None
+    with pytest.raises(UserError, match="does not fit 1 H100"):
+        fit.size(_settings(engine_args=["--tensor-parallel-size=1"]), GEMMA, data_dir)
+
+
 def test_weights_alone_too_large_ask_for_more_gpus(data_dir, monkeypatch):
-    monkeypatch.setitem(fit.GPU_MEMORY_GIB, "l40s", 44.0)
+    monkeypatch.setitem(fit.GPU_MEMORY_GIB, "h100", 44.0)  # a GPU of 44 GiB under a preset the engines know
     with pytest.raises(UserError, match="the weights alone do not fit: use --tensor-parallel-size 2"):
-        fit.size(_settings(concurrency=[1], gpu="l40s"), GEMMA, data_dir)
+        fit.size(_settings(concurrency=[1]), GEMMA, data_dir)
 
 
 def test_a_lower_concurrency_passes(data_dir):

@@ -4,9 +4,9 @@ With `--gpu h100` / `h200` / ... (a GPU whose memory is known), `size()`:
 - derives the context limit from the plan: the longest conversation (its turns, the answers between them and
   `--max-tokens`), plus the block, rounded up to 256 tokens (`SweepSettings.context_len`);
 - checks, before anything launches, that the target's weights (and the drafter's, where the engine's DFlash
-  server will launch) plus the KV cache of
-  `max concurrency` sequences of that length fit `tensor_parallel` GPUs at the engine's memory fraction,
-  and refuses in one sentence what does not, saying what would fit.
+  server will launch) plus the KV cache of `max concurrency` sequences of that length fit the server's GPUs
+  (`profiles.server_gpus`: --tensor-parallel-size, else the flag in its command) at the engine's memory
+  fraction, and refuses in one sentence what does not, saying what would fit.
 `server_args()` gives each engine's sizing flags (vLLM `--max-model-len --gpu-memory-utilization
 --max-num-seqs --tensor-parallel-size`, SGLang `--context-length --mem-fraction-static --max-running-requests
 --tp-size`, the builtin engine `--max-model-len --max-slots`) ahead of the user's `--engine-arg`s, which win.
@@ -235,8 +235,10 @@ def size(settings: SweepSettings, pair: ModelPair, data_dir: Path | None) -> Swe
     target_cfg, drafter_cfg = pair_configs(pair)
     target, drafter = geometry(target_cfg), geometry(drafter_cfg, drafter=True) if pair.drafter else None
     if target is not None:
-        gpus = settings.tensor_parallel or 1
+        from dflash_bench import profiles
+
         for engine in sized:
+            gpus = profiles.server_gpus(engine, pair, settings)  # --tensor-parallel-size, else the command's flag
             usable = usable_gib(engine, gpu_gib)
             draft = drafter if _runs_dflash(engine, pair, settings) else None
             f = fit(target, draft, usable=usable, gpus=gpus, context=context, concurrency=max(settings.concurrency))
