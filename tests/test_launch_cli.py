@@ -75,6 +75,12 @@ def test_bad_input_is_one_line_and_exit_2(args, message):
     assert lines[-1].startswith(message) and "Traceback" not in out.stderr
 
 
+def test_sweep_refuses_an_unknown_gpu_preset_before_its_folder(tmp_path):
+    out = cli("sweep", "-m", "Qwen3-8B", "--engine", "emulator", "--gpu", "a100", "--out", str(tmp_path / "out"))
+    assert out.returncode == 2 and "error: unknown GPU preset 'a100'" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "out").exists()  # no sweep folder of failed cells
+
+
 def test_process_launch_of_a_missing_engine_is_a_clear_error():
     out = cli("launch", "-e", "vllm", "-m", "Qwen3-8B", "--runner", "process",
               env={"PATH": os.path.dirname(sys.executable) + os.pathsep + "/nonexistent"})

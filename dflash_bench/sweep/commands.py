@@ -84,6 +84,7 @@ def _validated(values: dict[str, Any]) -> SweepSettings:
 
     from dflash_bench import profiles
 
+    profiles.check_preset(values.get("gpu"))  # a bad --gpu stops the sweep before any folder or server
     if values.get("runner") is None:
         engines = values.get("engines") or ["builtin"]
         values["runner"] = "process" if all(profiles.get(e).runner == "process" for e in engines) else "docker"
