@@ -122,16 +122,21 @@ def two_sweeps_one_port(tmp: Path, data: Path) -> Row:
     first = sweep_argv(tmp / "one", data, "--engine-arg=--itl-ms=40", n=8)
     port = first[first.index("--port") + 1]
     one = subprocess.Popen(first, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while not any(c["status"] == "running" for f in folders(tmp / "one")
-                  for c in json.loads((f / "manifest.json").read_text())["plan"]):
-        if time.monotonic() > deadline or one.poll() is not None:
-            break
-        time.sleep(0.05)
-    second = sweep_argv(tmp / "two", data)
-    second[second.index("--port") + 1] = port
-    two, dt = sh(second)
-    one.wait(240)
+    try:
+        deadline = time.monotonic() + 120
+        while not any(c["status"] == "running" for f in folders(tmp / "one") if (f / "manifest.json").exists()
+                      for c in json.loads((f / "manifest.json").read_text())["plan"]):
+            if time.monotonic() > deadline or one.poll() is not None:
+                break
+            time.sleep(0.05)
+        second = sweep_argv(tmp / "two", data)
+        second[second.index("--port") + 1] = port
+        two, dt = sh(second)
+        one.wait(240)
+    finally:
+        if one.poll() is None:
+            one.kill()
+            one.wait()
     clean = []
     for folder in folders(tmp / "one") + folders(tmp / "two"):
         for cid, s in summaries(folder).items():
