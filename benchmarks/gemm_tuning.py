@@ -220,6 +220,8 @@ def main() -> None:
                     "step's chain at each of --rows")
     ap.add_argument("--rows", default="1,16", help="row counts of --quick")
     args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("gemm_tuning times CUDA graphs: it needs a GPU")
     dev, dt = torch.device("cuda"), torch.bfloat16
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
     if args.quick:

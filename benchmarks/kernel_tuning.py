@@ -131,6 +131,8 @@ def rope_groups(dev, dt) -> None:
 
 
 def main() -> None:
+    if not torch.cuda.is_available():
+        raise SystemExit("kernel_tuning times CUDA graphs: it needs a GPU")
     dev, dt = "cuda", torch.bfloat16
     print(torch.cuda.get_device_name())
     if "--attention-shapes" in sys.argv or "--rope" in sys.argv:

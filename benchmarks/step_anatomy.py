@@ -93,7 +93,7 @@ def main() -> None:
     ap.add_argument("--out")
     a = ap.parse_args()
     dev = torch.device(a.device)
-    if dev.type != "cuda":
+    if dev.type != "cuda" or not torch.cuda.is_available():
         raise SystemExit("step_anatomy profiles CUDA graphs: it needs a GPU (--device cuda)")
     torch.manual_seed(0)
     shape = SHAPES[a.shape]
