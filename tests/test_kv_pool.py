@@ -108,6 +108,8 @@ def test_serve_sizes_its_pool_from_the_budget_and_run_refuses_a_higher_concurren
         assert ok.returncode == 0, ok.stderr
     finally:
         stop(proc)
+    log = proc.stdout.read()  # type: ignore[union-attr]
+    assert "KV pool: 3 slots of 512 tokens" in log and "--kv-cache-memory-bytes" in log  # what it chose from what
 
 
 def test_serve_refuses_more_slots_than_its_budget_holds(pair):

@@ -233,6 +233,8 @@ def serve(model: str, draft: str | None = None, *, mode: str | None = None, host
 
     from dflash_bench.engine.build import build_engine
 
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")  # before the build's lines
+
     mode = mode or ("dflash" if draft else "ar")
     if (max_slots is not None and max_slots < 1) or max_model_len < 16:
         raise UserError("--max-slots must be at least 1 and --max-model-len at least 16")
@@ -272,7 +274,6 @@ def serve(model: str, draft: str | None = None, *, mode: str | None = None, host
     loop = EngineLoop(engine).start()
     name = served_model_name or model
     app = build_app(loop, name)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     log.info("serving %s (mode %s, block size %d, prefill %s) on http://%s:%d", name, mode, engine.B, prefill, host,
              port)
     try:
