@@ -371,6 +371,17 @@ def engine_speed_adaptive(results: list[Any]) -> Table:
                  ["Fixed and adaptive widths draw the same synthetic uniforms; every graph captured before the rows."])
 
 
+def engine_speed_before_after(results: list[Any]) -> Table:
+    """Two engine_speed runs of one command (before, after a change), row by row."""
+    before, after = ({r["concurrency"]: r for r in res["rows"]} for res in results)
+    pct = lambda a, b: f"{100 * (b / a - 1):+.1f}%"  # noqa: E731
+    out = [[str(c)] + [v for k in ("ar", "adaptive") for v in (f1(before[c][k]["tok_s"]), f1(after[c][k]["tok_s"]),
+                                                                pct(before[c][k]["tok_s"], after[c][k]["tok_s"]))]
+           + [f2(before[c]["adaptive"]["tau"]), f2(after[c]["adaptive"]["tau"])] for c in sorted(before) if c in after]
+    return Table(["concurrency", "AR tok/s before", "after", "change", "adaptive DFlash tok/s before", "after", "change",
+                  "τ before", "after"], out)
+
+
 def serve_speed_gpu(results: list[Any]) -> Table:
     data = results[0]
     out = []

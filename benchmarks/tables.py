@@ -99,6 +99,10 @@ TABLES: list[Entry] = [
           "python -m benchmarks.step_anatomy --out step_anatomy.json", tr.step_anatomy),
     Entry("engine_speed_adaptive", "docs/results/fast-path-gpu.md", ("engine_speed_h100_adaptive.json",),
           "python -m benchmarks.engine_speed --out F --soak 300 --hf-tokens 16", tr.engine_speed_adaptive),
+    # the same command after the scheduler refactor (issue 45): tokens and speed unchanged within noise
+    Entry("engine_speed_scheduler", "docs/results/fast-path-gpu.md",
+          ("engine_speed_h100_adaptive.json", "engine_speed_h100_scheduler.json"),
+          "python -m benchmarks.engine_speed --out F --soak 300 --hf-tokens 16 (each)", tr.engine_speed_before_after),
     Entry("serve_speed_h100", "docs/results/fast-path-gpu.md", ("serve_speed_h100.json",),
           "python -m benchmarks.serve_speed --data-dir DATA", tr.serve_speed_gpu),
     Entry("acceptance", "docs/results/tiny-pair.md", ("acceptance_cpu_retrained.json",),

@@ -304,3 +304,12 @@ def test_telemetry_overhead_runs_or_says_why_not(tmp_path):
     else:
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert json.loads((tmp_path / "overhead.json").read_text())["rows"]
+
+
+@ENGINE
+def test_gemma_fast_runs_its_shrunk_shape_on_the_cpu(tmp_path):
+    out = tmp_path / "gemma.json"
+    bench("gemma_fast", "--json", str(out), "--device", "cpu", "--shrink", "--batches", "1")
+    phases = json.loads(out.read_text())["phases"]
+    assert [(p["mode"], p.get("error")) for p in phases] == [("ar", None), ("dflash", None)]
+    assert all(r["tokens"] > 0 for p in phases for r in p["rates"])
