@@ -3,21 +3,12 @@ once, and any bytes in a sweep folder's files. Imported by faults.py, where they
 
 from __future__ import annotations
 
-import random
 import shutil
 import subprocess
 from pathlib import Path
 
+from benchmarks.fixtures.tampering import KINDS, damaged, foreign_emulator
 from benchmarks.faults import PY, Row, case, folders, left_behind, sh, summaries, sweep_argv
-
-
-def _damage(blob: bytes, kind: str) -> bytes:
-    if kind == "random":
-        rnd = random.Random(43)
-        return bytes(rnd.randrange(256) for _ in range(2000))
-    if kind == "non-utf8":
-        return blob[:len(blob) // 2] + b"\xff\xfe" + blob[len(blob) // 2:]
-    return blob[:len(blob) // 2]
 
 
 @case
@@ -28,11 +19,11 @@ def folder_bytes(tmp: Path, data: Path) -> Row:
     files = sorted(p.relative_to(made) for p in made.rglob("*") if p.is_file())
     tried, bad = 0, []
     for rel in files:
-        for kind in ("random", "non-utf8", "truncated"):
+        for kind in KINDS:
             folder = tmp / "copy"
             shutil.rmtree(folder, ignore_errors=True)
             shutil.copytree(made, folder)
-            (folder / rel).write_bytes(_damage((made / rel).read_bytes(), kind))
+            (folder / rel).write_bytes(damaged((made / rel).read_bytes(), kind))
             for cmd in (["report", str(folder)], ["gate", str(folder), "-b", str(made)], ["migrate", str(folder)]):
                 proc, _ = sh([*PY, *cmd])
                 tried += 1
@@ -89,19 +80,12 @@ def _port() -> int:
 # ---------------------------------------------------------------- item 1: the server measured is the one launched
 
 
-def _emulate(port: int, *extra: str) -> subprocess.Popen:
-    proc = subprocess.Popen([*PY, "emulate", "--model", "emulated", "--port", str(port), *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
-    assert proc.stdout is not None and "listening on" in proc.stdout.readline()
-    return proc
-
-
 @case
 def foreign_server_on_port(tmp: Path, data: Path) -> Row:
     out = tmp / "out"
     argv = sweep_argv(out, data)
     port = int(argv[argv.index("--port") + 1])
-    foreign = _emulate(port)
+    foreign = foreign_emulator(port)
     try:
         proc, dt = sh(argv)
     finally:

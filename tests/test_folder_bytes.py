@@ -3,7 +3,6 @@ a damaged cell measured again on resume; a full disk named (issue 43, item 3). R
 
 from __future__ import annotations
 
-import random
 import shutil
 import subprocess
 import sys
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.fixtures.tampering import KINDS, damaged
 from dflash_bench.launch import free_port
 
 EMU = ["--engine-arg=--ttft-ms=2", "--engine-arg=--itl-ms=1", "--engine-arg=--acceptance-length=4"]
@@ -32,15 +32,6 @@ def made(tmp_path_factory, data_dir) -> Path:
     return folder
 
 
-def damaged(blob: bytes, kind: str) -> bytes:
-    if kind == "random":
-        rnd = random.Random(43)
-        return bytes(rnd.randrange(256) for _ in range(2000))
-    if kind == "non-utf8":
-        return blob[:len(blob) // 2] + b"\xff\xfe" + blob[len(blob) // 2:]
-    return blob[:len(blob) // 2]  # truncated
-
-
 def cli(capsys, *args: str) -> tuple[int, str]:
     """The console entry point in process: its exit code and stderr (an exception other than SystemExit fails)."""
     from dflash_bench.cli import main
@@ -58,7 +49,7 @@ def cli(capsys, *args: str) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize("file", ["manifest.json", f"cells/{AR}/summary.json", f"cells/{DF}/requests.jsonl"])
-@pytest.mark.parametrize("kind", ["random", "non-utf8", "truncated"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_report_gate_and_migrate_name_the_damaged_file_in_one_sentence(made, tmp_path, capsys, file, kind):
     folder = tmp_path / "s"
     shutil.copytree(made, folder)

@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from benchmarks.fixtures.tampering import foreign_emulator as emulator
 from dflash_bench.errors import UserError
 from dflash_bench.launch import free_port, launch_command
 
@@ -27,14 +28,6 @@ def sweep_argv(out: Path, data_dir: Path, port: int, *extra: str, conc: str = "1
             "--runner", "process", "--suites", "gsm8k", "--concurrency", conc, "-n", str(n), "--max-tokens", "24",
             "--port", str(port), "--out", str(out), "--data-dir", str(data_dir), "--engine-arg=--ttft-ms=2",
             f"--engine-arg=--itl-ms={itl}", "--engine-arg=--acceptance-length=4", *extra]
-
-
-def emulator(port: int, *extra: str) -> subprocess.Popen:
-    """`dflash-bench emulate` on `port`, in its own session (not a process of the harness's groups)."""
-    proc = subprocess.Popen([*PY, "emulate", "--model", "emulated", "--port", str(port), *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
-    assert proc.stdout is not None and "listening on" in proc.stdout.readline()
-    return proc
 
 
 def stop(proc: subprocess.Popen) -> None:
