@@ -3,7 +3,7 @@
 `real_engines.py shape --engines inprocess` uses it for the engine's own throughput on the same prompts, output
 length and concurrency as its served rows, so the two differ only by the serving path (HTTP, SSE, the event
 loop, the engine thread's hand-over): c clients, each sending its next prompt as soon as its last one ends.
-The driver admits what waits into free slots (`add_many`, batched as the engine does), then steps everyone.
+The engine runs in the `EngineLoop` that `serve` runs it in (admission into free slots, prefill groups, steps).
 
     python -m benchmarks.closed_loop --model DIR [--draft DIR] --data-dir .data
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import threading
 import time
 from collections import deque
 from pathlib import Path
@@ -20,53 +21,75 @@ from dflash_bench.engine.sampling import SamplingParams
 
 
 def suite_prompts(tokenizer, suite: str, n: int, data_dir: Path | None, seed: int = 0) -> list[list[int]]:
-    """The first turns `dflash-bench run --suite S -n N --seed 0` sends, as the server tokenizes them (chat template
-    with the generation prompt, no special tokens added: `engine.api.chat_prompt`)."""
+    """The first turns `dflash-bench run --suite S -n N --seed 0` sends, as the server tokenizes them: each a chat
+    request of one user message, rendered by the server's own `engine.api.chat_prompt`."""
+    from dflash_bench.engine.api import ChatRequest, chat_prompt
     from dflash_bench.suites import load_prompts
 
-    out = []
-    for p in load_prompts(suite, data_dir=data_dir, num_prompts=n, seed=seed):
-        text = tokenizer.apply_chat_template([{"role": "user", "content": p.turns[0]}], tokenize=False,
-                                             add_generation_prompt=True)
-        out.append(tokenizer(text, add_special_tokens=False).input_ids)
-    return out
+    return [chat_prompt(tokenizer, ChatRequest(messages=[{"role": "user", "content": p.turns[0]}]))
+            for p in load_prompts(suite, data_dir=data_dir, num_prompts=n, seed=seed)]
 
 
 def closed_loop(engine, prompts: list[list[int]], concurrency: int, max_tokens: int) -> dict:
-    """Run every prompt to exactly `max_tokens` (ignore_eos) with `concurrency` in flight; tok/s and TTFT."""
+    """Run every prompt to exactly `max_tokens` (ignore_eos) with `concurrency` in flight; tok/s and TTFT.
+
+    The engine runs in an `EngineLoop`, as `serve` runs it (its admission into free slots, prefill groups and
+    steps); each finished request submits the next prompt from the loop's thread, as a client would."""
+    from dflash_bench.engine.loop import EngineLoop
+
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     todo = deque(enumerate(prompts))
-    running: list = []
     sent: dict[str, float] = {}
     ttft: list[float] = []
-    tokens = steps = 0
+    errors: list[Exception] = []
+    tokens = in_flight = 0
+    lock, done = threading.Lock(), threading.Event()
+    loop = EngineLoop(engine).start()
+
+    def submit_next() -> None:  # with `lock` held
+        nonlocal in_flight
+        i, p = todo.popleft()
+        sent[str(i)] = time.perf_counter()
+        in_flight += 1
+        loop.submit(str(i), p, params, sink)
+
+    def sink(d) -> None:  # on the loop's thread
+        nonlocal tokens, in_flight
+        t = time.perf_counter()
+        with lock:
+            if isinstance(d, Exception):
+                errors.append(d)
+            else:
+                if d.req_id in sent:  # the request's first token
+                    ttft.append(t - sent.pop(d.req_id))
+                tokens += len(d.token_ids)
+                if not d.finish:
+                    return
+            in_flight -= 1
+            if todo:
+                submit_next()
+            elif not in_flight:
+                done.set()
+
     st0 = (engine.stats.drafts, engine.stats.accepted)
     t0 = time.perf_counter()
-    while todo or running:
-        batch = []
-        while todo and len(running) + len(batch) < concurrency:
-            i, p = todo.popleft()
-            batch.append((str(i), p, params))
-            sent[str(i)] = time.perf_counter()
-        started = engine.add_many(batch) if batch else []
-        running += [seq for seq, _ in started]
-        first = [d for _, d in started if d is not None]  # None: rides in a later step, first token then
-        now = time.perf_counter()
-        stepped = engine.step(running)
-        steps += 1
-        later = time.perf_counter()
-        for d, t in [(d, now) for d in first] + [(d, later) for d in stepped]:
-            if d.req_id in sent:  # the request's first token
-                ttft.append(t - sent.pop(d.req_id))
-        tokens += sum(len(d.token_ids) for d in first + stepped)
-        for s in [s for s in running if s.finish]:
-            engine.release(s)
-            running.remove(s)
+    try:
+        with lock:
+            while todo and in_flight < concurrency:
+                submit_next()
+            if not in_flight:
+                done.set()
+        done.wait()
+    finally:
+        loop.stop()
     wall = time.perf_counter() - t0
+    if errors:
+        raise errors[0]
     ttft.sort()
     drafts, accepted = engine.stats.drafts - st0[0], engine.stats.accepted - st0[1]
     return {"concurrency": concurrency, "requests": len(prompts), "output_tokens": tokens, "wall_s": round(wall, 4),
-            "output_tok_s": tokens / wall, "decode_steps": steps, "ttft_ms_p50": 1e3 * ttft[len(ttft) // 2],
+            "output_tok_s": tokens / wall, "decode_steps": loop.steps, "prefill_groups": loop.groups,
+            "ttft_ms_p50": 1e3 * ttft[len(ttft) // 2] if ttft else None,
             "tau": 1 + accepted / drafts if drafts else None}
 
 
