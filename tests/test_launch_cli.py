@@ -81,6 +81,13 @@ def test_sweep_refuses_an_unknown_gpu_preset_before_its_folder(tmp_path):
     assert not (tmp_path / "out").exists()  # no sweep folder of failed cells
 
 
+def test_sweep_refuses_tensor_parallelism_on_a_one_gpu_engine_before_its_folder(tmp_path):
+    out = cli("sweep", "-m", "Qwen3-8B", "--engine", "emulator", "--tensor-parallel-size", "2", "--out",
+              str(tmp_path / "out"))
+    assert out.returncode == 2 and "the emulator engine runs on one GPU" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_process_launch_of_a_missing_engine_is_a_clear_error():
     out = cli("launch", "-e", "vllm", "-m", "Qwen3-8B", "--runner", "process",
               env={"PATH": os.path.dirname(sys.executable) + os.pathsep + "/nonexistent"})

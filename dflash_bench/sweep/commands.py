@@ -53,15 +53,19 @@ def sweep_command(options: dict[str, Any], *, out: Path, resume: Path | None, dr
 def _sized(settings: SweepSettings, data_dir: Path | None, dry_run: bool = False) -> SweepSettings:
     """The plan sized for its GPU (sweep/fit.py): a context limit derived, a plan that cannot fit refused. A dry
     run whose prompts cannot be read says so and prints the plan unsized."""
-    from dflash_bench.sweep.fit import PromptsUnavailable, size
+    from dflash_bench.sweep.fit import PromptsUnavailable, server_args, size
 
     try:
-        return size(settings, resolve_pair(settings), data_dir)
+        sized = size(settings, resolve_pair(settings), data_dir)
     except PromptsUnavailable as err:
         if not dry_run:
             raise
         typer.echo(f"context limit not derived (it needs the plan's prompts): {err}")
-        return settings
+        sized = settings
+    if not sized.url_ar:  # what an engine cannot take (--tensor-parallel-size on a one-GPU engine): before any folder
+        for engine in sized.engines:
+            server_args(sized, engine)
+    return sized
 
 
 def _settings(options: dict[str, Any], resume: Path | None, image: str | None = None) -> SweepSettings:
