@@ -398,6 +398,21 @@ def serve_speed_gpu(results: list[Any]) -> Table:
                  [f"GSM8K prompts, {data['new_tokens']} new tokens, synthetic τ {data['tau']}; TTFT and TPOT are medians."])
 
 
+def gemma_fast(results: list[Any]) -> Table:
+    """benchmarks/gemma_fast.py: the builtin engine's fast path on a big shape, per mode and batch, against the
+    weight-read floor (the weights' bytes over the measured copy bandwidth)."""
+    data = results[0]
+    out = [[ph["mode"], str(r["batch"]), f2(r["ms_per_step"]), f1(r["tok_s"]), f2(r["tokens_per_row_step"]),
+            f"{100 * r['floor_share']:.0f}%", f1(ph["peak_GiB"])]
+           for ph in data["phases"] for r in ph["rates"]]
+    floor = data["phases"][0]["floor_ms"]
+    return Table(["mode", "batch", "ms per step", "tok/s", "tokens per row and step", "weight-read floor / step",
+                  "peak GPU GiB"], out,
+                 [f"In process, {data['slots']} slots of {data['max_len']} tokens; the floor is {f2(floor)} ms a step "
+                  f"({data['phases'][0]['weight_bytes'] / 1e9:.1f} GB of weights at a measured "
+                  f"{data['copy_bandwidth_GBps']:.0f} GB/s). DFlash: a random drafter with synthetic acceptance (the file's notes)."])
+
+
 # ---------------------------------------------------------------- the embedded pair
 
 

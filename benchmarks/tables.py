@@ -90,6 +90,7 @@ TABLES: list[Entry] = [
           tr.pair_retrained),
     Entry("gemma4_31b_h100", "docs/results/gemma-4-31b.md", ("gemma4_31b_h100.json",), None, tr.big_shape,
           machine="one NVIDIA H100 80GB HBM3 (nvidia-h100-x1) and two on one host (nvidia-h100-x2), each a fresh machine"),
+    Entry("gemma4_31b_fast", "docs/results/gemma-4-31b.md", ("gemma4_31b_fast_h100.json",), None, tr.gemma_fast),
     Entry("engine_speed", "docs/results/fast-path-gpu.md", ("engine_speed_h100.json", "engine_speed_h200.json"),
           "python -m benchmarks.engine_speed --out engine_speed.json --torch-path", tr.engine_speed,
           machine="one NVIDIA H100 80GB HBM3 and one NVIDIA H200, each a fresh machine"),
