@@ -76,6 +76,12 @@ def test_tensor_parallel_passed_as_an_engine_arg_counts_as_the_option(data_dir):
         fit.size(_settings(engine_args=["--tensor-parallel-size=1"]), GEMMA, data_dir)
 
 
+def test_a_target_tokenizer_that_does_not_load_is_one_sentence(tmp_path):
+    (tmp_path / "tokenizer_config.json").write_text('{"tokenizer_class": "NoSuchTokenizer"}')
+    with pytest.raises(UserError, match="cannot load the tokenizer"):
+        fit.token_counter(str(tmp_path))
+
+
 def test_weights_alone_too_large_ask_for_more_gpus(data_dir, monkeypatch):
     monkeypatch.setitem(fit.GPU_MEMORY_GIB, "h100", 44.0)  # a GPU of 44 GiB under a preset the engines know
     with pytest.raises(UserError, match="the weights alone do not fit: use --tensor-parallel-size 2"):
