@@ -149,7 +149,7 @@ def sweep(
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", min=1, help="Output cap per request (default: each suite's, 2048)."),
     repeats: Optional[int] = typer.Option(None, "--repeats", min=1, help="Measure every cell this many times (modes alternate to cancel drift)."),
     paired: Optional[bool] = typer.Option(None, "--paired", help="Run each engine's AR and DFlash servers together and measure every cell AR then DFlash, seconds apart (both must fit the machine at once; the DFlash server takes a free port)."),
-    gpu: Optional[str] = typer.Option(None, "--gpu", help="Engine flag preset: h100, h200, b300 or generic; a named GPU also sizes the servers for the plan (context limit, memory fraction) and refuses a plan that cannot fit."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="Engine flag preset: h100, h200, b300 or generic (also h20, hopper, b200, gb200, gb300, blackwell); a named GPU also sizes the servers for the plan (context limit, memory fraction) and refuses a plan that cannot fit."),
     tensor_parallel_size: Optional[int] = typer.Option(None, "--tensor-parallel-size", "--tp", min=1, help="GPUs per vLLM or SGLang server (tensor parallel)."),
     drafter: Optional[str] = typer.Option(None, "--drafter", help="DFlash drafter (HF id or folder) when --model is not a known pair."),
     runner: Optional[str] = typer.Option(None, "--runner", help="docker or process (default: docker for vllm/sglang, process for builtin/emulator)."),
