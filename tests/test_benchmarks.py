@@ -313,3 +313,25 @@ def test_gemma_fast_runs_its_shrunk_shape_on_the_cpu(tmp_path):
     phases = json.loads(out.read_text())["phases"]
     assert [(p["mode"], p.get("error")) for p in phases] == [("ar", None), ("dflash", None)]
     assert all(r["tokens"] > 0 for p in phases for r in p["rates"])
+
+
+# recipes/tiny_pair's measuring scripts (train.py: tests/test_recipe.py), run as `python -m recipes.tiny_pair.<name>`
+def recipe(name: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", f"recipes.tiny_pair.{name}", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=600)
+
+
+@ENGINE
+@pytest.mark.parametrize("name", ["acceptance", "measure"])
+def test_a_recipe_measures_the_embedded_pair(name, tmp_path, data_dir):
+    out = tmp_path / f"{name}.json"
+    proc = recipe(name, "--data-dir", str(data_dir), "--suites", "gsm8k", "--num-prompts", "1", "--max-tokens", "4",
+                  "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (row,) = json.loads(out.read_text())["rows"]
+    assert (row["suite"], row["prompts"], row["identical"]) == ("gsm8k", 1, 1) and row["tau"] >= 1  # lossless
+
+
+def test_zlab_check_wants_its_data_dir():
+    proc = recipe("zlab_check", "--zlab", "ZLAB")  # z-lab's checkout and its Python are not here: only the arguments
+    assert proc.returncode == 1 and proc.stderr.strip() == "--data-dir is required"
