@@ -410,3 +410,26 @@ def test_saved_settings_keep_every_option_but_a_password_in_a_url():
     assert saved.port == 18001 and saved.runner == "process" and saved.image == "img:1"
     assert saved.url_ar == "http://u:***@h:8000/v1" and saved.url_dflash == "http://h:8001"
     assert "hunter2" not in saved.model_dump_json()
+
+
+def test_a_cell_that_cannot_be_written_stops_the_sweep_with_its_sentence_not_as_a_server_that_did_not_start(
+        tmp_path, data_dir, monkeypatch):
+    """An error of the caller's own (here the store refusing a cell's files) must reach the user as itself: the
+    servers' context once swallowed it and failed the group's other cells as 'server did not start'."""
+    from typer.testing import CliRunner
+
+    from dflash_bench.cli import app
+    from dflash_bench.store import StoreError
+    from dflash_bench.sweep import write
+
+    def refuse(ctx, cell, measured):
+        raise StoreError(f"cannot write {ctx.sweep.path}: the disk holding it is full")
+
+    monkeypatch.setattr(write, "write_measured", refuse)
+    argv = sweep_argv(tmp_path, "--data-dir", str(data_dir), suites="gsm8k", conc="1,4")[3:]
+    res = CliRunner().invoke(app, argv)
+    assert isinstance(res.exception, StoreError), (res.exception, res.output)  # main() makes it one sentence, exit 2
+    assert "the disk holding it is full" in str(res.exception)
+    folder = only_sweep(tmp_path)
+    summaries = [json.loads(p.read_text()) for p in (folder / "cells").glob("*/summary.json")]
+    assert not any("did not start" in (s.get("error") or "") for s in summaries), summaries

@@ -95,7 +95,7 @@ def servers_up(ctx: SweepContext, group: list[Launch]) -> Iterator[Servers]:
     A UserError as the servers go down fails what is left of the group's cells."""
     mine = {id(c) for launch in group for c in launch.cells}
     cells = [c for c in ctx.manifest.plan if id(c) in mine]
-    handed_out = False
+    handed_out = body_failed = False
     try:
         with contextlib.ExitStack() as stack:
             up: dict[str, Server] = {}
@@ -119,8 +119,14 @@ def servers_up(ctx: SweepContext, group: list[Launch]) -> Iterator[Servers]:
                 check_same_image(ctx.manifest, launch.engine)
             ctx.sweep.write_manifest(ctx.manifest)
             handed_out = True
-            yield Servers(ctx, cells, up, slots)
+            try:
+                yield Servers(ctx, cells, up, slots)
+            except BaseException:
+                body_failed = True  # the caller's own error (a cell that cannot be written, say): never a launch's
+                raise
     except UserError as err:  # as the servers went down: what is left of these launches fails
+        if body_failed:
+            raise
         for cell in cells:
             if cell.status not in ("complete", "failed"):
                 fail_cell(ctx, cell, f"server did not start: {reason(err, cell.engine)}")
