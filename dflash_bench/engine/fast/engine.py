@@ -9,7 +9,6 @@ when the caller says it is a benchmark.
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Any, cast
 
 import torch
@@ -91,7 +90,7 @@ class FastEngine:
                 seqs.append(self.book.open(req_id, prompt, params))
             sched = self.runner.sched
             if sched.waits_to_ride([s.prompt for s in seqs], any(s.params.logprobs is not None for s in seqs)):
-                sched.queue.extend((s.slot, s.prompt) for s in seqs)
+                sched.wait([s.slot for s in seqs], [s.prompt for s in seqs])
                 return [(s, None) for s in seqs]
             toks = self.runner.add_many([s.slot for s in seqs], [s.prompt for s in seqs])
         except BaseException:  # the slots go back: nobody will hear about these requests
@@ -112,9 +111,9 @@ class FastEngine:
         while r.inflight:
             r.collect()
             out += self._rode(seqs)
-        if r.sched.queue:
+        wait = r.sched.unridden()
+        if wait:
             by_slot = {s.slot: s for s in seqs}
-            wait, r.sched.queue = list(r.sched.queue), deque()
             toks = r.add_many([slot for slot, _ in wait], [p for _, p in wait])
             out += [self.book.prefilled(by_slot[slot], tok, self.logits[slot, :1]) for (slot, _), tok in zip(wait, toks)]
         return out

@@ -202,6 +202,16 @@ class Scheduler:
         return (self.mixed and bool(self.lengths) and len(self.queue) + len(prompts) <= self.ride_queue
                 and not logprobs and all(self.can_ride([p]) for p in prompts))
 
+    def wait(self, slots: Sequence[int], prompts: Sequence[Sequence[int]]) -> None:
+        """These admitted prompts wait to ride (`waits_to_ride` said so), oldest first."""
+        self.queue.extend(zip(slots, map(list, prompts)))
+
+    def unridden(self) -> list[tuple[int, list[int]]]:
+        """No row is left to step while prompts wait to ride (once the steps in flight are collected): they are
+        prefilled the usual way instead, all of them, and leave the queue."""
+        out, self.queue = list(self.queue), deque()
+        return out
+
     def waiting(self) -> set[int]:
         """The slots whose prompt waits to ride or rides in a step in flight: no step takes them as rows yet."""
         return {s for s, _ in self.queue} | set(self.riding)
