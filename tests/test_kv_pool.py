@@ -13,6 +13,7 @@ import pytest
 
 from dflash_bench.engine.fast.pool import DEFAULT_SLOTS, MOST_SLOTS, Budget, choose_slots, slot_bytes
 from dflash_bench.errors import UserError
+from launch_helpers import stop_harness
 
 pytest.importorskip("transformers")
 
@@ -76,15 +77,6 @@ def serve(*args: str, target: Path) -> subprocess.Popen:
     return proc
 
 
-def stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 def test_serve_sizes_its_pool_from_the_budget_and_run_refuses_a_higher_concurrency(pair, tmp_path, data_dir):
     from dflash_bench.client.slots import server_slots
     from test_engine_server import wait_ready
@@ -107,7 +99,7 @@ def test_serve_sizes_its_pool_from_the_budget_and_run_refuses_a_higher_concurren
                             capture_output=True, text=True, timeout=300)
         assert ok.returncode == 0, ok.stderr
     finally:
-        stop(proc)
+        stop_harness(proc)
     log = proc.stdout.read()  # type: ignore[union-attr]
     assert "KV pool: 3 slots of 512 tokens" in log and "--kv-cache-memory-bytes" in log  # what it chose from what
 
@@ -119,7 +111,7 @@ def test_serve_refuses_more_slots_than_its_budget_holds(pair):
     try:
         text, _ = proc.communicate(timeout=300)
     finally:
-        stop(proc)
+        stop_harness(proc)
     assert proc.returncode != 0 and "--max-slots 5 needs" in text and "3 slots fit" in text, text
     assert "Traceback" not in text
 
