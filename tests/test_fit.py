@@ -13,6 +13,7 @@ import pytest
 
 from dflash_bench import models, profiles
 from dflash_bench.errors import UserError
+from dflash_bench.launch import free_port
 from dflash_bench.model_shapes import GEMMA4_31B_DRAFTER, GEMMA4_31B_TARGET, mixes_layer_types, pair_configs
 from dflash_bench.store.manifest import SweepSettings
 from dflash_bench.sweep import fit
@@ -208,9 +209,11 @@ def test_a_sweep_fails_vllms_dflash_cells_with_the_sentence_and_never_launches_t
     out = tmp_path / "out"
     got = subprocess.run([sys.executable, "-m", "dflash_bench", "sweep", "--model", "gemma-4-31B-it", "--engine", "vllm",
                           "--runner", "process", "-c", "1", "--suites", "gsm8k", "-n", "1", "--data-dir", str(data_dir),
-                          "--out", str(out)], capture_output=True, text=True, cwd=ROOT, env=env)
+                          "--port", str(free_port()), "--out", str(out)], capture_output=True, text=True, cwd=ROOT, env=env)
     assert "Traceback" not in got.stderr
-    [folder] = [p.parent for p in out.glob("*/manifest.json")]
+    folders = [p.parent for p in out.glob("*/manifest.json")]
+    assert len(folders) == 1, got.stderr[-2000:]
+    [folder] = folders
     manifest = json.loads((folder / "manifest.json").read_text())
     reasons = {c["cell_id"]: c.get("reason") or "" for c in manifest["plan"]}
     assert reasons["vllm-dflash-gsm8k-c1"].startswith("server did not start: vLLM 0.25.1 cannot run DFlash with this drafter")
@@ -267,3 +270,10 @@ def test_a_dry_run_without_the_prompts_prints_the_plan_unsized(tmp_path):
     assert got.returncode == 0, got.stderr
     assert "context limit not derived (it needs the plan's prompts)" in got.stdout
     assert "google/gemma-4-31B-it" in got.stdout and "--max-model-len" not in got.stdout
+
+
+def test_a_tensor_parallel_size_that_does_not_divide_the_heads_is_refused_before_launch(data_dir):
+    """gemma-4-31B has 32 attention heads: 3 GPUs cannot shard them (vLLM would only say so at launch)."""
+    with pytest.raises(UserError, match="size of 3 does not divide the target's 32 attention heads.*use 1, 2, 4, 8"):
+        fit.size(_settings(tensor_parallel=3), GEMMA, data_dir)
+    assert fit.size(_settings(tensor_parallel=4), GEMMA, data_dir).context_len  # a divisor is sized as before

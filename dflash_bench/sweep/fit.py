@@ -49,6 +49,7 @@ class Geometry:
     kv_full: int
     kv_window: int
     window: int | None
+    heads: int = 0  # attention heads: what a tensor-parallel size must divide
 
     def kv_bytes(self, tokens: int) -> int:
         kept = min(tokens, self.window) if self.window else tokens
@@ -98,7 +99,7 @@ def geometry(config: dict[str, Any] | None, *, drafter: bool = False) -> Geometr
         weights += feats * hidden * hidden
     else:
         weights += vocab * hidden * (1 if c.get("tie_word_embeddings", True) else 2)
-    return Geometry(weights * BYTES, kv_full, kv_window, int(window) if window else None)
+    return Geometry(weights * BYTES, kv_full, kv_window, int(window) if window else None, heads)
 
 
 def gpu_memory_gib(gpu: str | None) -> float | None:
@@ -238,6 +239,10 @@ def size(settings: SweepSettings, pair: ModelPair, data_dir: Path | None) -> Swe
 
         for engine in sized:
             gpus = profiles.server_gpus(engine, pair, settings)  # --tensor-parallel-size, else the command's flag
+            if target.heads and target.heads % gpus:
+                fits_heads = ", ".join(str(n) for n in range(1, target.heads + 1) if target.heads % n == 0 and n <= 8)
+                raise UserError(f"{engine}: a tensor-parallel size of {gpus} does not divide the target's "
+                                f"{target.heads} attention heads, so no server can shard it; use {fits_heads}")
             usable = usable_gib(engine, gpu_gib)
             draft = drafter if _runs_dflash(engine, pair, settings) else None
             f = fit(target, draft, usable=usable, gpus=gpus, context=context, concurrency=max(settings.concurrency))
