@@ -231,6 +231,13 @@ def test_faults_plays_faults_against_the_real_cli(data_dir):
     assert len(rows) == 2 and all(r.endswith("| nothing | held |") for r in rows)  # exit 0: every case held
 
 
+def test_faults_plays_the_trust_cases_of_both_case_modules(data_dir):
+    """One case of faults_trust.py (server identity) and one of faults_trust2.py (connect), through faults.py."""
+    out = bench("faults", "--data-dir", str(data_dir), "--only", "foreign_server_on_port,connect_delayed_accept")
+    rows = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith("| case")]
+    assert len(rows) == 2 and all(r.endswith("| nothing | held |") for r in rows), rows
+
+
 def test_launch_overhead_times_the_process_runner():
     out = bench("launch_overhead", "--repeat", "1")
     process = {line.split()[1] for line in out.splitlines() if line.startswith("process ")}
