@@ -16,6 +16,7 @@ import pytest
 pytest.importorskip("transformers")
 
 from dflash_bench.engine.tiny import PREDICTED_TOKEN, make_tiny_pair  # noqa: E402
+from launch_helpers import stop_harness  # noqa: E402
 
 pytestmark = pytest.mark.engine
 B = 4
@@ -53,12 +54,7 @@ def cli_server(*args: str):
         wait_ready(url, proc)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_harness(proc)
 
 
 @contextmanager
