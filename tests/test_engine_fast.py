@@ -369,8 +369,11 @@ def test_serve_fast_labels_synthetic_acceptance_over_http(tmp_path):
         assert drafts > 0
         widths = {int(x.split('width="')[1].split('"')[0]): float(x.rsplit(" ", 1)[1]) for x in text.splitlines()
                   if x.startswith("dflash_bench:verify_width_row_steps_total{")}
-        # --verify-width auto, the default; on a CPU width 1 (the anchor alone) too, which is no draft
-        assert sum(widths.values()) == drafts + widths.get(1, 0) and set(widths) <= {1, 2, 3, 4, B}
+        # --verify-width auto, the default; on a CPU width 1 (the anchor alone) too, which is no draft; a
+        # request's last step with one token of room left verifies a block but drafts nothing
+        # (bookkeeping.stepped), so at most one such step per request (two requests above)
+        extra = sum(widths.values()) - drafts - widths.get(1, 0)
+        assert 0 <= extra <= 2 and set(widths) <= {1, 2, 3, 4, B}
         bad = httpx.post(url + "/v1/completions", json={**body, "temperature": 0.7}, timeout=60)
         assert bad.status_code == 400 and "greedily" in bad.json()["message"]
 
