@@ -92,6 +92,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("extra,words", [
     (["--steady-ramp", "2"], "--steady-ramp needs --steady-requests"),
     (["--steady-requests", "4", "--request-rate", "5"], "cannot be combined with --request-rate"),
+    (["--steady-requests", "3", "--concurrency", "4"], "--steady-requests 3 is smaller than the concurrency 4"),
 ])
 def test_bad_steady_options_are_one_sentence(tmp_path: Path, data_dir: Path, extra: list[str], words: str):
     out = run_cli("--url", "http://127.0.0.1:9", "--suite", "gsm8k", "--out", str(tmp_path), "--data-dir",
@@ -104,6 +105,15 @@ def test_sweep_refuses_a_steady_ramp_alone_before_any_server(tmp_path: Path):
                           "--steady-ramp", "1", "--out", str(tmp_path), "--dry-run"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and "--steady-ramp needs --steady-requests" in out.stderr
+
+
+def test_sweep_refuses_a_window_shorter_than_its_largest_concurrency_before_any_folder(tmp_path: Path):
+    out = subprocess.run([sys.executable, "-m", "dflash_bench", "sweep", "--model", "tiny", "--engine", "emulator",
+                          "--concurrency", "2,8", "--steady-requests", "5", "--out", str(tmp_path / "r")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert "--steady-requests 5 is smaller than the concurrency 8" in out.stderr
+    assert not (tmp_path / "r").exists()  # refused before any folder (or server)
 
 
 @pytest.mark.engine

@@ -111,6 +111,10 @@ def check_steady(load: LoadSettings) -> None:
         return
     if load.steady_requests < 1 or load.ramp < 0:
         raise UserError("a steady stream needs --steady-requests of at least 1 and a --steady-ramp of 0 or more")
+    if load.steady_requests < load.concurrency:
+        raise UserError(f"--steady-requests {load.steady_requests} is smaller than the concurrency "
+                        f"{load.concurrency}: the window must hold at least one completion per request in flight, so "
+                        f"pass --steady-requests {load.concurrency} or more")
     if load.request_rate:
         raise UserError("--steady-requests keeps the concurrency constant (a closed loop); it cannot be combined "
                         "with --request-rate (Poisson arrivals)")

@@ -96,17 +96,20 @@ def _validated(values: dict[str, Any]) -> SweepSettings:
         from dflash_bench.slo import parse_slo
 
         parse_slo(values["slo"])  # a bad target stops the sweep before any server starts
-    if values.get("steady_requests") is not None or values.get("steady_ramp") is not None:
-        from dflash_bench.client.cell import check_steady
-        from dflash_bench.client.loadgen import LoadSettings
-
-        check_steady(LoadSettings(steady_requests=values.get("steady_requests"), steady_ramp=values.get("steady_ramp"),
-                                  min_seconds=values.get("min_cell_seconds") or 0.0))
     try:
-        return SweepSettings(**values)
+        settings = SweepSettings(**values)
     except ValidationError as err:
         e = err.errors()[0]
         raise UserError(f"bad sweep setting {'.'.join(map(str, e['loc']))}: {e['msg']}") from None
+    if settings.steady_requests is not None or settings.steady_ramp is not None:
+        from dflash_bench.client.cell import check_steady
+        from dflash_bench.client.loadgen import LoadSettings
+
+        # the largest concurrency of the plan: a window shorter than it is refused before any folder or server
+        check_steady(LoadSettings(concurrency=max(settings.concurrency, default=1),
+                                  steady_requests=settings.steady_requests, steady_ramp=settings.steady_ramp,
+                                  min_seconds=settings.min_cell_seconds or 0.0))
+    return settings
 
 
 def thinking_options(value: str | None, off: bool) -> dict[str, Any]:
