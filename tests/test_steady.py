@@ -14,7 +14,7 @@ import pytest
 from dflash_bench.client import measure_cell
 from dflash_bench.emulator import EmulatorProcess
 from dflash_bench.metrics.definitions import steady_window, tokens_between
-from dflash_bench.store import RequestRecord, SweepDir
+from dflash_bench.store import RequestRecord, SteadyPlan, SweepDir
 from test_run import prompts
 
 
@@ -45,7 +45,7 @@ def test_steady_stream_keeps_the_concurrency_and_measures_only_its_window(tmp_pa
     # still in flight finish and are recorded (the tail)
     assert len(recs) == want_ramp + n + c - 1
     assert len({r.prompt_id for r in recs}) == len(recs) and any(r.prompt_id.endswith("~2") for r in recs)
-    assert s.settings.steady_requests == n and s.settings.steady_ramp == want_ramp
+    assert s.settings.steady == SteadyPlan(ramp=want_ramp, requests=n)
     w = s.steady
     assert w is not None and (w.ramp, w.requests) == (want_ramp, n)
     ends = sorted(r.t_end for r in recs)
@@ -79,7 +79,7 @@ def test_a_closed_batch_is_unchanged_without_the_option(tmp_path: Path):
     with EmulatorProcess(mode="ar", ttft_ms=2, itl_ms=1, output_len=12) as em:
         s = measure_cell(em.url, prompts(5), concurrency=2, cell_dir=tmp_path / "sw" / "cells" / "c")
     recs = records(tmp_path)
-    assert s.steady is None and s.settings.steady_requests is None and len(recs) == 5
+    assert s.steady is None and s.settings.steady is None and len(recs) == 5
     assert s.total_output_tokens == sum(r.output_tokens for r in recs)
     assert s.duration_s == pytest.approx(max(r.t_end for r in recs) - min(r.t_send for r in recs))
 
@@ -135,7 +135,7 @@ def test_builtin_engine_serves_a_steady_stream_measured_over_its_window(tmp_path
     assert len(recs) == 2 + 5 + 1  # ramp, window, and the one request in flight when the window closed
     assert all(r.token_ids == [PREDICTED_TOKEN] * 12 for r in recs)  # every request of the stream decoded right
     steady = summary["steady"]
-    assert summary["settings"]["steady_requests"] == 5 and summary["settings"]["steady_ramp"] == 2
+    assert summary["settings"]["steady"] == {"ramp": 2, "requests": 5}
     t_open, t_close = steady["t_open"], steady["t_close"]
     assert (t_open, t_close) == steady_window(recs, 2, 5)
     assert summary["total_output_tokens"] == sum(tokens_between(r, t_open, t_close) for r in recs)
@@ -163,6 +163,6 @@ def test_sweep_measures_every_cell_as_a_steady_stream(tmp_path: Path, data_dir: 
     for cid in ("emulator-ar-gsm8k-c2", "emulator-dflash-gsm8k-c2"):
         s = sweep.read_summary(cid)
         recs = [r for r in sweep.read_requests(cid) if not r.warmup]
-        assert s.settings.steady_requests == 6 and s.settings.steady_ramp == 2  # the ramp: the concurrency
+        assert s.settings.steady == SteadyPlan(ramp=2, requests=6)  # the ramp: the concurrency
         assert len(recs) == 2 + 6 + 1 and s.steady is not None
         assert s.total_output_tokens == sum(tokens_between(r, s.steady.t_open, s.steady.t_close) for r in recs)

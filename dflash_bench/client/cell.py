@@ -18,7 +18,7 @@ from dflash_bench.client.protocol import APIS, RequestSettings, chat_renderer
 from dflash_bench.client.transport import TRANSPORTS, Transport, make_transport, with_timeout
 from dflash_bench.errors import UserError
 from dflash_bench.metrics import prometheus
-from dflash_bench.store import CellSettings, RequestRecord, ServerMetrics, now_iso
+from dflash_bench.store import CellSettings, RequestRecord, ServerMetrics, SteadyPlan, now_iso
 
 if TYPE_CHECKING:
     from dflash_bench.suites import Prompt
@@ -99,8 +99,8 @@ def cell_settings(request: RequestSettings, load: LoadSettings, model: str | Non
                         warmup=load.warmup, request_rate=load.request_rate, timeout_s=load.timeout, seed=load.seed,
                         transport=load.transport, num_prompts=num_prompts, ignore_eos=request.ignore_eos,
                         prompt_rendering=rendering, min_seconds=load.min_seconds or None,
-                        steady_requests=load.steady_requests,
-                        steady_ramp=load.ramp if load.steady_requests else None)
+                        steady=SteadyPlan(ramp=load.ramp, requests=load.steady_requests)
+                        if load.steady_requests else None)
 
 
 def check_steady(load: LoadSettings) -> None:

@@ -16,7 +16,9 @@ from dflash_bench.metrics.acceptance import cell_acceptance, counter_namespace
 from dflash_bench.metrics.cache import prefix_cache
 from dflash_bench.metrics.definitions import failure_reasons, not_measured, steady_window, summarize
 from dflash_bench.metrics.prometheus import ACCEPTED, DRAFTS
-from dflash_bench.store import TELEMETRY, CellSummary, RequestRecord, ServerMetrics, SteadyWindow, SweepDir
+from dflash_bench.store import (
+    TELEMETRY, CellSummary, RequestRecord, ServerMetrics, SteadyPlan, SteadyWindow, SweepDir,
+)
 
 if TYPE_CHECKING:
     from dflash_bench.suites import Prompt
@@ -31,12 +33,9 @@ def summarize_cell(m: Measurement, *, cell_id: str, engine: str, mode: str, suit
                    thinking_asked: bool | None = None) -> CellSummary:
     """The cell's summary from what was measured; `failure` (e.g. the server died) fails it regardless."""
     snaps = m.snaps
-    steady = None
-    if m.settings.steady_requests:
-        steady = (m.settings.steady_ramp or 0, m.settings.steady_requests)
     summary = summarize_records(m.records, cell_id=cell_id, engine=engine, mode=mode, suite=suite,
                                 concurrency=concurrency, repeat=repeat, delta=snaps.delta, failure=failure,
-                                input_len=input_len, thinking_asked=thinking_asked, steady=steady)
+                                input_len=input_len, thinking_asked=thinking_asked, steady=m.settings.steady)
     summary.url, summary.started_at, summary.finished_at = m.url, m.started_at, m.finished_at
     summary.settings = m.settings.model_copy()
     if m.telemetry is not None:  # energy covers the whole stream (a steady stream's ramp and tail too)
@@ -56,9 +55,9 @@ def summarize_cell(m: Measurement, *, cell_id: str, engine: str, mode: str, suit
 def summarize_records(records: list[RequestRecord], *, cell_id: str, engine: str, mode: str, suite: str,
                       concurrency: int, repeat: int = 0, delta: dict[str, float] | None = None,
                       failure: str | None = None, input_len: int | None = None,
-                      thinking_asked: bool | None = None, steady: tuple[int, int] | None = None) -> CellSummary:
+                      thinking_asked: bool | None = None, steady: SteadyPlan | None = None) -> CellSummary:
     """Counts, latencies and acceptance of `records`; failed when `failure` is given or nothing succeeded.
-    `steady` (ramp, window requests): a steady stream, measured over its window (steady_window_of)."""
+    `steady`: a steady stream, measured over its window (steady_window_of)."""
     window, block = steady_window_of(records, steady) if steady else (None, None)
     summary = CellSummary(cell_id=cell_id, engine=engine, mode=mode, suite=suite, concurrency=concurrency,
                           repeat=repeat, input_len=input_len, thinking_asked=thinking_asked,
@@ -78,10 +77,10 @@ def summarize_records(records: list[RequestRecord], *, cell_id: str, engine: str
     return summary
 
 
-def steady_window_of(records: list[RequestRecord], steady: tuple[int, int]
+def steady_window_of(records: list[RequestRecord], steady: SteadyPlan
                      ) -> tuple[tuple[float, float] | None, SteadyWindow]:
     """A steady stream's window (metrics/definitions.py steady_window) and what the summary keeps of it."""
-    ramp, count = steady
+    ramp, count = steady.ramp, steady.requests
     measured = [r for r in records if not r.warmup]
     block = SteadyWindow(ramp=ramp, requests=count,
                          stream_output_tokens=sum(r.output_tokens or 0 for r in measured if r.ok))

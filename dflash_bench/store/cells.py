@@ -211,6 +211,14 @@ class AccuracySummary(BaseModel):
 # ---------------------------------------------------------------- summary.json
 
 
+class SteadyPlan(BaseModel):
+    """A steady stream as asked (--steady-requests, --steady-ramp with the concurrency as its default): the window
+    opens at the `ramp`-th completion and closes at the `ramp + requests`-th."""
+
+    ramp: int  # completions before the window opens (the ramp-up)
+    requests: int  # completions inside the window
+
+
 class CellSettings(BaseModel):
     """How the client measured the cell (client/cell.py). Keys a newer client adds are kept (extra="allow")."""
 
@@ -233,17 +241,24 @@ class CellSettings(BaseModel):
     min_seconds: float | None = None  # --min-cell-seconds: the prompts were sent again until the window lasted this
     prompt_passes: int | None = None  # times the prompt list was sent (more than 1: lengthened by min_seconds)
     # --steady-requests / --steady-ramp: a steady stream (client/loadgen.py), measured over a window of completions
-    steady_requests: int | None = None
-    steady_ramp: int | None = None
+    steady: SteadyPlan | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_steady(cls, data: Any) -> Any:
+        """A summary.json written before `steady` was one object kept `steady_requests` and `steady_ramp` flat."""
+        if isinstance(data, dict) and ("steady_requests" in data or "steady_ramp" in data):
+            data = dict(data)
+            requests, ramp = data.pop("steady_requests", None), data.pop("steady_ramp", None)
+            if requests is not None and data.get("steady") is None:
+                data["steady"] = {"ramp": ramp or 0, "requests": requests}
+        return data
 
 
-class SteadyWindow(BaseModel):
+class SteadyWindow(SteadyPlan):
     """The measured window of a steady-stream cell (metrics/definitions.py `steady_window`): the concurrency held
-    constant, each finished request replaced at once; the window opens at the `ramp`-th completion and closes at
-    the `ramp + requests`-th. Times are the records' (seconds from the cell's origin)."""
+    constant, each finished request replaced at once. Times are the records' (seconds from the cell's origin)."""
 
-    ramp: int  # completions before the window opens (the ramp-up)
-    requests: int  # completions inside the window
     t_open: float | None = None  # None: the stream ended before the window closed (the cell is failed)
     t_close: float | None = None
     ramp_requests: int = 0  # measured requests that ended at or before t_open (out of every statistic)

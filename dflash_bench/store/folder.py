@@ -215,9 +215,13 @@ class SweepDir:
             self.read_server_metrics(cid)
         except StoreError as err:
             return str(err)
-        if summary is not None and summary.status == "complete" and len(records) != summary.num_requests + summary.num_warmup:
+        # a steady stream's ramp-up and tail are recorded too, outside its window's count
+        counted = summary.num_requests + summary.num_warmup if summary is not None else 0
+        if summary is not None and summary.steady is not None:
+            counted += summary.steady.ramp_requests + summary.steady.cooldown_requests
+        if summary is not None and summary.status == "complete" and len(records) != counted:
             return (f"{self.cell_dir(cid) / REQUESTS} holds {len(records)} records where its summary counted "
-                    f"{summary.num_requests + summary.num_warmup}: it was cut short")
+                    f"{counted}: it was cut short")
         return None
 
     def summaries(self) -> list[CellSummary]:

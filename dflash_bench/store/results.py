@@ -2,7 +2,7 @@
 
 The columns follow from CellSummary's schema (never from the data, so every results.csv of one version has
 the same header): scalar fields as they are, each Stat as `<metric>_<stat>`, the client's settings as
-`settings_<key>`, a steady stream's window as `steady_<field>`, the quality summaries' scalars as `lossless_<field>` and `accuracy_<field>` (the paired
+`settings_<key>` (its steady stream as `settings_steady_<field>`), a steady stream's window as `steady_<field>`, the quality summaries' scalars as `lossless_<field>` and `accuracy_<field>` (the paired
 AR difference as `accuracy_vs_ar_<field>`), failure counts as `failures` text ("kind: n; ...") and the
 per-position acceptance as numbers joined by ';'. Nested details stay in summary.json.
 """
@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, create_model, field_validator
 
 from dflash_bench.store.reading import StoreError, read_text
 from dflash_bench.store.cells import (
-    STAT_FIELDS, AccuracySummary, CellSettings, CellSummary, LosslessSummary, PairedDiff, Stat, SteadyWindow,
+    STAT_FIELDS, AccuracySummary, CellSettings, CellSummary, LosslessSummary, PairedDiff, Stat, SteadyPlan, SteadyWindow,
 )
 
 LIST_SEP = ";"
@@ -45,6 +45,7 @@ def _columns() -> dict[str, Any]:
             cols.update({f"{name}_{s}": t for s, t in _scalar_fields(Stat).items()})
         elif name == "settings":
             cols.update({f"settings_{k}": t for k, t in _scalar_fields(CellSettings).items()})
+            cols.update({f"settings_steady_{k}": t for k, t in _scalar_fields(SteadyPlan).items()})
         elif name == "steady":
             cols.update({f"steady_{k}": t for k, t in _scalar_fields(SteadyWindow).items()})
         elif name == "lossless":
@@ -97,7 +98,7 @@ def results_row(summary: CellSummary) -> dict[str, Any]:
 
 
 def _value(data: dict[str, Any], col: str) -> Any:
-    for prefix in (*STAT_FIELDS, "settings", "steady", "accuracy_vs_ar", "lossless", "accuracy"):
+    for prefix in (*STAT_FIELDS, "settings_steady", "settings", "steady", "accuracy_vs_ar", "lossless", "accuracy"):
         if col.startswith(prefix + "_") and prefix != col:
             part = _section(data, prefix)
             return part.get(col[len(prefix) + 1:]) if isinstance(part, dict) else None
@@ -109,6 +110,8 @@ def _value(data: dict[str, Any], col: str) -> Any:
 def _section(data: dict[str, Any], prefix: str) -> Any:
     if prefix == "accuracy_vs_ar":
         return (data.get("accuracy") or {}).get("vs_ar")
+    if prefix == "settings_steady":
+        return (data.get("settings") or {}).get("steady")
     return data.get(prefix)
 
 
