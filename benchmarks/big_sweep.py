@@ -26,6 +26,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from dflash_bench.store import CellSettings, SteadyPlan
+
 
 class Row(BaseModel):
     engine: str
@@ -42,6 +44,7 @@ class Row(BaseModel):
     prefix_cache_hit_rate: float | None
     tau: float | None
     reason: str | None = None  # a failed cell's
+    steady: SteadyPlan | None = None  # a steady-stream cell (--steady-requests): its numbers are the window's
 
 
 class Run(BaseModel):
@@ -99,7 +102,8 @@ def run_of(folder: Path) -> Run:
             ttft_ms_p50=(s.get("ttft_ms") or {}).get("p50"), tpot_ms_p50=(s.get("tpot_ms") or {}).get("p50"),
             peak_mem_mib=s.get("telemetry_mem_used_max_mib"), prefix_cache_hit_rate=s.get("prefix_cache_hit_rate"),
             tau=s.get("acceptance_length"),
-            reason=None if tok else (s.get("failure_reason") or reasons.get(cell["cell_id"]))))
+            reason=None if tok else (s.get("failure_reason") or reasons.get(cell["cell_id"])),
+            steady=CellSettings.model_validate(s.get("settings") or {}).steady))
     return run
 
 

@@ -9,6 +9,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dflash_bench.store import SteadyPlan
+
 SUITES = ("gsm8k", "math500", "humaneval", "mbpp", "mt-bench", "spec-bench")
 
 
@@ -38,6 +40,23 @@ def span(values: Sequence[float], fmt: Callable[[float], str] = f2, unit: str = 
     """`lo-hi` (one value when all are equal after formatting)."""
     lo, hi = fmt(min(values)), fmt(max(values))
     return f"{lo}{unit}" if lo == hi else f"{lo}-{hi}{unit}"
+
+
+def concurrency_cell(row: dict[str, Any], marks: list[str]) -> str:
+    """A row's concurrency, marked "(steady)" when the cell was a steady stream (its numbers are the window's, not
+    a closed batch's); `marks` gathers each window's label for steady_notes."""
+    steady = row.get("steady")
+    if not steady:
+        return str(row["concurrency"])
+    label = SteadyPlan.model_validate(steady).label()
+    if label not in marks:
+        marks.append(label)
+    return f"{row['concurrency']} (steady)"
+
+
+def steady_notes(marks: list[str]) -> list[str]:
+    return [f"(steady): {label} (--steady-requests); the cell's numbers are that window's, not a closed batch's."
+            for label in marks]
 
 
 def command_of(data: dict[str, Any]) -> str:
@@ -253,6 +272,7 @@ def big_shape(results: list[Any]) -> Table:
     the servers' commands as notes, failed cells by their reason, plans refused before launch."""
     data = results[0]
     rows, notes = [], []
+    steady: list[str] = []
     for n, run in enumerate(data["runs"], 1):
         notes.append(f"Run {n} ({run['device']}, {run['gpus_per_server']} GPU(s) per server, context limit "
                      f"{run.get('context_len')}): `{run['command']}`.")
@@ -264,10 +284,11 @@ def big_shape(results: list[Any]) -> Table:
                 continue
             mem = "-" if r["peak_mem_mib"] is None else f"{r['peak_mem_mib'] / 1024:.1f}"
             cache = "-" if r["prefix_cache_hit_rate"] is None else f"{r['prefix_cache_hit_rate']:.0%}"
-            rows.append([str(n), r["engine"], r["mode"], str(r["gpus"]), r["suite"], str(r["concurrency"]),
+            rows.append([str(n), r["engine"], r["mode"], str(r["gpus"]), r["suite"], concurrency_cell(r, steady),
                          f1(r["tok_s"]), f1(r["tok_s_per_gpu"]), f1(r["ttft_ms_p50"]), f2(r["tpot_ms_p50"]),
                          mem, cache, f2(r["tau"]) if r["tau"] is not None else "-"])
         notes += [f"Run {n}, {e} {m}: every cell failed: {why}" for (e, m), why in failed.items()]
+    notes += steady_notes(steady)
     notes += [f"Refused before launch: `{r['command']}`: {r['sentence']}" for r in data.get("refused", [])]
     notes.append(f"Weights {data['weights']}; tokenizer: {data['tokenizer']}. Peak memory: the most one of the "
                  "server's GPUs held during the cell (vLLM takes its whole share at start). Prefix cache: the share of "

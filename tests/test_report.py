@@ -15,7 +15,9 @@ from dflash_bench.errors import UserError
 from dflash_bench.report import build_report
 from dflash_bench.report.figures import frontier
 from dflash_bench.report.tables import gpu_count, redact
-from dflash_bench.store import CellPlan, CellSummary, Manifest, SweepDir, atomic_write_text
+from dflash_bench.store import (
+    CellPlan, CellSettings, CellSummary, Manifest, SteadyPlan, SweepDir, atomic_write_text,
+)
 
 ALL_FIGURES = {"pareto", "pareto_p90", "acceptance", "acceptance_positions", "verify_width", "latency", "energy",
                "power"}
@@ -243,6 +245,29 @@ def test_cells_whose_prompts_the_server_had_cached_are_called_out(tmp_path):
     assert "prefix cache in 1 cell(s)" in called
     assert "vllm-ar-gsm8k-c4: 24.3% of its prompt tokens (vllm-metrics)" in called
     assert "c1:" not in called and "c8:" not in called and "c16:" not in called
+
+
+def test_cells_measured_as_a_steady_stream_are_marked_with_their_window(tmp_path):
+    """A steady-stream cell's numbers are its window's: the page says so above the headline and marks its matrix
+    cell with the window; a closed-batch cell beside it is not marked."""
+    plan = [CellPlan(cell_id=f"vllm-{m}-gsm8k-c{c}", engine="vllm", mode=m, suite="gsm8k", concurrency=c)
+            for m in ("ar", "dflash") for c in (1, 4)]
+    sweep = SweepDir.create(tmp_path / "steady", Manifest(sweep_id="steady", plan=plan))
+    for cell in plan:
+        settings = CellSettings(steady=SteadyPlan(ramp=4, requests=16) if cell.concurrency == 4 else None)
+        sweep.write_summary(CellSummary(cell_id=cell.cell_id, engine="vllm", mode=cell.mode, suite="gsm8k",
+                                        concurrency=cell.concurrency, settings=settings, acceptance_length=3.0,
+                                        output_throughput=100.0 if cell.mode == "ar" else 180.0))
+    parsed = Page(build_report([tmp_path / "steady"]).read_text())
+    called = "".join(parsed.by_class["call"])
+    label = "steady stream: a window of 16 completions after a ramp-up of 4"
+    assert "Steady stream in 2 cell(s)" in called
+    assert f"vllm-ar-gsm8k-c4: {label}" in called and f"vllm-dflash-gsm8k-c4: {label}" in called
+    assert "c1:" not in called
+    assert sum(label in t for t in parsed.by_class["steady"]) == 3  # the two cells called out, their matrix cell
+    assert parsed.by_class["det"].count(label) == 1  # the c4 column of the headline matrix, the c1 one unmarked
+    closed = make_sweep(tmp_path / "closed", suites=("gsm8k",), concurrency=(1,))
+    assert "steady" not in Page(build_report([closed]).read_text()).by_class
 
 
 def test_sweep_with_nothing_complete_renders(tmp_path):

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from dflash_bench.report import build_report
 from dflash_bench.store import SteadyPlan, SweepDir, read_results_csv
 
 FLAT = Path(__file__).parent / "data" / "sweep_steady_flat"
@@ -41,6 +42,9 @@ def test_flat_steady_settings_are_read_as_one_steady_object(tmp_path: Path):
     assert {r.settings_steady_requests for r in read_results_csv(sweep.path / "results.csv")} == {3}  # type: ignore[attr-defined]
     # the results.csv main wrote before the change reads with this version's schema
     assert len(read_results_csv(FLAT / "results.csv")) == 2
+    # and the report marks both cells with their window
+    page = build_report([sweep.path]).read_text()
+    assert "Steady stream in 2 cell(s)" in page and "a window of 3 completions after a ramp-up of 2" in page
 
 
 def test_resume_of_a_finished_flat_steady_sweep_keeps_its_cells(tmp_path: Path, data_dir: Path):

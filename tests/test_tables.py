@@ -84,3 +84,26 @@ def test_the_demo_range_reads_demo_repeats_files_too():
     assert "the median of its repeats" in table.notes[0]
     assert "3 runs, 150-170 s each" in table.notes[0]
     assert table_renderers.machine_of(data) == "some CPU, 2 cores" and table_renderers.command_of(data) == "dflash-bench demo"
+
+
+def test_steady_stream_cells_are_marked_with_their_window(tmp_path):
+    """benchmarks/big_sweep.py keeps a steady-stream cell's window (tests/data/sweep_steady_flat, written by a
+    steady sweep on the emulator), and the table marks its concurrency and says which window its numbers are."""
+    out = tmp_path / "big.json"
+    folder = REPO / "tests" / "data" / "sweep_steady_flat"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.big_sweep", str(folder), "--out", str(out)], cwd=REPO,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    assert [r["steady"] for r in data["runs"][0]["rows"]] == [{"ramp": 2, "requests": 3}] * 2
+    closed = json.loads(json.dumps(data))
+    closed["runs"][0]["rows"][0]["steady"] = None
+    table = table_renderers.big_shape([closed])
+    assert [row[5] for row in table.rows] == ["2", "2 (steady)"]
+    label = "steady stream: a window of 3 completions after a ramp-up of 2"
+    assert [n for n in table.notes if n.startswith("(steady)")] == [
+        f"(steady): {label} (--steady-requests); the cell's numbers are that window's, not a closed batch's."]
+    for row in closed["runs"][0]["rows"]:
+        row["steady"] = None
+    plain = table_renderers.big_shape([closed])
+    assert [row[5] for row in plain.rows] == ["2", "2"] and not any(n.startswith("(steady)") for n in plain.notes)

@@ -1,5 +1,5 @@
 """What the report says about single cells: failed or unfinished ones, DFlash cells that did not speculate,
-cells whose prompts the server partly read from its prefix cache, the quality checks' verdict per AR/DFlash
+cells whose prompts the server partly read from its prefix cache, cells measured as a steady stream, the quality checks' verdict per AR/DFlash
 pair, and sample outputs (escaped by the page, never here)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 import pandas as pd
 
 from dflash_bench import analysis
-from dflash_bench.store import Manifest, SweepDir
+from dflash_bench.store import Manifest, SteadyPlan, SweepDir
 
 SAMPLE_CHARS = 600
 CACHED_SHARE = 0.01  # a cell whose server read at least this share of its prompt tokens from its prefix cache
@@ -33,6 +33,28 @@ def prefix_cached(frame: pd.DataFrame) -> list[dict[str, Any]]:
     share = pd.to_numeric(done["prefix_cache_hit_rate"], errors="coerce")
     return [{"cell_id": r["cell_id"], "share": float(r["prefix_cache_hit_rate"]), "source": r["prefix_cache_source"]}
             for _, r in done[share >= CACHED_SHARE].iterrows()]
+
+
+def steady(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """Complete cells measured as a steady stream (--steady-requests): their throughput and latencies are the
+    window's, not a closed batch's; each with its window as the store labels it."""
+    if frame.empty or "settings_steady_requests" not in frame:
+        return []
+    done = analysis.complete(frame)
+    requests = pd.to_numeric(done["settings_steady_requests"], errors="coerce")
+    ramps = pd.to_numeric(done["settings_steady_ramp"], errors="coerce").fillna(0)
+    return [{"cell_id": r["cell_id"], "engine": r["engine"], "suite": r["suite"], "concurrency": int(r["concurrency"]),
+             "label": SteadyPlan(ramp=int(ramp), requests=int(n)).label()}
+            for (_, r), n, ramp in zip(done.iterrows(), requests, ramps) if pd.notna(n)]
+
+
+def mark_steady(matrix: list[dict[str, Any]], marks: list[dict[str, Any]]) -> None:
+    """The headline matrix's cells with a steady-stream cell behind them get its label (`steady`)."""
+    where = {(m["engine"], m["suite"], m["concurrency"]): m["label"] for m in marks}
+    for row in matrix:
+        for cell in row["cells"]:
+            if cell is not None:
+                cell["steady"] = where.get((row["engine"], row["suite"], int(cell["concurrency"])))
 
 
 def failures(manifest: Manifest, frame: pd.DataFrame) -> list[dict[str, Any]]:

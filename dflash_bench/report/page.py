@@ -93,6 +93,8 @@ def _out_path(first: Path, out: Path | None) -> Path:
 def _context(view: tables.SweepView, figs: dict[str, dict[str, str]], slo: str | None = None) -> dict[str, Any]:
     m = view.manifest
     concs, matrix = tables.headline_matrix(view.headline)
+    steady = cells.steady(view.frame)
+    cells.mark_steady(matrix, steady)
     best, worst = tables.best_and_worst(view.headline)
     statuses: dict[str, int] = {}
     for cell in m.plan:
@@ -126,6 +128,7 @@ def _context(view: tables.SweepView, figs: dict[str, dict[str, str]], slo: str |
         "synthetic": sorted({f"{v:g}" for v in view.frame.get("synthetic_acceptance", []) if _present(v)}),
         "no_speculation": cells.no_speculation(view.frame),
         "prefix_cached": cells.prefix_cached(view.frame),
+        "steady": steady,
         "slo": serving.slo_context(view, slo),
         "card": serving.card_context(view),
         "thinking_pairs": serving.thinking_pairs(view),

@@ -218,6 +218,10 @@ class SteadyPlan(BaseModel):
     ramp: int  # completions before the window opens (the ramp-up)
     requests: int  # completions inside the window
 
+    def label(self) -> str:
+        """How the report and the results tables mark a cell measured this way (its numbers are the window's)."""
+        return f"steady stream: a window of {self.requests} completions after a ramp-up of {self.ramp}"
+
 
 class CellSettings(BaseModel):
     """How the client measured the cell (client/cell.py). Keys a newer client adds are kept (extra="allow")."""
