@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from dflash_bench.errors import UserError
 from dflash_bench.store import SweepSettings
+from dflash_bench.tokenizer import has_tokenizer
 
 if TYPE_CHECKING:
     from dflash_bench.models import ModelPair
@@ -124,10 +125,10 @@ def conversation_tokens(prompt: Prompt, max_tokens: int, count: Callable[[str], 
 def token_counter(target: str | None) -> Callable[[str], int]:
     """Token counts with the target's tokenizer where it is a local folder, else about 3 characters a token
     (an over-estimate for English text, so a plan is not passed on an optimistic guess)."""
-    if target and (Path(target) / "tokenizer_config.json").is_file():
+    if has_tokenizer(target):
         from dflash_bench.longctx import token_counter as exact  # a tokenizer that does not load: one sentence
 
-        return exact(target)[0]
+        return exact(str(target))[0]
     return lambda text: math.ceil(len(text) / 3)
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from dflash_bench.errors import UserError
 from dflash_bench.store import SweepSettings
+from dflash_bench.tokenizer import has_tokenizer
 from dflash_bench.sweep.context import PromptLoader
 
 if TYPE_CHECKING:
@@ -59,7 +60,7 @@ def prompts_per_cell(settings: SweepSettings, concurrency: int) -> int:
 def _local_target(model: str) -> Path | None:
     """The target's folder when it is one on this machine (its tokenizer counts the long prompts)."""
     path = Path(model)
-    return path if (path / "config.json").is_file() and (path / "tokenizer_config.json").is_file() else None
+    return path if (path / "config.json").is_file() and has_tokenizer(path) else None
 
 
 def check_context(settings: SweepSettings, target: Path | None) -> None:
