@@ -58,14 +58,9 @@ def token_counter(tokenizer: Any | None) -> tuple[Callable[[str], int], str]:
     if tokenizer is None:
         return (lambda s: -(-len(s) // CHARS_PER_TOKEN)), APPROX
     if isinstance(tokenizer, (str, Path)):
-        from transformers import AutoTokenizer
+        from dflash_bench.tokenizer import load_tokenizer
 
-        try:
-            name = str(tokenizer)
-            tokenizer = AutoTokenizer.from_pretrained(name)
-        except (OSError, ValueError) as err:
-            first = str(err).splitlines()[0][:160] if str(err) else type(err).__name__
-            raise UserError(f"cannot load the tokenizer {name!r} to count prompt tokens: {first}.") from None
+        tokenizer = load_tokenizer(tokenizer, "to count prompt tokens")
     how = f"tokenizer: {getattr(tokenizer, 'name_or_path', '') or type(tokenizer).__name__}"
     return (lambda s: len(tokenizer.encode(s, add_special_tokens=False))), how
 

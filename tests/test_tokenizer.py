@@ -51,3 +51,45 @@ def test_no_tokenizer_files_or_no_folder_is_no_tokenizer(tmp_path: Path):
         assert not has_tokenizer(target)
     assert _local_target(str(path)) is None
     assert token_counter(str(path))(TEXT) == math.ceil(len(TEXT) / 3)  # the stated approximation
+
+
+@pytest.fixture
+def corrupt(tmp_path: Path) -> Path:
+    """The embedded target's folder with its tokenizer.json cut short, as an interrupted download leaves it."""
+    path = Path(shutil.copytree(TARGET, tmp_path / "corrupt"))
+    (path / "tokenizer.json").write_bytes((TARGET / "tokenizer.json").read_bytes()[:3000])
+    return path
+
+
+def _one_sentence(text: str, corrupt: Path) -> None:
+    assert f"cannot load the tokenizer of the folder {corrupt}" in text
+    assert "tokenizer.json is not valid JSON (" in text and "(char 3000))." in text  # the whole cause, to its end
+    assert "\n" not in text.strip() and "Traceback" not in text
+
+
+def test_a_corrupt_tokenizer_json_is_one_full_sentence_naming_the_folder(corrupt: Path):
+    pytest.importorskip("transformers")
+    from dflash_bench.engine.build import load_tokenizer
+    from dflash_bench.longctx import token_counter as longctx_counter
+
+    with pytest.raises(UserError) as engine:
+        load_tokenizer(str(corrupt))
+    _one_sentence(str(engine.value), corrupt)
+    assert "for the engine" in str(engine.value)
+    with pytest.raises(UserError) as longctx:
+        longctx_counter(corrupt)
+    _one_sentence(str(longctx.value), corrupt)
+    assert "to count prompt tokens" in str(longctx.value)
+
+
+def test_serve_with_a_corrupt_tokenizer_json_exits_with_the_sentence(corrupt: Path):
+    pytest.importorskip("transformers")
+    import subprocess
+    import sys
+
+    from dflash_bench.launch import free_port
+
+    proc = subprocess.run([sys.executable, "-m", "dflash_bench", "serve", "--model", str(corrupt), "--mode", "ar",
+                           "--device", "cpu", "--port", str(free_port())], capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    _one_sentence(" ".join(proc.stderr.split()), corrupt)

@@ -91,7 +91,9 @@ def chat_renderer(tokenizer: str, enable_thinking: bool | None) -> Callable[[lis
     try:
         tok = AutoTokenizer.from_pretrained(tokenizer)
     except (OSError, ValueError) as err:
-        raise ValueError(f"cannot load the tokenizer {tokenizer!r}: {str(err).splitlines()[0][:160]}") from None
+        from dflash_bench.tokenizer import tokenizer_error
+
+        raise ValueError(tokenizer_error(tokenizer, err, "to render the chat template")) from None
     if not getattr(tok, "chat_template", None):
         raise ValueError(f"the tokenizer {tokenizer!r} has no chat template")
     kwargs: dict[str, Any] = {} if enable_thinking is None else {"enable_thinking": enable_thinking}

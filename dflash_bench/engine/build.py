@@ -19,12 +19,9 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
 
 
 def load_tokenizer(path: str):
-    from transformers import AutoTokenizer
+    from dflash_bench.tokenizer import load_tokenizer as load
 
-    try:
-        return AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError) as err:
-        raise UserError(f"could not load a tokenizer from {path!r}: {str(err).splitlines()[0]}") from err
+    return load(path, "for the engine")
 
 
 def eos_ids(model, tokenizer) -> list[int]:
