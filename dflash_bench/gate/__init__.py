@@ -14,11 +14,15 @@ change in the bad direction that still passes):
   threshold, so run-to-run noise does not fail a build.
 - plain: the same noisy metrics without repeats: the single change against the threshold, labelled so.
 
+Where the sweep holds the builtin engine and another engine on the same pair, each other engine's DFlash tau
+is also judged against the builtin engine's, the reference, by the same rule (reference.py): a fail names
+the suite, both engines and both tau.
+
 A cell that failed in the sweep fails every metric its baseline has. Exit codes: 0 pass, 1 regression,
 2 unusable input (a UserError: missing or corrupt baseline, bad thresholds, nothing in common).
 
 Modules: config (gate.toml), baseline (what a sweep or a baseline file holds), compare (the verdicts),
-output (terminal table, markdown, JUnit), command (the CLI entry point).
+reference (tau against the builtin engine), output (terminal table, markdown, JUnit), command (the CLI entry point).
 """
 
 from dflash_bench.gate.baseline import BASELINE_VERSION, Baseline, CellValues, collect, export_baseline, load_baseline
@@ -26,10 +30,12 @@ from dflash_bench.gate.command import gate, main
 from dflash_bench.gate.compare import (
     METRICS, Check, GateResult, Metric, bootstrap_change, compare, judge, resampled_means,
 )
-from dflash_bench.gate.config import Bootstrap, CellsPolicy, GateConfig, Thresholds, load_config
+from dflash_bench.gate.config import Bootstrap, CellsPolicy, GateConfig, Reference, Thresholds, load_config
+from dflash_bench.gate.reference import ReferenceResult, TauComparison, compare_folders, compare_sweeps
 
 __all__ = [
     "BASELINE_VERSION", "Baseline", "CellValues", "collect", "export_baseline", "load_baseline", "gate", "main",
     "METRICS", "Check", "GateResult", "Metric", "bootstrap_change", "compare", "judge", "resampled_means",
-    "Bootstrap", "CellsPolicy", "GateConfig", "Thresholds", "load_config",
+    "Bootstrap", "CellsPolicy", "GateConfig", "Reference", "Thresholds", "load_config",
+    "ReferenceResult", "TauComparison", "compare_folders", "compare_sweeps",
 ]

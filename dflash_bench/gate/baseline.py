@@ -74,6 +74,9 @@ def gated_values(s: CellSummary) -> dict[str, float | None]:
         "tok_s_user_p50": s.tok_s_user.p50 if s.tok_s_user else None,
         "ttft_ms_p90": s.ttft_ms.p90 if s.ttft_ms else None,
         "tpot_ms_p90": s.tpot_ms.p90 if s.tpot_ms else None,
+        # nor these: what makes two engines' tau comparable (gate/reference.py)
+        "acceptance_definition": s.acceptance_definition,
+        "synthetic_acceptance": s.synthetic_acceptance,
     }
 
 

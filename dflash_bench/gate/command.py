@@ -9,17 +9,20 @@ from dflash_bench.gate import output as show
 from dflash_bench.gate.baseline import collect, export_baseline, load_baseline
 from dflash_bench.gate.compare import GateResult, compare
 from dflash_bench.gate.config import GateConfig, load_config
+from dflash_bench.gate.reference import reference_checks
 from dflash_bench.gate.slo import slo_checks
 from dflash_bench.slo import parse_slo
 
 
 def gate(sweep_dir: Path | str, baseline: Path | str, config: GateConfig | None = None,
          slo: str | None = None) -> GateResult:
-    """Load both sides and compare them; with an SLO (`slo`, else the sweep's own --slo) also at the target."""
+    """Load both sides and compare them; with an SLO (`slo`, else the sweep's own --slo) also at the target; where
+    the sweep holds the builtin engine and another, also their tau (gate/reference.py)."""
     target = parse_slo(slo) if slo is not None else None
     base = load_baseline(baseline)
     sweep = collect(sweep_dir)
     result = compare(sweep, base, config, sweep_label=str(sweep_dir), baseline_label=str(baseline))
+    result.checks += reference_checks(sweep, result.config)  # the sweep's other engines against its builtin one
     saved = sweep.provenance.settings.slo if sweep.provenance.settings is not None else None
     if target is None and saved:
         target = parse_slo(saved)

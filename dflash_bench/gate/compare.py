@@ -24,6 +24,7 @@ class Metric:
     higher_is_better: bool
     noisy: bool  # noise-aware (bootstrap with repeats), else tight
     optional: bool = False  # not measured in the sweep: skipped rather than failed
+    explained: bool = False  # the check's note says its verdict in a sentence (gate/reference.py)
 
 
 METRICS = (

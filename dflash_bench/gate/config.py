@@ -39,10 +39,18 @@ class CellsPolicy(Strict):
     fail_on_missing: bool = False  # a baseline cell absent from the sweep fails the gate
 
 
+class Reference(Strict):
+    """Another engine's τ against the builtin engine's in the same sweep (gate/reference.py)."""
+
+    check: bool = True  # false: the gate leaves the comparison out (the report still shows it)
+    tolerance: Fraction | None = None  # largest relative shortfall that passes; None: thresholds.acceptance_length
+
+
 class GateConfig(Strict):
     thresholds: Thresholds = Field(default_factory=Thresholds)
     bootstrap: Bootstrap = Field(default_factory=Bootstrap)
     cells: CellsPolicy = Field(default_factory=CellsPolicy)
+    reference: Reference = Field(default_factory=Reference)
 
 
 def load_config(path: Path | None) -> GateConfig:

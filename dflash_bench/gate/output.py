@@ -45,6 +45,8 @@ def interval(chk: Check) -> str:
 def summary(chk: Check, confidence: float = 0.95) -> str:
     """One line: what changed, how it was judged, what was allowed."""
     label = chk.metric.label
+    if chk.metric.explained and chk.note:
+        return chk.note
     if chk.change is None:
         return f"{label}: {chk.note}"
     if chk.method == "bootstrap":

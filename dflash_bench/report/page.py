@@ -68,10 +68,24 @@ def build_report(sweep_dirs: list[Path], out: Path | None = None, slo: str | Non
                           "href": f"figures/{file}", "title": FIGURE_TITLES[name], "name": name}
         sections.append(_context(view, figs, slo))
     labels, compare = tables.comparison(views) if many else ([], [])
-    html = render(sweeps=sections, compare_labels=labels, compare=compare, version=__version__,
+    html = render(sweeps=sections, compare_labels=labels, compare=compare, reference=_reference(sweep_dirs),
+                  version=__version__,
                   generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
     _write(out, html.encode())
     return out
+
+
+def _reference(sweep_dirs: list[Path]) -> dict[str, Any]:
+    """Each other engine's tau against the builtin engine's (gate/reference.py, at the gate's default tolerance)."""
+    from dflash_bench.gate.config import GateConfig
+    from dflash_bench.gate.reference import compare_folders, tolerance
+
+    result = compare_folders([Path(p) for p in sweep_dirs])
+    rows = [{"engine": c.engine, "where": c.where, "reference": c.reference_tau, "tau": c.tau,
+             "change": c.check.change, "method": c.check.method, "n_ref": len(c.check.baseline),
+             "n": len(c.check.current), "under": c.under, "sentence": c.check.note} for c in result.comparisons]
+    return {"rows": rows, "under": [c.check.note for c in result.under_accepting],
+            "not_compared": result.not_compared, "tolerance": tolerance(GateConfig())}
 
 
 def _write(path: Path, data: bytes) -> None:

@@ -1,0 +1,180 @@
+"""τ of every engine against the builtin engine's, the reference, on the same target and drafter.
+
+The builtin engine runs z-lab's DFlash step for step, so when a sweep (or the folders given to `report`) holds
+the same pair measured on it and on another engine (vLLM, SGLang, llama.cpp), the other engine's τ should
+match it. They are compared per suite, concurrency, prompt length and thinking arm, the DFlash cells' repeats
+being the samples; `report` shows every comparison and `gate` fails when another engine under-accepts.
+
+What is comparable: both cells complete with a τ counted under the same definition (CellSummary
+`acceptance_definition`, metrics/definitions.py), neither drawn by synthetic acceptance, and the same target
+and drafter (the ids in a folder's manifest; a folder that names none, as `dflash-bench run` writes, is compared only
+with itself). The engines' own counting differs from the definition (docs/acceptance.md) only upwards: vLLM
+and llama.cpp count drafts accepted past the request's end, SGLang counts the prefill's token. So a gap
+their counting explains reads as another engine *over*-accepting, never under: the check can miss a small
+under-acceptance but does not invent one.
+
+The spread is the gate's one decision (`compare.judge`), the builtin engine's τ as the baseline and the other
+engine's as the current value: with `bootstrap.min_repeats` repeats on both engines, the bootstrap interval
+of the ratio of mean τ, flagged only when the whole interval is past the tolerance (so the repeats' own spread
+widens it); without, the single ratio against the tolerance. The tolerance is the gate's τ threshold
+(`thresholds.acceptance_length`, 2%) unless gate.toml's `[reference] tolerance` sets another;
+`[reference] check = false` leaves the check out of the gate (the report still shows it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from dflash_bench.gate.baseline import Baseline, CellValues, collect
+from dflash_bench.gate.compare import Check, Metric, judge
+from dflash_bench.gate.config import GateConfig
+from dflash_bench.store import CellKey
+
+REFERENCE = "builtin"
+REFERENCE_TAU = Metric("reference_tau", "τ against the builtin engine", "acceptance_length", True, True,
+                       explained=True)
+
+
+@dataclass
+class TauComparison:
+    """One engine's τ against the builtin engine's in one cell (its key: the builtin DFlash cell, repeat 0)."""
+
+    engine: str
+    key: CellKey
+    check: Check  # baseline: the builtin engine's τ per repeat; current: the engine's; verdict from judge
+
+    @property
+    def reference_tau(self) -> float:
+        return float(np.mean(self.check.baseline))
+
+    @property
+    def tau(self) -> float:
+        return float(np.mean(self.check.current))
+
+    @property
+    def under(self) -> str | None:
+        """The engine that accepts less beyond the spread (None: alike)."""
+        return {"fail": self.engine, "improved": REFERENCE}.get(self.check.verdict)
+
+    @property
+    def where(self) -> str:
+        """The cell in words: suite, concurrency and any other axis it has."""
+        k = self.key
+        parts = [f"{k.suite} at concurrency {k.concurrency}"]
+        if k.input_len:
+            parts.append(f"{k.input_len}-token prompts")
+        if k.thinking_asked is not None:
+            parts.append(f"thinking {'on' if k.thinking_asked else 'off'}")
+        return ", ".join(parts)
+
+    def sentence(self) -> str:
+        c = self.check
+        tail = f"({100 * (c.change or 0.0):+.1f}%, allowed {100 * c.allowed:+.1f}%, {c.method})"
+        if self.under == self.engine:
+            return (f"{self.engine} under-accepts on {self.where}: τ {self.tau:.3f} against the builtin engine's "
+                    f"{self.reference_tau:.3f} {tail}")
+        if self.under == REFERENCE:
+            return (f"the builtin engine accepts less than {self.engine} on {self.where}: τ {self.reference_tau:.3f} "
+                    f"against {self.tau:.3f} {tail}; {self.engine}'s counting may read above the definition")
+        return f"{self.engine} accepts as the builtin engine on {self.where}: τ {self.tau:.3f} against {self.reference_tau:.3f}"
+
+
+@dataclass
+class ReferenceResult:
+    comparisons: list[TauComparison] = field(default_factory=list)
+    not_compared: list[str] = field(default_factory=list)  # sentences: why a cell both engines have is not compared
+
+    @property
+    def under_accepting(self) -> list[TauComparison]:
+        """Cells where another engine accepts less than the reference beyond the spread."""
+        return [c for c in self.comparisons if c.under not in (None, REFERENCE)]
+
+
+def tolerance(config: GateConfig) -> float:
+    t = config.reference.tolerance
+    return config.thresholds.acceptance_length if t is None else t
+
+
+def compare_sweeps(sweeps: list[Baseline], config: GateConfig | None = None) -> ReferenceResult:
+    """Every engine's DFlash τ against the builtin engine's, over the sweeps' cells of the same pair."""
+    config = config or GateConfig()
+    out = ReferenceResult()
+    for cells in _by_pair(sweeps).values():
+        for rest, engines in sorted(_by_cell(cells).items(), key=lambda kv: kv[0].sort_key()):
+            ref = engines.pop(REFERENCE, None)
+            if ref is None:
+                continue
+            for engine, other in sorted(engines.items()):
+                _compare_one(ref, other, engine, rest, config, out)
+    return out
+
+
+def compare_folders(paths: list[Path], config: GateConfig | None = None) -> ReferenceResult:
+    return compare_sweeps([collect(p) for p in paths], config)
+
+
+def reference_checks(sweep: Baseline, config: GateConfig) -> list[Check]:
+    """The gate's checks: one per engine and cell compared with the builtin engine (none when turned off)."""
+    if not config.reference.check:
+        return []
+    return [c.check for c in compare_sweeps([sweep], config).comparisons]
+
+
+def _compare_one(ref: CellValues, other: CellValues, engine: str, key: CellKey, config: GateConfig,
+                 out: ReferenceResult) -> None:
+    name = f"{engine} vs {REFERENCE}/{key.suite}/c{key.concurrency}" + (f"/{key.input_len}" if key.input_len else "") \
+        + ("" if key.thinking_asked is None else "/think" if key.thinking_asked else "/nothink")
+    why = _not_comparable(ref, other)
+    if why:
+        out.not_compared.append(f"{name}: {why}")
+        return
+    check = judge(name, REFERENCE_TAU, ref.metrics["acceptance_length"], other.metrics["acceptance_length"],
+                  tolerance(config), config.bootstrap)
+    comparison = TauComparison(engine=engine, key=key, check=check)
+    check.note = comparison.sentence()
+    out.comparisons.append(comparison)
+
+
+def _not_comparable(ref: CellValues, other: CellValues) -> str | None:
+    for side, cell in ((REFERENCE, ref), (other.engine, other)):
+        if not cell.metrics.get("acceptance_length"):
+            return f"{side} has no τ there"
+        if cell.metrics.get("synthetic_acceptance"):
+            return f"{side}'s τ there was drawn by synthetic acceptance"
+    a, b = set(ref.metrics.get("acceptance_definition", [])), set(other.metrics.get("acceptance_definition", []))
+    if len(a) != 1 or a != b:
+        return f"τ counted under different definitions ({REFERENCE}: {_defs(a)}, {other.engine}: {_defs(b)})"
+    return None
+
+
+def _defs(values: set[float]) -> str:
+    return ", ".join(str(int(v)) for v in sorted(values)) or "none recorded"
+
+
+def _by_pair(sweeps: list[Baseline]) -> dict[tuple, list[CellValues]]:
+    """The sweeps' complete DFlash cells, grouped by target and drafter (a sweep naming neither alone)."""
+    out: dict[tuple, list[CellValues]] = {}
+    for i, s in enumerate(sweeps):
+        m = s.provenance.models
+        pair: tuple = (m.target.id, m.drafter.id) if m.target and m.drafter else ("unnamed", i)
+        out.setdefault(pair, []).extend(c for c in s.cells if c.mode == "dflash" and c.repeats)
+    return out
+
+
+def _by_cell(cells: list[CellValues]) -> dict[CellKey, dict[str, CellValues]]:
+    """Per cell (engine left out), per engine: the cell's repeats, those of several sweeps pooled."""
+    out: dict[CellKey, dict[str, CellValues]] = {}
+    for c in cells:
+        key = CellKey(**{**c.key.model_dump(exclude={"cell_id"}), "engine": REFERENCE})
+        per = out.setdefault(key, {})
+        if c.engine not in per:
+            per[c.engine] = c.model_copy(deep=True)
+            continue
+        pooled = per[c.engine]
+        pooled.repeats += c.repeats
+        for metric, values in c.metrics.items():
+            pooled.metrics.setdefault(metric, []).extend(values)
+    return out
