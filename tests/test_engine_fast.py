@@ -804,7 +804,7 @@ def test_a_step_of_the_anchor_alone_is_no_draft_in_the_counters(setup):
     from dflash_bench.engine.bookkeeping import Bookkeeping
 
     _, df = setup
-    book = Bookkeeping(df.tok, eos_ids=[], block_size=B, slots=2, max_len=MAX_LEN)
+    book = Bookkeeping(df.tok, eos_ids=[], block_size=B, slots=2, max_len=MAX_LEN, vocab_size=df.vocab_size)
     s = book.open("r", [1, 2, 3], SamplingParams(max_tokens=20, ignore_eos=True))
     logits = torch.zeros(B, 8)
     book.prefilled(s, 5, logits[:1])

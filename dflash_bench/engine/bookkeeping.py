@@ -60,11 +60,23 @@ class Stats:
     requests: int = 0  # finished (stop or length); aborted ones are not counted, as in vLLM
 
 
+def out_of_vocabulary(prompt: list[int], vocab_size: int) -> str | None:
+    """Why a prompt's token ids cannot be fed to a model of `vocab_size` tokens (None when they can): the
+    engine's admission and the server's 400 say the same."""
+    for i, t in enumerate(prompt):
+        if not 0 <= t < vocab_size:
+            return (f"the prompt's token id {t} (position {i}) is outside the vocabulary of {vocab_size} tokens "
+                    f"(0 to {vocab_size - 1})")
+    return None
+
+
 class Bookkeeping:
     """The requests of one engine: which slot each holds, what it has produced, when it stops."""
 
-    def __init__(self, tokenizer, *, eos_ids: list[int], block_size: int, slots: int, max_len: int):
+    def __init__(self, tokenizer, *, eos_ids: list[int], block_size: int, slots: int, max_len: int,
+                 vocab_size: int):
         self.tok, self.eos_ids, self.B, self.max_len = tokenizer, set(eos_ids), block_size, max_len
+        self.vocab_size = vocab_size  # every prompt id is below it
         self.slots = slots  # the KV pool's rows (/metrics dflash_bench:max_slots)
         self.free_slots = list(range(slots - 1, -1, -1))  # popped from the end: lowest slot first
         self.stats = Stats(accepted_per_pos=[0] * max(block_size - 1, 0))
@@ -81,6 +93,8 @@ class Bookkeeping:
 
     def open(self, req_id: str, prompt: list[int], params: SamplingParams) -> Seq:
         """A new request in the lowest free slot (the fast path's batch bucket covers slots 0..highest)."""
+        if why := out_of_vocabulary(prompt, self.vocab_size):
+            raise ValueError(f"request {req_id!r}: {why}")  # before any id reaches a kernel (the C ones do not check)
         if not self.free_slots:
             raise RuntimeError("every slot is taken: admit at most len(engine.free_slots) requests at a time")
         self.free_slots.sort(reverse=True)

@@ -35,7 +35,7 @@ class ReferenceEngine:
             target.tap(proposer.layer_ids)
         self.max_len, self.vocab_size = target.max_len, target.vocab_size
         self.book = Bookkeeping(tokenizer, eos_ids=eos_ids, block_size=self.B, slots=len(target.cache.k[0]),
-                                max_len=target.max_len)
+                                max_len=target.max_len, vocab_size=target.vocab_size)
         self.device = target.device
         self.prefill_rows = PREFILL_ROWS if self.device.type == "cuda" else 1
         self.prefill_tokens = PREFILL_TOKENS

@@ -18,7 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from dflash_bench.engine.api import BadRequest, ChatRequest, CompletionRequest, Formatter, chat_prompt, completion_prompt
-from dflash_bench.engine.bookkeeping import Delta
+from dflash_bench.engine.bookkeeping import Delta, out_of_vocabulary
 from dflash_bench.engine.loop import EngineLoop
 from dflash_bench.engine.metrics import render
 from dflash_bench.errors import UserError
@@ -117,8 +117,8 @@ def build_app(loop: EngineLoop, model_name: str) -> FastAPI:
         if req.model and req.model != model_name:
             return JSONResponse({"object": "error", "message": f"the model {req.model!r} does not exist; this server has {model_name!r}",
                                  "type": "NotFoundError", "param": None, "code": 404}, status_code=404)
-        if any(not 0 <= t < engine.vocab_size for t in prompt):
-            raise BadRequest("the prompt has token ids outside the vocabulary")
+        if why := out_of_vocabulary(prompt, engine.vocab_size):
+            raise BadRequest(why)
         room = engine.max_len - engine.B - 1
         max_tokens = req.wanted_max_tokens() or max(1, room - len(prompt))
         why = engine.check(len(prompt), max_tokens)

@@ -53,7 +53,8 @@ class FastEngine:
         self.prefill_rows, self.prefill_tokens = max_slots, PREFILL_TOKENS  # a group: one forward (`runner.add_many`)
         self.max_len, self.vocab_size = max_len, ft.vocab_size
         self.synthetic_tau = synthetic_tau
-        self.book = Bookkeeping(tokenizer, eos_ids=eos_ids, block_size=self.B, slots=max_slots, max_len=max_len)
+        self.book = Bookkeeping(tokenizer, eos_ids=eos_ids, block_size=self.B, slots=max_slots, max_len=max_len,
+                                vocab_size=ft.vocab_size)
 
     @property
     def stats(self) -> Stats:
