@@ -17,8 +17,9 @@ Adding a table is one function and one small entry in TABLES:
     Entry("my_table", "docs/results/topic.md", ("my_results.json",),
           "python -m benchmarks.my_bench --out benchmarks/results/my_results.json", tr.my_table)
 
-where `my_table(results)` in benchmarks/table_renderers.py gets the loaded JSON of each source, in order, and
-returns a Table (a header, rows of strings and optional lines printed under it); then put the two markers
+where `my_table(results)` in benchmarks/table_renderers.py (table_renderers_gpu.py for a GPU family) gets the
+loaded JSON of each source, in order, and returns a Table (a header, rows of strings and optional lines printed
+under it); then put the two markers
 where the table goes and run `python -m benchmarks.tables`. The command is the one that wrote the results
 file; give None when the file records its own (`command`, or one per run). The machine is read from the file's
 `device` (or `machine`) unless the entry names it.
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import table_renderers as tr
+from benchmarks import table_renderers_gpu as gpu
 from benchmarks.table_renderers import Table, TablesError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,7 +64,7 @@ TABLES: list[Entry] = [
     Entry("demo_summary", "README.md", (DEMO,), None, tr.demo_summary),
     Entry("engines_summary", "README.md", ("real_engines_h100_builtin_vllm.json",),
           "python -m benchmarks.real_engines shape --engines builtin,inprocess,vllm --modes ar,dflash "
-          "--fresh-prompts --data-dir .data", tr.engines_summary),
+          "--fresh-prompts --data-dir .data", gpu.engines_summary),
     Entry("demo_runs", "docs/results/demo.md", (DEMO,), None, tr.demo_runs),
     Entry("cpu_anatomy", "docs/results/demo.md", ("cpu_anatomy_cpu.json",),
           "python -m benchmarks.cpu_anatomy --out benchmarks/results/cpu_anatomy_cpu.json", tr.cpu_anatomy),
@@ -81,31 +83,31 @@ TABLES: list[Entry] = [
           tr.cpu_real_pair),
     Entry("engines_h100", "docs/results/engines-one-gpu.md", ("real_engines_h100_builtin_vllm.json",),
           "python -m benchmarks.real_engines shape --engines builtin,inprocess,vllm --modes ar,dflash "
-          "--fresh-prompts --data-dir .data", tr.engines_h100),
+          "--fresh-prompts --data-dir .data", gpu.engines_h100),
     Entry("engines_three_h100", "docs/results/engines-one-gpu.md", ("real_engines_h100_three_engines.json",),
           "python -m benchmarks.real_engines shape --engines sglang --fresh-prompts --data-dir .data "
-          "(SGLang's bundle), then the same with --engines builtin,vllm (vLLM's bundle)", tr.engines_three),
+          "(SGLang's bundle), then the same with --engines builtin,vllm (vLLM's bundle)", gpu.engines_three),
     Entry("pair_retrained_h100", "docs/results/engines-one-gpu.md", ("real_engines_h100_pair_retrained.json",),
           "python -m benchmarks.real_engines pair --engines vllm,builtin-fast --concurrency 1,8 --data-dir .data",
-          tr.pair_retrained),
-    Entry("gemma4_31b_h100", "docs/results/gemma-4-31b.md", ("gemma4_31b_h100.json",), None, tr.big_shape,
+          gpu.pair_retrained),
+    Entry("gemma4_31b_h100", "docs/results/gemma-4-31b.md", ("gemma4_31b_h100.json",), None, gpu.big_shape,
           machine="one NVIDIA H100 80GB HBM3 (nvidia-h100-x1) and two on one host (nvidia-h100-x2), each a fresh machine"),
-    Entry("gemma4_31b_fast", "docs/results/gemma-4-31b.md", ("gemma4_31b_fast_h100.json",), None, tr.gemma_fast),
+    Entry("gemma4_31b_fast", "docs/results/gemma-4-31b.md", ("gemma4_31b_fast_h100.json",), None, gpu.gemma_fast),
     Entry("engine_speed", "docs/results/fast-path-gpu.md", ("engine_speed_h100.json", "engine_speed_h200.json"),
-          "python -m benchmarks.engine_speed --out engine_speed.json --torch-path", tr.engine_speed,
+          "python -m benchmarks.engine_speed --out engine_speed.json --torch-path", gpu.engine_speed,
           machine="one NVIDIA H100 80GB HBM3 and one NVIDIA H200, each a fresh machine"),
     Entry("gemm_tuning", "docs/results/fast-path-gpu.md", ("gemm_tuning_h100.json",),
-          "python -m benchmarks.gemm_tuning --out F", tr.gemm_tuning),
+          "python -m benchmarks.gemm_tuning --out F", gpu.gemm_tuning),
     Entry("step_anatomy", "docs/results/fast-path-gpu.md", ("step_anatomy_h100.json",),
-          "python -m benchmarks.step_anatomy --out step_anatomy.json", tr.step_anatomy),
+          "python -m benchmarks.step_anatomy --out step_anatomy.json", gpu.step_anatomy),
     Entry("engine_speed_adaptive", "docs/results/fast-path-gpu.md", ("engine_speed_h100_adaptive.json",),
-          "python -m benchmarks.engine_speed --out F --soak 300 --hf-tokens 16", tr.engine_speed_adaptive),
+          "python -m benchmarks.engine_speed --out F --soak 300 --hf-tokens 16", gpu.engine_speed_adaptive),
     # the same command after the scheduler refactor (issue 45): tokens and speed unchanged within noise
     Entry("engine_speed_scheduler", "docs/results/fast-path-gpu.md",
           ("engine_speed_h100_adaptive.json", "engine_speed_h100_scheduler.json"),
-          "python -m benchmarks.engine_speed --out F --soak 300 --hf-tokens 16 (each)", tr.engine_speed_before_after),
+          "python -m benchmarks.engine_speed --out F --soak 300 --hf-tokens 16 (each)", gpu.engine_speed_before_after),
     Entry("serve_speed_h100", "docs/results/fast-path-gpu.md", ("serve_speed_h100.json",),
-          "python -m benchmarks.serve_speed --data-dir DATA", tr.serve_speed_gpu),
+          "python -m benchmarks.serve_speed --data-dir DATA", gpu.serve_speed_gpu),
     Entry("acceptance", "docs/results/tiny-pair.md", ("acceptance_cpu_retrained.json",),
           "python -m recipes.tiny_pair.acceptance --data-dir DATA --num-prompts 32 --max-tokens 32,96", tr.acceptance,
           machine="a 2-core x86-64 CPU"),

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks import table_renderers, tables
+from benchmarks import table_renderers, table_renderers_gpu, tables
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -98,12 +98,12 @@ def test_steady_stream_cells_are_marked_with_their_window(tmp_path):
     assert [r["steady"] for r in data["runs"][0]["rows"]] == [{"ramp": 2, "requests": 3}] * 2
     closed = json.loads(json.dumps(data))
     closed["runs"][0]["rows"][0]["steady"] = None
-    table = table_renderers.big_shape([closed])
+    table = table_renderers_gpu.big_shape([closed])
     assert [row[5] for row in table.rows] == ["2", "2 (steady)"]
     label = "steady stream: a window of 3 completions after a ramp-up of 2"
     assert [n for n in table.notes if n.startswith("(steady)")] == [
         f"(steady): {label} (--steady-requests); the cell's numbers are that window's, not a closed batch's."]
     for row in closed["runs"][0]["rows"]:
         row["steady"] = None
-    plain = table_renderers.big_shape([closed])
+    plain = table_renderers_gpu.big_shape([closed])
     assert [row[5] for row in plain.rows] == ["2", "2"] and not any(n.startswith("(steady)") for n in plain.notes)
