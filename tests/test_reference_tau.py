@@ -74,6 +74,10 @@ def test_an_engine_under_accepting_is_named_by_the_report_and_fails_the_gate(fol
     printed = capsys.readouterr().out
     assert code == 1 and "FAIL" in printed and "vllm under-accepts on gsm8k at concurrency 4" in printed.replace("\n", " ")
 
+    md = tmp_path / "gate.md"
+    assert gate.main(folders["low"], baseline=folders["low"], markdown=md) == 1
+    assert "vllm under-accepts on gsm8k at concurrency 4" in md.read_text() and "2% below it allowed" in md.read_text()
+
     off = tmp_path / "off.toml"
     off.write_text("[reference]\ncheck = false\n")
     assert gate.main(folders["low"], baseline=folders["low"], thresholds=off) == 0

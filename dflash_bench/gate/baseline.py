@@ -80,12 +80,13 @@ def gated_values(s: CellSummary) -> dict[str, float | None]:
     }
 
 
-def collect(sweep_dir: Path | str) -> Baseline:
-    """A sweep folder's cells, grouped by key, as the gate compares them."""
+def collect(sweep_dir: Path | str, quiet: bool = False) -> Baseline:
+    """A sweep folder's cells, grouped by key, as the gate compares them (`quiet`: no migration note, which the
+    caller has already printed)."""
     sweep = SweepDir.open(Path(sweep_dir))
     manifest = sweep.read_manifest()
     summaries = sorted(sweep.summaries(), key=lambda s: (s.repeat, s.cell_id))
-    if sweep.migration_note:
+    if sweep.migration_note and not quiet:
         print(sweep.migration_note, file=sys.stderr)
     out: dict[CellKey, CellValues] = {}
     for s in summaries:

@@ -17,6 +17,7 @@ from rich.text import Text
 
 from dflash_bench.gate.baseline import Baseline
 from dflash_bench.gate.compare import Check, GateResult
+from dflash_bench.gate.reference import REFERENCE_TAU, tolerance
 from dflash_bench.store import atomic_write_text
 
 VERDICT_STYLE = {"fail": "bold red", "improved": "green", "pass": "", "skipped": "yellow"}
@@ -156,11 +157,13 @@ def markdown(result: GateResult) -> str:
         f"Sweep {md(result.sweep)} against baseline {md(result.baseline)}. Allowed changes: acceptance length "
         f"{t.acceptance_length:.0%}, throughput {t.throughput:.0%}, TPOT {t.tpot:.0%}, speedup {t.speedup:.0%}, "
         f"exact match {t.exact_match:.0%}, task accuracy {t.accuracy:.0%}; noisy metrics with repeats fail only when the whole {conf:.0%} "
-        "bootstrap interval is past the threshold.",
+        "bootstrap interval is past the threshold." + _reference_line(result),
         "",
     ]
     if result.failures:
         lines += ["### Regressions", "", *_md_table(result.failures, conf), ""]
+        said = [f"- {md(c.note)}" for c in result.failures if c.metric.explained and c.note]
+        lines += [*said, ""] if said else []
     side = _side_lines(result)
     if side:
         lines += [f"- {md(s)}" for s in side] + [""]
@@ -168,6 +171,15 @@ def markdown(result: GateResult) -> str:
         lines += [f"{c['improved']} check(s) improved past their threshold: consider exporting a new baseline.", ""]
     lines += ["<details><summary>All checks</summary>", "", *_md_table(result.checks, conf), "", "</details>", ""]
     return "\n".join(lines)
+
+
+def _reference_line(result: GateResult) -> str:
+    """The reference check's tolerance, where the sweep had one (gate/reference.py)."""
+    if not any(c.metric is REFERENCE_TAU for c in result.checks):
+        return ""
+    t = tolerance(result.config)
+    return (f" Another engine's τ against the builtin engine's (the reference) on the same pair: {t:.0%} below it "
+            "allowed, by the same rule.")
 
 
 def _md_table(checks: list[Check], confidence: float) -> list[str]:

@@ -112,8 +112,8 @@ def compare_sweeps(sweeps: list[Baseline], config: GateConfig | None = None) -> 
     return out
 
 
-def compare_folders(paths: list[Path], config: GateConfig | None = None) -> ReferenceResult:
-    return compare_sweeps([collect(p) for p in paths], config)
+def compare_folders(paths: list[Path], config: GateConfig | None = None, quiet: bool = False) -> ReferenceResult:
+    return compare_sweeps([collect(p, quiet=quiet) for p in paths], config)
 
 
 def reference_checks(sweep: Baseline, config: GateConfig) -> list[Check]:
