@@ -18,7 +18,7 @@ from dflash_bench.client.run import run_one
 from dflash_bench.emulator import EmulatorProcess
 from dflash_bench.gate.reference import REFERENCE_TAU, compare_folders, compare_sweeps
 from dflash_bench.report import build_report
-from dflash_bench.store import ModelRevision
+from dflash_bench.store import ModelRevision, SweepSettings
 
 
 def measure(url: str, engine: str, out: Path, name: str, data_dir: Path) -> None:
@@ -101,6 +101,8 @@ def test_repeats_are_judged_by_their_bootstrap_and_only_comparable_tau_is_compar
         side.provenance.models.drafter = ModelRevision(id="d")
     [pooled] = compare_sweeps([sweep, twin]).comparisons  # the same pair in two folders: two repeats a side
     assert pooled.check.method == "bootstrap" and len(pooled.check.current) == 2 and pooled.under == "vllm"
+    twin.provenance.settings = SweepSettings(model="t", suites=["gsm8k"], temperature=0.7)  # other requests: apart
+    assert [c.check.method for c in compare_sweeps([sweep, twin]).comparisons] == ["plain", "plain"]
 
     vllm = next(c for c in sweep.cells if c.engine == "vllm")
     vllm.metrics["acceptance_definition"] = [1.0]  # counted before issue 43's definition: not comparable

@@ -7,8 +7,8 @@ being the samples; `report` shows every comparison and `gate` fails when another
 
 What is comparable: both cells complete with a τ counted under the same definition (CellSummary
 `acceptance_definition`, metrics/definitions.py), neither drawn by synthetic acceptance, and the same target
-and drafter (the ids in a folder's manifest; a folder that names none, as `dflash-bench run` writes, is compared only
-with itself). The engines' own counting differs from the definition (docs/acceptance.md) only upwards: vLLM
+and drafter (the ids in a folder's manifest) asked the same requests (SAME_REQUESTS); a folder that names no
+pair, as `dflash-bench run` writes, is compared only with itself. The engines' own counting differs from the definition (docs/acceptance.md) only upwards: vLLM
 and llama.cpp count drafts accepted past the request's end, SGLang counts the prefill's token. So a gap
 their counting explains reads as another engine *over*-accepting, never under: the check can miss a small
 under-acceptance but does not invent one.
@@ -34,6 +34,8 @@ from dflash_bench.gate.config import GateConfig
 from dflash_bench.store import CellKey
 
 REFERENCE = "builtin"
+# what two sweeps of one pair must share for their tau to be pooled: the requests (sampling, length, prompts)
+SAME_REQUESTS = ("temperature", "max_tokens", "num_prompts", "seed")
 REFERENCE_TAU = Metric("reference_tau", "τ against the builtin engine", "acceptance_length", True, True,
                        explained=True)
 
@@ -155,11 +157,13 @@ def _defs(values: set[float]) -> str:
 
 
 def _by_pair(sweeps: list[Baseline]) -> dict[tuple, list[CellValues]]:
-    """The sweeps' complete DFlash cells, grouped by target and drafter (a sweep naming neither alone)."""
+    """The sweeps' complete DFlash cells, grouped by target, drafter and SAME_REQUESTS (a sweep naming no pair
+    alone)."""
     out: dict[tuple, list[CellValues]] = {}
     for i, s in enumerate(sweeps):
-        m = s.provenance.models
-        pair: tuple = (m.target.id, m.drafter.id) if m.target and m.drafter else ("unnamed", i)
+        m, st = s.provenance.models, s.provenance.settings
+        how = tuple(getattr(st, f) for f in SAME_REQUESTS) if st is not None else ()
+        pair: tuple = (m.target.id, m.drafter.id, *how) if m.target and m.drafter else ("unnamed", i)
         out.setdefault(pair, []).extend(c for c in s.cells if c.mode == "dflash" and c.repeats)
     return out
 
