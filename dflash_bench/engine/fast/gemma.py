@@ -30,7 +30,7 @@ from dflash_bench.engine.fast.kernels import load_kernels, prepared
 from dflash_bench.engine.fast.model import (KERNEL_MAX_QUERIES, add_rms_norm, attention, embed_norm, matmul, offsets,
                                             softcap)
 from dflash_bench.engine.layers import layer_config
-from dflash_bench.engine.rope import cos_sin, rope
+from dflash_bench.engine.rope import cos_sin, kernel_tables, rope
 from dflash_bench.errors import UserError
 
 RING_MARGIN = 48  # ring rows past the window: at least the most new tokens a step writes per row (a 16-token block)
@@ -89,6 +89,18 @@ def gelu_mul(gu: torch.Tensor) -> torch.Tensor:
     return F.gelu(g, approximate="tanh") * u
 
 
+def qkv_torch(qkv: torch.Tensor, H: int, hkv: int, hd: int, qn: torch.Tensor, kn: torch.Tensor, eps: float,
+              cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k `[t, heads, hd]` normed (weights qn, kn) and rotated, v normed (no weight), from the fused projection
+    `[t, (H + 2 hkv) hd]`; cos, sin: `rope.cos_sin`'s of the tokens' positions. The torch path, and the reference
+    of `triton_gemma.qkv_norm_rope_store`."""
+    t = qkv.shape[0]
+    q = F.rms_norm(qkv[:, :H * hd].view(t, H, hd), (hd,), qn, eps)
+    k = F.rms_norm(qkv[:, H * hd:(H + hkv) * hd].view(t, hkv, hd), (hd,), kn, eps)
+    v = F.rms_norm(qkv[:, (H + hkv) * hd:].view(t, hkv, hd), (hd,), None, eps)
+    return rope(q, cos, sin), rope(k, cos, sin), v
+
+
 def _w(m: nn.Linear) -> torch.Tensor:
     return m.weight.detach()
 
@@ -115,6 +127,11 @@ class GemmaTarget:
         self.scale = float(inner.layers[0].self_attn.scaling)
         self.max_len, self.cache = max_len, SlotCount(max_slots)
         self.kinds = self._kinds(cfg, inner.rotary_emb, max_slots, max_len)
+        # Triton's fused q/k/v norms + RoPE + cache write and GeGLU (torch ops on the CPU kernels' path and without)
+        fused = self.kernels.gemma if self.kernels is not None else None
+        self.fused = fused if fused is not None and all(fused.fits(k.hd) for k in self.kinds) else None
+        self.tables = [kernel_tables(torch.arange(max_len, device=self.device), k.inv_freq.to(self.device),
+                                     k.rope_scale) for k in self.kinds] if self.fused is not None else []
         self.layers = []
         for i in range(self.n_layers):
             self.layers.append(self._fuse(inner.layers[i], cfg, i))
@@ -178,11 +195,12 @@ class GemmaTarget:
         mm = matmul(kernels)
         nrm = kernels.ops.rms_norm if kernels else (lambda x, w, e: F.rms_norm(x, (x.shape[-1],), w, e))
         add_norm = kernels.ops.add_rms_norm if kernels else add_rms_norm
+        act = self.fused.gelu_mul if self.fused is not None else gelu_mul
         h, x = embed_norm(kernels, ids, self.embed, self.layers[0].ln1, eps, scale=self.embed_scale)
         feats: dict[int, torch.Tensor] = {}
         for i, ly in enumerate(self.layers):
             h, x = add_norm(h, nrm(mm(attend(ly, x), ly.wo), ly.post_attn, eps), ly.pre_ff, eps)
-            m = nrm(mm(gelu_mul(mm(x, ly.w13)), ly.w2), ly.post_ff, eps)
+            m = nrm(mm(act(mm(x, ly.w13)), ly.w2), ly.post_ff, eps)
             nxt = self.layers[i + 1].ln1 if i + 1 < len(self.layers) else self.norm
             if ly.scalar == 1.0:
                 h, x = add_norm(h, m, nxt, eps)
@@ -206,44 +224,53 @@ class GemmaTarget:
     def _attention(self, pos, starts, row0: int, L: int, slot, ends):
         """`attend(layer, normed h) -> [t, H * hd]` for this step: q/k/v norms, RoPE, the cache write, attention."""
         bs, n = pos.shape
-        H, dtype = self.H, self.dtype
+        H, dtype, fused = self.H, self.dtype, self.fused
         rows = slot.view(-1, 1).expand(bs, n) if slot is not None else offsets(n, pos.device, row0, bs)
         flat = pos.reshape(-1)
-        tables = [cos_sin(flat, k.inv_freq.to(pos.device), dtype, k.rope_scale) for k in self.kinds]
+        tables = self.tables if fused is not None else \
+            [cos_sin(flat, k.inv_freq.to(pos.device), dtype, k.rope_scale) for k in self.kinds]
+        ats = [ring_at(pos, ends, k.ring) if k.ring else pos for k in self.kinds]  # each token's place in its row
         attn = self.kernels.attn if self.kernels is not None else None
         kernel = attn is not None and n <= KERNEL_MAX_QUERIES and slot is None
         masks: dict[int, torch.Tensor] = {}
+        new: dict[str, torch.Tensor] = {}  # a ring read before this step's write: its keys' rows, places, buffers
 
         def attend(ly: GemmaLayer, x: torch.Tensor) -> torch.Tensor:
             g = self.kinds[ly.kind]
             hkv, hd = g.hkv, g.hd
             qkv = matmul(self.kernels)(x, ly.wqkv)
             t = qkv.shape[0]
-            q = F.rms_norm(qkv[:, :H * hd].view(t, H, hd), (hd,), ly.qn, self.eps)
-            k = F.rms_norm(qkv[:, H * hd:(H + hkv) * hd].view(t, hkv, hd), (hd,), ly.kn, self.eps)
-            v = F.rms_norm(qkv[:, (H + hkv) * hd:].view(t, hkv, hd), (hd,), None, self.eps)
-            cos, sin = tables[ly.kind]
-            q, k = rope(q, cos, sin).view(bs, n, H, hd), rope(k, cos, sin).view(bs, n, hkv, hd)
-            v = v.view(bs, n, hkv, hd)
             kc, vc = g.k[ly.local], g.v[ly.local]
+            later = bool(g.ring) and not kernel  # the torch attention reads the ring's older keys, then writes
+            cos, sin = tables[ly.kind]
+            if fused is not None:
+                if later:  # k and v into buffers of their own, written to the ring after the attention
+                    if not new:
+                        new.update(rows=offsets(t, pos.device), at=torch.zeros(t, dtype=torch.long, device=pos.device))
+                    k = torch.empty((t, 1, hkv, hd), dtype=dtype, device=pos.device)
+                    v = torch.empty_like(k)
+                    q = fused.qkv_norm_rope_store(qkv, H, hkv, hd, ly.qn, ly.kn, cos, sin, new["rows"], flat,
+                                                  new["at"], k, v, self.eps)
+                else:
+                    q = fused.qkv_norm_rope_store(qkv, H, hkv, hd, ly.qn, ly.kn, cos, sin, rows.reshape(-1), flat,
+                                                  ats[ly.kind].reshape(-1), kc, vc, self.eps)
+            else:
+                q, k, v = qkv_torch(qkv, H, hkv, hd, ly.qn, ly.kn, self.eps, cos, sin)
+                if not later:
+                    kc.index_put_((rows, ats[ly.kind]), k.view(bs, n, hkv, hd))
+                    vc.index_put_((rows, ats[ly.kind]), v.view(bs, n, hkv, hd))
+            q = q.view(bs, n, H, hd)
+            if kernel and attn is not None:
+                return attn.decode_attention(q, kc, vc, starts, row0, L, self.scale, causal=True,
+                                             **(dict(window=g.window, ring=g.ring) if g.ring else {}))
             if not g.ring:
-                kc.index_put_((rows, pos), k)
-                vc.index_put_((rows, pos), v)
-                if kernel and attn is not None:
-                    return attn.decode_attention(q, kc, vc, starts, row0, L, self.scale, causal=True)
                 if ly.kind not in masks:
                     masks[ly.kind] = _mask(pos, torch.arange(L, device=pos.device).expand(bs, L), None, H // hkv, dtype)
                 kv = (kc.index_select(0, slot), vc.index_select(0, slot)) if slot is not None else \
                     (kc[row0:row0 + bs], vc[row0:row0 + bs])
                 return attention(q, kv[0][:, :L], kv[1][:, :L], masks[ly.kind], self.scale)
-            keep = (pos < ends[:, None]) & (pos >= ends[:, None] - g.ring)  # the rows' own newest positions
-            at = torch.where(keep, pos % g.ring, g.ring)  # the rest into the ring's spare last row
-            if kernel and attn is not None:
-                kc.index_put_((rows, at), k)
-                vc.index_put_((rows, at), v)
-                return attn.decode_attention(q, kc, vc, starts, row0, L, self.scale, causal=True,
-                                                          window=g.window, ring=g.ring)
             # the ring's keys before this step's first position, then the step's own
+            k, v = k.view(bs, n, hkv, hd), v.view(bs, n, hkv, hd)
             before = starts[:, None] - g.ring + offsets(g.ring, pos.device)
             srow = rows[:, :1].expand(bs, g.ring)
             kpos = torch.cat([before, pos], 1)
@@ -252,10 +279,18 @@ class GemmaTarget:
             if -ly.kind - 1 not in masks:
                 masks[-ly.kind - 1] = _mask(pos, kpos, g.window, H // hkv, dtype)
             out = attention(q, keys, vals, masks[-ly.kind - 1], self.scale)
-            kc.index_put_((rows, at), k)
-            vc.index_put_((rows, at), v)
+            kc.index_put_((rows, ats[ly.kind]), k)
+            vc.index_put_((rows, ats[ly.kind]), v)
             return out
         return attend
+
+
+def ring_at(pos: torch.Tensor, ends: torch.Tensor, ring: int) -> torch.Tensor:
+    """Where a step's keys at `pos` `[bs, n]` go in a ring of `ring` rows (+ a spare): key p at p % ring if it is
+    one of its row's `ring` newest (below `ends` `[bs]`, e.g. a prefill's prompt end), the rest (a prefill's
+    padding, a long prompt's oldest) into the spare last row."""
+    keep = (pos < ends[:, None]) & (pos >= ends[:, None] - ring)
+    return torch.where(keep, pos % ring, ring)
 
 
 def _mask(qpos: torch.Tensor, kpos: torch.Tensor, window: int | None, rep: int, dtype) -> torch.Tensor:

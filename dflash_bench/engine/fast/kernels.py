@@ -13,11 +13,12 @@ from dflash_bench.errors import UserError
 
 @dataclass(frozen=True)
 class Kernels:
-    """The kernel modules of a decode step (Triton's three, or `cpu_kernels` in all three places)."""
+    """The kernel modules of a decode step (Triton's, or `cpu_kernels` in the first three places)."""
 
     ops: ModuleType  # triton_ops: norms, q/k norm + RoPE + cache write, silu * up, embedding, argmax, commit
     attn: ModuleType  # triton_attn: split-K attention over each row's valid keys
     gemm: ModuleType  # triton_gemm: skinny matmuls, and the lm_head's matmul fused with its argmax
+    gemma: ModuleType | None = None  # triton_gemma: Gemma 4's q/k/v norms + RoPE + cache write, GeGLU (None: torch's)
 
 
 def load_kernels(device: torch.device, want: bool | str | None, dtype: torch.dtype | None = None) -> Kernels | None:
@@ -43,12 +44,12 @@ def load_kernels(device: torch.device, want: bool | str | None, dtype: torch.dty
     if want is None and device.type != "cuda":
         return None
     try:
-        from dflash_bench.engine.fast import triton_attn, triton_gemm, triton_ops
+        from dflash_bench.engine.fast import triton_attn, triton_gemm, triton_gemma, triton_ops
     except ImportError:
         if want:
             raise UserError("the fast path's kernels need Triton: pip install triton") from None
         return None
-    return Kernels(ops=triton_ops, attn=triton_attn, gemm=triton_gemm)
+    return Kernels(ops=triton_ops, attn=triton_attn, gemm=triton_gemm, gemma=triton_gemma)
 
 
 def prepared(kernels, w: torch.Tensor) -> torch.Tensor:
