@@ -130,6 +130,7 @@ def main() -> None:
                                        synthetic_tau=a.tau if mode == "dflash" else None, benchmark_only=True)
             r = engine.runner
             phase.update(build_s=time.perf_counter() - t0, graphs=len(r.graphs), weight_bytes=r.t.weight_bytes(),
+                         fused_kernels=r.t.fused is not None,  # triton_gemma's q/k/v + RoPE + cache write, GeGLU
                          kv_bytes=r.t.kv_bytes(), gpu_allocated_GiB=torch.cuda.memory_allocated() / 2**30
                          if dev == "cuda" else None)
             phase["floor_ms"] = 1e3 * phase["weight_bytes"] / (out["copy_bandwidth_GBps"] * 1e9)

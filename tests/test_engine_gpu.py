@@ -129,3 +129,39 @@ def test_prompts_that_ride_in_graphed_steps_get_what_they_get_alone(pair):
             running.remove(s)
     assert fast.runner.sched.rode == 5 and max(carried) == 2  # every prompt but the first rode in a step
     assert out == {str(i): want[i] for i in range(len(ps))}
+
+
+@pytest.fixture(scope="module")
+def gemma_pair(tmp_path_factory):
+    from dflash_bench.engine.tiny import make_tiny_pair
+
+    return make_tiny_pair(tmp_path_factory.mktemp("gemma4"), arch="gemma4", seed=1, block_size=B, layers=7)
+
+
+@pytest.mark.parametrize("kernels", [True, False], ids=["fused-kernels", "torch-ops"])
+@pytest.mark.parametrize("mode", ["ar", "dflash"])
+def test_gemma4_fast_path_equals_the_reference(gemma_pair, mode, kernels):
+    """Gemma 4 (sliding layers' ring shorter than the prompts, k_eq_v, partial rotary) under CUDA graphs and
+    step-ahead: with the Triton kernels (the fused q/k/v norms + RoPE + cache write, GeGLU) and with torch ops, the
+    greedy tokens and acceptance of the reference engine."""
+    from dflash_bench.engine.build import build_engine
+    from dflash_bench.engine.decode import generate
+    from dflash_bench.engine.fast.engine import build_fast_engine
+    from dflash_bench.engine.sampling import SamplingParams
+
+    target, drafter = gemma_pair
+    draft = str(drafter) if mode == "dflash" else None
+    kw = dict(mode=mode, max_slots=SLOTS, max_len=MAX_LEN, dtype="float32", device="cuda")
+    ref = build_engine(str(target), draft, **kw)
+    fast = build_fast_engine(str(target), draft, step_ahead=True, kernels=kernels, **kw)
+    t = fast.runner.t
+    assert fast.runner.graphs_on and fast.runner.graphs
+    assert (t.fused is not None) == kernels and t.kinds[0].ring  # the sliding layers keep a ring
+    ps = _prompts(ref.tok, 6)
+    assert max(len(p) for p in ps) > t.kinds[0].window  # prompts longer than the window
+    sp = SamplingParams(max_tokens=N, ignore_eos=True)
+    want = [s.out for s in generate(ref, ps, sp)]
+    assert [s.out for s in generate(fast, ps, sp)] == want
+    if mode == "dflash":  # the same drafts accepted: the same tau
+        assert (fast.stats.drafts, fast.stats.accepted) == (ref.stats.drafts, ref.stats.accepted)
+    assert [generate(fast, [p], sp)[0].out for p in ps[:2]] == want[:2]  # batch 1
