@@ -92,6 +92,10 @@ def test_an_engine_under_accepting_is_named_by_the_report_and_fails_the_gate(fol
     warning = warning[:warning.index("</div>")]
     assert "vllm under-accepts on gsm8k at concurrency 4" in warning
     assert warning.count("<li>") == 1  # the alike folder's cells are not flagged, and folders of no named pair stay apart
+    table = page[page.index('<table class="reference">'):]
+    table = table[:table.index("</table>")]
+    for row in ("<td>low</td><td>vllm</td>", "<td>alike</td><td>vllm</td>", "<td>alike</td><td>emulator</td>"):
+        assert table.count(row) == 1  # each comparison once, named by its folder
 
 
 def test_repeats_are_judged_by_their_bootstrap_and_only_comparable_tau_is_compared(folders: dict[str, Path]):

@@ -47,6 +47,7 @@ class TauComparison:
     engine: str
     key: CellKey
     check: Check  # baseline: the builtin engine's τ per repeat; current: the engine's; verdict from judge
+    sweeps: tuple[str, ...] = ()  # the sweep ids whose cells were pooled (the same pair and requests)
 
     @property
     def reference_tau(self) -> float:
@@ -104,13 +105,13 @@ def compare_sweeps(sweeps: list[Baseline], config: GateConfig | None = None) -> 
     """Every engine's DFlash τ against the builtin engine's, over the sweeps' cells of the same pair."""
     config = config or GateConfig()
     out = ReferenceResult()
-    for cells in _by_pair(sweeps).values():
+    for ids, cells in _by_pair(sweeps).values():
         for rest, engines in sorted(_by_cell(cells).items(), key=lambda kv: kv[0].sort_key()):
             ref = engines.pop(REFERENCE, None)
             if ref is None:
                 continue
             for engine, other in sorted(engines.items()):
-                _compare_one(ref, other, engine, rest, config, out)
+                _compare_one(ref, other, engine, rest, tuple(ids), config, out)
     return out
 
 
@@ -125,8 +126,8 @@ def reference_checks(sweep: Baseline, config: GateConfig) -> list[Check]:
     return [c.check for c in compare_sweeps([sweep], config).comparisons]
 
 
-def _compare_one(ref: CellValues, other: CellValues, engine: str, key: CellKey, config: GateConfig,
-                 out: ReferenceResult) -> None:
+def _compare_one(ref: CellValues, other: CellValues, engine: str, key: CellKey, sweeps: tuple[str, ...],
+                 config: GateConfig, out: ReferenceResult) -> None:
     name = f"{engine} vs {REFERENCE}/{key.suite}/c{key.concurrency}" + (f"/{key.input_len}" if key.input_len else "") \
         + ("" if key.thinking_asked is None else "/think" if key.thinking_asked else "/nothink")
     why = _not_comparable(ref, other)
@@ -135,7 +136,7 @@ def _compare_one(ref: CellValues, other: CellValues, engine: str, key: CellKey, 
         return
     check = judge(name, REFERENCE_TAU, ref.metrics["acceptance_length"], other.metrics["acceptance_length"],
                   tolerance(config), config.bootstrap)
-    comparison = TauComparison(engine=engine, key=key, check=check)
+    comparison = TauComparison(engine=engine, key=key, check=check, sweeps=sweeps)
     check.note = comparison.sentence()
     out.comparisons.append(comparison)
 
@@ -156,15 +157,17 @@ def _defs(values: set[float]) -> str:
     return ", ".join(str(int(v)) for v in sorted(values)) or "none recorded"
 
 
-def _by_pair(sweeps: list[Baseline]) -> dict[tuple, list[CellValues]]:
-    """The sweeps' complete DFlash cells, grouped by target, drafter and SAME_REQUESTS (a sweep naming no pair
-    alone)."""
-    out: dict[tuple, list[CellValues]] = {}
+def _by_pair(sweeps: list[Baseline]) -> dict[tuple, tuple[list[str], list[CellValues]]]:
+    """The sweeps' ids and complete DFlash cells, grouped by target, drafter and SAME_REQUESTS (a sweep naming no
+    pair alone)."""
+    out: dict[tuple, tuple[list[str], list[CellValues]]] = {}
     for i, s in enumerate(sweeps):
         m, st = s.provenance.models, s.provenance.settings
         how = tuple(getattr(st, f) for f in SAME_REQUESTS) if st is not None else ()
         pair: tuple = (m.target.id, m.drafter.id, *how) if m.target and m.drafter else ("unnamed", i)
-        out.setdefault(pair, []).extend(c for c in s.cells if c.mode == "dflash" and c.repeats)
+        ids, cells = out.setdefault(pair, ([], []))
+        ids.append(s.sweep_id)
+        cells.extend(c for c in s.cells if c.mode == "dflash" and c.repeats)
     return out
 
 

@@ -81,7 +81,7 @@ def _reference(sweep_dirs: list[Path]) -> dict[str, Any]:
     from dflash_bench.gate.reference import compare_folders, tolerance
 
     result = compare_folders([Path(p) for p in sweep_dirs], quiet=True)  # tables.load said any migration
-    rows = [{"engine": c.engine, "where": c.where, "reference": c.reference_tau, "tau": c.tau,
+    rows = [{"engine": c.engine, "where": c.where, "sweeps": ", ".join(c.sweeps), "reference": c.reference_tau, "tau": c.tau,
              "change": c.check.change, "method": c.check.method, "n_ref": len(c.check.baseline),
              "n": len(c.check.current), "under": c.under, "sentence": c.check.note} for c in result.comparisons]
     return {"rows": rows, "under": [c.check.note for c in result.under_accepting],
