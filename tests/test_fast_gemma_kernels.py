@@ -126,6 +126,28 @@ def test_gelu_mul_matches_the_torch_path():
     torch.testing.assert_close(triton_gemma.gelu_mul(half), gemma.gelu_mul(half), rtol=0.02, atol=0.02)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("scalar", [1.0, 0.85])
+def test_norm_add_norm_is_the_norms_and_add_it_replaces(dtype, scalar):
+    """Bit for bit what the Triton path ran before: rms_norm, then add_rms_norm (or torch's `(h + m) * scalar`
+    and rms_norm), on a width that is not a power of two."""
+    from dflash_bench.engine.fast import triton_gemma, triton_ops
+
+    gen = torch.Generator().manual_seed(3)
+    h, a = (torch.randn(3, 96, generator=gen).to(dtype) for _ in range(2))
+    wa, wn = (torch.rand(96, generator=gen).to(dtype) + 0.5 for _ in range(2))
+    m = triton_ops.rms_norm(a, wa, 1e-6)
+    if scalar == 1.0:
+        want = triton_ops.add_rms_norm(h, m, wn, 1e-6)
+    else:
+        s = (h + m) * scalar
+        want = (s, triton_ops.rms_norm(s, wn, 1e-6))
+    got = triton_gemma.norm_add_norm(h, a, wa, wn, 1e-6, scalar)
+    # the interpreter rounds to bfloat16 otherwise than torch: each torch op in the reference may differ by a rounding
+    tol = dict(rtol=2 ** -6, atol=2 ** -6) if dtype == torch.bfloat16 and scalar != 1.0 else dict(rtol=0, atol=0)
+    torch.testing.assert_close(got, want, **tol)
+
+
 def test_target_forward_with_the_fused_kernels_equals_its_torch_path(model, target):
     """A batched prefill of prompts longer than the ring (one padded), then decode steps of 1 and 3 tokens: the
     logits and every layer's cache equal GemmaTarget's torch path."""

@@ -196,17 +196,20 @@ class GemmaTarget:
         nrm = kernels.ops.rms_norm if kernels else (lambda x, w, e: F.rms_norm(x, (x.shape[-1],), w, e))
         add_norm = kernels.ops.add_rms_norm if kernels else add_rms_norm
         act = self.fused.gelu_mul if self.fused is not None else gelu_mul
+
+        def sandwich(h, a, wa, wn, eps, scalar=1.0):  # (h + norm(a)) * scalar, and its norm: the next input
+            if scalar == 1.0:
+                return add_norm(h, nrm(a, wa, eps), wn, eps)
+            h = (h + nrm(a, wa, eps)) * scalar
+            return h, nrm(h, wn, eps)
+        if self.fused is not None:  # in one launch
+            sandwich = self.fused.norm_add_norm
         h, x = embed_norm(kernels, ids, self.embed, self.layers[0].ln1, eps, scale=self.embed_scale)
         feats: dict[int, torch.Tensor] = {}
         for i, ly in enumerate(self.layers):
-            h, x = add_norm(h, nrm(mm(attend(ly, x), ly.wo), ly.post_attn, eps), ly.pre_ff, eps)
-            m = nrm(mm(act(mm(x, ly.w13)), ly.w2), ly.post_ff, eps)
             nxt = self.layers[i + 1].ln1 if i + 1 < len(self.layers) else self.norm
-            if ly.scalar == 1.0:
-                h, x = add_norm(h, m, nxt, eps)
-            else:
-                h = (h + m) * ly.scalar
-                x = nrm(h, nxt, eps)
+            h, x = sandwich(h, mm(attend(ly, x), ly.wo), ly.post_attn, ly.pre_ff, eps)
+            h, x = sandwich(h, mm(act(mm(x, ly.w13)), ly.w2), ly.post_ff, nxt, eps, ly.scalar)
             if i in taps:
                 feats[i] = h
                 if on_taps is not None and len(feats) == len(set(taps)):

@@ -18,7 +18,7 @@ class Kernels:
     ops: ModuleType  # triton_ops: norms, q/k norm + RoPE + cache write, silu * up, embedding, argmax, commit
     attn: ModuleType  # triton_attn: split-K attention over each row's valid keys
     gemm: ModuleType  # triton_gemm: skinny matmuls, and the lm_head's matmul fused with its argmax
-    gemma: ModuleType | None = None  # triton_gemma: Gemma 4's q/k/v norms + RoPE + cache write, GeGLU (None: torch's)
+    gemma: ModuleType | None = None  # triton_gemma: Gemma 4's fused q/k/v, GeGLU, sandwich norms (None: torch ops)
 
 
 def load_kernels(device: torch.device, want: bool | str | None, dtype: torch.dtype | None = None) -> Kernels | None:

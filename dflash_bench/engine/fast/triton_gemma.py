@@ -6,6 +6,9 @@
   i.e. cos 1 and sin 0), q to its own tensor and k, v into a cache at (row, at): `at` is the position for a
   cache of every position, the ring row for a sliding layer's ring. The torch reference is `gemma.qkv_torch`.
 - `gelu_mul`: tanh GELU of the gate times up, over the fused gate/up projection.
+- `norm_add_norm`: Gemma's sandwich norm in one launch: the block's output normed (its post norm), added to the
+  residual (times the layer's scalar after the MLP), and the sum normed for what comes next; the same roundings
+  as `triton_ops.rms_norm` then `triton_ops.add_rms_norm` (or torch's `(h + m) * scalar` then `rms_norm`).
 
 Statistics and RoPE run in float32 and each output is rounded once (the torch path rounds after each op, so the
 two agree to a rounding in half types and to float32's precision in float32).
@@ -110,3 +113,36 @@ def gelu_mul(gu: torch.Tensor) -> torch.Tensor:
     block = 1024
     _gelu_mul_kernel[(t, triton.cdiv(n, block))](gu, out, gu.stride(0), n, BLOCK=block)
     return out
+
+
+@triton.jit
+def _norm_add_norm_kernel(h_ptr, a_ptr, wa_ptr, wn_ptr, sum_ptr, out_ptr, n, eps, scalar, BLOCK: tl.constexpr,
+                          SCALE: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    keep = cols < n
+    a = tl.load(a_ptr + row * n + cols, mask=keep, other=0.0).to(tl.float32)
+    ra = tl.rsqrt(tl.sum(a * a, axis=0) / n + eps)
+    wa = tl.load(wa_ptr + cols, mask=keep, other=0.0).to(tl.float32)
+    m = (a * ra * wa).to(sum_ptr.dtype.element_ty).to(tl.float32)  # the post norm, rounded as its own launch
+    h = tl.load(h_ptr + row * n + cols, mask=keep, other=0.0).to(tl.float32)
+    s = (h + m).to(sum_ptr.dtype.element_ty)
+    if SCALE:
+        s = (s.to(tl.float32) * scalar).to(sum_ptr.dtype.element_ty)
+    tl.store(sum_ptr + row * n + cols, s, mask=keep)
+    x = s.to(tl.float32)
+    r = tl.rsqrt(tl.sum(x * x, axis=0) / n + eps)
+    w = tl.load(wn_ptr + cols, mask=keep, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * n + cols, (x * r * w).to(out_ptr.dtype.element_ty), mask=keep)
+
+
+def norm_add_norm(h: torch.Tensor, a: torch.Tensor, wa: torch.Tensor, wn: torch.Tensor, eps: float,
+                  scalar: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(s, rms_norm(s) * wn)` with `s = (h + rms_norm(a) * wa) * scalar`, for contiguous `[t, n]` h and a."""
+    t, n = h.shape
+    assert h.is_contiguous() and a.is_contiguous() and a.shape == h.shape
+    s, out = torch.empty_like(h), torch.empty_like(h)
+    block = triton.next_power_of_2(n)
+    _norm_add_norm_kernel[(t,)](h, a, wa, wn, s, out, n, eps, scalar, BLOCK=block, SCALE=scalar != 1.0,
+                                num_warps=8 if block >= 2048 else 4)
+    return s, out
