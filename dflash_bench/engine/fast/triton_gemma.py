@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from dflash_bench.engine.fast.triton_ops import _norm_warps
+
 
 @triton.jit
 def _qkv_kernel(qkv_ptr, stride_t, q_ptr, qn_ptr, kn_ptr, cos_ptr, sin_ptr, rows_ptr, pos_ptr, at_ptr,
@@ -144,5 +146,5 @@ def norm_add_norm(h: torch.Tensor, a: torch.Tensor, wa: torch.Tensor, wn: torch.
     s, out = torch.empty_like(h), torch.empty_like(h)
     block = triton.next_power_of_2(n)
     _norm_add_norm_kernel[(t,)](h, a, wa, wn, s, out, n, eps, scalar, BLOCK=block, SCALE=scalar != 1.0,
-                                num_warps=8 if block >= 2048 else 4)
+                                num_warps=_norm_warps(block))
     return s, out
