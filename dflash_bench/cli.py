@@ -149,6 +149,7 @@ def sweep(
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", min=1, help="Output cap per request (default: each suite's, 2048)."),
     repeats: Optional[int] = typer.Option(None, "--repeats", min=1, help="Measure every cell this many times (modes alternate to cancel drift)."),
     paired: Optional[bool] = typer.Option(None, "--paired", help="Run each engine's AR and DFlash servers together and measure every cell AR then DFlash, seconds apart (both must fit the machine at once; the DFlash server takes a free port)."),
+    interleave: Optional[bool] = typer.Option(None, "--interleave", help="With --paired: measure each concurrency-1 cell's AR and DFlash requests alternately, one by one, so that the machine's speed moving within seconds lands on both alike (a small or shared machine); each cell's throughput is over its own requests' time, and no energy is measured for these cells."),
     gpu: Optional[str] = typer.Option(None, "--gpu", help="Engine flag preset: h100, h200, b300 or generic (also h20, hopper, b200, gb200, gb300, blackwell); a named GPU also sizes the servers for the plan (context limit, memory fraction) and refuses a plan that cannot fit."),
     tensor_parallel_size: Optional[int] = typer.Option(None, "--tensor-parallel-size", "--tp", min=1, help="GPUs per vLLM or SGLang server (tensor parallel)."),
     drafter: Optional[str] = typer.Option(None, "--drafter", help="DFlash drafter (HF id or folder) when --model is not a known pair."),
@@ -189,7 +190,7 @@ def sweep(
     options = {
         "model": model, "engines": parse_list(engine), "suites": resolve_suites(suites if suites or resume else "all"),
         "concurrency": parse_list(concurrency, int), "num_prompts": num_prompts, "max_tokens": max_tokens,
-        "repeats": repeats, "paired": paired, "gpu": gpu, "runner": runner, "port": port, "engine_args": engine_arg or None, "url_ar": url_ar,
+        "repeats": repeats, "paired": paired, "interleave": interleave, "gpu": gpu, "runner": runner, "port": port, "engine_args": engine_arg or None, "url_ar": url_ar,
         "tensor_parallel": tensor_parallel_size,
         "url_dflash": url_dflash, "expect_model": expect_model, "temperature": temperature, "seed": seed,
         **thinking_options(thinking, no_thinking),

@@ -54,7 +54,7 @@ async def measure_async(url: str, prompts: Sequence[Prompt], request: RequestSet
     `request.model` empty: the first model /v1/models lists. With api="generate" (SGLang native),
     `request.tokenizer` (a Hugging Face id or folder) renders the model's chat template on the client;
     without it the raw prompt text is sent and the settings say so."""
-    _check_options(request.api, load.transport, load.concurrency, prompts)
+    check_options(request.api, load.transport, load.concurrency, prompts)
     check_steady(load)
     try:
         tr = make_transport(load.transport, url, load.concurrency + 2)
@@ -64,10 +64,10 @@ async def measure_async(url: str, prompts: Sequence[Prompt], request: RequestSet
     snaps = ServerMetrics(url=url.rstrip("/") + "/metrics")
     try:
         model = request.model or await served_model(tr, url, request.api, load.timeout)
-        req = replace(request, model=model or "", render=request.render or _renderer(request))
+        req = replace(request, model=model or "", render=request.render or renderer_for(request))
 
         async def before() -> None:
-            snaps.before, snaps.error = await _scrape(tr, load.timeout)
+            snaps.before, snaps.error = await scrape_metrics(tr, load.timeout)
             if telemetry is not None:  # GPU samples cover the measured window only
                 telemetry.start()
 
@@ -77,7 +77,7 @@ async def measure_async(url: str, prompts: Sequence[Prompt], request: RequestSet
         finally:
             if telemetry is not None:
                 telemetry.stop()
-        snaps.after, late = await _scrape(tr, load.timeout)
+        snaps.after, late = await scrape_metrics(tr, load.timeout)
         snaps.error = snaps.error or late
     finally:
         await tr.close()
@@ -123,7 +123,7 @@ def check_steady(load: LoadSettings) -> None:
                         "--min-cell-seconds")
 
 
-def _check_options(api: str, transport: str, concurrency: int, prompts: Sequence[Prompt]) -> None:
+def check_options(api: str, transport: str, concurrency: int, prompts: Sequence[Prompt]) -> None:
     if api not in APIS:
         raise UserError(f"unknown api {api!r}; choose one of {', '.join(APIS)}")
     if transport not in TRANSPORTS:
@@ -134,7 +134,7 @@ def _check_options(api: str, transport: str, concurrency: int, prompts: Sequence
         raise UserError("no prompts to send")
 
 
-def _renderer(request: RequestSettings) -> Callable[[list[dict[str, str]]], str] | None:
+def renderer_for(request: RequestSettings) -> Callable[[list[dict[str, str]]], str] | None:
     """/generate with a tokenizer: the model's chat template, rendered here."""
     if request.api != "generate" or not request.tokenizer:
         return None
@@ -166,7 +166,7 @@ async def served_model(tr: Transport, url: str, api: str, timeout: float | None)
     raise UserError(f"the server at {url} did not list a model at /v1/models (HTTP {status}); pass --model")
 
 
-async def _scrape(tr: Transport, timeout: float | None) -> tuple[dict[str, dict[str, float]] | None, str | None]:
+async def scrape_metrics(tr: Transport, timeout: float | None) -> tuple[dict[str, dict[str, float]] | None, str | None]:
     try:
         status, body = await with_timeout(tr.get("/metrics"), timeout)
     except TimeoutError:

@@ -144,17 +144,32 @@ class LoadGenerator:
                 return  # a later turn needs this turn's reply
             messages.append({"role": "assistant", "content": st.output_text()})
 
-    async def run(self, prompts: Sequence[Conversation]) -> LoadResult:
-        n = self.load.concurrency
-        self._total = sum(len(p.turns) for p in prompts)
+    async def warm_up(self, prompts: Sequence[Conversation]) -> None:
+        """The warm-up (LoadSettings.warmup): `concurrency` requests at once of the first prompts, recorded and
+        excluded from every statistic; their text altered so the measured prompts find nothing of theirs in a
+        prefix cache."""
         if self.load.warmup and prompts:
-            # altered text so the measured prompts find nothing of theirs in a prefix cache
-            warm = [prompts[i % len(prompts)] for i in range(n)]
+            warm = [prompts[i % len(prompts)] for i in range(self.load.concurrency)]
             await asyncio.gather(*(self.conversation(f"warmup/{p.id}", [f"(warm-up {i}) {p.turns[0]}"], True)
                                    for i, p in enumerate(warm)))
+
+    @property
+    def output_tokens(self) -> int:
+        """Output tokens of the measured requests that succeeded so far."""
+        return self._tokens
+
+    def open_window(self, total: int) -> float:
+        """The measured window opens now, `total` requests to come (for progress); its perf_counter time."""
+        self._total = total
+        self._t_start = time.perf_counter()
+        return self._t_start
+
+    async def run(self, prompts: Sequence[Conversation]) -> LoadResult:
+        n = self.load.concurrency
+        await self.warm_up(prompts)
         if self.between is not None:
             await self.between()
-        t_start = self._t_start = time.perf_counter()
+        t_start = self.open_window(sum(len(p.turns) for p in prompts))
         if self.load.steady_requests and prompts:
             self._total = self.load.ramp + self.load.steady_requests
             passes = await self._steady(prompts)

@@ -35,7 +35,8 @@ def summarize_cell(m: Measurement, *, cell_id: str, engine: str, mode: str, suit
     snaps = m.snaps
     summary = summarize_records(m.records, cell_id=cell_id, engine=engine, mode=mode, suite=suite,
                                 concurrency=concurrency, repeat=repeat, delta=snaps.delta, failure=failure,
-                                input_len=input_len, thinking_asked=thinking_asked, steady=m.settings.steady)
+                                input_len=input_len, thinking_asked=thinking_asked, steady=m.settings.steady,
+                                interleaved=bool(m.settings.interleaved))
     summary.url, summary.started_at, summary.finished_at = m.url, m.started_at, m.finished_at
     summary.settings = m.settings.model_copy()
     if m.telemetry is not None:  # energy covers the whole stream (a steady stream's ramp and tail too)
@@ -55,13 +56,15 @@ def summarize_cell(m: Measurement, *, cell_id: str, engine: str, mode: str, suit
 def summarize_records(records: list[RequestRecord], *, cell_id: str, engine: str, mode: str, suite: str,
                       concurrency: int, repeat: int = 0, delta: dict[str, float] | None = None,
                       failure: str | None = None, input_len: int | None = None,
-                      thinking_asked: bool | None = None, steady: SteadyPlan | None = None) -> CellSummary:
+                      thinking_asked: bool | None = None, steady: SteadyPlan | None = None,
+                      interleaved: bool = False) -> CellSummary:
     """Counts, latencies and acceptance of `records`; failed when `failure` is given or nothing succeeded.
-    `steady`: a steady stream, measured over its window (steady_window_of)."""
+    `steady`: a steady stream, measured over its window (steady_window_of); `interleaved`: its requests alternated
+    with its pair's (client/interleave.py), measured over their own time."""
     window, block = steady_window_of(records, steady) if steady else (None, None)
     summary = CellSummary(cell_id=cell_id, engine=engine, mode=mode, suite=suite, concurrency=concurrency,
                           repeat=repeat, input_len=input_len, thinking_asked=thinking_asked,
-                          **summarize(records, window), steady=block,
+                          **summarize(records, window, interleaved), steady=block,
                           **cell_acceptance(engine, delta, records), **prefix_cache(records, delta))
     if steady and window is None and failure is None:
         failure = (f"the steady stream ended before its window closed: {block.ramp + block.requests if block else 0}"

@@ -5,6 +5,9 @@ Over a cell's measured requests (warm-up excluded):
 - output throughput = sum of output tokens of successful requests / (last completion - first dispatch).
   Output tokens come from the server's usage, never from counting chunks.
 - request throughput = successful requests / the same window.
+- an interleaved cell (--interleave: at concurrency 1 its requests alternate with its pair's, client/interleave.py)
+  is measured over the time its own requests were in flight, the union of their send-to-end intervals, since
+  its pair's requests ran in the gaps; output and request throughput divide by that instead.
 - a steady stream (--steady-requests N, --steady-ramp R; client/loadgen.py keeps the concurrency constant, each
   finished request replaced at once) is measured over a window instead: it opens at the R-th completion and
   closes at the (R+N)-th (completions ordered by end time, failed ones included; R=0: at the first dispatch).
@@ -113,9 +116,24 @@ def in_window(r: RequestRecord, window: tuple[float, float]) -> bool:
     return r.t_end is not None and window[0] < r.t_end <= window[1]
 
 
-def summarize(records: Sequence[RequestRecord], window: tuple[float, float] | None = None) -> dict[str, Any]:
+def busy_seconds(records: Sequence[RequestRecord]) -> float | None:
+    """The length of the union of the records' [t_send, t_end] intervals: the time at least one was in flight."""
+    spans = sorted((r.t_send, r.t_end) for r in records if r.t_end is not None)
+    if not spans:
+        return None
+    total, (lo, hi) = 0.0, spans[0]
+    for a, b in spans[1:]:
+        if a > hi:
+            total, lo = total + hi - lo, a
+        hi = max(hi, b)
+    return total + hi - lo
+
+
+def summarize(records: Sequence[RequestRecord], window: tuple[float, float] | None = None,
+              interleaved: bool = False) -> dict[str, Any]:
     """The CellSummary fields that depend only on the request records (acceptance is separate); with a steady
-    stream's `window` (steady_window), over that window as the module's docstring defines."""
+    stream's `window` (steady_window), over that window, and `interleaved`, over its requests' own time, as the
+    module's docstring defines."""
     everything = [r for r in records if not r.warmup]
     measured = everything if window is None else [r for r in everything if in_window(r, window)]
     ok = [r for r in measured if r.ok]
@@ -124,6 +142,8 @@ def summarize(records: Sequence[RequestRecord], window: tuple[float, float] | No
     if window is not None:
         duration: float | None = window[1] - window[0]
         out_tokens = sum(tokens_between(r, *window) for r in everything if r.ok)
+    elif measured and interleaved:
+        duration, out_tokens = busy_seconds(measured), sum(r.output_tokens or 0 for r in ok)
     elif measured:
         first = min(r.t_send for r in measured)
         last = max((r.t_end for r in measured if r.t_end is not None), default=None)

@@ -246,6 +246,9 @@ class CellSettings(BaseModel):
     prompt_passes: int | None = None  # times the prompt list was sent (more than 1: lengthened by min_seconds)
     # --steady-requests / --steady-ramp: a steady stream (client/loadgen.py), measured over a window of completions
     steady: SteadyPlan | None = None
+    # --interleave: at concurrency 1 the cell's requests alternated one by one with its pair's (the other mode's
+    # server), and its window is the time its own requests ran (metrics/definitions.py)
+    interleaved: bool | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -27,6 +27,9 @@ class SweepSettings(BaseModel):
     # both servers of an engine up together and the cells in pairs, AR then DFlash per (suite, concurrency), so
     # that a change of the machine's speed lands on both sides of each comparison (else each mode's cells in a row)
     paired: bool = False
+    # --interleave (with paired): each concurrency-1 pair of cells measured request by request, AR and DFlash
+    # alternately (client/interleave.py), so that the machine's speed moving within seconds lands on both alike
+    interleave: bool = False
     temperature: float = 0.0
     seed: int = 0
     thinking: bool | None = None  # None means the model pair's default

@@ -159,7 +159,9 @@ def demo_command(*, out: Path, data_dir: Path | None, max_tokens: int, num_promp
     The fast path (`serve --fast`: the C kernels on a CPU, greedy as the demo asks), drafting only the
     positions a step verifies (`--cut-draft`: the embedded drafter was trained on cut blocks). Paired: both
     servers up together and each cell measured AR then DFlash, since a small machine's speed moves within a
-    minute (a 2-core box: the same AR cell 172-193 tok/s, then 246-265 a minute later)."""
+    minute (a 2-core box: the same AR cell 172-193 tok/s, then 246-265 a minute later); interleaved at
+    concurrency 1, since it also moves within seconds (client/interleave.py: the ratio of cells measured one
+    after the other spread +-30% on a loaded 2-core box, request by request +-10%)."""
     from dflash_bench.launch import free_port
     from dflash_bench.report import build_report
     from dflash_bench.sweep.run import run_sweep
@@ -171,7 +173,8 @@ def demo_command(*, out: Path, data_dir: Path | None, max_tokens: int, num_promp
     settings = SweepSettings(model=str(target), engines=["builtin"], suites=suites,
                              concurrency=concurrency or DEMO_CONCURRENCY, num_prompts=num_prompts,
                              max_tokens=max_tokens, runner="process", port=free_port(), engine_args=DEMO_ENGINE_ARGS,
-                             engine_options={"drafter": str(drafter)}, save_token_ids=True, paired=True, repeats=repeats)
+                             engine_options={"drafter": str(drafter)}, save_token_ids=True, paired=True, interleave=True,
+                             repeats=repeats)
     result = run_sweep(settings, out=out, data_dir=data_dir, argv=sys.argv)
     typer.echo(f"report: {build_report([result.path])}")
     return result.exit_code

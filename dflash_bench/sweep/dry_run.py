@@ -26,6 +26,8 @@ def print_plan(settings: SweepSettings, image: str | None) -> None:
                    f"rounded up), sized for {settings.gpu}")
     if settings.paired:
         typer.echo("paired: each engine's AR and DFlash servers run together (DFlash on a free port)")
+    if settings.interleave:
+        typer.echo("interleaved: each concurrency-1 cell's AR and DFlash requests alternate, one by one")
     for launch in launches(plan, paired=settings.paired):
         if settings.url_ar:
             url = settings.url_ar if launch.mode == "ar" else settings.url_dflash

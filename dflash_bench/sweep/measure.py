@@ -1,12 +1,14 @@
-"""The measure phase: one cell against its server (client.cell.measure), summarised, nothing written but
-the cell's status; a cell that could not be measured at all fails with the reason."""
+"""The measure phase: one cell against its server (client.cell.measure), or with --interleave the two modes of a
+concurrency-1 cell together (client/interleave.py), summarised, nothing written but the cell's status; a cell
+that could not be measured at all fails with the reason."""
 
 from __future__ import annotations
 
 import shutil
 from typing import TYPE_CHECKING
 
-from dflash_bench.client.cell import measure
+from dflash_bench.client import interleave
+from dflash_bench.client.cell import Measurement, measure
 from dflash_bench.client.loadgen import LoadSettings
 from dflash_bench.client.protocol import RequestSettings
 from dflash_bench.client.slots import check_slots
@@ -24,13 +26,61 @@ if TYPE_CHECKING:
 def measure_cell(ctx: SweepContext, cell: CellPlan, server: Server) -> Measured | None:
     """The cell measured on `server` and summarised (failed if the server died under it), or None when it
     could not be measured at all (it is then recorded failed)."""
-    from dflash_bench import profiles
+    prompts, max_tokens = begin(ctx, cell)
+    ctx.progress.start_cell(cell, total=sum(len(p.turns) for p in prompts))
+    request, load = request_and_load(ctx, cell, max_tokens)
+    try:
+        check_slots(server.url, cell.concurrency, load.timeout)  # a builtin server's pool (client/slots.py)
+        m = measure(server.url, prompts, request, load, ctx.telemetry, ctx.progress.on_request)
+    except UserError as err:
+        fail_cell(ctx, cell, reason(err))
+        return None
+    return summarise(ctx, cell, server, m, prompts, request.enable_thinking)
 
+
+def interleaves(ctx: SweepContext, a: CellPlan, b: CellPlan) -> bool:
+    """Whether `a` and `b` are measured together (--interleave): the two modes of one concurrency-1 cell key."""
+    same = (a.engine, a.suite, a.concurrency, a.repeat, a.input_len, a.thinking_asked) == \
+        (b.engine, b.suite, b.concurrency, b.repeat, b.input_len, b.thinking_asked)
+    return ctx.settings.interleave and same and a.mode != b.mode and a.concurrency == 1
+
+
+def measure_pair(ctx: SweepContext, first: tuple[CellPlan, Server], second: tuple[CellPlan, Server]
+                 ) -> list[tuple[CellPlan, Measured]]:
+    """Two cells of one key measured together, request by request (client/interleave.py), each summarised;
+    both fail with the reason when they could not be measured at all."""
+    cells = (first[0], second[0])
+    prompts, max_tokens = [begin(ctx, cell) for cell in cells][0]  # one suite and concurrency: the same prompts
+    ctx.progress.start_cell(cells[0], total=2 * sum(len(p.turns) for p in prompts))
+    (req_a, load), (req_b, _) = (request_and_load(ctx, cell, max_tokens) for cell in cells)
+    try:
+        for _, server in (first, second):
+            check_slots(server.url, 1, load.timeout)
+        ms = interleave.measure_pair((first[1].url, second[1].url), prompts, (req_a, req_b), load,
+                                     ctx.progress.on_request)
+    except UserError as err:
+        for cell in cells:
+            fail_cell(ctx, cell, reason(err))
+        return []
+    out = []
+    for (cell, server), m in zip((first, second), ms):
+        measured = summarise(ctx, cell, server, m, prompts, req_a.enable_thinking)
+        out.append((cell, measured))
+    return out
+
+
+def begin(ctx: SweepContext, cell: CellPlan) -> tuple[list[Prompt], int]:
+    """The cell marked running (anything of an earlier attempt cleared); its prompts and max_tokens."""
     clear_attempt(ctx.sweep, ctx.manifest, cell)
     cell.status, cell.reason = "running", None
     ctx.sweep.write_manifest(ctx.manifest)
-    prompts, max_tokens = ctx.prompts(cell.suite, cell.concurrency)
-    ctx.progress.start_cell(cell, total=sum(len(p.turns) for p in prompts))
+    return ctx.prompts(cell.suite, cell.concurrency)
+
+
+def request_and_load(ctx: SweepContext, cell: CellPlan, max_tokens: int) -> tuple[RequestSettings, LoadSettings]:
+    """What each of the cell's requests asks and how they are sent."""
+    from dflash_bench import profiles
+
     settings = ctx.settings
     thinking = settings.thinking if settings.thinking is not None else ctx.pair.thinking
     if cell.thinking_asked is not None:  # --thinking both: this cell's arm
@@ -41,12 +91,12 @@ def measure_cell(ctx: SweepContext, cell: CellPlan, server: Server) -> Measured 
                               tokenizer=profile.tokenizer(ctx.pair))
     load = LoadSettings(concurrency=cell.concurrency, seed=settings.seed, min_seconds=settings.min_cell_seconds,
                         steady_requests=settings.steady_requests, steady_ramp=settings.steady_ramp)
-    try:
-        check_slots(server.url, cell.concurrency, load.timeout)  # a builtin server's pool (client/slots.py)
-        m = measure(server.url, prompts, request, load, ctx.telemetry, ctx.progress.on_request)
-    except UserError as err:
-        fail_cell(ctx, cell, reason(err))
-        return None
+    return request, load
+
+
+def summarise(ctx: SweepContext, cell: CellPlan, server: Server, m: Measurement, prompts: list[Prompt],
+              thinking: bool | None) -> Measured:
+    """The measured cell summarised: failed if its server died under it or another answers in its place."""
     failure = None
     try:
         server.check()  # a server that died mid-cell fails the cell even if some requests got through

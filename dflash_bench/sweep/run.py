@@ -12,7 +12,7 @@ import sys
 from itertools import groupby
 from pathlib import Path
 
-from dflash_bench.store import SweepSettings
+from dflash_bench.store import CellPlan, SweepSettings
 from dflash_bench.sweep import launch, measure, write
 from dflash_bench.sweep.context import SweepContext, SweepResult, stops_recorded
 from dflash_bench.sweep.folder import close_sweep
@@ -45,12 +45,30 @@ def run_sweep(settings: SweepSettings, *, out: Path, resume: Path | None = None,
 
 
 def measure_group(ctx: SweepContext, group: list[Launch]) -> None:
-    """One group's servers up; each cell measured on its server and written, in plan order; the servers down."""
+    """One group's servers up; each cell measured on its server and written, in plan order (--interleave: the
+    two modes of a concurrency-1 cell together, measure.measure_pair); the servers down."""
     with launch.servers_up(ctx, group) as servers:
+        held: tuple[CellPlan, launch.Server] | None = None  # a cell waiting for its other mode (--interleave)
         for cell, server in servers.alive():
-            measured = measure.measure_cell(ctx, cell, server)
-            if measured is not None:
-                write.write_measured(ctx, cell, measured)
+            if held is not None:
+                first, held = held, None
+                if measure.interleaves(ctx, first[0], cell):
+                    for done, measured in measure.measure_pair(ctx, first, (cell, server)):
+                        write.write_measured(ctx, done, measured)
+                    continue
+                _measure_one(ctx, *first)  # its other mode did not start, or is complete already (a resume)
+            if ctx.settings.interleave and cell.concurrency == 1:
+                held = (cell, server)
+                continue
+            _measure_one(ctx, cell, server)
+        if held is not None:
+            _measure_one(ctx, *held)
+
+
+def _measure_one(ctx: SweepContext, cell: CellPlan, server: launch.Server) -> None:
+    measured = measure.measure_cell(ctx, cell, server)
+    if measured is not None:
+        write.write_measured(ctx, cell, measured)
 
 
 def server_groups(ls: list[Launch], paired: bool) -> list[list[Launch]]:
