@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dflash_bench.engine.fast.triton_ops import _norm_warps
+from dflash_bench.engine.fast.triton_ops import norm_warps
 
 
 @triton.jit
@@ -146,5 +146,5 @@ def norm_add_norm(h: torch.Tensor, a: torch.Tensor, wa: torch.Tensor, wn: torch.
     s, out = torch.empty_like(h), torch.empty_like(h)
     block = triton.next_power_of_2(n)
     _norm_add_norm_kernel[(t,)](h, a, wa, wn, s, out, n, eps, scalar, BLOCK=block, SCALE=scalar != 1.0,
-                                num_warps=_norm_warps(block))
+                                num_warps=norm_warps(block))
     return s, out

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 
-def _norm_warps(block: int) -> int:
+def norm_warps(block: int) -> int:
     """8 warps for rows of 2048+ (H100, hidden 4096: 1.6 us a call vs 2.0 with 4; benchmarks/kernel_tuning.py)."""
     return 8 if block >= 2048 else 4
 
@@ -50,7 +50,7 @@ def add_rms_norm(h: torch.Tensor, a: torch.Tensor, w: torch.Tensor, eps: float) 
     assert h.is_contiguous() and a.is_contiguous() and a.shape == h.shape
     s, out = torch.empty_like(h), torch.empty_like(h)
     block = triton.next_power_of_2(n)
-    _add_rms_norm_kernel[(t,)](h, a, w, s, out, n, eps, BLOCK=block, num_warps=_norm_warps(block), ADD=True)
+    _add_rms_norm_kernel[(t,)](h, a, w, s, out, n, eps, BLOCK=block, num_warps=norm_warps(block), ADD=True)
     return s, out
 
 
@@ -60,7 +60,7 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     assert x.is_contiguous()
     out = torch.empty_like(x)
     block = triton.next_power_of_2(n)
-    _add_rms_norm_kernel[(t,)](x, x, w, out, out, n, eps, BLOCK=block, num_warps=_norm_warps(block), ADD=False)
+    _add_rms_norm_kernel[(t,)](x, x, w, out, out, n, eps, BLOCK=block, num_warps=norm_warps(block), ADD=False)
     return out
 
 
@@ -102,7 +102,7 @@ def embed_norm(ids: torch.Tensor, embed: torch.Tensor, w: torch.Tensor, eps: flo
     block = triton.next_power_of_2(hidden)
     _embed_norm_kernel[(bs * n,)](ids, ids.stride(0), ids.stride(1), embed, w, h, out, n, hidden, scale, eps,
                                   -1 if fill is None else fill, BLOCK=block, FILL=fill is not None,
-                                  num_warps=_norm_warps(block))
+                                  num_warps=norm_warps(block))
     return h, out
 
 
