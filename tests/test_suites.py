@@ -328,6 +328,7 @@ def test_hub_path_reads_through_datasets_and_renames_columns(tmp_path):
     (suites / "gone.toml").write_text(_HUB_SUITE.format(url=tmp_path / "missing.jsonl").replace('"tiny"', '"gone"'))
     env = {**os.environ, "DFLASH_BENCH_SUITES": str(suites), "HF_HUB_OFFLINE": "1",
            "HF_DATASETS_CACHE": str(tmp_path / "cache")}
+    env.pop("DFLASH_BENCH_DATA", None)  # the hub path: no offline folder, whatever the caller's environment says
     code = "import json; from dflash_bench.suites import load_prompts; print(json.dumps([[p.id, p.turns, p.category] for p in load_prompts('tiny')]))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
