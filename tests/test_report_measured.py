@@ -46,6 +46,10 @@ def test_a_toy_targets_report_says_what_was_measured_and_labels_its_outputs(tmp_
     assert line.split(" · ") == ["engine builtin", "CPU (no GPU recorded)", f"target {tmp_path.name}/toy-target (64.1K parameters)",
                                  "drafter z-lab/Qwen3-8B-DFlash-b16 (2.5M parameters)", "max tokens 512",
                                  "thinking off (asked)"]
+    manifest["settings"]["interleave"] = True  # as the demo measures (sweep --paired --interleave)
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    line = re.search(r"Measured: (.*?)\.(?: |$)", _text(build_report([path]))).group(1)
+    assert line.endswith(" · concurrency 1: AR and DFlash requests interleaved one by one")
     assert str(tmp_path) not in line  # a local model by its last two parts, not this machine's path
     assert "A toy target (64.1K parameters)" in text
     assert "Outputs of a toy model (64.1K parameters), not meant to read as sensible text" in text

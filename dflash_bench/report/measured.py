@@ -85,6 +85,8 @@ def describe(view: SweepView) -> dict[str, Any]:
     parts.append(thinking(view))
     if settings is not None and settings.repeats > 1:
         parts.append(f"{settings.repeats} repeats per cell")
+    if settings is not None and settings.interleave:
+        parts.append("concurrency 1: AR and DFlash requests interleaved one by one")
     toy = size(target) if target is not None and target < TOY_PARAMETERS else None
     return {"line": " · ".join(parts), "toy": toy}
 
