@@ -152,7 +152,7 @@ def main() -> None:
         o = torch.empty(t, 12288, device=dev, dtype=dt)
         for block in (512, 1024, 2048, 4096):
             for nw in (4, 8):
-                us = per_call_us(lambda: ops._silu_mul_kernel[(t, triton.cdiv(12288, block))](gu, o, gu.stride(0), 12288, BLOCK=block, num_warps=nw))
+                us = per_call_us(lambda: ops._act_mul_kernel[(t, triton.cdiv(12288, block))](gu, o, gu.stride(0), 12288, BLOCK=block, GELU=False, num_warps=nw))
                 print(f"silu_mul     t={t:<3} BLOCK={block:<4} num_warps={nw} {us:6.2f} us")
     if "--no-attention" not in sys.argv:
         attention_splits(dev, dt)

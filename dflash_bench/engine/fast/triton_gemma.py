@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dflash_bench.engine.fast.triton_ops import norm_warps
+from dflash_bench.engine.fast.triton_ops import act_mul, norm_warps
 
 
 @triton.jit
@@ -94,27 +94,9 @@ def qkv_norm_rope_store(qkv: torch.Tensor, nq: int, hkv: int, hd: int, qn: torch
     return q
 
 
-@triton.jit
-def _gelu_mul_kernel(gu_ptr, out_ptr, stride_t, n, BLOCK: tl.constexpr):
-    t = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    keep = cols < n
-    g = tl.load(gu_ptr + t * stride_t + cols, mask=keep, other=0.0).to(tl.float32)
-    u = tl.load(gu_ptr + t * stride_t + n + cols, mask=keep, other=0.0).to(tl.float32)
-    z = 0.7978845608028654 * (g + 0.044715 * g * g * g)  # sqrt(2 / pi) (x + 0.044715 x^3)
-    gelu = g * tl.sigmoid(2.0 * z)  # 0.5 (1 + tanh(z)) = sigmoid(2 z)
-    tl.store(out_ptr + t * n + cols, (gelu * u).to(out_ptr.dtype.element_ty), mask=keep)
-
-
 def gelu_mul(gu: torch.Tensor) -> torch.Tensor:
-    """gelu_tanh(gate) * up for `gu` `[t, 2 n]` (gate first, as the fused gate/up weight is stacked)."""
-    t, n2 = gu.shape
-    n = n2 // 2
-    assert gu.stride(1) == 1
-    out = torch.empty((t, n), dtype=gu.dtype, device=gu.device)
-    block = 1024
-    _gelu_mul_kernel[(t, triton.cdiv(n, block))](gu, out, gu.stride(0), n, BLOCK=block)
-    return out
+    """gelu_tanh(gate) * up for `gu` `[t, 2 n]` (triton_ops.act_mul, the kernel SiLU's path uses too)."""
+    return act_mul(gu, gelu=True)
 
 
 @triton.jit

@@ -232,23 +232,34 @@ def qk_rope_store(qkv: torch.Tensor, nq: int, hkv: int, hd: int, cos: torch.Tens
 
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, stride_t, n, BLOCK: tl.constexpr):
+def _act_mul_kernel(gu_ptr, out_ptr, stride_t, n, BLOCK: tl.constexpr, GELU: tl.constexpr):
     t = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     keep = cols < n
     g = tl.load(gu_ptr + t * stride_t + cols, mask=keep, other=0.0).to(tl.float32)
     u = tl.load(gu_ptr + t * stride_t + n + cols, mask=keep, other=0.0).to(tl.float32)
-    tl.store(out_ptr + t * n + cols, (g * tl.sigmoid(g) * u).to(out_ptr.dtype.element_ty), mask=keep)
+    if GELU:  # tanh GELU: 0.5 (1 + tanh(z)) = sigmoid(2 z), z = sqrt(2 / pi) (x + 0.044715 x^3)
+        act = g * tl.sigmoid(2.0 * 0.7978845608028654 * (g + 0.044715 * g * g * g))
+    else:  # SiLU
+        act = g * tl.sigmoid(g)
+    tl.store(out_ptr + t * n + cols, (act * u).to(out_ptr.dtype.element_ty), mask=keep)
+
+
+def act_mul(gu: torch.Tensor, gelu: bool = False) -> torch.Tensor:
+    """act(gate) * up for `gu` `[t, 2 n]` (gate first, as the fused gate/up weight is stacked): SiLU, or with
+    `gelu` the tanh GELU (Gemma's GeGLU)."""
+    t, n2 = gu.shape
+    n = n2 // 2
+    assert gu.stride(1) == 1
+    out = torch.empty((t, n), dtype=gu.dtype, device=gu.device)
+    block = 1024
+    _act_mul_kernel[(t, triton.cdiv(n, block))](gu, out, gu.stride(0), n, BLOCK=block, GELU=gelu)
+    return out
 
 
 def silu_mul(gu: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up for `gu` `[t, 2 n]` (gate first, as the fused gate/up weight is stacked)."""
-    t, n2 = gu.shape
-    n = n2 // 2
-    out = torch.empty((t, n), dtype=gu.dtype, device=gu.device)
-    block = 1024
-    _silu_mul_kernel[(t, triton.cdiv(n, block))](gu, out, gu.stride(0), n, BLOCK=block)
-    return out
+    """silu(gate) * up (`act_mul`)."""
+    return act_mul(gu)
 
 
 @triton.jit
