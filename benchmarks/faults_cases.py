@@ -24,12 +24,9 @@ from dflash_bench.launch import free_port
 # ---------------------------------------------------------------- issue 22's broken cases
 
 
-@case
-def same_out_same_second(tmp: Path, data: Path) -> Row:
-    out = tmp / "out"
-    time.sleep(1 - time.time() % 1 + 0.05)  # both start early in one second: the sweep id (a timestamp) is equal
-    procs = [subprocess.Popen(sweep_argv(out, data), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]
+def _race(procs: list[subprocess.Popen]) -> tuple[list[int], list[str], float | None]:
+    """Two commands started at once, waited for: their exit codes (sorted), the first error line of each refused
+    one (exit 2), and seconds until the first refusal was seen."""
     t = time.monotonic()
     results, detect = [], None
     for p in procs:
@@ -37,8 +34,16 @@ def same_out_same_second(tmp: Path, data: Path) -> Row:
         if p.returncode == 2 and detect is None:
             detect = time.monotonic() - t
         results.append((p.returncode, first_line(err)))
-    codes = sorted(c for c, _ in results)
-    refused = [e for c, e in results if c == 2]
+    return sorted(c for c, _ in results), [e for c, e in results if c == 2], detect
+
+
+@case
+def same_out_same_second(tmp: Path, data: Path) -> Row:
+    out = tmp / "out"
+    time.sleep(1 - time.time() % 1 + 0.05)  # both start early in one second: the sweep id (a timestamp) is equal
+    procs = [subprocess.Popen(sweep_argv(out, data), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    codes, refused, detect = _race(procs)
     held = codes == [0, 2] and len(folders(out)) == 1
     seen = f"exit {codes}; {len(folders(out))} folder(s); refused: {refused[0] if refused else '-'}"
     return Row("two sweeps, same --out, same second", "one runs, the other refused in one sentence", seen, detect,
@@ -55,16 +60,7 @@ def two_resumes(tmp: Path, data: Path) -> Row:
     resume = [*PY, "sweep", "--resume", str(folder), "--data-dir", str(data)]
     a = subprocess.Popen(resume + ["--port", str(free_port())], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     b = subprocess.Popen(resume + ["--port", str(free_port())], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    t = time.monotonic()
-    res = []
-    detect = None
-    for p in (a, b):
-        _, err = p.communicate(timeout=300)
-        if p.returncode == 2 and detect is None:
-            detect = time.monotonic() - t
-        res.append((p.returncode, first_line(err)))
-    codes = sorted(c for c, _ in res)
-    refused = [e for c, e in res if c == 2]
+    codes, refused, detect = _race([a, b])
     done = sum(s["status"] == "complete" for s in summaries(folder).values())
     return Row("two --resume of one folder at once", "one resumes, the other refused in one sentence",
                f"exit {codes}; {done}/2 cells complete; refused: {refused[0] if refused else '-'}", detect,
