@@ -246,12 +246,18 @@ def planted_script(tmp: Path, data: Path) -> Row:
 # ---------------------------------------------------------------- issue 19's client gaps
 
 
+def _plain_dflash_cell(out: Path, data: Path) -> tuple[subprocess.CompletedProcess, dict]:
+    """`dflash-bench run --label dflash` against a plain server (one token a chunk, no usage per chunk, no
+    /metrics): the run and its cell's summary."""
+    with BadServer("plain") as srv:
+        proc, _ = sh(run_argv(srv.url, out, data, "--name", "r", "--label", "dflash"))
+    return proc, json.loads(next((out / "r").glob("cells/*/summary.json")).read_text())
+
+
 @case
 def no_chunk_usage(tmp: Path, data: Path) -> Row:
     out = tmp / "out"
-    with BadServer("plain") as srv:
-        proc, dt = sh(run_argv(srv.url, out, data, "--name", "r", "--label", "dflash"))
-    s = json.loads(next((out / "r").glob("cells/*/summary.json")).read_text())
+    proc, s = _plain_dflash_cell(out, data)
     itl = s.get("itl_ms") or {}
     return Row("no per-chunk usage (1 token/chunk)", "ITL from chunk times and text, marked derived",
                f"ITL n={itl.get('n')} mean {itl.get('mean') or 0:.2f} ms; note: {'itl_ms' in s.get('not_measured', {})}",
@@ -261,9 +267,7 @@ def no_chunk_usage(tmp: Path, data: Path) -> Row:
 @case
 def dflash_without_speculation(tmp: Path, data: Path) -> Row:
     out = tmp / "out"
-    with BadServer("plain") as srv:
-        proc, dt = sh(run_argv(srv.url, out, data, "--name", "r", "--label", "dflash"))
-    s = json.loads(next((out / "r").glob("cells/*/summary.json")).read_text())
+    proc, s = _plain_dflash_cell(out, data)
     loud = "DFlash not in effect" in proc.stdout
     return Row("--label dflash, /metrics 404", "flagged in table and summary",
                f"printed: {loud}; summary: {(s.get('dflash_warning') or '-')[:60]}", None, left_behind(out),
