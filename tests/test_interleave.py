@@ -18,7 +18,7 @@ from dflash_bench.emulator import EmulatorProcess
 from dflash_bench.errors import UserError
 from dflash_bench.metrics.definitions import busy_seconds
 from dflash_bench.store import RequestRecord
-from test_sweep import only_sweep, results, sweep_argv
+from sweep_helpers import only_sweep, results, sweep_argv
 
 
 def _rec(t_send: float, t_end: float | None) -> RequestRecord:
