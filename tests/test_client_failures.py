@@ -1,0 +1,137 @@
+"""The load generator against servers that fail (the emulator's injected faults, benchmarks/fixtures/bad_servers.py):
+failed records with their reasons, timeouts, crashes, aborts, what a server does not report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dflash_bench.client import measure_cell
+from dflash_bench.emulator import EmulatorProcess
+from benchmarks.fixtures.emulator_truth import prompts
+from client_helpers import cell, measured
+
+
+@pytest.mark.parametrize("kind,reason", [("error", "HTTP 500"), ("stream-error", "server error in stream"),
+                                         ("drop", "stream dropped"), ("malformed", "malformed SSE event")])
+@pytest.mark.parametrize("transport", ["raw", "aiohttp"])
+def test_server_failures_become_failed_records(tmp_path: Path, kind: str, reason: str, transport: str):
+    with EmulatorProcess(mode="ar", ttft_ms=2, itl_ms=1, output_len=8, fail_every=3, fail_kind=kind) as em:
+        s = measure_cell(em.url, prompts(9), concurrency=3, cell_dir=cell(tmp_path), warmup=False, timeout=20,
+                         transport=transport)
+    assert s.status == "complete"
+    assert (s.num_requests, s.num_ok, s.num_failed) == (9, 6, 3)
+    recs = measured(tmp_path)
+    failed = [r for r in recs if r.error]
+    assert len(failed) == 3 and all(r.error.startswith(reason) for r in failed), [r.error for r in failed]
+    assert s.failures == {reason.split(":")[0]: 3}
+    # failures carry no tokens into the statistics
+    assert s.total_output_tokens == sum(r.output_tokens for r in recs if r.ok)
+
+
+@pytest.mark.parametrize("transport", ["raw", "aiohttp"])
+def test_hung_stream_times_out(tmp_path: Path, transport: str):
+    with EmulatorProcess(mode="ar", ttft_ms=2, itl_ms=1, output_len=8, fail_every=2, fail_kind="hang") as em:
+        s = measure_cell(em.url, prompts(4), concurrency=2, cell_dir=cell(tmp_path), warmup=False, timeout=0.6,
+                         transport=transport)
+    assert (s.num_ok, s.num_failed) == (2, 2)
+    assert all(r.error.startswith("timeout") for r in measured(tmp_path) if r.error)
+
+
+@pytest.mark.parametrize("transport", ["raw", "aiohttp"])
+def test_server_crash_mid_cell_completes_with_failures(tmp_path: Path, transport: str):
+    em = EmulatorProcess(mode="ar", ttft_ms=2, itl_ms=2, output_len=16, crash_after_requests=5)
+    try:
+        s = measure_cell(em.url, prompts(12), concurrency=2, cell_dir=cell(tmp_path), warmup=False, timeout=20,
+                         transport=transport)
+    finally:
+        code = em.close()
+    assert code == 3
+    assert s.num_ok >= 4 and s.num_failed == 12 - s.num_ok
+    assert set(s.failures) <= {"connection failed", "stream dropped", "stream ended before [DONE] (dropped by the server)"}
+    assert s.status == "complete"
+
+
+def test_everything_failing_marks_the_cell_failed(tmp_path: Path):
+    with EmulatorProcess(mode="ar", fail_every=1, fail_kind="error") as em:
+        s = measure_cell(em.url, prompts(3), concurrency=1, cell_dir=cell(tmp_path), warmup=False)
+    assert s.status == "failed" and "HTTP 500 (3)" in s.failure_reason
+    assert (tmp_path / "sw" / "cells" / "c" / "summary.json").exists()
+
+
+def test_raw_transport_for_https_is_a_user_error(tmp_path: Path):
+    from dflash_bench.errors import UserError
+
+    with pytest.raises(UserError, match="plain http"):
+        measure_cell("https://127.0.0.1:9", prompts(1), concurrency=1, cell_dir=cell(tmp_path), transport="raw")
+    assert not (tmp_path / "sw").exists()
+
+
+# ---------------------------------------------------------------- issue 19's measurement gaps, issue 22's timeouts
+
+
+@pytest.mark.parametrize("transport", ["raw", "aiohttp", "httpx"])
+def test_itl_is_derived_from_chunks_when_the_server_sends_no_per_chunk_usage(tmp_path: Path, transport: str):
+    from benchmarks.fixtures.bad_servers import BadServer
+
+    with BadServer("plain", tokens=6) as srv:
+        s = measure_cell(srv.url, prompts(3), concurrency=1, cell_dir=cell(tmp_path), warmup=False, transport=transport)
+    assert s.status == "complete" and s.total_output_tokens == 18
+    assert s.itl_ms is not None and s.itl_ms.n == 15  # 5 gaps per request, one token each
+    assert s.chunk_gap_ms.n == 15 and s.tokens_per_chunk.mean == 1.0
+    assert "no per-chunk usage" in s.not_measured["itl_ms"]
+    recs = measured(tmp_path)
+    assert all(r.chunk_tokens == [1, 2, 3, 4, 5, 6] and r.chunk_tokens_from == "text" for r in recs)
+
+
+def test_a_dflash_cell_without_acceptance_source_is_flagged(tmp_path: Path):
+    from benchmarks.fixtures.bad_servers import BadServer
+
+    with BadServer("plain") as srv:
+        s = measure_cell(srv.url, prompts(2), concurrency=1, cell_dir=cell(tmp_path), mode="dflash", warmup=False)
+        ar = measure_cell(srv.url, prompts(2), concurrency=1, cell_dir=cell(tmp_path, "ar"), mode="ar", warmup=False)
+    assert s.status == "complete" and s.acceptance_length is None
+    assert "no acceptance source" in s.dflash_warning and "HTTP 404" in s.dflash_warning
+    assert ar.dflash_warning is None  # AR is expected not to speculate
+
+
+def test_a_dflash_cell_whose_drafts_were_never_accepted_is_flagged():
+    from dflash_bench.client.summary import dflash_warning
+    from dflash_bench.store import CellSummary, ServerMetrics
+
+    base = dict(cell_id="c", engine="vllm", mode="dflash", suite="s", concurrency=1, num_ok=4)
+    none = ServerMetrics(url="http://s/metrics")
+    assert "never accepted" in dflash_warning(CellSummary(**base, acceptance_length=1.01, num_drafts=100,
+                                                          num_accepted_tokens=1), none)
+    assert dflash_warning(CellSummary(**base, acceptance_length=3.0), none) is None
+    idle = ServerMetrics(url="http://s/metrics", delta={"vllm:spec_decode_num_drafts_total": 0.0})
+    assert "did not move" in dflash_warning(CellSummary(**base), idle)
+
+
+def test_models_request_obeys_the_timeout(tmp_path: Path):
+    from benchmarks.fixtures.bad_servers import BadServer
+
+    from dflash_bench.errors import UserError
+
+    with BadServer("hang") as srv:
+        with pytest.raises(UserError, match=r"did not answer GET /v1/models within 0.5 s"):
+            measure_cell(srv.url, prompts(1), concurrency=1, cell_dir=cell(tmp_path), timeout=0.5)
+    assert not (tmp_path / "sw").exists()
+
+
+@pytest.mark.parametrize("api", ["generate", "chat"])
+def test_a_request_aborted_inside_its_stream_fails_with_the_servers_reason(tmp_path: Path, api: str):
+    """SGLang 0.5.16's DFLASH answered `return_logprob` with a 200 stream whose one event says finish_reason
+    abort (status 400): measured on an H100, the harness had counted those requests as complete. vLLM ends an
+    aborted request with finish_reason "abort" on its OpenAI routes."""
+    from benchmarks.fixtures.bad_servers import BadServer
+
+    with BadServer("abort") as srv:
+        s = measure_cell(srv.url, prompts(3), concurrency=1, cell_dir=cell(tmp_path), api=api,
+                         engine="sglang" if api == "generate" else "vllm", save_token_ids=True, warmup=False)
+    assert s.num_ok == 0 and s.num_failed == 3 and s.status != "complete"
+    recs = measured(tmp_path)
+    assert len(recs) == 3 and all("server aborted the request" in r.error for r in recs)
+    if api == "generate":  # SGLang's own reason is kept
+        assert all("return_logprob" in r.error for r in recs)
