@@ -186,7 +186,7 @@ FAST_PATHS = [pytest.param("cpu", id="c-kernels"), pytest.param(False, id="torch
 
 
 def _fast_runner(df, *, drafter: bool, kernels, ring_margin=None, monkeypatch=None, **kw):
-    from dflash_bench.engine.fast import gemma
+    from dflash_bench.engine.fast import gemma, layout
     from dflash_bench.engine.fast.draft import FastDrafter
     from dflash_bench.engine.fast.runner import FastRunner
 
@@ -196,7 +196,7 @@ def _fast_runner(df, *, drafter: bool, kernels, ring_margin=None, monkeypatch=No
         if cpu_kernels.load() is None:
             pytest.skip("no C compiler builds the CPU kernels")
     if ring_margin is not None:
-        monkeypatch.setattr(gemma, "RING_MARGIN", ring_margin)
+        monkeypatch.setattr(layout, "RING_MARGIN", ring_margin)
     t = gemma.GemmaTarget(df.target.model, max_slots=8, max_len=256, kernels=kernels)
     d = FastDrafter(df.proposer.drafter, t.embed, t.head, max_slots=8, max_len=256, kernels=kernels) if drafter else None
     return FastRunner(t, d, kv_block=16, **kw)
@@ -254,7 +254,7 @@ def test_fast_path_equals_the_reference_ar_and_dflash(request, kernels, monkeypa
 def test_serve_fast_builds_the_gemma4_engine_and_keeps_only_the_window(pair):
     """`build_fast_engine` (what `serve --fast` runs) on the folders: greedy tokens equal the reference engine's at
     several batch sizes; the sliding layers' cache is a ring of the window plus RING_MARGIN positions a slot."""
-    from dflash_bench.engine.fast import gemma
+    from dflash_bench.engine.fast import layout
     from dflash_bench.engine.fast.engine import build_fast_engine
 
     ar = build_engine(str(pair[0]), mode="ar", max_slots=8, max_len=256, dtype="float64")
@@ -265,7 +265,7 @@ def test_serve_fast_builds_the_gemma4_engine_and_keeps_only_the_window(pair):
         fe = build_fast_engine(str(pair[0]), str(pair[1]) if mode == "dflash" else None, mode=mode, dtype="float64",
                                device="cpu", max_slots=8, max_len=256)
         sliding, full = fe.runner.t.kinds
-        assert sliding.k[0].shape == (8, 8 + gemma.RING_MARGIN + 1, 2, 16) and full.k[0].shape == (8, 256, 1, 32)
+        assert sliding.k[0].shape == (8, 8 + layout.RING_MARGIN + 1, 2, 16) and full.k[0].shape == (8, 256, 1, 32)
         for bs in (1, 2, 6):
             assert [o for i in range(0, 6, bs) for o in outs(generate(fe, ps[i:i + bs], sp))] == ref
 

@@ -13,7 +13,7 @@ pytest.importorskip("transformers")
 
 import torch  # noqa: E402
 
-from dflash_bench.engine.fast import gemma  # noqa: E402
+from dflash_bench.engine.fast import gemma, layout  # noqa: E402
 from dflash_bench.engine.rope import cos_sin  # noqa: E402
 
 pytestmark = pytest.mark.engine
@@ -43,7 +43,7 @@ def model():
 
 def _target(model, kernels):
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(gemma, "RING_MARGIN", MARGIN)
+        mp.setattr(layout, "RING_MARGIN", MARGIN)
         return gemma.GemmaTarget(model, max_slots=4, max_len=MAX_LEN, kernels=kernels)
 
 

@@ -277,3 +277,68 @@ def test_a_tensor_parallel_size_that_does_not_divide_the_heads_is_refused_before
     with pytest.raises(UserError, match="size of 3 does not divide the target's 32 attention heads.*use 1, 2, 4, 8"):
         fit.size(_settings(tensor_parallel=3), GEMMA, data_dir)
     assert fit.size(_settings(tensor_parallel=4), GEMMA, data_dir).context_len  # a divisor is sized as before
+
+
+# ---- the builtin engine: its own pool's slot (engine/fast/pool.slot_bytes), Gemma 4's rings and the drafter's layers
+
+
+def gemma_slot(tokens: int, *, fast: bool = True) -> int:
+    """One slot of the builtin engine for gemma-4-31B-it + its drafter in bf16, by hand: 50 sliding layers of 16 KV
+    heads x 256 (on the fast path a ring of the window 1024 + 48 + a spare row, once shorter than the length), 10 full
+    layers of 4 x 512 (the value stored beside the key), the drafter's 5 layers of 8 x 128 at every position, and
+    16 positions of float32 logits over 262144 tokens."""
+    sliding = min(tokens, 1024 + 48 + 1) if fast and 1024 + 48 < tokens else tokens
+    return (2 * 2 * (50 * 16 * 256 * sliding + 10 * 4 * 512 * tokens + 5 * 8 * 128 * tokens)
+            + 16 * 262144 * 4)
+
+
+def test_the_builtin_engines_slot_is_its_pools_own_arithmetic():
+    pytest.importorskip("torch")
+    fast = fit.builtin_kv(GEMMA4_31B_TARGET, GEMMA4_31B_DRAFTER, fast=True)
+    reference = fit.builtin_kv(GEMMA4_31B_TARGET, GEMMA4_31B_DRAFTER, fast=False)
+    assert fast is not None and reference is not None
+    for tokens in (768, 1024, 1072, 1073, 2048, 4096):  # below, at and past the ring
+        assert fast(tokens) == gemma_slot(tokens), tokens
+        assert reference(tokens) == gemma_slot(tokens, fast=False), tokens  # serve without --fast keeps every position
+    without = fit.builtin_kv(GEMMA4_31B_TARGET, None, fast=True)
+    assert without is not None and without(4096) == gemma_slot(4096) - 2 * 2 * 5 * 8 * 128 * 4096 - 15 * 262144 * 4
+
+
+def _builtin(**kw) -> SweepSettings:
+    return _settings(engines=["builtin"], engine_args=["--fast"], **kw)
+
+
+def test_32_builtin_rows_of_gemma_do_not_fit_one_h100_and_the_sentence_says_what_does(data_dir):
+    pytest.importorskip("torch")
+    context = fit.size(_builtin(gpu="h200"), GEMMA, data_dir).context_len  # the same plan fits one H200
+    assert context is not None
+    with pytest.raises(UserError) as err:
+        fit.size(_builtin(), GEMMA, data_dir)
+    text = str(err.value)
+    weights = fit.geometry(GEMMA4_31B_TARGET).weight_bytes + fit.geometry(GEMMA4_31B_DRAFTER, drafter=True).weight_bytes
+    room = int(fit.usable_gib("builtin", fit.GPU_MEMORY_GIB["h100"]) * fit.GIB) - weights
+    assert f"32 sequences of {context} tokens ({32 * gemma_slot(context) / fit.GIB:.1f} GiB)" in text, text
+    assert f"a concurrency of at most {room // gemma_slot(context)}" in text, text
+    assert "one H200 (--gpu h200" in text and "--tensor-parallel-size" not in text  # it runs on one GPU
+    assert "\n" not in text
+    assert fit.size(_builtin(concurrency=[1, room // gemma_slot(context)]), GEMMA, data_dir).context_len == context
+
+
+def test_a_builtin_server_without_fast_is_sized_by_the_reference_engines_caches(data_dir):
+    """The reference engine keeps every position in the sliding layers too: fewer rows fit than on the fast path."""
+    pytest.importorskip("torch")
+    plan = dict(concurrency=[1, 8], max_tokens=512)
+    context = fit.size(_builtin(**plan), GEMMA, data_dir).context_len
+    assert context is not None and context > 1024 + 48
+    with pytest.raises(UserError, match=f"8 sequences of {context} tokens \\({8 * gemma_slot(context, fast=False) / fit.GIB:.1f} GiB\\)"):
+        fit.size(_settings(engines=["builtin"], **plan), GEMMA, data_dir)
+
+
+def test_dry_run_of_a_builtin_gemma_plan_refuses_32_rows_on_one_h100(data_dir):
+    pytest.importorskip("torch")
+    got = subprocess.run([sys.executable, "-m", "dflash_bench", "sweep", "--model", "gemma-4-31B-it", "--engine",
+                          "builtin", "--engine-arg=--fast", "--gpu", "h100", "--dry-run", "--data-dir", str(data_dir),
+                          "--suites", "gsm8k,mt-bench", "--max-tokens", "128", "-c", "1,8,32"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert got.returncode == 2 and "Traceback" not in got.stderr, got.stderr
+    assert "builtin: the plan does not fit 1 H100" in got.stderr and "one H200 (--gpu h200" in got.stderr

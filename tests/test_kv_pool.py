@@ -58,7 +58,6 @@ def test_the_pool_takes_what_fits_and_refuses_more_in_one_sentence():
     assert choose_slots(7, b, 1000, max_len=MAX_LEN) == 7
     assert choose_slots(None, Budget(10 ** 12, "huge"), 1000, max_len=MAX_LEN) == MOST_SLOTS
     assert choose_slots(None, None, 1000, max_len=MAX_LEN) == DEFAULT_SLOTS  # no budget: the pool as before
-    assert choose_slots(None, b, None, max_len=MAX_LEN) == DEFAULT_SLOTS  # a layout not sized here
     with pytest.raises(UserError, match=r"--max-slots 11 needs .* 10 slots fit"):
         choose_slots(11, b, 1000, max_len=MAX_LEN)
     with pytest.raises(UserError, match="no KV slot fits"):

@@ -13,7 +13,9 @@ With `--gpu h100` / `h200` / ... (a GPU whose memory is known), `size()`:
 
 The geometry comes from the target's config.json (a local folder) or, for a known pair named by its short
 name, from `model_shapes.py`. KV per token: 2 (K and V) x KV heads x head size x 2 bytes per layer; a
-sliding-window layer keeps at most its window. Weights: the attention and MLP projections and the embedding
+sliding-window layer keeps at most its window. The builtin engine's KV is its own pool's slot
+(`engine/fast/pool.slot_bytes`, from the layout its caches are allocated from: Gemma 4's rings, the drafter's
+layers, the logits), and where it does not fit, one GPU with more memory is named (it does not shard). Weights: the attention and MLP projections and the embedding
 (a second table when it is not tied), in bf16. A model the formula does not cover (mixture of experts) is
 not checked.
 """
@@ -185,42 +187,97 @@ def usable_gib(engine: str, gpu_gib: float) -> float:
     return gpu_gib * (profile.memory_fraction or 0.9) - profile.reserved_gib
 
 
+def kv_of(target: Geometry, drafter: Geometry | None) -> Callable[[int], int]:
+    """KV bytes of one sequence at a context by the configs' formula (a sliding layer keeps at most its window)."""
+    return lambda tokens: target.kv_bytes(tokens) + (drafter.kv_bytes(tokens) if drafter else 0)
+
+
+def builtin_kv(target_cfg: dict[str, Any], drafter_cfg: dict[str, Any] | None, *,
+               fast: bool) -> Callable[[int], int] | None:
+    """The builtin server's bytes a sequence at a context: one slot of its KV pool as the engine lays its caches
+    out (`engine/fast/pool.slot_bytes`: the fast path's with --fast, Gemma 4's rings included; else the reference
+    engine's), in bf16; None where the engine's code cannot read the configs here (no torch, or a transformers
+    that does not know the target's type): then the configs' formula."""
+    try:
+        from transformers import AutoConfig
+
+        from dflash_bench.engine.drafter import DrafterConfig
+        from dflash_bench.engine.fast.pool import slot_bytes
+
+        c = dict(text_config(target_cfg))
+        cfg = AutoConfig.for_model(c.pop("model_type"), **c)
+        dc = DrafterConfig.from_dict(drafter_cfg) if drafter_cfg else None
+    except (ImportError, ValueError, KeyError, TypeError, UserError):
+        return None
+    block = dc.block_size if dc is not None else 1
+    return lambda tokens: slot_bytes(cfg, dc, max_len=tokens, dtype_bytes=BYTES, block=block, fast=fast)
+
+
 def fit(target: Geometry, drafter: Geometry | None, *, usable: float, gpus: int, context: int,
-        concurrency: int) -> Fit:
+        concurrency: int, kv: Callable[[int], int] | None = None) -> Fit:
+    """`kv`: one sequence's bytes at a context, where the engine's own layout says (`builtin_kv`); else
+    `kv_of(target, drafter)`."""
     budget = int(gpus * usable * GIB)
     weights = target.weight_bytes + (drafter.weight_bytes if drafter else 0)
-    kv = target.kv_bytes(context) + (drafter.kv_bytes(context) if drafter else 0)
-    return Fit(budget, weights, kv, concurrency)
+    return Fit(budget, weights, (kv or kv_of(target, drafter))(context), concurrency)
 
 
 def refusal(f: Fit, *, gpu: str, gpus: int, context: int, max_tokens: int | None,
-            target: Geometry, drafter: Geometry | None, usable: float) -> str:
-    """The one sentence for a plan that does not fit, with what would."""
+            target: Geometry, drafter: Geometry | None, usable: float, kv: Callable[[int], int] | None = None,
+            engine: str | None = None) -> str:
+    """The one sentence for a plan that does not fit, with what would: more GPUs where the engine shards a model
+    (else one GPU with more memory), a lower concurrency, shorter contexts."""
+    kv = kv or kv_of(target, drafter)
     have, need = f.budget / GIB, f.needed / GIB
     where = f"{gpus} {gpu.upper()}{'s' if gpus > 1 else ''}"
     head = (f"the plan does not fit {where}: {f.weights / GIB:.1f} GiB of weights plus the KV cache of "
             f"{f.concurrency} sequences of {context} tokens ({f.concurrency * f.kv_per_seq / GIB:.1f} GiB) need "
             f"{need:.1f} GiB, and the engine may fill {have:.1f} GiB")
     ways = []
-    for tp in (2, 4, 8):
+    shards = engine is None or _shards(engine)
+    for tp in (2, 4, 8) if shards else ():
         if tp > gpus and fit(target, drafter, usable=usable, gpus=tp, context=context,
-                             concurrency=f.concurrency).fits:
+                             concurrency=f.concurrency, kv=kv).fits:
             ways.append(f"--tensor-parallel-size {tp}")
             break
+    bigger = "" if shards or engine is None else _bigger_gpu(engine, gpu, f.concurrency, context, target, drafter, kv)
     if f.weights >= f.budget:
-        return f"{head}; the weights alone do not fit: use " + (ways[0] if ways else "more GPUs") + "."
+        return f"{head}; the weights alone do not fit: use " + (ways[0] if ways else bigger or "more GPUs") + "."
     room = f.budget - f.weights
     c_max = room // f.kv_per_seq if f.kv_per_seq else f.concurrency
     if c_max >= 1:
         ways.append(f"a concurrency of at most {c_max}")
     per_seq = room // f.concurrency
-    tokens = max((t for t in range(ROUND, context, ROUND)
-                  if target.kv_bytes(t) + (drafter.kv_bytes(t) if drafter else 0) <= per_seq), default=0)
+    tokens = max((t for t in range(ROUND, context, ROUND) if kv(t) <= per_seq), default=0)
     if tokens:
         cut = context - tokens
         ways.append(f"contexts of at most {tokens} tokens (--max-tokens {max_tokens - cut})"
                     if max_tokens and max_tokens > cut else f"contexts of at most {tokens} tokens (shorter prompts)")
+    if bigger:
+        ways.append(bigger)
     return f"{head}: use {' or '.join(ways)}." if ways else f"{head}."
+
+
+def _shards(engine: str) -> bool:
+    """Does the engine shard a model over GPUs (its sizing flags take a tensor-parallel size)?"""
+    from dflash_bench import profiles
+
+    try:
+        profiles.get(engine).sizing_flags(None, 1, 2)
+    except UserError:
+        return False
+    return True
+
+
+def _bigger_gpu(engine: str, gpu: str, concurrency: int, context: int, target: Geometry, drafter: Geometry | None,
+                kv: Callable[[int], int]) -> str:
+    """The GPU with the least memory above `gpu`'s on which the plan fits one of them, as the words of a refusal."""
+    have = gpu_memory_gib(gpu) or 0.0
+    for name, gib in sorted(GPU_MEMORY_GIB.items(), key=lambda g: g[1]):
+        if gib > have and fit(target, drafter, usable=usable_gib(engine, gib), gpus=1, context=context,
+                              concurrency=concurrency, kv=kv).fits:
+            return f"one {name.upper()} (--gpu {name}, {gib:.0f} GiB)"
+    return ""
 
 
 def size(settings: SweepSettings, pair: ModelPair, data_dir: Path | None) -> SweepSettings:
@@ -246,11 +303,14 @@ def size(settings: SweepSettings, pair: ModelPair, data_dir: Path | None) -> Swe
                                 f"{target.heads} attention heads, so no server can shard it; use {fits_heads}")
             usable = usable_gib(engine, gpu_gib)
             draft = drafter if _runs_dflash(engine, pair, settings) else None
-            f = fit(target, draft, usable=usable, gpus=gpus, context=context, concurrency=max(settings.concurrency))
+            kv = builtin_kv(target_cfg, drafter_cfg if draft else None, fast="--fast" in settings.engine_args) \
+                if engine == "builtin" and target_cfg is not None else None
+            f = fit(target, draft, usable=usable, gpus=gpus, context=context, concurrency=max(settings.concurrency),
+                    kv=kv)
             if not f.fits:
                 raise UserError(f"{engine}: " + refusal(f, gpu=settings.gpu, gpus=gpus, context=context,
                                                         max_tokens=settings.max_tokens, target=target,
-                                                        drafter=draft, usable=usable))
+                                                        drafter=draft, usable=usable, kv=kv, engine=engine))
     return settings.model_copy(update={"context_len": context})
 
 

@@ -14,6 +14,7 @@ import torch
 
 from dflash_bench.engine.drafter import DFlashDrafter
 from dflash_bench.engine.fast.kernels import load_kernels, prepared
+from dflash_bench.engine.fast.layout import drafter_kind
 from dflash_bench.engine.fast.model import (KVCache, Layer, StepAttention, embed_norm, matmul, norm, offsets, rms_norm,
                                             run_layers)
 from dflash_bench.engine.rope import cos_sin, inv_freq, rope
@@ -47,7 +48,8 @@ class FastDrafter:
         self.fc = prepared(self.kernels, drafter.fc.weight.detach())
         self.hidden_norm = drafter.hidden_norm.weight.detach()
         self.norm = drafter.norm.weight.detach()
-        self.cache = KVCache(c.num_hidden_layers, max_slots, max_len, self.hkv, self.hd, self.dtype, self.device)
+        lay = drafter_kind(c, max_len)  # the cache's layout: what the pool sized (`layout.py`)
+        self.cache = KVCache(lay.layers, max_slots, lay.rows, lay.hkv, lay.hd, self.dtype, self.device)
         self.inv_freq = inv_freq(self.hd, c.rope_theta, self.device)
         self.attention = StepAttention(self.cache, self.kernels, heads=self.H, kv_heads=self.hkv, head_dim=self.hd,
                                        eps=self.eps, scale=self.hd ** -0.5, kinds=self.kinds, inv_freq=self.inv_freq,

@@ -5,7 +5,8 @@ What differs from `model.FastTarget` (Qwen3/Llama), and how it is done here:
   the key projection serving as the value, `attention_k_eq_v`; proportional rotary, 0.25 of the head rotated):
   each kind its own KV cache, RoPE table and head size (`Kind`);
 - a sliding layer keeps only its window: a ring of `window + RING_MARGIN` positions a slot, key k at row k % ring
-  (enough for the window and any step's new tokens, so a step never overwrites a key one of its queries sees);
+  (enough for the window and any step's new tokens, so a step never overwrites a key one of its queries sees;
+  `layout.gemma_kinds`, the layout the pool is sized from);
   a full layer keeps every position. The attention kernels (Triton's on a GPU, the C ones on a CPU) read the
   ring in place; prefill and the torch path attend over the ring's earlier keys and the step's own;
 - q and k RMSNorm with weights, v RMSNorm without; attention scale 1; the embedding times sqrt(hidden) (rounded to
@@ -27,14 +28,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from dflash_bench.engine.fast.kernels import load_kernels, prepared
+from dflash_bench.engine.fast.layout import GEMMA_KINDS, gemma_kinds
 from dflash_bench.engine.fast.model import (KERNEL_MAX_QUERIES, add_rms_norm, attention, embed_norm, matmul, offsets,
                                             softcap)
-from dflash_bench.engine.layers import layer_config
 from dflash_bench.engine.rope import cos_sin, kernel_tables, rope
 from dflash_bench.errors import UserError
-
-RING_MARGIN = 48  # ring rows past the window: at least the most new tokens a step writes per row (a 16-token block)
-
 
 @dataclass
 class GemmaLayer:
@@ -140,19 +138,14 @@ class GemmaTarget:
 
     def _kinds(self, cfg, rot, slots: int, max_len: int) -> list[Kind]:
         kinds = []
-        for kind in ("sliding_attention", "full_attention"):
-            ids = [i for i, t in enumerate(cfg.layer_types) if t == kind]
-            c = layer_config(cfg, ids[0]) if ids else cfg
-            hkv, hd = c.num_key_value_heads, c.head_dim
-            window = cfg.sliding_window if kind == "sliding_attention" else None
-            ring = window + RING_MARGIN if window is not None and window + RING_MARGIN < max_len else 0
-            rows = ring + 1 if ring else max_len  # a ring's last row: where a prefill's padding is written
-            shape = (slots, rows, hkv, hd)
-            inv = getattr(rot, f"{kind}_inv_freq", None)
-            kinds.append(Kind(hkv, hd, window, ring, inv.detach().float() if inv is not None else torch.zeros(hd // 2),
-                              float(getattr(rot, f"{kind}_attention_scaling", 1.0)),
-                              [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in ids],
-                              [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in ids]))
+        for name, lay in zip(GEMMA_KINDS, gemma_kinds(cfg, max_len)):  # the layout the pool sized (`layout.py`)
+            shape = (slots, lay.rows, lay.hkv, lay.hd)
+            inv = getattr(rot, f"{name}_inv_freq", None)
+            kinds.append(Kind(lay.hkv, lay.hd, lay.window, lay.ring,
+                              inv.detach().float() if inv is not None else torch.zeros(lay.hd // 2),
+                              float(getattr(rot, f"{name}_attention_scaling", 1.0)),
+                              [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(lay.layers)],
+                              [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(lay.layers)]))
         return kinds
 
     def _fuse(self, layer, cfg, i: int) -> GemmaLayer:

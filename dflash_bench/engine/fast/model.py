@@ -25,6 +25,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from dflash_bench.engine.cache import row_mask
 from dflash_bench.engine.fast.kernels import load_kernels, prepared
+from dflash_bench.engine.fast.layout import dense_kind
 from dflash_bench.engine.rope import cos_sin, kernel_tables, rope
 from dflash_bench.errors import UserError
 
@@ -290,8 +291,8 @@ class FastTarget:
         inner = hf_model.model
         self.n_layers = cfg.num_hidden_layers
         self.H = cfg.num_attention_heads
-        self.hkv = getattr(cfg, "num_key_value_heads", None) or self.H
-        self.hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.H
+        kv = dense_kind(cfg, max_len)  # the cache's layout: what the pool sized (`layout.py`)
+        self.hkv, self.hd = kv.hkv, kv.hd
         self.eps = cfg.rms_norm_eps
         self.hidden_size = cfg.hidden_size
         self.embed = inner.embed_tokens.weight.detach()
@@ -307,7 +308,7 @@ class FastTarget:
         self.layers = [self._fuse(layer) for layer in inner.layers]
         self.windows = _windows(cfg)
         self.scale = float(getattr(inner.layers[0].self_attn, "scaling", self.hd ** -0.5))
-        self.cache = KVCache(self.n_layers, max_slots, max_len, self.hkv, self.hd, self.dtype, self.device)
+        self.cache = KVCache(kv.layers, max_slots, kv.rows, self.hkv, self.hd, self.dtype, self.device)
         self.max_len = max_len
         self.attention = StepAttention(self.cache, self.kernels, heads=self.H, kv_heads=self.hkv, head_dim=self.hd,
                                        eps=self.eps, scale=self.scale, kinds=[(True, w) for w in self.windows],

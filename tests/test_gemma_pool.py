@@ -1,0 +1,109 @@
+"""Gemma 4's KV pool on `serve --fast` (engine/fast/layout.py, pool.py): a slot's bytes are what the engine really
+allocates (sliding layers' rings, full layers, the drafter's layers, the logits), at several slot counts and
+lengths on both sides of the ring; a real server takes as many slots as its budget holds, reports them on /metrics,
+and refuses more in one sentence."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launch_helpers import stop_harness
+
+pytest.importorskip("transformers")
+
+from dflash_bench.engine.tiny import make_tiny_pair  # noqa: E402
+
+B = 4
+MAX_LEN = 128  # past the sliding layers' ring (window 8 + RING_MARGIN + its spare row)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    return make_tiny_pair(tmp_path_factory.mktemp("gemma_pool"), arch="gemma4", seed=1, block_size=B, layers=7)
+
+
+def per_slot(target: Path, drafter: Path | None, max_len: int = MAX_LEN) -> int:
+    from transformers import AutoConfig
+
+    from dflash_bench.engine.drafter import DrafterConfig
+    from dflash_bench.engine.fast.pool import slot_bytes
+
+    dc = DrafterConfig.from_dict(json.loads((drafter / "config.json").read_text())) if drafter is not None else None
+    return slot_bytes(AutoConfig.from_pretrained(target), dc, max_len=max_len, dtype_bytes=4,
+                      block=dc.block_size if dc is not None else 1)
+
+
+def allocated(eng) -> int:
+    """Bytes of every tensor the engine holds per slot: the target's caches of each kind, the drafter's, the
+    logits the runner keeps."""
+    r = eng.runner
+    kv = [t for k in r.t.kinds for t in k.k + k.v] + (r.d.cache.k + r.d.cache.v if r.d is not None else [])
+    assert r.state.logits is not None
+    return sum(t.nbytes for t in kv) + r.state.logits.nbytes
+
+
+@pytest.mark.parametrize("dflash", [False, True])
+def test_a_gemma_slots_bytes_are_what_the_engine_allocates(pair, dflash: bool):
+    """Exact, at two slot counts and at lengths below the ring (every position kept) and above it (a ring)."""
+    from dflash_bench.engine.fast.engine import build_fast_engine
+    from dflash_bench.engine.fast.layout import RING_MARGIN
+
+    target, drafter = pair
+    for max_len in (32, MAX_LEN):
+        sizes = {}
+        for slots in (2, 3):
+            eng = build_fast_engine(str(target), str(drafter) if dflash else None, mode="dflash" if dflash else "ar",
+                                    device="cpu", dtype="float32", max_slots=slots, max_len=max_len)
+            rows = {k.k[0].shape[1] for k in eng.runner.t.kinds}
+            assert rows == ({max_len} if max_len <= 8 + RING_MARGIN else {8 + RING_MARGIN + 1, max_len})
+            sizes[slots] = allocated(eng)
+        want = per_slot(target, drafter if dflash else None, max_len)
+        assert sizes[3] - sizes[2] == want and sizes[2] == 2 * want, (max_len, sizes, want)
+
+
+def serve(*args: str, target: Path, drafter: Path) -> subprocess.Popen:
+    from test_engine_server import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "dflash_bench", "serve", "--model", str(target), "--draft",
+                             str(drafter), "--fast", "--device", "cpu", "--dtype", "float32", "--port", str(port),
+                             "--max-model-len", str(MAX_LEN), "--served-model-name", "tiny", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc.url = f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
+    return proc
+
+
+def test_b_serve_sizes_the_gemma_pool_from_the_budget_and_reports_it(pair):
+    from dflash_bench.client.slots import server_slots
+    from test_engine_server import wait_ready
+
+    target, drafter = pair
+    budget = 3 * per_slot(target, drafter) + 1  # three slots and a byte: a fourth would need one slot's bytes more
+    proc = serve("--kv-cache-memory-bytes", str(budget), target=target, drafter=drafter)
+    try:
+        wait_ready(proc.url, proc)
+        assert server_slots(proc.url, 10) == 3
+    finally:
+        stop_harness(proc)
+    log = proc.stdout.read()  # type: ignore[union-attr]
+    assert f"KV pool: 3 slots of {MAX_LEN} tokens" in log
+
+
+def test_b_serve_refuses_more_gemma_slots_than_the_budget_holds(pair):
+    target, drafter = pair
+    budget = 3 * per_slot(target, drafter) + 1
+    proc = serve("--kv-cache-memory-bytes", str(budget), "--max-slots", "4", target=target, drafter=drafter)
+    try:
+        text, _ = proc.communicate(timeout=300)
+    finally:
+        stop_harness(proc)
+    assert proc.returncode != 0 and "--max-slots 4 needs" in text and "3 slots fit: use --max-slots 3" in text, text
+    shorter = int(re.search(r"--max-model-len (\d+) for 4 slots", text).group(1))  # type: ignore[union-attr]
+    assert 4 * per_slot(target, drafter, shorter) <= budget < 4 * per_slot(target, drafter, shorter + 1)
+    assert "Traceback" not in text and len([ln for ln in text.splitlines() if "--max-slots 4" in ln]) == 1
