@@ -213,3 +213,65 @@ def gemma_fast(results: list[Any]) -> Table:
                  [f"In process, {data['slots']} slots of {data['max_len']} tokens; the floor is {f2(floor)} ms a step "
                   f"({data['phases'][0]['weight_bytes'] / 1e9:.1f} GB of weights at a measured "
                   f"{data['copy_bandwidth_GBps']:.0f} GB/s). DFlash: a random drafter with synthetic acceptance (the file's notes)."])
+
+
+ENGINE_NAMES = {"builtin": "builtin", "vllm": "vLLM", "sglang": "SGLang"}
+CLIENT_NAMES = {"dflash-bench": "`dflash-bench run`", "vllm-bench": "`vllm bench serve`"}
+
+
+def two_clients(results: list[Any]) -> Table:
+    """benchmarks/two_clients.py: per (shape, mode, concurrency, output length), the builtin engine beside each other
+    engine, by each client, with the ratio of their output tok/s; rows not measured say why in the notes."""
+    data = results[0]
+    rows = {(r["engine"], r["shape"], r["mode"], r["synthetic_tau"], r["concurrency"], r["new_tokens"], r["client"]): r
+            for r in data["rows"]}
+    others = sorted({k[0] for k in rows} - {"builtin"})
+    clients = [c for c in CLIENT_NAMES if any(k[6] == c for k in rows)]
+
+    def cell(r: dict[str, Any] | None) -> str:
+        if r is None:
+            return "-"
+        if r["status"] != "ok":
+            return r["status"]
+        tau = f", τ {f2(r['tau'])}" if r["mode"] == "dflash" and r["tau"] is not None else ""
+        return f"{f1(r['output_tok_s'])} ({f2(r['tpot_ms_p50'])}{tau})"
+
+    def ratio(a: dict[str, Any] | None, b: dict[str, Any] | None) -> str:
+        if not a or not b or a["status"] != "ok" or b["status"] != "ok" or not b["output_tok_s"]:
+            return "-"
+        return f"{a['output_tok_s'] / b['output_tok_s']:.2f}"
+
+    out = []
+    for shape, mode, tau, conc, new in sorted({k[1:6] for k in rows}, key=lambda k: (k[0], k[1], k[2] or 0, k[4], k[3])):
+        label = "AR" if mode == "ar" else "DFlash" + (f", synthetic τ {tau:g}" if tau is not None else "")
+        row = [shape, label, str(conc), str(new)]
+        for client in clients:
+            mine = rows.get(("builtin", shape, mode, tau, conc, new, client))
+            row.append(cell(mine))
+            for other in others:
+                theirs = rows.get((other, shape, mode, tau, conc, new, client))
+                row += [cell(theirs), ratio(mine, theirs)]
+        out.append(row)
+    header = ["shape", "mode", "c", "out tokens"]
+    for client in clients:
+        header.append(f"builtin, {CLIENT_NAMES[client]}")
+        for other in others:
+            header += [f"{ENGINE_NAMES.get(other, other)}, {CLIENT_NAMES[client]}", f"builtin / {ENGINE_NAMES.get(other, other)}"]
+    notes = ["Output tok/s (TPOT p50 ms; τ from the server's counters over the cell). `dflash-bench run` sends the "
+             "suite's prompts through the chat API; `vllm bench serve` sends random prompts of their mean length "
+             "through /v1/completions; both ask for `--ignore-eos` and as many requests, after warm-ups."]
+    for key, run in sorted(data["runs"].items()):
+        m = run["machine"]
+        versions = ", ".join(f"{k} {v}" for k, v in sorted(m["versions"].items()))
+        notes.append(f"{key} ({m['gpu']}{', driver ' + m['driver'] if m.get('driver') else ''}; {versions}; "
+                     f"{run['suite']} prompts of {f1(run['input_tokens'])} tokens on average, context limit "
+                     f"{run['context_len']}): `{run['command']}`.")
+        notes += [f"{key}, {mode} server: `{cmd}`." for mode, cmd in sorted(run["servers"].items())]
+    why: dict[tuple[str, str, str, str], list[str]] = {}
+    for r in data["rows"]:
+        if r["status"] != "ok":
+            why.setdefault((r["engine"], r["client"], r["status"], (r["reason"] or "").split("\n")[0]), []).append(
+                f"{r['shape']} {r['mode']} c={r['concurrency']} n={r['new_tokens']}")
+    notes += [f"{ENGINE_NAMES.get(e, e)} by {CLIENT_NAMES.get(c, c)}, {status} ({', '.join(cells)}): {reason}"
+              for (e, c, status, reason), cells in sorted(why.items())]
+    return Table(header, out, notes)

@@ -1,0 +1,82 @@
+"""benchmarks/two_clients.py on the CPU: the builtin engine on the tiny random pair, measured by `dflash-bench run`
+and (where vLLM is importable) `vllm bench serve`, rows in one results file that benchmarks/tables.py renders."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import table_renderers_gpu, tables
+from benchmarks.two_clients_measure import vllm_missing
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def two_clients(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "benchmarks.two_clients", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=600)
+
+
+@pytest.mark.engine
+def test_the_cpu_rehearsal_measures_both_modes_and_the_tables_render_it(tmp_path, data_dir):
+    out, work = tmp_path / "two_clients.json", tmp_path / "work"
+    proc = two_clients("--engine", "builtin", "--shape", "tiny", "--device", "cpu", "--modes", "ar,dflash",
+                       "--synthetic-tau", "4", "--concurrency", "1,2", "--new-tokens", "16", "--requests-per-slot", "2",
+                       "--data-dir", str(data_dir), "--work", str(work), "--out", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.startswith("plan: builtin on tiny") and "estimate" in proc.stdout
+    data = json.loads(out.read_text())
+    rows = {(r["mode"], r["concurrency"], r["client"]): r for r in data["rows"]}
+    assert len(rows) == len(data["rows"]) == 8  # 2 modes x 2 concurrencies x 2 clients
+    for (mode, c, client), r in rows.items():
+        assert r["engine"] == "builtin" and r["shape"] == "tiny" and r["new_tokens"] == 16
+        assert r["synthetic_tau"] == (4.0 if mode == "dflash" else None)
+        if client == "dflash-bench" or not vllm_missing():
+            assert r["status"] == "ok" and r["requests"] == 2 * c and r["failed"] == 0, r
+            assert r["output_tok_s"] > 0 and r["ttft_ms_p50"] > 0 and r["tpot_ms_p50"] > 0
+            assert (r["tau"] is not None) == (mode == "dflash") and r["input_tokens_mean"] > 100
+        else:
+            assert r["status"] == "skipped" and "vllm is not importable" in r["reason"] and r["output_tok_s"] is None
+    run = data["runs"]["builtin/tiny"]
+    assert set(run["servers"]) == {"ar", "dflash-tau4"} and "--synthetic-acceptance 4.0" in run["servers"]["dflash-tau4"]
+    assert run["machine"]["gpu"] == "cpu" and run["input_tokens"] > 100 and run["context_len"] % 256 == 0
+    assert str(tmp_path) not in out.read_text() and "WORK" in run["command"]  # no path of this machine
+
+    # the results file renders as the AWAITING entry once it is in benchmarks/results/ and its page has the block
+    root = tmp_path / "root"
+    for page in {e.page for e in tables.TABLES + tables.AWAITING}:
+        (root / page).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / page, root / page)
+    shutil.copytree(REPO / "benchmarks" / "results", root / "benchmarks" / "results")
+    assert tables.main(["--check", "--root", str(root)]) == 0  # no results file: the entry waits
+    shutil.copy(out, root / "benchmarks" / "results" / "two_clients_h100.json")
+    assert tables.main(["--check", "--root", str(root)]) == 2  # the file is there, the page lacks the block
+    page = root / "docs" / "results" / "engines-one-gpu.md"
+    page.write_text(page.read_text() + "\n<!-- table:two_clients_h100 -->\n<!-- /table:two_clients_h100 -->\n")
+    assert tables.main(["--root", str(root)]) == 0
+    text = page.read_text()
+    ours = rows[("ar", 1, "dflash-bench")]
+    assert f"| tiny | AR | 1 | 16 | {ours['output_tok_s']:.1f} ({ours['tpot_ms_p50']:.2f}) |" in text
+    assert "| tiny | DFlash, synthetic τ 4 | 2 | 16 |" in text and "python -m benchmarks.two_clients" in text
+
+    # another engine's rows beside the builtin engine's: a column per client and the ratio of their tok/s
+    other = [dict(r, engine="vllm", output_tok_s=r["output_tok_s"] / 2 if r["output_tok_s"] else None)
+             for r in data["rows"]]
+    table = table_renderers_gpu.two_clients([dict(data, rows=data["rows"] + other)])
+    assert table.header[4:7] == ["builtin, `dflash-bench run`", "vLLM, `dflash-bench run`", "builtin / vLLM"]
+    assert [row[6] for row in table.rows] == ["2.00"] * 4
+
+
+def test_a_plan_past_the_time_limit_is_refused_before_anything_is_written(tmp_path):
+    proc = two_clients("--engine", "builtin", "--shape", "qwen3-8b", "--concurrency", "1,8,32,64,128",
+                       "--new-tokens", "128,1024", "--work", str(tmp_path / "work"), "--out", str(tmp_path / "o.json"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("error: this plan needs about") and "--time-limit 540" in proc.stderr
+    assert not (tmp_path / "work").exists() and not (tmp_path / "o.json").exists()
+    bad = two_clients("--engine", "vllm", "--shape", "qwen3-8b", "--synthetic-tau", "6.5", "--out", "x.json")
+    assert bad.returncode == 2 and "--synthetic-tau is the builtin engine's" in bad.stderr
