@@ -147,7 +147,7 @@ def machine() -> Machine:
 def does_not_fit(engine: str, pair, context: int, concurrency: int, mode: str, gpu_gib: float | None) -> str | None:
     """The sweep's sizing sentence (sweep/fit.py) when `concurrency` sequences of `context` tokens do not fit."""
     from dflash_bench.model_shapes import pair_configs
-    from dflash_bench.sweep.fit import fit, geometry, refusal, usable_gib
+    from dflash_bench.sweep.fit import builtin_kv, fit, geometry, refusal, usable_gib
 
     if gpu_gib is None:
         return None
@@ -157,9 +157,11 @@ def does_not_fit(engine: str, pair, context: int, concurrency: int, mode: str, g
     if target is None:
         return None
     usable = usable_gib(engine, gpu_gib)
-    f = fit(target, draft, usable=usable, gpus=1, context=context, concurrency=concurrency)
+    # the builtin engine's own slot layout (`serve --fast`), as the sweep sizes it; else the configs' formula
+    kv = builtin_kv(target_cfg, drafter_cfg if draft else None, fast=True) if engine == "builtin" else None
+    f = fit(target, draft, usable=usable, gpus=1, context=context, concurrency=concurrency, kv=kv)
     return None if f.fits else refusal(f, gpu="GPU", gpus=1, context=context, max_tokens=None, target=target,
-                                       drafter=draft, usable=usable)
+                                       drafter=draft, usable=usable, kv=kv, engine=engine)
 
 
 # ------------------------------------------------------------------ the plan
