@@ -355,6 +355,9 @@ def parse(argv: list[str] | None):
         ap.error("--concurrency and --new-tokens must be at least 1")
     if args.synthetic_tau is not None and (args.engine != "builtin" or args.synthetic_tau < 1):
         ap.error("--synthetic-tau is the builtin engine's (serve --synthetic-acceptance), at least 1")
+    if args.steady_requests is not None and args.steady_requests < max(args.c_list):
+        ap.error(f"--steady-requests must be at least the largest concurrency ({max(args.c_list)}): the window holds "
+                 "one completion per request in flight or more")
     if args.shape == "tiny" and args.engine != "builtin":
         ap.error("--shape tiny is the builtin engine's CPU rehearsal")
     return args

@@ -80,3 +80,6 @@ def test_a_plan_past_the_time_limit_is_refused_before_anything_is_written(tmp_pa
     assert not (tmp_path / "work").exists() and not (tmp_path / "o.json").exists()
     bad = two_clients("--engine", "vllm", "--shape", "qwen3-8b", "--synthetic-tau", "6.5", "--out", "x.json")
     assert bad.returncode == 2 and "--synthetic-tau is the builtin engine's" in bad.stderr
+    short = two_clients("--engine", "builtin", "--shape", "tiny", "--concurrency", "1,8", "--steady-requests", "4",
+                        "--out", "x.json")
+    assert short.returncode == 2 and "--steady-requests must be at least the largest concurrency (8)" in short.stderr
