@@ -101,6 +101,12 @@ def _validated(values: dict[str, Any]) -> SweepSettings:
     except ValidationError as err:
         e = err.errors()[0]
         raise UserError(f"bad sweep setting {'.'.join(map(str, e['loc']))}: {e['msg']}") from None
+    if settings.interleave and not settings.paired:
+        raise UserError("--interleave alternates the requests of a cell's AR and DFlash servers, so both must be up "
+                        "together: add --paired")
+    if settings.interleave and (settings.steady_requests or settings.min_cell_seconds):
+        raise UserError("--interleave sends each prompt once to each server in turn; it cannot be combined with "
+                        "--steady-requests or --min-cell-seconds")
     if settings.steady_requests is not None or settings.steady_ramp is not None:
         from dflash_bench.client.cell import check_steady
         from dflash_bench.client.loadgen import LoadSettings

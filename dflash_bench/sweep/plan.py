@@ -115,12 +115,6 @@ def _check(settings: SweepSettings) -> None:
         raise UserError("--repeats must be at least 1")
     if len(set(settings.concurrency)) != len(settings.concurrency):
         raise UserError("--concurrency lists a value twice")
-    if settings.interleave and not settings.paired:
-        raise UserError("--interleave alternates the requests of a cell's AR and DFlash servers, so both must be up "
-                        "together: add --paired")
-    if settings.interleave and (settings.steady_requests or settings.min_cell_seconds):
-        raise UserError("--interleave sends each prompt once to each server in turn; it cannot be combined with "
-                        "--steady-requests or --min-cell-seconds")
     if bool(settings.url_ar) != bool(settings.url_dflash):
         raise UserError("give both --url-ar and --url-dflash to measure servers you already run, or neither")
     if settings.url_ar and len(settings.engines) != 1:
