@@ -5,6 +5,9 @@ their lowest and highest), and the range the runs give at concurrency 1.
     DFLASH_BENCH_DATA=../shared/datasets python -m benchmarks.demo_repeats --runs 5 \
         --json benchmarks/results/demo_cpu_repeats.json
 
+`--append` adds the runs to the file's earlier ones as another set (e.g. an hour later): the ranges then cover
+every set, and `sets` says when each ran and at which commit.
+
 Extra arguments after `--` go to every `dflash-bench demo` (e.g. `-- --repeats 2`). The machine's load average
 is recorded before and after each run: on a shared box it says how busy the others kept it; so is the CPU time
 the demo and its servers used, which the others' load does not inflate as it does the wall time.
@@ -83,11 +86,25 @@ def c1_range(runs: list[dict]) -> dict[str, dict]:
     return out
 
 
+def merged(earlier: dict, new: dict) -> dict:
+    """`new`'s runs added to `earlier`'s as another set: the ranges over every run, each set's commit, start and
+    size in `sets` (a file written before sets were kept is its own first set)."""
+    sets = earlier.get("sets") or [{"commit": earlier.get("commit"), "started": earlier["runs"][0]["started"],
+                                    "runs": len(earlier["runs"]), "how": earlier.get("how")}]
+    sets = sets + [{"commit": new.get("commit"), "started": new["runs"][0]["started"], "runs": len(new["runs"]),
+                    "how": new.get("how")}]
+    runs = earlier["runs"] + new["runs"]
+    return {**new, "runs": runs, "sets": sets, "c1_speedup_range": c1_range(runs),
+            "seconds_range": [min(r["seconds"] for r in runs), max(r["seconds"] for r in runs)],
+            **({"note": new.get("note") or earlier.get("note")} if new.get("note") or earlier.get("note") else {})}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument("--note", default="", help="what the numbers need beside them (the machine's other load, ...)")
+    ap.add_argument("--append", action="store_true", help="add the runs to --json's earlier ones as another set")
     ap.add_argument("--keep", type=Path, help="keep the runs' sweep folders and reports here (default: a temporary folder)")
     ap.add_argument("extra", nargs="*", help="arguments for every `dflash-bench demo` (after --)")
     args = ap.parse_args()
@@ -114,6 +131,8 @@ def main() -> None:
         "seconds_range": [min(r["seconds"] for r in runs), max(r["seconds"] for r in runs)],
     }
     if args.json:
+        if args.append and args.json.exists():
+            result = merged(json.loads(args.json.read_text()), result)
         args.json.write_text(json.dumps(result, indent=1) + "\n")
         print(f"wrote {args.json}")
 

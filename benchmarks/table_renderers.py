@@ -130,6 +130,10 @@ def _demo_grid(data: dict[str, Any], with_tau: bool) -> Table:
              "after the install; DFlash / AR output tok/s, lowest-highest over the runs"
              + (" (a run's ratio: the median of its repeats')" if any("speedup" in c for r in runs for c in r["cells"]) else "")
              + (", with DFlash's τ" if with_tau else "") + "."]
+    sets = data.get("sets") or []
+    if len(sets) > 1:  # demo_repeats --append
+        notes.append("The runs are " + " and ".join(f"{s['runs']} in a row from {s['started'][11:16]} UTC" for s in sets)
+                     + f" on {sets[0]['started'][:10]}.")
     loads = [r[k] for r in runs for k in ("load_avg_1min_before", "load_avg_1min_after") if k in r]
     if loads:
         notes.append(f"The machine's 1-minute load average before and after the runs: {span(loads, fmt=f1)}.")

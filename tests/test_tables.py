@@ -86,6 +86,26 @@ def test_the_demo_range_reads_demo_repeats_files_too():
     assert table_renderers.machine_of(data) == "some CPU, 2 cores" and table_renderers.command_of(data) == "dflash-bench demo"
 
 
+def test_a_second_set_of_demo_runs_widens_the_range_and_is_named():
+    """demo_repeats --append: another set of runs (an hour later, say) joins the file; the range covers both."""
+    from benchmarks.demo_repeats import merged
+
+    def result(commit: str, started: str, speedups: tuple[float, ...]) -> dict:
+        cells = lambda x: [{"suite": "gsm8k", "concurrency": 1, "repeats": 1, "speedup": x, "speedup_min": x,  # noqa: E731
+                            "speedup_max": x, "ar_tok_s": 100.0, "dflash_tok_s": 100.0 * x, "tau": 5.0}]
+        return {"command": "dflash-bench demo", "commit": commit, "machine": {"cpu": "c", "cores": 2},
+                "runs": [{"started": started, "seconds": 100.0, "cells": cells(x)} for x in speedups]}
+
+    both = merged(result("a1", "2026-11-27T03:47:51+00:00", (2.0, 2.2)), result("b2", "2026-11-27T04:46:20+00:00", (1.8,)))
+    assert [s["commit"] for s in both["sets"]] == ["a1", "b2"] and [s["runs"] for s in both["sets"]] == [2, 1]
+    assert both["c1_speedup_range"]["gsm8k"]["min"] == 1.8 and both["c1_speedup_range"]["gsm8k"]["max"] == 2.2
+    again = merged(both, result("c3", "2026-11-27T06:00:00+00:00", (2.5,)))
+    assert len(again["sets"]) == 3 and len(again["runs"]) == 4
+    table = table_renderers.demo_summary([both])
+    assert table.rows == [["gsm8k", "1.80-2.20x, ahead in 3 of 3"]]
+    assert "The runs are 2 in a row from 03:47 UTC and 1 in a row from 04:46 UTC on 2026-11-27." in table.notes
+
+
 def test_steady_stream_cells_are_marked_with_their_window(tmp_path):
     """benchmarks/big_sweep.py keeps a steady-stream cell's window (tests/data/sweep_steady_flat, written by a
     steady sweep on the emulator), and the table marks its concurrency and says which window its numbers are."""
