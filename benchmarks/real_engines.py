@@ -41,7 +41,7 @@ from benchmarks.serve_speed import write_pair
 from dflash_bench.errors import UserError
 from dflash_bench.launch import free_port, launch_command
 from dflash_bench.metrics.cache import HITS, QUERIES
-from dflash_bench.store import SweepDir
+from dflash_bench.store import SweepDir, atomic_write_text
 
 SUITES = "gsm8k,humaneval,mt-bench"
 ROOT = Path(__file__).resolve().parents[1]  # the repository: the in-process row runs `-m benchmarks.closed_loop` there
@@ -106,9 +106,7 @@ def load(path: Path) -> Results:
 
 
 def save(res: Results, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(res.model_dump_json(indent=1))
-    tmp.replace(path)
+    atomic_write_text(path, res.model_dump_json(indent=1))
 
 
 def machine() -> tuple[str, dict[str, str]]:

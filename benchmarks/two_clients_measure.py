@@ -17,6 +17,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from dflash_bench.store import atomic_write_text
+
 CLIENTS = ("dflash-bench", "vllm-bench")
 
 
@@ -91,9 +93,7 @@ def load(path: Path) -> Results:
 
 
 def save(res: Results, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(res.model_dump_json(indent=1))
-    tmp.replace(path)
+    atomic_write_text(path, res.model_dump_json(indent=1))
 
 
 # ------------------------------------------------------------------ the project's client
