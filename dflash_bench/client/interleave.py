@@ -1,7 +1,7 @@
 """Two cells measured together, request by request (`sweep --interleave`): at concurrency 1, each prompt is sent
 to one server and then to the other, the order swapped every prompt (A B, B A, A B, ...), so that a change of the
-machine's speed lasting a second or more lands on both cells alike. A small or shared machine moves by 10-30%
-within seconds; two cells measured one after the other then differ by that much even when nothing else does,
+machine's speed lasting a second or more lands on both cells alike. A small or shared machine's speed moves
+within seconds; two cells measured one after the other then differ by that move even when nothing else does,
 while their requests interleaved see the same moments.
 
 Each cell keeps its own records, its own /metrics deltas (each server serves only its own requests) and its own

@@ -104,9 +104,12 @@ def _validated(values: dict[str, Any]) -> SweepSettings:
     if settings.interleave and not settings.paired:
         raise UserError("--interleave alternates the requests of a cell's AR and DFlash servers, so both must be up "
                         "together: add --paired")
-    if settings.interleave and (settings.steady_requests or settings.min_cell_seconds):
-        raise UserError("--interleave sends each prompt once to each server in turn; it cannot be combined with "
-                        "--steady-requests or --min-cell-seconds")
+    if settings.interleave:  # the options it cannot take: the client's own check, on a concurrency-1 cell
+        from dflash_bench.client.interleave import check_interleave
+        from dflash_bench.client.loadgen import LoadSettings
+
+        check_interleave(LoadSettings(concurrency=1, steady_requests=settings.steady_requests,
+                                      min_seconds=settings.min_cell_seconds or 0.0))
     if settings.steady_requests is not None or settings.steady_ramp is not None:
         from dflash_bench.client.cell import check_steady
         from dflash_bench.client.loadgen import LoadSettings
@@ -166,8 +169,8 @@ def demo_command(*, out: Path, data_dir: Path | None, max_tokens: int, num_promp
     positions a step verifies (`--cut-draft`: the embedded drafter was trained on cut blocks). Paired: both
     servers up together and each cell measured AR then DFlash, since a small machine's speed moves within a
     minute (a 2-core box: the same AR cell 172-193 tok/s, then 246-265 a minute later); interleaved at
-    concurrency 1, since it also moves within seconds (client/interleave.py: the ratio of cells measured one
-    after the other spread +-30% on a loaded 2-core box, request by request +-10%)."""
+    concurrency 1, since it also moves within seconds (client/interleave.py; the spread left:
+    benchmarks/results/demo_cpu_repeats.json)."""
     from dflash_bench.launch import free_port
     from dflash_bench.report import build_report
     from dflash_bench.sweep.run import run_sweep

@@ -50,7 +50,8 @@ def measure_pair(ctx: SweepContext, first: tuple[CellPlan, Server], second: tupl
     """Two cells of one key measured together, request by request (client/interleave.py), each summarised;
     both fail with the reason when they could not be measured at all."""
     cells = (first[0], second[0])
-    prompts, max_tokens = [begin(ctx, cell) for cell in cells][0]  # one suite and concurrency: the same prompts
+    prompts, max_tokens = begin(ctx, cells[0])
+    begin(ctx, cells[1])  # the same suite and concurrency: the same prompts
     ctx.progress.start_cell(cells[0], total=2 * sum(len(p.turns) for p in prompts))
     (req_a, load), (req_b, _) = (request_and_load(ctx, cell, max_tokens) for cell in cells)
     try:
