@@ -7,9 +7,24 @@ importing each other.
 
 from __future__ import annotations
 
+from typing import Optional
+
+import click
 import typer
+import typer.core
 
 from dflash_bench import __version__
+
+_display_type = typer.core.TyperOption.display_type_rich
+
+
+def _display_type_unless_flag(option: typer.core.TyperOption, ctx: click.Context) -> Optional[str]:
+    """A flag (--help, --version, --dry-run) takes no value, so `--help` shows no type beside it (Typer's
+    rich help would print `<bool>`); every other option keeps its type."""
+    return None if option.is_flag else _display_type(option, ctx)
+
+
+setattr(typer.core.TyperOption, "display_type_rich", _display_type_unless_flag)
 
 app = typer.Typer(
     name="dflash-bench",

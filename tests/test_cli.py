@@ -17,13 +17,22 @@ def test_every_command_has_help():
     runner = CliRunner()
     top = runner.invoke(app, ["--help"])
     assert top.exit_code == 0
+    import click
     import typer.main
 
-    group = typer.main.get_command(app)
-    for name, cmd in group.commands.items():
-        res = runner.invoke(app, [name, "--help"])
-        assert res.exit_code == 0, (name, res.output)
-        assert (cmd.help or "").strip(), f"command {name} has no help text"
+    def commands(group: click.Group, path: list[str]):
+        for name, cmd in group.commands.items():
+            yield [*path, name], cmd
+            if isinstance(cmd, click.Group):
+                yield from commands(cmd, [*path, name])
+
+    assert "<bool>" not in top.output, top.output
+    for path, cmd in commands(typer.main.get_command(app), []):
+        res = runner.invoke(app, [*path, "--help"])
+        assert res.exit_code == 0, (path, res.output)
+        assert (cmd.help or "").strip(), f"command {path} has no help text"
+        # a flag takes no value: no type beside --help, --version, --dry-run
+        assert "<bool>" not in res.output, (path, res.output)
 
 
 def test_console_script_runs_as_module():
