@@ -14,6 +14,7 @@ import dataclasses
 import glob
 import gzip
 import json
+import os
 import random
 import re
 from collections.abc import Iterator
@@ -111,11 +112,54 @@ def _offline_files(suite: Suite, data_dir: Path, config: str | None) -> list[Pat
                       f"(looked for {', '.join(patterns)}); {hint}.")
 
 
+HUB_PROBE_S = 5.0  # one request's wait for the hub before `datasets`, whose retries take minutes when offline
+_hub_answers: dict[str, str | None] = {}  # origin -> None (it answered) or why not, asked once per process
+
+
+def check_hub(url: str | None = None) -> None:
+    """Refuse in one sentence, within HUB_PROBE_S, a hub (or a suite's remote URL) that does not answer.
+
+    One plain request to the origin: any HTTP answer, an error status included, means it is reachable. Skipped
+    where the user chose the hub's offline mode (HF_HUB_OFFLINE, HF_DATASETS_OFFLINE: `datasets` reads its cache)."""
+    import urllib.parse
+
+    if any(os.environ.get(k, "").strip().lower() in ("1", "true", "yes", "on") for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")):
+        return
+    parts = urllib.parse.urlsplit(url or os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    if parts.scheme not in ("http", "https"):
+        return  # a local file given as the suite's URL
+    origin = f"{parts.scheme}://{parts.netloc}"
+    if origin not in _hub_answers:
+        _hub_answers[origin] = _probe(origin)
+    why = _hub_answers[origin]
+    if why is not None:
+        raise UserError(f"the Hugging Face hub ({origin}) cannot be reached ({why}): pass --data-dir with offline "
+                        "copies of the prompt sets (e.g. ../shared/datasets), or check the network.")
+
+
+def _probe(origin: str) -> str | None:
+    import http.client
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(urllib.request.Request(origin + "/", method="HEAD"), timeout=HUB_PROBE_S):
+            return None
+    except urllib.error.HTTPError:
+        return None  # it answered
+    except urllib.error.URLError as err:
+        reason = err.reason
+        return f"{type(reason).__name__}: {reason}" if isinstance(reason, BaseException) else str(reason)
+    except (OSError, http.client.HTTPException) as err:
+        return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+
+
 def _read_hub(suite: Suite, config: str | None) -> Iterator[tuple[str, dict]]:
     try:
         import datasets
     except ImportError:
         raise UserError("loading suites from the hub needs the 'datasets' package; pip install datasets, or pass --data-dir.") from None
+    check_hub(suite.hf_url)
     try:
         if suite.hf_url:
             ds = datasets.load_dataset("json", data_files=suite.hf_url, split="train")

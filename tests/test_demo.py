@@ -39,3 +39,65 @@ def test_demo_runs_every_suite_and_writes_the_report(tmp_path, data_dir):
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["status"] == "complete" and manifest["servers"]["builtin-dflash"]["command"][:2] == ["dflash-bench", "serve"]
     assert {"--fast", "--cut-draft"} <= set(manifest["servers"]["builtin-dflash"]["command"])
+
+
+class _Hub:
+    """A TCP listener standing in for an unreachable hub: it accepts each connection and closes it unanswered,
+    counting them (a client that retries shows up as many)."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.connections = 0
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            conn.close()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _offline_env(hub: _Hub) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("DFLASH_BENCH_DATA", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
+    return {**env, "HF_ENDPOINT": hub.url, "COLUMNS": "200"}
+
+
+def test_demo_options_are_checked_before_any_prompt_set_loads(tmp_path):
+    hub = _Hub()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "dflash_bench", "demo", "--concurrency", "0", "--out", str(tmp_path)],
+                              capture_output=True, text=True, timeout=120, env=_offline_env(hub))
+    finally:
+        hub.close()
+    assert proc.returncode == 2 and proc.stderr.strip() == "error: --concurrency takes positive integers, e.g. 1,8,32"
+    assert hub.connections == 0 and list(tmp_path.iterdir()) == []
+
+
+def test_an_unreachable_hub_is_one_sentence_after_one_try(tmp_path):
+    """Without --data-dir, a hub that does not answer is found by one request, not by the hub client's retries."""
+    hub = _Hub()
+    try:
+        for args in (["demo", "--out", str(tmp_path)], ["suites", "show", "gsm8k"]):
+            before = hub.connections
+            proc = subprocess.run([sys.executable, "-m", "dflash_bench", *args], capture_output=True, text=True,
+                                  timeout=300, env=_offline_env(hub))
+            errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+            assert proc.returncode == 2 and len(errors) == 1, proc.stderr
+            assert f"the Hugging Face hub ({hub.url}) cannot be reached" in errors[0] and "--data-dir" in errors[0]
+            assert "Traceback" not in proc.stderr and "skipping" not in proc.stderr
+            assert hub.connections - before == 1, (args, hub.connections - before)
+    finally:
+        hub.close()
+    assert list(tmp_path.iterdir()) == []

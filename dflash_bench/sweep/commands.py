@@ -175,15 +175,20 @@ def demo_command(*, out: Path, data_dir: Path | None, max_tokens: int, num_promp
     from dflash_bench.report import build_report
     from dflash_bench.sweep.run import run_sweep
 
+    from dflash_bench.suites import list_suites
+    from dflash_bench.sweep.plan import plan_cells
+
     target, drafter, note = default_pair(out)
+    # the options are checked (the sweep's own checks, over every suite) before any prompt set loads
+    settings = _validated(dict(model=str(target), engines=["builtin"], suites=[s.name for s in list_suites()],
+                               concurrency=DEMO_CONCURRENCY if concurrency is None else concurrency,
+                               num_prompts=num_prompts, max_tokens=max_tokens, runner="process", port=free_port(),
+                               engine_args=DEMO_ENGINE_ARGS, engine_options={"drafter": str(drafter)},
+                               save_token_ids=True, paired=True, interleave=True, repeats=repeats))
+    plan_cells(settings)
     console = Console(stderr=True)
     console.print(f"demo pair: {note}")
-    suites = _demo_suites(data_dir, console)
-    settings = SweepSettings(model=str(target), engines=["builtin"], suites=suites,
-                             concurrency=concurrency or DEMO_CONCURRENCY, num_prompts=num_prompts,
-                             max_tokens=max_tokens, runner="process", port=free_port(), engine_args=DEMO_ENGINE_ARGS,
-                             engine_options={"drafter": str(drafter)}, save_token_ids=True, paired=True, interleave=True,
-                             repeats=repeats)
+    settings = settings.model_copy(update={"suites": _demo_suites(data_dir, console)})
     result = run_sweep(settings, out=out, data_dir=data_dir, argv=sys.argv)
     typer.echo(f"report: {build_report([result.path])}")
     return result.exit_code
@@ -203,8 +208,10 @@ def default_pair(out: Path) -> tuple[Path, Path, str]:
 
 
 def _demo_suites(data_dir: Path | None, console: Console) -> list[str]:
-    from dflash_bench.suites import list_suites, load_prompts
+    from dflash_bench.suites import check_hub, list_suites, load_prompts
 
+    if data_dir is None:
+        check_hub()  # offline: one sentence in seconds, not one per suite after the hub's retries
     names = []
     for suite in list_suites():
         try:
