@@ -24,7 +24,7 @@ def _display_type_unless_flag(option: typer.core.TyperOption, ctx: click.Context
     return None if option.is_flag else _display_type(option, ctx)
 
 
-setattr(typer.core.TyperOption, "display_type_rich", _display_type_unless_flag)
+typer.core.TyperOption.display_type_rich = _display_type_unless_flag
 
 app = typer.Typer(
     name="dflash-bench",
