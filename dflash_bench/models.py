@@ -176,7 +176,7 @@ def resolve(name: str, *, drafter: str | None = None, block_size: int | None = N
 
 def print_table() -> None:
     """`dflash-bench models`: the known pairs as a table."""
-    from rich.console import Console
+    from dflash_bench.console import new_console
     from rich.table import Table
 
     table = Table(title="Known target / DFlash drafter pairs")
@@ -186,4 +186,4 @@ def print_table() -> None:
         thinking = p.reasoning_effort or ("on" if p.thinking else "off")
         table.add_row(p.name, p.target, p.drafter or "-", str(p.block_size), thinking, p.vllm_version,
                       p.sglang_version, p.notes)
-    Console().print(table)
+    new_console().print(table)

@@ -314,7 +314,7 @@ def _sample(prompts: list[Prompt], num_prompts: int | None, seed: int) -> list[P
 
 def print_suites(data_dir: Path | None = None) -> None:
     """`dflash-bench suites list`: one row per suite; records and categories counted offline when data is there."""
-    from rich.console import Console
+    from dflash_bench.console import new_console
     from rich.table import Table
     from rich.text import Text
 
@@ -335,13 +335,13 @@ def print_suites(data_dir: Path | None = None) -> None:
                       Text(str(suite.num_turns or "all")), Text(str(suite.default_max_tokens)))
     for path, reason in broken.items():
         table.add_row(Text(path.stem), Text(reason), Text("unreadable"), Text("-"), Text("-"), Text("-"))
-    Console().print(table)
+    new_console().print(table)
 
 
 def print_prompts(name: str, num: int = 3, data_dir: Path | None = None, config: str | None = None,
                   categories: list[str] | None = None) -> None:
     """`dflash-bench suites show`: the first `num` prompts, rendered as sent. Dataset text is never read as markup."""
-    from rich.console import Console
+    from dflash_bench.console import new_console
     from rich.rule import Rule
     from rich.text import Text
 
@@ -349,7 +349,7 @@ def print_prompts(name: str, num: int = 3, data_dir: Path | None = None, config:
         raise UserError(f"-n must be at least 1, not {num}.")
     suite = get_suite(name)
     prompts = load_prompts(name, data_dir=data_dir, config=config, categories=categories)
-    console = Console()
+    console = new_console()
     console.print(Text(f"{suite.name}: {suite.description} {len(prompts)} records; source {suite.source}; "
                        f"max_tokens {suite.default_max_tokens}"))
     for p in prompts[:num]:

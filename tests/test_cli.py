@@ -1,3 +1,4 @@
+import os
 import subprocess
 import sys
 
@@ -64,3 +65,19 @@ def test_an_output_path_that_cannot_be_written_is_one_line_and_exit_2(tmp_path):
         last = out.stderr.strip().splitlines()[-1]
         assert "Traceback" not in out.stderr and last.startswith(("error: cannot use ", "error: cannot write ")), last
         assert str(blocked) in last, last  # the sentence names the path in the way
+
+
+def test_tables_are_never_cut_when_stdout_is_not_a_terminal(data_dir):
+    """A pipe or a CI log gets each table whole: no cell cut to "concurren…" or "(2.16-2.…"."""
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    out = subprocess.run([sys.executable, "-m", "dflash_bench", "suites", "list", "--data-dir", str(data_dir)],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0 and "gsm8k" in out.stdout and "…" not in out.stdout, out.stdout
+    # the sweep's closing table, printed as the sweep prints it, its stdout a pipe
+    code = ("import pandas as pd; from dflash_bench.console import new_console; "
+            "from dflash_bench.sweep.progress import headline_table; "
+            "new_console().print(headline_table(pd.DataFrame([dict(engine='builtin', suite='spec-bench', concurrency=8, "
+            "ar_tok_s=1234.5, dflash_tok_s=2666.4, speedup=2.16, speedup_min=2.16, speedup_max=2.55, tau=3.1, repeats=3)])))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "…" not in out.stdout and "concurrency" in out.stdout and "2.16x (2.16-2.55)" in out.stdout, out.stdout

@@ -41,10 +41,10 @@ def run_one(url: str, suite: str, request: RequestSettings, load: LoadSettings, 
 
     identity = verify_external(url, expect_model, load.timeout)  # --expect-model refused before anything is written
     if not quiet and (note := acceptance_note(engine, label, api)):
-        from rich.console import Console
+        from dflash_bench.console import new_console
         from rich.markup import escape
 
-        Console(stderr=True).print(f"[yellow]{escape(note)}[/]", highlight=False)
+        new_console(stderr=True).print(f"[yellow]{escape(note)}[/]", highlight=False)
     prompts = load_prompts(suite, data_dir=data_dir, num_prompts=num_prompts, seed=load.seed)
     name = name or "run-" + datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     cid = cell_id(engine, label, suite, concurrency)
@@ -170,7 +170,7 @@ ROWS = (("TTFT ms", "ttft_ms"), ("TPOT ms", "tpot_ms"), ("per-token latency ms",
 
 
 def print_summary(s: CellSummary, cell_dir: Path) -> None:
-    from rich.console import Console
+    from dflash_bench.console import new_console
     from rich.markup import escape
     from rich.table import Table
 
@@ -183,7 +183,7 @@ def print_summary(s: CellSummary, cell_dir: Path) -> None:
             t.add_row(name, _fmt(stat.mean), _fmt(stat.p50), _fmt(stat.p90), _fmt(stat.p99), escape(why or ""))
         elif why:
             t.add_row(name, "-", "-", "-", "-", f"[yellow]not measured: {escape(why)}[/]")
-    con = Console()
+    con = new_console()
     con.print(t)
     con.print(f"output throughput: {_fmt(s.output_throughput)} tok/s   requests: {_fmt(s.request_throughput, '.2f')} req/s")
     if s.acceptance_length is not None:

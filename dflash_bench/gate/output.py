@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from dflash_bench.console import new_console
 from dflash_bench.gate.baseline import Baseline
 from dflash_bench.gate.compare import Check, GateResult
 from dflash_bench.gate.reference import REFERENCE_TAU, tolerance
@@ -87,9 +88,7 @@ def counts(result: GateResult) -> dict[str, int]:
 
 def print_table(result: GateResult, console: Console | None = None) -> None:
     if console is None:
-        console = Console()
-        if not console.is_terminal:  # CI logs: wide enough that cell names are never cut
-            console = Console(width=160)
+        console = new_console()
     conf = result.config.bootstrap.confidence
     table = Table(title=Text(f"gate: {result.sweep} against {result.baseline}"), show_lines=False)
     for col in ("cell", "metric", "method", "baseline", "sweep", "change", f"{conf:.0%} CI", "allowed", "verdict"):
@@ -132,7 +131,7 @@ def verdict_line(result: GateResult) -> str:
 def print_export(baseline: Baseline, output: Path) -> None:
     cells = [c for c in baseline.cells if c.repeats]
     most = max((len(c.repeats) for c in cells), default=0)
-    Console().print(Text(f"wrote {output}: {len(cells)} cells (up to {most} repeats each) of sweep {baseline.sweep_id}"),
+    new_console().print(Text(f"wrote {output}: {len(cells)} cells (up to {most} repeats each) of sweep {baseline.sweep_id}"),
                     soft_wrap=True)
 
 

@@ -47,7 +47,7 @@ def _dump(section: Any) -> dict[str, Any] | None:
 
 
 def print_rows(rows: list[dict[str, Any]]) -> None:
-    from rich.console import Console
+    from dflash_bench.console import new_console
     from rich.table import Table
     from rich.text import Text
 
@@ -58,7 +58,7 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
         cells = (r["engine"], r["suite"], str(r["concurrency"]), str(r["repeat"]), *_lossless_cells(r["lossless"]),
                  _acc(r["accuracy_ar"]), _acc(r["accuracy"]), _diff(r["accuracy"]))
         table.add_row(*(Text(str(c)) for c in cells))  # Text: no rich markup in statuses
-    Console().print(table)
+    new_console().print(table)
 
 
 def _lossless_cells(x: dict | None) -> tuple[str, str, str]:

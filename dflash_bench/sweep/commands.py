@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from dflash_bench.console import new_console
 from dflash_bench.errors import UserError
 from dflash_bench.store import SweepDir
 from dflash_bench.sweep.dry_run import print_plan
@@ -186,7 +187,7 @@ def demo_command(*, out: Path, data_dir: Path | None, max_tokens: int, num_promp
                                engine_args=DEMO_ENGINE_ARGS, engine_options={"drafter": str(drafter)},
                                save_token_ids=True, paired=True, interleave=True, repeats=repeats))
     plan_cells(settings)
-    console = Console(stderr=True)
+    console = new_console(stderr=True)
     console.print(f"demo pair: {note}")
     settings = settings.model_copy(update={"suites": _demo_suites(data_dir, console)})
     result = run_sweep(settings, out=out, data_dir=data_dir, argv=sys.argv)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
+from dflash_bench.console import new_console
 from dflash_bench.sweep.plan import SweepSettings, launches, plan_cells, resolve_pair
 
 
@@ -17,7 +17,7 @@ def print_plan(settings: SweepSettings, image: str | None) -> None:
 
     pair = resolve_pair(settings)
     plan = plan_cells(settings)
-    console = Console()
+    console = new_console()
     typer.echo(f"{len(plan)} cells, in run order:")
     for i, c in enumerate(plan, 1):
         typer.echo(f"{i:4d}. {c.cell_id}")

@@ -13,6 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from dflash_bench.console import new_console
 from dflash_bench.store import CellPlan, CellSummary, Manifest, SweepDir
 
 if TYPE_CHECKING:
@@ -23,7 +24,7 @@ class SweepProgress:
     def __init__(self, manifest: Manifest, quiet: bool = False, console: Console | None = None):
         self.manifest = manifest
         self.quiet = quiet
-        self.console = console or Console(stderr=True)
+        self.console = console or new_console(stderr=True)
         self.cell: CellPlan | None = None
         self.done = self.total = self.tokens = 0
         self.elapsed = 0.0
@@ -85,7 +86,7 @@ class SweepProgress:
         did not speculate."""
         from dflash_bench import analysis
 
-        out = Console()
+        out = new_console()
         frame = analysis.cells(sweep.path)
         head = analysis.headline(frame) if not frame.empty else frame
         gpus = gpus_per_server(self.manifest)

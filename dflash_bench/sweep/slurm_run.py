@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.markup import escape
 
+from dflash_bench.console import new_console
 from dflash_bench.errors import UserError
 from dflash_bench.store import CellPlan, Manifest, StoreError, SweepDir, now_iso, read_json_model
 from dflash_bench.store.lock import WriterLock
@@ -105,7 +106,7 @@ def run_slurm_sweeps(plans: list[tuple[SweepSettings, SlurmOptions, Path]], *, r
     for settings, _, _ in plans:  # what no cluster can run is refused before Slurm's commands are looked for
         _check_settings(settings)
     slurm.require_slurm()
-    console = Console(stderr=True)
+    console = new_console(stderr=True)
     runs = [_prepare(settings, opts, out, resume, data_dir, argv, image, console) for settings, opts, out in plans]
     try:
         with sigterm_unwinds():  # from the first sbatch on, whatever stops this command cancels its jobs

@@ -6,10 +6,10 @@ import os
 import time
 from pathlib import Path
 
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from dflash_bench.console import new_console
 from dflash_bench.errors import UserError
 from dflash_bench.telemetry.nvml import gpu_inventory, probe, resolve_gpus
 from dflash_bench.telemetry.sampler import TelemetrySampler
@@ -22,7 +22,7 @@ def run_check(devices: str | None, seconds: float, interval_s: float, out: Path 
         raise UserError(f"--seconds must be 0 or more and --interval above 0 (got {seconds:g} and {interval_s:g}).")
     if out is not None and seconds <= 0:
         raise UserError("--out writes samples: give --seconds too, how long to sample.")
-    console = Console(highlight=False)
+    console = new_console(highlight=False)
     status = probe()
     if not status.enabled:
         console.print(escape(status.message))
