@@ -36,7 +36,7 @@ def summarize_cell(m: Measurement, *, cell_id: str, engine: str, mode: str, suit
     summary = summarize_records(m.records, cell_id=cell_id, engine=engine, mode=mode, suite=suite,
                                 concurrency=concurrency, repeat=repeat, delta=snaps.delta, failure=failure,
                                 input_len=input_len, thinking_asked=thinking_asked, steady=m.settings.steady,
-                                interleaved=bool(m.settings.interleaved))
+                                interleaved=bool(m.settings.interleaved), gauges=(snaps.after or {}).get("gauges"))
     summary.url, summary.started_at, summary.finished_at = m.url, m.started_at, m.finished_at
     summary.settings = m.settings.model_copy()
     if m.telemetry is not None:  # energy covers the whole stream (a steady stream's ramp and tail too)
@@ -57,15 +57,15 @@ def summarize_records(records: list[RequestRecord], *, cell_id: str, engine: str
                       concurrency: int, repeat: int = 0, delta: dict[str, float] | None = None,
                       failure: str | None = None, input_len: int | None = None,
                       thinking_asked: bool | None = None, steady: SteadyPlan | None = None,
-                      interleaved: bool = False) -> CellSummary:
+                      interleaved: bool = False, gauges: dict[str, float] | None = None) -> CellSummary:
     """Counts, latencies and acceptance of `records`; failed when `failure` is given or nothing succeeded.
     `steady`: a steady stream, measured over its window (steady_window_of); `interleaved`: its requests alternated
-    with its pair's (client/interleave.py), measured over their own time."""
+    with its pair's (client/interleave.py), measured over their own time; `gauges`: /metrics gauges after it."""
     window, block = steady_window_of(records, steady) if steady else (None, None)
     summary = CellSummary(cell_id=cell_id, engine=engine, mode=mode, suite=suite, concurrency=concurrency,
                           repeat=repeat, input_len=input_len, thinking_asked=thinking_asked,
                           **summarize(records, window, interleaved), steady=block,
-                          **cell_acceptance(engine, delta, records), **prefix_cache(records, delta))
+                          **cell_acceptance(engine, delta, records, gauges), **prefix_cache(records, delta))
     if steady and window is None and failure is None:
         failure = (f"the steady stream ended before its window closed: {block.ramp + block.requests if block else 0}"
                    " completions were needed")

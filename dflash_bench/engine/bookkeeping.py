@@ -53,7 +53,8 @@ class Stats:
     drafts: int = 0
     draft_tokens: int = 0
     accepted: int = 0
-    accepted_per_pos: list[int] = field(default_factory=list)
+    accepted_per_pos: list[int] = field(default_factory=list)  # [i]: drafts that accepted positions 0..i
+    verified_per_pos: list[int] = field(default_factory=list)  # [i]: drafts that verified positions 0..i
     widths: dict[int, int] = field(default_factory=dict)  # tokens verified per row (anchor + drafts) -> row-steps
     generation_tokens: int = 0
     prompt_tokens: int = 0
@@ -79,7 +80,10 @@ class Bookkeeping:
         self.vocab_size = vocab_size  # every prompt id is below it
         self.slots = slots  # the KV pool's rows (/metrics dflash_bench:max_slots)
         self.free_slots = list(range(slots - 1, -1, -1))  # popped from the end: lowest slot first
-        self.stats = Stats(accepted_per_pos=[0] * max(block_size - 1, 0))
+        n = max(block_size - 1, 0)
+        self.stats = Stats(accepted_per_pos=[0] * n, verified_per_pos=[0] * n)
+        # how each step's verify width is chosen: "full" (the whole block), "auto" (by load) or "w<N>" (fixed N)
+        self.width_policy = "full"
 
     def check(self, n_prompt: int, max_tokens: int) -> str | None:
         """Why a request cannot be served (None when it can)."""
@@ -136,6 +140,8 @@ class Bookkeeping:
             st.accepted += a
             for i in range(a):
                 st.accepted_per_pos[i] += 1
+            for i in range(drafted):
+                st.verified_per_pos[i] += 1
             s.steps += 1
             s.accepted += a
             s.drafted += drafted

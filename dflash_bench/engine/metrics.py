@@ -7,6 +7,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from dflash_bench.client.slots import SLOTS_GAUGE
 from dflash_bench.engine.loop import EngineLoop
+from dflash_bench.metrics.prometheus import VERIFIED_PER_POS, WIDTH_POLICY
 
 
 class EngineCollector:
@@ -63,6 +64,16 @@ class EngineCollector:
         for i, n in enumerate(st.accepted_per_pos):
             per_pos.add_metric([self.model, str(i)], n)
         yield per_pos
+        verified = CounterMetricFamily(VERIFIED_PER_POS, "Drafts that verified draft positions 0..position (with "
+                                       "the accepted per position: the width-free acceptance profile).",
+                                       labels=["model_name", "position"])
+        for i, n in enumerate(st.verified_per_pos):
+            verified.add_metric([self.model, str(i)], n)
+        yield verified
+        policy = GaugeMetricFamily(WIDTH_POLICY, "How each step's verify width is chosen (the label; 1): full, auto "
+                                   "(by load) or w<N> (fixed).", labels=["model_name", "policy"])
+        policy.add_metric([self.model, getattr(getattr(self.loop.engine, "book", None), "width_policy", "full")], 1)
+        yield policy
         widths = CounterMetricFamily("dflash_bench:verify_width_row_steps", "Row-steps by tokens verified per row "
                                      "(the anchor and its drafts; the fast path chooses it by load).",
                                      labels=["model_name", "width"])

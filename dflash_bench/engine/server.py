@@ -220,6 +220,16 @@ def _check_port(host: str, port: int) -> None:
             raise UserError(f"cannot listen on {host}:{port} ({err.strerror}); pick another --port") from err
 
 
+def verify_width_option(value: str) -> int | None:
+    """`--verify-width`: auto or full (None), or a fixed number of tokens per row and step (the anchor and its
+    first N - 1 drafts; above the block size, the block)."""
+    if value in ("auto", "full"):
+        return None
+    if value.isdigit() and int(value) >= 1:
+        return int(value)
+    raise UserError(f"--verify-width must be auto, full or a number of tokens of at least 1, not {value!r}")
+
+
 def serve(model: str, draft: str | None = None, *, mode: str | None = None, host: str = "127.0.0.1", port: int = 8000,
           dtype: str = "auto", device: str = "auto", max_slots: int | None = 32, max_model_len: int = 4096,
           served_model_name: str | None = None, log_level: str = "warning", fast: bool = False,
@@ -239,8 +249,7 @@ def serve(model: str, draft: str | None = None, *, mode: str | None = None, host
     if (max_slots is not None and max_slots < 1) or max_model_len < 16:
         raise UserError("--max-slots must be at least 1 and --max-model-len at least 16")
     _check_port(host, port)
-    if verify_width not in ("auto", "full"):
-        raise UserError(f"--verify-width must be auto or full, not {verify_width!r}")
+    width = verify_width_option(verify_width)
     if prefill not in PREFILL:
         raise UserError(f"--prefill must be one of {', '.join(PREFILL)}, not {prefill!r}")
     prefill = resolve_prefill(prefill, fast=fast, mode=mode, device=device)
@@ -253,7 +262,7 @@ def serve(model: str, draft: str | None = None, *, mode: str | None = None, host
         engine = build_fast_engine(model, draft if mode == "dflash" else None, mode=mode, dtype=dtype, device=device,
                                    max_slots=max_slots, max_len=max_model_len, synthetic_tau=synthetic_acceptance,
                                    benchmark_only=benchmark_only, step_ahead=step_ahead,
-                                   adaptive=verify_width == "auto", cut_draft=cut_draft, mixed=prefill == "mixed",
+                                   adaptive=verify_width == "auto", width=width, cut_draft=cut_draft, mixed=prefill == "mixed",
                                    dummy=dummy, kernels=kernels, kv_cache_memory_bytes=kv_cache_memory_bytes,
                                    memory_utilization=0.9 if memory_utilization is None else memory_utilization)
     elif memory_utilization is not None or kv_cache_memory_bytes is not None:

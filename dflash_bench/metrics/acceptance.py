@@ -25,8 +25,8 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from dflash_bench import profiles
-from dflash_bench.metrics.definitions import TAU_DEFINITION, acceptance_length
-from dflash_bench.metrics.prometheus import spec_acceptance
+from dflash_bench.metrics.definitions import TAU_DEFINITION, acceptance_length, profile_tau
+from dflash_bench.metrics.prometheus import spec_acceptance, width_policy
 from dflash_bench.store import RequestRecord
 
 # acceptance source -> the /metrics namespace of its counters (None: per-request SGLang meta_info).
@@ -84,8 +84,9 @@ def counter_namespace(engine: str) -> str:
 
 
 def cell_acceptance(engine: str, metrics_delta: dict[str, float] | None,
-                    records: Sequence[RequestRecord]) -> dict[str, Any]:
-    """The CellSummary acceptance fields (all None when the server did no speculative decoding)."""
+                    records: Sequence[RequestRecord], gauges: dict[str, float] | None = None) -> dict[str, Any]:
+    """The CellSummary acceptance fields (all None when the server did no speculative decoding); `gauges`: the
+    /metrics gauges after the cell (the builtin engine's width policy)."""
     profile = profiles.get(engine)
     source = profile.acceptance
     namespace = READERS[source]
@@ -106,8 +107,11 @@ def cell_acceptance(engine: str, metrics_delta: dict[str, float] | None,
         out["num_drafts"] = pr["num_drafts"]
         out["num_accepted_tokens"] = pr.get("num_accepted_tokens")
         out["acceptance_source"] = "sglang-meta" if sglang else "vllm-per-request"
+    if out.get("acceptance_profile"):
+        out["acceptance_length_full_block"] = profile_tau(out["acceptance_profile"])
     if out:
         out["acceptance_definition"] = TAU_DEFINITION
+        out["width_policy"] = width_policy(gauges or {})
         client = client_tau(records, profile.client_tau)
         if client is not None:
             out["acceptance_length_client"] = client

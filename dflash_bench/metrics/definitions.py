@@ -39,6 +39,10 @@ Over a cell's measured requests (warm-up excluded):
   engine's profile says how its own counters differ from this (`EngineProfile.tau_counting`), and docs/
   acceptance.md how each is read; a client-side check (`metrics/acceptance.py` `client_tau`) computes the
   same quantity from the stream where the stream carries one verify step per chunk or says its drafts.
+- the acceptance profile = per draft position i (0-based), the verify steps that checked positions 0..i and
+  those that accepted positions 0..i. It does not depend on how many positions each step checked, so tau at
+  any width w follows from it: tau(w) = 1 + sum over i < w - 1 of accepted_i / verified_i (`profile_tau`); at
+  the full block it is what a cell's tau would have been had every step verified the whole block.
 """
 
 from __future__ import annotations
@@ -58,6 +62,15 @@ TAU_DEFINITION = 2
 def acceptance_length(accepted: float, verify_steps: float) -> float | None:
     """tau = 1 + accepted drafts / verify steps (None without a verify step: absent, never 1)."""
     return 1.0 + accepted / verify_steps if verify_steps and verify_steps > 0 else None
+
+
+def profile_tau(profile: Sequence[Sequence[int]], positions: int | None = None) -> float | None:
+    """tau from an acceptance profile over its first `positions` draft positions (all: the full block); None
+    when one of them was never verified (nothing says how often it would be accepted)."""
+    rows = list(profile)[: len(profile) if positions is None else positions]
+    if not rows or any(v <= 0 for v, _ in rows):
+        return None
+    return 1.0 + sum(a / v for v, a in rows)
 
 
 def ttft_ms(r: RequestRecord) -> float | None:

@@ -132,7 +132,8 @@ def _context(view: tables.SweepView, figs: dict[str, dict[str, str]], slo: str |
         "tau": tables.tau_matrix(view),
         "accept": [r for r in tables.stat_table(view, ["acceptance_length", "acceptance_length_req_weighted",
                                                        "acceptance_length_token_weighted", "acceptance_rate",
-                                                       "verify_width", "acceptance_source",
+                                                       "verify_width", "width_policy", "acceptance_length_full_block",
+                                                       "acceptance_source",
                                                        "acceptance_length_client", "acceptance_client_source"])
                    if _present(r.get("acceptance_length_dflash"))],
         "pareto": tables.stat_table(view, ["output_throughput", "tok_s_user_p50", "tok_s_user_at_tpot_p90"]),

@@ -337,6 +337,14 @@ class CellSummary(CellKey):
     num_draft_tokens: int | None = None
     verify_width: float | None = None  # mean tokens verified per row and step, 1 + num_draft_tokens / num_drafts
     num_accepted_tokens: int | None = None
+    # how the verify width was chosen (the builtin engine's /metrics): full (the whole block), auto (by load), w<N>
+    width_policy: str | None = None
+    verify_widths: dict[int, int] | None = None  # tokens verified per row (anchor + drafts) -> row-steps
+    # the width-free acceptance profile: per draft position i, [drafts that verified positions 0..i, drafts that
+    # accepted positions 0..i] (metrics/prometheus.py profile); tau at any width follows from it
+    acceptance_profile: list[tuple[int, int]] | None = None
+    # tau had every step verified the whole block, from the profile (None: a position was never verified)
+    acceptance_length_full_block: float | None = None
     synthetic_acceptance: float | None = None  # set when the server ran with synthetic acceptance
     # share of the measured prompt tokens the server read from its prefix cache (metrics/cache.py): a cell whose
     # prompts an earlier cell sent has that much of its prefill free; None where the server does not say

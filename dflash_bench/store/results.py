@@ -3,7 +3,8 @@
 The columns follow from CellSummary's schema (never from the data, so every results.csv of one version has
 the same header): scalar fields as they are, each Stat as `<metric>_<stat>`, the client's settings as
 `settings_<key>` (its steady stream as `settings_steady_<field>`), a steady stream's window as `steady_<field>`, the quality summaries' scalars as `lossless_<field>` and `accuracy_<field>` (the paired
-AR difference as `accuracy_vs_ar_<field>`), failure counts as `failures` text ("kind: n; ...") and the
+AR difference as `accuracy_vs_ar_<field>`), failure counts as `failures` text ("kind: n; ...", the verify widths alike), the acceptance profile as
+"verified/accepted; ..." per position and the
 per-position acceptance as numbers joined by ';'. Nested details stay in summary.json.
 """
 
@@ -53,7 +54,7 @@ def _columns() -> dict[str, Any]:
         elif name == "accuracy":
             cols.update({f"accuracy_{k}": t for k, t in _scalar_fields(AccuracySummary).items()})
             cols.update({f"accuracy_vs_ar_{k}": t for k, t in _scalar_fields(PairedDiff).items()})
-        elif name in ("failures", "not_measured"):  # "key: value; ..." text, never JSON
+        elif name in ("failures", "not_measured", "verify_widths", "acceptance_profile"):  # text, never JSON
             cols[name] = str
         elif name == "acceptance_per_position":
             cols[name] = list[float]
@@ -102,8 +103,10 @@ def _value(data: dict[str, Any], col: str) -> Any:
         if col.startswith(prefix + "_") and prefix != col:
             part = _section(data, prefix)
             return part.get(col[len(prefix) + 1:]) if isinstance(part, dict) else None
-    if col in ("failures", "not_measured"):
-        return "; ".join(f"{k}: {v}" for k, v in data[col].items()) or None
+    if col in ("failures", "not_measured", "verify_widths"):
+        return "; ".join(f"{k}: {v}" for k, v in (data[col] or {}).items()) or None
+    if col == "acceptance_profile":  # per position "verified/accepted"
+        return "; ".join(f"{v}/{a}" for v, a in data[col] or ()) or None
     return data.get(col)
 
 

@@ -33,10 +33,12 @@ class FastEngine:
 
     def __init__(self, model, tokenizer, drafter=None, *, eos_ids: list[int], max_slots: int, max_len: int,
                  synthetic_tau: float | None = None, kv_block: int = 256, step_ahead: bool = True,
-                 adaptive: bool = True, cut_draft: bool = False, mixed: bool = False, kernels: bool = True):
+                 adaptive: bool = True, cut_draft: bool = False, mixed: bool = False, kernels: bool = True,
+                 width: int | None = None):
         """`model`: the loaded Hugging Face target (`target.load_model`); `drafter`: a `DFlashDrafter` or None.
         `mixed` (AR): a prompt admitted while rows decode rides in their next step's forward (`fast/mixed.py`).
-        `kernels` False: plain torch ops instead of the step's kernels (Triton on a GPU, C on a CPU), to compare."""
+        `kernels` False: plain torch ops instead of the step's kernels (Triton on a GPU, C on a CPU), to compare.
+        `width` (not `adaptive`): tokens every step verifies per row (default: the whole block)."""
         want = None if kernels else False
         gemma = model.config.get_text_config().model_type == "gemma4_text"
         ft = (cast(FastTarget, GemmaTarget(model, max_slots=max_slots, max_len=max_len, kernels=want, consume=True))
@@ -45,7 +47,8 @@ class FastEngine:
         fd = (FastDrafter(drafter, ft.embed, ft.head, max_slots=max_slots, max_len=max_len, kernels=want)
               if drafter is not None else None)
         self.runner = FastRunner(ft, fd, kv_block=kv_block, synthetic_tau=synthetic_tau, keep_logits=True,
-                                 adaptive=adaptive, cut_draft=cut_draft, mixed=mixed, step_ahead=step_ahead)
+                                 adaptive=adaptive, width=width, cut_draft=cut_draft, mixed=mixed,
+                                 step_ahead=step_ahead)
         self.runner.capture_all()  # GPU: every graph before the first request (no capture pause mid-serving)
         assert self.runner.logits is not None
         self.logits: torch.Tensor = self.runner.logits  # per slot the last step's target logits (for logprobs)
@@ -55,6 +58,8 @@ class FastEngine:
         self.synthetic_tau = synthetic_tau
         self.book = Bookkeeping(tokenizer, eos_ids=eos_ids, block_size=self.B, slots=max_slots, max_len=max_len,
                                 vocab_size=ft.vocab_size)
+        fixed = self.runner.sched.fixed
+        self.book.width_policy = "auto" if self.runner.chooser else "full" if fixed == self.B else f"w{fixed}"
 
     @property
     def stats(self) -> Stats:
@@ -156,7 +161,7 @@ def build_fast_engine(model: str, draft: str | None = None, *, mode: str = "dfla
                       device: str = "auto", max_slots: int | None = 32, max_len: int = 4096, tokenizer=None,
                       synthetic_tau: float | None = None, benchmark_only: bool = False,
                       step_ahead: bool = True, adaptive: bool = True, cut_draft: bool = False,
-                      mixed: bool = False, dummy: bool = False, kernels: bool = True,
+                      mixed: bool = False, dummy: bool = False, kernels: bool = True, width: int | None = None,
                       memory_utilization: float = 0.9, kv_cache_memory_bytes: int | None = None) -> FastEngine:
     """Like `build.build_engine`, on the fast path (CUDA graphs on a GPU, eager on the CPU). `max_slots` None: as
     many as the memory budget holds (`pool.py`: `memory_utilization` of a GPU, or `kv_cache_memory_bytes`)."""
@@ -199,5 +204,5 @@ def build_fast_engine(model: str, draft: str | None = None, *, mode: str = "dfla
                            utilization=memory_utilization, nbytes=kv_cache_memory_bytes)
     return FastEngine(hf, tok, drafter, eos_ids=eos_ids(hf, tok), max_slots=max_slots, max_len=max_len,
                       synthetic_tau=synthetic_tau, step_ahead=step_ahead, adaptive=adaptive, cut_draft=cut_draft,
-                      mixed=mixed, kernels=kernels)
+                      mixed=mixed, kernels=kernels, width=width)
 
