@@ -181,6 +181,7 @@ def test_a_resume_is_refused_while_another_process_writes_the_folder(tmp_path, d
     assert subprocess.run(sweep_argv(out, "--data-dir", str(data_dir), suites="gsm8k", conc="1"),
                           capture_output=True, timeout=120).returncode == 0
     folder = only_sweep(out)
+    assert not (folder / ".lock").exists()  # a finished sweep released its lock: no file naming a dead pid
     shutil.rmtree(folder / "cells" / "emulator-dflash-gsm8k-c1")
     holder = WriterLock(folder).acquire()  # as a running sweep or resume of this folder holds it
     try:
@@ -192,6 +193,23 @@ def test_a_resume_is_refused_while_another_process_writes_the_folder(tmp_path, d
     assert f"is being written by another dflash-bench (pid {os.getpid()})" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert not (folder / "cells" / "emulator-dflash-gsm8k-c1").exists()  # the refused resume measured nothing
+
+
+def test_a_released_lock_leaves_no_file_and_the_next_writers_still_exclude_each_other(tmp_path):
+    from dflash_bench.store import StoreError
+    from dflash_bench.store.lock import WriterLock
+
+    (tmp_path / "sw").mkdir()
+    with WriterLock(tmp_path / "sw"):
+        assert (tmp_path / "sw" / ".lock").read_text() == str(os.getpid())
+    assert list((tmp_path / "sw").iterdir()) == []
+    first = WriterLock(tmp_path / "sw").acquire()
+    try:
+        with pytest.raises(StoreError, match="being written by another"):
+            WriterLock(tmp_path / "sw").acquire()
+    finally:
+        first.release()
+    assert list((tmp_path / "sw").iterdir()) == []
 
 
 def test_the_lock_dies_with_a_killed_process(tmp_path):

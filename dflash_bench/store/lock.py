@@ -3,7 +3,10 @@ writes, so that a second writer (two sweeps that land on one folder, two resumes
 
 flock on `<folder>/.lock`, opened with O_CREAT: creating and locking the file are atomic, and the kernel
 drops the lock when its process dies (kill -9 included), so a stale lock never needs cleaning up. The
-file's text is the holder's pid, for the refusal's sentence. Kept apart from store/folder.py (the folder's
+file's text is the holder's pid, for the refusal's sentence. A writer that finishes removes the file (while
+still holding its lock), so a finished folder holds no `.lock` naming a dead pid; a writer that locked a file
+another had just removed (it opened the path before the removal) sees that the path no longer names what it
+locked and locks the path again. Kept apart from store/folder.py (the folder's
 schema and atomic writes) because only writers need it.
 """
 
@@ -29,22 +32,33 @@ class WriterLock:
     def acquire(self) -> "WriterLock":
         if self._fd is not None:
             return self
-        fd = os.open(self.folder / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "?"
-            os.close(fd)
-            raise StoreError(f"{self.folder} is being written by another dflash-bench (pid {holder}); wait for it "
-                             "to finish, or stop it, before running or resuming this sweep") from None
+        path = self.folder / LOCK
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "?"
+                os.close(fd)
+                raise StoreError(f"{self.folder} is being written by another dflash-bench (pid {holder}); wait for "
+                                 "it to finish, or stop it, before running or resuming this sweep") from None
+            if _same_file(fd, path):
+                break
+            os.close(fd)  # a finished writer removed the file this one locked: lock the path's file now
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         self._fd = fd
         return self
 
     def release(self) -> None:
+        """Remove the lock file, then unlock: a finished writer leaves no `.lock` behind."""
         fd, self._fd = self._fd, None
         if fd is not None:
+            try:
+                if _same_file(fd, self.folder / LOCK):
+                    os.unlink(self.folder / LOCK)
+            except OSError:
+                pass  # a folder gone or read-only: the lock is released all the same
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
 
@@ -53,6 +67,15 @@ class WriterLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        on_disk = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (on_disk.st_dev, on_disk.st_ino) == (held.st_dev, held.st_ino)
 
 
 def create_locked(path: Path, manifest: Manifest) -> tuple[SweepDir, WriterLock]:
