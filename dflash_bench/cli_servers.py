@@ -105,11 +105,16 @@ def stop(
 
 
 @app.command()
-def doctor() -> None:
-    """Check GPUs and driver, the docker daemon, engine images, HF_TOKEN and disk: one yes/no line each."""
+def doctor(
+    engine: Optional[str] = typer.Option(None, "--engine", "-e", help="The engines you mean to run (comma-separated; default: vLLM or SGLang, the GPU engines, either one)."),
+    runner: Optional[str] = typer.Option(None, "--runner", help="docker or process (default: each engine's own)."),
+) -> None:
+    """Check GPUs and driver, the docker daemon, engine images, HF_TOKEN and disk: one yes/no line each, a "no"
+    with what it means; exit 1 when the engines asked for cannot run here."""
     from dflash_bench.launch.doctor import run_doctor
+    from dflash_bench.sweep.commands import parse_list
 
-    run_doctor()
+    raise typer.Exit(run_doctor(parse_list(engine), runner))
 
 
 

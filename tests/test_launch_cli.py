@@ -124,9 +124,12 @@ def test_engines_build_refuses_an_engine_it_cannot_build():
 
 def test_doctor_prints_one_yes_no_line_per_check():
     out = cli("doctor", env={"HF_TOKEN": "hf_secret_doctor"})
-    assert out.returncode == 0, out.stderr
-    lines = out.stdout.strip().splitlines()
+    assert out.returncode in (0, 1), out.stderr
+    *lines, verdict = out.stdout.strip().splitlines()
     assert all(ln.startswith(("yes ", "no ")) for ln in lines), lines
+    # every "no" says what it means for the user; the last line and the exit code say whether a GPU sweep can run
+    assert all(" -> " in ln for ln in lines if ln.startswith("no ")), lines
+    assert verdict.startswith("ready for " if out.returncode == 0 else "not ready: "), verdict
     names = [ln.split(":")[0][4:].strip() for ln in lines]
     assert names[:3] == ["GPUs", "docker daemon", "docker GPU runtime"]
     assert "vllm installed here (--runner process)" in names
@@ -139,10 +142,27 @@ def test_doctor_prints_one_yes_no_line_per_check():
 def test_without_a_docker_daemon_doctor_says_no_and_stop_still_runs(tmp_path):
     env = {"DOCKER_HOST": f"unix://{tmp_path}/no-such.sock", "DFLASH_BENCH_RUN_DIR": str(tmp_path / "run")}
     out = cli("doctor", env=env)
-    assert out.returncode == 0
+    assert out.returncode == 1  # neither vLLM nor SGLang can run from its image without a daemon
     assert any(ln.startswith("no   docker daemon: cannot reach the Docker daemon") for ln in out.stdout.splitlines())
+    assert "the docker daemon" in out.stdout.strip().splitlines()[-1]
     out = cli("stop", env=env)
     assert out.returncode == 0 and "nothing to stop" in out.stdout and "docker: skipped" in out.stderr
+
+
+def test_doctor_exits_1_when_what_was_asked_for_cannot_run_here(tmp_path):
+    hidden = {"DOCKER_HOST": f"unix://{tmp_path}/no-such.sock", "DFLASH_BENCH_CACHE": str(tmp_path / "cache"),
+              "PATH": os.path.dirname(sys.executable)}  # no daemon, no llama-server on PATH nor built
+    out = cli("doctor", "--engine", "emulator", env=hidden)  # it needs nothing of the machine
+    assert out.returncode == 0 and out.stdout.strip().splitlines()[-1] == "ready for emulator (--runner process)"
+    out = cli("doctor", "--engine", "emulator,llamacpp", env=hidden)
+    assert out.returncode == 1, out.stdout
+    assert out.stdout.strip().splitlines()[-1] == "not ready: llamacpp (--runner process) needs llamacpp installed here"
+    assert ("no   llamacpp installed here (--runner process): not found (dflash-bench engines build llamacpp) -> "
+            "--engine llamacpp --runner process cannot start here") in out.stdout.splitlines()
+    out = cli("doctor", "--engine", "llamacpp", "--runner", "docker", env=hidden)
+    assert out.returncode == 1 and out.stdout.strip().endswith("needs the docker daemon")
+    out = cli("doctor", "--engine", "nope")
+    assert out.returncode == 2 and out.stderr.startswith("error: unknown engine 'nope'") and out.stdout == ""
 
 
 @pytest.mark.slow

@@ -73,6 +73,7 @@ class EngineProfile:
     # (SGLang's /generate takes templated text).
     chat_template: ClassVar[str] = "server"
     runner: ClassVar[str] = "docker"  # the default runner: "docker" (its image) or "process" (a local command)
+    needs_gpu: ClassVar[bool] = True  # False: it also serves on a CPU (`doctor` asks for a GPU only where True)
     # The share of each GPU the engine may fill with weights and KV cache (sweep/fit.py); None: the engine
     # is not sized from the plan (the emulator, llama.cpp).
     memory_fraction: ClassVar[float | None] = None

@@ -28,6 +28,7 @@ class Builtin(EngineProfile):
     client_tau = "chunks"  # one chunk per step, the first one the prefill's token
     default_port = 8000
     runner = "process"  # it runs wherever dflash-bench is installed; the image is for GPU hosts
+    needs_gpu = False
     memory_fraction = 0.9  # not a flag: its KV cache is --max-slots x --max-model-len, sized up front
     reserved_gib = 2.0
 
@@ -39,6 +40,12 @@ class Builtin(EngineProfile):
 
     def image_missing(self) -> str:
         return "not built (see docker/)"
+
+    def local_install(self) -> tuple[bool, str] | None:
+        import importlib.util
+
+        found = importlib.util.find_spec("torch") is not None
+        return found, "importable (torch)" if found else "torch not installed (pip install 'dflash-bench[engine]')"
 
     def base_command(self, pair: ModelPair) -> list[str]:
         return ["dflash-bench", "serve", "--model", pair.target]

@@ -24,6 +24,7 @@ class Emulator(EngineProfile):
     client_tau = "chunks"
     default_port = 8000
     runner = "process"
+    needs_gpu = False
 
     def base_command(self, pair: ModelPair) -> list[str]:
         return ["dflash-bench", "emulate", "--model", pair.name]

@@ -47,6 +47,7 @@ class LlamaCpp(EngineProfile):
     slots_per_cell = True
     default_port = 8080
     runner = "process"  # the CPU build `dflash-bench engines build llamacpp` installs; docker on GPU hosts
+    needs_gpu = False
 
     def base_command(self, pair: ModelPair) -> list[str]:
         return ["llama-server", "-m", pair.target]
