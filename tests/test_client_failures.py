@@ -100,13 +100,17 @@ def test_a_dflash_cell_whose_drafts_were_never_accepted_is_flagged():
     from dflash_bench.client.summary import dflash_warning
     from dflash_bench.store import CellSummary, ServerMetrics
 
-    base = dict(cell_id="c", engine="vllm", mode="dflash", suite="s", concurrency=1, num_ok=4)
+    base = dict(cell_id="c", engine="vllm", mode="dflash", suite="s", concurrency=1, num_ok=4, total_output_tokens=40)
     none = ServerMetrics(url="http://s/metrics")
     assert "never accepted" in dflash_warning(CellSummary(**base, acceptance_length=1.01, num_drafts=100,
                                                           num_accepted_tokens=1), none)
     assert dflash_warning(CellSummary(**base, acceptance_length=3.0), none) is None
     idle = ServerMetrics(url="http://s/metrics", delta={"vllm:spec_decode_num_drafts_total": 0.0})
     assert "did not move" in dflash_warning(CellSummary(**base), idle)
+    # no warning where no request had room for a verify step: max_tokens 2, or every request ended at its first token
+    assert dflash_warning(CellSummary(**base, settings={"max_tokens": 2}), idle) is None
+    assert "did not move" in dflash_warning(CellSummary(**base, settings={"max_tokens": 3}), idle)
+    assert dflash_warning(CellSummary(**{**base, "total_output_tokens": 4}), idle) is None
 
 
 def test_models_request_obeys_the_timeout(tmp_path: Path):

@@ -49,6 +49,8 @@ def summarize_cell(m: Measurement, *, cell_id: str, engine: str, mode: str, suit
     # server-side logs or other samples taken on the same host
     summary.clock_origin_monotonic_s = m.t0
     summary.server_metrics_error = snaps.error or None
+    if (why := no_room_for_verify(summary)) is not None:
+        summary.not_measured["acceptance_length"] = why
     summary.dflash_warning = dflash_warning(summary, snaps)
     return summary
 
@@ -100,9 +102,25 @@ def steady_window_of(records: list[RequestRecord], steady: SteadyPlan
     return window, block
 
 
-def dflash_warning(s: CellSummary, snaps: ServerMetrics) -> str | None:
-    """Why a DFlash cell looks like plain AR decoding (the silent fallback users report), or None."""
+def no_room_for_verify(s: CellSummary) -> str | None:
+    """Why no request of a DFlash cell had room for a verify step (metrics/definitions.py tau), or None when one had:
+    the first token comes from the prefill, so a verify step needs max_tokens of at least 3 (the anchor's step
+    commits a draft and the bonus token) and a request that did not end at its first token."""
     if s.mode != "dflash" or s.num_ok == 0:
+        return None
+    max_tokens = s.settings.max_tokens
+    if max_tokens is not None and max_tokens < 3:
+        return (f"max_tokens {max_tokens} leaves no room for a verify step (the first token comes from the prefill, "
+                "and a verify step commits at least a draft and the bonus token): no tau")
+    if s.total_output_tokens <= s.num_ok:
+        return "every request ended at its first token (from the prefill): no verify step, no tau"
+    return None
+
+
+def dflash_warning(s: CellSummary, snaps: ServerMetrics) -> str | None:
+    """Why a DFlash cell looks like plain AR decoding (the silent fallback users report), or None (also where no
+    request had room for a verify step: nothing could have speculated)."""
+    if s.mode != "dflash" or s.num_ok == 0 or no_room_for_verify(s):
         return None
     drafts = f"{counter_namespace(s.engine)}{DRAFTS}"
     if s.acceptance_length is None:
