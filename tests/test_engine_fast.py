@@ -263,3 +263,29 @@ def test_no_kernels_is_an_argument_that_runs_the_torch_ops(tmp_path):
     ps = tiny_prompts(plain.tok, 2)
     assert ([s.out for s in ref_generate(plain, ps, sp)]
             == [s.out for s in ref_generate(build_fast_engine(str(target), str(drafter), **kw), ps, sp)])
+
+
+@pytest.mark.parametrize("kernels", [True, "cpu"])
+def test_a_head_dim_the_kernels_cannot_run_is_refused_at_load(tmp_path, kernels):
+    """Triton's kernels (here in its interpreter) take power-of-two head dims of 16 or more, the C kernels whole
+    vectors: another head dim is one sentence when the model loads, not a ValueError at the first decode step."""
+    from dflash_bench.engine.drafter import load_drafter
+    from dflash_bench.engine.fast import cpu_kernels
+    from dflash_bench.engine.target import load_model
+    from dflash_bench.errors import UserError
+
+    if kernels == "cpu" and cpu_kernels.load() is None:
+        pytest.skip("no C compiler builds the CPU kernels")
+    hidden = 96 if kernels is True else 80  # head dim 24: not a power of two; 20: not a multiple of 8 floats
+    target, drafter = make_tiny_pair(tmp_path, hidden=hidden)
+    hf = load_model(str(target), dtype=torch.float32, device="cpu")
+    which = "Triton kernels take power-of-two head dims of 16 or more" if kernels is True else "C kernels take"
+    for build, what in ((lambda k: FastTarget(hf, max_slots=2, max_len=64, kernels=k), "target"),
+                        (lambda k: FastDrafter(load_drafter(str(drafter), target_hidden=hidden, target_layers=4,
+                                                            target_vocab=hf.lm_head.weight.shape[0], dtype=torch.float32, device="cpu"), hf.model.embed_tokens.weight,
+                                               hf.lm_head.weight, max_slots=2, max_len=64, kernels=k), "drafter")):
+        with pytest.raises(UserError) as err:
+            build(kernels)
+        assert str(err.value).startswith(f"the fast path's {which}")
+        assert f"the {what} has head dim {hidden // 4}: serve it with --no-kernels" in str(err.value)
+        build(False)  # the same model on torch ops

@@ -210,6 +210,14 @@ def qk_rope_store(qkv: torch.Tensor, nq: int, hkv: int, hd: int, cos: torch.Tens
     return q
 
 
+HEAD_DIMS = "C kernels take head dims of a multiple of 8 (float32) or 4 (float64)"  # `fits`, said by the load's refusal
+
+
+def fits(hd: int, dtype: torch.dtype = torch.float32) -> bool:
+    """Whether the C attention takes head dim `hd`: whole vectors of 32 bytes."""
+    return hd % (32 // torch.empty((), dtype=dtype).element_size()) == 0
+
+
 def decode_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, starts: torch.Tensor, row0: int,
                      L: int, scale: float, *, causal: bool, window: int | None = None, ring: int = 0) -> torch.Tensor:
     """q `[bs, n, H, hd]` over cache slots `row0..row0+bs-1` of kc/vc `[S, max_len, Hkv, hd]` -> `[bs * n, H * hd]`,
@@ -218,7 +226,7 @@ def decode_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, starts
     bs, n, H, hd = q.shape
     q, starts = q.contiguous(), starts.contiguous()
     assert kc.stride() == vc.stride() and kc[0].is_contiguous() and starts.dtype == torch.int64
-    assert hd % (32 // q.element_size()) == 0, f"head dim {hd} is not a multiple of the vector width"
+    assert fits(hd, q.dtype), f"head dim {hd} is not a multiple of the vector width"
     out = torch.empty(bs * n, H * hd, dtype=q.dtype)
     if _fn("attention", q.dtype)(q.data_ptr(), kc.data_ptr(), vc.data_ptr(), kc.stride(0), kc.stride(1),
                                  kc.stride(2), starts.data_ptr(), row0, bs, n, H, kc.shape[2], hd, scale, int(causal),

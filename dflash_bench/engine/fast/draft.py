@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from dflash_bench.engine.drafter import DFlashDrafter
-from dflash_bench.engine.fast.kernels import load_kernels, prepared
+from dflash_bench.engine.fast.kernels import check_head_dims, load_kernels, prepared
 from dflash_bench.engine.fast.layout import drafter_kind
 from dflash_bench.engine.fast.model import (KVCache, Layer, StepAttention, embed_norm, matmul, norm, offsets, rms_norm,
                                             run_layers)
@@ -35,6 +35,7 @@ class FastDrafter:
         self.kernels = load_kernels(self.device, kernels, self.dtype)
         self.lm_head = prepared(self.kernels, head)  # the borrowed head as this drafter's matmuls read it
         self.H, self.hkv, self.hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        check_head_dims(self.kernels, [self.hd], "drafter", self.dtype)
         self.eps = c.rms_norm_eps
         # every layer's context K/V projection stacked: one matmul per step instead of one per layer
         layers: list[Any] = list(drafter.layers)  # the drafter's modules, read by attribute

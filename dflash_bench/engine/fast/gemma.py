@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dflash_bench.engine.fast.kernels import load_kernels, prepared
+from dflash_bench.engine.fast.kernels import check_head_dims, load_kernels, prepared
 from dflash_bench.engine.fast.layout import GEMMA_KINDS, gemma_kinds
 from dflash_bench.engine.fast.model import (KERNEL_MAX_QUERIES, add_rms_norm, attention, embed_norm, matmul, offsets,
                                             softcap)
@@ -125,6 +125,7 @@ class GemmaTarget:
         self.scale = float(inner.layers[0].self_attn.scaling)
         self.max_len, self.cache = max_len, SlotCount(max_slots)
         self.kinds = self._kinds(cfg, inner.rotary_emb, max_slots, max_len)
+        check_head_dims(self.kernels, [k.hd for k in self.kinds], "target", self.dtype)
         # Triton's fused q/k/v norms + RoPE + cache write and GeGLU (torch ops on the CPU kernels' path and without)
         fused = self.kernels.gemma if self.kernels is not None else None
         self.fused = fused if fused is not None and all(fused.fits(k.hd) for k in self.kinds) else None

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -50,6 +51,17 @@ def load_kernels(device: torch.device, want: bool | str | None, dtype: torch.dty
             raise UserError("the fast path's kernels need Triton: pip install triton") from None
         return None
     return Kernels(ops=triton_ops, attn=triton_attn, gemm=triton_gemm, gemma=triton_gemma)
+
+
+def check_head_dims(kernels: Kernels | None, head_dims: Iterable[int], what: str, dtype: torch.dtype) -> None:
+    """Refuse at load, in one sentence, a model whose head dims the chosen kernels cannot run (not at its
+    first decode step, after the server is up)."""
+    if kernels is None:
+        return
+    bad = sorted({hd for hd in head_dims if not kernels.attn.fits(hd, dtype)})
+    if bad:
+        raise UserError(f"the fast path's {kernels.attn.HEAD_DIMS}, and the {what} has head dim "
+                        f"{', '.join(map(str, bad))}: serve it with --no-kernels (torch ops) or without --fast")
 
 
 def prepared(kernels, w: torch.Tensor) -> torch.Tensor:

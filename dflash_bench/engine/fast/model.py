@@ -24,7 +24,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from dflash_bench.engine.cache import row_mask
-from dflash_bench.engine.fast.kernels import load_kernels, prepared
+from dflash_bench.engine.fast.kernels import check_head_dims, load_kernels, prepared
 from dflash_bench.engine.fast.layout import dense_kind
 from dflash_bench.engine.rope import cos_sin, kernel_tables, rope
 from dflash_bench.errors import UserError
@@ -301,6 +301,7 @@ class FastTarget:
         self.vocab_size = self.head.shape[0]
         self.dtype, self.device = self.embed.dtype, self.embed.device
         self.kernels = load_kernels(self.device, kernels, self.dtype)
+        check_head_dims(self.kernels, [self.hd], "target", self.dtype)
         self.lm_head = prepared(self.kernels, self.head)  # the head as this target's matmuls read it
         rot = inner.rotary_emb
         self.inv_freq = rot.inv_freq.detach().float()

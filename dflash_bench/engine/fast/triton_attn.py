@@ -201,6 +201,15 @@ def num_splits(L: int, programs: int, sms: int = 132) -> int:
     return max(1, min(MAX_SPLITS, L // 128, sms // programs))
 
 
+HEAD_DIMS = "Triton kernels take power-of-two head dims of 16 or more"  # `fits`, said by the load's refusal
+
+
+def fits(hd: int, dtype: torch.dtype | None = None) -> bool:
+    """Whether these kernels (this attention, triton_ops' q/k RoPE over hd / 2) take head dim `hd`: tl.arange
+    spans a power of two, and tl.dot needs 16."""
+    return hd >= 16 and hd & (hd - 1) == 0
+
+
 def decode_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, starts: torch.Tensor, row0: int,
                      L: int, scale: float, *, causal: bool, window: int | None = None, ring: int = 0) -> torch.Tensor:
     """q `[bs, n, H, hd]` over cache slots `row0..row0+bs-1` of kc/vc `[S, max_len, Hkv, hd]` -> `[bs * n, H * hd]`.
@@ -216,7 +225,7 @@ def decode_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, starts
     if q.dtype not in (torch.float32, torch.bfloat16, torch.float16) or kc.dtype != q.dtype or vc.dtype != q.dtype:
         raise ValueError(f"decode_attention supports float32/bfloat16/float16 q, kc, vc of one dtype, got "
                          f"{q.dtype}/{kc.dtype}/{vc.dtype}")
-    if hd < 16 or hd & (hd - 1) or H % hkv or kc.shape != vc.shape or kc.shape[3] != hd:
+    if not fits(hd) or H % hkv or kc.shape != vc.shape or kc.shape[3] != hd:
         raise ValueError(f"need a power-of-two head dim >= 16 and H % Hkv == 0: q {tuple(q.shape)}, "
                          f"kc {tuple(kc.shape)}, vc {tuple(vc.shape)}")
     if q.stride(3) != 1 or kc.stride(3) != 1 or vc.stride(3) != 1:
