@@ -220,7 +220,7 @@ def sweep_job(
 DEMO_MAX_TOKENS = 64
 # The headline (DFlash / AR at concurrency 1) must repeat on a busy 2-core box: each cell measured 3 times,
 # modes alternating, the speedup the median of the repeats' ratios, and c=1 cells of 8 prompts rather than
-# 4; concurrency 32 left out to pay for it within 3 minutes (benchmarks/demo_repeats.py measures the spread)
+# 4; concurrency 32 left out to pay for it within 3 minutes (benchmarks/harness/demo_repeats.py measures the spread)
 DEMO_REPEATS = 3
 DEMO_PROMPTS = 8
 

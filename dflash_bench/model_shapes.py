@@ -2,7 +2,7 @@
 
 `sweep` reads a target's geometry from its config.json (a local folder) or, for a known pair named by its
 short name, from here, to size the context limit and to check that weights plus KV fit the GPUs before
-anything launches (`sweep/fit.py`). `benchmarks/big_shape.py` writes these configs, a tokenizer and the
+anything launches (`sweep/fit.py`). `benchmarks/peers/big_shape.py` writes these configs, a tokenizer and the
 drafter's config into folders that vLLM and SGLang load with `--load-format dummy` (random weights of the
 real shape, never a 62 GB file).
 

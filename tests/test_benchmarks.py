@@ -23,14 +23,14 @@ def bench(name: str, *args: str, timeout: int = 600) -> str:
 
 
 def test_gate_calibration_prints_fail_rates_and_gates_a_big_sweep():
-    out = bench("gate_calibration", "--trials", "20")
+    out = bench("harness.gate_calibration", "--trials", "20")
     rows = [line.split() for line in out.splitlines() if line.strip().startswith(("+", "-")) and "%" in line]
     assert len(rows) == 6 and all(0.0 <= float(x) <= 1.0 for r in rows for x in r[1:])
     assert "gate of 210 cells" in out
 
 
 def test_report_build_builds_a_report_of_planted_cells():
-    out = bench("report_build", "--suites", "1", "--concurrency", "1,2", "--repeats", "1", "--gpus", "1")
+    out = bench("harness.report_build", "--suites", "1", "--concurrency", "1,2", "--repeats", "1", "--gpus", "1")
     assert out.startswith("cells 4;") and " figures" in out
 
 
@@ -39,13 +39,13 @@ def test_big_sweep_reads_sweep_folders_into_one_results_file(tmp_path):
 
     folder = make_sweep(tmp_path / "s", suites=("gsm8k",), repeats=1, gpus=1, concurrency=(1,))
     out = tmp_path / "big.json"
-    bench("big_sweep", str(folder), "--out", str(out), "--tokenizer", "bytes", "--refused", "dflash-bench sweep X", "no.")
+    bench("peers.big_sweep", str(folder), "--out", str(out), "--tokenizer", "bytes", "--refused", "dflash-bench sweep X", "no.")
     res = json.loads(out.read_text())
     assert res["tokenizer"] == "bytes" and res["refused"] == [{"command": "dflash-bench sweep X", "sentence": "no."}]
     assert len(res["runs"]) == 1 and {r["mode"] for r in res["runs"][0]["rows"]} == {"ar", "dflash"}
-    bench("big_sweep", str(folder), "--out", str(out))  # the same run again replaces its rows
+    bench("peers.big_sweep", str(folder), "--out", str(out))  # the same run again replaces its rows
     assert len(json.loads(out.read_text())["runs"]) == 1
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.big_sweep", str(tmp_path), "--out", str(out)], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.peers.big_sweep", str(tmp_path), "--out", str(out)], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "is not a sweep folder" in proc.stderr
 
@@ -53,7 +53,7 @@ def test_big_sweep_reads_sweep_folders_into_one_results_file(tmp_path):
 @pytest.mark.engine
 def test_big_shape_writes_a_target_and_drafter_without_weights(tmp_path):
     pytest.importorskip("tokenizers")
-    shown = json.loads(bench("big_shape", "--pair", "gemma-4-31B-it", "--out", str(tmp_path)))
+    shown = json.loads(bench("peers.big_shape", "--pair", "gemma-4-31B-it", "--out", str(tmp_path)))
     target, drafter = Path(shown["target"]), Path(shown["drafter"])
     assert json.loads((target / "config.json").read_text())["model_type"].startswith("gemma")
     assert (drafter / "config.json").is_file() and not list(target.glob("*.safetensors"))
@@ -62,19 +62,19 @@ def test_big_shape_writes_a_target_and_drafter_without_weights(tmp_path):
 
 @pytest.mark.engine
 def test_engine_profile_profiles_ar_and_dflash_on_the_tiny_pair():
-    out = bench("engine_profile", "--max-tokens", "8", "--top", "3", "--hidden", "32", "--layers", "2")
+    out = bench("speed.engine_profile", "--max-tokens", "8", "--top", "3", "--hidden", "32", "--layers", "2")
     assert "== ar:" in out and "== dflash:" in out and "tok/s" in out
 
 
 def test_quality_sandbox_passes_the_reference_solutions(data_dir):
-    out = bench("quality_sandbox", "--data-dir", str(data_dir), "--num-prompts", "3", "--workers", "1")
+    out = bench("harness.quality_sandbox", "--data-dir", str(data_dir), "--num-prompts", "3", "--workers", "1")
     assert "humaneval: 3/3 reference solutions pass" in out and "mbpp: 3/3 reference solutions pass" in out
 
 
 @pytest.mark.slow
 def test_reading_path_counts_the_files_a_sweep_and_report_run(tmp_path, data_dir):
     out = tmp_path / "path.json"
-    bench("reading_path", "--data-dir", str(data_dir), "--json", str(out))
+    bench("harness.reading_path", "--data-dir", str(data_dir), "--json", str(out))
     res = json.loads(out.read_text())
     assert res["files"] == len(res["per_file"]) and "dflash_bench/cli.py" in res["per_file"]
     assert res["function_lines"] == sum(res["per_file"].values())
@@ -88,7 +88,7 @@ ENGINE = pytest.mark.engine
 @ENGINE
 def test_cpu_step_times_steps_and_throughput(tmp_path):
     out = tmp_path / "cpu_step.json"
-    bench("cpu_step", "--draft-shapes", "1x64", "--batches", "1", "--widths", "2", "--concurrency", "1",
+    bench("speed.cpu_step", "--draft-shapes", "1x64", "--batches", "1", "--widths", "2", "--concurrency", "1",
           "--prompt-len", "16", "--steps", "1", "--rounds", "1", "--new-tokens", "4", "--out", str(out))
     res = json.loads(out.read_text())
     assert len(res["steps"]) == 1 and len(res["throughput"]) == 1 and res["args"]["target"].startswith("dflash_bench/")
@@ -98,7 +98,7 @@ def test_cpu_step_times_steps_and_throughput(tmp_path):
 @ENGINE
 def test_cpu_anatomy_splits_a_step_into_kernels(tmp_path):
     out = tmp_path / "anatomy.json"
-    bench("cpu_anatomy", "--batches", "1", "--widths", "2", "--prompt-len", "16", "--steps", "1", "--rounds", "1",
+    bench("speed.cpu_anatomy", "--batches", "1", "--widths", "2", "--prompt-len", "16", "--steps", "1", "--rounds", "1",
           "--out", str(out))
     rows = json.loads(out.read_text())["rows"]
     assert [(r["kind"], r["width"]) for r in rows] == [("ar", 0), ("dflash", 2)] and rows[0]["step_over_ar"] == 1.0
@@ -107,7 +107,7 @@ def test_cpu_anatomy_splits_a_step_into_kernels(tmp_path):
 
 @ENGINE
 def test_closed_loop_runs_a_cell_in_process(data_dir):
-    out = bench("closed_loop", "--model", str(PAIR / "target"), "--draft", str(PAIR / "drafter"), "--data-dir",
+    out = bench("speed.closed_loop", "--model", str(PAIR / "target"), "--draft", str(PAIR / "drafter"), "--data-dir",
                 str(data_dir), "--concurrency", "1", "--prompts-per-slot", "2", "--new-tokens", "4",
                 "--max-model-len", "512", "--device", "cpu")
     cell = json.loads(out.strip().splitlines()[-1])
@@ -117,7 +117,7 @@ def test_closed_loop_runs_a_cell_in_process(data_dir):
 @ENGINE
 def test_suite_sequence_runs_the_demo_cells_in_order(tmp_path, data_dir):
     out = tmp_path / "seq.json"
-    bench("suite_sequence", "--data-dir", str(data_dir), "--concurrency", "1,2", "--tokens", "4", "--rounds", "1",
+    bench("speed.suite_sequence", "--data-dir", str(data_dir), "--concurrency", "1,2", "--tokens", "4", "--rounds", "1",
           "--decay", "0.99", "--out", str(out))
     rows = json.loads(out.read_text())["rows"]
     assert [r["engine"] for r in rows] == ["ar", "dflash fresh", "dflash after gsm8k, decay 0.99"]
@@ -126,7 +126,7 @@ def test_suite_sequence_runs_the_demo_cells_in_order(tmp_path, data_dir):
 @ENGINE
 def test_width_table_records_what_the_chooser_learns(tmp_path, data_dir):
     out = tmp_path / "widths.json"
-    bench("width_table", "--data-dir", str(data_dir), "--suites", "gsm8k", "--concurrency", "2", "--new-tokens", "4",
+    bench("speed.width_table", "--data-dir", str(data_dir), "--suites", "gsm8k", "--concurrency", "2", "--new-tokens", "4",
           "--rounds", "1", "--out", str(out))
     (row,) = json.loads(out.read_text())["rows"]
     assert (row["suite"], row["concurrency"]) == ("gsm8k", 2) and row["chosen"] and row["step_ms"]
@@ -134,7 +134,7 @@ def test_width_table_records_what_the_chooser_learns(tmp_path, data_dir):
 
 @ENGINE
 def test_wave_anatomy_splits_a_cell_into_prefill_and_steps(data_dir):
-    out = bench("wave_anatomy", "--model", str(PAIR / "target"), "--draft", str(PAIR / "drafter"), "--data-dir",
+    out = bench("speed.wave_anatomy", "--model", str(PAIR / "target"), "--draft", str(PAIR / "drafter"), "--data-dir",
                 str(data_dir), "--concurrency", "2", "--prompts-per-slot", "1", "--new-tokens", "4",
                 "--max-model-len", "512", "--device", "cpu", "--prefill-tokens", "512")
     cell = json.loads(out.strip().splitlines()[-1])
@@ -144,7 +144,7 @@ def test_wave_anatomy_splits_a_cell_into_prefill_and_steps(data_dir):
 @ENGINE
 def test_prefill_speed_times_each_way_to_prefill(tmp_path):
     out = tmp_path / "prefill.json"
-    bench("prefill_speed", "--model", str(PAIR / "target"), "--draft", str(PAIR / "drafter"), "--lengths", "16",
+    bench("speed.prefill_speed", "--model", str(PAIR / "target"), "--draft", str(PAIR / "drafter"), "--lengths", "16",
           "--rows", "1,2", "--reps", "1", "--max-model-len", "256", "--out", str(out))
     rows = json.loads(out.read_text())["rows"]
     assert [r["rows"] for r in rows] == [1, 2] and rows[0]["batched_ms"] is None and rows[1]["batched_ms"] > 0
@@ -153,7 +153,7 @@ def test_prefill_speed_times_each_way_to_prefill(tmp_path):
 @ENGINE
 def test_mixed_step_times_a_prompt_riding_a_decode_step(tmp_path):
     out = tmp_path / "mixed.json"
-    bench("mixed_step", "--model", str(PAIR / "target"), "--device", "cpu", "--lengths", "16", "--rows", "2",
+    bench("speed.mixed_step", "--model", str(PAIR / "target"), "--device", "cpu", "--lengths", "16", "--rows", "2",
           "--prompts", "1", "--reps", "1", "--max-model-len", "256", "--out", str(out))
     (row,) = json.loads(out.read_text())["rows"]
     assert (row["rows"], row["prompt_tokens"], row["prompts"]) == (2, 16, 1) and row["mixed_ms"] > 0
@@ -162,7 +162,7 @@ def test_mixed_step_times_a_prompt_riding_a_decode_step(tmp_path):
 @ENGINE
 def test_engine_speed_runs_the_tiny_shape_on_the_cpu(tmp_path):
     out = tmp_path / "speed.json"
-    bench("engine_speed", "--shape", "tiny", "--device", "cpu", "--prompt-len", "16", "--new-tokens", "8",
+    bench("speed.engine_speed", "--shape", "tiny", "--device", "cpu", "--prompt-len", "16", "--new-tokens", "8",
           "--concurrency", "1", "--hf-tokens", "4", "--soak", "2", "--soak-tokens", "4", "--out", str(out))
     res = json.loads(out.read_text())
     assert res["shape"] == "tiny" and len(res["rows"]) == 1 and res["soak"]["requests"] == 2
@@ -172,7 +172,7 @@ def test_engine_speed_runs_the_tiny_shape_on_the_cpu(tmp_path):
 
 def test_harness_overhead_times_the_client_against_the_emulator(tmp_path):
     out = tmp_path / "overhead.json"
-    bench("harness_overhead", "--concurrency", "1,2", "--transports", "raw,httpx", "--tokens", "8", "--wire", "",
+    bench("harness.overhead", "--concurrency", "1,2", "--transports", "raw,httpx", "--tokens", "8", "--wire", "",
           "--out", str(out))
     res = json.loads(out.read_text())
     assert [(r["transport"], r["concurrency"]) for r in res["cpu"]] == [("raw", 1), ("raw", 2), ("httpx", 1), ("httpx", 2)]
@@ -185,7 +185,7 @@ def test_serve_speed_serves_the_tiny_shape_and_runs_against_it(tmp_path, data_di
     from dflash_bench.launch import free_port
 
     out = tmp_path / "serve.json"
-    bench("serve_speed", "--shape", "tiny", "--device", "cpu", "--data-dir", str(data_dir), "--concurrency", "1",
+    bench("speed.serve_speed", "--shape", "tiny", "--device", "cpu", "--data-dir", str(data_dir), "--concurrency", "1",
           "--prompts-per-slot", "1", "--new-tokens", "8", "--step-ahead", "on", "--port", str(free_port()),
           "--out", str(out))
     cells = json.loads(out.read_text())["rows"]["1"]
@@ -197,17 +197,17 @@ def test_serve_speed_serves_the_tiny_shape_and_runs_against_it(tmp_path, data_di
 @pytest.mark.slow
 def test_real_engines_shape_serves_and_runs_in_process(tmp_path, data_dir):
     out = tmp_path / "real.json"
-    bench("real_engines", "shape", "--engines", "builtin,inprocess", "--modes", "dflash", "--shape", "tiny",
+    bench("peers.real_engines", "shape", "--engines", "builtin,inprocess", "--modes", "dflash", "--shape", "tiny",
           "--device", "cpu", "--data-dir", str(data_dir), "--concurrency", "1", "--prompts-per-slot", "1",
           "--new-tokens", "4", "--max-model-len", "512", "--work", str(tmp_path / "work"), "--out", str(out))
     rows = json.loads(out.read_text())["rows"]
     assert sorted((r["engine"], r["num_ok"], r["num_failed"]) for r in rows) == [("builtin", 1, 0), ("inprocess", 1, 0)]
-    table = bench("real_engines", "table", "--out", str(out))
+    table = bench("peers.real_engines", "table", "--out", str(out))
     assert table.count("| dflash |") == 2
 
 
 def test_serve_profile_summarises_py_spy_output(tmp_path):
-    from benchmarks.serve_profile import summarise
+    from benchmarks.speed.serve_profile import summarise
 
     raw = tmp_path / "x.raw"
     raw.write_text("thread (1): dflash-engine;step (a.py:3);matmul (b.py:9) 6\n"
@@ -219,7 +219,7 @@ def test_serve_profile_summarises_py_spy_output(tmp_path):
 
 
 def test_harness_fidelity_compares_the_harness_with_the_emulators_truth():
-    out = bench("harness_fidelity", "--concurrency", "1", "--modes", "ar,dflash")
+    out = bench("harness.fidelity", "--concurrency", "1", "--modes", "ar,dflash")
     rows = [line.split() for line in out.splitlines()[1:]]
     # how close the timings come depends on the machine's load: that is the measurement, not asserted here
     assert [r[:2] for r in rows] == [["ar", "c1"], ["dflash", "c1"]] and all(r[-1] in ("within", "OUTSIDE") for r in rows)
@@ -232,14 +232,14 @@ def test_faults_plays_faults_against_the_real_cli(data_dir):
 
 
 def test_faults_plays_the_trust_cases_of_both_case_modules(data_dir):
-    """One case of faults_trust.py (server identity) and one of faults_trust2.py (connect), through faults.py."""
+    """One case of faults/integrity.py (server identity) and one of faults/measurement.py (connect), through `python -m benchmarks.faults`."""
     out = bench("faults", "--data-dir", str(data_dir), "--only", "foreign_server_on_port,connect_delayed_accept")
     rows = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith("| case")]
     assert len(rows) == 2 and all(r.endswith("| nothing | held |") for r in rows), rows
 
 
 def test_launch_overhead_times_the_process_runner():
-    out = bench("launch_overhead", "--repeat", "1")
+    out = bench("harness.launch_overhead", "--repeat", "1")
     process = {line.split()[1] for line in out.splitlines() if line.startswith("process ")}
     assert process == {"start_to_ready_s", "teardown_s", "watchdog_s"}
 
@@ -247,7 +247,7 @@ def test_launch_overhead_times_the_process_runner():
 @pytest.mark.slow
 def test_demo_repeats_runs_the_demo_and_keeps_its_range(tmp_path, data_dir):
     out = tmp_path / "repeats.json"
-    bench("demo_repeats", "--runs", "1", "--json", str(out), "--", "--max-tokens", "4", "-n", "1", "-c", "1",
+    bench("harness.demo_repeats", "--runs", "1", "--json", str(out), "--", "--max-tokens", "4", "-n", "1", "-c", "1",
           "--repeats", "1", "--data-dir", str(data_dir))
     res = json.loads(out.read_text())
     assert len(res["runs"]) == 1 and res["command"].startswith("dflash-bench demo --max-tokens 4")
@@ -275,7 +275,7 @@ def test_a_gpu_benchmark_says_it_needs_a_gpu(name, args):
 
 
 def test_plan_ab_reads_variants_of_the_engines_plans():
-    from benchmarks.plan_ab import parse_variant
+    from benchmarks.speed.plan_ab import parse_variant
     from dflash_bench.engine.fast import triton_gemm
 
     base = triton_gemm.plan_for(1, 4096, 4096)
@@ -287,7 +287,7 @@ def test_plan_ab_reads_variants_of_the_engines_plans():
 
 
 def test_gemm_tuning_searches_only_plans_the_kernel_runs():
-    from benchmarks.gemm_tuning import plans
+    from benchmarks.speed.gemm_tuning import plans
     from dflash_bench.engine.fast import triton_gemm
 
     for m in (1, 16):
@@ -297,14 +297,14 @@ def test_gemm_tuning_searches_only_plans_the_kernel_runs():
 
 
 def test_step_anatomy_sorts_kernels_into_kinds():
-    from benchmarks.step_anatomy import kind
+    from benchmarks.speed.step_anatomy import kind
 
     assert kind("triton_skinny_linear_kernel") == "matmul" and kind("_qk_rope_store_kernel") == "qk norm+rope+store"
     assert kind("void at::native::something_else") == "other"
 
 
 def test_telemetry_overhead_runs_or_says_why_not(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.telemetry_overhead", "--out", str(tmp_path), "--idle-s",
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.harness.telemetry_overhead", "--out", str(tmp_path), "--idle-s",
                            "0.4", "--load-s", "0"], cwd=REPO, capture_output=True, text=True, timeout=300)
     if proc.returncode == 1:  # no NVIDIA driver here: the sampler's own sentence, and nothing written
         assert proc.stdout.startswith("GPU telemetry off:") and not list(tmp_path.iterdir())
@@ -316,7 +316,7 @@ def test_telemetry_overhead_runs_or_says_why_not(tmp_path):
 @ENGINE
 def test_gemma_fast_runs_its_shrunk_shape_on_the_cpu(tmp_path):
     out = tmp_path / "gemma.json"
-    bench("gemma_fast", "--json", str(out), "--device", "cpu", "--shrink", "--batches", "1")
+    bench("speed.gemma_fast", "--json", str(out), "--device", "cpu", "--shrink", "--batches", "1")
     phases = json.loads(out.read_text())["phases"]
     assert [(p["mode"], p.get("error")) for p in phases] == [("ar", None), ("dflash", None)]
     assert all(r["tokens"] > 0 for p in phases for r in p["rates"])

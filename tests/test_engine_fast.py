@@ -2,7 +2,7 @@
 its logprobs == transformers' own; what it refuses (scheduling, widths, step-ahead: test_engine_fast_steps.py;
 the served engine and loop: test_engine_fast_serve.py).
 
-The same code runs under CUDA graphs on a GPU (benchmarks/engine_speed.py checks it there too).
+The same code runs under CUDA graphs on a GPU (benchmarks/speed/engine_speed.py checks it there too).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 What does not depend on the machine's load is asserted here: token counts equal to the emulator's own
 log and plans, the client's stamps bracketing the server's (sent before it arrived, first token read after
 it was written), tau exactly the realised tokens per verify step. How close the timings come (first-token
-lag, TPOT, throughput, the measured window) depends on how busy the machine is: benchmarks/harness_fidelity.py
+lag, TPOT, throughput, the measured window) depends on how busy the machine is: benchmarks/harness/fidelity.py
 measures that, with the tolerances this file used to assert.
 """
 

@@ -1,15 +1,19 @@
-"""benchmarks/tables.py: the committed pages hold exactly what benchmarks/results/*.json give, and a changed
+"""benchmarks/tables/pages.py: the committed pages hold exactly what benchmarks/results/*.json give, and a changed
 results value is caught."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks import table_renderers, table_renderers_gpu, tables
+from benchmarks.tables import pages as tables
+from benchmarks.tables import renderers as table_renderers
+from benchmarks.tables import renderers_gpu as table_renderers_gpu
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -27,6 +31,27 @@ def test_committed_pages_match_their_results():
     # the command CI and a fresh clone run, as a user types it
     proc = subprocess.run([sys.executable, "-m", "benchmarks.tables", "--check"], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_every_results_file_has_its_command_in_the_index():
+    index = (REPO / "benchmarks" / "README.md").read_text()
+    named = set(re.findall(r"`([a-z0-9_]+(?:_\*)?\.json)`", index))
+    missing = [p.name for p in sorted((REPO / "benchmarks" / "results").glob("*.json"))
+               if p.name not in named and not any(n.endswith("_*.json") and p.name.startswith(n[:-6]) for n in named)]
+    assert not missing, f"benchmarks/README.md says no command for {missing}"
+
+
+def test_every_benchmark_command_the_docs_give_runs_a_module_that_exists():
+    texts = [REPO / "README.md", *(REPO / "docs").rglob("*.md"), *(REPO / "benchmarks").rglob("*.md"),
+             *(REPO / "benchmarks").rglob("*.py")]
+    commands = {m for f in texts for m in re.findall(r"python -m (benchmarks(?:\.\w+)+)", f.read_text())}
+    assert "benchmarks.speed.engine_speed" in commands and "benchmarks.tables" in commands
+    gone = []
+    for name in sorted(commands):
+        spec = importlib.util.find_spec(name)
+        if spec is None or (spec.submodule_search_locations is not None and importlib.util.find_spec(name + ".__main__") is None):
+            gone.append(name)
+    assert not gone, f"no module runs as {gone}"
 
 
 def test_a_changed_result_fails_the_check_and_a_rewrite_mends_it(tmp_path, capsys):
@@ -74,7 +99,7 @@ def test_a_block_without_an_entry_or_a_missing_source_is_one_sentence(tmp_path, 
 
 
 def test_the_demo_range_reads_demo_repeats_files_too():
-    # benchmarks/demo_repeats.py writes one cell per suite and concurrency with the run's median speedup
+    # benchmarks/harness/demo_repeats.py writes one cell per suite and concurrency with the run's median speedup
     runs = [{"seconds": s, "cells": [{"suite": "gsm8k", "concurrency": 1, "repeats": 2, "speedup": x, "speedup_min": x - 0.1,
                                       "speedup_max": x + 0.1, "ar_tok_s": 100.0, "dflash_tok_s": 100.0 * x, "tau": t}]}
             for s, x, t in ((150.0, 1.8, 9.0), (170.0, 2.2, 9.5), (160.0, 0.9, 8.0))]
@@ -88,7 +113,7 @@ def test_the_demo_range_reads_demo_repeats_files_too():
 
 def test_a_second_set_of_demo_runs_widens_the_range_and_is_named():
     """demo_repeats --append: another set of runs (an hour later, say) joins the file; the range covers both."""
-    from benchmarks.demo_repeats import merged
+    from benchmarks.harness.demo_repeats import merged
 
     def result(commit: str, started: str, speedups: tuple[float, ...]) -> dict:
         cells = lambda x: [{"suite": "gsm8k", "concurrency": 1, "repeats": 1, "speedup": x, "speedup_min": x,  # noqa: E731
@@ -107,11 +132,11 @@ def test_a_second_set_of_demo_runs_widens_the_range_and_is_named():
 
 
 def test_steady_stream_cells_are_marked_with_their_window(tmp_path):
-    """benchmarks/big_sweep.py keeps a steady-stream cell's window (tests/data/sweep_steady_flat, written by a
+    """benchmarks/peers/big_sweep.py keeps a steady-stream cell's window (tests/data/sweep_steady_flat, written by a
     steady sweep on the emulator), and the table marks its concurrency and says which window its numbers are."""
     out = tmp_path / "big.json"
     folder = REPO / "tests" / "data" / "sweep_steady_flat"
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.big_sweep", str(folder), "--out", str(out)], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.peers.big_sweep", str(folder), "--out", str(out)], cwd=REPO,
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(out.read_text())

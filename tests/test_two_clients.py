@@ -1,5 +1,5 @@
-"""benchmarks/two_clients.py on the CPU: the builtin engine on the tiny random pair, measured by `dflash-bench run`
-and (where vLLM is importable) `vllm bench serve`, rows in one results file that benchmarks/tables.py renders."""
+"""benchmarks/peers/two_clients.py on the CPU: the builtin engine on the tiny random pair, measured by `dflash-bench run`
+and (where vLLM is importable) `vllm bench serve`, rows in one results file that benchmarks/tables/pages.py renders."""
 
 from __future__ import annotations
 
@@ -11,14 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import table_renderers_gpu, tables
-from benchmarks.two_clients_measure import vllm_missing
+from benchmarks.tables import pages as tables
+from benchmarks.tables import renderers_gpu as table_renderers_gpu
+from benchmarks.peers.two_clients_measure import vllm_missing
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def two_clients(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "benchmarks.two_clients", *args], cwd=REPO, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "benchmarks.peers.two_clients", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=600)
 
 
@@ -62,7 +63,7 @@ def test_the_cpu_rehearsal_measures_both_modes_and_the_tables_render_it(tmp_path
     text = page.read_text()
     ours = rows[("ar", 1, "dflash-bench")]
     assert f"| tiny | AR | 1 | 16 | {ours['output_tok_s']:.1f} ({ours['tpot_ms_p50']:.2f}) |" in text
-    assert "| tiny | DFlash, synthetic τ 4 | 2 | 16 |" in text and "python -m benchmarks.two_clients" in text
+    assert "| tiny | DFlash, synthetic τ 4 | 2 | 16 |" in text and "python -m benchmarks.peers.two_clients" in text
 
     # another engine's rows beside the builtin engine's: a column per client and the ratio of their tok/s
     other = [dict(r, engine="vllm", output_tok_s=r["output_tok_s"] / 2 if r["output_tok_s"] else None)

@@ -156,7 +156,7 @@ def bootstrap_change(base: list[float], current: list[float], boot: Bootstrap, s
     """Percentile bootstrap interval of mean(current)/mean(base) - 1, each side resampled on its own.
 
     The resampled means' spread around the sample mean is scaled by sqrt(n / (n - 1)), the unbiased
-    variance: a plain percentile bootstrap is too narrow at a few repeats (see benchmarks/gate_calibration.py
+    variance: a plain percentile bootstrap is too narrow at a few repeats (see benchmarks/harness/gate_calibration.py
     and its --unscaled: how often a true change equal to the threshold fails, 3 or 5 repeats, cv 3%).
     Seeded by the configured seed and the check's name, so the same inputs give the same interval."""
     rng = np.random.default_rng([boot.seed, zlib.crc32(seed_key.encode())])

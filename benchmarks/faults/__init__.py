@@ -1,0 +1,1 @@
+"""Fault cases played against the harness: `python -m benchmarks.faults`."""

@@ -1,0 +1,133 @@
+"""The mission's model at full size: `dflash-bench sweep` folders of a large pair's shape, into one results file.
+
+On the GPU host (the vLLM bundle, plus transformers 5.12.1 for vLLM 0.25.1's Gemma 4; or the SGLang bundle):
+
+    python -m benchmarks.peers.big_shape --pair gemma-4-31B-it --out WORK --data-dir DATA
+    dflash-bench sweep --model WORK/gemma-4-31B-it --drafter WORK/gemma-4-31B-it-DFlash --engine vllm \\
+        --runner process --gpu h100 --tensor-parallel-size 1 --suites gsm8k,mt-bench -c 1,8 -n 8 --max-tokens 128 \\
+        --data-dir DATA --engine-arg=--load-format=dummy --engine-arg=--attention-backend=triton_attn ...
+
+then, anywhere, each sweep folder into the results file (rows of the same run replaced):
+
+    python -m benchmarks.peers.big_sweep --out benchmarks/results/gemma4_31b_h100.json SWEEP_FOLDER...
+
+A row per cell: engine, mode, GPUs per server, tok/s and tok/s per GPU, TTFT and TPOT p50, the peak GPU memory
+the telemetry saw (vLLM takes its whole --gpu-memory-utilization share at start), the share of prompt tokens
+read from the prefix cache, and a failed cell's reason. Each run keeps the sweep's command line and each
+server's command, with this machine's paths cut to WORK.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from dflash_bench.store import CellSettings, SteadyPlan
+
+
+class Row(BaseModel):
+    engine: str
+    mode: str
+    suite: str
+    concurrency: int
+    gpus: int
+    status: str
+    tok_s: float | None
+    tok_s_per_gpu: float | None
+    ttft_ms_p50: float | None
+    tpot_ms_p50: float | None
+    peak_mem_mib: float | None  # the most any of the server's GPUs held over the cell
+    prefix_cache_hit_rate: float | None
+    tau: float | None
+    reason: str | None = None  # a failed cell's
+    steady: SteadyPlan | None = None  # a steady-stream cell (--steady-requests): its numbers are the window's
+
+
+class Run(BaseModel):
+    sweep_id: str
+    device: str  # "2x NVIDIA H100 80GB HBM3"
+    gpus_per_server: int
+    command: str  # the sweep's command line
+    servers: dict[str, str] = Field(default_factory=dict)  # engine-mode -> its command
+    versions: dict[str, str] = Field(default_factory=dict)
+    context_len: int | None = None
+    rows: list[Row] = Field(default_factory=list)
+
+
+class Results(BaseModel):
+    """The file `--out`: one run per sweep folder, plus plans the harness refused before launch."""
+
+    pair: str = "gemma-4-31B-it"
+    weights: str = "random, of the real shape (--load-format dummy): timing and memory are real, acceptance is not"
+    tokenizer: str = ""
+    runs: list[Run] = Field(default_factory=list)
+    refused: list[dict[str, str]] = Field(default_factory=list)  # {"command", "sentence"}
+
+
+PLACEHOLDERS = {"--data-dir": "DATA", "--out": "OUT"}
+
+
+def shown(text: str, work: str) -> str:
+    return text.replace(work.rstrip("/") + "/", "WORK/") if work else text
+
+
+def run_of(folder: Path) -> Run:
+    manifest = json.loads((folder / "manifest.json").read_text())
+    settings, servers = manifest["settings"], manifest.get("servers", {})
+    work = str(Path(settings["model"]).parent)
+    argv = ["dflash-bench"] + [shown(a, work) for a in manifest["command_line"][1:]]
+    for i, a in enumerate(argv[:-1]):  # the folders of the machine it ran on
+        if a in PLACEHOLDERS:
+            argv[i + 1] = PLACEHOLDERS[a]
+    names = [g.get("name", "GPU") for g in manifest.get("hardware", {}).get("gpus", [])]
+    device = f"{len(names)}x {names[0]}" if names else "unknown"
+    gpus_used = max([s.get("gpus") or 1 for s in servers.values()] or [settings.get("tensor_parallel") or 1])
+    versions = {k: str(v) for k, v in (manifest.get("versions") or {}).items() if isinstance(v, (str, int, float))}
+    run = Run(sweep_id=manifest["sweep_id"], device=device, gpus_per_server=gpus_used, command=" ".join(argv),
+              servers={k: " ".join(shown(a, work) for a in s.get("command", [])) for k, s in servers.items()},
+              versions=versions, context_len=settings.get("context_len"))
+    reasons = {c["cell_id"]: c.get("reason") for c in manifest["plan"]}
+    for cell in manifest["plan"]:
+        path = folder / "cells" / cell["cell_id"] / "summary.json"
+        s = json.loads(path.read_text()) if path.is_file() else {}
+        tok = s.get("output_throughput") if s.get("status") == "complete" else None
+        run.rows.append(Row(
+            engine=cell["engine"], mode=cell["mode"], suite=cell["suite"], concurrency=cell["concurrency"],
+            gpus=gpus_used, status=s.get("status") or cell.get("status") or "pending", tok_s=tok,
+            tok_s_per_gpu=tok / gpus_used if tok else None,
+            ttft_ms_p50=(s.get("ttft_ms") or {}).get("p50"), tpot_ms_p50=(s.get("tpot_ms") or {}).get("p50"),
+            peak_mem_mib=s.get("telemetry_mem_used_max_mib"), prefix_cache_hit_rate=s.get("prefix_cache_hit_rate"),
+            tau=s.get("acceptance_length"),
+            reason=None if tok else (s.get("failure_reason") or reasons.get(cell["cell_id"])),
+            steady=CellSettings.model_validate(s.get("settings") or {}).steady))
+    return run
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("folders", nargs="*", type=Path, help="sweep folders")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--tokenizer", help="what the shape's tokenizer is (big_shape.py's `tokenizer`)")
+    ap.add_argument("--refused", nargs=2, action="append", metavar=("COMMAND", "SENTENCE"), default=[],
+                    help="a plan the harness refused before launch, and its sentence")
+    args = ap.parse_args()
+    res = Results.model_validate_json(args.out.read_text()) if args.out.exists() else Results()
+    if args.tokenizer:
+        res.tokenizer = args.tokenizer
+    for folder in args.folders:
+        if not (folder / "manifest.json").is_file():
+            sys.exit(f"{folder} is not a sweep folder (no manifest.json)")
+        run = run_of(folder)
+        res.runs = [r for r in res.runs if r.sweep_id != run.sweep_id] + [run]
+    for command, sentence in args.refused:
+        res.refused = [r for r in res.refused if r["command"] != command] + [{"command": command, "sentence": sentence}]
+    args.out.write_text(res.model_dump_json(indent=1) + "\n")
+    print(f"{args.out}: {len(res.runs)} runs, {sum(len(r.rows) for r in res.runs)} rows")
+
+
+if __name__ == "__main__":
+    main()

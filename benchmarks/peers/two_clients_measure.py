@@ -1,0 +1,177 @@
+"""The two clients of benchmarks/peers/two_clients.py, one cell each against a server it started, and the results file.
+
+`ours()`: `dflash-bench run` (the project's client: a suite's prompts through the chat API, `--ignore-eos`,
+warm-up requests first). `vllms()`: vLLM's own `vllm bench serve` (random prompts of the suite's mean length
+through /v1/completions, `--ignore-eos`, greedy, as many warm-ups as the concurrency, `--save-result`), or a
+skipped row saying why when the `vllm` CLI is not importable here. Each returns one Row.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from dflash_bench.store import atomic_write_text
+
+CLIENTS = ("dflash-bench", "vllm-bench")
+
+
+class Machine(BaseModel):
+    gpu: str  # NVML's name, or "cpu"
+    driver: str | None = None
+    gpu_memory_gib: float | None = None
+    versions: dict[str, str] = Field(default_factory=dict)  # torch, transformers, vllm, sglang (those installed)
+
+
+class Run(BaseModel):
+    """One command of benchmarks/peers/two_clients.py: one engine on one shape, its servers and the machine."""
+
+    command: str  # the command line, with WORK for --work and DATA for --data-dir
+    machine: Machine
+    suite: str
+    input_tokens: float  # the suite's mean prompt in the target's tokens, chat template included (vLLM's random length)
+    context_len: int  # the servers' context limit
+    servers: dict[str, str] = Field(default_factory=dict)  # mode label -> the server's command line
+    ready_s: dict[str, float] = Field(default_factory=dict)  # mode label -> seconds from start to ready
+    estimate_s: float = 0.0  # the plan's estimate
+    wall_s: float | None = None  # what the run took
+
+
+class Row(BaseModel):
+    engine: str  # builtin | vllm | sglang
+    shape: str  # qwen3-8b | gemma-4-31B-it | tiny
+    mode: str  # ar | dflash
+    synthetic_tau: float | None = None  # DFlash with `serve --synthetic-acceptance` (builtin only); None: the real drafter's
+    concurrency: int
+    new_tokens: int
+    client: str  # dflash-bench | vllm-bench
+    status: str  # ok | failed | skipped
+    reason: str | None = None  # why a row is failed or skipped, in one sentence (a server's log tail after it)
+    requests: int = 0  # measured requests that completed
+    failed: int = 0
+    steady: bool = False  # dflash-bench: a steady stream (--steady-requests), measured over its window
+    output_tok_s: float | None = None
+    ttft_ms_p50: float | None = None
+    tpot_ms_p50: float | None = None
+    tau: float | None = None  # from the server's counters over the cell, where it reports them
+    input_tokens_mean: float | None = None  # prompt tokens per request, as the server counted them
+    duration_s: float | None = None
+    command: str | None = None  # the client's command line
+
+    @property
+    def key(self) -> tuple:
+        return (self.engine, self.shape, self.mode, self.synthetic_tau, self.concurrency, self.new_tokens, self.client)
+
+
+class Results(BaseModel):
+    """The file `--out`: rows of every command so far, keyed by Row.key (a later command replaces its own rows)."""
+
+    kind: str = "two_clients"
+    device: str = ""  # the GPUs of the runs, for the table's source line
+    command: str = ""  # the runs' commands, for the table's source line
+    runs: dict[str, Run] = Field(default_factory=dict)  # "<engine>/<shape>" -> its run
+    rows: list[Row] = Field(default_factory=list)
+
+    def merge(self, rows: list[Row]) -> None:
+        keys = {r.key for r in rows}
+        self.rows = [r for r in self.rows if r.key not in keys] + rows
+
+    def add_run(self, key: str, run: Run) -> None:
+        self.runs[key] = run
+        self.device = "; ".join(sorted({r.machine.gpu for r in self.runs.values()}))
+        self.command = "; ".join(r.command for _, r in sorted(self.runs.items()))
+
+
+def load(path: Path) -> Results:
+    return Results.model_validate_json(path.read_text()) if path.exists() else Results()
+
+
+def save(res: Results, path: Path) -> None:
+    atomic_write_text(path, res.model_dump_json(indent=1))
+
+
+# ------------------------------------------------------------------ the project's client
+
+
+def ours(base: Row, *, url: str, suite: str, requests: int, steady: int | None, seed: int, data_dir: str,
+         folder: Path, tokenizer: Path, timeout: float, shown) -> Row:
+    """`dflash-bench run` against the server at `url`: one cell, read back from the sweep folder it writes."""
+    from dflash_bench.store import SweepDir
+
+    name = f"{base.engine}-{base.shape}-{base.mode}-t{base.synthetic_tau}-n{base.new_tokens}-c{base.concurrency}"
+    shutil.rmtree(folder / name, ignore_errors=True)  # a cell of an earlier call would be resumed, not measured again
+    cmd = [sys.executable, "-m", "dflash_bench", "run", "--url", url, "--suite", suite, "-c", str(base.concurrency),
+           "-n", str(requests), "--max-tokens", str(base.new_tokens), "--ignore-eos", "--label", base.mode,
+           "--engine", base.engine, "--data-dir", data_dir, "--out", str(folder), "--name", name, "--seed", str(seed)]
+    if steady:
+        cmd += ["--steady-requests", str(steady)]
+    if base.engine == "sglang":  # SGLang's tau: /generate's meta_info only (real_engines.py does the same)
+        cmd += ["--api", "generate", "--tokenizer", str(tokenizer)]
+    row = base.model_copy(update={"client": "dflash-bench", "command": shown(cmd), "steady": bool(steady)})
+    try:
+        proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return row.model_copy(update={"status": "failed", "reason": f"dflash-bench run ran past {timeout:.0f} s"})
+    summaries = SweepDir.open(folder / name).summaries() if (folder / name / "manifest.json").exists() else []
+    if not summaries:
+        why = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return row.model_copy(update={"status": "failed", "reason": f"dflash-bench run exited {proc.returncode}: {why}"})
+    s = summaries[0]
+    return row.model_copy(update={
+        "status": "ok" if s.status == "complete" else "failed", "reason": s.failure_reason, "requests": s.num_ok,
+        "failed": s.num_failed, "output_tok_s": s.output_throughput, "ttft_ms_p50": s.ttft_ms.p50 if s.ttft_ms else None,
+        "tpot_ms_p50": s.tpot_ms.p50 if s.tpot_ms else None, "tau": s.acceptance_length, "duration_s": s.duration_s,
+        "input_tokens_mean": s.total_prompt_tokens / s.num_ok if s.num_ok else None})
+
+
+# ------------------------------------------------------------------ vLLM's client
+
+
+def vllm_missing() -> str | None:
+    """Why `vllm bench serve` cannot run here, or None."""
+    if importlib.util.find_spec("vllm") is None:
+        return "vllm is not importable in this environment (source .vllm-bundle/setup.sh on the GPU host)"
+    if shutil.which("vllm") is None:
+        return "the vllm command is not on PATH"
+    return None
+
+
+def vllms(base: Row, *, url: str, model: str, tokenizer: Path, input_tokens: int, requests: int, seed: int,
+          folder: Path, timeout: float, shown) -> Row:
+    """`vllm bench serve` against the server at `url`: random prompts of `input_tokens`, its saved result read back."""
+    row = base.model_copy(update={"client": "vllm-bench"})
+    if why := vllm_missing():
+        return row.model_copy(update={"status": "skipped", "reason": why})
+    folder.mkdir(parents=True, exist_ok=True)
+    name = f"{base.engine}-{base.shape}-{base.mode}-t{base.synthetic_tau}-n{base.new_tokens}-c{base.concurrency}.json"
+    (folder / name).unlink(missing_ok=True)
+    cmd = ["vllm", "bench", "serve", "--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions",
+           "--model", model, "--tokenizer", str(tokenizer), "--dataset-name", "random",
+           "--random-input-len", str(input_tokens), "--random-output-len", str(base.new_tokens),
+           "--random-range-ratio", "0", "--num-prompts", str(requests), "--max-concurrency", str(base.concurrency),
+           "--num-warmups", str(base.concurrency), "--ignore-eos", "--temperature", "0", "--seed", str(seed),
+           "--disable-tqdm", "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
+           "--save-result", "--result-dir", str(folder), "--result-filename", name]
+    row.command = shown(cmd)
+    try:
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return row.model_copy(update={"status": "failed", "reason": f"vllm bench serve ran past {timeout:.0f} s"})
+    if not (folder / name).exists():
+        why = (proc.stdout.strip().splitlines() or ["no output"])[-1]
+        return row.model_copy(update={"status": "failed", "reason": f"vllm bench serve exited {proc.returncode}: {why}"})
+    r = json.loads((folder / name).read_text())
+    done = int(r.get("completed") or 0)
+    return row.model_copy(update={
+        "status": "ok" if done and not r.get("failed") else "failed",
+        "reason": None if done and not r.get("failed") else f"{r.get('failed')} of {requests} requests failed",
+        "requests": done, "failed": int(r.get("failed") or 0), "output_tok_s": r.get("output_throughput"),
+        "ttft_ms_p50": r.get("median_ttft_ms"), "tpot_ms_p50": r.get("median_tpot_ms"),
+        "tau": r.get("spec_decode_acceptance_length"), "duration_s": r.get("duration"),
+        "input_tokens_mean": r["total_input_tokens"] / done if done and "total_input_tokens" in r else None})

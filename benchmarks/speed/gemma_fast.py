@@ -1,0 +1,156 @@
+"""Gemma 4 31B's shape on the fast path (`serve --fast --load-format dummy`), in process on one GPU: a decode
+step's time against the weight-read floor, AR and DFlash with synthetic acceptance.
+
+    python -m benchmarks.speed.gemma_fast --json OUT.json [--slots 8 --max-len 1024 --batches 1,8 --tau 6.5]
+    python -m benchmarks.speed.gemma_fast --json smoke.json --device cpu --shrink   # the script itself, on a CPU
+
+The shape is `dflash_bench.model_shapes`' (written by benchmarks/peers/big_shape.py, without weights); the engine creates
+random weights of it on the GPU. The floor: the bytes one step must read (`GemmaTarget.weight_bytes`: every weight
+but the embedding table; the tied head is read whole) over the GPU's copy bandwidth, measured here as a
+device-to-device copy of 2 GiB (bytes read plus bytes written, a second). Steps run as `serve --fast` runs them:
+CUDA graphs, the next step launched before this one's tokens are read. A phase that fails (out of memory) is
+written with its error; each phase's result is written as soon as it is measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def copy_bandwidth(device: str, gib: int = 2, reps: int = 20) -> float:
+    """Bytes a second a device-to-device copy moves (read + written)."""
+    x = torch.empty(gib << 30 if device == "cuda" else 1 << 26, dtype=torch.uint8, device=device)
+    y = torch.empty_like(x)
+    y.copy_(x)
+    sync()
+    t = time.perf_counter()
+    for _ in range(reps):
+        y.copy_(x)
+    sync()
+    rate = 2 * x.numel() * reps / (time.perf_counter() - t)
+    del x, y
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return rate
+
+
+SMALL = {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 6,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "num_global_key_value_heads": 1,
+         "global_head_dim": 32, "sliding_window": 32}
+
+
+def shrink(pair: str) -> None:
+    """A small version of the pair's recorded shape (same layout), to run this script on a CPU."""
+    from dflash_bench import model_shapes
+
+    target, drafter = model_shapes.SHAPES[pair]
+    t = {**target, **SMALL, "layer_types": (["sliding_attention"] * 2 + ["full_attention"]) * 2}
+    d = {**drafter, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "head_dim": 16, "vocab_size": 512, "num_target_layers": 6,
+         "dflash_config": {**drafter["dflash_config"], "target_layer_ids": [0, 1, 2, 3, 4, 4]}}
+    model_shapes.SHAPES[pair] = (t, d)
+
+
+def decode_rate(runner, bs: int, prompt_len: int, steps: int) -> dict:
+    """Prefill bs random prompts into slots 0..bs-1, then time `steps` pipelined steps (after 3 warm-up steps)."""
+    rng = random.Random(bs)
+    slots = list(range(bs))
+    for s in slots:
+        runner.add(s, [rng.randrange(10, min(30000, runner.t.vocab_size)) for _ in range(prompt_len)])
+    for _ in range(3):
+        runner.step(slots)
+    sync()
+    tokens, t = 0, time.perf_counter()
+    runner.launch(slots)
+    for i in range(steps):
+        if i + 1 < steps:
+            runner.launch(slots)
+        tokens += sum(len(v) for v in runner.collect().values())
+    sync()
+    seconds = time.perf_counter() - t
+    for s in slots:
+        runner.release(s)
+    return {"batch": bs, "steps": steps, "tokens": tokens, "ms_per_step": 1e3 * seconds / steps,
+            "tok_s": tokens / seconds, "tokens_per_row_step": tokens / (steps * bs)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", type=Path, required=True)
+    ap.add_argument("--pair", default="gemma-4-31B-it")
+    ap.add_argument("--slots", type=int, default=8)
+    ap.add_argument("--max-len", type=int, default=1024)
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--prompt-len", type=int, default=64)
+    ap.add_argument("--tau", type=float, default=6.5)
+    ap.add_argument("--modes", default="ar,dflash")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--shrink", action="store_true", help="a small version of the shape (a CPU check of the script)")
+    a = ap.parse_args()
+    from benchmarks.peers.big_shape import write_shape
+    from dflash_bench.engine.fast.engine import build_fast_engine
+
+    dev = a.device
+    if a.shrink:
+        shrink(a.pair)
+    out: dict = {"device": torch.cuda.get_device_name(0) if dev == "cuda" else "cpu", "torch": torch.__version__,
+                 "command": shlex.join(["python", "-m", "benchmarks.speed.gemma_fast", *sys.argv[1:]]),
+                 "pair": a.pair, "slots": a.slots, "max_len": a.max_len, "phases": []}
+    out["copy_bandwidth_GBps"] = copy_bandwidth(dev) / 1e9
+
+    def save() -> None:
+        a.json.write_text(json.dumps(out, indent=1))
+        print(json.dumps(out["phases"][-1] if out["phases"] else out), flush=True)
+
+    save()
+    work = Path(tempfile.mkdtemp())
+    folders = write_shape(a.pair, work)
+    for mode in a.modes.split(","):
+        phase: dict = {"mode": mode}
+        out["phases"].append(phase)
+        t0 = time.perf_counter()
+        try:
+            engine = build_fast_engine(folders["target"], folders["drafter"] if mode == "dflash" else None, mode=mode,
+                                       dtype="bfloat16" if dev == "cuda" else "float32", device=dev, max_slots=a.slots, max_len=a.max_len, dummy=True,
+                                       synthetic_tau=a.tau if mode == "dflash" else None, benchmark_only=True)
+            r = engine.runner
+            phase.update(build_s=time.perf_counter() - t0, graphs=len(r.graphs), weight_bytes=r.t.weight_bytes(),
+                         fused_kernels=r.t.fused is not None,  # triton_gemma's q/k/v + RoPE + cache write, GeGLU
+                         kv_bytes=r.t.kv_bytes(), gpu_allocated_GiB=torch.cuda.memory_allocated() / 2**30
+                         if dev == "cuda" else None)
+            phase["floor_ms"] = 1e3 * phase["weight_bytes"] / (out["copy_bandwidth_GBps"] * 1e9)
+            save()
+            phase["rates"] = []
+            for bs in [int(b) for b in a.batches.split(",") if int(b) <= a.slots]:
+                steps = 40 if mode == "dflash" else 200
+                phase["rates"].append(decode_rate(r, bs, a.prompt_len, steps))
+                phase["rates"][-1]["floor_share"] = phase["floor_ms"] / phase["rates"][-1]["ms_per_step"]
+                save()
+            phase["peak_GiB"] = torch.cuda.max_memory_allocated() / 2**30 if dev == "cuda" else None
+        except Exception as err:  # noqa: BLE001 - the phase's failure is the measurement
+            phase["error"] = f"{type(err).__name__}: {str(err)[:500]}"
+        save()
+        engine = r = None
+        gc.collect()
+        if dev == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+
+
+if __name__ == "__main__":
+    main()

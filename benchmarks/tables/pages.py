@@ -1,0 +1,209 @@
+"""Every table of numbers in README.md and docs/results/*.md, generated from benchmarks/results/*.json.
+
+    python -m benchmarks.tables           # rewrite each page's generated blocks from the results files
+    python -m benchmarks.tables --check   # exit 1, naming each block that differs from what its results give
+
+A page keeps its prose by hand and its numbers in generated blocks:
+
+    <!-- table:NAME -->
+    ...written by this script: the table, then which results file and which command gave it...
+    <!-- /table:NAME -->
+
+Only the text between a block's two markers is rewritten. A marker with no entry in TABLES, an entry whose
+block is missing from its page, and a results file that is missing are errors (one sentence, exit 2).
+
+Adding a table is one function and one small entry in TABLES:
+
+    Entry("my_table", "docs/results/topic.md", ("my_results.json",),
+          "python -m benchmarks.<group>.my_bench --out benchmarks/results/my_results.json", tr.my_table)
+
+where `my_table(results)` in benchmarks/tables/renderers.py (renderers_gpu.py for a GPU family) gets the
+loaded JSON of each source, in order, and returns a Table (a header, rows of strings and optional lines printed
+under it); then put the two markers
+where the table goes and run `python -m benchmarks.tables`. The command is the one that wrote the results
+file, as it runs today; give None when the file records its own (`command`, or one per run) and that still runs. The machine is read from the file's
+`device` (or `machine`) unless the entry names it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks.tables import renderers as tr
+from benchmarks.tables import renderers_gpu as gpu
+from benchmarks.tables.renderers import Table, TablesError
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = Path("benchmarks") / "results"
+BLOCK = re.compile(r"<!-- table:([a-z0-9_]+) -->\n(.*?)<!-- /table:\1 -->", re.S)
+MARKER = re.compile(r"<!-- /?table:([a-z0-9_]+) -->")
+
+
+
+@dataclass
+class Entry:
+    name: str  # the block's marker: <!-- table:NAME -->
+    page: str  # relative to the repository root
+    sources: tuple[str, ...]  # files under benchmarks/results/
+    command: str | None  # what wrote the sources; None: the first source's `command`, or each of its runs' `command`
+    render: Callable[[list[Any]], Table]
+    machine: str | None = None  # else the first source's `device` / `machine`
+
+
+# The demo's repeated runs (benchmarks/harness/demo_repeats.py), the range README states and docs/results/demo.md details.
+DEMO = "demo_cpu_repeats.json"
+
+TABLES: list[Entry] = [
+    Entry("demo_summary", "README.md", (DEMO,), None, tr.demo_summary),
+    Entry("engines_summary", "README.md", ("real_engines_h100_builtin_vllm.json",),
+          "python -m benchmarks.peers.real_engines shape --engines builtin,inprocess,vllm --modes ar,dflash "
+          "--fresh-prompts --data-dir .data", gpu.engines_summary),
+    Entry("demo_runs", "docs/results/demo.md", (DEMO,), None, tr.demo_runs),
+    Entry("cpu_anatomy", "docs/results/demo.md", ("cpu_anatomy_cpu.json",),
+          "python -m benchmarks.speed.cpu_anatomy --out benchmarks/results/cpu_anatomy_cpu.json", tr.cpu_anatomy),
+    Entry("cpu_step_costs", "docs/results/cpu-fast-path.md", ("cpu_step_cpu.json",),
+          "python -m benchmarks.speed.cpu_step --draft-shapes 1x256,2x768 --out F (its arguments are the file's `args`)", tr.cpu_step_costs),
+    Entry("cpu_throughput", "docs/results/cpu-fast-path.md", ("cpu_step_cpu_tput.json", "serve_speed_cpu_pair.json"),
+          "python -m benchmarks.speed.cpu_step --draft-shapes 1x256 --skip-steps --rounds 5 --steps 12 --out F; "
+          "python -m benchmarks.speed.serve_speed --shape pair --draft-shape 1x256 --device cpu --data-dir DATA "
+          "--concurrency 1,8,32 --tau 4 --new-tokens 256 --prompts-per-slot 2 --step-ahead on --cut-draft both --out F",
+          tr.cpu_throughput),
+    Entry("cpu_drafter_shapes", "docs/results/cpu-fast-path.md", ("cpu_step_cpu_shapes.json",),
+          "python -m benchmarks.speed.cpu_step --draft-shapes 1x256,1x512,1x768,2x256,2x512,2x768 --batches 1 --widths 2,3,4,6,8 "
+          "--draft cut --skip-throughput --out F", tr.cpu_drafter_shapes),
+    Entry("cpu_real_pair", "docs/results/cpu-fast-path.md", ("cpu_step_cpu_real_pair.json",),
+          "python -m benchmarks.speed.cpu_step --real --real-cut --data-dir DATA --batches 1 --draft-shapes 1x512 --skip-throughput --out F",
+          tr.cpu_real_pair),
+    Entry("engines_h100", "docs/results/engines-one-gpu.md", ("real_engines_h100_builtin_vllm.json",),
+          "python -m benchmarks.peers.real_engines shape --engines builtin,inprocess,vllm --modes ar,dflash "
+          "--fresh-prompts --data-dir .data", gpu.engines_h100),
+    Entry("engines_three_h100", "docs/results/engines-one-gpu.md", ("real_engines_h100_three_engines.json",),
+          "python -m benchmarks.peers.real_engines shape --engines sglang --fresh-prompts --data-dir .data "
+          "(SGLang's bundle), then the same with --engines builtin,vllm (vLLM's bundle)", gpu.engines_three),
+    Entry("pair_retrained_h100", "docs/results/engines-one-gpu.md", ("real_engines_h100_pair_retrained.json",),
+          "python -m benchmarks.peers.real_engines pair --engines vllm,builtin-fast --concurrency 1,8 --data-dir .data",
+          gpu.pair_retrained),
+    Entry("gemma4_31b_h100", "docs/results/gemma-4-31b.md", ("gemma4_31b_h100.json",), None, gpu.big_shape,
+          machine="one NVIDIA H100 80GB HBM3 (nvidia-h100-x1) and two on one host (nvidia-h100-x2), each a fresh machine"),
+    Entry("gemma4_31b_fast", "docs/results/gemma-4-31b.md", ("gemma4_31b_fast_h100.json",),
+          "python -m benchmarks.speed.gemma_fast --json OUT.json --slots 8 --max-len 1024 --batches 1,8 --modes ar; "
+          "then, on the same warm machine, the same with --modes dflash", gpu.gemma_fast),
+    Entry("engine_speed", "docs/results/fast-path-gpu.md", ("engine_speed_h100.json", "engine_speed_h200.json"),
+          "python -m benchmarks.speed.engine_speed --out engine_speed.json --torch-path", gpu.engine_speed,
+          machine="one NVIDIA H100 80GB HBM3 and one NVIDIA H200, each a fresh machine"),
+    Entry("gemm_tuning", "docs/results/fast-path-gpu.md", ("gemm_tuning_h100.json",),
+          "python -m benchmarks.speed.gemm_tuning --out F", gpu.gemm_tuning),
+    Entry("step_anatomy", "docs/results/fast-path-gpu.md", ("step_anatomy_h100.json",),
+          "python -m benchmarks.speed.step_anatomy --out step_anatomy.json", gpu.step_anatomy),
+    Entry("engine_speed_adaptive", "docs/results/fast-path-gpu.md", ("engine_speed_h100_adaptive.json",),
+          "python -m benchmarks.speed.engine_speed --out F --soak 300 --hf-tokens 16", gpu.engine_speed_adaptive),
+    # the same command after the scheduler refactor (issue 45): tokens and speed unchanged within noise
+    Entry("engine_speed_scheduler", "docs/results/fast-path-gpu.md",
+          ("engine_speed_h100_adaptive.json", "engine_speed_h100_scheduler.json"),
+          "python -m benchmarks.speed.engine_speed --out F --soak 300 --hf-tokens 16 (each)", gpu.engine_speed_before_after),
+    Entry("serve_speed_h100", "docs/results/fast-path-gpu.md", ("serve_speed_h100.json",),
+          "python -m benchmarks.speed.serve_speed --data-dir DATA", gpu.serve_speed_gpu),
+    Entry("acceptance", "docs/results/tiny-pair.md", ("acceptance_cpu_retrained.json",),
+          "python -m recipes.tiny_pair.acceptance --data-dir DATA --num-prompts 32 --max-tokens 32,96", tr.acceptance,
+          machine="a 2-core x86-64 CPU"),
+    Entry("zlab_check", "docs/results/tiny-pair.md", ("zlab_check_cpu.json",),
+          "python -m recipes.tiny_pair.zlab_check --zlab DIR --zlab-python PY --data-dir DATA --num-prompts 8", tr.zlab_check,
+          machine="a 2-core x86-64 CPU"),
+]
+
+
+# Tables measured on a GPU host by commands a later session runs (the module's docstring says which): each renders
+# as an entry of TABLES once all its sources are in benchmarks/results/, and its page must then hold its block;
+# until then it is left out, so no page shows a table of numbers nobody measured.
+AWAITING: list[Entry] = [
+    Entry("two_clients_h100", "docs/results/engines-one-gpu.md", ("two_clients_h100.json",), None, gpu.two_clients),
+]
+
+
+def live_entries(root: Path) -> list[Entry]:
+    """TABLES, and the AWAITING entries whose results files are there."""
+    return TABLES + [e for e in AWAITING if all((root / RESULTS / s).exists() for s in e.sources)]
+
+
+# ---------------------------------------------------------------- pages
+
+
+def load(root: Path, name: str) -> Any:
+    path = root / RESULTS / name
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise TablesError(f"results file {RESULTS / name} is missing") from None
+    except json.JSONDecodeError as e:
+        raise TablesError(f"results file {RESULTS / name} is not JSON ({e})") from None
+
+
+def render_block(entry: Entry, root: Path) -> str:
+    results = [load(root, s) for s in entry.sources]
+    try:
+        table = entry.render(results)
+    except (KeyError, TypeError, ValueError, IndexError, ZeroDivisionError) as e:
+        raise TablesError(f"table {entry.name} cannot be made from {', '.join(entry.sources)}: {type(e).__name__} {e}") from None
+    lines = ["<!-- generated by `python -m benchmarks.tables`: edit the results file or the script, not this block -->", "",
+             "| " + " | ".join(table.header) + " |", "|" + "---|" * len(table.header)]
+    lines += ["| " + " | ".join(row) + " |" for row in table.rows]
+    lines.append("")
+    lines += table.notes
+    files = ", ".join(f"`{(RESULTS / s).as_posix()}`" for s in entry.sources)
+    command = entry.command or tr.command_of(results[0])
+    lines.append(f"Source: {files} ({entry.machine or tr.machine_of(results[0])}), written by `{command}`.")
+    return "\n".join(lines) + "\n"
+
+
+def render_pages(root: Path) -> dict[str, str]:
+    """Each page's text with its generated blocks as the results give them."""
+    pages: dict[str, str] = {}
+    by_page: dict[str, dict[str, Entry]] = {}
+    for entry in live_entries(root):
+        by_page.setdefault(entry.page, {})[entry.name] = entry
+    for page, entries in by_page.items():
+        path = root / page
+        if not path.exists():
+            raise TablesError(f"{page} is missing; it should hold the blocks {', '.join(entries)}")
+        text = path.read_text()
+        named = set(MARKER.findall(text))
+        if unknown := named - set(entries):
+            raise TablesError(f"{page} has a table block with no entry in benchmarks/tables/pages.py: {', '.join(sorted(unknown))}")
+        if missing := set(entries) - {m.group(1) for m in BLOCK.finditer(text)}:
+            raise TablesError(f"{page} lacks the block(s) {', '.join(sorted(missing))} (a <!-- table:NAME --> ... "
+                              "<!-- /table:NAME --> pair)")
+        pages[page] = BLOCK.sub(lambda m: f"<!-- table:{m.group(1)} -->\n{render_block(entries[m.group(1)], root)}"
+                                          f"<!-- /table:{m.group(1)} -->", text)
+    return pages
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.tables", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true", help="change nothing; exit 1 if a page differs from its results")
+    ap.add_argument("--root", type=Path, default=ROOT, help="the repository root (default: this checkout)")
+    args = ap.parse_args(argv)
+    try:
+        pages = render_pages(args.root)
+    except TablesError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    stale = [page for page, text in pages.items() if (args.root / page).read_text() != text]
+    if args.check:
+        for page in stale:
+            now = {m.group(1): m.group(2) for m in BLOCK.finditer((args.root / page).read_text())}
+            names = [m.group(1) for m in BLOCK.finditer(pages[page]) if now.get(m.group(1)) != m.group(2)]
+            print(f"{page}: {', '.join(names)} differ(s) from what benchmarks/results gives: run "
+                  "`python -m benchmarks.tables`", file=sys.stderr)
+        return 1 if stale else 0
+    for page in stale:
+        (args.root / page).write_text(pages[page])
+        print(f"wrote {page}")
+    return 0
+
