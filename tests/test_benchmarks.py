@@ -261,16 +261,16 @@ def _no_cuda() -> bool:
     return not torch.cuda.is_available()
 
 
-@pytest.mark.parametrize("name,args", [("step_anatomy", ["--shape", "tiny", "--steps", "2"]),
-                                       ("plan_ab", ["--rounds", "1", "--reps", "1"]),
-                                       ("gemm_tuning", ["--quick", "--rows", "1"]),
-                                       ("kernel_tuning", ["--no-attention"])])
+@pytest.mark.parametrize("name,args", [("speed.step_anatomy", ["--shape", "tiny", "--steps", "2"]),
+                                       ("speed.plan_ab", ["--rounds", "1", "--reps", "1"]),
+                                       ("speed.gemm_tuning", ["--quick", "--rows", "1"]),
+                                       ("speed.kernel_tuning", ["--no-attention"])])
 def test_a_gpu_benchmark_says_it_needs_a_gpu(name, args):
     if not _no_cuda():
         pytest.skip("a GPU is here: `pytest -m gpu` hosts run these scripts themselves")
     proc = subprocess.run([sys.executable, "-m", f"benchmarks.{name}", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=300)
-    assert proc.returncode == 1 and proc.stderr.strip().endswith("it needs a GPU" + (" (--device cuda)" if name == "step_anatomy" else ""))
+    assert proc.returncode == 1 and proc.stderr.strip().endswith("it needs a GPU" + (" (--device cuda)" if name == "speed.step_anatomy" else ""))
     assert "Traceback" not in proc.stderr
 
 

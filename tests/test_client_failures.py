@@ -68,7 +68,7 @@ def test_raw_transport_for_https_is_a_user_error(tmp_path: Path):
     assert not (tmp_path / "sw").exists()
 
 
-# ---------------------------------------------------------------- issue 19's measurement gaps, issue 22's timeouts
+# ---------------------------------------------------------------- measurement gaps and timeouts
 
 
 @pytest.mark.parametrize("transport", ["raw", "aiohttp", "httpx"])

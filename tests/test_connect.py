@@ -1,4 +1,4 @@
-"""Connect measured as what it is (issue 43 item 7): a new connection's TCP handshake, SYN to SYN-ACK as the
+"""Connect measured as what it is: a new connection's TCP handshake, SYN to SYN-ACK as the
 kernel timed it, apart from the rest of the wait for it (the client's event loop), and every measured request
 says whether it opened a connection or reused one. Against a real server that accepts each connection late:
 the kernel completes the handshake before the server accepts, so that wait is the server's, in TTFT."""

@@ -91,7 +91,7 @@ def test_emulator_in_docker_ready_labelled_logged_and_removed(docker_cli, image,
         info = server.info.model_dump_json()
         assert "hf_secret_value_123" not in info  # ... never recorded
         assert server.info.image == image[0] and server.info.image_digest.startswith("sha256:")
-        checked = server.info.identity.summary()  # the container answers on the port (issue 43): its listener, or
+        checked = server.info.identity.summary()  # the container answers on the port: its listener, or
         assert f"port {port} was free" in checked and f"container {cont.short_id}" in checked  # said why not
         server.check()
     assert not leftovers(docker_cli, image[1])

@@ -1,4 +1,4 @@
-"""Energy you can compare (issue 43 item 6): a window too short for its source is invalid with the reason and
+"""Energy you can compare: a window too short for its source is invalid with the reason and
 shows no J/token; a pair whose cells read different sources shows no ratio; --min-cell-seconds lengthens a
 cell until its energy is measurable. The sampler reads a fake NVML whose energy counter, like a real GPU's,
 moves only every 100 ms (the thread, the clock and the emulator serving the load are real)."""

@@ -1,5 +1,5 @@
 """Any bytes in a sweep folder's files: one sentence naming the file from report, gate, migrate and --resume;
-a damaged cell measured again on resume; a full disk named (issue 43, item 3). Real sweeps against the emulator."""
+a damaged cell measured again on resume; a full disk named. Real sweeps against the emulator."""
 
 from __future__ import annotations
 

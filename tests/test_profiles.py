@@ -63,7 +63,7 @@ VLLM_CARDS = {
 }
 
 SGLANG_CARDS = {
-    # Older Qwen3-8B card; --speculative-num-draft-tokens 16 is the block size the issue asks to pass.
+    # Older Qwen3-8B card; --speculative-num-draft-tokens 16 is the drafter's block size.
     "Qwen3-8B": """python3 -m sglang.launch_server --model-path Qwen/Qwen3-8B --speculative-algorithm DFLASH
       --speculative-draft-model-path z-lab/Qwen3-8B-DFlash-b16 --speculative-num-draft-tokens 16 --tp-size 1
       --dtype bfloat16 --attention-backend fa3 --mem-fraction-static 0.75 --trust-remote-code""",

@@ -109,6 +109,6 @@ def test_repeats_are_judged_by_their_bootstrap_and_only_comparable_tau_is_compar
     assert [c.check.method for c in compare_sweeps([sweep, twin]).comparisons] == ["plain", "plain"]
 
     vllm = next(c for c in sweep.cells if c.engine == "vllm")
-    vllm.metrics["acceptance_definition"] = [1.0]  # counted before issue 43's definition: not comparable
+    vllm.metrics["acceptance_definition"] = [1.0]  # counted by an older definition of tau: not comparable
     result = compare_sweeps([sweep])
     assert result.comparisons == [] and "different definitions" in result.not_compared[0]

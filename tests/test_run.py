@@ -130,7 +130,7 @@ def test_summary_shows_brackets_in_names_literally(tmp_path: Path, capsys):
     assert "vllm-ar-[/x]-c1" in out and "runs[/oops]" in out
 
 
-# ---------------------------------------------------------------- faults (issue 22)
+# ---------------------------------------------------------------- faults
 
 
 def run_argv(url: str, out: Path, data_dir: Path, *extra: str) -> list[str]:

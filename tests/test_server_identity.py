@@ -1,6 +1,6 @@
-"""The server measured is the one launched (issue 43, item 1), with real processes: a foreign server on the port,
+"""The server measured is the one launched, with real processes: a foreign server on the port,
 two sweeps on one port, a foreign server answering in place of the launched one, and a --url server replaced
-mid-cell. And the watchdog (item 4): a server that dies is relaunched once, a second death fails the rest."""
+mid-cell. And the watchdog: a server that dies is relaunched once, a second death fails the rest."""
 
 from __future__ import annotations
 

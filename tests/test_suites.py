@@ -19,7 +19,7 @@ from dflash_bench.suites import get_suite, list_suites, load_prompts
 
 # Record counts from shared/datasets/README.md (mbpp: the sanitized test split, task_id 11..510).
 COUNTS = {"gsm8k": 1319, "math500": 500, "humaneval": 164, "mbpp": 257, "mt-bench": 80, "spec-bench": 480}
-# Templates exactly as issue 2 gives them.
+# Templates exactly as DFlash's own benchmark (z-lab/dflash benchmark.py) writes them.
 BOXED = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 HUMANEVAL_HEAD = "Write a solution to the following problem and make sure that it passes the tests:\n```python\n"
 HUMANEVAL_TAIL = "\n```"

@@ -142,7 +142,7 @@ def test_resume_keeps_a_cell_whose_summary_was_written_before_the_kill(tmp_path,
     assert after["plan"][0]["status"] == "complete" and after["status"] == "complete"
 
 
-# ---------------------------------------------------------------- one writer per folder (issue 22)
+# ---------------------------------------------------------------- one writer per folder
 
 
 def _create_locked(path: str, barrier, results) -> None:

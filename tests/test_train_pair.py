@@ -44,7 +44,7 @@ def test_pair_is_small_bf16_with_tokenizer_and_chat_template():
 @pytest.mark.parametrize("suite", ["gsm8k", "math500", "humaneval", "mbpp", "mt-bench", "spec-bench"])
 def test_pair_accepts_long_drafts_on_the_demos_prompts(suite, data_dir):
     """The first four prompts the demo sends (never trained on: tests/test_suite_data.py), 32 tokens as the demo
-    asks: at least 3.5 tokens per verify on every suite the demo runs (issue 21's bar; measured 9.7, 6.4, 4.8,
+    asks: at least 3.5 tokens per verify on every suite the demo runs (the bar the embedded pair is held to; measured 9.7, 6.4, 4.8,
     5.9, 5.3, 7.4), token for token what AR says."""
     from dflash_bench.suites import load_prompts
 

@@ -1,4 +1,4 @@
-"""One engine served on one model shape, measured by two clients in consecutive commands (issues 41, 44): the
+"""One engine served on one model shape, measured by two clients in consecutive commands: the
 project's `dflash-bench run` and vLLM's own `vllm bench serve`, at each concurrency x output length.
 
     python -m benchmarks.peers.two_clients --engine builtin|vllm|sglang --shape qwen3-8b|gemma-4-31B-it \
@@ -20,7 +20,7 @@ seconds; cells the GPU's memory cannot hold at the context limit (dflash_bench/s
 the sizing sentence, and a cell that would end past the time limit is skipped rather than cut by the host.
 
 On the GPU host (`run`: 10 minutes a command, 30 minutes of device time a session, a fresh machine after 30 s
-idle), one command per call, in this order (issue 44's table first, then DFlash, then issue 41's gemma rows).
+idle), one command per call, in this order (Qwen3-8B's AR rows first, then DFlash, then gemma-4-31B's rows).
 Each call starts with the environment line of its engine, and every command ends with `...`:
 
     vLLM's bundle (builtin and vLLM lines; carry .vllm-bundle, and .transformers-overlay for gemma on vLLM, built
@@ -74,7 +74,7 @@ SHAPES = ("qwen3-8b", "gemma-4-31B-it", "tiny")
 ENGINES = ("builtin", "vllm", "sglang")
 GEMMA = "gemma-4-31B-it"
 # The plan's estimate, rough and on the long side: an AR decode step in ms at concurrency c is
-# base x (1 + c / scale) (Qwen3-8B on an H100: 6.0 ms at 1, 8.2 at 32; gemma-4-31B: 22.6 at 1, issues 41, 44),
+# base x (1 + c / scale) (Qwen3-8B on an H100: 6.0 ms at 1, 8.2 at 32; gemma-4-31B: 22.6 at 1),
 # a server's start in seconds, and a client's own start (vLLM's imports torch and reads the tokenizer).
 STEP_MS = {"qwen3-8b": (6.5, 64.0), GEMMA: (24.0, 64.0), "tiny": (4.0, 2.0)}
 READY_S = {("builtin", "cuda"): 60.0, ("vllm", "cuda"): 120.0, ("sglang", "cuda"): 150.0, ("builtin", "cpu"): 15.0}

@@ -1,4 +1,4 @@
-"""Where a decode step's time goes on a CPU, per kernel: the AR step against DFlash steps of each width (issue 21).
+"""Where a decode step's time goes on a CPU, per kernel: the AR step against DFlash steps of each width.
 
     python -m benchmarks.speed.cpu_anatomy --out cpu_anatomy.json     # ~2 min on 2 shared cores
 

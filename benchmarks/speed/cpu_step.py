@@ -1,4 +1,4 @@
-"""DFlash against AR on a CPU (issue 21): what a step costs on the embedded pair's shape, and tok/s in process.
+"""DFlash against AR on a CPU: what a step costs on the embedded pair's shape, and tok/s in process.
 
     python -m benchmarks.speed.cpu_step --out cpu_step.json                  # ~6 min on 2 shared cores
     python -m benchmarks.speed.cpu_step --draft-shapes 1x256,1x512,1x768,2x256,2x512,2x768 --batches 1 \\

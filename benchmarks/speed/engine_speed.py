@@ -1,4 +1,4 @@
-"""Builtin engine speed on one GPU (issues 10, 24): the fast path's AR vs DFlash, transformers `generate`, memory.
+"""Builtin engine speed on one GPU: the fast path's AR vs DFlash, transformers `generate`, memory.
 
 One run prints one table: per concurrency AR, DFlash verifying the whole block every step (fixed 16), and
 DFlash choosing its verify width by load (adaptive, the server's default), with the widths it chose. Setup: a Qwen3-8B-shaped target (36 layers, hidden 4096, bf16) and a

@@ -1,4 +1,4 @@
-"""Where a served run's host time goes: `serve --fast` under load, sampled by py-spy (issue 20).
+"""Where a served run's host time goes: `serve --fast` under load, sampled by py-spy.
 
     python -m benchmarks.speed.serve_profile --py-spy PATH --data-dir DIR --out profile.json
 

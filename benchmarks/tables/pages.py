@@ -104,7 +104,7 @@ TABLES: list[Entry] = [
           "python -m benchmarks.speed.step_anatomy --out step_anatomy.json", gpu.step_anatomy),
     Entry("engine_speed_adaptive", "docs/results/fast-path-gpu.md", ("engine_speed_h100_adaptive.json",),
           "python -m benchmarks.speed.engine_speed --out F --soak 300 --hf-tokens 16", gpu.engine_speed_adaptive),
-    # the same command after the scheduler refactor (issue 45): tokens and speed unchanged within noise
+    # the same command before and after one scheduler took every step's decisions: tokens and speed unchanged within noise
     Entry("engine_speed_scheduler", "docs/results/fast-path-gpu.md",
           ("engine_speed_h100_adaptive.json", "engine_speed_h100_scheduler.json"),
           "python -m benchmarks.speed.engine_speed --out F --soak 300 --hf-tokens 16 (each)", gpu.engine_speed_before_after),

@@ -152,7 +152,7 @@ class ServerRecord(_Open):
     log_path: str | None = None
     env_names: list[str] = Field(default_factory=list)
     gpus: int | None = None  # GPUs the launched server used (profiles.server_gpus)
-    identity: ServerIdentity | None = None  # what was checked after the launch (None: written before issue 43)
+    identity: ServerIdentity | None = None  # what was checked after the launch (None: a folder written before launches were checked)
     weights: str | None = None  # what the server loaded where the profile converts it (llama.cpp: "GGUF f32")
 
     @model_serializer(mode="wrap")
