@@ -11,7 +11,7 @@ pytest.importorskip("transformers")
 
 from dflash_bench.engine.build import build_engine  # noqa: E402
 from dflash_bench.engine.fast.draft import FastDrafter  # noqa: E402
-from dflash_bench.engine.fast.model import FastTarget  # noqa: E402
+from dflash_bench.engine.fast.dense import DenseTarget  # noqa: E402
 from dflash_bench.engine.fast.runner import FastRunner  # noqa: E402
 from dflash_bench.engine.fast.timer import StepTimer  # noqa: E402
 from dflash_bench.engine.sampling import SamplingParams  # noqa: E402
@@ -39,7 +39,7 @@ def tiny_engines(arch: str, tmp_path_factory):
 
 def fast_runner(df, *, drafter=True, kernels=None, **kw):
     """kernels None: the CPU kernels where a C compiler builds them (else the torch path); False: the torch path."""
-    t = FastTarget(df.target.model, max_slots=SLOTS, max_len=MAX_LEN, kernels=kernels)
+    t = DenseTarget(df.target.model, max_slots=SLOTS, max_len=MAX_LEN, kernels=kernels)
     d = FastDrafter(df.proposer.drafter, t.embed, t.head, max_slots=SLOTS, max_len=MAX_LEN,
                     kernels=kernels) if drafter else None
     runner = FastRunner(t, d, kv_block=16, **kw)

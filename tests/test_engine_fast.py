@@ -15,7 +15,7 @@ import torch  # noqa: E402
 from dflash_bench.engine.build import build_engine  # noqa: E402
 from dflash_bench.engine.decode import generate as ref_generate  # noqa: E402
 from dflash_bench.engine.fast.draft import FastDrafter  # noqa: E402
-from dflash_bench.engine.fast.model import FastTarget  # noqa: E402
+from dflash_bench.engine.fast.dense import DenseTarget  # noqa: E402
 from dflash_bench.engine.fast.drive import decode, generate  # noqa: E402
 from dflash_bench.engine.fast.runner import FastRunner  # noqa: E402
 from dflash_bench.engine.sampling import SamplingParams  # noqa: E402
@@ -189,7 +189,7 @@ def test_fast_target_applies_sliding_windows(tmp_path, arch):
     ref = build_engine(str(tmp_path), mode="ar", max_slots=SLOTS, max_len=MAX_LEN, dtype="float64")
     prompts = tiny_prompts(ref.tok, 3)
     want = [s.out for s in ref_generate(ref, prompts, SamplingParams(max_tokens=24, ignore_eos=True))]
-    runner = FastRunner(FastTarget(ref.target.model, max_slots=SLOTS, max_len=MAX_LEN), kv_block=16)
+    runner = FastRunner(DenseTarget(ref.target.model, max_slots=SLOTS, max_len=MAX_LEN), kv_block=16)
     assert generate(runner, prompts, 24) == want
 
 
@@ -203,7 +203,7 @@ def test_fast_target_refuses_biases_it_would_drop():
     cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                       num_key_value_heads=1, attention_bias=True)
     with pytest.raises(UserError, match="without --fast"):
-        FastTarget(AutoModelForCausalLM.from_config(cfg), max_slots=1, max_len=16)
+        DenseTarget(AutoModelForCausalLM.from_config(cfg), max_slots=1, max_len=16)
 
     from dflash_bench.engine.drafter import DFlashDrafter, DrafterConfig
     from dflash_bench.engine.tiny import drafter_config
@@ -280,7 +280,7 @@ def test_a_head_dim_the_kernels_cannot_run_is_refused_at_load(tmp_path, kernels)
     target, drafter = make_tiny_pair(tmp_path, hidden=hidden)
     hf = load_model(str(target), dtype=torch.float32, device="cpu")
     which = "Triton kernels take power-of-two head dims of 16 or more" if kernels is True else "C kernels take"
-    for build, what in ((lambda k: FastTarget(hf, max_slots=2, max_len=64, kernels=k), "target"),
+    for build, what in ((lambda k: DenseTarget(hf, max_slots=2, max_len=64, kernels=k), "target"),
                         (lambda k: FastDrafter(load_drafter(str(drafter), target_hidden=hidden, target_layers=4,
                                                             target_vocab=hf.lm_head.weight.shape[0], dtype=torch.float32, device="cpu"), hf.model.embed_tokens.weight,
                                                hf.lm_head.weight, max_slots=2, max_len=64, kernels=k), "drafter")):

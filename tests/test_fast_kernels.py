@@ -183,7 +183,7 @@ def test_fast_path_with_kernels_is_lossless(tmp_path):
     from dflash_bench.engine.build import build_engine
     from dflash_bench.engine.decode import generate as ref_generate
     from dflash_bench.engine.fast.draft import FastDrafter
-    from dflash_bench.engine.fast.model import FastTarget
+    from dflash_bench.engine.fast.dense import DenseTarget
     from dflash_bench.engine.fast.drive import generate
     from dflash_bench.engine.fast.runner import FastRunner
     from dflash_bench.engine.fast.timer import StepTimer
@@ -199,7 +199,7 @@ def test_fast_path_with_kernels_is_lossless(tmp_path):
     ref = [s.out for s in ref_generate(ar, prompts, SamplingParams(max_tokens=N, ignore_eos=True))]
 
     def runner(with_drafter: bool, kernels: bool) -> FastRunner:
-        t = FastTarget(df.target.model, max_slots=SLOTS, max_len=MAX_LEN, kernels=kernels)
+        t = DenseTarget(df.target.model, max_slots=SLOTS, max_len=MAX_LEN, kernels=kernels)
         d = FastDrafter(df.proposer.drafter, t.embed, t.head, max_slots=SLOTS, max_len=MAX_LEN,
                         kernels=kernels) if with_drafter else None
         assert (t.kernels is not None) == kernels

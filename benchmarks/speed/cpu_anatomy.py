@@ -35,7 +35,7 @@ from benchmarks.speed.cpu_step import PAIR, random_prompts
 from dflash_bench.engine.drafter import load_drafter
 from dflash_bench.engine.fast import cpu_kernels
 from dflash_bench.engine.fast.draft import FastDrafter
-from dflash_bench.engine.fast.model import FastTarget
+from dflash_bench.engine.fast.dense import DenseTarget
 from dflash_bench.engine.fast.runner import FastRunner
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,17 +67,17 @@ def cpu_name() -> str:
         return platform.processor() or "unknown CPU"
 
 
-def load_pair(max_slots: int, max_len: int) -> tuple[FastTarget, FastDrafter]:
+def load_pair(max_slots: int, max_len: int) -> tuple[DenseTarget, FastDrafter]:
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(str(PAIR / "target"), dtype=torch.float32).eval()
-    target = FastTarget(hf, max_slots=max_slots, max_len=max_len, kernels="cpu")
+    target = DenseTarget(hf, max_slots=max_slots, max_len=max_len, kernels="cpu")
     d = load_drafter(PAIR / "drafter", target_hidden=hf.config.hidden_size, target_layers=hf.config.num_hidden_layers,
                      target_vocab=target.vocab_size, dtype=torch.float32, device=torch.device("cpu")).eval()
     return target, FastDrafter(d, target.embed, target.head, max_slots=max_slots, max_len=max_len, kernels="cpu")
 
 
-def one(target: FastTarget, drafter: FastDrafter, w: int, prompts: list[list[int]], steps: int, tau: float,
+def one(target: DenseTarget, drafter: FastDrafter, w: int, prompts: list[list[int]], steps: int, tau: float,
         seed: int) -> dict:
     """Mean ms per step of each kernel, "other" and the wall time, over `steps` steps of width w (0: AR)."""
     r = FastRunner(target, None) if w == 0 else FastRunner(target, drafter, width=w, cut_draft=True,

@@ -49,7 +49,7 @@ import torch
 
 from dflash_bench.engine.drafter import DFlashDrafter, DrafterConfig, load_drafter
 from dflash_bench.engine.fast.draft import FastDrafter
-from dflash_bench.engine.fast.model import FastTarget
+from dflash_bench.engine.fast.dense import DenseTarget
 from dflash_bench.engine.fast.accept import synthetic_rate
 from dflash_bench.engine.fast.drive import decode
 from dflash_bench.engine.fast.runner import FastRunner
@@ -59,7 +59,7 @@ from dflash_bench.engine.target import load_model
 ROOT = Path(__file__).resolve().parents[2]
 
 PAIR = ROOT / "dflash_bench" / "assets" / "default_pair"
-KERNELS = {"auto": None, "cpu": "cpu", "torch": False}  # FastTarget's `kernels`
+KERNELS = {"auto": None, "cpu": "cpu", "torch": False}  # DenseTarget's `kernels`
 
 
 def parse_shapes(text: str) -> list[tuple[int, int]]:
@@ -123,7 +123,7 @@ def kinds(w: int, B: int, draft: str) -> list[bool]:
     return {"block": [False], "cut": [True], "both": [False, True]}[draft]
 
 
-def step_costs(targets: tuple[FastTarget, FastTarget], drafters: dict[str, FastDrafter], a) -> list[dict]:
+def step_costs(targets: tuple[DenseTarget, DenseTarget], drafters: dict[str, FastDrafter], a) -> list[dict]:
     """Per batch, drafter, width and draft kind, `interleaved` AR and DFlash steps, every round; medians over
     rounds (the ratio: the median of each round's own ratio)."""
     vocab = targets[0].vocab_size
@@ -161,11 +161,11 @@ def step_costs(targets: tuple[FastTarget, FastTarget], drafters: dict[str, FastD
     return rows
 
 
-def compare_torch(hf, target: FastTarget, drafter_cfg: Path, shape: tuple[int, int], max_len: int, a) -> list[dict]:
+def compare_torch(hf, target: DenseTarget, drafter_cfg: Path, shape: tuple[int, int], max_len: int, a) -> list[dict]:
     """The same steps on the torch path (plain torch ops, MKL's sgemm, SDPA) and on `target`'s kernels, one step
     of each in turn (`interleaved`): AR, and DFlash at `--compare-width` with cut drafts, per batch."""
     S = max(a.batches)
-    plain = FastTarget(hf, max_slots=S, max_len=max_len, kernels=False)
+    plain = DenseTarget(hf, max_slots=S, max_len=max_len, kernels=False)
     d = random_drafter(drafter_cfg, *shape)
     fd = FastDrafter(d, target.embed, target.head, max_slots=S, max_len=max_len, kernels=None)
     fd_plain = FastDrafter(d, plain.embed, plain.head, max_slots=S, max_len=max_len, kernels=False)
@@ -219,7 +219,7 @@ def decode_rate(runner: FastRunner, prompts: list[list[int]], new: int) -> dict:
     return out
 
 
-def throughput(target: FastTarget, fd: FastDrafter, prompts_for, a, tau: float | None, cuts: list[bool]) -> list[dict]:
+def throughput(target: DenseTarget, fd: FastDrafter, prompts_for, a, tau: float | None, cuts: list[bool]) -> list[dict]:
     """AR vs DFlash (adaptive width, whole-block and/or cut drafts) per concurrency, median tok/s over rounds."""
     rows = []
     for c in a.concurrency:
@@ -318,8 +318,8 @@ def main() -> None:
     max_len = min(-(-max_len // 256) * 256, hf.config.max_position_embeddings)
     S = max(a.batches + a.concurrency)
     kernels = KERNELS[a.kernels]
-    target = FastTarget(hf, max_slots=S, max_len=max_len, kernels=kernels)
-    df_target = FastTarget(hf, max_slots=S, max_len=max_len, kernels=kernels)  # its own cache, for interleaving
+    target = DenseTarget(hf, max_slots=S, max_len=max_len, kernels=kernels)
+    df_target = DenseTarget(hf, max_slots=S, max_len=max_len, kernels=kernels)  # its own cache, for interleaving
     res: dict = dict(machine=platform.processor() or platform.machine(), cpus=os.cpu_count(), torch=torch.__version__,
                      threads=torch.get_num_threads(),
                      kernels=target.kernels.gemm.__name__.rpartition(".")[2] if target.kernels else "torch ops",

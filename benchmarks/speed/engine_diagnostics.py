@@ -12,7 +12,8 @@ import time
 import torch
 
 from dflash_bench.engine.fast.draft import FastDrafter
-from dflash_bench.engine.fast.model import FastTarget, matmul
+from dflash_bench.engine.fast.dense import DenseTarget
+from dflash_bench.engine.fast.model import matmul
 from dflash_bench.engine.fast.drive import generate
 from dflash_bench.engine.fast.runner import FastRunner
 from dflash_bench.engine.fast.timer import StepTimer
@@ -41,7 +42,7 @@ def copy_bandwidth(dev) -> float:
     return bw
 
 
-def matmul_chain_ms(target: FastTarget, dev) -> float:
+def matmul_chain_ms(target: DenseTarget, dev) -> float:
     """Diagnostic: one batch-1 step's weight matmuls alone (graph replay), with the matmul the target runs
     (the skinny Triton kernel with kernels on, cuBLAS without)."""
     if dev.type != "cuda":
@@ -118,7 +119,7 @@ def lossless_tiny(dev) -> dict:
             df = build_engine(str(t), str(d), mode="dflash", **kw)
             ps = [ar.tok(f"prompt {i} " + "the cat sat " * (i + 1)).input_ids for i in range(8)]
             ref = [s.out for s in ref_generate(ar, ps, SamplingParams(max_tokens=64, ignore_eos=True))]
-            ft = FastTarget(df.target.model, max_slots=8, max_len=512)
+            ft = DenseTarget(df.target.model, max_slots=8, max_len=512)
             fd = FastDrafter(df.proposer.drafter, ft.embed, ft.head, max_slots=8, max_len=512)
             fast_ar = generate(FastRunner(ft, None, kv_block=64), ps, 64)
             r, auto = FastRunner(ft, fd, kv_block=64), FastRunner(ft, fd, kv_block=64, adaptive=True)

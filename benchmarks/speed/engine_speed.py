@@ -22,7 +22,7 @@ import torch
 
 from dflash_bench.engine.drafter import DFlashDrafter, DrafterConfig
 from dflash_bench.engine.fast.draft import FastDrafter
-from dflash_bench.engine.fast.model import FastTarget
+from dflash_bench.engine.fast.dense import DenseTarget
 from dflash_bench.engine.fast.drive import decode, generate
 from dflash_bench.engine.fast.runner import FastRunner
 from dflash_bench.engine.fast.timer import StepTimer
@@ -189,7 +189,7 @@ def main() -> None:
     res["copy_bw"] = bw = copy_bandwidth(dev)
     S = max(a.concurrency)
     max_len = -(-(a.prompt_len + a.new_tokens + 2 * shape["block"] + 8) // a.kv_block) * a.kv_block
-    target = FastTarget(hf, max_slots=S, max_len=max_len)
+    target = DenseTarget(hf, max_slots=S, max_len=max_len)
     fd = FastDrafter(drafter, target.embed, target.head, max_slots=S, max_len=max_len)
     res["target_gb"], res["drafter_gb"] = target.weight_bytes() / 1e9, fd.weight_bytes() / 1e9
     res["kernels"] = "triton" if target.kernels else "torch"
@@ -260,7 +260,7 @@ def main() -> None:
     save(res, a.out)
     if a.torch_path:
         del ar, df
-        plain = FastTarget(hf, max_slots=1, max_len=max_len, kernels=False)
+        plain = DenseTarget(hf, max_slots=1, max_len=max_len, kernels=False)
         res["torch_path_ar_c1"] = c = timed(FastRunner(plain, None, kv_block=a.kv_block),
                                             prompts(1, a.prompt_len, shape["vocab"], 101), a.new_tokens, dev)
         print(f"without the Triton kernels: AR batch 1 {c['tok_s']:.1f} tok/s ({c['step_ms']:.2f} ms/step, "

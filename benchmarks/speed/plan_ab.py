@@ -23,7 +23,7 @@ import torch
 
 from dflash_bench.engine.fast import triton_gemm
 from dflash_bench.engine.fast.draft import FastDrafter
-from dflash_bench.engine.fast.model import FastTarget
+from dflash_bench.engine.fast.dense import DenseTarget
 from dflash_bench.engine.fast.runner import FastRunner
 
 from benchmarks.speed.engine_speed import SHAPES, build_pair, prompts, timed
@@ -67,7 +67,7 @@ def main() -> None:
     torch.manual_seed(0)
     shape = SHAPES["qwen3-8b"]
     hf, drafter = build_pair(shape, dev, torch.bfloat16)
-    target = FastTarget(hf, max_slots=1, max_len=1024)
+    target = DenseTarget(hf, max_slots=1, max_len=1024)
     fd = FastDrafter(drafter, target.embed, target.head, max_slots=1, max_len=1024)
     prompt = prompts(1, 128, shape["vocab"], 101)
     engine_plan, overrides = triton_gemm.plan_for, {}

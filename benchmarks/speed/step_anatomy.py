@@ -21,7 +21,7 @@ from collections import defaultdict
 import torch
 
 from dflash_bench.engine.fast.draft import FastDrafter
-from dflash_bench.engine.fast.model import FastTarget
+from dflash_bench.engine.fast.dense import DenseTarget
 from dflash_bench.engine.fast.runner import FastRunner
 
 from benchmarks.speed.engine_speed import SHAPES, build_pair, prompts
@@ -99,7 +99,7 @@ def main() -> None:
     shape = SHAPES[a.shape]
     hf, drafter = build_pair(shape, dev, torch.bfloat16)
     max_len = a.context + 16 * (a.steps + 8) + 256
-    target = FastTarget(hf, max_slots=1, max_len=max_len)
+    target = DenseTarget(hf, max_slots=1, max_len=max_len)
     fd = FastDrafter(drafter, target.embed, target.head, max_slots=1, max_len=max_len)
     res = {"device": torch.cuda.get_device_name(), "shape": a.shape, "context": a.context}
     p = prompts(1, a.context, shape["vocab"], 3)[0]

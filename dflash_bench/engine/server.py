@@ -188,7 +188,7 @@ def build_app(loop: EngineLoop, model_name: str) -> FastAPI:
     return app
 
 
-# serve --prefill: see EngineLoop, fast/mixed.py; auto is mixed for AR on the fast path on a GPU (its best on the
+# serve --prefill: see EngineLoop, fast/dense.py (`forward_mixed`); auto is mixed for AR on the fast path on a GPU (its best on the
 # 8B shape at 32 rows, README), first everywhere else
 PREFILL = ("auto", "first", "mixed")
 

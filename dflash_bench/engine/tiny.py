@@ -101,14 +101,15 @@ def _target_config(arch: str, layers: int, hidden: int):
     raise ValueError(f"unknown tiny architecture {arch!r}; use 'qwen3', 'llama', 'gemma3' or 'gemma4'")
 
 
-def drafter_config(target_cfg, *, layers: int, block_size: int, target_layer_ids: list[int]) -> dict:
-    """A z-lab style drafter config.json (a Qwen3 config plus block_size and dflash_config); for a Gemma 4 target,
+def drafter_config(target_cfg, *, layers: int, block_size: int, target_layer_ids: list[int], gemma: bool = False
+                   ) -> dict:
+    """A z-lab style drafter config.json (a Qwen3 config plus block_size and dflash_config); `gemma` (a Gemma 4 target),
     the gemma-4 drafter's knobs: sliding (causal, windowed) and full draft layers, the target's embedding scale
     and its final-logit softcapping on the draft path."""
     hidden = target_cfg.hidden_size
-    gemma = {}
-    if target_cfg.model_type == "gemma4_text":
-        gemma = {"layer_types": ["sliding_attention"] * (layers - 1) + ["full_attention"], "sliding_window": 4,
+    extra = {}
+    if gemma:
+        extra = {"layer_types": ["sliding_attention"] * (layers - 1) + ["full_attention"], "sliding_window": 4,
                  "use_sliding_window": True}
     base = {
         "architectures": ["DFlashDraftModel"],
@@ -133,7 +134,7 @@ def drafter_config(target_cfg, *, layers: int, block_size: int, target_layer_ids
     if gemma:
         base["dflash_config"].update(input_embedding_scale=hidden**0.5,
                                      final_logit_softcapping=target_cfg.final_logit_softcapping)
-    return {**base, **gemma}
+    return {**base, **extra}
 
 
 def make_tiny_pair(
@@ -179,7 +180,8 @@ def make_tiny_pair(
     ids = sorted({0, max(0, layers // 2), max(0, layers - 2)})
     if arch == "gemma4":  # six target features, as the gemma-4-31B drafter reads
         ids = [round(i * (layers - 2) / 5) for i in range(6)]  # not the last layer (HF reports it normed)
-    dcfg = DrafterConfig.from_dict(drafter_config(cfg, layers=draft_layers, block_size=block_size, target_layer_ids=ids))
+    dcfg = DrafterConfig.from_dict(drafter_config(cfg, layers=draft_layers, block_size=block_size, target_layer_ids=ids,
+                                                 gemma=arch == "gemma4"))
     drafter = DFlashDrafter(dcfg)
     drafter.init_random(seed)
     if predictable:

@@ -1,7 +1,9 @@
 """The builtin engine's fast path for one GPU (gpt-fast / nano-vllm style).
 
-- `model.py`: a fused Qwen3/Llama forward (one QKV and one gate/up matmul per layer) over a static slot KV
-  cache, where batch row == slot.
+- `family.py`: the model families (the one registry keyed by model type) and the Target / Drafter protocols;
+  `model.py`: what every target's forward shares (one QKV and one gate/up matmul per layer over a static slot
+  KV cache, where batch row == slot); `dense.py` (Qwen3/Qwen2/Llama/Mistral) and `gemma.py` (Gemma 4): the
+  families' targets.
 - `triton_gemm.py`, `triton_ops.py`, `triton_attn.py`: on a GPU, every decode-step kernel in Triton (the
   skinny matmuls of 1-32 rows; residual add + RMSNorm, q/k norm + RoPE + KV write, silu * up, the
   vocabulary argmax, the step's commit; split-K attention over each row's valid keys).

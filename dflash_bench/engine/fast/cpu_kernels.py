@@ -9,7 +9,7 @@ packed once by `pack`) reads each weight once for up to 6 rows (benchmarks/cpu_s
 
 float32 and float64 (the tests' dtype). Built once per source and flags into the cache folder
 (DFLASH_BENCH_CACHE, else ~/.cache/dflash-bench) with `cc -O3 -march=native`, about 1.5 s; `load` returns
-None where no compiler builds it (the torch path then runs; `FastTarget(kernels=False)`, or
+None where no compiler builds it (the torch path then runs; `DenseTarget(kernels=False)`, or
 `serve --fast --no-kernels`, runs it by choice). Each call releases the GIL while it runs (ctypes).
 """
 

@@ -7,7 +7,6 @@ attends to context and block (non-causal, or causal with a window on sliding lay
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
@@ -15,8 +14,8 @@ import torch
 from dflash_bench.engine.drafter import DFlashDrafter
 from dflash_bench.engine.fast.kernels import check_head_dims, load_kernels, prepared
 from dflash_bench.engine.fast.layout import drafter_kind
-from dflash_bench.engine.fast.model import (KVCache, Layer, StepAttention, embed_norm, matmul, norm, offsets, rms_norm,
-                                            run_layers)
+from dflash_bench.engine.fast.model import (KVCache, StepAttention, embed_norm, fuse_layer, matmul, norm, offsets,
+                                            rms_norm, run_layers, weight_bytes)
 from dflash_bench.engine.rope import cos_sin, inv_freq, rope
 from dflash_bench.errors import UserError
 
@@ -41,7 +40,7 @@ class FastDrafter:
         layers: list[Any] = list(drafter.layers)  # the drafter's modules, read by attribute
         kv = [torch.cat([ly.self_attn.k_proj.weight, ly.self_attn.v_proj.weight]).detach() for ly in layers]
         self.wkv = prepared(self.kernels, torch.cat(kv))
-        self.layers = [self._fuse(ly) for ly in layers]
+        self.layers = [fuse_layer(ly, self.kernels, self.H, self.hkv) for ly in layers]
         kvd = 2 * self.hkv * self.hd
         biases = [ly.bqkv[-kvd:] for ly in self.layers if ly.bqkv is not None]  # every layer's or none
         self.bkv = torch.cat(biases) if biases else None
@@ -56,27 +55,9 @@ class FastDrafter:
                                        eps=self.eps, scale=self.hd ** -0.5, kinds=self.kinds, inv_freq=self.inv_freq,
                                        rope_scale=1.0)
 
-    def _fuse(self, layer) -> Layer:
-        a, m = layer.self_attn, layer.mlp
-        projs = (a.q_proj, a.k_proj, a.v_proj)
-        mm = functools.partial(prepared, self.kernels)
-        return Layer(
-            wqkv=mm(torch.cat([p.weight.detach() for p in projs])),
-            bqkv=torch.cat([p.bias.detach() for p in projs]) if a.q_proj.bias is not None else None,
-            wo=mm(a.o_proj.weight.detach()),
-            wqk=torch.cat([a.q_norm.weight.detach().expand(self.H, -1), a.k_norm.weight.detach().expand(self.hkv, -1)]),
-            ln1=layer.input_layernorm.weight.detach(),
-            ln2=layer.post_attention_layernorm.weight.detach(),
-            w13=mm(torch.cat([m.gate_proj.weight.detach(), m.up_proj.weight.detach()])),
-            w2=mm(m.down_proj.weight.detach()),
-        )
-
     def weight_bytes(self) -> int:
         """Bytes one draft step reads: the drafter's weights plus the target's lm_head it borrows."""
-        n = self.fc.numel() + self.lm_head.numel()
-        for ly in self.layers:
-            n += ly.wqkv.numel() + ly.wo.numel() + ly.w13.numel() + ly.w2.numel()
-        return n * self.embed.element_size()
+        return weight_bytes(self.layers, self.fc, self.lm_head)
 
     def write_context(self, feats: torch.Tensor | list[torch.Tensor], pos: torch.Tensor, row0: int, *,
                       lane: int = 0, slot: torch.Tensor | None = None) -> None:
@@ -124,7 +105,7 @@ class FastDrafter:
         if pos is None:
             pos = starts[:, None] + offsets(n, starts.device)
         attend = self.attention(pos, starts, row0, L)
-        _, x, _ = run_layers(self.layers, h, x, attend, self.norm, self.eps, self.kernels)
+        _, x = run_layers(self.layers, h, x, attend, self.norm, self.eps, self.kernels)
         # a contiguous [bs * (n-1), hidden] input: on a strided 3-D view F.linear falls back to a batched
         # matmul that reads the whole lm_head once per row
         return x.view(bs, n, -1)[:, 1:].reshape(bs * (n - 1), -1)

@@ -9,21 +9,18 @@ when the caller says it is a benchmark.
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import torch
 
 from dflash_bench.engine.bookkeeping import Bookkeeping, Delta, Seq, Stats, step_logprobs
 from dflash_bench.engine.fast.draft import FastDrafter
-from dflash_bench.engine.fast.gemma import GemmaTarget
-from dflash_bench.engine.fast.model import FastTarget
+from dflash_bench.engine.fast.family import family_of, load_target
 from dflash_bench.engine.fast.runner import FastRunner
 from dflash_bench.engine.fast.scheduler import PREFILL_TOKENS, Row
 from dflash_bench.engine.sampling import SamplingParams
 from dflash_bench.errors import UserError
 
-
-FAST_MODEL_TYPES = ("qwen3", "qwen2", "llama", "mistral", "gemma4_text")
 
 
 class FastEngine:
@@ -34,16 +31,15 @@ class FastEngine:
     def __init__(self, model, tokenizer, drafter=None, *, eos_ids: list[int], max_slots: int, max_len: int,
                  synthetic_tau: float | None = None, kv_block: int = 256, step_ahead: bool = True,
                  adaptive: bool = True, cut_draft: bool = False, mixed: bool = False, kernels: bool = True,
-                 width: int | None = None):
-        """`model`: the loaded Hugging Face target (`target.load_model`); `drafter`: a `DFlashDrafter` or None.
-        `mixed` (AR): a prompt admitted while rows decode rides in their next step's forward (`fast/mixed.py`).
+                 width: int | None = None, consume: bool = False):
+        """`model`: the loaded Hugging Face target (`target.load_model`; with `consume` its layers are dropped once
+        copied); `drafter`: a `DFlashDrafter` or None. `mixed` (AR): a prompt admitted while rows decode rides in
+        their next step's forward (`DenseTarget.forward_mixed`), where the target's family lets prompts ride.
         `kernels` False: plain torch ops instead of the step's kernels (Triton on a GPU, C on a CPU), to compare.
         `width` (not `adaptive`): tokens every step verifies per row (default: the whole block)."""
         want = None if kernels else False
-        gemma = model.config.get_text_config().model_type == "gemma4_text"
-        ft = (cast(FastTarget, GemmaTarget(model, max_slots=max_slots, max_len=max_len, kernels=want, consume=True))
-              if gemma else FastTarget(model, max_slots=max_slots, max_len=max_len, kernels=want))  # one interface
-        mixed = mixed and not gemma  # a Gemma 4 step carries no prompts: they are prefilled first
+        ft = load_target(model, max_slots=max_slots, max_len=max_len, kernels=want, consume=consume)
+        mixed = mixed and ft.rides
         fd = (FastDrafter(drafter, ft.embed, ft.head, max_slots=max_slots, max_len=max_len, kernels=want)
               if drafter is not None else None)
         self.runner = FastRunner(ft, fd, kv_block=kv_block, synthetic_tau=synthetic_tau, keep_logits=True,
@@ -187,9 +183,7 @@ def build_fast_engine(model: str, draft: str | None = None, *, mode: str = "dfla
     tok = tokenizer or load_tokenizer(model)
     hf: Any = load_model(model, dtype=dt, device=device, dummy=dummy)  # a transformers model
     cfg = hf.config.get_text_config()
-    kind = getattr(cfg, "model_type", "?")
-    if kind not in FAST_MODEL_TYPES:
-        raise UserError(f"the fast path runs {', '.join(FAST_MODEL_TYPES)} models, not {kind!r}: serve without --fast")
+    family_of(cfg)  # one sentence when the fast path runs no such model
     drafter = None
     if mode == "dflash":
         assert draft is not None  # checked above
@@ -204,5 +198,5 @@ def build_fast_engine(model: str, draft: str | None = None, *, mode: str = "dfla
                            utilization=memory_utilization, nbytes=kv_cache_memory_bytes)
     return FastEngine(hf, tok, drafter, eos_ids=eos_ids(hf, tok), max_slots=max_slots, max_len=max_len,
                       synthetic_tau=synthetic_tau, step_ahead=step_ahead, adaptive=adaptive, cut_draft=cut_draft,
-                      mixed=mixed, kernels=kernels, width=width)
+                      mixed=mixed, kernels=kernels, width=width, consume=True)
 

@@ -1,6 +1,6 @@
-"""Gemma 4 (`gemma4_text`) on the fast path: the target's forward over its two kinds of layers.
+"""Gemma 4 (text) on the fast path: the target's forward over its two kinds of layers.
 
-What differs from `model.FastTarget` (Qwen3/Llama), and how it is done here:
+What differs from `dense.DenseTarget` (Qwen3/Llama), and how it is done here:
 - sliding layers (16 KV heads x 256 on the 31B, window 1024, full rotary at theta 1e4) and full layers (4 x 512,
   the key projection serving as the value, `attention_k_eq_v`; proportional rotary, 0.25 of the head rotated):
   each kind its own KV cache, RoPE table and head size (`Kind`);
@@ -11,7 +11,10 @@ What differs from `model.FastTarget` (Qwen3/Llama), and how it is done here:
   ring in place; prefill and the torch path attend over the ring's earlier keys and the step's own;
 - q and k RMSNorm with weights, v RMSNorm without; attention scale 1; the embedding times sqrt(hidden) (rounded to
   the weights' dtype, as transformers does); four norms a layer (after attention and after the MLP, then the
-  residual add, times the layer's scalar); GeGLU with tanh GELU; the final logits softcapped (tanh, 30); tied head.
+  residual add, times the layer's scalar); GeGLU with tanh GELU; the final logits softcapped (tanh, 30); tied head;
+- its own Triton kernels beside the shared ones (`triton_gemma.py`: q/k/v norms + RoPE + cache write in one launch,
+  GeGLU, the sandwich norms), picked here; torch ops on the CPU kernels' path;
+- prompts do not ride a decode step (`rides` False): they are prefilled first.
 
 The decoder layers' weights are copied into fused projections and, with `consume`, each HF layer is dropped as
 soon as it is copied (a 31B model then never sits in memory twice). Per-layer embeddings (E2B/E4B), MoE blocks
@@ -21,16 +24,17 @@ and KV sharing are refused in one sentence.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from types import ModuleType
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dflash_bench.engine.fast.kernels import check_head_dims, load_kernels, prepared
-from dflash_bench.engine.fast.layout import GEMMA_KINDS, gemma_kinds
-from dflash_bench.engine.fast.model import (KERNEL_MAX_QUERIES, add_rms_norm, attention, embed_norm, matmul, offsets,
-                                            softcap)
+from dflash_bench.engine.fast.kernels import Kernels, check_head_dims, load_kernels, prepared
+from dflash_bench.engine.fast.layout import GEMMA_KINDS, CacheKind, gemma_kinds
+from dflash_bench.engine.fast.model import (KERNEL_MAX_QUERIES, DecoderTarget, Taps, add_rms_norm, attention,
+                                            embed_norm, fused, matmul, offsets, weight_bytes)
 from dflash_bench.engine.rope import cos_sin, kernel_tables, rope
 from dflash_bench.errors import UserError
 
@@ -65,11 +69,6 @@ class Kind:
     v: list[torch.Tensor]
 
 
-class SlotCount:
-    def __init__(self, slots: int):
-        self.slots = slots
-
-
 def check_fast_gemma(cfg) -> None:
     """What the fast path's Gemma 4 forward does not run, in one sentence."""
     if getattr(cfg, "hidden_size_per_layer_input", 0):
@@ -99,12 +98,19 @@ def qkv_torch(qkv: torch.Tensor, H: int, hkv: int, hd: int, qn: torch.Tensor, kn
     return rope(q, cos, sin), rope(k, cos, sin), v
 
 
-def _w(m: nn.Linear) -> torch.Tensor:
-    return m.weight.detach()
+def gemma_kernels(kernels: Kernels | None) -> ModuleType | None:
+    """Gemma 4's own Triton kernels, beside the shared ones of a Triton step (None: torch ops)."""
+    if kernels is None or kernels.name != "triton":
+        return None
+    from dflash_bench.engine.fast import triton_gemma
+
+    return triton_gemma
 
 
-class GemmaTarget:
-    """`FastTarget`'s interface (forward, lm_head, kernels, cache.slots, ...) for `gemma4_text` models."""
+class GemmaTarget(DecoderTarget):
+    """A Gemma 4 text target on the fast path (`family.Target`)."""
+
+    rides: ClassVar[bool] = False  # a Gemma 4 step carries no prompts: they are prefilled first
 
     def __init__(self, hf_model: Any, *, max_slots: int, max_len: int, kernels: bool | str | None = None,
                  consume: bool = False):
@@ -123,12 +129,13 @@ class GemmaTarget:
         self.kernels = load_kernels(self.device, kernels, self.dtype)
         self.lm_head = prepared(self.kernels, self.head)
         self.scale = float(inner.layers[0].self_attn.scaling)
-        self.max_len, self.cache = max_len, SlotCount(max_slots)
-        self.kinds = self._kinds(cfg, inner.rotary_emb, max_slots, max_len)
+        self.max_len, self.slots = max_len, max_slots
+        self.caches: list[CacheKind] = gemma_kinds(cfg, max_len)  # the layout the pool sized (`layout.py`)
+        self.kinds = self._kinds(inner.rotary_emb, max_slots)
         check_head_dims(self.kernels, [k.hd for k in self.kinds], "target", self.dtype)
         # Triton's fused q/k/v norms + RoPE + cache write and GeGLU (torch ops on the CPU kernels' path and without)
-        fused = self.kernels.gemma if self.kernels is not None else None
-        self.fused = fused if fused is not None and all(fused.fits(k.hd) for k in self.kinds) else None
+        own = gemma_kernels(self.kernels)
+        self.fused = own if own is not None and all(own.fits(k.hd) for k in self.kinds) else None
         self.tables = [kernel_tables(torch.arange(max_len, device=self.device), k.inv_freq.to(self.device),
                                      k.rope_scale) for k in self.kinds] if self.fused is not None else []
         self.layers = []
@@ -137,9 +144,9 @@ class GemmaTarget:
             if consume:  # the HF layer's weights go now: a large model is not held twice
                 inner.layers[i] = nn.Module()
 
-    def _kinds(self, cfg, rot, slots: int, max_len: int) -> list[Kind]:
+    def _kinds(self, rot, slots: int) -> list[Kind]:
         kinds = []
-        for name, lay in zip(GEMMA_KINDS, gemma_kinds(cfg, max_len)):  # the layout the pool sized (`layout.py`)
+        for name, lay in zip(GEMMA_KINDS, self.caches):
             shape = (slots, lay.rows, lay.hkv, lay.hd)
             inv = getattr(rot, f"{name}_inv_freq", None)
             kinds.append(Kind(lay.hkv, lay.hd, lay.window, lay.ring,
@@ -152,37 +159,29 @@ class GemmaTarget:
     def _fuse(self, layer, cfg, i: int) -> GemmaLayer:
         a, m = layer.self_attn, layer.mlp
         kind = 0 if cfg.layer_types[i] == "sliding_attention" else 1
-        v = _w(a.v_proj) if a.v_proj is not None else _w(a.k_proj)  # k_eq_v: the raw key is the value
-        mm = lambda w: prepared(self.kernels, w)  # noqa: E731
+        v = a.v_proj if a.v_proj is not None else a.k_proj  # k_eq_v: the raw key is the value
         return GemmaLayer(
-            wqkv=mm(torch.cat([_w(a.q_proj), _w(a.k_proj), v])), wo=mm(_w(a.o_proj)),
+            wqkv=fused(self.kernels, a.q_proj, a.k_proj, v), wo=fused(self.kernels, a.o_proj),
             qn=a.q_norm.weight.detach(), kn=a.k_norm.weight.detach(),
             ln1=layer.input_layernorm.weight.detach(), post_attn=layer.post_attention_layernorm.weight.detach(),
             pre_ff=layer.pre_feedforward_layernorm.weight.detach(),
             post_ff=layer.post_feedforward_layernorm.weight.detach(),
-            w13=mm(torch.cat([_w(m.gate_proj), _w(m.up_proj)])), w2=mm(_w(m.down_proj)),
+            w13=fused(self.kernels, m.gate_proj, m.up_proj), w2=fused(self.kernels, m.down_proj),
             scalar=float(layer.layer_scalar), kind=kind,
             local=sum(1 for t in cfg.layer_types[:i] if (t == "sliding_attention") == (kind == 0)))
 
     def weight_bytes(self) -> int:
         """Bytes one decode step reads: every weight but the embedding table (the tied head is read whole)."""
-        n = self.norm.numel() + self.lm_head.numel()
-        for ly in self.layers:
-            n += sum(t.numel() for t in (ly.wqkv, ly.wo, ly.qn, ly.kn, ly.ln1, ly.post_attn, ly.pre_ff, ly.post_ff,
-                                         ly.w13, ly.w2))
-        return n * self.embed.element_size()
+        return weight_bytes(self.layers, self.norm, self.lm_head)
 
     def kv_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for k in self.kinds for t in k.k + k.v)
 
-    def forward(self, ids: torch.Tensor, starts: torch.Tensor, row0: int, L: int, *, last_only: bool = False,
-                taps: tuple[int, ...] = (), on_taps=None, head: bool = True, pos: torch.Tensor | None = None,
-                slot: torch.Tensor | None = None, last: torch.Tensor | None = None, lane: int = 0):
-        """`FastTarget.forward`'s contract. A prefill (`last`: each row's last prompt token) writes a sliding
-        layer's ring only with its rows' own newest positions, never their padding."""
+    def trunk(self, ids: torch.Tensor, pos: torch.Tensor, starts: torch.Tensor, row0: int, L: int,
+              slot: torch.Tensor | None, last: torch.Tensor | None, taps: Taps) -> torch.Tensor:
+        """A prefill (`last`: each row's last prompt token) writes a sliding layer's ring only with its rows' own
+        newest positions, never their padding."""
         bs, n = ids.shape
-        if pos is None:
-            pos = starts[:, None] + offsets(n, ids.device)
         ends = starts + n if last is None else last - offsets(bs, ids.device) * n + 1 + starts
         attend = self._attention(pos, starts, row0, L, slot, ends)
         kernels, eps = self.kernels, self.eps
@@ -199,24 +198,16 @@ class GemmaTarget:
         if self.fused is not None:  # in one launch
             sandwich = self.fused.norm_add_norm
         h, x = embed_norm(kernels, ids, self.embed, self.layers[0].ln1, eps, scale=self.embed_scale)
-        feats: dict[int, torch.Tensor] = {}
         for i, ly in enumerate(self.layers):
             nxt = self.layers[i + 1].ln1 if i + 1 < len(self.layers) else self.norm
             h, x = sandwich(h, mm(attend(ly, x), ly.wo), ly.post_attn, ly.pre_ff, eps)
             h, x = sandwich(h, mm(act(mm(x, ly.w13)), ly.w2), ly.post_ff, nxt, eps, ly.scalar)
-            if i in taps:
-                feats[i] = h
-                if on_taps is not None and len(feats) == len(set(taps)):
-                    on_taps([feats[t] for t in taps], pos)
-        if last_only and last is not None:
-            x = x.index_select(0, last)
-        elif last_only:
-            x = x.view(bs, n, -1)[:, -1].contiguous()
-        out = softcap(matmul(kernels, lane)(x, self.lm_head), self.softcap).view(bs, 1 if last_only else n, -1) \
-            if head else x
-        if not taps or on_taps is not None:
-            return out, None
-        return out, torch.cat([feats[t] for t in taps], -1).view(bs, n, -1)
+            taps.add(i, h)
+        return x
+
+    def forward_mixed(self, anchor: torch.Tensor, starts: torch.Tensor, L: int, ids: torch.Tensor,
+                      slot: torch.Tensor, last: torch.Tensor, zero: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError("a Gemma 4 step carries no prompts (`rides` is False)")
 
     def _attention(self, pos, starts, row0: int, L: int, slot, ends):
         """`attend(layer, normed h) -> [t, H * hd]` for this step: q/k/v norms, RoPE, the cache write, attention."""

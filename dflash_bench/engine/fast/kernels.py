@@ -14,12 +14,13 @@ from dflash_bench.errors import UserError
 
 @dataclass(frozen=True)
 class Kernels:
-    """The kernel modules of a decode step (Triton's, or `cpu_kernels` in the first three places)."""
+    """The kernel modules of a decode step (Triton's, or `cpu_kernels` in every place); a family may add its own
+    beside them (`gemma.gemma_kernels`)."""
 
+    name: str  # "triton" or "cpu"
     ops: ModuleType  # triton_ops: norms, q/k norm + RoPE + cache write, silu * up, embedding, argmax, commit
     attn: ModuleType  # triton_attn: split-K attention over each row's valid keys
     gemm: ModuleType  # triton_gemm: skinny matmuls, and the lm_head's matmul fused with its argmax
-    gemma: ModuleType | None = None  # triton_gemma: Gemma 4's fused q/k/v, GeGLU, sandwich norms (None: torch ops)
 
 
 def load_kernels(device: torch.device, want: bool | str | None, dtype: torch.dtype | None = None) -> Kernels | None:
@@ -41,16 +42,16 @@ def load_kernels(device: torch.device, want: bool | str | None, dtype: torch.dty
             return None
         if cpu_kernels.load(required=want == "cpu") is None:
             return None
-        return Kernels(ops=cpu_kernels, attn=cpu_kernels, gemm=cpu_kernels)
+        return Kernels("cpu", ops=cpu_kernels, attn=cpu_kernels, gemm=cpu_kernels)
     if want is None and device.type != "cuda":
         return None
     try:
-        from dflash_bench.engine.fast import triton_attn, triton_gemm, triton_gemma, triton_ops
+        from dflash_bench.engine.fast import triton_attn, triton_gemm, triton_ops
     except ImportError:
         if want:
             raise UserError("the fast path's kernels need Triton: pip install triton") from None
         return None
-    return Kernels(ops=triton_ops, attn=triton_attn, gemm=triton_gemm, gemma=triton_gemma)
+    return Kernels("triton", ops=triton_ops, attn=triton_attn, gemm=triton_gemm)
 
 
 def check_head_dims(kernels: Kernels | None, head_dims: Iterable[int], what: str, dtype: torch.dtype) -> None:

@@ -1,5 +1,6 @@
 """What one slot of the fast path's KV pool holds, kind of layer by kind of layer: the one layout its caches are
-allocated from (`model.FastTarget`, `gemma.GemmaTarget`, `draft.FastDrafter`) and that sizes the pool
+allocated from (`dense.DenseTarget`, `gemma.GemmaTarget`, `draft.FastDrafter`; `family.FAMILIES` says which
+family's layout a target has) and that sizes the pool
 (`pool.slot_bytes`) and the sweep's check of a builtin plan (`sweep/fit.py`); and the reference engine's, which
 `target.Target` and `propose.DFlashProposer` allocate from the same `kv_shapes` and drafter geometry. No torch:
 the sweep reads it.
@@ -39,7 +40,7 @@ class CacheKind:
 
 
 def gemma_kinds(cfg: Any, max_len: int) -> list[CacheKind]:
-    """A `gemma4_text` target's caches (a transformers config): its sliding layers, then its full ones, each with
+    """A Gemma 4 text target's caches (a transformers config): its sliding layers, then its full ones, each with
     the KV heads and head size of its first layer (`layers.layer_config`)."""
     out = []
     for kind in GEMMA_KINDS:
@@ -62,11 +63,6 @@ def dense_kind(cfg: Any, max_len: int) -> CacheKind:
 def drafter_kind(dc: Any, max_len: int) -> CacheKind:
     """A DFlash drafter's cache (a `DrafterConfig`): every layer, sliding or not, keeps `max_len` positions."""
     return CacheKind(dc.num_hidden_layers, dc.num_key_value_heads, dc.head_dim, max_len)
-
-
-def target_kinds(cfg: Any, max_len: int) -> list[CacheKind]:
-    """The fast path's caches of a target (`FAST_MODEL_TYPES`)."""
-    return gemma_kinds(cfg, max_len) if getattr(cfg, "model_type", "") == "gemma4_text" else [dense_kind(cfg, max_len)]
 
 
 def reference_kinds(cfg: Any, max_len: int) -> list[CacheKind]:

@@ -1,8 +1,9 @@
-"""A fused Qwen3/Llama forward over a static slot KV cache (the fast path's target).
+"""What every fast-path forward shares: a decoder's layers over a static slot KV cache, and the forward's tail.
 
-Weights come from a loaded Hugging Face model (q/k/v and gate/up concatenated once; everything else shared
-by reference). The cache is `[slots, max_len, kv_heads, head_dim]` per layer and a batch of `bs` rows always
-covers slots `row0 .. row0 + bs - 1`.
+`DecoderTarget` is the forward's contract and its tail, written once; a family (`dense.py`, `gemma.py`) writes its
+trunk. `fuse_layer` fuses a SwiGLU layer's projections (the dense targets' and the drafter's), `weight_bytes`
+counts what a step reads. The cache is `[slots, rows, kv_heads, head_dim]` per layer (`KVCache`) and a batch of
+`bs` rows always covers slots `row0 .. row0 + bs - 1`.
 
 Two ways to run a layer, same math: with kernels (`kernels.py` picks them: on a GPU Triton's `triton_ops`
 (norms, q/k norm + RoPE + cache write, silu * up) and `triton_attn` (split-K attention that reads only each
@@ -14,9 +15,10 @@ CPU path without a C compiler). Prefill (long `n`) always takes SDPA for its att
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
-from typing import Any
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -24,10 +26,8 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from dflash_bench.engine.cache import row_mask
-from dflash_bench.engine.fast.kernels import check_head_dims, load_kernels, prepared
-from dflash_bench.engine.fast.layout import dense_kind
+from dflash_bench.engine.fast.kernels import Kernels, prepared
 from dflash_bench.engine.rope import cos_sin, kernel_tables, rope
-from dflash_bench.errors import UserError
 
 KERNEL_MAX_QUERIES = 32  # steps with at most this many tokens per row use the Triton attention kernel
 _INDEX: dict[tuple, torch.Tensor] = {}  # index tensors of decode steps, made once (see `offsets`)
@@ -148,28 +148,41 @@ def attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, mask: torch.T
     return o.view(bs, hkv, rep, n, hd).permute(0, 3, 1, 2, 4).reshape(bs * n, H * hd)
 
 
+class Taps:
+    """The outputs of the layers a step taps (`taps`, in that order), collected as the layers run; `hook(outputs)`
+    is called as soon as the last of them is computed, before the remaining layers (so work on them can overlap)."""
+
+    def __init__(self, taps: tuple[int, ...], hook: Callable[[list[torch.Tensor]], None] | None = None):
+        self.taps, self.hook = taps, hook
+        self.got: dict[int, torch.Tensor] = {}
+
+    def add(self, i: int, h: torch.Tensor) -> None:
+        if i in self.taps:
+            self.got[i] = h
+            if self.hook is not None and len(self.got) == len(set(self.taps)):
+                self.hook(self.ordered())
+
+    def ordered(self) -> list[torch.Tensor]:
+        return [self.got[t] for t in self.taps]
+
+
 def run_layers(layers: list["Layer"], h: torch.Tensor, x: torch.Tensor, attend, final_norm: torch.Tensor, eps: float,
-               kernels, taps: tuple[int, ...] = (), on_taps=None
-               ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+               kernels, taps: Taps | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Pre-norm decoder layers over h `[t, hidden]` with x = norm(h) of the first layer.
 
     Each residual add is fused with the norm that follows it (the next layer's, or `final_norm` after the
-    last), so a layer is: attend, o_proj, add+norm, gate/up, silu*up, down, add+norm. Returns (h, norm of h,
-    the outputs of layers `taps`, in layer order); `on_taps(those outputs)` is called as soon as the last of
-    them is computed, before the remaining layers.
+    last), so a layer is: attend, o_proj, add+norm, gate/up, silu*up, down, add+norm. Returns (h, norm of h);
+    each layer's output goes to `taps`.
     """
     add_norm, act = (kernels.ops.add_rms_norm, kernels.ops.silu_mul) if kernels else (add_rms_norm, silu_mul)
     mm = matmul(kernels)
-    feats = []
     for i, ly in enumerate(layers):
         h, x = add_norm(h, mm(attend(i, ly, x), ly.wo), ly.ln2, eps)
         nxt = layers[i + 1].ln1 if i + 1 < len(layers) else final_norm
         h, x = add_norm(h, mm(act(mm(x, ly.w13)), ly.w2), nxt, eps)
-        if i in taps:
-            feats.append(h)
-            if on_taps is not None and len(feats) == len(set(taps)):
-                on_taps(feats)
-    return h, x, feats
+        if taps is not None:
+            taps.add(i, h)
+    return h, x
 
 
 @dataclass
@@ -218,7 +231,7 @@ class StepAttention:
     """A layer stack's attention over its `KVCache` (the target's and the drafter's alike).
 
     Called once per step, it returns `attend(i, layer, normed h, qkv=None) -> [t, H * hd]`: the q/k/v projection
-    (unless given: `mixed.py` projects two calls' rows in one matmul), q/k norm and RoPE, the cache write and
+    (unless given: `DenseTarget.forward_mixed` projects two calls' rows in one matmul), q/k norm and RoPE, the cache write and
     attention with layer i's `kinds[i]` = (causal, window). With `kernels`, the Triton ones (RoPE from tables built
     here once for every cache position; SDPA for rows longer than KERNEL_MAX_QUERIES, i.e. prefill); without,
     torch ops and SDPA with this step's masks.
@@ -267,91 +280,52 @@ class StepAttention:
         return attend
 
 
-def _windows(cfg) -> list[int | None]:
-    """Each layer's sliding window, as transformers applies it (None: full attention)."""
-    window = getattr(cfg, "sliding_window", None)
-    types = getattr(cfg, "layer_types", None)
-    if types:  # Qwen2/Qwen3 with use_sliding_window: only the layers typed sliding
-        return [window if t == "sliding_attention" else None for t in types]
-    return [window] * cfg.num_hidden_layers  # Mistral: every layer when set
+def fused(kernels: Kernels | None, *linears: nn.Linear) -> torch.Tensor:
+    """Projections' weights concatenated into one matmul's (`[sum of outputs, inputs]`), as the kernels read it."""
+    return prepared(kernels, torch.cat([m.weight.detach() for m in linears]))
 
 
-def _linear_weight(m: nn.Linear) -> torch.Tensor:
-    return m.weight.detach()
+def fuse_layer(layer: Any, kernels: Kernels | None, H: int, hkv: int) -> Layer:
+    """A pre-norm SwiGLU decoder layer (Qwen3, Qwen2, Llama, Mistral; the DFlash drafter's) with its q/k/v and
+    gate/up projections fused. Biases: on q/k/v only."""
+    a, m = layer.self_attn, layer.mlp
+    qn, kn = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
+    wqk = None
+    if qn is not None:
+        assert kn is not None  # q and k are normed together
+        wqk = torch.cat([qn.weight.detach().expand(H, -1), kn.weight.detach().expand(hkv, -1)])
+    projs = (a.q_proj, a.k_proj, a.v_proj)
+    return Layer(wqkv=fused(kernels, *projs),
+                 bqkv=torch.cat([p.bias.detach() for p in projs]) if a.q_proj.bias is not None else None,
+                 wo=fused(kernels, a.o_proj), wqk=wqk, ln1=layer.input_layernorm.weight.detach(),
+                 ln2=layer.post_attention_layernorm.weight.detach(), w13=fused(kernels, m.gate_proj, m.up_proj),
+                 w2=fused(kernels, m.down_proj))
 
 
-class FastTarget:
-    """The target's forward with fused projections over a `KVCache`; can return the outputs of chosen layers."""
+def weight_bytes(layers: list[Any], *tensors: torch.Tensor) -> int:
+    """Bytes one step reads of these weights: every tensor of each layer (a dataclass) and `tensors`."""
+    ts = [t for ly in layers for t in (getattr(ly, f.name) for f in dataclasses.fields(ly)) if isinstance(t, torch.Tensor)]
+    ts += tensors
+    return sum(t.numel() * t.element_size() for t in ts)
 
-    softcap = None  # no final-logit softcapping (`gemma.GemmaTarget` has it)
 
-    def __init__(self, hf_model: Any, *, max_slots: int, max_len: int, kernels: bool | str | None = None):
-        """`hf_model`: a loaded transformers causal LM (`target.load_model`), whose weights are copied out."""
-        cfg = hf_model.config.get_text_config()
-        inner = hf_model.model
-        self.n_layers = cfg.num_hidden_layers
-        self.H = cfg.num_attention_heads
-        kv = dense_kind(cfg, max_len)  # the cache's layout: what the pool sized (`layout.py`)
-        self.hkv, self.hd = kv.hkv, kv.hd
-        self.eps = cfg.rms_norm_eps
-        self.hidden_size = cfg.hidden_size
-        self.embed = inner.embed_tokens.weight.detach()
-        self.norm = inner.norm.weight.detach()
-        self.head = hf_model.get_output_embeddings().weight.detach()  # `[V, hidden]`, lent to the drafter
-        self.vocab_size = self.head.shape[0]
-        self.dtype, self.device = self.embed.dtype, self.embed.device
-        self.kernels = load_kernels(self.device, kernels, self.dtype)
-        check_head_dims(self.kernels, [self.hd], "target", self.dtype)
-        self.lm_head = prepared(self.kernels, self.head)  # the head as this target's matmuls read it
-        rot = inner.rotary_emb
-        self.inv_freq = rot.inv_freq.detach().float()
-        self.rope_scale = float(getattr(rot, "attention_scaling", 1.0))
-        self.layers = [self._fuse(layer) for layer in inner.layers]
-        self.windows = _windows(cfg)
-        self.scale = float(getattr(inner.layers[0].self_attn, "scaling", self.hd ** -0.5))
-        self.cache = KVCache(kv.layers, max_slots, kv.rows, self.hkv, self.hd, self.dtype, self.device)
-        self.max_len = max_len
-        self.attention = StepAttention(self.cache, self.kernels, heads=self.H, kv_heads=self.hkv, head_dim=self.hd,
-                                       eps=self.eps, scale=self.scale, kinds=[(True, w) for w in self.windows],
-                                       inv_freq=self.inv_freq, rope_scale=self.rope_scale)
+class DecoderTarget:
+    """What every family's target shares: the forward's contract and its tail (the tapped outputs, the last
+    rows, the head). A family writes `trunk`, its embedding and layers; see `family.Target`."""
 
-    def _fuse(self, layer) -> Layer:
-        a, m = layer.self_attn, layer.mlp
-        projs = (a.q_proj, a.k_proj, a.v_proj)
-        if any(p.bias is not None for p in (a.o_proj, m.gate_proj, m.up_proj, m.down_proj)):
-            raise UserError("the fast path runs models without o_proj or MLP biases (Llama attention_bias / "
-                            "mlp_bias): serve without --fast")
-        bias = None
-        if a.q_proj.bias is not None:
-            bias = torch.cat([p.bias.detach() for p in projs])
-        qn, kn = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
-        wqk = None
-        if qn is not None:
-            assert kn is not None  # q and k are normed together
-            wqk = torch.cat([qn.weight.detach().expand(self.H, -1), kn.weight.detach().expand(self.hkv, -1)])
-        mm = functools.partial(prepared, self.kernels)
-        return Layer(
-            wqkv=mm(torch.cat([_linear_weight(p) for p in projs])),
-            bqkv=bias,
-            wo=mm(_linear_weight(a.o_proj)),
-            wqk=wqk,
-            ln1=layer.input_layernorm.weight.detach(),
-            ln2=layer.post_attention_layernorm.weight.detach(),
-            w13=mm(torch.cat([_linear_weight(m.gate_proj), _linear_weight(m.up_proj)])),
-            w2=mm(_linear_weight(m.down_proj)),
-        )
+    kernels: Kernels | None
+    lm_head: torch.Tensor
+    softcap: float | None = None  # final-logit softcapping (Gemma's), none by default
 
-    def weight_bytes(self) -> int:
-        """Bytes one decode step must read: every weight but the embedding table (one row of it is read)."""
-        n = self.norm.numel() + self.lm_head.numel()
-        for ly in self.layers:
-            n += sum(t.numel() for t in (ly.wqkv, ly.wo, ly.ln1, ly.ln2, ly.w13, ly.w2) if t is not None)
-            n += sum(t.numel() for t in (ly.bqkv, ly.wqk) if t is not None)
-        return n * self.embed.element_size()
+    def trunk(self, ids: torch.Tensor, pos: torch.Tensor, starts: torch.Tensor, row0: int, L: int,
+              slot: torch.Tensor | None, last: torch.Tensor | None, taps: Taps) -> torch.Tensor:
+        """The final norm's output `[bs * n, hidden]` of ids `[bs, n]` at `pos`; each layer's output to `taps`."""
+        raise NotImplementedError
 
     def forward(self, ids: torch.Tensor, starts: torch.Tensor, row0: int, L: int, *, last_only: bool = False,
-                taps: tuple[int, ...] = (), on_taps=None, head: bool = True, pos: torch.Tensor | None = None,
-                slot: torch.Tensor | None = None, last: torch.Tensor | None = None, lane: int = 0):
+                taps: tuple[int, ...] = (), on_taps: Callable[[list[torch.Tensor], torch.Tensor], None] | None = None,
+                head: bool = True, pos: torch.Tensor | None = None, slot: torch.Tensor | None = None,
+                last: torch.Tensor | None = None, lane: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run ids `[bs, n]` at positions `starts[b] + j` in slots `row0..row0+bs-1`, attending to `[0, L)`.
 
         Returns (logits `[bs, n or 1, V]`, the outputs of layers `taps` concatenated `[bs, n, K * hidden]`
@@ -360,24 +334,21 @@ class FastTarget:
         callee) and the positions `[bs, n]` are instead handed to `on_taps` as soon as the last tapped layer has
         run (so work on them can overlap the later layers), and None is returned in place of the
         concatenation. `pos`: the positions `starts[:, None] + arange(n)`, when the caller has them already.
-        `lane`: the split-K workspace of the head's matmul (see `matmul`).
+        `slot` `[bs]`: each row's slot as a device tensor instead of `row0`, and `last` `[bs]`: each row's last
+        token among the bs x n (a prefill's). `lane`: the split-K workspace of the head's matmul (see `matmul`).
         """
         bs, n = ids.shape
         if pos is None:
             pos = starts[:, None] + offsets(n, ids.device)
-        attend = self.attention(pos, starts, row0, L, slot)
-        h, x = embed_norm(self.kernels, ids, self.embed, self.layers[0].ln1, self.eps)
-
-        def ordered(feats):
-            by_layer = dict(zip(sorted(set(taps)), feats))
-            return [by_layer[i] for i in taps]
-        hook = None if on_taps is None else (lambda feats: on_taps(ordered(feats), pos))
-        h, x, feats = run_layers(self.layers, h, x, attend, self.norm, self.eps, self.kernels, taps, hook)
+        step_pos = pos
+        tapped = Taps(taps, None if on_taps is None else (lambda feats: on_taps(feats, step_pos)))
+        x = self.trunk(ids, pos, starts, row0, L, slot, last, tapped)
         if last_only and last is not None:
             x = x.index_select(0, last)
         elif last_only:  # contiguous rows: a strided 3-D input would make F.linear read lm_head once per row
             x = x.view(bs, n, -1)[:, -1].contiguous()
-        out = matmul(self.kernels, lane)(x, self.lm_head).view(bs, 1 if last_only else n, -1) if head else x
+        out = softcap(matmul(self.kernels, lane)(x, self.lm_head), self.softcap).view(bs, 1 if last_only else n, -1) \
+            if head else x
         if not taps or on_taps is not None:
             return out, None
-        return out, torch.cat(ordered(feats), -1).view(bs, n, -1)
+        return out, torch.cat(tapped.ordered(), -1).view(bs, n, -1)

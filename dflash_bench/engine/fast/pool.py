@@ -16,7 +16,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from dflash_bench.engine.fast.layout import drafter_kind, reference_kinds, target_kinds
+from dflash_bench.engine.fast.family import target_kinds
+from dflash_bench.engine.fast.layout import drafter_kind, reference_kinds
 from dflash_bench.errors import UserError
 
 DEFAULT_SLOTS = 32  # without a budget (the CPU without --kv-cache-memory-bytes): the pool as before

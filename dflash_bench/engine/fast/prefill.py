@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from dflash_bench.engine.fast.draft import FastDrafter
-from dflash_bench.engine.fast.model import FastTarget, offsets
+from dflash_bench.engine.fast.family import Drafter, Target
+from dflash_bench.engine.fast.model import offsets
 from dflash_bench.engine.fast.slots import GraphCache, SlotState
 
 PREFILL_LANE = 2  # split-K workspace of a prefill's one-row matmul (the head): the steps use 0 and 1
@@ -32,7 +32,7 @@ def stage(buf: torch.Tensor, slots: list[int], prompts: list[list[int]], P: int)
 class Prefiller:
     """Runs prefills into a `SlotState`: a captured graph per (bucket, prompts), or one eager forward."""
 
-    def __init__(self, target: FastTarget, drafter: FastDrafter | None, state: SlotState, graphs: GraphCache,
+    def __init__(self, target: Target, drafter: Drafter | None, state: SlotState, graphs: GraphCache,
                  *, prompts: int):
         """`prompts`: the most prompts one graph stages (the pinned buffer of their inputs)."""
         self.t, self.d, self.s, self.graphs = target, drafter, state, graphs
@@ -73,6 +73,7 @@ class Prefiller:
         logits, feats = self.t.forward(ids, torch.zeros(k, dtype=torch.long, device=dev), 0, P, last_only=True,
                                        taps=self.taps, slot=slot, last=last)
         if self.d:
+            assert feats is not None  # the drafter's taps
             self.d.write_context(feats, offsets(P, dev).expand(k, P), 0, slot=slot)
         if self.s.logits is not None:
             self.s.logits[:, 0].index_copy_(0, slot, logits[:, 0])
@@ -92,6 +93,7 @@ class Prefiller:
         logits, feats = self.t.forward(ids, s.pre_start[:k], 0, P, last_only=True, taps=self.taps, slot=slot,
                                        last=last, lane=PREFILL_LANE)
         if self.d:
+            assert feats is not None  # the drafter's taps
             self.d.write_context(feats, offsets(P, self.dev).expand(k, P), 0, slot=slot)
         if s.logits is not None:
             s.logits[:, 0].index_copy_(0, slot, logits[:, 0])

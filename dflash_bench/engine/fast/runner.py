@@ -16,8 +16,7 @@ from typing import Sequence
 
 import torch
 
-from dflash_bench.engine.fast.draft import FastDrafter
-from dflash_bench.engine.fast.model import FastTarget
+from dflash_bench.engine.fast.family import Drafter, Target
 from dflash_bench.engine.fast.prefill import Prefiller
 from dflash_bench.engine.fast.scheduler import GRAPHED_ROWS, MIXED_ROWS, Scheduler, StepPlan, buckets
 from dflash_bench.engine.fast.slots import GraphCache, SlotState
@@ -42,13 +41,13 @@ class InFlight:
 class FastRunner:
     """Greedy AR (no drafter) or DFlash (with a drafter) decoding on the fast path."""
 
-    def __init__(self, target: FastTarget, drafter: FastDrafter | None = None, *, graphs: bool | None = None,
+    def __init__(self, target: Target, drafter: Drafter | None = None, *, graphs: bool | None = None,
                  kv_block: int = 256, synthetic_tau: float | None = None, seed: int = 0, keep_logits: bool = False,
                  overlap: bool = True, adaptive: bool = False, width: int | None = None, cut_draft: bool = False,
                  mixed: bool = False, step_ahead: bool = True):
         self.t, self.d = target, drafter
         self.B = drafter.B if drafter else 1
-        self.S, self.max_len = target.cache.slots, target.max_len
+        self.S, self.max_len = target.slots, target.max_len
         dev = self.dev = target.device
         self.graphs_on = dev.type == "cuda" if graphs is None else graphs
         self.kv_block = kv_block
@@ -66,7 +65,7 @@ class FastRunner:
         pin = dev.type == "cuda"
         # two host copies of `out`: a step's tokens are read while the next one runs
         self.host = [torch.zeros(self.S, self.B + 1, dtype=torch.long, pin_memory=pin) for _ in range(2)]
-        # AR with `mixed`: a launch may carry up to max(MIXED_ROWS) prompts (mixed.py), their inputs staged in the
+        # AR with `mixed`: a launch may carry up to max(MIXED_ROWS) prompts (`Target.forward_mixed`), their inputs staged in the
         # host buffer of that launch, their first tokens copied back beside the step's tokens
         k = max(MIXED_ROWS)
         self.ride_host = [torch.zeros(2 * k + k * self.max_len, dtype=torch.long, pin_memory=pin)

@@ -3,7 +3,7 @@
 State lives on the device, one entry per slot: `start` (anchor position = committed KV length) and the token
 row `[anchor, drafts]` (the last committed token, then the block's drafts); `out` holds a step's results per
 row (accepted, drafts..., bonus); a prefill reads its prompts from `pre_in` and leaves their first tokens in
-`pre_tok`. The runner's parts (steps.py's bodies, prefill.py, mixed.py) read and write these tensors, in
+`pre_tok`. The runner's parts (steps.py's bodies, prefill.py) read and write these tensors, in
 stream order; the host's facts about the slots are the scheduler's.
 """
 

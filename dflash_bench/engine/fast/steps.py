@@ -4,7 +4,7 @@ A DFlash step is the draft (the block from the anchor, over the drafter's contex
 target over the token row; from its tapped layers the drafter's context K/V of the block's positions, on a
 second stream beside the target's last layers; greedy acceptance and the commit: advance `start`, move
 `anchor`, pack `[accepted, drafts, bonus]` into `out`). AR is one token; a mixed step is AR carrying prompts
-(mixed.py). Rows of a bucket past the last running slot are padding: their results are discarded and
+(`Target.forward_mixed`). Rows of a bucket past the last running slot are padding: their results are discarded and
 `active` keeps their state still.
 
 Synthetic acceptance (benchmarks only): the verifier accepts a drawn number of drafts instead of comparing
@@ -19,16 +19,15 @@ from __future__ import annotations
 import torch
 
 from dflash_bench.engine.fast.accept import SYNTHETIC_STEPS, commit, synthetic_rate
-from dflash_bench.engine.fast.draft import FastDrafter
-from dflash_bench.engine.fast.mixed import forward_mixed
-from dflash_bench.engine.fast.model import FastTarget, matmul, offsets, softcap
+from dflash_bench.engine.fast.family import Drafter, Target
+from dflash_bench.engine.fast.model import matmul, offsets, softcap
 from dflash_bench.engine.fast.slots import SlotState
 
 
 class StepBodies:
     """The step bodies over one `SlotState` (see the module)."""
 
-    def __init__(self, target: FastTarget, drafter: FastDrafter | None, state: SlotState, *, overlap: bool = True,
+    def __init__(self, target: Target, drafter: Drafter | None, state: SlotState, *, overlap: bool = True,
                  synthetic_tau: float | None = None, seed: int = 0, cut_draft: bool = False):
         self.t, self.d, self.s = target, drafter, state
         self.B = drafter.B if drafter else 1
@@ -105,7 +104,7 @@ class StepBodies:
         prompt's slot takes its length as start and its first token as anchor."""
         s = self.s
         slot, last, ids = s.pre_in[0:k], s.pre_in[k:2 * k], s.pre_in[2 * k:2 * k + k * P].view(k, P)
-        x, xp = forward_mixed(self.t, s.anchor[:bs], s.start[:bs], self.max_len, ids, slot, last, s.pre_start[:k])
+        x, xp = self.t.forward_mixed(s.anchor[:bs], s.start[:bs], self.max_len, ids, slot, last, s.pre_start[:k])
         self.commit(bs, self.greedy(x, bs, 1))
         tok = self.argmax(matmul(self.t.kernels)(xp, self.t.lm_head).view(k, 1, -1)).view(k)
         s.pre_tok[:k].copy_(tok)
