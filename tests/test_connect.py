@@ -61,3 +61,38 @@ def test_every_measured_request_says_new_or_reused_at_concurrency():
     assert s["connections_reused"] == 12 - len(new) and s["connect_wait_ms"].n == len(new)
     if hasattr(socket, "TCP_INFO"):
         assert s["connect_ms"].n == len(new)
+
+
+def _cell(url: str, concurrency: int, transport):
+    """As a cell runs: the /v1/models probe, the warm-up, then the measured requests, over one transport."""
+    async def go():
+        tr = transport(url, concurrency + 2)
+        try:
+            await tr.get("/v1/models")
+            gen = LoadGenerator(tr, RequestSettings(max_tokens=8), LoadSettings(concurrency=concurrency))
+            return await gen.run([SimpleNamespace(id=f"p{i}", turns=[f"prompt {i}"]) for i in range(2 * concurrency)])
+        finally:
+            await tr.close()
+
+    return asyncio.run(go())
+
+
+@pytest.mark.parametrize("concurrency", [1, 8])
+def test_every_cell_opens_a_connection_in_its_measured_window(concurrency):
+    """At concurrency 1 the probe's connection would carry every request, and at 8 every new connection
+    would fall in the warm-up: the measured window opens one of its own, so connect_ms is measured, or says why."""
+    from dflash_bench.metrics.definitions import not_measured
+
+    with BadServer("plain") as srv:
+        res = _cell(srv.url, concurrency, RawTransport)
+    measured = [r for r in res.records if not r.warmup]
+    assert sum(r.connection == "new" for r in measured) >= 1
+    if hasattr(socket, "TCP_INFO"):
+        assert summarize(res.records)["connect_ms"].n >= 1 and "connect_ms" not in not_measured(res.records)
+    pytest.importorskip("aiohttp")
+    from dflash_bench.client.transport import AiohttpTransport
+
+    with BadServer("plain") as srv:  # a transport that times no handshake apart: the summary says why
+        res = _cell(srv.url, concurrency, AiohttpTransport)
+    why = not_measured(res.records)["connect_ms"]
+    assert why.startswith("every measured request reused a connection") or "handshake was not timed" in why

@@ -159,7 +159,9 @@ class LoadGenerator:
         return self._tokens
 
     def open_window(self, total: int) -> float:
-        """The measured window opens now, `total` requests to come (for progress); its perf_counter time."""
+        """The measured window opens now, `total` requests to come (for progress); its perf_counter time. Some
+        request of it opens a new connection (`Transport.fresh_connection`): connect_ms is measured in every cell."""
+        self.tr.fresh_connection()
         self._total = total
         self._t_start = time.perf_counter()
         return self._t_start

@@ -280,3 +280,14 @@ class RawTransport:
             c.close()
         self.all.clear()
         self.idle.clear()
+
+    def fresh_connection(self) -> None:
+        """Close the oldest idle connection: a request of the measured window that finds the pool one short
+        opens a new one, so its handshake is timed (at concurrency 1 the probe's and warm-up's connection would
+        carry every request; at 8 every new connection would fall in the warm-up)."""
+        while self.idle:
+            c = self.idle.pop(0)
+            self.all.discard(c)
+            if not c.closed:
+                c.close()
+                return

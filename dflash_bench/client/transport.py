@@ -27,6 +27,10 @@ class Transport(Protocol):
     async def get(self, path: str) -> tuple[int, bytes]: ...
     async def close(self) -> None: ...
 
+    def fresh_connection(self) -> None:
+        """Make some request of the measured window open a new connection, whose TCP handshake it then times
+        (connect_ms); a no-op where the transport times no handshake apart (aiohttp, httpx)."""
+
 
 class AiohttpTransport:
     def __init__(self, base_url: str, connections: int):
@@ -56,6 +60,9 @@ class AiohttpTransport:
 
     async def close(self) -> None:
         await self.session.close()
+
+    def fresh_connection(self) -> None:
+        """Nothing: this transport does not time the TCP handshake apart from its wait (connect_wait_ms)."""
 
 
 def _aiohttp_trace(aiohttp: ModuleType) -> Any:
@@ -147,6 +154,9 @@ class HttpxTransport:
 
     async def close(self) -> None:
         await self.client.aclose()
+
+    def fresh_connection(self) -> None:
+        """Nothing: this transport does not time the TCP handshake apart from its wait (connect_wait_ms)."""
 
 
 def make_transport(name: str, base_url: str, connections: int) -> Transport:

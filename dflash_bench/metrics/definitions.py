@@ -22,7 +22,9 @@ Over a cell's measured requests (warm-up excluded):
 - connect_ms = a new connection's TCP handshake, SYN to SYN-ACK, as the kernel timed it (raw transport on
   Linux); connect_wait_ms = the rest of its wait for the connection, the client's event loop handing the
   socket over (at high concurrency, opening the other connections). Every measured request says whether
-  its connection was "new" or "reused" (connections_reused counts the latter).
+  its connection was "new" or "reused" (connections_reused counts the latter). The measured window opens at
+  least one connection of its own (`Transport.fresh_connection`), so every cell times a handshake, or its
+  `not_measured` says why not.
 - TPOT = (E2E - TTFT) / (output tokens - 1), per request with more than one output token.
 - tok/s/user = 1000 / TPOT (ms), per request, then percentiles.
 - per-token latency (itl_ms) = each chunk gap divided over the tokens that chunk carries (from cumulative
@@ -193,19 +195,33 @@ def not_measured(records: Sequence[RequestRecord]) -> dict[str, str]:
     ok = [r for r in records if not r.warmup and r.ok]
     if not ok:
         return {}
+    out = _connect_not_measured(ok)
     if not any(chunk_gaps(r) for r in ok):
         if all(len(r.chunk_times) < 2 for r in ok):
             why = "every response came in one content chunk: there is no gap between chunks to measure"
         else:
             why = "the server sent no token counts per chunk and the chunks carried no text to spread them by"
-        return {m: why for m in CHUNK_METRICS}
+        return {**out, **{m: why for m in CHUNK_METRICS}}
     estimated = sum(r.chunk_tokens_from == "text" for r in ok)
     if estimated:
         why = (f"derived for {estimated} of {len(ok)} requests: the server sent no per-chunk usage, so each "
                "response's token total is spread over its chunks (one per chunk where the counts match, else by "
                "the characters each carried)")
-        return {"itl_ms": why, "tokens_per_chunk": why}
-    return {}
+        out.update({"itl_ms": why, "tokens_per_chunk": why})
+    return out
+
+
+def _connect_not_measured(ok: Sequence[RequestRecord]) -> dict[str, str]:
+    """Why no measured request has a connect_ms, where none has."""
+    if any(r.connect_ms is not None for r in ok):
+        return {}
+    new = sum(r.connection == "new" for r in ok)
+    if new:
+        why = (f"{new} measured request(s) opened a new connection, but its TCP handshake was not timed: only the "
+               "raw transport on Linux reads it from the kernel (connect_wait_ms holds the whole wait)")
+    else:
+        why = "every measured request reused a connection opened before the measured window"
+    return {"connect_ms": why}
 
 
 def failure_reasons(records: Sequence[RequestRecord]) -> dict[str, int]:
