@@ -22,7 +22,7 @@ from dflash_bench.launch.common import ServerDied, ServerInfo, ServerNotReady, S
 from dflash_bench.launch.docker import DockerOptions
 from dflash_bench.launch.identity import check_port_free, verify_launched
 from dflash_bench.models import ModelPair
-from dflash_bench.profiles.base import check_mode as profile_mode, check_preset
+from dflash_bench.profiles.base import EngineProfile, check_mode as profile_mode, check_preset
 
 __all__ = ["DockerOptions", "Server", "ServerDied", "ServerInfo", "ServerNotReady", "Terminated", "free_port",
            "launch_command", "launch_server", "plan_server"]
@@ -47,7 +47,7 @@ def launch_command(
         raise UserError(f"unknown runner {runner!r}: use docker or process.")
     env = dict(env or {})
     own_log = log_path is None
-    if own_log:
+    if log_path is None:
         fd, log_path = tempfile.mkstemp(prefix=f"dflash-bench-{name}-", suffix=".log")
         os.close(fd)
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
@@ -71,7 +71,8 @@ def launch_command(
                 Path(log_path).unlink(missing_ok=True)
 
 
-def _make(runner, argv, env, info, name, port, docker, sweep_id, engine, mode) -> Server:
+def _make(runner: str, argv: list[str], env: dict[str, str], info: ServerInfo, name: str, port: int,
+          docker: DockerOptions | None, sweep_id: str | None, engine: str | None, mode: str | None) -> Server:
     if runner == "process":
         from dflash_bench.launch.process import ProcessServer, resolve_argv
 
@@ -88,7 +89,7 @@ def _make(runner, argv, env, info, name, port, docker, sweep_id, engine, mode) -
 
 def plan_server(engine: str, model: str | ModelPair, mode: str, *, port: int | None = None, preset: str = "generic",
                 extra_args: Sequence[str] = (), runner: str = "docker", network: str = "host", prepare: bool = False,
-                slots: tuple[int, int] | None = None):
+                slots: tuple[int, int] | None = None) -> tuple[EngineProfile, ModelPair, list[str], dict[str, str], int]:
     """(profile, pair, argv, env, port): what `launch_server` would run, for --dry-run and manifests.
 
     `prepare` makes the model files the engine needs (llama.cpp converts to GGUF); without it their

@@ -7,6 +7,8 @@ import re
 import typer
 
 from dflash_bench.errors import UserError
+from dflash_bench.models import ModelPair
+from dflash_bench.profiles.base import EngineProfile
 
 
 def run_launch(engine: str, model: str, mode: str, *, gpu: str = "generic", runner: str = "docker",
@@ -47,7 +49,8 @@ def run_launch(engine: str, model: str, mode: str, *, gpu: str = "generic", runn
         server.check()
 
 
-def dry_run_line(profile, argv, env, port, runner, image, gpus, network) -> str:
+def dry_run_line(profile: EngineProfile, argv: list[str], env: dict[str, str], port: int, runner: str, image: str | None,
+                 gpus: str | None, network: str) -> str:
     """The exact command a launch would run: `docker run ...` or the local process line."""
     if runner == "process":
         from dflash_bench.launch.process import shell_line
@@ -65,7 +68,7 @@ def dry_run_line(profile, argv, env, port, runner, image, gpus, network) -> str:
 
 
 
-def _warn_versions(profile, pair, image: str | None) -> None:
+def _warn_versions(profile: EngineProfile, pair: ModelPair, image: str | None) -> None:
     """Pairs whose card needs an unreleased engine build say so when no --image is given."""
     need = profile.version_note(pair)
     if "PR" in need and "build" in need and not image:

@@ -94,7 +94,7 @@ class Server:
         self.info = info
         self.url = info.url
         self.name = name
-        self.log_path = info.log_path
+        self.log_path = info.log_path or os.devnull  # launch_command always names one
         self.died = threading.Event()
         self._stopping = threading.Event()
         self._watchdog: threading.Thread | None = None
@@ -192,7 +192,7 @@ def hold_signals() -> Iterator[None]:
             signal.raise_signal(pending[0])  # now handled as it would have been
 
 
-def _raise_terminated(signum, frame) -> None:  # noqa: ARG001
+def _raise_terminated(signum: int, frame: object) -> None:  # noqa: ARG001
     raise Terminated()
 
 

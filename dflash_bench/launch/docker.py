@@ -12,6 +12,7 @@ import socket
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from dflash_bench.errors import UserError
 from dflash_bench.launch.common import Server, ServerInfo
@@ -42,12 +43,12 @@ class DockerOptions:
     pull: bool = True  # pull the image when it is not present locally
 
 
-def client():
+def client() -> Any:
     """A Docker client, or a UserError saying why there is none."""
     import docker
 
     try:
-        cli = docker.from_env(timeout=30)
+        cli = docker.from_env(timeout=30)  # type: ignore[attr-defined]  # mypy takes this module for the SDK of its name
         cli.ping()
         return cli
     except Exception as err:  # docker.errors.DockerException and socket errors alike
@@ -112,7 +113,7 @@ def docker_run_line(argv: list[str], env: dict[str, str], port: int, opts: Docke
     return shlex.join(parts + [opts.image] + (opts.entrypoint or [])[1:] + list(argv))
 
 
-def _ensure_image(cli, image: str, pull: bool):
+def _ensure_image(cli: Any, image: str, pull: bool) -> Any:
     import docker.errors
 
     try:
@@ -134,7 +135,7 @@ class DockerServer(Server):
                  opts: DockerOptions) -> None:
         super().__init__(info, name)
         self.argv, self.env, self.port, self.opts = argv, env, port, opts
-        self.container = None
+        self.container: Any = None  # a docker SDK Container once created
         self._logger: threading.Thread | None = None
         self.cli = client()
         img = _ensure_image(self.cli, opts.image, opts.pull)  # may pull: interruptible, starts nothing
@@ -145,7 +146,7 @@ class DockerServer(Server):
         import docker.errors
 
         opts = self.opts
-        kwargs = dict(
+        kwargs: dict[str, Any] = dict(
             command=list(self.argv), entrypoint=opts.entrypoint,
             labels={LABEL: "1", "dflash-bench.owner": owner(), **opts.labels},
             environment={**opts.env, **self.env, **_secret_env()}, volumes=_volumes(opts),

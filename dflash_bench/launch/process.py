@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import IO, Callable
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -78,7 +79,7 @@ def _signal_group(pgid: int, sig: int) -> bool:
         return False
 
 
-def stop_group(pgid: int, grace: float = STOP_GRACE_S, reap=None) -> None:
+def stop_group(pgid: int, grace: float = STOP_GRACE_S, reap: Callable[[], object] | None = None) -> None:
     """SIGTERM the process group, then SIGKILL what is left after `grace` seconds.
 
     `reap` (our child's `poll`) collects the group leader, which would otherwise stay a zombie.
@@ -137,21 +138,18 @@ class ProcessServer(Server):
         super().__init__(info, name)
         self.argv, self.env = argv, env
         self.proc: subprocess.Popen | None = None
-        self._log = None
+        self._log: IO[bytes] | None = None
         self._record: Path | None = None
 
     def _start(self) -> None:
-        self._log = open(self.info.log_path, "ab")  # noqa: SIM115 (closed in _terminate)
-        self.proc = subprocess.Popen(
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 (closed in _terminate)
+        self.proc = proc = subprocess.Popen(
             self.argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env={**os.environ, **self.env}, start_new_session=True,
         )
-        self.info.pid = self.proc.pid
-        self._record = registry_dir() / f"{self.proc.pid}.json"
-        self._register(self.argv)
-
-    def _register(self, argv: list[str]) -> None:
-        atomic_write_json(self._record, Registration(pgid=self.proc.pid, owner_pid=os.getpid(), argv=argv,
+        self.info.pid = proc.pid
+        self._record = record = registry_dir() / f"{proc.pid}.json"
+        atomic_write_json(record, Registration(pgid=proc.pid, owner_pid=os.getpid(), argv=self.argv,
                                                      url=self.url, started=time.time()))
 
     def exit_code(self) -> int | None:

@@ -15,6 +15,8 @@ from dflash_bench.profiles.llamacpp import LlamaCpp
 from dflash_bench.profiles.sglang import SGLang
 from dflash_bench.profiles.vllm import VLLM
 from dflash_bench.errors import UserError
+from dflash_bench.models import ModelPair
+from dflash_bench.store.manifest import SweepSettings
 
 PROFILES: dict[str, EngineProfile] = {e.name: e for e in (VLLM(), SGLang(), Builtin(), Emulator(), LlamaCpp())}
 
@@ -34,7 +36,7 @@ def get(name: str) -> EngineProfile:
         raise UserError(f"unknown engine {name!r}: use one of {', '.join(PROFILES)}.") from None
 
 
-def server_gpus(engine: str, pair, settings) -> int:
+def server_gpus(engine: str, pair: ModelPair, settings: SweepSettings) -> int:
     """GPUs of one launched server, the one answer for telemetry, Slurm jobs and the server's record:
     `--tensor-parallel-size` (SweepSettings.tensor_parallel), else the tensor-parallel flag in its command
     (card flags and --engine-arg, the last one winning), else one; the emulator uses none."""

@@ -65,7 +65,7 @@ class WriterLock:
     def __enter__(self) -> "WriterLock":
         return self.acquire()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.release()
 
 

@@ -43,7 +43,7 @@ def run_check(devices: str | None, seconds: float, interval_s: float, out: Path 
         f"{len(sampler.samples)} samples in {sampler.window_s:.1f} s; average power {_num(e.avg_power_w)} W, "
         f"peak {_num(e.peak_power_w)} W; energy {_num(e.energy_j)} J from the {e.source} ({escape(state)}); "
         f"counter {_num(e.energy_counter_j)} J vs integrated power {_num(e.energy_integrated_j)} J; "
-        f"sampler CPU {100 * sampler.cpu_s / sampler.window_s:.2f}% of one core"
+        f"sampler CPU {100 * sampler.cpu_s / (sampler.window_s or seconds):.2f}% of one core"
     )
     return 0
 

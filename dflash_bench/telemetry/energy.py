@@ -178,8 +178,12 @@ def summarize(
         by_gpu.setdefault(s.gpu, []).append(s)
     per = [gpu_energy(ss, max_gap_s, window_s) for _, ss in sorted(by_gpu.items())]
 
-    counted = sum(g.counter_j for g in per) if all(g.counter_j is not None for g in per) else None
-    integrated = sum(g.integrated_j for g in per) if all(g.integrated_j is not None for g in per) else None
+    counters = [g.counter_j for g in per]
+    integrals = [g.integrated_j for g in per]
+    counted = sum(j for j in counters if j is not None) if None not in counters else None
+    integrated = sum(j for j in integrals if j is not None) if None not in integrals else None
+    energy: float | None
+    source: Literal["counter", "integrated", "none"]
     if counted is not None:
         energy, source, valid, reason = counted, "counter", True, ""
     else:

@@ -58,7 +58,7 @@ class TelemetryStatus:
         return "on" if self.enabled else f"off: {self.reason}"
 
 
-def _nvml():
+def _nvml() -> Any:
     import pynvml  # nvidia-ml-py; the import itself works without a driver
 
     return pynvml
@@ -218,7 +218,7 @@ def gpu_inventory(gpus: list[int] | None = None) -> list[dict[str, Any]]:
         shutdown()
 
 
-def _describe(nv, index: int) -> dict[str, Any]:
+def _describe(nv: Any, index: int) -> dict[str, Any]:
     try:
         h = nv.nvmlDeviceGetHandleByIndex(index)
     except nv.NVMLError as err:
@@ -251,14 +251,14 @@ def _w(mw: int | None) -> float | None:
     return mw / 1000.0 if mw is not None else None
 
 
-def _maybe(nv, fn: Callable, *args) -> Any:
+def _maybe(nv: Any, fn: Callable[..., Any], *args: Any) -> Any:
     try:
         return fn(*args)
     except nv.NVMLError:
         return None
 
 
-def _instant_power_w(nv, handle) -> float | None:
+def _instant_power_w(nv: Any, handle: Any) -> float | None:
     try:
         v = nv.nvmlDeviceGetFieldValues(handle, [nv.NVML_FI_DEV_POWER_INSTANT])[0]
     except nv.NVMLError:
@@ -303,7 +303,7 @@ class Reader:
             costs[name.lstrip("_")] = 1000 * (time.thread_time() - t) / repeats
         return costs
 
-    def _throttle(self, h) -> int:
+    def _throttle(self, h: Any) -> int:
         nv = self._nv
         fn = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or nv.nvmlDeviceGetCurrentClocksThrottleReasons
         return fn(h)

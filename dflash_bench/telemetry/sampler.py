@@ -17,7 +17,7 @@ import io
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from dflash_bench.errors import UserError
 from dflash_bench.telemetry.energy import EnergySummary, summarize
@@ -86,6 +86,7 @@ class TelemetrySampler:
         self._stop.set()
         self._thread.join()
         self._thread = None
+        assert self._reader is not None  # start() opened it before the thread
         try:
             self._samples.extend(self._reader.read(self._t0))
         except Exception as err:  # noqa: BLE001 - the missing edge shows as a gap
@@ -106,9 +107,11 @@ class TelemetrySampler:
     def _run(self) -> None:
         cpu0 = time.thread_time()
         next_t = self._t0 + self.interval_s
+        reader = self._reader
+        assert reader is not None  # start() opens it before the thread
         try:
             while not self._stop.wait(max(0.0, next_t - time.perf_counter())):
-                self._samples.extend(self._reader.read(self._t0))
+                self._samples.extend(reader.read(self._t0))
                 next_t += self.interval_s
                 now = time.perf_counter()
                 if now > next_t:  # fell behind (a stall): resume the schedule from now
@@ -163,7 +166,8 @@ def read_csv(path: Path) -> list[Sample]:
     out = []
     for n, row in enumerate(rows, start=2):
         try:
-            out.append(Sample(**{c: _parse(c, row[c]) for c in SAMPLE_COLUMNS if c in row}))
+            values: dict[str, Any] = {c: _parse(c, row[c]) for c in SAMPLE_COLUMNS if c in row}
+            out.append(Sample(**values))
         except (TypeError, ValueError):
             raise UserError(f"{path} line {n} is not a telemetry sample; it may be damaged.") from None
     return out
