@@ -55,8 +55,8 @@ def base_suite(suites: pd.Series) -> pd.Series:
 
 
 def complete(frame: pd.DataFrame) -> pd.DataFrame:
-    """Only the cells that completed (failed cells carry no measurements)."""
-    return frame[frame["status"] == "complete"]
+    """Only the cells that were measured, complete or partial (failed cells carry no measurements)."""
+    return frame[frame["status"].isin(["complete", "partial"])]
 
 
 def pairs(frame: pd.DataFrame, metrics: Iterable[str] = ("output_throughput", "acceptance_length",

@@ -83,7 +83,7 @@ def run(
                         transport=transport, steady_requests=steady_requests, steady_ramp=steady_ramp)
     _, summary = run_one(url, suite, request, load, label=label, engine=engine, out=out, name=name, data_dir=data_dir,
                          num_prompts=num_prompts, expect_model=expect_model)
-    if summary.status == "failed":  # as `sweep` does: a failed cell is a failed run
+    if summary.status != "complete":  # a failed cell is a failed run, as in `sweep`; so is any failed request
         raise typer.Exit(1)
 
 
@@ -130,12 +130,13 @@ def gate(
     export_baseline: bool = typer.Option(False, "--export-baseline", help="Write SWEEP_DIR's cells as a small baseline file (-o) instead of gating."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="With --export-baseline: the baseline file to write."),
     slo: Optional[str] = typer.Option(None, "--slo", help="Also gate DFlash's tok/s and speedup at this interactivity target, e.g. 'tok_s_user=30,tpot_p90_ms=40' (default: the sweep's --slo)."),
+    noise_from: Optional[list[Path]] = typer.Option(None, "--noise-from", help="With --export-baseline: other runs of the same plan (sweep folders; give it twice or more); the baseline carries the run-to-run noise measured over them and SWEEP_DIR, which widens the noisy metrics' thresholds."),
 ) -> None:
     """Gate a sweep against a baseline: exit 0 pass, 1 regression, 2 unusable input."""
     from dflash_bench.gate import main as gate_main
 
     code = gate_main(sweep_dir, baseline=baseline, export=export_baseline, output=output, thresholds=thresholds,
-                     junit=junit, markdown=markdown, slo=slo)
+                     junit=junit, markdown=markdown, slo=slo, noise_from=noise_from or [])
     raise typer.Exit(code)
 
 

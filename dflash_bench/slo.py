@@ -297,7 +297,7 @@ def read_sweep(summaries: Iterable[Any], slo: SloTarget, gpus: int | None = 1) -
     fields = [f for f in CellKey.pair_fields() if f not in ("concurrency", "repeat")]
     sides: dict[tuple, dict[str, list[dict[str, Any]]]] = {}
     for s in summaries:
-        if s.status != "complete":
+        if s.status not in ("complete", "partial"):
             continue
         key = tuple(getattr(s, f) for f in fields)
         sides.setdefault(key, {}).setdefault(s.mode, []).append(results_row(s))

@@ -69,7 +69,8 @@ def run_one(url: str, suite: str, request: RequestSettings, load: LoadSettings, 
         summary.server_identity = identity.summary()
         write_cell(sweep, summary, m)
         plan.status, plan.reason = summary.status, summary.failure_reason
-        manifest.status = "complete" if all(c.status == "complete" for c in manifest.plan) else "failed"
+        manifest.status = ("complete" if all(c.status == "complete" for c in manifest.plan) else
+                           "failed" if any(c.status == "failed" for c in manifest.plan) else "partial")
         sweep.write_manifest(manifest)
         sweep.write_results_csv()
     finally:
@@ -199,6 +200,6 @@ def print_summary(s: CellSummary, cell_dir: Path) -> None:
     if s.num_failed:
         reasons = escape(", ".join(f"{k} ({v})" for k, v in s.failures.items()))
         con.print(f"[yellow]{s.num_failed} request(s) failed: {reasons}[/yellow]", markup=True, highlight=False)
-    if s.status == "failed":
-        con.print(f"[bold red]cell failed: {escape(s.failure_reason or '')}[/]", highlight=False)
+    if s.status != "complete":
+        con.print(f"[bold red]cell {s.status}: {escape(s.failure_reason or '')}[/]", highlight=False)
     con.print(f"written to {escape(str(cell_dir))}", highlight=False)

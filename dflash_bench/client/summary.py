@@ -79,7 +79,16 @@ def summarize_records(records: list[RequestRecord], *, cell_id: str, engine: str
                                                        or "no measured request was sent")
     if failure is not None:
         summary.status, summary.failure_reason = "failed", " ".join(failure.split())[:2000]
+    elif summary.num_failed:
+        summary.status, summary.failure_reason = "partial", partial_reason(summary)
     return summary
+
+
+def partial_reason(s: CellSummary) -> str:
+    """A partial cell in one sentence: how many measured requests failed, why, and what its figures cover."""
+    why = ", ".join(f"{k} ({v})" for k, v in s.failures.items()) or "no reason recorded"
+    return (f"{s.num_failed} of {s.num_requests} measured requests failed: {why}; throughput and latencies cover "
+            f"the {s.num_ok} that succeeded")
 
 
 def steady_window_of(records: list[RequestRecord], steady: SteadyPlan

@@ -7,12 +7,16 @@ Cells match on (engine, mode, suite, concurrency); the repeats of a cell are its
 judged by the relative change of its mean, current / baseline - 1, against a threshold (the largest
 change in the bad direction that still passes):
 
-- tight: acceptance length, and the lossless exact-match rate and task accuracy where the sweep has them
-  (nearly deterministic at temperature 0).
+- tight: acceptance length at a fixed verify width, and the lossless exact-match rate and task accuracy where
+  the sweep has them (deterministic at temperature 0). Under --verify-width auto on both sides τ follows the load
+  and is judged as throughput is; across width policies, over the acceptance profile (tau.py).
 - bootstrap: output throughput, TPOT p50 and speedup when both sides have repeats: a seeded percentile
   bootstrap interval of the ratio of means; the check fails only when the whole interval is past the
   threshold, so run-to-run noise does not fail a build.
 - plain: the same noisy metrics without repeats: the single change against the threshold, labelled so.
+- either widened by the run-to-run noise the baseline carries (`--export-baseline --noise-from`: noise.py).
+
+A partial cell (some of its measured requests failed) fails unless `[cells] allow_failed_share` allows its share.
 
 Where the sweep holds the builtin engine and another engine on the same pair, each other engine's DFlash tau
 is also judged against the builtin engine's, the reference, by the same rule (reference.py): a fail names
@@ -22,7 +26,7 @@ A cell that failed in the sweep fails every metric its baseline has. Exit codes:
 2 unusable input (a UserError: missing or corrupt baseline, bad thresholds, nothing in common).
 
 Modules: config (gate.toml), baseline (what a sweep or a baseline file holds), compare (the verdicts),
-reference (tau against the builtin engine), output (terminal table, markdown, JUnit), command (the CLI entry point).
+reference (tau against the builtin engine), tau (which tau two cells compare on), noise (run-to-run noise), output (terminal table, markdown, JUnit), command (the CLI entry point).
 """
 
 from dflash_bench.gate.baseline import BASELINE_VERSION, Baseline, CellValues, collect, export_baseline, load_baseline

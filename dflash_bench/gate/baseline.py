@@ -16,7 +16,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dflash_bench.errors import UserError
-from dflash_bench.store import CellKey, CellSummary, Hardware, Models, SweepDir, SweepSettings, atomic_write_json, now_iso
+from dflash_bench.store import MEASURED, CellKey, CellSummary, Hardware, Models, SweepDir, SweepSettings, atomic_write_json, now_iso
 
 BASELINE_KIND: Literal["dflash-bench-baseline"] = "dflash-bench-baseline"
 BASELINE_VERSION = 2  # 2: typed provenance; cells carry their CellKey (repeat 0, cell_id)
@@ -34,6 +34,16 @@ class CellValues(CellKey):
     failed: dict[str, str] = Field(default_factory=dict)  # cell id -> failure reason
     # cell id -> why a complete DFlash cell shows no sign of speculation (CellSummary.dflash_warning)
     no_speculation: dict[str, str] = Field(default_factory=dict)
+    # cell id -> (share of its measured requests that failed, why) of a partial cell (its repeats are in `repeats`)
+    partial: dict[str, tuple[float, str]] = Field(default_factory=dict)
+    # DFlash: how the verify width was chosen (CellSummary.width_policy; None: the engine's own fixed way, or a cell
+    # written before it was recorded), and the acceptance profile of each repeat that has one (gate/tau.py)
+    width_policy: str | None = None
+    profiles: list[list[tuple[int, int]]] = Field(default_factory=list)
+    # the run-to-run noise of each metric: the relative standard deviation of its mean over `noise_runs` runs of
+    # the same code (`gate --export-baseline --noise-from`, gate/noise.py); it widens that metric's threshold
+    noise: dict[str, float] = Field(default_factory=dict)
+    noise_runs: int = 0
 
 
 class Provenance(BaseModel):
@@ -91,11 +101,16 @@ def collect(sweep_dir: Path | str, quiet: bool = False) -> Baseline:
     out: dict[CellKey, CellValues] = {}
     for s in summaries:
         cell = out.setdefault(s.sample_of(), CellValues(**s.sample_of().model_dump()))
-        if s.status != "complete":
+        if s.status == "partial":
+            cell.partial[s.cell_id] = (s.num_failed / s.num_requests if s.num_requests else 1.0,
+                                       _short(s.failure_reason or "some requests failed"))
+        elif s.status != "complete":
             reason = s.failure_reason if s.failure_reason and s.failure_reason.strip() else "failed"
-            cell.failed[s.cell_id] = reason if len(reason) <= 300 else reason[:297] + "..."
+            cell.failed[s.cell_id] = _short(reason)
             continue
         cell.repeats.append(s.repeat)
+        if s.mode == "dflash":
+            add_profile(cell, s)
         if s.mode == "dflash" and s.dflash_warning:
             cell.no_speculation[s.cell_id] = s.dflash_warning
         for name, value in gated_values(s).items():
@@ -109,7 +124,7 @@ def collect(sweep_dir: Path | str, quiet: bool = False) -> Baseline:
 
 def _add_speedups(summaries: list[CellSummary], out: dict[CellKey, CellValues]) -> None:
     """DFlash / AR output throughput of each complete pair, on the DFlash cell, in repeat order."""
-    done = [s for s in summaries if s.status == "complete"]
+    done = [s for s in summaries if s.status in MEASURED]
     ar = {s.pair_key(): s for s in done if s.mode == "ar"}
     for df in sorted((s for s in done if s.mode == "dflash"), key=lambda s: s.repeat):
         partner = ar.get(df.pair_key())
@@ -118,11 +133,17 @@ def _add_speedups(summaries: list[CellSummary], out: dict[CellKey, CellValues]) 
             out[df.sample_of()].metrics.setdefault("speedup", []).append(float(d) / float(a))  # type: ignore[arg-type]
 
 
-def export_baseline(sweep_dir: Path | str, output: Path | str) -> Baseline:
-    """Write the small baseline file of a sweep (atomically) and return it."""
+def exportable(sweep_dir: Path | str) -> Baseline:
+    """A sweep's cells as a baseline to export (a UserError when none completed)."""
     baseline = collect(sweep_dir)
     if not any(c.repeats for c in baseline.cells):
         raise UserError(f"{sweep_dir} has no complete cell: there is nothing to export as a baseline")
+    return baseline
+
+
+def export_baseline(sweep_dir: Path | str, output: Path | str) -> Baseline:
+    """Write the small baseline file of a sweep (atomically) and return it."""
+    baseline = exportable(sweep_dir)
     atomic_write_json(Path(output), baseline)
     return baseline
 
@@ -165,6 +186,20 @@ def baseline_v1(data: dict[str, Any]) -> dict[str, Any]:
     prov["hardware"] = prov.get("hardware") or {}
     prov["models"] = prov.get("models") or {}
     return dict(data, schema_version=BASELINE_VERSION, provenance=prov)
+
+
+def add_profile(cell: CellValues, s: CellSummary) -> None:
+    """A DFlash repeat's width policy and acceptance profile into its cell."""
+    if len(cell.repeats) == 1:
+        cell.width_policy = s.width_policy
+    elif cell.width_policy != s.width_policy:
+        cell.width_policy = ",".join(sorted({*(cell.width_policy or "none").split(","), s.width_policy or "none"}))
+    if s.acceptance_profile:
+        cell.profiles.append(list(s.acceptance_profile))
+
+
+def _short(reason: str) -> str:
+    return reason if len(reason) <= 300 else reason[:297] + "..."
 
 
 def _number(value: Any) -> bool:

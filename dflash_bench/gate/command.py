@@ -9,6 +9,7 @@ from dflash_bench.gate import output as show
 from dflash_bench.gate.baseline import collect, export_baseline, load_baseline
 from dflash_bench.gate.compare import GateResult, compare
 from dflash_bench.gate.config import GateConfig, load_config
+from dflash_bench.gate.noise import export_with_noise
 from dflash_bench.gate.reference import reference_checks
 from dflash_bench.gate.slo import slo_checks
 from dflash_bench.slo import parse_slo
@@ -34,7 +35,7 @@ def gate(sweep_dir: Path | str, baseline: Path | str, config: GateConfig | None 
 
 def main(sweep_dir: Path, *, baseline: Path | None = None, export: bool = False, output: Path | None = None,
          thresholds: Path | None = None, junit: Path | None = None, markdown: Path | None = None,
-         slo: str | None = None) -> int:
+         slo: str | None = None, noise_from: list[Path] | None = None) -> int:
     """The `gate` command: export a baseline, or gate a sweep and write the reports; returns the exit code."""
     if export:
         if output is None:
@@ -42,9 +43,11 @@ def main(sweep_dir: Path, *, baseline: Path | None = None, export: bool = False,
         if baseline or thresholds or junit or markdown or slo:
             raise UserError("--export-baseline only writes a baseline; leave out --baseline, --thresholds, --junit, "
                             "--markdown and --slo")
-        written = export_baseline(sweep_dir, output)
+        written = export_with_noise(sweep_dir, output, noise_from) if noise_from else export_baseline(sweep_dir, output)
         show.print_export(written, output)
         return 0
+    if noise_from:
+        raise UserError("--noise-from measures the noise a baseline carries: use it with --export-baseline")
     if output is not None:
         raise UserError("-o is for --export-baseline; use --junit FILE or --markdown FILE for the gate's reports")
     if baseline is None:

@@ -11,6 +11,8 @@ import numpy as np
 from dflash_bench.errors import UserError
 from dflash_bench.gate.baseline import Baseline, CellValues
 from dflash_bench.gate.config import Bootstrap, GateConfig
+from dflash_bench.gate.noise import allowance
+from dflash_bench.gate.tau import comparable, definitions
 from dflash_bench.store import CellKey
 
 EPS = 1e-9  # a change exactly at the threshold passes, whatever the float rounding
@@ -35,9 +37,17 @@ METRICS = (
     Metric("exact_match_rate", "lossless exact match", "exact_match", True, False, optional=True),
     Metric("accuracy", "task accuracy", "accuracy", True, False, optional=True),
 )
+# tau where it follows the load (--verify-width auto on both sides), or from the acceptance profile where the two
+# sides' widths differ (gate/tau.py)
+TAU_AUTO = Metric("acceptance_length", "acceptance length (auto width)", "acceptance_length", True, True)
+TAU_PROFILE = Metric("acceptance_length", "acceptance length over the positions both verified", "acceptance_length",
+                     True, False)
 # Not a comparison with the baseline: a DFlash cell of the sweep that did not speculate (no acceptance
 # source, draft counters that did not move, tau ~ 1) is the silent fallback to AR, and fails on its own.
 SPECULATION = Metric("speculation", "speculation", "acceptance_length", True, False)
+# Nor this: a partial cell of the sweep (some measured requests failed) fails unless `[cells] allow_failed_share`
+# allows its share
+PARTIAL = Metric("failed_requests", "failed requests", "acceptance_length", False, False)
 
 # ---------------------------------------------------------------- the comparison
 
@@ -108,7 +118,7 @@ def compare(sweep: Baseline, base: Baseline, config: GateConfig | None = None,
         missing=[k.name for k in sorted(ref, key=CellKey.sort_key) if k not in cur],
         new=[k.name for k in sorted(cur, key=CellKey.sort_key) if k not in ref],
         sweep=sweep_label, baseline=baseline_label, config=config,
-        notes=_provenance_notes(sweep, base),
+        notes=_provenance_notes(sweep, base) + _tau_notes(base, sweep, common),
     )
 
 
@@ -116,27 +126,71 @@ def _check_cell(ref: CellValues, cur: CellValues, config: GateConfig) -> list[Ch
     name = ref.key.name
     out = [Check(name, SPECULATION, "no speculation", "fail", 0.0, [], [], note=f"{cid}: {why}")
            for cid, why in cur.no_speculation.items()]
+    allowed = config.cells.allow_failed_share
+    out += [Check(name, PARTIAL, "partial cell", "fail" if share > allowed + EPS else "pass", allowed, [], [share],
+                  note=f"{cid}: {why} (allowed: {100 * allowed:.0f}% of a cell's requests, [cells] allow_failed_share)")
+            for cid, (share, why) in cur.partial.items()]
     for m in METRICS:
         base = ref.metrics.get(m.name)
         if not base:
             continue
         threshold = getattr(config.thresholds, m.threshold)
         current = cur.metrics.get(m.name, [])
-        if cur.failed:
+        if m.name == "acceptance_length" and not cur.failed and current:
+            out.append(_tau_check(name, ref, cur, threshold, config.bootstrap))
+        elif cur.failed:
             why = "; ".join(f"{cid}: {reason}" for cid, reason in cur.failed.items())
             out.append(Check(name, m, "failed cell", "fail", threshold, base, current, note=f"failed in the sweep ({why})"))
         elif not current:
             verdict: Verdict = "skipped" if m.optional else "fail"
             out.append(Check(name, m, "not measured", verdict, threshold, base, [], note="not measured in the sweep"))
         else:
-            out.append(judge(name, m, base, current, threshold, config.bootstrap))
+            out.append(judge(name, m, base, current, threshold, config.bootstrap, ref.noise.get(m.name)))
+    return out
+
+
+def _tau_check(name: str, ref: CellValues, cur: CellValues, threshold: float, boot: Bootstrap) -> Check:
+    """τ like with like (gate/tau.py): as τ under the same width policy, over the profile where they differ, else
+    skipped with the sentence that says why not."""
+    pair = comparable(ref, cur)
+    if isinstance(pair, str):
+        return Check(name, METRICS[2], "not comparable", "skipped", threshold, ref.metrics["acceptance_length"],
+                     cur.metrics["acceptance_length"], note=pair)
+    metric = TAU_PROFILE if pair.how == "profile" else TAU_AUTO if pair.noisy else METRICS[2]
+    check = judge(name, metric, pair.base, pair.current, threshold, boot,
+                  ref.noise.get("acceptance_length") if pair.noisy else None)
+    check.note = "; ".join(x for x in (pair.note, check.note) if x)
+    return check
+
+
+def _tau_notes(base: Baseline, sweep: Baseline, common: list[CellKey]) -> list[str]:
+    """One sentence where the baseline's DFlash cells differ from the sweep's in width policy or τ definition."""
+    cur = {c.key: c for c in sweep.cells}
+    ref = {c.key: c for c in base.cells}
+    dflash = [k for k in common if k.mode == "dflash"]
+    out = []
+    policies = sorted({(str(ref[k].width_policy), str(cur[k].width_policy)) for k in dflash
+                       if ref[k].width_policy != cur[k].width_policy})
+    if policies:
+        pairs = ", ".join(f"{a} against {b}" for a, b in policies).replace("None", "none recorded")
+        out.append(f"the baseline's DFlash cells were measured under another width policy than the sweep's ({pairs}): "
+                   "τ is compared over the acceptance profile where both have one, else not at all")
+    defs = sorted({(tuple(sorted(definitions(ref[k]))), tuple(sorted(definitions(cur[k])))) for k in dflash
+                   if definitions(ref[k]) != definitions(cur[k])})
+    if defs:
+        words = ", ".join(f"{list(a) or 'none'} against {list(b) or 'none'}" for a, b in defs)
+        out.append(f"the baseline's τ was counted under another definition than the sweep's ({words}): τ is not "
+                   "compared; export the baseline again with this version")
     return out
 
 
 def judge(cell: str, metric: Metric, base: list[float], current: list[float], threshold: float,
-          boot: Bootstrap | None = None) -> Check:
-    """The verdict of one metric: bootstrap with repeats on both sides, else the plain or tight threshold."""
+          boot: Bootstrap | None = None, noise: float | None = None) -> Check:
+    """The verdict of one metric: bootstrap with repeats on both sides, else the plain or tight threshold; a noisy
+    metric's threshold widened by the baseline's run-to-run noise figure (gate/noise.py) where it carries one."""
     boot = boot or Bootstrap()
+    widen = allowance(noise, boot.confidence) if metric.noisy else 0.0
+    threshold += widen
     change = _ratio(float(np.mean(current)), float(np.mean(base))) - 1
     sign = 1.0 if metric.higher_is_better else -1.0  # bad = -sign * change
     repeats = min(len(base), len(current)) >= boot.min_repeats
@@ -144,12 +198,19 @@ def judge(cell: str, metric: Metric, base: list[float], current: list[float], th
         lo, hi = bootstrap_change(base, current, boot, seed_key=f"{cell}:{metric.name}")
         bad = sorted((-sign * lo, -sign * hi))
         verdict: Verdict = "fail" if bad[0] > threshold + EPS else "improved" if bad[1] < -threshold else "pass"
-        return Check(cell, metric, "bootstrap", verdict, threshold, base, current, change, (lo, hi))
+        return Check(cell, metric, "bootstrap", verdict, threshold, base, current, change, (lo, hi),
+                     note=_noise_note(noise, widen))
     bad_change = -sign * change
     verdict = "fail" if bad_change > threshold + EPS else "improved" if bad_change < -threshold else "pass"
     method = "plain" if metric.noisy else "tight"
-    note = f"{len(base)} vs {len(current)} repeats: plain threshold, not noise-aware" if metric.noisy else ""
+    note = (_noise_note(noise, widen) if widen else
+            f"{len(base)} vs {len(current)} repeats: plain threshold, not noise-aware" if metric.noisy else "")
     return Check(cell, metric, method, verdict, threshold, base, current, change, note=note)
+
+
+def _noise_note(noise: float | None, widen: float) -> str:
+    return (f"threshold widened by {100 * widen:.1f}% for the baseline's run-to-run noise (cv {100 * noise:.1f}%)"
+            if noise and widen else "")
 
 
 def bootstrap_change(base: list[float], current: list[float], boot: Bootstrap, seed_key: str = "") -> tuple[float, float]:

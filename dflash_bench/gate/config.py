@@ -37,6 +37,8 @@ class Bootstrap(Strict):
 
 class CellsPolicy(Strict):
     fail_on_missing: bool = False  # a baseline cell absent from the sweep fails the gate
+    # a partial cell (some measured requests failed) fails the gate unless at most this share of its requests failed
+    allow_failed_share: Fraction = 0.0
 
 
 class Reference(Strict):

@@ -131,8 +131,11 @@ def verdict_line(result: GateResult) -> str:
 def print_export(baseline: Baseline, output: Path) -> None:
     cells = [c for c in baseline.cells if c.repeats]
     most = max((len(c.repeats) for c in cells), default=0)
-    new_console().print(Text(f"wrote {output}: {len(cells)} cells (up to {most} repeats each) of sweep {baseline.sweep_id}"),
-                    soft_wrap=True)
+    noisy = [c for c in cells if c.noise]
+    noise = (f"; run-to-run noise measured over {max(c.noise_runs for c in noisy)} runs for {len(noisy)} cells"
+             if noisy else "")
+    new_console().print(Text(f"wrote {output}: {len(cells)} cells (up to {most} repeats each) of sweep "
+                             f"{baseline.sweep_id}{noise}"), soft_wrap=True)
 
 
 # ---------------------------------------------------------------- markdown (PR comment)

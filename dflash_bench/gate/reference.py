@@ -6,7 +6,10 @@ match it. They are compared per suite, concurrency, prompt length and thinking a
 being the samples; `report` shows every comparison and `gate` fails when another engine under-accepts.
 
 What is comparable: both cells complete with a τ counted under the same definition (CellSummary
-`acceptance_definition`, metrics/definitions.py), neither drawn by synthetic acceptance, and the same target
+`acceptance_definition`, metrics/definitions.py), at the same verify width (vLLM, SGLang and the emulator verify
+the whole block, as the builtin engine's `--verify-width full`; against its `auto` or a fixed width, τ from both
+acceptance profiles over the draft positions both verified: gate/tau.py), neither drawn by synthetic acceptance,
+and the same target
 and drafter (the ids in a folder's manifest) asked the same requests (SAME_REQUESTS); a folder that names no
 pair, as `dflash-bench run` writes, is compared only with itself. The engines' own counting differs from the definition (docs/acceptance.md) only upwards: vLLM
 and llama.cpp count drafts accepted past the request's end, SGLang counts the prefill's token. So a gap
@@ -31,9 +34,12 @@ import numpy as np
 from dflash_bench.gate.baseline import Baseline, CellValues, collect
 from dflash_bench.gate.compare import Check, Metric, judge
 from dflash_bench.gate.config import GateConfig
+from dflash_bench.gate.tau import comparable
 from dflash_bench.store import CellKey
 
 REFERENCE = "builtin"
+# engines whose every verify step checks the whole block: their τ is the builtin engine's under --verify-width full
+FULL_BLOCK = ("vllm", "sglang", "emulator")
 # what two sweeps of one pair must share for their tau to be pooled: the requests (sampling, length, prompts)
 SAME_REQUESTS = ("temperature", "max_tokens", "num_prompts", "seed")
 REFERENCE_TAU = Metric("reference_tau", "τ against the builtin engine", "acceptance_length", True, True,
@@ -134,10 +140,14 @@ def _compare_one(ref: CellValues, other: CellValues, engine: str, key: CellKey, 
     if why:
         out.not_compared.append(f"{name}: {why}")
         return
-    check = judge(name, REFERENCE_TAU, ref.metrics["acceptance_length"], other.metrics["acceptance_length"],
-                  tolerance(config), config.bootstrap)
+    full = other.model_copy(update={"width_policy": other.width_policy or "full"}) if engine in FULL_BLOCK else other
+    pair = comparable(ref, full, "the builtin engine", engine)
+    if isinstance(pair, str):
+        out.not_compared.append(f"{name}: {pair}")
+        return
+    check = judge(name, REFERENCE_TAU, pair.base, pair.current, tolerance(config), config.bootstrap)
     comparison = TauComparison(engine=engine, key=key, check=check, sweeps=sweeps)
-    check.note = comparison.sentence()
+    check.note = comparison.sentence() + (f" ({pair.note})" if pair.note else "")
     out.comparisons.append(comparison)
 
 
@@ -147,14 +157,10 @@ def _not_comparable(ref: CellValues, other: CellValues) -> str | None:
             return f"{side} has no τ there"
         if cell.metrics.get("synthetic_acceptance"):
             return f"{side}'s τ there was drawn by synthetic acceptance"
-    a, b = set(ref.metrics.get("acceptance_definition", [])), set(other.metrics.get("acceptance_definition", []))
-    if len(a) != 1 or a != b:
-        return f"τ counted under different definitions ({REFERENCE}: {_defs(a)}, {other.engine}: {_defs(b)})"
+    a = set(ref.metrics.get("acceptance_definition", []))
+    if len(a) != 1:
+        return f"the builtin engine's τ was counted under {'several definitions' if a else 'no recorded definition'}"
     return None
-
-
-def _defs(values: set[float]) -> str:
-    return ", ".join(str(int(v)) for v in sorted(values)) or "none recorded"
 
 
 def _by_pair(sweeps: list[Baseline]) -> dict[tuple, tuple[list[str], list[CellValues]]]:
@@ -182,6 +188,7 @@ def _by_cell(cells: list[CellValues]) -> dict[CellKey, dict[str, CellValues]]:
             continue
         pooled = per[c.engine]
         pooled.repeats += c.repeats
+        pooled.profiles += c.profiles
         for metric, values in c.metrics.items():
             pooled.metrics.setdefault(metric, []).extend(values)
     return out

@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from dflash_bench.quality import scoring
 from dflash_bench.quality.intervals import paired_difference, wilson
 from dflash_bench.quality.sandbox import Limits, RunResult, run_many
-from dflash_bench.store import AccuracySummary, PairedDiff, RequestRecord, SweepDir, atomic_write_text
+from dflash_bench.store import MEASURED, AccuracySummary, PairedDiff, RequestRecord, SweepDir, atomic_write_text
 
 __all__ = ["AccuracySummary", "PairedDiff", "Verdict", "compare_verdicts", "score_cell", "score_sweep"]
 
@@ -41,7 +41,7 @@ def score_sweep(sweep_dir: Path | str, data_dir: Path | str | None = None, score
     from dflash_bench.suites import load_prompts
 
     sweep = SweepDir.open(Path(sweep_dir))
-    done = [s for s in sweep.summaries() if s.status == "complete" and s.suite in (*ANSWER_SUITES, *CODE_SUITES)]
+    done = [s for s in sweep.summaries() if s.status in MEASURED and s.suite in (*ANSWER_SUITES, *CODE_SUITES)]
     prompts: dict[str, dict] = {}
     verdicts: dict[str, dict[tuple[str, int], bool]] = {}
     out: dict[str, AccuracySummary] = {}

@@ -28,7 +28,7 @@ from typing import Iterable, Literal
 from pydantic import BaseModel
 
 from dflash_bench.metrics.stats import percentile
-from dflash_bench.store import CellSummary, LosslessSummary, RequestRecord, StoreError, SweepDir, atomic_write_text, read_text
+from dflash_bench.store import MEASURED, CellSummary, LosslessSummary, RequestRecord, StoreError, SweepDir, atomic_write_text, read_text
 
 __all__ = ["LosslessSummary", "Comparison", "annotate_sweep", "compare_cells", "read_comparisons", "summarize"]
 
@@ -224,7 +224,7 @@ def annotate_sweep(sweep_dir: Path | str, near_tie: float = NEAR_TIE_NATS) -> di
     Returns DFlash cell id -> LosslessSummary. Idempotent: running it again rewrites the same files.
     """
     sweep = SweepDir.open(Path(sweep_dir))
-    done = [s for s in sweep.summaries() if s.status == "complete"]
+    done = [s for s in sweep.summaries() if s.status in MEASURED]
     ar_cells = {s.pair_key(): s for s in done if s.mode == "ar"}
     out: dict[str, LosslessSummary] = {}
     for df in (s for s in done if s.mode == "dflash"):

@@ -58,18 +58,19 @@ def mark_steady(matrix: list[dict[str, Any]], marks: list[dict[str, Any]]) -> No
 
 
 def failures(manifest: Manifest, frame: pd.DataFrame) -> list[dict[str, Any]]:
-    """Failed cells and why (from their summary, else from the plan), plus planned cells never finished."""
+    """Failed and partial cells and why (from their summary, else from the plan), plus planned cells never
+    finished."""
     out: list[dict[str, Any]] = []
     seen: set[str] = set()
     if not frame.empty:
-        for _, row in frame[frame["status"] == "failed"].iterrows():
+        for _, row in frame[frame["status"].isin(["failed", "partial"])].iterrows():
             reason = row.get("failure_reason")
             if not isinstance(reason, str) or not reason:
                 try:
                     reason = manifest.cell(row["cell_id"]).reason
                 except KeyError:
                     reason = None
-            out.append({"cell_id": row["cell_id"], "status": "failed", "reason": reason or "no reason recorded"})
+            out.append({"cell_id": row["cell_id"], "status": row["status"], "reason": reason or "no reason recorded"})
             seen.add(row["cell_id"])
     on_disk = set(frame["cell_id"]) if not frame.empty else set()
     for cell in manifest.plan:

@@ -13,7 +13,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 SCHEMA_VERSION = 2  # 2: typed manifest sections; summary fields instead of `extra` (store/migrate.py reads 1)
 
 Mode = Literal["ar", "dflash"]
-CellStatus = Literal["pending", "running", "complete", "failed"]
+CellStatus = Literal["pending", "running", "complete", "partial", "failed"]
+# a cell whose numbers exist: complete, or partial (some measured requests failed: its figures cover the others)
+MEASURED: tuple[str, ...] = ("complete", "partial")
 
 
 class CellKey(BaseModel):
@@ -293,7 +295,9 @@ class CellSummary(CellKey):
     model_config = ConfigDict(frozen=False)
 
     schema_version: int = SCHEMA_VERSION
-    status: Literal["complete", "failed"] = "complete"
+    # partial: some measured requests failed, and failure_reason says how many and why (its throughput and latencies
+    # cover the requests that succeeded); failed: nothing usable
+    status: Literal["complete", "partial", "failed"] = "complete"
     failure_reason: str | None = None
     url: str | None = None
     started_at: str | None = None

@@ -19,7 +19,7 @@ from typing import Any, Iterable
 from pydantic import BaseModel, ValidationError
 
 from dflash_bench.store.migrate import OLDEST, manifest_v1, needs_migration, summary_v1
-from dflash_bench.store.cells import SCHEMA_VERSION, CellSummary, RequestRecord, ServerMetrics
+from dflash_bench.store.cells import MEASURED, SCHEMA_VERSION, CellSummary, RequestRecord, ServerMetrics
 from dflash_bench.store.manifest import Manifest
 from dflash_bench.store.reading import StoreError, read_text
 from dflash_bench.store.results import csv_text
@@ -219,7 +219,7 @@ class SweepDir:
         counted = summary.num_requests + summary.num_warmup if summary is not None else 0
         if summary is not None and summary.steady is not None:
             counted += summary.steady.ramp_requests + summary.steady.cooldown_requests
-        if summary is not None and summary.status == "complete" and len(records) != counted:
+        if summary is not None and summary.status in MEASURED and len(records) != counted:
             return (f"{self.cell_dir(cid) / REQUESTS} holds {len(records)} records where its summary counted "
                     f"{counted}: it was cut short")
         return None

@@ -177,7 +177,7 @@ class Manifest(BaseModel):
     sweep_id: str
     created_at: str = Field(default_factory=now_iso)
     updated_at: str = Field(default_factory=now_iso)
-    status: str = "running"  # running | complete | interrupted | failed
+    status: str = "running"  # running | complete | partial (a cell with failed requests) | interrupted | failed
     command_line: list[str] = Field(default_factory=list)
     settings: SweepSettings | None = None  # None for `dflash-bench run` folders: one cell, no sweep
     plan: list[CellPlan] = Field(default_factory=list)

@@ -132,8 +132,8 @@ def close_sweep(sweep: SweepDir, manifest: Manifest, result: Outcome) -> None:
         if cell.status == "running":
             status_from_disk(sweep, cell)
     pending = [c for c in manifest.plan if c.status == "pending"]
-    manifest.status = ("interrupted" if result.interrupted or pending
-                       else "failed" if result.failed else "complete")
+    manifest.status = ("interrupted" if result.interrupted or pending else "failed" if result.failed
+                       else "partial" if any(c.status == "partial" for c in manifest.plan) else "complete")
     sweep.write_manifest(manifest)
     sweep.write_results_csv()
 

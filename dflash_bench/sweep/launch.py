@@ -128,7 +128,7 @@ def servers_up(ctx: SweepContext, group: list[Launch]) -> Iterator[Servers]:
         if body_failed:
             raise
         for cell in cells:
-            if cell.status not in ("complete", "failed"):
+            if cell.status not in ("complete", "partial", "failed"):
                 fail_cell(ctx, cell, f"server did not start: {reason(err, cell.engine)}")
         if not handed_out:
             yield Servers(ctx, [], {})

@@ -59,7 +59,9 @@ class SweepProgress:
             return
         tau = f"  τ {summary.acceptance_length:.2f}" if summary.acceptance_length else ""
         tput = f"{summary.output_throughput:,.1f} tok/s" if summary.output_throughput else "-"
-        status = "[green]ok[/]" if summary.status == "complete" else f"[red]failed[/] {escape(summary.failure_reason or '')}"
+        status = ("[green]ok[/]" if summary.status == "complete" else
+                  f"[{'yellow' if summary.status == 'partial' else 'red'}]{summary.status}[/] "
+                  f"{escape(summary.failure_reason or '')}")
         self.console.print(f"{escape(cell.cell_id)}: {tput}{tau}  {status}")
         if summary.dflash_warning:
             self.console.print(f"[bold red]  DFlash not in effect:[/] {escape(summary.dflash_warning)}")
@@ -73,7 +75,7 @@ class SweepProgress:
 
     def _render(self) -> Text:
         plan = self.manifest.plan
-        finished = sum(c.status in ("complete", "failed") for c in plan)
+        finished = sum(c.status in ("complete", "partial", "failed") for c in plan)
         line = Text(f"cells {finished}/{len(plan)}", style="bold")
         if self.cell is not None:
             rate = self.tokens / self.elapsed if self.elapsed > 0 else 0.0
@@ -99,8 +101,9 @@ class SweepProgress:
         if settings is not None and settings.slo:
             print_slo(out, summaries, settings.slo, gpus)
         for s in summaries:
-            if s.status == "failed":
-                out.print(f"[red]failed[/] {escape(s.cell_id)}: {escape(s.failure_reason or '')}", highlight=False)
+            if s.status in ("failed", "partial"):
+                colour = "red" if s.status == "failed" else "yellow"
+                out.print(f"[{colour}]{s.status}[/] {escape(s.cell_id)}: {escape(s.failure_reason or '')}", highlight=False)
             if s.dflash_warning:
                 out.print(f"[bold red]DFlash not in effect[/] {escape(s.cell_id)}: {escape(s.dflash_warning)}",
                           highlight=False)
@@ -108,7 +111,7 @@ class SweepProgress:
 
     def print_resume(self, sweep: SweepDir) -> None:
         plan = self.manifest.plan
-        done = sum(c.status in ("complete", "failed") for c in plan)
+        done = sum(c.status in ("complete", "partial", "failed") for c in plan)
         # plain print, never wrapped: the command must survive a copy and paste
         print(f"interrupted with {done} of {len(plan)} cells finished; finish the rest with:\n"
               f"  dflash-bench sweep --resume {shlex.quote(str(sweep.path))}", flush=True)

@@ -290,7 +290,7 @@ def _finish(ctx: Ledger, job: SlurmJob, st: slurm.JobState, console: Console) ->
         summary = sweep.read_summary(cid)
         if summary is not None and summary.status == "failed" and cid not in result.failed:
             result.failed.append(cid)
-    done = sum(1 for cid in job.cells if manifest.cell(cid).status == "complete")
+    done = sum(1 for cid in job.cells if manifest.cell(cid).status in ("complete", "partial"))
     console.print(f"{job.key}: {escape(why)}: {done}/{len(job.cells)} cells complete")
 
 
