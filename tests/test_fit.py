@@ -150,6 +150,19 @@ def test_vllm_names_the_cause_from_its_log():
            "via layer_types; see https://github.com/vllm-project/vllm/issues/40898.")
     assert profiles.get("vllm").failure(log).startswith("this vLLM cannot run DFlash with this drafter")
     assert profiles.get("vllm").failure("CUDA out of memory") is None
+    v1 = ("NotImplementedError: DFlash drafters with mixed sliding/full attention require the V2 model runner; "
+          "relaunch with VLLM_USE_V2_MODEL_RUNNER=1.")
+    assert "VLLM_USE_V2_MODEL_RUNNER=0" in profiles.get("vllm").failure(v1)
+
+
+def test_vllm_notes_the_softcapping_its_dflash_leaves_out_where_it_starts():
+    vllm = profiles.get("vllm")
+    note = vllm.caveat(GEMMA, "dflash", "0.26.0")
+    assert note and note.startswith("vLLM 0.26.0 drafts without the drafter's final-logit softcapping (30)")
+    assert "temperature 0" in note
+    assert vllm.caveat(GEMMA, "ar", "0.26.0") is None
+    assert vllm.caveat(models.resolve("Qwen3-8B"), "dflash", "0.26.0") is None  # a drafter with no cap
+    assert profiles.get("sglang").caveat(GEMMA, "dflash", "0.5.17") is None
 
 
 def test_the_shape_writer_writes_folders_the_sizing_reads(tmp_path, data_dir):

@@ -84,3 +84,15 @@ def test_a_plan_past_the_time_limit_is_refused_before_anything_is_written(tmp_pa
     short = two_clients("--engine", "builtin", "--shape", "tiny", "--concurrency", "1,8", "--steady-requests", "4",
                         "--out", "x.json")
     assert short.returncode == 2 and "--steady-requests must be at least the largest concurrency (8)" in short.stderr
+
+
+def test_best_effort_starts_past_the_estimate_and_keeps_a_row_for_what_the_limit_left_out(tmp_path, data_dir):
+    out = tmp_path / "o.json"
+    proc = two_clients("--engine", "builtin", "--shape", "tiny", "--device", "cpu", "--modes", "dflash,ar",
+                       "--concurrency", "1", "--new-tokens", "8", "--time-limit", "20", "--best-effort",
+                       "--data-dir", str(data_dir), "--work", str(tmp_path / "work"), "--out", str(out))
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert "dflash: not launched" in proc.stdout and "ar: not launched" in proc.stdout
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["mode"] for r in rows][:1] == ["dflash"] and len(rows) == 4  # 2 modes x 2 clients
+    assert all(r["status"] == "skipped" and "--time-limit 20 s would pass" in r["reason"] for r in rows)

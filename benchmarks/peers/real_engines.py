@@ -1,6 +1,6 @@
 """The harness against real engines on one GPU host: vLLM (the offline bundle) beside the builtin engine.
 
-    . .vllm-bundle/setup.sh    # ../shared/tools/vllm-bundle/build.sh .vllm-bundle, carried to the host
+    . .vllm-bundle/setup.sh    # tools/vllm_bundle/build.sh .vllm-bundle, carried to the host
     python -m benchmarks.peers.real_engines pair --data-dir DIR --out real_engines.json
     python -m benchmarks.peers.real_engines shape --engines vllm --out real_engines.json
     python -m benchmarks.peers.real_engines shape --engines builtin --out real_engines.json

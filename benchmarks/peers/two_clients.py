@@ -23,8 +23,8 @@ On the GPU host (`run`: 10 minutes a command, 30 minutes of device time a sessio
 idle), one command per call, in this order (Qwen3-8B's AR rows first, then DFlash, then gemma-4-31B's rows).
 Each call starts with the environment line of its engine, and every command ends with `...`:
 
-    vLLM's bundle (builtin and vLLM lines; carry .vllm-bundle, and .transformers-overlay for gemma on vLLM, built
-    here first by `tools/transformers_overlay/build.sh .transformers-overlay` where pip reaches PyPI):
+    vLLM's bundle (builtin and vLLM lines; carry .vllm-bundle, built here first by
+    `tools/vllm_bundle/build.sh .vllm-bundle` where pip reaches PyPI: it brings the transformers Gemma 4 needs):
         . .vllm-bundle/setup.sh && export PYTHONPATH=.:$PYTHONPATH PYTHONUNBUFFERED=1 && <the command>
     SGLang's bundle (carry .sglang-bundle only: with vLLM's the tree passes the 64 MiB carry, so vLLM's client
     is skipped there, saying so):
@@ -42,7 +42,7 @@ Each call starts with the environment line of its engine, and every command ends
     8. python -m benchmarks.peers.two_clients --engine builtin --shape qwen3-8b --modes dflash --synthetic-tau 6.5 --concurrency 1,8,32 --new-tokens 128,1024 ...
     9. python -m benchmarks.peers.two_clients --engine builtin --shape qwen3-8b --modes dflash --synthetic-tau 6.5 --concurrency 32 --new-tokens 1024 --steady-requests 96 ...
    10. the same pairs of lines at --concurrency 64,128 (--new-tokens 128 with --modes ar,dflash; 1024 with --modes ar)
-   11. (. .transformers-overlay/setup.sh after vLLM's) python -m benchmarks.peers.two_clients --engine vllm --shape gemma-4-31B-it --modes ar --concurrency 1,8,32 --new-tokens 128 ...
+   11. python -m benchmarks.peers.two_clients --engine vllm --shape gemma-4-31B-it --modes ar --concurrency 1,8,32 --new-tokens 128 ...
    12. python -m benchmarks.peers.two_clients --engine builtin --shape gemma-4-31B-it --modes ar --concurrency 1,8,32 --new-tokens 128 ...
    13. python -m benchmarks.peers.two_clients --engine builtin --shape gemma-4-31B-it --modes dflash --concurrency 1,8,32 --new-tokens 128 ...
    14. (SGLang's bundle) python -m benchmarks.peers.two_clients --engine sglang --shape qwen3-8b --modes ar,dflash --concurrency 1,8,32 --new-tokens 128 ...
@@ -80,6 +80,7 @@ STEP_MS = {"qwen3-8b": (6.5, 64.0), GEMMA: (24.0, 64.0), "tiny": (4.0, 2.0)}
 READY_S = {("builtin", "cuda"): 60.0, ("vllm", "cuda"): 120.0, ("sglang", "cuda"): 150.0, ("builtin", "cpu"): 15.0}
 CLIENT_START_S = {"dflash-bench": 5.0, "vllm-bench": 20.0}
 WRITE_S = {"qwen3-8b": 90.0, GEMMA: 40.0, "tiny": 5.0}  # the shape's folders, where --work lacks them
+MIN_START_S = 60.0  # a server is not started with less of --time-limit left
 
 
 # ------------------------------------------------------------------ folders, prompts, sizes
@@ -211,7 +212,7 @@ def run(args) -> None:
     print(f"plan: {args.engine} on {args.shape}, modes {','.join(args.mode_list)}, concurrency "
           f"{','.join(map(str, args.c_list))} x new tokens {','.join(map(str, args.new_list))}, clients "
           f"{' and '.join(clients)}; estimate {estimate:.0f} s of --time-limit {args.time_limit:.0f} s", flush=True)
-    if estimate > args.time_limit:
+    if estimate > args.time_limit and not args.best_effort:
         raise UserError(f"this plan needs about {estimate:.0f} s, more than --time-limit {args.time_limit:.0f} s: "
                         "split it into commands of fewer modes, concurrencies or output lengths.")
     work, out = Path(args.work).resolve(), Path(args.out)
@@ -248,18 +249,27 @@ def run(args) -> None:
         rows = [Row(engine=args.engine, shape=args.shape, mode=mode, synthetic_tau=tau, concurrency=c, new_tokens=n,
                     client=cl, status="skipped") for n in args.new_list for c in args.c_list for cl in CLIENTS]
         fits = {c: does_not_fit(args.engine, pair, context, c, mode, gpu_gib) for c in args.c_list}
-        why_not = profile.refusal(pair, mode, profile.version("process", None))
+        version = profile.version("process", None)
+        why_not = profile.refusal(pair, mode, version)
+        if not why_not and (note := profile.caveat(pair, mode, version)):
+            print(f"{label}: note: {note}", flush=True)
         sized = [c for c in args.c_list if fits[c] is None]
         if why_not or not sized:
             keep([r.model_copy(update={"reason": why_not or fits[r.concurrency]}) for r in rows])
             print(f"{label}: not launched: {why_not or fits[args.c_list[0]]}", flush=True)
+            continue
+        left = args.time_limit - (time.monotonic() - t_start)
+        if left < MIN_START_S:  # --best-effort: no server started that could not answer before the limit
+            keep([r.model_copy(update={"reason": f"not launched: --time-limit {args.time_limit:.0f} s would pass"})
+                  for r in rows])
+            print(f"{label}: not launched: {left:.0f} s of --time-limit left", flush=True)
             continue
         extra = profile.sizing_flags(context, max(sized), None) + engine_args(args, mode, served)
         t0, written = time.monotonic(), set[tuple]()
         try:
             with launch_server(args.engine, pair, mode, runner="process", port=free_port(), extra_args=extra,
                                log_path=work / "logs" / f"{args.engine}-{args.shape}-{label}.log",
-                               ready_timeout=max(60.0, args.time_limit - (time.monotonic() - t_start))) as server:
+                               ready_timeout=max(MIN_START_S, args.time_limit - (time.monotonic() - t_start))) as server:
                 rec.ready_s[label] = round(time.monotonic() - t0, 1)
                 rec.servers[label] = shown(server.info.command)
                 for r in rows:
@@ -341,6 +351,9 @@ def parse(argv: list[str] | None):
     ap.add_argument("--work", default="/tmp/two_clients", help="shape folders, server logs, both clients' outputs")
     ap.add_argument("--out", required=True, help="the results JSON (rows are added to what it holds)")
     ap.add_argument("--time-limit", type=float, default=540.0, help="seconds this command may take (default 540)")
+    ap.add_argument("--best-effort", action="store_true",
+                    help="start even when the estimate passes --time-limit: what would end past it is skipped, "
+                         "saying so, and every cell measured before is kept")
     args = ap.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     try:

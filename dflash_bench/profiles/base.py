@@ -123,6 +123,11 @@ class EngineProfile:
         """The one sentence for a server death whose cause the engine's log names, else None."""
         return None
 
+    def caveat(self, pair: ModelPair, mode: str, version: str | None) -> str | None:
+        """What this engine, at `version`, serves differently from the pair's own definition although it starts
+        (one sentence), else None. The sweep prints it and keeps it in the manifest's notes."""
+        return None
+
     def version(self, runner: str, image: str | None) -> str | None:
         """The engine's version where it is known before launch: the local package (process runner) or the
         image's version tag (docker), else None."""

@@ -15,18 +15,33 @@ from dflash_bench.models import ModelPair
 DEFAULT_IMAGE = "vllm/vllm-openai:v0.29.0"
 
 # vLLM's DFlash draft model (qwen3_dflash.py) raises for a drafter that mixes sliding-window and full-attention
-# layers, and its draft path applies no final-logit softcapping: 0.25.1 does both (read in its source, seen on
-# an H100). Versions up to this one are refused before launch; a later one is launched, and its log read.
+# layers up to 0.25.1 (read in its source, seen on an H100): those versions are refused before launch. 0.26.0
+# accepts such a drafter on its V2 model runner, which `VllmConfig.use_v2_model_runner` turns on by itself for it
+# unless VLLM_USE_V2_MODEL_RUNNER is set; with VLLM_USE_V2_MODEL_RUNNER=0 it raises MIXED_DRAFT_LOG_V1 instead.
 MIXED_DRAFT_REFUSED_UP_TO = (0, 25, 1)
 MIXED_DRAFT_LOG = "DFlash does not yet support mixed sliding/full attention"
+MIXED_DRAFT_LOG_V1 = "DFlash drafters with mixed sliding/full attention require the V2 model runner"
 
 
 def mixed_draft_sentence(version: str | None) -> str:
     which = f"vLLM {version}" if version else "this vLLM"
     return (f"{which} cannot run DFlash with this drafter: its DFlash draft model refuses a drafter that mixes "
             f"sliding-window and full-attention layers (NotImplementedError, vllm issue 40898) and applies no "
-            f"final-logit softcapping, which Gemma 4 drafters need (PR #41703); measure this pair's DFlash with "
-            f"sglang, or pass --image with a vLLM build of PR #41703.")
+            f"final-logit softcapping (PR #41703); vLLM 0.26.0 runs such a drafter on its V2 model runner: measure "
+            f"this pair's DFlash with vLLM 0.26.0 or later, or with sglang.")
+
+
+def v1_runner_sentence() -> str:
+    return ("vLLM runs a DFlash drafter that mixes sliding-window and full-attention layers only on its V2 model "
+            "runner, and VLLM_USE_V2_MODEL_RUNNER=0 turned that off: unset it (vLLM then picks V2 for this drafter).")
+
+
+def softcap_sentence(version: str | None, cap: float) -> str:
+    which = f"vLLM {version}" if version else "this vLLM"
+    return (f"{which} drafts without the drafter's final-logit softcapping ({cap:g}): its DFlash draft model "
+            f"(qwen3_dflash.py) computes logits through the target's shared lm_head with no soft cap. Greedy drafts "
+            f"(temperature 0, the sweep's default) are the same tokens, since tanh keeps the argmax; sampled drafts "
+            f"(temperature > 0) are drawn from uncapped logits, which can lower acceptance.")
 
 
 def _version_tuple(version: str) -> tuple[int, ...] | None:
@@ -73,7 +88,18 @@ class VLLM(EngineProfile):
         return mixed_draft_sentence(version) if known and known <= MIXED_DRAFT_REFUSED_UP_TO else None
 
     def failure(self, log_tail: str) -> str | None:
-        return mixed_draft_sentence(None) if MIXED_DRAFT_LOG in log_tail else None
+        if MIXED_DRAFT_LOG in log_tail:
+            return mixed_draft_sentence(None)
+        return v1_runner_sentence() if MIXED_DRAFT_LOG_V1 in log_tail else None
+
+    def caveat(self, pair: ModelPair, mode: str, version: str | None) -> str | None:
+        from dflash_bench.model_shapes import pair_configs
+
+        if mode != "dflash" or not pair.drafter:
+            return None
+        drafter = pair_configs(pair)[1] or {}
+        cap = drafter.get("final_logit_softcapping") or (drafter.get("dflash_config") or {}).get("final_logit_softcapping")
+        return softcap_sentence(version, float(cap)) if cap else None
 
     def local_install(self) -> tuple[bool, str] | None:
         return python_module("vllm")

@@ -38,6 +38,9 @@ def print_plan(settings: SweepSettings, image: str | None) -> None:
         line = dry_run_line(profile, argv, env, port, settings.runner, image or profile.image_for(settings.gpu), "all", "host")
         console.print(f"[bold]{launch.engine} {launch.mode}[/] ({len(launch.cells)} cells):")
         typer.echo(line)
-        why = profile.refusal(pair, launch.mode, profile.version(settings.runner, image or settings.image))
+        version = profile.version(settings.runner, image or settings.image)
+        why = profile.refusal(pair, launch.mode, version)
         if why:
             typer.echo(f"  refused before launch: {why}")
+        elif note := profile.caveat(pair, launch.mode, version):
+            typer.echo(f"  note: {note}")

@@ -175,15 +175,21 @@ def _same(info: ServerRecord, alive: Callable[[], None]) -> None:
 
 
 def refused(ctx: SweepContext, launch: Launch) -> None:
-    """Refuse, before launch, a server the engine's known version cannot run (profiles' `refusal`)."""
+    """Refuse, before launch, a server the engine's known version cannot run (profiles' `refusal`); note what it
+    serves differently where it starts (profiles' `caveat`)."""
     from dflash_bench import profiles
 
     if ctx.settings.url_ar:
         return
     profile = profiles.get(launch.engine)
-    why = profile.refusal(ctx.pair, launch.mode, profile.version(ctx.settings.runner, ctx.image))
+    version = profile.version(ctx.settings.runner, ctx.image)
+    why = profile.refusal(ctx.pair, launch.mode, version)
     if why:
         raise UserError(why)
+    note = profile.caveat(ctx.pair, launch.mode, version)
+    if note and f"{launch.engine}: {note}" not in ctx.manifest.notes:
+        ctx.manifest.notes.append(f"{launch.engine}: {note}")
+        print(f"note: {launch.engine}: {note}", flush=True)
 
 
 def record_server(manifest: Manifest, key: str, info: ServerRecord) -> None:

@@ -78,7 +78,7 @@ def prune(data, keep_major=KEEP_MAJOR):
     """Blank, in place, the cubins of the CUDA fatbins in `data` for GPU generations outside keep_major,
     and the PTX of every fatbin that has a cubin for keep_major (the driver runs that cubin and never
     compiles the PTX). Sizes and offsets stay, so the library loads as before; zeros compress to nothing.
-    The same approach as the vLLM bundle's pack.py (shared/tools/vllm-bundle)."""
+    The same approach as the vLLM bundle's pack.py (tools/vllm_bundle)."""
     magic, pos, zeroed, kept, stats = struct.pack("<I", 0xBA55ED50), 0, 0, 0, collections.Counter()
     while (i := data.find(magic, pos)) >= 0:
         ver, hsz, fsz = struct.unpack_from("<HHQ", data, i + 4)

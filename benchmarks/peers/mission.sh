@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# The mission's table on the GPU host: gemma-4-31B-it's shape (random weights, --load-format dummy) through vLLM,
+# SGLang and the builtin engine, AR and DFlash, one call of the device tool at a time (10 minutes, 64 MiB carried).
+#
+#   bash benchmarks/peers/mission.sh [--gpu h100|h200] [--tp N] [--seconds S] STEP...
+#
+# STEP, run in the order given, each in a shell of its own (one engine's bundle at a time), until S seconds
+# (default 570) have passed since the start; a step that cannot finish in the time left is cut (SIGTERM: the
+# sweep stops its server and records the cell as interrupted) and the steps after it are skipped, saying so:
+#
+#   vllm-pair     vLLM 0.26.0 (.vllm-bundle) on one GPU: benchmarks.peers.two_clients, DFlash then AR at concurrency 1
+#                 and 8, 128 new tokens, measured by `dflash-bench run` and `vllm bench serve`
+#   vllm          dflash-bench sweep --engine vllm    (.vllm-bundle)      } AR and DFlash, gsm8k and mt-bench,
+#   sglang        dflash-bench sweep --engine sglang  (.sglang-bundle)    } concurrency 1, 8 and 32, 8 prompts a
+#   builtin       dflash-bench sweep --engine builtin (either bundle)     } cell (raised to the concurrency),
+#   builtin-tau   the same, its DFlash at synthetic acceptance tau 6.5 (serve --synthetic-acceptance 6.5: labelled
+#                 so in the sweep's settings and the report)                128 new tokens
+#
+# --tp N: GPUs per server (vLLM and SGLang tensor parallel; the builtin engine only where its --tensor-parallel-size
+# exists). Everything is written under $OUT: each step's sweep folder (OUT/sweeps/), two_clients' results file, the
+# server logs and this command's console (OUT/mission.log). A step whose bundle is not on this machine (neither
+# carried nor left by an earlier call) is skipped in one sentence. Shape folders are written once into
+# $MISSION_WORK (default /tmp/mission), kept for later calls on a warm machine.
+#
+# CPU rehearsal of every step's plan (no server starts): MISSION_DRY_RUN=1 OUT=/tmp/o bash benchmarks/peers/mission.sh ...
+set -uo pipefail
+set -m  # each step runs in a process group of its own, which the deadline can stop whole
+cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
+gpu=h100 tp=1 seconds=570 steps=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    --gpu) gpu=$2; shift 2 ;;
+    --tp) tp=$2; shift 2 ;;
+    --seconds) seconds=$2; shift 2 ;;
+    vllm-pair|vllm|sglang|builtin|builtin-tau) steps+=("$1"); shift ;;
+    *) echo "mission.sh: unknown argument '$1' (steps: vllm-pair vllm sglang builtin builtin-tau)" >&2; exit 2 ;;
+  esac
+done
+case $gpu in h100|h200) ;; *) echo "mission.sh: --gpu takes h100 or h200, not '$gpu'" >&2; exit 2 ;; esac
+[ ${#steps[@]} -gt 0 ] || { echo "mission.sh: name at least one step (vllm-pair vllm sglang builtin builtin-tau)" >&2; exit 2; }
+[ -n "${OUT:-}" ] || { echo "mission.sh: set OUT to the folder that receives the results" >&2; exit 2; }
+mkdir -p "$OUT/sweeps" "$OUT/logs"
+exec > >(tee -a "$OUT/mission.log") 2>&1
+
+start=$(date +%s)
+deadline=$((start + seconds))
+work=${MISSION_WORK:-/tmp/mission}
+data=${DFLASH_BENCH_DATA:-$PWD/.data}
+dry=${MISSION_DRY_RUN:-}
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 DFLASH_BENCH_DATA=$data
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+base_path=$PYTHONPATH
+[ -d "$data" ] || { echo "mission.sh: no prompt sets at $data: carry .data (a copy of shared/datasets)" >&2; exit 2; }
+echo "mission.sh: steps ${steps[*]} on --gpu $gpu --tp $tp, until $(date -u -d "@$deadline" +%H:%M:%S) UTC ($seconds s)"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /'
+
+shape() { # shape hf|sglang: the gemma-4-31B-it folders in $work, written once (configs and a trained tokenizer)
+  local target=$work/gemma-4-31B-it; [ "$1" = sglang ] && target=$work/gemma-4-31B-it-sglang
+  [ -f "$target/config.json" ] && [ -f "$work/gemma-4-31B-it-DFlash/config.json" ] && return 0
+  python3 -m benchmarks.peers.big_shape --pair gemma-4-31B-it --out "$work" --data-dir "$data" --naming "$1" > /dev/null
+}
+
+bundle() { # bundle DIR: source DIR/setup.sh in this (sub)shell, or say why not
+  if [ ! -f "$1/setup.sh" ]; then
+    local tool=${1#.}
+    echo "skipped: $1 is not on this machine: build it with tools/${tool/-/_}/build.sh $1 and carry it"
+    [ -n "$dry" ]  # a dry run goes on without it
+    return
+  fi
+  # shellcheck disable=SC1090,SC1091
+  . "$1/setup.sh" && export PYTHONPATH="$base_path:$PYTHONPATH"
+}
+
+sweep() { # sweep ENGINE TARGET [extra sweep args...]: one sweep folder under $OUT/sweeps
+  local engine=$1 target=$2; shift 2
+  local cmd=(python3 -m dflash_bench sweep --model "$target" --drafter "$work/gemma-4-31B-it-DFlash" --engine "$engine"
+             --runner process --gpu "$gpu" --suites gsm8k,mt-bench -c 1,8,32 -n 8 --max-tokens 128
+             --data-dir "$data" --out "$OUT/sweeps" "$@")
+  [ "$engine" = builtin ] || cmd+=(--tensor-parallel-size "$tp")
+  if [ -n "$dry" ]; then cmd+=(--dry-run); fi
+  echo "+ ${cmd[*]}"
+  "${cmd[@]}"
+}
+
+step() { # the body of one step, in a subshell
+  case $1 in
+    vllm-pair)
+      bundle .vllm-bundle || return 0
+      local cmd=(python3 -m benchmarks.peers.two_clients --engine vllm --shape gemma-4-31B-it --modes dflash,ar
+                 --concurrency 1,8 --new-tokens 128 --requests-per-slot 2 --best-effort --data-dir "$data"
+                 --work "$work" --out "$OUT/two_clients_vllm_gemma.json" --time-limit "$2")
+      echo "+ ${cmd[*]}"
+      [ -n "$dry" ] && return 0
+      shape hf && "${cmd[@]}"
+      cp -r "$work/logs" "$OUT/logs/two_clients" 2>/dev/null ;;
+    vllm)
+      bundle .vllm-bundle || return 0
+      shape hf && sweep vllm "$work/gemma-4-31B-it" --engine-arg=--load-format=dummy \
+        --engine-arg=--attention-backend=triton_attn --engine-arg=--max-num-batched-tokens=8192 --engine-arg=--seed=0 ;;
+    sglang)
+      bundle .sglang-bundle || return 0
+      shape sglang && sweep sglang "$work/gemma-4-31B-it-sglang" --engine-arg=--load-format=dummy \
+        --engine-arg=--attention-backend=triton --engine-arg=--sampling-backend=pytorch --engine-arg=--random-seed=0 ;;
+    builtin|builtin-tau)
+      # the harness's own Python packages the host lacks (pydantic, orjson) come from whichever bundle is here
+      if [ -f .vllm-bundle/setup.sh ]; then bundle .vllm-bundle || return 0; else bundle .sglang-bundle || return 0; fi
+      local tp_args=() tau_args=()
+      if [ "$tp" != 1 ]; then
+        if python3 -m dflash_bench serve --help 2>/dev/null | grep -q -- --tensor-parallel-size; then
+          tp_args=(--engine-arg=--tensor-parallel-size="$tp")
+        else
+          echo "skipped: the builtin engine has no --tensor-parallel-size in this tree: it runs on one GPU only"
+          return 0
+        fi
+      fi
+      [ "$1" = builtin-tau ] && tau_args=(--engine-arg=--synthetic-acceptance=6.5 --engine-arg=--benchmark-only)
+      shape hf && sweep builtin "$work/gemma-4-31B-it" --engine-arg=--fast --engine-arg=--load-format=dummy \
+        "${tp_args[@]}" "${tau_args[@]}" ;;
+  esac
+}
+
+for s in "${steps[@]}"; do
+  left=$((deadline - $(date +%s)))
+  if [ "$left" -lt 90 ]; then
+    echo "== $s: skipped, ${left} s left of $seconds"
+    continue
+  fi
+  echo "== $s: $(date -u +%H:%M:%S) UTC, ${left} s left"
+  t0=$(date +%s)
+  ( step "$s" $((left - 15)) ) &
+  pid=$!
+  # the step's own limit: SIGTERM to its process group at the deadline (the sweep records the cell as interrupted
+  # and stops its server), SIGKILL 10 s later
+  ( sleep $((left - 5)); echo "== $s: the deadline: stopping it"; kill -TERM -- -"$pid" 2>/dev/null; sleep 10
+    kill -KILL -- -"$pid" 2>/dev/null ) &
+  watchdog=$!
+  wait "$pid"; rc=$?
+  kill -- -"$watchdog" 2>/dev/null; wait "$watchdog" 2>/dev/null
+  echo "== $s: exit $rc after $(( $(date +%s) - t0 )) s"
+done
+# the servers' logs of every sweep folder are in it already; the two_clients logs were copied above
+echo "mission.sh: done after $(( $(date +%s) - start )) s; results under $OUT"

@@ -1,0 +1,71 @@
+"""tools/vllm_bundle: the lock pins what the GPU host lacks, by hash; the pruner keeps Hopper's machine code only."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+TOOL = Path(__file__).resolve().parents[1] / "tools" / "vllm_bundle"
+
+
+def _pack():
+    spec = importlib.util.spec_from_file_location("vllm_bundle_pack", TOOL / "pack.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _entry(kind: int, arch: int, payload: bytes) -> bytes:
+    header = bytearray(0x40)
+    struct.pack_into("<HHI", header, 0, kind, 0, 0x40)
+    struct.pack_into("<Q", header, 8, len(payload))
+    struct.pack_into("<I", header, 28, arch)
+    return bytes(header) + payload
+
+
+def test_the_pruner_blanks_other_generations_and_the_ptx_hopper_does_not_need_in_place():
+    entries = [_entry(2, 80, b"A" * 100), _entry(2, 90, b"H" * 64), _entry(1, 90, b"P" * 48)]
+    body = b"".join(entries)
+    container = struct.pack("<IHHQ", 0xBA55ED50, 1, 16, len(body)) + body
+    data = bytearray(b"host code" + container + b"tail")
+    size = len(data)
+    line = _pack().prune(data)
+    assert len(data) == size and data.startswith(b"host code") and data.endswith(b"tail")
+    assert b"A" * 100 not in data and b"P" * 48 not in data  # sm_80 cubin and the PTX: zeros
+    assert b"H" * 64 in data  # the sm_90 cubin stays
+    assert line.startswith("1 fatbins") and "sm_90" in line
+    # a fatbin with no Hopper cubin keeps its PTX: the driver would need it
+    lone = _entry(2, 80, b"A" * 10) + _entry(1, 80, b"Q" * 10)
+    data = bytearray(struct.pack("<IHHQ", 0xBA55ED50, 1, 16, len(lone)) + lone)
+    _pack().prune(data)
+    assert b"Q" * 10 in data and b"A" * 10 not in data
+
+
+def test_the_lock_pins_vllm_0_26_and_the_transformers_its_gemma4_reads_each_by_sha256():
+    lines = [ln.split("#")[0].strip() for ln in (TOOL / "lock.txt").read_text().splitlines()]
+    reqs = [ln for ln in lines if ln]
+    pinned = {}
+    for ln in reqs:
+        m = re.fullmatch(r"([a-z0-9-]+)==(\S+) --hash=sha256:([0-9a-f]{64})", ln)
+        assert m, f"not pinned by version and sha256: {ln}"
+        pinned[m[1]] = m[2]
+    assert pinned["vllm"] == "0.26.0"
+    assert pinned["transformers"] == "5.14.1"  # the last that keeps Gemma 4's global_head_dim
+    major, minor, patch = (int(x) for x in pinned["tokenizers"].split("."))
+    assert (major, minor, patch) <= (0, 23, 0)  # transformers 5.14.1 refuses a later one at import
+    assert int(pinned["fastapi"].split(".")[1]) < 137  # vLLM 0.26.0: fastapi<0.137
+    assert "torch" not in pinned and "triton" not in pinned  # the host's own
+    assert len(reqs) == len(pinned)  # one version of each
+    assert _pack().locked_version(str(TOOL / "lock.txt"), "vllm") == "0.26.0"
+
+
+def test_pack_py_says_what_it_takes_and_refuses_a_name_the_lock_lacks():
+    proc = subprocess.run([sys.executable, str(TOOL / "pack.py"), "version", str(TOOL / "lock.txt"), "flashinfer-python"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 1 and "pins no flashinfer-python" in proc.stderr and "Traceback" not in proc.stderr
+    usage = subprocess.run([sys.executable, str(TOOL / "pack.py")], capture_output=True, text=True)
+    assert usage.returncode == 1 and "pack.py tree VLLM_WHEEL OUT.tar" in usage.stderr
