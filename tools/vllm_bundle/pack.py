@@ -11,7 +11,17 @@
 
 Every output is the same bytes for the same inputs (sorted members, fixed owners and times).
 """
-import calendar, collections, hashlib, io, json, lzma, os, struct, sys, tarfile, zipfile
+import calendar
+import collections
+import hashlib
+import io
+import json
+import lzma
+import os
+import struct
+import sys
+import tarfile
+import zipfile
 
 # Carried on their own, pruned and xz-compressed: wheel member -> piece in OUTDIR.
 SEPARATE = {
