@@ -102,23 +102,22 @@ def power_timeline(sweep_dir: Path | str, cid: str) -> pd.DataFrame | None:
     """A cell's GPU power over its measured window: columns `t_s` and `power_w` (summed over its GPUs),
     from the instantaneous reading where the driver gives it, else the 1 s averaged one.
 
-    None when the cell has no telemetry.csv, the file is empty or unreadable, or it holds no power column.
+    None when the cell has no telemetry.csv, or it holds no sample of power; a StoreError naming the file when it
+    does not read back as samples (`sweep --resume` measures such a cell again).
     """
     from dflash_bench.store import TELEMETRY
+    from dflash_bench.store.telemetry_csv import read_csv
 
     file = Path(sweep_dir) / "cells" / cid / TELEMETRY
     if not file.exists():
         return None
-    try:
-        raw = pd.read_csv(file)
-    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError, OSError):
-        return None
-    column = next((c for c in ("power_instant_w", "power_w") if c in raw.columns and raw[c].notna().any()), None)
-    if raw.empty or column is None or "t_s" not in raw.columns:
+    raw = pd.DataFrame([{"t_s": s.t_s, "gpu": s.gpu, "power_instant_w": s.power_instant_w, "power_w": s.power_w}
+                        for s in read_csv(file)], columns=["t_s", "gpu", "power_instant_w", "power_w"])
+    column = next((c for c in ("power_instant_w", "power_w") if raw[c].notna().any()), None)
+    if raw.empty or column is None:
         return None
     raw = raw.dropna(subset=["t_s", column])
-    gpu = raw["gpu"] if "gpu" in raw.columns else 0
-    series = [g.sort_values("t_s") for _, g in raw.assign(gpu=gpu).groupby("gpu")]
+    series = [g.sort_values("t_s") for _, g in raw.groupby("gpu")]
     grid = series[0]["t_s"].to_numpy(dtype=float)
     total = sum(np.interp(grid, s["t_s"].to_numpy(dtype=float), s[column].to_numpy(dtype=float)) for s in series)
     return pd.DataFrame({"t_s": grid, "power_w": total})

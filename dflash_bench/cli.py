@@ -6,6 +6,7 @@ Imports of heavy modules (pandas, torch, docker, ...) happen inside the commands
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -262,9 +263,26 @@ def quality(
 from dflash_bench import cli_servers  # noqa: E402, F401
 
 
+def check_argv(argv: list[str]) -> None:
+    """Every argument UTF-8 text, before anything runs: the command line and the folder names are written into
+    UTF-8 files (a byte that is not UTF-8 reaches Python as a lone surrogate, which no such file can hold)."""
+    from dflash_bench.store.reading import check_text
+
+    for i, arg in enumerate(argv):
+        try:
+            check_text(arg)
+        except ValueError:
+            shown = os.fsencode(arg).decode("utf-8", "backslashreplace")
+            option = arg.split("=", 1)[0] if arg.startswith("-") and "=" in arg else (
+                argv[i - 1] if i and argv[i - 1].startswith("-") else "the argument")
+            raise UserError(f"{option} '{shown}' is not UTF-8 text: dflash-bench writes its command line and folder "
+                            "names into UTF-8 files; give it in UTF-8 (rename the file or folder)") from None
+
+
 def main() -> None:
     """Console entry point: user errors become one line on stderr and a non-zero exit, never a traceback."""
     try:
+        check_argv(sys.argv[1:])
         app()
     except UserError as err:
         typer.echo(f"error: {err}", err=True)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash_bench.errors import UserError
+from dflash_bench.store.reading import check_value
 from dflash_bench.suite_file import SUITES_ENV, Suite, get_suite, list_suites, load_suites, suites_dir
 
 __all__ = ["SUITES_ENV", "DataMissing", "Prompt", "Suite", "get_suite", "list_suites", "load_prompts",
@@ -204,6 +205,10 @@ def _turns(suite: Suite, where: str, rec: dict) -> list[str]:
 
 
 def _to_prompt(suite: Suite, where: str, index: int, rec: dict) -> Prompt:
+    try:  # text no request body, folder file or terminal can hold (a lone surrogate), refused before anything is sent
+        check_value(rec)
+    except ValueError as err:
+        raise UserError(f"suite {suite.name}: {where} {err}; fix or remove that record.") from None
     rid = rec.get(suite.id_field) if suite.id_field else None
     raw_cat = rec.get(suite.category_field) if suite.category_field else None
     category = None if raw_cat is None else suite.category_map.get(str(raw_cat), str(raw_cat))

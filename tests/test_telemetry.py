@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from dflash_bench.errors import UserError
+from dflash_bench.store.telemetry_csv import read_csv
 from dflash_bench.telemetry import (
     Sample,
     TelemetrySampler,
     gpu_inventory,
     probe,
-    read_csv,
     resolve_gpus,
     summarize,
     throttle_names,

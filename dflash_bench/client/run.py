@@ -16,6 +16,7 @@ from dflash_bench.client.slots import check_slots
 from dflash_bench.client.summary import summarize_cell, write_cell
 from dflash_bench.errors import UserError
 from dflash_bench.store import CellPlan, CellSummary, Manifest, SweepDir, cell_id
+from dflash_bench.store.folder import check_folder_name
 from dflash_bench.store.lock import WriterLock
 
 if TYPE_CHECKING:
@@ -33,6 +34,8 @@ def run_one(url: str, suite: str, request: RequestSettings, load: LoadSettings, 
     from dflash_bench.suites import load_prompts
 
     api, concurrency = request.api, load.concurrency
+    if name is not None:
+        check_folder_name(name)  # the cell goes under --out, nowhere else
     _check_options(url, label, engine, api, load.transport)
     check_steady(load)
     _probe(url, load.timeout)

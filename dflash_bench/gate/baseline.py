@@ -7,7 +7,6 @@ Sweep folders are read through the store only, as typed CellSummary objects. Bas
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any, Literal
@@ -16,6 +15,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dflash_bench.errors import UserError
+from dflash_bench.store.reading import parse_json, read_text
 from dflash_bench.store import MEASURED, CellKey, CellSummary, Hardware, Models, SweepDir, SweepSettings, atomic_write_json, now_iso
 
 BASELINE_KIND: Literal["dflash-bench-baseline"] = "dflash-bench-baseline"
@@ -157,11 +157,9 @@ def load_baseline(path: Path | str) -> Baseline:
     if not path.exists():
         raise UserError(f"baseline {path} does not exist; {hint}")
     try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise UserError(f"baseline {path} is not valid JSON (corrupt or truncated); {hint}") from None
-    except OSError as err:
-        raise UserError(f"cannot read baseline {path}: {err.strerror}") from None
+        data = parse_json(read_text(path))
+    except ValueError as err:  # JSON that parses yet holds what no export writes (huge numbers, lone surrogates)
+        raise UserError(f"baseline {path} {err} (corrupt or truncated); {hint}") from None
     if not isinstance(data, dict) or data.get("kind") != BASELINE_KIND:
         raise UserError(f"{path} is not a dflash-bench baseline file; {hint}")
     if data.get("schema_version") == OLDEST_BASELINE:

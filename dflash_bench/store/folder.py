@@ -21,8 +21,9 @@ from pydantic import BaseModel, ValidationError
 from dflash_bench.store.migrate import OLDEST, manifest_v1, needs_migration, summary_v1
 from dflash_bench.store.cells import MEASURED, SCHEMA_VERSION, CellSummary, RequestRecord, ServerMetrics
 from dflash_bench.store.manifest import Manifest
-from dflash_bench.store.reading import StoreError, read_text
+from dflash_bench.store.reading import StoreError, load_json, parse_json, read_text, remedy
 from dflash_bench.store.results import csv_text
+from dflash_bench.store.telemetry_csv import read_csv as read_telemetry
 from dflash_bench.store.timestamps import now_iso
 
 MANIFEST = "manifest.json"
@@ -59,7 +60,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as err:
-        raise _write_error(path, err) from None
+        raise write_error(path, err) from None
     try:
         try:
             os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; the result should read like any other file
@@ -70,13 +71,14 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         os.replace(tmp, path)
     except OSError as err:
         Path(tmp).unlink(missing_ok=True)
-        raise _write_error(path, err) from None
+        raise write_error(path, err) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
-def _write_error(path: Path, err: OSError) -> "StoreError":
+def write_error(path: Path, err: OSError) -> "StoreError":
+    """The sentence for a write to `path` that failed: a full disk names the folder to free."""
     if err.errno in (errno.ENOSPC, errno.EDQUOT):
         return StoreError(f"cannot write {path}: the disk holding {path.parent} is full; free space there (what "
                           "was written before is kept, and --resume finishes a sweep)")
@@ -101,6 +103,15 @@ def atomic_write_json(path: Path, obj: Any) -> None:
 # ---------------------------------------------------------------- the folder
 
 
+def check_folder_name(name: str, option: str = "--name") -> str:
+    """`name` when it is one plain folder name (it stays under --out); a StoreError otherwise, before anything
+    is written."""
+    if not name or name in (".", "..") or "/" in name or "\0" in name:
+        raise StoreError(f"{option} {name!r} is not a folder name: give one name (no '/', not '.' or '..'); the "
+                         "folder is made under --out")
+    return name
+
+
 class SweepDir:
     """A sweep folder on disk. `SweepDir.create` starts one, `SweepDir.open` reads one back."""
 
@@ -114,8 +125,11 @@ class SweepDir:
         if (path / MANIFEST).exists():
             raise StoreError(f"{path} already holds a sweep; pass --resume {path} or choose another --out")
         sweep = cls(path)
-        (path / "cells").mkdir(parents=True, exist_ok=True)
-        (path / "logs").mkdir(exist_ok=True)
+        try:
+            (path / "cells").mkdir(parents=True, exist_ok=True)
+            (path / "logs").mkdir(exist_ok=True)
+        except OSError as err:
+            raise write_error(path / "cells", err) from None
         sweep.write_manifest(manifest)
         return sweep
 
@@ -140,7 +154,7 @@ class SweepDir:
             raise StoreError(f"{self.path} is not a folder; give the path of a sweep folder")
         if not file.exists():
             raise StoreError(f"{self.path} has no {MANIFEST}: it is not a dflash-bench sweep folder")
-        data = _load_json(file)
+        data = load_json(file)
         if needs_migration(data):
             self.migrated_from = OLDEST
             data = manifest_v1(data)
@@ -179,9 +193,12 @@ class SweepDir:
         for lineno, line in enumerate(read_text(file).splitlines(), 1):
             if line.strip():
                 try:
-                    out.append(RequestRecord.model_validate_json(line))
+                    out.append(RequestRecord.model_validate(parse_json(line)))
                 except ValidationError as err:
-                    raise StoreError(f"{file} line {lineno} is not a request record ({_first_error(err)})") from None
+                    raise StoreError(f"{file} line {lineno} is not a request record ({_first_error(err)}): it is "
+                                     f"corrupt; {remedy(file)}") from None
+                except ValueError as err:
+                    raise StoreError(f"{file} line {lineno} {err}: it is corrupt; {remedy(file)}") from None
         return out
 
     def write_server_metrics(self, cid: str, data: ServerMetrics | dict[str, Any]) -> None:
@@ -190,7 +207,7 @@ class SweepDir:
 
     def read_server_metrics(self, cid: str) -> ServerMetrics | None:
         file = self.cell_dir(cid) / SERVER_METRICS
-        return _validate(ServerMetrics, _load_json(file), file) if file.exists() else None
+        return _validate(ServerMetrics, load_json(file), file) if file.exists() else None
 
     def write_summary(self, summary: CellSummary) -> None:
         """Written last: its existence marks the cell complete (or failed, with the reason)."""
@@ -200,7 +217,7 @@ class SweepDir:
         file = self.cell_dir(cid) / SUMMARY
         if not file.exists():
             return None
-        data = _load_json(file)
+        data = load_json(file)
         if needs_migration(data):
             self.migrated_from = OLDEST
             data = summary_v1(data)
@@ -213,6 +230,8 @@ class SweepDir:
             summary = self.read_summary(cid)
             records = self.read_requests(cid)
             self.read_server_metrics(cid)
+            if (self.cell_dir(cid) / TELEMETRY).exists():
+                read_telemetry(self.cell_dir(cid) / TELEMETRY)
         except StoreError as err:
             return str(err)
         # a steady stream's ramp-up and tail are recorded too, outside its window's count
@@ -253,24 +272,15 @@ class SweepDir:
 
 def read_json_model(model: type[BaseModel], file: Path) -> Any:
     """A JSON file read back through its schema; a StoreError naming the file when it is not one."""
-    return _validate(model, _load_json(file), file)
-
-
-def _load_json(file: Path) -> Any:
-    text = read_text(file)
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as err:
-        raise StoreError(f"{file} is not valid JSON (line {err.lineno}): the folder may be half-written or corrupt") from None
-    except RecursionError:  # brackets nested past Python's stack
-        raise StoreError(f"{file} is not valid JSON (nested too deep): the folder may be corrupt") from None
+    return _validate(model, load_json(file), file)
 
 
 def _validate(model: type[BaseModel], data: Any, file: Path) -> Any:
     try:
         return model.model_validate(data)
     except ValidationError as err:
-        raise StoreError(f"{file} does not match the {model.__name__} schema ({_first_error(err)})") from None
+        raise StoreError(f"{file} does not match the {model.__name__} schema ({_first_error(err)}): it is corrupt; "
+                         f"{remedy(file)}") from None
 
 
 def _first_error(err: ValidationError) -> str:

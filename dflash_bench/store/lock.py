@@ -16,7 +16,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from dflash_bench.store.folder import MANIFEST, StoreError, SweepDir
+from dflash_bench.store.folder import MANIFEST, StoreError, SweepDir, write_error
 from dflash_bench.store.manifest import Manifest
 
 LOCK = ".lock"
@@ -45,8 +45,12 @@ class WriterLock:
             if _same_file(fd, path):
                 break
             os.close(fd)  # a finished writer removed the file this one locked: lock the path's file now
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+        except OSError:
+            os.close(fd)
+            raise
         self._fd = fd
         return self
 
@@ -80,17 +84,38 @@ def _same_file(fd: int, path: Path) -> bool:
 
 def create_locked(path: Path, manifest: Manifest) -> tuple[SweepDir, WriterLock]:
     """A new sweep folder, locked before its manifest is written: of several processes that create the same
-    folder at once, one gets it and the others a StoreError."""
+    folder at once, one gets it and the others a StoreError. A folder that cannot be made whole (a full disk)
+    is a StoreError naming it, and the folders made here are removed again: nothing half-made is left."""
     path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    lock = WriterLock(path).acquire()
+    made = [p for p in (path, *path.parents) if not p.exists()]  # innermost first
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        lock = WriterLock(path).acquire()
+    except OSError as err:
+        _remove(made)
+        raise write_error(path / LOCK, err) from None
     try:
         if (path / MANIFEST).exists():
             raise StoreError(f"{path} already holds a sweep; pass --resume {path} or choose another --out")
         return SweepDir.create(path, manifest), lock
     except BaseException:
         lock.release()
+        if not (path / MANIFEST).exists():
+            _remove(made)
         raise
+
+
+def _remove(made: list[Path]) -> None:
+    """The folders a failed creation made (innermost first); an outer one only while nothing else is in it."""
+    import shutil
+
+    if made:
+        shutil.rmtree(made[0], ignore_errors=True)
+    for folder in made[1:]:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
 
 
 def open_locked(path: Path) -> tuple[SweepDir, WriterLock]:

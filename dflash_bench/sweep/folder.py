@@ -38,6 +38,13 @@ def open_sweep(settings: SweepSettings, out: Path, resume: Path | None, pair: Mo
         except BaseException:
             lock.release()
             raise
+        planned = {c.cell_id for c in manifest.plan}
+        for stray in sorted(p.name for p in (sweep.path / "cells").glob("*") if p.is_dir() and p.name not in planned):
+            damaged = sweep.damage(stray)  # a cell of no plan that every reader trips on: set aside, not measured
+            if damaged:
+                note = f"{stray}: set aside (not in the plan): {damaged} (its files are kept in {set_aside(sweep, stray)})"
+                manifest.notes.append(note)
+                print(f"note: {note}", file=sys.stderr, flush=True)
         for cell in manifest.plan:  # whatever was running when it stopped is redone; failed cells get a new try
             damaged = sweep.damage(cell.cell_id)
             if damaged:  # a cell whose files do not read back whole is measured again, and the resume says so

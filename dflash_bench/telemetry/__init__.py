@@ -27,7 +27,7 @@ from dflash_bench.telemetry.nvml import (
     scheduler_gpus,
     throttle_names,
 )
-from dflash_bench.telemetry.sampler import TelemetrySampler, read_csv, samples_to_csv, write_csv
+from dflash_bench.telemetry.sampler import TelemetrySampler, samples_to_csv, write_csv
 
 __all__ = [
     "EnergySummary",
@@ -40,7 +40,6 @@ __all__ = [
     "find_gaps",
     "gpu_inventory",
     "probe",
-    "read_csv",
     "resolve_gpus",
     "scheduler_gpus",
     "samples_to_csv",

@@ -35,6 +35,7 @@ class Sample:
 
 
 SAMPLE_COLUMNS: list[str] = [f.name for f in fields(Sample)]
+INT_COLUMNS = {"gpu", "energy_mj", "gpu_util_pct", "mem_util_pct", "sm_clock_mhz", "mem_clock_mhz", "temp_c", "throttle_reasons"}
 
 
 @dataclass

@@ -24,9 +24,6 @@ from dflash_bench.telemetry.energy import EnergySummary, summarize
 from dflash_bench.telemetry import nvml
 from dflash_bench.telemetry.nvml import SAMPLE_COLUMNS, Sample, TelemetryStatus
 
-_INT_COLUMNS = {"gpu", "energy_mj", "gpu_util_pct", "mem_util_pct", "sm_clock_mhz", "mem_clock_mhz", "temp_c", "throttle_reasons"}
-
-
 class TelemetrySampler:
     """Samples `gpus` (physical NVML indices; None: every GPU) every `interval_s` in a daemon thread.
 
@@ -151,29 +148,3 @@ def write_csv(path: Path, samples: list[Sample]) -> None:
     from dflash_bench.store import atomic_write_text
 
     atomic_write_text(Path(path), samples_to_csv(samples))
-
-
-def read_csv(path: Path) -> list[Sample]:
-    """Samples back from a telemetry.csv (columns it lacks stay None; unknown columns are ignored)."""
-    path = Path(path)
-    try:
-        with path.open(newline="", encoding="utf-8") as fh:
-            rows = list(csv.DictReader(fh))
-    except OSError as err:
-        raise UserError(f"cannot read telemetry file {path}: {err.strerror}.") from None
-    except (UnicodeDecodeError, csv.Error):
-        raise UserError(f"{path} is not a telemetry CSV (bytes that are not UTF-8 text); it is damaged.") from None
-    out = []
-    for n, row in enumerate(rows, start=2):
-        try:
-            values: dict[str, Any] = {c: _parse(c, row[c]) for c in SAMPLE_COLUMNS if c in row}
-            out.append(Sample(**values))
-        except (TypeError, ValueError):
-            raise UserError(f"{path} line {n} is not a telemetry sample; it may be damaged.") from None
-    return out
-
-
-def _parse(column: str, text: str | None) -> float | int | None:
-    if text is None or text == "":
-        return None
-    return int(text) if column in _INT_COLUMNS else float(text)
