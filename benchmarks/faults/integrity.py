@@ -1,13 +1,18 @@
-"""Fault cases of trust in what is on disk and who answers: any bytes in a sweep folder's files, a full disk, the
+"""Fault cases of trust in what is on disk and who answers: any bytes in a sweep folder's files, hostile content
+in every one of them and in a baseline (fixtures/hostile.py: huge integers, lone surrogates, wrong types, deep
+nesting, NaN and Infinity, through every reader), names that would leave --out or do not encode, a full disk, the
 server measured is the one launched, a dead server relaunched once. Each registers with `common.case`."""
 
 from __future__ import annotations
 
+import random
 import shutil
 import subprocess
 from pathlib import Path
 
+from benchmarks.fixtures import hostile
 from benchmarks.fixtures.tampering import KINDS, damaged, foreign_emulator
+from dflash_bench.launch import free_port
 from benchmarks.faults.common import PY, Row, case, folders, left_behind, sh, summaries, sweep_argv
 
 
@@ -154,3 +159,41 @@ def server_dies_twice(tmp: Path, data: Path) -> Row:
     return Row("server exits after every 10 requests (5 cells a server)", "relaunched once after its failed cell; "
                "the 2nd death fails the rest", f"cells (o=complete): {seen}; launches: {launches}; exit {proc.returncode}",
                None, left_behind(out), seen == {"ar": "oxoxx", "dflash": "oxoxx"} and launches == {"ar": 2, "dflash": 2})
+
+
+@case
+def hostile_folder(tmp: Path, data: Path) -> Row:
+    out = tmp / "out"
+    sh(sweep_argv(out, data, n=4))
+    (made,) = folders(out)
+    hostile.add_telemetry(made)
+    baseline = tmp / "baseline.json"
+    hostile.cli("gate", str(made), "--export-baseline", "-o", str(baseline))
+    seed, work = hostile.seed(), tmp / "work"
+    work.mkdir()
+    rnd, cases, broke = random.Random(seed), hostile.cases(made), []
+    for c in cases:
+        broke += hostile.play(c, made, baseline, work, data, rnd, lambda label: True, free_port)
+    shutil.rmtree(work / "folder", ignore_errors=True)
+    return Row("hostile bytes and JSON in every file, and in a baseline (seed %d)" % seed, "report, gate, gate -b, "
+               "--export-baseline, migrate, quality, --resume: one sentence or read fine, never a traceback",
+               f"{len(cases)} cases x 6 readers; " + (f"{len(broke)} broke, e.g. {broke[0][:90]}" if broke else
+                                                       "every one held"), None, left_behind(out), not broke)
+
+
+@case
+def hostile_names(tmp: Path, data: Path) -> Row:
+    bad = []
+    for name in ("../escaped", "/tmp/abs", "a/b", ".."):
+        proc, _ = sh([*PY, "run", "--url", "http://127.0.0.1:9", "--suite", "gsm8k", "--out", str(tmp / "o"),
+                      "--name", name])
+        if proc.returncode != 2 or "--name" not in proc.stderr or "Traceback" in proc.stderr:
+            bad.append(f"--name {name}: exit {proc.returncode}")
+    out = str(tmp) + "/bad" + b"\xff\xfe".decode("utf-8", "surrogateescape")
+    proc, _ = sh([*PY, "sweep", "--model", "org/emulated", "--engine", "emulator", "--suites", "gsm8k", "--out", out,
+                  "--data-dir", str(data)])
+    if proc.returncode != 2 or "error: --out" not in proc.stderr:
+        bad.append(f"--out not UTF-8: exit {proc.returncode}")
+    left = sorted(p.name for p in tmp.iterdir()) + sorted(p.name for p in tmp.parent.glob("escaped"))
+    return Row("--name leaving --out, --out not UTF-8", "one sentence naming the option, nothing written",
+               "; ".join(bad) or "every one refused", None, ", ".join(left) or "nothing", not bad and not left)

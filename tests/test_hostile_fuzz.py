@@ -1,0 +1,61 @@
+"""Hostile bytes in every file of a sweep folder and in an exported baseline: random bytes, and JSON or CSV that
+parses yet holds huge integers, lone surrogates, values of the wrong type, deep nesting, NaN and Infinity. Every
+command that reads the folder (report, gate, gate -b, gate --export-baseline, migrate, quality, sweep --resume)
+answers with one sentence or reads it fine, never a traceback. A real sweep against the emulator.
+
+The draws come from a fixed seed; DFLASH_BENCH_FUZZ_SEED=<n> runs others (and reproduces a failure it printed),
+DFLASH_BENCH_FUZZ_ALL=1 runs the report and the resume on every case too (as
+`python -m benchmarks.faults --only hostile_folder` does)."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.fixtures import hostile
+from dflash_bench.launch import free_port
+
+EMU = ["--engine-arg=--ttft-ms=2", "--engine-arg=--itl-ms=1", "--engine-arg=--acceptance-length=4"]
+CHEAP = {"gate", "gate-baseline", "export-baseline", "migrate", "quality"}
+REPORTS, RESUMES = 10, 3  # of the cases, drawn by the seed: the report and the resume are the slow readers
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory, data_dir) -> tuple[Path, Path]:
+    """A finished emulator sweep (a telemetry.csv added to one cell, as a GPU host writes it) and its baseline."""
+    out = tmp_path_factory.mktemp("fuzz") / "out"
+    proc = subprocess.run([sys.executable, "-m", "dflash_bench", "sweep", "--model", "org/emulated", "--drafter",
+                           "org/emulated-dflash", "--engine", "emulator", "--runner", "process", "--suites", "gsm8k",
+                           "--concurrency", "1", "-n", "4", "--max-tokens", "16", "--port", str(free_port()), "--out",
+                           str(out), "--data-dir", str(data_dir), *EMU], capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (folder,) = [p for p in out.iterdir() if (p / "manifest.json").exists()]
+    hostile.add_telemetry(folder)
+    baseline = folder.parent / "baseline.json"
+    assert hostile.cli("gate", str(folder), "--export-baseline", "-o", str(baseline)).code == 0
+    return folder, baseline
+
+
+def test_every_reader_answers_hostile_files_in_one_sentence(made, tmp_path, data_dir):
+    folder, baseline = made
+    seed = hostile.seed()
+    rnd = random.Random(seed)
+    cases = hostile.cases(folder)
+    assert {name for name, _ in cases} >= {"manifest.json", "results.csv", "baseline.json", "logs/emulator-ar.log",
+                                           "cells/emulator-dflash-gsm8k-c1/telemetry.csv"}
+    every = os.environ.get("DFLASH_BENCH_FUZZ_ALL") == "1"
+    slow = rnd.sample(range(len(cases)), REPORTS + RESUMES)
+    broke = []
+    for i, case in enumerate(cases):
+        def keep(label: str, i=i) -> bool:
+            return every or label in CHEAP or label == "report" and i in slow[:REPORTS] or \
+                label == "resume" and i in slow[REPORTS:]
+        broke += hostile.play(case, folder, baseline, tmp_path, data_dir, rnd, keep, free_port)
+    shutil.rmtree(tmp_path / "folder", ignore_errors=True)
+    assert not broke, f"{len(broke)} broke (seed {seed}: DFLASH_BENCH_FUZZ_SEED={seed} reproduces):\n" + "\n".join(broke[:20])
