@@ -238,6 +238,14 @@ def test_faults_plays_the_trust_cases_of_both_case_modules(data_dir):
     assert len(rows) == 2 and all(r.endswith("| nothing | held |") for r in rows), rows
 
 
+def test_faults_plays_the_hostile_names_case(data_dir):
+    """integrity.py's names case through `python -m benchmarks.faults` (its hostile_folder case plays the fuzz
+    test's cases, each through every reader)."""
+    out = bench("faults", "--data-dir", str(data_dir), "--only", "hostile_names")
+    rows = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith("| case")]
+    assert len(rows) == 1 and rows[0].endswith("| every one refused | - | nothing | held |"), rows
+
+
 def test_launch_overhead_times_the_process_runner():
     out = bench("harness.launch_overhead", "--repeat", "1")
     process = {line.split()[1] for line in out.splitlines() if line.startswith("process ")}

@@ -15,7 +15,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dflash_bench.errors import UserError
-from dflash_bench.store.reading import parse_json, read_text
+from dflash_bench.store.reading import StoreError, parse_json, read_text
 from dflash_bench.store import MEASURED, CellKey, CellSummary, Hardware, Models, SweepDir, SweepSettings, atomic_write_json, now_iso
 
 BASELINE_KIND: Literal["dflash-bench-baseline"] = "dflash-bench-baseline"
@@ -158,6 +158,8 @@ def load_baseline(path: Path | str) -> Baseline:
         raise UserError(f"baseline {path} does not exist; {hint}")
     try:
         data = parse_json(read_text(path))
+    except StoreError as err:  # unreadable, or bytes that are not UTF-8
+        raise UserError(f"baseline {err}") from None
     except ValueError as err:  # JSON that parses yet holds what no export writes (huge numbers, lone surrogates)
         raise UserError(f"baseline {path} {err} (corrupt or truncated); {hint}") from None
     if not isinstance(data, dict) or data.get("kind") != BASELINE_KIND:

@@ -198,7 +198,7 @@ class SweepDir:
                     raise StoreError(f"{file} line {lineno} is not a request record ({_first_error(err)}): it is "
                                      f"corrupt; {remedy(file)}") from None
                 except ValueError as err:
-                    raise StoreError(f"{file} line {lineno} {err}: it is corrupt; {remedy(file)}") from None
+                    raise StoreError(f"{file} line {lineno} {err}: it is half-written or corrupt; {remedy(file)}") from None
         return out
 
     def write_server_metrics(self, cid: str, data: ServerMetrics | dict[str, Any]) -> None:

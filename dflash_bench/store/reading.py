@@ -113,4 +113,4 @@ def load_json(file: Path) -> Any:
     try:
         return parse_json(text)
     except ValueError as err:
-        raise StoreError(f"{file} {err}: it is corrupt; {remedy(file)}") from None
+        raise StoreError(f"{file} {err}: it is half-written or corrupt; {remedy(file)}") from None

@@ -17,7 +17,7 @@ import io
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 from dflash_bench.errors import UserError
 from dflash_bench.telemetry.energy import EnergySummary, summarize
