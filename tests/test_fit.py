@@ -107,8 +107,10 @@ def test_each_engine_gets_its_own_sizing_flags():
     assert sglang == ["--context-length", "1024", "--mem-fraction-static", "0.88", "--max-running-requests", "8",
                       "--tp-size", "2"]
     assert profiles.get("builtin").sizing_flags(1024, 8, None) == ["--max-model-len", "1024", "--max-slots", "8"]
-    with pytest.raises(UserError, match="builtin engine runs on one GPU"):
-        profiles.get("builtin").sizing_flags(1024, 8, 2)
+    assert profiles.get("builtin").sizing_flags(1024, 8, 2) == ["--max-model-len", "1024", "--max-slots", "8",
+                                                                "--tensor-parallel-size", "2"]  # serve --fast shards
+    with pytest.raises(UserError, match="llamacpp engine runs on one GPU"):
+        profiles.get("llamacpp").sizing_flags(1024, 8, 2)
     assert profiles.get("vllm").sizing_flags(None, 8, 2) == ["--tensor-parallel-size", "2"]
 
 
@@ -329,9 +331,23 @@ def test_32_builtin_rows_of_gemma_do_not_fit_one_h100_and_the_sentence_says_what
     room = int(fit.usable_gib("builtin", fit.GPU_MEMORY_GIB["h100"]) * fit.GIB) - weights
     assert f"32 sequences of {context} tokens ({32 * gemma_slot(context) / fit.GIB:.1f} GiB)" in text, text
     assert f"a concurrency of at most {room // gemma_slot(context)}" in text, text
-    assert "one H200 (--gpu h200" in text and "--tensor-parallel-size" not in text  # it runs on one GPU
+    assert "use --tensor-parallel-size 2 or" in text and "H200" not in text  # serve --fast shards over two
     assert "\n" not in text
     assert fit.size(_builtin(concurrency=[1, room // gemma_slot(context)]), GEMMA, data_dir).context_len == context
+
+
+def test_a_builtin_plan_on_two_gpus_counts_a_ranks_share(data_dir):
+    """32 rows fit two H100s: each rank holds half the weights and half the KV heads (and the logits whole), and
+    the server gets --tensor-parallel-size 2; without --fast (the reference engine does not shard) it is refused."""
+    pytest.importorskip("torch")
+    two = _builtin(tensor_parallel=2)
+    context = fit.size(two, GEMMA, data_dir).context_len
+    assert context is not None
+    assert fit.server_args(fit.size(two, GEMMA, data_dir), "builtin")[-3:] == ["--tensor-parallel-size", "2", "--fast"]
+    slot2 = fit.builtin_kv(GEMMA4_31B_TARGET, GEMMA4_31B_DRAFTER, fast=True, tp=2)
+    assert slot2 is not None and slot2(context) == gemma_slot(context) + 16 * 262144 * 4  # the logits on both ranks
+    with pytest.raises(UserError, match="builtin: --tensor-parallel-size 2 runs on the fast path"):
+        fit.size(_settings(engines=["builtin"], tensor_parallel=2), GEMMA, data_dir)
 
 
 def test_a_builtin_server_without_fast_is_sized_by_the_reference_engines_caches(data_dir):
@@ -351,4 +367,4 @@ def test_dry_run_of_a_builtin_gemma_plan_refuses_32_rows_on_one_h100(data_dir):
                           "--suites", "gsm8k,mt-bench", "--max-tokens", "128", "-c", "1,8,32"],
                          capture_output=True, text=True, cwd=ROOT)
     assert got.returncode == 2 and "Traceback" not in got.stderr, got.stderr
-    assert "builtin: the plan does not fit 1 H100" in got.stderr and "one H200 (--gpu h200" in got.stderr
+    assert "builtin: the plan does not fit 1 H100" in got.stderr and "--tensor-parallel-size 2" in got.stderr

@@ -84,7 +84,8 @@ def load_model(path: str, *, dtype: torch.dtype, device: str, dummy: bool = Fals
     try:
         cfg = AutoConfig.from_pretrained(path)
         check_servable(cfg.get_text_config())
-        if dummy:
+        if dummy:  # seeded: the ranks of a tensor-parallel engine make the same weights, each keeping its shard
+            torch.manual_seed(0)
             with torch.device(device):
                 model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=ATTN_NAME)
         else:

@@ -59,14 +59,15 @@ def _byte_of(ch: str) -> int:
     return others[code - 256]
 
 
-def _target_config(arch: str, layers: int, hidden: int):
+def _target_config(arch: str, layers: int, hidden: int, kv_heads: tuple[int, int] = (2, 1)):
+    """`kv_heads`: (KV heads of every layer, or of Gemma 4's sliding ones; of Gemma 4's full ones)."""
     common: dict[str, Any] = dict(
         vocab_size=VOCAB_SIZE,
         hidden_size=hidden,
         intermediate_size=2 * hidden,
         num_hidden_layers=layers,
         num_attention_heads=4,
-        num_key_value_heads=2,
+        num_key_value_heads=kv_heads[0],
         head_dim=hidden // 4,
         max_position_embeddings=4096,
         rope_theta=1_000_000.0,
@@ -95,7 +96,7 @@ def _target_config(arch: str, layers: int, hidden: int):
         common.pop("tie_word_embeddings")
         common.pop("rope_theta")
         types = ["full_attention" if i % 3 == 2 or i == layers - 1 else "sliding_attention" for i in range(layers)]
-        gemma4: dict[str, Any] = dict(global_head_dim=hidden // 2, num_global_key_value_heads=1)  # untyped in 5.x
+        gemma4: dict[str, Any] = dict(global_head_dim=hidden // 2, num_global_key_value_heads=kv_heads[1])  # untyped
         return Gemma4TextConfig(**common, **gemma4, layer_types=types, sliding_window=8, attention_k_eq_v=True,
                                 final_logit_softcapping=30.0, hidden_size_per_layer_input=0, tie_word_embeddings=True)
     raise ValueError(f"unknown tiny architecture {arch!r}; use 'qwen3', 'llama', 'gemma3' or 'gemma4'")
@@ -147,13 +148,15 @@ def make_tiny_pair(
     hidden: int = 64,
     draft_layers: int = 2,
     predictable: bool = False,
+    kv_heads: tuple[int, int] = (2, 1),
 ) -> tuple[Path, Path]:
     """Write a tiny random target and a matching z-lab format drafter under `out_dir`.
 
     Returns `(target_dir, drafter_dir)`. Weights are random (seeded): the drafter accepts ~nothing.
     With `predictable=True` both models are wired to always predict the letter "a" (layers silenced,
     one hidden dimension carrying a positive constant to the head): the drafter is then always right,
-    every step accepts the whole block (tau = B), which shows DFlash's speedup on a CPU.
+    every step accepts the whole block (tau = B), which shows DFlash's speedup on a CPU. `kv_heads`: the
+    target's KV heads (Gemma 4: its sliding layers', its full layers'), of 4 query heads.
     """
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
@@ -163,7 +166,7 @@ def make_tiny_pair(
     out = Path(out_dir)
     target_dir, drafter_dir = out / "target", out / "drafter"
     torch.manual_seed(seed)
-    cfg = _target_config(arch, layers, hidden)
+    cfg = _target_config(arch, layers, hidden, kv_heads)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     with torch.no_grad():  # peaked next-token distributions: decisive argmax, meaningful sampling
         if cfg.tie_word_embeddings:  # the head is the embedding table: scale the final norm instead

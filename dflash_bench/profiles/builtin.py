@@ -33,10 +33,11 @@ class Builtin(EngineProfile):
     reserved_gib = 2.0
 
     def sizing_flags(self, context_len: int | None, max_concurrency: int, tensor_parallel: int | None) -> list[str]:
-        super().sizing_flags(context_len, max_concurrency, tensor_parallel)  # one GPU: refuses a larger size
+        """Its context and slots, and on several GPUs the fast path's tensor-parallel size (`serve --fast`)."""
+        tp = ["--tensor-parallel-size", str(tensor_parallel)] if tensor_parallel and tensor_parallel > 1 else []
         if context_len is None:
-            return []
-        return ["--max-model-len", str(context_len), "--max-slots", str(max_concurrency)]
+            return tp
+        return ["--max-model-len", str(context_len), "--max-slots", str(max_concurrency)] + tp
 
     def image_missing(self) -> str:
         return "not built (see docker/)"

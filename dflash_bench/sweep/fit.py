@@ -9,19 +9,23 @@ With `--gpu h100` / `h200` / ... (a GPU whose memory is known), `size()`:
   fraction, and refuses in one sentence what does not, saying what would fit.
 `server_args()` gives each engine's sizing flags (vLLM `--max-model-len --gpu-memory-utilization
 --max-num-seqs --tensor-parallel-size`, SGLang `--context-length --mem-fraction-static --max-running-requests
---tp-size`, the builtin engine `--max-model-len --max-slots`) ahead of the user's `--engine-arg`s, which win.
+--tp-size`, the builtin engine `--max-model-len --max-slots --tensor-parallel-size`) ahead of the user's
+`--engine-arg`s, which win.
 
 The geometry comes from the target's config.json (a local folder) or, for a known pair named by its short
 name, from `model_shapes.py`. KV per token: 2 (K and V) x KV heads x head size x 2 bytes per layer; a
 sliding-window layer keeps at most its window. The builtin engine's KV is its own pool's slot
 (`engine/fast/pool.slot_bytes`, from the layout its caches are allocated from: Gemma 4's rings, the drafter's
-layers, the logits), and where it does not fit, one GPU with more memory is named (it does not shard). Weights: the attention and MLP projections and the embedding
+layers, the logits), a rank's share of it on each of its `--tensor-parallel-size` GPUs (the fast path shards; the
+logits are gathered whole on every rank); where a plan does not fit, more GPUs are named for the engines that
+shard, else one GPU with more memory. Weights: the attention and MLP projections and the embedding
 (a second table when it is not tied), in bf16. A model the formula does not cover (mixture of experts) is
 not checked.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -193,11 +197,12 @@ def kv_of(target: Geometry, drafter: Geometry | None) -> Callable[[int], int]:
 
 
 def builtin_kv(target_cfg: dict[str, Any], drafter_cfg: dict[str, Any] | None, *,
-               fast: bool) -> Callable[[int], int] | None:
+               fast: bool, tp: int = 1) -> Callable[[int], int] | None:
     """The builtin server's bytes a sequence at a context: one slot of its KV pool as the engine lays its caches
     out (`engine/fast/pool.slot_bytes`: the fast path's with --fast, Gemma 4's rings included; else the reference
-    engine's), in bf16; None where the engine's code cannot read the configs here (no torch, or a transformers
-    that does not know the target's type): then the configs' formula."""
+    engine's), in bf16, on all `tp` ranks together (each holds its share of the KV heads, and the logits whole);
+    None where the engine's code cannot read the configs here (no torch, or a transformers that does not know the
+    target's type, or KV heads `tp` does not divide): then the configs' formula."""
     try:
         from transformers import AutoConfig
 
@@ -210,7 +215,16 @@ def builtin_kv(target_cfg: dict[str, Any], drafter_cfg: dict[str, Any] | None, *
     except (ImportError, ValueError, KeyError, TypeError, UserError):
         return None
     block = dc.block_size if dc is not None else 1
-    return lambda tokens: slot_bytes(cfg, dc, max_len=tokens, dtype_bytes=BYTES, block=block, fast=fast)
+    try:
+        slot_bytes(cfg, dc, max_len=1, dtype_bytes=BYTES, block=block, fast=fast, tp=tp)
+    except UserError:
+        return None
+    return lambda tokens: tp * slot_bytes(cfg, dc, max_len=tokens, dtype_bytes=BYTES, block=block, fast=fast, tp=tp)
+
+
+def _builtin_kv_at(target_cfg: dict[str, Any], drafter_cfg: dict[str, Any] | None, fast: bool,
+                   tp: int) -> Callable[[int], int] | None:
+    return builtin_kv(target_cfg, drafter_cfg, fast=fast, tp=tp)
 
 
 def fit(target: Geometry, drafter: Geometry | None, *, usable: float, gpus: int, context: int,
@@ -224,9 +238,10 @@ def fit(target: Geometry, drafter: Geometry | None, *, usable: float, gpus: int,
 
 def refusal(f: Fit, *, gpu: str, gpus: int, context: int, max_tokens: int | None,
             target: Geometry, drafter: Geometry | None, usable: float, kv: Callable[[int], int] | None = None,
-            engine: str | None = None) -> str:
+            engine: str | None = None, kv_at: Callable[[int], Callable[[int], int] | None] | None = None) -> str:
     """The one sentence for a plan that does not fit, with what would: more GPUs where the engine shards a model
-    (else one GPU with more memory), a lower concurrency, shorter contexts."""
+    (else one GPU with more memory), a lower concurrency, shorter contexts. `kv_at(n)`: a sequence's bytes on n
+    GPUs, where the engine's own layout says (`builtin_kv`)."""
     kv = kv or kv_of(target, drafter)
     have, need = f.budget / GIB, f.needed / GIB
     where = f"{gpus} {gpu.upper()}{'s' if gpus > 1 else ''}"
@@ -237,7 +252,7 @@ def refusal(f: Fit, *, gpu: str, gpus: int, context: int, max_tokens: int | None
     shards = engine is None or _shards(engine)
     for tp in (2, 4, 8) if shards else ():
         if tp > gpus and fit(target, drafter, usable=usable, gpus=tp, context=context,
-                             concurrency=f.concurrency, kv=kv).fits:
+                             concurrency=f.concurrency, kv=kv_at(tp) if kv_at is not None else kv).fits:
             ways.append(f"--tensor-parallel-size {tp}")
             break
     bigger = "" if shards or engine is None else _bigger_gpu(engine, gpu, f.concurrency, context, target, drafter, kv)
@@ -303,14 +318,20 @@ def size(settings: SweepSettings, pair: ModelPair, data_dir: Path | None) -> Swe
                                 f"{target.heads} attention heads, so no server can shard it; use {fits_heads}")
             usable = usable_gib(engine, gpu_gib)
             draft = drafter if _runs_dflash(engine, pair, settings) else None
-            kv = builtin_kv(target_cfg, drafter_cfg if draft else None, fast="--fast" in settings.engine_args) \
-                if engine == "builtin" and target_cfg is not None else None
+            fast = "--fast" in settings.engine_args
+            if engine == "builtin" and gpus > 1 and not fast:
+                raise UserError(f"builtin: --tensor-parallel-size {gpus} runs on the fast path: add --engine-arg=--fast")
+            kv_at = None
+            if engine == "builtin" and target_cfg is not None:
+                kv_at = functools.partial(_builtin_kv_at, target_cfg, drafter_cfg if draft else None, fast)
+            kv = kv_at(gpus) if kv_at is not None else None
             f = fit(target, draft, usable=usable, gpus=gpus, context=context, concurrency=max(settings.concurrency),
                     kv=kv)
             if not f.fits:
                 raise UserError(f"{engine}: " + refusal(f, gpu=settings.gpu, gpus=gpus, context=context,
                                                         max_tokens=settings.max_tokens, target=target,
-                                                        drafter=draft, usable=usable, kv=kv, engine=engine))
+                                                        drafter=draft, usable=usable, kv=kv, engine=engine,
+                                                        kv_at=kv_at))
     return settings.model_copy(update={"context_len": context})
 
 

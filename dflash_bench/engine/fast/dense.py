@@ -25,6 +25,7 @@ from dflash_bench.engine.fast.kernels import check_head_dims, load_kernels, prep
 from dflash_bench.engine.fast.layout import CacheKind, dense_kind
 from dflash_bench.engine.fast.model import (DecoderTarget, KVCache, StepAttention, Taps, embed_norm, fuse_layer,
                                             matmul, offsets, run_layers, weight_bytes)
+from dflash_bench.engine.fast.shard import Shard
 from dflash_bench.errors import UserError
 
 
@@ -43,22 +44,24 @@ class DenseTarget(DecoderTarget):
     rides: ClassVar[bool] = True  # prompts may ride a decode step (`forward_mixed`)
 
     def __init__(self, hf_model: Any, *, max_slots: int, max_len: int, kernels: bool | str | None = None,
-                 consume: bool = False):
+                 consume: bool = False, tp: Shard | None = None):
         """`hf_model`: a loaded transformers causal LM (`target.load_model`), whose weights are copied out (with
-        `consume`, each layer is dropped from it once copied: it cannot run after)."""
+        `consume`, each layer is dropped from it once copied: it cannot run after); `tp`: this rank's shard of
+        them (`shard.py`)."""
         cfg = hf_model.config.get_text_config()
         inner = hf_model.model
+        self.tp = tp = tp or Shard()
         self.n_layers = cfg.num_hidden_layers
-        self.H = cfg.num_attention_heads
-        kv = dense_kind(cfg, max_len)  # the cache's layout: what the pool sized (`layout.py`)
+        self.H = tp.heads(cfg.num_attention_heads, "attention heads")
+        tp.heads(cfg.intermediate_size, "MLP rows")
+        kv = dense_kind(cfg, max_len, tp.size)  # the cache's layout: what the pool sized (`layout.py`)
         self.caches: list[CacheKind] = [kv]
         self.hkv, self.hd = kv.hkv, kv.hd
         self.eps = cfg.rms_norm_eps
         self.hidden_size = cfg.hidden_size
-        self.embed = inner.embed_tokens.weight.detach()
+        # `[V / size, hidden]` each, the head lent to the drafter; the whole vocabulary's size (logits are gathered)
+        self.vocab_size, self.embed, self.head = tp.vocab(hf_model)
         self.norm = inner.norm.weight.detach()
-        self.head = hf_model.get_output_embeddings().weight.detach()  # `[V, hidden]`, lent to the drafter
-        self.vocab_size = self.head.shape[0]
         self.dtype, self.device = self.embed.dtype, self.embed.device
         self.kernels = load_kernels(self.device, kernels, self.dtype)
         check_head_dims(self.kernels, [self.hd], "target", self.dtype)
@@ -74,7 +77,7 @@ class DenseTarget(DecoderTarget):
         self.scale = float(getattr(inner.layers[0].self_attn, "scaling", self.hd ** -0.5))
         self.layers = []
         for i in range(self.n_layers):
-            self.layers.append(fuse_layer(inner.layers[i], self.kernels, self.H, self.hkv))
+            self.layers.append(fuse_layer(inner.layers[i], self.kernels, self.H, self.hkv, tp))
             if consume:
                 inner.layers[i] = nn.Module()
         self.windows = windows(cfg)
@@ -91,8 +94,8 @@ class DenseTarget(DecoderTarget):
     def trunk(self, ids: torch.Tensor, pos: torch.Tensor, starts: torch.Tensor, row0: int, L: int,
               slot: torch.Tensor | None, last: torch.Tensor | None, taps: Taps) -> torch.Tensor:
         attend = self.attention(pos, starts, row0, L, slot)
-        h, x = embed_norm(self.kernels, ids, self.embed, self.layers[0].ln1, self.eps)
-        return run_layers(self.layers, h, x, attend, self.norm, self.eps, self.kernels, taps)[1]
+        h, x = embed_norm(self.kernels, ids, self.embed, self.layers[0].ln1, self.eps, tp=self.tp)
+        return run_layers(self.layers, h, x, attend, self.norm, self.eps, self.kernels, taps, self.tp)[1]
 
     def forward_mixed(self, anchor: torch.Tensor, starts: torch.Tensor, L: int, ids: torch.Tensor, slot: torch.Tensor,
                       last: torch.Tensor, zero: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -109,6 +112,6 @@ class DenseTarget(DecoderTarget):
             return torch.cat([rows(i, ly, x[:bs], qkv[:bs]), prompts(i, ly, x[bs:], qkv[bs:])])
 
         h, x = embed_norm(self.kernels, torch.cat([anchor, ids.reshape(-1)])[:, None], self.embed, self.layers[0].ln1,
-                          self.eps)
-        _, x = run_layers(self.layers, h, x, attend, self.norm, self.eps, self.kernels)
+                          self.eps, tp=self.tp)
+        _, x = run_layers(self.layers, h, x, attend, self.norm, self.eps, self.kernels, tp=self.tp)
         return x[:bs], x[bs:].index_select(0, last)

@@ -9,14 +9,15 @@ when the caller says it is a benchmark.
 
 from __future__ import annotations
 
+import atexit
 from typing import Any
 
 import torch
 
 from dflash_bench.engine.bookkeeping import Bookkeeping, Delta, Seq, Stats, step_logprobs
-from dflash_bench.engine.fast.draft import FastDrafter
-from dflash_bench.engine.fast.family import family_of, load_target
-from dflash_bench.engine.fast.runner import FastRunner
+from dflash_bench.engine.fast.make import load_pair, make_runner
+from dflash_bench.engine.fast.ranks import Followers
+from dflash_bench.engine.fast.shard import Shard
 from dflash_bench.engine.fast.scheduler import PREFILL_TOKENS, Row
 from dflash_bench.engine.sampling import SamplingParams
 from dflash_bench.errors import UserError
@@ -31,21 +32,23 @@ class FastEngine:
     def __init__(self, model, tokenizer, drafter=None, *, eos_ids: list[int], max_slots: int, max_len: int,
                  synthetic_tau: float | None = None, kv_block: int = 256, step_ahead: bool = True,
                  adaptive: bool = True, cut_draft: bool = False, mixed: bool = False, kernels: bool = True,
-                 width: int | None = None, consume: bool = False):
+                 width: int | None = None, consume: bool = False, tp: Shard | None = None,
+                 followers: Followers | None = None):
         """`model`: the loaded Hugging Face target (`target.load_model`; with `consume` its layers are dropped once
         copied); `drafter`: a `DFlashDrafter` or None. `mixed` (AR): a prompt admitted while rows decode rides in
         their next step's forward (`DenseTarget.forward_mixed`), where the target's family lets prompts ride.
         `kernels` False: plain torch ops instead of the step's kernels (Triton on a GPU, C on a CPU), to compare.
-        `width` (not `adaptive`): tokens every step verifies per row (default: the whole block)."""
-        want = None if kernels else False
-        ft = load_target(model, max_slots=max_slots, max_len=max_len, kernels=want, consume=consume)
-        mixed = mixed and ft.rides
-        fd = (FastDrafter(drafter, ft.embed, ft.head, max_slots=max_slots, max_len=max_len, kernels=want)
-              if drafter is not None else None)
-        self.runner = FastRunner(ft, fd, kv_block=kv_block, synthetic_tau=synthetic_tau, keep_logits=True,
-                                 adaptive=adaptive, width=width, cut_draft=cut_draft, mixed=mixed,
-                                 step_ahead=step_ahead)
-        self.runner.capture_all()  # GPU: every graph before the first request (no capture pause mid-serving)
+        `width` (not `adaptive`): tokens every step verifies per row (default: the whole block).
+        `tp`, `followers`: rank 0 of a tensor-parallel engine, and the other ranks (`ranks.py`)."""
+        self.runner = make_runner(model, drafter, max_slots=max_slots, max_len=max_len, kernels=kernels, tp=tp,
+                                  consume=consume, synthetic_tau=synthetic_tau, kv_block=kv_block,
+                                  step_ahead=step_ahead, adaptive=adaptive, cut_draft=cut_draft, mixed=mixed,
+                                  width=width)
+        ft = self.runner.t
+        self.followers = followers
+        if followers is not None:  # from here on, each runner call is replayed by the other ranks
+            followers.wait_ready()
+            self.runner.followers = followers
         assert self.runner.logits is not None
         self.logits: torch.Tensor = self.runner.logits  # per slot the last step's target logits (for logprobs)
         self.tok, self.B = tokenizer, self.runner.B
@@ -152,18 +155,23 @@ class FastEngine:
             self.runner.release(s.slot)
         self.book.release(s)
 
+    def close(self) -> None:
+        """Stop the other ranks of a tensor-parallel engine (nothing otherwise)."""
+        if self.followers is not None:
+            self.followers.stop()
+
 
 def build_fast_engine(model: str, draft: str | None = None, *, mode: str = "dflash", dtype: str = "auto",
                       device: str = "auto", max_slots: int | None = 32, max_len: int = 4096, tokenizer=None,
                       synthetic_tau: float | None = None, benchmark_only: bool = False,
                       step_ahead: bool = True, adaptive: bool = True, cut_draft: bool = False,
                       mixed: bool = False, dummy: bool = False, kernels: bool = True, width: int | None = None,
-                      memory_utilization: float = 0.9, kv_cache_memory_bytes: int | None = None) -> FastEngine:
+                      memory_utilization: float = 0.9, kv_cache_memory_bytes: int | None = None,
+                      tensor_parallel: int = 1) -> FastEngine:
     """Like `build.build_engine`, on the fast path (CUDA graphs on a GPU, eager on the CPU). `max_slots` None: as
-    many as the memory budget holds (`pool.py`: `memory_utilization` of a GPU, or `kv_cache_memory_bytes`)."""
+    many as the memory budget holds (`pool.py`: `memory_utilization` of a GPU, or `kv_cache_memory_bytes`, a
+    rank's). `tensor_parallel` N > 1: N processes, a GPU each (gloo ranks on the CPU), `ranks.py`."""
     from dflash_bench.engine.build import eos_ids, load_tokenizer, resolve_dtype
-    from dflash_bench.engine.drafter import load_drafter
-    from dflash_bench.engine.target import load_model
 
     if mode not in ("ar", "dflash"):
         raise UserError(f"unknown mode {mode!r}; use 'ar' or 'dflash'")
@@ -181,22 +189,35 @@ def build_fast_engine(model: str, draft: str | None = None, *, mode: str = "dfla
         torch.set_num_threads(1)
     dt = resolve_dtype(dtype, device)
     tok = tokenizer or load_tokenizer(model)
-    hf: Any = load_model(model, dtype=dt, device=device, dummy=dummy)  # a transformers model
-    cfg = hf.config.get_text_config()
-    family_of(cfg)  # one sentence when the fast path runs no such model
-    drafter = None
-    if mode == "dflash":
-        assert draft is not None  # checked above
-        drafter = load_drafter(draft, target_hidden=cfg.hidden_size, target_layers=cfg.num_hidden_layers,
-                               target_vocab=hf.get_output_embeddings().weight.shape[0], dtype=dt, device=device,
-                               dummy=dummy)
-        if synthetic_tau is not None and not 1 <= synthetic_tau <= drafter.config.block_size:
-            raise UserError(f"--synthetic-acceptance must lie between 1 and the block size {drafter.config.block_size}")
-    from dflash_bench.engine.fast.pool import pool_slots
+    runner_kw: dict[str, Any] = dict(synthetic_tau=synthetic_tau, step_ahead=step_ahead, adaptive=adaptive,
+                                     cut_draft=cut_draft, mixed=mixed, kernels=kernels, width=width, consume=True)
+    followers, shard = None, None
+    if tensor_parallel > 1:  # refused in one sentence before any process starts
+        from dflash_bench.engine.fast.ranks import RankSpec, check_parallel, free_address, join_group
 
-    max_slots = pool_slots(cfg, drafter, asked=max_slots, device=device, dtype=dt, max_len=max_len,
-                           utilization=memory_utilization, nbytes=kv_cache_memory_bytes)
-    return FastEngine(hf, tok, drafter, eos_ids=eos_ids(hf, tok), max_slots=max_slots, max_len=max_len,
-                      synthetic_tau=synthetic_tau, step_ahead=step_ahead, adaptive=adaptive, cut_draft=cut_draft,
-                      mixed=mixed, kernels=kernels, width=width, consume=True)
+        check_parallel(model, draft if mode == "dflash" else None, tensor_parallel, device=device)
+        spec = RankSpec(size=tensor_parallel, address=free_address(), model=model,
+                        draft=draft if mode == "dflash" else None, dtype=dtype, device=device, max_len=max_len,
+                        dummy=dummy, runner=runner_kw)
+        followers = Followers(spec).start()
+        atexit.register(followers.stop)
+    try:
+        if followers is not None:
+            shard = join_group(followers.spec, 0)
+        hf, drafter = load_pair(model, draft if mode == "dflash" else None, dtype=dt, device=device, dummy=dummy)
+        if drafter is not None and synthetic_tau is not None and not 1 <= synthetic_tau <= drafter.config.block_size:
+            raise UserError(f"--synthetic-acceptance must lie between 1 and the block size {drafter.config.block_size}")
+        from dflash_bench.engine.fast.pool import pool_slots
+
+        max_slots = pool_slots(hf.config.get_text_config(), drafter, asked=max_slots, device=device, dtype=dt,
+                               max_len=max_len, utilization=memory_utilization, nbytes=kv_cache_memory_bytes,
+                               tp=tensor_parallel)
+        if followers is not None:
+            followers.slots(max_slots)
+        return FastEngine(hf, tok, drafter, eos_ids=eos_ids(hf, tok), max_slots=max_slots, max_len=max_len,
+                          tp=shard, followers=followers, **runner_kw)
+    except BaseException:
+        if followers is not None:
+            followers.stop()
+        raise
 

@@ -14,13 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-from dflash_bench.engine.fast.layout import CacheKind, dense_kind, gemma_kinds
+from dflash_bench.engine.fast.layout import CacheKind, dense_kind, gemma_kinds, split
 from dflash_bench.errors import UserError
 
 if TYPE_CHECKING:
     import torch
 
     from dflash_bench.engine.fast.kernels import Kernels
+    from dflash_bench.engine.fast.shard import Shard
 
 
 class Target(Protocol):
@@ -38,6 +39,7 @@ class Target(Protocol):
     head: torch.Tensor  # the output embedding `[V, hidden]`, lent to the drafter
     lm_head: torch.Tensor  # the head as this target's matmuls read it
     softcap: float | None  # final-logit softcapping
+    tp: Shard  # this rank's shard of the weights (`shard.py`; size 1: all of them)
 
     def forward(self, ids: torch.Tensor, starts: torch.Tensor, row0: int, L: int, *, last_only: bool = False,
                 taps: tuple[int, ...] = (),
@@ -57,6 +59,7 @@ class Drafter(Protocol):
 
     B: int  # its block size
     c: Any  # its `DrafterConfig`
+    tp: Shard  # this rank's shard of its weights
     kernels: Kernels | None
     lm_head: torch.Tensor
 
@@ -90,13 +93,14 @@ def _gemma() -> type:
 class Family:
     name: str
     model_types: tuple[str, ...]  # the transformers text configs' `model_type`s it serves
-    layout: Callable[[Any, int], list[CacheKind]]  # a slot's caches for a config and max_len (torch-free)
+    layout: Callable[[Any, int, int], list[CacheKind]]  # a slot's caches for a config, max_len, ranks (torch-free)
     target: Callable[[], type]  # its Target class (imports torch)
     tiny: str  # the `engine/tiny.py` architecture its exactness tests build
 
 
 FAMILIES = (
-    Family("dense", ("qwen3", "qwen2", "llama", "mistral"), lambda cfg, n: [dense_kind(cfg, n)], _dense, "qwen3"),
+    Family("dense", ("qwen3", "qwen2", "llama", "mistral"), lambda cfg, n, tp: [dense_kind(cfg, n, tp)], _dense,
+           "qwen3"),
     Family("gemma4", ("gemma4_text",), gemma_kinds, _gemma, "gemma4"),
 )
 MODEL_TYPES = tuple(t for f in FAMILIES for t in f.model_types)
@@ -111,15 +115,26 @@ def family_of(cfg: Any) -> Family:
     raise UserError(f"the fast path runs {', '.join(MODEL_TYPES)} models, not {kind!r}: serve without --fast")
 
 
-def target_kinds(cfg: Any, max_len: int) -> list[CacheKind]:
-    """The fast path's caches of a target (`pool.slot_bytes`, `sweep/fit.py`): its family's layout."""
-    return family_of(cfg).layout(cfg, max_len)
+def target_kinds(cfg: Any, max_len: int, tp: int = 1) -> list[CacheKind]:
+    """The fast path's caches of a target (`pool.slot_bytes`, `sweep/fit.py`): its family's layout, on one rank of
+    `tp` (its share of the KV heads)."""
+    return family_of(cfg).layout(cfg, max_len, tp)
+
+
+def check_split(cfg: Any, size: int) -> None:
+    """Whether `size` tensor-parallel ranks split this target (a transformers text config) into whole heads and
+    equal rows (`shard.py`); one sentence when not."""
+    split(cfg.num_attention_heads, size, "attention heads")
+    split(cfg.intermediate_size, size, "MLP rows")
+    split(cfg.vocab_size, size, "vocabulary rows")
+    target_kinds(cfg, 1 << 16, size)
 
 
 def load_target(hf_model: Any, *, max_slots: int, max_len: int, kernels: bool | str | None = None,
-                consume: bool = False) -> Target:
+                consume: bool = False, tp: Shard | None = None) -> Target:
     """The fast path's target of a loaded transformers model, by its family. `consume`: each HF layer is dropped
-    once copied (a large model is then not held twice); the model cannot run after."""
+    once copied (a large model is then not held twice); the model cannot run after. `tp`: this rank's shard."""
     f = family_of(hf_model.config.get_text_config())
-    target: Target = f.target()(hf_model, max_slots=max_slots, max_len=max_len, kernels=kernels, consume=consume)
+    target: Target = f.target()(hf_model, max_slots=max_slots, max_len=max_len, kernels=kernels, consume=consume,
+                                tp=tp)
     return target

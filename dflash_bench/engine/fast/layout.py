@@ -18,9 +18,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from dflash_bench.engine.layers import kv_shapes, layer_config
+from dflash_bench.errors import UserError
 
 RING_MARGIN = 48  # ring rows past the window: at least the most new tokens a step writes per row (a 16-token block)
 GEMMA_KINDS = ("sliding_attention", "full_attention")  # GemmaTarget's kinds, in its order (a layer's `kind` index)
+
+
+def split(n: int, size: int, what: str) -> int:
+    """One tensor-parallel rank's share of `n` heads (or rows) among `size` ranks (`shard.py`); one sentence when
+    `size` does not divide them."""
+    if n % size:
+        raise UserError(f"--tensor-parallel-size {size} does not divide the {n} {what}: use a size that divides it")
+    return n // size
 
 
 @dataclass(frozen=True)
@@ -39,30 +48,42 @@ class CacheKind:
         return 2 * self.layers * self.rows * self.hkv * self.hd * dtype_bytes
 
 
-def gemma_kinds(cfg: Any, max_len: int) -> list[CacheKind]:
+def gemma_kinds(cfg: Any, max_len: int, tp: int = 1) -> list[CacheKind]:
     """A Gemma 4 text target's caches (a transformers config): its sliding layers, then its full ones, each with
-    the KV heads and head size of its first layer (`layers.layer_config`)."""
+    the KV heads and head size of its first layer (`layers.layer_config`); `tp`: a rank's of that many (its share
+    of each kind's KV heads)."""
     out = []
     for kind in GEMMA_KINDS:
         ids = [i for i, t in enumerate(cfg.layer_types) if t == kind]
         c = layer_config(cfg, ids[0]) if ids else cfg
         window = cfg.sliding_window if kind == "sliding_attention" else None
         ring = window + RING_MARGIN if window is not None and window + RING_MARGIN < max_len else 0
-        out.append(CacheKind(len(ids), c.num_key_value_heads, c.head_dim, ring + 1 if ring else max_len, window, ring))
+        hkv = split(c.num_key_value_heads, tp, f"KV heads of the {kind.replace('_', ' ')} layers")
+        out.append(CacheKind(len(ids), hkv, c.head_dim, ring + 1 if ring else max_len, window, ring))
     return out
 
 
-def dense_kind(cfg: Any, max_len: int) -> CacheKind:
-    """A dense target's one cache (`model.KVCache`: Qwen3, Qwen2, Llama, Mistral): every layer keeps `max_len`."""
+def dense_kind(cfg: Any, max_len: int, tp: int = 1) -> CacheKind:
+    """A dense target's one cache (`model.KVCache`: Qwen3, Qwen2, Llama, Mistral): every layer keeps `max_len`;
+    `tp`: a rank's of that many."""
     heads = cfg.num_attention_heads
     hkv = getattr(cfg, "num_key_value_heads", None) or heads
     hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    return CacheKind(cfg.num_hidden_layers, hkv, hd, max_len)
+    return CacheKind(cfg.num_hidden_layers, split(hkv, tp, "KV heads"), hd, max_len)
 
 
-def drafter_kind(dc: Any, max_len: int) -> CacheKind:
+def drafter_kind(dc: Any, max_len: int, tp: int = 1) -> CacheKind:
     """A DFlash drafter's cache (a `DrafterConfig`): every layer, sliding or not, keeps `max_len` positions."""
-    return CacheKind(dc.num_hidden_layers, dc.num_key_value_heads, dc.head_dim, max_len)
+    return CacheKind(dc.num_hidden_layers, split(dc.num_key_value_heads, tp, "KV heads of the drafter"), dc.head_dim,
+                     max_len)
+
+
+def check_drafter_split(dc: Any, size: int) -> None:
+    """Whether `size` tensor-parallel ranks split this drafter (a `DrafterConfig`) into whole heads and equal rows
+    (`shard.py`); one sentence when not. The target's: `family.check_split`."""
+    split(dc.num_attention_heads, size, "attention heads of the drafter")
+    split(dc.intermediate_size, size, "MLP rows of the drafter")
+    drafter_kind(dc, 1, size)
 
 
 def reference_kinds(cfg: Any, max_len: int) -> list[CacheKind]:

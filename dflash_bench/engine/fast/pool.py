@@ -38,12 +38,13 @@ class Budget:
 
 
 def slot_bytes(cfg: Any, drafter_cfg: Any | None, *, max_len: int, dtype_bytes: int, block: int = 1,
-               fast: bool = True) -> int:
+               fast: bool = True, tp: int = 1) -> int:
     """Bytes one slot holds: K and V in every cache of the target (`cfg`, a transformers text config) and the
     drafter (a `DrafterConfig`) as `layout.py` lays them out for `max_len` tokens, and float32 logits for `block`
-    positions. `fast` False: the reference engine's caches (the sweep's check of a builtin server without --fast)."""
-    kinds = target_kinds(cfg, max_len) if fast else reference_kinds(cfg, max_len)
-    kinds += [drafter_kind(drafter_cfg, max_len)] if drafter_cfg is not None else []
+    positions. `fast` False: the reference engine's caches (the sweep's check of a builtin server without --fast).
+    `tp`: on one rank of that many (its share of the KV heads; the logits are gathered whole on every rank)."""
+    kinds = target_kinds(cfg, max_len, tp) if fast else reference_kinds(cfg, max_len)
+    kinds += [drafter_kind(drafter_cfg, max_len, tp)] if drafter_cfg is not None else []
     return sum(k.slot_bytes(dtype_bytes) for k in kinds) + block * cfg.vocab_size * 4
 
 
@@ -111,9 +112,9 @@ def longest_len(slots: int, nbytes: int, at: Callable[[int], int], *, below: int
 
 
 def pool_slots(cfg: Any, drafter: Any, *, asked: int | None, device: str, dtype: Any, max_len: int,
-               utilization: float, nbytes: int | None) -> int:
+               utilization: float, nbytes: int | None, tp: int = 1) -> int:
     """The KV pool's slots for this target (`cfg`) and drafter (a DFlashDrafter or None), once their weights are on
-    the device; logs what it chose from what."""
+    the device (`tp`: a rank's shard of them, on this rank's device); logs what it chose from what."""
     import torch
 
     if not 0 < utilization <= 1:
@@ -123,9 +124,9 @@ def pool_slots(cfg: Any, drafter: Any, *, asked: int | None, device: str, dtype:
     budget = given_budget(nbytes) if nbytes is not None else device_budget(device, utilization)
     dc = drafter.config if drafter is not None else None
     nb, block = torch.empty((), dtype=dtype).element_size(), dc.block_size if dc is not None else 1
-    per_slot = slot_bytes(cfg, dc, max_len=max_len, dtype_bytes=nb, block=block)
+    per_slot = slot_bytes(cfg, dc, max_len=max_len, dtype_bytes=nb, block=block, tp=tp)
     slots = choose_slots(asked, budget, per_slot, max_len=max_len,
-                         at=lambda n: slot_bytes(cfg, dc, max_len=n, dtype_bytes=nb, block=block))
+                         at=lambda n: slot_bytes(cfg, dc, max_len=n, dtype_bytes=nb, block=block, tp=tp))
     if budget is not None:
         log.info("KV pool: %d slots of %d tokens, %.2f GiB of the %.2f GiB left for it (%s)", slots, max_len,
                  slots * per_slot / GIB, budget.nbytes / GIB, budget.how)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -76,6 +76,8 @@ class FastRunner:
         self._stepped: tuple = ()
         self.timer: StepTimer | None = None  # a benchmark's, attached (`StepTimer.attach`)
         self.width = self.sched.fixed  # the width of the step collected last
+        # tensor parallel, on rank 0: the other ranks, told each call that changes the device state (`ranks.py`)
+        self.followers: Any = None
 
     @property
     def logits(self) -> torch.Tensor | None:
@@ -106,6 +108,8 @@ class FastRunner:
     def prefill(self, slots: list[int], prompts: list[list[int]], *, graphed: bool) -> list[int]:
         """One prefill group as the scheduler made it: the graph of its k rows, padded to its longest prompt's
         bucket, or one eager forward; the slots are admitted. Returns their first tokens."""
+        if self.followers is not None:
+            self.followers.send("prefill", slots, prompts, graphed=graphed)
         tok = (self.prefills.graphed(slots, prompts, self.sched.padded(max(map(len, prompts)))) if graphed
                else self.prefills.rows(slots, prompts))
         for s, p, t in zip(slots, prompts, tok):
@@ -115,6 +119,8 @@ class FastRunner:
 
     def release(self, slot: int) -> None:
         """Free the slot; as padding it then writes at positions 0..B-1 of its own row, never past the cache."""
+        if self.followers is not None:
+            self.followers.send("release", slot)
         self.state.active[slot] = 0
         self.state.start[slot] = 0
         self.sched.release(slot)
@@ -173,6 +179,8 @@ class FastRunner:
     def run(self, plan: StepPlan) -> None:
         """Execute `plan` behind the steps in flight, without waiting for them: its graphs, then the copy of its
         results to the host; `collect` reads them."""
+        if self.followers is not None:
+            self.followers.send("run", plan)
         bs, L, w = plan.bs, plan.L, plan.width
         if tuple(plan.slots) != self._stepped:  # rows outside the plan (padding, or paused) keep their state
             mask = torch.zeros(self.S, dtype=torch.long, pin_memory=self.dev.type == "cuda")
@@ -228,6 +236,8 @@ class FastRunner:
             step.done.synchronize()
         plan, w = step.plan, step.plan.width
         rows = step.host[:plan.bs].tolist()
+        if self.followers is not None:
+            self.followers.send("collect")
         out, accepted = {}, {}
         for s in self.sched.current(plan):
             a = rows[s][0] if self.B > 1 else 0

@@ -1,0 +1,46 @@
+"""The fast runner over a loaded target and drafter: what `engine.FastEngine` runs, and every other rank of a
+tensor-parallel engine runs beside it (`ranks.py`), built the same way from the same options."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dflash_bench.engine.fast.draft import FastDrafter
+from dflash_bench.engine.fast.family import family_of, load_target
+from dflash_bench.engine.fast.runner import FastRunner
+from dflash_bench.engine.fast.shard import Shard
+
+
+def make_runner(model: Any, drafter: Any, *, max_slots: int, max_len: int, kernels: bool = True,
+                tp: Shard | None = None, consume: bool = False, synthetic_tau: float | None = None,
+                kv_block: int = 256, step_ahead: bool = True, adaptive: bool = True, cut_draft: bool = False,
+                mixed: bool = False, width: int | None = None) -> FastRunner:
+    """The fast runner over a loaded transformers target and a `DFlashDrafter` (or None), this rank's shard of
+    them with `tp`, its graphs captured (`consume`: the target's layers are dropped once copied)."""
+    want = None if kernels else False
+    ft = load_target(model, max_slots=max_slots, max_len=max_len, kernels=want, consume=consume, tp=tp)
+    mixed = mixed and ft.rides
+    fd = (FastDrafter(drafter, ft.embed, ft.head, max_slots=max_slots, max_len=max_len, kernels=want, tp=tp)
+          if drafter is not None else None)
+    runner = FastRunner(ft, fd, kv_block=kv_block, synthetic_tau=synthetic_tau, keep_logits=True, adaptive=adaptive,
+                        width=width, cut_draft=cut_draft, mixed=mixed, step_ahead=step_ahead)
+    runner.capture_all()  # GPU: every graph before the first request (no capture pause mid-serving)
+    return runner
+
+
+def load_pair(model: str, draft: str | None, *, dtype: Any, device: str, dummy: bool) -> tuple[Any, Any]:
+    """The target (a transformers model) and the drafter (a DFlashDrafter, or None) as the fast path serves them:
+    one sentence for a target it does not run, or a drafter that does not fit it."""
+    from dflash_bench.engine.build import resolve_dtype
+    from dflash_bench.engine.drafter import load_drafter
+    from dflash_bench.engine.target import load_model
+
+    dt = resolve_dtype(dtype, device) if isinstance(dtype, str) else dtype
+    hf: Any = load_model(model, dtype=dt, device=device, dummy=dummy)  # a transformers model
+    cfg = hf.config.get_text_config()
+    family_of(cfg)  # one sentence when the fast path runs no such model
+    if draft is None:
+        return hf, None
+    return hf, load_drafter(draft, target_hidden=cfg.hidden_size, target_layers=cfg.num_hidden_layers,
+                            target_vocab=hf.get_output_embeddings().weight.shape[0], dtype=dt, device=device,
+                            dummy=dummy)

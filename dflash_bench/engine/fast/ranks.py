@@ -1,0 +1,262 @@
+"""The processes of a tensor-parallel fast engine (`serve --fast --tensor-parallel-size N`): one per rank, started and
+stopped together.
+
+Rank 0 is the server's process: it runs the scheduler, the HTTP server and its own shard. It starts ranks 1..N-1
+(`multiprocessing` spawn, daemonic), which load the same weights, keep their own shard (`shard.py`) and replay
+what rank 0's runner does, call by call (`Followers.send`: each prefill, step plan, collect and release, through a
+pipe per rank), so every rank runs the same kernels and collectives in the same order. The tensors' collectives go
+through torch.distributed: NCCL on GPUs (a rank per device, rank r on cuda:r), gloo on the CPU.
+
+Faults: a rank that fails sends its error to rank 0 and exits; rank 0's watcher (`Followers._watch`) then prints
+it, ends the other ranks and exits the server within a second, without waiting on a collective that would never
+finish. A rank whose rank 0 is gone exits: its pipe reads end-of-file, and the kernel kills it when rank 0's
+process dies (Linux's parent-death signal) even inside a collective. Rank 0 ends them on stop.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import multiprocessing as mp
+import os
+import signal
+import socket
+import sys
+import threading
+from dataclasses import dataclass
+from datetime import timedelta
+from multiprocessing.connection import Connection, wait
+from typing import Any, Callable
+
+import torch
+
+from dflash_bench.engine.fast.shard import Shard
+from dflash_bench.errors import UserError
+
+log = logging.getLogger("dflash_bench.engine")
+JOIN_S = 10.0  # how long a stopping rank 0 waits for the others to exit before killing them
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """What every rank builds (picklable: sent to the spawned ranks)."""
+
+    size: int
+    address: str  # torch.distributed's rendezvous, tcp://127.0.0.1:port
+    model: str
+    draft: str | None
+    dtype: str
+    device: str  # "cpu" or "cuda"
+    max_len: int
+    dummy: bool
+    runner: dict  # engine.make_runner's keywords but the slots and the shard
+
+
+def free_address() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+
+
+def device_of(spec: RankSpec, rank: int) -> str:
+    return f"cuda:{rank}" if spec.device.startswith("cuda") else "cpu"
+
+
+def join_group(spec: RankSpec, rank: int) -> Shard:
+    """This rank in the ranks' process group (NCCL on GPUs, gloo on the CPU)."""
+    import torch.distributed as dist
+
+    cuda = spec.device.startswith("cuda")
+    if cuda:
+        torch.cuda.set_device(rank)
+    kw: dict[str, Any] = {"device_id": torch.device(f"cuda:{rank}")} if cuda else {}
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=spec.address, rank=rank, world_size=spec.size,
+                            timeout=timedelta(minutes=30), **kw)
+    return Shard(rank, spec.size)
+
+
+def _die_with_parent() -> None:
+    """Linux: the kernel kills this process when the process that started it dies (even inside a collective)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def check_parallel(model: str, draft: str | None, size: int, *, device: str) -> None:
+    """What `size` ranks cannot run, in one sentence, before any process starts: more ranks than visible GPUs, or a
+    target or drafter whose heads (or rows) `size` does not divide (`family.check_split`)."""
+    import json
+    from pathlib import Path
+
+    from transformers import AutoConfig
+
+    from dflash_bench.engine.drafter import DrafterConfig
+    from dflash_bench.engine.fast.family import check_split
+    from dflash_bench.engine.fast.layout import check_drafter_split
+
+    if device.startswith("cuda") and torch.cuda.device_count() < size:
+        n = torch.cuda.device_count()
+        raise UserError(f"--tensor-parallel-size {size} needs {size} GPUs, one a rank, but {n} "
+                        f"{'is' if n == 1 else 'are'} visible")
+    try:
+        cfg = AutoConfig.from_pretrained(model).get_text_config()
+    except (OSError, ValueError, KeyError) as err:
+        raise UserError(f"the builtin engine could not read the target's config from {model!r}: "
+                        f"{str(err).strip().splitlines()[0]}") from err
+    dc = None
+    if draft is not None and (Path(draft) / "config.json").is_file():
+        dc = DrafterConfig.from_dict(json.loads((Path(draft) / "config.json").read_text()))
+    check_split(cfg, size)
+    if dc is not None:
+        check_drafter_split(dc, size)
+
+
+def rank_main(spec: RankSpec, rank: int, conn: Connection) -> None:
+    """A rank above 0: join the group, load and shard, build the runner with rank 0's slots, then replay rank 0's
+    calls until it stops (or is gone)."""
+    _die_with_parent()
+    if not spec.device.startswith("cuda"):
+        torch.set_num_threads(1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: rank 0 decides
+    try:
+        from dflash_bench.engine.fast.make import load_pair, make_runner
+
+        shard = join_group(spec, rank)
+        hf, drafter = load_pair(spec.model, spec.draft, dtype=spec.dtype, device=device_of(spec, rank),
+                                dummy=spec.dummy)
+        slots = conn.recv()  # rank 0's pool, sized from its device's memory
+        runner = make_runner(hf, drafter, max_slots=slots, max_len=spec.max_len, tp=shard, **spec.runner)
+        del hf
+        conn.send(("ready", None))
+        follow(runner, conn)
+    except EOFError:
+        os._exit(0)  # rank 0 is gone
+    except BaseException as err:  # noqa: BLE001 - whatever it was, rank 0 says it and stops the server
+        msg = str(err) if isinstance(err, UserError) else f"{type(err).__name__}: {err}"
+        try:
+            conn.send(("error", msg))
+        except OSError:
+            pass
+        if not isinstance(err, UserError):
+            import traceback
+
+            traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    os._exit(0)
+
+
+def follow(runner: Any, conn: Connection) -> None:
+    """Replay rank 0's runner calls (`Followers.send`) until it says stop; `collect` retires the oldest step."""
+    while True:
+        name, args, kw = conn.recv()
+        if name == "stop":
+            return
+        if name == "collect":
+            step = runner.inflight.popleft()
+            if step.done is not None:
+                step.done.synchronize()
+            continue
+        getattr(runner, name)(*args, **kw)
+
+
+class Followers:
+    """Rank 0's side of ranks 1..N-1: started with `start`, told each runner call (`send`), watched, stopped."""
+
+    def __init__(self, spec: RankSpec, on_death: Callable[[str], None] | None = None):
+        self.spec = spec
+        self.on_death = on_death or _exit_server
+        self.procs: list[Any] = []
+        self.conns: list[Connection] = []
+        self.stopping = False
+        self.ready = threading.Event()
+        self._ready: set[int] = set()
+
+    def start(self) -> "Followers":
+        ctx = mp.get_context("spawn")
+        for rank in range(1, self.spec.size):
+            mine, theirs = ctx.Pipe()
+            p = ctx.Process(target=rank_main, args=(self.spec, rank, theirs), daemon=True,
+                            name=f"dflash-bench-rank{rank}")
+            p.start()
+            theirs.close()
+            self.procs.append(p)
+            self.conns.append(mine)
+        threading.Thread(target=self._watch, daemon=True, name="dflash-bench-ranks").start()
+        return self
+
+    def send(self, name: str, *args, **kw) -> None:
+        """Every other rank runs `runner.<name>(*args, **kw)` next."""
+        for c in self.conns:
+            c.send((name, args, kw))
+
+    def slots(self, n: int) -> None:
+        for c in self.conns:
+            c.send(n)
+
+    def wait_ready(self) -> None:
+        self.ready.wait()
+
+    def _watch(self) -> None:
+        """Rank 0's watcher: the others' messages and deaths. A rank that fails or exits before stop ends the server."""
+        live = {c: r + 1 for r, c in enumerate(self.conns)}
+        sentinels = {p.sentinel: r + 1 for r, p in enumerate(self.procs)}
+        while live or sentinels:
+            for ready in wait([*live, *sentinels]):
+                if ready in sentinels:
+                    rank = sentinels.pop(ready)
+                    if not self.stopping:
+                        code = self.procs[rank - 1].exitcode
+                        self._died(f"tensor-parallel rank {rank} exited (code {code})")
+                        return
+                    continue
+                assert isinstance(ready, Connection)
+                rank = live[ready]
+                try:
+                    kind, msg = ready.recv()
+                except (EOFError, OSError):
+                    live.pop(ready)
+                    continue
+                if kind == "ready":
+                    self._ready.add(rank)
+                    if len(self._ready) == len(self.conns):
+                        self.ready.set()
+                elif not self.stopping:
+                    self._died(f"tensor-parallel rank {rank} failed: {msg}")
+                    return
+
+    def _died(self, why: str) -> None:
+        self.kill()
+        self.on_death(why)
+
+    def stop(self) -> None:
+        """Tell the ranks to stop, wait for them a while, kill what is left."""
+        if self.stopping:
+            return
+        self.stopping = True
+        for c in self.conns:
+            try:
+                c.send(("stop", (), {}))
+            except OSError:
+                pass
+        for p in self.procs:
+            p.join(JOIN_S)
+        self.kill()
+        import torch.distributed as dist
+
+        if dist.is_initialized():  # this process's group ends with its ranks (a new engine may make another)
+            dist.destroy_process_group()
+
+    def kill(self) -> None:
+        for p in self.procs:
+            if p.is_alive():
+                p.kill()
+                p.join(JOIN_S)
+
+
+def _exit_server(why: str) -> None:
+    """A rank died while serving: the server goes down now, saying why (no collective is waited on)."""
+    print(f"error: {why}; the server stops", file=sys.stderr, flush=True)
+    log.error("%s; the server stops", why)
+    os._exit(1)

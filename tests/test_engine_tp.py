@@ -1,0 +1,103 @@
+"""Tensor parallelism on the fast path, on the CPU: two gloo ranks (`serve --fast --tensor-parallel-size 2`, rank 1 a
+process of its own) give the single-process engine's greedy tokens, step for step (every delta the same length: the
+same accepted drafts), with the same logprobs, AR and DFlash, for a tiny Qwen3 pair and a tiny Gemma 4 pair whose
+sliding and full layers split their KV heads differently (4 and 2: 2 and 1 a rank)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from dflash_bench.engine.fast.engine import build_fast_engine  # noqa: E402
+from dflash_bench.engine.sampling import SamplingParams  # noqa: E402
+from dflash_bench.engine.tiny import make_tiny_pair  # noqa: E402
+from dflash_bench.errors import UserError  # noqa: E402
+
+pytestmark = pytest.mark.engine
+B, SLOTS, MAX_LEN = 6, 4, 128
+FAVOURED = range(97, 100)  # embedding rows made larger: drafts and targets agree now and then (ragged acceptance)
+
+
+@pytest.fixture(scope="module", params=["qwen3", "gemma4"])
+def pair(request, tmp_path_factory):
+    from transformers import AutoModelForCausalLM
+
+    arch = request.param
+    kv = (4, 2) if arch == "gemma4" else (2, 2)
+    target, drafter = make_tiny_pair(tmp_path_factory.mktemp(arch), arch=arch, seed=1, block_size=B, layers=5,
+                                     kv_heads=kv)
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
+    with torch.no_grad():
+        if model.config.tie_word_embeddings:
+            model.get_input_embeddings().weight[FAVOURED] *= 3.0
+        else:  # the drafter borrows the head: both lean to the same tokens
+            model.get_input_embeddings().weight[FAVOURED] *= 6.0
+            model.get_output_embeddings().weight[FAVOURED] *= 6.0
+    model.save_pretrained(target)
+    return str(target), str(drafter)
+
+
+def _prompts(tok):
+    texts = ["the cat sat on a mat", "seven dogs ran past quickly while the", "abc abc abc", "a"]
+    return [tok(t).input_ids for t in texts]
+
+
+def _decode(engine, prompts, max_tokens=24):
+    """Every prompt's deltas (token lists, one per step that gave it tokens) and its logprobs, all admitted at once."""
+    params = [SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=2 if i == 0 else None)
+              for i in range(len(prompts))]
+    seqs, deltas, lps = [], {}, {}
+    for (seq, d), i in zip(engine.add_many([(str(i), p, sp) for i, (p, sp) in enumerate(zip(prompts, params))]),
+                           range(len(prompts))):
+        seqs.append(seq)
+        deltas[i] = [list(d.token_ids)] if d else []
+        lps[i] = list(d.logprobs or []) if d else []
+    running = list(seqs)
+    while running:
+        for d in engine.step(running):
+            deltas[int(d.req_id)].append(list(d.token_ids))
+            lps[int(d.req_id)] += d.logprobs or []
+        for s in [s for s in running if s.finish]:
+            engine.release(s)
+            running.remove(s)
+    return deltas, lps
+
+
+@pytest.mark.parametrize("mode", ["ar", "dflash"])
+def test_two_ranks_decode_what_one_process_decodes(pair, mode):
+    target, drafter = pair
+    # the whole block verified every step: the adaptive width follows measured times, which differ run to run
+    kw = dict(mode=mode, dtype="float64", device="cpu", max_slots=SLOTS, max_len=MAX_LEN, adaptive=False)
+    draft = drafter if mode == "dflash" else None
+    one = build_fast_engine(target, draft, **kw)
+    want, want_lp = _decode(one, _prompts(one.tok))
+    two = build_fast_engine(target, draft, tensor_parallel=2, **kw)
+    try:
+        assert two.runner.t.H == one.runner.t.H // 2  # each rank holds half the heads
+        got, got_lp = _decode(two, _prompts(two.tok))
+    finally:
+        two.close()
+    assert all(not p.is_alive() for p in two.followers.procs)
+    assert got == want  # the same tokens in the same steps: every step accepted as many drafts
+    lengths = {len(d) for ds in want.values() for d in ds[1:]}
+    if mode == "dflash":
+        assert len(lengths) > 1, "no step accepted a draft, or every step all: the comparison would be weak"
+    assert len(got_lp[0]) == len(want_lp[0]) > 0  # from the gathered logits
+    for (tok, lp, top), (tok1, lp1, top1) in zip(got_lp[0], want_lp[0]):
+        assert tok == tok1 and lp == pytest.approx(lp1, abs=1e-9)
+        assert [t for t, _ in top] == [t for t, _ in top1]
+
+
+def test_a_size_that_does_not_divide_the_heads_is_one_sentence(pair):
+    target, drafter = pair
+    with pytest.raises(UserError, match="--tensor-parallel-size 3 does not divide the 4 attention heads"):
+        build_fast_engine(target, drafter, tensor_parallel=3, device="cpu", max_slots=2, max_len=64)
+
+
+def test_more_ranks_than_gpus_is_one_sentence(pair, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(UserError, match="--tensor-parallel-size 2 needs 2 GPUs, one a rank, but 1 is visible"):
+        build_fast_engine(pair[0], tensor_parallel=2, mode="ar", device="cuda", max_slots=2, max_len=64)
