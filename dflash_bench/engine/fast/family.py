@@ -93,13 +93,13 @@ def _gemma() -> type:
 class Family:
     name: str
     model_types: tuple[str, ...]  # the transformers text configs' `model_type`s it serves
-    layout: Callable[[Any, int, int], list[CacheKind]]  # a slot's caches for a config, max_len, ranks (torch-free)
+    layout: Callable[..., list[CacheKind]]  # a slot's caches for (config, max_len[, ranks]) (torch-free)
     target: Callable[[], type]  # its Target class (imports torch)
     tiny: str  # the `engine/tiny.py` architecture its exactness tests build
 
 
 FAMILIES = (
-    Family("dense", ("qwen3", "qwen2", "llama", "mistral"), lambda cfg, n, tp: [dense_kind(cfg, n, tp)], _dense,
+    Family("dense", ("qwen3", "qwen2", "llama", "mistral"), lambda cfg, n, tp=1: [dense_kind(cfg, n, tp)], _dense,
            "qwen3"),
     Family("gemma4", ("gemma4_text",), gemma_kinds, _gemma, "gemma4"),
 )
