@@ -1,10 +1,9 @@
 """What the report says about single cells: failed or unfinished ones, DFlash cells that did not speculate,
-cells whose prompts the server partly read from its prefix cache, cells measured as a steady stream, the quality checks' verdict per AR/DFlash
-pair, and sample outputs (escaped by the page, never here)."""
+cells whose prompts the server partly read from its prefix cache, cells measured as a steady stream, and sample
+outputs (escaped by the page, never here)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -79,61 +78,6 @@ def failures(manifest: Manifest, frame: pd.DataFrame) -> list[dict[str, Any]]:
         if cell.status == "failed" or cell.status in ("pending", "running"):
             out.append({"cell_id": cell.cell_id, "status": cell.status, "reason": cell.reason or "no summary on disk"})
     return out
-
-
-def quality_pairs(path: Path) -> list[dict[str, Any]]:
-    """One display row per DFlash cell that the quality checks annotated (quality.check.quality_rows):
-    exact-match rate of the lossless check, divergence kinds, first divergence, AR and DFlash accuracy."""
-    from dflash_bench.quality.check import quality_rows
-
-    out = []
-    for r in quality_rows(path):
-        lossless, acc, acc_ar = r.get("lossless") or {}, r.get("accuracy") or {}, r.get("accuracy_ar") or {}
-        if not (lossless or acc or acc_ar):
-            continue
-        kinds = lossless.get("divergences") or {}
-        unscored = _unscored(r["suite"])
-        out.append({
-            "engine": r["engine"], "suite": r["suite"], "concurrency": r["concurrency"], "repeat": r["repeat"],
-            "exact": (f"{lossless['exact_match_rate']:.1%} of {lossless.get('n')}" if lossless.get("exact_match_rate") is not None
-                      else lossless.get("status", NOT_CHECKED)),
-            "divergences": ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())) or ("none" if lossless.get("n") else "–"),
-            "first": (lossless.get("first_divergence") or {}).get("p50"),
-            "acc_ar": _accuracy(acc_ar, unscored), "acc_dflash": _accuracy(acc, unscored),
-            "diff": _paired(acc.get("vs_ar")) if acc else unscored,
-        })
-    return out
-
-
-NOT_CHECKED = "not checked: run dflash-bench quality"
-
-
-def _unscored(suite: str) -> str:
-    """What an accuracy cell the checks never filled says: the command that fills it, or that none can."""
-    from dflash_bench.analysis import base_suite
-    from dflash_bench.quality.accuracy import ANSWER_SUITES, CODE_SUITES
-
-    base = str(base_suite(pd.Series([suite])).iloc[0])
-    if base in ANSWER_SUITES:
-        return "not scored: run dflash-bench quality"
-    if base in CODE_SUITES:
-        return "not scored: run dflash-bench quality --score-code"
-    return "no reference answers to score"
-
-
-def _accuracy(x: dict[str, Any], unscored: str = "–") -> str:
-    if not x:
-        return unscored
-    if x.get("accuracy") is None:
-        return str(x.get("status", "–"))
-    interval = f" [{x['ci_low']:.1%}, {x['ci_high']:.1%}]" if x.get("ci_low") is not None and x.get("ci_high") is not None else ""
-    return f"{x['accuracy']:.1%}{interval} n={x.get('n')}"
-
-
-def _paired(v: Any) -> str:
-    if not isinstance(v, dict) or not v.get("n") or v.get("ar_minus_dflash") is None:
-        return "–"
-    return f"{v['ar_minus_dflash']:+.1%} [{v['ci_low']:+.1%}, {v['ci_high']:+.1%}] n={v['n']}"
 
 
 def sample_outputs(sweep: SweepDir, frame: pd.DataFrame) -> list[dict[str, Any]]:

@@ -19,7 +19,7 @@ import jinja2
 
 from dflash_bench import __version__
 from dflash_bench.errors import UserError
-from dflash_bench.report import cells, figures, measured, serving, tables
+from dflash_bench.report import cells, figures, measured, quality, serving, tables
 from dflash_bench.store import MANIFEST, atomic_write_bytes
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -152,6 +152,7 @@ def _context(view: tables.SweepView, figs: dict[str, dict[str, str]], slo: str |
         "failed": view.failed,
         "quality": view.quality,
         "quality_hint": measured.quality_hint(view),
+        "quality_todo": quality.todo(view.quality),
         "measured": measured.describe(view),
         "samples": view.samples,
         "command_line": shlex.join(m.command_line) if m.command_line else "",

@@ -18,7 +18,8 @@ from pydantic import BaseModel
 
 from dflash_bench import analysis, profiles
 from dflash_bench.errors import UserError
-from dflash_bench.report.cells import failures, quality_pairs, sample_outputs
+from dflash_bench.report.cells import failures, sample_outputs
+from dflash_bench.report.quality import quality_table
 from dflash_bench.profiles.gpus import recorded_gpus
 from dflash_bench.store import CellKey, Hardware, Manifest, SweepDir, SweepSettings
 
@@ -109,7 +110,7 @@ def _load_one(path: Path) -> SweepView:
         suite_rank=rank,
     )
     view.failed = failures(manifest, frame)
-    view.quality = in_order(pd.DataFrame(quality_pairs(path)), rank).to_dict("records")
+    view.quality = in_order(pd.DataFrame(quality_table(path)), rank).to_dict("records")
     view.samples = sample_outputs(sweep, in_order(frame, rank))
     for cid in analysis.complete(frame)["cell_id"] if not frame.empty else []:
         timeline = analysis.power_timeline(path, cid)
