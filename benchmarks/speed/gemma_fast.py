@@ -118,38 +118,38 @@ def main() -> None:
         print(json.dumps(out["phases"][-1] if out["phases"] else out), flush=True)
 
     save()
-    work = Path(tempfile.mkdtemp())
-    folders = write_shape(a.pair, work)
-    for mode in a.modes.split(","):
-        phase: dict = {"mode": mode}
-        out["phases"].append(phase)
-        t0 = time.perf_counter()
-        try:
-            engine = build_fast_engine(folders["target"], folders["drafter"] if mode == "dflash" else None, mode=mode,
-                                       dtype="bfloat16" if dev == "cuda" else "float32", device=dev, max_slots=a.slots, max_len=a.max_len, dummy=True,
-                                       synthetic_tau=a.tau if mode == "dflash" else None, benchmark_only=True)
-            r = engine.runner
-            phase.update(build_s=time.perf_counter() - t0, graphs=len(r.graphs), weight_bytes=r.t.weight_bytes(),
-                         fused_kernels=r.t.fused is not None,  # triton_gemma's q/k/v + RoPE + cache write, GeGLU
-                         kv_bytes=r.t.kv_bytes(), gpu_allocated_GiB=torch.cuda.memory_allocated() / 2**30
-                         if dev == "cuda" else None)
-            phase["floor_ms"] = 1e3 * phase["weight_bytes"] / (out["copy_bandwidth_GBps"] * 1e9)
-            save()
-            phase["rates"] = []
-            for bs in [int(b) for b in a.batches.split(",") if int(b) <= a.slots]:
-                steps = 40 if mode == "dflash" else 200
-                phase["rates"].append(decode_rate(r, bs, a.prompt_len, steps))
-                phase["rates"][-1]["floor_share"] = phase["floor_ms"] / phase["rates"][-1]["ms_per_step"]
+    with tempfile.TemporaryDirectory(prefix="gemma-shape-") as work:  # the configs, removed however the run ends
+        folders = write_shape(a.pair, Path(work))
+        for mode in a.modes.split(","):
+            phase: dict = {"mode": mode}
+            out["phases"].append(phase)
+            t0 = time.perf_counter()
+            try:
+                engine = build_fast_engine(folders["target"], folders["drafter"] if mode == "dflash" else None, mode=mode,
+                                           dtype="bfloat16" if dev == "cuda" else "float32", device=dev, max_slots=a.slots, max_len=a.max_len, dummy=True,
+                                           synthetic_tau=a.tau if mode == "dflash" else None, benchmark_only=True)
+                r = engine.runner
+                phase.update(build_s=time.perf_counter() - t0, graphs=len(r.graphs), weight_bytes=r.t.weight_bytes(),
+                             fused_kernels=r.t.fused is not None,  # triton_gemma's q/k/v + RoPE + cache write, GeGLU
+                             kv_bytes=r.t.kv_bytes(), gpu_allocated_GiB=torch.cuda.memory_allocated() / 2**30
+                             if dev == "cuda" else None)
+                phase["floor_ms"] = 1e3 * phase["weight_bytes"] / (out["copy_bandwidth_GBps"] * 1e9)
                 save()
-            phase["peak_GiB"] = torch.cuda.max_memory_allocated() / 2**30 if dev == "cuda" else None
-        except Exception as err:  # noqa: BLE001 - the phase's failure is the measurement
-            phase["error"] = f"{type(err).__name__}: {str(err)[:500]}"
-        save()
-        engine = r = None
-        gc.collect()
-        if dev == "cuda":
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
+                phase["rates"] = []
+                for bs in [int(b) for b in a.batches.split(",") if int(b) <= a.slots]:
+                    steps = 40 if mode == "dflash" else 200
+                    phase["rates"].append(decode_rate(r, bs, a.prompt_len, steps))
+                    phase["rates"][-1]["floor_share"] = phase["floor_ms"] / phase["rates"][-1]["ms_per_step"]
+                    save()
+                phase["peak_GiB"] = torch.cuda.max_memory_allocated() / 2**30 if dev == "cuda" else None
+            except Exception as err:  # noqa: BLE001 - the phase's failure is the measurement
+                phase["error"] = f"{type(err).__name__}: {str(err)[:500]}"
+            save()
+            engine = r = None
+            gc.collect()
+            if dev == "cuda":
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats()
 
 
 if __name__ == "__main__":
