@@ -32,6 +32,7 @@ def _private_temp(config) -> None:
     if os.environ.get(TEMP_ENV):  # pytest run by a test: the outer session checks
         return
     folder = tempfile.mkdtemp(prefix="dflash-bench-tests-")
+    os.chmod(folder, 0o1777)  # as /tmp is: the quality sandbox's programs run as nobody inside it
     os.environ[TEMP_ENV] = os.environ["TMPDIR"] = tempfile.tempdir = folder
     # caches that belong in the home folder, not in the temp folder (torch's default is the temp folder)
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path.home() / ".cache" / "dflash-bench" / "torchinductor"))
