@@ -15,6 +15,7 @@ from benchmarks.fixtures.report_sweeps import make_sweep
 from dflash_bench.report import build_report, figures
 from dflash_bench.report.tables import load
 from dflash_bench.store import SweepDir
+from dflash_bench.store.manifest import ServerRecord
 
 
 def _text(page: Path) -> str:
@@ -119,3 +120,36 @@ def test_the_overlap_check_can_fail(tmp_path, offsets, monkeypatch):
     (ax,) = [a for a in fig.axes if a.get_visible()]
     a, b = (t.get_window_extent(fig.canvas.get_renderer()) for t in ax.texts)
     assert a.overlaps(b)
+
+
+def test_the_per_position_figure_draws_only_positions_that_were_verified(tmp_path):
+    """An adaptive verify width checks fewer positions under load: past them nothing was verified, so nothing is
+    drawn (not an acceptance rate of 0)."""
+    path = make_sweep(tmp_path / "pos", suites=("gsm8k",), concurrency=(1, 8))
+    sweep = SweepDir.open(path)
+    for s in sweep.summaries():
+        if s.mode == "dflash":  # c1 verified all 15 draft positions, c8 only the first 4
+            reach = 15 if s.concurrency == 1 else 4
+            s.acceptance_profile = [(100 if i < reach else 0, 60 - 3 * i if i < reach else 0) for i in range(15)]
+            s.acceptance_per_position = [round((60 - 3 * i) / 100, 4) if i < reach else 0.0 for i in range(15)]
+            sweep.write_summary(s)
+    sweep.write_results_csv()
+    (view,) = load([path])
+    fig = figures.positions(view)
+    lines = {line.get_label(): list(line.get_xdata()) for ax in fig.axes for line in ax.get_lines()}
+    assert lines == {"c1": list(range(1, 16)), "c8": [1, 2, 3, 4]}
+
+
+def test_a_cpu_run_says_per_server_not_per_gpu(tmp_path):
+    """A run whose host listed no GPU (the demo on a CPU) gives throughput per server, whatever its servers say."""
+    path = make_sweep(tmp_path / "cpu", suites=("gsm8k",), concurrency=(1,))
+    sweep = SweepDir.open(path)
+    manifest = sweep.read_manifest()
+    manifest.hardware = {"host": {"hostname": "box", "cpu": "AMD EPYC", "cpus": 2}, "gpus": []}
+    for name in ("vllm-ar", "vllm-dflash"):
+        manifest.servers[name] = ServerRecord(runner="process", url="http://127.0.0.1:8000", gpus=1,
+                                              command=["dflash-bench", "serve", "--device", "cpu"])
+    sweep.write_manifest(manifest)
+    text = _text(build_report([path]))
+    assert "per GPU" not in text and "GPU(s) per server" not in text
+    assert "tok/s per server" in text and "per server (" in text

@@ -203,6 +203,11 @@ def positions(view: SweepView) -> plt.Figure | None:
     for ax, suite in zip(axes, suites):
         for _, row in data[data["suite"] == suite].sort_values("concurrency").iterrows():
             pos = row["positions"]
+            reach = row.get("verified_positions")
+            if reach is not None and reach == reach:  # positions no draft verified (a narrower verify) are not drawn
+                pos = pos[:int(reach)]
+            if not pos:
+                continue
             shade = cmap(concs.index(int(row["concurrency"])) / max(len(concs) - 1, 1) * 0.85)
             st = _style(view, row["engine"], "dflash")
             label = f"c{int(row['concurrency'])}" + (f" {row['engine']}" if len(_engines(view)) > 1 else "")

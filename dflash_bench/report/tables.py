@@ -156,6 +156,8 @@ def gpu_count(hardware: Hardware | dict[str, Any], settings: SweepSettings | dic
     that says nothing uses one GPU, however many the host has. Else the GPUs the manifest's `hardware`
     lists (None when nothing says: per server)."""
     hardware, settings, servers = plain(hardware), plain(settings), plain(servers)
+    if hardware.get("host") and not hardware.get("gpus") and not hardware.get("nodes"):
+        return None  # the host that measured listed no GPU (a CPU run): throughput per server
     recorded = recorded_gpus(servers, settings)
     if recorded:
         return recorded
@@ -211,7 +213,24 @@ def averaged(frame: pd.DataFrame) -> pd.DataFrame:
         out = out.merge(pos.rename("positions").reset_index(), on=key, how="left")
     else:
         out["positions"] = None
+    if "acceptance_profile" in done.columns:  # how far the drafts were verified: positions past it show nothing
+        reach = done.groupby(key)["acceptance_profile"].apply(lambda col: _verified_reach(list(col)))
+        out = out.merge(reach.rename("verified_positions").reset_index(), on=key, how="left")
+    else:
+        out["verified_positions"] = None
     return out.sort_values(key).reset_index(drop=True)
+
+
+def _verified_reach(profiles: list[Any]) -> int | None:
+    """Draft positions that some repeat's drafts verified: the acceptance profile's positions (results.csv's
+    "verified/accepted; ...") with a verified count; None where no repeat has a profile (an engine that verifies
+    every position of every draft)."""
+    reach = []
+    for text in profiles:
+        if isinstance(text, str) and text:
+            verified = [item.split("/")[0].strip() for item in text.split(";")]
+            reach.append(sum(1 for v in verified if v.isdigit() and int(v) > 0))
+    return max(reach) if reach else None
 
 
 def parse_json(value: Any) -> Any:
