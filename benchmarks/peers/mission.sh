@@ -15,10 +15,13 @@
 #   builtin       dflash-bench sweep --engine builtin (either bundle)     } cell (raised to the concurrency),
 #   builtin-tau   the same, its DFlash at synthetic acceptance tau 6.5 (serve --synthetic-acceptance 6.5: labelled
 #                 so in the sweep's settings and the report)                128 new tokens
+#   emulator      the same sweep through the emulator (no GPU, no bundle needed): the CPU rehearsal of the whole
+#                 path (shape, sweep, deadline, saving, resuming), and the report's test folders
 #
 # --tp N: GPUs per server (vLLM and SGLang tensor parallel; the builtin engine only where its --tensor-parallel-size
-# exists). Everything is written under $OUT: each step's sweep folder (OUT/sweeps/), two_clients' results file, the
-# server logs and this command's console (OUT/mission.log). A step whose bundle is not on this machine (neither
+# exists). Everything is written under $OUT: each step's sweep folder (OUT/sweeps/NAME-GPU-tpN/<sweep>/, kept on
+# the machine too and resumed by a later call of the same step), two_clients' results file, the server logs and
+# this command's console (OUT/mission.log). A step whose bundle is not on this machine (neither
 # carried nor left by an earlier call) is skipped in one sentence. Shape folders are written once into
 # $MISSION_WORK (default /tmp/mission), kept for later calls on a warm machine.
 #
@@ -32,12 +35,12 @@ while [ $# -gt 0 ]; do
     --gpu) gpu=$2; shift 2 ;;
     --tp) tp=$2; shift 2 ;;
     --seconds) seconds=$2; shift 2 ;;
-    vllm-pair|vllm|sglang|builtin|builtin-tau) steps+=("$1"); shift ;;
-    *) echo "mission.sh: unknown argument '$1' (steps: vllm-pair vllm sglang builtin builtin-tau)" >&2; exit 2 ;;
+    vllm-pair|vllm|sglang|builtin|builtin-tau|emulator) steps+=("$1"); shift ;;
+    *) echo "mission.sh: unknown argument '$1' (steps: vllm-pair vllm sglang builtin builtin-tau emulator)" >&2; exit 2 ;;
   esac
 done
 case $gpu in h100|h200) ;; *) echo "mission.sh: --gpu takes h100 or h200, not '$gpu'" >&2; exit 2 ;; esac
-[ ${#steps[@]} -gt 0 ] || { echo "mission.sh: name at least one step (vllm-pair vllm sglang builtin builtin-tau)" >&2; exit 2; }
+[ ${#steps[@]} -gt 0 ] || { echo "mission.sh: name at least one step (vllm-pair vllm sglang builtin builtin-tau emulator)" >&2; exit 2; }
 [ -n "${OUT:-}" ] || { echo "mission.sh: set OUT to the folder that receives the results" >&2; exit 2; }
 mkdir -p "$OUT/sweeps" "$OUT/logs"
 exec > >(tee -a "$OUT/mission.log") 2>&1
@@ -71,15 +74,38 @@ bundle() { # bundle DIR: source DIR/setup.sh in this (sub)shell, or say why not
   . "$1/setup.sh" && export PYTHONPATH="$base_path:$PYTHONPATH"
 }
 
-sweep() { # sweep ENGINE TARGET [extra sweep args...]: one sweep folder under $OUT/sweeps
-  local engine=$1 target=$2; shift 2
+harness_env() { # the harness's own Python packages the host lacks (pydantic, orjson): from whichever bundle is here
+  if python3 -c "import pydantic, orjson" 2> /dev/null; then return 0
+  elif [ -f .vllm-bundle/setup.sh ]; then bundle .vllm-bundle
+  elif [ -f .sglang-bundle/setup.sh ]; then bundle .sglang-bundle
+  else echo "skipped: no bundle here for the harness's packages (pydantic, orjson)"; return 1
+  fi
+}
+
+sweep() { # sweep NAME ENGINE TARGET [extra sweep args...]: one sweep folder in $work/sweeps/NAME-GPU-tpN, copied
+  # to $OUT/sweeps/ when it ends; a folder left there by an earlier call on this machine is resumed (--resume:
+  # complete cells kept, the rest run), so a step the deadline cut goes on where it stopped
+  local name=$1 engine=$2 target=$3; shift 3
+  local dir=$work/sweeps/$name-$gpu-tp$tp
+  mkdir -p "$dir"
   local cmd=(python3 -m dflash_bench sweep --model "$target" --drafter "$work/gemma-4-31B-it-DFlash" --engine "$engine"
              --runner process --gpu "$gpu" --suites gsm8k,mt-bench -c 1,8,32 -n 8 --max-tokens 128
-             --data-dir "$data" --out "$OUT/sweeps" "$@")
+             --data-dir "$data" --out "$dir" "$@")
   [ "$engine" = builtin ] || cmd+=(--tensor-parallel-size "$tp")
+  local last
+  last=$(find "$dir" -mindepth 2 -maxdepth 2 -name manifest.json -printf '%h\n' 2>/dev/null | sort | tail -1)
+  [ -n "$last" ] && cmd+=(--resume "$last")
   if [ -n "$dry" ]; then cmd+=(--dry-run); fi
   echo "+ ${cmd[*]}"
   "${cmd[@]}"
+  local rc=$?
+  save
+  return $rc
+}
+
+save() { # every sweep folder of this machine into $OUT/sweeps (each call's $OUT starts empty)
+  [ -d "$work/sweeps" ] && cp -r "$work/sweeps/." "$OUT/sweeps/" 2>/dev/null
+  return 0
 }
 
 step() { # the body of one step, in a subshell
@@ -95,15 +121,16 @@ step() { # the body of one step, in a subshell
       cp -r "$work/logs" "$OUT/logs/two_clients" 2>/dev/null ;;
     vllm)
       bundle .vllm-bundle || return 0
-      shape hf && sweep vllm "$work/gemma-4-31B-it" --engine-arg=--load-format=dummy \
+      shape hf && sweep vllm vllm "$work/gemma-4-31B-it" --engine-arg=--load-format=dummy \
         --engine-arg=--attention-backend=triton_attn --engine-arg=--max-num-batched-tokens=8192 --engine-arg=--seed=0 ;;
     sglang)
       bundle .sglang-bundle || return 0
-      shape sglang && sweep sglang "$work/gemma-4-31B-it-sglang" --engine-arg=--load-format=dummy \
+      shape sglang && sweep sglang sglang "$work/gemma-4-31B-it-sglang" --engine-arg=--load-format=dummy \
         --engine-arg=--attention-backend=triton --engine-arg=--sampling-backend=pytorch --engine-arg=--random-seed=0 ;;
+    emulator)
+      harness_env && shape hf && sweep emulator emulator "$work/gemma-4-31B-it" ;;
     builtin|builtin-tau)
-      # the harness's own Python packages the host lacks (pydantic, orjson) come from whichever bundle is here
-      if [ -f .vllm-bundle/setup.sh ]; then bundle .vllm-bundle || return 0; else bundle .sglang-bundle || return 0; fi
+      harness_env || return 0
       local tp_args=() tau_args=()
       if [ "$tp" != 1 ]; then
         if python3 -m dflash_bench serve --help 2>/dev/null | grep -q -- --tensor-parallel-size; then
@@ -114,14 +141,14 @@ step() { # the body of one step, in a subshell
         fi
       fi
       [ "$1" = builtin-tau ] && tau_args=(--engine-arg=--synthetic-acceptance=6.5 --engine-arg=--benchmark-only)
-      shape hf && sweep builtin "$work/gemma-4-31B-it" --engine-arg=--fast --engine-arg=--load-format=dummy \
+      shape hf && sweep "$1" builtin "$work/gemma-4-31B-it" --engine-arg=--fast --engine-arg=--load-format=dummy \
         "${tp_args[@]}" "${tau_args[@]}" ;;
   esac
 }
 
 for s in "${steps[@]}"; do
   left=$((deadline - $(date +%s)))
-  if [ "$left" -lt 90 ]; then
+  if [ "$left" -lt "${MISSION_MIN_STEP_S:-90}" ]; then
     echo "== $s: skipped, ${left} s left of $seconds"
     continue
   fi
@@ -138,5 +165,5 @@ for s in "${steps[@]}"; do
   kill -- -"$watchdog" 2>/dev/null; wait "$watchdog" 2>/dev/null
   echo "== $s: exit $rc after $(( $(date +%s) - t0 )) s"
 done
-# the servers' logs of every sweep folder are in it already; the two_clients logs were copied above
+save  # the servers' logs are in each sweep folder; the two_clients logs were copied above
 echo "mission.sh: done after $(( $(date +%s) - start )) s; results under $OUT"

@@ -1,0 +1,47 @@
+"""benchmarks/peers/mission.sh: the mission's GPU-host calls, rehearsed on the CPU through the emulator step."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "peers" / "mission.sh"
+
+
+def mission(tmp_path: Path, data_dir: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    data = tmp_path / "data"
+    if not data.exists():  # the two suites the steps measure: the shape's tokenizer trains on these only
+        data.mkdir()
+        for suite in ("gsm8k", "mt_bench"):
+            shutil.copytree(data_dir / suite, data / suite)
+    full = dict(os.environ, OUT=str(tmp_path / "out"), MISSION_WORK=str(tmp_path / "work"), DFLASH_BENCH_DATA=str(data),
+                PYTHONPATH=str(ROOT), **env)
+    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=full, timeout=600)
+
+
+def test_bad_arguments_get_one_sentence(tmp_path, data_dir):
+    proc = mission(tmp_path, data_dir, "--gpu", "a100", "vllm")
+    assert proc.returncode == 2 and proc.stderr.strip() == "mission.sh: --gpu takes h100 or h200, not 'a100'"
+    proc = mission(tmp_path, data_dir, "vllm-pairs")
+    assert proc.returncode == 2 and proc.stderr.startswith("mission.sh: unknown argument 'vllm-pairs'")
+    proc = mission(tmp_path, data_dir)
+    assert proc.returncode == 2 and "name at least one step" in proc.stderr
+
+
+def test_a_step_cut_by_the_deadline_leaves_its_sweep_folder_in_out_and_the_next_step_is_skipped(tmp_path, data_dir):
+    proc = mission(tmp_path, data_dir, "--seconds", "30", "emulator", "emulator", MISSION_MIN_STEP_S="12")
+    log = (tmp_path / "out" / "mission.log").read_text()
+    assert proc.returncode == 0, log
+    assert "== emulator: the deadline: stopping it" in log
+    assert "skipped," in log.split("== emulator: exit")[-1]  # the second step had too little time left
+    folders = list((tmp_path / "out" / "sweeps" / "emulator-h100-tp1").iterdir())
+    assert len(folders) == 1
+    manifest = json.loads((folders[0] / "manifest.json").read_text())
+    statuses = [c["status"] for c in manifest["plan"]]
+    assert len(statuses) == 12 and "complete" in statuses and statuses.count("complete") < 12
+    ps = subprocess.run(["pgrep", "-f", str(tmp_path / "work")], capture_output=True, text=True)
+    assert ps.stdout.strip() == ""  # no server or sweep of this run is left behind
