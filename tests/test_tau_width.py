@@ -79,3 +79,18 @@ def test_auto_width_counts_the_widths_used_and_the_profile_tau_follows_from():
     assert profile_tau(profile, known) is not None and profile_tau(profile, known + 1) is None or known == len(per_pos)
     assert profile_tau(profile[:1]) == pytest.approx(1 + per_pos[0] / drafts)
     assert tau >= 1
+
+
+def test_the_same_pair_accepts_far_less_on_random_token_prompts():
+    """Why `vllm bench serve`'s random dataset reads a lower tau than dflash-bench's suite prompts from the same
+    server (docs/acceptance.md, "Two clients, one tau"): the requests differ, not the reading."""
+    import random
+
+    eng = engine(adaptive=False)
+    prompts = [eng.tok(t).input_ids for t in TEXTS]
+    rng = random.Random(0)
+    # as the random dataset does: random ids decoded to text, which the server tokenizes again
+    noise = [eng.tok(eng.tok.decode([rng.randrange(eng.vocab_size) for _ in p])).input_ids for p in prompts]
+    _, (drafts, _, accepted, _, _) = run(eng, prompts, 4, max_tokens=64)
+    _, (drafts_r, _, accepted_r, _, _) = run(eng, noise, 4, max_tokens=64)
+    assert 1 + accepted_r / drafts_r < 0.7 * (1 + accepted / drafts)

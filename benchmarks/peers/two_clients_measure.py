@@ -60,6 +60,11 @@ class Row(BaseModel):
     ttft_ms_p50: float | None = None
     tpot_ms_p50: float | None = None
     tau: float | None = None  # from the server's counters over the cell, where it reports them
+    # the builtin server's /metrics over the client's window (either client): the verify widths it used (width ->
+    # row-steps) and tau at the full block from the acceptance profile, so that a gap between the two clients' tau
+    # shows whether the widths differed (the load) or the acceptance did (the requests)
+    verify_widths: dict[int, int] | None = None
+    tau_full_block: float | None = None
     input_tokens_mean: float | None = None  # prompt tokens per request, as the server counted them
     duration_s: float | None = None
     command: str | None = None  # the client's command line
@@ -127,10 +132,36 @@ def ours(base: Row, *, url: str, suite: str, requests: int, steady: int | None, 
         "status": "ok" if s.status == "complete" else "failed", "reason": s.failure_reason, "requests": s.num_ok,
         "failed": s.num_failed, "output_tok_s": s.output_throughput, "ttft_ms_p50": s.ttft_ms.p50 if s.ttft_ms else None,
         "tpot_ms_p50": s.tpot_ms.p50 if s.tpot_ms else None, "tau": s.acceptance_length, "duration_s": s.duration_s,
+        "verify_widths": s.verify_widths, "tau_full_block": s.acceptance_length_full_block,
         "input_tokens_mean": s.total_prompt_tokens / s.num_ok if s.num_ok else None})
 
 
 # ------------------------------------------------------------------ vLLM's client
+
+
+def scrape(url: str) -> dict | None:
+    """The server's /metrics parsed (None where it cannot be read)."""
+    import httpx
+
+    from dflash_bench.metrics import prometheus
+
+    try:
+        return prometheus.parse(httpx.get(url.rstrip("/") + "/metrics", timeout=10).text)
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+def widths(before: dict | None, after: dict | None) -> dict:
+    """The verify widths and tau at the full block over a window, from two /metrics snapshots (the builtin
+    server's; nothing for another)."""
+    from dflash_bench.metrics import prometheus
+    from dflash_bench.metrics.definitions import profile_tau
+
+    if before is None or after is None:
+        return {}
+    got = prometheus.spec_acceptance(prometheus.delta(before, after), "vllm:") or {}
+    profile = got.get("acceptance_profile")
+    return {"verify_widths": got.get("verify_widths"), "tau_full_block": profile_tau(profile) if profile else None}
 
 
 def vllm_missing() -> str | None:
@@ -159,6 +190,7 @@ def vllms(base: Row, *, url: str, model: str, tokenizer: Path, input_tokens: int
            "--disable-tqdm", "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
            "--save-result", "--result-dir", str(folder), "--result-filename", name]
     row.command = shown(cmd)
+    before = scrape(url)
     try:
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -173,5 +205,5 @@ def vllms(base: Row, *, url: str, model: str, tokenizer: Path, input_tokens: int
         "reason": None if done and not r.get("failed") else f"{r.get('failed')} of {requests} requests failed",
         "requests": done, "failed": int(r.get("failed") or 0), "output_tok_s": r.get("output_throughput"),
         "ttft_ms_p50": r.get("median_ttft_ms"), "tpot_ms_p50": r.get("median_tpot_ms"),
-        "tau": r.get("spec_decode_acceptance_length"), "duration_s": r.get("duration"),
+        "tau": r.get("spec_decode_acceptance_length"), "duration_s": r.get("duration"), **widths(before, scrape(url)),
         "input_tokens_mean": r["total_input_tokens"] / done if done and "total_input_tokens" in r else None})
