@@ -236,7 +236,8 @@ def demo(
     repeats: int = typer.Option(DEMO_REPEATS, "--repeats", min=1, help="Measure every cell this many times; the speedup is the median, shown with its lowest-highest."),
     data_dir: Optional[Path] = DataDirOption,
 ) -> None:
-    """The main job on the embedded default: the builtin engine, AR vs DFlash, every suite, on this machine."""
+    """The main job on the embedded default (the tiny target and DFlash drafter that ship inside the package,
+    dflash_bench/assets/default_pair: no download): the builtin engine, AR vs DFlash, every suite, on this machine."""
     from dflash_bench.sweep.commands import demo_command, parse_list
 
     raise typer.Exit(demo_command(out=out, data_dir=data_dir, max_tokens=max_tokens, num_prompts=num_prompts,

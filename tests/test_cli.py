@@ -81,3 +81,17 @@ def test_tables_are_never_cut_when_stdout_is_not_a_terminal(data_dir):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "…" not in out.stdout and "concurrency" in out.stdout and "2.16x (2.16-2.55)" in out.stdout, out.stdout
+
+
+def test_the_embedded_default_is_explained_where_it_first_appears():
+    """README and --help name "the embedded default" and, in the same place, say what it is."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    first = readme.index("embedded default")
+    paragraph = readme[first:readme.index("\n\n", first)]
+    assert "dflash_bench/assets/default_pair" in paragraph and "drafter" in paragraph, paragraph
+    runner = CliRunner()
+    for args in (["--help"], ["demo", "--help"]):
+        text = " ".join(runner.invoke(app, args).output.replace("│", " ").split())  # rich's box, its lines joined
+        assert "embedded default (the tiny target and DFlash drafter that ship inside the package" in text, text
