@@ -187,19 +187,20 @@ def sweep(
 ) -> None:
     """Launch paired AR and DFlash servers and measure every suite at every concurrency into one sweep folder."""
     from dflash_bench.longctx import parse_input_lens
-    from dflash_bench.sweep.commands import parse_list, resolve_suites, sweep_command, thinking_options
+    from dflash_bench.sweep.commands import SweepOptions, parse_list, resolve_suites, sweep_command, thinking_options
 
-    options = {
-        "model": model, "engines": parse_list(engine), "suites": resolve_suites(suites if suites or resume else "all"),
-        "concurrency": parse_list(concurrency, int), "num_prompts": num_prompts, "max_tokens": max_tokens,
-        "repeats": repeats, "paired": paired, "interleave": interleave, "gpu": gpu, "runner": runner, "port": port, "engine_args": engine_arg or None, "url_ar": url_ar,
-        "tensor_parallel": tensor_parallel_size,
-        "url_dflash": url_dflash, "expect_model": expect_model, "temperature": temperature, "seed": seed,
-        **thinking_options(thinking, no_thinking),
-        "save_token_ids": save_token_ids, "engine_options": {"drafter": drafter} if drafter else None, "slo": slo,
-        "input_lens": parse_input_lens(input_len) if input_len is not None else None,
-        "min_cell_seconds": min_cell_seconds, "steady_requests": steady_requests, "steady_ramp": steady_ramp,
-    }
+    think, think_both = thinking_options(thinking, no_thinking)
+    options = SweepOptions(
+        model=model, engines=parse_list(engine), suites=resolve_suites(suites if suites or resume else "all"),
+        concurrency=parse_list(concurrency, int), num_prompts=num_prompts, max_tokens=max_tokens,
+        repeats=repeats, paired=paired, interleave=interleave, gpu=gpu, runner=runner, port=port,
+        engine_args=engine_arg or None, url_ar=url_ar, url_dflash=url_dflash, expect_model=expect_model,
+        tensor_parallel=tensor_parallel_size, temperature=temperature, seed=seed, thinking=think,
+        thinking_both=think_both, save_token_ids=save_token_ids,
+        engine_options={"drafter": drafter} if drafter else None, slo=slo,
+        input_lens=parse_input_lens(input_len) if input_len is not None else None,
+        min_cell_seconds=min_cell_seconds, steady_requests=steady_requests, steady_ramp=steady_ramp,
+    )
     slurm = {"partition": partition, "account": account, "time": time_limit, "gpus_per_node": gpus_per_node,
              "gpu_type": gpu_type, "sbatch_args": sbatch_arg, "poll_s": poll_s}
     raise typer.Exit(sweep_command(options, out=out, resume=resume, dry_run=dry_run, data_dir=data_dir, image=image,

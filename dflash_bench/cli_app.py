@@ -7,9 +7,8 @@ importing each other.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
-import click
 import typer
 import typer.core
 
@@ -18,13 +17,13 @@ from dflash_bench import __version__
 _display_type = typer.core.TyperOption.display_type_rich
 
 
-def _display_type_unless_flag(option: typer.core.TyperOption, ctx: click.Context) -> Optional[str]:
+def _display_type_unless_flag(option: typer.core.TyperOption, ctx: Any) -> Optional[str]:
     """A flag (--help, --version, --dry-run) takes no value, so `--help` shows no type beside it (Typer's
     rich help would print `<bool>`); every other option keeps its type."""
     return None if option.is_flag else _display_type(option, ctx)
 
 
-typer.core.TyperOption.display_type_rich = _display_type_unless_flag
+typer.core.TyperOption.display_type_rich = _display_type_unless_flag  # type: ignore[method-assign,assignment]
 
 app = typer.Typer(
     name="dflash-bench",

@@ -17,6 +17,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from dflash_bench.models import ModelPair
+
 GEMMA4_LAYERS = 60
 GEMMA4_LAYER_TYPES = (["sliding_attention"] * 5 + ["full_attention"]) * (GEMMA4_LAYERS // 6)
 
@@ -123,7 +125,7 @@ def read_config(path: str | Path | None) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def pair_configs(pair) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+def pair_configs(pair: ModelPair) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """(target, drafter) configs of a ModelPair: its local folders' config.json, else its recorded shape."""
     shape = shape_of(pair.name) or (None, None)
     drafter = read_config(pair.drafter) if pair.drafter else None

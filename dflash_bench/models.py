@@ -12,8 +12,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dflash_bench.errors import UserError
+
+if TYPE_CHECKING:
+    from dflash_bench.published import PublishedTable
 
 # Card flag sets shared by several pairs (target flags: the AR baseline keeps them).
 _VLLM_CARD = ("--attention-backend", "flash_attn", "--max-num-batched-tokens", "32768")
@@ -53,7 +57,7 @@ class ModelPair:
         """vLLM's `num_speculative_tokens`: the block minus its anchor slot (B - 1)."""
         return self.block_size - 1
 
-    def published(self):
+    def published(self) -> PublishedTable | None:
         """The model card's own table for this pair (dflash_bench.published), or None where it has none."""
         from dflash_bench.published import published_for
 

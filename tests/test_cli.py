@@ -95,3 +95,15 @@ def test_the_embedded_default_is_explained_where_it_first_appears():
     for args in (["--help"], ["demo", "--help"]):
         text = " ".join(runner.invoke(app, args).output.replace("│", " ").split())  # rich's box, its lines joined
         assert "embedded default (the tiny target and DFlash drafter that ship inside the package" in text, text
+
+
+def test_every_sweep_option_is_a_sweep_setting_of_the_same_name():
+    # SweepSettings ignores a key it does not know, so an option named apart from its setting would be dropped
+    from dataclasses import fields
+
+    from dflash_bench.store import SweepSettings
+    from dflash_bench.sweep.commands import SweepOptions
+
+    assert {f.name for f in fields(SweepOptions)} <= set(SweepSettings.model_fields)
+    given = SweepOptions(model="m", concurrency=[], thinking=False, engine_options={"drafter": "d"}).given()
+    assert given == {"model": "m", "thinking": False, "engine_options": {"drafter": "d"}}

@@ -26,6 +26,7 @@ class EmulatorProcess:
         args += ["--port", "0"]
         self._err = tempfile.TemporaryFile()  # a file, not a pipe: a long run must never block on stderr
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self._err, text=True)
+        assert self.proc.stdout is not None  # stdout=PIPE
         line = self.proc.stdout.readline()
         if "listening on" not in line:
             try:
@@ -46,7 +47,8 @@ class EmulatorProcess:
             except Exception:  # noqa: BLE001
                 self.proc.kill()
                 self.proc.wait()
-        self.proc.stdout.close()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
         self._err.close()
         return self.proc.returncode
 

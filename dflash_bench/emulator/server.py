@@ -12,7 +12,7 @@ import time
 import uuid
 from collections import deque
 from contextlib import aclosing
-from typing import AsyncIterator
+from typing import Any, AsyncGenerator
 
 import orjson
 
@@ -137,7 +137,7 @@ class Server:
         return await self.openai(req, conn, chat=path.endswith("chat/completions"))
 
     # ---- the shared timeline -----------------------------------------------------------------------
-    async def timeline(self, plan: Plan, t0: float, prompt: str) -> AsyncIterator[tuple[int, int]]:
+    async def timeline(self, plan: Plan, t0: float, prompt: str) -> AsyncGenerator[tuple[int, int], None]:
         """Yield (start, end) token slices at the emulated times: first token, then one per verify step.
 
         What really happened (on the system-wide monotonic clock that time.perf_counter also reads) goes
@@ -192,8 +192,8 @@ class Server:
                 return True
             prompt = "\n".join(str(m.get("content", "")) for m in msgs if isinstance(m, dict))
         else:
-            prompt = req.get("prompt")
-            prompt = prompt if isinstance(prompt, str) else orjson.dumps(prompt).decode()
+            raw = req.get("prompt")
+            prompt = raw if isinstance(raw, str) else orjson.dumps(raw).decode()
         max_tokens = int(req.get("max_tokens") or req.get("max_completion_tokens") or 2048)
         plan = self.em.plan(prompt, max_tokens, ignore_eos=req.get("ignore_eos") is True)
         fault = self.em.fault()
@@ -275,7 +275,7 @@ class Server:
             fr = None
             if done:
                 fr = {"type": "stop", "matched": 2} if plan.finish == "stop" else {"type": "length", "length": n}
-            meta = {"id": rid, "finish_reason": fr, "prompt_tokens": plan.prompt_tokens, "completion_tokens": b,
+            meta: dict[str, Any] = {"id": rid, "finish_reason": fr, "prompt_tokens": plan.prompt_tokens, "completion_tokens": b,
                     "cached_tokens": plan.cached_tokens or 0}
             if done:
                 meta["e2e_latency"] = asyncio.get_running_loop().time() - t0

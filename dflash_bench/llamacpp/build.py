@@ -15,9 +15,12 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable, TypeVar
 
 from dflash_bench.errors import UserError
 from dflash_bench.llamacpp import PACKAGE, VERSION, install_dir
+
+T = TypeVar("T")
 
 SERVER = "llama-server"
 # CPU build of the server alone. The web UI is neither built nor fetched (LLAMA_USE_PREBUILT_UI would
@@ -81,7 +84,7 @@ def source_tree(version: str = VERSION) -> Path | None:
 
 
 def build_server(version: str = VERSION, jobs: int | None = None, force: bool = False,
-                 log=print) -> BuildResult:
+                 log: Callable[[str], object] = print) -> BuildResult:
     """Download the sdist, build llama-server for this CPU, install it into the cache folder."""
     dest = install_dir(version)
     if (dest / "bin" / SERVER).is_file() and source_tree(version) and not force:
@@ -112,7 +115,8 @@ def build_server(version: str = VERSION, jobs: int | None = None, force: bool = 
     return BuildResult(dest / "bin" / SERVER, dest / "src", steps)
 
 
-def _timed(steps: list, what: str, log, fn, *args):
+def _timed(steps: list[tuple[str, float]], what: str, log: Callable[[str], object], fn: Callable[..., T],
+           *args: Any) -> T:
     log(f"{what} ...")
     t0 = time.monotonic()
     out = fn(*args)

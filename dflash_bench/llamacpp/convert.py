@@ -14,6 +14,7 @@ import hashlib
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 from dflash_bench.errors import UserError
 from dflash_bench.llamacpp import VERSION, cache_root
@@ -48,7 +49,7 @@ def gguf_path(folder: Path, dtype: str, target_dir: Path | None = None) -> Path:
 
 
 def gguf_for(folder: Path, dtype: str, target_dir: Path | None = None, tree: Path | None = None,
-             log=None) -> Path:
+             log: Callable[[str], object] | None = None) -> Path:
     """The GGUF of an HF model folder (a z-lab drafter with `target_dir`), converted on first use."""
     folder = _local(folder)
     out = gguf_path(folder, dtype, target_dir)

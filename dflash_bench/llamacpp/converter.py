@@ -17,6 +17,7 @@ import json
 import runpy
 import sys
 from pathlib import Path
+from typing import Any
 
 
 def gpt2_layout(model_dir: Path) -> bool:
@@ -28,10 +29,10 @@ def gpt2_layout(model_dir: Path) -> bool:
     return pre.get("type") == "ByteLevel" and pre.get("use_regex", True) and not pre.get("add_prefix_space", False)
 
 
-def register(base) -> None:
+def register(base: Any) -> None:
     original = base.TextModel.get_vocab_base_pre
 
-    def get_vocab_base_pre(self, tokenizer) -> str:
+    def get_vocab_base_pre(self: Any, tokenizer: Any) -> str:
         try:
             return original(self, tokenizer)
         except NotImplementedError:
@@ -46,7 +47,7 @@ def register(base) -> None:
     # no tokenizer.model gets that same FileNotFoundError, so BPE tokenizers convert without sentencepiece.
     sp_original = base.TextModel._create_vocab_sentencepiece
 
-    def _create_vocab_sentencepiece(self):
+    def _create_vocab_sentencepiece(self: Any) -> Any:
         if not (Path(self.dir_model) / "tokenizer.model").is_file() and not _has("sentencepiece"):
             raise FileNotFoundError(f"File not found: {Path(self.dir_model) / 'tokenizer.model'}")
         return sp_original(self)

@@ -19,6 +19,7 @@ from dflash_bench.quality import scoring
 from dflash_bench.quality.intervals import paired_difference, wilson
 from dflash_bench.quality.sandbox import Limits, RunResult, run_many
 from dflash_bench.store import MEASURED, AccuracySummary, PairedDiff, RequestRecord, SweepDir, atomic_write_text
+from dflash_bench.suites import Prompt
 
 __all__ = ["AccuracySummary", "PairedDiff", "Verdict", "compare_verdicts", "score_cell", "score_sweep"]
 
@@ -42,7 +43,7 @@ def score_sweep(sweep_dir: Path | str, data_dir: Path | str | None = None, score
 
     sweep = SweepDir.open(Path(sweep_dir))
     done = [s for s in sweep.summaries() if s.status in MEASURED and s.suite in (*ANSWER_SUITES, *CODE_SUITES)]
-    prompts: dict[str, dict] = {}
+    prompts: dict[str, dict[str, Prompt]] = {}
     verdicts: dict[str, dict[tuple[str, int], bool]] = {}
     out: dict[str, AccuracySummary] = {}
     for cell in done:
@@ -69,11 +70,11 @@ def score_sweep(sweep_dir: Path | str, data_dir: Path | str | None = None, score
     return out
 
 
-def score_cell(records: list[RequestRecord], suite: str, prompts: dict, limits: Limits = Limits(),
+def score_cell(records: list[RequestRecord], suite: str, prompts: dict[str, Prompt], limits: Limits = Limits(),
                workers: int = 2) -> tuple[list[Verdict], AccuracySummary]:
     """Verdicts for a cell's measured first-turn requests, and their summary."""
     skipped: dict[str, int] = defaultdict(int)
-    todo: list[tuple[str, int, str, object]] = []  # prompt id, occurrence, output, Prompt
+    todo: list[tuple[str, int, str, Prompt]] = []  # prompt id, occurrence, output, prompt
     seen: dict[str, int] = defaultdict(int)
     for r in sorted((r for r in records if not r.warmup and r.turn == 0), key=lambda r: r.t_send):
         occ = seen[r.prompt_id]
@@ -89,7 +90,7 @@ def score_cell(records: list[RequestRecord], suite: str, prompts: dict, limits: 
             todo.append((r.prompt_id, occ, r.output_text, prompt))
     if suite in ANSWER_SUITES:
         check: Callable[[str, str], bool] = ANSWER_SUITES[suite]
-        rows = [Verdict(prompt_id=pid, occurrence=occ, correct=check(text, p.reference)) for pid, occ, text, p in todo]
+        rows = [Verdict(prompt_id=pid, occurrence=occ, correct=p.reference is not None and check(text, p.reference)) for pid, occ, text, p in todo]
         summary = AccuracySummary(metric="exact", checker="math-verify" if suite == "math500" and scoring.MATH_CHECKER == "math-verify"
                                   else "normaliser" if suite == "math500" else "final number")
     else:

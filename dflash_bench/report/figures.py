@@ -129,7 +129,7 @@ def place_labels(fig: plt.Figure, labels: list[tuple[Any, float, float, str, str
     """Label each point (axes, x, y, text, colour) where its text stays inside the axes and overlaps no label
     placed before it on the same axes (AR and DFlash points of one concurrency often sit close), trying the
     offsets in turn; the texts it drew. Call after the layout is final: it measures the texts as drawn."""
-    renderer = fig.canvas.get_renderer()
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]  # the Agg canvas the figures draw on has it
     placed: dict[int, list[Any]] = {}
     drawn = []
     for ax, px, py, text, color in labels:

@@ -150,22 +150,28 @@ def plain(value: Any) -> Any:
     return value
 
 
+def _as_dict(section: BaseModel | dict[str, Any] | None) -> dict[str, Any]:
+    """A manifest section as a plain dict ({} for none)."""
+    out = plain(section)
+    return out if isinstance(out, dict) else {}
+
+
 def gpu_count(hardware: Hardware | dict[str, Any], settings: SweepSettings | dict[str, Any] | None = None,
               servers: dict[str, Any] | None = None) -> int | None:
     """How many GPUs one server used (profiles.recorded_gpus: what its record says); a launched server
     that says nothing uses one GPU, however many the host has. Else the GPUs the manifest's `hardware`
     lists (None when nothing says: per server)."""
-    hardware, settings, servers = plain(hardware), plain(settings), plain(servers)
-    if hardware.get("host") and not hardware.get("gpus") and not hardware.get("nodes"):
+    hw, recorded_servers = _as_dict(hardware), _as_dict(servers)
+    if hw.get("host") and not hw.get("gpus") and not hw.get("nodes"):
         return None  # the host that measured listed no GPU (a CPU run): throughput per server
-    recorded = recorded_gpus(servers, settings)
+    recorded = recorded_gpus(recorded_servers, _as_dict(settings))
     if recorded:
         return recorded
     for key in ("gpus_per_server", "tensor_parallel", "tp"):
-        if isinstance(hardware.get(key), int) and hardware[key] > 0:
-            return hardware[key]
-    gpus = hardware.get("gpus")
-    commands = [info.get("command") for info in (servers or {}).values() if isinstance(info, dict)]
+        if isinstance(hw.get(key), int) and hw[key] > 0:
+            return int(hw[key])
+    gpus = hw.get("gpus")
+    commands = [info.get("command") for info in recorded_servers.values() if isinstance(info, dict)]
     if gpus and any(isinstance(c, list) and c for c in commands):
         return 1  # vLLM, SGLang and the builtin engine use one GPU unless told to shard
     if isinstance(gpus, list) and gpus:
@@ -176,13 +182,13 @@ def gpu_count(hardware: Hardware | dict[str, Any], settings: SweepSettings | dic
 
 
 def gpu_names(hardware: Hardware | dict[str, Any]) -> str:
-    hardware = plain(hardware)
-    gpus = hardware.get("gpus")
+    hw = _as_dict(hardware)
+    gpus = hw.get("gpus")
     if isinstance(gpus, list) and gpus:
         names = [str(g.get("name", "GPU")) if isinstance(g, dict) else str(g) for g in gpus]
         uniq = sorted(set(names))
         return ", ".join(f"{names.count(n)}× {n}" for n in uniq)
-    return str(hardware.get("gpu") or hardware.get("name") or "")
+    return str(hw.get("gpu") or hw.get("name") or "")
 
 
 def sweep_label(manifest: Manifest, frame: pd.DataFrame) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable
 
@@ -20,7 +21,47 @@ DEMO_CONCURRENCY = [1, 8]
 DEMO_ENGINE_ARGS = ["--fast", "--cut-draft", "--device", "cpu"]
 
 
-def sweep_command(options: dict[str, Any], *, out: Path, resume: Path | None, dry_run: bool,
+@dataclass(frozen=True)
+class SweepOptions:
+    """The sweep's settings as the command line gave them: each a SweepSettings field of the same name, None
+    where not given (a new sweep takes SweepSettings' default, a resumed one its saved value)."""
+
+    model: str | None = None
+    engines: list[str] | None = None
+    suites: list[str] | None = None
+    concurrency: list[int] | None = None
+    num_prompts: int | None = None
+    max_tokens: int | None = None
+    repeats: int | None = None
+    paired: bool | None = None
+    interleave: bool | None = None
+    gpu: str | None = None
+    runner: str | None = None
+    port: int | None = None
+    engine_args: list[str] | None = None
+    url_ar: str | None = None
+    url_dflash: str | None = None
+    expect_model: str | None = None
+    tensor_parallel: int | None = None
+    temperature: float | None = None
+    seed: int | None = None
+    thinking: bool | None = None
+    thinking_both: bool | None = None
+    save_token_ids: bool | None = None
+    engine_options: dict[str, Any] | None = None
+    slo: str | None = None
+    input_lens: list[int] | None = None
+    min_cell_seconds: float | None = None
+    steady_requests: int | None = None
+    steady_ramp: int | None = None
+
+    def given(self) -> dict[str, Any]:
+        """The settings given on the command line (an empty list counts as not given)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {k: v for k, v in values.items() if v is not None and v != []}
+
+
+def sweep_command(options: SweepOptions, *, out: Path, resume: Path | None, dry_run: bool,
                   data_dir: Path | None, image: str | None, executor: str = "local",
                   slurm: dict[str, Any] | None = None) -> int:
     """Options given on the command line (None = not given) -> run or print the sweep; the exit code."""
@@ -40,7 +81,7 @@ def sweep_command(options: dict[str, Any], *, out: Path, resume: Path | None, dr
     if executor == "slurm":
         from dflash_bench.sweep.slurm_run import slurm_command
 
-        return slurm_command(settings, slurm or {}, preset_given=options.get("gpu") is not None, out=out, resume=resume,
+        return slurm_command(settings, slurm or {}, preset_given=options.gpu is not None, out=out, resume=resume,
                              dry_run=dry_run, data_dir=data_dir, argv=sys.argv, image=image)
     if dry_run:
         print_plan(settings, image)
@@ -69,8 +110,8 @@ def _sized(settings: SweepSettings, data_dir: Path | None, dry_run: bool = False
     return sized
 
 
-def _settings(options: dict[str, Any], resume: Path | None, image: str | None = None) -> SweepSettings:
-    given = {k: v for k, v in options.items() if v is not None and v != []}
+def _settings(options: SweepOptions, resume: Path | None, image: str | None = None) -> SweepSettings:
+    given = options.given()
     if image is not None:
         given["image"] = image
     if resume is not None:
@@ -122,17 +163,17 @@ def _validated(values: dict[str, Any]) -> SweepSettings:
     return settings
 
 
-def thinking_options(value: str | None, off: bool) -> dict[str, Any]:
-    """--thinking on|off|both (and --no-thinking) -> the settings `thinking` and `thinking_both` (None: not given)."""
+def thinking_options(value: str | None, off: bool) -> tuple[bool | None, bool | None]:
+    """--thinking on|off|both (and --no-thinking) -> the settings (`thinking`, `thinking_both`) (None: not given)."""
     if off and value is not None:
         raise UserError("give --thinking on|off|both or --no-thinking, not both")
     if off or value is None:
-        return {"thinking": False if off else None, "thinking_both": None}
+        return (False if off else None), None
     choice = {"on": True, "off": False, "both": None}
     if value.strip().lower() not in choice:
         raise UserError(f"--thinking takes on, off or both, not {value!r}")
     v = value.strip().lower()
-    return {"thinking": choice[v], "thinking_both": True if v == "both" else None}
+    return choice[v], (True if v == "both" else None)
 
 
 def parse_list(value: str | None, kind: Callable[[str], Any] = str) -> list[Any] | None:
