@@ -112,3 +112,68 @@ def test_report_renders_in_chromium(tmp_path):
     assert stat.stddev[0] > 20, "screenshot is (nearly) one colour"
     colours = img.convert("RGB").resize((320, 600)).getcolors(maxcolors=1_000_000)
     assert colours is not None and len(colours) > 50  # text, tables and figures, not a blank page
+
+
+LAYOUT = """<script>
+window.addEventListener("load", () => {
+  const over = (el) => el.scrollWidth > el.clientWidth + 1;
+  const tables = [...document.querySelectorAll("#quality .scroll")];
+  const out = {page: document.documentElement.scrollWidth, window: window.innerWidth,
+               quality: tables.length, quality_cut: tables.filter(over).length,
+               quality_rows: document.querySelectorAll("#quality table.quality tr").length - tables.length,
+               not_scored: (document.querySelector("#quality").innerText.match(/not scored/gi) || []).length};
+  const pre = document.createElement("pre");
+  pre.id = "layout";
+  pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+});
+</script>"""
+
+
+def layout(page: Path, tmp: Path, width: int) -> dict:
+    """The page laid out by Chromium at `width` px: a copy with a measuring script (the report itself runs none,
+    and its Content-Security-Policy forbids them), read back from the DOM Chromium dumps."""
+    import json
+
+    html = page.read_text()
+    html = re.sub(r'<meta http-equiv="Content-Security-Policy"[^>]*>', "", html).replace("</body>", LAYOUT + "</body>")
+    measured = page.with_name("measured.html")
+    measured.write_text(html)
+    run = chromium(measured, tmp, "--dump-dom", f"--window-size={width},1000", "--virtual-time-budget=5000")
+    found = re.search(r'<pre id="layout">(.*?)</pre>', run.stdout)
+    assert found, run.stdout[-2000:]
+    return json.loads(found.group(1).replace("&quot;", '"'))
+
+
+def test_the_demos_report_fits_1400_px_with_one_quality_row_per_cell(tmp_path):
+    """A CPU run's report as the demo writes it (one sweep, repeats, the lossless check run, accuracy not scored)
+    at 1400 px: the quality table folds the repeats, says once what is left to score, and fits the page."""
+    path = make_sweep(tmp_path / "demo", engine="builtin", gpus=None, telemetry=False, suites=("gsm8k", "humaneval",
+                      "mt-bench"), concurrency=(1, 8), repeats=3, lossless=True)
+    from dflash_bench.store import SweepDir
+    from dflash_bench.store.manifest import ServerRecord
+
+    sweep = SweepDir.open(path)
+    for s in sweep.summaries():
+        s.accuracy = None  # the demo never scores accuracy
+        sweep.write_summary(s)
+    manifest = sweep.read_manifest()  # as the demo records it: a host with no GPU, servers of one "GPU" each
+    manifest.hardware = {"host": {"hostname": "box", "cpu": "AMD EPYC", "cpus": 2}, "gpus": []}
+    for name in ("builtin-ar", "builtin-dflash"):
+        manifest.servers[name] = ServerRecord(runner="process", url="http://127.0.0.1:8000", gpus=1,
+                                              command=["dflash-bench", "serve", "--device", "cpu"])
+    sweep.write_manifest(manifest)
+    page = build_report([path], tmp_path / "site" / "report.html")
+    got = layout(page, tmp_path, 1400)
+    assert got["window"] == 1400 and got["page"] <= 1400, got  # nothing runs off the page
+    assert got["quality"] == 1 and got["quality_cut"] == 0, got  # the quality table fits its column
+    assert got["quality_rows"] == 3 * 2 and got["not_scored"] == 2, got  # a row per cell; once per kind of suite
+    shot = tmp_path / "shot.png"
+    run = chromium(page, tmp_path, f"--screenshot={shot}", "--window-size=1400,2400")
+    assert console_messages(run.stderr) == []
+    from PIL import Image, ImageStat
+
+    img = Image.open(shot).convert("L")
+    assert img.size == (1400, 2400) and ImageStat.Stat(img).stddev[0] > 20  # drawn, not blank
+    text = " ".join(Dom(page.read_text()).text)
+    assert "per GPU" not in text and "per server" in text  # a CPU run
