@@ -77,10 +77,14 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         raise
 
 
+class DiskFull(StoreError):
+    """A write refused because the disk (or the user's quota) is full."""
+
+
 def write_error(path: Path, err: OSError) -> "StoreError":
     """The sentence for a write to `path` that failed: a full disk names the folder to free."""
     if err.errno in (errno.ENOSPC, errno.EDQUOT):
-        return StoreError(f"cannot write {path}: the disk holding {path.parent} is full; free space there (what "
+        return DiskFull(f"cannot write {path}: the disk holding {path.parent} is full; free space there (what "
                           "was written before is kept, and --resume finishes a sweep)")
     if err.errno in (errno.EEXIST, errno.ENOTDIR):  # a file stands where a folder of the path should be
         blocker = next((p for p in path.parents if p.exists()), path.parent)

@@ -16,7 +16,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from dflash_bench.store.folder import MANIFEST, StoreError, SweepDir, write_error
+from dflash_bench.store.folder import MANIFEST, DiskFull, StoreError, SweepDir, write_error
 from dflash_bench.store.manifest import Manifest
 
 LOCK = ".lock"
@@ -93,16 +93,26 @@ def create_locked(path: Path, manifest: Manifest) -> tuple[SweepDir, WriterLock]
         lock = WriterLock(path).acquire()
     except OSError as err:
         _remove(made)
-        raise write_error(path / LOCK, err) from None
+        error = write_error(path / LOCK, err)
+        raise _not_made(path) if isinstance(error, DiskFull) else error from None
     try:
         if (path / MANIFEST).exists():
             raise StoreError(f"{path} already holds a sweep; pass --resume {path} or choose another --out")
         return SweepDir.create(path, manifest), lock
-    except BaseException:
+    except BaseException as err:
         lock.release()
-        if not (path / MANIFEST).exists():
-            _remove(made)
+        if (path / MANIFEST).exists():
+            raise
+        _remove(made)
+        if isinstance(err, DiskFull):
+            raise _not_made(path) from None
         raise
+
+
+def _not_made(path: Path) -> StoreError:
+    disk = next((p for p in path.parents if p.exists()), path.parent)
+    return StoreError(f"cannot make the sweep folder {path}: the disk holding {disk} is full; free space there and "
+                      "run the command again (nothing was left on it)")
 
 
 def _remove(made: list[Path]) -> None:

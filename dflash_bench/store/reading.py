@@ -1,7 +1,7 @@
 """Reading a folder's files: any bytes end in a StoreError that names the file, never a traceback.
 
 `read_text` turns bytes into text and `load_json` text into JSON values the rest of the harness can hold: JSON
-that parses yet holds what no writer of the harness writes (an integer of thousands of digits, NaN or
+that parses yet holds what no writer of the harness writes (an integer past 64 bits, NaN or
 Infinity, a lone surrogate escape that no UTF-8 text can hold, nesting deeper than any schema) is refused here,
 naming the file, once for every reader. Each refusal says how the file is repaired: a cell's files by
 `sweep --resume`, which sets the cell aside and measures it again; any other file from a copy.
@@ -16,7 +16,7 @@ from typing import Any
 
 from dflash_bench.errors import UserError
 
-MAX_DIGITS = 20  # 2**64 has 20 digits: no count, size or time the harness writes needs more
+MAX_DIGITS = 19  # 2**63 has 19 digits: no count, size or time the harness writes needs more
 MAX_DEPTH = 32  # the deepest schema nests a handful of levels
 
 
@@ -50,15 +50,21 @@ class _Hostile(ValueError):
     """JSON that parses but that no writer of the harness writes (the reason, for the StoreError)."""
 
 
+def holdable(value: int | float) -> bool:
+    """Whether a number read from a folder file is one numpy and pandas hold: a finite float, an int64."""
+    return -(2**63) <= value < 2**63 if isinstance(value, int) else math.isfinite(value)
+
+
 def _int(text: str) -> int:
-    if len(text.lstrip("-")) > MAX_DIGITS:
-        raise _Hostile(f"an integer of {len(text.lstrip('-'))} digits")
+    digits = len(text.lstrip("-"))
+    if digits > MAX_DIGITS or not holdable(int(text)):  # the length first: int() of 4300 digits raises
+        raise _Hostile(f"an integer of {digits} digits, past 64 bits")
     return int(text)
 
 
 def _float(text: str) -> float:
     value = float(text)
-    if not math.isfinite(value):
+    if not holdable(value):
         raise _Hostile(f"the number {text[:20]}, too large for a float")
     return value
 

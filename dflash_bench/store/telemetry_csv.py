@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import csv
 import io
-import math
 from pathlib import Path
 from typing import Any
 
-from dflash_bench.store.reading import StoreError, read_text, remedy
+from dflash_bench.store.reading import StoreError, holdable, read_text, remedy
 from dflash_bench.telemetry.nvml import INT_COLUMNS, SAMPLE_COLUMNS, Sample
 
 
@@ -36,6 +35,6 @@ def _parse(column: str, text: str | None) -> float | int | None:
     if text is None or text == "":
         return None
     value = int(text) if column in INT_COLUMNS else float(text)  # int() refuses past 4300 digits: a ValueError
-    if not math.isfinite(value):
+    if not holdable(value):
         raise ValueError(f"{column} is {text}")
     return value
