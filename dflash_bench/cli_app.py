@@ -14,16 +14,21 @@ import typer.core
 
 from dflash_bench import __version__
 
-_display_type = typer.core.TyperOption.display_type_rich
+# Typer's rich help names each option's type through TyperOption.display_type_rich, which only some Typer
+# releases have (a GPU host's engine bundle can bring an older one): patch it where it exists, else keep
+# that Typer's own help.
+_display_type = getattr(typer.core.TyperOption, "display_type_rich", None)
 
 
 def _display_type_unless_flag(option: typer.core.TyperOption, ctx: Any) -> Optional[str]:
     """A flag (--help, --version, --dry-run) takes no value, so `--help` shows no type beside it (Typer's
     rich help would print `<bool>`); every other option keeps its type."""
+    assert _display_type is not None
     return None if option.is_flag else _display_type(option, ctx)
 
 
-typer.core.TyperOption.display_type_rich = _display_type_unless_flag  # type: ignore[method-assign,assignment]
+if _display_type is not None:
+    typer.core.TyperOption.display_type_rich = _display_type_unless_flag  # type: ignore[method-assign,assignment]
 
 app = typer.Typer(
     name="dflash-bench",
