@@ -13,7 +13,7 @@ import json
 import random
 import sysconfig
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -40,7 +40,7 @@ def _pairs_of_file(path: Path, base: Path, max_chars: int) -> Iterator[tuple[str
         if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             continue
         doc = ast.get_docstring(node)
-        if not doc or len(doc) < 12 or node.end_lineno - node.lineno > max_chars // 20:
+        if not doc or len(doc) < 12 or (node.end_lineno or node.lineno) - node.lineno > max_chars // 20:
             continue
         code = _segment(lines, node)
         if len(code) <= max_chars:
@@ -50,7 +50,7 @@ def _pairs_of_file(path: Path, base: Path, max_chars: int) -> Iterator[tuple[str
         yield f"Write part {i + 1} of the Python module {module}.", chunk
 
 
-def _segment(lines: list[str], node: ast.AST) -> str:
+def _segment(lines: list[str], node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> str:
     """The node's source, dedented by its column (lines indented less, inside strings, are kept as they are)."""
     col = node.col_offset
     body = lines[node.lineno - 1 : node.end_lineno]
@@ -62,10 +62,13 @@ def stdlib_pairs(root: str | None = None, max_chars: int = 3000) -> list[tuple[s
     documentation topic -> its text."""
     base = Path(root or sysconfig.get_paths()["stdlib"])
     pairs = [p for f in stdlib_files(root) for p in _pairs_of_file(f, base, max_chars)]
+    topics: dict[str, str] = {}
     try:
-        from pydoc_data.topics import topics
+        from pydoc_data import topics as pydoc_topics
+
+        topics = dict(pydoc_topics.topics)
     except ImportError:  # some distributions strip the docs
-        topics = {}
+        pass
     for name, text in sorted(topics.items()):
         for i, chunk in enumerate(_chunks(text, max_chars)):
             pairs.append((f"Explain {name}" + (f" (part {i + 1})" if i else "") + ".", chunk))
@@ -142,7 +145,7 @@ def _jsonl_prompts(f: Path) -> list[list[dict]]:
     return out
 
 
-def encode_prompts(tokenizer, prompts: list[list[dict]], max_len: int) -> list[list[int]]:
+def encode_prompts(tokenizer: Any, prompts: list[list[dict[str, str]]], max_len: int) -> list[list[int]]:
     """Apply the chat template (generation prompt on); prompts longer than `max_len` tokens are cut at the front."""
     out = []
     for msgs in prompts:
@@ -153,8 +156,8 @@ def encode_prompts(tokenizer, prompts: list[list[dict]], max_len: int) -> list[l
 
 
 @torch.no_grad()
-def regenerate(model, prompt_ids: list[list[int]], *, eos_ids: list[int], pad_id: int, max_new_tokens: int,
-               batch: int = 64, log=None) -> list[tuple[list[int], list[int]]]:
+def regenerate(model: Any, prompt_ids: list[list[int]], *, eos_ids: list[int], pad_id: int, max_new_tokens: int,
+               batch: int = 64, log: Callable[[str], object] | None = None) -> list[tuple[list[int], list[int]]]:
     """The target's own greedy responses (HF `generate`, left-padded batches of similar lengths; EOS kept).
 
     Returns (prompt ids, response ids) pairs in the prompts' order; empty responses are dropped.

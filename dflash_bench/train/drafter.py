@@ -13,11 +13,15 @@ import random
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator, cast
 
 import torch
 
 from dflash_bench.errors import UserError
 from dflash_bench.train import loss as L
+
+if TYPE_CHECKING:
+    from dflash_bench.engine.drafter import DFlashDrafter
 
 
 @dataclass
@@ -62,14 +66,15 @@ class FrozenTarget:
         from dflash_bench.engine.target import decoder_layers
 
         try:
-            self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+            # Any: an HF causal LM, whose classes transformers types per architecture
+            self.model: Any = cast(Any, AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa"))
         except (OSError, ValueError) as err:
             raise UserError(f"could not load the target model from {path!r}: {str(err).splitlines()[0]}") from err
         self.model.to(device).eval().requires_grad_(False)
         self.config = self.model.config.get_text_config()
         self.layers = decoder_layers(self.model, self.config.num_hidden_layers)
-        self.embed_weight = self.model.get_input_embeddings().weight
-        self.lm_head = self.model.get_output_embeddings()
+        self.embed_weight: torch.Tensor = self.model.get_input_embeddings().weight
+        self.lm_head: Callable[[torch.Tensor], torch.Tensor] = self.model.get_output_embeddings()
         self._out: dict[int, torch.Tensor] = {}
 
     def tap(self, ids: list[int]) -> None:
@@ -77,8 +82,8 @@ class FrozenTarget:
         for i in sorted(set(ids)):
             self.layers[i].register_forward_hook(self._save(i))
 
-    def _save(self, i: int):
-        def hook(_m, _inp, out):
+    def _save(self, i: int) -> Callable[[torch.nn.Module, object, Any], None]:
+        def hook(_m: torch.nn.Module, _inp: object, out: Any) -> None:
             self._out[i] = out[0] if isinstance(out, tuple) else out
 
         return hook
@@ -92,7 +97,7 @@ class FrozenTarget:
         return feats
 
 
-def drafter_config_dict(tcfg, c: DrafterTrainConfig, mask_id: int, layer_ids: list[int], vocab: int) -> dict:
+def drafter_config_dict(tcfg: Any, c: DrafterTrainConfig, mask_id: int, layer_ids: list[int], vocab: int) -> dict:
     """A z-lab config.json: the target's attention shape, the drafter's own layers, block size, mask, layers."""
     heads = tcfg.num_attention_heads
     return {
@@ -117,7 +122,7 @@ def drafter_config_dict(tcfg, c: DrafterTrainConfig, mask_id: int, layer_ids: li
     }
 
 
-def pick_mask_id(tokenizer, vocab: int, given: int | None) -> int:
+def pick_mask_id(tokenizer: Any, vocab: int, given: int | None) -> int:
     """The first embedding row past the tokenizer's vocabulary (as Qwen3 does), else the pad token."""
     if given is not None:
         if not 0 <= given < vocab:
@@ -130,7 +135,7 @@ def pick_mask_id(tokenizer, vocab: int, given: int | None) -> int:
     raise UserError("the target has no spare embedding row and no pad token to use as the mask: pass --mask-token-id")
 
 
-def _init(drafter) -> None:
+def _init(drafter: torch.nn.Module) -> None:
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, p in drafter.named_parameters():
@@ -140,7 +145,7 @@ def _init(drafter) -> None:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.02)
 
 
-def _load_init(drafter, path: str) -> None:
+def _load_init(drafter: torch.nn.Module, path: str) -> None:
     """Start from an existing drafter of the same shape (strict keys and shapes)."""
     from safetensors.torch import load_file
 
@@ -154,7 +159,8 @@ def _load_init(drafter, path: str) -> None:
         raise UserError(f"the drafter in {path!r} does not have the shape asked for (layers, target layers, size)") from err
 
 
-def _batches(samples: list[tuple[list[int], list[int]]], batch: int, rng: random.Random, pad: int):
+def _batches(samples: list[tuple[list[int], list[int]]], batch: int, rng: random.Random, pad: int
+             ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """Endless shuffled batches: ids `[bs, L]` right-padded, response mask, lengths."""
     while True:
         order = list(range(len(samples)))
@@ -173,7 +179,7 @@ def _batches(samples: list[tuple[list[int], list[int]]], batch: int, rng: random
 
 
 def train_drafter(target: str, data: str | list[list[dict]], out: str, config: DrafterTrainConfig | None = None,
-                  *, log=print, samples: list[tuple[list[int], list[int]]] | None = None) -> dict:
+                  *, log: Callable[[str], object] = print, samples: list[tuple[list[int], list[int]]] | None = None) -> dict:
     """Regenerate responses with the target, train a DFlash drafter, save it in z-lab's format under `out`.
 
     `samples`: (prompt ids, response ids) the target already generated (`regenerate_samples`), instead of `data`.
@@ -223,7 +229,7 @@ def train_drafter(target: str, data: str | list[list[dict]], out: str, config: D
     return summary
 
 
-def regenerate_samples(target: str, prompts: list[list[dict]], c: DrafterTrainConfig, *, log=print
+def regenerate_samples(target: str, prompts: list[list[dict]], c: DrafterTrainConfig, *, log: Callable[[str], object] = print
                        ) -> list[tuple[list[int], list[int]]]:
     """The target's own greedy responses to `prompts` (what `train_drafter` trains on), to train several
     drafters from one regeneration."""
@@ -233,7 +239,7 @@ def regenerate_samples(target: str, prompts: list[list[dict]], c: DrafterTrainCo
     return _regenerate(tgt, load_tokenizer(target), prompts, c, log)
 
 
-def _regenerate(tgt: FrozenTarget, tok, prompts: list[list[dict]], c: DrafterTrainConfig, log
+def _regenerate(tgt: FrozenTarget, tok: Any, prompts: list[list[dict]], c: DrafterTrainConfig, log: Callable[[str], object]
                 ) -> list[tuple[list[int], list[int]]]:
     from dflash_bench.engine.build import eos_ids
     from dflash_bench.train.data import encode_prompts, regenerate
@@ -258,7 +264,8 @@ def _check(c: DrafterTrainConfig) -> None:
         raise UserError(f"--cut-blocks is a share of blocks between 0 and 1, got {c.cut_blocks}")
 
 
-def _loop(drafter, tgt: FrozenTarget, samples, c: DrafterTrainConfig, pad: int, log) -> dict:
+def _loop(drafter: DFlashDrafter, tgt: FrozenTarget, samples: list[tuple[list[int], list[int]]], c: DrafterTrainConfig,
+          pad: int, log: Callable[[str], object]) -> dict:
     gamma = c.gamma or L.default_gamma(c.block_size)
     params = [p for p in drafter.parameters()]
     opt = torch.optim.AdamW(params, lr=c.lr, betas=(0.9, 0.95), weight_decay=0.0)
@@ -276,7 +283,7 @@ def _loop(drafter, tgt: FrozenTarget, samples, c: DrafterTrainConfig, pad: int, 
         ids, mask, lengths = (t.to(c.device) for t in next(batches))
         feats = tgt.features(ids)
         anchors, valid = L.select_anchors(mask, lengths, c.anchors, g)
-        cut = L.block_lengths(tuple(anchors.shape), c.block_size, c.cut_blocks, g) if c.cut_blocks else None
+        cut = L.block_lengths((anchors.shape[0], anchors.shape[1]), c.block_size, c.cut_blocks, g) if c.cut_blocks else None
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
             logits = L.block_logits(drafter, tgt.embed_weight, tgt.lm_head, ids, feats, anchors, cut)
             loss, stats = L.dflash_loss(logits, ids, lengths, anchors, valid, gamma, cut)
@@ -297,7 +304,7 @@ def _mean(hist: list[torch.Tensor]) -> float:
     return torch.stack(hist[-50:]).mean().item()
 
 
-def train_drafter_main(target: str, data: str, out: str, *, device: str = "auto", **options) -> dict:
+def train_drafter_main(target: str, data: str, out: str, *, device: str = "auto", **options: Any) -> dict:
     """What `dflash-bench train-drafter` runs: resolve the device, train, print progress and the result."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -15,12 +15,13 @@ a block an engine cuts to the drafts it will verify (the builtin engine under lo
 from __future__ import annotations
 
 import math
+from typing import Callable, cast
 
 import torch
 import torch.nn.functional as F
 
 from dflash_bench.engine.cache import attend
-from dflash_bench.engine.drafter import DFlashDrafter, rope, rope_cos_sin
+from dflash_bench.engine.drafter import DFlashDrafter, Layer, rope, rope_cos_sin
 
 
 def default_gamma(block_size: int) -> float:
@@ -28,13 +29,13 @@ def default_gamma(block_size: int) -> float:
     return {16: 7.0, 10: 5.0, 8: 4.0}.get(block_size, max(1.0, block_size / 2 - 1))
 
 
-def position_weights(block_size: int, gamma: float, device=None) -> torch.Tensor:
+def position_weights(block_size: int, gamma: float, device: torch.device | str | None = None) -> torch.Tensor:
     """w_k = exp(-(k-1)/gamma) for the B-1 mask slots k = 1..B-1."""
     k = torch.arange(1, block_size, device=device, dtype=torch.float32)
     return torch.exp(-(k - 1) / gamma)
 
 
-def select_anchors(loss_mask: torch.Tensor, lengths: torch.Tensor, n: int, generator=None) -> tuple[torch.Tensor, torch.Tensor]:
+def select_anchors(loss_mask: torch.Tensor, lengths: torch.Tensor, n: int, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw up to `n` distinct anchors per row among response positions that have at least one label.
 
     `loss_mask` `[bs, L]` marks response tokens; `lengths` `[bs]` the real lengths. Returns anchors `[bs, n]`
@@ -52,7 +53,7 @@ def select_anchors(loss_mask: torch.Tensor, lengths: torch.Tensor, n: int, gener
     return anchors, valid
 
 
-def block_lengths(shape: tuple[int, int], block_size: int, cut: float, generator=None) -> torch.Tensor:
+def block_lengths(shape: tuple[int, int], block_size: int, cut: float, generator: torch.Generator | None = None) -> torch.Tensor:
     """Slots per block `[bs, n]`: the whole block, or with probability `cut` a length drawn uniformly from
     2..block_size-1."""
     whole = torch.rand(shape, generator=generator) >= cut
@@ -60,7 +61,7 @@ def block_lengths(shape: tuple[int, int], block_size: int, cut: float, generator
     return torch.where(whole, torch.full(shape, block_size), short.clamp(max=block_size))
 
 
-def block_logits(drafter: DFlashDrafter, embed_weight: torch.Tensor, lm_head, ids: torch.Tensor,
+def block_logits(drafter: DFlashDrafter, embed_weight: torch.Tensor, lm_head: Callable[[torch.Tensor], torch.Tensor], ids: torch.Tensor,
                  feats: torch.Tensor, anchors: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
     """Draft logits `[bs, n, B-1, V]` of every anchor's block, in one drafter pass.
 
@@ -84,7 +85,7 @@ def block_logits(drafter: DFlashDrafter, embed_weight: torch.Tensor, lm_head, id
     cos_c, sin_c = rope_cos_sin(ctx_pos, hd, c.rope_theta, dtype)
     cos_b, sin_b = rope_cos_sin(block_pos, hd, c.rope_theta, dtype)
     mask = _block_mask(anchors, L, B, lengths)
-    for layer in drafter.layers:
+    for layer in cast("list[Layer]", drafter.layers):  # a ModuleList of Layer
         a = layer.self_attn
         kc, vc = a.kv(ctx, cos_c, sin_c)
         x = layer.input_layernorm(h)

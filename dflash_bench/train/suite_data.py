@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import random
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,7 +53,9 @@ def normalise(text: str) -> str:
 
 
 def held_out(data_dir: Path, hold: int = HOLD, suites: tuple[str, ...] = SUITES) -> HeldOut:
-    ids, texts, mbpp = set(), set(), set()
+    ids: set[str] = set()
+    texts: set[str] = set()
+    mbpp: set[int] = set()
     for s in suites:
         for p in load_prompts(s, data_dir=data_dir, num_prompts=min(hold, len(load_prompts(s, data_dir=data_dir))),
                               seed=0):
@@ -92,7 +95,7 @@ def train_prompts(records: list[Prompt]) -> list[str]:
     return [p.turns[0] for p in records]
 
 
-def answer_pairs(records: list[Prompt], data_dir: Path, held: HeldOut, others: list[Prompt] = ()
+def answer_pairs(records: list[Prompt], data_dir: Path, held: HeldOut, others: Sequence[Prompt] = ()
                  ) -> list[tuple[str, str]]:
     """(prompt, worked answer) for the records whose suite has one, plus MBPP's other splits (less the tasks of
     `others`, the records trained on elsewhere)."""
@@ -117,7 +120,7 @@ def _answer(p: Prompt) -> str | None:
     if p.suite == "math500":
         return STEPS + p.meta["solution"].strip()
     if p.suite == "humaneval":
-        return f"Here is the completed function:\n```python\n{p.meta['prompt'].strip()}\n{p.reference.rstrip()}\n```"
+        return f"Here is the completed function:\n```python\n{p.meta['prompt'].strip()}\n{(p.reference or '').rstrip()}\n```"
     if p.suite == "mbpp" and p.reference:
         return f"{CODE}```python\n{_code(p.reference)}\n```"
     if p.category == "summarization":

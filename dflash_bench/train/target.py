@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -24,12 +25,12 @@ class TargetSpec:
     rope_theta: float = 1_000_000.0
 
 
-def vocab_rows(tokenizer) -> int:
+def vocab_rows(tokenizer: Any) -> int:
     """Embedding rows: the tokenizer plus at least one spare row (the DFlash mask id), rounded up to 64."""
     return (len(tokenizer) + 1 + 63) // 64 * 64
 
 
-def build_target(tokenizer, spec: TargetSpec, seed: int = 0):
+def build_target(tokenizer: Any, spec: TargetSpec, seed: int = 0) -> Any:
     from transformers import AutoModelForCausalLM, GenerationConfig, Qwen3Config
 
     eos = [tokenizer.convert_tokens_to_ids(EOS), tokenizer.convert_tokens_to_ids(PAD)]
@@ -42,7 +43,7 @@ def build_target(tokenizer, spec: TargetSpec, seed: int = 0):
         num_key_value_heads=spec.kv_heads,
         head_dim=spec.hidden // spec.heads,
         max_position_embeddings=spec.max_positions,
-        rope_theta=spec.rope_theta,
+        rope_theta=spec.rope_theta,  # type: ignore[call-arg]  # taken through **kwargs (legacy_rope below)
         tie_word_embeddings=True,
         bos_token_id=None,
         eos_token_id=eos,
@@ -54,7 +55,7 @@ def build_target(tokenizer, spec: TargetSpec, seed: int = 0):
     return model
 
 
-def pack(tokenizer, texts: list[str], seq_len: int) -> torch.Tensor:
+def pack(tokenizer: Any, texts: list[str], seq_len: int) -> torch.Tensor:
     """Concatenate the tokenised texts and cut the stream into `[n, seq_len]` windows."""
     ids: list[int] = []
     for i in range(0, len(texts), 1000):
@@ -76,9 +77,9 @@ def legacy_rope(config: Path) -> None:
         atomic_write_json(config, {**cfg, "rope_theta": theta})
 
 
-def train_target(tokenizer, texts: list[str], out: str | Path, *, spec: TargetSpec | None = None, steps: int = 1000,
+def train_target(tokenizer: Any, texts: list[str], out: str | Path, *, spec: TargetSpec | None = None, steps: int = 1000,
                  batch: int = 32, seq_len: int = 512, lr: float = 2e-3, device: str = "cpu", seed: int = 0,
-                 time_limit: float | None = None, log=print) -> dict:
+                 time_limit: float | None = None, log: Callable[[str], object] = print) -> dict:
     """Train from scratch, save `out` (bf16 safetensors, tokenizer, generation config); return a summary."""
     spec = spec or TargetSpec()
     data = pack(tokenizer, texts, seq_len)

@@ -7,7 +7,10 @@ The chat template is Qwen3's shape without a thinking block (`chat_template_kwar
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 EOS, PAD = "<|im_end|>", "<|endoftext|>"
@@ -20,7 +23,7 @@ CHAT_TEMPLATE = (
 )
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str | Path | None = None):
+def train_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str | Path | None = None) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE of `vocab_size` tokens (specials included) and wrap it for transformers."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
