@@ -90,6 +90,26 @@ def test_two_ranks_decode_what_one_process_decodes(pair, mode):
         assert [t for t, _ in top] == [t for t, _ in top1]
 
 
+def test_prompts_that_ride_decode_steps_on_two_ranks(pair):
+    """AR with prompts riding the running rows' steps (`--prefill mixed`, the dense family): requests arriving
+    mid-decode get the single-process tokens, and some did ride."""
+    from fast_helpers import serve_requests
+
+    target, _ = pair
+    kw = dict(mode="ar", dtype="float64", device="cpu", max_slots=SLOTS, max_len=MAX_LEN, mixed=True)
+    one = build_fast_engine(target, **kw)
+    if not one.runner.sched.mixed:
+        pytest.skip("this family carries no prompts in a step")
+    reqs = [(at, p, SamplingParams(max_tokens=16, ignore_eos=True)) for at, p in zip((0, 1, 2, 4), _prompts(one.tok))]
+    want, _ = serve_requests(one, reqs)
+    two = build_fast_engine(target, tensor_parallel=2, **kw)
+    try:
+        got, _ = serve_requests(two, reqs)
+    finally:
+        two.close()
+    assert got == want and two.mixed_prefills > 0
+
+
 def test_a_size_that_does_not_divide_the_heads_is_one_sentence(pair):
     target, drafter = pair
     with pytest.raises(UserError, match="--tensor-parallel-size 3 does not divide the 4 attention heads"):

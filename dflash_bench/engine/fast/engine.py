@@ -205,6 +205,8 @@ def build_fast_engine(model: str, draft: str | None = None, *, mode: str = "dfla
         if followers is not None:
             shard = join_group(followers.spec, 0)
         hf, drafter = load_pair(model, draft if mode == "dflash" else None, dtype=dt, device=device, dummy=dummy)
+        if shard is not None:
+            shard = shard.cut(hf, drafter)  # this rank's part only, before the pool is sized from what is left
         if drafter is not None and synthetic_tau is not None and not 1 <= synthetic_tau <= drafter.config.block_size:
             raise UserError(f"--synthetic-acceptance must lie between 1 and the block size {drafter.config.block_size}")
         from dflash_bench.engine.fast.pool import pool_slots

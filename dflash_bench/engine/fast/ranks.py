@@ -125,6 +125,7 @@ def rank_main(spec: RankSpec, rank: int, conn: Connection) -> None:
         shard = join_group(spec, rank)
         hf, drafter = load_pair(spec.model, spec.draft, dtype=spec.dtype, device=device_of(spec, rank),
                                 dummy=spec.dummy)
+        shard = shard.cut(hf, drafter)
         slots = conn.recv()  # rank 0's pool, sized from its device's memory
         runner = make_runner(hf, drafter, max_slots=slots, max_len=spec.max_len, tp=shard, **spec.runner)
         del hf

@@ -13,15 +13,20 @@ A rank of `size` holds:
   (`argmax`: the lowest index among equal maxima, as `torch.argmax`).
 Norms, RoPE tables, the drafter's fc and the step state are replicated: every rank computes the same tokens and
 commits the same state. `Shard()` (size 1) is the single-GPU engine: every method returns its input.
+
+A rank cuts the loaded models down to its part first (`cut`: in place, the rest freed), so that its KV pool is
+sized from the memory its shard leaves; the targets then read the cut weights as they are (`cut_already`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from dflash_bench.engine.fast.layout import split
 
@@ -33,6 +38,10 @@ class Shard:
     rank: int = 0
     size: int = 1
     group: Any = None
+    cut_already: bool = False  # the models' weights are this rank's part already (`cut`): rows/cols keep them
+
+    ROWS = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")  # column-parallel: a rank's output rows
+    COLS = ("o_proj", "down_proj")  # row-parallel: a rank's input columns
 
     @property
     def on(self) -> bool:
@@ -45,13 +54,13 @@ class Shard:
     def rows(self, w: torch.Tensor) -> torch.Tensor:
         """Column-parallel: this rank's contiguous `1/size` of `w`'s first dimension (whole heads when the rows are
         heads), as a copy of its own (the full weight can then be freed)."""
-        if not self.on:
+        if not self.on or self.cut_already:
             return w
         return w.chunk(self.size, 0)[self.rank].clone(memory_format=torch.contiguous_format)
 
     def cols(self, w: torch.Tensor) -> torch.Tensor:
         """Row-parallel: this rank's `1/size` of `w`'s input columns `[out, in]`."""
-        if not self.on:
+        if not self.on or self.cut_already:
             return w
         return w.chunk(self.size, 1)[self.rank].clone(memory_format=torch.contiguous_format)
 
@@ -59,9 +68,36 @@ class Shard:
         """A transformers model's vocabulary size and this rank's rows of its embedding and head (the same tensor
         when they are tied)."""
         table, head = hf_model.get_input_embeddings().weight, hf_model.get_output_embeddings().weight
-        self.heads(head.shape[0], "vocabulary rows")
+        vocab = head.shape[0] * (self.size if self.cut_already else 1)
+        self.heads(vocab, "vocabulary rows")
         embed = self.rows(table.detach())
-        return head.shape[0], embed, embed if head is table else self.rows(head.detach())
+        return vocab, embed, embed if head is table else self.rows(head.detach())
+
+    def cut(self, hf_model: Any, drafter: Any | None) -> "Shard":
+        """Cut a loaded transformers target (its decoder layers' projections, its embedding and head) and a
+        `DFlashDrafter` (its layers' projections) down to this rank's part, in place; the rest is freed. Returns
+        the shard the targets then read them with. The models cannot run after."""
+        if not self.on:
+            return self
+
+        def param(t: torch.Tensor) -> nn.Parameter:
+            return nn.Parameter(t, requires_grad=False)
+
+        for layer in [*hf_model.model.layers, *(drafter.layers if drafter is not None else [])]:
+            for name, m in layer.named_modules():
+                leaf = name.rsplit(".", 1)[-1]
+                if isinstance(m, nn.Linear) and leaf in self.ROWS + self.COLS:
+                    m.weight = param(self.rows(m.weight.detach()) if leaf in self.ROWS else self.cols(m.weight.detach()))
+                    if m.bias is not None and leaf in self.ROWS:
+                        m.bias = param(self.rows(m.bias.detach()))
+        table, head = hf_model.get_input_embeddings(), hf_model.get_output_embeddings()
+        tied = head.weight is table.weight
+        self.heads(head.weight.shape[0], "vocabulary rows")
+        table.weight = param(self.rows(table.weight.detach()))
+        head.weight = table.weight if tied else param(self.rows(head.weight.detach()))
+        if table.weight.is_cuda:
+            torch.cuda.empty_cache()  # what was cut goes back to the device: the pool is sized from what is left
+        return dataclasses.replace(self, cut_already=True)
 
     def reduce(self, x: torch.Tensor) -> torch.Tensor:
         """The sum of every rank's `x` (in place): a row-parallel projection's output."""
