@@ -73,6 +73,25 @@ def test_the_cpu_rehearsal_measures_both_modes_and_the_tables_render_it(tmp_path
     assert [row[6] for row in table.rows] == ["2.00"] * 4
 
 
+@pytest.mark.engine
+def test_a_tensor_parallel_server_is_its_own_row_and_the_table_gives_its_tok_s_per_gpu(tmp_path, data_dir):
+    """--tensor-parallel-size 2 on the CPU (two gloo ranks): the server gets the flag, its rows say 2 GPUs and are
+    keyed apart from one GPU's, and the table shows them as their own shape, tok/s over the two GPUs."""
+    out, work = tmp_path / "two_clients.json", tmp_path / "work"
+    proc = two_clients("--engine", "builtin", "--shape", "tiny", "--device", "cpu", "--tensor-parallel-size", "2",
+                       "--modes", "dflash", "--synthetic-tau", "4", "--concurrency", "2", "--new-tokens", "8",
+                       "--requests-per-slot", "1", "--data-dir", str(data_dir), "--work", str(work), "--out", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    ours = next(r for r in data["rows"] if r["client"] == "dflash-bench")
+    assert ours["gpus"] == 2 and ours["status"] == "ok" and ours["requests"] == 2, ours
+    run = data["runs"]["builtin/tiny/tp2"]
+    assert "--tensor-parallel-size 2" in run["servers"]["dflash-tau4"]
+    table = table_renderers_gpu.two_clients([data])
+    row = next(r for r in table.rows if r[0] == "tiny, 2 GPUs")
+    assert row[4].startswith(f"{ours['output_tok_s'] / 2:.1f} (")
+
+
 def test_a_plan_past_the_time_limit_is_refused_before_anything_is_written(tmp_path):
     proc = two_clients("--engine", "builtin", "--shape", "qwen3-8b", "--concurrency", "1,8,32,64,128",
                        "--new-tokens", "128,1024", "--work", str(tmp_path / "work"), "--out", str(tmp_path / "o.json"))

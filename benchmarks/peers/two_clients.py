@@ -3,7 +3,7 @@ project's `dflash-bench run` and vLLM's own `vllm bench serve`, at each concurre
 
     python -m benchmarks.peers.two_clients --engine builtin|vllm|sglang --shape qwen3-8b|gemma-4-31B-it \
         --modes ar,dflash --concurrency 1,8,32 --new-tokens 128,1024 [--synthetic-tau 6.5] [--steady-requests N] \
-        --data-dir DATA --work WORK --out results.json
+        [--tensor-parallel-size N] --data-dir DATA --work WORK --out results.json
 
 It writes the shape's folders into WORK when they are missing (the Qwen3-8B-shaped random pair of
 `real_engines.py`; gemma-4-31B-it's configs and tokenizer from `big_shape.py`, random weights made at load
@@ -46,6 +46,16 @@ Each call starts with the environment line of its engine, and every command ends
    12. python -m benchmarks.peers.two_clients --engine builtin --shape gemma-4-31B-it --modes ar --concurrency 1,8,32 --new-tokens 128 ...
    13. python -m benchmarks.peers.two_clients --engine builtin --shape gemma-4-31B-it --modes dflash --concurrency 1,8,32 --new-tokens 128 ...
    14. (SGLang's bundle) python -m benchmarks.peers.two_clients --engine sglang --shape qwen3-8b --modes ar,dflash --concurrency 1,8,32 --new-tokens 128 ...
+
+On two GPUs (`run` kind nvidia-h100-x2), tensor parallel 2, gemma-4-31B-it's shape, into their own file
+(... = --data-dir .data --work /tmp/tc --out benchmarks/results/two_clients_h100_tp2.json;
+cp benchmarks/results/two_clients_h100_tp2.json $OUT/), after `bash benchmarks/peers/tp_bringup.sh .data $OUT`:
+
+   15. python -m benchmarks.peers.two_clients --engine vllm --shape gemma-4-31B-it --tensor-parallel-size 2 --modes ar --concurrency 1,8,32 --new-tokens 128 ...
+   16. python -m benchmarks.peers.two_clients --engine builtin --shape gemma-4-31B-it --tensor-parallel-size 2 --modes ar --concurrency 1,8,32 --new-tokens 128 ...
+   17. python -m benchmarks.peers.two_clients --engine builtin --shape gemma-4-31B-it --tensor-parallel-size 2 --modes dflash --concurrency 1,8,32 --new-tokens 128 ...
+   18. python -m benchmarks.peers.two_clients --engine builtin --shape gemma-4-31B-it --tensor-parallel-size 2 --modes dflash --synthetic-tau 6.5 --concurrency 1,8,32 --new-tokens 128 ...
+   19. python -m benchmarks.peers.two_clients --engine vllm --shape gemma-4-31B-it --tensor-parallel-size 2 --modes dflash --concurrency 1,8,32 --new-tokens 128 ...
 
 Each estimate above is under 540 s on a fresh machine (writing the 8B pair, about 90 s, included); where the
 plan refuses, split by mode. The results file comes back from $OUT: copy it into this tree's
@@ -145,8 +155,10 @@ def machine() -> Machine:
                    gpu_memory_gib=round(mem / 1024, 1) if mem else None, versions=found)
 
 
-def does_not_fit(engine: str, pair, context: int, concurrency: int, mode: str, gpu_gib: float | None) -> str | None:
-    """The sweep's sizing sentence (sweep/fit.py) when `concurrency` sequences of `context` tokens do not fit."""
+def does_not_fit(engine: str, pair, context: int, concurrency: int, mode: str, gpu_gib: float | None,
+                 gpus: int = 1) -> str | None:
+    """The sweep's sizing sentence (sweep/fit.py) when `concurrency` sequences of `context` tokens do not fit
+    `gpus` GPUs (a tensor-parallel server's)."""
     from dflash_bench.model_shapes import pair_configs
     from dflash_bench.sweep.fit import builtin_kv, fit, geometry, refusal, usable_gib
 
@@ -158,11 +170,14 @@ def does_not_fit(engine: str, pair, context: int, concurrency: int, mode: str, g
     if target is None:
         return None
     usable = usable_gib(engine, gpu_gib)
-    # the builtin engine's own slot layout (`serve --fast`), as the sweep sizes it; else the configs' formula
-    kv = builtin_kv(target_cfg, drafter_cfg if draft else None, fast=True) if engine == "builtin" else None
-    f = fit(target, draft, usable=usable, gpus=1, context=context, concurrency=concurrency, kv=kv)
-    return None if f.fits else refusal(f, gpu="GPU", gpus=1, context=context, max_tokens=None, target=target,
-                                       drafter=draft, usable=usable, kv=kv, engine=engine)
+    # the builtin engine's own slot layout (`serve --fast`, a rank's share on each GPU), as the sweep sizes it;
+    # else the configs' formula
+    def kv_at(n: int):
+        return builtin_kv(target_cfg, drafter_cfg if draft else None, fast=True, tp=n) if engine == "builtin" else None
+    kv = kv_at(gpus)
+    f = fit(target, draft, usable=usable, gpus=gpus, context=context, concurrency=concurrency, kv=kv)
+    return None if f.fits else refusal(f, gpu="GPU", gpus=gpus, context=context, max_tokens=None, target=target,
+                                       drafter=draft, usable=usable, kv=kv, engine=engine, kv_at=kv_at)
 
 
 # ------------------------------------------------------------------ the plan
@@ -209,7 +224,7 @@ def run(args) -> None:
     t_start = time.monotonic()
     clients = ["dflash-bench"] + ([] if vllm_missing() else ["vllm-bench"])
     estimate = plan_seconds(args, clients)
-    print(f"plan: {args.engine} on {args.shape}, modes {','.join(args.mode_list)}, concurrency "
+    print(f"plan: {args.engine} on {args.shape} ({args.tp} GPU{'s' if args.tp > 1 else ''}), modes {','.join(args.mode_list)}, concurrency "
           f"{','.join(map(str, args.c_list))} x new tokens {','.join(map(str, args.new_list))}, clients "
           f"{' and '.join(clients)}; estimate {estimate:.0f} s of --time-limit {args.time_limit:.0f} s", flush=True)
     if estimate > args.time_limit and not args.best_effort:
@@ -235,20 +250,21 @@ def run(args) -> None:
     rec = Run(command=command, machine=box, suite=args.suite, input_tokens=round(mean_in, 1), context_len=context,
               estimate_s=round(estimate, 1))
     res = load(out)
-    res.add_run(f"{args.engine}/{args.shape}", rec)
+    run_key = f"{args.engine}/{args.shape}" + (f"/tp{args.tp}" if args.tp > 1 else "")
+    res.add_run(run_key, rec)
     save(res, out)
 
     def keep(rows: list[Row]) -> None:  # saved as each cell ends: a run killed mid-way keeps what it measured
         res.merge(rows)
-        res.add_run(f"{args.engine}/{args.shape}", rec)
+        res.add_run(run_key, rec)
         save(res, out)
 
     for mode in args.mode_list:
         tau = args.synthetic_tau if mode == "dflash" else None
         label = mode if tau is None else f"{mode}-tau{tau:g}"
-        rows = [Row(engine=args.engine, shape=args.shape, mode=mode, synthetic_tau=tau, concurrency=c, new_tokens=n,
+        rows = [Row(engine=args.engine, shape=args.shape, gpus=args.tp, mode=mode, synthetic_tau=tau, concurrency=c, new_tokens=n,
                     client=cl, status="skipped") for n in args.new_list for c in args.c_list for cl in CLIENTS]
-        fits = {c: does_not_fit(args.engine, pair, context, c, mode, gpu_gib) for c in args.c_list}
+        fits = {c: does_not_fit(args.engine, pair, context, c, mode, gpu_gib, args.tp) for c in args.c_list}
         version = profile.version("process", None)
         why_not = profile.refusal(pair, mode, version)
         if not why_not and (note := profile.caveat(pair, mode, version)):
@@ -264,7 +280,7 @@ def run(args) -> None:
                   for r in rows])
             print(f"{label}: not launched: {left:.0f} s of --time-limit left", flush=True)
             continue
-        extra = profile.sizing_flags(context, max(sized), None) + engine_args(args, mode, served)
+        extra = profile.sizing_flags(context, max(sized), args.tp if args.tp > 1 else None) + engine_args(args, mode, served)
         t0, written = time.monotonic(), set[tuple]()
         try:
             with launch_server(args.engine, pair, mode, runner="process", port=free_port(), extra_args=extra,
@@ -346,6 +362,8 @@ def parse(argv: list[str] | None):
                                                         "completions; vllm bench serve: this many plus the concurrency")
     ap.add_argument("--requests-per-slot", type=int, default=3, help="closed loop: requests per cell = this x concurrency")
     ap.add_argument("--suite", default="gsm8k", help="dflash-bench's prompts; vLLM's random prompts take its mean length")
+    ap.add_argument("--tensor-parallel-size", "--tp", dest="tp", type=int, default=1,
+                    help="GPUs per server (each engine's tensor-parallel flag; the builtin engine's serve --fast)")
     ap.add_argument("--device", default="cuda", help="builtin: --device of `serve` (cpu: the tiny rehearsal)")
     ap.add_argument("--data-dir", default=os.environ.get("DFLASH_BENCH_DATA", ".data"))
     ap.add_argument("--work", default="/tmp/two_clients", help="shape folders, server logs, both clients' outputs")
@@ -371,6 +389,8 @@ def parse(argv: list[str] | None):
     if args.steady_requests is not None and args.steady_requests < max(args.c_list):
         ap.error(f"--steady-requests must be at least the largest concurrency ({max(args.c_list)}): the window holds "
                  "one completion per request in flight or more")
+    if args.tp < 1:
+        ap.error("--tensor-parallel-size must be at least 1")
     if args.shape == "tiny" and args.engine != "builtin":
         ap.error("--shape tiny is the builtin engine's CPU rehearsal")
     return args

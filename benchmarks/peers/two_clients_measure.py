@@ -46,6 +46,7 @@ class Run(BaseModel):
 class Row(BaseModel):
     engine: str  # builtin | vllm | sglang
     shape: str  # qwen3-8b | gemma-4-31B-it | tiny
+    gpus: int = 1  # the server's GPUs (its tensor-parallel size); output_tok_s is the server's, all of them
     mode: str  # ar | dflash
     synthetic_tau: float | None = None  # DFlash with `serve --synthetic-acceptance` (builtin only); None: the real drafter's
     concurrency: int
@@ -71,7 +72,8 @@ class Row(BaseModel):
 
     @property
     def key(self) -> tuple:
-        return (self.engine, self.shape, self.mode, self.synthetic_tau, self.concurrency, self.new_tokens, self.client)
+        return (self.engine, self.shape, self.gpus, self.mode, self.synthetic_tau, self.concurrency, self.new_tokens,
+                self.client)
 
 
 class Results(BaseModel):
@@ -109,7 +111,7 @@ def ours(base: Row, *, url: str, suite: str, requests: int, steady: int | None, 
     """`dflash-bench run` against the server at `url`: one cell, read back from the sweep folder it writes."""
     from dflash_bench.store import SweepDir
 
-    name = f"{base.engine}-{base.shape}-{base.mode}-t{base.synthetic_tau}-n{base.new_tokens}-c{base.concurrency}"
+    name = f"{base.engine}-{base.shape}-g{base.gpus}-{base.mode}-t{base.synthetic_tau}-n{base.new_tokens}-c{base.concurrency}"
     shutil.rmtree(folder / name, ignore_errors=True)  # a cell of an earlier call would be resumed, not measured again
     cmd = [sys.executable, "-m", "dflash_bench", "run", "--url", url, "--suite", suite, "-c", str(base.concurrency),
            "-n", str(requests), "--max-tokens", str(base.new_tokens), "--ignore-eos", "--label", base.mode,
@@ -180,7 +182,8 @@ def vllms(base: Row, *, url: str, model: str, tokenizer: Path, input_tokens: int
     if why := vllm_missing():
         return row.model_copy(update={"status": "skipped", "reason": why})
     folder.mkdir(parents=True, exist_ok=True)
-    name = f"{base.engine}-{base.shape}-{base.mode}-t{base.synthetic_tau}-n{base.new_tokens}-c{base.concurrency}.json"
+    name = (f"{base.engine}-{base.shape}-g{base.gpus}-{base.mode}-t{base.synthetic_tau}-n{base.new_tokens}"
+            f"-c{base.concurrency}.json")
     (folder / name).unlink(missing_ok=True)
     cmd = ["vllm", "bench", "serve", "--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions",
            "--model", model, "--tokenizer", str(tokenizer), "--dataset-name", "random",

@@ -124,6 +124,8 @@ TABLES: list[Entry] = [
 # until then it is left out, so no page shows a table of numbers nobody measured.
 AWAITING: list[Entry] = [
     Entry("two_clients_h100", "docs/results/engines-one-gpu.md", ("two_clients_h100.json",), None, gpu.two_clients),
+    Entry("two_clients_h100_tp2", "docs/results/gemma-4-31b.md", ("two_clients_h100_tp2.json",), None,
+          gpu.two_clients),
 ]
 
 

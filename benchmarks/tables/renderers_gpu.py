@@ -221,9 +221,14 @@ CLIENT_NAMES = {"dflash-bench": "`dflash-bench run`", "vllm-bench": "`vllm bench
 
 def two_clients(results: list[Any]) -> Table:
     """benchmarks/peers/two_clients.py: per (shape, mode, concurrency, output length), the builtin engine beside each other
-    engine, by each client, with the ratio of their output tok/s; rows not measured say why in the notes."""
+    engine, by each client, with the ratio of their output tok/s; rows not measured say why in the notes. A server on
+    several GPUs (tensor parallel) is its own shape row, its tok/s per GPU."""
     data = results[0]
-    rows = {(r["engine"], r["shape"], r["mode"], r["synthetic_tau"], r["concurrency"], r["new_tokens"], r["client"]): r
+
+    def shape(r: dict[str, Any]) -> str:
+        g = r.get("gpus", 1)
+        return r["shape"] if g == 1 else f"{r['shape']}, {g} GPUs"
+    rows = {(r["engine"], shape(r), r["mode"], r["synthetic_tau"], r["concurrency"], r["new_tokens"], r["client"]): r
             for r in data["rows"]}
     others = sorted({k[0] for k in rows} - {"builtin"})
     clients = [c for c in CLIENT_NAMES if any(k[6] == c for k in rows)]
@@ -234,7 +239,7 @@ def two_clients(results: list[Any]) -> Table:
         if r["status"] != "ok":
             return r["status"]
         tau = f", τ {f2(r['tau'])}" if r["mode"] == "dflash" and r["tau"] is not None else ""
-        return f"{f1(r['output_tok_s'])} ({f2(r['tpot_ms_p50'])}{tau})"
+        return f"{f1(r['output_tok_s'] / r.get('gpus', 1))} ({f2(r['tpot_ms_p50'])}{tau})"
 
     def ratio(a: dict[str, Any] | None, b: dict[str, Any] | None) -> str:
         if not a or not b or a["status"] != "ok" or b["status"] != "ok" or not b["output_tok_s"]:
@@ -257,7 +262,8 @@ def two_clients(results: list[Any]) -> Table:
         header.append(f"builtin, {CLIENT_NAMES[client]}")
         for other in others:
             header += [f"{ENGINE_NAMES.get(other, other)}, {CLIENT_NAMES[client]}", f"builtin / {ENGINE_NAMES.get(other, other)}"]
-    notes = ["Output tok/s (TPOT p50 ms; τ from the server's counters over the cell). `dflash-bench run` sends the "
+    notes = ["Output tok/s per GPU (TPOT p50 ms; τ from the server's counters over the cell): a server on N GPUs "
+             "(tensor parallel, the shape's 'N GPUs' rows) gives its tok/s over N. `dflash-bench run` sends the "
              "suite's prompts through the chat API; `vllm bench serve` sends random prompts of their mean length "
              "through /v1/completions; both ask for `--ignore-eos` and as many requests, after warm-ups."]
     for key, run in sorted(data["runs"].items()):
