@@ -69,3 +69,17 @@ def test_pack_py_says_what_it_takes_and_refuses_a_name_the_lock_lacks():
     assert proc.returncode == 1 and "pins no flashinfer-python" in proc.stderr and "Traceback" not in proc.stderr
     usage = subprocess.run([sys.executable, str(TOOL / "pack.py")], capture_output=True, text=True)
     assert usage.returncode == 1 and "pack.py tree VLLM_WHEEL OUT.tar" in usage.stderr
+
+
+def test_the_transformers_for_vllms_gemma4_reach_vllms_processes_only():
+    spec = importlib.util.spec_from_file_location("vllm_bundle_unpack", TOOL / "unpack.py")
+    unpack = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(unpack)
+    assert {"transformers-", "tokenizers-"} <= set(unpack.LAUNCHER_ONLY)
+    launcher = unpack.LAUNCHER.format(site="/s", python="/py")
+    lines = launcher.splitlines()
+    first = next(i for i, ln in enumerate(lines) if "launcher-only" in ln)
+    assert lines[first] == 'PYTHONPATH="$site/launcher-only:$PYTHONPATH"'  # ahead of the site and the host
+    assert first < next(i for i, ln in enumerate(lines) if ln.startswith("exec "))
+    setup = (TOOL / "setup.sh").read_text()
+    assert "launcher-only" not in setup  # the shell that sources it keeps the host's transformers

@@ -12,7 +12,7 @@
 #                 and 8, 128 new tokens, measured by `dflash-bench run` and `vllm bench serve`
 #   vllm          dflash-bench sweep --engine vllm    (.vllm-bundle)      } AR and DFlash, gsm8k and mt-bench,
 #   sglang        dflash-bench sweep --engine sglang  (.sglang-bundle)    } concurrency 1, 8 and 32, 8 prompts a
-#   builtin       dflash-bench sweep --engine builtin (either bundle)     } cell (raised to the concurrency),
+#   builtin       dflash-bench sweep --engine builtin (.vllm-bundle's)    } cell (raised to the concurrency),
 #   builtin-tau   the same, its DFlash at synthetic acceptance tau 6.5 (serve --synthetic-acceptance 6.5: labelled
 #                 so in the sweep's settings and the report)                128 new tokens
 #   emulator      the same sweep through the emulator (no GPU, no bundle needed): the CPU rehearsal of the whole
@@ -74,11 +74,12 @@ bundle() { # bundle DIR: source DIR/setup.sh in this (sub)shell, or say why not
   . "$1/setup.sh" && export PYTHONPATH="$base_path:$PYTHONPATH"
 }
 
-harness_env() { # the harness's own Python packages the host lacks (pydantic, orjson): from whichever bundle is here
+harness_env() { # the harness's own Python packages the host lacks (pydantic, orjson): from the vLLM bundle, which
+  # leaves the host's transformers 5.17 to every process but vLLM's (the builtin engine's Gemma 4 needs 5.17; the
+  # SGLang bundle shadows it with 5.12.1 for the whole shell, so it cannot serve here)
   if python3 -c "import pydantic, orjson" 2> /dev/null; then return 0
   elif [ -f .vllm-bundle/setup.sh ]; then bundle .vllm-bundle
-  elif [ -f .sglang-bundle/setup.sh ]; then bundle .sglang-bundle
-  else echo "skipped: no bundle here for the harness's packages (pydantic, orjson)"; return 1
+  else echo "skipped: the harness needs pydantic and orjson here: carry .vllm-bundle (or leave it from an earlier call)"; return 1
   fi
 }
 
