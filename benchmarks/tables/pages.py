@@ -110,6 +110,7 @@ TABLES: list[Entry] = [
           "python -m benchmarks.speed.engine_speed --out F --soak 300 --hf-tokens 16 (each)", gpu.engine_speed_before_after),
     Entry("serve_speed_h100", "docs/results/fast-path-gpu.md", ("serve_speed_h100.json",),
           "python -m benchmarks.speed.serve_speed --data-dir DATA", gpu.serve_speed_gpu),
+    Entry("gate_reruns", "docs/results/harness.md", ("gate_reruns_cpu.json",), None, tr.gate_reruns),
     Entry("acceptance", "docs/results/tiny-pair.md", ("acceptance_cpu_retrained.json",),
           "python -m recipes.tiny_pair.acceptance --data-dir DATA --num-prompts 32 --max-tokens 32,96", tr.acceptance,
           machine="a 2-core x86-64 CPU"),

@@ -256,3 +256,26 @@ def zlab_check(results: list[Any]) -> Table:
     return Table(["suite", "outputs equal token for token", "τ z-lab", "τ builtin"], out,
                  [f"z-lab's reference code ({data['zlab']}, transformers {data['zlab_transformers']}) against the builtin "
                   f"reference engine, {data['rows'][0]['max_tokens']} new tokens."])
+
+
+def gate_reruns(results: list[Any]) -> Table:
+    """Per case (a demo rerun gated both ways, DFlash at width 1, the emulator rerun and 30% slower): how many
+    gates ran, how many failed, and the checks that failed."""
+    data = results[0]
+    cases: dict[str, list[dict[str, Any]]] = {}
+    for g in data["gates"]:
+        cases.setdefault(g["case"], []).append(g)
+    rows = []
+    for case, gates in cases.items():
+        failed = [g for g in gates if g["failures"]]
+        checks = sorted({g["checks"] for g in gates})
+        what = sorted({f.split(":")[0].split(" ", 1)[1] for g in failed for f in g["failed"]})
+        rows.append([case, str(len(gates)), span(checks, str), str(len(failed)),
+                     str(sum(g["failures"] for g in gates)), "; ".join(what[:4]) + (" ..." if len(what) > 4 else "")])
+    seconds = [r["seconds"] for r in data["runs"]]
+    s = data["settings"]
+    notes = [f"Each gate: a run against another run's baseline, exported with `--noise-from` (the noise measured "
+             f"over {span(sorted({g['noise_runs'] for g in data['gates']}), str)} runs of the same code, never the "
+             f"gated run). The demo's sweep, made small: suites {s['suites']}, concurrency 1, {s['num_prompts']} "
+             f"prompts, {s['max_tokens']} tokens, {s['repeats']} repeats ({span(seconds, f1)} s a run)."]
+    return Table(["case", "gates", "checks per gate", "gates failed", "checks failed", "what failed"], rows, notes)
