@@ -391,3 +391,19 @@ def test_verify_width_by_concurrency_is_drawn_only_where_measured(tmp_path):
         s.verify_width = None
         f.write_text(s.model_dump_json())
     assert "verify_width" not in _figures_in(Page(build_report([path]).read_text()))
+
+
+def test_partial_cells_are_called_out_with_how_many_failed_and_why(tmp_path):
+    plan = [CellPlan(cell_id=f"x-{m}-gsm8k-c1", engine="x", mode=m, suite="gsm8k", concurrency=1) for m in ("ar", "dflash")]
+    sweep = SweepDir.create(tmp_path / "partial", Manifest(sweep_id="partial", plan=plan))
+    why = "3 of 9 measured requests failed: HTTP 500 (3); throughput and latencies cover the 6 that succeeded"
+    for cell in plan:
+        partial = cell.mode == "dflash"
+        sweep.write_summary(CellSummary(cell_id=cell.cell_id, engine="x", mode=cell.mode, suite="gsm8k", concurrency=1,
+                                        output_throughput=100.0, num_requests=9, num_ok=6 if partial else 9,
+                                        num_failed=3 if partial else 0, status="partial" if partial else "complete",
+                                        failure_reason=why if partial else None))
+    parsed = Page(build_report([tmp_path / "partial"]).read_text())
+    called = "".join(parsed.by_class["call"])
+    assert "1 partial cell(s)" in called and f"x-dflash-gsm8k-c1: {why}" in called
+    assert "x-ar-gsm8k-c1" not in called

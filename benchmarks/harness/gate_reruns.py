@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -119,7 +120,7 @@ def main() -> None:
     for t, s in enumerate(emu_slow):
         gates.append(judged(f"emulator {round(100 * (SLOWER - 1))}% slower", t, s, calib[0], calib[1:], work))
 
-    result = {"machine": f"{cpu_name()}, {len(__import__('os').sched_getaffinity(0))} cores shared with other jobs",
+    result = {"machine": {"cpu": f"{cpu_name()}, shared with other jobs", "cores": len(os.sched_getaffinity(0))},
               "command": "python -m benchmarks.harness.gate_reruns " + " ".join(sys.argv[1:]),
               "settings": {k: str(v) for k, v in vars(args).items() if k not in ("work", "out")},
               "demo_sweep": "dflash-bench sweep " + " ".join(demo_argv(args)), "runs": runs, "gates": gates}
