@@ -75,7 +75,7 @@ class CompletionRequest(_Common):
         return self.logprobs
 
 
-def chat_prompt(tokenizer, req: ChatRequest) -> list[int]:
+def chat_prompt(tokenizer: Any, req: ChatRequest) -> list[int]:
     msgs = [{**m, "content": _text_content(m.get("content"))} for m in req.messages]
     try:
         text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=req.add_generation_prompt,
@@ -85,7 +85,7 @@ def chat_prompt(tokenizer, req: ChatRequest) -> list[int]:
     return tokenizer(text, add_special_tokens=False).input_ids
 
 
-def _text_content(content) -> str:
+def _text_content(content: Any) -> str:
     if content is None or isinstance(content, str):
         return content or ""
     if isinstance(content, list):
@@ -93,7 +93,7 @@ def _text_content(content) -> str:
     raise BadRequest("message content must be a string or a list of text parts")
 
 
-def completion_prompt(tokenizer, req: CompletionRequest) -> list[int]:
+def completion_prompt(tokenizer: Any, req: CompletionRequest) -> list[int]:
     if req.echo:
         raise BadRequest("echo is not supported")
     p = req.prompt
@@ -122,7 +122,7 @@ def spec_metrics(d: Delta, block_size: int) -> dict | None:
 class Formatter:
     """One request's response bodies and stream chunks from its deltas (envelopes: `openai_format.Reply`)."""
 
-    def __init__(self, kind: Literal["chat", "completions"], model: str, tokenizer, as_ids: bool):
+    def __init__(self, kind: Literal["chat", "completions"], model: str, tokenizer: Any, as_ids: bool) -> None:
         self.kind, self.tok, self.as_ids = kind, tokenizer, as_ids
         self.reply = openai_format.Reply(kind, model)
         self.offset = 0  # completions text_offset

@@ -7,6 +7,8 @@ and counts them with vLLM's semantics for /metrics.
 
 from __future__ import annotations
 
+from typing import Any
+
 from dataclasses import dataclass, field
 
 import torch
@@ -74,8 +76,8 @@ def out_of_vocabulary(prompt: list[int], vocab_size: int) -> str | None:
 class Bookkeeping:
     """The requests of one engine: which slot each holds, what it has produced, when it stops."""
 
-    def __init__(self, tokenizer, *, eos_ids: list[int], block_size: int, slots: int, max_len: int,
-                 vocab_size: int):
+    def __init__(self, tokenizer: Any, *, eos_ids: list[int], block_size: int, slots: int, max_len: int,
+                 vocab_size: int) -> None:
         self.tok, self.eos_ids, self.B, self.max_len = tokenizer, set(eos_ids), block_size, max_len
         self.vocab_size = vocab_size  # every prompt id is below it
         self.slots = slots  # the KV pool's rows (/metrics dflash_bench:max_slots)

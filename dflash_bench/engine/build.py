@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import torch
 
 from dflash_bench.errors import UserError
+
+if TYPE_CHECKING:
+    from dflash_bench.engine.decode import ReferenceEngine
 
 DTYPES = {"auto": None, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
@@ -18,13 +23,13 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
     return torch.bfloat16 if device.startswith("cuda") else torch.float32
 
 
-def load_tokenizer(path: str):
+def load_tokenizer(path: str) -> Any:
     from dflash_bench.tokenizer import load_tokenizer as load
 
     return load(path, "for the engine")
 
 
-def eos_ids(model, tokenizer) -> list[int]:
+def eos_ids(model: Any, tokenizer: Any) -> list[int]:
     ids: set[int] = set()
     for src in (getattr(model, "generation_config", None), model.config):
         e = getattr(src, "eos_token_id", None) if src is not None else None
@@ -35,8 +40,8 @@ def eos_ids(model, tokenizer) -> list[int]:
 
 
 def build_engine(model: str, draft: str | None = None, *, mode: str = "dflash", dtype: str = "auto",
-                 device: str = "cpu", max_slots: int = 32, max_len: int = 4096, tokenizer=None,
-                 threads: int | None = None, dummy: bool = False):
+                 device: str = "cpu", max_slots: int = 32, max_len: int = 4096, tokenizer: Any = None,
+                 threads: int | None = None, dummy: bool = False) -> ReferenceEngine:
     """Load the target (and the drafter in dflash mode) and return a `ReferenceEngine`.
 
     `dummy`: random weights of the configs' shapes (`target.load_model`, `drafter.load_drafter`).

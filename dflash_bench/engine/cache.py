@@ -14,7 +14,8 @@ import torch.nn.functional as F
 class SlotCache:
     """Per-layer K/V buffers indexed by (slot, position); `shapes`: each layer's (KV heads, head size)."""
 
-    def __init__(self, shapes: list[tuple[int, int]], slots: int, max_len: int, dtype, device):
+    def __init__(self, shapes: list[tuple[int, int]], slots: int, max_len: int, dtype: torch.dtype,
+                 device: torch.device | str) -> None:
         self.k = [torch.zeros((slots, max_len, h, d), dtype=dtype, device=device) for h, d in shapes]
         self.v = [torch.zeros((slots, max_len, h, d), dtype=dtype, device=device) for h, d in shapes]
         self.max_len = max_len
@@ -49,7 +50,8 @@ def row_mask(starts: torch.Tensor, q_len: int, kv_len: int, *, causal: bool, win
     return vis[:, None]
 
 
-def attend(q, k, v, mask, scale: float, softcap: float | None = None) -> torch.Tensor:
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
+           softcap: float | None = None) -> torch.Tensor:
     """Attention of q `[bs, H, q, hd]` over k, v `[bs, Hkv, kv, hd]` (GQA) -> `[bs, q, H, hd]`."""
     if softcap is None:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)

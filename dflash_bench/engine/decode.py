@@ -26,7 +26,7 @@ class ReferenceEngine:
     """The `protocol.Engine` over a `Target` and an optional proposer. Not thread-safe: one thread drives it."""
 
     greedy_only = False
-    synthetic_tau = None
+    synthetic_tau: float | None = None
 
     def __init__(self, target: Target, tokenizer, proposer: Proposer | None = None, *, eos_ids: list[int]):
         self.target, self.tok, self.proposer = target, tokenizer, proposer
@@ -57,10 +57,12 @@ class ReferenceEngine:
 
     def add(self, req_id: str, prompt: list[int], params: SamplingParams) -> tuple[Seq, Delta]:
         """Prefill one new request into a free slot; returns the sequence and its first token."""
-        return self.add_many([(req_id, prompt, params)])[0]
+        seq, first = self.add_many([(req_id, prompt, params)])[0]
+        assert first is not None  # this engine prefills at once: the first token is there
+        return seq, first
 
     @torch.inference_mode()
-    def add_many(self, reqs: list[tuple[str, list[int], SamplingParams]]) -> list[tuple[Seq, Delta]]:
+    def add_many(self, reqs: list[tuple[str, list[int], SamplingParams]]) -> list[tuple[Seq, Delta | None]]:
         """Prefill new requests, several per forward (similar lengths together); results in input order."""
         order = sorted(range(len(reqs)), key=lambda i: len(reqs[i][1]))
         groups: list[list[int]] = [[]]

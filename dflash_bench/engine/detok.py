@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class Detokenizer:
     """Turns a growing list of token ids into text deltas; finds stop strings and truncates at them."""
 
-    def __init__(self, tokenizer, stop: list[str], prompt_tail: list[int] | None = None):
+    def __init__(self, tokenizer: Any, stop: list[str], prompt_tail: list[int] | None = None) -> None:
         self.tok = tokenizer
         self.stop = [s for s in stop if s]
         self.hold = max((len(s) for s in self.stop), default=1) - 1

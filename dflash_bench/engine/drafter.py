@@ -13,7 +13,7 @@ import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -54,7 +54,7 @@ class DrafterConfig:
     def from_dict(cls, d: dict) -> "DrafterConfig":
         dc = d.get("dflash_config") or {}
 
-        def pick(name, default=None):
+        def pick(name: str, default: Any = None) -> Any:
             return dc.get(name, d.get(name, default))
 
         if pick("mask_token_id") is None or pick("target_layer_ids") is None or pick("block_size") is None:
@@ -150,7 +150,7 @@ class Layer(nn.Module):
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
 
-def rope_cos_sin(pos: torch.Tensor, hd: int, theta: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_cos_sin(pos: torch.Tensor, hd: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """z-lab's tables: angles in float32, or float64 for a float64 drafter."""
     wide = torch.float64 if dtype == torch.float64 else torch.float32
     return cos_sin(pos, inv_freq(hd, theta, pos.device, wide), dtype)
@@ -203,8 +203,8 @@ def save_drafter(model: DFlashDrafter, out_dir: str | Path) -> None:
     atomic_write_json(out / "config.json", {**known, **c.raw})
 
 
-def load_drafter(path: str | Path, *, target_hidden: int, target_layers: int, target_vocab: int, dtype, device,
-                 dummy: bool = False) -> DFlashDrafter:
+def load_drafter(path: str | Path, *, target_hidden: int, target_layers: int, target_vocab: int, dtype: torch.dtype,
+                 device: torch.device | str, dummy: bool = False) -> DFlashDrafter:
     """Load a z-lab drafter strictly and check that it fits the target; mismatches are one clear error.
     `dummy`: random weights of its config's shape, created on the device (the folder needs only config.json)."""
     from safetensors.torch import load_file

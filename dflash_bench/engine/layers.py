@@ -3,15 +3,17 @@ own head size and KV heads), and which configs the builtin engine refuses (one s
 
 from __future__ import annotations
 
+from typing import Any
+
 from dflash_bench.errors import UserError
 
 
-def layer_config(cfg, i: int):
+def layer_config(cfg: Any, i: int) -> Any:
     """Layer i's view of the config: its own where transformers marks the config per-layer (heterogeneous)."""
     return cfg.per_layer_config[i] if getattr(cfg, "is_heterogeneous", False) else cfg
 
 
-def kv_shapes(cfg) -> list[tuple[int, int]]:
+def kv_shapes(cfg: Any) -> list[tuple[int, int]]:
     """Each decoder layer's (KV heads, head size), read layer by layer."""
     out = []
     for i in range(cfg.num_hidden_layers):
@@ -21,7 +23,7 @@ def kv_shapes(cfg) -> list[tuple[int, int]]:
     return out
 
 
-def check_servable(cfg) -> None:
+def check_servable(cfg: Any) -> None:
     """Refuse, in one sentence, what the slot cache cannot run: recurrent layers (their state cannot be rolled
     back) and layers that read another layer's keys and values of the same forward (Gemma 4's KV sharing)."""
     kinds = set(getattr(cfg, "layer_types", None) or [])

@@ -8,7 +8,7 @@ Tests inject their own proposers (an oracle that knows the target's tokens, one 
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +32,8 @@ class Proposer(Protocol):
 class DFlashProposer:
     """Drafts a block in one drafter pass over `[anchor, mask x (B-1)]` with cached context K/V."""
 
-    def __init__(self, drafter: DFlashDrafter, embed_weight: torch.Tensor, lm_head, *, max_slots: int, max_len: int):
+    def __init__(self, drafter: DFlashDrafter, embed_weight: torch.Tensor, lm_head: Callable[[torch.Tensor], torch.Tensor], *,
+                 max_slots: int, max_len: int) -> None:
         c = drafter.config
         self.drafter: Any = drafter  # its modules are read by attribute (nn.Module's getattr is untyped)
         self.c = c
@@ -44,7 +45,7 @@ class DFlashProposer:
                                w.device)
         self.pending: dict[int, tuple[torch.Tensor, int]] = {}  # slot -> (features [B, K*h], first position)
 
-    def _rope(self, pos: torch.Tensor):
+    def _rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return rope_cos_sin(pos, self.c.head_dim, self.c.rope_theta, self.embed_weight.dtype)
 
     def _write_context(self, feats: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor) -> None:
@@ -103,7 +104,7 @@ class DFlashProposer:
             logits = torch.tanh(logits / cap) * cap
         return None, logits
 
-    def _pending_context(self, seqs: Sequence, block_pos: torch.Tensor):
+    def _pending_context(self, seqs: Sequence[Any], block_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each row's new context features and positions; a row with none writes zeros the block overwrites."""
         rows: list[torch.Tensor | None] = []
         pos: list[torch.Tensor] = []

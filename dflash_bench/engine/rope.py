@@ -6,12 +6,12 @@ from __future__ import annotations
 import torch
 
 
-def inv_freq(head_dim: int, theta: float, device, dtype=torch.float32) -> torch.Tensor:
+def inv_freq(head_dim: int, theta: float, device: torch.device | str | None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The rotation frequencies `[head_dim / 2]`, in `dtype` (float32 as HF; float64 for float64 models)."""
     return 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=dtype) / head_dim))
 
 
-def cos_sin(pos: torch.Tensor, freqs: torch.Tensor, dtype, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def cos_sin(pos: torch.Tensor, freqs: torch.Tensor, dtype: torch.dtype, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin `[..., 1, head_dim]` of positions `pos` `[...]`: angles in `freqs`' precision, then cast.
 
     `scale`: HF's attention scaling of scaled RoPE variants, folded into both."""

@@ -46,7 +46,7 @@ def probs_from_logits(logits: torch.Tensor, temperature: torch.Tensor, top_k: to
     return torch.zeros_like(p).scatter(-1, idx, p).reshape(shape)
 
 
-def _rand(params: list[SamplingParams] | None, n: int, shape: tuple, device) -> torch.Tensor:
+def _rand(params: list[SamplingParams] | None, n: int, shape: tuple[int, ...], device: torch.device | str) -> torch.Tensor:
     """Uniform noise `[n, *shape]`; a row whose request has a seed draws from its own generator."""
     out = torch.rand((n, *shape), device=device)
     for i, p in enumerate(params or ()):
@@ -61,7 +61,7 @@ def _multinomial(probs: torch.Tensor, params: list[SamplingParams] | None) -> to
     return (probs / -torch.log(u.clamp_min(1e-30))).argmax(-1)
 
 
-def param_tensors(params: list[SamplingParams], device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def param_tensors(params: list[SamplingParams], device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     t = torch.tensor([p.temperature for p in params], device=device)
     k = torch.tensor([p.top_k for p in params], device=device)
     tp = torch.tensor([p.top_p for p in params], device=device)

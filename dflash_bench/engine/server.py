@@ -21,6 +21,7 @@ from dflash_bench.engine.api import BadRequest, ChatRequest, CompletionRequest, 
 from dflash_bench.engine.bookkeeping import Delta, out_of_vocabulary
 from dflash_bench.engine.loop import EngineLoop
 from dflash_bench.engine.metrics import render
+from dflash_bench.engine.protocol import Engine
 from dflash_bench.errors import UserError
 from dflash_bench.openai_format import new_id
 
@@ -256,6 +257,7 @@ def serve(model: str, draft: str | None = None, *, mode: str | None = None, host
     if load_format not in ("auto", "dummy"):
         raise UserError(f"--load-format must be auto or dummy, not {load_format!r}")
     dummy = load_format == "dummy"
+    engine: Engine
     if fast:  # engine/fast: fused forward, CUDA graphs (greedy only)
         from dflash_bench.engine.fast.engine import build_fast_engine
 

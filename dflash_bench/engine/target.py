@@ -8,7 +8,7 @@ the decoder layers capture the outputs the drafter reads (HF `hidden_states[id +
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import threading
 from dataclasses import dataclass
@@ -38,7 +38,8 @@ class _Step:
 _LOCAL = threading.local()  # .step: the _Step of this thread's forward
 
 
-def _slot_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+def _slot_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: object,
+                    scaling: float | None = None, dropout: float = 0.0, **kwargs: Any) -> tuple[torch.Tensor, None]:
     step = _LOCAL.step
     layer = module.layer_idx
     step.cache.write(layer, step.slots, step.pos, key.transpose(1, 2), value.transpose(1, 2))
@@ -128,8 +129,8 @@ class Target:
         for i in sorted(set(layer_ids)):
             self._hooks.append(self.layers[i].register_forward_hook(self._hook(i)))
 
-    def _hook(self, i: int):
-        def save(_mod, _inp, out):
+    def _hook(self, i: int) -> Callable[[nn.Module, object, Any], None]:
+        def save(_mod: nn.Module, _inp: object, out: Any) -> None:
             self._captured[i] = out[0] if isinstance(out, tuple) else out
 
         return save
@@ -141,7 +142,8 @@ class Target:
         return self.model.get_output_embeddings()
 
     @torch.inference_mode()
-    def forward(self, ids: torch.Tensor, starts: torch.Tensor, slots: torch.Tensor, keep: int = 0):
+    def forward(self, ids: torch.Tensor, starts: torch.Tensor, slots: torch.Tensor, keep: int = 0
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run `ids` `[bs, q]` at positions `starts[b] + j`, appending to each row's slot.
 
         Returns logits of the last `keep` positions (all when 0) `[bs, k, V]` and the tapped features

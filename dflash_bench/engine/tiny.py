@@ -30,7 +30,7 @@ CHAT_TEMPLATE = (
 )
 
 
-def make_tokenizer():
+def make_tokenizer() -> Any:
     """A byte-level BPE tokenizer (one token per byte, no merges) with Qwen3's special tokens; works offline."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -59,7 +59,7 @@ def _byte_of(ch: str) -> int:
     return others[code - 256]
 
 
-def _target_config(arch: str, layers: int, hidden: int, kv_heads: tuple[int, int] = (2, 1)):
+def _target_config(arch: str, layers: int, hidden: int, kv_heads: tuple[int, int] = (2, 1)) -> Any:
     """`kv_heads`: (KV heads of every layer, or of Gemma 4's sliding ones; of Gemma 4's full ones)."""
     common: dict[str, Any] = dict(
         vocab_size=VOCAB_SIZE,
@@ -102,7 +102,7 @@ def _target_config(arch: str, layers: int, hidden: int, kv_heads: tuple[int, int
     raise ValueError(f"unknown tiny architecture {arch!r}; use 'qwen3', 'llama', 'gemma3' or 'gemma4'")
 
 
-def drafter_config(target_cfg, *, layers: int, block_size: int, target_layer_ids: list[int], gemma: bool = False
+def drafter_config(target_cfg: Any, *, layers: int, block_size: int, target_layer_ids: list[int], gemma: bool = False
                    ) -> dict:
     """A z-lab style drafter config.json (a Qwen3 config plus block_size and dflash_config); `gemma` (a Gemma 4 target),
     the gemma-4 drafter's knobs: sliding (causal, windowed) and full draft layers, the target's embedding scale
@@ -197,7 +197,8 @@ def make_tiny_pair(
 PREDICTED_TOKEN = ord("a")
 
 
-def _wire_constant(model, embed, norm_weight, head) -> None:
+def _wire_constant(model: torch.nn.Module, embed: torch.Tensor | None, norm_weight: torch.Tensor,
+                   head: torch.Tensor | None) -> None:
     """Silence every layer (zero o_proj/down_proj) and route hidden dim 0 (kept positive) to PREDICTED_TOKEN."""
     for name, p in model.named_parameters():
         if name.endswith(("o_proj.weight", "down_proj.weight")):

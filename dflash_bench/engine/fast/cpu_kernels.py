@@ -15,6 +15,8 @@ None where no compiler builds it (the torch path then runs; `DenseTarget(kernels
 
 from __future__ import annotations
 
+from typing import Any
+
 import ctypes
 import hashlib
 import logging
@@ -99,7 +101,7 @@ def _cpu_id() -> bytes:
     return "\n".join(sorted({ln for ln in info if ln.startswith(("model name", "flags", "Features"))})).encode()
 
 
-def _fn(name: str, dtype: torch.dtype | None = None):
+def _fn(name: str, dtype: torch.dtype | None = None) -> Any:
     lib = _lib[0] if _lib else load(required=True)
     return getattr(lib, name if dtype is None else f"{name}_{SUFFIX[dtype]}")
 
@@ -149,7 +151,8 @@ def linear_argmax(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = N
     return argmax(linear(x, w), out)
 
 
-def _rms(h: torch.Tensor, a: torch.Tensor | None, w: torch.Tensor | None, eps: float):
+def _rms(h: torch.Tensor, a: torch.Tensor | None, w: torch.Tensor | None, eps: float
+         ) -> tuple[torch.Tensor | None, torch.Tensor]:
     h, a = h.contiguous(), None if a is None else a.contiguous()  # kept alive through the call
     n = h.shape[-1]
     out = torch.empty_like(h)
@@ -165,6 +168,7 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tenso
 def add_rms_norm(h: torch.Tensor, a: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """`(h + a, rms_norm(h + a) * w)`: the sum is rounded to the dtype before its norm, as torch's."""
     s, out = _rms(h, a, w, eps)
+    assert s is not None  # `a` given: the sum was written
     return s, out
 
 

@@ -65,7 +65,7 @@ def check_head_dims(kernels: Kernels | None, head_dims: Iterable[int], what: str
                         f"{', '.join(map(str, bad))}: serve it with --no-kernels (torch ops) or without --fast")
 
 
-def prepared(kernels, w: torch.Tensor) -> torch.Tensor:
+def prepared(kernels: Kernels | None, w: torch.Tensor) -> torch.Tensor:
     """A weight as the kernels' matmul reads it: the CPU kernels' packed panels; otherwise as it is."""
     pack = getattr(kernels.gemm, "pack", None) if kernels else None
     return pack(w) if pack else w
