@@ -83,6 +83,15 @@ def test_demo_options_are_checked_before_any_prompt_set_loads(tmp_path):
         hub.close()
     assert proc.returncode == 2 and proc.stderr.strip() == "error: --concurrency takes positive integers, e.g. 1,8,32"
     assert hub.connections == 0 and list(tmp_path.iterdir()) == []
+    hub = _Hub()  # the sweep's too: its plan is checked before it sizes itself from the prompts
+    try:
+        proc = subprocess.run([sys.executable, "-m", "dflash_bench", "sweep", "--model", "Qwen3-8B", "--gpu", "h100",
+                               "--concurrency", "1,1", "--out", str(tmp_path)],
+                              capture_output=True, text=True, timeout=120, env=_offline_env(hub))
+    finally:
+        hub.close()
+    assert proc.returncode == 2 and proc.stderr.strip() == "error: --concurrency lists a value twice", proc.stderr
+    assert hub.connections == 0 and list(tmp_path.iterdir()) == []
 
 
 def test_an_unreachable_hub_is_one_sentence_after_one_try(tmp_path):

@@ -15,7 +15,7 @@ from dflash_bench.console import new_console
 from dflash_bench.errors import UserError
 from dflash_bench.store import SweepDir
 from dflash_bench.sweep.dry_run import print_plan
-from dflash_bench.sweep.plan import SweepSettings, resolve_pair
+from dflash_bench.sweep.plan import SweepSettings, plan_cells, resolve_pair
 
 DEMO_CONCURRENCY = [1, 8]
 DEMO_ENGINE_ARGS = ["--fast", "--cut-draft", "--device", "cpu"]
@@ -143,6 +143,7 @@ def _validated(values: dict[str, Any]) -> SweepSettings:
     except ValidationError as err:
         e = err.errors()[0]
         raise UserError(f"bad sweep setting {'.'.join(map(str, e['loc']))}: {e['msg']}") from None
+    plan_cells(settings)  # the plan's own checks (--concurrency, --repeats, ...), before any prompt set loads
     if settings.interleave and not settings.paired:
         raise UserError("--interleave alternates the requests of a cell's AR and DFlash servers, so both must be up "
                         "together: add --paired")
@@ -218,7 +219,6 @@ def demo_command(*, out: Path, data_dir: Path | None, max_tokens: int, num_promp
     from dflash_bench.sweep.run import run_sweep
 
     from dflash_bench.suites import list_suites
-    from dflash_bench.sweep.plan import plan_cells
 
     target, drafter, note = default_pair(out)
     # the options are checked (the sweep's own checks, over every suite) before any prompt set loads
@@ -227,7 +227,6 @@ def demo_command(*, out: Path, data_dir: Path | None, max_tokens: int, num_promp
                                num_prompts=num_prompts, max_tokens=max_tokens, runner="process", port=free_port(),
                                engine_args=DEMO_ENGINE_ARGS, engine_options={"drafter": str(drafter)},
                                save_token_ids=True, paired=True, interleave=True, repeats=repeats))
-    plan_cells(settings)
     console = new_console(stderr=True)
     console.print(f"demo pair: {note}")
     settings = settings.model_copy(update={"suites": _demo_suites(data_dir, console)})
