@@ -154,6 +154,7 @@ def serve(
     verify_width: str = typer.Option("auto", "--verify-width", help="Fast path, DFlash: auto (verify the anchor and as many drafts per step as maximise committed tokens per second, from measured acceptance and step times) full (the whole block every step) or N (the anchor and its first N - 1 drafts every step: tau at that width, whatever the load)."),
     cut_draft: bool = typer.Option(False, "--cut-draft", help="Fast path, DFlash: draft only the positions a step verifies (the anchor and w - 1 masks), not the whole block; for drafters trained on blocks of random length."),
     kernels: bool = typer.Option(True, "--kernels/--no-kernels", help="Fast path: run the decode step's kernels (Triton on a GPU, C on a CPU); --no-kernels runs plain torch ops instead, to compare."),
+    enforce_eager: bool = typer.Option(False, "--enforce-eager", help="Fast path on a GPU: run every step eagerly, without CUDA graphs (slower; to tell a graph's fault from the step's)."),
     tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size", "--tp", min=1, help="Fast path: shard the target and the drafter over this many GPUs, one process each (Megatron-style tensor parallelism; gloo ranks on the CPU)."),
     prefill: str = typer.Option("auto", "--prefill", help="When a prompt that arrives while others decode is prefilled: auto (mixed for AR on the fast path on a GPU, else first), first (every waiting prompt before the next step: the batch fills before it steps, the running rows wait), mixed (fast path, AR: in the same forward as the running rows' next step, up to three prompts a step, as vLLM mixes prefills into decode batches; the first tokens come much sooner; DFlash servers prefill first)."),
 ) -> None:
@@ -165,7 +166,7 @@ def serve(
                synthetic_acceptance=synthetic_acceptance, benchmark_only=benchmark_only, step_ahead=step_ahead,
                verify_width=verify_width, cut_draft=cut_draft, prefill=prefill, load_format=load_format,
                kernels=kernels, memory_utilization=memory_utilization, kv_cache_memory_bytes=kv_cache_memory_bytes,
-               tensor_parallel=tensor_parallel_size)
+               tensor_parallel=tensor_parallel_size, enforce_eager=enforce_eager)
 
 
 

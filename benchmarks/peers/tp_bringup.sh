@@ -12,11 +12,11 @@ out=${2:?usage: tp_bringup.sh DATA_DIR OUT_DIR}
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 mkdir -p "$out"
 nvidia-smi --query-gpu=index,name,memory.total,memory.used --format=csv > "$out/gpus_before.csv" 2>&1
-timeout 280 python -m pytest -q -m gpu -p no:cacheprovider tests/test_engine_tp_gpu.py > "$out/tp_gpu_test.txt" 2>&1
+timeout 330 python -m pytest -q -m gpu -p no:cacheprovider tests/test_engine_tp_gpu.py > "$out/tp_gpu_test.txt" 2>&1
 test_rc=$?
 tail -5 "$out/tp_gpu_test.txt"
-timeout 290 python -m benchmarks.peers.two_clients --engine builtin --shape gemma-4-31B-it --tensor-parallel-size 2 \
-    --modes dflash --synthetic-tau 6.5 --concurrency 8 --new-tokens 32 --requests-per-slot 1 --time-limit 280 \
+timeout 250 python -m benchmarks.peers.two_clients --engine builtin --shape gemma-4-31B-it --tensor-parallel-size 2 \
+    --modes dflash --synthetic-tau 6.5 --concurrency 8 --new-tokens 32 --requests-per-slot 1 --time-limit 240 \
     --best-effort --data-dir "$data" --work /tmp/tp_smoke --out "$out/tp_smoke.json"
 smoke_rc=$?
 cp /tmp/tp_smoke/logs/*.log "$out/" 2>/dev/null

@@ -237,7 +237,7 @@ def serve(model: str, draft: str | None = None, *, mode: str | None = None, host
           synthetic_acceptance: float | None = None, benchmark_only: bool = False, step_ahead: bool = True,
           verify_width: str = "auto", cut_draft: bool = False, prefill: str = "auto", load_format: str = "auto",
           kernels: bool = True, memory_utilization: float | None = None,
-          kv_cache_memory_bytes: int | None = None, tensor_parallel: int = 1) -> None:
+          kv_cache_memory_bytes: int | None = None, tensor_parallel: int = 1, enforce_eager: bool = False) -> None:
     """Load the model(s) and serve until interrupted (the `dflash-bench serve` command). `max_slots` None: on the
     fast path, as many as the KV memory holds (engine/fast/pool.py); else its default."""
     import uvicorn
@@ -267,14 +267,15 @@ def serve(model: str, draft: str | None = None, *, mode: str | None = None, host
                                    adaptive=verify_width == "auto", width=width, cut_draft=cut_draft, mixed=prefill == "mixed",
                                    dummy=dummy, kernels=kernels, kv_cache_memory_bytes=kv_cache_memory_bytes,
                                    memory_utilization=0.9 if memory_utilization is None else memory_utilization,
-                                   tensor_parallel=tensor_parallel)
+                                   tensor_parallel=tensor_parallel, graphs=False if enforce_eager else None)
     elif memory_utilization is not None or kv_cache_memory_bytes is not None:
         raise UserError(f"{'--memory-utilization' if memory_utilization is not None else '--kv-cache-memory-bytes'} "
                         "sizes the fast path's KV pool: add --fast (without it, --max-slots sizes the cache)")
     elif synthetic_acceptance is not None:
         raise UserError("--synthetic-acceptance runs on the fast path only: add --fast --benchmark-only")
-    elif tensor_parallel > 1:
-        raise UserError(f"--tensor-parallel-size {tensor_parallel} runs on the fast path only: add --fast")
+    elif tensor_parallel > 1 or enforce_eager:
+        raise UserError(f"{'--enforce-eager' if enforce_eager else f'--tensor-parallel-size {tensor_parallel}'} "
+                        "runs on the fast path only: add --fast")
     elif not step_ahead or prefill == "mixed":
         raise UserError(f"{'--no-step-ahead' if not step_ahead else '--prefill ' + prefill} applies to the fast path "
                         "only: add --fast")

@@ -33,7 +33,7 @@ class FastEngine:
                  synthetic_tau: float | None = None, kv_block: int = 256, step_ahead: bool = True,
                  adaptive: bool = True, cut_draft: bool = False, mixed: bool = False, kernels: bool = True,
                  width: int | None = None, consume: bool = False, tp: Shard | None = None,
-                 followers: Followers | None = None):
+                 followers: Followers | None = None, graphs: bool | None = None):
         """`model`: the loaded Hugging Face target (`target.load_model`; with `consume` its layers are dropped once
         copied); `drafter`: a `DFlashDrafter` or None. `mixed` (AR): a prompt admitted while rows decode rides in
         their next step's forward (`DenseTarget.forward_mixed`), where the target's family lets prompts ride.
@@ -43,7 +43,7 @@ class FastEngine:
         self.runner = make_runner(model, drafter, max_slots=max_slots, max_len=max_len, kernels=kernels, tp=tp,
                                   consume=consume, synthetic_tau=synthetic_tau, kv_block=kv_block,
                                   step_ahead=step_ahead, adaptive=adaptive, cut_draft=cut_draft, mixed=mixed,
-                                  width=width)
+                                  width=width, graphs=graphs)
         ft = self.runner.t
         self.followers = followers
         if followers is not None:  # from here on, each runner call is replayed by the other ranks
@@ -167,10 +167,11 @@ def build_fast_engine(model: str, draft: str | None = None, *, mode: str = "dfla
                       step_ahead: bool = True, adaptive: bool = True, cut_draft: bool = False,
                       mixed: bool = False, dummy: bool = False, kernels: bool = True, width: int | None = None,
                       memory_utilization: float = 0.9, kv_cache_memory_bytes: int | None = None,
-                      tensor_parallel: int = 1) -> FastEngine:
+                      tensor_parallel: int = 1, graphs: bool | None = None) -> FastEngine:
     """Like `build.build_engine`, on the fast path (CUDA graphs on a GPU, eager on the CPU). `max_slots` None: as
     many as the memory budget holds (`pool.py`: `memory_utilization` of a GPU, or `kv_cache_memory_bytes`, a
-    rank's). `tensor_parallel` N > 1: N processes, a GPU each (gloo ranks on the CPU), `ranks.py`."""
+    rank's). `tensor_parallel` N > 1: N processes, a GPU each (gloo ranks on the CPU), `ranks.py`. `graphs` False:
+    no CUDA graphs (`serve --enforce-eager`)."""
     from dflash_bench.engine.build import eos_ids, load_tokenizer, resolve_dtype
 
     if mode not in ("ar", "dflash"):
@@ -190,7 +191,8 @@ def build_fast_engine(model: str, draft: str | None = None, *, mode: str = "dfla
     dt = resolve_dtype(dtype, device)
     tok = tokenizer or load_tokenizer(model)
     runner_kw: dict[str, Any] = dict(synthetic_tau=synthetic_tau, step_ahead=step_ahead, adaptive=adaptive,
-                                     cut_draft=cut_draft, mixed=mixed, kernels=kernels, width=width, consume=True)
+                                     cut_draft=cut_draft, mixed=mixed, kernels=kernels, width=width, consume=True,
+                                     graphs=graphs)
     followers, shard = None, None
     if tensor_parallel > 1:  # refused in one sentence before any process starts
         from dflash_bench.engine.fast.ranks import RankSpec, check_parallel, free_address, join_group

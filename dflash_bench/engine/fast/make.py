@@ -14,16 +14,17 @@ from dflash_bench.engine.fast.shard import Shard
 def make_runner(model: Any, drafter: Any, *, max_slots: int, max_len: int, kernels: bool = True,
                 tp: Shard | None = None, consume: bool = False, synthetic_tau: float | None = None,
                 kv_block: int = 256, step_ahead: bool = True, adaptive: bool = True, cut_draft: bool = False,
-                mixed: bool = False, width: int | None = None) -> FastRunner:
+                mixed: bool = False, width: int | None = None, graphs: bool | None = None) -> FastRunner:
     """The fast runner over a loaded transformers target and a `DFlashDrafter` (or None), this rank's shard of
-    them with `tp`, its graphs captured (`consume`: the target's layers are dropped once copied)."""
+    them with `tp`, its graphs captured (`consume`: the target's layers are dropped once copied; `graphs` False:
+    every step eager, as on a CPU)."""
     want = None if kernels else False
     ft = load_target(model, max_slots=max_slots, max_len=max_len, kernels=want, consume=consume, tp=tp)
     mixed = mixed and ft.rides
     fd = (FastDrafter(drafter, ft.embed, ft.head, max_slots=max_slots, max_len=max_len, kernels=want, tp=tp)
           if drafter is not None else None)
-    runner = FastRunner(ft, fd, kv_block=kv_block, synthetic_tau=synthetic_tau, keep_logits=True, adaptive=adaptive,
-                        width=width, cut_draft=cut_draft, mixed=mixed, step_ahead=step_ahead)
+    runner = FastRunner(ft, fd, graphs=graphs, kv_block=kv_block, synthetic_tau=synthetic_tau, keep_logits=True,
+                        adaptive=adaptive, width=width, cut_draft=cut_draft, mixed=mixed, step_ahead=step_ahead)
     runner.capture_all()  # GPU: every graph before the first request (no capture pause mid-serving)
     return runner
 
