@@ -235,3 +235,16 @@ def test_llamacpp_command_follows_docs_speculative(preset):
                                        else "ghcr.io/ggml-org/llama.cpp:server-cuda")
     assert (llama.acceptance, llama.api, llama.chat_template, llama.runner) == (
         "llamacpp-metrics", "chat", "server", "process")
+
+
+def test_the_builtin_sweep_gives_synthetic_acceptance_to_its_dflash_server_only():
+    builtin = profiles.get("builtin")
+    pair = models.resolve("Qwen3-8B")
+    extra = ["--fast", "--synthetic-acceptance=6.5", "--benchmark-only", "--load-format=dummy"]
+    ar = builtin.command(pair, "ar", 8000, extra_args=extra)
+    dflash = builtin.command(pair, "dflash", 8000, extra_args=extra)
+    assert ar[-2:] == ["--fast", "--load-format=dummy"] and "--benchmark-only" not in ar
+    assert dflash[-4:] == extra
+    split = builtin.command(pair, "ar", 8000, extra_args=["--synthetic-acceptance", "6.5", "--fast"])
+    assert split[-1] == "--fast" and "6.5" not in split  # the value goes with its flag
+    assert profiles.get("vllm").command(pair, "ar", 8000, extra_args=["--benchmark-only"])[-1] == "--benchmark-only"

@@ -13,15 +13,16 @@
 #   vllm          dflash-bench sweep --engine vllm    (.vllm-bundle)      } AR and DFlash, gsm8k and mt-bench,
 #   sglang        dflash-bench sweep --engine sglang  (.sglang-bundle)    } concurrency 1, 8 and 32, 8 prompts a
 #   builtin       dflash-bench sweep --engine builtin (.vllm-bundle's)    } cell (raised to the concurrency),
-#   builtin-tau   the same, its DFlash at synthetic acceptance tau 6.5 (serve --synthetic-acceptance 6.5: labelled
-#                 so in the sweep's settings and the report)                128 new tokens
+#                                                                           } 128 new tokens
+#   builtin-tau   the same, its DFlash server at synthetic acceptance tau 6.5 (serve --synthetic-acceptance 6.5
+#                 --benchmark-only; the AR server stays plain): every DFlash cell records it, the report labels it
 #   emulator      the same sweep through the emulator (no GPU, no bundle needed): the CPU rehearsal of the whole
 #                 path (shape, sweep, deadline, saving, resuming), and the report's test folders
 #
-# --tp N: GPUs per server (vLLM and SGLang tensor parallel; the builtin engine only where its --tensor-parallel-size
-# exists). Everything is written under $OUT: each step's sweep folder (OUT/sweeps/NAME-GPU-tpN/<sweep>/, kept on
-# the machine too and resumed by a later call of the same step), two_clients' results file, the server logs and
-# this command's console (OUT/mission.log). A step whose bundle is not on this machine (neither
+# --tp N: GPUs per server (tensor parallel: vLLM, SGLang, and the builtin engine's fast path, `serve --fast
+# --tensor-parallel-size`). Everything is written under $OUT: each step's sweep folder
+# (OUT/sweeps/NAME-GPU-tpN/<sweep>/, kept on the machine too and resumed by a later call of the same step),
+# two_clients' results file, the server logs and this command's console (OUT/mission.log). A step whose bundle is not on this machine (neither
 # carried nor left by an earlier call) is skipped in one sentence. Shape folders are written once into
 # $MISSION_WORK (default /tmp/mission), kept for later calls on a warm machine.
 #
@@ -92,7 +93,7 @@ sweep() { # sweep NAME ENGINE TARGET [extra sweep args...]: one sweep folder in 
   local cmd=(python3 -m dflash_bench sweep --model "$target" --drafter "$work/gemma-4-31B-it-DFlash" --engine "$engine"
              --runner process --gpu "$gpu" --suites gsm8k,mt-bench -c 1,8,32 -n 8 --max-tokens 128
              --data-dir "$data" --out "$dir" "$@")
-  [ "$engine" = builtin ] || cmd+=(--tensor-parallel-size "$tp")
+  [ "$engine" = emulator ] || cmd+=(--tensor-parallel-size "$tp")
   local last
   last=$(find "$dir" -mindepth 2 -maxdepth 2 -name manifest.json -printf '%h\n' 2>/dev/null | sort | tail -1)
   [ -n "$last" ] && cmd+=(--resume "$last")
@@ -132,18 +133,10 @@ step() { # the body of one step, in a subshell
       harness_env && shape hf && sweep emulator emulator "$work/gemma-4-31B-it" ;;
     builtin|builtin-tau)
       harness_env || return 0
-      local tp_args=() tau_args=()
-      if [ "$tp" != 1 ]; then
-        if python3 -m dflash_bench serve --help 2>/dev/null | grep -q -- --tensor-parallel-size; then
-          tp_args=(--engine-arg=--tensor-parallel-size="$tp")
-        else
-          echo "skipped: the builtin engine has no --tensor-parallel-size in this tree: it runs on one GPU only"
-          return 0
-        fi
-      fi
+      local tau_args=()
       [ "$1" = builtin-tau ] && tau_args=(--engine-arg=--synthetic-acceptance=6.5 --engine-arg=--benchmark-only)
       shape hf && sweep "$1" builtin "$work/gemma-4-31B-it" --engine-arg=--fast --engine-arg=--load-format=dummy \
-        "${tp_args[@]}" "${tau_args[@]}" ;;
+        "${tau_args[@]}" ;;
   esac
 }
 

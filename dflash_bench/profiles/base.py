@@ -164,7 +164,12 @@ class EngineProfile:
         argv = self.base_command(pair) + self.target_flags(pair, preset) + self.slot_flags(pair, slots)
         argv += self.spec_flags(pair, preset) if mode == "dflash" else self.ar_flags()
         argv += ["--port", str(port)] + (["--host", host] if host else [])
-        return argv + self.harness_flags() + list(extra_args)
+        return argv + self.harness_flags() + self.mode_args(mode, list(extra_args))
+
+    def mode_args(self, mode: str, extra_args: list[str]) -> list[str]:
+        """The sweep's --engine-arg flags as this mode's server takes them (all of them, unless the engine has
+        flags that exist for one mode only)."""
+        return extra_args
 
     def env(self, pair: ModelPair, mode: str) -> dict[str, str]:
         """Environment variables the card asks for (the same for AR and DFlash)."""

@@ -57,6 +57,21 @@ class Builtin(EngineProfile):
     def ar_flags(self) -> list[str]:
         return ["--mode", "ar"]
 
+    def mode_args(self, mode: str, extra_args: list[str]) -> list[str]:
+        """`serve` refuses --synthetic-acceptance (and so --benchmark-only's reason) in mode ar: a sweep that
+        passes them as --engine-arg gives them to its DFlash server only, and its AR server stays a plain one."""
+        if mode == "dflash":
+            return extra_args
+        out, skip = [], False
+        for a in extra_args:
+            if skip:
+                skip = False
+            elif a == "--synthetic-acceptance":
+                skip = True  # its value follows
+            elif not (a.startswith("--synthetic-acceptance=") or a == "--benchmark-only"):
+                out.append(a)
+        return out
+
     def spec_flags(self, pair: ModelPair, preset: str) -> list[str]:
         return ["--mode", "dflash", "--draft", pair.require_drafter()]
 
