@@ -8,7 +8,7 @@
  * - linear: y = x @ w.T + bias over a weight packed in panels of PW output columns, `[n / PW, k, PW]`, so
  *   that a panel streams contiguously while 6 rows of x accumulate 6 x PW outputs in registers (no
  *   horizontal sums). MKL's sgemm costs about twice a one-row gemv from 2 to 8 rows on this kind of CPU
- *   (benchmarks/cpu_step.py); this kernel reads each weight once for up to 6 rows, and rows are blocked by
+ *   (benchmarks/speed/cpu_step.py); this kernel reads each weight once for up to 6 rows, and rows are blocked by
  *   ROW_BLOCK so that large m (prefill) reuses a panel from the L1/L2 caches.
  * - argmax, rms_norm (with the residual add), silu_mul, embed_norm, qk_rope_store (q/k norm, RoPE from
  *   float32 tables, the K/V cache write) and commit (greedy or synthetic acceptance, the per-slot state).

@@ -5,7 +5,7 @@ cache write, silu * up, embedding, argmax and commit, `triton_attn.decode_attent
 takes this module in all three places on a CPU. Why: an eager torch decode step on a CPU is ~40 ops a layer
 of ~5 us dispatch each, and MKL's sgemm costs about twice a one-row gemv from 2 to 8 rows, so a verify of a
 few tokens cost 1.7x an AR step's matmuls; here a layer is 9 calls, and the matmul (`linear`, over weights
-packed once by `pack`) reads each weight once for up to 6 rows (benchmarks/cpu_step.py measures both).
+packed once by `pack`) reads each weight once for up to 6 rows (benchmarks/speed/cpu_step.py measures both).
 
 float32 and float64 (the tests' dtype). Built once per source and flags into the cache folder
 (DFLASH_BENCH_CACHE, else ~/.cache/dflash-bench) with `cc -O3 -march=native`, about 1.5 s; `load` returns

@@ -7,7 +7,7 @@ a batch of `bs` rows always covers slots `row0 .. row0 + bs - 1`.
 Prompts may ride a decode step (`rides`: AR with `serve --fast --prefill mixed`, `forward_mixed`), as vLLM's
 scheduler mixes prefills into the decode batch. Between two steps, a prefill stalls every running row for its
 whole length, and each forward reads the weights once. In one forward the matmuls take the rows' and the
-prompts' tokens together: on the 8B shape on an H100 (`benchmarks/mixed_step.py`) a step of 31 rows takes 6.7 ms,
+prompts' tokens together: on the 8B shape on an H100 (`benchmarks/speed/mixed_step.py`) a step of 31 rows takes 6.7 ms,
 a 320-token prompt's prefill 11.1 ms, the step that carries it 12.6 ms. Each half keeps its own attention
 (`StepAttention`): the rows over their slots' caches, the prompts causally over their own slots. The rows' K/V is
 written before the prompts': a prompt's slot that the batch bucket covers is a padding row of the step (its start

@@ -22,7 +22,7 @@ from dflash_bench.errors import UserError
 
 DEFAULT_SLOTS = 32  # without a budget (the CPU without --kv-cache-memory-bytes): the pool as before
 MIN_LEN = 16  # the shortest --max-model-len `serve` takes
-MOST_SLOTS = 128  # a pool chosen from memory holds at most this many (the most rows issue 44's table asks for)
+MOST_SLOTS = 128  # a pool chosen from memory holds at most this many (the most rows a measured table of the engines asks for)
 log = logging.getLogger("dflash_bench.engine")
 GIVEN = "--kv-cache-memory-bytes"  # a budget's `how` when the user gave it in bytes
 GIB = float(1 << 30)

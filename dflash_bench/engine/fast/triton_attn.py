@@ -190,7 +190,7 @@ def num_splits(L: int, programs: int, sms: int = 132) -> int:
     """Splits per (row, KV head, row block) for `programs` = bs * Hkv * row blocks: none up to 256 keys,
     then about one program per SM in all, at least 128 keys of the bucket length L a split, at most MAX_SPLITS.
 
-    On an H100 (benchmarks/kernel_tuning.py, Qwen3-8B heads, 200-4000 keys) this is the fastest split count
+    On an H100 (benchmarks/speed/kernel_tuning.py, Qwen3-8B heads, 200-4000 keys) this is the fastest split count
     or within 1 µs of it for batch 1 and 8 at 1 and 16 query tokens, except 4000 keys with 16 tokens at
     batch 1 (22.3 µs against 19.7 at 8 splits). At 200 keys two 128-key tiles in one program beat two
     programs and a merge: 5.4 µs a layer against 6.8 for 16 tokens, 5.2 against 5.7 for one. Aiming at two

@@ -8,7 +8,7 @@ with the operands swapped so the weight tile is the tensor cores' large side ("s
 `SPLIT` > 1 the partial sums go to a float32 workspace and the last program of a column block (an atomic counter
 it resets) adds them up, so one launch does the whole matmul and it is safe to capture in a CUDA graph.
 
-`benchmarks/gemm_tuning.py` times every `Plan` against cuBLAS on the GPU.
+`benchmarks/speed/gemm_tuning.py` times every `Plan` against cuBLAS on the GPU.
 """
 
 from __future__ import annotations
@@ -137,8 +137,8 @@ def plan_for(m: int, n: int, k: int, sms: int = 132) -> Plan | None:
     AR 14 us faster, DFlash 40 us, the drafter's 5 layers included). A wide grid of at most three programs
     per SM (gate/up: 384 blocks on 132 SMs) takes tiles 128 deep: at half the shared memory three programs
     fit on an SM, so the whole grid is resident at once, with no tail wave (H100: a DFlash step, 36 + 5
-    layers at 16 rows, 24-29 us faster than with 256-deep tiles; AR 2-3 us). Both: benchmarks/plan_ab.py.
-    On an H100 (benchmarks/gemm_tuning.py) that beats cuBLAS on all 14 decode shapes of the Qwen3-8B pair (7
+    layers at 16 rows, 24-29 us faster than with 256-deep tiles; AR 2-3 us). Both: benchmarks/speed/plan_ab.py.
+    On an H100 (benchmarks/speed/gemm_tuning.py) that beats cuBLAS on all 14 decode shapes of the Qwen3-8B pair (7
     at 1 and 16 rows) by 1-9%, and is at most 2.6% slower than the best of the ~100 settings swept per shape.
     A GPU with less shared memory than a 128-column plan needs runs that matmul on cuBLAS (`linear`).
     """

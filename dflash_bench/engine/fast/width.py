@@ -28,7 +28,7 @@ CPU_WIDTHS = (1, 2, 3, 4, 6, 8, 10, 16)  # a CPU step has no graph per width: na
 DECAY = 0.999  # per row-step weight of older acceptance counts
 # A CPU's: a demo's cells are short (4 requests of at most 64 tokens at concurrency 1) and run one after another
 # on one server, so the suite before would decide the next one's widths (tests/test_width.py); in process
-# (benchmarks/suite_sequence.py) the difference was within a 2-core box's noise
+# (benchmarks/speed/suite_sequence.py) the difference was within a 2-core box's noise
 CPU_DECAY = 0.99
 ALPHA = 0.25  # weight of the newest step time in its running average
 EXPLORE = 32  # every this many steps: re-time the stalest of the best width's neighbours and the whole block
