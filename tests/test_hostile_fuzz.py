@@ -28,18 +28,16 @@ REPORTS, RESUMES = 10, 3  # of the cases, drawn by the seed: the report and the 
 
 @pytest.fixture(scope="module")
 def made(tmp_path_factory, data_dir) -> tuple[Path, Path]:
-    """A finished emulator sweep (a telemetry.csv added to one cell, as a GPU host writes it) and its baseline."""
+    """A finished emulator sweep holding every file a folder can (hostile.every_file) and its baseline."""
     out = tmp_path_factory.mktemp("fuzz") / "out"
     proc = subprocess.run([sys.executable, "-m", "dflash_bench", "sweep", "--model", "org/emulated", "--drafter",
                            "org/emulated-dflash", "--engine", "emulator", "--runner", "process", "--suites", "gsm8k",
                            "--concurrency", "1", "-n", "4", "--max-tokens", "16", "--port", str(free_port()), "--out",
-                           str(out), "--data-dir", str(data_dir), *EMU], capture_output=True, text=True, timeout=240)
+                           str(out), "--data-dir", str(data_dir), "--save-token-ids", *EMU], capture_output=True,
+                          text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (folder,) = [p for p in out.iterdir() if (p / "manifest.json").exists()]
-    hostile.add_telemetry(folder)
-    baseline = folder.parent / "baseline.json"
-    assert hostile.cli("gate", str(folder), "--export-baseline", "-o", str(baseline)).code == 0
-    return folder, baseline
+    return folder, hostile.every_file(folder, data_dir)
 
 
 def test_every_reader_answers_hostile_files_in_one_sentence(made, tmp_path, data_dir):
@@ -48,7 +46,9 @@ def test_every_reader_answers_hostile_files_in_one_sentence(made, tmp_path, data
     rnd = random.Random(seed)
     cases = hostile.cases(folder)
     assert {name for name, _ in cases} >= {"manifest.json", "results.csv", "baseline.json", "logs/emulator-ar.log",
-                                           "cells/emulator-dflash-gsm8k-c1/telemetry.csv"}
+                                           *(f"cells/emulator-dflash-gsm8k-c1/{f}" for f in (
+                                               "summary.json", "requests.jsonl", "server_metrics.json", "telemetry.csv",
+                                               "lossless.jsonl", "accuracy.jsonl"))}
     every = os.environ.get("DFLASH_BENCH_FUZZ_ALL") == "1"
     slow = rnd.sample(range(len(cases)), REPORTS + RESUMES)
     broke = []
