@@ -1,4 +1,4 @@
-"""The package's seams: no import cycles (function-level imports included) and no private names borrowed.
+"""The seams of the package and of benchmarks/: no import cycles (function-level imports included) and no private names borrowed.
 
 A function-level import hides a cycle from Python, not from a reader: two modules that import each other
 are one module split in two. Each test walks every import statement with `ast`, so nothing is imported.
@@ -12,34 +12,34 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "dflash_bench"
 
 
-def _modules() -> dict[str, Path]:
+def _modules(package: Path = PACKAGE) -> dict[str, Path]:
     out = {}
-    for file in PACKAGE.rglob("*.py"):
-        parts = file.relative_to(PACKAGE.parent).with_suffix("").parts
+    for file in package.rglob("*.py"):
+        parts = file.relative_to(package.parent).with_suffix("").parts
         out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = file
     return out
 
 
-def _imports(name: str, file: Path, modules: dict[str, Path]):
-    """(imported module, imported name or None) for every dflash_bench import in `file`."""
+def _imports(name: str, file: Path, modules: dict[str, Path], root: str = "dflash_bench"):
+    """(imported module, imported name or None) for every import of the `root` package in `file`."""
     package = name if file.name == "__init__.py" else name.rpartition(".")[0]
     for node in ast.walk(ast.parse(file.read_text())):
         if isinstance(node, ast.Import):
-            yield from ((a.name, None) for a in node.names if a.name.startswith("dflash_bench"))
+            yield from ((a.name, None) for a in node.names if a.name.startswith(root))
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + [base]).strip(".")
-            if base.startswith("dflash_bench"):
+            if base.startswith(root):
                 for alias in node.names:  # `from pkg import submodule` depends on the submodule alone
                     sub = f"{base}.{alias.name}"
                     yield (sub, None) if sub in modules else (base, alias.name)
 
 
-def _graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+def _graph(modules: dict[str, Path], root: str = "dflash_bench") -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {m: set() for m in modules}
     for name, file in modules.items():
-        for target, _ in _imports(name, file, modules):
+        for target, _ in _imports(name, file, modules, root):
             while target and target not in modules:
                 target = target.rpartition(".")[0]
             if target and target != name:
@@ -95,6 +95,12 @@ def test_cycle_finder_finds_a_planted_cycle():
 
 def test_no_module_imports_another_that_imports_it_back():
     assert _cycles(_graph(_modules())) == []
+
+
+def test_no_benchmark_imports_another_that_imports_it_back():
+    modules = _modules(PACKAGE.parent / "benchmarks")
+    assert "benchmarks.faults.common" in modules
+    assert _cycles(_graph(modules, root="benchmarks")) == []
 
 
 def test_no_private_name_is_imported_from_another_module():
