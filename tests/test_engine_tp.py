@@ -110,6 +110,23 @@ def test_prompts_that_ride_decode_steps_on_two_ranks(pair):
     assert got == want and two.mixed_prefills > 0
 
 
+def test_four_ranks_decode_what_one_process_decodes(tmp_path):
+    """--tensor-parallel-size 4 (one query and one KV head a rank, every kind of Gemma 4 layer): DFlash, step for
+    step."""
+    target, drafter = make_tiny_pair(tmp_path, arch="gemma4", seed=1, block_size=B, layers=3, kv_heads=(4, 4),
+                                     draft_kv_heads=4)
+    kw = dict(mode="dflash", dtype="float64", device="cpu", max_slots=SLOTS, max_len=MAX_LEN, adaptive=False)
+    one = build_fast_engine(str(target), str(drafter), **kw)
+    want, _ = _decode(one, _prompts(one.tok), 12)
+    four = build_fast_engine(str(target), str(drafter), tensor_parallel=4, **kw)
+    try:
+        assert four.runner.t.H == 1 and [k.hkv for k in four.runner.t.caches] == [1, 1]
+        got, _ = _decode(four, _prompts(four.tok), 12)
+    finally:
+        four.close()
+    assert got == want
+
+
 def test_a_size_that_does_not_divide_the_heads_is_one_sentence(pair):
     target, drafter = pair
     with pytest.raises(UserError, match="--tensor-parallel-size 3 does not divide the 4 attention heads"):

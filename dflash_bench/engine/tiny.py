@@ -102,8 +102,8 @@ def _target_config(arch: str, layers: int, hidden: int, kv_heads: tuple[int, int
     raise ValueError(f"unknown tiny architecture {arch!r}; use 'qwen3', 'llama', 'gemma3' or 'gemma4'")
 
 
-def drafter_config(target_cfg: Any, *, layers: int, block_size: int, target_layer_ids: list[int], gemma: bool = False
-                   ) -> dict:
+def drafter_config(target_cfg: Any, *, layers: int, block_size: int, target_layer_ids: list[int], gemma: bool = False,
+                   kv_heads: int = 2) -> dict:
     """A z-lab style drafter config.json (a Qwen3 config plus block_size and dflash_config); `gemma` (a Gemma 4 target),
     the gemma-4 drafter's knobs: sliding (causal, windowed) and full draft layers, the target's embedding scale
     and its final-logit softcapping on the draft path."""
@@ -119,7 +119,7 @@ def drafter_config(target_cfg: Any, *, layers: int, block_size: int, target_laye
         "intermediate_size": 2 * hidden,
         "num_hidden_layers": layers,
         "num_attention_heads": 4,
-        "num_key_value_heads": 2,
+        "num_key_value_heads": kv_heads,
         "head_dim": hidden // 4,
         "rms_norm_eps": 1e-6,
         "rope_theta": 1_000_000.0,
@@ -149,6 +149,7 @@ def make_tiny_pair(
     draft_layers: int = 2,
     predictable: bool = False,
     kv_heads: tuple[int, int] = (2, 1),
+    draft_kv_heads: int = 2,
 ) -> tuple[Path, Path]:
     """Write a tiny random target and a matching z-lab format drafter under `out_dir`.
 
@@ -156,7 +157,8 @@ def make_tiny_pair(
     With `predictable=True` both models are wired to always predict the letter "a" (layers silenced,
     one hidden dimension carrying a positive constant to the head): the drafter is then always right,
     every step accepts the whole block (tau = B), which shows DFlash's speedup on a CPU. `kv_heads`: the
-    target's KV heads (Gemma 4: its sliding layers', its full layers'), of 4 query heads.
+    target's KV heads (Gemma 4: its sliding layers', its full layers'), of 4 query heads; `draft_kv_heads`: the
+    drafter's.
     """
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
@@ -184,7 +186,7 @@ def make_tiny_pair(
     if arch == "gemma4":  # six target features, as the gemma-4-31B drafter reads
         ids = [round(i * (layers - 2) / 5) for i in range(6)]  # not the last layer (HF reports it normed)
     dcfg = DrafterConfig.from_dict(drafter_config(cfg, layers=draft_layers, block_size=block_size, target_layer_ids=ids,
-                                                 gemma=arch == "gemma4"))
+                                                 gemma=arch == "gemma4", kv_heads=draft_kv_heads))
     drafter = DFlashDrafter(dcfg)
     drafter.init_random(seed)
     if predictable:

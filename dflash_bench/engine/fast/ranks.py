@@ -208,6 +208,7 @@ class Followers:
                 if ready in sentinels:
                     rank = sentinels.pop(ready)
                     if not self.stopping:
+                        self.procs[rank - 1].join(1.0)  # reaped: its exit code is known
                         code = self.procs[rank - 1].exitcode
                         self._died(f"tensor-parallel rank {rank} exited (code {code})")
                         return
