@@ -2,7 +2,7 @@
 # The mission's table on the GPU host: gemma-4-31B-it's shape (random weights, --load-format dummy) through vLLM,
 # SGLang and the builtin engine, AR and DFlash, one call of the device tool at a time (10 minutes, 64 MiB carried).
 #
-#   bash benchmarks/peers/mission.sh [--gpu h100|h200] [--tp N] [--seconds S] STEP...
+#   bash benchmarks/peers/mission.sh [--gpu h100|h200] [--tp N] [--seconds S] [--suites A,B] [-n N] [-c 1,8,32] STEP...
 #
 # STEP, run in the order given, each in a shell of its own (one engine's bundle at a time), until S seconds
 # (default 570) have passed since the start; a step that cannot finish in the time left is cut (SIGTERM: the
@@ -10,10 +10,9 @@
 #
 #   vllm-pair     vLLM 0.26.0 (.vllm-bundle) on one GPU: benchmarks.peers.two_clients, DFlash then AR at concurrency 1
 #                 and 8, 128 new tokens, measured by `dflash-bench run` and `vllm bench serve`
-#   vllm          dflash-bench sweep --engine vllm    (.vllm-bundle)      } AR and DFlash, gsm8k and mt-bench,
-#   sglang        dflash-bench sweep --engine sglang  (.sglang-bundle)    } concurrency 1, 8 and 32, 8 prompts a
-#   builtin       dflash-bench sweep --engine builtin (.vllm-bundle's)    } cell (raised to the concurrency),
-#                                                                           } 128 new tokens
+#   vllm          dflash-bench sweep --engine vllm    (.vllm-bundle)      } AR and DFlash, --suites (gsm8k,mt-bench),
+#   sglang        dflash-bench sweep --engine sglang  (.sglang-bundle)    } -c (1,8,32), -n prompts a cell (8, raised
+#   builtin       dflash-bench sweep --engine builtin (either bundle)     } to the concurrency), 128 new tokens
 #   builtin-tau   the same, its DFlash server at synthetic acceptance tau 6.5 (serve --synthetic-acceptance 6.5
 #                 --benchmark-only; the AR server stays plain): every DFlash cell records it, the report labels it
 #   emulator      the same sweep through the emulator (no GPU, no bundle needed): the CPU rehearsal of the whole
@@ -30,12 +29,15 @@
 set -uo pipefail
 set -m  # each step runs in a process group of its own, which the deadline can stop whole
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
-gpu=h100 tp=1 seconds=570 steps=()
+gpu=h100 tp=1 seconds=570 suites=gsm8k,mt-bench prompts=8 conc=1,8,32 steps=()
 while [ $# -gt 0 ]; do
   case $1 in
     --gpu) gpu=$2; shift 2 ;;
     --tp) tp=$2; shift 2 ;;
     --seconds) seconds=$2; shift 2 ;;
+    --suites) suites=$2; shift 2 ;;
+    -n) prompts=$2; shift 2 ;;
+    -c) conc=$2; shift 2 ;;
     vllm-pair|vllm|sglang|builtin|builtin-tau|emulator) steps+=("$1"); shift ;;
     *) echo "mission.sh: unknown argument '$1' (steps: vllm-pair vllm sglang builtin builtin-tau emulator)" >&2; exit 2 ;;
   esac
@@ -75,13 +77,26 @@ bundle() { # bundle DIR: source DIR/setup.sh in this (sub)shell, or say why not
   . "$1/setup.sh" && export PYTHONPATH="$base_path:$PYTHONPATH"
 }
 
-harness_env() { # the harness's own Python packages the host lacks (pydantic, orjson): from the vLLM bundle, which
-  # leaves the host's transformers 5.17 to every process but vLLM's (the builtin engine's Gemma 4 needs 5.17; the
-  # SGLang bundle shadows it with 5.12.1 for the whole shell, so it cannot serve here)
-  if python3 -c "import pydantic, orjson" 2> /dev/null; then return 0
-  elif [ -f .vllm-bundle/setup.sh ]; then bundle .vllm-bundle
-  else echo "skipped: the harness needs pydantic and orjson here: carry .vllm-bundle (or leave it from an earlier call)"; return 1
+harness_env() { # the harness's own Python packages the host lacks (pydantic, orjson, fastapi, uvicorn), and those only: symlinks in
+  # $work/harness-site to a bundle's unpacked copies. Not the bundle's whole site: the SGLang bundle's transformers
+  # 5.12.1 would shadow the host's 5.17, which the builtin engine's Gemma 4 reads (per-layer head sizes).
+  python3 -c "import pydantic, orjson, fastapi, uvicorn" 2> /dev/null && return 0
+  local site=""
+  if [ -f .vllm-bundle/unpack.py ]; then
+    site=${VLLM_SITE:-${TMPDIR:-/tmp}/vllm-site}; python3 .vllm-bundle/unpack.py "$site" > /dev/null || site=""
   fi
+  if [ -z "$site" ] && [ -f .sglang-bundle/unpack.py ]; then
+    site=${SGLANG_SITE:-${TMPDIR:-/tmp}/sglang-site}; python3 .sglang-bundle/unpack.py "$site" > /dev/null || site=""
+  fi
+  [ -n "$site" ] || { echo "skipped: the harness needs pydantic and orjson here: carry .vllm-bundle or .sglang-bundle"; return 1; }
+  local h=$work/harness-site p
+  mkdir -p "$h"
+  for p in pydantic pydantic_core annotated_types typing_inspection orjson fastapi starlette uvicorn; do
+    ln -sfn "$site/$p" "$h/$p"
+    for d in "$site/$p"-*.dist-info; do [ -e "$d" ] && ln -sfn "$d" "$h/$(basename "$d")"; done
+  done
+  export PYTHONPATH="$base_path:$h"
+  python3 -c "import pydantic, orjson, fastapi, uvicorn" || { echo "skipped: the harness's packages from $site do not import"; return 1; }
 }
 
 sweep() { # sweep NAME ENGINE TARGET [extra sweep args...]: one sweep folder in $work/sweeps/NAME-GPU-tpN, copied
@@ -91,7 +106,7 @@ sweep() { # sweep NAME ENGINE TARGET [extra sweep args...]: one sweep folder in 
   local dir=$work/sweeps/$name-$gpu-tp$tp
   mkdir -p "$dir"
   local cmd=(python3 -m dflash_bench sweep --model "$target" --drafter "$work/gemma-4-31B-it-DFlash" --engine "$engine"
-             --runner process --gpu "$gpu" --suites gsm8k,mt-bench -c 1,8,32 -n 8 --max-tokens 128
+             --runner process --gpu "$gpu" --suites "$suites" -c "$conc" -n "$prompts" --max-tokens 128
              --data-dir "$data" --out "$dir" "$@")
   [ "$engine" = emulator ] || cmd+=(--tensor-parallel-size "$tp")
   local last
