@@ -153,3 +153,5 @@ def test_a_cpu_run_says_per_server_not_per_gpu(tmp_path):
     text = _text(build_report([path]))
     assert "per GPU" not in text and "GPU(s) per server" not in text
     assert "tok/s per server" in text and "per server (" in text
+    (view,) = load([path])  # the Pareto figure's axis too
+    assert [ax.get_ylabel() for ax in figures.pareto(view).axes if ax.get_visible()] == ["output throughput, tok/s per server"]
