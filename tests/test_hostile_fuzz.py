@@ -1,7 +1,7 @@
 """Hostile bytes in every file of a sweep folder and in an exported baseline: random bytes, and JSON or CSV that
 parses yet holds huge integers, lone surrogates, values of the wrong type, deep nesting, NaN and Infinity. Every
-command that reads the folder (report, gate, gate -b, gate --export-baseline, migrate, quality, sweep --resume)
-answers with one sentence or reads it fine, never a traceback. A real sweep against the emulator.
+command that reads the folder (report, gate, gate -b, gate --export-baseline [--noise-from], migrate, quality,
+sweep --resume) answers with one sentence or reads it fine, never a traceback. A real sweep against the emulator.
 
 The draws come from a fixed seed; DFLASH_BENCH_FUZZ_SEED=<n> runs others (and reproduces a failure it printed),
 DFLASH_BENCH_FUZZ_ALL=1 runs the report and the resume on every case too (as
@@ -22,7 +22,7 @@ from benchmarks.fixtures import hostile
 from dflash_bench.launch import free_port
 
 EMU = ["--engine-arg=--ttft-ms=2", "--engine-arg=--itl-ms=1", "--engine-arg=--acceptance-length=4"]
-CHEAP = {"gate", "gate-baseline", "export-baseline", "migrate", "quality"}
+CHEAP = {"gate", "gate-baseline", "export-baseline", "noise-from", "migrate", "quality"}
 REPORTS, RESUMES = 10, 3  # of the cases, drawn by the seed: the report and the resume are the slow readers
 
 

@@ -174,8 +174,8 @@ def hostile_folder(tmp: Path, data: Path) -> Row:
         broke += hostile.play(c, made, baseline, work, data, rnd, lambda label: True, free_port)
     shutil.rmtree(work / "folder", ignore_errors=True)
     return Row("hostile bytes and JSON in every file, and in a baseline (seed %d)" % seed, "report, gate, gate -b, "
-               "--export-baseline, migrate, quality, --resume: one sentence or read fine, never a traceback",
-               f"{len(cases)} cases x 6 readers; " + (f"{len(broke)} broke, e.g. {broke[0][:90]}" if broke else
+               "--export-baseline [--noise-from], migrate, quality, --resume: one sentence or read fine, never a traceback",
+               f"{len(cases)} cases x 7 readers; " + (f"{len(broke)} broke, e.g. {broke[0][:90]}" if broke else
                                                        "every one held"), None, left_behind(out), not broke)
 
 
