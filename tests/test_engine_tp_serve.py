@@ -102,3 +102,11 @@ def test_a_killed_server_takes_its_rank_with_it(pair):
     finally:
         if group_alive(proc.pid):
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("flag", [["--tensor-parallel-size", "2"], ["--enforce-eager"]])
+def test_a_fast_path_flag_without_fast_is_one_sentence(pair, flag):
+    out = subprocess.run([sys.executable, "-m", "dflash_bench", "serve", "--model", str(pair[0]), "--device", "cpu",
+                          "--port", str(free_port()), *flag], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert f"{' '.join(flag)} runs on the fast path only: add --fast" in out.stderr, out.stderr

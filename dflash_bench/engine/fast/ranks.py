@@ -126,7 +126,9 @@ def rank_main(spec: RankSpec, rank: int, conn: Connection) -> None:
         hf, drafter = load_pair(spec.model, spec.draft, dtype=spec.dtype, device=device_of(spec, rank),
                                 dummy=spec.dummy)
         shard = shard.cut(hf, drafter)
-        slots = conn.recv()  # rank 0's pool, sized from its device's memory
+        slots = conn.recv()  # rank 0's pool, sized from its device's memory (or its stop: it failed to start)
+        if not isinstance(slots, int):
+            os._exit(0)
         runner = make_runner(hf, drafter, max_slots=slots, max_len=spec.max_len, tp=shard, **spec.runner)
         del hf
         conn.send(("ready", None))
