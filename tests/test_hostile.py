@@ -94,6 +94,11 @@ def test_huge_integer_surrogate_and_text_telemetry_in_cells_are_named_and_resume
     assert not telemetry.exists()  # the emulator has no GPU: the cell measured again has no telemetry
     for args in readers(folder, made, tmp_path):
         assert cli(*args).code in (0, 1), args  # reads whole again (gate: 1 is a verdict)
+    plant(summary, ("suite",), '"gsm\\ud800k"')  # a lone surrogate: the resume used to fail writing it back
+    proc = resume(folder, data_dir)
+    assert proc.returncode == 0 and f"{AR}: measured again: " in proc.stderr and "lone surrogate" in proc.stderr
+    assert (folder / "damaged" / f"{AR}-2" / "summary.json").exists()
+    assert cli("report", str(folder), "--out", str(tmp_path / "r.html")).code == 0
 
 
 def test_a_lone_surrogate_in_the_manifest_is_named_and_not_promised_to_resume(made, tmp_path, data_dir):
