@@ -106,3 +106,20 @@ def test_at_max_tokens_3_a_server_that_never_drafts_is_flagged(tmp_path):
     assert 'policy="w1"' in text
     assert s.acceptance_length is None and "did not move" in s.dflash_warning
     assert "acceptance_length" not in s.not_measured
+
+
+def test_served_at_the_full_block_tau_is_the_same_at_every_concurrency(tmp_path):
+    """Through the server (admissions mid-decode, steps ahead): the widths no longer follow the load, so neither
+    does tau; the cell records the policy, one width and the profile."""
+    with cli_server("--model", str(PAIR / "target"), "--draft", str(PAIR / "drafter"), "--served-model-name", "pair",
+                    "--fast", "--verify-width", "full") as url:
+        cells = [measure_cell(url, prompts(6), cell_dir=tmp_path / "sw" / "cells" / f"c{c}", concurrency=c,
+                              engine="builtin", mode="dflash", model="pair", max_tokens=40, warmup=False,
+                              ignore_eos=True) for c in (1, 3, 6)]
+    taus = {(s.num_drafts, s.num_accepted_tokens) for s in cells}
+    assert len(taus) == 1 and cells[0].acceptance_length > 1.5, [s.acceptance_length for s in cells]
+    for s in cells:
+        assert s.width_policy == "full" and len(s.verify_widths) == 1 and s.acceptance_profile[0][0] == s.num_drafts
+        # a request's last steps verify only the positions max_tokens leaves: the profile's full-block tau (every
+        # step with room for the whole block) reads above the cell's
+        assert s.acceptance_length_full_block >= s.acceptance_length
