@@ -16,7 +16,7 @@ from dflash_bench.report import build_report
 from dflash_bench.report.figures import frontier
 from dflash_bench.report.tables import gpu_count, redact
 from dflash_bench.store import (
-    CellPlan, CellSettings, CellSummary, Manifest, SteadyPlan, SweepDir, atomic_write_text,
+    CellPlan, CellSettings, CellSummary, Manifest, SteadyPlan, StoreError, SweepDir, atomic_write_text,
 )
 
 ALL_FIGURES = {"pareto", "pareto_p90", "acceptance", "acceptance_positions", "verify_width", "latency", "energy",
@@ -318,7 +318,7 @@ def test_frontier_drops_dominated_points():
     assert frontier(pts) == [(1.0, 5.0), (2.0, 4.0), (3.0, 1.0)]
 
 
-def test_power_timeline_sums_gpus_and_tolerates_bad_files(tmp_path):
+def test_power_timeline_sums_gpus_and_names_a_damaged_file(tmp_path):
     path = make_sweep(tmp_path / "s", suites=("gsm8k",), concurrency=(1,), gpus=2)
     cid = "vllm-ar-gsm8k-c1"
     raw = (path / "cells" / cid / "telemetry.csv").read_text().splitlines()
@@ -327,8 +327,11 @@ def test_power_timeline_sums_gpus_and_tolerates_bad_files(tmp_path):
     assert len(tl) == 40 and tl["power_w"].iloc[0] == pytest.approx(sum(first))
     atomic_write_text(path / "cells" / cid / "telemetry.csv", "")
     assert analysis.power_timeline(path, cid) is None
-    atomic_write_text(path / "cells" / cid / "telemetry.csv", "t_s,gpu\n0.1,0\n")
-    assert analysis.power_timeline(path, cid) is None
+    atomic_write_text(path / "cells" / cid / "telemetry.csv", "t_s,gpu,time_unix\n0.1,0,1.7e9\n")
+    assert analysis.power_timeline(path, cid) is None  # samples, none of power
+    atomic_write_text(path / "cells" / cid / "telemetry.csv", "t_s,gpu\n0.1,0\n")  # no time: not the sampler's
+    with pytest.raises(StoreError, match=r"telemetry.csv line 2 is not a telemetry sample.*--resume"):
+        analysis.power_timeline(path, cid)
     assert analysis.power_timeline(path, "vllm-dflash-gsm8k-c1") is not None
 
 
