@@ -87,7 +87,16 @@ def test_vllms_formula_and_dflash_bench_read_one_tau_on_the_same_requests(server
     assert [a for _, a in s.acceptance_profile] == per_pos
 
 
-def test_no_fallback_warning_where_max_tokens_leaves_no_room_for_a_verify_step(server, tmp_path):
+@pytest.fixture(scope="module")
+def full_server():
+    """At the full block: every step with room drafts (under auto, a CPU may choose to verify the anchor alone)."""
+    with cli_server("--model", str(PAIR / "target"), "--draft", str(PAIR / "drafter"), "--served-model-name", "pair",
+                    "--fast", "--verify-width", "full") as url:
+        yield url
+
+
+def test_no_fallback_warning_where_max_tokens_leaves_no_room_for_a_verify_step(full_server, tmp_path):
+    server = full_server
     s = measure_cell(server, prompts(2), cell_dir=tmp_path / "sw" / "cells" / "c", concurrency=1, engine="builtin",
                      mode="dflash", model="pair", max_tokens=2, warmup=False, ignore_eos=True)
     assert s.status == "complete" and s.num_ok == 2 and s.acceptance_length is None
@@ -108,14 +117,12 @@ def test_at_max_tokens_3_a_server_that_never_drafts_is_flagged(tmp_path):
     assert "acceptance_length" not in s.not_measured
 
 
-def test_served_at_the_full_block_tau_is_the_same_at_every_concurrency(tmp_path):
+def test_served_at_the_full_block_tau_is_the_same_at_every_concurrency(full_server, tmp_path):
     """Through the server (admissions mid-decode, steps ahead): the widths no longer follow the load, so neither
     does tau; the cell records the policy, one width and the profile."""
-    with cli_server("--model", str(PAIR / "target"), "--draft", str(PAIR / "drafter"), "--served-model-name", "pair",
-                    "--fast", "--verify-width", "full") as url:
-        cells = [measure_cell(url, prompts(6), cell_dir=tmp_path / "sw" / "cells" / f"c{c}", concurrency=c,
-                              engine="builtin", mode="dflash", model="pair", max_tokens=40, warmup=False,
-                              ignore_eos=True) for c in (1, 3, 6)]
+    cells = [measure_cell(full_server, prompts(6), cell_dir=tmp_path / "sw" / "cells" / f"c{c}", concurrency=c,
+                          engine="builtin", mode="dflash", model="pair", max_tokens=40, warmup=False,
+                          ignore_eos=True) for c in (1, 3, 6)]
     taus = {(s.num_drafts, s.num_accepted_tokens) for s in cells}
     assert len(taus) == 1 and cells[0].acceptance_length > 1.5, [s.acceptance_length for s in cells]
     for s in cells:
