@@ -26,6 +26,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from dflash_bench.report.card import device_of, weights_of
 from dflash_bench.store import CellSettings, SteadyPlan
 
 
@@ -44,6 +45,7 @@ class Row(BaseModel):
     prefix_cache_hit_rate: float | None
     tau: float | None
     reason: str | None = None  # a failed cell's
+    synthetic_tau: float | None = None  # the builtin engine's --synthetic-acceptance: tau drawn, not measured
     steady: SteadyPlan | None = None  # a steady-stream cell (--steady-requests): its numbers are the window's
 
 
@@ -55,6 +57,7 @@ class Run(BaseModel):
     servers: dict[str, str] = Field(default_factory=dict)  # engine-mode -> its command
     versions: dict[str, str] = Field(default_factory=dict)
     context_len: int | None = None
+    weights: str = "real"  # report/card.weights_of: random (--load-format dummy), emulated (the emulator), real
     rows: list[Row] = Field(default_factory=list)
 
 
@@ -83,13 +86,13 @@ def run_of(folder: Path) -> Run:
     for i, a in enumerate(argv[:-1]):  # the folders of the machine it ran on
         if a in PLACEHOLDERS:
             argv[i + 1] = PLACEHOLDERS[a]
-    names = [g.get("name", "GPU") for g in manifest.get("hardware", {}).get("gpus", [])]
-    device = f"{len(names)}x {names[0]}" if names else "unknown"
+    device = device_of(manifest.get("hardware") or {})
     gpus_used = max([s.get("gpus") or 1 for s in servers.values()] or [settings.get("tensor_parallel") or 1])
     versions = {k: str(v) for k, v in (manifest.get("versions") or {}).items() if isinstance(v, (str, int, float))}
     run = Run(sweep_id=manifest["sweep_id"], device=device, gpus_per_server=gpus_used, command=" ".join(argv),
               servers={k: " ".join(shown(a, work) for a in s.get("command", [])) for k, s in servers.items()},
-              versions=versions, context_len=settings.get("context_len"))
+              versions=versions, context_len=settings.get("context_len"),
+              weights=weights_of(settings.get("engine_args") or [], (settings.get("engines") or [""])[0]))
     reasons = {c["cell_id"]: c.get("reason") for c in manifest["plan"]}
     for cell in manifest["plan"]:
         path = folder / "cells" / cell["cell_id"] / "summary.json"
@@ -103,7 +106,8 @@ def run_of(folder: Path) -> Run:
             peak_mem_mib=s.get("telemetry_mem_used_max_mib"), prefix_cache_hit_rate=s.get("prefix_cache_hit_rate"),
             tau=s.get("acceptance_length"),
             reason=None if tok else (s.get("failure_reason") or reasons.get(cell["cell_id"])),
-            steady=CellSettings.model_validate(s.get("settings") or {}).steady))
+            steady=CellSettings.model_validate(s.get("settings") or {}).steady,
+            synthetic_tau=s.get("synthetic_acceptance")))
     return run
 
 

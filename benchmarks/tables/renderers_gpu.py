@@ -79,6 +79,32 @@ def big_shape(results: list[Any]) -> Table:
     return Table(header, rows, notes)
 
 
+
+def mission_card(results: list[Any]) -> Table:
+    """benchmarks/peers/big_sweep.py's file of the mission's sweeps, as `dflash-bench report` shows it first: the
+    card's table (dflash_bench/report/card.py), every engine x machine x suite x concurrency beside the card's row;
+    failed cells by their reason, each run's command."""
+    from dflash_bench.report.card import CellLine, card_rows, card_table
+
+    data = results[0]
+    lines, notes = [], []
+    for n, run in enumerate(data["runs"], 1):
+        notes.append(f"Run {n} ({run['device']}, {run['gpus_per_server']} GPU(s) per server, weights "
+                     f"{run.get('weights', 'real')}): `{run['command']}`.")
+        failed: dict[tuple[str, str], str] = {}
+        for r in run["rows"]:
+            if r["tok_s"] is None:
+                failed.setdefault((r["engine"], r["mode"]), r.get("reason") or r["status"])
+                continue
+            lines.append(CellLine(engine=r["engine"], mode=r["mode"], suite=r["suite"], concurrency=r["concurrency"],
+                                  device=run["device"], gpus=run["gpus_per_server"], tok_s=r["tok_s"],
+                                  ttft_ms_p50=r["ttft_ms_p50"], tpot_ms_p50=r["tpot_ms_p50"], tau=r["tau"],
+                                  weights=run.get("weights", "real"), synthetic_tau=r.get("synthetic_tau"),
+                                  source=run["sweep_id"]))
+        notes += [f"Run {n}, {e} {m}: not measured: {why}" for (e, m), why in failed.items()]
+    header, body = card_table(card_rows(lines, data.get("pair")))
+    return Table(header, body, notes)
+
 def pair_retrained(results: list[Any]) -> Table:
     return _pair_table_by_suite(results[0], [("vLLM", "vllm"), ("builtin `--fast`", "builtin-fast")])
 

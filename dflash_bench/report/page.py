@@ -19,7 +19,7 @@ import jinja2
 
 from dflash_bench import __version__
 from dflash_bench.errors import UserError
-from dflash_bench.report import cells, figures, measured, quality, serving, tables
+from dflash_bench.report import card, cells, figures, measured, quality, serving, tables
 from dflash_bench.store import MANIFEST, atomic_write_bytes
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -69,10 +69,32 @@ def build_report(sweep_dirs: list[Path], out: Path | None = None, slo: str | Non
         sections.append(_context(view, figs, slo))
     labels, compare = tables.comparison(views) if many else ([], [])
     html = render(sweeps=sections, compare_labels=labels, compare=compare, reference=_reference(sweep_dirs),
+                  card=_card(views),
                   version=__version__,
                   generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
     _write(out, html.encode())
     return out
+
+
+def _card(views: list[tables.SweepView]) -> dict[str, Any]:
+    """The card's table over every sweep (report/card.py), with the card it is set against."""
+    from dflash_bench.models import resolve
+    from dflash_bench.published import published_for
+
+    pairs = set()
+    for view in views:
+        if view.manifest.settings is not None:
+            try:
+                pairs.add(resolve(view.manifest.settings.model).name)
+            except UserError:
+                pass
+    pair = next(iter(pairs)) if len(pairs) == 1 else None  # folders of several pairs: no one card to set them against
+    rows = card.card_rows([line for view in views for line in card.view_lines(view)], pair)
+    header, body = card.card_table(rows)
+    table = published_for(pair) if pair else None
+    return {"header": header, "rows": body, "pair": pair, "url": table.card if table else None,
+            "settings": table.settings.model_dump() if table else None,
+            "labelled": sum(1 for r in rows if r.labels)}
 
 
 def _reference(sweep_dirs: list[Path]) -> dict[str, Any]:

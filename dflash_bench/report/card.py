@@ -1,0 +1,177 @@
+"""The card's table across sweep folders: each engine x machine x suite x concurrency, AR against DFlash, beside
+the model card's row of the same suite and concurrency, with what makes a row unlike the card's said on it.
+
+    rows = card_rows(cells, pair="gemma-4-31B-it")   # cells: one CellLine per measured cell (any folder)
+    header, body = card_table(rows)                  # the same table for the report and the docs
+
+A CellLine is one complete cell as every source has it (a sweep folder's `done` frame, a results file's rows),
+so the HTML report and the docs' generated tables compute the ratio, the per-GPU rate and the labels in one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from dflash_bench.published import published_for
+
+Weights = Literal["real", "random", "emulated"]
+
+
+class CellLine(BaseModel):
+    """One complete cell (repeats averaged)."""
+
+    engine: str
+    mode: str  # ar | dflash
+    suite: str
+    concurrency: int
+    device: str  # "1x NVIDIA H100 80GB HBM3": the machine the server ran on
+    gpus: int | None = None  # GPUs per server (tensor parallel); None: not recorded
+    tok_s: float | None = None
+    ttft_ms_p50: float | None = None
+    tpot_ms_p50: float | None = None
+    tau: float | None = None
+    weights: Weights = "real"
+    synthetic_tau: float | None = None  # the builtin engine's --synthetic-acceptance: tau drawn, not measured
+    source: str = ""  # the sweep id (or results file) it came from
+
+
+class CardRow(BaseModel):
+    engine: str
+    device: str
+    gpus: int | None
+    suite: str
+    concurrency: int
+    ar: CellLine | None = None
+    dflash: CellLine | None = None
+    card_ar: float | None = None
+    card_dflash: float | None = None
+    card_speedup: float | None = None
+    card_tau: float | None = None
+
+    @property
+    def speedup(self) -> float | None:
+        a, d = self.ar and self.ar.tok_s, self.dflash and self.dflash.tok_s
+        return d / a if a and d else None
+
+    @property
+    def labels(self) -> list[str]:
+        """What makes this row unlike the card's: said on the row itself."""
+        out = []
+        weights = {c.weights for c in (self.ar, self.dflash) if c}
+        if "emulated" in weights:
+            out.append("emulated (no model ran)")
+        elif "random" in weights:
+            out.append("random weights (τ about 1 unless synthetic)")
+        synthetic = self.dflash.synthetic_tau if self.dflash else None
+        if synthetic is not None:
+            out.append(f"synthetic τ {synthetic:g} (drawn, not measured)")
+        return out
+
+
+def weights_of(engine_args: Iterable[str], engine: str) -> Weights:
+    """How the sweep's servers got their weights: the emulator has none; `--load-format dummy` makes random ones."""
+    if engine == "emulator":
+        return "emulated"
+    args = list(engine_args)
+    for i, a in enumerate(args):
+        if a == "--load-format=dummy" or (a == "--load-format" and i + 1 < len(args) and args[i + 1] == "dummy"):
+            return "random"
+    return "real"
+
+
+def card_rows(cells: Iterable[CellLine], pair: str | None) -> list[CardRow]:
+    """AR and DFlash of each (engine, device, GPUs, synthetic tau, suite, concurrency) side by side, with the card's
+    row for that suite and concurrency where the pair's card has one. A synthetic-tau DFlash cell gets its own row,
+    beside the AR cell of its own sweep."""
+    table = published_for(pair) if pair else None
+    card = {(r.suite, r.concurrency): r for r in table.rows} if table else {}
+    rows: dict[tuple[Any, ...], CardRow] = {}
+    lines = list(cells)
+    for line in lines:
+        if line.mode != "dflash":
+            continue
+        key = (line.engine, line.device, line.gpus, line.synthetic_tau, line.source, line.suite, line.concurrency)
+        rows[key] = CardRow(engine=line.engine, device=line.device, gpus=line.gpus, suite=line.suite,
+                            concurrency=line.concurrency, dflash=line)
+    for line in lines:
+        if line.mode != "ar":
+            continue
+        mates = [r for k, r in rows.items() if k[:3] == (line.engine, line.device, line.gpus)
+                 and k[4:] == (line.source, line.suite, line.concurrency)]
+        if not mates:
+            key = (line.engine, line.device, line.gpus, None, line.source, line.suite, line.concurrency)
+            mates = [rows.setdefault(key, CardRow(engine=line.engine, device=line.device, gpus=line.gpus,
+                                                  suite=line.suite, concurrency=line.concurrency))]
+        for r in mates:
+            r.ar = line
+    for r in rows.values():
+        c = card.get((r.suite, r.concurrency))
+        if c:
+            r.card_ar, r.card_dflash, r.card_tau = c.ar_tok_s, c.dflash_tok_s, c.tau
+            r.card_speedup = c.speedup if c.speedup is not None else (
+                c.dflash_tok_s / c.ar_tok_s if c.ar_tok_s and c.dflash_tok_s else None)
+    return sorted(rows.values(), key=lambda r: (r.engine, r.device, r.gpus or 0,
+                                                 r.dflash.synthetic_tau or 0 if r.dflash else 0, r.suite, r.concurrency))
+
+
+HEADER = ["engine", "machine (GPUs per server)", "suite", "c", "AR tok/s", "DFlash tok/s", "DFlash / AR",
+          "AR tok/s per GPU", "DFlash tok/s per GPU", "TTFT p50 ms AR / DFlash", "TPOT p50 ms AR / DFlash", "τ",
+          "card: AR / DFlash tok/s", "card: DFlash / AR", "card: τ", "not the card's"]
+
+
+def _n(v: float | None, digits: int = 1) -> str:
+    return "-" if v is None else f"{v:,.{digits}f}"
+
+
+def _per(v: float | None, gpus: int | None, device: str) -> str:
+    return "-" if v is None or not gpus or device == "no GPU" else f"{v / gpus:,.1f}"
+
+
+def card_table(rows: list[CardRow]) -> tuple[list[str], list[list[str]]]:
+    """The table as text cells, the same for the HTML report and the docs."""
+    body = []
+    for r in rows:
+        a, d = r.ar or CellLine(engine=r.engine, mode="ar", suite=r.suite, concurrency=r.concurrency, device=r.device), \
+            r.dflash or CellLine(engine=r.engine, mode="dflash", suite=r.suite, concurrency=r.concurrency, device=r.device)
+        machine = f"{r.device} ({r.gpus})" if r.gpus and r.device != "no GPU" else r.device
+        body.append([
+            r.engine, machine, r.suite, str(r.concurrency), _n(a.tok_s), _n(d.tok_s),
+            "-" if r.speedup is None else f"{r.speedup:.2f}x", _per(a.tok_s, r.gpus, r.device),
+            _per(d.tok_s, r.gpus, r.device), f"{_n(a.ttft_ms_p50)} / {_n(d.ttft_ms_p50)}",
+            f"{_n(a.tpot_ms_p50, 2)} / {_n(d.tpot_ms_p50, 2)}", _n(d.tau, 2), f"{_n(r.card_ar, 0)} / {_n(r.card_dflash, 0)}",
+            "-" if r.card_speedup is None else f"{r.card_speedup:.1f}x", _n(r.card_tau, 2), "; ".join(r.labels) or "-",
+        ])
+    return HEADER, body
+
+
+def device_of(hardware: dict[str, Any]) -> str:
+    """'2x NVIDIA H100 80GB HBM3': the GPUs a sweep's manifest lists; 'no GPU' where it lists none (a CPU run)."""
+    names = [str(g.get("name", "GPU")) if isinstance(g, dict) else str(g) for g in hardware.get("gpus") or []]
+    return f"{len(names)}x {names[0]}" if names else "no GPU"
+
+
+def view_lines(view: Any) -> list[CellLine]:
+    """The complete cells of one report view (report/tables.SweepView), as CellLines."""
+    m = view.manifest
+    device = device_of(m.hardware.model_dump() if hasattr(m.hardware, "model_dump") else dict(m.hardware or {}))
+    args = list(m.settings.engine_args) if m.settings else []
+    out = []
+    for rec in view.done.to_dict("records"):
+        synthetic = rec.get("synthetic_acceptance")
+        out.append(CellLine(
+            engine=rec["engine"], mode=rec["mode"], suite=rec["suite"], concurrency=int(rec["concurrency"]),
+            device=device, gpus=view.gpus, tok_s=_f(rec.get("output_throughput")), ttft_ms_p50=_f(rec.get("ttft_ms_p50")),
+            tpot_ms_p50=_f(rec.get("tpot_ms_p50")), tau=_f(rec.get("acceptance_length")) if rec["mode"] == "dflash" else None,
+            weights=weights_of(args, rec["engine"]), synthetic_tau=_f(synthetic), source=m.sweep_id))
+    return out
+
+
+def _f(v: Any) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if f != f else f  # NaN: not measured

@@ -1,0 +1,76 @@
+"""The card's table (dflash_bench/report/card.py): AR against DFlash per engine, machine, suite and concurrency
+beside the model card, in the report and in the docs' generated table alike."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmarks.peers.big_shape import write_shape
+from benchmarks.tables import renderers_gpu
+from dflash_bench.report.card import CellLine, card_rows, card_table, weights_of
+from dflash_bench.report.page import build_report
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def line(engine, mode, c, tok_s, **kw):
+    base = dict(engine=engine, mode=mode, suite="gsm8k", concurrency=c, device="1x H200", gpus=1, tok_s=tok_s,
+                ttft_ms_p50=50.0, tpot_ms_p50=20.0, source="s1")
+    return CellLine(**{**base, **kw})
+
+
+def test_each_dflash_row_sits_beside_its_own_ar_and_the_cards_row_and_says_what_is_not_the_cards():
+    lines = [line("builtin", "ar", 1, 40.0, weights="random"),
+             line("builtin", "dflash", 1, 38.0, tau=1.0, weights="random"),
+             line("builtin", "ar", 1, 44.0, weights="random", source="s2"),
+             line("builtin", "dflash", 1, 240.0, tau=6.5, weights="random", synthetic_tau=6.5, source="s2"),
+             line("vllm", "ar", 32, 1800.0, device="2x H100", gpus=2, weights="random", suite="mt-bench"),
+             line("vllm", "dflash", 32, 900.0, device="2x H100", gpus=2, tau=1.0, weights="random", suite="mt-bench")]
+    rows = card_rows(lines, "gemma-4-31B-it")
+    assert len(rows) == 3
+    plain, synthetic = [r for r in rows if r.engine == "builtin"]
+    assert plain.ar.tok_s == 40.0 and abs(plain.speedup - 0.95) < 1e-9  # each sweep's DFlash over its own AR
+    assert synthetic.ar.tok_s == 44.0 and abs(synthetic.speedup - 240.0 / 44.0) < 1e-9
+    assert synthetic.labels == ["random weights (τ about 1 unless synthetic)", "synthetic τ 6.5 (drawn, not measured)"]
+    assert (plain.card_ar, plain.card_dflash, plain.card_speedup, plain.card_tau) == (78, 408, 5.3, 7.53)
+    header, body = card_table(rows)
+    vllm = body[[r.engine for r in rows].index("vllm")]
+    cols = dict(zip(header, vllm))
+    assert cols["machine (GPUs per server)"] == "2x H100 (2)" and cols["DFlash / AR"] == "0.50x"
+    assert cols["AR tok/s per GPU"] == "900.0" and cols["DFlash tok/s per GPU"] == "450.0"
+    assert cols["card: AR / DFlash tok/s"] == "1,177 / 2,257" and cols["card: DFlash / AR"] == "1.9x"
+    alone = card_rows([line("sglang", "ar", 8, 300.0)], None)  # no DFlash cell, no card: shown, not invented
+    assert card_table(alone)[1][0][5:7] == ["-", "-"] and alone[0].labels == []
+
+
+def test_weights_are_read_from_the_sweeps_engine_args():
+    assert weights_of(["--load-format=dummy"], "vllm") == "random"
+    assert weights_of(["--seed", "0", "--load-format", "dummy"], "sglang") == "random"
+    assert weights_of(["--load-format", "safetensors"], "vllm") == "real"
+    assert weights_of([], "emulator") == "emulated"
+
+
+def test_the_report_and_the_docs_table_show_the_same_cards_table_over_emulator_folders(tmp_path, data_dir):
+    shape = write_shape("gemma-4-31B-it", tmp_path / "work")
+    sweeps = tmp_path / "sweeps"
+    proc = subprocess.run([sys.executable, "-m", "dflash_bench", "sweep", "--model", shape["target"], "--drafter",
+                           shape["drafter"], "--engine", "emulator", "--suites", "gsm8k", "-c", "1,8", "-n", "2",
+                           "--max-tokens", "16", "--data-dir", str(data_dir), "--out", str(sweeps)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    folder = next(sweeps.iterdir())
+    html = build_report([folder], out=tmp_path / "r" / "report.html").read_text()
+    assert "The card's table" in html and "beside gemma-4-31B-it's card" in html
+    assert "emulated (no model ran)" in html and "78 / 408" in html and "2 row(s) are not measurements" in html
+    results = tmp_path / "mission.json"
+    subprocess.run([sys.executable, "-m", "benchmarks.peers.big_sweep", "--out", str(results), str(folder)],
+                   check=True, capture_output=True, cwd=ROOT)
+    data = json.loads(results.read_text())
+    assert data["runs"][0]["weights"] == "emulated"
+    table = renderers_gpu.mission_card([data])
+    assert len(table.rows) == 2 and [r[3] for r in table.rows] == ["1", "8"]
+    for row in table.rows:  # the docs' row is the report's row, cell for cell
+        assert "<td>" + "</td><td>".join(row[:3]) + "</td>" in html.replace('<td class="n">', "<td>")
