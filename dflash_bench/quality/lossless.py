@@ -29,6 +29,7 @@ from pydantic import BaseModel
 
 from dflash_bench.metrics.stats import percentile
 from dflash_bench.store import MEASURED, CellSummary, LosslessSummary, RequestRecord, StoreError, SweepDir, atomic_write_text, read_text
+from dflash_bench.store.reading import parse_json
 
 __all__ = ["LosslessSummary", "Comparison", "annotate_sweep", "compare_cells", "read_comparisons", "summarize"]
 
@@ -260,7 +261,7 @@ def read_comparisons(sweep_dir: Path | str, dflash_cell: str) -> list[Comparison
     if not file.exists():
         return []
     try:
-        return [Comparison.model_validate_json(line) for line in read_text(file).splitlines() if line.strip()]
-    except ValueError:  # pydantic's ValidationError
+        return [Comparison.model_validate(parse_json(line)) for line in read_text(file).splitlines() if line.strip()]
+    except ValueError:  # pydantic's ValidationError, or JSON no writer writes (store.reading.parse_json)
         raise StoreError(f"{file} holds a line that is not a lossless comparison; it is damaged (run "
                          "`dflash-bench quality` on the folder again)") from None
