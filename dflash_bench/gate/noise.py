@@ -2,7 +2,7 @@
 
 Repeats inside one run (the bootstrap over them, compare.bootstrap_change) miss what moves between runs: on a
 shared machine the load of everything else changes over minutes, and a run measured later reads uniformly
-slower or faster. `gate --export-baseline SWEEP -o FILE --noise-from RUN [RUN ...]` measures it: per cell and
+slower or faster. `gate --export-baseline SWEEP -o FILE --noise-from RUN --noise-from RUN ...` measures it: per cell and
 metric, the mean of each run (SWEEP and every RUN, the same plan measured by the same code), and the noise
 figure is their relative standard deviation, cv = std(means, ddof 1) / mean(means). The baseline carries it
 (CellValues.noise); gating a sweep against it, a noisy metric's threshold widens by
