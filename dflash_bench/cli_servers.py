@@ -159,14 +159,16 @@ def serve(
     prefill: str = typer.Option("auto", "--prefill", help="When a prompt that arrives while others decode is prefilled: auto (mixed for AR on the fast path on a GPU, else first), first (every waiting prompt before the next step: the batch fills before it steps, the running rows wait), mixed (fast path, AR: in the same forward as the running rows' next step, up to three prompts a step, as vLLM mixes prefills into decode batches; the first tokens come much sooner; DFlash servers prefill first)."),
 ) -> None:
     """Serve the builtin DFlash engine (OpenAI-compatible API, vLLM metric names) until interrupted."""
+    from dflash_bench.engine.config import EngineConfig
     from dflash_bench.engine.server import serve as run_server
 
-    run_server(model, draft, mode=mode, host=host, port=port, dtype=dtype, device=device, max_slots=max_slots,
-               max_model_len=max_model_len, served_model_name=served_model_name, fast=fast,
-               synthetic_acceptance=synthetic_acceptance, benchmark_only=benchmark_only, step_ahead=step_ahead,
-               verify_width=verify_width, cut_draft=cut_draft, prefill=prefill, load_format=load_format,
-               kernels=kernels, memory_utilization=memory_utilization, kv_cache_memory_bytes=kv_cache_memory_bytes,
-               tensor_parallel=tensor_parallel_size, enforce_eager=enforce_eager)
+    config = EngineConfig.from_options(
+        model, draft, mode=mode, dtype=dtype, device=device, max_slots=max_slots, max_model_len=max_model_len,
+        fast=fast, synthetic_acceptance=synthetic_acceptance, benchmark_only=benchmark_only, step_ahead=step_ahead,
+        verify_width=verify_width, cut_draft=cut_draft, prefill=prefill, load_format=load_format, kernels=kernels,
+        memory_utilization=memory_utilization, kv_cache_memory_bytes=kv_cache_memory_bytes,
+        tensor_parallel_size=tensor_parallel_size, enforce_eager=enforce_eager)
+    run_server(config, host=host, port=port, served_model_name=served_model_name)
 
 
 

@@ -10,9 +10,10 @@ import pytest
 pytest.importorskip("transformers")
 
 from dflash_bench.engine.build import build_engine  # noqa: E402
+from dflash_bench.engine.config import StepConfig  # noqa: E402
 from dflash_bench.engine.fast.draft import FastDrafter  # noqa: E402
 from dflash_bench.engine.fast.dense import DenseTarget  # noqa: E402
-from dflash_bench.engine.fast.runner import FastRunner  # noqa: E402
+from dflash_bench.engine.fast.core import EngineCore  # noqa: E402
 from dflash_bench.engine.fast.timer import StepTimer  # noqa: E402
 from dflash_bench.engine.sampling import SamplingParams  # noqa: E402
 from dflash_bench.engine.tiny import make_tiny_pair  # noqa: E402
@@ -37,12 +38,13 @@ def tiny_engines(arch: str, tmp_path_factory):
     return ar, df
 
 
-def fast_runner(df, *, drafter=True, kernels=None, **kw):
-    """kernels None: the CPU kernels where a C compiler builds them (else the torch path); False: the torch path."""
+def fast_runner(df, *, drafter=True, kernels=None, keep_logits=False, **step):
+    """kernels None: the CPU kernels where a C compiler builds them (else the torch path); False: the torch path.
+    `step`: `StepConfig`'s fields (default: the whole block verified every step)."""
     t = DenseTarget(df.target.model, max_slots=SLOTS, max_len=MAX_LEN, kernels=kernels)
     d = FastDrafter(df.proposer.drafter, t.embed, t.head, max_slots=SLOTS, max_len=MAX_LEN,
                     kernels=kernels) if drafter else None
-    runner = FastRunner(t, d, kv_block=16, **kw)
+    runner = EngineCore(t, d, StepConfig(**{"verify_width": "full", "kv_block": 16, **step}), keep_logits=keep_logits)
     StepTimer().attach(runner)  # its counts: tau, drafts verified, row-steps
     return runner
 
@@ -74,7 +76,7 @@ def serve_requests(engine, reqs: list[tuple[int, list[int], SamplingParams]]) ->
             running.append(seq)
         for d in engine.step(running) if running else []:
             lps[int(d.req_id)] += d.logprobs or []
-        inflight.append(len(engine.runner.inflight))
+        inflight.append(engine.core.inflight)
         for seq in [q for q in running if q.finish]:
             engine.release(seq)
             running.remove(seq)

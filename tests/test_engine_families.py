@@ -13,6 +13,7 @@ pytest.importorskip("transformers")
 
 from dflash_bench.engine.build import build_engine  # noqa: E402
 from dflash_bench.engine.decode import generate  # noqa: E402
+from dflash_bench.engine.config import EngineConfig  # noqa: E402
 from dflash_bench.engine.fast.engine import build_fast_engine  # noqa: E402
 from dflash_bench.engine.fast.family import FAMILIES, family_of, load_target  # noqa: E402
 from dflash_bench.engine.sampling import SamplingParams  # noqa: E402
@@ -36,9 +37,9 @@ def test_every_registered_family_decodes_its_tiny_pair_exactly(family, tmp_path)
     ar = build_engine(str(target), mode="ar", max_slots=4, max_len=MAX_LEN, dtype="float64")
     ref = [s.out for s in generate(ar, ps, sp)]
     for mode in ("ar", "dflash"):
-        fe = build_fast_engine(str(target), str(drafter) if mode == "dflash" else None, mode=mode, dtype="float64",
-                               device="cpu", max_slots=4, max_len=MAX_LEN)
-        assert fe.runner.t.caches == family.layout(cfg, MAX_LEN)
+        fe = build_fast_engine(EngineConfig.from_options(str(target), str(drafter) if mode == "dflash" else None, mode=mode, dtype="float64",
+                               device="cpu", max_slots=4, max_model_len=MAX_LEN, fast=True))
+        assert fe.core.runner.t.caches == family.layout(cfg, MAX_LEN)
         assert [s.out for s in generate(fe, ps, sp)] == ref, (family.name, mode)
 
 

@@ -17,7 +17,8 @@ from dflash_bench.engine.decode import generate as ref_generate  # noqa: E402
 from dflash_bench.engine.fast.draft import FastDrafter  # noqa: E402
 from dflash_bench.engine.fast.dense import DenseTarget  # noqa: E402
 from dflash_bench.engine.fast.drive import decode, generate  # noqa: E402
-from dflash_bench.engine.fast.runner import FastRunner  # noqa: E402
+from dflash_bench.engine.config import StepConfig  # noqa: E402
+from dflash_bench.engine.fast.core import EngineCore  # noqa: E402
 from dflash_bench.engine.sampling import SamplingParams  # noqa: E402
 from dflash_bench.engine.tiny import make_tiny_pair  # noqa: E402
 from fast_helpers import (ARCHS, B, MAX_LEN, N, PATHS, SLOTS, fast_runner, serve_requests, tiny_engines,  # noqa: E402
@@ -42,17 +43,20 @@ def test_fast_ar_and_dflash_equal_the_reference_engine(setup, kernels):
     ref_tau = 1 + (df.stats.accepted - a0) / (df.stats.drafts - d0)
 
     fast_ar = fast_runner(df, drafter=False, kernels=kernels)
-    assert (fast_ar.t.kernels is not None) == (kernels == "cpu")
+    assert (fast_ar.runner.t.kernels is not None) == (kernels == "cpu")
     assert generate(fast_ar, prompts, N) == ref
     fast_df = fast_runner(df, kernels=kernels)
     assert generate(fast_df, prompts, N) == ref
     # same drafts as the reference drafter, step by step: the per-step acceptance matches exactly, as the
     # bookkeeping both engines share counts it (metrics/definitions.py's tau: nothing past a request's end)
     from dflash_bench.engine.build import eos_ids
+    from dflash_bench.engine.config import EngineConfig, StepConfig
     from dflash_bench.engine.fast.engine import FastEngine
 
-    engine = FastEngine(df.target.model, df.tok, df.proposer.drafter, eos_ids=eos_ids(df.target.model, df.tok),
-                        max_slots=SLOTS, max_len=MAX_LEN, kv_block=16, adaptive=False, kernels=kernels is not False)
+    config = EngineConfig("tiny", fast=True, max_model_len=MAX_LEN, kernels=kernels is not False,
+                          step=StepConfig(verify_width="full", kv_block=16))
+    engine = FastEngine(df.target.model, df.tok, df.proposer.drafter, config, eos_ids=eos_ids(df.target.model, df.tok),
+                        max_slots=SLOTS)
     assert [s.out for s in ref_generate(engine, prompts, SamplingParams(max_tokens=N, ignore_eos=True))] == ref
     assert 1 + engine.stats.accepted / engine.stats.drafts == pytest.approx(ref_tau)
     assert (engine.stats.drafts, engine.stats.accepted) == (df.stats.drafts - d0, df.stats.accepted - a0)
@@ -87,8 +91,11 @@ def test_batched_prefill_equals_one_prompt_at_a_time(setup, monkeypatch, budget,
     alone, together = fast_runner(df, keep_logits=True), fast_runner(df, keep_logits=True)
     firsts = [alone.add(s, p) for s, p in zip(slots, prompts)]
     if way == "graph":  # the staged k-row inputs, as the captured graphs read them
-        got = (together.prefill(slots[:2], prompts[:2], graphed=True)
-               + together.prefill(slots[2:], prompts[2:], graphed=True))
+        pad = together.sched.padded
+        got = (together.runner.prefill(slots[:2], prompts[:2], pad(max(map(len, prompts[:2]))))
+               + together.runner.prefill(slots[2:], prompts[2:], pad(max(map(len, prompts[2:])))))
+        for s, p in zip(slots, prompts):  # the runner's prefills, told to the scheduler as the core does
+            together.sched.prefilled(s, len(p))
     else:
         got = together.add_many(slots, prompts)
     assert got == firsts == [o[0] for o in ref]
@@ -96,7 +103,7 @@ def test_batched_prefill_equals_one_prompt_at_a_time(setup, monkeypatch, budget,
     for s, p in zip(slots, prompts):
         n = len(p)
         torch.testing.assert_close(together.logits[s, 0], alone.logits[s, 0], **close)
-        for a, b in ((alone.t.cache, together.t.cache), (alone.d.cache, together.d.cache)):
+        for a, b in ((alone.runner.t.cache, together.runner.t.cache), (alone.runner.d.cache, together.runner.d.cache)):
             for i in range(len(a.k)):
                 torch.testing.assert_close(b.k[i][s, :n], a.k[i][s, :n], **close)
                 torch.testing.assert_close(b.v[i][s, :n], a.v[i][s, :n], **close)
@@ -109,18 +116,18 @@ def test_batched_prefill_equals_one_prompt_at_a_time(setup, monkeypatch, budget,
 
 def test_new_prompt_lengths_leave_no_index_tensors_behind(setup):
     """The steps' index tensors are kept per shape (a graph reads them); prefills' are not, so serving prompts
-    of ever new lengths does not grow memory (the GPU soak in engine_speed measures the same)."""
-    from dflash_bench.engine.fast import model
-
+    of ever new lengths does not grow memory (the GPU soak in engine_speed measures the same). Each target and
+    drafter keeps its own."""
     ar, df = setup
     runner = fast_runner(df)
     generate(runner, tiny_prompts(ar.tok, 3), 12)
-    kept = len(model._INDEX)
-    assert kept > 0
+    indexes = (runner.runner.t.index, runner.runner.d.index)
+    kept = [len(i.kept) for i in indexes]
+    assert all(kept)
     again = tiny_prompts(ar.tok, 4)[1:]  # three other prompts, of other lengths
     assert {len(p) for p in again} - {len(p) for p in tiny_prompts(ar.tok, 3)}
     generate(runner, again, 12)
-    assert len(model._INDEX) == kept
+    assert [len(i.kept) for i in indexes] == kept
 
 
 def test_predictable_pair_accepts_whole_blocks(tmp_path):
@@ -151,14 +158,15 @@ def test_a_paused_row_resumes_where_it_stopped(setup):
 
 def test_a_failing_prefill_gives_every_slot_back(tmp_path):
     """add_many is all or nothing: a prompt the cache cannot hold fails, and no slot stays taken."""
+    from dflash_bench.engine.config import EngineConfig
     from dflash_bench.engine.fast.engine import build_fast_engine
 
     target, drafter = make_tiny_pair(tmp_path, seed=1, block_size=B)
-    fast = build_fast_engine(str(target), str(drafter), max_slots=4, max_len=64, dtype="float32", device="cpu")
+    fast = build_fast_engine(EngineConfig.from_options(str(target), str(drafter), max_slots=4, max_model_len=64, dtype="float32", device="cpu", fast=True))
     sp = SamplingParams(max_tokens=4, ignore_eos=True)
     with pytest.raises(IndexError):
         fast.add_many([("ok", [1, 2, 3], sp), ("too-long", list(range(1, 100)), sp)])
-    assert sorted(fast.free_slots) == [0, 1, 2, 3] and fast.runner.state.active.sum() == 0
+    assert sorted(fast.free_slots) == [0, 1, 2, 3] and fast.core.runner.state.active.sum() == 0
     with pytest.raises(IndexError):
         fast.add("too-long", list(range(1, 100)), sp)
     assert sorted(fast.free_slots) == [0, 1, 2, 3]
@@ -189,7 +197,7 @@ def test_fast_target_applies_sliding_windows(tmp_path, arch):
     ref = build_engine(str(tmp_path), mode="ar", max_slots=SLOTS, max_len=MAX_LEN, dtype="float64")
     prompts = tiny_prompts(ref.tok, 3)
     want = [s.out for s in ref_generate(ref, prompts, SamplingParams(max_tokens=24, ignore_eos=True))]
-    runner = FastRunner(DenseTarget(ref.target.model, max_slots=SLOTS, max_len=MAX_LEN), kv_block=16)
+    runner = EngineCore(DenseTarget(ref.target.model, max_slots=SLOTS, max_len=MAX_LEN), None, StepConfig(verify_width="full", kv_block=16))
     assert generate(runner, prompts, 24) == want
 
 
@@ -224,11 +232,12 @@ def test_a_batched_steps_logprobs_are_each_rows_own(tmp_path, mode):
     import torch
     from transformers import AutoModelForCausalLM
 
+    from dflash_bench.engine.config import EngineConfig
     from dflash_bench.engine.fast.engine import build_fast_engine
 
     target, drafter = make_tiny_pair(tmp_path, seed=1, block_size=B)
-    engine = build_fast_engine(str(target), str(drafter) if mode == "dflash" else None, mode=mode, max_slots=4,
-                               max_len=MAX_LEN, dtype="float64", device="cpu")
+    engine = build_fast_engine(EngineConfig.from_options(str(target), str(drafter) if mode == "dflash" else None, mode=mode, max_slots=4,
+                               max_model_len=MAX_LEN, dtype="float64", device="cpu", fast=True))
     ps = tiny_prompts(engine.tok, 4)
     tops = [None, 0, 2, 3]
     got, _ = serve_requests(engine, [(0, p, SamplingParams(max_tokens=12, ignore_eos=True, logprobs=k)) for p, k in zip(ps, tops)])
@@ -251,18 +260,19 @@ def test_a_batched_steps_logprobs_are_each_rows_own(tmp_path, mode):
 
 
 def test_no_kernels_is_an_argument_that_runs_the_torch_ops(tmp_path):
-    """`serve --fast --no-kernels` (`build_fast_engine(kernels=False)`): target and drafter run plain torch ops, and
+    """`serve --fast --no-kernels` (`EngineConfig.kernels` False): target and drafter run plain torch ops, and
     serve what the kernels serve."""
+    from dflash_bench.engine.config import EngineConfig
     from dflash_bench.engine.fast.engine import build_fast_engine
 
     target, drafter = make_tiny_pair(tmp_path, seed=1, block_size=B)
-    kw = dict(max_slots=2, max_len=MAX_LEN, dtype="float64", device="cpu")
-    plain = build_fast_engine(str(target), str(drafter), kernels=False, **kw)
-    assert plain.runner.t.kernels is None and plain.runner.d.kernels is None
+    kw = dict(max_slots=2, max_model_len=MAX_LEN, dtype="float64", device="cpu")
+    plain = build_fast_engine(EngineConfig.from_options(str(target), str(drafter), kernels=False, **kw, fast=True))
+    assert plain.core.runner.t.kernels is None and plain.core.runner.d.kernels is None
     sp = SamplingParams(max_tokens=20, ignore_eos=True)
     ps = tiny_prompts(plain.tok, 2)
     assert ([s.out for s in ref_generate(plain, ps, sp)]
-            == [s.out for s in ref_generate(build_fast_engine(str(target), str(drafter), **kw), ps, sp)])
+            == [s.out for s in ref_generate(build_fast_engine(EngineConfig.from_options(str(target), str(drafter), **kw, fast=True)), ps, sp)])
 
 
 @pytest.mark.parametrize("kernels", [True, "cpu"])

@@ -23,18 +23,19 @@ def setup(request, tmp_path_factory):
 
 
 def test_fast_engine_serves_the_decode_loop_like_the_reference(setup, tmp_path):
+    from dflash_bench.engine.config import EngineConfig
     from dflash_bench.engine.fast.engine import build_fast_engine
 
     ar, df = setup
     target, drafter = make_tiny_pair(tmp_path, seed=1, block_size=B)
-    fast = build_fast_engine(str(target), str(drafter), max_slots=SLOTS, max_len=MAX_LEN, dtype="float64", device="cpu")
+    fast = build_fast_engine(EngineConfig.from_options(str(target), str(drafter), max_slots=SLOTS, max_model_len=MAX_LEN, dtype="float64", device="cpu", fast=True))
     ref = build_engine(str(target), mode="ar", max_slots=SLOTS, max_len=MAX_LEN, dtype="float64")
     ps = tiny_prompts(ref.tok, 4)
     sp = SamplingParams(max_tokens=N, ignore_eos=True, logprobs=2)
     # the width chooser sees modelled step times, not the clock's (the machine's load must not decide the widths
     # asserted below): a CPU step that costs as much per verified token as an AR step
-    observe = fast.runner.chooser.observe
-    fast.runner.chooser.observe = lambda bucket, w, accepted, seconds: observe(bucket, w, accepted, 1e-3 * w)
+    observe = fast.core.sched.chooser.observe
+    fast.core.sched.chooser.observe = lambda bucket, w, accepted, seconds: observe(bucket, w, accepted, 1e-3 * w)
     want, got = ref_generate(ref, ps, sp), ref_generate(fast, ps, sp)
     assert [s.out for s in got] == [s.out for s in want]
     assert fast.stats.drafts > 0 and fast.stats.generation_tokens == ref.stats.generation_tokens
@@ -51,15 +52,16 @@ def test_fast_engine_serves_the_decode_loop_like_the_reference(setup, tmp_path):
 
 
 def test_synthetic_acceptance_needs_benchmark_only(tmp_path):
+    from dflash_bench.engine.config import EngineConfig
     from dflash_bench.engine.fast.engine import build_fast_engine
     from dflash_bench.errors import UserError
 
     target, drafter = make_tiny_pair(tmp_path, seed=1, block_size=B)
     with pytest.raises(UserError, match="benchmark-only"):
-        build_fast_engine(str(target), str(drafter), max_slots=2, max_len=64, device="cpu", synthetic_tau=3.0)
-    eng = build_fast_engine(str(target), str(drafter), max_slots=2, max_len=64, device="cpu", synthetic_tau=3.0,
-                            benchmark_only=True)
-    assert eng.synthetic_tau == 3.0
+        build_fast_engine(EngineConfig.from_options(str(target), str(drafter), max_slots=2, max_model_len=64, device="cpu", synthetic_acceptance=3.0, fast=True))
+    eng = build_fast_engine(EngineConfig.from_options(str(target), str(drafter), max_slots=2, max_model_len=64, device="cpu", synthetic_acceptance=3.0,
+                            benchmark_only=True, fast=True))
+    assert eng.synthetic_acceptance == 3.0
 
 
 @pytest.mark.slow
@@ -128,13 +130,14 @@ def test_serve_fast_gives_requests_arriving_mid_decode_what_they_get_alone(tmp_p
     ride in request 0's steps."""
     import threading
 
+    from dflash_bench.engine.config import EngineConfig
     from dflash_bench.engine.fast.engine import build_fast_engine
     from dflash_bench.engine.loop import EngineLoop
 
     target, drafter = make_tiny_pair(tmp_path, seed=1, block_size=B)
     mixed = mode == "ar-mixed"
-    engine = build_fast_engine(str(target), None if mixed else str(drafter), mode=mode[:2] if mixed else mode,
-                               max_slots=2, max_len=MAX_LEN, dtype="float64", device="cpu", mixed=mixed)
+    engine = build_fast_engine(EngineConfig.from_options(str(target), None if mixed else str(drafter), mode=mode[:2] if mixed else mode,
+                               max_slots=2, max_model_len=MAX_LEN, dtype="float64", device="cpu", prefill="mixed" if mixed else "first", fast=True))
     ps = tiny_prompts(engine.tok, 3)
     sps = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (37, 20, 28)]
     loop = EngineLoop(engine).start()
@@ -191,11 +194,12 @@ def test_the_loop_takes_a_first_token_from_a_later_step(tmp_path):
     its last (max_tokens 1) without stepping it; every request gets what it gets alone."""
     import threading
 
+    from dflash_bench.engine.config import EngineConfig
     from dflash_bench.engine.fast.engine import build_fast_engine
     from dflash_bench.engine.loop import EngineLoop
 
     target, drafter = make_tiny_pair(tmp_path, seed=1, block_size=B)
-    engine = build_fast_engine(str(target), str(drafter), max_slots=3, max_len=MAX_LEN, dtype="float64", device="cpu")
+    engine = build_fast_engine(EngineConfig.from_options(str(target), str(drafter), max_slots=3, max_model_len=MAX_LEN, dtype="float64", device="cpu", fast=True))
     ps = tiny_prompts(engine.tok, 3)
     sps = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (30, 1, 17)]
     alone = [ref_generate(engine, [p], sp)[0].out for p, sp in zip(ps, sps)]
@@ -219,10 +223,11 @@ def test_the_loop_takes_a_first_token_from_a_later_step(tmp_path):
 def _burst(tmp_path, n: int):
     """A fast engine of 8 slots whose prefill groups hold two of the `n` 10-token prompts, the prompts, their
     sampling (12 tokens, ignore_eos) and what each gets alone."""
+    from dflash_bench.engine.config import EngineConfig
     from dflash_bench.engine.fast.engine import build_fast_engine
 
     target, drafter = make_tiny_pair(tmp_path, seed=1, block_size=B)
-    engine = build_fast_engine(str(target), str(drafter), max_slots=8, max_len=MAX_LEN, dtype="float64", device="cpu")
+    engine = build_fast_engine(EngineConfig.from_options(str(target), str(drafter), max_slots=8, max_model_len=MAX_LEN, dtype="float64", device="cpu", fast=True))
     ps = [list(range(40 + i, 50 + i)) for i in range(n)]
     sp = SamplingParams(max_tokens=12, ignore_eos=True)
     alone = [ref_generate(engine, [p], sp)[0].out for p in ps]
@@ -263,11 +268,12 @@ def test_the_pipelined_engine_serves_what_step_by_step_serves(tmp_path, mode):
     early on a stop token with a step ahead already launched (their slot is then taken by the next
     request), ask for logprobs (no step runs ahead while they run): the tokens and logprobs equal the
     step-by-step engine's, request by request."""
+    from dflash_bench.engine.config import EngineConfig
     from dflash_bench.engine.fast.engine import build_fast_engine
 
     target, drafter = make_tiny_pair(tmp_path, seed=1, block_size=B)
-    kw = dict(mode=mode, max_slots=3, max_len=MAX_LEN, dtype="float64", device="cpu")
-    engines = [build_fast_engine(str(target), str(drafter) if mode == "dflash" else None, step_ahead=ahead, **kw)
+    kw = dict(mode=mode, max_slots=3, max_model_len=MAX_LEN, dtype="float64", device="cpu")
+    engines = [build_fast_engine(EngineConfig.from_options(str(target), str(drafter) if mode == "dflash" else None, step_ahead=ahead, **kw, fast=True))
                for ahead in (True, False)]
     ps = tiny_prompts(engines[0].tok, 12)
     # a prompt whose free-running output meets a token it has not produced before at position 3..20: that
@@ -290,21 +296,22 @@ def test_the_pipelined_engine_serves_what_step_by_step_serves(tmp_path, mode):
     assert len(piped[0][0]) == stop + 1 < N  # request 0 stopped early on its stop token
     assert max(ahead) == 1 and max(never) == 0  # the pipelined engine did run steps ahead
     for e in engines:
-        assert sorted(e.free_slots) == [0, 1, 2] and not e.runner.sched.lengths
+        assert sorted(e.free_slots) == [0, 1, 2] and not e.core.sched.lengths
 
 
 def test_prompts_that_ride_in_steps_are_served_what_they_get_alone(tmp_path):
     """AR with `mixed`: prompts admitted while rows decode are prefilled by those rows' next steps (two that
     arrive together by one step; two steps in flight), a request that wants logprobs is prefilled alone, one
     stops early on a stop token: every request's tokens and logprobs equal the step-by-step engine's."""
+    from dflash_bench.engine.config import EngineConfig
     from dflash_bench.engine.fast.engine import build_fast_engine
 
     target, _ = make_tiny_pair(tmp_path, seed=1, block_size=B)
-    kw = dict(mode="ar", max_slots=8, max_len=MAX_LEN, dtype="float64", device="cpu")
-    mixed = build_fast_engine(str(target), mixed=True, **kw)
-    plain = build_fast_engine(str(target), step_ahead=False, **kw)
-    carried, run = [], mixed.runner.run
-    mixed.runner.run = lambda plan: carried.append(len(plan.rides)) or run(plan)
+    kw = dict(mode="ar", max_slots=8, max_model_len=MAX_LEN, dtype="float64", device="cpu")
+    mixed = build_fast_engine(EngineConfig.from_options(str(target), prefill="mixed", **kw, fast=True))
+    plain = build_fast_engine(EngineConfig.from_options(str(target), step_ahead=False, **kw, fast=True))
+    carried, run = [], mixed.core.runner.run
+    mixed.core.runner.run = lambda plan: carried.append(len(plan.rides)) or run(plan)
     ps = tiny_prompts(plain.tok, 8)
     free = ref_generate(plain, [ps[6]], SamplingParams(max_tokens=N, ignore_eos=True))[0].out
     stop = next(i for i in range(3, N) if free[i] not in free[:i])
@@ -318,6 +325,6 @@ def test_prompts_that_ride_in_steps_are_served_what_they_get_alone(tmp_path):
             (20, ps[5], SamplingParams(max_tokens=N, ignore_eos=True))]
     (got, _), (want, _) = serve_requests(mixed, reqs), serve_requests(plain, reqs)
     assert got == want
-    assert mixed.runner.sched.rode >= 5 and plain.runner.sched.rode == 0
+    assert mixed.core.sched.rode >= 5 and plain.core.sched.rode == 0
     assert max(carried) == 2  # the two that arrived together rode in one step
-    assert sorted(mixed.free_slots) == list(range(8)) and not mixed.runner.sched.queue and not mixed.runner.sched.riding
+    assert sorted(mixed.free_slots) == list(range(8)) and not mixed.core.sched.queue and not mixed.core.sched.riding

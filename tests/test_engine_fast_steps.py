@@ -13,7 +13,7 @@ from dflash_bench.engine.build import build_engine  # noqa: E402
 from dflash_bench.engine.decode import generate as ref_generate  # noqa: E402
 from dflash_bench.engine.fast.accept import synthetic_rate  # noqa: E402
 from dflash_bench.engine.fast.drive import generate  # noqa: E402
-from dflash_bench.engine.fast.runner import FastRunner  # noqa: E402
+from dflash_bench.engine.fast.core import EngineCore  # noqa: E402
 from dflash_bench.engine.sampling import SamplingParams  # noqa: E402
 from dflash_bench.engine.tiny import make_tiny_pair  # noqa: E402
 from fast_helpers import ARCHS, B, MAX_LEN, N, PATHS, SLOTS, fast_runner, tiny_engines, tiny_prompts, usable_path  # noqa: E402
@@ -33,12 +33,12 @@ def test_adaptive_width_keeps_the_targets_greedy_output(setup, kernels):
     ar, df = setup
     prompts = tiny_prompts(ar.tok, 5)
     ref = [s.out for s in ref_generate(ar, prompts, SamplingParams(max_tokens=N, ignore_eos=True))]
-    auto = fast_runner(df, adaptive=True, kernels=kernels)
+    auto = fast_runner(df, verify_width="auto", kernels=kernels)
     assert auto.sched.widths == [1, 2, 3, 4, B]  # on a CPU: 1 (the anchor alone, no draft) and 3 too
     assert generate(auto, prompts, N) == ref
-    assert set(auto.chooser.chosen) == {1, 2, 3, 4, B}  # every width ran (each is timed before the choice trusts it)
+    assert set(auto.sched.chooser.chosen) == {1, 2, 3, 4, B}  # every width ran (each is timed before the choice trusts it)
     assert auto.timer.drafted < auto.timer.row_steps * (B - 1)  # some steps verified fewer than the whole block
-    narrow = fast_runner(df, width=2, kernels=kernels)
+    narrow = fast_runner(df, verify_width=2, kernels=kernels)
     assert generate(narrow, prompts, N) == ref
     assert narrow.timer.drafted == narrow.timer.row_steps and 1 <= narrow.timer.tau <= 2
 
@@ -52,11 +52,11 @@ def test_a_step_of_the_anchor_alone_still_writes_the_drafters_context(setup, ker
     ar, df = setup
     prompts = tiny_prompts(ar.tok, 2)
     ref = [s.out for s in ref_generate(ar, prompts, SamplingParams(max_tokens=N, ignore_eos=True))]
-    alone, drafting = fast_runner(df, width=1, kernels=kernels), fast_runner(df, width=4, kernels=kernels)
+    alone, drafting = fast_runner(df, verify_width=1, kernels=kernels), fast_runner(df, verify_width=4, kernels=kernels)
     for p, want in zip(prompts, ref):  # one at a time: no step runs after the slot is released
         assert generate(alone, [p], N) == [want] == generate(drafting, [p], N)
         n = len(p) + N - B  # positions both runners committed
-        for a, b in zip(alone.d.cache.k + alone.d.cache.v, drafting.d.cache.k + drafting.d.cache.v):
+        for a, b in zip(alone.runner.d.cache.k + alone.runner.d.cache.v, drafting.runner.d.cache.k + drafting.runner.d.cache.v):
             torch.testing.assert_close(a[0, :n], b[0, :n], rtol=1e-9, atol=1e-9)
     assert alone.timer.drafted == 0 and alone.timer.tau == 1 and alone.timer.row_steps == 2 * (N - 1)
 
@@ -89,11 +89,11 @@ def test_a_cut_draft_drafts_what_the_reference_drafts_on_a_block_of_that_length(
         return tokens, logits
     ref.proposer.propose = recorded
 
-    def fast_drafts(runner: FastRunner, prompt: list[int]) -> tuple[list[int], list[list[int]]]:
+    def fast_drafts(runner: EngineCore, prompt: list[int]) -> tuple[list[int], list[list[int]]]:
         out, drafts = [runner.add(0, prompt)], []
         while len(out) < N:
             out += runner.step([0])[0]
-            drafts.append(runner.state.out[0, 1:w].tolist())
+            drafts.append(runner.runner.state.out[0, 1:w].tolist())
         runner.release(0)
         return out[:N], drafts
 
@@ -102,10 +102,10 @@ def test_a_cut_draft_drafts_what_the_reference_drafts_on_a_block_of_that_length(
         want = ref_generate(ar, [p], SamplingParams(max_tokens=N, ignore_eos=True))[0].out
         ref_drafts.clear()
         assert ref_generate(ref, [p], SamplingParams(max_tokens=N, ignore_eos=True))[0].out == want
-        out, drafts = fast_drafts(fast_runner(df, width=w, cut_draft=True, kernels=kernels), p)
+        out, drafts = fast_drafts(fast_runner(df, verify_width=w, cut_draft=True, kernels=kernels), p)
         assert out == want
         assert drafts == ref_drafts
-        whole = fast_drafts(fast_runner(df, width=w, kernels=kernels), p)
+        whole = fast_drafts(fast_runner(df, verify_width=w, kernels=kernels), p)
         assert whole[0] == want
         differs |= whole[1] != drafts
     assert differs  # the whole block's first drafts are not the cut block's
@@ -114,17 +114,17 @@ def test_a_cut_draft_drafts_what_the_reference_drafts_on_a_block_of_that_length(
 def test_synthetic_acceptance_of_a_narrow_verify_follows_the_same_curve(setup):
     """Synthetic acceptance is geometric by position: verifying w - 1 drafts gives 1 + sum_{k<w} a^k, not tau."""
     _, df = setup
-    runner = fast_runner(df, synthetic_tau=3.5, seed=3, width=3)
+    runner = fast_runner(df, synthetic_acceptance=3.5, seed=3, verify_width=3)
     generate(runner, tiny_prompts(df.tok, 8), 2 * N)
-    a = runner.bodies.rate
+    a = runner.runner.bodies.rate
     assert runner.timer.tau <= 3
     assert runner.timer.tau == pytest.approx(1 + a + a * a, abs=0.12)  # ~180 row-steps drawn from a seeded table
 
 
 def test_synthetic_acceptance_hits_the_asked_mean(setup):
     _, df = setup
-    runner = fast_runner(df, synthetic_tau=3.5, seed=3)
-    draws = (runner.bodies.uniforms < runner.bodies.rate).long().cumprod(-1).sum(-1)  # what each (step, row) would accept
+    runner = fast_runner(df, synthetic_acceptance=3.5, seed=3)
+    draws = (runner.runner.bodies.uniforms < runner.runner.bodies.rate).long().cumprod(-1).sum(-1)  # what each (step, row) would accept
     assert draws.max() <= B - 1
     assert 1 + draws.double().mean() == pytest.approx(3.5, abs=0.05)
     generate(runner, tiny_prompts(df.tok, 4), N)
@@ -171,7 +171,7 @@ def test_launch_declines_a_step_ahead_that_could_pass_the_cache(setup):
     runner.add(0, [ord("a")] * (MAX_LEN - 2 * B + 1))
     assert runner.launch([0])  # room for one more block
     assert not runner.launch([0])  # a second could pass the cache if the first accepted a whole block
-    assert len(runner.inflight) == 1
+    assert runner.inflight == 1
     got = runner.collect()
     assert 1 <= len(got[0]) <= B and not runner.inflight
     runner.release(0)
@@ -181,16 +181,17 @@ def test_only_a_few_prompts_at_a_time_ride(tmp_path, monkeypatch):
     """While rows decode, prompts wait to ride, a few a step, up to RIDE_QUEUE waiting; a burst of more, or a
     prompt behind a queue that long, is prefilled at once in one forward (riding, the rows of a long queue
     would start steps apart)."""
+    from dflash_bench.engine.config import EngineConfig
     from dflash_bench.engine.fast.engine import build_fast_engine
 
     RIDE_QUEUE = 3
     FEW = RIDE_QUEUE + 1
     target, _ = make_tiny_pair(tmp_path, seed=1, block_size=B)
     n = 2 + FEW + RIDE_QUEUE
-    engine = build_fast_engine(str(target), mode="ar", max_slots=n, max_len=MAX_LEN, dtype="float64",
-                               device="cpu", mixed=True)
-    queue = engine.runner.sched.queue
-    monkeypatch.setattr(engine.runner.sched, "ride_queue", RIDE_QUEUE)
+    engine = build_fast_engine(EngineConfig.from_options(str(target), mode="ar", max_slots=n, max_model_len=MAX_LEN, dtype="float64",
+                               device="cpu", prefill="mixed", fast=True))
+    queue = engine.core.sched.queue
+    monkeypatch.setattr(engine.core.sched, "ride_queue", RIDE_QUEUE)
     ps = tiny_prompts(engine.tok, n)
     sp = SamplingParams(max_tokens=N, ignore_eos=True)
     [(_, first)] = engine.add_many([("0", ps[0], sp)])
@@ -214,7 +215,7 @@ def test_prompts_that_ride_in_a_step_decode_as_if_prefilled_alone(setup, kernels
     ar, df = setup
     ps = tiny_prompts(ar.tok, 5)
     ref = [s.out for s in ref_generate(ar, ps, SamplingParams(max_tokens=N, ignore_eos=True))]
-    runner = fast_runner(df, drafter=False, kernels=usable_path(kernels), mixed=True)
+    runner = fast_runner(df, drafter=False, kernels=usable_path(kernels), prefill="mixed")
     outs = {0: [runner.add(0, ps[0])], 2: [runner.add(2, ps[1])]}
     rides = {3: [(1, ps[2])], 7: [(3, ps[3]), (5, ps[4])]}
     assert len(ps[3]) != len(ps[4])
@@ -225,7 +226,7 @@ def test_prompts_that_ride_in_a_step_decode_as_if_prefilled_alone(setup, kernels
         assert runner.launch(live, rides.get(step, []))
         if step in rides:  # a second step behind it, before its first token is read
             assert runner.launch(live)
-        for _ in range(len(runner.inflight)):
+        for _ in range(runner.inflight):
             for s, toks in runner.collect().items():
                 outs[s].extend(toks)
             for s, tok in runner.sched.took.items():

@@ -185,10 +185,11 @@ FAST_PATHS = [pytest.param("cpu", id="c-kernels"), pytest.param(False, id="torch
               pytest.param(True, id="triton-interpreter")]
 
 
-def _fast_runner(df, *, drafter: bool, kernels, ring_margin=None, monkeypatch=None, **kw):
+def _fast_runner(df, *, drafter: bool, kernels, ring_margin=None, monkeypatch=None, **step):
+    from dflash_bench.engine.config import StepConfig
     from dflash_bench.engine.fast import gemma, layout
     from dflash_bench.engine.fast.draft import FastDrafter
-    from dflash_bench.engine.fast.runner import FastRunner
+    from dflash_bench.engine.fast.core import EngineCore
 
     if kernels == "cpu":
         from dflash_bench.engine.fast import cpu_kernels
@@ -199,7 +200,7 @@ def _fast_runner(df, *, drafter: bool, kernels, ring_margin=None, monkeypatch=No
         monkeypatch.setattr(layout, "RING_MARGIN", ring_margin)
     t = gemma.GemmaTarget(df.target.model, max_slots=8, max_len=256, kernels=kernels)
     d = FastDrafter(df.proposer.drafter, t.embed, t.head, max_slots=8, max_len=256, kernels=kernels) if drafter else None
-    return FastRunner(t, d, kv_block=16, **kw)
+    return EngineCore(t, d, StepConfig(**{"verify_width": "full", "kv_block": 16, **step}))
 
 
 def _step_lengths(engine, p, n):
@@ -236,7 +237,7 @@ def test_fast_path_equals_the_reference_ar_and_dflash(request, kernels, monkeypa
     ps = prompts(5, seed=3)[2:4] if slow else prompts(5, seed=3)
     ref = outs(generate(ar, ps, SamplingParams(max_tokens=n, ignore_eos=True)))
     fast_ar = _fast_runner(df, drafter=False, kernels=kernels, ring_margin=B, monkeypatch=monkeypatch)
-    assert fast_ar.t.kinds[0].ring == 8 + B and (fast_ar.t.kernels is not None) == (kernels is not False)
+    assert fast_ar.runner.t.kinds[0].ring == 8 + B and (fast_ar.runner.t.kernels is not None) == (kernels is not False)
     assert fast_generate(fast_ar, ps, n) == ref
     fast_df = _fast_runner(df, drafter=True, kernels=kernels, ring_margin=B, monkeypatch=monkeypatch)
     assert fast_generate(fast_df, ps, n) == ref
@@ -255,6 +256,7 @@ def test_serve_fast_builds_the_gemma4_engine_and_keeps_only_the_window(pair):
     """`build_fast_engine` (what `serve --fast` runs) on the folders: greedy tokens equal the reference engine's at
     several batch sizes; the sliding layers' cache is a ring of the window plus RING_MARGIN positions a slot."""
     from dflash_bench.engine.fast import layout
+    from dflash_bench.engine.config import EngineConfig
     from dflash_bench.engine.fast.engine import build_fast_engine
 
     ar = build_engine(str(pair[0]), mode="ar", max_slots=8, max_len=256, dtype="float64")
@@ -262,9 +264,9 @@ def test_serve_fast_builds_the_gemma4_engine_and_keeps_only_the_window(pair):
     sp = SamplingParams(max_tokens=30, ignore_eos=True)
     ref = outs(generate(ar, ps, sp))
     for mode in ("ar", "dflash"):
-        fe = build_fast_engine(str(pair[0]), str(pair[1]) if mode == "dflash" else None, mode=mode, dtype="float64",
-                               device="cpu", max_slots=8, max_len=256)
-        sliding, full = fe.runner.t.kinds
+        fe = build_fast_engine(EngineConfig.from_options(str(pair[0]), str(pair[1]) if mode == "dflash" else None, mode=mode, dtype="float64",
+                               device="cpu", max_slots=8, max_model_len=256, fast=True))
+        sliding, full = fe.core.runner.t.kinds
         assert sliding.k[0].shape == (8, 8 + layout.RING_MARGIN + 1, 2, 16) and full.k[0].shape == (8, 256, 1, 32)
         for bs in (1, 2, 6):
             assert [o for i in range(0, 6, bs) for o in outs(generate(fe, ps[i:i + bs], sp))] == ref

@@ -49,6 +49,7 @@ def test_graphed_step_ahead_fast_path_equals_the_reference(pair, mode, prefill, 
     from dflash_bench.engine.decode import generate
     from dflash_bench.engine.fast import runner as runner_mod
     from dflash_bench.engine.fast import scheduler as scheduler_mod
+    from dflash_bench.engine.config import EngineConfig
     from dflash_bench.engine.fast.engine import build_fast_engine
     from dflash_bench.engine.sampling import SamplingParams
 
@@ -59,10 +60,10 @@ def test_graphed_step_ahead_fast_path_equals_the_reference(pair, mode, prefill, 
             monkeypatch.setattr(mod, "GRAPHED_ROWS", (2, 3, 6))
     target, drafter = pair
     draft = str(drafter) if mode == "dflash" else None
-    kw = dict(mode=mode, max_slots=SLOTS, max_len=MAX_LEN, dtype="float32", device="cuda")
+    kw = dict(mode=mode, max_slots=SLOTS, max_model_len=MAX_LEN, dtype="float32", device="cuda")
     ref = build_engine(str(target), draft, **kw)
-    fast = build_fast_engine(str(target), draft, step_ahead=True, **kw)
-    r = fast.runner
+    fast = build_fast_engine(EngineConfig.from_options(str(target), draft, step_ahead=True, prefill="first", **kw, fast=True))
+    r = fast.core.runner
     assert r.graphs_on and r.graphs and r.t.kernels is not None  # captured at build, Triton kernels on
 
     depth = []  # steps in flight after each launch: 2 means one was launched before the last one's tokens were read
@@ -96,19 +97,20 @@ def test_prompts_that_ride_in_graphed_steps_get_what_they_get_alone(pair):
     request gets the tokens the reference engine gives it alone."""
     from dflash_bench.engine.build import build_engine
     from dflash_bench.engine.decode import generate
+    from dflash_bench.engine.config import EngineConfig
     from dflash_bench.engine.fast.engine import build_fast_engine
     from dflash_bench.engine.sampling import SamplingParams
 
     target, _ = pair
-    kw = dict(mode="ar", max_slots=SLOTS, max_len=MAX_LEN, dtype="float32", device="cuda")
+    kw = dict(mode="ar", max_slots=SLOTS, max_model_len=MAX_LEN, dtype="float32", device="cuda")
     ref = build_engine(str(target), **kw)
-    fast = build_fast_engine(str(target), step_ahead=True, mixed=True, **kw)
-    assert any(key[0] == "mixed" for key in fast.runner.graphs)  # captured at build
+    fast = build_fast_engine(EngineConfig.from_options(str(target), step_ahead=True, prefill="mixed", **kw, fast=True))
+    assert any(key[0] == "mixed" for key in fast.core.runner.graphs)  # captured at build
     ps = _prompts(ref.tok, 6)
     sp = SamplingParams(max_tokens=N, ignore_eos=True)
     want = [generate(ref, [p], sp)[0].out for p in ps]
-    carried, run = [], fast.runner.run
-    fast.runner.run = lambda plan: carried.append(len(plan.rides)) or run(plan)
+    carried, run = [], fast.core.runner.run
+    fast.core.runner.run = lambda plan: carried.append(len(plan.rides)) or run(plan)
     out: dict[str, list[int]] = {}
     running = []
     for i, p in enumerate(ps):
@@ -127,7 +129,7 @@ def test_prompts_that_ride_in_graphed_steps_get_what_they_get_alone(pair):
         for s in [s for s in running if s.finish]:
             fast.release(s)
             running.remove(s)
-    assert fast.runner.sched.rode == 5 and max(carried) == 2  # every prompt but the first rode in a step
+    assert fast.core.sched.rode == 5 and max(carried) == 2  # every prompt but the first rode in a step
     assert out == {str(i): want[i] for i in range(len(ps))}
 
 
@@ -146,16 +148,17 @@ def test_gemma4_fast_path_equals_the_reference(gemma_pair, mode, kernels):
     greedy tokens and acceptance of the reference engine."""
     from dflash_bench.engine.build import build_engine
     from dflash_bench.engine.decode import generate
+    from dflash_bench.engine.config import EngineConfig
     from dflash_bench.engine.fast.engine import build_fast_engine
     from dflash_bench.engine.sampling import SamplingParams
 
     target, drafter = gemma_pair
     draft = str(drafter) if mode == "dflash" else None
-    kw = dict(mode=mode, max_slots=SLOTS, max_len=MAX_LEN, dtype="float32", device="cuda")
+    kw = dict(mode=mode, max_slots=SLOTS, max_model_len=MAX_LEN, dtype="float32", device="cuda")
     ref = build_engine(str(target), draft, **kw)
-    fast = build_fast_engine(str(target), draft, step_ahead=True, kernels=kernels, **kw)
-    t = fast.runner.t
-    assert fast.runner.graphs_on and fast.runner.graphs
+    fast = build_fast_engine(EngineConfig.from_options(str(target), draft, step_ahead=True, kernels=kernels, prefill="first", **kw, fast=True))
+    t = fast.core.runner.t
+    assert fast.core.runner.graphs_on and fast.core.runner.graphs
     assert (t.fused is not None) == kernels and t.kinds[0].ring  # the sliding layers keep a ring
     ps = _prompts(ref.tok, 6)
     assert max(len(p) for p in ps) > t.kinds[0].window  # prompts longer than the window

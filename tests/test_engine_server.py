@@ -322,7 +322,7 @@ def test_the_outbox_wakes_the_event_loop_once_per_flush():
     (True, "ar", "cuda", "mixed"), (True, "ar", "cuda:1", "mixed"), (True, "dflash", "cuda", "first"),
     (False, "ar", "cuda", "first"), (True, "ar", "cpu", "first")])
 def test_prefill_auto_rides_only_for_ar_on_the_fast_path_on_a_gpu(fast, mode, device, want):
-    from dflash_bench.engine.server import resolve_prefill
+    from dflash_bench.engine.config import resolve_prefill
 
     assert resolve_prefill("auto", fast=fast, mode=mode, device=device) == want
     assert resolve_prefill("first", fast=fast, mode=mode, device=device) == "first"  # a choice stands

@@ -10,6 +10,7 @@ import torch
 
 pytest.importorskip("transformers")
 
+from dflash_bench.engine.config import EngineConfig  # noqa: E402
 from dflash_bench.engine.fast.engine import build_fast_engine  # noqa: E402
 from dflash_bench.engine.sampling import SamplingParams  # noqa: E402
 from dflash_bench.engine.tiny import make_tiny_pair  # noqa: E402
@@ -69,13 +70,13 @@ def _decode(engine, prompts, max_tokens=24):
 def test_two_ranks_decode_what_one_process_decodes(pair, mode):
     target, drafter = pair
     # the whole block verified every step: the adaptive width follows measured times, which differ run to run
-    kw = dict(mode=mode, dtype="float64", device="cpu", max_slots=SLOTS, max_len=MAX_LEN, adaptive=False)
+    kw = dict(mode=mode, dtype="float64", device="cpu", max_slots=SLOTS, max_model_len=MAX_LEN, verify_width="full")
     draft = drafter if mode == "dflash" else None
-    one = build_fast_engine(target, draft, **kw)
+    one = build_fast_engine(EngineConfig.from_options(target, draft, **kw, fast=True))
     want, want_lp = _decode(one, _prompts(one.tok))
-    two = build_fast_engine(target, draft, tensor_parallel=2, **kw)
+    two = build_fast_engine(EngineConfig.from_options(target, draft, tensor_parallel_size=2, **kw, fast=True))
     try:
-        assert two.runner.t.H == one.runner.t.H // 2  # each rank holds half the heads
+        assert two.core.runner.t.H == one.core.runner.t.H // 2  # each rank holds half the heads
         got, got_lp = _decode(two, _prompts(two.tok))
     finally:
         two.close()
@@ -96,13 +97,13 @@ def test_prompts_that_ride_decode_steps_on_two_ranks(pair):
     from fast_helpers import serve_requests
 
     target, _ = pair
-    kw = dict(mode="ar", dtype="float64", device="cpu", max_slots=SLOTS, max_len=MAX_LEN, mixed=True)
-    one = build_fast_engine(target, **kw)
-    if not one.runner.sched.mixed:
+    kw = dict(mode="ar", dtype="float64", device="cpu", max_slots=SLOTS, max_model_len=MAX_LEN, prefill="mixed")
+    one = build_fast_engine(EngineConfig.from_options(target, **kw, fast=True))
+    if not one.core.sched.mixed:
         pytest.skip("this family carries no prompts in a step")
     reqs = [(at, p, SamplingParams(max_tokens=16, ignore_eos=True)) for at, p in zip((0, 1, 2, 4), _prompts(one.tok))]
     want, _ = serve_requests(one, reqs)
-    two = build_fast_engine(target, tensor_parallel=2, **kw)
+    two = build_fast_engine(EngineConfig.from_options(target, tensor_parallel_size=2, **kw, fast=True))
     try:
         got, _ = serve_requests(two, reqs)
     finally:
@@ -115,12 +116,12 @@ def test_four_ranks_decode_what_one_process_decodes(tmp_path):
     step."""
     target, drafter = make_tiny_pair(tmp_path, arch="gemma4", seed=1, block_size=B, layers=3, kv_heads=(4, 4),
                                      draft_kv_heads=4)
-    kw = dict(mode="dflash", dtype="float64", device="cpu", max_slots=SLOTS, max_len=MAX_LEN, adaptive=False)
-    one = build_fast_engine(str(target), str(drafter), **kw)
+    kw = dict(mode="dflash", dtype="float64", device="cpu", max_slots=SLOTS, max_model_len=MAX_LEN, verify_width="full")
+    one = build_fast_engine(EngineConfig.from_options(str(target), str(drafter), **kw, fast=True))
     want, _ = _decode(one, _prompts(one.tok), 12)
-    four = build_fast_engine(str(target), str(drafter), tensor_parallel=4, **kw)
+    four = build_fast_engine(EngineConfig.from_options(str(target), str(drafter), tensor_parallel_size=4, **kw, fast=True))
     try:
-        assert four.runner.t.H == 1 and [k.hkv for k in four.runner.t.caches] == [1, 1]
+        assert four.core.runner.t.H == 1 and [k.hkv for k in four.core.runner.t.caches] == [1, 1]
         got, _ = _decode(four, _prompts(four.tok), 12)
     finally:
         four.close()
@@ -130,11 +131,11 @@ def test_four_ranks_decode_what_one_process_decodes(tmp_path):
 def test_a_size_that_does_not_divide_the_heads_is_one_sentence(pair):
     target, drafter = pair
     with pytest.raises(UserError, match="--tensor-parallel-size 3 does not divide the 4 attention heads"):
-        build_fast_engine(target, drafter, tensor_parallel=3, device="cpu", max_slots=2, max_len=64)
+        build_fast_engine(EngineConfig.from_options(target, drafter, tensor_parallel_size=3, device="cpu", max_slots=2, max_model_len=64, fast=True))
 
 
 def test_more_ranks_than_gpus_is_one_sentence(pair, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     with pytest.raises(UserError, match="--tensor-parallel-size 2 needs 2 GPUs, one a rank, but 1 is visible"):
-        build_fast_engine(pair[0], tensor_parallel=2, mode="ar", device="cuda", max_slots=2, max_len=64)
+        build_fast_engine(EngineConfig.from_options(pair[0], tensor_parallel_size=2, mode="ar", device="cuda", max_slots=2, max_model_len=64, fast=True))

@@ -59,6 +59,7 @@ def test_two_gpus_decode_what_one_decodes(pair, mode, adaptive, graphs):
     engine's own step times): the same tokens. `eager` (serve --enforce-eager): the collectives outside graphs,
     to tell a captured collective's fault from the step's."""
     from dflash_bench.engine.decode import generate
+    from dflash_bench.engine.config import EngineConfig
     from dflash_bench.engine.fast.engine import build_fast_engine
     from dflash_bench.engine.sampling import SamplingParams
 
@@ -68,14 +69,15 @@ def test_two_gpus_decode_what_one_decodes(pair, mode, adaptive, graphs):
         pytest.skip("the eager case runs the fixed width only")
     target, drafter = pair
     draft = drafter if mode == "dflash" else None
-    kw = dict(mode=mode, max_slots=SLOTS, max_len=MAX_LEN, dtype="float32", device="cuda", adaptive=adaptive)
-    one = build_fast_engine(target, draft, **kw)
+    kw = dict(mode=mode, max_slots=SLOTS, max_model_len=MAX_LEN, dtype="float32", device="cuda", prefill="first",
+              verify_width="auto" if adaptive else "full")
+    one = build_fast_engine(EngineConfig.from_options(target, draft, **kw, fast=True))
     ps = _prompts(one.tok, 6)
     sp = SamplingParams(max_tokens=N, ignore_eos=True)
     want = [s.out for s in generate(one, ps, sp)]
-    two = build_fast_engine(target, draft, tensor_parallel=2, graphs=None if graphs else False, **kw)
+    two = build_fast_engine(EngineConfig.from_options(target, draft, tensor_parallel_size=2, enforce_eager=not graphs, **kw, fast=True))
     try:
-        r = two.runner
+        r = two.core.runner
         assert r.graphs_on == bool(r.graphs) == graphs and r.t.kernels is not None and r.t.tp.size == 2
         depth = []
         run = r.run

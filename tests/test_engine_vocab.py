@@ -9,6 +9,7 @@ import pytest
 pytest.importorskip("transformers")
 
 from dflash_bench.engine.build import build_engine  # noqa: E402
+from dflash_bench.engine.config import EngineConfig  # noqa: E402
 from dflash_bench.engine.fast.engine import build_fast_engine  # noqa: E402
 from dflash_bench.engine.sampling import SamplingParams  # noqa: E402
 from dflash_bench.engine.tiny import make_tiny_pair  # noqa: E402
@@ -30,8 +31,8 @@ def _engine(pair, which: str):
 
     if cpu_kernels.load() is None:
         pytest.skip("no C compiler builds the CPU kernels")
-    return build_fast_engine(target, drafter, mode="dflash", device="cpu", max_slots=SLOTS, max_len=MAX_LEN,
-                             kernels=True)
+    return build_fast_engine(EngineConfig.from_options(target, drafter, mode="dflash", device="cpu", max_slots=SLOTS, max_model_len=MAX_LEN,
+                             kernels=True, fast=True))
 
 
 @pytest.mark.parametrize("which", ["reference", "fast-cpu-kernels"])

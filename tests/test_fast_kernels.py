@@ -185,7 +185,8 @@ def test_fast_path_with_kernels_is_lossless(tmp_path):
     from dflash_bench.engine.fast.draft import FastDrafter
     from dflash_bench.engine.fast.dense import DenseTarget
     from dflash_bench.engine.fast.drive import generate
-    from dflash_bench.engine.fast.runner import FastRunner
+    from dflash_bench.engine.config import StepConfig
+    from dflash_bench.engine.fast.core import EngineCore
     from dflash_bench.engine.fast.timer import StepTimer
     from dflash_bench.engine.sampling import SamplingParams
     from dflash_bench.engine.tiny import make_tiny_pair
@@ -198,12 +199,12 @@ def test_fast_path_with_kernels_is_lossless(tmp_path):
     prompts = [ar.tok(" ".join(rng.choice(words) for _ in range(rng.randint(1, 8)))).input_ids for _ in range(2)]
     ref = [s.out for s in ref_generate(ar, prompts, SamplingParams(max_tokens=N, ignore_eos=True))]
 
-    def runner(with_drafter: bool, kernels: bool) -> FastRunner:
+    def runner(with_drafter: bool, kernels: bool) -> EngineCore:
         t = DenseTarget(df.target.model, max_slots=SLOTS, max_len=MAX_LEN, kernels=kernels)
         d = FastDrafter(df.proposer.drafter, t.embed, t.head, max_slots=SLOTS, max_len=MAX_LEN,
                         kernels=kernels) if with_drafter else None
         assert (t.kernels is not None) == kernels
-        r = FastRunner(t, d, kv_block=16)
+        r = EngineCore(t, d, StepConfig(verify_width="full", kv_block=16))
         StepTimer().attach(r)
         return r
 

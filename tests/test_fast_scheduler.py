@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import pytest
 
+from dflash_bench.engine.config import StepConfig
 from dflash_bench.engine.fast import scheduler as sch
 from dflash_bench.engine.fast.scheduler import Row, Scheduler
 
 
-def _sched(**kw) -> Scheduler:
-    args = dict(slots=6, block=4, max_len=64, kv_block=16)
+def _sched(*, mixed: bool = False, step_ahead: bool = True, verify_width: str | int = "full", **kw) -> Scheduler:
+    args: dict = dict(slots=6, block=4, max_len=64)
     args.update(kw)
-    return Scheduler(**args)
+    step = StepConfig(verify_width=verify_width, step_ahead=step_ahead, prefill="mixed" if mixed else "first",
+                      kv_block=16)
+    return Scheduler(step, **args)
 
 
 def test_a_plan_takes_the_bucket_above_its_last_slot_and_the_kv_bucket_of_the_cache_bound():

@@ -42,7 +42,7 @@ def per_slot(target: Path, drafter: Path | None, max_len: int = MAX_LEN) -> int:
 def allocated(eng) -> int:
     """Bytes of every tensor the engine holds per slot: the target's caches of each kind, the drafter's, the
     logits the runner keeps."""
-    r = eng.runner
+    r = eng.core.runner
     kv = [t for k in r.t.kinds for t in k.k + k.v] + (r.d.cache.k + r.d.cache.v if r.d is not None else [])
     assert r.state.logits is not None
     return sum(t.nbytes for t in kv) + r.state.logits.nbytes
@@ -51,6 +51,7 @@ def allocated(eng) -> int:
 @pytest.mark.parametrize("dflash", [False, True])
 def test_a_gemma_slots_bytes_are_what_the_engine_allocates(pair, dflash: bool):
     """Exact, at two slot counts and at lengths below the ring (every position kept) and above it (a ring)."""
+    from dflash_bench.engine.config import EngineConfig
     from dflash_bench.engine.fast.engine import build_fast_engine
     from dflash_bench.engine.fast.layout import RING_MARGIN
 
@@ -58,9 +59,9 @@ def test_a_gemma_slots_bytes_are_what_the_engine_allocates(pair, dflash: bool):
     for max_len in (32, MAX_LEN):
         sizes = {}
         for slots in (2, 3):
-            eng = build_fast_engine(str(target), str(drafter) if dflash else None, mode="dflash" if dflash else "ar",
-                                    device="cpu", dtype="float32", max_slots=slots, max_len=max_len)
-            rows = {k.k[0].shape[1] for k in eng.runner.t.kinds}
+            eng = build_fast_engine(EngineConfig.from_options(str(target), str(drafter) if dflash else None, mode="dflash" if dflash else "ar",
+                                    device="cpu", dtype="float32", max_slots=slots, max_model_len=max_len, fast=True))
+            rows = {k.k[0].shape[1] for k in eng.core.runner.t.kinds}
             assert rows == ({max_len} if max_len <= 8 + RING_MARGIN else {8 + RING_MARGIN + 1, max_len})
             sizes[slots] = allocated(eng)
         want = per_slot(target, drafter if dflash else None, max_len)

@@ -25,10 +25,11 @@ TEXTS = ["Natalia sold clips to 48 of her friends in April, and then she sold ha
 
 
 def engine(**kw):
+    from dflash_bench.engine.config import EngineConfig
     from dflash_bench.engine.fast.engine import build_fast_engine
 
-    return build_fast_engine(str(PAIR / "target"), str(PAIR / "drafter"), max_slots=4, max_len=512, device="cpu",
-                             dtype="float32", **kw)
+    return build_fast_engine(EngineConfig.from_options(str(PAIR / "target"), str(PAIR / "drafter"), max_slots=4, max_model_len=512, device="cpu",
+                             dtype="float32", **kw, fast=True))
 
 
 def run(eng, prompts, concurrency: int, max_tokens: int = 40):
@@ -46,7 +47,7 @@ def run(eng, prompts, concurrency: int, max_tokens: int = 40):
 
 @pytest.mark.parametrize("width", [None, 3], ids=["full", "w3"])
 def test_at_a_fixed_width_tau_is_the_same_at_every_concurrency_and_run_to_run(width):
-    eng = engine(adaptive=False, width=width)
+    eng = engine(verify_width=str(width or "full"))
     assert eng.book.width_policy == ("full" if width is None else f"w{width}")
     prompts = [eng.tok(t).input_ids for t in TEXTS]
     one, counts_one = run(eng, prompts, concurrency=1)
@@ -64,7 +65,7 @@ def test_at_a_fixed_width_tau_is_the_same_at_every_concurrency_and_run_to_run(wi
 
 
 def test_auto_width_counts_the_widths_used_and_the_profile_tau_follows_from():
-    eng = engine(adaptive=True)
+    eng = engine(verify_width="auto")
     assert eng.book.width_policy == "auto"
     prompts = [eng.tok(t).input_ids for t in TEXTS]
     _, (drafts, draft_tokens, accepted, per_pos, verified) = run(eng, prompts, concurrency=4, max_tokens=48)
@@ -86,7 +87,7 @@ def test_the_same_pair_accepts_far_less_on_random_token_prompts():
     server (docs/acceptance.md, "Two clients, one tau"): the requests differ, not the reading."""
     import random
 
-    eng = engine(adaptive=False)
+    eng = engine(verify_width="full")
     prompts = [eng.tok(t).input_ids for t in TEXTS]
     rng = random.Random(0)
     # as the random dataset does: random ids decoded to text, which the server tokenizes again

@@ -107,11 +107,12 @@ def workload_args(ap: argparse.ArgumentParser, concurrency: str = "1,8,32") -> N
 
 def build(args) -> tuple:
     """The fast engine of `workload_args`, with slots for the highest concurrency, and the concurrencies."""
+    from dflash_bench.engine.config import EngineConfig
     from dflash_bench.engine.fast.engine import build_fast_engine
 
     cs = [int(c) for c in args.concurrency.split(",")]
-    engine = build_fast_engine(args.model, args.draft, mode="dflash" if args.draft else "ar", device=args.device,
-                               max_slots=max(cs), max_len=args.max_model_len)
+    engine = build_fast_engine(EngineConfig.from_options(args.model, args.draft, mode="dflash" if args.draft else "ar", device=args.device,
+                               max_slots=max(cs), max_model_len=args.max_model_len, prefill="first", fast=True))
     return engine, cs
 
 

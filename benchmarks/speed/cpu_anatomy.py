@@ -36,7 +36,8 @@ from dflash_bench.engine.drafter import load_drafter
 from dflash_bench.engine.fast import cpu_kernels
 from dflash_bench.engine.fast.draft import FastDrafter
 from dflash_bench.engine.fast.dense import DenseTarget
-from dflash_bench.engine.fast.runner import FastRunner
+from dflash_bench.engine.config import StepConfig
+from dflash_bench.engine.fast.core import EngineCore
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -80,8 +81,7 @@ def load_pair(max_slots: int, max_len: int) -> tuple[DenseTarget, FastDrafter]:
 def one(target: DenseTarget, drafter: FastDrafter, w: int, prompts: list[list[int]], steps: int, tau: float,
         seed: int) -> dict:
     """Mean ms per step of each kernel, "other" and the wall time, over `steps` steps of width w (0: AR)."""
-    r = FastRunner(target, None) if w == 0 else FastRunner(target, drafter, width=w, cut_draft=True,
-                                                             synthetic_tau=tau, seed=seed)
+    r = EngineCore(target, None, StepConfig(verify_width="full")) if w == 0 else EngineCore(target, drafter, StepConfig(verify_width=w, cut_draft=True, synthetic_acceptance=tau, seed=seed))
     slots = list(range(len(prompts)))
     r.add_many(slots, prompts)
     for _ in range(2):

@@ -13,12 +13,12 @@ the weights. Prompts are random token ids of `--prompt-len`.
 
 1. Step costs, per batch of `--batches` rows and per verify width w (`--widths`; 1: the anchor alone, no
    draft): the DFlash draft and verify, drafting the whole block ("block") or only the w positions the verify
-   checks ("cut", `FastRunner(cut_draft=True)`; `--draft` picks), and the AR step, one AR step and one DFlash step in turn (each runner over
+   checks ("cut", `EngineCore(cut_draft=True)`; `--draft` picks), and the AR step, one AR step and one DFlash step in turn (each runner over
    its own copy of the target, both prefilled with the same prompts), so that both see the same load on a
    shared machine: the median over `--steps` steps (after 2 warm-up steps) of the runners' own per-phase
    timers, then the median over `--rounds` rounds. ratio = (draft + verify) / AR step, the median of the
    rounds' ratios. Steps commit synthetic acceptance `--tau` (the KV grows as it would); "step ratio" uses
-   the wall time of `runner.step` (host bookkeeping included). "speedup at w": E[tokens | w] / ratio, what
+   the wall time of `core.step` (host bookkeeping included). "speedup at w": E[tokens | w] / ratio, what
    DFlash would gain over AR if every step verified w tokens, E from the synthetic curve of `--tau`.
 2. In-process tok/s (unless `--skip-throughput`): per concurrency of `--concurrency`, AR against DFlash with
    the width chosen by load (`adaptive`, the server's default) and synthetic acceptance `--tau` (a
@@ -52,7 +52,8 @@ from dflash_bench.engine.fast.draft import FastDrafter
 from dflash_bench.engine.fast.dense import DenseTarget
 from dflash_bench.engine.fast.accept import synthetic_rate
 from dflash_bench.engine.fast.drive import decode
-from dflash_bench.engine.fast.runner import FastRunner
+from dflash_bench.engine.config import StepConfig
+from dflash_bench.engine.fast.core import EngineCore
 from dflash_bench.engine.fast.timer import StepTimer
 from dflash_bench.engine.target import load_model
 
@@ -89,10 +90,10 @@ def med(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
-def interleaved(ar: FastRunner, df: FastRunner, prompts: list[list[int]], steps: int) -> dict:
+def interleaved(ar: EngineCore, df: EngineCore, prompts: list[list[int]], steps: int) -> dict:
     """Prefill `prompts` into slots 0.. of both runners (each over its own target copy), 2 warm-up steps each,
     then `steps` rounds of one AR step and one DFlash step, so both see the same machine: the medians of the
-    runners' own timers (AR step; DFlash draft and verify) and of the wall time of `runner.step`, in ms."""
+    runners' own timers (AR step; DFlash draft and verify) and of the wall time of `core.step`, in ms."""
     slots = list(range(len(prompts)))
     walls: dict[str, list[float]] = {"ar": [], "df": []}
     timers = {}
@@ -135,9 +136,9 @@ def step_costs(targets: tuple[DenseTarget, DenseTarget], drafters: dict[str, Fas
             for name, fd in drafters.items():
                 for w in a.widths:
                     for cut in kinds(w, B, a.draft):
-                        df = FastRunner(targets[1], fd, width=w, cut_draft=cut, synthetic_tau=a.tau, seed=rnd)
+                        df = EngineCore(targets[1], fd, StepConfig(verify_width=w, cut_draft=cut, synthetic_acceptance=a.tau, seed=rnd))
                         samples.setdefault((bs, name, w, cut), []).append(
-                            interleaved(FastRunner(targets[0], None), df, prompts, a.steps))
+                            interleaved(EngineCore(targets[0], None, StepConfig(verify_width="full")), df, prompts, a.steps))
             print(f"round {rnd + 1}/{a.rounds}, batch {bs} done", flush=True)
     rows = []
     for bs in a.batches:
@@ -174,10 +175,10 @@ def compare_torch(hf, target: DenseTarget, drafter_cfg: Path, shape: tuple[int, 
         got: dict[str, list[dict]] = {"ar": [], "dflash": []}
         for rnd in range(a.rounds):
             prompts = random_prompts(bs, a.prompt_len, target.vocab_size, 5000 + 1000 * rnd + bs)
-            got["ar"].append(interleaved(FastRunner(target, None), FastRunner(plain, None), prompts, a.steps))
+            got["ar"].append(interleaved(EngineCore(target, None, StepConfig(verify_width="full")), EngineCore(plain, None, StepConfig(verify_width="full")), prompts, a.steps))
             got["dflash"].append(interleaved(
-                FastRunner(target, fd, width=w, cut_draft=True, synthetic_tau=a.tau, seed=rnd),
-                FastRunner(plain, fd_plain, width=w, cut_draft=True, synthetic_tau=a.tau, seed=rnd), prompts, a.steps))
+                EngineCore(target, fd, StepConfig(verify_width=w, cut_draft=True, synthetic_acceptance=a.tau, seed=rnd)),
+                EngineCore(plain, fd_plain, StepConfig(verify_width=w, cut_draft=True, synthetic_acceptance=a.tau, seed=rnd)), prompts, a.steps))
         row: dict = dict(batch=bs, width=w)
         for kind, gs in got.items():
             ms = lambda x: x["draft_ms"] + x["verify_ms"]  # noqa: E731
@@ -190,11 +191,11 @@ def compare_torch(hf, target: DenseTarget, drafter_cfg: Path, shape: tuple[int, 
     return rows
 
 
-def decode_rate(runner: FastRunner, prompts: list[list[int]], new: int) -> dict:
+def decode_rate(runner: EngineCore, prompts: list[list[int]], new: int) -> dict:
     """Prefill (not timed), then decode every prompt to `new` tokens: tok/s, tau, widths chosen meanwhile, and
     tok/s until the first request finished (every row still running: DFlash rows finish at different steps,
     AR rows at once, and a closed batch's tail is no serving workload)."""
-    before = dict(runner.chooser.chosen) if runner.chooser else {}
+    before = runner.widths_chosen()
     timer = StepTimer().attach(runner)  # the decode's steps and acceptance (prefill steps nothing)
     firsts = runner.add_many(list(range(len(prompts))), prompts)
     outs = [[f] for f in firsts]
@@ -213,8 +214,8 @@ def decode_rate(runner: FastRunner, prompts: list[list[int]], new: int) -> dict:
                full_batch_tok_s=first["tokens"] / (first["t"] - t))
     if runner.B > 1:
         out.update(tau=timer.tau, width=timer.verify_width)
-        if runner.chooser:
-            out["widths"] = {w: n - before.get(w, 0) for w, n in sorted(runner.chooser.chosen.items())
+        if runner.config.adaptive:
+            out["widths"] = {w: n - before.get(w, 0) for w, n in sorted(runner.widths_chosen().items())
                              if n > before.get(w, 0)}
     return out
 
@@ -223,9 +224,9 @@ def throughput(target: DenseTarget, fd: FastDrafter, prompts_for, a, tau: float 
     """AR vs DFlash (adaptive width, whole-block and/or cut drafts) per concurrency, median tok/s over rounds."""
     rows = []
     for c in a.concurrency:
-        runners = {"ar": FastRunner(target, None)}
+        runners = {"ar": EngineCore(target, None, StepConfig(verify_width="full"))}
         for cut in cuts:
-            runners["cut" if cut else "block"] = FastRunner(target, fd, adaptive=True, synthetic_tau=tau, cut_draft=cut)
+            runners["cut" if cut else "block"] = EngineCore(target, fd, StepConfig(verify_width="auto", synthetic_acceptance=tau, cut_draft=cut))
         warm = prompts_for(c, -1)
         for r in runners.values():  # the chooser learns step times and acceptance, as in a running server
             decode_rate(r, warm, min(a.new_tokens, 64))

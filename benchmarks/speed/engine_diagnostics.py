@@ -15,7 +15,8 @@ from dflash_bench.engine.fast.draft import FastDrafter
 from dflash_bench.engine.fast.dense import DenseTarget
 from dflash_bench.engine.fast.model import matmul
 from dflash_bench.engine.fast.drive import generate
-from dflash_bench.engine.fast.runner import FastRunner
+from dflash_bench.engine.config import StepConfig
+from dflash_bench.engine.fast.core import EngineCore
 from dflash_bench.engine.fast.timer import StepTimer
 
 
@@ -75,7 +76,7 @@ def matmul_chain_ms(target: DenseTarget, dev) -> float:
     return (time.perf_counter() - t) / 20 * 1e3
 
 
-def profile_step(runner: FastRunner, dev, path: str | None = None, rows: int = 18) -> str:
+def profile_step(runner: EngineCore, dev, path: str | None = None, rows: int = 18) -> str:
     """Diagnostic: kernels of one eager batch-1 step (what the graphs replay), by device time; DFlash runners
     give one table for the draft and one for the verify."""
     from torch.profiler import ProfilerActivity, profile
@@ -83,7 +84,7 @@ def profile_step(runner: FastRunner, dev, path: str | None = None, rows: int = 1
     runner.add(0, list(range(1000, 1128)))
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
     L = runner.kv_block
-    b, B = runner.bodies, runner.B
+    b, B = runner.runner.bodies, runner.B
     bodies = {"AR step": lambda: b.ar(1, L)} if B == 1 else \
         {"draft": lambda: b.draft(1, L, B), "verify": lambda: b.verify(1, L, B)}
     key = "self_device_time_total" if dev.type == "cuda" else "self_cpu_time_total"
@@ -121,8 +122,8 @@ def lossless_tiny(dev) -> dict:
             ref = [s.out for s in ref_generate(ar, ps, SamplingParams(max_tokens=64, ignore_eos=True))]
             ft = DenseTarget(df.target.model, max_slots=8, max_len=512)
             fd = FastDrafter(df.proposer.drafter, ft.embed, ft.head, max_slots=8, max_len=512)
-            fast_ar = generate(FastRunner(ft, None, kv_block=64), ps, 64)
-            r, auto = FastRunner(ft, fd, kv_block=64), FastRunner(ft, fd, kv_block=64, adaptive=True)
+            fast_ar = generate(EngineCore(ft, None, StepConfig(verify_width="full", kv_block=64)), ps, 64)
+            r, auto = EngineCore(ft, fd, StepConfig(verify_width="full", kv_block=64)), EngineCore(ft, fd, StepConfig(kv_block=64, verify_width="auto"))
             timers = StepTimer().attach(r), StepTimer().attach(auto)
             fast_df, fast_auto = generate(r, ps, 64), generate(auto, ps, 64)
             res[name] = dict(ar_equal_reference=fast_ar == ref, dflash_equal_ar=fast_df == fast_ar, tau=round(timers[0].tau, 3),

@@ -24,7 +24,8 @@ from dflash_bench.engine.drafter import DFlashDrafter, DrafterConfig
 from dflash_bench.engine.fast.draft import FastDrafter
 from dflash_bench.engine.fast.dense import DenseTarget
 from dflash_bench.engine.fast.drive import decode, generate
-from dflash_bench.engine.fast.runner import FastRunner
+from dflash_bench.engine.config import StepConfig
+from dflash_bench.engine.fast.core import EngineCore
 from dflash_bench.engine.fast.timer import StepTimer
 
 from benchmarks.speed.engine_diagnostics import (copy_bandwidth, divergence_gaps, kernels_agree, lossless_tiny,
@@ -66,16 +67,17 @@ def prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(1000, vocab - 1000) for _ in range(length)] for _ in range(n)]
 
 
-def timed(runner: FastRunner, ps: list[list[int]], new: int, dev, *, pipeline: bool = True) -> dict:
+def timed(runner: EngineCore, ps: list[list[int]], new: int, dev, *, pipeline: bool = True) -> dict:
     """Warm-up (captures every graph the run needs), then the measured run: prefill, then decode to `new`.
 
     pipeline: the runner launches step k+1 before reading step k's tokens (as `generate` does); False is one
     host round trip per step (the server's loop when a request wants logprobs).
     """
     generate(runner, ps, new, pipeline=pipeline)
-    if runner.bodies.rate is not None:  # every DFlash runner draws the same synthetic acceptances in its measured run
-        runner.bodies.synth_step.zero_()
-    chosen0 = dict(runner.chooser.chosen) if runner.chooser else {}
+    bodies = runner.runner.bodies
+    if bodies.rate is not None:  # every DFlash runner draws the same synthetic acceptances in its measured run
+        bodies.synth_step.zero_()
+    chosen0 = runner.widths_chosen()
     sync(dev)
     t0 = time.perf_counter()
     outs = [[runner.add(i, p)] for i, p in enumerate(ps)]
@@ -102,8 +104,8 @@ def timed(runner: FastRunner, ps: list[list[int]], new: int, dev, *, pipeline: b
                full_batch_tok_s=first["tokens"] / (first["t"] - t1) if first.get("t", t1) > t1 else None)
     if runner.B > 1:  # tokens verified per row and step, and (adaptive) the widths chosen in the measured run
         out["verify_width"] = timer.verify_width
-        if runner.chooser:
-            out["widths"] = {w: n - chosen0.get(w, 0) for w, n in sorted(runner.chooser.chosen.items())
+        if runner.config.adaptive:
+            out["widths"] = {w: n - chosen0.get(w, 0) for w, n in sorted(runner.widths_chosen().items())
                              if n > chosen0.get(w, 0)}
     return out
 
@@ -122,7 +124,7 @@ def hf_generate(hf, p: list[int], new: int, dev) -> float:
 def soak(target, drafter, args, dev, vocab) -> dict:
     """`--soak` requests through continuous batching at the largest concurrency: memory before/after."""
     S = max(args.concurrency)
-    r = FastRunner(target, drafter, kv_block=args.kv_block, synthetic_tau=args.tau, seed=7)
+    r = EngineCore(target, drafter, StepConfig(verify_width="full", kv_block=args.kv_block, synthetic_acceptance=args.tau, seed=7))
     rng = random.Random(11)
 
     def run(n):
@@ -149,7 +151,7 @@ def soak(target, drafter, args, dev, vocab) -> dict:
     sync(dev)
     m1 = torch.cuda.memory_allocated() if dev.type == "cuda" else 0
     return dict(requests=args.soak, seconds=round(time.perf_counter() - t, 1), allocated_before=m0,
-                allocated_after=m1, growth=m1 - m0, graphs=len(r.graphs))
+                allocated_after=m1, growth=m1 - m0, graphs=len(r.runner.graphs))
 
 
 def main() -> None:
@@ -200,8 +202,8 @@ def main() -> None:
           f"-> floor {floor_ms:.2f} ms/token ({1e3 / floor_ms:.0f} tok/s); weight matmuls alone "
           f"{res['matmul_chain_ms']:.2f} ms", flush=True)
 
-    ar = FastRunner(target, None, kv_block=a.kv_block)
-    real = FastRunner(target, fd, kv_block=a.kv_block)
+    ar = EngineCore(target, None, StepConfig(verify_width="full", kv_block=a.kv_block))
+    real = EngineCore(target, fd, StepConfig(verify_width="full", kv_block=a.kv_block))
     if a.profile:
         print(profile_step(ar, dev, a.profile), flush=True)
         print(profile_step(real, dev, rows=28), flush=True)
@@ -215,15 +217,15 @@ def main() -> None:
     res["lossless_big"] = dict(identical_prefix=same_fraction(x, y), all_equal=x == y, tau=round(real_timer.tau, 3),
                                max_gap_at_divergence=max(g[0::2], default=0.0), logit_std=max(g[1::2], default=0.0))
     print("lossless (big, bf16, real acceptance):", res["lossless_big"], flush=True)
-    auto_real = FastRunner(target, fd, kv_block=a.kv_block, adaptive=True)
+    auto_real = EngineCore(target, fd, StepConfig(kv_block=a.kv_block, verify_width="auto"))
     res["lossless_big"]["adaptive_equal_fixed"] = generate(auto_real, ps, n) == y
     del real, auto_real
 
     res["hf_generate_tok_s"] = hf_generate(hf, ps[0], a.hf_tokens, dev)
     print(f"transformers generate: {res['hf_generate_tok_s']:.1f} tok/s", flush=True)
 
-    df = FastRunner(target, fd, kv_block=a.kv_block, synthetic_tau=a.tau)
-    auto = FastRunner(target, fd, kv_block=a.kv_block, synthetic_tau=a.tau, adaptive=True)
+    df = EngineCore(target, fd, StepConfig(verify_width="full", kv_block=a.kv_block, synthetic_acceptance=a.tau))
+    auto = EngineCore(target, fd, StepConfig(kv_block=a.kv_block, synthetic_acceptance=a.tau, verify_width="auto"))
     if dev.type == "cuda":  # as the server does: no capture inside a measured run (adaptive widths vary per step)
         for name, r in (("fixed", df), ("adaptive", auto)):
             t = time.perf_counter()
@@ -244,7 +246,7 @@ def main() -> None:
                                  dflash=timed(df, p1, a.new_tokens, dev, pipeline=False))
     if dev.type == "cuda":  # what a server pays at start-up to never capture mid-serving (FastEngine does this)
         t = time.perf_counter()
-        cap = FastRunner(target, fd, kv_block=a.kv_block)
+        cap = EngineCore(target, fd, StepConfig(verify_width="full", kv_block=a.kv_block))
         n_graphs = cap.capture_all()
         secs = round(time.perf_counter() - t, 1)
         same = generate(cap, ps, n) == y  # capturing left no trace: the same tokens as lazily captured graphs
@@ -261,7 +263,7 @@ def main() -> None:
     if a.torch_path:
         del ar, df
         plain = DenseTarget(hf, max_slots=1, max_len=max_len, kernels=False)
-        res["torch_path_ar_c1"] = c = timed(FastRunner(plain, None, kv_block=a.kv_block),
+        res["torch_path_ar_c1"] = c = timed(EngineCore(plain, None, StepConfig(verify_width="full", kv_block=a.kv_block)),
                                             prompts(1, a.prompt_len, shape["vocab"], 101), a.new_tokens, dev)
         print(f"without the Triton kernels: AR batch 1 {c['tok_s']:.1f} tok/s ({c['step_ms']:.2f} ms/step, "
               f"{100 * res['floor_ms'] / c['step_ms']:.0f}% of floor)")

@@ -22,6 +22,7 @@ import shlex
 import sys
 import tempfile
 import time
+from typing import Any
 from pathlib import Path
 
 import torch
@@ -71,7 +72,7 @@ def decode_rate(runner, bs: int, prompt_len: int, steps: int) -> dict:
     rng = random.Random(bs)
     slots = list(range(bs))
     for s in slots:
-        runner.add(s, [rng.randrange(10, min(30000, runner.t.vocab_size)) for _ in range(prompt_len)])
+        runner.add(s, [rng.randrange(10, min(30000, runner.runner.t.vocab_size)) for _ in range(prompt_len)])
     for _ in range(3):
         runner.step(slots)
     sync()
@@ -103,6 +104,7 @@ def main() -> None:
     ap.add_argument("--shrink", action="store_true", help="a small version of the shape (a CPU check of the script)")
     a = ap.parse_args()
     from benchmarks.peers.big_shape import write_shape
+    from dflash_bench.engine.config import EngineConfig
     from dflash_bench.engine.fast.engine import build_fast_engine
 
     dev = a.device
@@ -125,13 +127,16 @@ def main() -> None:
             out["phases"].append(phase)
             t0 = time.perf_counter()
             try:
-                engine = build_fast_engine(folders["target"], folders["drafter"] if mode == "dflash" else None, mode=mode,
-                                           dtype="bfloat16" if dev == "cuda" else "float32", device=dev, max_slots=a.slots, max_len=a.max_len, dummy=True,
-                                           synthetic_tau=a.tau if mode == "dflash" else None, benchmark_only=True)
-                r = engine.runner
-                phase.update(build_s=time.perf_counter() - t0, graphs=len(r.graphs), weight_bytes=r.t.weight_bytes(),
-                             fused_kernels=r.t.fused is not None,  # triton_gemma's q/k/v + RoPE + cache write, GeGLU
-                             kv_bytes=r.t.kv_bytes(), gpu_allocated_GiB=torch.cuda.memory_allocated() / 2**30
+                engine = build_fast_engine(EngineConfig.from_options(
+                    folders["target"], folders["drafter"] if mode == "dflash" else None, mode=mode,
+                    dtype="bfloat16" if dev == "cuda" else "float32", device=dev, max_slots=a.slots,
+                    max_model_len=a.max_len, load_format="dummy", synthetic_acceptance=a.tau if mode == "dflash" else None,
+                    benchmark_only=True, prefill="first", fast=True))
+                r = engine.core
+                t: Any = r.runner.t  # a GemmaTarget
+                phase.update(build_s=time.perf_counter() - t0, graphs=len(r.runner.graphs), weight_bytes=t.weight_bytes(),
+                             fused_kernels=t.fused is not None,  # triton_gemma's q/k/v + RoPE + cache write, GeGLU
+                             kv_bytes=t.kv_bytes(), gpu_allocated_GiB=torch.cuda.memory_allocated() / 2**30
                              if dev == "cuda" else None)
                 phase["floor_ms"] = 1e3 * phase["weight_bytes"] / (out["copy_bandwidth_GBps"] * 1e9)
                 save()

@@ -1,6 +1,6 @@
 """What prompts that ride in a decode step cost (`serve --fast --prefill mixed`, AR): per number of running rows,
 prompt length and prompts k, the median ms of the rows' step alone, of the k prompts' prefill alone (their graph),
-and of the step that carries them (`FastRunner.launch(slots, rides)`), each launched and read back
+and of the step that carries them (`EngineCore.launch(slots, rides)`), each launched and read back
 (CUDA-synchronised, after a warm-up). Riding pays where mixed < step + prefill.
 
     python -m benchmarks.speed.mixed_step --shape qwen3-8b --out mixed_step.json
@@ -32,6 +32,7 @@ def main() -> None:
     ap.add_argument("--max-model-len", type=int, default=1536)
     ap.add_argument("--out")
     args = ap.parse_args()
+    from dflash_bench.engine.config import EngineConfig
     from dflash_bench.engine.fast.engine import build_fast_engine
 
     model = args.model
@@ -42,12 +43,12 @@ def main() -> None:
     rows = [int(k) for k in args.rows.split(",")]
     t = time.monotonic()
     ks = [int(k) for k in args.prompts.split(",")]
-    r = build_fast_engine(model, mode="ar", max_slots=max(rows) + max(ks), max_len=args.max_model_len,
-                          device=args.device, mixed=True).runner
+    r = build_fast_engine(EngineConfig.from_options(model, mode="ar", max_slots=max(rows) + max(ks), max_model_len=args.max_model_len,
+                          device=args.device, prefill="mixed", fast=True)).core
     print(f"engine built, graphs captured: {time.monotonic() - t:.0f} s", flush=True)
     sync = torch.cuda.synchronize if r.dev.type == "cuda" else (lambda: None)
     rng = random.Random(0)
-    top = min(30000, r.t.vocab_size)
+    top = min(30000, r.runner.t.vocab_size)
     prompt = lambda n: [rng.randrange(min(1000, top - 1), top) for _ in range(n)]  # noqa: E731
     res = []
     for bs in rows:

@@ -24,7 +24,8 @@ import torch
 from dflash_bench.engine.fast import triton_gemm
 from dflash_bench.engine.fast.draft import FastDrafter
 from dflash_bench.engine.fast.dense import DenseTarget
-from dflash_bench.engine.fast.runner import FastRunner
+from dflash_bench.engine.config import StepConfig
+from dflash_bench.engine.fast.core import EngineCore
 
 from benchmarks.speed.engine_speed import SHAPES, build_pair, prompts, timed
 
@@ -80,7 +81,7 @@ def main() -> None:
     triton_gemm.plan_for = plan_for
 
     def step_ms(drafter, reps):
-        runner = FastRunner(target, drafter, synthetic_tau=6.5 if drafter else None)
+        runner = EngineCore(target, drafter, StepConfig(verify_width="full", synthetic_acceptance=6.5 if drafter else None))
         ms = statistics.median(timed(runner, prompt, 512, dev)["step_ms"] for _ in range(reps))
         del runner
         torch.cuda.empty_cache()

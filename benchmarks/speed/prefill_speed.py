@@ -1,5 +1,5 @@
-"""Prefilling k prompts: one graph each (`FastRunner.add`) against one batched eager forward (`_prefill_rows`),
-and for k in `scheduler.GRAPHED_ROWS` one graph of k rows (`FastRunner.prefill`).
+"""Prefilling k prompts: one graph each (`EngineCore.add`) against one batched eager forward (`_prefill_rows`),
+and for k in `scheduler.GRAPHED_ROWS` one graph of k rows (`FastRunner.prefill`, its runner).
 
 What `scheduler.GRAPHED_ROWS` and `PREFILL_TOKENS` are chosen from: per prompt length and k, the median ms
 of each way (CUDA-synchronised, after a warm-up), on the target and drafter given (a DFlash prefill also
@@ -41,15 +41,16 @@ def main() -> None:
     ap.add_argument("--max-model-len", type=int, default=1536)
     ap.add_argument("--out")
     args = ap.parse_args()
+    from dflash_bench.engine.config import EngineConfig
     from dflash_bench.engine.fast.engine import build_fast_engine
     from dflash_bench.engine.fast.scheduler import GRAPHED_ROWS
 
     rows = [int(k) for k in args.rows.split(",")]
-    r = build_fast_engine(args.model, args.draft, mode="dflash" if args.draft else "ar",
-                          max_slots=max(rows), max_len=args.max_model_len).runner
+    r = build_fast_engine(EngineConfig.from_options(args.model, args.draft, mode="dflash" if args.draft else "ar",
+                          max_slots=max(rows), max_model_len=args.max_model_len, prefill="first", fast=True)).core
     sync = torch.cuda.synchronize if r.dev.type == "cuda" else (lambda: None)
     rng = random.Random(0)
-    top = min(30000, r.t.vocab_size)  # token ids of the model's vocabulary (the CPU kernels do not check them)
+    top = min(30000, r.runner.t.vocab_size)  # token ids of the model's vocabulary (the CPU kernels do not check them)
     res = []
     for n in [int(x) for x in args.lengths.split(",")]:
         for k in rows:
@@ -63,10 +64,10 @@ def main() -> None:
                     r.add(s, p)
 
             def batched():
-                r.prefill(slots, prompts, graphed=False)
+                r.runner.prefill(slots, prompts, None)
 
             def grouped():  # one graph of k rows (scheduler.GRAPHED_ROWS)
-                r.prefill(slots, prompts, graphed=True)
+                r.runner.prefill(slots, prompts, r.sched.padded(max(map(len, prompts))))
 
             row = {"prompt_tokens": n, "rows": k, "graphs_ms": timed(one_by_one, sync, args.reps),
                    "batched_ms": timed(batched, sync, args.reps) if k > 1 else None,

@@ -8,7 +8,7 @@ kernels DFlash runs that AR does not are listed by name, so a DFlash-only cost c
     python -m benchmarks.speed.step_anatomy --out anatomy.json   # GPU only, about 40 s
 
 It also times the DFlash step with the drafter's context K/V run after the target's layers instead of
-beside them (FastRunner(overlap=False)): the span shows what the second stream saves.
+beside them (EngineCore(overlap=False)): the span shows what the second stream saves.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ import torch
 
 from dflash_bench.engine.fast.draft import FastDrafter
 from dflash_bench.engine.fast.dense import DenseTarget
-from dflash_bench.engine.fast.runner import FastRunner
+from dflash_bench.engine.config import StepConfig
+from dflash_bench.engine.fast.core import EngineCore
 
 from benchmarks.speed.engine_speed import SHAPES, build_pair, prompts
 
@@ -52,7 +53,7 @@ def kernels_of(prof) -> list[tuple[str, float, float]]:
     return sorted(out, key=lambda k: k[1])
 
 
-def anatomy(runner: FastRunner, steps: int, dev) -> dict:
+def anatomy(runner: EngineCore, steps: int, dev) -> dict:
     """Profile `steps` replayed steps of slot 0; per kind: device us per step and launches per step."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -103,8 +104,8 @@ def main() -> None:
     fd = FastDrafter(drafter, target.embed, target.head, max_slots=1, max_len=max_len)
     res = {"device": torch.cuda.get_device_name(), "shape": a.shape, "context": a.context}
     p = prompts(1, a.context, shape["vocab"], 3)[0]
-    runners = (("ar", FastRunner(target, None)), ("dflash", FastRunner(target, fd, synthetic_tau=a.tau)),
-               ("dflash_serial", FastRunner(target, fd, synthetic_tau=a.tau, overlap=False)))
+    runners = (("ar", EngineCore(target, None, StepConfig(verify_width="full"))), ("dflash", EngineCore(target, fd, StepConfig(verify_width="full", synthetic_acceptance=a.tau))),
+               ("dflash_serial", EngineCore(target, fd, StepConfig(verify_width="full", synthetic_acceptance=a.tau), overlap=False)))
     for mode, r in runners:
         r.capture_all()  # every bucket now: no capture inside the profiled steps
         r.add(0, p)

@@ -21,17 +21,18 @@ PAIR = Path(__file__).resolve().parents[2] / "dflash_bench" / "assets" / "defaul
 
 
 def engine(mode: str, slots: int = 32):
+    from dflash_bench.engine.config import EngineConfig
     from dflash_bench.engine.fast.engine import build_fast_engine
 
-    return build_fast_engine(str(PAIR / "target"), str(PAIR / "drafter") if mode == "dflash" else None, mode=mode,
-                             device="cpu", max_slots=slots, max_len=2048, cut_draft=True)
+    return build_fast_engine(EngineConfig.from_options(str(PAIR / "target"), str(PAIR / "drafter") if mode == "dflash" else None, mode=mode,
+                             device="cpu", max_slots=slots, max_model_len=2048, cut_draft=True, fast=True))
 
 
 def cell(e, prompts, c: int, tokens: int) -> dict:
-    widths = dict(e.runner.chooser.chosen) if e.runner.chooser else {}
+    widths = e.core.widths_chosen()
     got = closed_loop(e, prompts, c, tokens)
-    if e.runner.chooser:  # the widths this cell's steps took
-        now = e.runner.chooser.chosen
+    if e.core.config.adaptive:  # the widths this cell's steps took
+        now = e.core.widths_chosen()
         got["widths"] = {w: n - widths.get(w, 0) for w, n in sorted(now.items()) if n > widths.get(w, 0)}
     return got
 
@@ -60,7 +61,7 @@ def main() -> None:
         rows.append({"round": r, "engine": "dflash fresh", **cell(engine("dflash", max(cs)), target, 1, a.tokens)})
         for d in (float(x) for x in a.decay.split(",")):
             e = engine("dflash", max(cs))
-            e.runner.chooser.decay = d
+            e.core.sched.chooser.decay = d
             for c, ps in before.items():
                 cell(e, ps, c, a.tokens)
             rows.append({"round": r, "engine": f"dflash after {a.before}, decay {d}", **cell(e, target, 1, a.tokens)})

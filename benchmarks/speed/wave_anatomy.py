@@ -52,7 +52,7 @@ def main() -> None:
     from dflash_bench.engine.fast import scheduler
 
     engine, cs = build(args)
-    sync = torch.cuda.synchronize if engine.runner.dev.type == "cuda" else (lambda: None)
+    sync = torch.cuda.synchronize if engine.core.dev.type == "cuda" else (lambda: None)
     for c in cs:
         prompts = suite_prompts(engine.tok, "gsm8k", args.prompts_per_slot * c, args.data_dir)
         lengths = sorted(len(p) for p in prompts)

@@ -34,20 +34,21 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
+    from dflash_bench.engine.config import EngineConfig
     from dflash_bench.engine.fast.engine import build_fast_engine
 
     rows = []
     for suite in args.suites.split(","):
         for c in [int(x) for x in args.concurrency.split(",")]:
-            kw = dict(device=args.device, max_slots=c, max_len=1024)  # fresh engines: the chooser starts empty
-            ar = build_fast_engine(f"{args.pair}/target", None, mode="ar", **kw)
-            df = build_fast_engine(f"{args.pair}/target", f"{args.pair}/drafter", mode="dflash", cut_draft=True, **kw)
+            kw = dict(device=args.device, max_slots=c, max_model_len=1024, prefill="first")  # fresh engines: the chooser starts empty
+            ar = build_fast_engine(EngineConfig.from_options(f"{args.pair}/target", None, mode="ar", **kw, fast=True))
+            df = build_fast_engine(EngineConfig.from_options(f"{args.pair}/target", f"{args.pair}/drafter", mode="dflash", cut_draft=True, **kw, fast=True))
             prompts = suite_prompts(ar.tok, suite, c, args.data_dir)
             for e in (ar, df):
                 closed_loop(e, prompts[:min(c, 8)], min(c, 8), 16)  # a warm-up, as a sweep's
             for rnd in range(args.rounds):
                 cells = {name: closed_loop(e, prompts, c, args.new_tokens) for name, e in (("ar", ar), ("dflash", df))}
-                ch = df.runner.chooser
+                ch = df.core.sched.chooser
                 row = {"suite": suite, "concurrency": c, "round": rnd,
                        "ar_tok_s": round(cells["ar"]["output_tok_s"], 1),
                        "dflash_tok_s": round(cells["dflash"]["output_tok_s"], 1),

@@ -26,7 +26,7 @@ class ReferenceEngine:
     """The `protocol.Engine` over a `Target` and an optional proposer. Not thread-safe: one thread drives it."""
 
     greedy_only = False
-    synthetic_tau: float | None = None
+    synthetic_acceptance: float | None = None
 
     def __init__(self, target: Target, tokenizer, proposer: Proposer | None = None, *, eos_ids: list[int]):
         self.target, self.tok, self.proposer = target, tokenizer, proposer

@@ -50,7 +50,7 @@ class EngineCollector:
         if mixed is not None:  # the fast path: prompts that rode in a decode step (`serve --prefill mixed`)
             yield self._counter("dflash_bench:mixed_prefills", "Prompts prefilled by the forward of a decode step "
                                 "(the running rows' and the prompt's tokens in one forward).", mixed)
-        synthetic = self.loop.engine.synthetic_tau
+        synthetic = self.loop.engine.synthetic_acceptance
         if synthetic is not None:  # benchmarking only: acceptance below is drawn, not measured
             yield self._gauge("dflash_bench:synthetic_acceptance", "Mean acceptance length the verifier was told to "
                               "draw (tokens are not the target's).", synthetic)

@@ -21,7 +21,7 @@ class Engine(Protocol):
     prefill_rows: int  # requests per prefill forward: the loop admits in groups of at most this size
     prefill_tokens: int  # and of at most this many padded prompt tokens (rows x the longest prompt)
     greedy_only: bool  # the server answers 400 to sampling requests
-    synthetic_tau: float | None  # benchmarking only: acceptance is drawn, not measured (labelled in every response)
+    synthetic_acceptance: float | None  # benchmarking only: acceptance is drawn, not measured (labelled in every response)
 
     @property
     def stats(self) -> Stats: ...

@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from dflash_bench.engine.api import BadRequest, ChatRequest, CompletionRequest, Formatter, chat_prompt, completion_prompt
 from dflash_bench.engine.bookkeeping import Delta, out_of_vocabulary
+from dflash_bench.engine.config import EngineConfig
 from dflash_bench.engine.loop import EngineLoop
 from dflash_bench.engine.metrics import render
 from dflash_bench.engine.protocol import Engine
@@ -74,7 +75,7 @@ def build_app(loop: EngineLoop, model_name: str) -> FastAPI:
     # this thread while the engine thread decodes with it.
     tok = copy.deepcopy(engine.tok)
     # --fast --synthetic-acceptance (benchmarking only): every response body and chunk says so
-    synthetic = engine.synthetic_tau
+    synthetic = engine.synthetic_acceptance
 
     def _label(obj: dict) -> dict:
         if synthetic is not None:
@@ -189,23 +190,6 @@ def build_app(loop: EngineLoop, model_name: str) -> FastAPI:
     return app
 
 
-# serve --prefill: see EngineLoop, fast/dense.py (`forward_mixed`); auto is mixed for AR on the fast path on a GPU (its best on the
-# 8B shape at 32 rows, README), first everywhere else
-PREFILL = ("auto", "first", "mixed")
-
-
-def resolve_prefill(prefill: str, *, fast: bool, mode: str, device: str) -> str:
-    """`serve --prefill auto`: mixed for AR on the fast path on a GPU, first everywhere else (a CPU's step and
-    prefill are both compute-bound: riding saves nothing there); any other choice as given."""
-    if prefill != "auto":
-        return prefill
-    if device == "auto":
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    return "mixed" if fast and mode == "ar" and device.startswith("cuda") else "first"
-
-
 # The engine thread waits for the GPU without the GIL, then needs it back at once to launch the next step; while
 # the event loop writes SSE chunks, CPython makes it wait a whole switch interval (5 ms by default, most of an AR
 # step). A short interval bounds that wait.
@@ -221,76 +205,32 @@ def _check_port(host: str, port: int) -> None:
             raise UserError(f"cannot listen on {host}:{port} ({err.strerror}); pick another --port") from err
 
 
-def verify_width_option(value: str) -> int | None:
-    """`--verify-width`: auto or full (None), or a fixed number of tokens per row and step (the anchor and its
-    first N - 1 drafts; above the block size, the block)."""
-    if value in ("auto", "full"):
-        return None
-    if value.isdigit() and int(value) >= 1:
-        return int(value)
-    raise UserError(f"--verify-width must be auto, full or a number of tokens of at least 1, not {value!r}")
-
-
-def serve(model: str, draft: str | None = None, *, mode: str | None = None, host: str = "127.0.0.1", port: int = 8000,
-          dtype: str = "auto", device: str = "auto", max_slots: int | None = 32, max_model_len: int = 4096,
-          served_model_name: str | None = None, log_level: str = "warning", fast: bool = False,
-          synthetic_acceptance: float | None = None, benchmark_only: bool = False, step_ahead: bool = True,
-          verify_width: str = "auto", cut_draft: bool = False, prefill: str = "auto", load_format: str = "auto",
-          kernels: bool = True, memory_utilization: float | None = None,
-          kv_cache_memory_bytes: int | None = None, tensor_parallel: int = 1, enforce_eager: bool = False) -> None:
-    """Load the model(s) and serve until interrupted (the `dflash-bench serve` command). `max_slots` None: on the
-    fast path, as many as the KV memory holds (engine/fast/pool.py); else its default."""
+def serve(config: EngineConfig, *, host: str = "127.0.0.1", port: int = 8000, served_model_name: str | None = None,
+          log_level: str = "warning") -> None:
+    """Load the model(s) as `config` says (`EngineConfig.from_options`: the `dflash-bench serve` command's) and serve
+    until interrupted."""
     import uvicorn
 
     from dflash_bench.engine.build import build_engine
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")  # before the build's lines
 
-    mode = mode or ("dflash" if draft else "ar")
-    if (max_slots is not None and max_slots < 1) or max_model_len < 16:
-        raise UserError("--max-slots must be at least 1 and --max-model-len at least 16")
     _check_port(host, port)
-    width = verify_width_option(verify_width)
-    if prefill not in PREFILL:
-        raise UserError(f"--prefill must be one of {', '.join(PREFILL)}, not {prefill!r}")
-    prefill = resolve_prefill(prefill, fast=fast, mode=mode, device=device)
-    if load_format not in ("auto", "dummy"):
-        raise UserError(f"--load-format must be auto or dummy, not {load_format!r}")
-    dummy = load_format == "dummy"
     engine: Engine
-    if fast:  # engine/fast: fused forward, CUDA graphs (greedy only)
+    if config.fast:  # engine/fast: fused forward, CUDA graphs (greedy only)
         from dflash_bench.engine.fast.engine import build_fast_engine
 
-        engine = build_fast_engine(model, draft if mode == "dflash" else None, mode=mode, dtype=dtype, device=device,
-                                   max_slots=max_slots, max_len=max_model_len, synthetic_tau=synthetic_acceptance,
-                                   benchmark_only=benchmark_only, step_ahead=step_ahead,
-                                   adaptive=verify_width == "auto", width=width, cut_draft=cut_draft, mixed=prefill == "mixed",
-                                   dummy=dummy, kernels=kernels, kv_cache_memory_bytes=kv_cache_memory_bytes,
-                                   memory_utilization=0.9 if memory_utilization is None else memory_utilization,
-                                   tensor_parallel=tensor_parallel, graphs=False if enforce_eager else None)
-    elif memory_utilization is not None or kv_cache_memory_bytes is not None:
-        raise UserError(f"{'--memory-utilization' if memory_utilization is not None else '--kv-cache-memory-bytes'} "
-                        "sizes the fast path's KV pool: add --fast (without it, --max-slots sizes the cache)")
-    elif synthetic_acceptance is not None:
-        raise UserError("--synthetic-acceptance runs on the fast path only: add --fast --benchmark-only")
-    elif tensor_parallel > 1 or enforce_eager:
-        raise UserError(f"{'--enforce-eager' if enforce_eager else f'--tensor-parallel-size {tensor_parallel}'} "
-                        "runs on the fast path only: add --fast")
-    elif not step_ahead or prefill == "mixed":
-        raise UserError(f"{'--no-step-ahead' if not step_ahead else '--prefill ' + prefill} applies to the fast path "
-                        "only: add --fast")
-    elif verify_width != "auto" or cut_draft or not kernels:
-        raise UserError(f"{'--cut-draft' if cut_draft else '--no-kernels' if not kernels else '--verify-width'} "
-                        "applies to the fast path only: add --fast")
+        engine = build_fast_engine(config)
     else:
-        engine = build_engine(model, draft if mode == "dflash" else None, mode=mode, dtype=dtype, device=device,
-                              max_slots=32 if max_slots is None else max_slots, max_len=max_model_len, dummy=dummy)
+        engine = build_engine(config.model, config.draft, mode=config.mode, dtype=config.dtype, device=config.device,
+                              max_slots=32 if config.max_slots is None else config.max_slots,
+                              max_len=config.max_model_len, dummy=config.dummy)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     loop = EngineLoop(engine).start()
-    name = served_model_name or model
+    name = served_model_name or config.model
     app = build_app(loop, name)
-    log.info("serving %s (mode %s, block size %d, prefill %s) on http://%s:%d", name, mode, engine.B, prefill, host,
-             port)
+    log.info("serving %s (mode %s, block size %d, prefill %s) on http://%s:%d", name, config.mode, engine.B,
+             config.step.prefill, host, port)
     try:
         uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
     finally:

@@ -23,8 +23,8 @@ from torch import nn
 
 from dflash_bench.engine.fast.kernels import check_head_dims, load_kernels, prepared
 from dflash_bench.engine.fast.layout import CacheKind, dense_kind
-from dflash_bench.engine.fast.model import (DecoderTarget, KVCache, StepAttention, Taps, embed_norm, fuse_layer,
-                                            matmul, offsets, run_layers, weight_bytes)
+from dflash_bench.engine.fast.model import (DecoderTarget, Index, KVCache, StepAttention, Taps, embed_norm,
+                                            fuse_layer, matmul, run_layers, weight_bytes)
 from dflash_bench.engine.fast.shard import Shard
 from dflash_bench.errors import UserError
 
@@ -81,7 +81,8 @@ class DenseTarget(DecoderTarget):
             if consume:
                 inner.layers[i] = nn.Module()
         self.windows = windows(cfg)
-        self.cache = KVCache(kv.layers, max_slots, kv.rows, self.hkv, self.hd, self.dtype, self.device)
+        self.index = Index()
+        self.cache = KVCache(kv.layers, max_slots, kv.rows, self.hkv, self.hd, self.dtype, self.device, self.index)
         self.slots, self.max_len = max_slots, max_len
         self.attention = StepAttention(self.cache, self.kernels, heads=self.H, kv_heads=self.hkv, head_dim=self.hd,
                                        eps=self.eps, scale=self.scale, kinds=[(True, w) for w in self.windows],
@@ -104,7 +105,7 @@ class DenseTarget(DecoderTarget):
         norm's rows `[bs, hidden]` and the prompts' rows at `last` `[k]` (indices into the k x P prompt tokens)."""
         bs, (k, P) = anchor.shape[0], ids.shape
         rows = self.attention(starts[:, None], starts, 0, L)
-        prompts = self.attention(offsets(P, ids.device)[None].expand(k, P), zero, 0, P, slot)
+        prompts = self.attention(self.index.offsets(P, ids.device)[None].expand(k, P), zero, 0, P, slot)
         mm = matmul(self.kernels)
 
         def attend(i, ly, x):

@@ -14,7 +14,7 @@ import torch
 from dflash_bench.engine.drafter import DFlashDrafter
 from dflash_bench.engine.fast.kernels import check_head_dims, load_kernels, prepared
 from dflash_bench.engine.fast.layout import check_drafter_split, drafter_kind
-from dflash_bench.engine.fast.model import (KVCache, StepAttention, embed_norm, fuse_layer, matmul, norm, offsets,
+from dflash_bench.engine.fast.model import (Index, KVCache, StepAttention, embed_norm, fuse_layer, matmul, norm,
                                             rms_norm, run_layers, weight_bytes)
 from dflash_bench.engine.fast.shard import Shard
 from dflash_bench.engine.rope import cos_sin, inv_freq, rope
@@ -55,7 +55,8 @@ class FastDrafter:
         self.fc = prepared(self.kernels, drafter.fc.weight.detach())
         self.hidden_norm = drafter.hidden_norm.weight.detach()
         self.norm = drafter.norm.weight.detach()
-        self.cache = KVCache(lay.layers, max_slots, lay.rows, lay.hkv, lay.hd, self.dtype, self.device)
+        self.index = Index()  # its steps' index tensors
+        self.cache = KVCache(lay.layers, max_slots, lay.rows, lay.hkv, lay.hd, self.dtype, self.device, self.index)
         self.inv_freq = inv_freq(self.hd, c.rope_theta, self.device)
         self.attention = StepAttention(self.cache, self.kernels, heads=self.H, kv_heads=self.hkv, head_dim=self.hd,
                                        eps=self.eps, scale=self.hd ** -0.5, kinds=self.kinds, inv_freq=self.inv_freq,
@@ -109,7 +110,7 @@ class FastDrafter:
         h, x = embed_norm(self.kernels, anchors[:, None], self.embed, self.layers[0].ln1, self.eps,
                           scale=c.input_embedding_scale, n=n, fill=c.mask_token_id, tp=self.tp)
         if pos is None:
-            pos = starts[:, None] + offsets(n, starts.device)
+            pos = starts[:, None] + self.index.offsets(n, starts.device)
         attend = self.attention(pos, starts, row0, L)
         _, x = run_layers(self.layers, h, x, attend, self.norm, self.eps, self.kernels, tp=self.tp)
         # a contiguous [bs * (n-1), hidden] input: on a strided 3-D view F.linear falls back to a batched

@@ -1,4 +1,5 @@
-"""`FastEngine`: the `protocol.Engine` (admit, step, release, counters) on the fast path.
+"""`FastEngine`: the `protocol.Engine` (admit, step, release, counters) on the fast path, over an `EngineCore` (its
+scheduler and runner side by side) and a `Bookkeeping`.
 
 The server, `EngineLoop` and /metrics use it as they use the reference engine; `step` launches the next step before it reads this
 one's tokens (see there), so it may return no delta for a request admitted since the last call. Greedy
@@ -10,12 +11,11 @@ when the caller says it is a benchmark.
 from __future__ import annotations
 
 import atexit
-from typing import Any
-
 import torch
 
 from dflash_bench.engine.bookkeeping import Bookkeeping, Delta, Seq, Stats, step_logprobs
-from dflash_bench.engine.fast.make import load_pair, make_runner
+from dflash_bench.engine.config import EngineConfig
+from dflash_bench.engine.fast.make import load_pair, make_core
 from dflash_bench.engine.fast.ranks import Followers
 from dflash_bench.engine.fast.shard import Shard
 from dflash_bench.engine.fast.scheduler import PREFILL_TOKENS, Row
@@ -25,40 +25,37 @@ from dflash_bench.errors import UserError
 
 
 class FastEngine:
-    """The `protocol.Engine` over a `FastRunner`; requests are kept by a `Bookkeeping`, as in the reference."""
+    """The `protocol.Engine` over an `EngineCore`; requests are kept by a `Bookkeeping`, as in the reference."""
 
     greedy_only = True  # the server answers 400 to sampling requests
 
-    def __init__(self, model, tokenizer, drafter=None, *, eos_ids: list[int], max_slots: int, max_len: int,
-                 synthetic_tau: float | None = None, kv_block: int = 256, step_ahead: bool = True,
-                 adaptive: bool = True, cut_draft: bool = False, mixed: bool = False, kernels: bool = True,
-                 width: int | None = None, consume: bool = False, tp: Shard | None = None,
-                 followers: Followers | None = None, graphs: bool | None = None):
+    def __init__(self, model, tokenizer, drafter, config: EngineConfig, *, eos_ids: list[int], max_slots: int,
+                 consume: bool = False, tp: Shard | None = None, followers: Followers | None = None):
         """`model`: the loaded Hugging Face target (`target.load_model`; with `consume` its layers are dropped once
-        copied); `drafter`: a `DFlashDrafter` or None. `mixed` (AR): a prompt admitted while rows decode rides in
-        their next step's forward (`DenseTarget.forward_mixed`), where the target's family lets prompts ride.
-        `kernels` False: plain torch ops instead of the step's kernels (Triton on a GPU, C on a CPU), to compare.
-        `width` (not `adaptive`): tokens every step verifies per row (default: the whole block).
-        `tp`, `followers`: rank 0 of a tensor-parallel engine, and the other ranks (`ranks.py`)."""
-        self.runner = make_runner(model, drafter, max_slots=max_slots, max_len=max_len, kernels=kernels, tp=tp,
-                                  consume=consume, synthetic_tau=synthetic_tau, kv_block=kv_block,
-                                  step_ahead=step_ahead, adaptive=adaptive, cut_draft=cut_draft, mixed=mixed,
-                                  width=width, graphs=graphs)
-        ft = self.runner.t
+        copied); `drafter`: a `DFlashDrafter` or None; `config`: serve's engine (its `step`: how the scheduler and
+        runner step; `kernels` False: plain torch ops instead of the step's kernels, to compare); `max_slots`: the
+        KV pool's slots (`pool.pool_slots`). `tp`, `followers`: rank 0 of a tensor-parallel engine, and the other
+        ranks (`ranks.py`)."""
+        max_len = config.max_model_len
+        self.config = config
+        self.core = make_core(model, drafter, config.step, max_slots=max_slots, max_len=max_len,
+                              kernels=config.kernels, tp=tp, consume=consume,
+                              graphs=False if config.enforce_eager else None)
+        ft = self.core.runner.t
         self.followers = followers
         if followers is not None:  # from here on, each runner call is replayed by the other ranks
             followers.wait_ready()
-            self.runner.followers = followers
-        assert self.runner.logits is not None
-        self.logits: torch.Tensor = self.runner.logits  # per slot the last step's target logits (for logprobs)
-        self.tok, self.B = tokenizer, self.runner.B
-        self.prefill_rows, self.prefill_tokens = max_slots, PREFILL_TOKENS  # a group: one forward (`runner.add_many`)
+            self.core.runner.followers = followers
+        assert self.core.logits is not None
+        self.logits: torch.Tensor = self.core.logits  # per slot the last step's target logits (for logprobs)
+        self.tok, self.B = tokenizer, self.core.B
+        self.prefill_rows, self.prefill_tokens = max_slots, PREFILL_TOKENS  # a group: one forward (`core.add_many`)
         self.max_len, self.vocab_size = max_len, ft.vocab_size
-        self.synthetic_tau = synthetic_tau
+        self.synthetic_acceptance = config.step.synthetic_acceptance
         self.book = Bookkeeping(tokenizer, eos_ids=eos_ids, block_size=self.B, slots=max_slots, max_len=max_len,
                                 vocab_size=ft.vocab_size)
-        fixed = self.runner.sched.fixed
-        self.book.width_policy = "auto" if self.runner.chooser else "full" if fixed == self.B else f"w{fixed}"
+        sched = self.core.sched
+        self.book.width_policy = "auto" if sched.chooser else "full" if sched.fixed == self.B else f"w{sched.fixed}"
 
     @property
     def stats(self) -> Stats:
@@ -67,7 +64,7 @@ class FastEngine:
     @property
     def mixed_prefills(self) -> int:
         """Prompts prefilled by the forward of a decode step (`mixed`)."""
-        return self.runner.sched.rode
+        return self.core.sched.rode
 
     @property
     def free_slots(self) -> list[int]:
@@ -81,7 +78,7 @@ class FastEngine:
 
     @torch.inference_mode()
     def add_many(self, reqs: list[tuple[str, list[int], SamplingParams]]) -> list[tuple[Seq, Delta | None]]:
-        """Prefill several requests, batched by the runner (`FastRunner.add_many`); results in input order.
+        """Prefill several requests, batched by the core (`EngineCore.add_many`); results in input order.
 
         With `mixed`, prompts admitted while other rows decode wait to ride in their steps: their delta is None
         here, and their first token comes from a later `step`.
@@ -93,11 +90,11 @@ class FastEngine:
         try:
             for req_id, prompt, params in reqs:
                 seqs.append(self.book.open(req_id, prompt, params))
-            sched = self.runner.sched
+            sched = self.core.sched
             if sched.waits_to_ride([s.prompt for s in seqs], any(s.params.logprobs is not None for s in seqs)):
                 sched.wait([s.slot for s in seqs], [s.prompt for s in seqs])
                 return [(s, None) for s in seqs]
-            toks = self.runner.add_many([s.slot for s in seqs], [s.prompt for s in seqs])
+            toks = self.core.add_many([s.slot for s in seqs], [s.prompt for s in seqs])
         except BaseException:  # the slots go back: nobody will hear about these requests
             for s in seqs:
                 self.release(s)
@@ -107,19 +104,19 @@ class FastEngine:
     def _rode(self, seqs: list[Seq]) -> list[Delta]:
         """The first tokens of the prompts that rode in the step collected last."""
         by_slot = {s.slot: s for s in seqs}
-        return [self.book.prefilled(by_slot[slot], tok, None) for slot, tok in self.runner.sched.took.items()
+        return [self.book.prefilled(by_slot[slot], tok, None) for slot, tok in self.core.sched.took.items()
                 if slot in by_slot]
 
     def _no_rows(self, seqs: list[Seq]) -> list[Delta]:
         """Nothing left to step while prompts wait to ride: collect the steps they ride in, prefill the rest."""
-        r, out = self.runner, []
-        while r.inflight:
-            r.collect()
+        core, out = self.core, []
+        while core.inflight:
+            core.collect()
             out += self._rode(seqs)
-        wait = r.sched.unridden()
+        wait = core.sched.unridden()
         if wait:
             by_slot = {s.slot: s for s in seqs}
-            toks = r.add_many([slot for slot, _ in wait], [p for _, p in wait])
+            toks = core.add_many([slot for slot, _ in wait], [p for _, p in wait])
             out += [self.book.prefilled(by_slot[slot], tok, self.logits[slot, :1]) for (slot, _), tok in zip(wait, toks)]
         return out
 
@@ -133,26 +130,24 @@ class FastEngine:
         leaves a wasted row in the step ahead. What runs is the scheduler's decision (`Scheduler.schedule`:
         step-ahead, logprobs, max_tokens, the cache bound, the prompts that ride); this executes it.
         """
-        r = self.runner
-        stepping = set(r.sched.rows([s.slot for s in seqs]))
+        core = self.core
+        stepping = set(core.sched.rows([s.slot for s in seqs]))
         rows = [s for s in seqs if s.slot in stepping]
         if not rows:
             return self._no_rows(seqs)
-        for plan in r.sched.schedule([Row(s.slot, s.params.logprobs is not None, s.params.max_tokens - len(s.out))
-                                      for s in rows]):
-            r.run(plan)
-        got = r.collect()
+        core.schedule([Row(s.slot, s.params.logprobs is not None, s.params.max_tokens - len(s.out)) for s in rows])
+        got = core.collect()
         firsts = self._rode(seqs)
         stepped = [s for s in rows if s.slot in got]
         want = [s for s in stepped if s.params.logprobs is not None]
         lps = dict(zip([s.slot for s in want], step_logprobs([(self.logits[s.slot], got[s.slot], s.params.logprobs or 0)
                                                              for s in want])))
-        return firsts + [self.book.stepped(s, got[s.slot], self.logits[s.slot, : len(got[s.slot])], r.width,
+        return firsts + [self.book.stepped(s, got[s.slot], self.logits[s.slot, : len(got[s.slot])], core.width,
                                            lps.get(s.slot)) for s in stepped]
 
     def release(self, s: Seq) -> None:
         if s.slot >= 0:
-            self.runner.release(s.slot)
+            self.core.release(s.slot)
         self.book.release(s)
 
     def close(self) -> None:
@@ -161,26 +156,22 @@ class FastEngine:
             self.followers.stop()
 
 
-def build_fast_engine(model: str, draft: str | None = None, *, mode: str = "dflash", dtype: str = "auto",
-                      device: str = "auto", max_slots: int | None = 32, max_len: int = 4096, tokenizer=None,
-                      synthetic_tau: float | None = None, benchmark_only: bool = False,
-                      step_ahead: bool = True, adaptive: bool = True, cut_draft: bool = False,
-                      mixed: bool = False, dummy: bool = False, kernels: bool = True, width: int | None = None,
-                      memory_utilization: float = 0.9, kv_cache_memory_bytes: int | None = None,
-                      tensor_parallel: int = 1, graphs: bool | None = None) -> FastEngine:
-    """Like `build.build_engine`, on the fast path (CUDA graphs on a GPU, eager on the CPU). `max_slots` None: as
-    many as the memory budget holds (`pool.py`: `memory_utilization` of a GPU, or `kv_cache_memory_bytes`, a
-    rank's). `tensor_parallel` N > 1: N processes, a GPU each (gloo ranks on the CPU), `ranks.py`. `graphs` False:
-    no CUDA graphs (`serve --enforce-eager`)."""
+def build_fast_engine(config: EngineConfig, *, tokenizer=None) -> FastEngine:
+    """Like `build.build_engine`, on the fast path (CUDA graphs on a GPU, eager on the CPU), as `config` says.
+    `config.max_slots` None: as many as the memory budget holds (`pool.py`: `memory_utilization` of a GPU (0.9 when
+    not given), or `kv_cache_memory_bytes`, a rank's). `tensor_parallel_size` N > 1: N processes, a GPU each (gloo
+    ranks on the CPU), `ranks.py`. `enforce_eager`: no CUDA graphs."""
     from dflash_bench.engine.build import eos_ids, load_tokenizer, resolve_dtype
 
+    mode, tau, device, size = config.mode, config.step.synthetic_acceptance, config.device, config.tensor_parallel_size
+    draft = config.draft if mode == "dflash" else None
     if mode not in ("ar", "dflash"):
         raise UserError(f"unknown mode {mode!r}; use 'ar' or 'dflash'")
     if mode == "dflash" and not draft:
         raise UserError("mode dflash needs a drafter: pass --draft <drafter folder>")
-    if synthetic_tau is not None and not benchmark_only:
+    if tau is not None and not config.benchmark_only:
         raise UserError("--synthetic-acceptance makes every answer wrong on purpose; it needs --benchmark-only")
-    if synthetic_tau is not None and mode != "dflash":
+    if tau is not None and mode != "dflash":
         raise UserError("--synthetic-acceptance only applies to mode dflash")
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -188,40 +179,37 @@ def build_fast_engine(model: str, draft: str | None = None, *, mode: str = "dfla
         raise UserError(f"device {device!r} was asked for but no CUDA GPU is available; use --device cpu")
     if device == "cpu":
         torch.set_num_threads(1)
-    dt = resolve_dtype(dtype, device)
-    tok = tokenizer or load_tokenizer(model)
-    runner_kw: dict[str, Any] = dict(synthetic_tau=synthetic_tau, step_ahead=step_ahead, adaptive=adaptive,
-                                     cut_draft=cut_draft, mixed=mixed, kernels=kernels, width=width, consume=True,
-                                     graphs=graphs)
+    dt = resolve_dtype(config.dtype, device)
+    tok = tokenizer or load_tokenizer(config.model)
     followers, shard = None, None
-    if tensor_parallel > 1:  # refused in one sentence before any process starts
+    if size > 1:  # refused in one sentence before any process starts
         from dflash_bench.engine.fast.ranks import RankSpec, check_parallel, free_address, join_group
 
-        check_parallel(model, draft if mode == "dflash" else None, tensor_parallel, device=device)
-        spec = RankSpec(size=tensor_parallel, address=free_address(), model=model,
-                        draft=draft if mode == "dflash" else None, dtype=dtype, device=device, max_len=max_len,
-                        dummy=dummy, runner=runner_kw)
+        check_parallel(config.model, draft, size, device=device)
+        spec = RankSpec(size=size, address=free_address(), model=config.model, draft=draft, dtype=config.dtype,
+                        device=device, max_len=config.max_model_len, dummy=config.dummy, step=config.step,
+                        kernels=config.kernels, enforce_eager=config.enforce_eager)
         followers = Followers(spec).start()
         atexit.register(followers.stop)
     try:
         if followers is not None:
             shard = join_group(followers.spec, 0)
-        hf, drafter = load_pair(model, draft if mode == "dflash" else None, dtype=dt, device=device, dummy=dummy)
+        hf, drafter = load_pair(config.model, draft, dtype=dt, device=device, dummy=config.dummy)
         if shard is not None:
             shard = shard.cut(hf, drafter)  # this rank's part only, before the pool is sized from what is left
-        if drafter is not None and synthetic_tau is not None and not 1 <= synthetic_tau <= drafter.config.block_size:
+        if drafter is not None and tau is not None and not 1 <= tau <= drafter.config.block_size:
             raise UserError(f"--synthetic-acceptance must lie between 1 and the block size {drafter.config.block_size}")
         from dflash_bench.engine.fast.pool import pool_slots
 
-        max_slots = pool_slots(hf.config.get_text_config(), drafter, asked=max_slots, device=device, dtype=dt,
-                               max_len=max_len, utilization=memory_utilization, nbytes=kv_cache_memory_bytes,
-                               tp=tensor_parallel)
+        utilization = 0.9 if config.memory_utilization is None else config.memory_utilization
+        max_slots = pool_slots(hf.config.get_text_config(), drafter, asked=config.max_slots, device=device, dtype=dt,
+                               max_len=config.max_model_len, utilization=utilization,
+                               nbytes=config.kv_cache_memory_bytes, tp=size)
         if followers is not None:
             followers.slots(max_slots)
-        return FastEngine(hf, tok, drafter, eos_ids=eos_ids(hf, tok), max_slots=max_slots, max_len=max_len,
-                          tp=shard, followers=followers, **runner_kw)
+        return FastEngine(hf, tok, drafter, config, eos_ids=eos_ids(hf, tok), max_slots=max_slots, consume=True,
+                          tp=shard, followers=followers)
     except BaseException:
         if followers is not None:
             followers.stop()
         raise
-

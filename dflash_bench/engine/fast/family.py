@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
     from dflash_bench.engine.fast.kernels import Kernels
     from dflash_bench.engine.fast.shard import Shard
+    from dflash_bench.engine.fast.model import Index
 
 
 class Target(Protocol):
@@ -40,6 +41,7 @@ class Target(Protocol):
     lm_head: torch.Tensor  # the head as this target's matmuls read it
     softcap: float | None  # final-logit softcapping
     tp: Shard  # this rank's shard of the weights (`shard.py`; size 1: all of them)
+    index: Index  # its steps' index tensors (kept inside the runner's graph bodies)
 
     def forward(self, ids: torch.Tensor, starts: torch.Tensor, row0: int, L: int, *, last_only: bool = False,
                 taps: tuple[int, ...] = (),
@@ -62,6 +64,7 @@ class Drafter(Protocol):
     tp: Shard  # this rank's shard of its weights
     kernels: Kernels | None
     lm_head: torch.Tensor
+    index: Index
 
     @property
     def plain_head(self) -> bool: ...

@@ -34,7 +34,7 @@ from torch import nn
 from dflash_bench.engine.fast.kernels import Kernels, check_head_dims, load_kernels, prepared
 from dflash_bench.engine.fast.layout import GEMMA_KINDS, CacheKind, gemma_kinds
 from dflash_bench.engine.fast.model import (KERNEL_MAX_QUERIES, DecoderTarget, Taps, add_rms_norm, attention,
-                                            embed_norm, fused, matmul, offsets, weight_bytes)
+                                            embed_norm, fused, Index, matmul, weight_bytes)
 from dflash_bench.engine.fast.shard import Shard
 from dflash_bench.engine.rope import cos_sin, kernel_tables, rope
 from dflash_bench.errors import UserError
@@ -132,6 +132,7 @@ class GemmaTarget(DecoderTarget):
         self.lm_head = prepared(self.kernels, self.head)
         self.scale = float(inner.layers[0].self_attn.scaling)
         self.max_len, self.slots = max_len, max_slots
+        self.index = Index()
         self.caches: list[CacheKind] = gemma_kinds(cfg, max_len, tp.size)  # the layout the pool sized (`layout.py`)
         self.kinds = self._kinds(inner.rotary_emb, max_slots)
         check_head_dims(self.kernels, [k.hd for k in self.kinds], "target", self.dtype)
@@ -186,7 +187,7 @@ class GemmaTarget(DecoderTarget):
         """A prefill (`last`: each row's last prompt token) writes a sliding layer's ring only with its rows' own
         newest positions, never their padding."""
         bs, n = ids.shape
-        ends = starts + n if last is None else last - offsets(bs, ids.device) * n + 1 + starts
+        ends = starts + n if last is None else last - self.index.offsets(bs, ids.device) * n + 1 + starts
         attend = self._attention(pos, starts, row0, L, slot, ends)
         kernels, eps = self.kernels, self.eps
         mm = matmul(kernels)
@@ -218,7 +219,7 @@ class GemmaTarget(DecoderTarget):
         """`attend(layer, normed h) -> [t, H * hd]` for this step: q/k/v norms, RoPE, the cache write, attention."""
         bs, n = pos.shape
         H, dtype, fused = self.H, self.dtype, self.fused
-        rows = slot.view(-1, 1).expand(bs, n) if slot is not None else offsets(n, pos.device, row0, bs)
+        rows = slot.view(-1, 1).expand(bs, n) if slot is not None else self.index.offsets(n, pos.device, row0, bs)
         flat = pos.reshape(-1)
         tables = self.tables if fused is not None else \
             [cos_sin(flat, k.inv_freq.to(pos.device), dtype, k.rope_scale) for k in self.kinds]
@@ -239,7 +240,7 @@ class GemmaTarget(DecoderTarget):
             if fused is not None:
                 if later:  # k and v into buffers of their own, written to the ring after the attention
                     if not new:
-                        new.update(rows=offsets(t, pos.device), at=torch.zeros(t, dtype=torch.long, device=pos.device))
+                        new.update(rows=self.index.offsets(t, pos.device), at=torch.zeros(t, dtype=torch.long, device=pos.device))
                     k = torch.empty((t, 1, hkv, hd), dtype=dtype, device=pos.device)
                     v = torch.empty_like(k)
                     q = fused.qkv_norm_rope_store(qkv, H, hkv, hd, ly.qn, ly.kn, cos, sin, new["rows"], flat,
@@ -264,7 +265,7 @@ class GemmaTarget(DecoderTarget):
                 return attention(q, kv[0][:, :L], kv[1][:, :L], masks[ly.kind], self.scale)
             # the ring's keys before this step's first position, then the step's own
             k, v = k.view(bs, n, hkv, hd), v.view(bs, n, hkv, hd)
-            before = starts[:, None] - g.ring + offsets(g.ring, pos.device)
+            before = starts[:, None] - g.ring + self.index.offsets(g.ring, pos.device)
             srow = rows[:, :1].expand(bs, g.ring)
             kpos = torch.cat([before, pos], 1)
             keys = torch.cat([kc[srow, before % g.ring], k], 1)

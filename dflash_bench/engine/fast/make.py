@@ -1,32 +1,30 @@
-"""The fast runner over a loaded target and drafter: what `engine.FastEngine` runs, and every other rank of a
-tensor-parallel engine runs beside it (`ranks.py`), built the same way from the same options."""
+"""The fast engine's core over a loaded target and drafter: what `engine.FastEngine` runs, and every other rank of a
+tensor-parallel engine runs beside it (`ranks.py`), built the same way from the same config."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from dflash_bench.engine.config import StepConfig
+from dflash_bench.engine.fast.core import EngineCore
 from dflash_bench.engine.fast.draft import FastDrafter
 from dflash_bench.engine.fast.family import family_of, load_target
-from dflash_bench.engine.fast.runner import FastRunner
 from dflash_bench.engine.fast.shard import Shard
 
 
-def make_runner(model: Any, drafter: Any, *, max_slots: int, max_len: int, kernels: bool = True,
-                tp: Shard | None = None, consume: bool = False, synthetic_tau: float | None = None,
-                kv_block: int = 256, step_ahead: bool = True, adaptive: bool = True, cut_draft: bool = False,
-                mixed: bool = False, width: int | None = None, graphs: bool | None = None) -> FastRunner:
-    """The fast runner over a loaded transformers target and a `DFlashDrafter` (or None), this rank's shard of
-    them with `tp`, its graphs captured (`consume`: the target's layers are dropped once copied; `graphs` False:
-    every step eager, as on a CPU)."""
+def make_core(model: Any, drafter: Any, step: StepConfig, *, max_slots: int, max_len: int, kernels: bool = True,
+              tp: Shard | None = None, consume: bool = False, graphs: bool | None = None) -> EngineCore:
+    """The fast path's core (scheduler and runner) over a loaded transformers target and a `DFlashDrafter` (or
+    None), this rank's shard of them with `tp`, stepping as `step` says, its graphs captured (`consume`: the
+    target's layers are dropped once copied; `kernels` False: torch ops; `graphs` False: every step
+    eager, as on a CPU)."""
     want = None if kernels else False
     ft = load_target(model, max_slots=max_slots, max_len=max_len, kernels=want, consume=consume, tp=tp)
-    mixed = mixed and ft.rides
     fd = (FastDrafter(drafter, ft.embed, ft.head, max_slots=max_slots, max_len=max_len, kernels=want, tp=tp)
           if drafter is not None else None)
-    runner = FastRunner(ft, fd, graphs=graphs, kv_block=kv_block, synthetic_tau=synthetic_tau, keep_logits=True,
-                        adaptive=adaptive, width=width, cut_draft=cut_draft, mixed=mixed, step_ahead=step_ahead)
-    runner.capture_all()  # GPU: every graph before the first request (no capture pause mid-serving)
-    return runner
+    core = EngineCore(ft, fd, step, graphs=graphs, keep_logits=True)
+    core.capture_all()  # GPU: every graph before the first request (no capture pause mid-serving)
+    return core
 
 
 def load_pair(model: str, draft: str | None, *, dtype: Any, device: str, dummy: bool) -> tuple[Any, Any]:

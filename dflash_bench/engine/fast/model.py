@@ -18,7 +18,7 @@ import contextlib
 import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -31,33 +31,37 @@ from dflash_bench.engine.fast.shard import Shard
 from dflash_bench.engine.rope import cos_sin, kernel_tables, rope
 
 KERNEL_MAX_QUERIES = 32  # steps with at most this many tokens per row use the Triton attention kernel
-_INDEX: dict[tuple, torch.Tensor] = {}  # index tensors of decode steps, made once (see `offsets`)
-_KEEP = [False]  # set by `decode_step`
 
 
-@contextlib.contextmanager
-def decode_step():
-    """Within it, `offsets` keeps what it makes: the runner's step bodies, whose shapes are few and fixed (a
-    prefill's are not, so they are made afresh and freed)."""
-    _KEEP[0] = True
-    try:
-        yield
-    finally:
-        _KEEP[0] = False
+class Index:
+    """The index tensors of a forward's steps (`offsets`), one per target and per drafter. Inside `keeping` (the
+    runner's graph bodies, whose shapes are few and fixed) each is made once per shape and kept: a graph replays
+    no kernel for them (the runner's warm-up, outside capture, makes them first). Outside it (an eager prefill's
+    shapes are many) they are made afresh and freed."""
 
+    def __init__(self) -> None:
+        self.kept: dict[tuple, torch.Tensor] = {}
+        self.keep = False
 
-def offsets(n: int, device: torch.device, row0: int = 0, bs: int = 0) -> torch.Tensor:
-    """`arange(n)`, or with `bs` the slot of every entry of a `[bs, n]` step (row i is slot row0 + i). Inside
-    `decode_step`, made once per shape and shared: a graph replays no kernel for them (the runner's warm-up,
-    outside capture, makes them first). Read-only."""
-    key = (n, str(device), row0, bs)
-    t = _INDEX.get(key)
-    if t is None:
-        t = torch.arange(n, device=device) if not bs else \
-            torch.arange(row0, row0 + bs, device=device)[:, None].expand(bs, n).contiguous()
-        if _KEEP[0]:
-            _INDEX[key] = t
-    return t
+    @contextlib.contextmanager
+    def keeping(self) -> Iterator[None]:
+        self.keep = True
+        try:
+            yield
+        finally:
+            self.keep = False
+
+    def offsets(self, n: int, device: torch.device, row0: int = 0, bs: int = 0) -> torch.Tensor:
+        """`arange(n)`, or with `bs` the slot of every entry of a `[bs, n]` step (row i is slot row0 + i).
+        Read-only."""
+        key = (n, str(device), row0, bs)
+        t = self.kept.get(key)
+        if t is None:
+            t = torch.arange(n, device=device) if not bs else \
+                torch.arange(row0, row0 + bs, device=device)[:, None].expand(bs, n).contiguous()
+            if self.keep:
+                self.kept[key] = t
+        return t
 
 
 def norm(kernels):
@@ -205,20 +209,20 @@ class Layer:
 class KVCache:
     """Per-layer K/V `[slots, max_len, kv_heads, hd]`; batch row i of a step at `row0` is slot `row0 + i`."""
 
-    def __init__(self, layers: int, slots: int, max_len: int, kv_heads: int, hd: int, dtype, device):
+    def __init__(self, layers: int, slots: int, max_len: int, kv_heads: int, hd: int, dtype, device, index: Index):
         shape = (slots, max_len, kv_heads, hd)
+        self.index = index
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.slots, self.max_len = slots, max_len
 
-    @staticmethod
-    def rows(row0: int, pos: torch.Tensor, slot: torch.Tensor | None = None) -> torch.Tensor:
+    def rows(self, row0: int, pos: torch.Tensor, slot: torch.Tensor | None = None) -> torch.Tensor:
         """The slot of every entry of `pos` `[bs, n]` (row i is slot row0 + i, or with `slot` `[bs]` the slot
         `slot[i]`: a prefill's, read on the device), contiguous: the kernels read it flat, and a stride-0
         view would cost a copy in every layer."""
         if slot is not None:
             return slot.view(-1, 1).expand(pos.shape).contiguous()
-        return offsets(pos.shape[1], pos.device, row0, pos.shape[0])
+        return self.index.offsets(pos.shape[1], pos.device, row0, pos.shape[0])
 
     def write(self, i: int, rows: torch.Tensor, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store k, v `[bs, n, kv_heads, hd]` at (rows, pos)."""
@@ -325,6 +329,7 @@ class DecoderTarget:
 
     kernels: Kernels | None
     lm_head: torch.Tensor
+    index: Index  # its steps' index tensors
     softcap: float | None = None  # final-logit softcapping (Gemma's), none by default
     tp: Shard = Shard()  # this rank's shard of the weights (`shard.py`); the head's logits are gathered
 
@@ -350,7 +355,7 @@ class DecoderTarget:
         """
         bs, n = ids.shape
         if pos is None:
-            pos = starts[:, None] + offsets(n, ids.device)
+            pos = starts[:, None] + self.index.offsets(n, ids.device)
         step_pos = pos
         tapped = Taps(taps, None if on_taps is None else (lambda feats: on_taps(feats, step_pos)))
         x = self.trunk(ids, pos, starts, row0, L, slot, last, tapped)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import torch
 
 from dflash_bench.engine.fast.family import Drafter, Target
-from dflash_bench.engine.fast.model import offsets
 from dflash_bench.engine.fast.slots import GraphCache, SlotState
 
 PREFILL_LANE = 2  # split-K workspace of a prefill's one-row matmul (the head): the steps use 0 and 1
@@ -74,7 +73,7 @@ class Prefiller:
                                        taps=self.taps, slot=slot, last=last)
         if self.d:
             assert feats is not None  # the drafter's taps
-            self.d.write_context(feats, offsets(P, dev).expand(k, P), 0, slot=slot)
+            self.d.write_context(feats, self.t.index.offsets(P, dev).expand(k, P), 0, slot=slot)
         if self.s.logits is not None:
             self.s.logits[:, 0].index_copy_(0, slot, logits[:, 0])
         return logits[:, 0].argmax(-1)
@@ -94,7 +93,7 @@ class Prefiller:
                                        last=last, lane=PREFILL_LANE)
         if self.d:
             assert feats is not None  # the drafter's taps
-            self.d.write_context(feats, offsets(P, self.dev).expand(k, P), 0, slot=slot)
+            self.d.write_context(feats, self.t.index.offsets(P, self.dev).expand(k, P), 0, slot=slot)
         if s.logits is not None:
             s.logits[:, 0].index_copy_(0, slot, logits[:, 0])
         s.pre_tok[:k].copy_(logits[:, -1].argmax(-1))

@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 import torch
 
+from dflash_bench.engine.config import StepConfig
 from dflash_bench.engine.fast.shard import Shard
 from dflash_bench.errors import UserError
 
@@ -49,7 +50,9 @@ class RankSpec:
     device: str  # "cpu" or "cuda"
     max_len: int
     dummy: bool
-    runner: dict  # engine.make_runner's keywords but the slots and the shard
+    step: StepConfig  # how the engine steps (`make.make_core`)
+    kernels: bool
+    enforce_eager: bool
 
 
 def free_address() -> str:
@@ -120,7 +123,7 @@ def rank_main(spec: RankSpec, rank: int, conn: Connection) -> None:
         torch.set_num_threads(1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: rank 0 decides
     try:
-        from dflash_bench.engine.fast.make import load_pair, make_runner
+        from dflash_bench.engine.fast.make import load_pair, make_core
 
         shard = join_group(spec, rank)
         hf, drafter = load_pair(spec.model, spec.draft, dtype=spec.dtype, device=device_of(spec, rank),
@@ -129,10 +132,11 @@ def rank_main(spec: RankSpec, rank: int, conn: Connection) -> None:
         slots = conn.recv()  # rank 0's pool, sized from its device's memory (or its stop: it failed to start)
         if not isinstance(slots, int):
             os._exit(0)
-        runner = make_runner(hf, drafter, max_slots=slots, max_len=spec.max_len, tp=shard, **spec.runner)
+        core = make_core(hf, drafter, spec.step, max_slots=slots, max_len=spec.max_len, kernels=spec.kernels, tp=shard,
+                         consume=True, graphs=False if spec.enforce_eager else None)
         del hf
         conn.send(("ready", None))
-        follow(runner, conn)
+        follow(core.runner, conn)
     except EOFError:
         os._exit(0)  # rank 0 is gone
     except BaseException as err:  # noqa: BLE001 - whatever it was, rank 0 says it and stops the server

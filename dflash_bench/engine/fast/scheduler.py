@@ -9,8 +9,8 @@ It keeps the host's facts about the slots, and every decision made from them:
 - prefills: which prompts go together into one forward, graphed or eager (`prefill_groups`);
 - riding (AR with `mixed`): which prompts wait to ride in the rows' next steps and which go together.
 
-It decides and emits a `StepPlan`; `FastRunner` executes plans on the device and tells it what a collected step
-committed (`collected`). Nothing here touches the device: the facts are the host's (committed lengths,
+It decides and emits a `StepPlan`; `FastRunner` executes plans on the device, and `core.EngineCore`, which holds
+both, tells it what a collected step committed (`collected`). Nothing here touches the device: the facts are the host's (committed lengths,
 admission numbers, the plans in flight).
 """
 
@@ -20,6 +20,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
+from dflash_bench.engine.config import StepConfig
 from dflash_bench.engine.fast.width import CPU_DECAY, CPU_WIDTHS, DECAY, WIDTHS, WidthChooser
 
 PREFILL_BUCKET = 64  # prompts are padded to a multiple of this: one prefill graph per multiple
@@ -45,6 +46,7 @@ class Chooser(Protocol):
     """The verify width by load (`width.WidthChooser`)."""
 
     widths: list[int]
+    chosen: dict[int, int]  # width -> steps that used it
 
     def choose(self, bucket: int, rows: int) -> int: ...
 
@@ -82,6 +84,7 @@ class StepPlan:
     width: int  # tokens verified per row (the anchor and width - 1 drafts; AR: 1)
     rides: tuple[Ride, ...] = ()
     P: int = 0  # the rides' prompt bucket
+    timed: bool = False  # its time is measured (the width chooser learns from it)
 
     @property
     def slots(self) -> list[int]:
@@ -99,25 +102,26 @@ class Row:
 
 
 class Scheduler:
-    """Decides each step of one `FastRunner` (see the module) from the host's facts about its slots."""
+    """Decides each step of one `EngineCore` (see the module) from the host's facts about its slots."""
 
-    def __init__(self, *, slots: int, block: int, max_len: int, kv_block: int, adaptive: bool = False,
-                 width: int | None = None, mixed: bool = False, graphs: bool = False, step_ahead: bool = True,
-                 ride_queue: int = RIDE_QUEUE):
-        """`adaptive` (DFlash): each step verifies the anchor and its first w - 1 drafts, w chosen by load
-        (width.py; a GPU's candidates and decay, or a CPU's, by `graphs`); else always `width` (default: the
-        whole block). `mixed` (AR): prompts admitted while rows decode may ride in their steps."""
-        self.S, self.B, self.max_len, self.kv_block = slots, block, max_len, kv_block
+    def __init__(self, config: StepConfig, *, slots: int, block: int, max_len: int, graphs: bool = False,
+                 rides: bool = True, ride_queue: int = RIDE_QUEUE):
+        """`config.verify_width` auto (DFlash): each step verifies the anchor and its first w - 1 drafts, w chosen
+        by load (width.py; a GPU's candidates and decay, or a CPU's, by `graphs`); else always that width (full:
+        the whole block). `config.prefill` mixed (AR, a target whose family `rides`): prompts admitted while rows
+        decode may ride in their steps."""
+        self.config = config
+        self.S, self.B, self.max_len, self.kv_block = slots, block, max_len, config.kv_block
         self.sizes = buckets(slots)
         self.chooser: Chooser | None = (
             WidthChooser(block, WIDTHS if graphs else CPU_WIDTHS, narrow_from=NARROW_ROWS if graphs else 1,
                          explore_block=graphs, decay=DECAY if graphs else CPU_DECAY)
-            if adaptive and block > 1 else None)
+            if config.adaptive and block > 1 else None)
         chooser = self.chooser
-        self.fixed = min(width or block, block)
+        self.fixed = min(config.width or block, block)
         self.widths = chooser.widths if chooser else [self.fixed]
-        self.mixed = mixed and block == 1  # prompts ride in AR steps only
-        self.graphs, self.step_ahead, self.ride_queue = graphs, step_ahead, ride_queue
+        self.mixed = config.prefill == "mixed" and rides and block == 1  # prompts ride in AR steps only
+        self.graphs, self.step_ahead, self.ride_queue = graphs, config.step_ahead, ride_queue
         self.lengths: dict[int, int] = {}  # running slot -> committed tokens (as of the last step collected)
         self.admitted = [0] * slots  # requests admitted per slot: a step in flight from before is not theirs
         self.riding: dict[int, int] = {}  # slot -> its admission number, while its prompt's step is in flight
@@ -126,7 +130,7 @@ class Scheduler:
         self.took: dict[int, int] = {}  # the slots the step collected last prefilled -> their first tokens
         self.rode = 0  # prompts prefilled by a step's forward
 
-    # ---- the shapes a plan may take (every graph `FastRunner.capture_all` captures) -----------------------
+    # ---- the shapes a plan may take (every graph `EngineCore.capture_all` captures) -----------------------
     def kv_buckets(self) -> list[int]:
         """Every KV-length bucket a plan may take: multiples of `kv_block`, the cache length last."""
         return sorted({min(self.max_len, L) for L in range(self.kv_block, self.max_len + self.kv_block, self.kv_block)})
@@ -134,6 +138,26 @@ class Scheduler:
     def candidates(self, bucket: int) -> list[int]:
         """The verify widths a step of this batch bucket may take."""
         return self.chooser.candidates(bucket) if self.chooser else self.widths
+
+    def graph_keys(self) -> list[tuple]:
+        """Every step shape a plan or a prefill group may take, as the runner's graph keys (`FastRunner.capture`):
+        one-prompt and grouped prefills, mixed steps (riding), then per batch bucket and KV bucket the AR step or
+        each candidate width's draft and verify."""
+        keys: list[tuple] = [("prefill", P) for P in self.prefill_buckets()]
+        keys += [("prefill", P, k) for P, k in self.grouped_buckets()]
+        keys += [("mixed", bs, P, k) for bs in (self.sizes if self.mixed else []) for P, k in self.mixed_buckets()]
+        for bs in self.sizes:
+            for L in self.kv_buckets():
+                if self.B == 1:
+                    keys.append(("ar", bs, L))
+                    continue
+                for w in self.candidates(bs):
+                    keys += [("draft", bs, L, w), ("verify", bs, L, w)]
+        return keys
+
+    def chosen(self) -> dict[int, int]:
+        """How many steps took each verify width so far, when the width is chosen by load (else empty)."""
+        return dict(self.chooser.chosen) if self.chooser is not None else {}
 
     def prefill_buckets(self) -> list[int]:
         """Every prompt bucket of a one-prompt prefill graph."""
@@ -247,7 +271,8 @@ class Scheduler:
                 self.riding[s] = self.admitted[s]
                 taken.append(Ride(s, self.admitted[s], p))
         kind = "mixed" if rides else "ar" if self.B == 1 else "verify" if w == 1 else "dflash"
-        plan = StepPlan(kind, tuple((s, self.admitted[s]) for s in slots), bs, L, w, tuple(taken), P)
+        plan = StepPlan(kind, tuple((s, self.admitted[s]) for s in slots), bs, L, w, tuple(taken), P,
+                        timed=self.chooser is not None)
         self.inflight.append(plan)
         return plan
 

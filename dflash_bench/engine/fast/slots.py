@@ -9,11 +9,12 @@ stream order; the host's facts about the slots are the scheduler's.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Callable
 
 import torch
 
-from dflash_bench.engine.fast.model import decode_step
+from dflash_bench.engine.fast.model import Index
 
 
 class SlotState:
@@ -48,8 +49,9 @@ class GraphCache:
     the first step of a new shape advances exactly once.
     """
 
-    def __init__(self, on: bool, committed: Callable[[], list[torch.Tensor]]):
-        self.on = on
+    def __init__(self, on: bool, committed: Callable[[], list[torch.Tensor]], indexes: list[Index]):
+        """`indexes`: the target's and drafter's, whose index tensors a body makes once and keeps."""
+        self.on, self.indexes = on, indexes
         self.committed = committed
         self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self.pool = torch.cuda.graph_pool_handle() if on else None
@@ -62,7 +64,9 @@ class GraphCache:
 
     def run(self, key: tuple, body: Callable[[], None]) -> None:
         def fn():
-            with decode_step():  # the step's index tensors are made once, outside capture, and kept
+            with contextlib.ExitStack() as keep:  # the step's index tensors are made once, outside capture, and kept
+                for index in self.indexes:
+                    keep.enter_context(index.keeping())
                 body()
         if not self.on:
             fn()

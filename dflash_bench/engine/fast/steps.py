@@ -20,7 +20,7 @@ import torch
 
 from dflash_bench.engine.fast.accept import SYNTHETIC_STEPS, commit, synthetic_rate
 from dflash_bench.engine.fast.family import Drafter, Target
-from dflash_bench.engine.fast.model import matmul, offsets, softcap
+from dflash_bench.engine.fast.model import matmul, softcap
 from dflash_bench.engine.fast.slots import SlotState
 
 
@@ -28,14 +28,14 @@ class StepBodies:
     """The step bodies over one `SlotState` (see the module)."""
 
     def __init__(self, target: Target, drafter: Drafter | None, state: SlotState, *, overlap: bool = True,
-                 synthetic_tau: float | None = None, seed: int = 0, cut_draft: bool = False):
+                 synthetic_acceptance: float | None = None, seed: int = 0, cut_draft: bool = False):
         self.t, self.d, self.s = target, drafter, state
         self.B = drafter.B if drafter else 1
         self.dev, self.max_len = target.device, target.max_len
         self.taps = tuple(drafter.c.target_layer_ids) if drafter else ()
         # the drafter's context K/V is computed on this stream while the target's last layers run
         self.side = torch.cuda.Stream(self.dev) if drafter and self.dev.type == "cuda" and overlap else None
-        self.rate = synthetic_rate(synthetic_tau, self.B) if synthetic_tau is not None else None
+        self.rate = synthetic_rate(synthetic_acceptance, self.B) if synthetic_acceptance is not None else None
         if self.rate is not None:
             gen = torch.Generator().manual_seed(seed)
             slots = state.start.shape[0]
@@ -61,7 +61,7 @@ class StepBodies:
         s, d = self.s, self.d
         assert d is not None
         n = w if self.cut_draft else self.B
-        pos = torch.add(s.start[:bs, None], offsets(n, self.dev), out=s.pos[:bs, :n])
+        pos = torch.add(s.start[:bs, None], self.t.index.offsets(n, self.dev), out=s.pos[:bs, :n])
         x = d.hidden(s.anchor[:bs], s.start[:bs], 0, L, pos=pos, n=n)
         if w < n:
             x = x.view(bs, n - 1, -1)[:, : w - 1].reshape(bs * (w - 1), -1)
@@ -110,7 +110,7 @@ class StepBodies:
         self.commit(bs, self.greedy(x, bs, 1))
         tok = self.argmax(self.t.tp.gather_vocab(matmul(self.t.kernels)(xp, self.t.lm_head)).view(k, 1, -1)).view(k)
         s.pre_tok[:k].copy_(tok)
-        s.start.index_copy_(0, slot, last + 1 - offsets(k, slot.device) * P)  # last = i * P + n_i - 1
+        s.start.index_copy_(0, slot, last + 1 - self.t.index.offsets(k, slot.device) * P)  # last = i * P + n_i - 1
         s.anchor.index_copy_(0, slot, tok)
 
     def greedy(self, x: torch.Tensor, bs: int, n: int) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """`StepTimer`: what a benchmark measures of a `FastRunner`'s steps, attached from outside (not part of serving).
 
-Attached (`StepTimer().attach(runner)`), the runner marks each step it launches (CUDA events on a GPU, the host
+Attached (`StepTimer().attach(core)`), the runner marks each step it launches (CUDA events on a GPU, the host
 clock on a CPU: a CPU step runs inside its launch) and tells the timer what each collected step accepted:
 the median draft and verify times (`step_times_ms`), the steps and the acceptance counted since attaching
 (`tau`, `drafted`, ...). A step that captured a graph is timed too (its body ran twice): benchmarks warm up
@@ -18,7 +18,7 @@ from dflash_bench.engine.fast.scheduler import StepPlan
 
 
 class Timed(Protocol):
-    """What a timer attaches to (`FastRunner`)."""
+    """What a timer attaches to (`FastRunner`, or the `EngineCore` that holds it)."""
 
     timer: StepTimer | None
     dev: torch.device

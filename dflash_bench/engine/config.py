@@ -1,0 +1,137 @@
+"""The builtin engine's configuration: one frozen value, built once from `serve`'s options (or a profile's), read
+whole by the engine, its scheduler and its runner. Each option keeps its flag's name from the command line to its
+use (`--verify-width` is `verify_width`, `--prefill` is `prefill`, `--cut-draft` is `cut_draft`, ...).
+
+No torch at import (`resolve_prefill` asks torch for a GPU only when `--device auto` must be resolved).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dflash_bench.errors import UserError
+
+PREFILL = ("auto", "first", "mixed")  # serve --prefill; `resolve_prefill` turns auto into one of the other two
+
+
+@dataclass(frozen=True)
+class StepConfig:
+    """How the fast path steps (`serve --fast`): what its scheduler and runner read."""
+
+    verify_width: str | int = "auto"  # --verify-width: auto (by load), full (the block) or N tokens per row
+    step_ahead: bool = True  # --step-ahead: the next step launched before this one's tokens are read
+    cut_draft: bool = False  # --cut-draft: draft only the positions a step verifies
+    prefill: str = "first"  # --prefill, resolved: first, or mixed (AR: prompts ride the rows' steps)
+    synthetic_acceptance: float | None = None  # --synthetic-acceptance (benchmarks): drafts accepted at this mean
+    kv_block: int = 256  # the KV-length bucket of a step's graphs (no flag)
+    seed: int = 0  # synthetic acceptance's draws (no flag)
+
+    def __post_init__(self) -> None:
+        if self.prefill not in ("first", "mixed"):
+            raise UserError(f"--prefill must be first or mixed once resolved, not {self.prefill!r}")
+        w = self.verify_width
+        if not (w in ("auto", "full") or (isinstance(w, int) and w >= 1)):
+            raise UserError(f"--verify-width must be auto, full or a number of tokens of at least 1, not {w!r}")
+
+    @property
+    def adaptive(self) -> bool:
+        """The verify width chosen by load (`width.py`)."""
+        return self.verify_width == "auto"
+
+    @property
+    def width(self) -> int | None:
+        """A fixed verify width (None: auto, or the whole block)."""
+        return self.verify_width if isinstance(self.verify_width, int) else None
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """`serve`'s engine: the model, where and how it runs, and (with `fast`) how the fast path steps."""
+
+    model: str
+    draft: str | None = None
+    mode: str = "dflash"  # --mode, resolved: ar or dflash
+    dtype: str = "auto"
+    device: str = "auto"
+    max_slots: int | None = 32  # None (fast path): as many as the KV memory holds
+    max_model_len: int = 4096
+    fast: bool = False
+    load_format: str = "auto"  # auto (the weight files) or dummy (random weights of the configs' shapes)
+    benchmark_only: bool = False
+    kernels: bool = True  # --kernels/--no-kernels (fast path)
+    memory_utilization: float | None = None  # fast path; None: 0.9 of a GPU
+    kv_cache_memory_bytes: int | None = None
+    tensor_parallel_size: int = 1  # fast path: ranks, a GPU each (`fast/ranks.py`)
+    enforce_eager: bool = False  # fast path on a GPU: every step without CUDA graphs
+    step: StepConfig = field(default_factory=StepConfig)
+
+    @property
+    def dummy(self) -> bool:
+        return self.load_format == "dummy"
+
+    @classmethod
+    def from_options(cls, model: str, draft: str | None = None, *, mode: str | None = None, dtype: str = "auto",
+                     device: str = "auto", max_slots: int | None = 32, max_model_len: int = 4096, fast: bool = False,
+                     load_format: str = "auto", synthetic_acceptance: float | None = None, benchmark_only: bool = False,
+                     step_ahead: bool = True, verify_width: str = "auto", cut_draft: bool = False,
+                     prefill: str = "auto", kernels: bool = True, memory_utilization: float | None = None,
+                     kv_cache_memory_bytes: int | None = None, tensor_parallel_size: int = 1,
+                     enforce_eager: bool = False) -> EngineConfig:
+        """`serve`'s options checked (one sentence for each misuse) and resolved: the mode from --draft, --prefill
+        auto, --verify-width N as a number. Options of the fast path without --fast are refused."""
+        mode = mode or ("dflash" if draft else "ar")
+        if mode not in ("ar", "dflash"):
+            raise UserError(f"unknown mode {mode!r}; use 'ar' or 'dflash'")
+        if (max_slots is not None and max_slots < 1) or max_model_len < 16:
+            raise UserError("--max-slots must be at least 1 and --max-model-len at least 16")
+        width = verify_width_option(verify_width)
+        if prefill not in PREFILL:
+            raise UserError(f"--prefill must be one of {', '.join(PREFILL)}, not {prefill!r}")
+        prefill = resolve_prefill(prefill, fast=fast, mode=mode, device=device)
+        if load_format not in ("auto", "dummy"):
+            raise UserError(f"--load-format must be auto or dummy, not {load_format!r}")
+        if not fast:
+            if memory_utilization is not None or kv_cache_memory_bytes is not None:
+                raise UserError(f"{'--memory-utilization' if memory_utilization is not None else '--kv-cache-memory-bytes'}"
+                                " sizes the fast path's KV pool: add --fast (without it, --max-slots sizes the cache)")
+            if synthetic_acceptance is not None:
+                raise UserError("--synthetic-acceptance runs on the fast path only: add --fast --benchmark-only")
+            if tensor_parallel_size > 1 or enforce_eager:
+                raise UserError(f"{'--enforce-eager' if enforce_eager else f'--tensor-parallel-size {tensor_parallel_size}'}"
+                                " runs on the fast path only: add --fast")
+            if not step_ahead or prefill == "mixed":
+                raise UserError(f"{'--no-step-ahead' if not step_ahead else '--prefill ' + prefill} applies to the "
+                                "fast path only: add --fast")
+            if verify_width != "auto" or cut_draft or not kernels:
+                raise UserError(f"{'--cut-draft' if cut_draft else '--no-kernels' if not kernels else '--verify-width'}"
+                                " applies to the fast path only: add --fast")
+        step = StepConfig(verify_width=width if width is not None else verify_width, step_ahead=step_ahead,
+                          cut_draft=cut_draft, prefill=prefill, synthetic_acceptance=synthetic_acceptance)
+        return cls(model, draft if mode == "dflash" else None, mode=mode, dtype=dtype, device=device,
+                   max_slots=max_slots if fast or max_slots is not None else 32, max_model_len=max_model_len, fast=fast,
+                   load_format=load_format, benchmark_only=benchmark_only, kernels=kernels,
+                   memory_utilization=memory_utilization, kv_cache_memory_bytes=kv_cache_memory_bytes,
+                   tensor_parallel_size=tensor_parallel_size, enforce_eager=enforce_eager, step=step)
+
+
+def verify_width_option(value: str) -> int | None:
+    """`--verify-width`: auto or full (None), or a fixed number of tokens per row and step (the anchor and its
+    first N - 1 drafts; above the block size, the block)."""
+    if value in ("auto", "full"):
+        return None
+    if value.isdigit() and int(value) >= 1:
+        return int(value)
+    raise UserError(f"--verify-width must be auto, full or a number of tokens of at least 1, not {value!r}")
+
+
+def resolve_prefill(prefill: str, *, fast: bool, mode: str, device: str) -> str:
+    """`serve --prefill auto`: mixed for AR on the fast path on a GPU (its best on the 8B shape at 32 rows, README),
+    first everywhere else (a CPU's step and prefill are both compute-bound: riding saves nothing there); any other
+    choice as given."""
+    if prefill != "auto":
+        return prefill
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return "mixed" if fast and mode == "ar" and device.startswith("cuda") else "first"
