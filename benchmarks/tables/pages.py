@@ -92,6 +92,8 @@ TABLES: list[Entry] = [
           gpu.pair_retrained),
     Entry("gemma4_31b_h100", "docs/results/gemma-4-31b.md", ("gemma4_31b_h100.json",), None, gpu.big_shape,
           machine="one NVIDIA H100 80GB HBM3 (nvidia-h100-x1) and two on one host (nvidia-h100-x2), each a fresh machine"),
+    Entry("two_clients_gemma_vllm", "docs/results/gemma-4-31b.md", ("two_clients_gemma_vllm_h100.json",), None,
+          gpu.two_clients),
     Entry("gemma4_31b_fast", "docs/results/gemma-4-31b.md", ("gemma4_31b_fast_h100.json",),
           "python -m benchmarks.speed.gemma_fast --json OUT.json --slots 8 --max-len 1024 --batches 1,8 --modes ar; "
           "then, on the same warm machine, the same with --modes dflash", gpu.gemma_fast),
