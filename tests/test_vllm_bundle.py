@@ -83,3 +83,15 @@ def test_the_transformers_for_vllms_gemma4_reach_vllms_processes_only():
     assert first < next(i for i, ln in enumerate(lines) if ln.startswith("exec "))
     setup = (TOOL / "setup.sh").read_text()
     assert "launcher-only" not in setup  # the shell that sources it keeps the host's transformers
+
+
+def test_the_model_class_cache_names_the_pairs_classes_as_vllm_files_them():
+    import json
+
+    files = sorted((TOOL / "modelinfos").glob("*.json"))
+    assert [f.name for f in files] == ["vllm-model_executor-models-gemma4-Gemma4ForCausalLM.json",
+                                       "vllm-model_executor-models-qwen3_dflash-DFlashQwen3ForCausalLM.json"]
+    for f in files:
+        entry = json.loads(f.read_text())
+        assert re.fullmatch(r"[0-9a-f]{32}", entry["hash"])  # registry._get_modelinfo_module_hash: md5 of the module
+        assert f.stem.endswith("-" + entry["modelinfo"]["architecture"]) and entry["modelinfo"]["is_text_generation_model"]
