@@ -73,7 +73,7 @@ bundle() { # bundle DIR: source DIR/setup.sh in this (sub)shell, or say why not
     [ -n "$dry" ]  # a dry run goes on without it
     return
   fi
-  if [ "$1" = .vllm-bundle ]; then
+  if [ "$1" = .vllm-bundle ] && [ -z "$dry" ]; then
     # vLLM inspects each model class in a subprocess the first time a machine serves it (30 s each: the target's
     # and the drafter's) and caches what it found by the module file's hash; these are that cache for the bundle's
     # vLLM, written by vLLM itself (tools/vllm_bundle/README.md). A file of another vLLM is stale and re-made.
