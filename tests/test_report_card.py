@@ -42,6 +42,11 @@ def test_each_dflash_row_sits_beside_its_own_ar_and_the_cards_row_and_says_what_
     assert cols["machine (GPUs per server)"] == "2x H100 (2)" and cols["DFlash / AR"] == "0.50x"
     assert cols["AR tok/s per GPU"] == "900.0" and cols["DFlash tok/s per GPU"] == "450.0"
     assert cols["card: AR / DFlash tok/s"] == "1,177 / 2,257" and cols["card: DFlash / AR"] == "1.9x"
+    assert cols["τ builtin (reference)"] == "-"  # no builtin cell at mt-bench c=32
+    sglang = card_rows(lines + [line("sglang", "ar", 1, 35.0), line("sglang", "dflash", 1, 30.0, tau=1.2)], None)
+    ref = {(r.engine, r.dflash.synthetic_tau if r.dflash else None): r.reference_tau for r in sglang}
+    assert ref[("sglang", None)] == 1.0  # the builtin's measured tau, never its synthetic 6.5
+    assert ref[("builtin", None)] is None and ref[("builtin", 6.5)] is None
     alone = card_rows([line("sglang", "ar", 8, 300.0)], None)  # no DFlash cell, no card: shown, not invented
     assert card_table(alone)[1][0][5:7] == ["-", "-"] and alone[0].labels == []
 
