@@ -8,6 +8,7 @@ only counts positions below `start`.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 
@@ -28,7 +29,7 @@ class ReferenceEngine:
     greedy_only = False
     synthetic_acceptance: float | None = None
 
-    def __init__(self, target: Target, tokenizer, proposer: Proposer | None = None, *, eos_ids: list[int]):
+    def __init__(self, target: Target, tokenizer: Any, proposer: Proposer | None = None, *, eos_ids: list[int]) -> None:
         self.target, self.tok, self.proposer = target, tokenizer, proposer
         self.B = proposer.block_size if proposer else 1
         if proposer and proposer.layer_ids:
@@ -82,7 +83,7 @@ class ReferenceEngine:
             raise
         return [done[i] for i in range(len(reqs))]
 
-    def _prefill(self, reqs) -> list[tuple[Seq, Delta]]:
+    def _prefill(self, reqs: list[tuple[str, list[int], SamplingParams]]) -> list[tuple[Seq, Delta]]:
         """One target forward over right-padded prompts (padding sits past each row's end and is overwritten)."""
         dev = self.device
         seqs = []
@@ -142,10 +143,12 @@ class ReferenceEngine:
         return [self.book.stepped(s, tokens[row], logits[row, : len(tokens[row])], lps=lps.get(row))
                 for row, s in enumerate(seqs)]
 
-    def _draft(self, seqs, params):
+    def _draft(self, seqs: list[Seq], params: list[SamplingParams]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        assert self.proposer is not None  # drafts are asked for with B > 1 only
         tokens, draft_logits = self.proposer.propose(seqs)
         if tokens is not None:
             return tokens.to(self.device), None
+        assert draft_logits is not None  # a proposer gives tokens or their logits
         return sample_drafts(draft_logits, params)
 
     def release(self, s: Seq) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Iterator
+
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from dflash_bench.client.slots import SLOTS_GAUGE
 from dflash_bench.engine.loop import EngineLoop
@@ -16,17 +18,17 @@ class EngineCollector:
     def __init__(self, loop: EngineLoop, model_name: str):
         self.loop, self.model = loop, model_name
 
-    def _counter(self, name: str, doc: str, value: float):
+    def _counter(self, name: str, doc: str, value: float) -> CounterMetricFamily:
         c = CounterMetricFamily(name, doc, labels=["model_name"])
         c.add_metric([self.model], value)
         return c
 
-    def _gauge(self, name: str, doc: str, value: float):
+    def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
         g = GaugeMetricFamily(name, doc, labels=["model_name"])
         g.add_metric([self.model], value)
         return g
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         st = self.loop.engine.stats
         yield self._counter("vllm:prompt_tokens", "Prefill tokens processed.", st.prompt_tokens)
         yield self._counter("vllm:generation_tokens", "Generation tokens processed.", st.generation_tokens)

@@ -6,6 +6,8 @@ stats, or one JSON body), /v1/models, /health, /metrics (vLLM's counter names).
 
 from __future__ import annotations
 
+from typing import Any, AsyncIterator, Callable, Literal
+
 import asyncio
 import copy
 import logging
@@ -17,7 +19,9 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from dflash_bench.engine.api import BadRequest, ChatRequest, CompletionRequest, Formatter, chat_prompt, completion_prompt
+from dflash_bench.engine.api import (
+    BadRequest, ChatRequest, CompletionRequest, Formatter, StreamOptions, chat_prompt, completion_prompt,
+)
 from dflash_bench.engine.bookkeeping import Delta, out_of_vocabulary
 from dflash_bench.engine.config import EngineConfig
 from dflash_bench.engine.loop import EngineLoop
@@ -35,7 +39,7 @@ def _error(status: int, message: str) -> JSONResponse:
                         status_code=status)
 
 
-def _sse(obj) -> bytes:
+def _sse(obj: Any) -> bytes:
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
@@ -50,7 +54,7 @@ class Outbox:
         self.pending: list[tuple[asyncio.Queue, object]] = []  # appended and swapped on the engine thread only
         self.aloop: asyncio.AbstractEventLoop | None = None
 
-    def sink(self, queue: asyncio.Queue):
+    def sink(self, queue: asyncio.Queue) -> Callable[[object], None]:
         self.aloop = asyncio.get_running_loop()  # the server's one event loop
         return lambda d: self.pending.append((queue, d))
 
@@ -83,7 +87,7 @@ def build_app(loop: EngineLoop, model_name: str) -> FastAPI:
         return obj
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_req, exc: RequestValidationError):
+    async def _invalid(_req: Request, exc: RequestValidationError) -> JSONResponse:
         e = exc.errors()[0] if exc.errors() else {}
         if e.get("type") == "json_invalid":
             return _error(400, f"the request body is not valid JSON ({e.get('ctx', {}).get('error', 'parse error')})")
@@ -91,31 +95,32 @@ def build_app(loop: EngineLoop, model_name: str) -> FastAPI:
         return _error(400, f"invalid request: {where}: {e.get('msg', 'bad value')}")
 
     @app.exception_handler(BadRequest)
-    async def _bad(_req, exc: BadRequest):
+    async def _bad(_req: Request, exc: BadRequest) -> JSONResponse:
         return _error(400, str(exc))
 
     @app.get("/health")
-    async def health():  # 503 once the engine thread is gone: requests would wait forever
+    async def health() -> Response:  # 503 once the engine thread is gone: requests would wait forever
         return Response(status_code=200 if loop.thread.is_alive() else 503)
 
     @app.get("/v1/models")
-    async def models():
+    async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0,
                                             "owned_by": "dflash-bench", "max_model_len": engine.max_len}]}
 
     @app.get("/metrics")
-    async def metrics():
+    async def metrics() -> Response:
         return Response(render(loop, model_name), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.post("/v1/chat/completions")
-    async def chat(req: ChatRequest, raw: Request):
+    async def chat(req: ChatRequest, raw: Request) -> Response:
         return await _serve("chat", req, chat_prompt(tok, req), raw)
 
     @app.post("/v1/completions")
-    async def completions(req: CompletionRequest, raw: Request):
+    async def completions(req: CompletionRequest, raw: Request) -> Response:
         return await _serve("completions", req, completion_prompt(tok, req), raw)
 
-    async def _serve(kind, req, prompt: list[int], raw: Request):
+    async def _serve(kind: Literal["chat", "completions"], req: ChatRequest | CompletionRequest, prompt: list[int],
+                     raw: Request) -> Response:
         if req.model and req.model != model_name:
             return JSONResponse({"object": "error", "message": f"the model {req.model!r} does not exist; this server has {model_name!r}",
                                  "type": "NotFoundError", "param": None, "code": 404}, status_code=404)
@@ -153,7 +158,7 @@ def build_app(loop: EngineLoop, model_name: str) -> FastAPI:
             return _error(500, f"generation failed: {result}")
         return JSONResponse(_label(fmt.full(result, engine.B)))
 
-    async def _collect(queue) -> list[Delta] | Exception:
+    async def _collect(queue: asyncio.Queue) -> list[Delta] | Exception:
         deltas: list[Delta] = []
         while not deltas or not deltas[-1].finish:
             d = await queue.get()
@@ -166,7 +171,8 @@ def build_app(loop: EngineLoop, model_name: str) -> FastAPI:
         while (await raw.receive())["type"] != "http.disconnect":
             pass
 
-    async def _stream(req_id, queue, fmt: Formatter, opts):
+    async def _stream(req_id: str, queue: asyncio.Queue, fmt: Formatter, opts: StreamOptions | None
+                      ) -> AsyncIterator[bytes]:
         usage_each = bool(opts and opts.include_usage and opts.continuous_usage_stats)
         done = False
         try:

@@ -23,7 +23,7 @@ from torch import nn
 
 from dflash_bench.engine.fast.kernels import check_head_dims, load_kernels, prepared
 from dflash_bench.engine.fast.layout import CacheKind, dense_kind
-from dflash_bench.engine.fast.model import (DecoderTarget, Index, KVCache, StepAttention, Taps, embed_norm,
+from dflash_bench.engine.fast.model import (DecoderTarget, Layer, Index, KVCache, StepAttention, Taps, embed_norm,
                                             fuse_layer, matmul, run_layers, weight_bytes)
 from dflash_bench.engine.fast.shard import Shard
 from dflash_bench.errors import UserError
@@ -108,7 +108,7 @@ class DenseTarget(DecoderTarget):
         prompts = self.attention(self.index.offsets(P, ids.device)[None].expand(k, P), zero, 0, P, slot)
         mm = matmul(self.kernels)
 
-        def attend(i, ly, x):
+        def attend(i: int, ly: Layer, x: torch.Tensor) -> torch.Tensor:
             qkv = mm(x, ly.wqkv, ly.bqkv)
             return torch.cat([rows(i, ly, x[:bs], qkv[:bs]), prompts(i, ly, x[bs:], qkv[bs:])])
 

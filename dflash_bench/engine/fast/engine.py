@@ -11,6 +11,8 @@ when the caller says it is a benchmark.
 from __future__ import annotations
 
 import atexit
+from typing import Any
+
 import torch
 
 from dflash_bench.engine.bookkeeping import Bookkeeping, Delta, Seq, Stats, step_logprobs
@@ -29,8 +31,8 @@ class FastEngine:
 
     greedy_only = True  # the server answers 400 to sampling requests
 
-    def __init__(self, model, tokenizer, drafter, config: EngineConfig, *, eos_ids: list[int], max_slots: int,
-                 consume: bool = False, tp: Shard | None = None, followers: Followers | None = None):
+    def __init__(self, model: Any, tokenizer: Any, drafter: Any, config: EngineConfig, *, eos_ids: list[int],
+                 max_slots: int, consume: bool = False, tp: Shard | None = None, followers: Followers | None = None) -> None:
         """`model`: the loaded Hugging Face target (`target.load_model`; with `consume` its layers are dropped once
         copied); `drafter`: a `DFlashDrafter` or None; `config`: serve's engine (its `step`: how the scheduler and
         runner step; `kernels` False: plain torch ops instead of the step's kernels, to compare); `max_slots`: the
@@ -156,7 +158,7 @@ class FastEngine:
             self.followers.stop()
 
 
-def build_fast_engine(config: EngineConfig, *, tokenizer=None) -> FastEngine:
+def build_fast_engine(config: EngineConfig, *, tokenizer: Any = None) -> FastEngine:
     """Like `build.build_engine`, on the fast path (CUDA graphs on a GPU, eager on the CPU), as `config` says.
     `config.max_slots` None: as many as the memory budget holds (`pool.py`: `memory_utilization` of a GPU (0.9 when
     not given), or `kv_cache_memory_bytes`, a rank's). `tensor_parallel_size` N > 1: N processes, a GPU each (gloo

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -70,7 +70,7 @@ class Kind:
     v: list[torch.Tensor]
 
 
-def check_fast_gemma(cfg) -> None:
+def check_fast_gemma(cfg: Any) -> None:
     """What the fast path's Gemma 4 forward does not run, in one sentence."""
     if getattr(cfg, "hidden_size_per_layer_input", 0):
         raise UserError("the fast path runs Gemma 4 without per-layer embeddings (E2B/E4B have them): serve without --fast")
@@ -147,7 +147,7 @@ class GemmaTarget(DecoderTarget):
             if consume:  # the HF layer's weights go now: a large model is not held twice
                 inner.layers[i] = nn.Module()
 
-    def _kinds(self, rot, slots: int) -> list[Kind]:
+    def _kinds(self, rot: Any, slots: int) -> list[Kind]:
         kinds = []
         for name, lay in zip(GEMMA_KINDS, self.caches):
             shape = (slots, lay.rows, lay.hkv, lay.hd)
@@ -159,7 +159,7 @@ class GemmaTarget(DecoderTarget):
                               [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(lay.layers)]))
         return kinds
 
-    def _fuse(self, layer, cfg, i: int) -> GemmaLayer:
+    def _fuse(self, layer: Any, cfg: Any, i: int) -> GemmaLayer:
         a, m = layer.self_attn, layer.mlp
         kind = 0 if cfg.layer_types[i] == "sliding_attention" else 1
         v = a.v_proj if a.v_proj is not None else a.k_proj  # k_eq_v: the raw key is the value
@@ -195,7 +195,8 @@ class GemmaTarget(DecoderTarget):
         add_norm = kernels.ops.add_rms_norm if kernels else add_rms_norm
         act = self.fused.gelu_mul if self.fused is not None else gelu_mul
 
-        def sandwich(h, a, wa, wn, eps, scalar=1.0):  # (h + norm(a)) * scalar, and its norm: the next input
+        def sandwich(h: torch.Tensor, a: torch.Tensor, wa: torch.Tensor, wn: torch.Tensor, eps: float,
+                     scalar: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:  # (h + norm(a)) * scalar, and its norm: the next input
             if scalar == 1.0:
                 return add_norm(h, nrm(a, wa, eps), wn, eps)
             h = (h + nrm(a, wa, eps)) * scalar
@@ -215,7 +216,8 @@ class GemmaTarget(DecoderTarget):
                       slot: torch.Tensor, last: torch.Tensor, zero: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError("a Gemma 4 step carries no prompts (`rides` is False)")
 
-    def _attention(self, pos, starts, row0: int, L: int, slot, ends):
+    def _attention(self, pos: torch.Tensor, starts: torch.Tensor, row0: int, L: int, slot: torch.Tensor | None,
+                   ends: torch.Tensor) -> Callable[[GemmaLayer, torch.Tensor], torch.Tensor]:
         """`attend(layer, normed h) -> [t, H * hd]` for this step: q/k/v norms, RoPE, the cache write, attention."""
         bs, n = pos.shape
         H, dtype, fused = self.H, self.dtype, self.fused
@@ -287,7 +289,7 @@ def ring_at(pos: torch.Tensor, ends: torch.Tensor, ring: int) -> torch.Tensor:
     return torch.where(keep, pos % ring, ring)
 
 
-def _mask(qpos: torch.Tensor, kpos: torch.Tensor, window: int | None, rep: int, dtype) -> torch.Tensor:
+def _mask(qpos: torch.Tensor, kpos: torch.Tensor, window: int | None, rep: int, dtype: torch.dtype) -> torch.Tensor:
     """Causal (and windowed) additive mask `[bs, 1, rep * n, keys]` of queries at `qpos` `[bs, n]` over keys at
     `kpos` `[bs, keys]` (negative positions: none), stacked for `model.attention`'s grouped query rows."""
     d = qpos[:, :, None] - kpos[:, None, :]

@@ -64,12 +64,16 @@ class Index:
         return t
 
 
-def norm(kernels):
+# attend(i, layer, normed h, qkv=None) -> [t, H * hd]: a layer stack's attention in one step (StepAttention)
+Attend = Callable[..., torch.Tensor]
+
+
+def norm(kernels: Kernels | None) -> Callable[[torch.Tensor, torch.Tensor | None, float], torch.Tensor]:
     """RMSNorm without a residual: torch's, or the Triton kernel (one launch instead of torch's few)."""
     return kernels.ops.rms_norm if kernels else rms_norm
 
 
-def matmul(kernels, lane: int = 0):
+def matmul(kernels: Kernels | None, lane: int = 0) -> Callable[..., torch.Tensor]:
     """`F.linear`, or with kernels the one that takes decode-sized inputs (<= 32 rows) to the skinny kernel
     (`lane` 1 for matmuls that run beside the main stream's: their own split-K workspace)."""
     if not kernels:
@@ -77,7 +81,7 @@ def matmul(kernels, lane: int = 0):
     return kernels.gemm.linear if lane == 0 else functools.partial(kernels.gemm.linear, lane=lane)
 
 
-def embed_norm(kernels, ids: torch.Tensor, embed: torch.Tensor, w: torch.Tensor, eps: float, *, scale: float = 1.0,
+def embed_norm(kernels: Kernels | None, ids: torch.Tensor, embed: torch.Tensor, w: torch.Tensor, eps: float, *, scale: float = 1.0,
                n: int | None = None, fill: int | None = None, tp: Shard | None = None
                ) -> tuple[torch.Tensor, torch.Tensor]:
     """A step's input rows h `[bs * n, hidden]` = `embed[tokens] * scale` and the first layer's norm of them.
@@ -108,7 +112,8 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tenso
     return F.rms_norm(x, (x.shape[-1],), w, eps)
 
 
-def qk_rope(qkv: torch.Tensor, ly: "Layer", H: int, hkv: int, hd: int, cos, sin, eps: float):
+def qk_rope(qkv: torch.Tensor, ly: Layer, H: int, hkv: int, hd: int, cos: torch.Tensor, sin: torch.Tensor, eps: float
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Split fused projections `[t, (H + 2 hkv) hd]`; q/k norm (Qwen3) and RoPE on q and k together."""
     t = qkv.shape[0]
     qk = qkv[:, : (H + hkv) * hd].view(t, H + hkv, hd)
@@ -128,7 +133,7 @@ def silu_mul(gu: torch.Tensor) -> torch.Tensor:
     return F.silu(g) * u
 
 
-def step_mask(starts: torch.Tensor, q_len: int, L: int, rep: int, dtype, *, causal: bool,
+def step_mask(starts: torch.Tensor, q_len: int, L: int, rep: int, dtype: torch.dtype, *, causal: bool,
               window: int | None = None) -> torch.Tensor:
     """`cache.row_mask` as an additive mask `[bs, 1, rep * q_len, L]` for grouped queries (row r is query
     r % q_len of its group: see `attention`)."""
@@ -173,8 +178,8 @@ class Taps:
         return [self.got[t] for t in self.taps]
 
 
-def run_layers(layers: list["Layer"], h: torch.Tensor, x: torch.Tensor, attend, final_norm: torch.Tensor, eps: float,
-               kernels, taps: Taps | None = None, tp: Shard | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def run_layers(layers: list[Layer], h: torch.Tensor, x: torch.Tensor, attend: Attend, final_norm: torch.Tensor, eps: float,
+               kernels: Kernels | None, taps: Taps | None = None, tp: Shard | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Pre-norm decoder layers over h `[t, hidden]` with x = norm(h) of the first layer.
 
     Each residual add is fused with the norm that follows it (the next layer's, or `final_norm` after the
@@ -209,7 +214,8 @@ class Layer:
 class KVCache:
     """Per-layer K/V `[slots, max_len, kv_heads, hd]`; batch row i of a step at `row0` is slot `row0 + i`."""
 
-    def __init__(self, layers: int, slots: int, max_len: int, kv_heads: int, hd: int, dtype, device, index: Index):
+    def __init__(self, layers: int, slots: int, max_len: int, kv_heads: int, hd: int, dtype: torch.dtype,
+                 device: torch.device | str, index: Index) -> None:
         shape = (slots, max_len, kv_heads, hd)
         self.index = index
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
@@ -246,15 +252,16 @@ class StepAttention:
     torch ops and SDPA with this step's masks.
     """
 
-    def __init__(self, cache: KVCache, kernels, *, heads: int, kv_heads: int, head_dim: int, eps: float,
-                 scale: float, kinds: list[tuple[bool, int | None]], inv_freq: torch.Tensor, rope_scale: float):
+    def __init__(self, cache: KVCache, kernels: Kernels | None, *, heads: int, kv_heads: int, head_dim: int, eps: float,
+                 scale: float, kinds: list[tuple[bool, int | None]], inv_freq: torch.Tensor, rope_scale: float) -> None:
         self.cache, self.kernels, self.kinds = cache, kernels, kinds
         self.H, self.hkv, self.hd, self.eps, self.scale = heads, kv_heads, head_dim, eps, scale
         self.inv_freq, self.rope_scale = inv_freq, rope_scale
         if kernels:
             self.cos, self.sin = kernel_tables(torch.arange(cache.max_len, device=inv_freq.device), inv_freq, rope_scale)
 
-    def __call__(self, pos: torch.Tensor, starts: torch.Tensor, row0: int, L: int, slot: torch.Tensor | None = None):
+    def __call__(self, pos: torch.Tensor, starts: torch.Tensor, row0: int, L: int, slot: torch.Tensor | None = None
+                 ) -> Attend:
         """`slot` `[bs]`: each row's slot as a device tensor instead of `row0` (a prefill's)."""
         bs, n = pos.shape
         H, hkv, hd, eps, cache = self.H, self.hkv, self.hd, self.eps, self.cache
@@ -267,7 +274,7 @@ class StepAttention:
             ops, attn, gemm = self.kernels.ops, self.kernels.attn, self.kernels.gemm
             flat_rows, flat_pos = rows.reshape(-1), pos.reshape(-1)
 
-            def kernel_attend(i, ly, x, qkv=None):
+            def kernel_attend(i: int, ly: Layer, x: torch.Tensor, qkv: torch.Tensor | None = None) -> torch.Tensor:
                 kc, vc = cache.k[i], cache.v[i]
                 qkv = gemm.linear(x, ly.wqkv, ly.bqkv) if qkv is None else qkv
                 q = ops.qk_rope_store(qkv, H, hkv, hd, self.cos, self.sin, flat_rows, flat_pos, kc, vc, ly.wqk,
@@ -280,7 +287,7 @@ class StepAttention:
 
         cos, sin = cos_sin(pos.reshape(-1), self.inv_freq, dtype, self.rope_scale)
 
-        def attend(i, ly, x, qkv=None):
+        def attend(i: int, ly: Layer, x: torch.Tensor, qkv: torch.Tensor | None = None) -> torch.Tensor:
             qkv = F.linear(x, ly.wqkv, ly.bqkv) if qkv is None else qkv
             q, k, v = qk_rope(qkv, ly, H, hkv, hd, cos, sin, eps)
             cache.write(i, rows, pos, k.view(bs, n, hkv, hd), v.view(bs, n, hkv, hd))

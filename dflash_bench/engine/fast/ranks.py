@@ -193,7 +193,7 @@ class Followers:
         threading.Thread(target=self._watch, daemon=True, name="dflash-bench-ranks").start()
         return self
 
-    def send(self, name: str, *args, **kw) -> None:
+    def send(self, name: str, *args: Any, **kw: Any) -> None:
         """Every other rank runs `runner.<name>(*args, **kw)` next."""
         for c in self.conns:
             c.send((name, args, kw))

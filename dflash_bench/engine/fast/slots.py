@@ -10,7 +10,7 @@ stream order; the host's facts about the slots are the scheduler's.
 from __future__ import annotations
 
 import contextlib
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -59,11 +59,11 @@ class GraphCache:
     def __len__(self) -> int:
         return len(self.graphs)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[tuple]:
         return iter(self.graphs)
 
     def run(self, key: tuple, body: Callable[[], None]) -> None:
-        def fn():
+        def fn() -> None:
             with contextlib.ExitStack() as keep:  # the step's index tensors are made once, outside capture, and kept
                 for index in self.indexes:
                     keep.enter_context(index.keeping())

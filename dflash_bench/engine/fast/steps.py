@@ -86,8 +86,8 @@ class StepBodies:
         side = self.side
         main, keep = torch.cuda.current_stream() if side else None, []
 
-        def context(feats, pos):
-            if side is None:
+        def context(feats: list[torch.Tensor], pos: torch.Tensor) -> None:
+            if side is None or main is None:
                 d.write_context(feats, pos, 0)
                 return
             keep.append((feats, pos))  # alive until the join: main's allocator must not reuse it meanwhile
