@@ -24,7 +24,7 @@ from dflash_bench.engine.config import StepConfig
 from dflash_bench.engine.fast.width import CPU_DECAY, CPU_WIDTHS, DECAY, WIDTHS, WidthChooser
 
 PREFILL_BUCKET = 64  # prompts are padded to a multiple of this: one prefill graph per multiple
-# Prefilling k prompts (benchmarks/prefill_speed.py, H100, Qwen3-8B shape), ms per prompt at k = 1, 2, 4, 8, 32,
+# Prefilling k prompts (benchmarks/speed/prefill_speed.py, H100, Qwen3-8B shape), ms per prompt at k = 1, 2, 4, 8, 32,
 # one eager forward for k > 1: 128 tokens 7.7, 11.8, 6.8, 3.4, 3.3; 320 tokens 11.8, 13.7, 8.7, 8.7, 8.3 (one graph
 # each: 7.7 and 11.5 at any k). Past ~1-2k tokens a forward is compute-bound: a larger group only delays its first
 # tokens. Under 4 prompts the eager forward's launches (~20 ms of host time) cost more than the graphs.
