@@ -127,8 +127,11 @@ sweep() { # sweep NAME ENGINE TARGET [extra sweep args...]: one sweep folder in 
   return $rc
 }
 
-save() { # every sweep folder of this machine into $OUT/sweeps (each call's $OUT starts empty)
-  [ -d "$work/sweeps" ] && cp -r "$work/sweeps/." "$OUT/sweeps/" 2>/dev/null
+save() { # every sweep folder of this machine into $OUT/sweeps, and as one $OUT/sweeps.tar.gz: the device tool
+  # brings back files at most two folders down, and a sweep folder's cells are deeper (each call's $OUT starts empty)
+  [ -d "$work/sweeps" ] || return 0
+  cp -r "$work/sweeps/." "$OUT/sweeps/" 2>/dev/null
+  tar -czf "$OUT/sweeps.tar.gz" -C "$work" sweeps 2>/dev/null
   return 0
 }
 
