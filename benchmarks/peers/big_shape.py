@@ -92,7 +92,9 @@ def write_shape(pair: str, out: Path, data_dir: Path | None = None, naming: str 
     target_cfg, drafter_cfg = shape
     if naming == "sglang":
         target_cfg = sglang_naming(target_cfg)
-    target, drafter = out / (pair if naming == "hf" else f"{pair}-{naming}"), out / f"{pair}-DFlash"
+    # SGLang's copy in a folder of its own under the same name: a local folder's pair is named after its folder,
+    # so every engine's sweep names (and is set against the card of) the same model
+    target, drafter = (out / pair if naming == "hf" else out / naming / pair), out / f"{pair}-DFlash"
     target.mkdir(parents=True, exist_ok=True)
     drafter.mkdir(parents=True, exist_ok=True)
     tok = make_tokenizer(data_dir)
@@ -115,7 +117,7 @@ def main() -> None:
     ap.add_argument("--pair", default="gemma-4-31B-it")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--naming", choices=["hf", "sglang"], default="hf",
-                    help="sglang: the target config in SGLang 0.5.16's Gemma 4 naming, in WORK/<pair>-sglang")
+                    help="sglang: the target config in SGLang 0.5.16's Gemma 4 naming, in WORK/sglang/<pair>")
     ap.add_argument("--data-dir", type=Path, help="the offline suites: train the tokenizer on their text "
                                                  "(default: one token per byte)")
     args = ap.parse_args()

@@ -61,7 +61,7 @@ echo "mission.sh: steps ${steps[*]} on --gpu $gpu --tp $tp, until $(date -u -d "
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /'
 
 shape() { # shape hf|sglang: the gemma-4-31B-it folders in $work, written once (configs and a trained tokenizer)
-  local target=$work/gemma-4-31B-it; [ "$1" = sglang ] && target=$work/gemma-4-31B-it-sglang
+  local target=$work/gemma-4-31B-it; [ "$1" = sglang ] && target=$work/sglang/gemma-4-31B-it
   [ -f "$target/config.json" ] && [ -f "$work/gemma-4-31B-it-DFlash/config.json" ] && return 0
   python3 -m benchmarks.peers.big_shape --pair gemma-4-31B-it --out "$work" --data-dir "$data" --naming "$1" > /dev/null
 }
@@ -152,7 +152,7 @@ step() { # the body of one step, in a subshell
         --engine-arg=--attention-backend=triton_attn --engine-arg=--max-num-batched-tokens=8192 --engine-arg=--seed=0 ;;
     sglang)
       bundle .sglang-bundle || return 0
-      shape sglang && sweep sglang sglang "$work/gemma-4-31B-it-sglang" --engine-arg=--load-format=dummy \
+      shape sglang && sweep sglang sglang "$work/sglang/gemma-4-31B-it" --engine-arg=--load-format=dummy \
         --engine-arg=--attention-backend=triton --engine-arg=--sampling-backend=pytorch --engine-arg=--random-seed=0 ;;
     emulator)
       harness_env && shape hf && sweep emulator emulator "$work/gemma-4-31B-it" ;;

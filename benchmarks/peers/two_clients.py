@@ -100,7 +100,7 @@ def shape_paths(args) -> tuple[Path, Path, str]:
     """(target, drafter, served name) of the shape in --work."""
     work = Path(args.work)
     if args.shape == GEMMA:  # SGLang 0.5.16 reads Gemma 4 in its own naming (big_shape.py --naming sglang)
-        target = work / (GEMMA if args.engine != "sglang" else f"{GEMMA}-sglang")
+        target = work / GEMMA if args.engine != "sglang" else work / "sglang" / GEMMA
         return target, work / f"{GEMMA}-DFlash", GEMMA
     return work / args.shape / "target", work / args.shape / "drafter", f"random-{args.shape}"
 
