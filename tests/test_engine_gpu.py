@@ -60,9 +60,10 @@ def test_graphed_step_ahead_fast_path_equals_the_reference(pair, mode, prefill, 
             monkeypatch.setattr(mod, "GRAPHED_ROWS", (2, 3, 6))
     target, drafter = pair
     draft = str(drafter) if mode == "dflash" else None
-    kw = dict(mode=mode, max_slots=SLOTS, max_model_len=MAX_LEN, dtype="float32", device="cuda")
-    ref = build_engine(str(target), draft, **kw)
-    fast = build_fast_engine(EngineConfig.from_options(str(target), draft, step_ahead=True, prefill="first", **kw, fast=True))
+    kw = dict(mode=mode, max_slots=SLOTS, dtype="float32", device="cuda")
+    ref = build_engine(str(target), draft, max_len=MAX_LEN, **kw)
+    fast = build_fast_engine(EngineConfig.from_options(str(target), draft, max_model_len=MAX_LEN, step_ahead=True, prefill="first",
+                                                       **kw, fast=True))
     r = fast.core.runner
     assert r.graphs_on and r.graphs and r.t.kernels is not None  # captured at build, Triton kernels on
 
@@ -102,9 +103,10 @@ def test_prompts_that_ride_in_graphed_steps_get_what_they_get_alone(pair):
     from dflash_bench.engine.sampling import SamplingParams
 
     target, _ = pair
-    kw = dict(mode="ar", max_slots=SLOTS, max_model_len=MAX_LEN, dtype="float32", device="cuda")
-    ref = build_engine(str(target), **kw)
-    fast = build_fast_engine(EngineConfig.from_options(str(target), step_ahead=True, prefill="mixed", **kw, fast=True))
+    kw = dict(mode="ar", max_slots=SLOTS, dtype="float32", device="cuda")
+    ref = build_engine(str(target), max_len=MAX_LEN, **kw)
+    fast = build_fast_engine(EngineConfig.from_options(str(target), max_model_len=MAX_LEN, step_ahead=True, prefill="mixed", **kw,
+                                                       fast=True))
     assert any(key[0] == "mixed" for key in fast.core.runner.graphs)  # captured at build
     ps = _prompts(ref.tok, 6)
     sp = SamplingParams(max_tokens=N, ignore_eos=True)
@@ -154,9 +156,10 @@ def test_gemma4_fast_path_equals_the_reference(gemma_pair, mode, kernels):
 
     target, drafter = gemma_pair
     draft = str(drafter) if mode == "dflash" else None
-    kw = dict(mode=mode, max_slots=SLOTS, max_model_len=MAX_LEN, dtype="float32", device="cuda")
-    ref = build_engine(str(target), draft, **kw)
-    fast = build_fast_engine(EngineConfig.from_options(str(target), draft, step_ahead=True, kernels=kernels, prefill="first", **kw, fast=True))
+    kw = dict(mode=mode, max_slots=SLOTS, dtype="float32", device="cuda")
+    ref = build_engine(str(target), draft, max_len=MAX_LEN, **kw)
+    fast = build_fast_engine(EngineConfig.from_options(str(target), draft, max_model_len=MAX_LEN, step_ahead=True, kernels=kernels,
+                                                       prefill="first", **kw, fast=True))
     t = fast.core.runner.t
     assert fast.core.runner.graphs_on and fast.core.runner.graphs
     assert (t.fused is not None) == kernels and t.kinds[0].ring  # the sliding layers keep a ring
