@@ -79,3 +79,24 @@ def test_the_report_and_the_docs_table_show_the_same_cards_table_over_emulator_f
     assert len(table.rows) == 2 and [r[3] for r in table.rows] == ["1", "8"]
     for row in table.rows:  # the docs' row is the report's row, cell for cell
         assert "<td>" + "</td><td>".join(row[:3]) + "</td>" in html.replace('<td class="n">', "<td>")
+
+
+def test_a_lost_sweep_folders_printed_cells_are_read_back_with_what_they_lack_said():
+    from benchmarks.peers.big_sweep import console_runs
+
+    log = """mission.sh: steps builtin-tau on --gpu h100 --tp 2, until 01:00:00 UTC (430 s)
+gpu: NVIDIA H100 80GB HBM3, 81559 MiB, 580.159.04
+gpu: NVIDIA H100 80GB HBM3, 81559 MiB, 580.159.04
++ python3 -m dflash_bench sweep --model /tmp/m/gemma-4-31B-it --drafter /tmp/m/gemma-4-31B-it-DFlash --engine builtin --runner process --gpu h100 -c 1 --out /tmp/m/s --engine-arg=--fast --engine-arg=--load-format=dummy --engine-arg=--synthetic-acceptance=6.5 --engine-arg=--benchmark-only --tensor-parallel-size 2
+builtin-ar-gsm8k-c1: 1,074.9 tok/s  ok
+builtin-dflash-gsm8k-c1: 376.1 tok/s  τ 6.18  ok
+builtin-dflash-gsm8k-c8: 9.0 tok/s  failed
+sweep folder: /tmp/m/s/builtin-tau-h100-tp2/20261128-015656-gemma-4-31B-it-builtin
+"""
+    (run,) = console_runs(log)
+    assert run.sweep_id == "20261128-015656-gemma-4-31B-it-builtin" and run.source == "console"
+    assert run.device == "2x NVIDIA H100 80GB HBM3" and run.gpus_per_server == 2 and run.weights == "random"
+    assert run.command.startswith("dflash-bench sweep --model WORK/gemma-4-31B-it ")
+    ar, dflash = run.rows  # the failed cell is not read as a measurement
+    assert (ar.tok_s, ar.synthetic_tau, dflash.tau, dflash.synthetic_tau) == (1074.9, None, 6.18, 6.5)
+    assert dflash.ttft_ms_p50 is None and dflash.tok_s_per_gpu == 188.05

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -58,6 +59,7 @@ class Run(BaseModel):
     versions: dict[str, str] = Field(default_factory=dict)
     context_len: int | None = None
     weights: str = "real"  # report/card.weights_of: random (--load-format dummy), emulated (the emulator), real
+    source: str = "folder"  # "console": read from the sweep's printed lines (mission.log), its folder lost
     rows: list[Row] = Field(default_factory=list)
 
 
@@ -111,11 +113,51 @@ def run_of(folder: Path) -> Run:
     return run
 
 
+CELL_LINE = re.compile(r"^(?P<engine>[a-z]+)-(?P<mode>ar|dflash)-(?P<suite>[a-z0-9-]+)-c(?P<c>\d+): "
+                       r"(?P<tok>[\d,.]+) tok/s(?:  τ (?P<tau>[\d.]+))?  ok$")
+
+
+def console_runs(text: str) -> list[Run]:
+    """The sweeps a mission.sh console (mission.log) printed, where their folders did not come back: each `+ ...
+    dflash_bench sweep` line and the cells it printed as they ended (tok/s and tau only: TTFT, TPOT and memory are
+    in the lost folder), its sweep id from the `sweep folder:` line."""
+    gpus = sum(1 for ln in text.splitlines() if ln.startswith("gpu: ")) // max(1, text.count("mission.sh: steps"))
+    names = [ln[5:].split(",")[0] for ln in text.splitlines() if ln.startswith("gpu: ")]
+    device = f"{gpus}x {names[0]}" if names else "no GPU"
+    runs: list[Run] = []
+    synthetic_of: list[float | None] = []  # each run's --synthetic-acceptance (its DFlash cells')
+    for line in text.splitlines():
+        if line.startswith("+ ") and " dflash_bench sweep " in line:
+            argv = line[2:].split()
+            work = str(Path(argv[argv.index("--model") + 1]).parent)
+            tp = int(argv[argv.index("--tensor-parallel-size") + 1]) if "--tensor-parallel-size" in argv else 1
+            engine_args = [a.split("=", 1)[1] for a in argv if a.startswith("--engine-arg=")]
+            synthetic = next((float(a.split("=")[1]) for a in engine_args if a.startswith("--synthetic-acceptance=")), None)
+            command = " ".join(["dflash-bench"] + [shown(a, work) for a in argv[3:]])
+            runs.append(Run(sweep_id="", device=device, gpus_per_server=tp, command=command, source="console",
+                            weights=weights_of(engine_args, argv[argv.index("--engine") + 1])))
+            synthetic_of.append(synthetic)
+        elif runs and (m := CELL_LINE.match(line)):
+            tok = float(m["tok"].replace(",", ""))
+            gpus_used = runs[-1].gpus_per_server
+            synthetic = synthetic_of[-1]
+            runs[-1].rows.append(Row(
+                engine=m["engine"], mode=m["mode"], suite=m["suite"], concurrency=int(m["c"]), gpus=gpus_used,
+                status="complete", tok_s=tok, tok_s_per_gpu=tok / gpus_used, ttft_ms_p50=None, tpot_ms_p50=None,
+                peak_mem_mib=None, prefix_cache_hit_rate=None, tau=float(m["tau"]) if m["tau"] else None,
+                synthetic_tau=synthetic if m["mode"] == "dflash" else None))
+        elif runs and line.startswith("sweep folder: ") and not runs[-1].sweep_id:
+            runs[-1].sweep_id = Path(line.split(": ", 1)[1].strip()).name
+    return [r for r in runs if r.rows]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("folders", nargs="*", type=Path, help="sweep folders")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--tokenizer", help="what the shape's tokenizer is (big_shape.py's `tokenizer`)")
+    ap.add_argument("--console", type=Path, action="append", default=[],
+                    help="a mission.sh console (mission.log) whose sweep folders did not come back: its printed cells")
     ap.add_argument("--refused", nargs=2, action="append", metavar=("COMMAND", "SENTENCE"), default=[],
                     help="a plan the harness refused before launch, and its sentence")
     args = ap.parse_args()
@@ -127,6 +169,9 @@ def main() -> None:
             sys.exit(f"{folder} is not a sweep folder (no manifest.json)")
         run = run_of(folder)
         res.runs = [r for r in res.runs if r.sweep_id != run.sweep_id] + [run]
+    for log in args.console:
+        for run in console_runs(log.read_text()):
+            res.runs = [r for r in res.runs if r.sweep_id != run.sweep_id] + [run]
     for command, sentence in args.refused:
         res.refused = [r for r in res.refused if r["command"] != command] + [{"command": command, "sentence": sentence}]
     args.out.write_text(res.model_dump_json(indent=1) + "\n")

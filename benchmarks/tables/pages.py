@@ -92,6 +92,8 @@ TABLES: list[Entry] = [
           gpu.pair_retrained),
     Entry("gemma4_31b_h100", "docs/results/gemma-4-31b.md", ("gemma4_31b_h100.json",), None, gpu.big_shape,
           machine="one NVIDIA H100 80GB HBM3 (nvidia-h100-x1) and two on one host (nvidia-h100-x2), each a fresh machine"),
+    Entry("gemma4_31b_mission", "docs/results/gemma-4-31b.md", ("gemma4_31b_mission.json",), None, gpu.mission_card,
+          machine="two NVIDIA H100 80GB HBM3 on one host (nvidia-h100-x2), two calls"),
     Entry("two_clients_gemma_vllm", "docs/results/gemma-4-31b.md", ("two_clients_gemma_vllm_h100.json",), None,
           gpu.two_clients),
     Entry("gemma4_31b_fast", "docs/results/gemma-4-31b.md", ("gemma4_31b_fast_h100.json",),
@@ -129,7 +131,6 @@ AWAITING: list[Entry] = [
     Entry("two_clients_h100", "docs/results/engines-one-gpu.md", ("two_clients_h100.json",), None, gpu.two_clients),
     Entry("two_clients_h100_tp2", "docs/results/gemma-4-31b.md", ("two_clients_h100_tp2.json",), None,
           gpu.two_clients),
-    Entry("gemma4_31b_mission", "docs/results/gemma-4-31b.md", ("gemma4_31b_mission.json",), None, gpu.mission_card),
 ]
 
 

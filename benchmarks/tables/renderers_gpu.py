@@ -89,8 +89,10 @@ def mission_card(results: list[Any]) -> Table:
     data = results[0]
     lines, notes = [], []
     for n, run in enumerate(data["runs"], 1):
-        notes.append(f"Run {n} ({run['device']}, {run['gpus_per_server']} GPU(s) per server, weights "
-                     f"{run.get('weights', 'real')}): `{run['command']}`.")
+        whence = (", read from the sweep's console lines in mission.log: its folder did not come back, so no TTFT "
+                  "or TPOT" if run.get("source") == "console" else "")
+        notes.append(f"Run {n}, sweep {run['sweep_id']} ({run['device']}, {run['gpus_per_server']} GPU(s) per server, "
+                     f"weights {run.get('weights', 'real')}{whence}): `{run['command']}`.")
         failed: dict[tuple[str, str], str] = {}
         for r in run["rows"]:
             if r["tok_s"] is None:
