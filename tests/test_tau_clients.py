@@ -9,7 +9,6 @@ the drafts that accepted that far."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import httpx
 import pytest
@@ -20,13 +19,9 @@ from dflash_bench.client import measure_cell  # noqa: E402
 from benchmarks.fixtures.emulator_truth import P  # noqa: E402
 from test_engine_server import cli_server  # noqa: E402
 
-pytestmark = pytest.mark.engine
+from test_tau_width import PAIR, TEXTS  # noqa: E402  (the embedded pair and the questions both files ask)
 
-PAIR = Path(__file__).resolve().parents[1] / "dflash_bench" / "assets" / "default_pair"
-TEXTS = ["Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May.",
-         "Write a function that returns the sum of the squares of a list of numbers.",
-         "What is the capital of France? Answer in one sentence.",
-         "Janet's ducks lay 16 eggs per day. She eats three for breakfast every morning."]
+pytestmark = pytest.mark.engine
 
 
 def vllm_spec_counters(text: str) -> dict:
