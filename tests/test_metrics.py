@@ -177,7 +177,7 @@ def test_not_measured_says_why_chunk_figures_are_missing_or_derived():
     def rec(i: int, times: list[float], tokens: list[int], source=None) -> RequestRecord:
         return RequestRecord(request_id=f"r{i}", prompt_id="p", t_send=0.0, t_first_token=times[0], t_end=times[-1],
                              output_tokens=tokens[-1] if tokens else 4, chunk_times=times, chunk_tokens=tokens,
-                             chunk_tokens_from=source)
+                             chunk_tokens_from=source, connect_ms=0.2)  # a timed handshake: no connect_ms reason
 
     one_chunk = [rec(1, [0.1], [4], "usage")]
     assert "one content chunk" in not_measured(one_chunk)["itl_ms"]

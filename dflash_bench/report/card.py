@@ -135,12 +135,25 @@ def _n(v: float | None, digits: int = 1) -> str:
     return "-" if v is None else f"{v:,.{digits}f}"
 
 
-def _per(v: float | None, gpus: int | None, device: str) -> str:
-    return "-" if v is None or not gpus or device == "no GPU" else f"{v / gpus:,.1f}"
+def _per(v: float | None, gpus: int | None, device: str, gpu_view: bool) -> str:
+    """Per GPU where the table is per GPU ("-" for a row whose GPUs are not listed); per server, the tok/s itself,
+    where no row ran on listed GPUs (a CPU run)."""
+    if v is None:
+        return "-"
+    if not gpu_view:
+        return f"{v:,.1f}"
+    return f"{v / gpus:,.1f}" if gpus and device != "no GPU" else "-"
+
+
+def per_gpu(rows: list[CardRow]) -> bool:
+    """Whether any row ran on GPUs the manifest lists: else (a CPU run) throughput is per server, not per GPU."""
+    return any(r.gpus and r.device != "no GPU" for r in rows)
 
 
 def card_table(rows: list[CardRow]) -> tuple[list[str], list[list[str]]]:
     """The table as text cells, the same for the HTML report and the docs."""
+    gpu_view = per_gpu(rows)
+    header = HEADER if gpu_view else [h.replace(" per GPU", " per server") for h in HEADER]
     body = []
     for r in rows:
         a, d = r.ar or CellLine(engine=r.engine, mode="ar", suite=r.suite, concurrency=r.concurrency, device=r.device), \
@@ -148,13 +161,13 @@ def card_table(rows: list[CardRow]) -> tuple[list[str], list[list[str]]]:
         machine = f"{r.device} ({r.gpus})" if r.gpus and r.device != "no GPU" else r.device
         body.append([
             r.engine, machine, r.suite, str(r.concurrency), _n(a.tok_s), _n(d.tok_s),
-            "-" if r.speedup is None else f"{r.speedup:.2f}x", _per(a.tok_s, r.gpus, r.device),
-            _per(d.tok_s, r.gpus, r.device), f"{_n(a.ttft_ms_p50)} / {_n(d.ttft_ms_p50)}",
+            "-" if r.speedup is None else f"{r.speedup:.2f}x", _per(a.tok_s, r.gpus, r.device, gpu_view),
+            _per(d.tok_s, r.gpus, r.device, gpu_view), f"{_n(a.ttft_ms_p50)} / {_n(d.ttft_ms_p50)}",
             f"{_n(a.tpot_ms_p50, 2)} / {_n(d.tpot_ms_p50, 2)}", _n(d.tau, 2), _n(r.reference_tau, 2),
             f"{_n(r.card_ar, 0)} / {_n(r.card_dflash, 0)}",
             "-" if r.card_speedup is None else f"{r.card_speedup:.1f}x", _n(r.card_tau, 2), "; ".join(r.labels) or "-",
         ])
-    return HEADER, body
+    return header, body
 
 
 def device_of(hardware: dict[str, Any]) -> str:

@@ -94,7 +94,7 @@ def _card(views: list[tables.SweepView]) -> dict[str, Any]:
     table = published_for(pair) if pair else None
     return {"header": header, "rows": body, "pair": pair, "url": table.card if table else None,
             "settings": table.settings.model_dump() if table else None,
-            "labelled": sum(1 for r in rows if r.labels)}
+            "labelled": sum(1 for r in rows if r.labels), "per_gpu": card.per_gpu(rows)}
 
 
 def _reference(sweep_dirs: list[Path]) -> dict[str, Any]:
