@@ -14,6 +14,7 @@ import pytest
 
 from benchmarks.fixtures.hostile import HUGE, add_telemetry, cli
 from dflash_bench.launch import free_port
+from test_folder_bytes import _can_mount_tmpfs  # one probe for both full-disk tests
 
 EMU = ["--engine-arg=--ttft-ms=2", "--engine-arg=--itl-ms=1", "--engine-arg=--acceptance-length=4"]
 AR, DF = "emulator-ar-gsm8k-c1", "emulator-dflash-gsm8k-c1"
@@ -177,13 +178,6 @@ def test_run_name_cannot_leave_out(tmp_path, name):
     outcome = cli("run", "--url", "http://127.0.0.1:9", "--suite", "gsm8k", "--out", str(out), "--name", name)
     one_sentence(outcome, "--name", "under --out")
     assert list(tmp_path.iterdir()) == []
-
-
-def _can_mount_tmpfs() -> bool:
-    if not shutil.which("unshare"):
-        return False
-    probe = subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=16k tmpfs /mnt"], capture_output=True)
-    return probe.returncode == 0
 
 
 @pytest.mark.skipif(not _can_mount_tmpfs(), reason="needs unprivileged user namespaces (unshare -rm) to mount a small tmpfs")

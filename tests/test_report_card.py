@@ -87,11 +87,11 @@ def test_a_lost_sweep_folders_printed_cells_are_read_back_with_what_they_lack_sa
     log = """mission.sh: steps builtin-tau on --gpu h100 --tp 2, until 01:00:00 UTC (430 s)
 gpu: NVIDIA H100 80GB HBM3, 81559 MiB, 580.159.04
 gpu: NVIDIA H100 80GB HBM3, 81559 MiB, 580.159.04
-+ python3 -m dflash_bench sweep --model /tmp/m/gemma-4-31B-it --drafter /tmp/m/gemma-4-31B-it-DFlash --engine builtin --runner process --gpu h100 -c 1 --out /tmp/m/s --engine-arg=--fast --engine-arg=--load-format=dummy --engine-arg=--synthetic-acceptance=6.5 --engine-arg=--benchmark-only --tensor-parallel-size 2
++ python3 -m dflash_bench sweep --model /srv/mission/gemma-4-31B-it --drafter /srv/mission/gemma-4-31B-it-DFlash --engine builtin --runner process --gpu h100 -c 1 --out /srv/mission/s --engine-arg=--fast --engine-arg=--load-format=dummy --engine-arg=--synthetic-acceptance=6.5 --engine-arg=--benchmark-only --tensor-parallel-size 2
 builtin-ar-gsm8k-c1: 1,074.9 tok/s  ok
 builtin-dflash-gsm8k-c1: 376.1 tok/s  τ 6.18  ok
 builtin-dflash-gsm8k-c8: 9.0 tok/s  failed
-sweep folder: /tmp/m/s/builtin-tau-h100-tp2/20261128-015656-gemma-4-31B-it-builtin
+sweep folder: /srv/mission/s/builtin-tau-h100-tp2/20261128-015656-gemma-4-31B-it-builtin
 """
     (run,) = console_runs(log)
     assert run.sweep_id == "20261128-015656-gemma-4-31B-it-builtin" and run.source == "console"

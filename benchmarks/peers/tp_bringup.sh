@@ -11,14 +11,15 @@ data=${1:?usage: tp_bringup.sh DATA_DIR OUT_DIR}
 out=${2:?usage: tp_bringup.sh DATA_DIR OUT_DIR}
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 mkdir -p "$out"
+work=${TMPDIR:-/tmp}/tp_smoke  # the smoke's shape and server logs, on the host
 nvidia-smi --query-gpu=index,name,memory.total,memory.used --format=csv > "$out/gpus_before.csv" 2>&1
 timeout 330 python -m pytest -q -m gpu -p no:cacheprovider tests/test_engine_tp_gpu.py > "$out/tp_gpu_test.txt" 2>&1
 test_rc=$?
 tail -5 "$out/tp_gpu_test.txt"
 timeout 250 python -m benchmarks.peers.two_clients --engine builtin --shape gemma-4-31B-it --tensor-parallel-size 2 \
     --modes dflash --synthetic-tau 6.5 --concurrency 8 --new-tokens 32 --requests-per-slot 1 --time-limit 240 \
-    --best-effort --data-dir "$data" --work /tmp/tp_smoke --out "$out/tp_smoke.json"
+    --best-effort --data-dir "$data" --work "$work" --out "$out/tp_smoke.json"
 smoke_rc=$?
-cp /tmp/tp_smoke/logs/*.log "$out/" 2>/dev/null
+cp "$work"/logs/*.log "$out/" 2>/dev/null
 echo "gpu test exit $test_rc; smoke exit $smoke_rc"
 exit $(( test_rc != 0 || smoke_rc != 0 ))
