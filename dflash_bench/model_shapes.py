@@ -9,6 +9,18 @@ real shape, never a 62 GB file).
 gemma-4-31B-it: the model's published config (transformers' `Gemma4TextConfig` keys, text part only);
 its DFlash drafter: the z-lab/gemma-4-31B-it-DFlash row of the reference table (5 layers, 4 sliding + 1
 full, 6 target features at [1, 12, 23, 35, 46, 57], mask token 4, block 16, softcapping 30).
+
+gemma-4-26B-A4B-it: the same family with a mixture of experts beside each layer's dense MLP (transformers'
+`enable_moe_block`: 128 experts of width 704, 8 a token, and a dense MLP of width 2112), 30 layers of width 2816,
+2 KV heads of 512 on its full layers; its drafter z-lab/gemma-4-26B-A4B-it-DFlash: 5 layers (4 sliding + 1 full)
+of width 2816, 6 target features at [1, 6, 11, 17, 22, 27], as its config.json reads (quoted whole in a
+third-party port's tests).
+
+Qwen3-8B and its z-lab/Qwen3-8B-DFlash-b16 drafter: the reference table's rows. QWEN3_8B_EAGLE3 is an EAGLE-3
+head of the shape EAGLE-3 publishes for its 8B targets (yuhuili/EAGLE3-LLaMA3.1-Instruct-8B: one Llama decoder
+layer at the target's width and MLP width, a 32,000-token draft vocabulary, three target features), here at
+Qwen3-8B's widths, loaded by vLLM's `LlamaForCausalLMEagle3`; the DFlash blog's EAGLE-3 baseline for Qwen3-8B
+is RedHatAI/Qwen3-8B-speculator.eagle3, whose config is not quoted in anything read here.
 """
 
 from __future__ import annotations
@@ -83,9 +95,130 @@ GEMMA4_31B_DRAFTER: dict[str, Any] = {
     "dtype": "bfloat16",
 }
 
+GEMMA4_26B_LAYERS = 30
+
+GEMMA4_26B_A4B_TARGET: dict[str, Any] = {
+    **GEMMA4_31B_TARGET,
+    "hidden_size": 2816,
+    "intermediate_size": 2112,  # the dense MLP beside the experts
+    "num_hidden_layers": GEMMA4_26B_LAYERS,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,  # sliding layers
+    "num_global_key_value_heads": 2,  # full layers
+    "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * (GEMMA4_26B_LAYERS // 6),
+    "enable_moe_block": True,
+    "num_experts": 128,
+    "top_k_experts": 8,
+    "moe_intermediate_size": 704,
+    "use_double_wide_mlp": False,
+}
+
+GEMMA4_26B_A4B_DRAFTER: dict[str, Any] = {
+    "architectures": ["DFlashDraftModel"],
+    "model_type": "qwen3",
+    "hidden_size": 2816,
+    "intermediate_size": 5632,
+    "num_hidden_layers": 5,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "layer_types": ["sliding_attention"] * 4 + ["full_attention"],
+    "sliding_window": 2048,
+    "use_sliding_window": True,
+    "max_window_layers": 5,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6,
+    "attention_bias": False,
+    "vocab_size": 262144,
+    "tie_word_embeddings": False,
+    "max_position_embeddings": 262144,
+    "final_logit_softcapping": 30.0,
+    "block_size": 16,
+    "num_target_layers": GEMMA4_26B_LAYERS,
+    "dflash_config": {"mask_token_id": 4, "target_layer_ids": [1, 6, 11, 17, 22, 27]},
+    "pad_token_id": 0,
+    "bos_token_id": 2,
+    "eos_token_id": 1,
+    "dtype": "bfloat16",
+}
+
+QWEN3_8B_TARGET: dict[str, Any] = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "vocab_size": 151936,
+    "hidden_size": 4096,
+    "intermediate_size": 12288,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6,
+    "attention_bias": False,
+    "tie_word_embeddings": False,
+    "max_position_embeddings": 40960,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "dtype": "bfloat16",
+}
+
+QWEN3_8B_DRAFTER: dict[str, Any] = {
+    "architectures": ["DFlashDraftModel"],
+    "model_type": "qwen3",
+    "vocab_size": 151936,
+    "hidden_size": 4096,
+    "intermediate_size": 12288,
+    "num_hidden_layers": 5,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6,
+    "attention_bias": False,
+    "tie_word_embeddings": True,
+    "max_position_embeddings": 40960,
+    "block_size": 16,
+    "num_target_layers": 36,
+    "dflash_config": {"mask_token_id": 151669, "target_layer_ids": [1, 9, 17, 25, 33]},
+    "dtype": "bfloat16",
+}
+
+QWEN3_8B_EAGLE3: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLMEagle3"],
+    "model_type": "llama",
+    "vocab_size": 151936,
+    "draft_vocab_size": 32000,
+    "hidden_size": 4096,
+    "intermediate_size": 12288,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6,
+    "attention_bias": False,
+    "tie_word_embeddings": False,
+    "max_position_embeddings": 40960,
+    "target_hidden_size": 4096,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "dtype": "bfloat16",
+}
+
 # known pair name -> (target config, drafter config)
 SHAPES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "gemma-4-31B-it": (GEMMA4_31B_TARGET, GEMMA4_31B_DRAFTER),
+    "gemma-4-26B-A4B-it": (GEMMA4_26B_A4B_TARGET, GEMMA4_26B_A4B_DRAFTER),
+    "Qwen3-8B": (QWEN3_8B_TARGET, QWEN3_8B_DRAFTER),
+}
+
+# known pair name -> an EAGLE-3 head of the shape published for its target (sweep --modes ...,eagle3)
+EAGLE3_SHAPES: dict[str, dict[str, Any]] = {
+    "Qwen3-8B": QWEN3_8B_EAGLE3,
 }
 
 
@@ -103,6 +236,11 @@ def sglang_naming(target: dict[str, Any]) -> dict[str, Any]:
 def shape_of(pair_name: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """The (target, drafter) configs of a known pair whose shape is recorded here, else None."""
     return SHAPES.get(pair_name)
+
+
+def eagle3_shape_of(pair_name: str) -> dict[str, Any] | None:
+    """The config of an EAGLE-3 head of the published shape for a known pair's target, else None."""
+    return EAGLE3_SHAPES.get(pair_name)
 
 
 def mixes_layer_types(drafter_config: dict[str, Any] | None) -> bool:

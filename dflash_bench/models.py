@@ -93,6 +93,18 @@ KNOWN: dict[str, ModelPair] = {p.name: p for p in [
         sglang_version="build of PR #23000 (pass --image)",
         notes="card measured on B300, thinking on, up to 5.8x at concurrency 1",
     ),
+    ModelPair(
+        name="gemma-4-26B-A4B-it", target="google/gemma-4-26B-A4B-it", drafter="z-lab/gemma-4-26B-A4B-it-DFlash",
+        block_size=16, thinking=True,
+        vllm_flags=("--attention-backend", "triton_attn", "--max-num-batched-tokens", "32768", "--trust-remote-code"),
+        vllm_spec={"attention_backend": "flash_attn"}, vllm_env={"VLLM_USE_V2_MODEL_RUNNER": "1"},
+        vllm_version="0.26.0+ (mixed sliding/full drafter on the V2 runner)",
+        sglang_flags=("--attention-backend", "triton"),
+        sglang_spec_flags=("--speculative-draft-attention-backend", "fa4"),
+        sglang_version="build of PR #23000 (pass --image)",
+        notes="MoE: 128 experts, 8 a token (3.8B of 25.2B parameters a token); flags of the gemma-4-31B-it card; "
+              "the release: one H100, vLLM, tau about 7.8, 222.3 tok/s, 3.4x over AR",
+    ),
     ModelPair(name="Qwen3-4B", target="Qwen/Qwen3-4B", drafter="z-lab/Qwen3-4B-DFlash-b16", notes="thinking off"),
     ModelPair(name="Qwen3-8B", target="Qwen/Qwen3-8B", drafter="z-lab/Qwen3-8B-DFlash-b16", notes="thinking off"),
     ModelPair(

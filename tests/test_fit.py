@@ -14,7 +14,8 @@ import pytest
 from dflash_bench import models, profiles
 from dflash_bench.errors import UserError
 from dflash_bench.launch import free_port
-from dflash_bench.model_shapes import GEMMA4_31B_DRAFTER, GEMMA4_31B_TARGET, mixes_layer_types, pair_configs
+from dflash_bench.model_shapes import (GEMMA4_26B_A4B_TARGET, GEMMA4_31B_DRAFTER, GEMMA4_31B_TARGET, mixes_layer_types,
+                                      pair_configs)
 from dflash_bench.store.manifest import SweepSettings
 from dflash_bench.sweep import fit
 
@@ -36,9 +37,60 @@ def test_gemma_geometry_matches_the_published_sizes():
     assert g.kv_bytes(4096) - g.kv_bytes(2048) == 2048 * g.kv_full  # past the window only full layers grow
 
 
-def test_a_mixture_of_experts_is_not_sized():
-    assert fit.geometry({**GEMMA4_31B_TARGET, "enable_moe_block": True}) is None
+def test_a_mixture_holds_every_expert_and_a_token_reads_its_share():
+    # gemma-4-26B-A4B: 25.2B parameters, 3.8B a token (the model card's figures), 128 experts beside a dense MLP
+    g = fit.geometry(GEMMA4_26B_A4B_TARGET)
+    assert g is not None and (g.experts, g.experts_per_token) == (128, 8)
+    assert 25.1e9 < g.weight_bytes / 2 < 25.3e9
+    assert 3.7e9 < g.active_bytes / 2 < 3.9e9
+    # 5 full layers of 2 KV heads x 512, 25 sliding layers of 8 x 256 within their window of 1024
+    assert (g.kv_full, g.kv_window, g.window) == (5 * 2 * 2 * 512 * 2, 25 * 2 * 8 * 256 * 2, 1024)
+    dense = fit.geometry({**GEMMA4_26B_A4B_TARGET, "enable_moe_block": False})
+    assert dense is not None and dense.experts == 0
+    assert g.weight_bytes - dense.weight_bytes == 30 * (128 * 3 * 2816 * 704 + 2816 * 128) * 2
+
+
+def test_qwen_and_gpt_oss_mixtures_match_their_published_sizes():
+    qwen3_30b_a3b = dict(hidden_size=2048, num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4,
+                         head_dim=128, intermediate_size=6144, vocab_size=151936, num_experts=128,
+                         num_experts_per_tok=8, moe_intermediate_size=768, tie_word_embeddings=False)
+    g = fit.geometry(qwen3_30b_a3b)
+    assert g is not None and 30.4e9 < g.weight_bytes / 2 < 30.6e9  # "30.5B total, 3.3B activated" (embedding in)
+    assert 3.2e9 < (g.active_bytes + 151936 * 2048 * 2) / 2 < 3.4e9
+    # a dense first layer (mlp_only_layers) holds one MLP of intermediate_size instead of the experts
+    first_dense = fit.geometry({**qwen3_30b_a3b, "mlp_only_layers": [0]})
+    assert first_dense is not None
+    assert g.weight_bytes - first_dense.weight_bytes == (128 * 3 * 2048 * 768 + 2048 * 128 - 3 * 2048 * 6144) * 2
+    gpt_oss_120b = dict(hidden_size=2880, num_hidden_layers=36, num_attention_heads=64, num_key_value_heads=8,
+                        head_dim=64, intermediate_size=2880, vocab_size=201088, num_local_experts=128,
+                        experts_per_token=4, tie_word_embeddings=False, sliding_window=128,
+                        layer_types=["sliding_attention", "full_attention"] * 18)
+    g = fit.geometry(gpt_oss_120b)
+    assert g is not None and 116.7e9 < g.weight_bytes / 2 < 116.9e9 and 5.0e9 < g.active_bytes / 2 < 5.2e9
+    assert (g.kv_full, g.kv_window, g.window) == (18 * 2 * 8 * 64 * 2, 18 * 2 * 8 * 64 * 2, 128)
+    # its MXFP4 experts: about 65 GB in memory, as its checkpoint is
+    mx = fit.geometry({**gpt_oss_120b, "quantization_config": {"quant_method": "mxfp4"}})
+    assert mx is not None and 64e9 < mx.weight_bytes < 66e9
+
+
+def test_what_the_formulas_do_not_cover_is_not_sized():
+    assert fit.geometry({**GEMMA4_31B_TARGET, "n_routed_experts": 64}) is None  # latent attention (DeepSeek's)
+    assert fit.geometry({**GEMMA4_31B_TARGET, "enable_moe_block": True}) is None  # a mixture without its widths
     assert fit.geometry({"hidden_size": 8}) is None
+
+
+def test_one_h200_fits_the_moe_pair_and_the_dry_run_says_what_a_token_reads(data_dir, monkeypatch):
+    from dflash_bench.sweep.dry_run import weights_line
+
+    pair = models.resolve("gemma-4-26B-A4B-it")
+    sized = fit.size(_settings(model="gemma-4-26B-A4B-it", gpu="h200"), pair, data_dir)
+    assert sized.context_len is not None
+    line = weights_line(pair)
+    assert "a mixture of 128 experts, 8 a token" in line and line.startswith("target: 47.0 GiB of weights")
+    # its weights (47 GiB, every expert) do not fit a GPU of 44 GiB, whatever a token reads
+    monkeypatch.setitem(fit.GPU_MEMORY_GIB, "h100", 44.0)
+    with pytest.raises(UserError, match="the weights alone do not fit"):
+        fit.size(_settings(model="gemma-4-26B-A4B-it", gpu="h100", concurrency=[1]), pair, data_dir)
 
 
 def _settings(**kw) -> SweepSettings:

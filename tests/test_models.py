@@ -16,6 +16,7 @@ from dflash_bench.errors import UserError
 @pytest.mark.parametrize("name,target,drafter,block,thinking", [
     # From the z-lab README's supported-models table and the model cards (dflash.md §1.3, §4.2).
     ("gemma-4-31B-it", "google/gemma-4-31B-it", "z-lab/gemma-4-31B-it-DFlash", 16, True),
+    ("gemma-4-26B-A4B-it", "google/gemma-4-26B-A4B-it", "z-lab/gemma-4-26B-A4B-it-DFlash", 16, True),
     ("Qwen3-4B", "Qwen/Qwen3-4B", "z-lab/Qwen3-4B-DFlash-b16", 16, False),
     ("Qwen3-8B", "Qwen/Qwen3-8B", "z-lab/Qwen3-8B-DFlash-b16", 16, False),
     ("Qwen3-Coder-30B-A3B", "Qwen/Qwen3-Coder-30B-A3B-Instruct", "z-lab/Qwen3-Coder-30B-A3B-DFlash", 16, False),

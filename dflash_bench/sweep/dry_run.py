@@ -6,6 +6,7 @@ import typer
 from rich.markup import escape
 
 from dflash_bench.console import new_console
+from dflash_bench.models import ModelPair
 from dflash_bench.sweep.plan import SweepSettings, launches, plan_cells, resolve_pair
 
 
@@ -24,6 +25,7 @@ def print_plan(settings: SweepSettings, image: str | None) -> None:
     if settings.context_len:
         typer.echo(f"context limit {settings.context_len} tokens (the plan's longest conversation plus the block, "
                    f"rounded up), sized for {settings.gpu}")
+    typer.echo(weights_line(pair))
     if settings.paired:
         typer.echo("paired: each engine's AR and DFlash servers run together (DFlash on a free port)")
     if settings.interleave:
@@ -44,3 +46,19 @@ def print_plan(settings: SweepSettings, image: str | None) -> None:
             typer.echo(f"  refused before launch: {why}")
         elif note := profile.caveat(pair, launch.mode, version):
             typer.echo(f"  note: {note}")
+
+
+def weights_line(pair: ModelPair) -> str:
+    """The target's (and the drafter's) weights as the configs give them, a mixture's share a token reads."""
+    from dflash_bench.model_shapes import pair_configs
+    from dflash_bench.sweep.geometry import describe, geometry
+
+    target_cfg, drafter_cfg = pair_configs(pair)
+    target = geometry(target_cfg)
+    if target is None:
+        return "weights: not known from the configs here (no config.json, or a model the formulas do not cover)"
+    line = f"target: {describe(target)}"
+    drafter = geometry(drafter_cfg, drafter=True) if drafter_cfg else None
+    if drafter is not None:
+        line += f"; drafter: {describe(drafter)}"
+    return line

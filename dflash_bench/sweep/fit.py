@@ -13,14 +13,12 @@ With `--gpu h100` / `h200` / ... (a GPU whose memory is known), `size()`:
 `--engine-arg`s, which win.
 
 The geometry comes from the target's config.json (a local folder) or, for a known pair named by its short
-name, from `model_shapes.py`. KV per token: 2 (K and V) x KV heads x head size x 2 bytes per layer; a
-sliding-window layer keeps at most its window. The builtin engine's KV is its own pool's slot
+name, from `model_shapes.py`, through `sweep/geometry.py` (weights, a mixture's experts all counted, and KV per
+layer kind). The builtin engine's KV is its own pool's slot
 (`engine/fast/pool.slot_bytes`, from the layout its caches are allocated from: Gemma 4's rings, the drafter's
 layers, the logits), a rank's share of it on each of its `--tensor-parallel-size` GPUs (the fast path shards; the
 logits are gathered whole on every rank); where a plan does not fit, more GPUs are named for the engines that
-shard, else one GPU with more memory. Weights: the attention and MLP projections and the embedding
-(a second table when it is not tied), in bf16. A model the formula does not cover (mixture of experts) is
-not checked.
+shard, else one GPU with more memory. A model the formulas do not cover (latent attention) is not checked.
 """
 
 from __future__ import annotations
@@ -32,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from dflash_bench.errors import UserError
+from dflash_bench.sweep.geometry import BYTES, Geometry, geometry, text_config
 from dflash_bench.store import SweepSettings
 from dflash_bench.tokenizer import has_tokenizer
 
@@ -44,69 +43,6 @@ GIB = 1 << 30
 GPU_MEMORY_GIB = {"h100": 79.6, "h200": 140.4, "h20": 95.0, "b200": 178.0, "b300": 268.0, "gb200": 184.0,
                   "gb300": 278.0}
 ROUND = 256
-BYTES = 2  # bf16 weights and KV
-
-
-@dataclass(frozen=True)
-class Geometry:
-    """What a model costs in memory: weights, and KV bytes per token of the layers that keep every token
-    and of the sliding-window layers (which keep at most `window` tokens)."""
-
-    weight_bytes: int
-    kv_full: int
-    kv_window: int
-    window: int | None
-    heads: int = 0  # attention heads: what a tensor-parallel size must divide
-
-    def kv_bytes(self, tokens: int) -> int:
-        kept = min(tokens, self.window) if self.window else tokens
-        return self.kv_full * tokens + self.kv_window * kept
-
-
-def text_config(config: dict[str, Any]) -> dict[str, Any]:
-    return config.get("text_config") if isinstance(config.get("text_config"), dict) else config  # type: ignore[return-value]
-
-
-def geometry(config: dict[str, Any] | None, *, drafter: bool = False) -> Geometry | None:
-    """The memory geometry of a dense decoder from its config (None where it is not one the formula covers).
-    A drafter shares the target's embedding and head; it adds its `fc` over the target features."""
-    if not isinstance(config, dict):
-        return None
-    c = text_config(config)
-    if c.get("num_experts") or c.get("num_local_experts") or c.get("enable_moe_block") or c.get("n_routed_experts"):
-        return None
-    try:
-        hidden, layers, heads = int(c["hidden_size"]), int(c["num_hidden_layers"]), int(c["num_attention_heads"])
-        inter, vocab = int(c["intermediate_size"]), int(c["vocab_size"])
-    except (KeyError, TypeError, ValueError):
-        return None
-    hd = int(c.get("head_dim") or hidden // heads)
-    kv = int(c.get("num_key_value_heads") or heads)
-    # full-attention layers: `global_*` where a config names them (Gemma 4), else the base values; sliding
-    # layers: `swa_*` where a config names them (SGLang's naming of the same model), else the base values
-    full_hd, full_kv = int(c.get("global_head_dim") or hd), int(c.get("num_global_key_value_heads") or kv)
-    swa_hd, swa_kv = int(c.get("swa_head_dim") or hd), int(c.get("swa_num_key_value_heads") or kv)
-    given = c.get("layer_types")
-    types: list[Any] = given if isinstance(given, list) else ["full_attention"] * layers
-    window = c.get("sliding_window") if any(t == "sliding_attention" for t in types) else None
-    weights = kv_full = kv_window = 0
-    for kind in types[:layers]:
-        full = kind != "sliding_attention"
-        lhd, lkv = (full_hd, full_kv) if full else (swa_hd, swa_kv)
-        k_eq_v = full and bool(c.get("attention_k_eq_v"))
-        weights += hidden * heads * lhd * 2 + hidden * lkv * lhd * (1 if k_eq_v else 2) + 3 * hidden * inter
-        per_token = 2 * lkv * lhd * BYTES
-        if full or not window:
-            kv_full += per_token
-        else:
-            kv_window += per_token
-    if drafter:
-        dc = c.get("dflash_config") or {}
-        feats = len(dc.get("target_layer_ids") or []) or int(c.get("num_target_layers") or 0)
-        weights += feats * hidden * hidden
-    else:
-        weights += vocab * hidden * (1 if c.get("tie_word_embeddings", True) else 2)
-    return Geometry(weights * BYTES, kv_full, kv_window, int(window) if window else None, heads)
 
 
 def gpu_memory_gib(gpu: str | None) -> float | None:
