@@ -30,6 +30,23 @@ def test_bad_arguments_get_one_sentence(tmp_path, data_dir):
     assert proc.returncode == 2 and proc.stderr.startswith("mission.sh: unknown argument 'vllm-pairs'")
     proc = mission(tmp_path, data_dir)
     assert proc.returncode == 2 and "name at least one step" in proc.stderr
+    proc = mission(tmp_path, data_dir, "--pair", "Qwen3-4B", "vllm")
+    assert proc.returncode == 2 and proc.stderr.startswith("mission.sh: no recorded shape for --pair 'Qwen3-4B': use one of ")
+    assert "gemma-4-26B-A4B-it" in proc.stderr
+
+
+def test_another_pairs_steps_write_its_shape_and_plan_its_sweeps(tmp_path, data_dir):
+    proc = mission(tmp_path, data_dir, "--pair", "gemma-4-26B-A4B-it", "--gpu", "h200", "vllm", "vllm-pair",
+                   MISSION_DRY_RUN="1")
+    log = (tmp_path / "out" / "mission.log").read_text()
+    assert proc.returncode == 0, log
+    assert "skipped: vllm-pair measures gemma-4-31B-it only" in log
+    work = tmp_path / "work"
+    assert json.loads((work / "gemma-4-26B-A4B-it" / "config.json").read_text())["num_experts"] == 128
+    sweep = next(line for line in log.splitlines() if line.startswith("+ ") and " sweep " in line)
+    assert f"--model {work}/gemma-4-26B-A4B-it --drafter {work}/gemma-4-26B-A4B-it-DFlash --engine vllm" in sweep
+    assert f"--out {work}/sweeps/vllm-gemma-4-26B-A4B-it-h200-tp1" in sweep
+    assert "a mixture of 128 experts, 8 a token" in log  # the dry run's weights line
 
 
 def test_a_step_cut_by_the_deadline_leaves_its_sweep_folder_in_out_and_the_next_step_is_skipped(tmp_path, data_dir):
@@ -38,7 +55,7 @@ def test_a_step_cut_by_the_deadline_leaves_its_sweep_folder_in_out_and_the_next_
     assert proc.returncode == 0, log
     assert "== emulator: the deadline: stopping it" in log
     assert "skipped," in log.split("== emulator: exit")[-1]  # the second step had too little time left
-    folders = list((tmp_path / "out" / "sweeps" / "emulator-h100-tp1").iterdir())
+    folders = list((tmp_path / "out" / "sweeps" / "emulator-gemma-4-31B-it-h100-tp1").iterdir())
     assert len(folders) == 1
     manifest = json.loads((folders[0] / "manifest.json").read_text())
     statuses = [c["status"] for c in manifest["plan"]]

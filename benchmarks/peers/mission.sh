@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The mission's table on the GPU host: gemma-4-31B-it's shape (random weights, --load-format dummy) through vLLM,
-# SGLang and the builtin engine, AR and DFlash, one call of the device tool at a time (10 minutes, 64 MiB carried).
+# The mission's table on the GPU host: a large pair's shape (random weights, --load-format dummy; gemma-4-31B-it unless
+# --pair names another of dflash_bench/model_shapes.py) through vLLM, SGLang and the builtin engine, AR and DFlash,
+# one call of the device tool at a time (10 minutes, 64 MiB carried).
 #
-#   bash benchmarks/peers/mission.sh [--gpu h100|h200] [--tp N] [--seconds S] [--suites A,B] [-n N] [-c 1,8,32] STEP...
+#   bash benchmarks/peers/mission.sh [--pair P] [--gpu h100|h200] [--tp N] [--seconds S] [--suites A,B] [-n N]
+#        [-c 1,8,32] STEP...
 #
 # STEP, run in the order given, each in a shell of its own (one engine's bundle at a time), until S seconds
 # (default 570) have passed since the start; a step that cannot finish in the time left is cut (SIGTERM: the
@@ -20,7 +22,7 @@
 #
 # --tp N: GPUs per server (tensor parallel: vLLM, SGLang, and the builtin engine's fast path, `serve --fast
 # --tensor-parallel-size`). Everything is written under $OUT: each step's sweep folder
-# (OUT/sweeps/NAME-GPU-tpN/<sweep>/, kept on the machine too and resumed by a later call of the same step),
+# (OUT/sweeps/NAME-PAIR-GPU-tpN/<sweep>/, kept on the machine too and resumed by a later call of the same step),
 # two_clients' results file, the server logs and this command's console (OUT/mission.log). A step whose bundle is not on this machine (neither
 # carried nor left by an earlier call) is skipped in one sentence. Shape folders are written once into
 # $MISSION_WORK (default /tmp/mission), kept for later calls on a warm machine.
@@ -29,9 +31,10 @@
 set -uo pipefail
 set -m  # each step runs in a process group of its own, which the deadline can stop whole
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
-gpu=h100 tp=1 seconds=570 suites=gsm8k,mt-bench prompts=8 conc=1,8,32 steps=()
+gpu=h100 tp=1 seconds=570 suites=gsm8k,mt-bench prompts=8 conc=1,8,32 steps=() pair=gemma-4-31B-it
 while [ $# -gt 0 ]; do
   case $1 in
+    --pair) pair=$2; shift 2 ;;
     --gpu) gpu=$2; shift 2 ;;
     --tp) tp=$2; shift 2 ;;
     --seconds) seconds=$2; shift 2 ;;
@@ -45,6 +48,8 @@ done
 case $gpu in h100|h200) ;; *) echo "mission.sh: --gpu takes h100 or h200, not '$gpu'" >&2; exit 2 ;; esac
 [ ${#steps[@]} -gt 0 ] || { echo "mission.sh: name at least one step (vllm-pair vllm sglang builtin builtin-tau emulator)" >&2; exit 2; }
 [ -n "${OUT:-}" ] || { echo "mission.sh: set OUT to the folder that receives the results" >&2; exit 2; }
+shapes=$(python3 -c "from dflash_bench.model_shapes import SHAPES; print(' '.join(SHAPES))" 2>/dev/null)
+case " $shapes " in *" $pair "*) ;; *) echo "mission.sh: no recorded shape for --pair '$pair': use one of $shapes" >&2; exit 2 ;; esac
 mkdir -p "$OUT/sweeps" "$OUT/logs"
 exec > >(tee -a "$OUT/mission.log") 2>&1
 
@@ -57,13 +62,13 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 DFLASH_BENCH_D
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 base_path=$PYTHONPATH
 [ -d "$data" ] || { echo "mission.sh: no prompt sets at $data: carry .data (a copy of shared/datasets)" >&2; exit 2; }
-echo "mission.sh: steps ${steps[*]} on --gpu $gpu --tp $tp, until $(date -u -d "@$deadline" +%H:%M:%S) UTC ($seconds s)"
+echo "mission.sh: steps ${steps[*]} of $pair on --gpu $gpu --tp $tp, until $(date -u -d "@$deadline" +%H:%M:%S) UTC ($seconds s)"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /'
 
-shape() { # shape hf|sglang: the gemma-4-31B-it folders in $work, written once (configs and a trained tokenizer)
-  local target=$work/gemma-4-31B-it; [ "$1" = sglang ] && target=$work/sglang/gemma-4-31B-it
-  [ -f "$target/config.json" ] && [ -f "$work/gemma-4-31B-it-DFlash/config.json" ] && return 0
-  python3 -m benchmarks.peers.big_shape --pair gemma-4-31B-it --out "$work" --data-dir "$data" --naming "$1" > /dev/null
+shape() { # shape hf|sglang: the pair's folders in $work, written once (configs and a trained tokenizer)
+  local target=$work/$pair; [ "$1" = sglang ] && target=$work/sglang/$pair
+  [ -f "$target/config.json" ] && [ -f "$work/$pair-DFlash/config.json" ] && return 0
+  python3 -m benchmarks.peers.big_shape --pair "$pair" --out "$work" --data-dir "$data" --naming "$1" > /dev/null
 }
 
 bundle() { # bundle DIR: source DIR/setup.sh in this (sub)shell, or say why not
@@ -110,9 +115,9 @@ sweep() { # sweep NAME ENGINE TARGET [extra sweep args...]: one sweep folder in 
   # to $OUT/sweeps/ when it ends; a folder left there by an earlier call on this machine is resumed (--resume:
   # complete cells kept, the rest run), so a step the deadline cut goes on where it stopped
   local name=$1 engine=$2 target=$3; shift 3
-  local dir=$work/sweeps/$name-$gpu-tp$tp
+  local dir=$work/sweeps/$name-$pair-$gpu-tp$tp
   mkdir -p "$dir"
-  local cmd=(python3 -m dflash_bench sweep --model "$target" --drafter "$work/gemma-4-31B-it-DFlash" --engine "$engine"
+  local cmd=(python3 -m dflash_bench sweep --model "$target" --drafter "$work/$pair-DFlash" --engine "$engine"
              --runner process --gpu "$gpu" --suites "$suites" -c "$conc" -n "$prompts" --max-tokens 128
              --data-dir "$data" --out "$dir" "$@")
   [ "$engine" = emulator ] || cmd+=(--tensor-parallel-size "$tp")
@@ -138,6 +143,7 @@ save() { # every sweep folder of this machine into $OUT/sweeps, and as one $OUT/
 step() { # the body of one step, in a subshell
   case $1 in
     vllm-pair)
+      [ "$pair" = gemma-4-31B-it ] || { echo "skipped: vllm-pair measures gemma-4-31B-it only (two_clients.py's shapes)"; return 0; }
       bundle .vllm-bundle || return 0
       local cmd=(python3 -m benchmarks.peers.two_clients --engine vllm --shape gemma-4-31B-it --modes dflash,ar
                  --concurrency 1,8 --new-tokens 128 --requests-per-slot 2 --best-effort --data-dir "$data"
@@ -148,19 +154,22 @@ step() { # the body of one step, in a subshell
       cp -r "$work/logs" "$OUT/logs/two_clients" 2>/dev/null ;;
     vllm)
       bundle .vllm-bundle || return 0
-      shape hf && sweep vllm vllm "$work/gemma-4-31B-it" --engine-arg=--load-format=dummy \
-        --engine-arg=--attention-backend=triton_attn --engine-arg=--max-num-batched-tokens=8192 --engine-arg=--seed=0 ;;
+      # Gemma 4 needs vLLM's triton attention for its 512-wide full-attention heads; the others keep the default
+      local attention=()
+      case $pair in gemma-4-*) attention=(--engine-arg=--attention-backend=triton_attn) ;; esac
+      shape hf && sweep vllm vllm "$work/$pair" --engine-arg=--load-format=dummy "${attention[@]}" \
+        --engine-arg=--max-num-batched-tokens=8192 --engine-arg=--seed=0 ;;
     sglang)
       bundle .sglang-bundle || return 0
-      shape sglang && sweep sglang sglang "$work/sglang/gemma-4-31B-it" --engine-arg=--load-format=dummy \
+      shape sglang && sweep sglang sglang "$work/sglang/$pair" --engine-arg=--load-format=dummy \
         --engine-arg=--attention-backend=triton --engine-arg=--sampling-backend=pytorch --engine-arg=--random-seed=0 ;;
     emulator)
-      harness_env && shape hf && sweep emulator emulator "$work/gemma-4-31B-it" ;;
+      harness_env && shape hf && sweep emulator emulator "$work/$pair" ;;
     builtin|builtin-tau)
       harness_env || return 0
       local tau_args=()
       [ "$1" = builtin-tau ] && tau_args=(--engine-arg=--synthetic-acceptance=6.5 --engine-arg=--benchmark-only)
-      shape hf && sweep "$1" builtin "$work/gemma-4-31B-it" --engine-arg=--fast --engine-arg=--load-format=dummy \
+      shape hf && sweep "$1" builtin "$work/$pair" --engine-arg=--fast --engine-arg=--load-format=dummy \
         "${tau_args[@]}" ;;
   esac
 }
