@@ -342,3 +342,29 @@ def test_bad_combinations_of_options(base, tmp_path):
     assert cli("--export-baseline", base, "-o", tmp_path / "x.json", "--baseline", base)[0] == 2
     code, msg = cli(tmp_path / "nowhere", "--baseline", base)
     assert code == 2 and "nowhere" in msg
+
+
+@pytest.mark.parametrize("width", [80, 100, 160])
+def test_the_console_table_fits_the_terminal_with_no_word_split(base, tmp_path, width):
+    """Every line within the width, every header, cell name, metric word and verdict whole on its line (at 80-100
+    columns the headers used to fold to "ver/dic/t"); the method and the interval shown where they fit."""
+    import io
+
+    from rich.console import Console
+
+    from dflash_bench.gate.output import print_table
+
+    sweep = plant(tmp_path / "s", scale={("dflash", 8): 0.8}, tau_scale=0.9, suite="humaneval")
+    baseline = plant(tmp_path / "b", suite="humaneval")
+    result = gate.gate(sweep, baseline)
+    buf = io.StringIO()
+    print_table(result, Console(file=buf, width=width, force_terminal=False))
+    lines = buf.getvalue().splitlines()
+    assert max(len(line) for line in lines) <= width, buf.getvalue()
+    header = next(line for line in lines if "cell / metric" in line).split()
+    assert {"baseline", "sweep", "change", "allowed", "verdict"} <= set(header), header
+    assert width < 160 or {"method", "CI"} <= set(header), header
+    words = {w for line in lines for w in line.split()}
+    assert {"vllm/dflash/humaneval/c8", "throughput", "acceptance", "pass", "fail"} <= words
+    for chk in result.checks:
+        assert any(chk.metric.label in " ".join(line.split()) for line in lines), chk.metric.label

@@ -11,7 +11,9 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import numpy as np
+from rich import box
 from rich.console import Console
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
@@ -87,23 +89,62 @@ def counts(result: GateResult) -> dict[str, int]:
 
 
 def print_table(result: GateResult, console: Console | None = None) -> None:
+    """The checks, each cell's under its name, in as many columns as the console holds: the change, what was
+    allowed and the verdict always; the method and the interval where there is room (at 80 columns the failures'
+    lines below give them)."""
     if console is None:
         console = new_console()
     conf = result.config.bootstrap.confidence
-    table = Table(title=Text(f"gate: {result.sweep} against {result.baseline}"), show_lines=False)
-    for col in ("cell", "metric", "method", "baseline", "sweep", "change", f"{conf:.0%} CI", "allowed", "verdict"):
-        table.add_column(col, justify="right" if col in ("baseline", "sweep", "change", "allowed") else "left",
-                         no_wrap=col == "cell", overflow="fold")
-    for chk in result.checks:
-        table.add_row(Text(chk.cell), chk.metric.label, chk.method, value(chk.baseline), value(chk.current),
-                      pct(chk.change) if chk.change is not None else "", interval(chk), pct(chk.allowed),
-                      Text(chk.verdict, style=VERDICT_STYLE[chk.verdict]))
-    console.print(table)
+    console.print(Text(f"gate: {result.sweep} against {result.baseline}", style="bold", overflow="fold"))
+    console.print(terminal_table(result.checks, console.width, conf))
     for line in _side_lines(result):
-        console.print(Text(line), soft_wrap=True)
-    console.print(Text(verdict_line(result), style="bold red" if not result.passed else "bold green"), soft_wrap=True)
+        console.print(Text(line, overflow="fold"))
+    console.print(Text(verdict_line(result), style="bold red" if not result.passed else "bold green"))
     for chk in result.failures:
-        console.print(Text(f"  {chk.cell}: {summary(chk, conf)}"), soft_wrap=True)
+        console.print(Padding(Text(f"{chk.cell}: {summary(chk, conf)}", overflow="fold"), (0, 0, 0, 2)))
+
+
+LABEL_WORDS = 12  # the narrowest the metric column gets: its labels fold at words ("acceptance", "throughput")
+GAP = 3  # between two columns: a space each side of the (blank) rule
+
+
+def terminal_table(checks: list[Check], width: int, confidence: float = 0.95) -> Table:
+    """The checks as a table no wider than `width` (from 80 columns up) with no word split: a row with each cell's
+    name, then a row per metric; the method and the interval columns only where they fit."""
+    rows = [(chk, _mean(chk.baseline), _mean(chk.current), pct(chk.change) if chk.change is not None else "",
+             pct(chk.allowed), chk.method, interval(chk)) for chk in checks]
+    names = max([len(c.cell) for c in checks] + [len("cell / metric")])
+    labels = max([len(c.metric.label) + 2 for c in checks] + [0])
+    fixed = [("baseline", 1), ("sweep", 2), ("change", 3), ("allowed", 4), ("verdict", 0)]
+    optional = [("method", 5), (f"{confidence:.0%} CI", 6)]
+
+    def need(col: str, i: int) -> int:
+        return max([len(col)] + [len(r[0].verdict if i == 0 else str(r[i])) for r in rows])
+
+    used = sum(need(c, i) + GAP for c, i in fixed)
+    shown = []
+    for col, i in optional:  # each where the names still fit beside it
+        if used + need(col, i) + GAP + names <= width:
+            shown.append((col, i))
+            used += need(col, i) + GAP
+    columns = fixed[:4] + shown + fixed[4:]
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    table.add_column("cell / metric", width=max(min(max(names, labels), width - used), LABEL_WORDS))
+    for col, i in columns:
+        table.add_column(col, justify="right" if i in (1, 2, 3, 4) else "left", no_wrap=True, min_width=need(col, i))
+    cell = None
+    for r in rows:
+        chk = r[0]
+        if chk.cell != cell:
+            cell = chk.cell
+            table.add_row(Text(cell, style="bold", overflow="fold"), *[""] * len(columns))
+        values = [Text(chk.verdict, style=VERDICT_STYLE[chk.verdict]) if i == 0 else str(r[i]) for _, i in columns]
+        table.add_row(Padding(Text(chk.metric.label), (0, 0, 0, 2)), *values)
+    return table
+
+
+def _mean(values: list[float]) -> str:
+    return f"{np.mean(values):.4g}" if values else "-"
 
 
 def _side_lines(result: GateResult) -> list[str]:
