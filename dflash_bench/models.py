@@ -168,6 +168,17 @@ def _local_block_size(drafter: str) -> int | None:
     return size
 
 
+def check_local(name: str | None, option: str = "--model") -> None:
+    """Refuse, before anything launches, a name that can only be a local path (absolute, ./ ../ ~, or more than the one
+    slash of a Hugging Face id) where nothing exists."""
+    if not name or not name.strip() or Path(name).expanduser().exists():
+        return
+    text = name.strip()
+    if text.startswith(("/", "./", "../", "~")) or text in (".", "..") or text.rstrip("/").count("/") > 1:
+        raise UserError(f"{option} {name}: no such file or folder; give a model folder that exists, a Hugging Face "
+                        "id (org/name) or a short name from `dflash-bench models`.")
+
+
 def resolve(name: str, *, drafter: str | None = None, block_size: int | None = None) -> ModelPair:
     """The pair for a short name or a Hugging Face id; any other id or folder needs `drafter` for dflash.
 

@@ -107,3 +107,28 @@ def test_every_sweep_option_is_a_sweep_setting_of_the_same_name():
     assert {f.name for f in fields(SweepOptions)} <= set(SweepSettings.model_fields)
     given = SweepOptions(model="m", concurrency=[], thinking=False, engine_options={"drafter": "d"}).given()
     assert given == {"model": "m", "thinking": False, "engine_options": {"drafter": "d"}}
+
+
+def test_a_model_path_that_does_not_exist_is_refused_before_anything_launches(tmp_path):
+    """One sentence and exit 2, no sweep folder and no server; a Hugging Face id (org/name) is not a local path, and
+    a sweep of servers given by URL leaves --model to them."""
+    missing = tmp_path / "no" / "such-model"
+    pair = "dflash_bench/assets/default_pair"
+    cases = (["sweep", "--model", str(missing), "--engine", "builtin", "--suites", "gsm8k", "-c", "1", "--out", str(tmp_path / "r")],
+             ["sweep", "--model", "./no-such-model", "--engine", "builtin", "--suites", "gsm8k", "--dry-run"],
+             ["sweep", "--model", f"{pair}/target", "--drafter", str(missing), "--engine", "builtin", "--dry-run"],
+             ["launch", "--engine", "builtin", "--model", str(missing), "--mode", "ar", "--runner", "process"])
+    for args in cases:
+        out = subprocess.run([sys.executable, "-m", "dflash_bench", *args], capture_output=True, text=True, timeout=120)
+        option = "--drafter" if "--drafter" in args else "--model"
+        assert out.returncode == 2 and "Traceback" not in out.stderr, (args, out.stderr[-500:])
+        assert out.stderr.strip().splitlines() == [out.stderr.strip()] and out.stderr.startswith(f"error: {option} ")
+        assert "no such file or folder" in out.stderr and "Hugging Face id" in out.stderr
+    assert not (tmp_path / "r").exists()
+    res = CliRunner().invoke(app, ["sweep", "--model", "org/not-here", "--drafter", "org/not-here-dflash", "--engine", "vllm",
+                                   "--suites", "gsm8k", "--dry-run"])
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(app, ["sweep", "--model", str(missing), "--engine", "vllm", "--suites", "gsm8k",
+                                   "--drafter", "org/d", "--url-ar", "http://127.0.0.1:1", "--url-dflash", "http://127.0.0.1:2",
+                                   "--dry-run"])
+    assert res.exit_code == 0, res.output

@@ -24,6 +24,8 @@ def run_launch(engine: str, model: str, mode: str, *, gpu: str = "generic", runn
         raise UserError(f"unknown network {network!r}: use host or bridge.")
     if gpus not in ("all", "none") and not all(re.fullmatch(r"\d+|(GPU|MIG)-[\w-]+", g.strip()) for g in gpus.split(",")):
         raise UserError(f"--gpus {gpus!r} is not all, none or a comma-separated list of GPU indices or UUIDs.")
+    models.check_local(model)
+    models.check_local(drafter, "--drafter")
     pair = models.resolve(model, drafter=drafter)
     profile, pair, argv, env, port = plan_server(engine, pair, mode, port=port, preset=gpu,
                                                  extra_args=engine_args or [], runner=runner, network=network)

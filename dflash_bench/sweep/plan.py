@@ -119,3 +119,8 @@ def _check(settings: SweepSettings) -> None:
         raise UserError("give both --url-ar and --url-dflash to measure servers you already run, or neither")
     if settings.url_ar and len(settings.engines) != 1:
         raise UserError("with --url-ar/--url-dflash, name the one engine those servers run with --engine")
+    if not settings.url_ar:  # the servers are launched here: a local model path must be here (else: the servers')
+        from dflash_bench.models import check_local
+
+        check_local(settings.model)
+        check_local(settings.engine_options.get("drafter"), "--drafter")
