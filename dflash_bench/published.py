@@ -86,12 +86,65 @@ _QWEN35_4B = PublishedTable(
     notes="the card also gives MTP 458 tok/s (1.7x) at concurrency 1; it publishes no tau for this table",
 )
 
-PUBLISHED: dict[str, PublishedTable] = {t.pair: t for t in (_GEMMA4_31B, _QWEN35_4B)}
+_QWEN3_8B = PublishedTable(
+    pair="Qwen3-8B",
+    card="https://arxiv.org/abs/2602.06036",
+    settings=PublishedSettings(gpu="B200", engine="transformers", thinking=False, temperature=0.0, block_size=16,
+                               metric="decode speedup over AR (the paper's protocol: Transformers backend)"),
+    rows=[PublishedRow(suite="gsm8k", concurrency=1, speedup=5.15, tau=6.54),
+          PublishedRow(suite="math500", concurrency=1, speedup=4.64, tau=5.82)],
+    notes="the DFlash paper's table (greedy, one B200); its other suites and the Qwen3-8B card's figures are not "
+          "quoted in anything read here",
+)
+
+PUBLISHED: dict[str, PublishedTable] = {t.pair: t for t in (_GEMMA4_31B, _QWEN35_4B, _QWEN3_8B)}
 
 
 def published_for(pair: str) -> PublishedTable | None:
     """The card's table for a known pair's name (models.KNOWN), or None where its card has none."""
     return PUBLISHED.get(pair)
+
+
+# ---------------------------------------------------------------- the release's claims
+
+
+class PublishedClaim(BaseModel):
+    """One claim of DFlash's release, as published, and the setup it was measured on (None: not stated)."""
+
+    key: str  # the claim's row: gemma-26b, qwen3-8b, gpt-oss-120b, eagle3
+    pair: str  # models.KNOWN name
+    claim: str  # the figures as published
+    gpu: str
+    gpus: int = 1
+    engine: str
+    concurrency: str  # as published: "1", "high", "1-32"
+    speedup: float | None = None  # over AR (the low end of a range)
+    tok_s: float | None = None  # per server, or per user where `per_user`
+    per_user: bool = False
+    tau: float | None = None
+    over_eagle3: tuple[float, float] | None = None  # DFlash's speedup over EAGLE-3's, low and high
+    source: str  # where it is quoted
+
+
+CLAIMS: list[PublishedClaim] = [
+    PublishedClaim(key="gemma-26b", pair="gemma-4-26B-A4B-it", claim="222.3 tok/s, 3.4x over AR, tau about 7.8",
+                   gpu="H100", engine="vllm", concurrency="1", speedup=3.4, tok_s=222.3, tau=7.8,
+                   source="an independent H100 report the release cites (one long HTML prompt)"),
+    PublishedClaim(key="qwen3-8b", pair="Qwen3-8B", claim="5.1x over AR", gpu="not stated", engine="sglang",
+                   concurrency="1", speedup=5.1, tau=6.54,
+                   source="the release; the paper: GSM8K 5.15x at tau 6.54, MATH-500 4.64x at 5.82 (one B200)"),
+    PublishedClaim(key="gpt-oss-120b", pair="gpt-oss-120b", claim="15x over AR at 500-600 tok/s per user",
+                   gpu="B300", gpus=8, engine="vllm", concurrency="high", speedup=15.0, tok_s=500.0, per_user=True,
+                   source="the release (an 8-GPU DGX B300)"),
+    PublishedClaim(key="eagle3", pair="Qwen3-8B", claim="DFlash 1.5-1.7x over EAGLE-3 on SPEED-Bench",
+                   gpu="not stated", engine="vllm", concurrency="1-32", over_eagle3=(1.5, 1.7),
+                   source="the release (vLLM and SGLang); 'nearly doubles interactivity over EAGLE-3' on Llama 3.1 8B"),
+]
+
+
+def claim(key: str) -> PublishedClaim:
+    """The release's claim of a row (CLAIMS), by its key."""
+    return next(c for c in CLAIMS if c.key == key)
 
 
 # ---------------------------------------------------------------- what differs

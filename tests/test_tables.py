@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def _copy_repo_pages(tmp: Path) -> Path:
     """README.md, docs/results/ and benchmarks/results/ in a root of their own, to change freely."""
-    for page in {e.page for e in tables.TABLES}:
+    for page in {e.page for e in tables.TABLES + [a for a in tables.AWAITING if a.awaiting is not None]}:
         (tmp / page).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / page, tmp / page)
     shutil.copytree(REPO / "benchmarks" / "results", tmp / "benchmarks" / "results")
@@ -152,3 +152,61 @@ def test_steady_stream_cells_are_marked_with_their_window(tmp_path):
         row["steady"] = None
     plain = table_renderers_gpu.big_shape([closed])
     assert [row[5] for row in plain.rows] == ["2", "2"] and not any(n.startswith("(steady)") for n in plain.notes)
+
+
+def test_the_release_claims_table_shows_measured_rows_beside_their_claims_and_names_what_is_awaited(tmp_path, data_dir):
+    """An emulator sweep of gemma-4-26B-A4B-it's shape, made into its claim's results file by big_sweep, fills that
+    claim's rows (published figure on the first, what differs said); the claims without a file are awaited rows and
+    lines naming their calls."""
+    from benchmarks.peers.big_shape import write_shape
+    from benchmarks.tables.renderers_claims import CLAIM_FILES
+
+    shape = write_shape("gemma-4-26B-A4B-it", tmp_path / "work")
+    sweep = subprocess.run([sys.executable, "-m", "dflash_bench", "sweep", "--model", shape["target"], "--drafter",
+                            shape["drafter"], "--engine", "emulator", "--suites", "gsm8k", "-c", "1,2", "-n", "2",
+                            "--max-tokens", "16", "--data-dir", str(data_dir), "--out", str(tmp_path / "sweeps")],
+                           cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert sweep.returncode == 0, sweep.stdout + sweep.stderr
+    folder = next((tmp_path / "sweeps").iterdir())
+    root = _copy_repo_pages(tmp_path / "root")
+    for name in CLAIM_FILES.values():
+        (root / "benchmarks" / "results" / name).unlink(missing_ok=True)
+    out = root / "benchmarks" / "results" / CLAIM_FILES["gemma-26b"]
+    made = subprocess.run([sys.executable, "-m", "benchmarks.peers.big_sweep", str(folder), "--pair",
+                           "gemma-4-26B-A4B-it", "--out", str(out)], cwd=REPO, capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    again = subprocess.run([sys.executable, "-m", "benchmarks.peers.big_sweep", str(folder), "--pair", "Qwen3-8B",
+                            "--out", str(out)], cwd=REPO, capture_output=True, text=True)
+    assert again.returncode != 0 and "holds gemma-4-26B-A4B-it's runs, not Qwen3-8B's" in again.stderr
+    assert tables.main(["--root", str(root)]) == 0
+    block = re.search(r"<!-- table:release_claims -->\n(.*?)<!-- /table:release_claims -->",
+                      (root / "docs/results/release-claims.md").read_text(), re.S).group(1)
+    rows = [line.split(" | ") for line in block.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    gemma = [r for r in rows if "emulator" in r[2]]
+    assert [(r[3], r[4]) for r in gemma] == [("gsm8k", "1"), ("gsm8k", "2")]
+    assert gemma[0][0] == "| gemma-26b: gemma-4-26B-A4B-it" and gemma[0][1].startswith("222.3 tok/s, 3.4x over AR")
+    assert gemma[1][0] == "| " and all(r[7].endswith("x") for r in gemma)  # DFlash / AR of each measured cell
+    assert sum("| awaited |" in line for line in block.splitlines()) == 3
+    assert "differs: GPU: 1x" in block and "weights emulated" in block
+    assert f"Awaited: `benchmarks/results/{CLAIM_FILES['qwen3-8b']}`: measured by `bash benchmarks/peers/mission.sh" in block
+    assert f"Source: `benchmarks/results/{CLAIM_FILES['gemma-26b']}`" in block
+    assert f"Awaited: `benchmarks/results/{CLAIM_FILES['gemma-26b']}`" not in block
+
+
+def test_the_claims_table_sets_dflash_against_eagle3_and_reads_per_user_speed():
+    from benchmarks.tables.renderers_claims import CLAIM_FILES, release_claims
+
+    def row(mode: str, tok: float, tau: float | None = None) -> dict:
+        return {"engine": "vllm", "mode": mode, "suite": "gsm8k", "concurrency": 8, "gpus": 1, "status": "complete",
+                "tok_s": tok, "tok_s_per_gpu": tok, "ttft_ms_p50": 30.0, "tpot_ms_p50": 8.0 if mode == "dflash" else 20.0,
+                "peak_mem_mib": None, "prefix_cache_hit_rate": None, "tau": tau,
+                "synthetic_tau": 6.5 if mode != "ar" else None}
+    run = {"sweep_id": "s", "device": "1x NVIDIA H200", "gpus_per_server": 1, "command": "dflash-bench sweep X",
+           "servers": {}, "weights": "random",
+           "rows": [row("ar", 400.0), row("dflash", 1000.0, 6.4), row("eagle3", 800.0, 6.5)]}
+    results = [{"pair": "Qwen3-8B", "runs": [run]} if key == "eagle3" else None for key in CLAIM_FILES]
+    table = release_claims(results)
+    measured = next(r for r in table.rows if r[0] == "eagle3: Qwen3-8B")
+    assert measured[5:] == ["400.0", "1000.0", "2.50x", "6.40 (drawn 6.5)", "800.0", "1.25x", "125.0", "1000.0"]
+    assert any("acceptance drawn at tau 6.5 (published: measured)" in n and "GPU: 1x H200 a server" in n
+               for n in table.notes)

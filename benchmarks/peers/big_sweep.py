@@ -155,6 +155,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("folders", nargs="*", type=Path, help="sweep folders")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--pair", help="the known pair whose shape the sweeps ran (a new file's; default gemma-4-31B-it)")
     ap.add_argument("--tokenizer", help="what the shape's tokenizer is (big_shape.py's `tokenizer`)")
     ap.add_argument("--console", type=Path, action="append", default=[],
                     help="a mission.sh console (mission.log) whose sweep folders did not come back: its printed cells")
@@ -162,6 +163,10 @@ def main() -> None:
                     help="a plan the harness refused before launch, and its sentence")
     args = ap.parse_args()
     res = Results.model_validate_json(args.out.read_text()) if args.out.exists() else Results()
+    if args.pair:
+        if args.out.exists() and res.pair != args.pair:
+            sys.exit(f"{args.out} holds {res.pair}'s runs, not {args.pair}'s: give another --out")
+        res.pair = args.pair
     if args.tokenizer:
         res.tokenizer = args.tokenizer
     for folder in args.folders:

@@ -23,6 +23,11 @@ under it); then put the two markers
 where the table goes and run `python -m benchmarks.tables`. The command is the one that wrote the results
 file, as it runs today; give None when the file records its own (`command`, or one per run) and that still runs. The machine is read from the file's
 `device` (or `machine`) unless the entry names it.
+
+A table measured on a GPU host by commands a later session runs waits in AWAITING: left out until all its sources
+are in benchmarks/results/, then rendered as an entry of TABLES. An AWAITING entry with `awaiting` (each source's
+calls) is made from the sources that are there, the renderer given None for each missing one, and its block says
+which are awaited and by which calls; its page holds its block from the start.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.tables import renderers as tr
+from benchmarks.tables import renderers_claims as claims
 from benchmarks.tables import renderers_gpu as gpu
 from benchmarks.tables.renderers import Table, TablesError
 
@@ -55,6 +61,7 @@ class Entry:
     command: str | None  # what wrote the sources; None: the first source's `command`, or each of its runs' `command`
     render: Callable[[list[Any]], Table]
     machine: str | None = None  # else the first source's `device` / `machine`
+    awaiting: dict[str, str] | None = None  # source -> the calls that write it: render from the sources there
 
 
 # The demo's repeated runs (benchmarks/harness/demo_repeats.py), the range README states and docs/results/demo.md details.
@@ -126,17 +133,23 @@ TABLES: list[Entry] = [
 
 # Tables measured on a GPU host by commands a later session runs (the module's docstring says which): each renders
 # as an entry of TABLES once all its sources are in benchmarks/results/, and its page must then hold its block;
-# until then it is left out, so no page shows a table of numbers nobody measured.
+# until then it is left out, so no page shows a table of numbers nobody measured. One with `awaiting` shows what is
+# there and names what is awaited.
 AWAITING: list[Entry] = [
     Entry("two_clients_h100", "docs/results/engines-one-gpu.md", ("two_clients_h100.json",), None, gpu.two_clients),
     Entry("two_clients_h100_tp2", "docs/results/gemma-4-31b.md", ("two_clients_h100_tp2.json",), None,
           gpu.two_clients),
+    Entry("release_claims", "docs/results/release-claims.md", tuple(claims.CLAIM_FILES.values()),
+          "python -m benchmarks.peers.big_sweep --pair PAIR --out benchmarks/results/FILE SWEEP_FOLDER... (each run's "
+          "sweep command is in its notes)", claims.release_claims, machine="each run's machine, in its notes",
+          awaiting={claims.CLAIM_FILES[k]: v for k, v in claims.CLAIM_CALLS.items()}),
 ]
 
 
 def live_entries(root: Path) -> list[Entry]:
-    """TABLES, and the AWAITING entries whose results files are there."""
-    return TABLES + [e for e in AWAITING if all((root / RESULTS / s).exists() for s in e.sources)]
+    """TABLES, the AWAITING entries whose results files are there, and those that show what is awaited."""
+    return TABLES + [e for e in AWAITING
+                     if e.awaiting is not None or all((root / RESULTS / s).exists() for s in e.sources)]
 
 
 # ---------------------------------------------------------------- pages
@@ -153,7 +166,8 @@ def load(root: Path, name: str) -> Any:
 
 
 def render_block(entry: Entry, root: Path) -> str:
-    results = [load(root, s) for s in entry.sources]
+    awaited = [s for s in entry.sources if entry.awaiting is not None and not (root / RESULTS / s).exists()]
+    results = [None if s in awaited else load(root, s) for s in entry.sources]
     try:
         table = entry.render(results)
     except (KeyError, TypeError, ValueError, IndexError, ZeroDivisionError) as e:
@@ -163,9 +177,11 @@ def render_block(entry: Entry, root: Path) -> str:
     lines += ["| " + " | ".join(row) + " |" for row in table.rows]
     lines.append("")
     lines += table.notes
-    files = ", ".join(f"`{(RESULTS / s).as_posix()}`" for s in entry.sources)
-    command = entry.command or tr.command_of(results[0])
-    lines.append(f"Source: {files} ({entry.machine or tr.machine_of(results[0])}), written by `{command}`.")
+    files = ", ".join(f"`{(RESULTS / s).as_posix()}`" for s in entry.sources if s not in awaited)
+    if files:
+        command = entry.command or tr.command_of(results[0])
+        lines.append(f"Source: {files} ({entry.machine or tr.machine_of(results[0])}), written by `{command}`.")
+    lines += [f"Awaited: `{(RESULTS / s).as_posix()}`: {(entry.awaiting or {})[s]}" for s in awaited]
     return "\n".join(lines) + "\n"
 
 
