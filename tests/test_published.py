@@ -36,18 +36,20 @@ def test_card_speedups_agree_with_their_own_throughputs_to_the_printed_rounding(
     # the cards print tok/s to the unit and speedups to 0.1, from unrounded figures: 408/78 = 5.23 is
     # printed 5.3; a typo in a copied figure moves the ratio far past this bound
     for table in PUBLISHED.values():
-        for r in table.rows:
+        for r in (r for r in table.rows if r.ar_tok_s and r.dflash_tok_s):  # the paper prints speedups alone
             ratio = r.dflash_tok_s / r.ar_tok_s
             slack = 0.05 + ratio * (0.5 / r.ar_tok_s + 0.5 / r.dflash_tok_s)
             assert abs(ratio - r.speedup) <= slack, (table.pair, r)
 
 
-def test_every_table_belongs_to_a_known_pair_and_cites_its_card():
+def test_every_table_belongs_to_a_known_pair_and_cites_its_card_or_the_paper():
     for name, table in PUBLISHED.items():
         assert name in KNOWN
-        assert table.card == f"https://huggingface.co/{KNOWN[name].drafter}"
+        assert table.card in (f"https://huggingface.co/{KNOWN[name].drafter}", "https://arxiv.org/abs/2602.06036")
     assert resolve("z-lab/gemma-4-31B-it-DFlash").published().settings.gpu == "B300"
-    assert resolve("Qwen3-8B").published() is None
+    paper = resolve("Qwen3-8B").published()  # its card quotes no table here: the paper's, greedy on one B200
+    assert {(r.suite, r.tau, r.speedup) for r in paper.rows} == {("gsm8k", 6.54, 5.15), ("math500", 5.82, 4.64)}
+    assert resolve("Qwen3-4B").published() is None
 
 
 def test_gemma_settings_are_the_cards():
