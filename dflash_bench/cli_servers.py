@@ -36,6 +36,7 @@ def emulate(
     itl_ms: float = typer.Option(10.0, "--itl-ms", help="Time of one decode / verification step."),
     block_size: int = typer.Option(16, "--block-size", help="DFlash block size: at most this many tokens per step."),
     acceptance_length: float = typer.Option(6.5, "--acceptance-length", help="Mean tokens per verify step (tau), bonus included."),
+    acceptance_rates: Optional[str] = typer.Option(None, "--acceptance-rates", help="A synthetic acceptance profile instead of --acceptance-length: per draft position the share of steps that accept that far (non-increasing), comma-separated, block size - 1 of them."),
     output_len: int = typer.Option(128, "--output-len", help="Mean natural output length in tokens (uniform in 0.5x..1.5x)."),
     batch_slope_ms: float = typer.Option(0.0, "--batch-slope-ms", help="Extra step time per other running request."),
     seed: int = typer.Option(0, "--seed", help="Seed of output lengths, token ids and acceptance draws."),
@@ -50,10 +51,13 @@ def emulate(
     """Serve a timing emulator of an AR or DFlash LLM server (OpenAI + SGLang /generate + /metrics) with known truth."""
     from dflash_bench.emulator import EmulatorConfig
     from dflash_bench.emulator.server import serve
+    from dflash_bench.synthetic import parse_rates
 
+    rates = parse_rates(acceptance_rates, "--acceptance-rates") if acceptance_rates is not None else None
     try:
         cfg = EmulatorConfig(mode=mode, ttft_ms=ttft_ms, itl_ms=itl_ms, block_size=block_size,
-                             acceptance_length=acceptance_length, output_len=output_len, batch_slope_ms=batch_slope_ms,
+                             acceptance_length=acceptance_length, acceptance_rates=rates, output_len=output_len,
+                             batch_slope_ms=batch_slope_ms,
                              seed=seed, model=model, per_request_spec_metrics=per_request_spec_metrics,
                              fail_every=fail_every, fail_kind=fail_kind, crash_after_requests=crash_after_requests,
                              prefix_cache=prefix_cache, prompt_tokens_details=prompt_tokens_details)
@@ -148,8 +152,9 @@ def serve(
     served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="Model name in the API (default: --model as given)."),
     fast: bool = typer.Option(False, "--fast", help="Fast path: fused Qwen3/Llama/Gemma 4 forward with CUDA graphs (greedy requests only)."),
     load_format: str = typer.Option("auto", "--load-format", help="auto (the weight files) or dummy (random weights of the configs' shapes, created on the device: measure a large model's speed without its files; answers are meaningless)."),
-    synthetic_acceptance: Optional[float] = typer.Option(None, "--synthetic-acceptance", help="Benchmarking random weights: accept drafts at this mean length (tokens are wrong; needs --fast --benchmark-only)."),
-    benchmark_only: bool = typer.Option(False, "--benchmark-only", help="Allow options that make answers wrong on purpose (--synthetic-acceptance)."),
+    synthetic_acceptance: Optional[float] = typer.Option(None, "--synthetic-acceptance", help="Benchmarking random weights: accept drafts at this mean length tau, each position with the same conditional rate (tokens are wrong; needs --fast --benchmark-only)."),
+    synthetic_acceptance_rates: Optional[str] = typer.Option(None, "--synthetic-acceptance-rates", help="Benchmarking random weights: accept drafts by this profile instead, one rate per draft position, each the share of steps that accept that far (non-increasing, as vLLM's synthetic_acceptance_rates), e.g. 0.9,0.8,...; needs --fast --benchmark-only."),
+    benchmark_only: bool = typer.Option(False, "--benchmark-only", help="Allow options that make answers wrong on purpose (--synthetic-acceptance, --synthetic-acceptance-rates)."),
     step_ahead: bool = typer.Option(True, "--step-ahead/--no-step-ahead", help="Fast path: launch the next decode step before reading this one's tokens (the GPU never waits for the host; a request admitted mid-decode waits up to one step longer for its first token)."),
     verify_width: str = typer.Option("auto", "--verify-width", help="Fast path, DFlash: auto (verify the anchor and as many drafts per step as maximise committed tokens per second, from measured acceptance and step times) full (the whole block every step) or N (the anchor and its first N - 1 drafts every step: tau at that width, whatever the load)."),
     cut_draft: bool = typer.Option(False, "--cut-draft", help="Fast path, DFlash: draft only the positions a step verifies (the anchor and w - 1 masks), not the whole block; for drafters trained on blocks of random length."),
@@ -164,7 +169,8 @@ def serve(
 
     config = EngineConfig.from_options(
         model, draft, mode=mode, dtype=dtype, device=device, max_slots=max_slots, max_model_len=max_model_len,
-        fast=fast, synthetic_acceptance=synthetic_acceptance, benchmark_only=benchmark_only, step_ahead=step_ahead,
+        fast=fast, synthetic_acceptance=synthetic_acceptance, synthetic_acceptance_rates=synthetic_acceptance_rates,
+        benchmark_only=benchmark_only, step_ahead=step_ahead,
         verify_width=verify_width, cut_draft=cut_draft, prefill=prefill, load_format=load_format, kernels=kernels,
         memory_utilization=memory_utilization, kv_cache_memory_bytes=kv_cache_memory_bytes,
         tensor_parallel_size=tensor_parallel_size, enforce_eager=enforce_eager)

@@ -11,7 +11,8 @@ import torch  # noqa: E402
 
 from dflash_bench.engine.build import build_engine  # noqa: E402
 from dflash_bench.engine.decode import generate as ref_generate  # noqa: E402
-from dflash_bench.engine.fast.accept import synthetic_rate  # noqa: E402
+from dflash_bench.synthetic import geometric_rate  # noqa: E402
+from dflash_bench.errors import UserError  # noqa: E402
 from dflash_bench.engine.fast.drive import generate  # noqa: E402
 from dflash_bench.engine.fast.core import EngineCore  # noqa: E402
 from dflash_bench.engine.sampling import SamplingParams  # noqa: E402
@@ -116,7 +117,7 @@ def test_synthetic_acceptance_of_a_narrow_verify_follows_the_same_curve(setup):
     _, df = setup
     runner = fast_runner(df, synthetic_acceptance=3.5, seed=3, verify_width=3)
     generate(runner, tiny_prompts(df.tok, 8), 2 * N)
-    a = runner.runner.bodies.rate
+    a = geometric_rate(3.5, B)
     assert runner.timer.tau <= 3
     assert runner.timer.tau == pytest.approx(1 + a + a * a, abs=0.12)  # ~180 row-steps drawn from a seeded table
 
@@ -124,14 +125,14 @@ def test_synthetic_acceptance_of_a_narrow_verify_follows_the_same_curve(setup):
 def test_synthetic_acceptance_hits_the_asked_mean(setup):
     _, df = setup
     runner = fast_runner(df, synthetic_acceptance=3.5, seed=3)
-    draws = (runner.runner.bodies.uniforms < runner.runner.bodies.rate).long().cumprod(-1).sum(-1)  # what each (step, row) would accept
+    draws = (runner.runner.bodies.draws < 0.5).long().cumprod(-1).sum(-1)  # what each (step, row) would accept
     assert draws.max() <= B - 1
     assert 1 + draws.double().mean() == pytest.approx(3.5, abs=0.05)
     generate(runner, tiny_prompts(df.tok, 4), N)
     assert 2.5 < runner.timer.tau < 4.5  # the engine really took the drawn counts (real acceptance here is ~1.2)
-    with pytest.raises(ValueError):
-        synthetic_rate(B + 0.5, B)
-    assert synthetic_rate(float(B), B) == pytest.approx(1.0)
+    with pytest.raises(UserError):
+        geometric_rate(B + 0.5, B)
+    assert geometric_rate(float(B), B) == pytest.approx(1.0)
 
 
 def test_a_step_of_the_anchor_alone_is_no_draft_in_the_counters(setup):

@@ -131,7 +131,8 @@ def test_qk_rope_store_matches_torch_and_writes_only_its_slots(ops, norm, group,
 @pytest.mark.parametrize("mode", ["match", "synthetic", "ar"])
 def test_commit_matches_the_torch_commit_exactly(ops, mode):
     """The whole step commit in one launch leaves every buffer as the runner's torch commit does."""
-    from dflash_bench.engine.fast.accept import commit, synthetic_rate
+    from dflash_bench.engine.fast.accept import commit
+    from dflash_bench.synthetic import geometric_rate
 
     torch.manual_seed(2)
     S, bs, Bk = 8, 6, (1 if mode == "ar" else 5)  # bs < S: the kernel sees row slices of the buffers
@@ -147,7 +148,7 @@ def test_commit_matches_the_torch_commit_exactly(ops, mode):
     state = dict(drafts=drafts, active=torch.tensor([1, 1, 0, 1, 1, 0, 1, 1]), start=torch.randint(1, 40, (S,)),
                  anchor=column(torch.randint(0, 100, (S,))), out=torch.randint(0, 9, (S, Bk + 1)))
     if mode == "synthetic":
-        rate = synthetic_rate(3.0, Bk)
+        rate = geometric_rate(3.0, Bk)
         uniforms = torch.rand(7, S, Bk - 1)
         r32 = torch.tensor(rate, dtype=torch.float32)
         uniforms[9 % 7, :bs, 0] = torch.stack([r32, r32.nextafter(torch.tensor(0.0)), r32.nextafter(torch.tensor(1.0)),

@@ -50,7 +50,7 @@ import torch
 from dflash_bench.engine.drafter import DFlashDrafter, DrafterConfig, load_drafter
 from dflash_bench.engine.fast.draft import FastDrafter
 from dflash_bench.engine.fast.dense import DenseTarget
-from dflash_bench.engine.fast.accept import synthetic_rate
+from dflash_bench.synthetic import geometric_rate
 from dflash_bench.engine.fast.drive import decode
 from dflash_bench.engine.config import StepConfig
 from dflash_bench.engine.fast.core import EngineCore
@@ -156,7 +156,7 @@ def step_costs(targets: tuple[DenseTarget, DenseTarget], drafters: dict[str, Fas
                         draft_ms=d, verify_ms=v, step_ms=st,
                         ratio=med([(x["draft_ms"] + x["verify_ms"]) / y["verify_ms"] for x, y in zip(df, ar)]),
                         step_ratio=med([x["step_ms"] / y["step_ms"] for x, y in zip(df, ar)])))
-                    rate = synthetic_rate(a.tau, B)
+                    rate = geometric_rate(a.tau, B)
                     row["dflash"][-1]["speedup_at_w"] = sum(rate ** k for k in range(w)) / row["dflash"][-1]["ratio"]
         rows.append(row)
     return rows

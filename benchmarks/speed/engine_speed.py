@@ -75,7 +75,7 @@ def timed(runner: EngineCore, ps: list[list[int]], new: int, dev, *, pipeline: b
     """
     generate(runner, ps, new, pipeline=pipeline)
     bodies = runner.runner.bodies
-    if bodies.rate is not None:  # every DFlash runner draws the same synthetic acceptances in its measured run
+    if bodies.synthetic is not None:  # every DFlash runner draws the same synthetic acceptances in its measured run
         bodies.synth_step.zero_()
     chosen0 = runner.widths_chosen()
     sync(dev)

@@ -8,7 +8,8 @@ that the harness measures right:
 - the first token leaves `ttft_ms` after the request arrives;
 - then one verification step every `itl_ms` (+ `batch_slope_ms` per other running request), each step
   emitting one token (ar) or `k` tokens (dflash), k = 1 + Binomial(block_size - 1, p) so that E[k] is
-  exactly `acceptance_length`, the last step cut at the output length (counters still count the whole
+  exactly `acceptance_length` (or, given `acceptance_rates`, 1 + the run a synthetic acceptance profile draws:
+  E[k] = 1 + the rates' sum), the last step cut at the output length (counters still count the whole
   step, as vLLM's do);
 - output length and token ids are a deterministic function of (seed, prompt), identical in both modes,
   so an AR and a DFlash emulator are "lossless" with respect to each other;
@@ -30,6 +31,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from dflash_bench.synthetic import SyntheticProfile
 
 FAIL_KINDS = ("error", "stream-error", "drop", "malformed", "hang")
 PREFIX_BLOCK = 16  # tokens per prefix-cache block (vLLM's default block size); a token is 4 prompt bytes (`plan`)
@@ -42,6 +44,9 @@ class EmulatorConfig:
     itl_ms: float = 10.0
     block_size: int = 16
     acceptance_length: float = 6.5
+    # a synthetic acceptance profile instead (dflash_bench/synthetic.py): per draft position the share of steps that
+    # accept that far, each step's run drawn position by position with the conditional rates; tau = 1 + sum
+    acceptance_rates: tuple[float, ...] | None = None
     output_len: int = 128  # mean natural output length (EOS), drawn uniformly in [0.5, 1.5] x this
     batch_slope_ms: float = 0.0  # extra step time per other running request
     seed: int = 0
@@ -59,6 +64,9 @@ class EmulatorConfig:
             raise ValueError(f"mode must be 'ar' or 'dflash', not {self.mode!r}")
         if self.mode == "dflash" and not 1.0 <= self.acceptance_length <= self.block_size:
             raise ValueError("acceptance_length must lie between 1 and block_size")
+        if self.acceptance_rates is not None and len(self.acceptance_rates) != self.block_size - 1:
+            raise ValueError(f"acceptance_rates needs one rate per draft position ({self.block_size - 1} for a block "
+                             f"of {self.block_size}), not {len(self.acceptance_rates)}")
         if self.fail_kind not in FAIL_KINDS:
             raise ValueError(f"fail_kind must be one of {', '.join(FAIL_KINDS)}")
 
@@ -96,6 +104,8 @@ class Emulator:
         self.n_done = 0
         self.created = time.time()
         self.blocks: set[bytes] = set()  # the prefix cache: a key per cached block and everything before it
+        rates = cfg.acceptance_rates
+        self.conditional = SyntheticProfile(rates=rates).conditional() if rates is not None else None
 
     # ---- the model ---------------------------------------------------------------------------------
     def plan(self, prompt: str, max_tokens: int, ignore_eos: bool = False) -> Plan:
@@ -115,9 +125,15 @@ class Emulator:
             acc = random.Random(h ^ 0x5DEECE66D)
             k_max = cfg.block_size - 1
             p = (cfg.acceptance_length - 1.0) / k_max if k_max else 0.0
+            conditional = self.conditional
             left = n - 1
             while left > 0:
-                k = 1 + sum(acc.random() < p for _ in range(k_max))
+                if conditional is None:
+                    k = 1 + sum(acc.random() < p for _ in range(k_max))
+                else:  # the accepted run of a synthetic profile: position by position until one is rejected
+                    k = 1
+                    while k <= k_max and acc.random() < conditional[k - 1]:
+                        k += 1
                 steps.append(k)
                 left -= k
         return Plan(ids, finish, steps, max(1, len(prompt.encode()) // 4))

@@ -8,8 +8,12 @@ No torch at import (`resolve_prefill` asks torch for a GPU only when `--device a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from dflash_bench.errors import UserError
+
+if TYPE_CHECKING:
+    from dflash_bench.synthetic import SyntheticProfile
 
 PREFILL = ("auto", "first", "mixed")  # serve --prefill; `resolve_prefill` turns auto into one of the other two
 
@@ -23,6 +27,8 @@ class StepConfig:
     cut_draft: bool = False  # --cut-draft: draft only the positions a step verifies
     prefill: str = "first"  # --prefill, resolved: first, or mixed (AR: prompts ride the rows' steps)
     synthetic_acceptance: float | None = None  # --synthetic-acceptance (benchmarks): drafts accepted at this mean
+    # --synthetic-acceptance-rates (benchmarks): per draft position, the share of steps that accept that far
+    synthetic_acceptance_rates: tuple[float, ...] | None = None
     kv_block: int = 256  # the KV-length bucket of a step's graphs (no flag)
     seed: int = 0  # synthetic acceptance's draws (no flag)
 
@@ -32,6 +38,22 @@ class StepConfig:
         w = self.verify_width
         if not (w in ("auto", "full") or (isinstance(w, int) and w >= 1)):
             raise UserError(f"--verify-width must be auto, full or a number of tokens of at least 1, not {w!r}")
+
+    def synthetic(self, block_size: int) -> SyntheticProfile | None:
+        """The acceptance profile drawn instead of the target's verdict (dflash_bench/synthetic.py), from the mean
+        or the rates given; None without synthetic acceptance. One sentence for a mean or rates the block cannot take."""
+        from dflash_bench.synthetic import SyntheticProfile
+
+        if self.synthetic_acceptance_rates is not None:
+            return SyntheticProfile.from_rates(self.synthetic_acceptance_rates, block_size)
+        if self.synthetic_acceptance is not None:
+            return SyntheticProfile.from_tau(self.synthetic_acceptance, block_size)
+        return None
+
+    @property
+    def drawn(self) -> bool:
+        """Acceptance is drawn (synthetic), not the target's."""
+        return self.synthetic_acceptance is not None or self.synthetic_acceptance_rates is not None
 
     @property
     def adaptive(self) -> bool:
@@ -72,7 +94,8 @@ class EngineConfig:
     @classmethod
     def from_options(cls, model: str, draft: str | None = None, *, mode: str | None = None, dtype: str = "auto",
                      device: str = "auto", max_slots: int | None = 32, max_model_len: int = 4096, fast: bool = False,
-                     load_format: str = "auto", synthetic_acceptance: float | None = None, benchmark_only: bool = False,
+                     load_format: str = "auto", synthetic_acceptance: float | None = None,
+                     synthetic_acceptance_rates: str | None = None, benchmark_only: bool = False,
                      step_ahead: bool = True, verify_width: str = "auto", cut_draft: bool = False,
                      prefill: str = "auto", kernels: bool = True, memory_utilization: float | None = None,
                      kv_cache_memory_bytes: int | None = None, tensor_parallel_size: int = 1,
@@ -88,14 +111,23 @@ class EngineConfig:
         if prefill not in PREFILL:
             raise UserError(f"--prefill must be one of {', '.join(PREFILL)}, not {prefill!r}")
         prefill = resolve_prefill(prefill, fast=fast, mode=mode, device=device)
+        if synthetic_acceptance is not None and synthetic_acceptance_rates is not None:
+            raise UserError("give --synthetic-acceptance (a mean) or --synthetic-acceptance-rates (one rate per draft "
+                            "position), not both")
+        rates = None
+        if synthetic_acceptance_rates is not None:
+            from dflash_bench.synthetic import parse_rates
+
+            rates = parse_rates(synthetic_acceptance_rates)
         if load_format not in ("auto", "dummy"):
             raise UserError(f"--load-format must be auto or dummy, not {load_format!r}")
         if not fast:
             if memory_utilization is not None or kv_cache_memory_bytes is not None:
                 raise UserError(f"{'--memory-utilization' if memory_utilization is not None else '--kv-cache-memory-bytes'}"
                                 " sizes the fast path's KV pool: add --fast (without it, --max-slots sizes the cache)")
-            if synthetic_acceptance is not None:
-                raise UserError("--synthetic-acceptance runs on the fast path only: add --fast --benchmark-only")
+            if synthetic_acceptance is not None or rates is not None:
+                which = "--synthetic-acceptance" + ("-rates" if rates is not None else "")
+                raise UserError(f"{which} runs on the fast path only: add --fast --benchmark-only")
             if tensor_parallel_size > 1 or enforce_eager:
                 raise UserError(f"{'--enforce-eager' if enforce_eager else f'--tensor-parallel-size {tensor_parallel_size}'}"
                                 " runs on the fast path only: add --fast")
@@ -106,7 +138,8 @@ class EngineConfig:
                 raise UserError(f"{'--cut-draft' if cut_draft else '--no-kernels' if not kernels else '--verify-width'}"
                                 " applies to the fast path only: add --fast")
         step = StepConfig(verify_width=width if width is not None else verify_width, step_ahead=step_ahead,
-                          cut_draft=cut_draft, prefill=prefill, synthetic_acceptance=synthetic_acceptance)
+                          cut_draft=cut_draft, prefill=prefill, synthetic_acceptance=synthetic_acceptance,
+                          synthetic_acceptance_rates=rates)
         return cls(model, draft if mode == "dflash" else None, mode=mode, dtype=dtype, device=device,
                    max_slots=max_slots if fast or max_slots is not None else 32, max_model_len=max_model_len, fast=fast,
                    load_format=load_format, benchmark_only=benchmark_only, kernels=kernels,

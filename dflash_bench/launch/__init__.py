@@ -15,7 +15,7 @@ import contextlib
 import os
 import tempfile
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 from dflash_bench.errors import UserError
 from dflash_bench.launch.common import ServerDied, ServerInfo, ServerNotReady, Server, Terminated, free_port, sigterm_unwinds
@@ -23,6 +23,9 @@ from dflash_bench.launch.docker import DockerOptions
 from dflash_bench.launch.identity import check_port_free, verify_launched
 from dflash_bench.models import ModelPair
 from dflash_bench.profiles.base import EngineProfile, check_mode as profile_mode, check_preset
+
+if TYPE_CHECKING:
+    from dflash_bench.synthetic import SyntheticProfile
 
 __all__ = ["DockerOptions", "Server", "ServerDied", "ServerInfo", "ServerNotReady", "Terminated", "free_port",
            "launch_command", "launch_server", "plan_server"]
@@ -89,11 +92,12 @@ def _make(runner: str, argv: list[str], env: dict[str, str], info: ServerInfo, n
 
 def plan_server(engine: str, model: str | ModelPair, mode: str, *, port: int | None = None, preset: str = "generic",
                 extra_args: Sequence[str] = (), runner: str = "docker", network: str = "host", prepare: bool = False,
-                slots: tuple[int, int] | None = None) -> tuple[EngineProfile, ModelPair, list[str], dict[str, str], int]:
+                slots: tuple[int, int] | None = None, synthetic: SyntheticProfile | None = None,
+                ) -> tuple[EngineProfile, ModelPair, list[str], dict[str, str], int]:
     """(profile, pair, argv, env, port): what `launch_server` would run, for --dry-run and manifests.
 
     `prepare` makes the model files the engine needs (llama.cpp converts to GGUF); without it their
-    paths are only planned."""
+    paths are only planned. `synthetic`: the acceptance profile a DFlash server draws (dflash_bench/synthetic.py)."""
     from dflash_bench import models, profiles
 
     if runner not in RUNNERS:
@@ -105,7 +109,7 @@ def plan_server(engine: str, model: str | ModelPair, mode: str, *, port: int | N
     # The harness talks to 127.0.0.1, so servers listen there only (vLLM would take every interface);
     # a port-mapped container must listen on all of its own interfaces for the mapping to reach it.
     host = "0.0.0.0" if runner == "docker" and network != "host" else "127.0.0.1"
-    argv = profile.command(pair, mode, port, preset, extra_args, host=host, slots=slots)
+    argv = profile.command(pair, mode, port, preset, extra_args, host=host, slots=slots, synthetic=synthetic)
     return profile, pair, argv, profile.env(pair, mode), port
 
 
@@ -115,13 +119,14 @@ def launch_server(
     preset: str = "generic", gpus: str | None = "all", image: str | None = None, extra_args: Sequence[str] = (),
     sweep_id: str | None = None, log_path: str | Path | None = None,
     ready_timeout: float = DEFAULT_READY_TIMEOUT_S, network: str = "host", docker: DockerOptions | None = None,
-    slots: tuple[int, int] | None = None,
+    slots: tuple[int, int] | None = None, synthetic: SyntheticProfile | None = None,
 ) -> Iterator[Server]:
     """Launch `engine` serving `model` in `mode` ("ar" | "dflash"); see the module docstring. `slots`: (slots,
-    per-slot context) for an engine whose slots follow the cell's concurrency (`EngineProfile.slots_per_cell`)."""
+    per-slot context) for an engine whose slots follow the cell's concurrency (`EngineProfile.slots_per_cell`);
+    `synthetic`: the acceptance profile a DFlash server draws instead of verifying."""
     profile, pair, argv, env, port = plan_server(engine, model, mode, port=port, preset=preset,
                                                  extra_args=extra_args, runner=runner, network=network, prepare=True,
-                                                 slots=slots)
+                                                 slots=slots, synthetic=synthetic)
     opts = docker
     if runner == "process":
         argv = profile.process_argv(argv)

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
 from dflash_bench.errors import UserError
 from dflash_bench.models import ModelPair
+
+if TYPE_CHECKING:
+    from dflash_bench.synthetic import SyntheticProfile
 
 MODES = ("ar", "dflash")
 PRESETS = ("generic", "h100", "b300")
@@ -157,12 +160,18 @@ class EngineProfile:
 
     def command(self, pair: ModelPair, mode: str, port: int, preset: str | None = "generic",
                 extra_args: Sequence[str] = (), host: str | None = None,
-                slots: tuple[int, int] | None = None) -> list[str]:
+                slots: tuple[int, int] | None = None, synthetic: SyntheticProfile | None = None) -> list[str]:
         """The full server command line (as a local process would run it); `slots`: (slots, per-slot context)
-        for an engine whose slots follow the cell's concurrency."""
+        for an engine whose slots follow the cell's concurrency; `synthetic`: the acceptance profile a DFlash
+        server draws instead of verifying (dflash_bench/synthetic.py)."""
         mode, preset = check_mode(mode), check_preset(preset)
         argv = self.base_command(pair) + self.target_flags(pair, preset) + self.slot_flags(pair, slots)
-        argv += self.spec_flags(pair, preset) if mode == "dflash" else self.ar_flags()
+        if mode != "dflash":
+            argv += self.ar_flags()
+        elif synthetic is None:
+            argv += self.spec_flags(pair, preset)
+        else:
+            argv += self.synthetic_spec_flags(pair, preset, synthetic)
         argv += ["--port", str(port)] + (["--host", host] if host else [])
         return argv + self.harness_flags() + self.mode_args(mode, list(extra_args))
 
@@ -188,6 +197,16 @@ class EngineProfile:
 
     def spec_flags(self, pair: ModelPair, preset: str) -> list[str]:
         raise NotImplementedError
+
+    def synthetic_refusal(self, extra_args: Sequence[str] = ()) -> str | None:
+        """Why this engine cannot draw a synthetic acceptance profile with these --engine-args (one sentence, the
+        sweep refuses it before launch), or None where it can."""
+        return (f"the {self.name} engine has no synthetic acceptance (a drawn acceptance profile instead of "
+                f"verifying): measure it without --synthetic-acceptance, in a sweep of its own")
+
+    def synthetic_spec_flags(self, pair: ModelPair, preset: str, synthetic: SyntheticProfile) -> list[str]:
+        """The DFlash server's speculative flags when it draws `synthetic` instead of verifying."""
+        raise UserError(self.synthetic_refusal() or f"the {self.name} engine has no synthetic acceptance")
 
     def ar_flags(self) -> list[str]:
         """Flags only the AR server gets (none for vLLM and SGLang: AR is the command minus spec flags)."""

@@ -6,13 +6,18 @@ Readiness on /health; acceptance from its /metrics, which use vLLM's counter nam
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
 
 from dflash_bench import __version__
 from dflash_bench.profiles.base import EngineProfile
 from dflash_bench.models import ModelPair
 
+if TYPE_CHECKING:
+    from dflash_bench.synthetic import SyntheticProfile
+
 DEFAULT_IMAGE = f"dflash-bench:{__version__}"  # docker build -f docker/Dockerfile -t dflash-bench:VERSION .
 
+SYNTHETIC_FLAGS = ("--synthetic-acceptance", "--synthetic-acceptance-rates")  # serve's: DFlash only, benchmarking only
 # GPU presets run bf16 on CUDA; the generic preset leaves device and dtype to the engine's defaults.
 PRESET_FLAGS = {"generic": [], "h100": ["--device", "cuda", "--dtype", "bfloat16"],
                 "b300": ["--device", "cuda", "--dtype", "bfloat16"]}
@@ -58,7 +63,7 @@ class Builtin(EngineProfile):
         return ["--mode", "ar"]
 
     def mode_args(self, mode: str, extra_args: list[str]) -> list[str]:
-        """`serve` refuses --synthetic-acceptance (and so --benchmark-only's reason) in mode ar: a sweep that
+        """`serve` refuses --synthetic-acceptance(-rates) (and so --benchmark-only's reason) in mode ar: a sweep that
         passes them as --engine-arg gives them to its DFlash server only, and its AR server stays a plain one."""
         if mode == "dflash":
             return extra_args
@@ -66,14 +71,30 @@ class Builtin(EngineProfile):
         for a in extra_args:
             if skip:
                 skip = False
-            elif a == "--synthetic-acceptance":
+            elif a in SYNTHETIC_FLAGS:
                 skip = True  # its value follows
-            elif not (a.startswith("--synthetic-acceptance=") or a == "--benchmark-only"):
+            elif not (a.split("=", 1)[0] in SYNTHETIC_FLAGS or a == "--benchmark-only"):
                 out.append(a)
         return out
 
     def spec_flags(self, pair: ModelPair, preset: str) -> list[str]:
         return ["--mode", "dflash", "--draft", pair.require_drafter()]
+
+    def synthetic_refusal(self, extra_args: Sequence[str] = ()) -> str | None:
+        """It draws on its fast path only, and from one profile: the sweep's, not an --engine-arg's as well."""
+        args = [str(a).split("=", 1)[0] for a in extra_args]
+        if "--fast" not in args:
+            return ("the builtin engine draws a synthetic acceptance on its fast path only: add --engine-arg=--fast "
+                    "to the sweep")
+        given = [a for a in args if a in SYNTHETIC_FLAGS]
+        if given:
+            return (f"--engine-arg={given[0]} and the sweep's --synthetic-acceptance both give the DFlash server an "
+                    "acceptance profile: keep the sweep's option only")
+        return None
+
+    def synthetic_spec_flags(self, pair: ModelPair, preset: str, synthetic: SyntheticProfile) -> list[str]:
+        rates = ",".join(str(r) for r in synthetic.rates)
+        return self.spec_flags(pair, preset) + ["--synthetic-acceptance-rates", rates, "--benchmark-only"]
 
     def container_command(self, argv: list[str]) -> list[str]:
         # docker/Dockerfile's entrypoint is already `dflash-bench serve --host 0.0.0.0`.

@@ -8,9 +8,13 @@ Timing options (`--ttft-ms`, `--itl-ms`, `--acceptance-length`, ...) pass throug
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
 
 from dflash_bench.profiles.base import EngineProfile
 from dflash_bench.models import ModelPair
+
+if TYPE_CHECKING:
+    from dflash_bench.synthetic import SyntheticProfile
 
 
 @dataclass(frozen=True)
@@ -34,3 +38,10 @@ class Emulator(EngineProfile):
 
     def spec_flags(self, pair: ModelPair, preset: str) -> list[str]:
         return ["--mode", "dflash", "--block-size", str(pair.block_size)]
+
+    def synthetic_refusal(self, extra_args: Sequence[str] = ()) -> str | None:
+        return None
+
+    def synthetic_spec_flags(self, pair: ModelPair, preset: str, synthetic: SyntheticProfile) -> list[str]:
+        """Its steps' accepted runs drawn from the profile (`emulate --acceptance-rates`), a known truth."""
+        return self.spec_flags(pair, preset) + ["--acceptance-rates", ",".join(str(r) for r in synthetic.rates)]

@@ -8,6 +8,7 @@ Acceptance: per-request `meta_info.spec_verify_ct` (Σ completion_tokens / Σ sp
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 from dflash_bench.profiles.base import EngineProfile, python_module
 from dflash_bench.models import ModelPair
@@ -72,6 +73,10 @@ class SGLang(EngineProfile):
 
     def harness_flags(self) -> list[str]:
         return ["--enable-metrics"]
+
+    def synthetic_refusal(self, extra_args: Sequence[str] = ()) -> str | None:
+        return ("SGLang's DFlash has no synthetic acceptance (its SGLANG_SIMULATE_ACC_LEN reaches EAGLE's verify "
+                "only): measure SGLang without --synthetic-acceptance, in a sweep of its own")
 
     def env(self, pair: ModelPair, mode: str) -> dict[str, str]:
         return dict(pair.sglang_env)

@@ -1,6 +1,7 @@
 """vLLM: `vllm serve TARGET` (image vllm/vllm-openai, whose entrypoint is `vllm serve`).
 
-DFlash adds `--speculative-config {"method": "dflash", "model": DRAFTER, "num_speculative_tokens": B-1}`.
+DFlash adds `--speculative-config {"method": "dflash", "model": DRAFTER, "num_speculative_tokens": B-1}`; with a
+synthetic acceptance profile also `"rejection_sample_method": "synthetic", "synthetic_acceptance_rates": [...]`.
 Acceptance: Δ of the `vllm:spec_decode_*_total` counters on /metrics (always on).
 """
 
@@ -8,9 +9,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
 
+from dflash_bench.errors import UserError
 from dflash_bench.profiles.base import EngineProfile, python_module
 from dflash_bench.models import ModelPair
+
+if TYPE_CHECKING:
+    from dflash_bench.synthetic import SyntheticProfile
 
 DEFAULT_IMAGE = "vllm/vllm-openai:v0.29.0"
 
@@ -112,9 +118,25 @@ class VLLM(EngineProfile):
         return list(pair.vllm_flags)
 
     def spec_flags(self, pair: ModelPair, preset: str) -> list[str]:
-        config = {"method": "dflash", "model": pair.require_drafter(),
-                  "num_speculative_tokens": pair.num_speculative_tokens, **pair.vllm_spec}
+        return ["--speculative-config", json.dumps(self._spec_config(pair))]
+
+    def synthetic_refusal(self, extra_args: Sequence[str] = ()) -> str | None:
+        return None
+
+    def synthetic_spec_flags(self, pair: ModelPair, preset: str, synthetic: SyntheticProfile) -> list[str]:
+        """vLLM's own synthetic rejection sampling (vllm/config/speculative.py, 0.26.0 and later), always given the
+        profile's per-position rates: given a mean length alone, vLLM draws another profile (positions below tau - 1
+        always accepted, the next by the fraction, none after)."""
+        if len(synthetic.rates) != pair.num_speculative_tokens:
+            raise UserError(f"the synthetic acceptance profile has {len(synthetic.rates)} rates and vLLM drafts "
+                            f"{pair.num_speculative_tokens} tokens a step: give one rate per draft position")
+        config = {**self._spec_config(pair), "rejection_sample_method": "synthetic",
+                  "synthetic_acceptance_rates": list(synthetic.rates)}
         return ["--speculative-config", json.dumps(config)]
+
+    def _spec_config(self, pair: ModelPair) -> dict:
+        return {"method": "dflash", "model": pair.require_drafter(),
+                "num_speculative_tokens": pair.num_speculative_tokens, **pair.vllm_spec}
 
     def env(self, pair: ModelPair, mode: str) -> dict[str, str]:
         return dict(pair.vllm_env)

@@ -2,26 +2,12 @@
 
 `commit` is the torch reference of `triton_ops.commit` and the C kernels' commit (same arguments): accept the
 longest run of drafts the target agrees with (or, for benchmarks, a synthetic run), then advance the active
-rows. `synthetic_rate` fits the per-position acceptance of synthetic mode to a mean tokens-per-step tau.
+rows. Synthetic acceptance's table of draws is made by `steps.StepBodies` from its profile (dflash_bench/synthetic.py).
 """
 
 from __future__ import annotations
 
 import torch
-
-
-def synthetic_rate(tau: float, block_size: int) -> float:
-    """The per-position acceptance a with 1 + sum_{k=1}^{B-1} a^k = tau (bisection)."""
-    if not 1.0 <= tau <= block_size:
-        raise ValueError(f"synthetic acceptance length must lie in [1, {block_size}], got {tau}")
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if 1 + sum(mid**k for k in range(1, block_size)) < tau:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
 
 
 SYNTHETIC_STEPS = 4096  # rows of the synthetic-acceptance table (it cycles after that many steps)

@@ -53,7 +53,8 @@ class FastEngine:
         self.tok, self.B = tokenizer, self.core.B
         self.prefill_rows, self.prefill_tokens = max_slots, PREFILL_TOKENS  # a group: one forward (`core.add_many`)
         self.max_len, self.vocab_size = max_len, ft.vocab_size
-        self.synthetic_acceptance = config.step.synthetic_acceptance
+        drawn = self.core.runner.bodies.synthetic
+        self.synthetic_acceptance = drawn.tau if drawn is not None else None  # the profile's tau at full width
         self.book = Bookkeeping(tokenizer, eos_ids=eos_ids, block_size=self.B, slots=max_slots, max_len=max_len,
                                 vocab_size=ft.vocab_size)
         sched = self.core.sched
@@ -165,15 +166,15 @@ def build_fast_engine(config: EngineConfig, *, tokenizer: Any = None) -> FastEng
     ranks on the CPU), `ranks.py`. `enforce_eager`: no CUDA graphs."""
     from dflash_bench.engine.build import eos_ids, load_tokenizer, resolve_dtype
 
-    mode, tau, device, size = config.mode, config.step.synthetic_acceptance, config.device, config.tensor_parallel_size
+    mode, drawn, device, size = config.mode, config.step.drawn, config.device, config.tensor_parallel_size
     draft = config.draft if mode == "dflash" else None
     if mode not in ("ar", "dflash"):
         raise UserError(f"unknown mode {mode!r}; use 'ar' or 'dflash'")
     if mode == "dflash" and not draft:
         raise UserError("mode dflash needs a drafter: pass --draft <drafter folder>")
-    if tau is not None and not config.benchmark_only:
+    if drawn and not config.benchmark_only:
         raise UserError("--synthetic-acceptance makes every answer wrong on purpose; it needs --benchmark-only")
-    if tau is not None and mode != "dflash":
+    if drawn and mode != "dflash":
         raise UserError("--synthetic-acceptance only applies to mode dflash")
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -199,8 +200,8 @@ def build_fast_engine(config: EngineConfig, *, tokenizer: Any = None) -> FastEng
         hf, drafter = load_pair(config.model, draft, dtype=dt, device=device, dummy=config.dummy)
         if shard is not None:
             shard = shard.cut(hf, drafter)  # this rank's part only, before the pool is sized from what is left
-        if drafter is not None and tau is not None and not 1 <= tau <= drafter.config.block_size:
-            raise UserError(f"--synthetic-acceptance must lie between 1 and the block size {drafter.config.block_size}")
+        if drafter is not None:
+            config.step.synthetic(drafter.config.block_size)  # a mean or rates the block cannot take: one sentence
         from dflash_bench.engine.fast.pool import pool_slots
 
         utilization = 0.9 if config.memory_utilization is None else config.memory_utilization

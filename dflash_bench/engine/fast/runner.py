@@ -69,7 +69,7 @@ class FastRunner:
         self.state = SlotState(slots=self.S, block=self.B, max_len=self.max_len, vocab=target.vocab_size,
                                dtype=target.dtype, device=dev, keep_logits=keep_logits, prompts=k)
         self.bodies = StepBodies(target, drafter, self.state, overlap=overlap,
-                                 synthetic_acceptance=config.synthetic_acceptance, seed=config.seed,
+                                 synthetic=config.synthetic(self.B), seed=config.seed,
                                  cut_draft=config.cut_draft)
         self.graphs = GraphCache(self.graphs_on, self.bodies.committed,
                                  [target.index] + ([drafter.index] if drafter is not None else []))

@@ -8,38 +8,46 @@ second stream beside the target's last layers; greedy acceptance and the commit:
 `active` keeps their state still.
 
 Synthetic acceptance (benchmarks only): the verifier accepts a drawn number of drafts instead of comparing
-them with the target, each position with probability a, leading run kept, so that E[tokens per step] = tau
-over the whole block. That is a geometric curve by position (P(first i accepted) = a^i): a step that verifies
-only its first w - 1 drafts (adaptive width, width.py) draws from the same curve, 1 + sum_{k<w} a^k tokens.
-The uniforms come from a seeded table on the device, read at a per-row step counter the commit advances.
+them with the target: the profile's (dflash_bench/synthetic.py: per position the share of steps that accept
+that far, r_i), each position drawn with its conditional rate r_i / r_{i-1}, leading run kept, so that
+E[tokens per step] = 1 + sum r_i over the whole block. A step that verifies only its first w - 1 drafts
+(adaptive width, width.py) draws from the same profile, 1 + sum_{i<w} r_i tokens. The draws come from a seeded
+table on the device (0.0 where a position is accepted, 1.0 where not), read at a per-row step counter the
+commit advances; the commit accepts a position whose entry lies below ACCEPT_BELOW.
 """
 
 from __future__ import annotations
 
 import torch
 
-from dflash_bench.engine.fast.accept import SYNTHETIC_STEPS, commit, synthetic_rate
+from dflash_bench.engine.fast.accept import SYNTHETIC_STEPS, commit
 from dflash_bench.engine.fast.family import Drafter, Target
 from dflash_bench.engine.fast.model import matmul, softcap
 from dflash_bench.engine.fast.slots import SlotState
+from dflash_bench.synthetic import SyntheticProfile
+
+ACCEPT_BELOW = 0.5  # the commit's threshold over the table of draws (0.0: accepted, 1.0: rejected)
 
 
 class StepBodies:
     """The step bodies over one `SlotState` (see the module)."""
 
     def __init__(self, target: Target, drafter: Drafter | None, state: SlotState, *, overlap: bool = True,
-                 synthetic_acceptance: float | None = None, seed: int = 0, cut_draft: bool = False):
+                 synthetic: SyntheticProfile | None = None, seed: int = 0, cut_draft: bool = False):
         self.t, self.d, self.s = target, drafter, state
         self.B = drafter.B if drafter else 1
         self.dev, self.max_len = target.device, target.max_len
         self.taps = tuple(drafter.c.target_layer_ids) if drafter else ()
         # the drafter's context K/V is computed on this stream while the target's last layers run
         self.side = torch.cuda.Stream(self.dev) if drafter and self.dev.type == "cuda" and overlap else None
-        self.rate = synthetic_rate(synthetic_acceptance, self.B) if synthetic_acceptance is not None else None
-        if self.rate is not None:
+        self.synthetic = synthetic
+        if synthetic is not None:
+            assert synthetic.block_size == self.B, "the profile is the drafter's block's"
             gen = torch.Generator().manual_seed(seed)
             slots = state.start.shape[0]
-            self.uniforms = torch.rand(SYNTHETIC_STEPS, slots, self.B - 1, generator=gen).to(self.dev)
+            uniforms = torch.rand(SYNTHETIC_STEPS, slots, self.B - 1, generator=gen, dtype=torch.float64)
+            rejected = uniforms >= torch.tensor(synthetic.conditional(), dtype=torch.float64)
+            self.draws = rejected.to(torch.float32).to(self.dev)  # [step, row, position]: 0.0 accepted, 1.0 not
             self.synth_step = torch.zeros(slots, dtype=torch.long, device=self.dev)  # per row: the commit advances it
         # draft only the w positions a step verifies (a block cut to w), not the whole block: for drafters
         # trained on blocks of random length, which draft a cut block as well
@@ -47,7 +55,7 @@ class StepBodies:
 
     def committed(self) -> list[torch.Tensor]:
         """The state a graph body advances (everything else it writes is recomputed identically)."""
-        return [self.s.start, self.s.anchor] + ([self.synth_step] if self.rate is not None else [])
+        return [self.s.start, self.s.anchor] + ([self.synth_step] if self.synthetic is not None else [])
 
     def ar(self, bs: int, L: int) -> None:
         s = self.s
@@ -137,6 +145,6 @@ class StepBodies:
 
     def commit(self, bs: int, post: torch.Tensor, w: int = 1) -> None:
         s = self.s
-        synth = (self.uniforms, self.synth_step[:bs], self.rate) if self.rate is not None else None
+        synth = (self.draws, self.synth_step[:bs], ACCEPT_BELOW) if self.synthetic is not None else None
         fn = commit if self.t.kernels is None else self.t.kernels.ops.commit  # the kernel: one launch, not a dozen
         fn(post, s.drafts[:bs], s.active[:bs], s.start[:bs], s.anchor[:bs], s.out[:bs, : w + 1], synth)
