@@ -155,6 +155,8 @@ def sweep(
     gpu: Optional[str] = typer.Option(None, "--gpu", help="Engine flag preset: h100, h200, b300 or generic (also h20, hopper, b200, gb200, gb300, blackwell); a named GPU also sizes the servers for the plan (context limit, memory fraction) and refuses a plan that cannot fit."),
     tensor_parallel_size: Optional[int] = typer.Option(None, "--tensor-parallel-size", "--tp", min=1, help="GPUs per vLLM or SGLang server (tensor parallel)."),
     drafter: Optional[str] = typer.Option(None, "--drafter", help="DFlash drafter (HF id or folder) when --model is not a known pair."),
+    modes: Optional[str] = typer.Option(None, "--modes", help="The servers each engine runs, comma-separated: ar, dflash, and eagle3 (an EAGLE-3 head beside DFlash's drafter, on vllm). Default ar,dflash."),
+    eagle3: Optional[str] = typer.Option(None, "--eagle3", help="EAGLE-3 head (HF id or folder) for the eagle3 mode, where the pair has none known or to use another."),
     runner: Optional[str] = typer.Option(None, "--runner", help="docker or process (default: docker for vllm/sglang, process for builtin/emulator)."),
     image: Optional[str] = typer.Option(None, "--image", help="Container image (overrides the engine's default)."),
     port: Optional[int] = typer.Option(None, "--port", min=1, max=65535, help="Port of the launched servers (default: the engine's, 8000)."),
@@ -197,7 +199,8 @@ def sweep(
         engine_args=engine_arg or None, url_ar=url_ar, url_dflash=url_dflash, expect_model=expect_model,
         tensor_parallel=tensor_parallel_size, temperature=temperature, seed=seed, thinking=think,
         thinking_both=think_both, save_token_ids=save_token_ids,
-        engine_options={"drafter": drafter} if drafter else None, slo=slo,
+        engine_options={k: v for k, v in (("drafter", drafter), ("eagle3", eagle3)) if v} or None, slo=slo,
+        modes=parse_list(modes),
         input_lens=parse_input_lens(input_len) if input_len is not None else None,
         min_cell_seconds=min_cell_seconds, steady_requests=steady_requests, steady_ramp=steady_ramp,
     )

@@ -74,7 +74,7 @@ def emulate(
 def launch(
     engine: str = typer.Option("vllm", "--engine", "-e", help="vllm, sglang, builtin, emulator or llamacpp."),
     model: str = typer.Option(..., "--model", "-m", help="A known short name (see `dflash-bench models`) or a Hugging Face id / folder."),
-    mode: str = typer.Option("dflash", "--mode", help="ar (plain decoding) or dflash (speculative)."),
+    mode: str = typer.Option("dflash", "--mode", help="ar (plain decoding), dflash (speculative), or eagle3 (the pair's EAGLE-3 head, on vllm)."),
     gpu: str = typer.Option("generic", "--gpu", help="GPU preset for engine flags: generic, h100 (Hopper), b300 (Blackwell)."),
     runner: str = typer.Option("docker", "--runner", help="docker (engine image) or process (engine installed here)."),
     port: Optional[int] = typer.Option(None, "--port", min=1, max=65535, help="Port to serve on (default: the engine's own)."),

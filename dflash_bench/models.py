@@ -54,6 +54,10 @@ class ModelPair:
     sglang_env: dict = field(default_factory=dict)
     sglang_version: str = "with PR #22077 (DFLASH)"
     notes: str = ""
+    # an EAGLE-3 head for the same target (sweep --modes ...,eagle3), and the tokens it drafts a step (the DFlash
+    # blog's EAGLE-3 baseline: 7)
+    eagle3: str | None = None
+    eagle3_tokens: int = 7
 
     @property
     def num_speculative_tokens(self) -> int:
@@ -70,6 +74,12 @@ class ModelPair:
         if not self.drafter:
             raise UserError(f"model {self.name} has no DFlash drafter: pass --drafter to run the dflash mode.")
         return self.drafter
+
+    def require_eagle3(self) -> str:
+        if not self.eagle3:
+            raise UserError(f"model {self.name} has no EAGLE-3 head known here: pass --eagle3 (a Hugging Face id or "
+                            "folder) to run the eagle3 mode.")
+        return self.eagle3
 
 
 def _qwen35(size: str, drafter: str | None = None, tp: int = 1, *, version: str = "3.5", notes: str = "") -> ModelPair:
@@ -109,7 +119,8 @@ KNOWN: dict[str, ModelPair] = {p.name: p for p in [
               "the release: one H100, vLLM, tau about 7.8, 222.3 tok/s, 3.4x over AR",
     ),
     ModelPair(name="Qwen3-4B", target="Qwen/Qwen3-4B", drafter="z-lab/Qwen3-4B-DFlash-b16", notes="thinking off"),
-    ModelPair(name="Qwen3-8B", target="Qwen/Qwen3-8B", drafter="z-lab/Qwen3-8B-DFlash-b16", notes="thinking off"),
+    ModelPair(name="Qwen3-8B", target="Qwen/Qwen3-8B", drafter="z-lab/Qwen3-8B-DFlash-b16", notes="thinking off",
+              eagle3="RedHatAI/Qwen3-8B-speculator.eagle3"),
     ModelPair(
         name="Qwen3-Coder-30B-A3B", target="Qwen/Qwen3-Coder-30B-A3B-Instruct",
         drafter="z-lab/Qwen3-Coder-30B-A3B-DFlash",
@@ -119,6 +130,7 @@ KNOWN: dict[str, ModelPair] = {p.name: p for p in [
     ModelPair(
         name="Llama-3.1-8B-Instruct", target="meta-llama/Llama-3.1-8B-Instruct",
         drafter="z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat", block_size=10,
+        eagle3="yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
         notes="gated target: needs HF_TOKEN; SGLang flags in the Qwen3 card's form (no published command)",
     ),
     ModelPair(
@@ -186,7 +198,8 @@ def check_local(name: str | None, option: str = "--model") -> None:
                         "id (org/name) or a short name from `dflash-bench models`.")
 
 
-def resolve(name: str, *, drafter: str | None = None, block_size: int | None = None) -> ModelPair:
+def resolve(name: str, *, drafter: str | None = None, block_size: int | None = None,
+            eagle3: str | None = None) -> ModelPair:
     """The pair for a short name or a Hugging Face id; any other id or folder needs `drafter` for dflash.
 
     Unknown short names (no "/" and not a folder) raise UserError listing the known names.
@@ -201,11 +214,11 @@ def resolve(name: str, *, drafter: str | None = None, block_size: int | None = N
             raise UserError(f"unknown model {name!r}: use one of {names}, or a Hugging Face id with --drafter.")
         size = block_size or (_local_block_size(drafter) if drafter else None) or 16
         return ModelPair(name=name.rstrip("/").rsplit("/", 1)[-1], target=name, drafter=drafter, block_size=size,
-                         notes="not a known pair: card flags unknown")
+                         eagle3=eagle3, notes="not a known pair: card flags unknown")
     if drafter or block_size:
         size = block_size or (_local_block_size(drafter) if drafter else None) or pair.block_size
         pair = replace(pair, drafter=drafter or pair.drafter, block_size=size)
-    return pair
+    return replace(pair, eagle3=eagle3) if eagle3 else pair
 
 
 def print_table() -> None:

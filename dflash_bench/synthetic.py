@@ -99,6 +99,16 @@ class SyntheticProfile(BaseModel):
         return f"synthetic τ {self.tau:.2f}, drawn" + (f" ({self.source})" if self.source else "")
 
 
+def for_draft(profile: SyntheticProfile, tokens: int) -> SyntheticProfile:
+    """The profile for a server that drafts `tokens` a step (an EAGLE-3 head beside the DFlash block): the same one
+    where its length matches, else the geometric profile of the same tau over that length (the tau capped at
+    tokens + 1, all a step can commit), so that both speculative servers of a sweep draw the same acceptance."""
+    if len(profile.rates) == tokens:
+        return profile
+    tau = min(profile.tau, tokens + 1.0)
+    return SyntheticProfile.from_tau(tau, tokens + 1, f"{profile.source or 'rates'}, over {tokens} drafts")
+
+
 def geometric_rate(tau: float, block_size: int) -> float:
     """The constant conditional rate a with 1 + a + ... + a^(B-1) = tau (bisection)."""
     if not 1.0 <= tau <= block_size:

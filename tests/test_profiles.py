@@ -248,3 +248,45 @@ def test_the_builtin_sweep_gives_synthetic_acceptance_to_its_dflash_server_only(
     split = builtin.command(pair, "ar", 8000, extra_args=["--synthetic-acceptance", "6.5", "--fast"])
     assert split[-1] == "--fast" and "6.5" not in split  # the value goes with its flag
     assert profiles.get("vllm").command(pair, "ar", 8000, extra_args=["--benchmark-only"])[-1] == "--benchmark-only"
+
+
+def test_an_eagle3_server_is_the_ar_command_plus_vllms_eagle3_config():
+    vllm, pair = profiles.get("vllm"), models.resolve("Qwen3-8B")
+    ar_pos, ar = parse(vllm.command(pair, "ar", 8000, "h100", ["--seed", "0"]))
+    e3_pos, e3 = parse(vllm.command(pair, "eagle3", 8000, "h100", ["--seed", "0"]))
+    assert e3_pos == ar_pos and {k: v for k, v in e3.items() if k != "--speculative-config"} == ar
+    # the DFlash blog's EAGLE-3 baseline for Qwen3-8B, with its 7 speculative tokens
+    assert e3["--speculative-config"] == {"method": "eagle3", "model": "RedHatAI/Qwen3-8B-speculator.eagle3",
+                                          "num_speculative_tokens": 7}
+    head = models.resolve("Qwen3-8B", eagle3="./my-head")
+    assert parse(vllm.command(head, "eagle3", 8000))[1]["--speculative-config"]["model"] == "./my-head"
+    with pytest.raises(UserError, match="has no EAGLE-3 head known here: pass --eagle3"):
+        vllm.command(models.resolve("gemma-4-31B-it"), "eagle3", 8000)
+
+
+def test_engines_without_an_eagle3_server_refuse_the_mode_before_launch():
+    pair = models.resolve("Qwen3-8B")
+    for engine in ("sglang", "builtin", "llamacpp"):
+        why = profiles.get(engine).refusal(pair, "eagle3", None)
+        assert why is not None and "the eagle3 mode runs on vllm" in why
+        assert profiles.get(engine).refusal(pair, "dflash", None) is None
+    assert profiles.get("vllm").refusal(pair, "eagle3", "0.26.0") is None
+    # the emulator stands in with a speculative server of the head's length (its tokens plus one)
+    emulated = profiles.get("emulator").command(pair, "eagle3", 8000)
+    assert emulated[emulated.index("--block-size") + 1] == "8" and emulated[emulated.index("--mode") + 1] == "dflash"
+
+
+def test_an_eagle3_server_draws_the_same_tau_over_its_own_draft_length():
+    from dflash_bench.synthetic import SyntheticProfile
+
+    pair = models.resolve("Qwen3-8B")
+    block = SyntheticProfile.from_tau(6.5, pair.block_size)
+    df = parse(profiles.get("vllm").command(pair, "dflash", 8000, synthetic=block))[1]["--speculative-config"]
+    e3 = parse(profiles.get("vllm").command(pair, "eagle3", 8000, synthetic=block))[1]["--speculative-config"]
+    assert e3["rejection_sample_method"] == df["rejection_sample_method"] == "synthetic"
+    assert len(df["synthetic_acceptance_rates"]) == 15 and len(e3["synthetic_acceptance_rates"]) == 7
+    for rates in (df["synthetic_acceptance_rates"], e3["synthetic_acceptance_rates"]):
+        assert 1 + sum(rates) == pytest.approx(6.5, abs=1e-4)
+    # past what 7 drafts can commit, the head's tau is capped at 8
+    high = parse(profiles.get("vllm").command(pair, "eagle3", 8000, synthetic=SyntheticProfile.from_tau(9.0, 16)))[1]
+    assert 1 + sum(high["--speculative-config"]["synthetic_acceptance_rates"]) == pytest.approx(8.0, abs=1e-4)

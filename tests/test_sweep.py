@@ -37,6 +37,31 @@ def test_whole_sweep_against_the_emulator(tmp_path, data_dir):
     assert_servers_gone(folder)
 
 
+def test_an_eagle3_server_runs_beside_dflash_and_the_end_sets_them_side_by_side(tmp_path, data_dir):
+    """--modes ar,dflash,eagle3 on the emulator (its EAGLE-3 stand-in: a speculative server of the head's length):
+    three servers, each mode's cells, and the table of DFlash against EAGLE-3 at the end."""
+    out = tmp_path / "reports"
+    proc = subprocess.run(sweep_argv(out, "--data-dir", str(data_dir), "--modes", "ar,dflash,eagle3", "--eagle3",
+                                     "org/emulated-eagle3", suites="gsm8k", conc="1"),
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    folder = only_sweep(out)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert [c["cell_id"] for c in manifest["plan"]] == [
+        "emulator-ar-gsm8k-c1", "emulator-dflash-gsm8k-c1", "emulator-eagle3-gsm8k-c1"]
+    assert set(manifest["servers"]) == {"emulator-ar", "emulator-dflash", "emulator-eagle3"}
+    assert manifest["settings"]["modes"] == ["ar", "dflash", "eagle3"]
+    rows = results(folder)
+    assert all(r["status"] == "complete" for r in rows.values()) and rows["emulator-eagle3-gsm8k-c1"]["mode"] == "eagle3"
+    assert float(rows["emulator-eagle3-gsm8k-c1"]["acceptance_length"]) > 1.5  # it speculated
+    table = proc.stdout.split("DFlash vs EAGLE-3")[1]
+    row = next(line for line in table.splitlines() if "gsm8k" in line).split("│")
+    ratio = float(row[6].strip().rstrip("x"))
+    dflash, eagle3 = (float(row[i].strip().replace(",", "")) for i in (4, 5))
+    assert ratio == pytest.approx(dflash / eagle3, abs=0.006)
+    assert_servers_gone(folder)
+
+
 def test_a_paired_sweep_runs_both_servers_once_and_alternates_the_cells(tmp_path, data_dir):
     """--paired: the AR and DFlash servers are each launched once and up together (cells alternate AR, DFlash per
     suite and concurrency, each on its own server), every cell completes, and both servers are gone at the end."""

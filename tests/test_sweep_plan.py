@@ -139,3 +139,28 @@ def test_telemetry_watches_the_gpus_the_server_uses(model, engine, args, expecte
     assert server_devices(settings, models.resolve(model)) == expected
     external = _settings(model=model, engines=[engine], url_ar="http://a:1", url_dflash="http://b:1")
     assert server_devices(external, models.resolve(model)) is None
+
+
+def test_modes_add_an_eagle3_server_and_alternate_with_the_repeats():
+    plan = plan_cells(_settings(repeats=2, modes=["ar", "dflash", "eagle3"]))
+    # ar r0 | dflash r0 | eagle3 r0 + eagle3 r1 | dflash r1 | ar r1
+    assert [(g.mode, sorted({c.repeat for c in g.cells})) for g in launches(plan)] == [
+        ("ar", [0]), ("dflash", [0]), ("eagle3", [0, 1]), ("dflash", [1]), ("ar", [1])]
+    assert "vllm-eagle3-gsm8k-c8-r1" in {c.cell_id for c in plan}
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(modes=["ar", "eagle2"]), "--modes takes distinct modes of ar, dflash, eagle3"),
+    (dict(modes=["ar", "ar"]), "--modes takes distinct modes"),
+    (dict(modes=["ar", "dflash", "eagle3"], paired=True), "leave --modes at ar,dflash"),
+])
+def test_bad_modes_get_one_sentence(kw, message):
+    with pytest.raises(UserError, match=message):
+        plan_cells(_settings(**kw))
+
+
+def test_a_sweep_saved_before_modes_existed_resumes_with_the_default_modes():
+    old = {k: v for k, v in _settings().model_dump().items() if k != "modes"}
+    check_resume(old, _settings())
+    with pytest.raises(UserError, match="modes"):
+        check_resume(old, _settings(modes=["ar", "dflash", "eagle3"]))

@@ -113,7 +113,7 @@ def run_of(folder: Path) -> Run:
     return run
 
 
-CELL_LINE = re.compile(r"^(?P<engine>[a-z]+)-(?P<mode>ar|dflash)-(?P<suite>[a-z0-9-]+)-c(?P<c>\d+): "
+CELL_LINE = re.compile(r"^(?P<engine>[a-z]+)-(?P<mode>ar|dflash|eagle3)-(?P<suite>[a-z0-9-]+)-c(?P<c>\d+): "
                        r"(?P<tok>[\d,.]+) tok/s(?:  τ (?P<tau>[\d.]+))?  ok$")
 
 

@@ -11,7 +11,7 @@ from dflash_bench.models import ModelPair
 if TYPE_CHECKING:
     from dflash_bench.synthetic import SyntheticProfile
 
-MODES = ("ar", "dflash")
+MODES = ("ar", "dflash", "eagle3")  # eagle3: an EAGLE-3 head instead of the DFlash drafter, beside it in a sweep
 PRESETS = ("generic", "h100", "b300")
 # Other GPU names map onto the preset of their generation.
 PRESET_ALIASES = {"h200": "h100", "h20": "h100", "hopper": "h100", "b200": "b300", "gb200": "b300",
@@ -42,7 +42,7 @@ def python_module(module: str) -> tuple[bool, str]:
 
 def check_mode(mode: str) -> str:
     if mode not in MODES:
-        raise UserError(f"unknown mode {mode!r}: use ar or dflash.")
+        raise UserError(f"unknown mode {mode!r}: use ar, dflash or eagle3.")
     return mode
 
 
@@ -120,6 +120,8 @@ class EngineProfile:
     def refusal(self, pair: ModelPair, mode: str, version: str | None) -> str | None:
         """Why this engine, at `version` (None: unknown), cannot serve the pair in this mode, in one sentence;
         None when nothing known stops it. The sweep fails that server's cells with it before launch."""
+        if mode == "eagle3" and type(self).eagle3_flags is EngineProfile.eagle3_flags:
+            return f"the {self.name} engine has no EAGLE-3 server here: the eagle3 mode runs on vllm (or the emulator)"
         return None
 
     def failure(self, log_tail: str) -> str | None:
@@ -166,8 +168,10 @@ class EngineProfile:
         server draws instead of verifying (dflash_bench/synthetic.py)."""
         mode, preset = check_mode(mode), check_preset(preset)
         argv = self.base_command(pair) + self.target_flags(pair, preset) + self.slot_flags(pair, slots)
-        if mode != "dflash":
+        if mode == "ar":
             argv += self.ar_flags()
+        elif mode == "eagle3":
+            argv += self.eagle3_flags(pair, preset, synthetic)
         elif synthetic is None:
             argv += self.spec_flags(pair, preset)
         else:
@@ -207,6 +211,12 @@ class EngineProfile:
     def synthetic_spec_flags(self, pair: ModelPair, preset: str, synthetic: SyntheticProfile) -> list[str]:
         """The DFlash server's speculative flags when it draws `synthetic` instead of verifying."""
         raise UserError(self.synthetic_refusal() or f"the {self.name} engine has no synthetic acceptance")
+
+    def eagle3_flags(self, pair: ModelPair, preset: str, synthetic: SyntheticProfile | None = None) -> list[str]:
+        """The speculative flags of an EAGLE-3 server (the eagle3 mode): vLLM's, and the emulator's stand-in;
+        `synthetic`: the acceptance it draws, at the same tau over its own draft length (synthetic.for_draft)."""
+        raise UserError(f"the {self.name} engine has no EAGLE-3 server here: the eagle3 mode runs on vllm "
+                        "(or the emulator)")
 
     def ar_flags(self) -> list[str]:
         """Flags only the AR server gets (none for vLLM and SGLang: AR is the command minus spec flags)."""

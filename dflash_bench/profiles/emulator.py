@@ -45,3 +45,13 @@ class Emulator(EngineProfile):
     def synthetic_spec_flags(self, pair: ModelPair, preset: str, synthetic: SyntheticProfile) -> list[str]:
         """Its steps' accepted runs drawn from the profile (`emulate --acceptance-rates`), a known truth."""
         return self.spec_flags(pair, preset) + ["--acceptance-rates", ",".join(str(r) for r in synthetic.rates)]
+
+    def eagle3_flags(self, pair: ModelPair, preset: str, synthetic: SyntheticProfile | None = None) -> list[str]:
+        """An EAGLE-3 server's stand-in: a speculative server of the head's draft length (its tokens plus one)."""
+        from dflash_bench.synthetic import for_draft as synthetic_for_draft
+
+        flags = ["--mode", "dflash", "--block-size", str(pair.eagle3_tokens + 1)]
+        if synthetic is not None:
+            rates = synthetic_for_draft(synthetic, pair.eagle3_tokens).rates
+            flags += ["--acceptance-rates", ",".join(str(r) for r in rates)]
+        return flags

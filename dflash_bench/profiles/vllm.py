@@ -138,6 +138,17 @@ class VLLM(EngineProfile):
         return {"method": "dflash", "model": pair.require_drafter(),
                 "num_speculative_tokens": pair.num_speculative_tokens, **pair.vllm_spec}
 
+    def eagle3_flags(self, pair: ModelPair, preset: str, synthetic: SyntheticProfile | None = None) -> list[str]:
+        """vLLM's EAGLE-3 (`"method": "eagle3"`, the pair's head, its draft tokens); drawing `synthetic` at the same
+        tau over its own draft length, as the DFlash server draws it over the block."""
+        from dflash_bench.synthetic import for_draft as synthetic_for_draft
+
+        config: dict = {"method": "eagle3", "model": pair.require_eagle3(), "num_speculative_tokens": pair.eagle3_tokens}
+        if synthetic is not None:
+            config.update(rejection_sample_method="synthetic",
+                          synthetic_acceptance_rates=list(synthetic_for_draft(synthetic, pair.eagle3_tokens).rates))
+        return ["--speculative-config", json.dumps(config)]
+
     def env(self, pair: ModelPair, mode: str) -> dict[str, str]:
         return dict(pair.vllm_env)
 

@@ -14,6 +14,9 @@ from dflash_bench.store.cells import SCHEMA_VERSION, CellKey, CellStatus
 from dflash_bench.store.timestamps import now_iso
 
 
+DEFAULT_MODES = ("ar", "dflash")
+
+
 class SweepSettings(BaseModel):
     """Everything that decides what a sweep measures. A resumed sweep must agree on all of it."""
 
@@ -54,12 +57,18 @@ class SweepSettings(BaseModel):
     tensor_parallel: int | None = None  # --tensor-parallel-size: GPUs per launched server (None: the flags' or one)
     context_len: int | None = None  # the context limit derived from the plan for a known GPU (sweep/fit.py)
     expect_model: str | None = None  # --expect-model: the model id every server must list (launch/identity.py)
+    # --modes: the servers each engine runs, AR first; eagle3 adds an EAGLE-3 server (the pair's head, or --eagle3
+    # in engine_options) beside DFlash's
+    modes: list[str] = Field(default_factory=lambda: list(DEFAULT_MODES))
 
     # settings that may change between a run and its resume without changing what is measured
     RESUME_FREE: ClassVar[frozenset[str]] = frozenset({"runner", "port", "url_ar", "url_dflash", "slo", "expect_model"})
 
     def identity(self) -> dict[str, Any]:
-        return {k: v for k, v in self.model_dump().items() if k not in self.RESUME_FREE}
+        out = {k: v for k, v in self.model_dump().items() if k not in self.RESUME_FREE}
+        if out.get("modes") == list(DEFAULT_MODES):  # what a manifest written before --modes measured
+            del out["modes"]
+        return out
 
 
 class _Open(BaseModel):

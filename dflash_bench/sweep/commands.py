@@ -49,6 +49,7 @@ class SweepOptions:
     thinking_both: bool | None = None
     save_token_ids: bool | None = None
     engine_options: dict[str, Any] | None = None
+    modes: list[str] | None = None
     slo: str | None = None
     input_lens: list[int] | None = None
     min_cell_seconds: float | None = None

@@ -7,6 +7,7 @@ from itertools import groupby
 from typing import TYPE_CHECKING, Any
 
 from dflash_bench.errors import UserError
+from dflash_bench.profiles import base as base_profile
 from dflash_bench.store import CellPlan, SweepSettings
 
 if TYPE_CHECKING:
@@ -14,7 +15,7 @@ if TYPE_CHECKING:
 
 __all__ = ["MODES", "Launch", "SweepSettings", "check_resume", "launches", "plan_cells", "resolve_pair"]
 
-MODES = ("ar", "dflash")
+MODES = base_profile.MODES
 
 
 @dataclass(frozen=True)
@@ -31,15 +32,17 @@ def resolve_pair(settings: SweepSettings) -> ModelPair:
     """The target/drafter pair the settings name (--model, and --drafter kept in engine_options)."""
     from dflash_bench import models
 
-    return models.resolve(settings.model, drafter=settings.engine_options.get("drafter"))
+    return models.resolve(settings.model, drafter=settings.engine_options.get("drafter"),
+                          eagle3=settings.engine_options.get("eagle3"))
 
 
 def plan_cells(settings: SweepSettings) -> list[CellPlan]:
     """engine x repeat x mode x suite x concurrency, in run order (paired: mode innermost).
 
-    Modes alternate with the repeat (AR, DFlash, then DFlash, AR, ...) so that slow drift of the machine
-    (clocks, temperature) lands on both modes equally; consecutive cells of one mode share a launch. Paired, both
-    modes' servers run together and each (suite, concurrency) is measured AR then DFlash, seconds apart.
+    Modes alternate with the repeat (AR, DFlash, then DFlash, AR, ...; with --modes ar,dflash,eagle3 the three in
+    turn, then reversed) so that slow drift of the machine (clocks, temperature) lands on every mode equally;
+    consecutive cells of one mode share a launch. Paired, both modes' servers run together and each (suite,
+    concurrency) is measured AR then DFlash, seconds apart.
     """
     _check(settings)
     out = []
@@ -50,7 +53,7 @@ def plan_cells(settings: SweepSettings) -> list[CellPlan]:
         if _slots_per_cell(engine):  # a server per concurrency: its cells consecutive
             keys = sorted(keys, key=lambda k: k[3])
         for repeat in range(settings.repeats):
-            modes = MODES if repeat % 2 == 0 else MODES[::-1]
+            modes = settings.modes if repeat % 2 == 0 else settings.modes[::-1]
             order = [(m, k) for k in keys for m in modes] if settings.paired else [(m, k) for m in modes for k in keys]
             for mode, (suite, n, arm, c) in order:
                 out.append(CellPlan(engine=engine, mode=mode, suite=suite, concurrency=c, repeat=repeat, input_len=n,
@@ -119,8 +122,19 @@ def _check(settings: SweepSettings) -> None:
         raise UserError("give both --url-ar and --url-dflash to measure servers you already run, or neither")
     if settings.url_ar and len(settings.engines) != 1:
         raise UserError("with --url-ar/--url-dflash, name the one engine those servers run with --engine")
+    _check_modes(settings)
     if not settings.url_ar:  # the servers are launched here: a local model path must be here (else: the servers')
         from dflash_bench.models import check_local
 
         check_local(settings.model)
         check_local(settings.engine_options.get("drafter"), "--drafter")
+
+
+def _check_modes(settings: SweepSettings) -> None:
+    modes = settings.modes
+    if not modes or len(set(modes)) != len(modes) or any(m not in MODES for m in modes):
+        raise UserError(f"--modes takes distinct modes of {', '.join(MODES)}, comma-separated, e.g. ar,dflash,eagle3; "
+                        f"not {','.join(modes) or 'nothing'}")
+    if list(modes) != ["ar", "dflash"] and (settings.paired or settings.url_ar):
+        raise UserError("--paired, --interleave and --url-ar/--url-dflash compare an AR and a DFlash server: "
+                        "leave --modes at ar,dflash with them")

@@ -97,6 +97,8 @@ class SweepProgress:
         summaries = sweep.summaries()
         if head.empty and summaries:
             out.print(cells_table(summaries, gpus))
+        if versus := eagle3_table(summaries):
+            out.print(versus)
         settings = self.manifest.settings
         if settings is not None and settings.slo:
             print_slo(out, summaries, settings.slo, gpus)
@@ -160,6 +162,30 @@ def headline_table(head: pd.DataFrame, gpus: int | None = None) -> Table:
         shares = [per_gpu(r["ar_tok_s"], gpus), per_gpu(r["dflash_tok_s"], gpus)] if shard else []
         table.add_row(escape(str(r["engine"])), escape(str(r["suite"])), str(r["concurrency"]), f"{r['ar_tok_s']:,.1f}",
                       f"{r['dflash_tok_s']:,.1f}", *shares, speedup_text(r), tau)
+    return table
+
+
+def eagle3_table(summaries: list[CellSummary]) -> Table | None:
+    """DFlash against EAGLE-3 per engine, suite and concurrency where a sweep ran both (--modes ...,dflash,eagle3):
+    their tok/s (the median over repeats), the ratio and each one's tau; None where it ran no EAGLE-3 cell."""
+    from statistics import median
+
+    done: dict[tuple[str, str, int], dict[str, list[CellSummary]]] = {}
+    for s in summaries:
+        if s.status == "complete" and s.output_throughput is not None and s.mode in ("dflash", "eagle3"):
+            done.setdefault((s.engine, s.suite, s.concurrency), {}).setdefault(s.mode, []).append(s)
+    keys = [k for k, modes in done.items() if len(modes) == 2]
+    if not keys:
+        return None
+    table = Table(title="DFlash vs EAGLE-3 (output tokens/s; ratio: DFlash / EAGLE-3)")
+    for col in ("engine", "suite", "concurrency", "DFlash tok/s", "EAGLE-3 tok/s", "ratio", "τ DFlash", "τ EAGLE-3"):
+        table.add_column(col, justify="right" if col not in ("engine", "suite") else "left")
+    for key in keys:
+        tok = {m: median(s.output_throughput or 0.0 for s in cells) for m, cells in done[key].items()}
+        tau = {m: [s.acceptance_length for s in cells if s.acceptance_length is not None] for m, cells in done[key].items()}
+        shown = {m: f"{median(v):.2f}" if v else "-" for m, v in tau.items()}
+        table.add_row(escape(key[0]), escape(key[1]), str(key[2]), f"{tok['dflash']:,.1f}", f"{tok['eagle3']:,.1f}",
+                      f"{tok['dflash'] / tok['eagle3']:.2f}x" if tok["eagle3"] else "-", shown["dflash"], shown["eagle3"])
     return table
 
 
