@@ -62,3 +62,15 @@ def test_a_step_cut_by_the_deadline_leaves_its_sweep_folder_in_out_and_the_next_
     assert len(statuses) == 12 and "complete" in statuses and statuses.count("complete") < 12
     ps = subprocess.run(["pgrep", "-f", str(tmp_path / "work")], capture_output=True, text=True)
     assert ps.stdout.strip() == ""  # no server or sweep of this run is left behind
+
+
+def test_the_eagle3_row_plans_an_eagle3_server_with_the_head_the_shape_writes(tmp_path, data_dir):
+    proc = mission(tmp_path, data_dir, "--pair", "Qwen3-8B", "--gpu", "h200", "--modes", "ar,dflash,eagle3", "vllm",
+                   MISSION_DRY_RUN="1")
+    log = (tmp_path / "out" / "mission.log").read_text()
+    assert proc.returncode == 0, log
+    work = tmp_path / "work"
+    assert json.loads((work / "Qwen3-8B-EAGLE3" / "config.json").read_text())["architectures"] == ["LlamaForCausalLMEagle3"]
+    sweep = next(line for line in log.splitlines() if line.startswith("+ ") and " sweep " in line)
+    assert f"--modes ar,dflash,eagle3 --eagle3 {work}/Qwen3-8B-EAGLE3" in sweep
+    assert "vllm eagle3 (" in log and f'"method": "eagle3", "model": "{work}/Qwen3-8B-EAGLE3"' in log

@@ -4,7 +4,7 @@
 # one call of the device tool at a time (10 minutes, 64 MiB carried).
 #
 #   bash benchmarks/peers/mission.sh [--pair P] [--gpu h100|h200] [--tp N] [--seconds S] [--suites A,B] [-n N]
-#        [-c 1,8,32] STEP...
+#        [-c 1,8,32] [--synthetic-acceptance TAU|card] [--modes ar,dflash[,eagle3]] STEP...
 #
 # STEP, run in the order given, each in a shell of its own (one engine's bundle at a time), until S seconds
 # (default 570) have passed since the start; a step that cannot finish in the time left is cut (SIGTERM: the
@@ -21,7 +21,9 @@
 #                 path (shape, sweep, deadline, saving, resuming), and the report's test folders
 #
 # --tp N: GPUs per server (tensor parallel: vLLM, SGLang, and the builtin engine's fast path, `serve --fast
-# --tensor-parallel-size`). Everything is written under $OUT: each step's sweep folder
+# --tensor-parallel-size`). --synthetic-acceptance and --modes go to the vllm and emulator steps' sweeps as they
+# are (their DFlash and EAGLE-3 servers draw the acceptance, EAGLE-3's with the head big_shape writes for the pair;
+# SGLang's servers speculate with the shape's random drafter, tau about 1). Everything is written under $OUT: each step's sweep folder
 # (OUT/sweeps/NAME-PAIR-GPU-tpN/<sweep>/, kept on the machine too and resumed by a later call of the same step),
 # two_clients' results file, the server logs and this command's console (OUT/mission.log). A step whose bundle is not on this machine (neither
 # carried nor left by an earlier call) is skipped in one sentence. Shape folders are written once into
@@ -31,10 +33,12 @@
 set -uo pipefail
 set -m  # each step runs in a process group of its own, which the deadline can stop whole
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
-gpu=h100 tp=1 seconds=570 suites=gsm8k,mt-bench prompts=8 conc=1,8,32 steps=() pair=gemma-4-31B-it
+gpu=h100 tp=1 seconds=570 suites=gsm8k,mt-bench prompts=8 conc=1,8,32 steps=() pair=gemma-4-31B-it tau="" modes=""
 while [ $# -gt 0 ]; do
   case $1 in
     --pair) pair=$2; shift 2 ;;
+    --synthetic-acceptance) tau=$2; shift 2 ;;
+    --modes) modes=$2; shift 2 ;;
     --gpu) gpu=$2; shift 2 ;;
     --tp) tp=$2; shift 2 ;;
     --seconds) seconds=$2; shift 2 ;;
@@ -58,6 +62,10 @@ deadline=$((start + seconds))
 work=${MISSION_WORK:-/tmp/mission}
 data=${DFLASH_BENCH_DATA:-$PWD/.data}
 dry=${MISSION_DRY_RUN:-}
+spec=()  # what the vllm and emulator steps' sweeps take of --synthetic-acceptance and --modes
+[ -n "$tau" ] && spec+=(--synthetic-acceptance "$tau")
+[ -n "$modes" ] && spec+=(--modes "$modes")
+case ,$modes, in *,eagle3,*) spec+=(--eagle3 "$work/$pair-EAGLE3") ;; esac
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 DFLASH_BENCH_DATA=$data
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 base_path=$PYTHONPATH
@@ -158,13 +166,13 @@ step() { # the body of one step, in a subshell
       local attention=()
       case $pair in gemma-4-*) attention=(--engine-arg=--attention-backend=triton_attn) ;; esac
       shape hf && sweep vllm vllm "$work/$pair" --engine-arg=--load-format=dummy "${attention[@]}" \
-        --engine-arg=--max-num-batched-tokens=8192 --engine-arg=--seed=0 ;;
+        --engine-arg=--max-num-batched-tokens=8192 --engine-arg=--seed=0 "${spec[@]}" ;;
     sglang)
       bundle .sglang-bundle || return 0
       shape sglang && sweep sglang sglang "$work/sglang/$pair" --engine-arg=--load-format=dummy \
         --engine-arg=--attention-backend=triton --engine-arg=--sampling-backend=pytorch --engine-arg=--random-seed=0 ;;
     emulator)
-      harness_env && shape hf && sweep emulator emulator "$work/$pair" ;;
+      harness_env && shape hf && sweep emulator emulator "$work/$pair" "${spec[@]}" ;;
     builtin|builtin-tau)
       harness_env || return 0
       local tau_args=()
