@@ -271,6 +271,9 @@ def test_engines_without_an_eagle3_server_refuse_the_mode_before_launch():
         assert why is not None and "the eagle3 mode runs on vllm" in why
         assert profiles.get(engine).refusal(pair, "dflash", None) is None
     assert profiles.get("vllm").refusal(pair, "eagle3", "0.26.0") is None
+    # a pair with no head known: its eagle3 cells fail before launch, saying what to pass
+    why = profiles.get("vllm").refusal(models.resolve("gemma-4-31B-it"), "eagle3", "0.26.0")
+    assert why is not None and "pass --eagle3" in why
     # the emulator stands in with a speculative server of the head's length (its tokens plus one)
     emulated = profiles.get("emulator").command(pair, "eagle3", 8000)
     assert emulated[emulated.index("--block-size") + 1] == "8" and emulated[emulated.index("--mode") + 1] == "dflash"

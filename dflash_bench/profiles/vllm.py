@@ -88,6 +88,9 @@ class VLLM(EngineProfile):
     def refusal(self, pair: ModelPair, mode: str, version: str | None) -> str | None:
         from dflash_bench.model_shapes import mixes_layer_types, pair_configs
 
+        if mode == "eagle3" and not pair.eagle3:
+            return (f"{pair.name} has no EAGLE-3 head known here: pass --eagle3 (a Hugging Face id or folder) to run "
+                    "the eagle3 mode")
         if mode != "dflash" or not version or not mixes_layer_types(pair_configs(pair)[1]):
             return None
         known = _version_tuple(version)
