@@ -64,6 +64,14 @@ def _per_user(row: dict[str, Any] | None) -> str:
     return f1(1000.0 / tpot) if tpot else f1(row["tok_s"] / row["concurrency"])
 
 
+def _machine(run: dict[str, Any]) -> str:
+    """'1x H200' (GPUs a server, and their model), or the device as recorded where it names no GPU."""
+    device = run["device"]
+    if "x " not in device:
+        return device
+    return f"{run['gpus_per_server']}x {gpu_model(device.split('x ', 1)[1])}"
+
+
 def _differs(c: PublishedClaim, run: dict[str, Any]) -> str:
     """What differs between the claim's setup and a run: GPU and count, weights, acceptance."""
     parts = []
@@ -101,8 +109,7 @@ def _rows(c: PublishedClaim, data: dict[str, Any]) -> tuple[list[list[str]], lis
             modes = cells[(engine, suite, conc)]
             ar, df, e3 = modes.get("ar"), modes.get("dflash"), modes.get("eagle3")
             tok = {m: (r["tok_s"] if r else None) for m, r in (("ar", ar), ("dflash", df), ("eagle3", e3))}
-            rows.append(["", "", f"{ENGINES.get(engine, engine)}, {run['gpus_per_server']}x "
-                                 f"{gpu_model(run['device'].split('x ', 1)[-1])} (run {n})",
+            rows.append(["", "", f"{ENGINES.get(engine, engine)}, {_machine(run)} (run {n})",
                          suite, str(conc), f1(tok["ar"]), f1(tok["dflash"]), _ratio(tok["dflash"], tok["ar"]),
                          _tau(df), f1(tok["eagle3"]), _ratio(tok["dflash"], tok["eagle3"]), _per_user(df),
                          f1(df["tok_s_per_gpu"]) if df and df.get("tok_s_per_gpu") else "-"])
