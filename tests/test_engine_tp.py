@@ -5,6 +5,8 @@ sliding and full layers split their KV heads differently (4 and 2: 2 and 1 a ran
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -139,3 +141,64 @@ def test_more_ranks_than_gpus_is_one_sentence(pair, monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     with pytest.raises(UserError, match="--tensor-parallel-size 2 needs 2 GPUs, one a rank, but 1 is visible"):
         build_fast_engine(EngineConfig.from_options(pair[0], tensor_parallel_size=2, mode="ar", device="cuda", max_slots=2, max_model_len=64, fast=True))
+
+
+@pytest.fixture
+def stalled(monkeypatch):
+    """A watchdog of 3 s, and the sentence a stall ends the server with, recorded instead of exiting the process."""
+    import threading
+
+    from dflash_bench.engine.fast import ranks
+
+    monkeypatch.setattr(ranks, "STALL_S", 3.0)
+    said, once = [], threading.Event()
+
+    def record(why: str) -> None:
+        said.append(why)
+        once.set()
+    monkeypatch.setattr(ranks, "_exit_server", record)
+    return said, once
+
+
+def _two_ranks(tmp_path):
+    target, _ = make_tiny_pair(tmp_path, arch="qwen3", seed=1, layers=2, kv_heads=(2, 2))
+    kw = dict(mode="ar", dtype="float32", device="cpu", max_slots=2, max_model_len=64)
+    two = build_fast_engine(EngineConfig.from_options(str(target), tensor_parallel_size=2, **kw, fast=True))
+    prompt = two.tok("the cat sat on a mat").input_ids
+    seq, _ = two.add("0", prompt, SamplingParams(max_tokens=8, ignore_eos=True))
+    for _ in range(3):
+        two.step([seq])
+    return two, prompt
+
+
+def test_a_rank_stuck_in_a_collective_ends_the_server_naming_rank_and_step(tmp_path, stalled):
+    """Rank 1 replays a prefill rank 0 never runs: its all-reduce waits for ever, and its watchdog ends the server
+    with one sentence naming the rank, the call and the step."""
+    said, once = stalled
+    two, prompt = _two_ranks(tmp_path)
+    try:
+        two.followers.send("prefill", [1], [prompt], None)  # rank 0 does not take part
+        assert once.wait(60), "no watchdog sentence within 60 s"
+    finally:
+        two.close()
+    assert len(said) == 1
+    assert re.fullmatch(r"tensor-parallel rank 1 made no progress for \d+ s in prefill #2 \(after step [3-9]\) "
+                        r"\(a collective that another rank did not enter, or a device that does not finish\)", said[0])
+    assert all(not p.is_alive() for p in two.followers.procs)
+
+
+def test_rank_0_stuck_in_a_collective_ends_the_server_naming_the_step(tmp_path, stalled):
+    """Rank 0 prefills a prompt the other rank never hears of: its watchdog names rank 0 and the step, and ends the
+    other ranks, so the collective rank 0 waits in fails rather than hangs."""
+    said, once = stalled
+    two, prompt = _two_ranks(tmp_path)
+    send = two.followers.send
+    two.followers.send = lambda name, *a, **kw: None if name == "prefill" else send(name, *a, **kw)
+    try:
+        with pytest.raises(RuntimeError):  # gloo: the peer is gone
+            two.add("1", prompt, SamplingParams(max_tokens=8, ignore_eos=True))
+        assert once.wait(60)
+    finally:
+        two.close()
+    assert len(said) == 1
+    assert re.match(r"tensor-parallel rank 0 made no progress for \d+ s in prefill #2 \(after step [3-9]\)", said[0])

@@ -2,12 +2,19 @@
 graphs with the all-reduces captured in them, steps run ahead, the adaptive width): the single-GPU engine's tokens.
 
 Run on a host with two GPUs, alone: `pytest -m gpu tests/test_engine_tp_gpu.py`. Skipped with fewer than two.
+
+Each case decodes in a process of its own (rank 0 there, rank 1 its child), its output in a log: a hang the engine's
+watchdog catches (`ranks.Watch`, STALL_S below) ends that process with one sentence naming the rank and the step,
+and one it does not ends at CASE_S; either way the case fails with the log's last lines and the next case runs.
 """
 
 from __future__ import annotations
 
+import json
+import multiprocessing as mp
 import os
 import random
+import sys
 
 import pytest
 
@@ -23,6 +30,7 @@ pytestmark = [
 ]
 
 B, N, SLOTS, MAX_LEN = 6, 48, 8, 512
+STALL_S, CASE_S = 60.0, 300.0  # a call of a rank without progress; a whole case (two engines built, decoded)
 FAVOURED = range(97, 100)  # embedding rows made larger: drafts and targets agree now and then (ragged acceptance)
 
 
@@ -54,31 +62,66 @@ def _prompts(tok, n: int) -> list[list[int]]:
 @pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "eager"])
 @pytest.mark.parametrize("adaptive", [False, True])
 @pytest.mark.parametrize("mode", ["ar", "dflash"])
-def test_two_gpus_decode_what_one_decodes(pair, mode, adaptive, graphs):
+def test_two_gpus_decode_what_one_decodes(pair, mode, adaptive, graphs, tmp_path):
     """Fixed width: the same tokens step for step (the same accepted drafts); the adaptive width (chosen from each
     engine's own step times): the same tokens. `eager` (serve --enforce-eager): the collectives outside graphs,
     to tell a captured collective's fault from the step's."""
-    from dflash_bench.engine.decode import generate
-    from dflash_bench.engine.config import EngineConfig
-    from dflash_bench.engine.fast.engine import build_fast_engine
-    from dflash_bench.engine.sampling import SamplingParams
-
     if mode == "ar" and adaptive:
         pytest.skip("AR has no width")
     if not graphs and adaptive:
         pytest.skip("the eager case runs the fixed width only")
     target, drafter = pair
-    draft = drafter if mode == "dflash" else None
-    kw = dict(mode=mode, max_slots=SLOTS, max_model_len=MAX_LEN, dtype="float32", device="cuda", prefill="first",
+    log, out = tmp_path / "case.log", tmp_path / "case.json"
+    proc = mp.get_context("spawn").Process(target=_case, args=(target, drafter if mode == "dflash" else None, mode,
+                                                                adaptive, graphs, str(log), str(out), "cuda"))
+    proc.start()
+    proc.join(CASE_S)
+    if proc.is_alive():
+        proc.kill()  # its rank 1 dies with it (the parent-death signal)
+        proc.join()
+        pytest.fail(f"no verdict in {CASE_S:.0f} s; the case's log ends:\n{_tail(log)}")
+    if proc.exitcode != 0:
+        pytest.fail(f"the case's process exited with code {proc.exitcode}; its log ends:\n{_tail(log)}")
+    r = json.loads(out.read_text())
+    assert r["graphs"] == graphs and r["kernels"] and r["size"] == 2
+    assert not r["alive"]  # rank 1 ended with the engine
+    assert r["got"] == r["want"] and all(len(o) == N for o in r["got"])
+    assert r["depth"] == 2  # steps ran ahead
+    if mode == "dflash" and not adaptive:
+        assert r["two_stats"] == r["one_stats"]
+
+
+def _tail(log, lines: int = 30) -> str:
+    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.exists() else "(no log)"
+
+
+def _case(target: str, draft: str | None, mode: str, adaptive: bool, graphs: bool, log: str, out: str,
+          device: str) -> None:
+    """One case, in a process of its own: the one-GPU engine's tokens, then the two-GPU engine's, written to `out`."""
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    sys.stdout = sys.stderr = open(fd, "w", buffering=1)
+    from dflash_bench.engine.config import EngineConfig
+    from dflash_bench.engine.decode import generate
+    from dflash_bench.engine.fast import ranks
+    from dflash_bench.engine.fast.engine import build_fast_engine
+    from dflash_bench.engine.sampling import SamplingParams
+
+    ranks.STALL_S = STALL_S
+    kw = dict(mode=mode, max_slots=SLOTS, max_model_len=MAX_LEN, dtype="float32", device=device, prefill="first",
               verify_width="auto" if adaptive else "full")
     one = build_fast_engine(EngineConfig.from_options(target, draft, **kw, fast=True))
     ps = _prompts(one.tok, 6)
     sp = SamplingParams(max_tokens=N, ignore_eos=True)
     want = [s.out for s in generate(one, ps, sp)]
-    two = build_fast_engine(EngineConfig.from_options(target, draft, tensor_parallel_size=2, enforce_eager=not graphs, **kw, fast=True))
+    print("one GPU decoded", flush=True)
+    two = build_fast_engine(EngineConfig.from_options(target, draft, tensor_parallel_size=2, enforce_eager=not graphs,
+                                                      **kw, fast=True))
+    print("two GPUs built", flush=True)
+    r = two.core.runner
+    captured = len(r.graphs)
     try:
-        r = two.core.runner
-        assert r.graphs_on == bool(r.graphs) == graphs and r.t.kernels is not None and r.t.tp.size == 2
         depth = []
         run = r.run
 
@@ -87,11 +130,15 @@ def test_two_gpus_decode_what_one_decodes(pair, mode, adaptive, graphs):
             depth.append(len(r.inflight))
         r.run = counted
         got = [s.out for s in generate(two, ps, sp)]
+        print("two GPUs decoded", flush=True)
     finally:
         two.close()
-    assert all(not p.is_alive() for p in two.followers.procs)
-    assert got == want and all(len(o) == N for o in got)
-    assert max(depth) == 2  # steps ran ahead
-    if mode == "dflash" and not adaptive:
-        assert (two.stats.drafts, two.stats.accepted) == (one.stats.drafts, one.stats.accepted)
-        assert two.stats.accepted_per_pos == one.stats.accepted_per_pos
+    print("two GPUs closed", flush=True)
+
+    def stats(e) -> list:
+        return [e.stats.drafts, e.stats.accepted, e.stats.accepted_per_pos]
+    with open(out, "w") as f:
+        json.dump(dict(want=want, got=got, depth=max(depth), graphs=r.graphs_on and captured > 0,
+                       kernels=r.t.kernels is not None,
+                       size=r.t.tp.size, alive=any(p.is_alive() for p in two.followers.procs),
+                       one_stats=stats(one), two_stats=stats(two)), f)

@@ -8,7 +8,7 @@ tests and benchmarks drive a core directly (`drive.py`).
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -58,12 +58,13 @@ class EngineCore:
         """Steps launched and not yet collected."""
         return len(self.runner.inflight)
 
-    def capture_all(self) -> int:
+    def capture_all(self, watch: Any = None) -> int:
         """Capture the graphs of every shape the scheduler may plan, before any request is added (GPU; a CPU runs
-        eagerly): serving never stops to capture. Returns the number of graphs."""
+        eagerly): serving never stops to capture. Returns the number of graphs. `watch`: a tensor-parallel rank's
+        watchdog (`ranks.Watch`)."""
         if self.sched.lengths:
             raise RuntimeError("capture_all runs before any request is added")
-        return self.runner.capture(self.sched.graph_keys())
+        return self.runner.capture(self.sched.graph_keys(), watch)
 
     # ---- requests -------------------------------------------------------------------------------
     def add(self, slot: int, prompt: list[int]) -> int:

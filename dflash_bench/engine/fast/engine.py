@@ -42,10 +42,12 @@ class FastEngine:
         self.config = config
         self.core = make_core(model, drafter, config.step, max_slots=max_slots, max_len=max_len,
                               kernels=config.kernels, tp=tp, consume=consume,
-                              graphs=False if config.enforce_eager else None)
+                              graphs=False if config.enforce_eager else None,
+                              watch=followers.watch if followers is not None else None)
         ft = self.core.runner.t
         self.followers = followers
         if followers is not None:  # from here on, each runner call is replayed by the other ranks
+            followers.on_stop.append(self.core.runner.graphs.clear)  # they hold the group's communicator
             followers.wait_ready()
             self.core.runner.followers = followers
         assert self.core.logits is not None
@@ -186,17 +188,19 @@ def build_fast_engine(config: EngineConfig, *, tokenizer: Any = None) -> FastEng
     tok = tokenizer or load_tokenizer(config.model)
     followers, shard = None, None
     if size > 1:  # refused in one sentence before any process starts
+        from dflash_bench.engine.fast import ranks
         from dflash_bench.engine.fast.ranks import RankSpec, check_parallel, free_address, join_group
 
         check_parallel(config.model, draft, size, device=device)
         spec = RankSpec(size=size, address=free_address(), model=config.model, draft=draft, dtype=config.dtype,
                         device=device, max_len=config.max_model_len, dummy=config.dummy, step=config.step,
-                        kernels=config.kernels, enforce_eager=config.enforce_eager)
+                        kernels=config.kernels, enforce_eager=config.enforce_eager, stall_s=ranks.STALL_S, start_s=ranks.START_S)
         followers = Followers(spec).start()
         atexit.register(followers.stop)
     try:
         if followers is not None:
-            shard = join_group(followers.spec, 0)
+            with followers.call("join", "joining the process group", start=True):
+                shard = join_group(followers.spec, 0)
         hf, drafter = load_pair(config.model, draft, dtype=dt, device=device, dummy=config.dummy)
         if shard is not None:
             shard = shard.cut(hf, drafter)  # this rank's part only, before the pool is sized from what is left

@@ -13,17 +13,18 @@ from dflash_bench.engine.fast.shard import Shard
 
 
 def make_core(model: Any, drafter: Any, step: StepConfig, *, max_slots: int, max_len: int, kernels: bool = True,
-              tp: Shard | None = None, consume: bool = False, graphs: bool | None = None) -> EngineCore:
+              tp: Shard | None = None, consume: bool = False, graphs: bool | None = None,
+              watch: Any = None) -> EngineCore:
     """The fast path's core (scheduler and runner) over a loaded transformers target and a `DFlashDrafter` (or
     None), this rank's shard of them with `tp`, stepping as `step` says, its graphs captured (`consume`: the
     target's layers are dropped once copied; `kernels` False: torch ops; `graphs` False: every step
-    eager, as on a CPU)."""
+    eager, as on a CPU; `watch`: a tensor-parallel rank's watchdog, `ranks.Watch`, each graph's capture one call)."""
     want = None if kernels else False
     ft = load_target(model, max_slots=max_slots, max_len=max_len, kernels=want, consume=consume, tp=tp)
     fd = (FastDrafter(drafter, ft.embed, ft.head, max_slots=max_slots, max_len=max_len, kernels=want, tp=tp)
           if drafter is not None else None)
     core = EngineCore(ft, fd, step, graphs=graphs, keep_logits=True)
-    core.capture_all()  # GPU: every graph before the first request (no capture pause mid-serving)
+    core.capture_all(watch)  # GPU: every graph before the first request (no capture pause mid-serving)
     return core
 
 

@@ -11,6 +11,14 @@ Faults: a rank that fails sends its error to rank 0 and exits; rank 0's watcher 
 it, ends the other ranks and exits the server within a second, without waiting on a collective that would never
 finish. A rank whose rank 0 is gone exits: its pipe reads end-of-file, and the kernel kills it when rank 0's
 process dies (Linux's parent-death signal) even inside a collective. Rank 0 ends them on stop.
+
+Hangs: every rank watches its own calls (`Watch`): a call that makes no progress for `RankSpec.stall_s` seconds (a
+collective another rank never entered, a device that never finishes) ends the server with one sentence naming the
+rank, the call and the step, as a failed rank does; a rank above 0 reports it to rank 0 first.
+
+Stop: the process group ends only after the CUDA graphs that captured its collectives are gone (`Followers.on_stop`):
+NCCL (2.26 and later) waits, inside the group's destroy, until every graph holding its communicator is destroyed, so
+ending it under live graphs never returns.
 """
 
 from __future__ import annotations
@@ -23,10 +31,12 @@ import signal
 import socket
 import sys
 import threading
-from dataclasses import dataclass
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -36,6 +46,11 @@ from dflash_bench.errors import UserError
 
 log = logging.getLogger("dflash_bench.engine")
 JOIN_S = 10.0  # how long a stopping rank 0 waits for the others to exit before killing them
+# how long one call of a rank (a step, a collect, a prefill) may make no progress before the server ends, naming the
+# rank and the step (a tensor-parallel hang becomes a failure); START_S: the same for joining the group (the other
+# ranks start and import meanwhile), capturing one graph, waiting for the others to be ready
+STALL_S = 120.0
+START_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -53,6 +68,62 @@ class RankSpec:
     step: StepConfig  # how the engine steps (`make.make_core`)
     kernels: bool
     enforce_eager: bool
+    stall_s: float = STALL_S  # `Watch`: a call that makes no progress this long ends the server
+    start_s: float = START_S  # the same for joining the group, capturing a graph, waiting for the others
+
+
+@dataclass
+class Watch:
+    """What this rank is doing and since when, for the watchdog: one call at a time (`doing`), and the steps it has
+    launched (every rank counts the same calls, so "step 12" is the same step on each)."""
+
+    rank: int
+    stall_s: float = STALL_S  # a call's limit
+    start_s: float = START_S  # a starting phase's (`call(..., start=True)`)
+    doing: tuple[str, float, float] | None = None  # (what, since: time.monotonic(), its limit)
+    steps: int = 0  # `run` calls so far
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @contextmanager
+    def call(self, name: str, what: str | None = None, *, start: bool = False) -> Iterator[None]:
+        """Watch this call (a runner call's `name`, or a phase's `what`; `start`: a starting phase's limit) while it
+        runs."""
+        n = self.counts[name] = self.counts.get(name, 0) + 1
+        if name == "run":
+            self.steps += 1
+        label = what or (f"step {self.steps}" if name == "run" else f"{name} #{n} (after step {self.steps})")
+        self.doing = (label, time.monotonic(), self.start_s if start else self.stall_s)
+        try:
+            yield
+        finally:
+            self.doing = None
+
+    def stalled(self) -> str | None:
+        """One sentence when the call under way has run past its limit, else None."""
+        doing = self.doing
+        if doing is None or time.monotonic() - doing[1] < doing[2]:
+            return None
+        return (f"tensor-parallel rank {self.rank} made no progress for {time.monotonic() - doing[1]:.0f} s in "
+                f"{doing[0]} (a collective that another rank did not enter, or a device that does not finish)")
+
+    @property
+    def tick(self) -> float:
+        """How often a watchdog looks."""
+        return max(0.05, min(1.0, self.stall_s / 8))
+
+
+def watchdog(watch: Watch, report: Callable[[str], None]) -> threading.Thread:
+    """A daemon thread that calls `report` once with `watch`'s sentence when its call stalls past its limit."""
+    def loop() -> None:
+        while True:
+            time.sleep(watch.tick)
+            why = watch.stalled()
+            if why is not None:
+                report(why)
+                return
+    t = threading.Thread(target=loop, daemon=True, name=f"dflash-bench-rank{watch.rank}-watchdog")
+    t.start()
+    return t
 
 
 def free_address() -> str:
@@ -122,10 +193,21 @@ def rank_main(spec: RankSpec, rank: int, conn: Connection) -> None:
     if not spec.device.startswith("cuda"):
         torch.set_num_threads(1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: rank 0 decides
+    watch = Watch(rank, spec.stall_s, spec.start_s)
+
+    def stalled(why: str) -> None:  # this rank hangs: rank 0 says why and stops the server
+        try:
+            conn.send(("stalled", why))
+        except OSError:
+            pass
+        print(f"error: {why}", file=sys.stderr, flush=True)
+        os._exit(1)
     try:
         from dflash_bench.engine.fast.make import load_pair, make_core
 
-        shard = join_group(spec, rank)
+        watchdog(watch, stalled)
+        with watch.call("join", "joining the process group", start=True):
+            shard = join_group(spec, rank)
         hf, drafter = load_pair(spec.model, spec.draft, dtype=spec.dtype, device=device_of(spec, rank),
                                 dummy=spec.dummy)
         shard = shard.cut(hf, drafter)
@@ -133,10 +215,10 @@ def rank_main(spec: RankSpec, rank: int, conn: Connection) -> None:
         if not isinstance(slots, int):
             os._exit(0)
         core = make_core(hf, drafter, spec.step, max_slots=slots, max_len=spec.max_len, kernels=spec.kernels, tp=shard,
-                         consume=True, graphs=False if spec.enforce_eager else None)
+                         consume=True, graphs=False if spec.enforce_eager else None, watch=watch)
         del hf
         conn.send(("ready", None))
-        follow(core.runner, conn)
+        follow(core.runner, conn, watch)
     except EOFError:
         os._exit(0)  # rank 0 is gone
     except BaseException as err:  # noqa: BLE001 - whatever it was, rank 0 says it and stops the server
@@ -154,18 +236,21 @@ def rank_main(spec: RankSpec, rank: int, conn: Connection) -> None:
     os._exit(0)
 
 
-def follow(runner: Any, conn: Connection) -> None:
-    """Replay rank 0's runner calls (`Followers.send`) until it says stop; `collect` retires the oldest step."""
+def follow(runner: Any, conn: Connection, watch: Watch | None = None) -> None:
+    """Replay rank 0's runner calls (`Followers.send`) until it says stop; `collect` retires the oldest step. Each
+    call runs under `watch` (the rank's watchdog)."""
+    watch = watch or Watch(-1)
     while True:
         name, args, kw = conn.recv()
         if name == "stop":
             return
-        if name == "collect":
-            step = runner.inflight.popleft()
-            if step.done is not None:
-                step.done.synchronize()
-            continue
-        getattr(runner, name)(*args, **kw)
+        with watch.call(name):
+            if name == "collect":
+                step = runner.inflight.popleft()
+                if step.done is not None:
+                    step.done.synchronize()
+                continue
+            getattr(runner, name)(*args, **kw)
 
 
 class Followers:
@@ -179,6 +264,9 @@ class Followers:
         self.stopping = False
         self.ready = threading.Event()
         self._ready: set[int] = set()
+        self.watch = Watch(0, spec.stall_s, spec.start_s)  # rank 0's calls, watched by `_watch`
+        # run before the group ends: drop what holds its communicator (the engine's CUDA graphs)
+        self.on_stop: list[Callable[[], None]] = []
 
     def start(self) -> "Followers":
         ctx = mp.get_context("spawn")
@@ -194,23 +282,36 @@ class Followers:
         return self
 
     def send(self, name: str, *args: Any, **kw: Any) -> None:
-        """Every other rank runs `runner.<name>(*args, **kw)` next."""
+        """Every other rank runs `runner.<name>(*args, **kw)` next (a rank that is gone is `_watch`'s to report)."""
         for c in self.conns:
-            c.send((name, args, kw))
+            try:
+                c.send((name, args, kw))
+            except OSError:
+                pass
+
+    def call(self, name: str, what: str | None = None, *, start: bool = False) -> Any:
+        """Watch rank 0's part of a call (`Watch.call`): its watchdog ends the server when it stalls."""
+        return self.watch.call(name, what, start=start)
 
     def slots(self, n: int) -> None:
         for c in self.conns:
             c.send(n)
 
     def wait_ready(self) -> None:
-        self.ready.wait()
+        with self.call("ready", "waiting for the other ranks to load and capture their graphs", start=True):
+            self.ready.wait()
 
     def _watch(self) -> None:
-        """Rank 0's watcher: the others' messages and deaths. A rank that fails or exits before stop ends the server."""
+        """Rank 0's watcher: the others' messages and deaths, and rank 0's own calls. A rank that fails, exits before
+        stop or stalls (`Watch`) ends the server."""
         live = {c: r + 1 for r, c in enumerate(self.conns)}
         sentinels = {p.sentinel: r + 1 for r, p in enumerate(self.procs)}
         while live or sentinels:
-            for ready in wait([*live, *sentinels]):
+            why = self.watch.stalled()
+            if why is not None and not self.stopping:
+                self._died(why)
+                return
+            for ready in wait([*live, *sentinels], timeout=self.watch.tick):
                 if ready in sentinels:
                     rank = sentinels.pop(ready)
                     if not self.stopping:
@@ -231,7 +332,7 @@ class Followers:
                     if len(self._ready) == len(self.conns):
                         self.ready.set()
                 elif not self.stopping:
-                    self._died(f"tensor-parallel rank {rank} failed: {msg}")
+                    self._died(msg if kind == "stalled" else f"tensor-parallel rank {rank} failed: {msg}")
                     return
 
     def _died(self, why: str) -> None:
@@ -239,10 +340,14 @@ class Followers:
         self.on_death(why)
 
     def stop(self) -> None:
-        """Tell the ranks to stop, wait for them a while, kill what is left."""
+        """Drop what holds the group's communicator (`on_stop`: the engine's graphs, once the device has run what was
+        queued, while the other ranks still run their part), tell the ranks to stop, wait for them a while, kill what
+        is left, then end the group. A device wait or a destroy that does not return within `stall_s` is one
+        sentence (a RuntimeError), not a hang."""
         if self.stopping:
             return
         self.stopping = True
+        released = bounded(lambda: [release() for release in self.on_stop], self.spec.stall_s)
         for c in self.conns:
             try:
                 c.send(("stop", (), {}))
@@ -251,16 +356,44 @@ class Followers:
         for p in self.procs:
             p.join(JOIN_S)
         self.kill()
-        import torch.distributed as dist
-
-        if dist.is_initialized():  # this process's group ends with its ranks (a new engine may make another)
-            dist.destroy_process_group()
+        if not released:
+            raise RuntimeError(f"tensor-parallel rank 0 made no progress for {self.spec.stall_s:.0f} s in releasing its "
+                               "CUDA graphs at stop (a collective that another rank did not enter)")
+        end_group(self.spec.stall_s)
 
     def kill(self) -> None:
         for p in self.procs:
             if p.is_alive():
                 p.kill()
                 p.join(JOIN_S)
+
+
+def bounded(fn: Callable[[], Any], limit: float) -> bool:
+    """Run `fn` on a thread of its own for at most `limit` seconds: whether it returned (an error it raised is
+    raised here). One that never returns (a device wait, a destroy) is left behind, a daemon."""
+    err: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001 - raised again in the caller's thread
+            err.append(e)
+    t = threading.Thread(target=run, daemon=True, name="dflash-bench-bounded")
+    t.start()
+    t.join(limit)
+    if err:
+        raise err[0]
+    return not t.is_alive()
+
+
+def end_group(limit: float) -> None:
+    """End this process's group (a new engine may make another) within `limit` seconds, or one sentence: NCCL's destroy
+    never returns while a CUDA graph that captured the group's collectives is alive."""
+    import torch.distributed as dist
+
+    if dist.is_initialized() and not bounded(dist.destroy_process_group, limit):
+        raise RuntimeError(f"tensor-parallel rank 0 made no progress for {limit:.0f} s in ending the process group "
+                           "(a CUDA graph that captured its collectives still alive?)")
 
 
 def _exit_server(why: str) -> None:

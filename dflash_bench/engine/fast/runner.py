@@ -11,9 +11,10 @@ copies let step k+1 run while step k's tokens are read.
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ContextManager
 
 import torch
 
@@ -101,12 +102,20 @@ class FastRunner:
         multiple of PREFILL_BUCKET: eagerly, a prefill's ~400 kernel launches cost the host 3-4x the GPU's time),
         or with P None one eager forward. The padding's K/V lands past each prompt, where no query looks before a
         step rewrites it. The slots' device state is set; returns their first tokens."""
-        if self.followers is not None:
-            self.followers.send("prefill", slots, prompts, P)
-        tok = self.prefills.graphed(slots, prompts, P) if P is not None else self.prefills.rows(slots, prompts)
-        for s, p, t in zip(slots, prompts, tok):
-            self.prefills.admit(s, len(p), t)
-        return tok.tolist()
+        with self._replayed("prefill", slots, prompts, P):
+            tok = self.prefills.graphed(slots, prompts, P) if P is not None else self.prefills.rows(slots, prompts)
+            for s, p, t in zip(slots, prompts, tok):
+                self.prefills.admit(s, len(p), t)
+            return tok.tolist()
+
+    def _replayed(self, name: str, *args: Any) -> ContextManager[Any]:
+        """Tensor parallel, on rank 0: the other ranks run the same call (`ranks.Followers.send`), and this rank's
+        part of it is watched (a call that makes no progress ends the server, naming the rank and the step)."""
+        if self.followers is None:
+            return contextlib.nullcontext()
+        if name != "collect":  # a collect is replayed once this rank has read the step (`collect`)
+            self.followers.send(name, *args)
+        return self.followers.call(name)
 
     def release(self, slot: int) -> None:
         """Free the slot; as padding it then writes at positions 0..B-1 of its own row, never past the cache."""
@@ -116,11 +125,11 @@ class FastRunner:
         self.state.start[slot] = 0
 
     @torch.inference_mode()
-    def capture(self, keys: list[tuple]) -> int:
+    def capture(self, keys: list[tuple], watch: Any = None) -> int:
         """Capture the graph of every step shape in `keys` now (the scheduler's `graph_keys`), so serving never
         stops to capture. Only before any request is added: every row is padding, so the bodies compute into free
         slots (their positions 0..B-1, rewritten by the next prefill) and commit nothing. Returns the number of
-        graphs."""
+        graphs. `watch`: a tensor-parallel rank's `ranks.Watch`, each graph one call."""
         if not self.graphs_on:
             return 0
         self.state.active.zero_()
@@ -128,18 +137,19 @@ class FastRunner:
         b = self.bodies
         for key in keys:
             kind = key[0]
-            if kind == "prefill":
-                self.prefills.graph(*key[1:])
-            elif kind == "mixed":
-                self._ride_buffers()
-                self.graphs.run(key, lambda: b.mixed(*key[1:]))
-            elif kind == "ar":
-                self.graphs.run(key, lambda: b.ar(*key[1:]))
-            elif kind == "draft":
-                self.graphs.run(key, lambda: b.draft(*key[1:]))
-            else:
-                self.graphs.run(key, lambda: b.verify(*key[1:]))
-        torch.cuda.synchronize()
+            with watch.call("capture", f"capturing the graph of {key}", start=True) if watch else contextlib.nullcontext():
+                if kind == "prefill":
+                    self.prefills.graph(*key[1:])
+                elif kind == "mixed":
+                    self._ride_buffers()
+                    self.graphs.run(key, lambda: b.mixed(*key[1:]))
+                elif kind == "ar":
+                    self.graphs.run(key, lambda: b.ar(*key[1:]))
+                elif kind == "draft":
+                    self.graphs.run(key, lambda: b.draft(*key[1:]))
+                else:
+                    self.graphs.run(key, lambda: b.verify(*key[1:]))
+                torch.cuda.synchronize()
         return len(self.graphs)
 
     def _ride_buffers(self) -> list[torch.Tensor]:
@@ -154,8 +164,10 @@ class FastRunner:
     def run(self, plan: StepPlan) -> None:
         """Execute `plan` behind the steps in flight, without waiting for them: its graphs, then the copy of its
         results to the host; `collect` reads them."""
-        if self.followers is not None:
-            self.followers.send("run", plan)
+        with self._replayed("run", plan):
+            self._run(plan)
+
+    def _run(self, plan: StepPlan) -> None:
         bs, L, w = plan.bs, plan.L, plan.width
         if tuple(plan.slots) != self._stepped:  # rows outside the plan (padding, or paused) keep their state
             mask = torch.zeros(self.S, dtype=torch.long, pin_memory=self.dev.type == "cuda")
@@ -203,8 +215,9 @@ class FastRunner:
         """The results of the oldest step in flight, for every row of its plan (`EngineCore.collect` keeps those
         whose slot still holds the request stepped)."""
         step = self.inflight.popleft()
-        if step.done is not None:
-            step.done.synchronize()
+        with self._replayed("collect"):
+            if step.done is not None:
+                step.done.synchronize()
         plan, w = step.plan, step.plan.width
         rows = step.host[:plan.bs].tolist()
         if self.followers is not None:

@@ -62,6 +62,13 @@ class GraphCache:
     def __iter__(self) -> Iterator[tuple]:
         return iter(self.graphs)
 
+    def clear(self) -> None:
+        """Drop every captured graph, once the device has run what was queued. A tensor-parallel engine's graphs hold
+        its process group's communicator: NCCL ends a group only once they are destroyed (`ranks.Followers.stop`)."""
+        if self.graphs:
+            torch.cuda.synchronize()
+        self.graphs.clear()
+
     def run(self, key: tuple, body: Callable[[], None]) -> None:
         def fn() -> None:
             with contextlib.ExitStack() as keep:  # the step's index tensors are made once, outside capture, and kept
