@@ -95,3 +95,17 @@ def test_the_same_pair_accepts_far_less_on_random_token_prompts():
     _, (drafts, _, accepted, _, _) = run(eng, prompts, 4, max_tokens=64)
     _, (drafts_r, _, accepted_r, _, _) = run(eng, noise, 4, max_tokens=64)
     assert 1 + accepted_r / drafts_r < 0.7 * (1 + accepted / drafts)
+
+
+def test_the_acceptance_profile_does_not_carry_tau_from_one_width_to_another():
+    """Why the gate compares tau only at one fixed width (gate/tau.py): a narrower width starts more steps inside
+    runs of easy tokens, so each position's share of accepted drafts rises as the width falls, and tau over the
+    same first positions differs between widths (docs/acceptance.md quotes these prompts at 200 tokens)."""
+    shares = {}
+    for width in ("4", "full"):
+        eng = engine(verify_width=width)
+        prompts = [eng.tok(t).input_ids for t in TEXTS]
+        _, (drafts, _, accepted, per_pos, verified) = run(eng, prompts, concurrency=4, max_tokens=64)
+        shares[width] = profile_tau(list(zip(verified, per_pos)), 3)
+    assert shares["4"] is not None and shares["full"] is not None
+    assert shares["4"] > 1.05 * shares["full"], shares

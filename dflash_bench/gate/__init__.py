@@ -7,14 +7,16 @@ Cells match on (engine, mode, suite, concurrency); the repeats of a cell are its
 judged by the relative change of its mean, current / baseline - 1, against a threshold (the largest
 change in the bad direction that still passes):
 
-- tight: acceptance length at a fixed verify width, and the lossless exact-match rate and task accuracy where
-  the sweep has them (deterministic at temperature 0). Under --verify-width auto on both sides τ follows the load
-  and is judged as throughput is; across width policies, over the acceptance profile (tau.py).
+- tight: acceptance length where both cells verified one fixed width (the same run to run at temperature 0;
+  under widths chosen by load, or two different widths, τ is not compared and the check says why: tau.py), and the
+  lossless exact-match rate and task accuracy where the sweep has them.
 - bootstrap: output throughput, TPOT p50 and speedup when both sides have repeats: a seeded percentile
-  bootstrap interval of the ratio of means; the check fails only when the whole interval is past the
-  threshold, so run-to-run noise does not fail a build.
-- plain: the same noisy metrics without repeats: the single change against the threshold, labelled so.
-- either widened by the run-to-run noise the baseline carries (`--export-baseline --noise-from`: noise.py).
+  bootstrap interval of the ratio of means, each resample also moved by the baseline's run-to-run noise (noise.py:
+  its own repeats, pooled over its suites, or its runs); the check fails only when the whole interval is past the
+  threshold. Each check's interval is taken at 1 - (1 - confidence) / checks (compare.family), so that a rerun of
+  the same code passes every check of the gate with the configured confidence.
+- plain: the same noisy metrics without repeats: the single change against the threshold, widened by the
+  baseline's noise where it carries one, labelled so.
 
 A partial cell (some of its measured requests failed) fails unless `[cells] allow_failed_share` allows its share.
 

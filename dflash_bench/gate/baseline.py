@@ -37,9 +37,11 @@ class CellValues(CellKey):
     # cell id -> (share of its measured requests that failed, why) of a partial cell (its repeats are in `repeats`)
     partial: dict[str, tuple[float, str]] = Field(default_factory=dict)
     # DFlash: how the verify width was chosen (CellSummary.width_policy; None: the engine's own fixed way, or a cell
-    # written before it was recorded), and the acceptance profile of each repeat that has one (gate/tau.py)
+    # written before it was recorded), the acceptance profile of each repeat that has one, and the widths used:
+    # what tells which cells' tau compare (gate/tau.py)
     width_policy: str | None = None
     profiles: list[list[tuple[int, int]]] = Field(default_factory=list)
+    widths: list[int] = Field(default_factory=list)  # the verify widths its repeats' steps used (CellSummary.verify_widths)
     # the run-to-run noise of each metric: the relative standard deviation of its mean over `noise_runs` runs of
     # the same code (`gate --export-baseline --noise-from`, gate/noise.py); it widens that metric's threshold
     noise: dict[str, float] = Field(default_factory=dict)
@@ -189,13 +191,14 @@ def baseline_v1(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def add_profile(cell: CellValues, s: CellSummary) -> None:
-    """A DFlash repeat's width policy and acceptance profile into its cell."""
+    """A DFlash repeat's width policy, acceptance profile and the verify widths it used into its cell."""
     if len(cell.repeats) == 1:
         cell.width_policy = s.width_policy
     elif cell.width_policy != s.width_policy:
         cell.width_policy = ",".join(sorted({*(cell.width_policy or "none").split(","), s.width_policy or "none"}))
     if s.acceptance_profile:
         cell.profiles.append(list(s.acceptance_profile))
+    cell.widths = sorted({*cell.widths, *(w for w, n in (s.verify_widths or {}).items() if n > 0)})
 
 
 def _short(reason: str) -> str:

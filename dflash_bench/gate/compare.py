@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import zlib
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -11,11 +12,12 @@ import numpy as np
 from dflash_bench.errors import UserError
 from dflash_bench.gate.baseline import Baseline, CellValues
 from dflash_bench.gate.config import Bootstrap, GateConfig
-from dflash_bench.gate.noise import allowance
-from dflash_bench.gate.tau import comparable, definitions
+from dflash_bench.gate.noise import Noise, allowance, noise_of, repeat_noise
+from dflash_bench.gate.tau import comparable, definitions, verified_width
 from dflash_bench.store import CellKey
 
 EPS = 1e-9  # a change exactly at the threshold passes, whatever the float rounding
+TAIL_RESAMPLES = 25  # resamples beyond each end of a bootstrap interval, at the least
 
 
 @dataclass(frozen=True)
@@ -37,11 +39,6 @@ METRICS = (
     Metric("exact_match_rate", "lossless exact match", "exact_match", True, False, optional=True),
     Metric("accuracy", "task accuracy", "accuracy", True, False, optional=True),
 )
-# tau where it follows the load (--verify-width auto on both sides), or from the acceptance profile where the two
-# sides' widths differ (gate/tau.py)
-TAU_AUTO = Metric("acceptance_length", "acceptance length (auto width)", "acceptance_length", True, True)
-TAU_PROFILE = Metric("acceptance_length", "acceptance length over the positions both verified", "acceptance_length",
-                     True, False)
 # Not a comparison with the baseline: a DFlash cell of the sweep that did not speculate (no acceptance
 # source, draft counters that did not move, tau ~ 1) is the silent fallback to AR, and fails on its own.
 SPECULATION = Metric("speculation", "speculation", "acceptance_length", True, False)
@@ -68,6 +65,7 @@ class Check:
     change: float | None = None  # mean(current) / mean(baseline) - 1
     ci: tuple[float, float] | None = None  # bootstrap interval of the change
     note: str = ""
+    confidence: float | None = None  # the interval's own confidence (compare.family), where it has one
 
     @property
     def allowed(self) -> float:
@@ -112,17 +110,42 @@ def compare(sweep: Baseline, base: Baseline, config: GateConfig | None = None,
     if not common:
         raise UserError(f"the sweep and the baseline have no cell in common (sweep: {_some(cur)}; "
                         f"baseline: {_some(ref)}): they measured different plans")
-    checks = [chk for k in common for chk in _check_cell(ref[k], cur[k], config)]
+    noise = repeat_noise(base)
+    noisy = sum(1 for k in common for m in METRICS if m.noisy and ref[k].metrics.get(m.name) and cur[k].metrics.get(m.name))
+    each = config.model_copy(update={"bootstrap": family(config.bootstrap, noisy)})
+    checks = [chk for k in common for chk in _check_cell(ref[k], cur[k], each, noise)]
     return GateResult(
         checks=checks,
         missing=[k.name for k in sorted(ref, key=CellKey.sort_key) if k not in cur],
         new=[k.name for k in sorted(cur, key=CellKey.sort_key) if k not in ref],
         sweep=sweep_label, baseline=baseline_label, config=config,
-        notes=_provenance_notes(sweep, base) + _tau_notes(base, sweep, common),
+        notes=_provenance_notes(sweep, base) + _tau_notes(base, sweep, common) + _family_note(config, each, noisy),
     )
 
 
-def _check_cell(ref: CellValues, cur: CellValues, config: GateConfig) -> list[Check]:
+def family(boot: Bootstrap, checks: int) -> Bootstrap:
+    """The settings each of `checks` noisy checks is judged with, so that together they hold the configured
+    confidence (Bonferroni): a rerun of the same code fails none of them with at least that probability, where one
+    check at 95% each would fail one of a demo's 50 now and then."""
+    if checks <= 1:
+        return boot
+    return boot.model_copy(update={"confidence": 1 - (1 - boot.confidence) / checks})
+
+
+def _family_note(config: GateConfig, each: GateConfig, checks: int) -> list[str]:
+    if checks <= 1:
+        return []
+    return [f"each of the {checks} noise-aware checks takes a {level(each.bootstrap.confidence)} interval, so that a "
+            f"rerun of the same code passes all of them with {level(config.bootstrap.confidence)} confidence"]
+
+
+def level(confidence: float) -> str:
+    """A confidence as a percentage with the digits it needs: 95%, 99.9%."""
+    return f"{100 * confidence:.4g}%"
+
+
+def _check_cell(ref: CellValues, cur: CellValues, config: GateConfig,
+                noise: dict[tuple[tuple[str, str, int], str], Noise]) -> list[Check]:
     name = ref.key.name
     out = [Check(name, SPECULATION, "no speculation", "fail", 0.0, [], [], note=f"{cid}: {why}")
            for cid, why in cur.no_speculation.items()]
@@ -145,21 +168,19 @@ def _check_cell(ref: CellValues, cur: CellValues, config: GateConfig) -> list[Ch
             verdict: Verdict = "skipped" if m.optional else "fail"
             out.append(Check(name, m, "not measured", verdict, threshold, base, [], note="not measured in the sweep"))
         else:
-            out.append(judge(name, m, base, current, threshold, config.bootstrap, ref.noise.get(m.name)))
+            out.append(judge(name, m, base, current, threshold, config.bootstrap, noise_of(ref, m.name, noise)))
     return out
 
 
 def _tau_check(name: str, ref: CellValues, cur: CellValues, threshold: float, boot: Bootstrap) -> Check:
-    """τ like with like (gate/tau.py): as τ under the same width policy, over the profile where they differ, else
-    skipped with the sentence that says why not."""
+    """τ like with like (gate/tau.py): tight where both cells verified one width, else skipped with the sentence
+    that says why not."""
     pair = comparable(ref, cur)
     if isinstance(pair, str):
         return Check(name, METRICS[2], "not comparable", "skipped", threshold, ref.metrics["acceptance_length"],
                      cur.metrics["acceptance_length"], note=pair)
-    metric = TAU_PROFILE if pair.how == "profile" else TAU_AUTO if pair.noisy else METRICS[2]
-    check = judge(name, metric, pair.base, pair.current, threshold, boot,
-                  ref.noise.get("acceptance_length") if pair.noisy else None)
-    check.note = "; ".join(x for x in (pair.note, check.note) if x)
+    check = judge(name, METRICS[2], pair.base, pair.current, threshold, boot)
+    check.note = f"both verified {pair.width}" if pair.width else ""
     return check
 
 
@@ -169,12 +190,12 @@ def _tau_notes(base: Baseline, sweep: Baseline, common: list[CellKey]) -> list[s
     ref = {c.key: c for c in base.cells}
     dflash = [k for k in common if k.mode == "dflash"]
     out = []
-    policies = sorted({(str(ref[k].width_policy), str(cur[k].width_policy)) for k in dflash
-                       if ref[k].width_policy != cur[k].width_policy})
-    if policies:
-        pairs = ", ".join(f"{a} against {b}" for a, b in policies).replace("None", "none recorded")
-        out.append(f"the baseline's DFlash cells were measured under another width policy than the sweep's ({pairs}): "
-                   "τ is compared over the acceptance profile where both have one, else not at all")
+    widths = sorted({(str(verified_width(ref[k])), str(verified_width(cur[k]))) for k in dflash
+                     if verified_width(ref[k]) != verified_width(cur[k]) or verified_width(cur[k]) == "auto"})
+    if widths:
+        pairs = ", ".join(f"{a} against {b}" for a, b in widths).replace("None", "none recorded")
+        out.append(f"the baseline's DFlash cells and the sweep's were not all verified at one fixed width ({pairs}): "
+                   "their τ is not compared (docs/acceptance.md); serve both with one --verify-width")
     defs = sorted({(tuple(sorted(definitions(ref[k]))), tuple(sorted(definitions(cur[k])))) for k in dflash
                    if definitions(ref[k]) != definitions(cur[k])})
     if defs:
@@ -185,46 +206,50 @@ def _tau_notes(base: Baseline, sweep: Baseline, common: list[CellKey]) -> list[s
 
 
 def judge(cell: str, metric: Metric, base: list[float], current: list[float], threshold: float,
-          boot: Bootstrap | None = None, noise: float | None = None) -> Check:
-    """The verdict of one metric: bootstrap with repeats on both sides, else the plain or tight threshold; a noisy
-    metric's threshold widened by the baseline's run-to-run noise figure (gate/noise.py) where it carries one."""
+          boot: Bootstrap | None = None, noise: Noise | None = None) -> Check:
+    """The verdict of one metric: bootstrap with repeats on both sides, else the plain or tight threshold. A noisy
+    metric's run-to-run noise (gate/noise.py: the baseline's own repeats or runs) is drawn into every bootstrap
+    resample; without repeats it widens the plain threshold."""
     boot = boot or Bootstrap()
-    widen = allowance(noise, boot.confidence) if metric.noisy else 0.0
-    threshold += widen
+    cv = noise.cv if noise is not None and metric.noisy else 0.0
     change = _ratio(float(np.mean(current)), float(np.mean(base))) - 1
     sign = 1.0 if metric.higher_is_better else -1.0  # bad = -sign * change
     repeats = min(len(base), len(current)) >= boot.min_repeats
+    said = f"the interval covers a {noise.words()}" if cv and noise is not None else ""
     if metric.noisy and repeats and min(base) > 0:
-        lo, hi = bootstrap_change(base, current, boot, seed_key=f"{cell}:{metric.name}")
+        lo, hi = bootstrap_change(base, current, boot, seed_key=f"{cell}:{metric.name}", noise=cv)
         bad = sorted((-sign * lo, -sign * hi))
         verdict: Verdict = "fail" if bad[0] > threshold + EPS else "improved" if bad[1] < -threshold else "pass"
-        return Check(cell, metric, "bootstrap", verdict, threshold, base, current, change, (lo, hi),
-                     note=_noise_note(noise, widen))
+        return Check(cell, metric, "bootstrap", verdict, threshold, base, current, change, (lo, hi), note=said,
+                     confidence=boot.confidence)
+    widen = allowance(cv, boot.confidence)
+    threshold += widen
     bad_change = -sign * change
     verdict = "fail" if bad_change > threshold + EPS else "improved" if bad_change < -threshold else "pass"
     method = "plain" if metric.noisy else "tight"
-    note = (_noise_note(noise, widen) if widen else
+    note = (f"threshold widened by {100 * widen:.1f}% for the {noise.words()}" if widen and noise is not None else
             f"{len(base)} vs {len(current)} repeats: plain threshold, not noise-aware" if metric.noisy else "")
     return Check(cell, metric, method, verdict, threshold, base, current, change, note=note)
 
 
-def _noise_note(noise: float | None, widen: float) -> str:
-    return (f"threshold widened by {100 * widen:.1f}% for the baseline's run-to-run noise (cv {100 * noise:.1f}%)"
-            if noise and widen else "")
-
-
-def bootstrap_change(base: list[float], current: list[float], boot: Bootstrap, seed_key: str = "") -> tuple[float, float]:
-    """Percentile bootstrap interval of mean(current)/mean(base) - 1, each side resampled on its own.
+def bootstrap_change(base: list[float], current: list[float], boot: Bootstrap, seed_key: str = "",
+                     noise: float = 0.0) -> tuple[float, float]:
+    """Percentile bootstrap interval of mean(current)/mean(base) - 1, each side resampled on its own, and each
+    resample moved by a run-to-run shift drawn from the noise figure (log-normal, sd sqrt(2) x noise; 0: none).
 
     The resampled means' spread around the sample mean is scaled by sqrt(n / (n - 1)), the unbiased
     variance: a plain percentile bootstrap is too narrow at a few repeats (see benchmarks/harness/gate_calibration.py
     and its --unscaled: how often a true change equal to the threshold fails, 3 or 5 repeats, cv 3%).
     Seeded by the configured seed and the check's name, so the same inputs give the same interval."""
     rng = np.random.default_rng([boot.seed, zlib.crc32(seed_key.encode())])
-    b_means = resampled_means(np.asarray(base, dtype=float), boot.resamples, rng)
-    c_means = resampled_means(np.asarray(current, dtype=float), boot.resamples, rng)
     alpha = (1 - boot.confidence) / 2
-    lo, hi = np.quantile(c_means / b_means, [alpha, 1 - alpha])
+    n = max(boot.resamples, math.ceil(TAIL_RESAMPLES / alpha))  # a tail of a family's check still holds resamples
+    b_means = resampled_means(np.asarray(base, dtype=float), n, rng)
+    c_means = resampled_means(np.asarray(current, dtype=float), n, rng)
+    ratios = c_means / b_means
+    if noise > 0:
+        ratios = ratios * np.exp(rng.normal(0.0, math.sqrt(2) * noise, n))
+    lo, hi = np.quantile(ratios, [alpha, 1 - alpha])
     return float(lo) - 1, float(hi) - 1
 
 

@@ -1,33 +1,95 @@
-"""Run-to-run noise: how much the same code's figures move from one run to the next on the same machine.
+"""Run-to-run noise: how much the same code's throughput, TPOT and speedup move from one run to the next on the
+same machine, as the baseline alone measured it (never from the sweep being gated).
 
-Repeats inside one run (the bootstrap over them, compare.bootstrap_change) miss what moves between runs: on a
-shared machine the load of everything else changes over minutes, and a run measured later reads uniformly
-slower or faster. `gate --export-baseline SWEEP -o FILE --noise-from RUN --noise-from RUN ...` measures it: per cell and
-metric, the mean of each run (SWEEP and every RUN, the same plan measured by the same code), and the noise
-figure is their relative standard deviation, cv = std(means, ddof 1) / mean(means). The baseline carries it
-(CellValues.noise); gating a sweep against it, a noisy metric's threshold widens by
+The bootstrap over repeats (compare.bootstrap_change) sees how well each side's repeats pin its mean; it does not
+see that a whole run can sit at another speed: on a shared machine the load of everything else changes over
+minutes, and a run measured later reads slower or faster throughout. The baseline measures how far that goes in
+one of two ways, per (engine, mode, concurrency) and metric, pooled over the cells that share them (the suites:
+the load moves them alike), as a relative standard deviation cv:
 
-    z x sqrt(2) x cv
+- its own repeats (every baseline with 2 or more): a sweep's repeats are whole passes over its plan, minutes
+  apart, so their spread is the machine's speed moving over a run's minutes;
+- its own runs, where it was exported with `gate --export-baseline SWEEP -o FILE --noise-from RUN ...` (other runs of
+  the same plan by the same code): the spread of the runs' means, carried in the file (CellValues.noise).
 
-(z: the normal quantile of the gate's bootstrap confidence, 1.96 at 95%; sqrt(2): the change between two runs has
-twice one run's variance), so a rerun of the same code passes while a change past the noise still fails.
+The larger of the two is the cell's noise figure. Gating, a run-to-run shift of that size is drawn into every
+bootstrap resample (log-normal, standard deviation sqrt(2) x cv: the change between two runs has twice one run's
+variance), so the interval covers a rerun's move; without repeats the plain threshold widens by z x sqrt(2) x cv.
 """
 
 from __future__ import annotations
 
 import math
-from statistics import NormalDist
+from dataclasses import dataclass
 from pathlib import Path
+from statistics import NormalDist
 
 import numpy as np
 
 from dflash_bench.errors import UserError
-from dflash_bench.gate.baseline import Baseline, collect, exportable
+from dflash_bench.gate.baseline import Baseline, CellValues, collect, exportable
 from dflash_bench.store import atomic_write_json
 
-# the metrics that move with the machine's load (tau too under --verify-width auto: the widths follow the load)
-NOISY = ("output_throughput", "tpot_ms_p50", "speedup", "acceptance_length")
-MIN_RUNS = 3  # the exported run and at least two more: one difference is no spread
+# the metrics that move with the machine's load (tau does not: at one fixed verify width it is the same run to run)
+NOISY = ("output_throughput", "tpot_ms_p50", "speedup")
+MIN_RUNS = 2  # the exported run and at least one more
+
+
+@dataclass(frozen=True)
+class Noise:
+    """One cell's run-to-run noise figure for one metric, and where it was measured."""
+
+    cv: float
+    source: str  # "repeats" (the baseline's own) or "runs" (--noise-from)
+    samples: int  # the repeats or runs it was measured over (per cell)
+
+    def words(self) -> str:
+        where = "the baseline's repeats" if self.source == "repeats" else f"the baseline's {self.samples} runs"
+        return f"run-to-run noise cv {100 * self.cv:.1f}% ({where})"
+
+
+def group(cell: CellValues) -> tuple[str, str, int]:
+    """The cells whose noise is measured together: one server at one concurrency (the suites pooled)."""
+    return cell.engine, cell.mode, cell.concurrency
+
+
+def pooled_cv(sets: list[list[float]]) -> float | None:
+    """The relative standard deviation of several sets of values of one quantity (each set around its own mean),
+    pooled: sqrt(sum of squared relative deviations / sum of the sets' degrees of freedom); None without any set
+    of 2."""
+    ss, df = 0.0, 0
+    for xs in sets:
+        m = float(np.mean(xs)) if xs else 0.0
+        if len(xs) < 2 or m <= 0:
+            continue
+        ss += float(np.sum((np.asarray(xs, dtype=float) / m - 1) ** 2))
+        df += len(xs) - 1
+    return math.sqrt(ss / df) if df else None
+
+
+def repeat_noise(base: Baseline) -> dict[tuple[tuple[str, str, int], str], Noise]:
+    """The noise the baseline's own repeats measured, per cell group and metric."""
+    sets: dict[tuple[tuple[str, str, int], str], list[list[float]]] = {}
+    for cell in base.cells:
+        for metric in NOISY:
+            values = cell.metrics.get(metric) or []
+            if len(values) >= 2:
+                sets.setdefault((group(cell), metric), []).append(values)
+    out = {}
+    for key, grouped in sets.items():
+        cv = pooled_cv(grouped)
+        if cv is not None:
+            out[key] = Noise(cv, "repeats", max(len(v) for v in grouped))
+    return out
+
+
+def noise_of(cell: CellValues, metric: str, repeats: dict[tuple[tuple[str, str, int], str], Noise]) -> Noise | None:
+    """The cell's noise figure for the metric: the larger of its repeats' and its runs' (None: neither measured)."""
+    mine = repeats.get((group(cell), metric))
+    carried = cell.noise.get(metric)
+    runs = Noise(carried, "runs", cell.noise_runs) if carried else None
+    found = [n for n in (mine, runs) if n is not None]
+    return max(found, key=lambda n: n.cv) if found else None
 
 
 def export_with_noise(sweep_dir: Path, output: Path, noise_from: list[Path]) -> Baseline:
@@ -38,28 +100,38 @@ def export_with_noise(sweep_dir: Path, output: Path, noise_from: list[Path]) -> 
 
 
 def measure_noise(base: Baseline, others: list[Baseline]) -> Baseline:
-    """`base` with each cell's noise figure measured over it and `others` (runs of the same plan)."""
+    """`base` with each cell's noise figure measured over it and `others` (runs of the same plan): per metric, the
+    spread of the runs' means, pooled over the cells of its group."""
     if len(others) + 1 < MIN_RUNS:
-        raise UserError(f"--noise-from needs at least {MIN_RUNS - 1} other runs of the same plan (one difference "
-                        "between two runs is no measure of their spread)")
-    for cell in base.cells:
-        twins = [c for o in others for c in o.cells if c.key == cell.key and c.repeats]
-        runs = len(twins) + 1
-        if runs < MIN_RUNS:
-            continue
-        for metric in NOISY:
-            means = [float(np.mean(c.metrics[metric])) for c in [cell, *twins] if c.metrics.get(metric)]
-            if len(means) >= MIN_RUNS and np.mean(means) > 0:
-                cell.noise[metric] = float(np.std(means, ddof=1) / np.mean(means))
-        cell.noise_runs = runs
-    if not any(c.noise for c in base.cells):
+        raise UserError("--noise-from needs another run of the same plan")
+    twins = {cell.key: [c for o in others for c in o.cells if c.key == cell.key and c.repeats] for cell in base.cells}
+    runs = {key: len(t) + 1 for key, t in twins.items()}
+    measured = False
+    for metric in NOISY:
+        sets: dict[tuple[str, str, int], list[list[float]]] = {}
+        for cell in base.cells:
+            means = [float(np.mean(c.metrics[metric])) for c in [cell, *twins[cell.key]] if c.metrics.get(metric)]
+            if len(means) >= MIN_RUNS:
+                sets.setdefault(group(cell), []).append(means)
+        for cell in base.cells:
+            cv = pooled_cv(sets.get(group(cell), []))
+            if cv is not None and runs[cell.key] >= MIN_RUNS:
+                cell.noise[metric] = cv
+                cell.noise_runs = runs[cell.key]
+                measured = True
+    if not measured:
         raise UserError("--noise-from: no cell of the exported sweep was measured in the other runs too; give runs "
                         "of the same plan")
     return base
 
 
+def z_value(confidence: float) -> float:
+    return NormalDist().inv_cdf(0.5 + confidence / 2)
+
+
 def allowance(noise: float | None, confidence: float) -> float:
-    """How far past its threshold a noisy metric may move in a rerun, given its noise figure."""
+    """How far past its threshold a noisy metric may move in a rerun, given its noise figure (the plain threshold's
+    widening, where there are no repeats to bootstrap)."""
     if not noise:
         return 0.0
-    return NormalDist().inv_cdf(0.5 + confidence / 2) * math.sqrt(2) * noise
+    return z_value(confidence) * math.sqrt(2) * noise

@@ -19,7 +19,7 @@ from rich.text import Text
 
 from dflash_bench.console import new_console
 from dflash_bench.gate.baseline import Baseline
-from dflash_bench.gate.compare import Check, GateResult
+from dflash_bench.gate.compare import Check, GateResult, level
 from dflash_bench.gate.reference import REFERENCE_TAU, tolerance
 from dflash_bench.store import atomic_write_text
 
@@ -54,7 +54,7 @@ def summary(chk: Check, confidence: float = 0.95) -> str:
     if chk.change is None:
         return f"{label}: {chk.note}"
     if chk.method == "bootstrap":
-        how = f"{confidence:.0%} CI {interval(chk)}, {len(chk.baseline)} vs {len(chk.current)} repeats"
+        how = f"{level(chk.confidence or confidence)} CI {interval(chk)}, {len(chk.baseline)} vs {len(chk.current)} repeats"
     elif chk.method == "plain":
         how = f"plain threshold, {len(chk.baseline)} vs {len(chk.current)} repeats"
     else:
@@ -116,7 +116,7 @@ def terminal_table(checks: list[Check], width: int, confidence: float = 0.95) ->
     names = max([len(c.cell) for c in checks] + [len("cell / metric")])
     labels = max([len(c.metric.label) + 2 for c in checks] + [0])
     fixed = [("baseline", 1), ("sweep", 2), ("change", 3), ("allowed", 4), ("verdict", 0)]
-    optional = [("method", 5), (f"{confidence:.0%} CI", 6)]
+    optional = [("method", 5), ("interval", 6)]
 
     def need(col: str, i: int) -> int:
         return max([len(col)] + [len(r[0].verdict if i == 0 else str(r[i])) for r in rows])
@@ -199,8 +199,9 @@ def markdown(result: GateResult) -> str:
         "",
         f"Sweep {md(result.sweep)} against baseline {md(result.baseline)}. Allowed changes: acceptance length "
         f"{t.acceptance_length:.0%}, throughput {t.throughput:.0%}, TPOT {t.tpot:.0%}, speedup {t.speedup:.0%}, "
-        f"exact match {t.exact_match:.0%}, task accuracy {t.accuracy:.0%}; noisy metrics with repeats fail only when the whole {conf:.0%} "
-        "bootstrap interval is past the threshold." + _reference_line(result),
+        f"exact match {t.exact_match:.0%}, task accuracy {t.accuracy:.0%}; noisy metrics with repeats fail only when the whole "
+        "bootstrap interval (each side's repeats and the baseline's run-to-run noise) is past the threshold, the "
+        f"intervals together held at {conf:.0%} confidence." + _reference_line(result),
         "",
     ]
     if result.failures:
@@ -226,7 +227,7 @@ def _reference_line(result: GateResult) -> str:
 
 
 def _md_table(checks: list[Check], confidence: float) -> list[str]:
-    rows = [f"| cell | metric | method | baseline | sweep | change | {confidence:.0%} CI | allowed | verdict |",
+    rows = ["| cell | metric | method | baseline | sweep | change | interval | allowed | verdict |",
             "|---|---|---|---:|---:|---:|---|---:|---|"]
     for chk in checks:
         change = pct(chk.change) if chk.change is not None else md(chk.note)

@@ -7,9 +7,8 @@ being the samples; `report` shows every comparison and `gate` fails when another
 
 What is comparable: both cells complete with a τ counted under the same definition (CellSummary
 `acceptance_definition`, metrics/definitions.py), at the same verify width (vLLM, SGLang and the emulator verify
-the whole block, as the builtin engine's `--verify-width full`; against its `auto` or a fixed width, τ from both
-acceptance profiles over the draft positions both verified: gate/tau.py), neither drawn by synthetic acceptance,
-and the same target
+the whole block, as the builtin engine's `--verify-width full`, or `auto` where every step took the whole block;
+other widths are not compared: gate/tau.py), neither drawn by synthetic acceptance, and the same target
 and drafter (the ids in a folder's manifest) asked the same requests (SAME_REQUESTS); a folder that names no
 pair, as `dflash-bench run` writes, is compared only with itself. The engines' own counting differs from the definition (docs/acceptance.md) only upwards: vLLM
 and llama.cpp count drafts accepted past the request's end, SGLang counts the prefill's token. So a gap
@@ -147,7 +146,7 @@ def _compare_one(ref: CellValues, other: CellValues, engine: str, key: CellKey, 
         return
     check = judge(name, REFERENCE_TAU, pair.base, pair.current, tolerance(config), config.bootstrap)
     comparison = TauComparison(engine=engine, key=key, check=check, sweeps=sweeps)
-    check.note = comparison.sentence() + (f" ({pair.note})" if pair.note else "")
+    check.note = comparison.sentence() + (f" (both verified {pair.width})" if pair.width else "")
     out.comparisons.append(comparison)
 
 
@@ -189,6 +188,7 @@ def _by_cell(cells: list[CellValues]) -> dict[CellKey, dict[str, CellValues]]:
         pooled = per[c.engine]
         pooled.repeats += c.repeats
         pooled.profiles += c.profiles
+        pooled.widths = sorted({*pooled.widths, *c.widths})
         for metric, values in c.metrics.items():
             pooled.metrics.setdefault(metric, []).extend(values)
     return out
