@@ -350,3 +350,60 @@ def test_a_recipe_measures_the_embedded_pair(name, tmp_path, data_dir):
 def test_zlab_check_wants_its_data_dir():
     proc = recipe("zlab_check", "--zlab", "ZLAB")  # z-lab's checkout and its Python are not here: only the arguments
     assert proc.returncode == 1 and proc.stderr.strip() == "--data-dir is required"
+
+
+@ENGINE
+def test_rows_anatomy_runs_the_tiny_shape_on_the_cpu(tmp_path):
+    """The whole measurement on the CPU (C kernels, no graphs, no device profile): every point of the plan written
+    through the schema, AR one token a row and step, DFlash verifying the whole block, the floors from the shape."""
+    from benchmarks.speed.rows_steps import RowsAnatomy
+
+    out = tmp_path / "anatomy.json"
+    bench("speed.rows_anatomy", "--device", "cpu", "--shape", "tiny=1,2", "--steps", "2", "--learn", "2", "--context",
+          "16", "--out", str(out))
+    res = RowsAnatomy.model_validate_json(out.read_text())
+    assert [(p.rows, p.width_policy) for p in res.points] == [(r, m) for r in (1, 2) for m in ("ar", "full", "auto")]
+    info = res.shapes["tiny"]
+    for p in res.points:
+        assert p.busy_us is None and p.classes_us == {} and p.wall_us >= p.host_us > 0
+        assert p.context_first == 16 and p.context_last > 16
+        assert p.weight_floor_us == pytest.approx(1e6 * (info.weight_bytes + (p.mode == "dflash") * info.draft_weight_bytes)
+                                                  / (res.bandwidth_GBps * 1e9))
+    ar = [p for p in res.points if p.mode == "ar"]
+    assert all(p.width == 1 and p.tokens_per_row_step == 1.0 for p in ar)
+    assert all(p.width == 16 for p in res.points if p.width_policy == "full")
+    assert ar[1].kv_floor_us == pytest.approx(2 * ar[0].kv_floor_us, rel=0.1)  # two rows read twice the KV
+    assert res.growth == [] and res.errors == {}  # growth needs row counts from 32 up
+
+
+def test_rows_anatomy_sorts_kernels_floors_and_growth():
+    from benchmarks.speed.rows_steps import Point, classify, floors_us, growth, kernel_class, kv_bytes_per_row
+
+    names = {"_skinny_kernel": "gemm", "nvjet_tst_128x64_64x8_1x1_v_bz_TNT": "gemm", "_split_kernel": "attention",
+             "fmha_cutlassF_bf16_aligned_64x64_rf_sm80": "attention", "_argmax_rows_kernel": "sampling+commit",
+             "_commit_kernel": "sampling+commit", "void at::native::reduce_kernel<ArgMaxOps>": "sampling+commit",
+             "_add_rms_norm_kernel": "norms/rope/elementwise", "_qk_rope_store_kernel": "norms/rope/elementwise",
+             "void at::native::vectorized_elementwise_kernel<4>": "norms/rope/elementwise",
+             "ncclDevKernel_AllReduce_Sum_bf16_RING_LL": "other"}
+    assert {n: kernel_class(n) for n in names} == names
+    got = classify([("_skinny_kernel", 0.0, 30.0), ("_split_kernel", 40.0, 10.0), ("_commit_kernel", 90.0, 10.0)], 2)
+    assert got == dict(busy_us=25.0, span_us=50.0, launches=1.5,
+                       classes_us={"gemm": 15.0, "attention": 5.0, "sampling+commit": 5.0})
+    assert floors_us(4_000_000, 1000.0, 8, 4e12) == pytest.approx((1.0, 0.002))
+    # a sliding kind reads at most its window: 100 bytes a token over 64 of them, a full kind 10 over all 512
+    assert kv_bytes_per_row(110, [64, None], [100, 10], 512) == 100 * 64 + 10 * 512
+    pts = [Point(shape="s", mode="ar", width_policy="ar", rows=r, width=1, steps=2, context_first=1, context_last=2,
+                 tokens_per_row_step=1.0, wall_us=100 + 2 * r, host_us=50.0, wait_us=0.0, busy_us=90 + 2 * r,
+                 span_us=None, launches=None, classes_us={"gemm": 80 + 0.5 * r, "attention": 10 + 1.5 * r},
+                 weight_floor_us=1.0, kv_floor_us=1.0) for r in (1, 32, 64, 128)]
+    (g,) = growth(pts)
+    assert g.rows == [32, 64, 128]  # from 32 rows up
+    assert g.us_per_row == {"gemm": 0.5, "attention": 1.5, "busy": 2.0, "wall": 2.0, "host": 0.0}
+
+
+@pytest.mark.parametrize("spec,says", [("qwen3-9b=1", "unknown shape 'qwen3-9b'"), ("tiny=1,x", "whole numbers"),
+                                       ("tiny=0", "at least one row count of 1 or more")])
+def test_rows_anatomy_refuses_a_bad_plan_in_one_sentence(spec, says):
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.speed.rows_anatomy", "--shape", spec, "--out", "x.json"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and says in proc.stderr and "Traceback" not in proc.stderr
