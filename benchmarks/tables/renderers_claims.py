@@ -26,14 +26,15 @@ CLAIM_FILES = {
 # `python -m benchmarks.peers.big_sweep --pair PAIR --out benchmarks/results/FILE` over the sweep folders they return
 _MISSION = "`bash benchmarks/peers/mission.sh --gpu h200 -n 8 --pair"
 CLAIM_CALLS = {
-    "gemma-26b": f"measured by {_MISSION} gemma-4-26B-A4B-it --suites gsm8k,math500 --synthetic-acceptance 7.8 vllm` (one H200, "
-                 "carrying .vllm-bundle and .data), then the same with `sglang` (.sglang-bundle).",
-    "qwen3-8b": f"measured by {_MISSION} Qwen3-8B --suites gsm8k,math500,mt-bench --synthetic-acceptance card vllm` (one H200, "
-                "carrying .vllm-bundle and .data), then the same with `sglang` (.sglang-bundle).",
+    "gemma-26b": f"measured by {_MISSION} gemma-4-26B-A4B-it --suites gsm8k,math500 --synthetic-acceptance 7.8 vllm` "
+                 "(one H200, carrying .vllm-bundle and .data), then the same with `sglang` (.sglang-bundle).",
+    "qwen3-8b": f"measured by {_MISSION} Qwen3-8B --suites gsm8k,math500 --synthetic-acceptance card --modes "
+                "ar,dflash,eagle3 vllm` (one H200, carrying .vllm-bundle and .data: the eagle3 row's sweep too), then "
+                "the same with `sglang` (.sglang-bundle).",
     "gpt-oss-120b": "no call yet: the z-lab/gpt-oss-120b-DFlash drafter's configuration is not published in anything "
                     "read here, so its shape cannot be written (docs/results/release-claims.md).",
-    "eagle3": f"measured by {_MISSION} Qwen3-8B --suites gsm8k,mt-bench --synthetic-acceptance 6.5 --modes ar,dflash,eagle3 vllm` "
-              "(one H200, carrying .vllm-bundle and .data).",
+    "eagle3": f"measured by {_MISSION} Qwen3-8B --suites gsm8k,math500 --synthetic-acceptance card --modes "
+              "ar,dflash,eagle3 vllm` (one H200, carrying .vllm-bundle and .data: the qwen3-8b row's sweep too).",
 }
 ENGINES = {"vllm": "vLLM", "sglang": "SGLang", "builtin": "builtin", "emulator": "emulator"}
 HEADER = ["claim", "published", "measured on", "suite", "c", "AR tok/s", "DFlash tok/s", "DFlash / AR", "τ",
