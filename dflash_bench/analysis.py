@@ -106,10 +106,11 @@ def power_timeline(sweep_dir: Path | str, cid: str) -> pd.DataFrame | None:
     does not read back as samples (`sweep --resume` measures such a cell again).
     """
     from dflash_bench.store import TELEMETRY
+    from dflash_bench.store.layout import present
     from dflash_bench.store.telemetry_csv import read_csv
 
-    file = Path(sweep_dir) / "cells" / cid / TELEMETRY
-    if not file.exists():
+    file = SweepDir(Path(sweep_dir)).cell_dir(cid) / TELEMETRY
+    if not present(file):
         return None
     raw = pd.DataFrame([{"t_s": s.t_s, "gpu": s.gpu, "power_instant_w": s.power_instant_w, "power_w": s.power_w}
                         for s in read_csv(file)], columns=["t_s", "gpu", "power_instant_w", "power_w"])

@@ -106,9 +106,11 @@ def migrate(
     sweep_dir: Path = typer.Argument(..., metavar="SWEEP_DIR", help="A sweep folder written by an older dflash-bench."),
 ) -> None:
     """Rewrite a sweep folder of an older schema version as this version's (report and gate read old folders without it)."""
-    from dflash_bench.store import SCHEMA_VERSION, SweepDir
+    from dflash_bench.store import SCHEMA_VERSION
+    from dflash_bench.store.lock import writing
 
-    done = SweepDir.open(sweep_dir).migrate()
+    with writing(sweep_dir) as sweep:
+        done = sweep.migrate()
     typer.echo(f"{sweep_dir}: " + (f"rewritten as schema version {SCHEMA_VERSION}" if done
                                    else f"already at schema version {SCHEMA_VERSION}, nothing to do"))
 

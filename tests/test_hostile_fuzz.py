@@ -1,11 +1,14 @@
 """Hostile bytes in every file of a sweep folder and in an exported baseline: random bytes, and JSON or CSV that
-parses yet holds huge integers, lone surrogates, values of the wrong type, deep nesting, NaN and Infinity. Every
-command that reads the folder (report, gate, gate -b, gate --export-baseline [--noise-from], migrate, quality,
-sweep --resume) answers with one sentence or reads it fine, never a traceback. A real sweep against the emulator.
+parses yet holds huge integers, lone surrogates, values of the wrong type, deep nesting, NaN and Infinity; and
+hostile layouts of each cell (a cell_id leaving the folder or absolute, a cell or a file of it linked outside, stray
+copies). Every command that reads the folder (report, gate, gate -b, gate --export-baseline [--noise-from], migrate,
+quality, sweep --resume) answers with one sentence or reads it fine, never a traceback, never writes outside the
+folder, and leaves results.csv with each cell once. A real sweep against the emulator.
 
 The draws come from a fixed seed; DFLASH_BENCH_FUZZ_SEED=<n> runs others (and reproduces a failure it printed),
 DFLASH_BENCH_FUZZ_ALL=1 runs the report and the resume on every case too (as
-`python -m benchmarks.faults --only hostile_folder` does)."""
+`python -m benchmarks.faults --only hostile_folder` does); the layouts run the report always, and the resume on
+every layout of one cell drawn by the seed."""
 
 from __future__ import annotations
 
@@ -49,13 +52,17 @@ def test_every_reader_answers_hostile_files_in_one_sentence(made, tmp_path, data
                                            *(f"cells/emulator-dflash-gsm8k-c1/{f}" for f in (
                                                "summary.json", "requests.jsonl", "server_metrics.json", "telemetry.csv",
                                                "lossless.jsonl", "accuracy.jsonl"))}
+    layouts = [i for i, (_, kind) in enumerate(cases) if kind in hostile.LAYOUTS]
+    assert {cases[i][1] for i in layouts} == set(hostile.LAYOUTS)
     every = os.environ.get("DFLASH_BENCH_FUZZ_ALL") == "1"
     slow = rnd.sample(range(len(cases)), REPORTS + RESUMES)
+    cell = rnd.choice(sorted({cases[i][0] for i in layouts}))
+    resumed = {i for i in layouts if cases[i][0] == cell}
     broke = []
     for i, case in enumerate(cases):
         def keep(label: str, i=i) -> bool:
-            return every or label in CHEAP or label == "report" and i in slow[:REPORTS] or \
-                label == "resume" and i in slow[REPORTS:]
+            return every or label in CHEAP or label == "report" and (i in slow[:REPORTS] or i in layouts) or \
+                label == "resume" and (i in slow[REPORTS:] or i in resumed)
         broke += hostile.play(case, folder, baseline, tmp_path, data_dir, rnd, keep, free_port)
     shutil.rmtree(tmp_path / "folder", ignore_errors=True)
     assert not broke, f"{len(broke)} broke (seed {seed}: DFLASH_BENCH_FUZZ_SEED={seed} reproduces):\n" + "\n".join(broke[:20])

@@ -1,6 +1,7 @@
 """Fault cases of trust in what is on disk and who answers: any bytes in a sweep folder's files, hostile content
 in every one of them and in a baseline (fixtures/hostile.py: huge integers, lone surrogates, wrong types, deep
-nesting, NaN and Infinity, through every reader), names that would leave --out or do not encode, a full disk, the
+nesting, NaN and Infinity, through every reader) and hostile layouts of its cells (ids leaving the folder, links,
+stray copies), names that would leave --out or do not encode, a full disk, the
 server measured is the one launched, a dead server relaunched once. Each registers with `common.case`."""
 
 from __future__ import annotations
@@ -173,8 +174,9 @@ def hostile_folder(tmp: Path, data: Path) -> Row:
     for c in cases:
         broke += hostile.play(c, made, baseline, work, data, rnd, lambda label: True, free_port)
     shutil.rmtree(work / "folder", ignore_errors=True)
-    return Row("hostile bytes and JSON in every file, and in a baseline (seed %d)" % seed, "report, gate, gate -b, "
-               "--export-baseline [--noise-from], migrate, quality, --resume: one sentence or read fine, never a traceback",
+    return Row("hostile bytes and JSON in every file, and in a baseline; hostile layouts of every cell (seed %d)" % seed,
+               "report, gate, gate -b, --export-baseline [--noise-from], migrate, quality, --resume: one sentence or "
+               "read fine, never a traceback; nothing outside the folder written, results.csv each cell once",
                f"{len(cases)} cases x 7 readers; " + (f"{len(broke)} broke, e.g. {broke[0][:90]}" if broke else
                                                        "every one held"), None, left_behind(out), not broke)
 

@@ -159,7 +159,7 @@ def load_baseline(path: Path | str) -> Baseline:
     if not path.exists():
         raise UserError(f"baseline {path} does not exist; {hint}")
     try:
-        data = parse_json(read_text(path))
+        data = parse_json(read_text(path, follow_links=True))
     except StoreError as err:  # unreadable, or bytes that are not UTF-8
         raise UserError(f"baseline {err}") from None
     except ValueError as err:  # JSON that parses yet holds what no export writes (huge numbers, lone surrogates)

@@ -13,13 +13,17 @@ from dflash_bench.store import MEASURED, SweepDir
 def check_sweep(sweep_dir: Path | str, data_dir: Path | str | None = None, score_code: bool = False,
                 near_tie: float = NEAR_TIE_NATS, timeout_s: float = 20.0, workers: int = 2,
                 show: bool = True) -> list[dict[str, Any]]:
-    """Lossless check, then accuracy (code suites only with score_code); returns `quality_rows`."""
+    """Lossless check, then accuracy (code suites only with score_code), under the folder's writer's lock; returns
+    `quality_rows`."""
     from dflash_bench.quality.accuracy import score_sweep
     from dflash_bench.quality.lossless import annotate_sweep
     from dflash_bench.quality.sandbox import Limits
 
-    annotate_sweep(sweep_dir, near_tie)
-    score_sweep(sweep_dir, data_dir, score_code, Limits(timeout_s=timeout_s, cpu_s=max(1, int(timeout_s))), workers)
+    from dflash_bench.store.lock import writing
+
+    with writing(Path(sweep_dir)):  # summaries, results.csv and the verdicts: one writer at a time
+        annotate_sweep(sweep_dir, near_tie)
+        score_sweep(sweep_dir, data_dir, score_code, Limits(timeout_s=timeout_s, cpu_s=max(1, int(timeout_s))), workers)
     rows = quality_rows(sweep_dir)
     if show:
         print_rows(rows)

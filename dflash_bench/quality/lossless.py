@@ -29,6 +29,7 @@ from pydantic import BaseModel
 
 from dflash_bench.metrics.stats import percentile
 from dflash_bench.store import MEASURED, CellSummary, LosslessSummary, RequestRecord, StoreError, SweepDir, atomic_write_text, read_text
+from dflash_bench.store.layout import present
 from dflash_bench.store.reading import parse_json
 
 __all__ = ["LosslessSummary", "Comparison", "annotate_sweep", "compare_cells", "read_comparisons", "summarize"]
@@ -257,8 +258,8 @@ def _annotate_pair(sweep: SweepDir, ar: CellSummary, df: CellSummary, near_tie: 
 
 def read_comparisons(sweep_dir: Path | str, dflash_cell: str) -> list[Comparison]:
     """The per-prompt rows `annotate_sweep` wrote for one DFlash cell (empty if none)."""
-    file = Path(sweep_dir) / "cells" / dflash_cell / LOSSLESS_FILE
-    if not file.exists():
+    file = SweepDir(Path(sweep_dir)).cell_dir(dflash_cell) / LOSSLESS_FILE
+    if not present(file):
         return []
     try:
         return [Comparison.model_validate(parse_json(line)) for line in read_text(file).splitlines() if line.strip()]

@@ -52,6 +52,9 @@ def build_report(sweep_dirs: list[Path], out: Path | None = None, slo: str | Non
     views = tables.load([Path(p) for p in sweep_dirs])
     out = _out_path(Path(sweep_dirs[0]), out)
     fig_dir = out.parent / "figures"
+    if fig_dir.is_symlink():  # written through, the figures would land wherever it points
+        raise UserError(f"{fig_dir} is a symbolic link: the report writes its figures into a folder of its own; remove "
+                        "it or choose another --out")
     many = len(views) > 1
     sections: list[dict[str, Any]] = []
     for view in views:

@@ -3,7 +3,8 @@
 Every write is atomic (temporary file in the same folder, fsync, rename): a failure or a kill at any moment
 leaves the old file or the new one, never half of one. Readers turn a half-written or foreign folder into a
 StoreError (a UserError), and read files of schema version 1 as version 2 (store/migrate.py) without
-writing them back; `SweepDir.migrate()` does that on request.
+writing them back; `SweepDir.migrate()` does that on request. A cell is reached only through store/layout.py: its
+identity is its folder's name under cells/, never a path a file holds, and no link is followed.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import errno
 import io
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any, Iterable
@@ -19,9 +21,11 @@ from typing import Any, Iterable
 from pydantic import BaseModel, ValidationError
 
 from dflash_bench.store.migrate import OLDEST, manifest_v1, needs_migration, summary_v1
-from dflash_bench.store.cells import MEASURED, SCHEMA_VERSION, CellSummary, RequestRecord, ServerMetrics
+from dflash_bench.store import layout
+from dflash_bench.store.cells import MEASURED, SCHEMA_VERSION, CellKey, CellSummary, RequestRecord, ServerMetrics
+from dflash_bench.store.layout import STRAY_REMEDY, present
 from dflash_bench.store.manifest import Manifest
-from dflash_bench.store.reading import StoreError, load_json, parse_json, read_text, remedy
+from dflash_bench.store.reading import StoreError, load_json, parse_json, read_text, remedy, shown
 from dflash_bench.store.results import csv_text
 from dflash_bench.store.telemetry_csv import read_csv as read_telemetry
 from dflash_bench.store.timestamps import now_iso
@@ -56,6 +60,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write `data` as `path` whole or not at all; a disk that is full (or refuses the write) is a StoreError
     naming the file, so the user knows which folder's disk to free."""
     path = Path(path)
+    _check_writable(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -75,6 +80,17 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _check_writable(path: Path) -> None:
+    """A StoreError when `path` is a file made read-only: replacing it (a rename needs only the folder's
+    permission) would undo what its owner asked for."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return  # nothing there yet (or nothing this check can say about)
+    if stat.S_ISREG(mode) and not mode & 0o222:
+        raise StoreError(f"cannot write {path}: it is read-only; make it writable (chmod u+w) or write to another path")
 
 
 class DiskFull(StoreError):
@@ -130,10 +146,10 @@ class SweepDir:
             raise StoreError(f"{path} already holds a sweep; pass --resume {path} or choose another --out")
         sweep = cls(path)
         try:
-            (path / "cells").mkdir(parents=True, exist_ok=True)
+            (path / layout.CELLS).mkdir(parents=True, exist_ok=True)
             (path / "logs").mkdir(exist_ok=True)
         except OSError as err:
-            raise write_error(path / "cells", err) from None
+            raise write_error(path / layout.CELLS, err) from None
         sweep.write_manifest(manifest)
         return sweep
 
@@ -174,13 +190,14 @@ class SweepDir:
 
     # cells
     def cell_dir(self, cid: str) -> Path:
-        return self.path / "cells" / cid
+        """The folder of cell `cid`: one plain name under cells/, never a symbolic link (store/layout.py)."""
+        return layout.cell_path(self.path, cid)
 
     def log_path(self, engine: str, mode: str) -> Path:
         return self.path / "logs" / f"{engine}-{mode}.log"
 
     def is_complete(self, cid: str) -> bool:
-        return (self.cell_dir(cid) / SUMMARY).exists()
+        return present(self.cell_dir(cid) / SUMMARY)
 
     def write_requests(self, cid: str, records: Iterable[RequestRecord]) -> None:
         buf = io.StringIO()
@@ -191,7 +208,7 @@ class SweepDir:
 
     def read_requests(self, cid: str) -> list[RequestRecord]:
         file = self.cell_dir(cid) / REQUESTS
-        if not file.exists():
+        if not present(file):
             return []
         out = []
         for lineno, line in enumerate(read_text(file).splitlines(), 1):
@@ -211,15 +228,23 @@ class SweepDir:
 
     def read_server_metrics(self, cid: str) -> ServerMetrics | None:
         file = self.cell_dir(cid) / SERVER_METRICS
-        return _validate(ServerMetrics, load_json(file), file) if file.exists() else None
+        return _validate(ServerMetrics, load_json(file), file) if present(file) else None
 
     def write_summary(self, summary: CellSummary) -> None:
         """Written last: its existence marks the cell complete (or failed, with the reason)."""
         atomic_write_json(self.cell_dir(summary.cell_id) / SUMMARY, summary)
 
     def read_summary(self, cid: str) -> CellSummary | None:
+        """Cell `cid`'s summary (None before it is written); a StoreError when it does not read back, or when it
+        says it is another cell's (a copy of another cell's folder, or a cell_id edited into a path)."""
+        summary = self._load_summary(cid)
+        if summary is not None and summary.cell_id != cid:
+            raise _not_its_own(self.cell_dir(cid) / SUMMARY, summary.cell_id, remedy(self.cell_dir(cid) / SUMMARY))
+        return summary
+
+    def _load_summary(self, cid: str) -> CellSummary | None:
         file = self.cell_dir(cid) / SUMMARY
-        if not file.exists():
+        if not present(file):
             return None
         data = load_json(file)
         if needs_migration(data):
@@ -234,7 +259,7 @@ class SweepDir:
             summary = self.read_summary(cid)
             records = self.read_requests(cid)
             self.read_server_metrics(cid)
-            if (self.cell_dir(cid) / TELEMETRY).exists():
+            if present(self.cell_dir(cid) / TELEMETRY):
                 read_telemetry(self.cell_dir(cid) / TELEMETRY)
         except StoreError as err:
             return str(err)
@@ -248,12 +273,76 @@ class SweepDir:
         return None
 
     def summaries(self) -> list[CellSummary]:
-        """Summaries of every cell on disk that has one, in plan order (cells not in the plan last)."""
+        """Summaries of every cell on disk that has one, in plan order (cells not in the plan last); a StoreError
+        naming the first entry of cells/ that is not a cell of this folder (`strays`)."""
         manifest = self.read_manifest()
         order = [c.cell_id for c in manifest.plan]
-        on_disk = sorted(p.name for p in (self.path / "cells").glob("*") if (p / SUMMARY).exists())
-        ids = [c for c in order if c in on_disk] + [c for c in on_disk if c not in order]
-        return [s for s in (self.read_summary(c) for c in ids) if s is not None]
+        found, strays = self._census(set(order), strict=True)
+        if strays:
+            name, why = strays[0]
+            raise StoreError(f"{shown(layout.cells_folder(self.path) / name)} is not a cell of this sweep: {why}; "
+                             f"{STRAY_REMEDY}")
+        ids = [c for c in order if c in found] + sorted(c for c in found if c not in order)
+        return [found[c] for c in ids]
+
+    def cell_names(self) -> list[str]:
+        """The names of the cells' folders under cells/ (links left out: they are `strays`)."""
+        return layout.scan(self.path)[0]
+
+    def strays(self, keep: set[str]) -> list[tuple[str, str]]:
+        """(name, why) for each entry of cells/ that is not a cell of this folder: a symbolic link, a folder whose
+        summary is another cell's (a copy), or a second folder of one cell that `keep` (the plan) does not name
+        (the one kept: a cell of `keep`, else the one its own id names, else the first by name). A summary that does not read back is no stray here:
+        `damage` says why."""
+        return self._census(keep, strict=False)[1]
+
+    def _census(self, keep: set[str], strict: bool) -> tuple[dict[str, CellSummary], list[tuple[str, str]]]:
+        names, links = layout.scan(self.path)
+        strays = [(name, "a symbolic link, not a cell's folder") for name in links]
+        found: dict[str, CellSummary] = {}
+        for name in names:
+            try:
+                summary = self._load_summary(name)
+            except StoreError:
+                if strict:
+                    raise
+                continue
+            if summary is None:
+                continue
+            if summary.cell_id != name:
+                if strict:  # the sentence names the summary.json that says so
+                    raise _not_its_own(self.cell_dir(name) / SUMMARY, summary.cell_id, STRAY_REMEDY)
+                strays.append((name, f"its summary says it is cell {shown(summary.cell_id)!r}"))
+                continue
+            found[name] = summary
+        by_key: dict[CellKey, list[str]] = {}
+        for name, summary in found.items():
+            by_key.setdefault(summary.key, []).append(name)
+        for key, same in by_key.items():
+            if len(same) > 1:
+                kept = next((n for n in same if n in keep), None) or next((n for n in same if n == key.cell_id), same[0])
+                for name in same:
+                    if name != kept and name not in keep:  # the plan's own cells are never copies
+                        strays.append((name, f"the same cell ({key.name}) as cells/{kept}, a copy of it"))
+                        del found[name]
+        return found, sorted(strays)
+
+    def set_aside(self, name: str) -> Path:
+        """Move the entry `name` of cells/ (a cell's folder, or a link, which is moved, never followed) to
+        damaged/<name>[-n]/, out of every reader's way, keeping what was on disk; returns where it went."""
+        import shutil
+
+        source = layout.cells_folder(self.path) / layout.check_cell_id(name)
+        damaged = self.path / "damaged"
+        if damaged.is_symlink():
+            raise StoreError(f"{shown(damaged)} is a symbolic link: a sweep folder's files are its own; remove it")
+        dest, n = damaged / name, 1
+        while present(dest):
+            n += 1
+            dest = damaged / f"{name}-{n}"
+        damaged.mkdir(exist_ok=True)
+        shutil.move(str(source), str(dest))
+        return dest
 
     def write_results_csv(self) -> Path:
         """Rebuild results.csv from the summaries on disk (one row per cell)."""
@@ -272,6 +361,11 @@ class SweepDir:
         self.write_manifest(manifest)
         self.write_results_csv()
         return True
+
+
+def _not_its_own(file: Path, says: str, repair: str) -> StoreError:
+    return StoreError(f"{shown(file)} says it is cell {shown(says)!r}, not {shown(file.parent.name)}, the folder it is in: "
+                      f"a copy of another cell's folder, or an edited file; {repair}")
 
 
 def read_json_model(model: type[BaseModel], file: Path) -> Any:

@@ -12,9 +12,12 @@ schema and atomic writes) because only writers need it.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from dflash_bench.store.folder import MANIFEST, DiskFull, StoreError, SweepDir, write_error
 from dflash_bench.store.manifest import Manifest
@@ -34,14 +37,20 @@ class WriterLock:
             return self
         path = self.folder / LOCK
         while True:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:  # never through a link: the pid would be written into whatever file it names
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            except OSError as err:
+                if err.errno == errno.ELOOP:
+                    raise StoreError(f"{path} is a symbolic link: a sweep folder's lock is a file of its own; remove "
+                                     "it") from None
+                raise
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "?"
                 os.close(fd)
                 raise StoreError(f"{self.folder} is being written by another dflash-bench (pid {holder}); wait for "
-                                 "it to finish, or stop it, before running or resuming this sweep") from None
+                                 "it to finish, or stop it, and run this command again") from None
             if _same_file(fd, path):
                 break
             os.close(fd)  # a finished writer removed the file this one locked: lock the path's file now
@@ -132,7 +141,20 @@ def open_locked(path: Path) -> tuple[SweepDir, WriterLock]:
     """An existing sweep folder, locked; the temporary files a killed writer left mid-write are removed."""
     sweep = SweepDir.open(path)
     lock = WriterLock(sweep.path).acquire()
-    for stale in sweep.path.rglob(".*.tmp"):  # no other writer is alive: each is what a kill -9 cut short
-        if stale.is_file():
-            stale.unlink(missing_ok=True)
+    for folder, _, files in os.walk(sweep.path):  # links not followed: only this folder's own files
+        for name in files:  # no other writer is alive: each is what a kill -9 cut short
+            stale = Path(folder) / name
+            if name.startswith(".") and name.endswith(".tmp") and stale.is_file() and not stale.is_symlink():
+                stale.unlink(missing_ok=True)
     return sweep, lock
+
+
+@contextmanager
+def writing(path: Path) -> Iterator[SweepDir]:
+    """An existing sweep folder opened for a command that writes into it (quality, migrate), under its lock for as
+    long as the block runs: refused in one sentence while another writer holds it."""
+    sweep, lock = open_locked(path)
+    try:
+        yield sweep
+    finally:
+        lock.release()

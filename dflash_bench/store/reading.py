@@ -4,13 +4,17 @@
 that parses yet holds what no writer of the harness writes (an integer past 64 bits, NaN or
 Infinity, a lone surrogate escape that no UTF-8 text can hold, nesting deeper than any schema) is refused here,
 naming the file, once for every reader. Each refusal says how the file is repaired: a cell's files by
-`sweep --resume`, which sets the cell aside and measures it again; any other file from a copy.
+`sweep --resume`, which sets the cell aside and measures it again; any other file from a copy. A folder's file is
+never read through a symbolic link, nor anything but a regular file (a named pipe would never end).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import math
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -32,13 +36,42 @@ def remedy(file: Path) -> str:
     return "restore it from a copy"
 
 
-def read_text(file: Path) -> str:
-    """A folder file's text; a StoreError naming the file when it cannot be read or is not UTF-8 (any bytes
-    in any file of a folder end in one sentence, never a traceback)."""
+def shown(value: str | os.PathLike[str]) -> str:
+    """A path or name as a sentence can print it: bytes that are not UTF-8 (a file name can hold any) as escapes."""
+    text = os.fspath(value)
     try:
-        data = Path(file).read_bytes()
+        return os.fsencode(text).decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def read_bytes(file: Path, *, follow_links: bool = False) -> bytes:
+    """A file's bytes; a StoreError naming the file when it cannot be read. A folder's file is read only when it is
+    a regular file of its own: not a symbolic link (it could name any file on the machine; `follow_links` is for a
+    file the user named, such as a baseline), not a named pipe or a device (which would block or never end)."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW)
+    try:
+        fd = os.open(file, flags)
     except OSError as err:
-        raise StoreError(f"cannot read {file}: {err.strerror or err}") from None
+        if err.errno == errno.ELOOP and not follow_links:
+            raise StoreError(f"{shown(file)} is a symbolic link: a sweep folder's files are its own, never links to "
+                             f"elsewhere; {remedy(file)}") from None
+        raise StoreError(f"cannot read {shown(file)}: {err.strerror or err}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise StoreError(f"{shown(file)} is not a regular file; {remedy(file)}")
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            return fh.read()
+    except OSError as err:
+        raise StoreError(f"cannot read {shown(file)}: {err.strerror or err}") from None
+    finally:
+        os.close(fd)
+
+
+def read_text(file: Path, *, follow_links: bool = False) -> str:
+    """A folder file's text (read_bytes); a StoreError naming the file when it cannot be read or is not UTF-8
+    (any bytes in any file of a folder end in one sentence, never a traceback)."""
+    data = read_bytes(file, follow_links=follow_links)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:

@@ -39,19 +39,18 @@ def open_sweep(settings: SweepSettings, out: Path, resume: Path | None, pair: Mo
             lock.release()
             raise
         planned = {c.cell_id for c in manifest.plan}
-        for stray in sorted(p.name for p in (sweep.path / "cells").glob("*") if p.is_dir() and p.name not in planned):
+        for stray, why in sweep.strays(planned):  # a link, a copy: not a cell of this folder; every reader refuses it
+            note(manifest, f"{stray}: set aside ({why}; its files are kept in {sweep.set_aside(stray)})")
+        for stray in sorted(set(sweep.cell_names()) - planned):
             damaged = sweep.damage(stray)  # a cell of no plan that every reader trips on: set aside, not measured
             if damaged:
-                note = f"{stray}: set aside (not in the plan): {damaged} (its files are kept in {set_aside(sweep, stray)})"
-                manifest.notes.append(note)
-                print(f"note: {note}", file=sys.stderr, flush=True)
+                note(manifest, f"{stray}: set aside (not in the plan): {damaged} (its files are kept in "
+                               f"{sweep.set_aside(stray)})")
         for cell in manifest.plan:  # whatever was running when it stopped is redone; failed cells get a new try
             damaged = sweep.damage(cell.cell_id)
             if damaged:  # a cell whose files do not read back whole is measured again, and the resume says so
-                kept = set_aside(sweep, cell.cell_id)
-                note = f"{cell.cell_id}: measured again: {damaged} (its files are kept in {kept})"
-                manifest.notes.append(note)
-                print(f"note: {note}", file=sys.stderr, flush=True)
+                kept = sweep.set_aside(cell.cell_id)
+                note(manifest, f"{cell.cell_id}: measured again: {damaged} (its files are kept in {kept})")
                 cell.status, cell.reason = "pending", None
                 continue
             status_from_disk(sweep, cell)
@@ -111,19 +110,10 @@ def check_has_plan(manifest: Manifest, folder: Path) -> SweepSettings:
     return manifest.settings
 
 
-def set_aside(sweep: SweepDir, cid: str) -> Path:
-    """Move a damaged cell's folder to damaged/<cell-id>[-n]/ (out of cells/, where every reader would trip on
-    it), so the cell is measured again while nothing that was on disk is lost."""
-    import shutil
-
-    dest = sweep.path / "damaged" / cid
-    n = 1
-    while dest.exists():
-        n += 1
-        dest = sweep.path / "damaged" / f"{cid}-{n}"
-    dest.parent.mkdir(exist_ok=True)
-    shutil.move(str(sweep.cell_dir(cid)), str(dest))
-    return dest
+def note(manifest: Manifest, text: str) -> None:
+    """What a resume did to the folder, kept in the manifest and said on stderr."""
+    manifest.notes.append(text)
+    print(f"note: {text}", file=sys.stderr, flush=True)
 
 
 def status_from_disk(sweep: SweepDir, cell: CellPlan) -> None:
