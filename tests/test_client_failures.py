@@ -9,6 +9,7 @@ import pytest
 
 from dflash_bench.client import measure_cell
 from dflash_bench.emulator import EmulatorProcess
+from benchmarks.fixtures.bad_servers import BadServer
 from benchmarks.fixtures.emulator_truth import prompts
 from client_helpers import cell, measured
 
@@ -139,3 +140,33 @@ def test_a_request_aborted_inside_its_stream_fails_with_the_servers_reason(tmp_p
     assert len(recs) == 3 and all("server aborted the request" in r.error for r in recs)
     if api == "generate":  # SGLang's own reason is kept
         assert all("return_logprob" in r.error for r in recs)
+
+
+@pytest.mark.parametrize("transport", ["raw", "aiohttp", "httpx"])
+def test_a_line_past_the_limit_fails_the_request_and_one_below_it_is_read(tmp_path: Path, transport: str):
+    """One SSE event of more than MAX_LINE_BYTES (sent as one HTTP chunk) fails its request in one sentence, on
+    every transport; an event of a megabyte, well below the limit, is read whole."""
+    from dflash_bench.client.protocol import MAX_LINE_BYTES
+
+    with BadServer("long-line", line_bytes=MAX_LINE_BYTES + 2**20) as srv:
+        s = measure_cell(srv.url, prompts(2), concurrency=1, cell_dir=cell(tmp_path), warmup=False, timeout=120,
+                         transport=transport)
+    errors = [r.error for r in measured(tmp_path)]
+    assert s.status == "failed" and s.failures == {"stream line too long": 2}, errors
+    assert all(e == errors[0] and f"{MAX_LINE_BYTES >> 20} MiB" in e and "MAX_LINE_BYTES" in e for e in errors)
+    with BadServer("long-line", line_bytes=2**20) as srv:
+        s = measure_cell(srv.url, prompts(2), concurrency=1, cell_dir=cell(tmp_path, "ok"), warmup=False,
+                         timeout=120, transport=transport)
+    assert s.status == "complete", s.failure_reason
+    texts = {r.output_text or "" for r in measured(tmp_path, "ok")}  # the event's text, whole
+    assert len(texts) == 1 and set(text := texts.pop()) == {"x"} and 2**20 - 128 < len(text) < 2**20, len(text)
+
+
+@pytest.mark.parametrize("transport", ["raw", "aiohttp", "httpx"])
+def test_a_200_that_is_not_an_event_stream_is_named_by_its_content_type(tmp_path: Path, transport: str):
+    with BadServer("html") as srv:
+        s = measure_cell(srv.url, prompts(2), concurrency=1, cell_dir=cell(tmp_path), warmup=False, timeout=20,
+                         transport=transport)
+    errors = [r.error or "" for r in measured(tmp_path)]
+    assert s.status == "failed" and s.failures == {"not an event stream": 2}, errors
+    assert all("200" in e and "'text/html; charset=utf-8'" in e and "text/event-stream" in e for e in errors), errors

@@ -133,3 +133,64 @@ def connect_delayed_accept(tmp: Path, data: Path) -> Row:
                "request new or reused", f"{len(new)} new, {len(res.records) - len(new)} reused; longest handshake "
                f"{shake} ms; longest loop wait {max((r.connect_wait_ms or 0) for r in new):.2f} ms", None, "nothing",
                bool(ok))
+
+
+# ---------------------------------------------------------------- hostile streams
+
+
+LONG_LINE = 50 * 10**6  # the line of the hostile stream: 50 MB without a line end
+
+
+@case
+def hostile_streams(tmp: Path, data: Path) -> Row:
+    """A 50 MB SSE line (one HTTP chunk) and a 200 answer of an HTML page, through each transport; the client runs
+    in a child process (the server's 50 MB are not counted), which says its request's failure, the seconds to it,
+    and the most memory the request held (`stream_probe`)."""
+    from dflash_bench.client.protocol import MAX_LINE_BYTES
+
+    got, bad = [], []
+    for kind, line in (("long-line", LONG_LINE), ("html", 0)):
+        with BadServer(kind, line_bytes=line) as srv:
+            for transport in ("raw", "aiohttp", "httpx"):
+                proc, _ = sh([sys.executable, "-c", f"from benchmarks.faults.measurement import stream_probe; "
+                              f"stream_probe({srv.url!r}, {transport!r})"], timeout=300)
+                try:
+                    out = json.loads(proc.stdout.strip().splitlines()[-1])
+                except (IndexError, ValueError):
+                    bad.append(f"{kind} {transport}: exit {proc.returncode} {proc.stderr.strip()[-120:]}")
+                    continue
+                want = "stream line too long" if kind == "long-line" else "not an event stream"
+                if not (out["error"] or "").startswith(want) or out["peak_mib"] > 4 * MAX_LINE_BYTES / 2**20:
+                    bad.append(f"{kind} {transport}: {out}")
+                got.append(f"{kind} {transport} {out['seconds']:.2f} s {out['peak_mib']:.1f} MiB")
+    return Row("a 50 MB SSE line, and a 200 HTML page, per transport", f"the request fails in one sentence (a line "
+               f"past {MAX_LINE_BYTES >> 20} MiB; the content type named); the request holds less than 4x the limit",
+               "; ".join(got) + (f"; broke: {bad[0][:120]}" if bad else ""), None, "nothing", not bad)
+
+
+def stream_probe(url: str, transport: str) -> None:
+    """One streamed chat request to `url` through `transport`, in this process (hostile_streams' child): prints, as
+    JSON, the request's error, the seconds from its first byte of body (else from sending it) to its end, so that
+    the server's own time to make its answer is left out, and the most memory Python held for it
+    above what it held before (tracemalloc's peak: every bytes object a transport reads into is counted), in MiB."""
+    import tracemalloc
+
+    from dflash_bench.client.protocol import PATHS, RequestSettings, Stream, build_body
+    from dflash_bench.client.transport import make_transport
+
+    async def go() -> tuple[str | None, float, int]:
+        tr = make_transport(transport, url, 1)
+        try:
+            await tr.get("/v1/models")  # the connection and the transport's imports, before the peak is read
+            st, body = Stream("chat", False), build_body(RequestSettings(max_tokens=8), [{"role": "user", "content": "x"}])
+            tracemalloc.start()
+            before, t = tracemalloc.get_traced_memory()[0], time.perf_counter()
+            await asyncio.wait_for(tr.stream(PATHS["chat"], body, st), 240)
+            seconds, peak = time.perf_counter() - (st.t_first_byte or t), tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+            return st.error, seconds, peak - before
+        finally:
+            await tr.close()
+
+    error, seconds, held = asyncio.run(go())
+    print(json.dumps({"error": error, "seconds": round(seconds, 3), "peak_mib": round(held / 2**20, 1)}))

@@ -4,8 +4,10 @@
 - `completions`: OpenAI `/v1/completions`
 - `generate`: SGLang native `/generate` (cumulative events, `meta_info` with spec fields)
 
-`Stream` is the per-request accumulator on the hot path: it is fed one SSE `data:` payload at a time with
-the arrival time of the network read that carried it, and keeps only what the metrics need.
+`Stream` is the per-request accumulator on the hot path: it is fed the bytes of each network read with the read's
+arrival time (`feed_bytes`), parses every SSE `data:` line as it completes, and keeps only what the metrics need.
+Every transport holds a server to the same two limits here: a line longer than MAX_LINE_BYTES, and a 200 answer
+that is not an event stream, each fail the request in one sentence (`event_stream_refusal`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,11 @@ from typing import Any, Callable, TypedDict
 import orjson
 
 APIS = ("chat", "completions", "generate")
+# The longest SSE line a request's stream may hold before its line end: memory per connection stays below it, and
+# a server that sends more without a newline fails the request. A real event is a few KB (SGLang's /generate
+# repeats the text so far: about 4 bytes a token), so 8 MiB leaves a thousand times that.
+MAX_LINE_BYTES = 8 * 2**20
+EVENT_STREAM = "text/event-stream"
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "generate": "/generate"}
 
 
@@ -120,7 +127,7 @@ class Stream:
     __slots__ = ("api", "want_ids", "times", "tokens", "t_first_byte", "t_first_token", "t_end", "pieces",
                  "text", "prompt_tokens", "output_tokens", "finish", "error", "done", "ids", "tops",
                  "spec_steps", "spec_accepted", "spec_drafted", "cached_tokens", "chars", "tokens_from", "t_write", "connect_s", "connect_wait_s", "connection",
-                 "_abort_reason")
+                 "_abort_reason", "_tail", "_held")
 
     def __init__(self, api: str, want_ids: bool):
         self.api = api
@@ -153,6 +160,8 @@ class Stream:
         self.connect_wait_s: float | None = None
         self.connection: str | None = None
         self._abort_reason: str | None = None  # what the server said when it aborted the request
+        self._tail: list[bytes] = []  # the bytes of the line not yet ended, as read (joined once, at its end)
+        self._held = 0  # their length
 
     def output_text(self) -> str:
         return self.text if self.text is not None else "".join(self.pieces)
@@ -167,9 +176,38 @@ class Stream:
             return {"token_ids": None, "top_logprobs": None}
         return {"token_ids": ids, "top_logprobs": self.tops}
 
+    def feed_bytes(self, t: float, data: bytes) -> None:
+        """Feed the bytes of one network read (at `t`): each line that ends here is parsed, the unended rest is held
+        for the next read. Linear time (a byte is joined at most twice, whatever the line's length); a line longer
+        than MAX_LINE_BYTES fails the request, so a server cannot grow the client's memory without end."""
+        if self._tail or b"\n" not in data:
+            if b"\n" not in data:
+                if data:
+                    self._tail.append(data)
+                    self._held += len(data)
+                    self._check_held()
+                return
+            self._tail.append(data)
+            data = b"".join(self._tail)
+            self._tail, self._held = [], 0
+        rest = self.feed_lines(t, data)
+        if rest:  # the common case, a read of whole events, holds nothing
+            self._tail, self._held = [rest], len(rest)
+            self._check_held()
+
+    def _check_held(self) -> None:
+        if self._held > MAX_LINE_BYTES and self.error is None:
+            self.error = (f"stream line too long: the server sent more than {MAX_LINE_BYTES >> 20} MiB without a line "
+                          "end, past the client's limit (MAX_LINE_BYTES)")
+            self._tail, self._held = [], 0
+
     def feed_lines(self, t: float, buf: bytes) -> bytes:
         """Feed the SSE `data:` lines of `buf` that are complete (read at `t`); return the incomplete rest."""
         *lines, rest = buf.split(b"\n")
+        if len(buf) > MAX_LINE_BYTES and any(len(line) > MAX_LINE_BYTES for line in lines):
+            self._held = MAX_LINE_BYTES + 1  # one read that held a whole line past the limit
+            self._check_held()
+            return b""
         for line in lines:
             if line[:5] == b"data:":
                 self.feed(t, line[5:].strip())
@@ -325,6 +363,15 @@ class Stream:
         if meta.get("spec_verify_ct") is not None:
             self.spec_steps = meta["spec_verify_ct"]
             self.spec_accepted = meta.get("spec_accept_token_num", meta.get("spec_accepted_drafts"))
+
+
+def event_stream_refusal(content_type: str | None) -> str | None:
+    """Why a 200 answer to a streamed request is not one (an HTML page, a JSON body), named by its Content-Type;
+    None for an event stream, or an answer that names no type (then its lines are read, and judged as they come)."""
+    if content_type is None or content_type.strip().lower().startswith(EVENT_STREAM):
+        return None
+    return (f"not an event stream: the server answered 200 with Content-Type {content_type.strip()[:80]!r}, where a "
+            f"streamed request needs {EVENT_STREAM}")
 
 
 def error_message(status: int, body: bytes) -> str:

@@ -18,7 +18,7 @@ import struct
 import time
 from urllib.parse import urlsplit
 
-from dflash_bench.client.protocol import Stream, error_message
+from dflash_bench.client.protocol import Stream, error_message, event_stream_refusal
 
 _clock = time.perf_counter
 _TCPI_RTT = 68  # struct tcp_info (linux/tcp.h): byte offset of tcpi_rtt, microseconds
@@ -40,10 +40,18 @@ def handshake_s(sock: socket.socket) -> float | None:
     return struct.unpack_from("I", info, _TCPI_RTT)[0] / 1e6
 
 
-class _Response:
-    """Parser state of one response; feeds an SSE Stream or collects a whole body."""
+MAX_HEAD_BYTES = 64 * 2**10  # a response's status line and headers: a server's run a few hundred bytes
+MAX_CHUNK_LINE = 4 * 2**10  # a chunk-size line (the size in hex, any extensions)
+MAX_ERROR_BODY = 64 * 2**10  # what is kept of an error answer's body: its first bytes say why
 
-    __slots__ = ("st", "status", "head", "chunked", "remaining", "body", "buf", "sse", "done", "keep_alive", "fut")
+
+class _Response:
+    """Parser state of one response; feeds an SSE Stream or collects a whole body. Everything it holds is bounded
+    (headers, a chunk-size line, an error body; the stream's unended line by the Stream), and every byte is
+    handled a fixed number of times, however the server cuts its answer into reads and chunks."""
+
+    __slots__ = ("st", "status", "head", "chunked", "remaining", "body", "held", "buf", "chunk_left", "skip",
+                 "content_type", "done", "keep_alive", "fut")
 
     def __init__(self, st: Stream | None, fut: asyncio.Future):
         self.st = st
@@ -53,33 +61,40 @@ class _Response:
         self.chunked = False
         self.remaining = -1  # Content-Length left; -1: until close
         self.body: list[bytes] = []
-        self.buf = b""
-        self.sse = b""
+        self.held = 0  # bytes in `body`
+        self.buf = b""  # the headers, or a chunk-size line, not yet ended
+        self.chunk_left = 0  # bytes of the current chunk's data still to come
+        self.skip = 0  # bytes of the CRLF after a chunk's data still to come
+        self.content_type: str | None = None
         self.done = False
         self.keep_alive = True
 
     def feed(self, t: float, data: bytes) -> None:
-        buf = self.buf + data if self.buf else data
         if self.head:
-            buf = buf.lstrip(b"\r\n")  # a previous response's last CRLF may arrive late
+            buf = (self.buf + data if self.buf else data).lstrip(b"\r\n")  # a previous response's last CRLF may arrive late
             end = buf.find(b"\r\n\r\n")
             if end < 0:
+                if len(buf) > MAX_HEAD_BYTES:
+                    raise ValueError(f"response headers longer than {MAX_HEAD_BYTES >> 10} KiB")
                 self.buf = buf
                 return
             self._headers(buf[:end])
-            buf = buf[end + 4:]
-        if buf and self.st is not None and self.st.t_first_byte is None:
+            self.buf, data = b"", buf[end + 4:]
+            if self.st is not None and self.status == 200:
+                self.st.error = event_stream_refusal(self.content_type)
+                if self.st.error:
+                    return  # its body is not read: the connection is closed
+        if data and self.st is not None and self.st.t_first_byte is None:
             self.st.t_first_byte = t  # the first byte of the body, as the other transports stamp it
         if self.chunked:
-            self.buf = self._chunks(t, buf)
+            self._chunks(t, data)
         else:
             if self.remaining >= 0:
-                buf, extra = buf[:self.remaining], buf[self.remaining:]
-                self.remaining -= len(buf)
+                data, extra = data[:self.remaining], data[self.remaining:]
+                self.remaining -= len(data)
                 if extra:
                     self.keep_alive = False
-            self.buf = b""
-            self._payload(t, buf)
+            self._payload(t, data)
             if self.remaining == 0:
                 self.done = True
 
@@ -100,38 +115,60 @@ class _Response:
                 self.remaining = int(v)
             elif k == b"connection" and v == b"close":
                 self.keep_alive = False
+            elif k == b"content-type":
+                self.content_type = v.decode("latin-1")
         if self.remaining < 0 and not self.chunked:
             self.keep_alive = False
 
-    def _chunks(self, t: float, buf: bytes) -> bytes:
-        pos, n = 0, len(buf)
+    def _chunks(self, t: float, data: bytes) -> None:
+        """Chunked transfer decoding as the bytes come: a chunk whole in this read goes on at once; one cut by the
+        read goes on piece by piece as it arrives (never held until it is whole), so a chunk of any size costs its
+        length once."""
+        pos, n = 0, len(data)
         while pos < n:
-            eol = buf.find(b"\r\n", pos)
+            if self.chunk_left:  # the rest of a chunk an earlier read began
+                take = min(self.chunk_left, n - pos)
+                self._payload(t, data[pos:pos + take] if take < n else data)
+                self.chunk_left -= take
+                pos += take
+                if not self.chunk_left:
+                    self.skip = 2  # the CRLF that ends the chunk's data
+                continue
+            if self.skip:
+                step = min(self.skip, n - pos)
+                pos, self.skip = pos + step, self.skip - step
+                continue
+            eol = data.find(b"\n", pos)
             if eol < 0:
-                break
-            size = int(buf[pos:eol].split(b";", 1)[0], 16)
-            if size == 0:  # last chunk (trailers, if any, are ignored)
-                self.done = True
-                return b""
-            start = eol + 2
-            if start + size + 2 > n:
-                break
-            self._payload(t, buf[start:start + size])
-            pos = start + size + 2
-        return buf[pos:]
+                self.buf += data[pos:]
+                if len(self.buf) > MAX_CHUNK_LINE:
+                    raise ValueError(f"a chunk-size line longer than {MAX_CHUNK_LINE >> 10} KiB")
+                return
+            line = self.buf + data[pos:eol] if self.buf else data[pos:eol]
+            self.buf = b""
+            size = int(line.split(b";", 1)[0], 16)  # int() takes the line's CR off
+            if size <= 0:
+                if size < 0:
+                    raise ValueError(f"a negative chunk size {size}")
+                self.done = True  # last chunk (trailers, if any, are ignored)
+                return
+            start = eol + 1
+            if start + size + 2 <= n:  # the whole chunk and its CRLF in this read: the common case
+                self._payload(t, data[start:start + size])
+                pos = start + size + 2
+            else:
+                self.chunk_left, pos = size, start
 
     def _payload(self, t: float, data: bytes) -> None:
         st = self.st
         if st is None or self.status != 200:
+            if st is not None:  # an error answer to a stream: its first bytes say why, the rest is read and dropped
+                data = data[:max(MAX_ERROR_BODY - self.held, 0)]
             self.body.append(data)
+            self.held += len(data)
             return
-        if st.error:
-            return
-        sse = self.sse + data if self.sse else data
-        if b"\n" not in data:
-            self.sse = sse
-            return
-        self.sse = st.feed_lines(t, sse)
+        if not st.error:
+            st.feed_bytes(t, data)
 
 
 class _Conn(asyncio.Protocol):

@@ -14,7 +14,7 @@ import time
 from types import ModuleType, SimpleNamespace
 from typing import Any, AsyncIterator, Awaitable, Callable, Protocol, TypeVar
 
-from dflash_bench.client.protocol import Stream, error_message
+from dflash_bench.client.protocol import Stream, error_message, event_stream_refusal
 
 T = TypeVar("T")
 
@@ -48,7 +48,7 @@ class AiohttpTransport:
                 if resp.status != 200:
                     st.error = error_message(resp.status, await resp.read())
                     return
-                await _read_sse(st, resp.content.iter_any())
+                await _read_sse(st, resp.headers.get("Content-Type"), resp.content.iter_any())
         except self._aiohttp.ClientPayloadError as err:
             st.error = f"stream dropped: {err}"
         except self._aiohttp.ClientError as err:
@@ -112,19 +112,21 @@ def _httpx_trace(st: Stream) -> Callable[[str, dict[str, Any]], Awaitable[None]]
     return trace
 
 
-async def _read_sse(st: Stream, chunks: AsyncIterator[bytes]) -> None:
-    """Stamp each read as it arrives and hand whole lines to the SSE parser (aiohttp and httpx alike)."""
+async def _read_sse(st: Stream, content_type: str | None, chunks: AsyncIterator[bytes]) -> None:
+    """Stamp each read as it arrives and hand it to the SSE parser (aiohttp and httpx alike), which holds the
+    transports to its limits (protocol.py): a line past MAX_LINE_BYTES, or a 200 that is not an event stream,
+    ends the request with the reason, and the connection with it (its body is left unread)."""
+    st.error = event_stream_refusal(content_type)
+    if st.error:
+        return
     clock = time.perf_counter
-    buf = b""
     async for data in chunks:
         t = clock()
         if st.t_first_byte is None:
             st.t_first_byte = t
-        buf += data
-        if b"\n" in data:
-            buf = st.feed_lines(t, buf)
-            if st.error:
-                return
+        st.feed_bytes(t, data)
+        if st.error:
+            return
 
 
 class HttpxTransport:
@@ -142,7 +144,7 @@ class HttpxTransport:
                 if resp.status_code != 200:
                     st.error = error_message(resp.status_code, await resp.aread())
                     return
-                await _read_sse(st, resp.aiter_raw())
+                await _read_sse(st, resp.headers.get("Content-Type"), resp.aiter_raw())
         except (self._httpx.RemoteProtocolError, self._httpx.ReadError) as err:
             st.error = f"stream dropped: {err}"
         except self._httpx.HTTPError as err:
