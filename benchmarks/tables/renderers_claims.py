@@ -58,6 +58,13 @@ def _tau(row: dict[str, Any] | None) -> str:
     return f2(row["tau"]) + (f" (drawn {drawn:g})" if drawn is not None else "")
 
 
+def _eagle3(row: dict[str, Any] | None) -> str:
+    """An EAGLE-3 cell's tok/s and its tau."""
+    if row is None or row.get("tok_s") is None:
+        return "-"
+    return f1(row["tok_s"]) + (f" (τ {_tau(row)})" if row.get("tau") is not None else "")
+
+
 def _per_user(row: dict[str, Any] | None) -> str:
     if row is None or row.get("tok_s") is None:
         return "-"
@@ -79,7 +86,8 @@ def _differs(c: PublishedClaim, run: dict[str, Any]) -> str:
     gpus = run["gpus_per_server"]
     device = run["device"].split("x ", 1)[-1] if "x " in run["device"] else run["device"]
     if gpu_model(device) != gpu_model(c.gpu) or gpus != c.gpus:
-        parts.append(f"GPU: {gpus}x {gpu_model(device)} a server, published {c.gpus}x {c.gpu}")
+        published = "not stated" if c.gpu == "not stated" else f"{c.gpus}x {c.gpu}"
+        parts.append(f"GPU: {gpus}x {gpu_model(device)} a server, published {published}")
     weights = run.get("weights", "real")
     if weights != "real":
         parts.append(f"weights {weights} (published: the real model and drafter)")
@@ -112,7 +120,7 @@ def _rows(c: PublishedClaim, data: dict[str, Any]) -> tuple[list[list[str]], lis
             tok = {m: (r["tok_s"] if r else None) for m, r in (("ar", ar), ("dflash", df), ("eagle3", e3))}
             rows.append(["", "", f"{ENGINES.get(engine, engine)}, {_machine(run)} (run {n})",
                          suite, str(conc), f1(tok["ar"]), f1(tok["dflash"]), _ratio(tok["dflash"], tok["ar"]),
-                         _tau(df), f1(tok["eagle3"]), _ratio(tok["dflash"], tok["eagle3"]), _per_user(df),
+                         _tau(df), _eagle3(e3), _ratio(tok["dflash"], tok["eagle3"]), _per_user(df),
                          f1(df["tok_s_per_gpu"]) if df and df.get("tok_s_per_gpu") else "-"])
         notes += [f"{label}, {ENGINES.get(e, e)} {m}: not measured: {why}" for (e, m), why in failed.items()]
     return rows, notes
