@@ -336,8 +336,7 @@ def test_power_timeline_sums_gpus_and_names_a_damaged_file(tmp_path):
 
 
 def test_power_timeline_reads_the_samplers_csv(tmp_path):
-    from dflash_bench.telemetry.nvml import Sample
-    from dflash_bench.telemetry.sampler import samples_to_csv
+    from dflash_bench.store.telemetry_csv import Sample, samples_to_csv
 
     cell = tmp_path / "cells" / "c"
     samples = [Sample(t_s=0.1 * k + 0.001 * g, gpu=g, time_unix=1.7e9, power_w=300.0 + g, power_instant_w=400.0 + 10 * k + g)

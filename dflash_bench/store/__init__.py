@@ -9,7 +9,7 @@ Everything downstream of a measurement (analysis, report, gate, resume) reads on
         requests.jsonl         one RequestRecord per line (cells.py)
         summary.json           CellSummary (cells.py); a cell is complete only when this file exists
         server_metrics.json    ServerMetrics (cells.py): /metrics before, after, and their delta
-        telemetry.csv          GPU samples of the measured window (telemetry/sampler.py)
+        telemetry.csv          GPU samples of the measured window (telemetry_csv.py: its Sample columns)
       logs/<engine>-<mode>.log server output
       results.csv              one ResultsRow per cell (results.py), rebuilt from the summary.json files
 

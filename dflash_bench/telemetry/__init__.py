@@ -17,9 +17,8 @@ Without NVML or a GPU nothing raises: the status says why, the sampler records n
 """
 
 from dflash_bench.telemetry.energy import EnergySummary, GpuEnergy, default_max_gap, find_gaps, summarize, trapezoid
+from dflash_bench.store.telemetry_csv import SAMPLE_COLUMNS, Sample, samples_to_csv
 from dflash_bench.telemetry.nvml import (
-    SAMPLE_COLUMNS,
-    Sample,
     TelemetryStatus,
     gpu_inventory,
     probe,
@@ -27,7 +26,7 @@ from dflash_bench.telemetry.nvml import (
     scheduler_gpus,
     throttle_names,
 )
-from dflash_bench.telemetry.sampler import TelemetrySampler, samples_to_csv, write_csv
+from dflash_bench.telemetry.sampler import TelemetrySampler, write_csv
 
 __all__ = [
     "EnergySummary",

@@ -15,7 +15,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from dflash_bench.telemetry.nvml import SLOWDOWN_MASK, Sample, throttle_names
+from dflash_bench.store.telemetry_csv import Sample
+from dflash_bench.telemetry.nvml import SLOWDOWN_MASK, throttle_names
 
 
 MIN_SAMPLES = 10  # telemetry samples of each GPU a window needs before its energy is worth a number

@@ -9,33 +9,11 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from dflash_bench.errors import UserError
-
-
-@dataclass(slots=True)
-class Sample:
-    """One reading of one GPU. `t_s` is seconds on the monotonic clock since the window started."""
-
-    t_s: float
-    gpu: int  # physical NVML index
-    time_unix: float
-    power_w: float | None = None  # nvmlDeviceGetPowerUsage (a 1 s average on Ampere and newer)
-    power_instant_w: float | None = None  # NVML_FI_DEV_POWER_INSTANT where the driver has it
-    energy_mj: int | None = None  # total-energy counter (mJ since the driver loaded)
-    gpu_util_pct: int | None = None
-    mem_util_pct: int | None = None
-    sm_clock_mhz: int | None = None
-    mem_clock_mhz: int | None = None
-    mem_used_mib: float | None = None
-    temp_c: int | None = None
-    throttle_reasons: int | None = None  # bit mask of nvmlClocksEventReason*
-
-
-SAMPLE_COLUMNS: list[str] = [f.name for f in fields(Sample)]
-INT_COLUMNS = {"gpu", "energy_mj", "gpu_util_pct", "mem_util_pct", "sm_clock_mhz", "mem_clock_mhz", "temp_c", "throttle_reasons"}
+from dflash_bench.store.telemetry_csv import Sample
 
 
 @dataclass

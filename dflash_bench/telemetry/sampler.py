@@ -12,8 +12,6 @@ Without NVML or a GPU the sampler is off: `status` says why, `samples` stays emp
 from __future__ import annotations
 
 import contextlib
-import csv
-import io
 import threading
 import time
 from pathlib import Path
@@ -22,7 +20,9 @@ from typing import Iterator
 from dflash_bench.errors import UserError
 from dflash_bench.telemetry.energy import EnergySummary, summarize
 from dflash_bench.telemetry import nvml
-from dflash_bench.telemetry.nvml import SAMPLE_COLUMNS, Sample, TelemetryStatus
+from dflash_bench.telemetry.nvml import TelemetryStatus
+from dflash_bench.store import atomic_write_text
+from dflash_bench.store.telemetry_csv import Sample, samples_to_csv
 
 class TelemetrySampler:
     """Samples `gpus` (physical NVML indices; None: every GPU) every `interval_s` in a daemon thread.
@@ -131,20 +131,5 @@ class TelemetrySampler:
         write_csv(path, self._samples)
 
 
-def samples_to_csv(samples: list[Sample]) -> str:
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(SAMPLE_COLUMNS)
-    for s in samples:
-        w.writerow(["" if getattr(s, c) is None else _fmt(getattr(s, c)) for c in SAMPLE_COLUMNS])
-    return buf.getvalue()
-
-
-def _fmt(v: float | int) -> str:
-    return str(v) if isinstance(v, int) else f"{v:.6f}".rstrip("0").rstrip(".")
-
-
 def write_csv(path: Path, samples: list[Sample]) -> None:
-    from dflash_bench.store import atomic_write_text
-
     atomic_write_text(Path(path), samples_to_csv(samples))
