@@ -220,7 +220,7 @@ def test_vllm_notes_the_softcapping_its_dflash_leaves_out_where_it_starts():
 
 
 def test_the_shape_writer_writes_folders_the_sizing_reads(tmp_path, data_dir):
-    from benchmarks.peers.big_shape import write_shape
+    from benchmarks.fixtures.shape_folders import write_shape
 
     written = write_shape("gemma-4-31B-it", tmp_path)  # one token a byte: no training in a test
     assert written["renders"]["text"] == "<bos><start_of_turn>user\nWhat is 7 * 6?<end_of_turn>\n<start_of_turn>model\n"

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.peers.big_shape import write_shape
+from benchmarks.fixtures.shape_folders import write_shape
 from benchmarks.tables import renderers_gpu
 from dflash_bench.report.card import CellLine, card_rows, card_table, weights_of
 from dflash_bench.report.page import build_report

@@ -158,7 +158,7 @@ def test_the_release_claims_table_shows_measured_rows_beside_their_claims_and_na
     """An emulator sweep of gemma-4-26B-A4B-it's shape, made into its claim's results file by big_sweep, fills that
     claim's rows (published figure on the first, what differs said); the claims without a file are awaited rows and
     lines naming their calls."""
-    from benchmarks.peers.big_shape import write_shape
+    from benchmarks.fixtures.shape_folders import write_shape
     from benchmarks.tables.renderers_claims import CLAIM_FILES
 
     shape = write_shape("gemma-4-26B-A4B-it", tmp_path / "work")

@@ -33,14 +33,13 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 from pydantic import BaseModel, Field
 
-from benchmarks.speed.serve_speed import write_pair
+from benchmarks.fixtures.engine_metrics import engine_counters
+from benchmarks.fixtures.shapes import ensure_shape_pair
 
 from dflash_bench.errors import UserError
 from dflash_bench.launch import free_port, launch_command
-from dflash_bench.metrics.cache import HITS, QUERIES
 from dflash_bench.store import SweepDir, atomic_write_text
 
 SUITES = "gsm8k,humaneval,mt-bench"
@@ -183,21 +182,6 @@ def run_pair(args, res: Results, keep) -> None:
 # ------------------------------------------------------------------ shape: the 8B random pair, served
 
 
-def ensure_shape_pair(work: Path, device: str, shape: str) -> tuple[Path, Path]:
-    target, draft = work / shape / "target", work / shape / "drafter"
-    if (target / "config.json").exists() and (draft / "config.json").exists():
-        return target, draft
-    import torch
-
-    from benchmarks.speed.engine_speed import SHAPES
-
-    dev = torch.device(device)
-    t = time.monotonic()
-    write_pair(SHAPES[shape], dev, torch.bfloat16 if dev.type == "cuda" else torch.float32, work / shape)
-    print(f"{shape}-shaped pair written in {time.monotonic() - t:.0f} s", flush=True)
-    return target, draft
-
-
 def server_command(engine: str, mode: str, target: Path, draft: Path, args) -> list[str]:
     if engine in ("vllm", "vllm-nocache"):  # vllm-nocache: its prefix cache off, as the builtin engine has none
         cmd = ["vllm", "serve", str(target), "--served-model-name", "random-8b", "--port", str(args.port),
@@ -226,26 +210,6 @@ def server_command(engine: str, mode: str, target: Path, draft: Path, args) -> l
     if engine.startswith("builtin-"):  # builtin-first, builtin-mixed: that `serve --prefill`
         cmd += ["--prefill", engine.split("-", 1)[1]]
     return cmd + (["--draft", str(draft)] if mode == "dflash" else [])
-
-
-def engine_counters(url: str) -> dict[str, float]:
-    """The builtin engine's thread seconds per phase, its prefill groups (key `groups`) and decode steps (`steps`),
-    or vLLM's prefix-cache lookups and hits in tokens (`queries`, `hits`), from /metrics."""
-    out: dict[str, float] = {}
-    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
-        for name, key in ((QUERIES, "queries"), (HITS, "hits")):
-            if line.startswith(name + "{") or line.startswith(name + " "):
-                out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
-        if line.startswith("dflash_bench:engine_thread_seconds_total{"):
-            phase = line.split('phase="', 1)[1].split('"', 1)[0]
-            out[phase] = float(line.rsplit(" ", 1)[1])
-        elif line.startswith("dflash_bench:prefill_groups_total{"):
-            out["groups"] = float(line.rsplit(" ", 1)[1])
-        elif line.startswith("dflash_bench:decode_steps_total{"):
-            out["steps"] = float(line.rsplit(" ", 1)[1])
-        elif line.startswith("dflash_bench:mixed_prefills_total{"):
-            out["mixed"] = float(line.rsplit(" ", 1)[1])
-    return out
 
 
 def run_shape(args, res: Results, keep) -> None:

@@ -6,7 +6,7 @@ project's `dflash-bench run` and vLLM's own `vllm bench serve`, at each concurre
         [--tensor-parallel-size N] --data-dir DATA --work WORK --out results.json
 
 It writes the shape's folders into WORK when they are missing (the Qwen3-8B-shaped random pair of
-`real_engines.py`; gemma-4-31B-it's configs and tokenizer from `big_shape.py`, random weights made at load
+`real_engines.py`; gemma-4-31B-it's configs and tokenizer from `fixtures/shape_folders.py`, random weights made at load
 with `--load-format dummy`), starts each mode's server through `dflash_bench.launch` with the engine's profile
 (the sweep's command, sizing flags and refusals), and at each (new tokens, concurrency) measures with
 `dflash-bench run` (the suite's prompts, `--ignore-eos`) and then `vllm bench serve` (random prompts of the
@@ -112,11 +112,11 @@ def folders(args) -> tuple[Path, Path, str]:
     if (target / "config.json").exists() and (drafter / "config.json").exists():
         return target, drafter, served
     if args.shape == GEMMA:
-        from benchmarks.peers.big_shape import write_shape
+        from benchmarks.fixtures.shape_folders import write_shape
 
         write_shape(GEMMA, work, Path(args.data_dir), "sglang" if args.engine == "sglang" else "hf")
     else:
-        from benchmarks.peers.real_engines import ensure_shape_pair
+        from benchmarks.fixtures.shapes import ensure_shape_pair
 
         # in a process of its own, so that this one holds no CUDA context beside the servers it starts
         proc = multiprocessing.get_context("spawn").Process(target=ensure_shape_pair,

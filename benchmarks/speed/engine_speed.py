@@ -20,7 +20,6 @@ import time
 
 import torch
 
-from dflash_bench.engine.drafter import DFlashDrafter, DrafterConfig
 from dflash_bench.engine.fast.draft import FastDrafter
 from dflash_bench.engine.fast.dense import DenseTarget
 from dflash_bench.engine.fast.drive import decode, generate
@@ -28,38 +27,9 @@ from dflash_bench.engine.config import StepConfig
 from dflash_bench.engine.fast.core import EngineCore
 from dflash_bench.engine.fast.timer import StepTimer
 
+from benchmarks.fixtures.shapes import SHAPES, build_pair
 from benchmarks.speed.engine_diagnostics import (copy_bandwidth, divergence_gaps, kernels_agree, lossless_tiny,
                                            matmul_chain_ms, profile_step, same_fraction, sync)
-
-
-SHAPES = {  # target (Qwen3 config) and drafter sizes
-    "qwen3-8b": dict(vocab=151936, hidden=4096, inter=12288, layers=36, heads=32, kv=8, hd=128,
-                     draft_layers=5, block=16, taps=[1, 9, 17, 25, 33], mask=151669),
-    "tiny": dict(vocab=4096, hidden=256, inter=768, layers=6, heads=4, kv=2, hd=64,
-                 draft_layers=2, block=16, taps=[1, 3, 4], mask=4000),
-}
-
-
-def build_pair(shape: dict, dev, dtype):
-    from transformers import AutoModelForCausalLM, Qwen3Config
-
-    cfg = Qwen3Config(vocab_size=shape["vocab"], hidden_size=shape["hidden"], intermediate_size=shape["inter"],
-                      num_hidden_layers=shape["layers"], num_attention_heads=shape["heads"],
-                      num_key_value_heads=shape["kv"], head_dim=shape["hd"], rope_theta=1_000_000.0,
-                      max_position_embeddings=40960, tie_word_embeddings=False, rms_norm_eps=1e-6)
-    with torch.device(dev):
-        hf = AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
-    dcfg = DrafterConfig.from_dict({
-        "hidden_size": shape["hidden"], "intermediate_size": shape["inter"], "num_hidden_layers": shape["draft_layers"],
-        "num_attention_heads": shape["heads"], "num_key_value_heads": shape["kv"], "head_dim": shape["hd"],
-        "vocab_size": shape["vocab"], "block_size": shape["block"],
-        # z-lab's configs carry it, and SGLang's DFLASH checks target_layer_ids against it (without it, against the
-        # drafter's own layer count: "target_layer_ids[1]=9, target_num_layers=5", H100, 0.5.16)
-        "num_target_layers": shape["layers"],
-        "dflash_config": {"mask_token_id": shape["mask"], "target_layer_ids": shape["taps"]}})
-    with torch.device(dev):
-        drafter = DFlashDrafter(dcfg).to(dtype).eval()
-    return hf, drafter
 
 
 def prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:

@@ -4,7 +4,7 @@ step's time against the weight-read floor, AR and DFlash with synthetic acceptan
     python -m benchmarks.speed.gemma_fast --json OUT.json [--slots 8 --max-len 1024 --batches 1,8 --tau 6.5]
     python -m benchmarks.speed.gemma_fast --json smoke.json --device cpu --shrink   # the script itself, on a CPU
 
-The shape is `dflash_bench.model_shapes`' (written by benchmarks/peers/big_shape.py, without weights); the engine creates
+The shape is `dflash_bench.model_shapes`' (written by benchmarks/fixtures/shape_folders.py, without weights); the engine creates
 random weights of it on the GPU. The floor: the bytes one step must read (`GemmaTarget.weight_bytes`: every weight
 but the embedding table; the tied head is read whole) over the GPU's copy bandwidth, measured here as a
 device-to-device copy of 2 GiB (bytes read plus bytes written, a second). Steps run as `serve --fast` runs them:
@@ -103,7 +103,7 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--shrink", action="store_true", help="a small version of the shape (a CPU check of the script)")
     a = ap.parse_args()
-    from benchmarks.peers.big_shape import write_shape
+    from benchmarks.fixtures.shape_folders import write_shape
     from dflash_bench.engine.config import EngineConfig
     from dflash_bench.engine.fast.engine import build_fast_engine
 

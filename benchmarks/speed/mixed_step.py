@@ -37,7 +37,7 @@ def main() -> None:
 
     model = args.model
     if model is None:
-        from benchmarks.peers.real_engines import ensure_shape_pair
+        from benchmarks.fixtures.shapes import ensure_shape_pair
 
         model = str(ensure_shape_pair(Path(args.work), args.device, args.shape)[0])
     rows = [int(k) for k in args.rows.split(",")]

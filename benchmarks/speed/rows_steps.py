@@ -209,7 +209,7 @@ def build(name: str, device: str, dtype: torch.dtype, *, slots: int, context: in
 
         hf, drafter = build_pair(QWEN[shape], torch.device(device), dtype)
     else:
-        from benchmarks.peers.big_shape import write_shape
+        from benchmarks.fixtures.shape_folders import write_shape
         from dflash_bench.engine.fast.make import load_pair
 
         if name == "gemma-tiny":

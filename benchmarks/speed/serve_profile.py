@@ -3,7 +3,7 @@
     python -m benchmarks.speed.serve_profile --py-spy PATH --data-dir DIR --out profile.json
 
 Starts `dflash-bench serve --fast` (AR unless `--mode dflash`) for each `--model` (a model folder, or `shape`:
-the Qwen3-8B-shaped random pair `real_engines.py` writes), runs `dflash-bench run` against it (GSM8K,
+the Qwen3-8B-shaped random pair benchmarks/fixtures/shapes.py writes), runs `dflash-bench run` against it (GSM8K,
 `--ignore-eos`), and meanwhile samples the server with `py-spy record --gil --nonblocking`: one sample per
 tick of whichever thread holds the GIL. So the samples say how busy the interpreter was (samples / ticks)
 and what held it: the engine thread (launching steps, bookkeeping, detokenizing) or the event loop (HTTP,
@@ -24,7 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.peers.real_engines import engine_counters, ensure_shape_pair
+from benchmarks.fixtures.engine_metrics import engine_counters
+from benchmarks.fixtures.shapes import ensure_shape_pair
 
 from dflash_bench.errors import UserError
 from dflash_bench.launch import launch_command

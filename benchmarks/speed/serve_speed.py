@@ -27,10 +27,9 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.speed.engine_speed import SHAPES, build_pair
+from benchmarks.fixtures.shapes import SHAPES, write_pair
 
 from dflash_bench.engine.drafter import DFlashDrafter, DrafterConfig, save_drafter
-from dflash_bench.engine.tiny import make_tokenizer
 from dflash_bench.errors import UserError
 from dflash_bench.launch import launch_command
 
@@ -46,18 +45,6 @@ def write_random_drafter(shape: str, root: Path) -> Path:
     d.init_random(0)
     save_drafter(d, root / "drafter")
     return root / "drafter"
-
-
-def write_pair(shape: dict, dev: torch.device, dtype, root: Path) -> tuple[Path, Path]:
-    hf, drafter = build_pair(shape, dev, dtype)
-    target, draft = root / "target", root / "drafter"
-    hf.save_pretrained(target)
-    make_tokenizer().save_pretrained(target)
-    save_drafter(drafter, draft)
-    del hf, drafter
-    if dev.type == "cuda":
-        torch.cuda.empty_cache()
-    return target, draft
 
 
 def server_argv(args, target: Path, draft: Path, mode: str, ahead: bool, port: int, width: str = "auto",
