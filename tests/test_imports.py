@@ -1,7 +1,9 @@
-"""The seams of the package and of benchmarks/: no import cycles (function-level imports included) and no private names borrowed.
+"""The seams of the package and of benchmarks/: packages import one way down a declared order, no module cycles
+(function-level imports included), and no private names borrowed.
 
 A function-level import hides a cycle from Python, not from a reader: two modules that import each other
-are one module split in two. Each test walks every import statement with `ast`, so nothing is imported.
+are one module split in two, and two packages that import each other are one package split in two. Each test
+walks every import statement with `ast`, so nothing is imported.
 """
 
 from __future__ import annotations
@@ -101,6 +103,63 @@ def test_no_benchmark_imports_another_that_imports_it_back():
     modules = _modules(PACKAGE.parent / "benchmarks")
     assert "benchmarks.faults.common" in modules
     assert _cycles(_graph(modules, root="benchmarks")) == []
+
+
+# The packages (and top-level modules) of dflash_bench/ from the bottom up: each may import only those of an
+# earlier line, never one of its own line or a later one. A new package takes its line here, where its imports put it.
+LAYERS = [
+    ("dflash_bench", "errors", "console", "openai_format", "published", "thinking"),
+    ("store", "models", "tokenizer", "suite_file", "llamacpp", "cli_app"),
+    ("telemetry", "suites", "analysis", "slo", "model_shapes", "synthetic"),
+    ("profiles", "longctx", "emulator"),
+    ("metrics",),
+    ("launch", "gate", "quality"),
+    ("client", "report"),
+    ("engine",),
+    ("sweep", "train"),
+    ("cli_servers",),
+    ("cli",),
+    ("__main__",),
+]
+# benchmarks/: fixtures at the bottom (what the others share), the measurement packages on it, none importing another
+BENCHMARK_LAYERS = [("benchmarks", "fixtures"), ("speed", "peers", "harness", "faults", "tables")]
+
+
+def _package(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def _against(layers: list[tuple[str, ...]], graph: dict[str, set[str]]) -> list[str]:
+    """Every import between packages that the declared order does not allow, and every package it does not name."""
+    rank = {name: i for i, line in enumerate(layers) for name in line}
+    wrong = sorted({f"{_package(m)} is not in the declared order: add it to the line its imports put it on"
+                    for m in graph if _package(m) not in rank})
+    for name, targets in sorted(graph.items()):
+        mine = _package(name)
+        for target in sorted(targets):
+            theirs = _package(target)
+            if theirs != mine and mine in rank and theirs in rank and rank[theirs] >= rank[mine]:
+                wrong.append(f"{name} imports {target}: {theirs} is not below {mine}")
+    return wrong
+
+
+def test_the_order_check_finds_an_import_upward_or_sideways_and_an_undeclared_package():
+    graph = {"root.low.a": {"root.high"}, "root.low.b": {"root.low.a"}, "root.high": {"root.low.b"},
+             "root.side": {"root.high"}, "root.stray": set()}
+    assert _against([("low",), ("high", "side")], graph) == [
+        "stray is not in the declared order: add it to the line its imports put it on", "root.low.a imports root.high: high is not below low",
+        "root.side imports root.high: high is not below side"]
+    assert _against([("low",), ("high", "side"), ("stray",)], {m: t for m, t in graph.items()
+                                                               if m not in ("root.low.a", "root.side")}) == []
+
+
+def test_the_packages_import_one_way_down_the_declared_order():
+    assert _against(LAYERS, _graph(_modules())) == []
+
+
+def test_the_benchmark_packages_import_fixtures_and_never_each_other():
+    assert _against(BENCHMARK_LAYERS, _graph(_modules(PACKAGE.parent / "benchmarks"), root="benchmarks")) == []
 
 
 def test_no_private_name_is_imported_from_another_module():
