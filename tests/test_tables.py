@@ -160,11 +160,13 @@ def test_the_release_claims_table_shows_measured_rows_beside_their_claims_and_na
     lines naming their calls."""
     from benchmarks.fixtures.shape_folders import write_shape
     from benchmarks.tables.renderers_claims import CLAIM_FILES
+    from dflash_bench.launch import free_port
 
     shape = write_shape("gemma-4-26B-A4B-it", tmp_path / "work")
     sweep = subprocess.run([sys.executable, "-m", "dflash_bench", "sweep", "--model", shape["target"], "--drafter",
                             shape["drafter"], "--engine", "emulator", "--suites", "gsm8k", "-c", "1,2", "-n", "2",
-                            "--max-tokens", "16", "--data-dir", str(data_dir), "--out", str(tmp_path / "sweeps")],
+                            "--max-tokens", "16", "--data-dir", str(data_dir), "--out", str(tmp_path / "sweeps"),
+                            "--port", str(free_port())],
                            cwd=REPO, capture_output=True, text=True, timeout=600)
     assert sweep.returncode == 0, sweep.stdout + sweep.stderr
     folder = next((tmp_path / "sweeps").iterdir())
