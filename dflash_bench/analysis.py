@@ -12,7 +12,8 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 
-from dflash_bench.store import RESULTS_COLUMNS, CellKey, SweepDir, results_row
+from dflash_bench.metrics.definitions import speedup_of
+from dflash_bench.store import RESULTS_COLUMNS, CellKey, CellSummary, SweepDir, results_row
 
 KEY = CellKey.pair_fields()  # what an AR cell and its DFlash cell share: engine, suite, concurrency, repeat
 
@@ -23,18 +24,29 @@ def cells(*sweep_dirs: Path | str) -> pd.DataFrame:
     frames = []
     for path in sweep_dirs:
         sweep = SweepDir.open(Path(path))
-        rows = [results_row(s) for s in sweep.summaries()]
-        if not rows:
-            continue
-        frame = pd.DataFrame(rows, columns=list(RESULTS_COLUMNS))
-        # a suite's own prompts (None) as 0: a key column must hold no NaN, or grouping and merging drop the cell
-        frame["input_len"] = pd.to_numeric(frame["input_len"]).fillna(0).astype(int)
-        frame = _thinking_arms(frame)
-        frame.insert(0, "sweep", sweep.read_manifest().sweep_id)
-        frames.append(frame)
+        frame = cells_of(sweep.summaries(), sweep.read_manifest().sweep_id)
+        if not frame.empty:
+            frames.append(frame)
     if not frames:
-        return pd.DataFrame(columns=["sweep", *CellKey.model_fields, "status"])
+        return _no_cells()
     return pd.concat(frames, ignore_index=True)
+
+
+def cells_of(summaries: Iterable[CellSummary], sweep_id: str) -> pd.DataFrame:
+    """`cells` of one sweep from its summaries, as read already (the report reads a folder's summaries once)."""
+    rows = [results_row(s) for s in summaries]
+    if not rows:
+        return _no_cells()
+    frame = pd.DataFrame(rows, columns=list(RESULTS_COLUMNS))
+    # a suite's own prompts (None) as 0: a key column must hold no NaN, or grouping and merging drop the cell
+    frame["input_len"] = pd.to_numeric(frame["input_len"]).fillna(0).astype(int)
+    frame = _thinking_arms(frame)
+    frame.insert(0, "sweep", sweep_id)
+    return frame
+
+
+def _no_cells() -> pd.DataFrame:
+    return pd.DataFrame(columns=["sweep", *CellKey.model_fields, "status"])
 
 
 def _thinking_arms(frame: pd.DataFrame) -> pd.DataFrame:
@@ -79,9 +91,8 @@ def pairs(frame: pd.DataFrame, metrics: Iterable[str] = ("output_throughput", "a
 
 def headline(frame: pd.DataFrame) -> pd.DataFrame:
     """The model card's table: suite x concurrency -> AR tok/s, DFlash tok/s and tau (repeats averaged), and the
-    speedup: the median over repeats of each repeat's DFlash / AR (one pair's two cells ran close together, so
-    their ratio sees one state of the machine; the median keeps one disturbed repeat from moving it), with the
-    repeats' lowest and highest as `speedup_min` and `speedup_max`. One repeat: DFlash tok/s / AR tok/s."""
+    speedup (metrics/definitions.py `speedup_of`: the median over repeats of each repeat's DFlash / AR), with the repeats' lowest and
+    highest as `speedup_min` and `speedup_max`."""
     p = pairs(frame)
     if p.empty:
         return pd.DataFrame(columns=["engine", "suite", "concurrency", "ar_tok_s", "dflash_tok_s", "speedup",
@@ -92,7 +103,7 @@ def headline(frame: pd.DataFrame) -> pd.DataFrame:
         dflash_tok_s=("output_throughput_dflash", "mean"),
         tau=("acceptance_length_dflash", "mean"),
         repeats=("repeat", "count"),
-        speedup=("speedup", "median"),
+        speedup=("speedup", speedup_of),
         speedup_min=("speedup", "min"),
         speedup_max=("speedup", "max"),
     )

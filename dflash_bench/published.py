@@ -222,6 +222,7 @@ class MeasuredRow(BaseModel):
     ar_tok_s: float | None = None
     dflash_tok_s: float | None = None
     tau: float | None = None
+    speedup: float | None = None  # the cell's one speedup (metrics/definitions.py speedup_of); else DFlash / AR tok/s
 
 
 class SideBySide(BaseModel):
@@ -239,7 +240,8 @@ def side_by_side(table: PublishedTable, measured: Iterable[MeasuredRow]) -> list
     out = []
     for row in table.rows:
         m = by_key.get((row.suite, row.concurrency))
-        speedup = m.dflash_tok_s / m.ar_tok_s if m and m.ar_tok_s and m.dflash_tok_s is not None else None
+        speedup = m.speedup if m and m.speedup is not None else (
+            m.dflash_tok_s / m.ar_tok_s if m and m.ar_tok_s and m.dflash_tok_s is not None else None)
         card = row.speedup if row.speedup is not None else (
             row.dflash_tok_s / row.ar_tok_s if row.ar_tok_s and row.dflash_tok_s else None)
         ratio = speedup / card if speedup is not None and card else None

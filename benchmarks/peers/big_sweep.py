@@ -48,6 +48,7 @@ class Row(BaseModel):
     reason: str | None = None  # a failed cell's
     synthetic_tau: float | None = None  # the builtin engine's --synthetic-acceptance: tau drawn, not measured
     steady: SteadyPlan | None = None  # a steady-stream cell (--steady-requests): its numbers are the window's
+    repeat: int = 0  # a cell's repeats are rows of their own; a table's speedup is the median of their ratios
 
 
 class Run(BaseModel):
@@ -82,8 +83,8 @@ def shown(text: str, work: str) -> str:
 
 def run_of(folder: Path) -> Run:
     manifest = json.loads((folder / "manifest.json").read_text())
-    settings, servers = manifest["settings"], manifest.get("servers", {})
-    work = str(Path(settings["model"]).parent)
+    settings, servers = manifest.get("settings") or {}, manifest.get("servers", {})  # `dflash-bench run`: no settings
+    work = str(Path(settings["model"]).parent) if settings.get("model") else ""
     argv = ["dflash-bench"] + [shown(a, work) for a in manifest["command_line"][1:]]
     for i, a in enumerate(argv[:-1]):  # the folders of the machine it ran on
         if a in PLACEHOLDERS:
@@ -109,7 +110,7 @@ def run_of(folder: Path) -> Run:
             tau=s.get("acceptance_length"),
             reason=None if tok else (s.get("failure_reason") or reasons.get(cell["cell_id"])),
             steady=CellSettings.model_validate(s.get("settings") or {}).steady,
-            synthetic_tau=s.get("synthetic_acceptance")))
+            synthetic_tau=s.get("synthetic_acceptance"), repeat=cell.get("repeat") or 0))
     return run
 
 

@@ -80,13 +80,11 @@ def big_shape(results: list[Any]) -> Table:
 
 
 
-def mission_card(results: list[Any]) -> Table:
-    """benchmarks/peers/big_sweep.py's file of the mission's sweeps, as `dflash-bench report` shows it first: the
-    card's table (dflash_bench/report/card.py), every engine x machine x suite x concurrency beside the card's row;
-    failed cells by their reason, each run's command."""
-    from dflash_bench.report.card import CellLine, card_rows, card_table
+def _mission_lines(data: dict[str, Any]) -> tuple[list[Any], list[str]]:
+    """benchmarks/peers/big_sweep.py's file as report/card.py's CellLines (a row per cell and repeat), and a note per
+    run: its sweep, machine, weights and command, and what was not measured."""
+    from dflash_bench.report.card import CellLine
 
-    data = results[0]
     lines, notes = [], []
     for n, run in enumerate(data["runs"], 1):
         whence = (", read from the sweep's console lines in mission.log: its folder did not come back, so no TTFT "
@@ -102,10 +100,88 @@ def mission_card(results: list[Any]) -> Table:
                                   device=run["device"], gpus=run["gpus_per_server"], tok_s=r["tok_s"],
                                   ttft_ms_p50=r["ttft_ms_p50"], tpot_ms_p50=r["tpot_ms_p50"], tau=r["tau"],
                                   weights=run.get("weights", "real"), synthetic_tau=r.get("synthetic_tau"),
-                                  source=run["sweep_id"]))
+                                  source=run["sweep_id"], repeat=r.get("repeat", 0)))
         notes += [f"Run {n}, {e} {m}: not measured: {why}" for (e, m), why in failed.items()]
+    return lines, notes
+
+
+def mission_card(results: list[Any]) -> Table:
+    """benchmarks/peers/big_sweep.py's file of the mission's sweeps as `dflash-bench report` shows it: the card's
+    table (dflash_bench/report/card.py), every engine x machine x suite x concurrency beside the card's row;
+    failed cells by their reason, each run's command."""
+    from dflash_bench.report.card import card_rows, card_table
+
+    data = results[0]
+    lines, notes = _mission_lines(data)
     header, body = card_table(card_rows(lines, data.get("pair")))
     return Table(header, body, notes)
+
+
+def mission_engines(results: list[Any]) -> Table:
+    """The same file as the report's "Engines side by side" (dflash_bench/report/engines.py): per suite and
+    concurrency each engine's AR and DFlash, the kind of τ its DFlash ran at, the fastest starred, the card's row
+    beside; then, per suite, engine and kind, where DFlash stops paying."""
+    from dflash_bench.report import engines
+    from dflash_bench.report.card import card_rows
+
+    data = results[0]
+    lines, notes = _mission_lines(data)
+    rows = [r for r in card_rows(lines, data.get("pair")) if r.ar is not None and r.dflash is not None]
+    tables = engines.suite_tables(rows, data.get("pair"))
+    body = [[t.suite, *row] for t in tables for row in engines.text_rows(t)]
+    crossings = [f"{t.suite}, {x.engine}, {x.label}: {x.text}." for t in tables for x in t.crossings]
+    return Table(["suite", *engines.HEADER], body,
+                 ["Where DFlash stops paying (DFlash / AR below 1 past that concurrency, at the τ of the row's kind):",
+                  *(f"- {c}" for c in crossings), "", ENGINES_KEY, *notes])
+
+
+ENGINES_KEY = ("Output tok/s per server (tensor parallel: all its GPUs), DFlash / AR the median of the repeats' "
+               "ratios (one repeat: its ratio); ★ the fastest AR server at that concurrency, and the fastest DFlash "
+               "server among the rows of the same kind of τ (a random drafter's τ is about 1, so its DFlash / AR is "
+               "the cost of the speculative path; a synthetic τ is drawn, not measured).")
+
+
+def mission_summary(results: list[Any]) -> Table:
+    """The README's headline: per suite and concurrency, each engine (and kind of τ) as a column, AR -> DFlash tok/s
+    (DFlash / AR), the fastest DFlash of each kind starred; a last row per suite says where DFlash stops paying."""
+    from dflash_bench.report import engines
+    from dflash_bench.report.card import card_rows
+
+    data = results[0]
+    lines, notes = _mission_lines(data)
+    rows = [r for r in card_rows(lines, data.get("pair")) if r.ar is not None and r.dflash is not None]
+    tables = engines.suite_tables(rows, None)
+    columns: list[tuple[str, str]] = []
+    for t in tables:
+        for r in t.rows:
+            if (r.engine, r.label) not in columns:
+                columns.append((r.engine, r.label))
+    columns.sort(key=lambda c: (next(engines.KIND_ORDER[r.kind] for t in tables for r in t.rows
+                                     if (r.engine, r.label) == c), c[0]))
+    body = []
+    for t in tables:
+        for c in t.concurrencies:
+            at = {(r.engine, r.label): r for r in t.rows if r.concurrency == c}
+            body.append([t.suite, str(c)] + [_summary_cell(at.get(col)) for col in columns])
+        short = {(x.engine, x.label): x.short for x in t.crossings}
+        body.append([t.suite, "DFlash / AR < 1"] + [short.get(col, "-") for col in columns])
+    versions = sorted({f"{k} {v}" for run in data["runs"] for k, v in run.get("versions", {}).items()
+                       if k in ("vllm", "sglang", "torch")})
+    devices = sorted({f"{run['device']}, {run['gpus_per_server']} per server" for run in data["runs"]})
+    return Table(["suite", "c", *(f"{e}, {label}" for e, label in columns)], body,
+                 [f"AR → DFlash output tok/s per server (DFlash / AR) on {'; '.join(devices)}; {data['weights']}; "
+                  f"{', '.join(versions)}. ★: the fastest DFlash server of its kind at that concurrency. The last row "
+                  "of a suite: the concurrency past which DFlash / AR falls below 1. Every engine and run: "
+                  "[docs/results/gemma-4-31b.md](docs/results/gemma-4-31b.md)."])
+
+
+def _summary_cell(r: Any) -> str:
+    if r is None:
+        return "-"
+    star = " ★" if r.fastest_dflash else ""
+    speedup = "-" if r.speedup is None else f"{r.speedup:.2f}x"
+    return f"{f1(r.ar_tok_s)} → {f1(r.dflash_tok_s)}{star} ({speedup})"
+
 
 def pair_retrained(results: list[Any]) -> Table:
     return _pair_table_by_suite(results[0], [("vLLM", "vllm"), ("builtin `--fast`", "builtin-fast")])

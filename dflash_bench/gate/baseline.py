@@ -92,12 +92,12 @@ def gated_values(s: CellSummary) -> dict[str, float | None]:
     }
 
 
-def collect(sweep_dir: Path | str, quiet: bool = False) -> Baseline:
+def collect(sweep_dir: Path | str, quiet: bool = False, summaries: list[CellSummary] | None = None) -> Baseline:
     """A sweep folder's cells, grouped by key, as the gate compares them (`quiet`: no migration note, which the
-    caller has already printed)."""
+    caller has already printed; `summaries`: the folder's, where the caller has read them already)."""
     sweep = SweepDir.open(Path(sweep_dir))
     manifest = sweep.read_manifest()
-    summaries = sorted(sweep.summaries(), key=lambda s: (s.repeat, s.cell_id))
+    summaries = sorted(sweep.summaries() if summaries is None else summaries, key=lambda s: (s.repeat, s.cell_id))
     if sweep.migration_note and not quiet:
         print(sweep.migration_note, file=sys.stderr)
     out: dict[CellKey, CellValues] = {}

@@ -17,6 +17,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
+from dflash_bench.metrics.definitions import speedup_of
 from dflash_bench.console import new_console
 from dflash_bench.gate.baseline import Baseline
 from dflash_bench.gate.compare import Check, GateResult, level
@@ -35,11 +36,16 @@ def pct(x: float | None) -> str:
     return f"{x * 100:+.1f}%" if abs(x) >= 5e-4 else "+0.0%"
 
 
-def value(values: list[float]) -> str:
+def value(chk: Check, values: list[float]) -> str:
+    """One side's value of a check: the mean of its repeats, but a speedup as the report shows it (the median of
+    the repeats' ratios: metrics/definitions.py speedup_of), so a cell has one speedup wherever it is shown."""
     if not values:
         return "-"
-    text = f"{np.mean(values):.4g}"
-    return f"{text} (n={len(values)})" if len(values) > 1 else text
+    shown = speedup_of(values) if chk.metric.threshold == "speedup" else float(np.mean(values))
+    text = f"{shown:.4g}"
+    if len(values) < 2:
+        return text
+    return f"{text} (median of {len(values)})" if chk.metric.threshold == "speedup" else f"{text} (n={len(values)})"
 
 
 def interval(chk: Check) -> str:
@@ -111,7 +117,7 @@ GAP = 3  # between two columns: a space each side of the (blank) rule
 def terminal_table(checks: list[Check], width: int, confidence: float = 0.95) -> Table:
     """The checks as a table no wider than `width` (from 80 columns up) with no word split: a row with each cell's
     name, then a row per metric; the method and the interval columns only where they fit."""
-    rows = [(chk, _mean(chk.baseline), _mean(chk.current), pct(chk.change) if chk.change is not None else "",
+    rows = [(chk, _shown(chk, chk.baseline), _shown(chk, chk.current), pct(chk.change) if chk.change is not None else "",
              pct(chk.allowed), chk.method, interval(chk)) for chk in checks]
     names = max([len(c.cell) for c in checks] + [len("cell / metric")])
     labels = max([len(c.metric.label) + 2 for c in checks] + [0])
@@ -143,8 +149,9 @@ def terminal_table(checks: list[Check], width: int, confidence: float = 0.95) ->
     return table
 
 
-def _mean(values: list[float]) -> str:
-    return f"{np.mean(values):.4g}" if values else "-"
+def _shown(chk: Check, values: list[float]) -> str:
+    """A side's value in the terminal table: as `value` shows it, without the count of repeats."""
+    return value(chk, values).split(" (")[0]
 
 
 def _side_lines(result: GateResult) -> list[str]:
@@ -232,7 +239,7 @@ def _md_table(checks: list[Check], confidence: float) -> list[str]:
     for chk in checks:
         change = pct(chk.change) if chk.change is not None else md(chk.note)
         verdict = f"**{chk.verdict}**" if chk.verdict == "fail" else chk.verdict
-        cells = [md(chk.cell), md(chk.metric.label), chk.method, value(chk.baseline), value(chk.current),
+        cells = [md(chk.cell), md(chk.metric.label), chk.method, value(chk, chk.baseline), value(chk, chk.current),
                  change, interval(chk), pct(chk.allowed), verdict]
         rows.append("| " + " | ".join(cells) + " |")
     return rows

@@ -34,7 +34,7 @@ from dflash_bench.gate.baseline import Baseline, CellValues, collect
 from dflash_bench.gate.compare import Check, Metric, judge
 from dflash_bench.gate.config import GateConfig
 from dflash_bench.gate.tau import comparable
-from dflash_bench.store import CellKey
+from dflash_bench.store import CellKey, CellSummary
 
 REFERENCE = "builtin"
 # engines whose every verify step checks the whole block: their τ is the builtin engine's under --verify-width full
@@ -120,8 +120,11 @@ def compare_sweeps(sweeps: list[Baseline], config: GateConfig | None = None) -> 
     return out
 
 
-def compare_folders(paths: list[Path], config: GateConfig | None = None, quiet: bool = False) -> ReferenceResult:
-    return compare_sweeps([collect(p, quiet=quiet) for p in paths], config)
+def compare_folders(paths: list[Path], config: GateConfig | None = None, quiet: bool = False,
+                    summaries: list[list[CellSummary]] | None = None) -> ReferenceResult:
+    """`compare_sweeps` over sweep folders (`summaries`: each folder's, where the caller has read them already)."""
+    read = summaries if summaries is not None else [None] * len(paths)
+    return compare_sweeps([collect(p, quiet=quiet, summaries=s) for p, s in zip(paths, read)], config)
 
 
 def reference_checks(sweep: Baseline, config: GateConfig) -> list[Check]:

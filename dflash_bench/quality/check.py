@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash_bench.quality.lossless import NEAR_TIE_NATS
-from dflash_bench.store import MEASURED, SweepDir
+from dflash_bench.store import MEASURED, CellSummary, SweepDir
 
 
 def check_sweep(sweep_dir: Path | str, data_dir: Path | str | None = None, score_code: bool = False,
@@ -30,10 +30,13 @@ def check_sweep(sweep_dir: Path | str, data_dir: Path | str | None = None, score
     return rows
 
 
-def quality_rows(sweep_dir: Path | str) -> list[dict[str, Any]]:
+def quality_rows(sweep_dir: Path | str, summaries: list[CellSummary] | None = None) -> list[dict[str, Any]]:
     """One dict per DFlash cell with what the checks wrote: the key, `lossless`, `accuracy` (its own, with
-    `vs_ar`) and `accuracy_ar` (its AR partner's). Reads only the folder; for the report and the gate."""
-    summaries = [s for s in SweepDir.open(Path(sweep_dir)).summaries() if s.status in MEASURED]
+    `vs_ar`) and `accuracy_ar` (its AR partner's). Reads only the folder (or its `summaries`, as read already);
+    for the report and the gate."""
+    if summaries is None:
+        summaries = SweepDir.open(Path(sweep_dir)).summaries()
+    summaries = [s for s in summaries if s.status in MEASURED]
     ar = {s.pair_key(): s for s in summaries if s.mode == "ar"}
     rows = []
     for s in summaries:

@@ -15,13 +15,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from dflash_bench.metrics.definitions import speedup_of
 from dflash_bench.published import published_for
 
 Weights = Literal["real", "random", "emulated"]
 
 
 class CellLine(BaseModel):
-    """One complete cell (repeats averaged)."""
+    """One complete cell: one repeat of it, or its repeats averaged (`card_rows` averages them)."""
 
     engine: str
     mode: str  # ar | dflash
@@ -36,6 +37,7 @@ class CellLine(BaseModel):
     weights: Weights = "real"
     synthetic_tau: float | None = None  # the builtin engine's --synthetic-acceptance: tau drawn, not measured
     source: str = ""  # the sweep id (or results file) it came from
+    repeat: int = 0
 
 
 class CardRow(BaseModel):
@@ -51,11 +53,13 @@ class CardRow(BaseModel):
     card_speedup: float | None = None
     card_tau: float | None = None
     reference_tau: float | None = None  # the builtin engine's measured tau in the same suite and concurrency
+    ratios: list[float] = []  # each repeat's DFlash / AR tok/s, where both sides of that repeat were measured
+    repeats: int = 1
 
     @property
     def speedup(self) -> float | None:
-        a, d = self.ar and self.ar.tok_s, self.dflash and self.dflash.tok_s
-        return d / a if a and d else None
+        """The cell's one speedup (metrics/definitions.py speedup_of: the median of its repeats' ratios)."""
+        return speedup_of(self.ratios)
 
     @property
     def labels(self) -> list[str]:
@@ -86,28 +90,37 @@ def weights_of(engine_args: Iterable[str], engine: str) -> Weights:
 def card_rows(cells: Iterable[CellLine], pair: str | None) -> list[CardRow]:
     """AR and DFlash of each (engine, device, GPUs, synthetic tau, suite, concurrency) side by side, with the card's
     row for that suite and concurrency where the pair's card has one. A synthetic-tau DFlash cell gets its own row,
-    beside the AR cell of its own sweep."""
+    beside the AR cell of its own sweep. A cell's repeats (lines of one source differing only in `repeat`) show
+    averaged, and the row's speedup is the median of each repeat's own ratio (metrics/definitions.py speedup_of)."""
     table = published_for(pair) if pair else None
     card = {(r.suite, r.concurrency): r for r in table.rows} if table else {}
     rows: dict[tuple[Any, ...], CardRow] = {}
-    lines = list(cells)
-    for line in lines:
-        if line.mode != "dflash":
+    repeats: dict[tuple[Any, ...], dict[int, CellLine]] = {}  # row key + mode -> repeat -> line
+    for line in cells:
+        if line.mode not in ("ar", "dflash"):
             continue
-        key = (line.engine, line.device, line.gpus, line.synthetic_tau, line.source, line.suite, line.concurrency)
-        rows[key] = CardRow(engine=line.engine, device=line.device, gpus=line.gpus, suite=line.suite,
-                            concurrency=line.concurrency, dflash=line)
-    for line in lines:
-        if line.mode != "ar":
+        key = (line.engine, line.device, line.gpus, line.synthetic_tau if line.mode == "dflash" else None,
+               line.source, line.suite, line.concurrency, line.mode)
+        repeats.setdefault(key, {})[line.repeat] = line
+    for key, lines in repeats.items():
+        if key[-1] == "dflash":
+            rows[key[:-1]] = CardRow(engine=key[0], device=key[1], gpus=key[2], suite=key[5], concurrency=key[6],
+                                     dflash=_averaged(list(lines.values())))
+    for key, lines in repeats.items():
+        if key[-1] != "ar":
             continue
-        mates = [r for k, r in rows.items() if k[:3] == (line.engine, line.device, line.gpus)
-                 and k[4:] == (line.source, line.suite, line.concurrency)]
+        mates = [r for k, r in rows.items() if k[:3] == key[:3] and k[4:] == key[4:7]]
         if not mates:
-            key = (line.engine, line.device, line.gpus, None, line.source, line.suite, line.concurrency)
-            mates = [rows.setdefault(key, CardRow(engine=line.engine, device=line.device, gpus=line.gpus,
-                                                  suite=line.suite, concurrency=line.concurrency))]
+            mates = [rows.setdefault(key[:-1], CardRow(engine=key[0], device=key[1], gpus=key[2], suite=key[5],
+                                                       concurrency=key[6]))]
         for r in mates:
-            r.ar = line
+            r.ar = _averaged(list(lines.values()))
+            if r.dflash is None:
+                continue
+            dflash = repeats[(*key[:3], r.dflash.synthetic_tau, *key[4:7], "dflash")]
+            r.ratios = [d / a for n, line in sorted(dflash.items())
+                        if n in lines and (d := line.tok_s) and (a := lines[n].tok_s)]
+            r.repeats = max(len(dflash), len(lines))
     # the reference: the builtin engine runs z-lab's DFlash step for step, so its measured tau (not a synthetic one)
     # in the same suite and concurrency is what another engine's tau should match (gate/reference.py judges it)
     reference: dict[tuple[str, int], float] = {}
@@ -124,6 +137,19 @@ def card_rows(cells: Iterable[CellLine], pair: str | None) -> list[CardRow]:
                 c.dflash_tok_s / c.ar_tok_s if c.ar_tok_s and c.dflash_tok_s else None)
     return sorted(rows.values(), key=lambda r: (r.engine, r.device, r.gpus or 0,
                                                  r.dflash.synthetic_tau or 0 if r.dflash else 0, r.suite, r.concurrency))
+
+
+def _averaged(lines: list[CellLine]) -> CellLine:
+    """One line for a cell's repeats: each measured number the mean of the repeats that have it."""
+    if len(lines) == 1:
+        return lines[0]
+
+    def mean(name: str) -> float | None:
+        values = [getattr(x, name) for x in lines if getattr(x, name) is not None]
+        return sum(values) / len(values) if values else None
+
+    return lines[0].model_copy(update={name: mean(name) for name in ("tok_s", "ttft_ms_p50", "tpot_ms_p50", "tau")}
+                               | {"repeat": 0})
 
 
 HEADER = ["engine", "machine (GPUs per server)", "suite", "c", "AR tok/s", "DFlash tok/s", "DFlash / AR",
@@ -177,18 +203,21 @@ def device_of(hardware: dict[str, Any]) -> str:
 
 
 def view_lines(view: Any) -> list[CellLine]:
-    """The complete cells of one report view (report/tables.SweepView), as CellLines."""
+    """The complete cells of one report view (report/tables.SweepView), one CellLine per repeat."""
     m = view.manifest
     device = device_of(m.hardware.model_dump() if hasattr(m.hardware, "model_dump") else dict(m.hardware or {}))
     args = list(m.settings.engine_args) if m.settings else []
     out = []
-    for rec in view.done.to_dict("records"):
+    frame = view.frame
+    done = frame[frame["status"].isin(["complete", "partial"])] if not frame.empty else frame
+    for rec in done.to_dict("records"):
         synthetic = rec.get("synthetic_acceptance")
         out.append(CellLine(
             engine=rec["engine"], mode=rec["mode"], suite=rec["suite"], concurrency=int(rec["concurrency"]),
             device=device, gpus=view.gpus, tok_s=_f(rec.get("output_throughput")), ttft_ms_p50=_f(rec.get("ttft_ms_p50")),
             tpot_ms_p50=_f(rec.get("tpot_ms_p50")), tau=_f(rec.get("acceptance_length")) if rec["mode"] == "dflash" else None,
-            weights=weights_of(args, rec["engine"]), synthetic_tau=_f(synthetic), source=m.sweep_id))
+            weights=weights_of(args, rec["engine"]), synthetic_tau=_f(synthetic), source=m.sweep_id,
+            repeat=int(rec.get("repeat") or 0)))
     return out
 
 

@@ -4,6 +4,7 @@ outputs (escaped by the page, never here)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pandas as pd
@@ -13,6 +14,36 @@ from dflash_bench.store import Manifest, SteadyPlan, SweepDir
 
 SAMPLE_CHARS = 600
 CACHED_SHARE = 0.01  # a cell whose server read at least this share of its prompt tokens from its prefix cache
+
+
+NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
+SHOWN_CELLS = 6  # a folded line names this many of its cells, then says how many more
+
+
+def fold(items: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    """Per-cell sentences (cell id, text) that differ only in their numbers, as one line each: the text with every
+    number that varies shown as its lowest-highest over the cells, and the cells it covers (`cells`, `more`: how
+    many past the SHOWN_CELLS named). In first-seen order."""
+    groups: dict[str, list[tuple[str, list[str]]]] = {}
+    for cid, text in items:
+        groups.setdefault(NUMBER.sub("#", text), []).append((cid, NUMBER.findall(text)))
+    out = []
+    for template, members in groups.items():
+        parts = template.split("#")
+        text = parts[0]
+        for i, part in enumerate(parts[1:]):
+            values = sorted({m[1][i] for m in members}, key=_number)
+            text += (values[0] if len(values) == 1 else f"{values[0]}-{values[-1]}") + part
+        ids = [cid for cid, _ in members]
+        out.append({"text": text, "cells": ids[:SHOWN_CELLS], "more": max(0, len(ids) - SHOWN_CELLS), "n": len(ids)})
+    return out
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text.replace(",", ""))
+    except ValueError:  # "1.2.3": a version, not a number; its place in the order does not matter
+        return 0.0
 
 
 def no_speculation(frame: pd.DataFrame) -> list[dict[str, Any]]:

@@ -16,6 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from dflash_bench import analysis  # noqa: E402
 from dflash_bench.report.tables import SweepView  # noqa: E402
 
 COLORS = {"ar": "#1f77b4", "dflash": "#ff7f0e"}
@@ -23,6 +24,15 @@ NAMES = {"ar": "AR", "dflash": "DFlash"}
 MARKERS = ["o", "s", "^", "D", "v"]
 STYLES = ["-", "--", ":", "-."]
 DPI = 100
+# However many suites, concurrencies and engines a sweep holds, a figure stays readable: at most this many legend
+# entries (the rest folded into one "... N more" entry), tick labels and point labels per axes, and at most this
+# size (panels shrink past it, down to MIN_PANEL_IN).
+MAX_LEGEND = 12
+MAX_TICKS = 10
+MAX_POINT_LABELS = 24
+MAX_WIDTH_IN, MAX_HEIGHT_IN = 17.0, 24.0
+MAX_COLS = 4
+MIN_PANEL_IN = 1.2
 
 
 def render_all(view: SweepView) -> dict[str, bytes]:
@@ -42,14 +52,61 @@ def _png(fig: plt.Figure) -> bytes:
     return buf.getvalue()
 
 
+def panel_size(nrows: int, ncols: int, width: float, height: float) -> tuple[float, float]:
+    """The size of one panel of a grid, shrunk so that the whole grid fits MAX_WIDTH_IN x MAX_HEIGHT_IN (never
+    below MIN_PANEL_IN)."""
+    w = min(width, max(MIN_PANEL_IN, MAX_WIDTH_IN / ncols))
+    h = min(height, max(MIN_PANEL_IN, MAX_HEIGHT_IN / nrows))
+    return w, h
+
+
 def _grid(n: int, width: float = 4.2, height: float = 3.3, ncols_max: int = 3) -> tuple[plt.Figure, list[Any]]:
-    ncols = max(1, min(n, ncols_max))
+    ncols = max(1, min(n, ncols_max if n <= 3 * ncols_max else MAX_COLS))
     nrows = math.ceil(n / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False)
+    w, h = panel_size(nrows, ncols, width, height)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(w * ncols, h * nrows), squeeze=False)
     flat = list(axes.flat)
     for ax in flat[n:]:
         ax.set_visible(False)
     return fig, flat[:n]
+
+
+def legend(ax: Any, handles: list[Any] | None = None, labels: list[str] | None = None, keys: int = 0,
+           **kw: Any) -> Any:
+    """A legend of at most MAX_LEGEND entries: past that, evenly spaced series (the first and the last among them)
+    and one "... N more" entry for the rest, whose lines keep their colours in the plot. The last `keys` entries
+    (what markers mean) are always kept."""
+    if handles is None or labels is None:
+        handles, labels = ax.get_legend_handles_labels()
+    if not handles:
+        return None
+    if len(handles) > MAX_LEGEND:
+        tail_h, tail_l = handles[len(handles) - keys:], labels[len(labels) - keys:]
+        handles, labels = handles[:len(handles) - keys], labels[:len(labels) - keys]
+        keep = _spread(len(handles), MAX_LEGEND - 1 - keys)
+        more = len(handles) - len(keep)
+        handles = [handles[i] for i in keep] + [plt.Line2D([], [], linestyle="")] + tail_h
+        labels = [labels[i] for i in keep] + [f"… {more} more"] + tail_l
+    if kw.get("loc", "best") == "best" and _points(ax) > BEST_LEGEND_POINTS:
+        kw["loc"] = "upper right"  # "best" weighs every point against every place: slow past a few hundred
+    return ax.legend(handles, labels, **kw)
+
+
+BEST_LEGEND_POINTS = 400
+
+
+def _points(ax: Any) -> int:
+    """How many data points an axes draws (lines' vertices and scatter offsets)."""
+    return sum(len(line.get_xdata()) for line in ax.get_lines()) + sum(len(c.get_offsets()) for c in ax.collections)
+
+
+def _spread(n: int, k: int) -> list[int]:
+    """k indices of range(n) evenly spread, the first and the last included (all of them when n <= k)."""
+    if n <= k:
+        return list(range(n))
+    if k <= 1:
+        return [0]
+    return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)})
 
 
 def _engines(view: SweepView) -> list[str]:
@@ -73,11 +130,28 @@ def _valid(frame: pd.DataFrame, *cols: str) -> pd.DataFrame:
 
 
 def _conc_axis(ax: Any, concs: list[int]) -> None:
-    if concs and max(concs) / max(min(concs), 1) >= 4:
+    log = bool(concs) and max(concs) / max(min(concs), 1) >= 4
+    if log:
         ax.set_xscale("log", base=2)
-    ax.set_xticks(concs)
-    ax.set_xticklabels([str(c) for c in concs])
+    ticks = ticks_of(concs, log)
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([str(c) for c in ticks])
     ax.minorticks_off()
+
+
+def ticks_of(concs: list[int], log: bool) -> list[int]:
+    """At most MAX_TICKS of the measured concurrencies to label the axis with, spread evenly on its scale, the
+    lowest and the highest among them."""
+    concs = sorted(set(concs))
+    if len(concs) <= MAX_TICKS:
+        return concs
+    scale = [math.log2(c) if log and c > 0 else float(c) for c in concs]
+    lo, hi = scale[0], scale[-1]
+    picked = {concs[0], concs[-1]}
+    for i in range(1, MAX_TICKS - 1):
+        want = lo + (hi - lo) * i / (MAX_TICKS - 1)
+        picked.add(concs[min(range(len(scale)), key=lambda j: abs(scale[j] - want))])
+    return sorted(picked)
 
 
 # ------------------------------------------------------------------ Pareto
@@ -101,11 +175,15 @@ def pareto(view: SweepView, x: str = "tok_s_user_p50", xlabel: str = "interactiv
     fig, axes = _grid(len(suites))
     labels: list[tuple[Any, float, float, str, str]] = []
     for ax, suite in zip(axes, suites):
+        series = max(1, data[data["suite"] == suite].groupby(["engine", "mode"]).ngroups)
         for (engine, mode), g in data[data["suite"] == suite].groupby(["engine", "mode"]):
             st = _style(view, engine, mode)
             xs, ys = g[x].to_numpy(float), g["output_throughput"].to_numpy(float) / per
             ax.scatter(xs, ys, color=st["color"], marker=st["marker"], zorder=3, label=_series_label(view, engine, mode))
-            labels += [(ax, px, py, f"c{int(c)}", st["color"]) for px, py, c in zip(xs, ys, g["concurrency"])]
+            concs = sorted({int(c) for c in g["concurrency"]})
+            named = {concs[i] for i in _spread(len(concs), max(2, MAX_POINT_LABELS // series))}
+            labels += [(ax, px, py, f"c{int(c)}", st["color"]) for px, py, c in zip(xs, ys, g["concurrency"])
+                       if int(c) in named]  # a crowded panel names a spread of its points, not every one
             front = frontier(list(zip(xs, ys)))
             ax.plot([p[0] for p in front], [p[1] for p in front], color=st["color"], linestyle=st["linestyle"], alpha=0.8)
         ax.set_title(suite)
@@ -114,7 +192,7 @@ def pareto(view: SweepView, x: str = "tok_s_user_p50", xlabel: str = "interactiv
         ax.grid(alpha=0.3)
         ax.set_xlim(left=0)
         ax.set_ylim(bottom=0)
-    axes[0].legend(fontsize=8)
+    legend(axes[0], fontsize=8)
     fig.tight_layout()
     place_labels(fig, labels)
     return fig
@@ -184,7 +262,7 @@ def acceptance(view: SweepView) -> plt.Figure | None:
     handles, labels = ax.get_legend_handles_labels()
     handles += [plt.Line2D([], [], color="grey", marker="x", linestyle=""), plt.Line2D([], [], color="grey", marker="+", linestyle="")]
     labels += ["request-weighted", "token-weighted"]
-    ax.legend(handles, labels, fontsize=8, loc="best")
+    legend(ax, handles, labels, keys=2, fontsize=8, loc="best")
     fig.tight_layout()
     return fig
 
@@ -201,7 +279,10 @@ def positions(view: SweepView) -> plt.Figure | None:
     cmap = plt.get_cmap("viridis")
     concs = sorted(int(c) for c in set(data["concurrency"]))
     for ax, suite in zip(axes, suites):
-        for _, row in data[data["suite"] == suite].sort_values("concurrency").iterrows():
+        mine = data[data["suite"] == suite]
+        measured = sorted({int(c) for c in mine["concurrency"]})  # a line per concurrency: at most MAX_LEGEND a panel
+        keep = {measured[i] for i in _spread(len(measured), max(1, MAX_LEGEND // max(mine["engine"].nunique(), 1)))}
+        for _, row in mine[mine["concurrency"].isin(keep)].sort_values("concurrency").iterrows():
             pos = row["positions"]
             reach = row.get("verified_positions")
             if reach is not None and reach == reach:  # positions no draft verified (a narrower verify) are not drawn
@@ -217,7 +298,7 @@ def positions(view: SweepView) -> plt.Figure | None:
         ax.set_ylabel("acceptance rate")
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        legend(ax, fontsize=7)
     fig.tight_layout()
     return fig
 
@@ -243,7 +324,7 @@ def verify_width(view: SweepView) -> plt.Figure | None:
     ax.set_ylabel("tokens verified per row and step")
     ax.set_ylim(bottom=1)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="best")
+    legend(ax, fontsize=8, loc="best")
     fig.tight_layout()
     return fig
 
@@ -259,7 +340,8 @@ def _modes_vs_concurrency(view: SweepView, rows: list[tuple[str, str]], ylabel: 
     suites = view.ordered(view.done["suite"])
     ncols = min(len(suites), 4)
     per_block = math.ceil(len(suites) / ncols)
-    fig, grid = plt.subplots(per_block * len(rows), ncols, figsize=(3.8 * ncols, 3.0 * per_block * len(rows)), squeeze=False)
+    w, h = panel_size(per_block * len(rows), ncols, 3.8, 3.0)
+    fig, grid = plt.subplots(per_block * len(rows), ncols, figsize=(w * ncols, h * per_block * len(rows)), squeeze=False)
     flat = list(grid.flat)
     for ax in flat:
         ax.set_visible(False)
@@ -287,7 +369,7 @@ def _modes_vs_concurrency(view: SweepView, rows: list[tuple[str, str]], ylabel: 
     handles, labels = flat[0].get_legend_handles_labels()
     handles += [plt.Rectangle((0, 0), 1, 1, color="grey", alpha=0.2), plt.Line2D([], [], color="grey", linestyle=":")]
     labels += ["p50–p90", "p99"]
-    flat[0].legend(handles, labels, fontsize=7)
+    legend(flat[0], handles, labels, keys=2, fontsize=7)
     fig.tight_layout()
     return fig
 
@@ -316,27 +398,35 @@ def energy(view: SweepView) -> plt.Figure | None:
         ax.set_ylabel("energy, J per output token")
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
+    legend(axes[0], fontsize=8)
     fig.tight_layout()
     return fig
 
 
 def power(view: SweepView) -> plt.Figure | None:
-    if not view.power:
+    """Each cell's GPU power over its measured window (the first repeat), per suite: at most MAX_LEGEND lines a
+    panel, the concurrencies spread evenly over those measured."""
+    done = analysis.complete(view.frame) if not view.frame.empty else view.frame
+    if done.empty:
         return None
-    meta = view.frame.set_index("cell_id")
-    first = meta["repeat"].min() if "repeat" in meta.columns else 0
-    cells = [c for c in view.power if c in meta.index and meta.loc[c, "repeat"] == first]  # one repeat: readable
-    if not cells:
+    done = done[done["repeat"] == done["repeat"].min()]
+    picked = []
+    for _, g in done.groupby("suite", sort=False):
+        series = g.groupby(["engine", "mode"]).ngroups
+        concs = sorted({int(c) for c in g["concurrency"]})
+        keep = {concs[i] for i in _spread(len(concs), max(1, MAX_LEGEND // max(series, 1)))}
+        picked += [r for r in g.to_dict("records") if int(r["concurrency"]) in keep]
+    timelines = view.power([r["cell_id"] for r in picked])
+    picked = [r for r in picked if r["cell_id"] in timelines]
+    if not picked:
         return None
-    suites = view.ordered(str(meta.loc[c, "suite"]) for c in cells)
+    suites = view.ordered(r["suite"] for r in picked)
     fig, axes = _grid(len(suites), height=3.0)
     for ax, suite in zip(axes, suites):
-        mine = sorted((c for c in cells if meta.loc[c, "suite"] == suite), key=lambda c: (meta.loc[c, "mode"], meta.loc[c, "concurrency"]))
-        concs = sorted({int(meta.loc[c, "concurrency"]) for c in mine})
-        for c in mine:
-            row = meta.loc[c]
-            tl = view.power[c]
+        mine = sorted((r for r in picked if r["suite"] == suite), key=lambda r: (r["mode"], r["engine"], r["concurrency"]))
+        concs = sorted({int(r["concurrency"]) for r in mine})
+        for row in mine:
+            tl = timelines[row["cell_id"]]
             alpha = 0.35 + 0.65 * (concs.index(int(row["concurrency"])) + 1) / len(concs)
             st = _style(view, row["engine"], row["mode"])
             ax.plot(tl["t_s"], tl["power_w"], color=st["color"], linestyle=st["linestyle"], alpha=alpha, linewidth=1.2,
@@ -346,7 +436,7 @@ def power(view: SweepView) -> plt.Figure | None:
         ax.set_ylabel("GPU power, W (sum over GPUs)")
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, ncol=2)
+        legend(ax, fontsize=7, ncol=2)
     fig.tight_layout()
     return fig
 
@@ -375,7 +465,7 @@ def input_length(view: SweepView) -> plt.Figure | None:
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
     left.axhline(1.0, color="grey", linewidth=0.8)
-    left.legend(fontsize=8, loc="best")
+    legend(left, fontsize=8, loc="best")
     fig.tight_layout()
     return fig
 

@@ -19,10 +19,12 @@ import jinja2
 
 from dflash_bench import __version__
 from dflash_bench.errors import UserError
-from dflash_bench.report import card, cells, figures, measured, quality, serving, tables
+from dflash_bench.metrics.definitions import SPEEDUP_DEFINITION
+from dflash_bench.report import card, cells, engines, figures, measured, quality, serving, tables
 from dflash_bench.store import MANIFEST, atomic_write_bytes
 
 TEMPLATES = Path(__file__).parent / "templates"
+MATRIX_COLUMNS = 8  # a sweep of more concurrencies shows its headline as a row per concurrency, not a column each
 FIGURE_TITLES = {
     "input_length": "Speedup and τ by prompt length",
     "pareto": "Throughput vs interactivity",
@@ -71,16 +73,18 @@ def build_report(sweep_dirs: list[Path], out: Path | None = None, slo: str | Non
                           "href": f"figures/{file}", "title": FIGURE_TITLES[name], "name": name}
         sections.append(_context(view, figs, slo))
     labels, compare = tables.comparison(views) if many else ([], [])
-    html = render(sweeps=sections, compare_labels=labels, compare=compare, reference=_reference(sweep_dirs),
-                  card=_card(views),
+    card_view, rows = _card(views)
+    html = render(sweeps=sections, compare_labels=labels, compare=compare, reference=_reference(views),
+                  card=card_view, engines=_engines(rows, card_view["pair"]), speedup_definition=SPEEDUP_DEFINITION,
+                  matrix_columns=MATRIX_COLUMNS,
                   version=__version__,
                   generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
     _write(out, html.encode())
     return out
 
 
-def _card(views: list[tables.SweepView]) -> dict[str, Any]:
-    """The card's table over every sweep (report/card.py), with the card it is set against."""
+def _card(views: list[tables.SweepView]) -> tuple[dict[str, Any], list[card.CardRow]]:
+    """The card's table over every sweep (report/card.py), with the card it is set against; and its rows."""
     from dflash_bench.models import resolve
     from dflash_bench.published import published_for
 
@@ -97,15 +101,27 @@ def _card(views: list[tables.SweepView]) -> dict[str, Any]:
     table = published_for(pair) if pair else None
     return {"header": header, "rows": body, "pair": pair, "url": table.card if table else None,
             "settings": table.settings.model_dump() if table else None,
-            "labelled": sum(1 for r in rows if r.labels), "per_gpu": card.per_gpu(rows)}
+            "labelled": sum(1 for r in rows if r.labels), "per_gpu": card.per_gpu(rows)}, rows
 
 
-def _reference(sweep_dirs: list[Path]) -> dict[str, Any]:
+def _engines(rows: list[card.CardRow], pair: str | None) -> dict[str, Any]:
+    """Per suite, the engines side by side (report/engines.py) where the report holds two or more; else only where
+    DFlash stops paying."""
+    suite_tables = engines.suite_tables([r for r in rows if r.ar is not None and r.dflash is not None], pair)
+    side = engines.engine_count(suite_tables) > 1
+    return {"tables": suite_tables, "side_by_side": side, "header": engines.HEADER,
+            "title": "Engines side by side" if side else "Where DFlash stops paying"}
+
+
+def _reference(views: list[tables.SweepView]) -> dict[str, Any]:
     """Each other engine's tau against the builtin engine's (gate/reference.py, at the gate's default tolerance)."""
     from dflash_bench.gate.config import GateConfig
     from dflash_bench.gate.reference import compare_folders, tolerance
 
-    result = compare_folders([Path(p) for p in sweep_dirs], quiet=True)  # tables.load said any migration
+    folders: dict[Path, list[Any]] = {}  # a folder split by GPU type is one sweep to the reference check
+    for view in views:
+        folders.setdefault(view.path, []).extend(view.summaries)
+    result = compare_folders(list(folders), quiet=True, summaries=list(folders.values()))  # tables.load said any migration
     rows = [{"engine": c.engine, "where": c.where, "sweeps": ", ".join(c.sweeps), "reference": c.reference_tau, "tau": c.tau,
              "change": c.check.change, "method": c.check.method, "n_ref": len(c.check.baseline),
              "n": len(c.check.current), "under": c.under, "sentence": c.check.note} for c in result.comparisons]
@@ -133,6 +149,7 @@ def _context(view: tables.SweepView, figs: dict[str, dict[str, str]], slo: str |
     m = view.manifest
     concs, matrix = tables.headline_matrix(view.headline)
     steady = cells.steady(view.frame)
+    args = list(m.settings.engine_args) if m.settings else []
     cells.mark_steady(matrix, steady)
     best, worst = tables.best_and_worst(view.headline)
     statuses: dict[str, int] = {}
@@ -166,9 +183,13 @@ def _context(view: tables.SweepView, figs: dict[str, dict[str, str]], slo: str |
         "energy": tables.energy_rows(view),
         "tau_counting": tables.tau_counting(view),
         "synthetic": sorted({f"{v:g}" for v in view.frame.get("synthetic_acceptance", []) if _present(v)}),
-        "no_speculation": cells.no_speculation(view.frame),
-        "prefix_cached": cells.prefix_cached(view.frame),
+        "no_speculation": cells.fold([(w["cell_id"], w["warning"]) for w in cells.no_speculation(view.frame)]),
+        "random_weights": any(card.weights_of(args, e) == "random" for e in set(view.frame.get("engine", []))),
+        "partial": cells.fold([(f["cell_id"], f["reason"]) for f in view.failed if f["status"] == "partial"]),
+        "prefix_cached": cells.fold([(c["cell_id"], f"{100 * c['share']:,.1f}% of its prompt tokens ({c['source']})")
+                                     for c in cells.prefix_cached(view.frame)]),
         "steady": steady,
+        "steady_folded": cells.fold([(c["cell_id"], c["label"]) for c in steady]),
         "slo": serving.slo_context(view, slo),
         "card": serving.card_context(view),
         "thinking_pairs": serving.thinking_pairs(view),

@@ -5,9 +5,13 @@ a `todo` of the row, said once above the table, not in every cell."""
 
 from __future__ import annotations
 
+import functools
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dflash_bench.store import CellSummary
 
 # what a row's empty cells wait for (the page says each once, with the folder's command)
 TODO_LOSSLESS = "lossless"  # the lossless check never ran
@@ -17,15 +21,15 @@ TODO_NONE = "no-answers"  # suites without reference answers: nothing can score 
 EMPTY = "–"
 
 
-def quality_table(path: Path) -> list[dict[str, Any]]:
-    """One display row per DFlash cell that the quality checks annotated (quality.check.quality_rows), its
-    repeats folded."""
+def quality_table(path: Path, summaries: list[CellSummary] | None = None) -> list[dict[str, Any]]:
+    """One display row per DFlash cell that the quality checks annotated (quality.check.quality_rows: of the
+    folder's `summaries`, where read already), its repeats folded."""
     from dflash_bench.quality.check import quality_rows
     from dflash_bench.store.cells import CellKey
 
     fields = [f for f in CellKey.pair_fields() if f != "repeat"]
     groups: dict[tuple, list[dict[str, Any]]] = {}
-    for r in quality_rows(path):
+    for r in quality_rows(path, summaries):
         if r.get("lossless") or r.get("accuracy") or r.get("accuracy_ar"):
             groups.setdefault(tuple(r[f] for f in fields), []).append(r)
     return [_folded(rows) for rows in groups.values()]
@@ -61,6 +65,7 @@ def _folded(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "diff": _differences([(r.get("accuracy") or {}).get("vs_ar") for r in rows]), "todo": todo}
 
 
+@functools.lru_cache(maxsize=None)
 def _unscored(suite: str) -> str:
     """What an accuracy cell the checks never filled waits for."""
     import pandas as pd

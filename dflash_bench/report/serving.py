@@ -16,7 +16,6 @@ from dflash_bench import published as card
 from dflash_bench import slo as slo_mod
 from dflash_bench.errors import UserError
 from dflash_bench.report.tables import SweepView, gpu_names
-from dflash_bench.store import SweepDir
 
 
 def slo_context(view: SweepView, slo_text: str | None) -> dict[str, Any] | None:
@@ -26,7 +25,7 @@ def slo_context(view: SweepView, slo_text: str | None) -> dict[str, Any] | None:
     if not text:
         return None
     target = slo_mod.parse_slo(text)
-    groups = slo_mod.read_sweep(SweepDir.open(view.path).summaries(), target, view.gpus)
+    groups = slo_mod.read_sweep(view.summaries, target, view.gpus)
     return {"target": target.label(), "source": "report --slo" if slo_text else "the sweep's --slo",
             "per": "per GPU" if view.gpus else "per server (the GPUs per server are not recorded)",
             "groups": [{"label": g.label, "headline": g.result.headline, "ar": g.result.ar.status,
@@ -52,10 +51,10 @@ def card_context(view: SweepView) -> dict[str, Any] | None:
     engines = list(head["engine"].unique()) if not head.empty else []
     engine = table.settings.engine if table.settings.engine in engines else (engines[0] if engines else None)
     measured = [card.MeasuredRow(suite=r["suite"], concurrency=int(r["concurrency"]), ar_tok_s=_f(r["ar_tok_s"]),
-                                 dflash_tok_s=_f(r["dflash_tok_s"]), tau=_f(r["tau"]))
+                                 dflash_tok_s=_f(r["dflash_tok_s"]), tau=_f(r["tau"]), speedup=_f(r["speedup"]))
                 for _, r in head.iterrows() if r["engine"] == engine]
     asked = {"on": True, "off": False}.get(arm or "")
-    cells = [s for s in SweepDir.open(view.path).summaries() if s.engine == engine
+    cells = [s for s in view.summaries if s.engine == engine
              and (arm is None or s.thinking_asked is asked)]
     modes = {s.thinking for s in cells} - {None, "unknown"}
     hashes = {s.template_hash for s in cells} - {None}

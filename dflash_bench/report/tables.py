@@ -21,7 +21,7 @@ from dflash_bench.errors import UserError
 from dflash_bench.report.cells import failures, sample_outputs
 from dflash_bench.report.quality import quality_table
 from dflash_bench.profiles.gpus import recorded_gpus
-from dflash_bench.store import CellKey, Hardware, Manifest, SweepDir, SweepSettings
+from dflash_bench.store import CellKey, CellSummary, Hardware, Manifest, SweepDir, SweepSettings
 
 SECRET_KEY = re.compile(r"(^|[_-])token$|secret|passw|api[_-]?key|authorization", re.I)  # not max_tokens
 
@@ -39,8 +39,18 @@ class SweepView:
     failed: list[dict[str, Any]] = field(default_factory=list)
     quality: list[dict[str, Any]] = field(default_factory=list)  # lossless check and accuracy per AR/DFlash pair
     samples: list[dict[str, Any]] = field(default_factory=list)
-    power: dict[str, pd.DataFrame] = field(default_factory=dict)  # cell id -> t_s, power_w
     suite_rank: dict[str, int] = field(default_factory=dict)  # the plan's suite order (the user's --suites)
+    summaries: list[CellSummary] = field(default_factory=list)  # the folder's, read once for every part of the page
+    _power: dict[str, pd.DataFrame | None] = field(default_factory=dict)  # cell id -> t_s, power_w, as read
+
+    def power(self, cell_ids: list[str]) -> dict[str, pd.DataFrame]:
+        """The GPU power timelines of these cells (analysis.power_timeline), read when first asked for: a figure
+        draws a few cells of a large sweep, and reading every cell's telemetry.csv would cost the report most of
+        its time. Cells without one are left out."""
+        for cid in cell_ids:
+            if cid not in self._power:
+                self._power[cid] = analysis.power_timeline(self.path, cid)
+        return {cid: t for cid in cell_ids if (t := self._power[cid]) is not None}
 
     def ordered(self, suites: Any) -> list[str]:
         """Distinct suites in the plan's order (unknown ones last, alphabetically)."""
@@ -81,11 +91,10 @@ def by_gpu_type(view: SweepView) -> list[SweepView]:
         part = SweepView(path=view.path, manifest=manifest, label=f"{view.label} · {gpu}",
                          slug=f"{view.slug}-{slugify(gpu)}", frame=frame, done=in_order(averaged(frame), view.suite_rank),
                          headline=in_order(analysis.headline(frame), view.suite_rank), gpus=view.gpus,
-                         suite_rank=view.suite_rank)
+                         suite_rank=view.suite_rank, summaries=[s for s in view.summaries if s.cell_id in ids])
         part.failed = failures(manifest, frame)
         part.quality = view.quality  # per engine, suite and concurrency: not placed on a GPU type
         part.samples = [x for x in view.samples if x["cell_id"] in ids]
-        part.power = {cid: t for cid, t in view.power.items() if cid in ids}
         out.append(part)
     return out
 
@@ -93,7 +102,8 @@ def by_gpu_type(view: SweepView) -> list[SweepView]:
 def _load_one(path: Path) -> SweepView:
     sweep = SweepDir.open(path)
     manifest = sweep.read_manifest()
-    frame = analysis.cells(path)
+    summaries = sweep.summaries()
+    frame = analysis.cells_of(summaries, manifest.sweep_id)
     if sweep.migration_note:
         print(sweep.migration_note, file=sys.stderr)
     gpus = gpu_count(manifest.hardware, manifest.settings, manifest.servers)
@@ -108,14 +118,11 @@ def _load_one(path: Path) -> SweepView:
         headline=in_order(analysis.headline(frame), rank),
         gpus=gpus,
         suite_rank=rank,
+        summaries=summaries,
     )
     view.failed = failures(manifest, frame)
-    view.quality = in_order(pd.DataFrame(quality_table(path)), rank).to_dict("records")
+    view.quality = in_order(pd.DataFrame(quality_table(path, summaries)), rank).to_dict("records")
     view.samples = sample_outputs(sweep, in_order(frame, rank))
-    for cid in analysis.complete(frame)["cell_id"] if not frame.empty else []:
-        timeline = analysis.power_timeline(path, cid)
-        if timeline is not None:
-            view.power[cid] = timeline
     return view
 
 
@@ -291,12 +298,14 @@ def headline_matrix(headline: pd.DataFrame) -> tuple[list[int], list[dict[str, A
     rows = []
     for (engine, suite), group in headline.groupby(["engine", "suite"], sort=False):
         cells: list[dict[str, Any] | None] = []
+        by_c: dict[int, dict[str, Any]] = {}
+        for r in group.to_dict("records"):
+            by_c.setdefault(int(r["concurrency"]), r)
         for c in concs:
-            hit = group[group["concurrency"] == c]
-            if hit.empty:
+            if c not in by_c:
                 cells.append(None)
                 continue
-            r = hit.iloc[0].to_dict()
+            r = by_c[c]
             r["best"] = best is not None and _same(r, best)
             r["worst"] = worst is not None and _same(r, worst)
             cells.append(r)
@@ -383,12 +392,16 @@ def stat_table(view: SweepView, metrics: list[str]) -> list[dict[str, Any]]:
     done = view.done
     if done.empty:
         return []
-    out = []
-    for (engine, suite, conc), group in done.groupby(["engine", "suite", "concurrency"], sort=False):
-        row: dict[str, Any] = {"engine": engine, "suite": suite, "concurrency": int(conc)}
-        for mode in ("ar", "dflash"):
-            hit = group[group["mode"] == mode]
-            for m in metrics:
-                row[f"{m}_{mode}"] = hit.iloc[0][m] if not hit.empty and m in hit.columns else None
-        out.append(row)
+    key = ["engine", "suite", "concurrency"]
+    groups = done[key].drop_duplicates()  # in done's order
+    for mode in ("ar", "dflash"):
+        side = done[done["mode"] == mode].drop_duplicates(key)
+        cols = {m: f"{m}_{mode}" for m in metrics if m in side.columns}
+        groups = groups.merge(side[key + list(cols)].rename(columns=cols), on=key, how="left")
+        for m in metrics:
+            if f"{m}_{mode}" not in groups.columns:
+                groups[f"{m}_{mode}"] = None
+    out = groups.astype(object).where(groups.notna(), None).to_dict("records")
+    for row in out:
+        row["concurrency"] = int(row["concurrency"])
     return out

@@ -92,17 +92,32 @@ ResultsRow: type[BaseModel] = create_model(  # type: ignore[call-overload]
 def results_row(summary: CellSummary) -> dict[str, Any]:
     """A cell's results.csv row as typed values (lists stay lists): every column, None where empty."""
     data = summary.model_dump()
+    sections = {prefix: _section(data, prefix) for prefix in _PREFIXES}
     row: dict[str, Any] = {}
-    for col in RESULTS_COLUMNS:
-        row[col] = _value(data, col)
+    for col, where in _WHERE.items():
+        if where is None:
+            row[col] = _value(data, col)
+        else:
+            part = sections[where[0]]
+            row[col] = part.get(where[1]) if isinstance(part, dict) else None
     return row
 
 
-def _value(data: dict[str, Any], col: str) -> Any:
-    for prefix in (*STAT_FIELDS, "settings_steady", "settings", "steady", "accuracy_vs_ar", "lossless", "accuracy"):
+_PREFIXES = (*STAT_FIELDS, "settings_steady", "settings", "steady", "accuracy_vs_ar", "lossless", "accuracy")
+
+
+def _where(col: str) -> tuple[str, str] | None:
+    """(section, key) of a column read from a nested section of the summary; None for a top-level one."""
+    for prefix in _PREFIXES:
         if col.startswith(prefix + "_") and prefix != col:
-            part = _section(data, prefix)
-            return part.get(col[len(prefix) + 1:]) if isinstance(part, dict) else None
+            return prefix, col[len(prefix) + 1:]
+    return None
+
+
+_WHERE = {col: _where(col) for col in RESULTS_COLUMNS}  # worked out once: a report reads thousands of rows
+
+
+def _value(data: dict[str, Any], col: str) -> Any:
     if col in ("failures", "not_measured", "verify_widths"):
         return "; ".join(f"{k}: {v}" for k, v in (data[col] or {}).items()) or None
     if col == "acceptance_profile":  # per position "verified/accepted"

@@ -1,0 +1,199 @@
+"""The engines side by side: per suite, every engine's AR and DFlash at each concurrency, the fastest marked, each
+row labelled with the kind of acceptance its DFlash ran at, and where DFlash stops paying.
+
+    rows = card.card_rows(lines, pair)          # report/card.py: AR against DFlash, one speedup per cell
+    tables = suite_tables(rows, pair)           # one SuiteTable per suite, the card's own row beside
+    for t in tables: t.crossings                # per engine and kind: the concurrency past which DFlash / AR < 1
+
+The HTML report and the docs' generated tables (benchmarks/tables) both take their rows from here, so the two
+say the same thing about the same cells.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Literal
+
+from pydantic import BaseModel
+
+from dflash_bench.published import published_for
+from dflash_bench.report.card import CardRow
+
+Kind = Literal["measured", "synthetic", "random", "emulated", "card"]
+# the order kinds are listed in at one concurrency, and what each row's label says
+KIND_ORDER: dict[str, int] = {"measured": 0, "synthetic": 1, "random": 2, "emulated": 3, "card": 4}
+
+
+def kind_of(row: CardRow) -> tuple[Kind, str]:
+    """What the DFlash side of a row measured, as a kind and its label: τ measured (real weights), τ drawn from a
+    synthetic acceptance, a random drafter's τ (random weights: about 1, the cost of the speculative path), or
+    no model at all (the emulator)."""
+    cells = [c for c in (row.dflash, row.ar) if c is not None]
+    synthetic = row.dflash.synthetic_tau if row.dflash else None
+    if any(c.weights == "emulated" for c in cells):
+        return "emulated", "emulated (no model ran)"
+    if synthetic is not None:
+        return "synthetic", f"synthetic τ {synthetic:g}, drawn"
+    if any(c.weights == "random" for c in cells):
+        return "random", "random drafter (τ about 1)"
+    return "measured", "measured τ"
+
+
+class EngineRow(BaseModel):
+    """One engine (on one machine) at one suite and concurrency, at one kind of acceptance."""
+
+    engine: str  # as the page names it: the engine, with its machine where the rows ran on several
+    kind: Kind
+    label: str  # kind_of's label, or the card's
+    suite: str
+    concurrency: int
+    ar_tok_s: float | None = None
+    dflash_tok_s: float | None = None
+    speedup: float | None = None  # metrics/definitions.py speedup_of, as on every other table
+    tpot_ar_ms: float | None = None
+    tpot_dflash_ms: float | None = None
+    tau: float | None = None
+    repeats: int = 1
+    fastest_ar: bool = False  # the highest AR tok/s at this concurrency
+    fastest_dflash: bool = False  # the highest DFlash tok/s at this concurrency among rows of this kind
+
+
+class Crossing(BaseModel):
+    """Where DFlash stops paying for one engine and kind in one suite: the speedups in concurrency order."""
+
+    engine: str
+    kind: Kind
+    label: str
+    suite: str
+    last_paying: int | None  # the highest concurrency before the first one below 1 where DFlash / AR >= 1
+    first_below: int | None  # the lowest concurrency where DFlash / AR < 1
+    text: str
+    short: str  # for a table cell: "past c=8", "never (pays up to c=32)", "from c=1 (every c)"
+
+
+class SuiteTable(BaseModel):
+    suite: str
+    concurrencies: list[int]
+    rows: list[EngineRow]  # by concurrency, then kind, then engine; the card's row last at each concurrency
+    crossings: list[Crossing]
+
+
+def crossing(points: Iterable[tuple[int, float | None]]) -> tuple[int | None, int | None, str, str]:
+    """(last concurrency that pays before the first below 1, first concurrency below 1, the sentence, its short
+    form for a table cell) from (concurrency, speedup) points; a speedup of exactly 1 pays nothing but loses
+    nothing, so counts as paying."""
+    pts = sorted((c, s) for c, s in points if s is not None)
+    if not pts:
+        return None, None, "no AR / DFlash pair measured", "-"
+    below = [(c, s) for c, s in pts if s < 1]
+    if not below:
+        return pts[-1][0], None, (f"pays at every concurrency measured ({_x(pts[0][1])} at c={pts[0][0]}" +
+                                  (f", {_x(pts[-1][1])} at c={pts[-1][0]})" if len(pts) > 1 else ")")), \
+            f"never (pays up to c={pts[-1][0]})"
+    first = below[0]
+    paying = [(c, s) for c, s in pts if c < first[0]]
+    last = paying[-1][0] if paying else None
+    if paying:
+        text, short = (f"pays up to c={last} ({_x(paying[-1][1])}), below 1 from c={first[0]} ({_x(first[1])})",
+                       f"past c={last}")
+    elif len(below) == len(pts):
+        text, short = f"below 1 at every concurrency measured ({_x(pts[0][1])} at c={pts[0][0]})", \
+            f"from c={pts[0][0]} (every c)"
+    else:
+        text, short = f"below 1 from c={first[0]} ({_x(first[1])})", f"from c={first[0]}"
+    again = [c for c, s in pts if c > first[0] and s >= 1]
+    if again:
+        text += f", ahead again at c={', '.join(str(c) for c in again)}"
+        short += f", ahead again at c={', '.join(str(c) for c in again)}"
+    return last, first[0], text, short
+
+
+def _x(v: float) -> str:
+    return f"{v:.2f}x"
+
+
+def suite_tables(rows: list[CardRow], pair: str | None = None) -> list[SuiteTable]:
+    """The card's rows (report/card.py card_rows) regrouped per suite, engines side by side at each concurrency,
+    with the pair's card row at each concurrency the card published."""
+    devices = {(r.device, r.gpus) for r in rows}
+    many = len(devices) > 1
+    table = published_for(pair) if pair else None
+    card = {(r.suite, r.concurrency): r for r in table.rows} if table else {}
+    suites: list[str] = []
+    for r in rows:
+        if r.suite not in suites:
+            suites.append(r.suite)
+    out = []
+    for suite in suites:
+        mine = [_engine_row(r, many) for r in rows if r.suite == suite]
+        concs = sorted({r.concurrency for r in mine})
+        for c in concs:
+            _mark_fastest([r for r in mine if r.concurrency == c])
+            if (suite, c) in card and table is not None:
+                p = card[(suite, c)]
+                mine.append(EngineRow(engine=f"{table.settings.engine} on {table.settings.gpu}", kind="card",
+                                      label="the model card's", suite=suite, concurrency=c, ar_tok_s=p.ar_tok_s,
+                                      dflash_tok_s=p.dflash_tok_s, tau=p.tau,
+                                      speedup=p.speedup if p.speedup is not None else (
+                                          p.dflash_tok_s / p.ar_tok_s if p.ar_tok_s and p.dflash_tok_s else None)))
+        mine.sort(key=lambda r: (r.concurrency, KIND_ORDER[r.kind], r.engine))
+        groups: dict[tuple[str, str], list[EngineRow]] = {}
+        for row in mine:
+            if row.kind != "card":
+                groups.setdefault((row.engine, row.label), []).append(row)
+        crossings = []
+        for (engine, label), group in groups.items():
+            last, first, text, short = crossing((r.concurrency, r.speedup) for r in group)
+            crossings.append(Crossing(engine=engine, kind=group[0].kind, label=label, suite=suite, last_paying=last,
+                                      first_below=first, text=text, short=short))
+        crossings.sort(key=lambda x: (KIND_ORDER[x.kind], x.engine))
+        out.append(SuiteTable(suite=suite, concurrencies=concs, rows=mine, crossings=crossings))
+    return out
+
+
+def _engine_row(r: CardRow, many_devices: bool) -> EngineRow:
+    kind, label = kind_of(r)
+    name = f"{r.engine} · {r.device}" + (f" ({r.gpus} per server)" if r.gpus and r.device != "no GPU" else "") \
+        if many_devices else r.engine
+    return EngineRow(engine=name, kind=kind, label=label, suite=r.suite, concurrency=r.concurrency,
+                     ar_tok_s=r.ar.tok_s if r.ar else None, dflash_tok_s=r.dflash.tok_s if r.dflash else None,
+                     speedup=r.speedup, tpot_ar_ms=r.ar.tpot_ms_p50 if r.ar else None,
+                     tpot_dflash_ms=r.dflash.tpot_ms_p50 if r.dflash else None,
+                     tau=r.dflash.tau if r.dflash else None, repeats=r.repeats)
+
+
+def _mark_fastest(rows: list[EngineRow]) -> None:
+    """The fastest AR server at one concurrency, and the fastest DFlash server among the rows of each kind (a
+    synthetic τ's DFlash is not faster than a random drafter's in any sense a reader could use)."""
+    ar = [r for r in rows if r.ar_tok_s is not None]
+    if len(ar) > 1:
+        max(ar, key=lambda r: r.ar_tok_s or 0.0).fastest_ar = True
+    for kind in {r.kind for r in rows}:
+        df = [r for r in rows if r.kind == kind and r.dflash_tok_s is not None]
+        if len(df) > 1:
+            max(df, key=lambda r: r.dflash_tok_s or 0.0).fastest_dflash = True
+
+
+def engine_count(tables: list[SuiteTable]) -> int:
+    """How many (engine, kind) groups the tables set side by side (the card's row not counted)."""
+    return len({(r.engine, r.label) for t in tables for r in t.rows if r.kind != "card"})
+
+
+HEADER = ["c", "engine", "DFlash's τ", "AR tok/s", "DFlash tok/s", "DFlash / AR", "TPOT p50 ms AR / DFlash", "τ"]
+
+
+def text_rows(table: SuiteTable) -> list[list[str]]:
+    """The table as text cells (HEADER's columns), the fastest marked with a star: the docs' table, and what the
+    report's HTML shows."""
+    out = []
+    for r in table.rows:
+        out.append([str(r.concurrency), r.engine, r.label, _n(r.ar_tok_s) + (" ★" if r.fastest_ar else ""),
+                    _n(r.dflash_tok_s) + (" ★" if r.fastest_dflash else ""),
+                    "-" if r.speedup is None else _x(r.speedup),
+                    f"{_n(r.tpot_ar_ms, 2)} / {_n(r.tpot_dflash_ms, 2)}" if r.kind != "card" else "-",
+                    _n(r.tau, 2)])
+    return out
+
+
+def _n(v: float | None, digits: int = 1) -> str:
+    return "-" if v is None else f"{v:,.{digits}f}"
