@@ -177,3 +177,52 @@ def test_the_demos_report_fits_1400_px_with_one_quality_row_per_cell(tmp_path):
     assert img.size == (1400, 2400) and ImageStat.Stat(img).stddev[0] > 20  # drawn, not blank
     text = " ".join(Dom(page.read_text()).text)
     assert "per GPU" not in text and "per server" in text  # a CPU run
+
+
+SWEEP_LAYOUT = """<script>
+window.addEventListener("load", () => {
+  const visible = (el) => el.offsetParent !== null && !el.closest("details:not([open])");
+  const over = (el) => el.scrollWidth > el.clientWidth + 1;
+  const cut = [...document.querySelectorAll(".scroll")].filter(visible).filter(over)
+    .map((el) => (el.closest("section") || {}).id + ": " + el.scrollWidth + " > " + el.clientWidth);
+  const columns = [...document.querySelectorAll("#headline .cols > div")].map((el) => el.getBoundingClientRect().width);
+  const out = {page: document.documentElement.scrollWidth, window: window.innerWidth, cut: cut, columns: columns,
+               warnings: [...document.querySelectorAll("#headline .call.bad li")].length};
+  const pre = document.createElement("pre");
+  pre.id = "layout";
+  pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+});
+</script>"""
+
+
+def test_four_sweeps_fit_1400_px_without_sideways_scrolling(tmp_path):
+    """The mission's four sweeps of one model (vLLM, SGLang and the builtin engine with a random drafter, the builtin
+    engine at a synthetic τ) at 1400 px: no table scrolls sideways, each sweep's column is wide enough for its
+    tables, and a warning every DFlash cell of a sweep repeats is one line per sweep."""
+    import json
+
+    warning = "tau 1.00: the drafter's tokens were (almost) never accepted (0 accepted over {c}00 drafts)"
+    common = dict(suites=("gsm8k", "mt-bench"), concurrency=(1, 8, 32), gpus=2, model="gemma-4-31B-it",
+                  engine_args=("--load-format=dummy",))
+    sweeps = [make_sweep(tmp_path / "vllm", engine="vllm", boost=0.9, warning=warning, **common),
+              make_sweep(tmp_path / "sglang", engine="sglang", boost=0.85, warning=warning, **common),
+              make_sweep(tmp_path / "builtin", engine="builtin", boost=0.95, warning=warning, **common),
+              make_sweep(tmp_path / "builtin-tau", engine="builtin", synthetic=6.5, **common)]
+    page = build_report(sweeps, tmp_path / "site" / "report.html")
+    html = re.sub(r'<meta http-equiv="Content-Security-Policy"[^>]*>', "", page.read_text())
+    measured = page.with_name("measured.html")
+    measured.write_text(html.replace("</body>", SWEEP_LAYOUT + "</body>"))
+    run = chromium(measured, tmp_path, "--dump-dom", "--window-size=1400,1000", "--virtual-time-budget=5000")
+    got = json.loads(re.search(r'<pre id="layout">(.*?)</pre>', run.stdout).group(1).replace("&quot;", '"'))
+    assert got["window"] == 1400 and got["page"] <= 1400, got  # nothing runs off the page
+    assert got["cut"] == [], got  # no table, in any section, is wider than its column
+    assert len(got["columns"]) == 4 and min(got["columns"]) >= 600, got  # two sweeps a row, not four narrow ones
+    assert got["warnings"] == 3, got  # three sweeps' six warnings each: one line a sweep
+    shot = tmp_path / "shot.png"
+    run = chromium(page, tmp_path, f"--screenshot={shot}", "--window-size=1400,3000")
+    assert console_messages(run.stderr) == []
+    from PIL import Image, ImageStat
+
+    img = Image.open(shot).convert("L")
+    assert img.size == (1400, 3000) and ImageStat.Stat(img).stddev[0] > 20  # drawn, not blank

@@ -171,7 +171,7 @@ def test_the_concurrency_past_which_dflash_stops_paying_is_read_from_a_measured_
     html = build_report([crossing_folder], tmp_path / "r" / "report.html").read_text()
     text = section(html, "engines")
     assert text.startswith("Where DFlash stops paying")  # one engine: no side-by-side table, the crossing alone
-    assert f"vllm, measured τ: pays up to c=2 ({speedups[2]:.2f}x), below 1 from c=8 ({speedups[8]:.2f}x)" in text
+    assert f"gsm8k (vllm, measured τ): pays up to c=2 ({speedups[2]:.2f}x), below 1 from c=8 ({speedups[8]:.2f}x)" in text
 
     # the docs' generated table reads the same crossing from the results file big_sweep writes of the folder
     from benchmarks.tables import renderers_gpu
@@ -227,3 +227,15 @@ def test_figures_stay_readable_however_many_cells(tmp_path, shape):
     html = build_report([path]).read_text()
     if shape == "60 concurrencies":  # more concurrencies than columns fit: the headline has a row per concurrency
         assert "<th>concurrency 60</th>" not in html and html.count('<td class="cell') == 60
+
+
+def test_sentences_that_differ_in_their_numbers_fold_into_one_line():
+    from dflash_bench.report.cells import fold
+
+    said = [(f"x-dflash-gsm8k-c{c}", f"tau 1.0{c % 2}: 0 accepted over {c}16 drafts") for c in (1, 8, 32, 64, 2, 4, 16)]
+    (line,) = fold(said)
+    assert line["text"] == "tau 1.00-1.01: 0 accepted over 116-6416 drafts"
+    assert line["n"] == 7 and line["more"] == 1 and line["cells"][0] == "x-dflash-gsm8k-c1"
+    # failures fold only when alike to the letter: two HTTP statuses are not a range
+    http = fold([("a", "HTTP 500 (3)"), ("b", "HTTP 502 (1)"), ("c", "HTTP 500 (3)")], numbers=False)
+    assert [(f["text"], f["cells"]) for f in http] == [("HTTP 500 (3)", ["a", "c"]), ("HTTP 502 (1)", ["b"])]

@@ -20,20 +20,21 @@ NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
 SHOWN_CELLS = 6  # a folded line names this many of its cells, then says how many more
 
 
-def fold(items: list[tuple[str, str]]) -> list[dict[str, Any]]:
+def fold(items: list[tuple[str, str]], numbers: bool = True) -> list[dict[str, Any]]:
     """Per-cell sentences (cell id, text) that differ only in their numbers, as one line each: the text with every
     number that varies shown as its lowest-highest over the cells, and the cells it covers (`cells`, `more`: how
-    many past the SHOWN_CELLS named). In first-seen order."""
-    groups: dict[str, list[tuple[str, list[str]]]] = {}
+    many past the SHOWN_CELLS named). In first-seen order. `numbers=False`: only sentences alike to the letter
+    fold (a failure's HTTP status is no range)."""
+    groups: dict[tuple[str, ...], list[tuple[str, list[str]]]] = {}
     for cid, text in items:
-        groups.setdefault(NUMBER.sub("#", text), []).append((cid, NUMBER.findall(text)))
+        words = tuple(NUMBER.split(text)) if numbers else (text,)  # the text between its numbers
+        groups.setdefault(words, []).append((cid, NUMBER.findall(text) if numbers else []))
     out = []
-    for template, members in groups.items():
-        parts = template.split("#")
-        text = parts[0]
-        for i, part in enumerate(parts[1:]):
+    for words, members in groups.items():
+        text = words[0]
+        for i, word in enumerate(words[1:]):
             values = sorted({m[1][i] for m in members}, key=_number)
-            text += (values[0] if len(values) == 1 else f"{values[0]}-{values[-1]}") + part
+            text += (values[0] if len(values) == 1 else f"{values[0]}-{values[-1]}") + word
         ids = [cid for cid, _ in members]
         out.append({"text": text, "cells": ids[:SHOWN_CELLS], "more": max(0, len(ids) - SHOWN_CELLS), "n": len(ids)})
     return out

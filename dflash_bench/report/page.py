@@ -185,7 +185,7 @@ def _context(view: tables.SweepView, figs: dict[str, dict[str, str]], slo: str |
         "synthetic": sorted({f"{v:g}" for v in view.frame.get("synthetic_acceptance", []) if _present(v)}),
         "no_speculation": cells.fold([(w["cell_id"], w["warning"]) for w in cells.no_speculation(view.frame)]),
         "random_weights": any(card.weights_of(args, e) == "random" for e in set(view.frame.get("engine", []))),
-        "partial": cells.fold([(f["cell_id"], f["reason"]) for f in view.failed if f["status"] == "partial"]),
+        "partial": cells.fold([(f["cell_id"], f["reason"]) for f in view.failed if f["status"] == "partial"], numbers=False),
         "prefix_cached": cells.fold([(c["cell_id"], f"{100 * c['share']:,.1f}% of its prompt tokens ({c['source']})")
                                      for c in cells.prefix_cached(view.frame)]),
         "steady": steady,
