@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -72,6 +73,7 @@ class Results(BaseModel):
     tokenizer: str = ""
     runs: list[Run] = Field(default_factory=list)
     refused: list[dict[str, str]] = Field(default_factory=list)  # {"command", "sentence"}
+    measured: str = ""  # where, when and by which calls the runs were measured (--measured), for the tables' notes
 
 
 PLACEHOLDERS = {"--data-dir": "DATA", "--out": "OUT"}
@@ -84,7 +86,11 @@ def shown(text: str, work: str) -> str:
 def run_of(folder: Path) -> Run:
     manifest = json.loads((folder / "manifest.json").read_text())
     settings, servers = manifest.get("settings") or {}, manifest.get("servers", {})  # `dflash-bench run`: no settings
-    work = str(Path(settings["model"]).parent) if settings.get("model") else ""
+    # WORK: the folder big_shape wrote the shapes into (SGLang's copy of a target sits in WORK/sglang/, its drafter
+    # in WORK), the longest path the model and the drafter share
+    drafter = ((manifest.get("models") or {}).get("drafter") or {}).get("id")
+    paths = [str(p) for p in (settings.get("model"), drafter) if p and Path(str(p)).is_absolute()]
+    work = os.path.commonpath(paths) if len(paths) == 2 else str(Path(paths[0]).parent) if paths else ""
     argv = ["dflash-bench"] + [shown(a, work) for a in manifest["command_line"][1:]]
     for i, a in enumerate(argv[:-1]):  # the folders of the machine it ran on
         if a in PLACEHOLDERS:
@@ -160,6 +166,8 @@ def main() -> None:
     ap.add_argument("--tokenizer", help="what the shape's tokenizer is (big_shape.py's `tokenizer`)")
     ap.add_argument("--console", type=Path, action="append", default=[],
                     help="a mission.sh console (mission.log) whose sweep folders did not come back: its printed cells")
+    ap.add_argument("--measured", help="where, when and by which calls the sweeps ran (machine, commit, date, "
+                                       "command), said under the file's tables")
     ap.add_argument("--refused", nargs=2, action="append", metavar=("COMMAND", "SENTENCE"), default=[],
                     help="a plan the harness refused before launch, and its sentence")
     args = ap.parse_args()
@@ -170,6 +178,8 @@ def main() -> None:
         res.pair = args.pair
     if args.tokenizer:
         res.tokenizer = args.tokenizer
+    if args.measured:
+        res.measured = args.measured
     for folder in args.folders:
         if not (folder / "manifest.json").is_file():
             sys.exit(f"{folder} is not a sweep folder (no manifest.json)")

@@ -67,8 +67,18 @@ class Entry:
 # The demo's repeated runs (benchmarks/harness/demo_repeats.py), the range README states and docs/results/demo.md details.
 DEMO = "demo_cpu_repeats.json"
 
+# The mission's four sweeps on two H200s (benchmarks/peers/big_sweep.py's file), the README's headline and the
+# engines side by side in docs/results/gemma-4-31b.md.
+MISSION_H200 = "gemma4_31b_mission_h200.json"
+MISSION_H200_COMMAND = ("bash benchmarks/peers/mission.sh --gpu h200 --tp 2 -n 4 vllm|sglang|builtin builtin-tau (a call "
+                        "each, as the file's measured says), then python -m benchmarks.peers.big_sweep --out "
+                        "benchmarks/results/gemma4_31b_mission_h200.json SWEEP_FOLDER...")
+MISSION_H200_MACHINE = "two NVIDIA H200 on one host (nvidia-h200-x2), a call per engine"
+
 TABLES: list[Entry] = [
     Entry("demo_summary", "README.md", (DEMO,), None, tr.demo_summary),
+    Entry("mission_summary", "README.md", (MISSION_H200,), MISSION_H200_COMMAND, gpu.mission_summary,
+          machine=MISSION_H200_MACHINE),
     Entry("engines_summary", "README.md", ("real_engines_h100_builtin_vllm.json",),
           "python -m benchmarks.peers.real_engines shape --engines builtin,inprocess,vllm --modes ar,dflash "
           "--fresh-prompts --data-dir .data", gpu.engines_summary),
@@ -101,6 +111,8 @@ TABLES: list[Entry] = [
           machine="one NVIDIA H100 80GB HBM3 (nvidia-h100-x1) and two on one host (nvidia-h100-x2), each a fresh machine"),
     Entry("gemma4_31b_mission", "docs/results/gemma-4-31b.md", ("gemma4_31b_mission.json",), None, gpu.mission_card,
           machine="two NVIDIA H100 80GB HBM3 on one host (nvidia-h100-x2), two calls"),
+    Entry("gemma4_31b_engines_h200", "docs/results/gemma-4-31b.md", (MISSION_H200,), MISSION_H200_COMMAND,
+          gpu.mission_engines, machine=MISSION_H200_MACHINE),
     Entry("two_clients_gemma_vllm", "docs/results/gemma-4-31b.md", ("two_clients_gemma_vllm_h100.json",), None,
           gpu.two_clients),
     Entry("gemma4_31b_fast", "docs/results/gemma-4-31b.md", ("gemma4_31b_fast_h100.json",),

@@ -130,9 +130,10 @@ def mission_engines(results: list[Any]) -> Table:
     tables = engines.suite_tables(rows, data.get("pair"))
     body = [[t.suite, *row] for t in tables for row in engines.text_rows(t)]
     crossings = [f"{t.suite}, {x.engine}, {x.label}: {x.text}." for t in tables for x in t.crossings]
+    measured = [f"Measured on {data['measured']}."] if data.get("measured") else []
     return Table(["suite", *engines.HEADER], body,
                  ["Where DFlash stops paying (DFlash / AR below 1 past that concurrency, at the τ of the row's kind):",
-                  *(f"- {c}" for c in crossings), "", ENGINES_KEY, *notes])
+                  "", *(f"- {c}" for c in crossings), "", ENGINES_KEY, *measured, *notes])
 
 
 ENGINES_KEY = ("Output tok/s per server (tensor parallel: all its GPUs), DFlash / AR the median of the repeats' "
@@ -169,10 +170,11 @@ def mission_summary(results: list[Any]) -> Table:
                        if k in ("vllm", "sglang", "torch")})
     devices = sorted({f"{run['device']}, {run['gpus_per_server']} per server" for run in data["runs"]})
     return Table(["suite", "c", *(f"{e}, {label}" for e, label in columns)], body,
-                 [f"AR → DFlash output tok/s per server (DFlash / AR) on {'; '.join(devices)}; {data['weights']}; "
+                 [f"AR → DFlash output tok/s per server (DFlash / AR) on {'; '.join(devices)}; weights {data['weights']}; "
                   f"{', '.join(versions)}. ★: the fastest DFlash server of its kind at that concurrency. The last row "
                   "of a suite: the concurrency past which DFlash / AR falls below 1. Every engine and run: "
-                  "[docs/results/gemma-4-31b.md](docs/results/gemma-4-31b.md)."])
+                  "[docs/results/gemma-4-31b.md](docs/results/gemma-4-31b.md)."]
+                 + ([f"Measured on {data['measured']}."] if data.get("measured") else []))
 
 
 def _summary_cell(r: Any) -> str:
