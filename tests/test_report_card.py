@@ -42,8 +42,11 @@ def test_each_dflash_row_sits_beside_its_own_ar_and_the_cards_row_and_says_what_
     assert cols["machine (GPUs per server)"] == "2x H100 (2)" and cols["DFlash / AR"] == "0.50x"
     assert cols["AR tok/s per GPU"] == "900.0" and cols["DFlash tok/s per GPU"] == "450.0"
     assert cols["card: AR / DFlash tok/s"] == "1,177 / 2,257" and cols["card: DFlash / AR"] == "1.9x"
-    assert cols["τ builtin (reference)"] == "-"  # no builtin cell at mt-bench c=32
+    assert "τ builtin (reference)" not in cols  # no builtin cell beside another engine's: the column is left out
     sglang = card_rows(lines + [line("sglang", "ar", 1, 35.0), line("sglang", "dflash", 1, 30.0, tau=1.2)], None)
+    header, body = card_table(sglang)
+    assert [dict(zip(header, b))["τ builtin (reference)"] for b in body] == ["-", "-", "1.00", "-"]
+    assert not any(h.startswith("card:") for h in header)  # no card to set the rows against: no card columns
     ref = {(r.engine, r.dflash.synthetic_tau if r.dflash else None): r.reference_tau for r in sglang}
     assert ref[("sglang", None)] == 1.0  # the builtin's measured tau, never its synthetic 6.5
     assert ref[("builtin", None)] is None and ref[("builtin", 6.5)] is None

@@ -41,7 +41,7 @@ def main() -> None:
     ap.add_argument("--data-dir", type=Path, help="the demo's offline prompt sets (dflash-bench demo --data-dir)")
     ap.add_argument("--out", type=Path, default=Path("docs/images/report.png"))
     ap.add_argument("--width", type=int, default=1280)
-    ap.add_argument("--height", type=int, default=1400)
+    ap.add_argument("--height", type=int, default=2000)
     args = ap.parse_args()
     browser = chromium()
     with tempfile.TemporaryDirectory(prefix="report-screenshot-") as tmp:

@@ -193,7 +193,14 @@ def card_table(rows: list[CardRow]) -> tuple[list[str], list[list[str]]]:
             f"{_n(r.card_ar, 0)} / {_n(r.card_dflash, 0)}",
             "-" if r.card_speedup is None else f"{r.card_speedup:.1f}x", _n(r.card_tau, 2), "; ".join(r.labels) or "-",
         ])
-    return header, body
+    # a column that only some tables fill (no card for the pair, no builtin engine beside another, nothing unlike
+    # the card) is left out where no row fills it
+    keep = [i for i, h in enumerate(header) if h not in OPTIONAL or any(row[i] not in ("-", "- / -") for row in body)]
+    return [header[i] for i in keep], [[row[i] for i in keep] for row in body]
+
+
+OPTIONAL = {"τ builtin (reference)", "card: AR / DFlash tok/s", "card: DFlash / AR", "card: τ", "not the card's"}
+TEXT_COLUMNS = {"engine", "machine (GPUs per server)", "suite", "not the card's"}  # the rest are numbers
 
 
 def device_of(hardware: dict[str, Any]) -> str:

@@ -99,7 +99,8 @@ def _card(views: list[tables.SweepView]) -> tuple[dict[str, Any], list[card.Card
     rows = card.card_rows([line for view in views for line in card.view_lines(view)], pair)
     header, body = card.card_table(rows)
     table = published_for(pair) if pair else None
-    return {"header": header, "rows": body, "pair": pair, "url": table.card if table else None,
+    return {"header": header, "rows": body, "numeric": [h not in card.TEXT_COLUMNS for h in header],
+            "pair": pair, "url": table.card if table else None,
             "settings": table.settings.model_dump() if table else None,
             "labelled": sum(1 for r in rows if r.labels), "per_gpu": card.per_gpu(rows)}, rows
 
