@@ -31,7 +31,7 @@ def test_gate_calibration_prints_fail_rates_and_gates_a_big_sweep():
 
 def test_report_build_builds_a_report_of_planted_cells():
     out = bench("harness.report_build", "--suites", "1", "--concurrency", "1,2", "--repeats", "1", "--gpus", "1")
-    assert out.startswith("cells 4;") and " figures" in out
+    assert out.startswith("cells 4;") and " figures" in out and "; 0 warnings;" in out
 
 
 def test_big_sweep_reads_sweep_folders_into_one_results_file(tmp_path):
