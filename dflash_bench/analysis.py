@@ -12,7 +12,7 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 
-from dflash_bench.metrics.definitions import speedup_of
+from dflash_bench.speedup import speedup_of
 from dflash_bench.store import RESULTS_COLUMNS, CellKey, CellSummary, SweepDir, results_row
 
 KEY = CellKey.pair_fields()  # what an AR cell and its DFlash cell share: engine, suite, concurrency, repeat
@@ -91,7 +91,7 @@ def pairs(frame: pd.DataFrame, metrics: Iterable[str] = ("output_throughput", "a
 
 def headline(frame: pd.DataFrame) -> pd.DataFrame:
     """The model card's table: suite x concurrency -> AR tok/s, DFlash tok/s and tau (repeats averaged), and the
-    speedup (metrics/definitions.py `speedup_of`: the median over repeats of each repeat's DFlash / AR), with the repeats' lowest and
+    speedup (speedup.py `speedup_of`: the median over repeats of each repeat's DFlash / AR), with the repeats' lowest and
     highest as `speedup_min` and `speedup_max`."""
     p = pairs(frame)
     if p.empty:

@@ -222,7 +222,7 @@ class MeasuredRow(BaseModel):
     ar_tok_s: float | None = None
     dflash_tok_s: float | None = None
     tau: float | None = None
-    speedup: float | None = None  # the cell's one speedup (metrics/definitions.py speedup_of); else DFlash / AR tok/s
+    speedup: float | None = None  # the cell's one speedup (speedup.py speedup_of); else DFlash / AR tok/s
 
 
 class SideBySide(BaseModel):

@@ -108,7 +108,7 @@ def test_no_benchmark_imports_another_that_imports_it_back():
 # The packages (and top-level modules) of dflash_bench/ from the bottom up: each may import only those of an
 # earlier line, never one of its own line or a later one. A new package takes its line here, where its imports put it.
 LAYERS = [
-    ("dflash_bench", "errors", "console", "openai_format", "published", "thinking"),
+    ("dflash_bench", "errors", "console", "openai_format", "published", "thinking", "speedup"),
     ("store", "models", "tokenizer", "suite_file", "llamacpp", "cli_app"),
     ("telemetry", "suites", "analysis", "slo", "model_shapes", "synthetic"),
     ("profiles", "longctx", "emulator"),

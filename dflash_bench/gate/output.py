@@ -17,7 +17,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from dflash_bench.metrics.definitions import speedup_of
+from dflash_bench.speedup import speedup_of
 from dflash_bench.console import new_console
 from dflash_bench.gate.baseline import Baseline
 from dflash_bench.gate.compare import Check, GateResult, level
@@ -38,7 +38,7 @@ def pct(x: float | None) -> str:
 
 def value(chk: Check, values: list[float]) -> str:
     """One side's value of a check: the mean of its repeats, but a speedup as the report shows it (the median of
-    the repeats' ratios: metrics/definitions.py speedup_of), so a cell has one speedup wherever it is shown."""
+    the repeats' ratios: speedup.py speedup_of), so a cell has one speedup wherever it is shown."""
     if not values:
         return "-"
     shown = speedup_of(values) if chk.metric.threshold == "speedup" else float(np.mean(values))

@@ -45,19 +45,14 @@ Over a cell's measured requests (warm-up excluded):
   those that accepted positions 0..i. It does not depend on how many positions each step checked, so tau at
   any width w follows from it: tau(w) = 1 + sum over i < w - 1 of accepted_i / verified_i (`profile_tau`); at
   the full block it is what a cell's tau would have been had every step verified the whole block.
-- speedup (SPEEDUP_DEFINITION) = per repeat, the DFlash cell's output throughput / its AR partner's (same engine,
-  suite, concurrency, repeat), then the median of these ratios over the cell's repeats (`speedup_of`). One pair's
-  two cells ran close together, so their ratio sees one state of the machine; the median keeps one disturbed
-  repeat from moving it. It is the one speedup of a cell in the report (headline, card's table, engines side by
-  side), the sweep's console, the gate's tables and the docs; with several repeats it is not the ratio of the
-  averaged tok/s shown beside it.
+- speedup = per repeat, the DFlash cell's output throughput / its AR partner's, then the median over the cell's
+  repeats: dflash_bench/speedup.py holds it, below every package that shows one.
 """
 
 from __future__ import annotations
 
-import math
 from bisect import bisect_right
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 from dflash_bench.metrics.stats import describe, describe_weighted
 from dflash_bench.store import RequestRecord
@@ -66,19 +61,6 @@ from dflash_bench.store import RequestRecord
 # The version of the tau definition above that a cell's tau follows (CellSummary.acceptance_definition). 2: drafts
 # past the request's end count for nothing; before (absent), the builtin engine counted a last step's whole block.
 TAU_DEFINITION = 2
-
-
-SPEEDUP_DEFINITION = ("each repeat's DFlash output tok/s over its AR partner's, then the median of these ratios over "
-                      "the cell's repeats (one repeat: its ratio)")
-
-
-def speedup_of(ratios: Iterable[float | None]) -> float | None:
-    """A cell's one speedup from its repeats' DFlash / AR ratios: their median (None when no repeat has one)."""
-    values = sorted(float(r) for r in ratios if r is not None and math.isfinite(r))
-    if not values:
-        return None
-    mid = len(values) // 2
-    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
 
 def acceptance_length(accepted: float, verify_steps: float) -> float | None:

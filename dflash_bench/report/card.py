@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from dflash_bench.metrics.definitions import speedup_of
+from dflash_bench.speedup import speedup_of
 from dflash_bench.published import published_for
 
 Weights = Literal["real", "random", "emulated"]
@@ -58,7 +58,7 @@ class CardRow(BaseModel):
 
     @property
     def speedup(self) -> float | None:
-        """The cell's one speedup (metrics/definitions.py speedup_of: the median of its repeats' ratios)."""
+        """The cell's one speedup (speedup.py speedup_of: the median of its repeats' ratios)."""
         return speedup_of(self.ratios)
 
     @property
@@ -91,7 +91,7 @@ def card_rows(cells: Iterable[CellLine], pair: str | None) -> list[CardRow]:
     """AR and DFlash of each (engine, device, GPUs, synthetic tau, suite, concurrency) side by side, with the card's
     row for that suite and concurrency where the pair's card has one. A synthetic-tau DFlash cell gets its own row,
     beside the AR cell of its own sweep. A cell's repeats (lines of one source differing only in `repeat`) show
-    averaged, and the row's speedup is the median of each repeat's own ratio (metrics/definitions.py speedup_of)."""
+    averaged, and the row's speedup is the median of each repeat's own ratio (speedup.py speedup_of)."""
     table = published_for(pair) if pair else None
     card = {(r.suite, r.concurrency): r for r in table.rows} if table else {}
     rows: dict[tuple[Any, ...], CardRow] = {}

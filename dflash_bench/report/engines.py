@@ -49,7 +49,7 @@ class EngineRow(BaseModel):
     concurrency: int
     ar_tok_s: float | None = None
     dflash_tok_s: float | None = None
-    speedup: float | None = None  # metrics/definitions.py speedup_of, as on every other table
+    speedup: float | None = None  # speedup.py speedup_of, as on every other table
     tpot_ar_ms: float | None = None
     tpot_dflash_ms: float | None = None
     tau: float | None = None

@@ -19,7 +19,7 @@ import jinja2
 
 from dflash_bench import __version__
 from dflash_bench.errors import UserError
-from dflash_bench.metrics.definitions import SPEEDUP_DEFINITION
+from dflash_bench.speedup import SPEEDUP_DEFINITION
 from dflash_bench.report import card, cells, engines, figures, measured, quality, serving, tables
 from dflash_bench.store import MANIFEST, atomic_write_bytes
 
