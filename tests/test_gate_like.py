@@ -129,6 +129,41 @@ def test_the_baseline_own_repeats_set_the_run_to_run_band_and_a_real_drop_still_
     assert gate.gate(plant(tmp_path / "slow", tput=300.0 * 0.45, noise=spread), noisy).exit_code == 1
 
 
+def plant_suites(path: Path, factors: dict[str, tuple[float, ...]], scale: float = 1.0) -> Path:
+    """AR and DFlash cells of several suites at concurrency 1; `factors`: per suite, each repeat's factor on both
+    modes' throughput (a speed the machine had during that pass)."""
+    plan, summaries = [], []
+    for suite, per_repeat in factors.items():
+        for r, f in enumerate(per_repeat):
+            for mode in ("ar", "dflash"):
+                cid = cell_id("builtin", mode, suite, 1, r)
+                plan.append(CellPlan(cell_id=cid, engine="builtin", mode=mode, suite=suite, concurrency=1, repeat=r))
+                t = 100.0 * f * scale * (2.0 if mode == "dflash" else 1.0)
+                summaries.append(CellSummary(cell_id=cid, engine="builtin", mode=mode, suite=suite, concurrency=1,
+                                             repeat=r, output_throughput=t, tpot_ms=Stat(n=9, mean=1000 / t, p50=1000 / t)))
+    sweep = SweepDir.create(path, Manifest(sweep_id=path.name, plan=plan))
+    for s in summaries:
+        sweep.write_summary(s)
+    return path
+
+
+def test_what_moves_every_cell_of_a_pass_together_is_the_run_to_run_noise(tmp_path):
+    """The baseline's repeats are passes minutes apart: a spread every cell of a pass shares (the machine's speed)
+    is what a later run meets, and widens the band; the same spread cell by cell, each its own, averages out and
+    does not. A rerun 20% slower throughout passes the first baseline and fails the second."""
+    from dflash_bench.gate.noise import repeat_noise
+
+    suites = ("gsm8k", "humaneval", "math500", "mbpp")
+    shared = plant_suites(tmp_path / "shared", {s: (1.0, 1.12, 0.88) for s in suites})
+    own = plant_suites(tmp_path / "own", {s: ((1.0, 1.12, 0.88), (0.88, 1.0, 1.12), (1.12, 0.88, 1.0),
+                                              (1.0, 1.0, 1.0))[i] for i, s in enumerate(suites)})
+    assert repeat_noise(gate.collect(shared))["output_throughput"].cv > 0.1
+    assert repeat_noise(gate.collect(own))["output_throughput"].cv < 0.01
+    slower = plant_suites(tmp_path / "slower", {s: (1.0, 1.12, 0.88) for s in suites}, scale=0.8)
+    assert gate.gate(slower, shared).exit_code == 0
+    assert gate.gate(slower, own).exit_code == 1
+
+
 def test_a_gate_of_many_checks_holds_its_confidence_over_all_of_them(tmp_path):
     """Each noise-aware check takes a 1 - 5%/checks interval (Bonferroni), and says so, so that a rerun passes every
     check of a demo's gate with 95% confidence rather than failing one of fifty now and then."""

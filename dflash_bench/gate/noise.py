@@ -4,13 +4,15 @@ same machine, as the baseline alone measured it (never from the sweep being gate
 The bootstrap over repeats (compare.bootstrap_change) sees how well each side's repeats pin its mean; it does not
 see that a whole run can sit at another speed: on a shared machine the load of everything else changes over
 minutes, and a run measured later reads slower or faster throughout. The baseline measures how far that goes in
-one of two ways, per (engine, mode, concurrency) and metric, pooled over the cells that share them (the suites:
-the load moves them alike), as a relative standard deviation cv:
+one of two ways, per metric, as a relative standard deviation cv:
 
 - its own repeats (every baseline with 2 or more): a sweep's repeats are whole passes over its plan, minutes
-  apart, so their spread is the machine's speed moving over a run's minutes;
+  apart, and what moved every cell of a server and concurrency together from one pass to the next is the
+  machine's speed (`repeat_noise`: the rest is each cell's own noise, which the bootstrap covers). A paired
+  speedup barely moves with it: AR and DFlash meet the same moments;
 - its own runs, where it was exported with `gate --export-baseline SWEEP -o FILE --noise-from RUN ...` (other runs of
-  the same plan by the same code): the spread of the runs' means, carried in the file (CellValues.noise).
+  the same plan by the same code): the spread of the runs' means, pooled over the cells of each server and
+  concurrency, carried in the file (CellValues.noise).
 
 The larger of the two is the cell's noise figure. Gating, a run-to-run shift of that size is drawn into every
 bootstrap resample (log-normal, standard deviation sqrt(2) x cv: the change between two runs has twice one run's
@@ -67,25 +69,46 @@ def pooled_cv(sets: list[list[float]]) -> float | None:
     return math.sqrt(ss / df) if df else None
 
 
-def repeat_noise(base: Baseline) -> dict[tuple[tuple[str, str, int], str], Noise]:
-    """The noise the baseline's own repeats measured, per cell group and metric."""
-    sets: dict[tuple[tuple[str, str, int], str], list[list[float]]] = {}
-    for cell in base.cells:
-        for metric in NOISY:
-            values = cell.metrics.get(metric) or []
-            if len(values) >= 2:
-                sets.setdefault((group(cell), metric), []).append(values)
+def repeat_noise(base: Baseline) -> dict[str, Noise]:
+    """Per metric, what moved every cell of the baseline together from one of its repeats to the next.
+
+    A sweep's repeats are whole passes over its plan, minutes apart, so a cell's repeats spread for two reasons:
+    the machine's speed moved between passes (every cell of a server and concurrency alike: what a later run
+    meets too), and the cell's own noise (what the bootstrap over its repeats covers). A two-way analysis of
+    variance of the log values, cells x repeats in each (engine, mode, concurrency) group, pooled over the groups,
+    tells them apart: the common part's variance is (mean square between repeats - residual mean square) / cells.
+    Where no group has 2 cells of 2 repeats, the whole spread stands for it."""
     out = {}
-    for key, grouped in sets.items():
-        cv = pooled_cv(grouped)
-        if cv is not None:
-            out[key] = Noise(cv, "repeats", max(len(v) for v in grouped))
+    for metric in NOISY:
+        groups: dict[tuple[str, str, int], list[list[float]]] = {}
+        for cell in base.cells:
+            values = cell.metrics.get(metric) or []
+            if len(values) >= 2 and min(values) > 0:
+                groups.setdefault(group(cell), []).append(values)
+        ss_rep = ss_res = 0.0
+        df_rep = df_res = cells = 0
+        for rows in groups.values():
+            n = max(len(r) for r in rows)
+            x = np.log(np.array([r for r in rows if len(r) == n], dtype=float))
+            if len(x) < 2:
+                continue
+            e = x - x.mean(axis=1, keepdims=True)
+            m = e.mean(axis=0)
+            ss_rep += len(x) * float(np.sum(m ** 2))
+            ss_res += float(np.sum((e - m) ** 2))
+            df_rep, df_res, cells = df_rep + n - 1, df_res + (len(x) - 1) * (n - 1), cells + len(x) * (n - 1)
+        repeats = max((len(r) for rows in groups.values() for r in rows), default=0)
+        if df_rep and df_res:
+            common = max(0.0, ss_rep / df_rep - ss_res / df_res) / (cells / df_rep)
+            out[metric] = Noise(math.sqrt(common), "repeats", repeats)
+        elif (whole := pooled_cv([r for rows in groups.values() for r in rows])) is not None:
+            out[metric] = Noise(whole, "repeats", repeats)
     return out
 
 
-def noise_of(cell: CellValues, metric: str, repeats: dict[tuple[tuple[str, str, int], str], Noise]) -> Noise | None:
+def noise_of(cell: CellValues, metric: str, repeats: dict[str, Noise]) -> Noise | None:
     """The cell's noise figure for the metric: the larger of its repeats' and its runs' (None: neither measured)."""
-    mine = repeats.get((group(cell), metric))
+    mine = repeats.get(metric)
     carried = cell.noise.get(metric)
     runs = Noise(carried, "runs", cell.noise_runs) if carried else None
     found = [n for n in (mine, runs) if n is not None]
