@@ -10,6 +10,7 @@ from pathlib import Path
 
 from benchmarks.fixtures.shape_folders import write_shape
 from benchmarks.tables import renderers_gpu
+from dflash_bench.launch import free_port
 from dflash_bench.report.card import CellLine, card_rows, card_table, weights_of
 from dflash_bench.report.page import build_report
 
@@ -66,7 +67,8 @@ def test_the_report_and_the_docs_table_show_the_same_cards_table_over_emulator_f
     sweeps = tmp_path / "sweeps"
     proc = subprocess.run([sys.executable, "-m", "dflash_bench", "sweep", "--model", shape["target"], "--drafter",
                            shape["drafter"], "--engine", "emulator", "--suites", "gsm8k", "-c", "1,8", "-n", "2",
-                           "--max-tokens", "16", "--data-dir", str(data_dir), "--out", str(sweeps)],
+                           "--max-tokens", "16", "--data-dir", str(data_dir), "--out", str(sweeps),
+                           "--port", str(free_port())],
                           capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stderr
     folder = next(sweeps.iterdir())
