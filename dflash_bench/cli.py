@@ -14,7 +14,9 @@ from typing import Optional
 import typer
 
 from dflash_bench.cli_app import DataDirOption, app, suites_app
+from dflash_bench.cli_options import Given, Options, declared_options
 from dflash_bench.errors import UserError
+from dflash_bench.settings import RAMP_HELP, STEADY_HELP, SlurmOptions, SweepSettings
 
 
 @suites_app.command("list")
@@ -37,11 +39,6 @@ def suites_show(
     from dflash_bench.suites import print_prompts
 
     print_prompts(name, num, data_dir, config=config, categories=category)
-
-
-STEADY_HELP = ("A steady stream: keep --concurrency requests in flight, each finished one replaced at once (the prompts "
-               "cycled), and measure a window of this many completions after the ramp-up; the tail is left out.")
-RAMP_HELP = "With --steady-requests: completions before the window opens (default: the concurrency)."
 
 
 @app.command()
@@ -144,72 +141,21 @@ def gate(
 
 
 @app.command()
+@declared_options
 def sweep(
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="Short name (see `dflash-bench models`), Hugging Face id or local folder of the target."),
-    engine: Optional[str] = typer.Option(None, "--engine", help="vllm, sglang, builtin, emulator or llamacpp; several comma-separated. Default builtin."),
-    suites: Optional[str] = typer.Option(None, "--suites", help="'all' (every suite but speed-bench) or a comma-separated list. Default all."),
-    concurrency: Optional[str] = typer.Option(None, "--concurrency", "-c", help="Comma-separated concurrencies. Default 1,8,32."),
-    num_prompts: Optional[int] = typer.Option(None, "--num-prompts", "-n", min=1, help="Prompts per cell (default max(16, 4 x concurrency))."),
-    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", min=1, help="Output cap per request (default: each suite's, 2048)."),
-    repeats: Optional[int] = typer.Option(None, "--repeats", min=1, help="Measure every cell this many times (modes alternate to cancel drift)."),
-    paired: Optional[bool] = typer.Option(None, "--paired", help="Run each engine's AR and DFlash servers together and measure every cell AR then DFlash, seconds apart (both must fit the machine at once; the DFlash server takes a free port)."),
-    interleave: Optional[bool] = typer.Option(None, "--interleave", help="With --paired: measure each concurrency-1 cell's AR and DFlash requests alternately, one by one, so that the machine's speed moving within seconds lands on both alike (a small or shared machine); each cell's throughput is over its own requests' time, and no energy is measured for these cells."),
-    gpu: Optional[str] = typer.Option(None, "--gpu", help="Engine flag preset: h100, h200, b300 or generic (also h20, hopper, b200, gb200, gb300, blackwell); a named GPU also sizes the servers for the plan (context limit, memory fraction) and refuses a plan that cannot fit."),
-    tensor_parallel_size: Optional[int] = typer.Option(None, "--tensor-parallel-size", "--tp", min=1, help="GPUs per vLLM or SGLang server (tensor parallel)."),
-    drafter: Optional[str] = typer.Option(None, "--drafter", help="DFlash drafter (HF id or folder) when --model is not a known pair."),
-    modes: Optional[str] = typer.Option(None, "--modes", help="The servers each engine runs, comma-separated: ar, dflash, and eagle3 (an EAGLE-3 head beside DFlash's drafter, on vllm). Default ar,dflash."),
-    eagle3: Optional[str] = typer.Option(None, "--eagle3", help="EAGLE-3 head (HF id or folder) for the eagle3 mode, where the pair has none known or to use another."),
-    runner: Optional[str] = typer.Option(None, "--runner", help="docker or process (default: docker for vllm/sglang, process for builtin/emulator)."),
-    image: Optional[str] = typer.Option(None, "--image", help="Container image (overrides the engine's default)."),
-    port: Optional[int] = typer.Option(None, "--port", min=1, max=65535, help="Port of the launched servers (default: the engine's, 8000)."),
-    engine_arg: Optional[list[str]] = typer.Option(None, "--engine-arg", help="Extra server argument, passed through (repeatable)."),
-    url_ar: Optional[str] = typer.Option(None, "--url-ar", help="Measure this running AR server instead of launching one."),
-    url_dflash: Optional[str] = typer.Option(None, "--url-dflash", help="Measure this running DFlash server instead of launching one."),
-    expect_model: Optional[str] = typer.Option(None, "--expect-model", help="Model id every server must list on /v1/models (checked at launch or at --url-*, refused otherwise)."),
-    temperature: Optional[float] = typer.Option(None, "--temperature", min=0.0, help="Sampling temperature (default 0)."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the prompt sampling (default 0)."),
-    thinking: Optional[str] = typer.Option(None, "--thinking", help="Chat-template thinking: on, off, or both (every cell twice, a paired comparison); default: the pair's."),
-    no_thinking: bool = typer.Option(False, "--no-thinking", help="The same as --thinking off."),
-    save_token_ids: Optional[bool] = typer.Option(None, "--save-token-ids", help="Keep output token ids for the lossless check."),
-    input_len: Optional[str] = typer.Option(None, "--input-len", help="Long-prompt axis: one long-<N> suite per length, prompts of about N tokens of real text with a question at the end, e.g. 1k,4k,16k."),
-    slo: Optional[str] = typer.Option(None, "--slo", help="Interactivity target read off at the end: tok/s/user, and optional TTFT/TPOT p90 caps, e.g. 'tok_s_user=30,tpot_p90_ms=40' or just 30 (saved for report and gate)."),
-    steady_requests: Optional[int] = typer.Option(None, "--steady-requests", min=1, help=STEADY_HELP),
-    steady_ramp: Optional[int] = typer.Option(None, "--steady-ramp", min=0, help=RAMP_HELP),
-    min_cell_seconds: Optional[float] = typer.Option(None, "--min-cell-seconds", min=0.0, help="Send each cell's prompts again until its measured window lasts this long, so that its GPU energy can be measured (a cell shorter than ~1 s has too few telemetry samples)."),
+    settings: Given = Options(SweepSettings),
     out: Path = typer.Option(Path("reports"), "--out", help="Folder that receives the sweep folder."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Sweep folder to finish: complete cells are kept, the rest run."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and the exact server commands; run nothing."),
     data_dir: Optional[Path] = DataDirOption,
     executor: str = typer.Option("local", "--executor", help="local (this machine) or slurm (one job per server group, see README)."),
-    partition: Optional[str] = typer.Option(None, "--partition", help="Slurm partition of the jobs."),
-    account: Optional[str] = typer.Option(None, "--account", help="Slurm account the jobs are charged to."),
-    time_limit: Optional[str] = typer.Option(None, "--time", help="Slurm time limit of each job, e.g. 04:00:00."),
-    gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", min=0, help="GPUs per job (default: the server's tensor-parallel size; 0 for the emulator)."),
-    gpu_type: Optional[str] = typer.Option(None, "--gpu-type", help="Slurm gres GPU type, e.g. h100: jobs ask for gpu:h100:N."),
-    sbatch_arg: Optional[list[str]] = typer.Option(None, "--sbatch-arg", help="Extra sbatch option for every job, e.g. --sbatch-arg=--qos=high (repeatable)."),
-    poll_s: Optional[float] = typer.Option(None, "--poll-s", min=0.1, hidden=True, help="Seconds between job state checks (default 5)."),
+    slurm: Given = Options(SlurmOptions),
 ) -> None:
     """Launch paired AR and DFlash servers and measure every suite at every concurrency into one sweep folder."""
-    from dflash_bench.longctx import parse_input_lens
-    from dflash_bench.sweep.commands import SweepOptions, parse_list, resolve_suites, sweep_command, thinking_options
+    from dflash_bench.sweep.commands import sweep_command
 
-    think, think_both = thinking_options(thinking, no_thinking)
-    options = SweepOptions(
-        model=model, engines=parse_list(engine), suites=resolve_suites(suites if suites or resume else "all"),
-        concurrency=parse_list(concurrency, int), num_prompts=num_prompts, max_tokens=max_tokens,
-        repeats=repeats, paired=paired, interleave=interleave, gpu=gpu, runner=runner, port=port,
-        engine_args=engine_arg or None, url_ar=url_ar, url_dflash=url_dflash, expect_model=expect_model,
-        tensor_parallel=tensor_parallel_size, temperature=temperature, seed=seed, thinking=think,
-        thinking_both=think_both, save_token_ids=save_token_ids,
-        engine_options={k: v for k, v in (("drafter", drafter), ("eagle3", eagle3)) if v} or None, slo=slo,
-        modes=parse_list(modes),
-        input_lens=parse_input_lens(input_len) if input_len is not None else None,
-        min_cell_seconds=min_cell_seconds, steady_requests=steady_requests, steady_ramp=steady_ramp,
-    )
-    slurm = {"partition": partition, "account": account, "time": time_limit, "gpus_per_node": gpus_per_node,
-             "gpu_type": gpu_type, "sbatch_args": sbatch_arg, "poll_s": poll_s}
-    raise typer.Exit(sweep_command(options, out=out, resume=resume, dry_run=dry_run, data_dir=data_dir, image=image,
-                                   executor=executor, slurm=slurm))
+    raise typer.Exit(sweep_command(settings, slurm, out=out, resume=resume, dry_run=dry_run, data_dir=data_dir,
+                                   executor=executor))
 
 
 @app.command("sweep-job", hidden=True)
@@ -244,7 +190,8 @@ def demo(
 ) -> None:
     """The main job on the embedded default (the tiny target and DFlash drafter that ship inside the package,
     dflash_bench/assets/default_pair: no download): the builtin engine, AR vs DFlash, every suite, on this machine."""
-    from dflash_bench.sweep.commands import demo_command, parse_list
+    from dflash_bench.options import parse_list
+    from dflash_bench.sweep.commands import demo_command
 
     raise typer.Exit(demo_command(out=out, data_dir=data_dir, max_tokens=max_tokens, num_prompts=num_prompts,
                                   concurrency=parse_list(concurrency, int), repeats=repeats))

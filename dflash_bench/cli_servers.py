@@ -116,7 +116,7 @@ def doctor(
     """Check GPUs and driver, the docker daemon, engine images, HF_TOKEN and disk: one yes/no line each, a "no"
     with what it means; exit 1 when the engines asked for cannot run here."""
     from dflash_bench.launch.doctor import run_doctor
-    from dflash_bench.sweep.commands import parse_list
+    from dflash_bench.options import parse_list
 
     raise typer.Exit(run_doctor(parse_list(engine), runner))
 

@@ -29,23 +29,6 @@ from dflash_bench.suites import Prompt, load_prompts
 CHARS_PER_TOKEN = 4
 APPROX = f"approximate: {CHARS_PER_TOKEN} characters per token"
 QUESTION = "\n\nAnswer the question using the documents above.\nQuestion: {question}"
-_LEN_RE = re.compile(r"^(\d+(?:\.\d+)?)([kK]?)$")
-
-
-def parse_input_lens(text: str) -> list[int]:
-    """"1k,4k,16k,32k" -> [1024, 4096, 16384, 32768]; plain numbers are tokens. Sorted, duplicates refused."""
-    out = []
-    for part in (text or "").split(","):
-        m = _LEN_RE.match(part.strip())
-        if not m:
-            raise UserError(f"--input-len part {part.strip()!r} is not a token count: use e.g. 1k,4k,16k,32k or 2000.")
-        n = int(float(m.group(1)) * (1024 if m.group(2) else 1))
-        if n < 64:
-            raise UserError(f"--input-len {part.strip()} is under 64 tokens: the documents alone need more.")
-        if n in out:
-            raise UserError(f"--input-len gives {part.strip()} twice: list each length once.")
-        out.append(n)
-    return sorted(out)
 
 
 def length_label(n: int) -> str:

@@ -97,17 +97,32 @@ def test_the_embedded_default_is_explained_where_it_first_appears():
         assert "embedded default (the tiny target and DFlash drafter that ship inside the package" in text, text
 
 
-def test_every_sweep_option_is_a_sweep_setting_of_the_same_name():
-    # SweepSettings ignores a key it does not know, so an option named apart from its setting would be dropped
-    from dataclasses import fields
+def test_the_sweep_command_line_is_made_from_the_declared_options():
+    """Each declared option (settings.py) is on `sweep --help` under its names with its help, and what its text
+    reads as lands in its field; an option not given is not in what the command receives."""
+    import pytest
 
-    from dflash_bench.store import SweepSettings
-    from dflash_bench.sweep.commands import SweepOptions
+    from dflash_bench.cli_options import given
+    from dflash_bench.errors import UserError
+    from dflash_bench.options import flags
+    from dflash_bench.settings import SlurmOptions, SweepSettings
 
-    assert {f.name for f in fields(SweepOptions)} <= set(SweepSettings.model_fields)
-    given = SweepOptions(model="m", concurrency=[], thinking=False, engine_options={"drafter": "d"}).given()
-    assert given == {"model": "m", "thinking": False, "engine_options": {"drafter": "d"}}
-
+    out = CliRunner().invoke(app, ["sweep", "--help"], env={"COLUMNS": "300"}).output
+    text = " ".join(out.replace("│", " ").split())
+    declared = [flag for model in (SweepSettings, SlurmOptions) for _, flag in flags(model)]
+    assert len(declared) > 30
+    for flag in declared:
+        shown = all(f" {name} " in f" {text} ".replace(",", " ") for name in flag.names)
+        assert shown != flag.hidden and (" ".join(flag.help.split()) in text) != flag.hidden, flag
+    raw = {"concurrency": "1,8", "thinking": "both", "drafter": "d", "eagle3": "e", "engine_arg": [],
+           "input_len": "1k,2000", "seed": None, "modes": "ar,dflash,eagle3"}
+    assert given(SweepSettings, raw) == {"concurrency": [1, 8], "thinking_both": True, "modes": ["ar", "dflash", "eagle3"],
+                                         "engine_options": {"drafter": "d", "eagle3": "e"}, "input_lens": [1024, 2000]}
+    assert given(SweepSettings, {"no_thinking": True}) == {"thinking": False}
+    with pytest.raises(UserError, match="give --thinking on.off.both or --no-thinking, not both"):
+        given(SweepSettings, {"thinking": "on", "no_thinking": True})
+    assert given(SlurmOptions, {"sbatch_arg": ["--qos=high"], "gpus_per_node": 0}) == {
+        "sbatch_args": ["--qos=high"], "gpus_per_node": 0}
 
 def test_a_model_path_that_does_not_exist_is_refused_before_anything_launches(tmp_path):
     """One sentence and exit 2, no sweep folder and no server; a Hugging Face id (org/name) is not a local path, and

@@ -109,9 +109,11 @@ def test_no_benchmark_imports_another_that_imports_it_back():
 # earlier line, never one of its own line or a later one. A new package takes its line here, where its imports put it.
 LAYERS = [
     ("dflash_bench", "errors", "console", "openai_format", "published", "thinking", "speedup"),
-    ("store", "models", "tokenizer", "suite_file", "llamacpp", "cli_app"),
-    ("telemetry", "suites", "analysis", "slo", "model_shapes", "synthetic"),
-    ("profiles", "longctx", "emulator"),
+    ("options", "models", "tokenizer", "suite_file", "llamacpp", "cli_app"),
+    ("settings", "cli_options", "model_shapes", "synthetic"),
+    ("store", "emulator"),
+    ("telemetry", "suites", "analysis", "slo"),
+    ("profiles", "longctx"),
     ("metrics",),
     ("launch", "gate", "quality"),
     ("client", "report"),

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from dflash_bench.errors import UserError
-from dflash_bench.longctx import APPROX, build_prompts, length_label, parse_input_lens, token_counter
+from dflash_bench.longctx import APPROX, build_prompts, length_label, token_counter
+from dflash_bench.settings import parse_input_lens
 
 ASSETS = Path(__file__).resolve().parents[1] / "dflash_bench" / "assets" / "default_pair" / "target"
 

@@ -198,7 +198,8 @@ def test_scheduler_gpus_reads_the_jobs_gpus_from_slurm():
 
 
 def test_job_script_asks_for_the_servers_gpus_and_runs_the_hidden_job_command(tmp_path):
-    from dflash_bench.sweep.slurm import SlurmJob, SlurmOptions, job_script
+    from dflash_bench.settings import SlurmOptions
+    from dflash_bench.sweep.slurm import SlurmJob, job_script
 
     job = SlurmJob(key="r0-00-vllm-ar", engine="vllm", mode="ar", cells=["vllm-ar-gsm8k-c1"], gpus=2)
     opts = SlurmOptions(partition="gpu", time="04:00:00", gpu_type="h100", sbatch_args=["--qos=high"])

@@ -50,14 +50,28 @@ def test_launches_skip_complete_cells():
 
 @pytest.mark.parametrize("kw, message", [
     (dict(suites=[]), "no suites"),
-    (dict(concurrency=[0]), "positive"),
-    (dict(concurrency=[8, 8]), "twice"),
     (dict(url_ar="http://x:1"), "both"),
-    (dict(repeats=0), "at least 1"),
 ])
 def test_bad_settings(kw, message):
     with pytest.raises(UserError, match=message):
         plan_cells(_settings(**kw))
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(concurrency=[0]), "--concurrency takes positive integers"),
+    (dict(concurrency=[8, 8]), "--concurrency lists a value twice"),
+    (dict(repeats=0), "--repeats must be at least 1, not 0"),
+    (dict(port=70000), "--port must be at most 65535, not 70000"),
+    (dict(input_lens=[1024, 1024]), "--input-len takes distinct positive lengths"),
+    (dict(steady_ramp=-1), "--steady-ramp must be at least 0, not -1"),
+])
+def test_each_option_is_refused_by_its_declared_rule(kw, message):
+    """A value no command line gave (the demo's, a resumed manifest's) meets the same range and rule as the flag's."""
+    from dflash_bench.options import check_fields
+
+    with pytest.raises(UserError, match=message):
+        check_fields(SweepSettings, _settings(**kw).model_dump())
+    check_fields(SweepSettings, _settings().model_dump())
 
 
 def test_resume_refuses_changed_settings_but_not_runner():

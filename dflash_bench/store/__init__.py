@@ -26,8 +26,9 @@ from dflash_bench.store.folder import (
     atomic_write_json, atomic_write_text, read_json_model, read_text,
 )
 from dflash_bench.store.manifest import (
-    CellPlan, GpuInfo, Hardware, HostInfo, Manifest, ModelRevision, Models, ServerIdentity, ServerRecord, SweepSettings,
+    CellPlan, GpuInfo, Hardware, HostInfo, Manifest, ModelRevision, Models, ServerIdentity, ServerRecord,
 )
+from dflash_bench.settings import SweepSettings
 from dflash_bench.store.results import RESULTS_COLUMNS, ResultsRow, read_results_csv, results_row
 from dflash_bench.store.timestamps import now_iso
 

@@ -6,69 +6,13 @@ by this version must not drop what a newer launcher recorded.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
+from dflash_bench.settings import SweepSettings
 from dflash_bench.store.cells import SCHEMA_VERSION, CellKey, CellStatus
 from dflash_bench.store.timestamps import now_iso
-
-
-DEFAULT_MODES = ("ar", "dflash")
-
-
-class SweepSettings(BaseModel):
-    """Everything that decides what a sweep measures. A resumed sweep must agree on all of it."""
-
-    model: str
-    engines: list[str] = Field(default_factory=lambda: ["builtin"])
-    suites: list[str]
-    concurrency: list[int] = Field(default_factory=lambda: [1, 8, 32])
-    num_prompts: int | None = None  # per cell; None means max(concurrency, suite default)
-    max_tokens: int | None = None  # None means each suite's default
-    repeats: int = 1
-    # both servers of an engine up together and the cells in pairs, AR then DFlash per (suite, concurrency), so
-    # that a change of the machine's speed lands on both sides of each comparison (else each mode's cells in a row)
-    paired: bool = False
-    # --interleave (with paired): each concurrency-1 pair of cells measured request by request, AR and DFlash
-    # alternately (client/interleave.py), so that the machine's speed moving within seconds lands on both alike
-    interleave: bool = False
-    temperature: float = 0.0
-    seed: int = 0
-    thinking: bool | None = None  # None means the model pair's default
-    thinking_both: bool = False  # --thinking both: every cell with thinking off and on (CellKey.thinking_asked)
-    gpu: str = "generic"  # preset name for engine flags
-    runner: str = "docker"  # docker | process
-    port: int | None = None  # port of launched servers (None: the engine's default)
-    image: str | None = None  # container image of launched servers (None: the engine's pinned one)
-    url_ar: str | None = None
-    url_dflash: str | None = None
-    save_token_ids: bool = False
-    engine_args: list[str] = Field(default_factory=list)
-    engine_options: dict[str, Any] = Field(default_factory=dict)  # e.g. builtin: target/drafter dirs, device
-    input_lens: list[int] = Field(default_factory=list)  # --input-len: one long-<N> suite per length
-    slo: str | None = None  # --slo as given: how the end of the sweep, the report and the gate read it off
-    # --min-cell-seconds: each cell's prompts are sent again until its measured window lasts this long (energy)
-    min_cell_seconds: float = 0.0
-    # --steady-requests / --steady-ramp: each cell a steady stream measured over a window of completions (None: a
-    # closed batch of its prompts)
-    steady_requests: int | None = None
-    steady_ramp: int | None = None
-    tensor_parallel: int | None = None  # --tensor-parallel-size: GPUs per launched server (None: the flags' or one)
-    context_len: int | None = None  # the context limit derived from the plan for a known GPU (sweep/fit.py)
-    expect_model: str | None = None  # --expect-model: the model id every server must list (launch/identity.py)
-    # --modes: the servers each engine runs, AR first; eagle3 adds an EAGLE-3 server (the pair's head, or --eagle3
-    # in engine_options) beside DFlash's
-    modes: list[str] = Field(default_factory=lambda: list(DEFAULT_MODES))
-
-    # settings that may change between a run and its resume without changing what is measured
-    RESUME_FREE: ClassVar[frozenset[str]] = frozenset({"runner", "port", "url_ar", "url_dflash", "slo", "expect_model"})
-
-    def identity(self) -> dict[str, Any]:
-        out = {k: v for k, v in self.model_dump().items() if k not in self.RESUME_FREE}
-        if out.get("modes") == list(DEFAULT_MODES):  # what a manifest written before --modes measured
-            del out["modes"]
-        return out
 
 
 class _Open(BaseModel):

@@ -1,11 +1,10 @@
-"""The `sweep` and `demo` commands: options in, a SweepSettings, a run, an exit code out."""
+"""The `sweep` and `demo` commands: the options given in, a SweepSettings, a run, an exit code out."""
 
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -13,6 +12,8 @@ from rich.markup import escape
 
 from dflash_bench.console import new_console
 from dflash_bench.errors import UserError
+from dflash_bench.options import check_fields, flags, listed, starts
+from dflash_bench.settings import SlurmOptions
 from dflash_bench.store import SweepDir
 from dflash_bench.sweep.dry_run import print_plan
 from dflash_bench.sweep.plan import SweepSettings, plan_cells, resolve_pair
@@ -21,75 +22,32 @@ DEMO_CONCURRENCY = [1, 8]
 DEMO_ENGINE_ARGS = ["--fast", "--cut-draft", "--device", "cpu"]
 
 
-@dataclass(frozen=True)
-class SweepOptions:
-    """The sweep's settings as the command line gave them: each a SweepSettings field of the same name, None
-    where not given (a new sweep takes SweepSettings' default, a resumed one its saved value)."""
-
-    model: str | None = None
-    engines: list[str] | None = None
-    suites: list[str] | None = None
-    concurrency: list[int] | None = None
-    num_prompts: int | None = None
-    max_tokens: int | None = None
-    repeats: int | None = None
-    paired: bool | None = None
-    interleave: bool | None = None
-    gpu: str | None = None
-    runner: str | None = None
-    port: int | None = None
-    engine_args: list[str] | None = None
-    url_ar: str | None = None
-    url_dflash: str | None = None
-    expect_model: str | None = None
-    tensor_parallel: int | None = None
-    temperature: float | None = None
-    seed: int | None = None
-    thinking: bool | None = None
-    thinking_both: bool | None = None
-    save_token_ids: bool | None = None
-    engine_options: dict[str, Any] | None = None
-    modes: list[str] | None = None
-    slo: str | None = None
-    input_lens: list[int] | None = None
-    min_cell_seconds: float | None = None
-    steady_requests: int | None = None
-    steady_ramp: int | None = None
-
-    def given(self) -> dict[str, Any]:
-        """The settings given on the command line (an empty list counts as not given)."""
-        values = {f.name: getattr(self, f.name) for f in fields(self)}
-        return {k: v for k, v in values.items() if v is not None and v != []}
-
-
-def sweep_command(options: SweepOptions, *, out: Path, resume: Path | None, dry_run: bool,
-                  data_dir: Path | None, image: str | None, executor: str = "local",
-                  slurm: dict[str, Any] | None = None) -> int:
-    """Options given on the command line (None = not given) -> run or print the sweep; the exit code."""
-    if resume is not None and image is None:  # the saved image is taken back, like every other setting
-        saved = SweepDir.open(resume).read_manifest().settings
-        image = saved.image if saved is not None else None
+def sweep_command(given: dict[str, Any], slurm_given: dict[str, Any], *, out: Path, resume: Path | None,
+                  dry_run: bool, data_dir: Path | None, executor: str = "local") -> int:
+    """The settings and Slurm options given on the command line (by field name, only those given) -> run or print
+    the sweep; the exit code."""
     if resume is not None and executor == "local" and not dry_run:
         from dflash_bench.sweep.slurm_run import refuse_local_resume
 
         refuse_local_resume(Path(resume))
-    settings = _settings(options, resume, image)
+    settings = _settings(given, resume)
     settings = _sized(settings, data_dir, dry_run)
     if executor not in ("local", "slurm"):
         raise UserError(f"--executor is local or slurm, not {executor!r}")
-    if executor == "local" and any(v not in (None, []) for v in (slurm or {}).values()):
-        raise UserError("--partition, --account, --time, --gpus-per-node, --gpu-type and --sbatch-arg need --executor slurm")
+    if executor == "local" and slurm_given:
+        shown = listed([flag.names[0] for _, flag in flags(SlurmOptions) if not flag.hidden])
+        raise UserError(f"{shown} need --executor slurm")
     if executor == "slurm":
         from dflash_bench.sweep.slurm_run import slurm_command
 
-        return slurm_command(settings, slurm or {}, preset_given=options.gpu is not None, out=out, resume=resume,
-                             dry_run=dry_run, data_dir=data_dir, argv=sys.argv, image=image)
+        return slurm_command(settings, SlurmOptions(**slurm_given), preset_given="gpu" in given, out=out,
+                             resume=resume, dry_run=dry_run, data_dir=data_dir, argv=sys.argv, image=settings.image)
     if dry_run:
-        print_plan(settings, image)
+        print_plan(settings, settings.image)
         return 0
     from dflash_bench.sweep.run import run_sweep
 
-    result = run_sweep(settings, out=out, resume=resume, data_dir=data_dir, argv=sys.argv, image=image)
+    result = run_sweep(settings, out=out, resume=resume, data_dir=data_dir, argv=sys.argv, image=settings.image)
     return result.exit_code
 
 
@@ -111,19 +69,17 @@ def _sized(settings: SweepSettings, data_dir: Path | None, dry_run: bool = False
     return sized
 
 
-def _settings(options: SweepOptions, resume: Path | None, image: str | None = None) -> SweepSettings:
-    given = options.given()
-    if image is not None:
-        given["image"] = image
+def _settings(given: dict[str, Any], resume: Path | None) -> SweepSettings:
+    """The given options over the resumed sweep's own settings (every option not given again is the sweep's), or
+    over the declared defaults for a new sweep."""
     if resume is not None:
         from dflash_bench.sweep.folder import check_has_plan
 
         saved = check_has_plan(SweepDir.open(resume).read_manifest(), resume)
-        merged = {**saved.model_dump(), **given}  # every option not given again is the sweep's own
-        return _validated(merged)
+        return _validated({**saved.model_dump(), **given})
     if "model" not in given:
         raise UserError("pass --model (a short name from `dflash-bench models`, a Hugging Face id or a folder)")
-    return _validated(given)
+    return _validated({**starts(SweepSettings), **given})
 
 
 def _validated(values: dict[str, Any]) -> SweepSettings:
@@ -131,6 +87,7 @@ def _validated(values: dict[str, Any]) -> SweepSettings:
 
     from dflash_bench import profiles
 
+    check_fields(SweepSettings, values)  # each option's declared range and rule (settings.py)
     profiles.check_preset(values.get("gpu"))  # a bad --gpu stops the sweep before any folder or server
     if values.get("runner") is None:
         engines = values.get("engines") or ["builtin"]
@@ -144,6 +101,7 @@ def _validated(values: dict[str, Any]) -> SweepSettings:
     except ValidationError as err:
         e = err.errors()[0]
         raise UserError(f"bad sweep setting {'.'.join(map(str, e['loc']))}: {e['msg']}") from None
+    settings = settings.model_copy(update={"suites": resolve_suites(settings.suites)})
     plan_cells(settings)  # the plan's own checks (--concurrency, --repeats, ...), before any prompt set loads
     if settings.interleave and not settings.paired:
         raise UserError("--interleave alternates the requests of a cell's AR and DFlash servers, so both must be up "
@@ -165,40 +123,15 @@ def _validated(values: dict[str, Any]) -> SweepSettings:
     return settings
 
 
-def thinking_options(value: str | None, off: bool) -> tuple[bool | None, bool | None]:
-    """--thinking on|off|both (and --no-thinking) -> the settings (`thinking`, `thinking_both`) (None: not given)."""
-    if off and value is not None:
-        raise UserError("give --thinking on|off|both or --no-thinking, not both")
-    if off or value is None:
-        return (False if off else None), None
-    choice = {"on": True, "off": False, "both": None}
-    if value.strip().lower() not in choice:
-        raise UserError(f"--thinking takes on, off or both, not {value!r}")
-    v = value.strip().lower()
-    return choice[v], (True if v == "both" else None)
-
-
-def parse_list(value: str | None, kind: Callable[[str], Any] = str) -> list[Any] | None:
-    """'1,8,32' -> [1, 8, 32]; None stays None; a bad item is a UserError."""
-    if value is None:
-        return None
-    try:
-        return [kind(v.strip()) for v in value.split(",") if v.strip()]
-    except ValueError:
-        raise UserError(f"cannot read {value!r} as a comma-separated list of {kind.__name__}s") from None
-
-
-def resolve_suites(value: str | None) -> list[str] | None:
+def resolve_suites(suites: list[str]) -> list[str]:
+    """["all"] -> every suite but speed-bench (which needs a prepared copy: asked for by name); other names checked."""
     from dflash_bench.suites import get_suite, list_suites
 
-    if value is None:
-        return None
-    if value.strip() == "all":
-        return [s.name for s in list_suites() if s.name != "speed-bench"]  # needs a prepared copy: ask for it by name
-    names = parse_list(value) or []
-    for name in names:
+    if suites == ["all"]:
+        return [s.name for s in list_suites() if s.name != "speed-bench"]
+    for name in suites:
         get_suite(name)
-    return names
+    return suites
 
 
 # ------------------------------------------------------------------ demo

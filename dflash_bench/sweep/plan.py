@@ -110,14 +110,6 @@ def check_resume(saved: SweepSettings | dict[str, Any] | None, current: SweepSet
 def _check(settings: SweepSettings) -> None:
     if not settings.suites and not settings.input_lens:
         raise UserError("no suites to run; pass --suites all or a comma-separated list")
-    if len(set(settings.input_lens)) != len(settings.input_lens) or any(n < 1 for n in settings.input_lens):
-        raise UserError("--input-len takes distinct positive lengths, e.g. 1k,4k,16k")
-    if not settings.concurrency or any(c < 1 for c in settings.concurrency):
-        raise UserError("--concurrency takes positive integers, e.g. 1,8,32")
-    if settings.repeats < 1:
-        raise UserError("--repeats must be at least 1")
-    if len(set(settings.concurrency)) != len(settings.concurrency):
-        raise UserError("--concurrency lists a value twice")
     if bool(settings.url_ar) != bool(settings.url_dflash):
         raise UserError("give both --url-ar and --url-dflash to measure servers you already run, or neither")
     if settings.url_ar and len(settings.engines) != 1:

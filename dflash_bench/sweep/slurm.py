@@ -21,27 +21,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from dflash_bench.errors import UserError
-from dflash_bench.store import SweepSettings, atomic_write_json, atomic_write_text, read_json_model
+from dflash_bench.settings import SlurmOptions, SweepSettings
+from dflash_bench.store import atomic_write_json, atomic_write_text, read_json_model
 
 SLURM_DIR = "slurm"
 # a job in one of these states has not ended (COMPLETING: its processes are still being cleaned up)
 ACTIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD",
                     "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "SUBMITTED"})
-
-
-class SlurmOptions(BaseModel):
-    """What each job asks the scheduler for. None leaves the cluster's default."""
-
-    partition: str | None = None
-    account: str | None = None
-    time: str | None = None  # sbatch --time, e.g. 04:00:00
-    gpus_per_node: int | None = None  # None: each server's tensor-parallel size (0 for the emulator)
-    gpu_type: str | None = None  # gres type, e.g. h100: --gres=gpu:h100:N
-    sbatch_args: list[str] = Field(default_factory=list)  # anything else (--cpus-per-task, --mem, --qos), passed through
-    poll_s: float = 5.0
 
 
 class SlurmJob(BaseModel):

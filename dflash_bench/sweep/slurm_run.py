@@ -14,20 +14,21 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
 
 from dflash_bench.console import new_console
 from dflash_bench.errors import UserError
+from dflash_bench.settings import SlurmOptions
 from dflash_bench.store import CellPlan, Manifest, StoreError, SweepDir, now_iso, read_json_model
 from dflash_bench.store.lock import WriterLock
 from dflash_bench.sweep import slurm
 from dflash_bench.sweep.context import SweepContext, SweepResult
 from dflash_bench.sweep.plan import SweepSettings, launches, resolve_pair
 from dflash_bench.sweep.prompts import prompt_loader
-from dflash_bench.sweep.slurm import SlurmJob, SlurmOptions
+from dflash_bench.sweep.slurm import SlurmJob
 from dflash_bench.sweep.write import Ledger, annotate_quality, fail_cell
 
 if TYPE_CHECKING:
@@ -36,13 +37,12 @@ if TYPE_CHECKING:
 CANCEL_WAIT_S = 180.0  # after Ctrl-C: how long to wait for cancelled jobs to end before giving up on them
 
 
-def slurm_command(settings: SweepSettings, options: dict[str, Any], *, preset_given: bool, out: Path,
+def slurm_command(settings: SweepSettings, opts: SlurmOptions, *, preset_given: bool, out: Path,
                   resume: Path | None, dry_run: bool, data_dir: Path | None, argv: list[str], image: str | None) -> int:
     """`sweep --executor slurm`: one sweep folder, or with `--gpu-type h100,h200` one per GPU type under
     --out/<type>/ (the cell ids name no GPU), submitted and waited on together; the worst exit code."""
     from dflash_bench.sweep.dry_run import print_plan
 
-    opts = SlurmOptions(**{k: v for k, v in options.items() if v not in (None, [])})
     types = [t.strip() for t in (opts.gpu_type or "").split(",") if t.strip()]
     if len(set(types)) != len(types):
         raise UserError("--gpu-type lists a GPU type twice")
