@@ -239,3 +239,21 @@ def test_sentences_that_differ_in_their_numbers_fold_into_one_line():
     # failures fold only when alike to the letter: two HTTP statuses are not a range
     http = fold([("a", "HTTP 500 (3)"), ("b", "HTTP 502 (1)"), ("c", "HTTP 500 (3)")], numbers=False)
     assert [(f["text"], f["cells"]) for f in http] == [("HTTP 500 (3)", ["a", "c"]), ("HTTP 502 (1)", ["b"])]
+
+
+def test_a_rows_kind_says_where_its_synthetic_tau_came_from():
+    from dflash_bench.report.card import CardRow, CellLine
+    from dflash_bench.report.engines import kind_of
+
+    def row(**dflash) -> CardRow:
+        cell = dict(engine="builtin", suite="gsm8k", concurrency=1, device="2x H200")
+        return CardRow(engine="builtin", device="2x H200", gpus=2, suite="gsm8k", concurrency=1,
+                       ar=CellLine(mode="ar", weights=dflash.get("weights", "real"), **cell),
+                       dflash=CellLine(mode="dflash", **cell, **dflash))
+
+    assert kind_of(row(synthetic_tau=7.53, synthetic_source="card gsm8k", weights="random")) == \
+        ("synthetic", "synthetic τ 7.53, drawn (card gsm8k)")
+    assert kind_of(row(synthetic_tau=6.5, weights="random")) == ("synthetic", "synthetic τ 6.5, drawn")
+    assert kind_of(row(weights="random")) == ("random", "random drafter (τ about 1)")
+    assert kind_of(row()) == ("measured", "measured τ")
+    assert kind_of(row(weights="emulated")) == ("emulated", "emulated (no model ran)")

@@ -48,6 +48,7 @@ class Row(BaseModel):
     tau: float | None
     reason: str | None = None  # a failed cell's
     synthetic_tau: float | None = None  # the builtin engine's --synthetic-acceptance: tau drawn, not measured
+    synthetic_source: str | None = None  # where that tau came from, as the cell records it ("card gsm8k", "rates")
     steady: SteadyPlan | None = None  # a steady-stream cell (--steady-requests): its numbers are the window's
     repeat: int = 0  # a cell's repeats are rows of their own; a table's speedup is the median of their ratios
 
@@ -116,7 +117,8 @@ def run_of(folder: Path) -> Run:
             tau=s.get("acceptance_length"),
             reason=None if tok else (s.get("failure_reason") or reasons.get(cell["cell_id"])),
             steady=CellSettings.model_validate(s.get("settings") or {}).steady,
-            synthetic_tau=s.get("synthetic_acceptance"), repeat=cell.get("repeat") or 0))
+            synthetic_tau=s.get("synthetic_acceptance"), synthetic_source=s.get("synthetic_source"),
+            repeat=cell.get("repeat") or 0))
     return run
 
 

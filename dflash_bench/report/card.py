@@ -36,6 +36,7 @@ class CellLine(BaseModel):
     tau: float | None = None
     weights: Weights = "real"
     synthetic_tau: float | None = None  # the builtin engine's --synthetic-acceptance: tau drawn, not measured
+    synthetic_source: str | None = None  # where that tau came from, as the cell records it ("card gsm8k", "rates")
     source: str = ""  # the sweep id (or results file) it came from
     repeat: int = 0
 
@@ -223,7 +224,8 @@ def view_lines(view: Any) -> list[CellLine]:
             engine=rec["engine"], mode=rec["mode"], suite=rec["suite"], concurrency=int(rec["concurrency"]),
             device=device, gpus=view.gpus, tok_s=_f(rec.get("output_throughput")), ttft_ms_p50=_f(rec.get("ttft_ms_p50")),
             tpot_ms_p50=_f(rec.get("tpot_ms_p50")), tau=_f(rec.get("acceptance_length")) if rec["mode"] == "dflash" else None,
-            weights=weights_of(args, rec["engine"]), synthetic_tau=_f(synthetic), source=m.sweep_id,
+            weights=weights_of(args, rec["engine"]), synthetic_tau=_f(synthetic),
+            synthetic_source=rec.get("synthetic_source") or None, source=m.sweep_id,
             repeat=int(rec.get("repeat") or 0)))
     return out
 

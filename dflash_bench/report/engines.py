@@ -33,7 +33,8 @@ def kind_of(row: CardRow) -> tuple[Kind, str]:
     if any(c.weights == "emulated" for c in cells):
         return "emulated", "emulated (no model ran)"
     if synthetic is not None:
-        return "synthetic", f"synthetic τ {synthetic:g}, drawn"
+        source = row.dflash.synthetic_source if row.dflash else None
+        return "synthetic", f"synthetic τ {synthetic:g}, drawn" + (f" ({source})" if source else "")
     if any(c.weights == "random" for c in cells):
         return "random", "random drafter (τ about 1)"
     return "measured", "measured τ"
