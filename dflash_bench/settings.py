@@ -1,7 +1,7 @@
 """Every option of `sweep` declared once, as a typed field: its default, its flag, its help and its rule
 (options.Flag). SweepSettings: what a sweep measures, which manifest.json stores (store/manifest.py); SlurmOptions:
 what each job of `--executor slurm` asks the scheduler for. The command's parameters are made from these fields
-(cli_options.py), and the sweep checks them before anything launches.
+(cli_options.py), and sweep/check.py checks them before anything launches.
 
 Adding an option is adding a field here: a type, a default, `Flag(...)` with its help (and `text`/`parse` where the
 command line's text is not the value itself, `rule` for what it cannot take). A field without a Flag is derived
@@ -49,6 +49,16 @@ def thinking_choice(value: str) -> dict[str, Any]:
     return {"thinking_both": True} if v == "both" else {"thinking": v == "on"}
 
 
+def gpu_types(value: str | None) -> list[str]:
+    """--gpu-type h100,h200 -> ["h100", "h200"]: one sweep folder each."""
+    return [t.strip() for t in (value or "").split(",") if t.strip()]
+
+
+def _distinct_types(value: str) -> str | None:
+    types = gpu_types(value)
+    return "--gpu-type lists a GPU type twice" if len(set(types)) != len(types) else None
+
+
 def _concurrencies(values: list[int]) -> str | None:
     if not values or any(c < 1 for c in values):
         return "--concurrency takes positive integers, e.g. 1,8,32"
@@ -75,7 +85,7 @@ class SweepSettings(BaseModel):
         help="vllm, sglang, builtin, emulator or llamacpp; several comma-separated. Default builtin.",
     )] = Field(default_factory=lambda: ["builtin"])
     # stored by name; "all" (every suite but speed-bench, which needs a prepared copy: asked for by name) is named
-    # before the plan (sweep/commands.py resolve_suites)
+    # before the plan (sweep/check.py resolve_suites)
     suites: Annotated[list[str], Flag(
         "--suites", text=str, parse=names, start=["all"],
         help="'all' (every suite but speed-bench) or a comma-separated list. Default all.")]
@@ -109,7 +119,7 @@ class SweepSettings(BaseModel):
     tensor_parallel: Annotated[int | None, Flag(  # GPUs per launched server (None: the flags' or one)
         "--tensor-parallel-size", "--tp", min=1, help="GPUs per vLLM or SGLang server (tensor parallel).")] = None
     # the servers each engine runs, AR first; eagle3 adds an EAGLE-3 server (the pair's head, or --eagle3 in
-    # engine_options) beside DFlash's; which modes there are: profiles/base.py MODES (checked by the plan)
+    # engine_options) beside DFlash's; which modes there are: profiles/base.py MODES (sweep/check.py)
     modes: Annotated[list[str], Flag(
         "--modes", text=str, parse=names,
         help="The servers each engine runs, comma-separated: ar, dflash, and eagle3 (an EAGLE-3 head beside DFlash's "
@@ -192,8 +202,8 @@ class SlurmOptions(BaseModel):
     gpus_per_node: Annotated[int | None, Flag(  # None: each server's tensor-parallel size (0 for the emulator)
         "--gpus-per-node", min=0,
         help="GPUs per job (default: the server's tensor-parallel size; 0 for the emulator).")] = None
-    gpu_type: Annotated[str | None, Flag(  # gres type: --gres=gpu:h100:N; several: one sweep folder each
-        "--gpu-type", help="Slurm gres GPU type, e.g. h100: jobs ask for gpu:h100:N.")] = None
+    gpu_type: Annotated[str | None, Flag(  # gres type: --gres=gpu:h100:N; several: one sweep folder each (gpu_types)
+        "--gpu-type", rule=_distinct_types, help="Slurm gres GPU type, e.g. h100: jobs ask for gpu:h100:N.")] = None
     sbatch_args: Annotated[list[str], Flag(  # anything else (--cpus-per-task, --mem, --qos), passed through
         "--sbatch-arg", text=list[str],
         help="Extra sbatch option for every job, e.g. --sbatch-arg=--qos=high (repeatable).",

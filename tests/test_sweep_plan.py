@@ -49,29 +49,61 @@ def test_launches_skip_complete_cells():
 
 
 @pytest.mark.parametrize("kw, message", [
-    (dict(suites=[]), "no suites"),
-    (dict(url_ar="http://x:1"), "both"),
-])
-def test_bad_settings(kw, message):
-    with pytest.raises(UserError, match=message):
-        plan_cells(_settings(**kw))
-
-
-@pytest.mark.parametrize("kw, message", [
+    # each option's declared range and rule, for values no command line gave (the demo's, a resumed manifest's)
     (dict(concurrency=[0]), "--concurrency takes positive integers"),
     (dict(concurrency=[8, 8]), "--concurrency lists a value twice"),
     (dict(repeats=0), "--repeats must be at least 1, not 0"),
     (dict(port=70000), "--port must be at most 65535, not 70000"),
     (dict(input_lens=[1024, 1024]), "--input-len takes distinct positive lengths"),
     (dict(steady_ramp=-1), "--steady-ramp must be at least 0, not -1"),
+    # the names options give, and the rules between options and of the client's load
+    (dict(gpu="h300"), "unknown GPU preset 'h300'"),
+    (dict(suites=["gsm8k", "nope"]), "nope"),
+    (dict(slo="tok_s_user=0"), "--slo tok_s_user must be a positive number"),
+    (dict(suites=[]), "no suites"),
+    (dict(url_ar="http://x:1"), "both"),
+    (dict(interleave=True), "add --paired"),
+    (dict(steady_requests=4), "--steady-requests 4 is smaller than the concurrency 8"),
+    (dict(steady_ramp=2), "--steady-ramp needs --steady-requests"),
+    (dict(engine_args=["--api-key=sk-abc"]), "carries a secret"),
+    (dict(modes=["ar", "eagle2"]), "--modes takes distinct modes of ar, dflash, eagle3"),
+    (dict(modes=["ar", "ar"]), "--modes takes distinct modes"),
+    (dict(modes=["ar", "dflash", "eagle3"], paired=True), "leave --modes at ar,dflash"),
 ])
-def test_each_option_is_refused_by_its_declared_rule(kw, message):
-    """A value no command line gave (the demo's, a resumed manifest's) meets the same range and rule as the flag's."""
-    from dflash_bench.options import check_fields
+def test_bad_settings_are_refused_in_one_sentence_before_anything_launches(kw, message):
+    from dflash_bench.sweep.check import checked
 
     with pytest.raises(UserError, match=message):
-        check_fields(SweepSettings, _settings(**kw).model_dump())
-    check_fields(SweepSettings, _settings().model_dump())
+        checked(_settings(**kw).model_dump())
+
+
+def test_the_check_completes_what_was_not_given():
+    """A runner not given follows the engines (process where every one runs as a process), and "all" is every suite
+    but speed-bench, by name: the manifest stores what ran."""
+    from dflash_bench.suites import list_suites
+    from dflash_bench.sweep.check import checked
+
+    values = {k: v for k, v in _settings(engines=["emulator"], suites=["all"]).model_dump().items() if k != "runner"}
+    settings = checked(values)
+    assert settings.runner == "process" and checked({**values, "engines": ["vllm"]}).runner == "docker"
+    assert settings.suites == [s.name for s in list_suites() if s.name != "speed-bench"] and "gsm8k" in settings.suites
+
+
+def test_what_the_executor_or_its_options_cannot_take_is_refused_with_the_settings():
+    from dflash_bench.sweep.check import checked
+
+    good = _settings().model_dump()
+    with pytest.raises(UserError, match="--executor slurm runs one job per server: drop --paired"):
+        checked(_settings(paired=True).model_dump(), executor="slurm")
+    with pytest.raises(UserError, match="drop --url-ar/--url-dflash"):
+        checked(_settings(url_ar="http://x:1", url_dflash="http://x:2").model_dump(), executor="slurm")
+    with pytest.raises(UserError, match="--partition, --account, --time, --gpus-per-node, --gpu-type and --sbatch-arg "
+                                        "need --executor slurm"):
+        checked(good, slurm={"partition": "gpu"})
+    with pytest.raises(UserError, match="--gpu-type lists a GPU type twice"):
+        checked(good, executor="slurm", slurm={"gpu_type": "h100,h100"})
+    with pytest.raises(UserError, match="--executor is local or slurm, not 'k8s'"):
+        checked(good, executor="k8s")
 
 
 def test_resume_refuses_changed_settings_but_not_runner():
@@ -161,16 +193,6 @@ def test_modes_add_an_eagle3_server_and_alternate_with_the_repeats():
     assert [(g.mode, sorted({c.repeat for c in g.cells})) for g in launches(plan)] == [
         ("ar", [0]), ("dflash", [0]), ("eagle3", [0, 1]), ("dflash", [1]), ("ar", [1])]
     assert "vllm-eagle3-gsm8k-c8-r1" in {c.cell_id for c in plan}
-
-
-@pytest.mark.parametrize("kw, message", [
-    (dict(modes=["ar", "eagle2"]), "--modes takes distinct modes of ar, dflash, eagle3"),
-    (dict(modes=["ar", "ar"]), "--modes takes distinct modes"),
-    (dict(modes=["ar", "dflash", "eagle3"], paired=True), "leave --modes at ar,dflash"),
-])
-def test_bad_modes_get_one_sentence(kw, message):
-    with pytest.raises(UserError, match=message):
-        plan_cells(_settings(**kw))
 
 
 def test_a_sweep_saved_before_modes_existed_resumes_with_the_default_modes():

@@ -1,4 +1,4 @@
-"""What a sweep will do: its settings, its cells, the order it runs them in, and resume checks."""
+"""What a sweep will do: its cells from checked settings (sweep/check.py), the order it runs them in, and resume checks."""
 
 from __future__ import annotations
 
@@ -42,9 +42,8 @@ def plan_cells(settings: SweepSettings) -> list[CellPlan]:
     Modes alternate with the repeat (AR, DFlash, then DFlash, AR, ...; with --modes ar,dflash,eagle3 the three in
     turn, then reversed) so that slow drift of the machine (clocks, temperature) lands on every mode equally;
     consecutive cells of one mode share a launch. Paired, both modes' servers run together and each (suite,
-    concurrency) is measured AR then DFlash, seconds apart.
+    concurrency) is measured AR then DFlash, seconds apart. The settings are checked ones (sweep/check.py).
     """
-    _check(settings)
     out = []
     suites = [(suite, None) for suite in settings.suites] + [(long_suite(n), n) for n in settings.input_lens]
     arms: list[bool | None] = [False, True] if settings.thinking_both else [None]
@@ -105,28 +104,3 @@ def check_resume(saved: SweepSettings | dict[str, Any] | None, current: SweepSet
         shown = ", ".join(f"{k} (sweep: {saved.get(k)!r}, now: {now.get(k)!r})" for k in diff[:3])
         raise UserError(f"cannot resume: the settings differ from the sweep's manifest: {shown}; "
                         "drop those options to reuse the saved ones, or start a new sweep")
-
-
-def _check(settings: SweepSettings) -> None:
-    if not settings.suites and not settings.input_lens:
-        raise UserError("no suites to run; pass --suites all or a comma-separated list")
-    if bool(settings.url_ar) != bool(settings.url_dflash):
-        raise UserError("give both --url-ar and --url-dflash to measure servers you already run, or neither")
-    if settings.url_ar and len(settings.engines) != 1:
-        raise UserError("with --url-ar/--url-dflash, name the one engine those servers run with --engine")
-    _check_modes(settings)
-    if not settings.url_ar:  # the servers are launched here: a local model path must be here (else: the servers')
-        from dflash_bench.models import check_local
-
-        check_local(settings.model)
-        check_local(settings.engine_options.get("drafter"), "--drafter")
-
-
-def _check_modes(settings: SweepSettings) -> None:
-    modes = settings.modes
-    if not modes or len(set(modes)) != len(modes) or any(m not in MODES for m in modes):
-        raise UserError(f"--modes takes distinct modes of {', '.join(MODES)}, comma-separated, e.g. ar,dflash,eagle3; "
-                        f"not {','.join(modes) or 'nothing'}")
-    if list(modes) != ["ar", "dflash"] and (settings.paired or settings.url_ar):
-        raise UserError("--paired, --interleave and --url-ar/--url-dflash compare an AR and a DFlash server: "
-                        "leave --modes at ar,dflash with them")

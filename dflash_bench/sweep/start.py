@@ -1,15 +1,13 @@
-"""The first phase of a local sweep: its settings checked, the pair resolved, the prompts loaded, the folder
-planned new (folder.open_sweep, plan.plan_cells) or reopened for a resume, the GPU telemetry started; what
+"""The first phase of a local sweep, over settings sweep/check.py has checked: the pair resolved, the prompts loaded,
+the folder planned new (folder.open_sweep, plan.plan_cells) or reopened for a resume, the GPU telemetry started; what
 comes out is the SweepContext every later phase takes, and the folder's writer lock."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from dflash_bench.errors import UserError
 from dflash_bench.store import SweepSettings
 from dflash_bench.store.lock import WriterLock
-from dflash_bench.store.provenance import redact
 from dflash_bench.sweep.context import SweepContext, SweepResult
 from dflash_bench.sweep.folder import open_sweep, stop_leftovers
 from dflash_bench.sweep.plan import resolve_pair
@@ -22,9 +20,6 @@ def start_sweep(settings: SweepSettings, *, out: Path, resume: Path | None, data
                 quiet: bool, image: str | None) -> tuple[SweepContext, WriterLock]:
     """The sweep's context and its folder's lock (held by this process; the caller releases it)."""
 
-    if redact(settings.engine_args) != settings.engine_args:  # it would land in the manifest
-        raise UserError("an --engine-arg carries a secret (a token, key or password); pass it through the "
-                        "environment instead (HF_TOKEN, VLLM_API_KEY, ...) so it is never written to the sweep folder")
     pair = resolve_pair(settings)
     early = prompt_loader(settings, data_dir) if resume is None else None  # a missing dataset: before any folder
     if resume is None:
