@@ -36,13 +36,13 @@ def sweep_command(given: dict[str, Any], slurm_given: dict[str, Any], *, out: Pa
         from dflash_bench.sweep.slurm_run import slurm_command
 
         return slurm_command(settings, SlurmOptions(**slurm_given), preset_given="gpu" in given, out=out,
-                             resume=resume, dry_run=dry_run, data_dir=data_dir, argv=sys.argv, image=settings.image)
+                             resume=resume, dry_run=dry_run, data_dir=data_dir, argv=sys.argv)
     if dry_run:
-        print_plan(settings, settings.image)
+        print_plan(settings)
         return 0
     from dflash_bench.sweep.run import run_sweep
 
-    result = run_sweep(settings, out=out, resume=resume, data_dir=data_dir, argv=sys.argv, image=settings.image)
+    result = run_sweep(settings, out=out, resume=resume, data_dir=data_dir, argv=sys.argv)
     return result.exit_code
 
 

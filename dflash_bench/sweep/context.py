@@ -46,7 +46,11 @@ class SweepContext:
     result: SweepResult
     progress: SweepProgress
     telemetry: TelemetrySampler | None = None  # one sampler for the whole run (each cell is one window)
-    image: str | None = None  # --image: the container image for every server (None: the profile's)
+
+    @property
+    def image(self) -> str | None:
+        """--image: the container image for every server (None: the profile's)."""
+        return self.settings.image
 
 
 def reason(err: UserError, engine: str | None = None) -> str:

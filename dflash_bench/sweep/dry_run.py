@@ -10,7 +10,7 @@ from dflash_bench.models import ModelPair
 from dflash_bench.sweep.plan import SweepSettings, launches, plan_cells, resolve_pair
 
 
-def print_plan(settings: SweepSettings, image: str | None) -> None:
+def print_plan(settings: SweepSettings) -> None:
     """--dry-run: the cells in run order and the exact command of every server launch."""
     from dflash_bench.launch import plan_server
     from dflash_bench.launch.commands import dry_run_line
@@ -37,10 +37,10 @@ def print_plan(settings: SweepSettings, image: str | None) -> None:
             continue
         profile, _, argv, env, port = plan_server(launch.engine, pair, launch.mode, port=settings.port, preset=settings.gpu,
                                                   extra_args=server_args(settings, launch.engine), runner=settings.runner)
-        line = dry_run_line(profile, argv, env, port, settings.runner, image or profile.image_for(settings.gpu), "all", "host")
+        line = dry_run_line(profile, argv, env, port, settings.runner, settings.image or profile.image_for(settings.gpu), "all", "host")
         console.print(f"[bold]{launch.engine} {launch.mode}[/] ({len(launch.cells)} cells):")
         typer.echo(line)
-        version = profile.version(settings.runner, image or settings.image)
+        version = profile.version(settings.runner, settings.image)
         why = profile.refusal(pair, launch.mode, version)
         if why:
             typer.echo(f"  refused before launch: {why}")

@@ -23,10 +23,9 @@ __all__ = ["SweepResult", "measure_group", "run_sweep"]
 
 
 def run_sweep(settings: SweepSettings, *, out: Path, resume: Path | None = None, data_dir: Path | None = None,
-              argv: list[str] | None = None, quiet: bool = False, image: str | None = None) -> SweepResult:
+              argv: list[str] | None = None, quiet: bool = False) -> SweepResult:
     """Plan (or reload) the sweep, run every cell not yet complete, and return where it landed."""
-    ctx, lock = start_sweep(settings, out=out, resume=resume, data_dir=data_dir, argv=argv or sys.argv, quiet=quiet,
-                            image=image)
+    ctx, lock = start_sweep(settings, out=out, resume=resume, data_dir=data_dir, argv=argv or sys.argv, quiet=quiet)
     try:
         try:
             with stops_recorded(ctx.result), ctx.progress:

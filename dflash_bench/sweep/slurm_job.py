@@ -66,7 +66,7 @@ def run_job(folder: Path, key: str) -> int:
     prompts = prompt_loader(settings, Path(job.data_dir) if job.data_dir else None)
     progress = SweepProgress(manifest, quiet=True)
     ctx = SweepContext(settings, pair, sweep, manifest, prompts, SweepResult(folder), progress,
-                       telemetry=start_telemetry(manifest, progress, settings, pair), image=job.image)
+                       telemetry=start_telemetry(manifest, progress, settings, pair))
     _place(manifest)
     sweep.write_manifest(manifest)
     try:

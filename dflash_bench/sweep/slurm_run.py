@@ -38,7 +38,7 @@ CANCEL_WAIT_S = 180.0  # after Ctrl-C: how long to wait for cancelled jobs to en
 
 
 def slurm_command(settings: SweepSettings, opts: SlurmOptions, *, preset_given: bool, out: Path,
-                  resume: Path | None, dry_run: bool, data_dir: Path | None, argv: list[str], image: str | None) -> int:
+                  resume: Path | None, dry_run: bool, data_dir: Path | None, argv: list[str]) -> int:
     """`sweep --executor slurm`: one sweep folder, or with `--gpu-type h100,h200` one per GPU type under
     --out/<type>/ (the cell ids name no GPU), submitted and waited on together; the worst exit code."""
     from dflash_bench.sweep.dry_run import print_plan
@@ -51,10 +51,10 @@ def slurm_command(settings: SweepSettings, opts: SlurmOptions, *, preset_given: 
         plans = [(settings, opts, out)]
     if dry_run:
         for s, o, _ in plans:
-            print_plan(s, image)
-            print_jobs(s, o, image)
+            print_plan(s)
+            print_jobs(s, o)
         return 0
-    results = run_slurm_sweeps(plans, resume=resume, data_dir=data_dir, argv=argv, image=image)
+    results = run_slurm_sweeps(plans, resume=resume, data_dir=data_dir, argv=argv)
     return max(r.exit_code for r in results)  # 130 (stopped) over 1 (a cell failed) over 0
 
 
@@ -93,7 +93,7 @@ class _Earlier:
 
 
 def run_slurm_sweeps(plans: list[tuple[SweepSettings, SlurmOptions, Path]], *, resume: Path | None,
-                     data_dir: Path | None, argv: list[str], image: str | None) -> list[SweepResult]:
+                     data_dir: Path | None, argv: list[str]) -> list[SweepResult]:
     """Each (settings, Slurm options, out) is one sweep folder (one per GPU type): submit every cell not
     complete as jobs, wait for all of them together, and return each folder's merged SweepResult."""
     from dflash_bench.launch import Terminated, sigterm_unwinds
@@ -101,7 +101,7 @@ def run_slurm_sweeps(plans: list[tuple[SweepSettings, SlurmOptions, Path]], *, r
 
     slurm.require_slurm()
     console = new_console(stderr=True)
-    runs = [_prepare(settings, opts, out, resume, data_dir, argv, image, console) for settings, opts, out in plans]
+    runs = [_prepare(settings, opts, out, resume, data_dir, argv, console) for settings, opts, out in plans]
     try:
         with sigterm_unwinds():  # from the first sbatch on, whatever stops this command cancels its jobs
             for r in runs:
@@ -128,7 +128,7 @@ def run_slurm_sweeps(plans: list[tuple[SweepSettings, SlurmOptions, Path]], *, r
 
 
 def _prepare(settings: SweepSettings, opts: SlurmOptions, out: Path, resume: Path | None, data_dir: Path | None,
-             argv: list[str], image: str | None, console: Console) -> _Run:
+             argv: list[str], console: Console) -> _Run:
     """Check the settings, open (or create) the folder, settle an earlier run's jobs; the cells to submit."""
     from dflash_bench.sweep import folder as sweep_folder
     from dflash_bench.sweep.progress import SweepProgress
@@ -143,15 +143,14 @@ def _prepare(settings: SweepSettings, opts: SlurmOptions, out: Path, resume: Pat
         prompts = prompt_loader(settings, data_dir)  # a missing dataset fails here, before a folder or a job exists
         sweep, manifest, lock = sweep_folder.open_sweep(settings, out, None, pair, argv)
     busy = {cid for job in watched for cid in job.cells}
-    ctx = SweepContext(settings, pair, sweep, manifest, prompts, SweepResult(sweep.path), SweepProgress(manifest),
-                       image=image)
+    ctx = SweepContext(settings, pair, sweep, manifest, prompts, SweepResult(sweep.path), SweepProgress(manifest))
     return _Run(ctx, opts, lock, data_dir, jobs=list(watched), todo=[c for c in manifest.plan if c.cell_id not in busy])
 
 
 # ---------------------------------------------------------------- submitting
 
 
-def print_jobs(settings: SweepSettings, opts: SlurmOptions, image: str | None) -> None:
+def print_jobs(settings: SweepSettings, opts: SlurmOptions) -> None:
     """--dry-run: the job script each server group would be submitted as (for a sweep started now)."""
     import typer
 
@@ -168,7 +167,7 @@ def print_jobs(settings: SweepSettings, opts: SlurmOptions, image: str | None) -
 def _submit_all(r: _Run, cells: list[CellPlan], console: Console) -> None:
     """Submit one job per server group of `cells`, appending each to `r.jobs` as soon as it is queued."""
     sweep, manifest, settings, opts, jobs = r.ctx.sweep, r.ctx.manifest, r.ctx.settings, r.opts, r.jobs
-    data_dir, image = r.data_dir, r.ctx.image
+    data_dir, image = r.data_dir, r.ctx.settings.image
     round_ = len({job.key.split("-")[0] for job in slurm.read_jobs(sweep.path)})
     earlier = len(jobs)
     for i, launch in enumerate(launches(cells)):

@@ -17,7 +17,7 @@ from dflash_bench.sweep.telemetry import start_telemetry
 
 
 def start_sweep(settings: SweepSettings, *, out: Path, resume: Path | None, data_dir: Path | None, argv: list[str],
-                quiet: bool, image: str | None) -> tuple[SweepContext, WriterLock]:
+                quiet: bool) -> tuple[SweepContext, WriterLock]:
     """The sweep's context and its folder's lock (held by this process; the caller releases it)."""
 
     pair = resolve_pair(settings)
@@ -38,7 +38,7 @@ def start_sweep(settings: SweepSettings, *, out: Path, resume: Path | None, data
         lock.release()
         raise
     return SweepContext(settings, pair, sweep, manifest, prompts, SweepResult(sweep.path), progress,
-                        telemetry=telemetry, image=image or settings.image), lock
+                        telemetry=telemetry), lock
 
 
 def ports_free(settings: SweepSettings) -> None:
