@@ -1,7 +1,8 @@
 """The `dflash-bench` command line. Thin: parse options, call one function per command.
 
 Imports of heavy modules (pandas, torch, docker, ...) happen inside the commands so that
-`dflash-bench --help` stays fast and a missing optional extra only affects the command that needs it.
+`dflash-bench --help` stays fast and a missing optional extra only affects the command that needs it. The one
+import up front beyond typer is settings.py (and pydantic with it): `sweep`'s options are made from its fields.
 """
 
 from __future__ import annotations
