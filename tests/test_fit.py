@@ -16,7 +16,7 @@ from dflash_bench.errors import UserError
 from dflash_bench.launch import free_port
 from dflash_bench.model_shapes import (GEMMA4_26B_A4B_TARGET, GEMMA4_31B_DRAFTER, GEMMA4_31B_TARGET, mixes_layer_types,
                                       pair_configs)
-from dflash_bench.store.manifest import SweepSettings
+from dflash_bench.settings import SweepSettings
 from dflash_bench.sweep import fit
 
 ROOT = Path(__file__).resolve().parents[1]

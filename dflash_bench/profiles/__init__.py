@@ -16,7 +16,7 @@ from dflash_bench.profiles.sglang import SGLang
 from dflash_bench.profiles.vllm import VLLM
 from dflash_bench.errors import UserError
 from dflash_bench.models import ModelPair
-from dflash_bench.store.manifest import SweepSettings
+from dflash_bench.settings import SweepSettings
 
 PROFILES: dict[str, EngineProfile] = {e.name: e for e in (VLLM(), SGLang(), Builtin(), Emulator(), LlamaCpp())}
 
