@@ -15,7 +15,7 @@ from dflash_bench.engine.fast.draft import FastDrafter  # noqa: E402
 from dflash_bench.engine.fast.dense import DenseTarget  # noqa: E402
 from dflash_bench.engine.fast.core import EngineCore  # noqa: E402
 from dflash_bench.engine.fast.timer import StepTimer  # noqa: E402
-from dflash_bench.engine.sampling import SamplingParams  # noqa: E402
+from dflash_bench.engine.sampling_params import SamplingParams  # noqa: E402
 from dflash_bench.engine.tiny import make_tiny_pair  # noqa: E402
 
 B, N, SLOTS, MAX_LEN = 6, 40, 8, 256

@@ -16,7 +16,7 @@ from dflash_bench.engine.decode import generate  # noqa: E402
 from dflash_bench.engine.config import EngineConfig  # noqa: E402
 from dflash_bench.engine.fast.engine import build_fast_engine  # noqa: E402
 from dflash_bench.engine.fast.family import FAMILIES, family_of, load_target  # noqa: E402
-from dflash_bench.engine.sampling import SamplingParams  # noqa: E402
+from dflash_bench.engine.sampling_params import SamplingParams  # noqa: E402
 from dflash_bench.engine.tiny import make_tiny_pair  # noqa: E402
 from dflash_bench.errors import UserError  # noqa: E402
 

@@ -19,7 +19,7 @@ from dflash_bench.engine.fast.dense import DenseTarget  # noqa: E402
 from dflash_bench.engine.fast.drive import decode, generate  # noqa: E402
 from dflash_bench.engine.config import StepConfig  # noqa: E402
 from dflash_bench.engine.fast.core import EngineCore  # noqa: E402
-from dflash_bench.engine.sampling import SamplingParams  # noqa: E402
+from dflash_bench.engine.sampling_params import SamplingParams  # noqa: E402
 from dflash_bench.engine.tiny import make_tiny_pair  # noqa: E402
 from fast_helpers import (ARCHS, B, MAX_LEN, N, PATHS, SLOTS, fast_runner, serve_requests, tiny_engines,  # noqa: E402
                           tiny_prompts, usable_path)
@@ -49,7 +49,7 @@ def test_fast_ar_and_dflash_equal_the_reference_engine(setup, kernels):
     assert generate(fast_df, prompts, N) == ref
     # same drafts as the reference drafter, step by step: the per-step acceptance matches exactly, as the
     # bookkeeping both engines share counts it (metrics/definitions.py's tau: nothing past a request's end)
-    from dflash_bench.engine.build import eos_ids
+    from dflash_bench.engine.bookkeeping import eos_ids
     from dflash_bench.engine.config import EngineConfig, StepConfig
     from dflash_bench.engine.fast.engine import FastEngine
 

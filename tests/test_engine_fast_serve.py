@@ -10,7 +10,7 @@ pytest.importorskip("transformers")
 
 from dflash_bench.engine.build import build_engine  # noqa: E402
 from dflash_bench.engine.decode import generate as ref_generate  # noqa: E402
-from dflash_bench.engine.sampling import SamplingParams  # noqa: E402
+from dflash_bench.engine.sampling_params import SamplingParams  # noqa: E402
 from dflash_bench.engine.tiny import make_tiny_pair  # noqa: E402
 from fast_helpers import ARCHS, B, MAX_LEN, N, SLOTS, serve_requests, tiny_engines, tiny_prompts  # noqa: E402
 

@@ -19,7 +19,7 @@ pytest.importorskip("transformers")
 
 from dflash_bench.engine.build import build_engine  # noqa: E402
 from dflash_bench.engine.decode import generate  # noqa: E402
-from dflash_bench.engine.sampling import SamplingParams  # noqa: E402
+from dflash_bench.engine.sampling_params import SamplingParams  # noqa: E402
 from dflash_bench.engine.tiny import make_tiny_pair  # noqa: E402
 from dflash_bench.errors import UserError  # noqa: E402
 

@@ -51,7 +51,7 @@ def test_graphed_step_ahead_fast_path_equals_the_reference(pair, mode, prefill, 
     from dflash_bench.engine.fast import scheduler as scheduler_mod
     from dflash_bench.engine.config import EngineConfig
     from dflash_bench.engine.fast.engine import build_fast_engine
-    from dflash_bench.engine.sampling import SamplingParams
+    from dflash_bench.engine.sampling_params import SamplingParams
 
     if prefill == "graphs":
         monkeypatch.setattr(scheduler_mod, "PREFILL_TOKENS", 1)
@@ -100,7 +100,7 @@ def test_prompts_that_ride_in_graphed_steps_get_what_they_get_alone(pair):
     from dflash_bench.engine.decode import generate
     from dflash_bench.engine.config import EngineConfig
     from dflash_bench.engine.fast.engine import build_fast_engine
-    from dflash_bench.engine.sampling import SamplingParams
+    from dflash_bench.engine.sampling_params import SamplingParams
 
     target, _ = pair
     kw = dict(mode="ar", max_slots=SLOTS, dtype="float32", device="cuda")
@@ -152,7 +152,7 @@ def test_gemma4_fast_path_equals_the_reference(gemma_pair, mode, kernels):
     from dflash_bench.engine.decode import generate
     from dflash_bench.engine.config import EngineConfig
     from dflash_bench.engine.fast.engine import build_fast_engine
-    from dflash_bench.engine.sampling import SamplingParams
+    from dflash_bench.engine.sampling_params import SamplingParams
 
     target, drafter = gemma_pair
     draft = str(drafter) if mode == "dflash" else None

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dflash_bench.engine.sampling import SamplingParams, accept, probs_from_logits, rejection_sample
+from dflash_bench.engine.sampling import accept, probs_from_logits, rejection_sample
+from dflash_bench.engine.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.engine
 N, V = 200_000, 6

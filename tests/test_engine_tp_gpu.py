@@ -106,7 +106,7 @@ def _case(target: str, draft: str | None, mode: str, adaptive: bool, graphs: boo
     from dflash_bench.engine.decode import generate
     from dflash_bench.engine.fast import ranks
     from dflash_bench.engine.fast.engine import build_fast_engine
-    from dflash_bench.engine.sampling import SamplingParams
+    from dflash_bench.engine.sampling_params import SamplingParams
 
     ranks.STALL_S = STALL_S
     kw = dict(mode=mode, max_slots=SLOTS, max_model_len=MAX_LEN, dtype="float32", device=device, prefill="first",

@@ -189,7 +189,7 @@ def test_fast_path_with_kernels_is_lossless(tmp_path):
     from dflash_bench.engine.config import StepConfig
     from dflash_bench.engine.fast.core import EngineCore
     from dflash_bench.engine.fast.timer import StepTimer
-    from dflash_bench.engine.sampling import SamplingParams
+    from dflash_bench.engine.sampling_params import SamplingParams
     from dflash_bench.engine.tiny import make_tiny_pair
 
     target, drafter = make_tiny_pair(tmp_path, arch="qwen3", seed=1, block_size=B, layers=2)

@@ -13,7 +13,7 @@ pytest.importorskip("transformers")
 
 from dflash_bench.engine.build import build_engine  # noqa: E402
 from dflash_bench.engine.decode import generate  # noqa: E402
-from dflash_bench.engine.sampling import SamplingParams  # noqa: E402
+from dflash_bench.engine.sampling_params import SamplingParams  # noqa: E402
 
 pytestmark = pytest.mark.engine
 PAIR = Path(__file__).resolve().parents[1] / "dflash_bench" / "assets" / "default_pair"

@@ -17,7 +17,7 @@ import time
 from collections import deque
 from pathlib import Path
 
-from dflash_bench.engine.sampling import SamplingParams
+from dflash_bench.engine.sampling_params import SamplingParams
 
 
 def suite_prompts(tokenizer, suite: str, n: int, data_dir: Path | None, seed: int = 0) -> list[list[int]]:

@@ -108,7 +108,7 @@ def lossless_tiny(dev) -> dict:
     (the whole block verified every step, and the width chosen by load)."""
     from dflash_bench.engine.build import build_engine
     from dflash_bench.engine.decode import generate as ref_generate
-    from dflash_bench.engine.sampling import SamplingParams
+    from dflash_bench.engine.sampling_params import SamplingParams
     from dflash_bench.engine.tiny import make_tiny_pair
 
     res = {}

@@ -15,7 +15,7 @@ import torch
 
 from dflash_bench.engine.build import build_engine
 from dflash_bench.engine.decode import generate
-from dflash_bench.engine.sampling import SamplingParams
+from dflash_bench.engine.sampling_params import SamplingParams
 from dflash_bench.engine.tiny import make_tiny_pair
 
 

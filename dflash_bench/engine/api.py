@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dflash_bench import openai_format
 from dflash_bench.engine.bookkeeping import Delta
-from dflash_bench.engine.sampling import SamplingParams
+from dflash_bench.engine.sampling_params import SamplingParams
 
 
 class BadRequest(Exception):

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dflash_bench.engine.detok import Detokenizer
-from dflash_bench.engine.sampling import SamplingParams
+from dflash_bench.engine.sampling_params import SamplingParams
 
 
 @dataclass
@@ -61,6 +61,17 @@ class Stats:
     generation_tokens: int = 0
     prompt_tokens: int = 0
     requests: int = 0  # finished (stop or length); aborted ones are not counted, as in vLLM
+
+
+def eos_ids(model: Any, tokenizer: Any) -> list[int]:
+    """The token ids that end a request: the model's (its generation config's and config's) and the tokenizer's."""
+    ids: set[int] = set()
+    for src in (getattr(model, "generation_config", None), model.config):
+        e = getattr(src, "eos_token_id", None) if src is not None else None
+        ids.update(e if isinstance(e, list) else [] if e is None else [e])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return sorted(ids)
 
 
 def out_of_vocabulary(prompt: list[int], vocab_size: int) -> str | None:

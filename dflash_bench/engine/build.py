@@ -11,32 +11,10 @@ from dflash_bench.errors import UserError
 if TYPE_CHECKING:
     from dflash_bench.engine.decode import ReferenceEngine
 
-DTYPES = {"auto": None, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
-
-
-def resolve_dtype(name: str, device: str) -> torch.dtype:
-    if name not in DTYPES:
-        raise UserError(f"unknown dtype {name!r}; use one of {', '.join(DTYPES)}")
-    dt = DTYPES[name]
-    if dt is not None:
-        return dt
-    return torch.bfloat16 if device.startswith("cuda") else torch.float32
-
-
 def load_tokenizer(path: str) -> Any:
     from dflash_bench.tokenizer import load_tokenizer as load
 
     return load(path, "for the engine")
-
-
-def eos_ids(model: Any, tokenizer: Any) -> list[int]:
-    ids: set[int] = set()
-    for src in (getattr(model, "generation_config", None), model.config):
-        e = getattr(src, "eos_token_id", None) if src is not None else None
-        ids.update(e if isinstance(e, list) else [] if e is None else [e])
-    if tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    return sorted(ids)
 
 
 def build_engine(model: str, draft: str | None = None, *, mode: str = "dflash", dtype: str = "auto",
@@ -51,7 +29,8 @@ def build_engine(model: str, draft: str | None = None, *, mode: str = "dflash", 
     from dflash_bench.engine.decode import ReferenceEngine
     from dflash_bench.engine.drafter import load_drafter
     from dflash_bench.engine.propose import DFlashProposer
-    from dflash_bench.engine.target import Target
+    from dflash_bench.engine.bookkeeping import eos_ids
+    from dflash_bench.engine.target import Target, resolve_dtype
 
     if mode not in ("ar", "dflash"):
         raise UserError(f"unknown mode {mode!r}; use 'ar' or 'dflash'")

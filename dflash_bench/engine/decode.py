@@ -15,7 +15,8 @@ import torch
 from dflash_bench.engine.bookkeeping import Bookkeeping, Delta, Seq, Stats, step_logprobs
 from dflash_bench.engine.propose import Proposer
 from dflash_bench.engine.protocol import Engine
-from dflash_bench.engine.sampling import SamplingParams, accept, sample_drafts, sample_tokens
+from dflash_bench.engine.sampling import accept, sample_drafts, sample_tokens
+from dflash_bench.engine.sampling_params import SamplingParams
 from dflash_bench.engine.target import Target
 
 

@@ -21,7 +21,7 @@ from typing import Callable, NamedTuple
 
 from dflash_bench.engine.bookkeeping import Delta, Seq
 from dflash_bench.engine.protocol import Engine
-from dflash_bench.engine.sampling import SamplingParams
+from dflash_bench.engine.sampling_params import SamplingParams
 
 log = logging.getLogger("dflash_bench.engine")
 

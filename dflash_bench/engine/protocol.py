@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from dflash_bench.engine.bookkeeping import Delta, Seq, Stats
-from dflash_bench.engine.sampling import SamplingParams
+from dflash_bench.engine.sampling_params import SamplingParams
 
 
 class Engine(Protocol):

@@ -1,4 +1,4 @@
-"""Sampling parameters, token distributions, and speculative acceptance (greedy and rejection sampling).
+"""Token distributions and speculative acceptance (greedy and rejection sampling) of the reference engine.
 
 Rejection sampling is the standard lossless rule: accept draft d with probability min(1, p(d)/q(d)); at the
 first rejection sample from the residual max(0, p - q) renormalised; when every draft is accepted sample
@@ -7,28 +7,9 @@ the bonus from p at the last position. Greedy rows accept the longest prefix equ
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 
-
-@dataclass
-class SamplingParams:
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0 or -1: off
-    max_tokens: int = 16
-    min_tokens: int = 0
-    ignore_eos: bool = False
-    stop: list[str] = field(default_factory=list)
-    stop_token_ids: list[int] = field(default_factory=list)
-    logprobs: int | None = None  # None: off; n >= 0: the chosen token's logprob plus the top n
-    seed: int | None = None  # a request's own random stream (the engine makes `generator` from it)
-    generator: torch.Generator | None = field(default=None, repr=False, compare=False)
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature <= 0.0
+from dflash_bench.engine.sampling_params import SamplingParams
 
 
 def probs_from_logits(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

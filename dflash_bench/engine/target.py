@@ -36,6 +36,17 @@ class _Step:
 
 
 _LOCAL = threading.local()  # .step: the _Step of this thread's forward
+DTYPES = {"auto": None, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
+
+
+def resolve_dtype(name: str, device: str) -> torch.dtype:
+    """`--dtype`: a name of DTYPES; auto is bfloat16 on a GPU, float32 on a CPU."""
+    if name not in DTYPES:
+        raise UserError(f"unknown dtype {name!r}; use one of {', '.join(DTYPES)}")
+    dt = DTYPES[name]
+    if dt is not None:
+        return dt
+    return torch.bfloat16 if device.startswith("cuda") else torch.float32
 
 
 def _slot_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: object,

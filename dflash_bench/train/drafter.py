@@ -241,7 +241,7 @@ def regenerate_samples(target: str, prompts: list[list[dict]], c: DrafterTrainCo
 
 def _regenerate(tgt: FrozenTarget, tok: Any, prompts: list[list[dict]], c: DrafterTrainConfig, log: Callable[[str], object]
                 ) -> list[tuple[list[int], list[int]]]:
-    from dflash_bench.engine.build import eos_ids
+    from dflash_bench.engine.bookkeeping import eos_ids
     from dflash_bench.train.data import encode_prompts, regenerate
 
     t0 = time.time()

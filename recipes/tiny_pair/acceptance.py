@@ -37,7 +37,7 @@ def main() -> None:
     a = ap.parse_args()
     from dflash_bench.engine.build import build_engine
     from dflash_bench.engine.decode import generate
-    from dflash_bench.engine.sampling import SamplingParams
+    from dflash_bench.engine.sampling_params import SamplingParams
     from dflash_bench.suites import load_prompts
 
     pair = Path(a.pair)

@@ -39,7 +39,7 @@ def load(args) -> dict[str, list[str]]:
 
 def run(engine, tok, prompts: list[str], max_tokens: int) -> tuple[list[list[int]], float, int]:
     from dflash_bench.engine.decode import generate
-    from dflash_bench.engine.sampling import SamplingParams
+    from dflash_bench.engine.sampling_params import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     ids = [tok(tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True),

@@ -74,7 +74,7 @@ def main() -> None:
         sys.exit("--data-dir is required")
     from dflash_bench.engine.build import build_engine
     from dflash_bench.engine.decode import generate
-    from dflash_bench.engine.sampling import SamplingParams
+    from dflash_bench.engine.sampling_params import SamplingParams
     from dflash_bench.suites import load_prompts
 
     ours = build_engine(str(pair / "target"), str(pair / "drafter"), mode="dflash", dtype="float32", device="cpu",

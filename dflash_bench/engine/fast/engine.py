@@ -11,17 +11,18 @@ when the caller says it is a benchmark.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 from typing import Any
 
 import torch
 
-from dflash_bench.engine.bookkeeping import Bookkeeping, Delta, Seq, Stats, step_logprobs
+from dflash_bench.engine.bookkeeping import Bookkeeping, Delta, Seq, Stats, eos_ids, step_logprobs
 from dflash_bench.engine.config import EngineConfig
-from dflash_bench.engine.fast.make import load_pair, make_core
+from dflash_bench.engine.fast.make import load_pair, make_core, rank_runner
 from dflash_bench.engine.fast.ranks import Followers
 from dflash_bench.engine.fast.shard import Shard
 from dflash_bench.engine.fast.scheduler import PREFILL_TOKENS, Row
-from dflash_bench.engine.sampling import SamplingParams
+from dflash_bench.engine.sampling_params import SamplingParams
 from dflash_bench.errors import UserError
 
 
@@ -166,7 +167,8 @@ def build_fast_engine(config: EngineConfig, *, tokenizer: Any = None) -> FastEng
     `config.max_slots` None: as many as the memory budget holds (`pool.py`: `memory_utilization` of a GPU (0.9 when
     not given), or `kv_cache_memory_bytes`, a rank's). `tensor_parallel_size` N > 1: N processes, a GPU each (gloo
     ranks on the CPU), `ranks.py`. `enforce_eager`: no CUDA graphs."""
-    from dflash_bench.engine.build import eos_ids, load_tokenizer, resolve_dtype
+    from dflash_bench.engine.build import load_tokenizer
+    from dflash_bench.engine.target import resolve_dtype
 
     mode, drawn, device, size = config.mode, config.step.drawn, config.device, config.tensor_parallel_size
     draft = config.draft if mode == "dflash" else None
@@ -188,19 +190,14 @@ def build_fast_engine(config: EngineConfig, *, tokenizer: Any = None) -> FastEng
     tok = tokenizer or load_tokenizer(config.model)
     followers, shard = None, None
     if size > 1:  # refused in one sentence before any process starts
-        from dflash_bench.engine.fast import ranks
-        from dflash_bench.engine.fast.ranks import RankSpec, check_parallel, free_address, join_group
+        from dflash_bench.engine.fast.ranks import check_parallel
 
         check_parallel(config.model, draft, size, device=device)
-        spec = RankSpec(size=size, address=free_address(), model=config.model, draft=draft, dtype=config.dtype,
-                        device=device, max_len=config.max_model_len, dummy=config.dummy, step=config.step,
-                        kernels=config.kernels, enforce_eager=config.enforce_eager, stall_s=ranks.STALL_S, start_s=ranks.START_S)
-        followers = Followers(spec).start()
+        followers = Followers(dataclasses.replace(config, device=device, draft=draft), rank_runner).start()
         atexit.register(followers.stop)
     try:
         if followers is not None:
-            with followers.call("join", "joining the process group", start=True):
-                shard = join_group(followers.spec, 0)
+            shard = followers.join()
         hf, drafter = load_pair(config.model, draft, dtype=dt, device=device, dummy=config.dummy)
         if shard is not None:
             shard = shard.cut(hf, drafter)  # this rank's part only, before the pool is sized from what is left

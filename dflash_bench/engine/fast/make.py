@@ -3,12 +3,13 @@ tensor-parallel engine runs beside it (`ranks.py`), built the same way from the 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
-from dflash_bench.engine.config import StepConfig
+from dflash_bench.engine.config import EngineConfig, StepConfig
 from dflash_bench.engine.fast.core import EngineCore
 from dflash_bench.engine.fast.draft import FastDrafter
 from dflash_bench.engine.fast.family import family_of, load_target
+from dflash_bench.engine.fast.ranks import rank_device
 from dflash_bench.engine.fast.shard import Shard
 
 
@@ -31,9 +32,8 @@ def make_core(model: Any, drafter: Any, step: StepConfig, *, max_slots: int, max
 def load_pair(model: str, draft: str | None, *, dtype: Any, device: str, dummy: bool) -> tuple[Any, Any]:
     """The target (a transformers model) and the drafter (a DFlashDrafter, or None) as the fast path serves them:
     one sentence for a target it does not run, or a drafter that does not fit it."""
-    from dflash_bench.engine.build import resolve_dtype
     from dflash_bench.engine.drafter import load_drafter
-    from dflash_bench.engine.target import load_model
+    from dflash_bench.engine.target import load_model, resolve_dtype
 
     dt = resolve_dtype(dtype, device) if isinstance(dtype, str) else dtype
     hf: Any = load_model(model, dtype=dt, device=device, dummy=dummy)  # a transformers model
@@ -44,3 +44,20 @@ def load_pair(model: str, draft: str | None, *, dtype: Any, device: str, dummy: 
     return hf, load_drafter(draft, target_hidden=cfg.hidden_size, target_layers=cfg.num_hidden_layers,
                             target_vocab=hf.get_output_embeddings().weight.shape[0], dtype=dt, device=device,
                             dummy=dummy)
+
+
+def rank_runner(config: EngineConfig, rank: int, shard: Shard, slots: Callable[[], object], watch: Any) -> Any:
+    """What a tensor-parallel rank above 0 runs (`ranks.run_rank`): the pair loaded as rank 0 loads it and cut to this
+    rank's shard, then its core made with rank 0's slots (`slots()`: rank 0's pool, sized from its device's memory; None
+    when rank 0 stopped first), each graph's capture watched (`watch`, the rank's `ranks.Watch`). Returns the core's
+    runner, which replays rank 0's runner calls."""
+    hf, drafter = load_pair(config.model, config.draft, dtype=config.dtype, device=rank_device(config, rank),
+                            dummy=config.dummy)
+    shard = shard.cut(hf, drafter)
+    n = slots()
+    if not isinstance(n, int):
+        return None
+    core = make_core(hf, drafter, config.step, max_slots=n, max_len=config.max_model_len, kernels=config.kernels,
+                     tp=shard, consume=True, graphs=False if config.enforce_eager else None, watch=watch)
+    del hf
+    return core.runner

@@ -12,7 +12,7 @@ it, ends the other ranks and exits the server within a second, without waiting o
 finish. A rank whose rank 0 is gone exits: its pipe reads end-of-file, and the kernel kills it when rank 0's
 process dies (Linux's parent-death signal) even inside a collective. Rank 0 ends them on stop.
 
-Hangs: every rank watches its own calls (`Watch`): a call that makes no progress for `RankSpec.stall_s` seconds (a
+Hangs: every rank watches its own calls (`Watch`): a call that makes no progress for `STALL_S` seconds (a
 collective another rank never entered, a device that never finishes) ends the server with one sentence naming the
 rank, the call and the step, as a failed rank does; a rank above 0 reports it to rank 0 first.
 
@@ -40,7 +40,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from dflash_bench.engine.config import StepConfig
+from dflash_bench.engine.config import EngineConfig
 from dflash_bench.engine.fast.shard import Shard
 from dflash_bench.errors import UserError
 
@@ -51,25 +51,6 @@ JOIN_S = 10.0  # how long a stopping rank 0 waits for the others to exit before 
 # ranks start and import meanwhile), capturing one graph, waiting for the others to be ready
 STALL_S = 120.0
 START_S = 600.0
-
-
-@dataclass(frozen=True)
-class RankSpec:
-    """What every rank builds (picklable: sent to the spawned ranks)."""
-
-    size: int
-    address: str  # torch.distributed's rendezvous, tcp://127.0.0.1:port
-    model: str
-    draft: str | None
-    dtype: str
-    device: str  # "cpu" or "cuda"
-    max_len: int
-    dummy: bool
-    step: StepConfig  # how the engine steps (`make.make_core`)
-    kernels: bool
-    enforce_eager: bool
-    stall_s: float = STALL_S  # `Watch`: a call that makes no progress this long ends the server
-    start_s: float = START_S  # the same for joining the group, capturing a graph, waiting for the others
 
 
 @dataclass
@@ -127,26 +108,28 @@ def watchdog(watch: Watch, report: Callable[[str], None]) -> threading.Thread:
 
 
 def free_address() -> str:
+    """A rendezvous address for torch.distributed: a free port of this host."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return f"tcp://127.0.0.1:{s.getsockname()[1]}"
 
 
-def device_of(spec: RankSpec, rank: int) -> str:
-    return f"cuda:{rank}" if spec.device.startswith("cuda") else "cpu"
+def rank_device(config: EngineConfig, rank: int) -> str:
+    """The device of rank `rank`: cuda:<rank> on GPUs, else the CPU."""
+    return f"cuda:{rank}" if config.device.startswith("cuda") else "cpu"
 
 
-def join_group(spec: RankSpec, rank: int) -> Shard:
-    """This rank in the ranks' process group (NCCL on GPUs, gloo on the CPU)."""
+def join_group(config: EngineConfig, address: str, rank: int) -> Shard:
+    """This rank in the ranks' process group (NCCL on GPUs, gloo on the CPU), of `config.tensor_parallel_size`."""
     import torch.distributed as dist
 
-    cuda = spec.device.startswith("cuda")
+    cuda, size = config.device.startswith("cuda"), config.tensor_parallel_size
     if cuda:
         torch.cuda.set_device(rank)
     kw: dict[str, Any] = {"device_id": torch.device(f"cuda:{rank}")} if cuda else {}
-    dist.init_process_group("nccl" if cuda else "gloo", init_method=spec.address, rank=rank, world_size=spec.size,
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=address, rank=rank, world_size=size,
                             timeout=timedelta(minutes=30), **kw)
-    return Shard(rank, spec.size)
+    return Shard(rank, size)
 
 
 def _die_with_parent() -> None:
@@ -186,14 +169,21 @@ def check_parallel(model: str, draft: str | None, size: int, *, device: str) -> 
         check_drafter_split(dc, size)
 
 
-def rank_main(spec: RankSpec, rank: int, conn: Connection) -> None:
-    """A rank above 0: join the group, load and shard, build the runner with rank 0's slots, then replay rank 0's
-    calls until it stops (or is gone)."""
+# what a rank above 0 builds (`make.rank_runner`): the config, its rank and shard, a call that returns rank 0's slot
+# count (anything else: rank 0 stopped before sending it) and the rank's watchdog; returns the runner that replays
+# rank 0's calls, or None
+RankBuild = Callable[[EngineConfig, int, Shard, Callable[[], object], "Watch"], Any]
+
+
+def run_rank(config: EngineConfig, address: str, rank: int, conn: Connection, build: RankBuild, stall_s: float,
+             start_s: float) -> None:
+    """A rank above 0 (its process): join the group, `build` its runner with rank 0's slots, then replay rank 0's
+    calls until it stops (or is gone); every call watched (`Watch`: `stall_s`, `start_s`)."""
     _die_with_parent()
-    if not spec.device.startswith("cuda"):
+    if not config.device.startswith("cuda"):
         torch.set_num_threads(1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: rank 0 decides
-    watch = Watch(rank, spec.stall_s, spec.start_s)
+    watch = Watch(rank, stall_s, start_s)
 
     def stalled(why: str) -> None:  # this rank hangs: rank 0 says why and stops the server
         try:
@@ -203,22 +193,14 @@ def rank_main(spec: RankSpec, rank: int, conn: Connection) -> None:
         print(f"error: {why}", file=sys.stderr, flush=True)
         os._exit(1)
     try:
-        from dflash_bench.engine.fast.make import load_pair, make_core
-
         watchdog(watch, stalled)
         with watch.call("join", "joining the process group", start=True):
-            shard = join_group(spec, rank)
-        hf, drafter = load_pair(spec.model, spec.draft, dtype=spec.dtype, device=device_of(spec, rank),
-                                dummy=spec.dummy)
-        shard = shard.cut(hf, drafter)
-        slots = conn.recv()  # rank 0's pool, sized from its device's memory (or its stop: it failed to start)
-        if not isinstance(slots, int):
+            shard = join_group(config, address, rank)
+        runner = build(config, rank, shard, conn.recv, watch)
+        if runner is None:
             os._exit(0)
-        core = make_core(hf, drafter, spec.step, max_slots=slots, max_len=spec.max_len, kernels=spec.kernels, tp=shard,
-                         consume=True, graphs=False if spec.enforce_eager else None, watch=watch)
-        del hf
         conn.send(("ready", None))
-        follow(core.runner, conn, watch)
+        follow(runner, conn, watch)
     except EOFError:
         os._exit(0)  # rank 0 is gone
     except BaseException as err:  # noqa: BLE001 - whatever it was, rank 0 says it and stops the server
@@ -254,25 +236,29 @@ def follow(runner: Any, conn: Connection, watch: Watch | None = None) -> None:
 
 
 class Followers:
-    """Rank 0's side of ranks 1..N-1: started with `start`, told each runner call (`send`), watched, stopped."""
+    """Rank 0's side of ranks 1..N-1: started with `start`, told each runner call (`send`), watched, stopped. Each
+    rank runs `build` (`run_rank`) with the same config."""
 
-    def __init__(self, spec: RankSpec, on_death: Callable[[str], None] | None = None):
-        self.spec = spec
+    def __init__(self, config: EngineConfig, build: RankBuild, on_death: Callable[[str], None] | None = None):
+        self.config, self.build = config, build
+        self.address = free_address()
+        self.stall_s, self.start_s = STALL_S, START_S  # the ranks' watchdogs' limits, as set when they start
         self.on_death = on_death or _exit_server
         self.procs: list[Any] = []
         self.conns: list[Connection] = []
         self.stopping = False
         self.ready = threading.Event()
         self._ready: set[int] = set()
-        self.watch = Watch(0, spec.stall_s, spec.start_s)  # rank 0's calls, watched by `_watch`
+        self.watch = Watch(0, self.stall_s, self.start_s)  # rank 0's calls, watched by `_watch`
         # run before the group ends: drop what holds its communicator (the engine's CUDA graphs)
         self.on_stop: list[Callable[[], None]] = []
 
     def start(self) -> "Followers":
         ctx = mp.get_context("spawn")
-        for rank in range(1, self.spec.size):
+        for rank in range(1, self.config.tensor_parallel_size):
             mine, theirs = ctx.Pipe()
-            p = ctx.Process(target=rank_main, args=(self.spec, rank, theirs), daemon=True,
+            p = ctx.Process(target=run_rank, daemon=True,
+                            args=(self.config, self.address, rank, theirs, self.build, self.stall_s, self.start_s),
                             name=f"dflash-bench-rank{rank}")
             p.start()
             theirs.close()
@@ -280,6 +266,11 @@ class Followers:
             self.conns.append(mine)
         threading.Thread(target=self._watch, daemon=True, name="dflash-bench-ranks").start()
         return self
+
+    def join(self) -> Shard:
+        """Rank 0 in the group (after `start`), watched as the others' joins are."""
+        with self.call("join", "joining the process group", start=True):
+            return join_group(self.config, self.address, 0)
 
     def send(self, name: str, *args: Any, **kw: Any) -> None:
         """Every other rank runs `runner.<name>(*args, **kw)` next (a rank that is gone is `_watch`'s to report)."""
@@ -347,7 +338,7 @@ class Followers:
         if self.stopping:
             return
         self.stopping = True
-        released = bounded(lambda: [release() for release in self.on_stop], self.spec.stall_s)
+        released = bounded(lambda: [release() for release in self.on_stop], self.stall_s)
         for c in self.conns:
             try:
                 c.send(("stop", (), {}))
@@ -357,9 +348,9 @@ class Followers:
             p.join(JOIN_S)
         self.kill()
         if not released:
-            raise RuntimeError(f"tensor-parallel rank 0 made no progress for {self.spec.stall_s:.0f} s in releasing its "
+            raise RuntimeError(f"tensor-parallel rank 0 made no progress for {self.stall_s:.0f} s in releasing its "
                                "CUDA graphs at stop (a collective that another rank did not enter)")
-        end_group(self.spec.stall_s)
+        end_group(self.stall_s)
 
     def kill(self) -> None:
         for p in self.procs:
