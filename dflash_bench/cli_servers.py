@@ -165,7 +165,7 @@ def serve(
 ) -> None:
     """Serve the builtin DFlash engine (OpenAI-compatible API, vLLM metric names) until interrupted."""
     from dflash_bench.engine.config import EngineConfig
-    from dflash_bench.engine.server import serve as run_server
+    from dflash_bench.engine.serving.api_server import serve as run_server
 
     config = EngineConfig.from_options(
         model, draft, mode=mode, dtype=dtype, device=device, max_slots=max_slots, max_model_len=max_model_len,

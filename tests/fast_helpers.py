@@ -11,12 +11,12 @@ pytest.importorskip("transformers")
 
 from dflash_bench.engine.build import build_engine  # noqa: E402
 from dflash_bench.engine.config import StepConfig  # noqa: E402
-from dflash_bench.engine.fast.draft import FastDrafter  # noqa: E402
-from dflash_bench.engine.fast.dense import DenseTarget  # noqa: E402
+from dflash_bench.engine.fast.models.draft import FastDrafter  # noqa: E402
+from dflash_bench.engine.fast.models.dense import DenseTarget  # noqa: E402
 from dflash_bench.engine.fast.core import EngineCore  # noqa: E402
-from dflash_bench.engine.fast.timer import StepTimer  # noqa: E402
+from dflash_bench.engine.fast.running.timer import StepTimer  # noqa: E402
 from dflash_bench.engine.sampling_params import SamplingParams  # noqa: E402
-from dflash_bench.engine.tiny import make_tiny_pair  # noqa: E402
+from dflash_bench.testing.tiny import make_tiny_pair  # noqa: E402
 
 B, N, SLOTS, MAX_LEN = 6, 40, 8, 256
 
@@ -49,13 +49,13 @@ def fast_runner(df, *, drafter=True, kernels=None, keep_logits=False, **step):
     return runner
 
 
-# the two ways a CPU runs a step: the C kernels (engine/fast/cpu_kernels.c) and plain torch ops
+# the two ways a CPU runs a step: the C kernels (engine/fast/kernels/cpu_kernels.c) and plain torch ops
 PATHS = [pytest.param("cpu", id="cpu-kernels"), pytest.param(False, id="torch-ops")]
 
 
 def usable_path(kernels):
     if kernels == "cpu":
-        from dflash_bench.engine.fast import cpu_kernels
+        from dflash_bench.engine.fast.kernels import cpu_kernels
 
         if cpu_kernels.load() is None:
             pytest.skip("no C compiler builds the CPU kernels")

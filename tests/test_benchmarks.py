@@ -284,7 +284,7 @@ def test_a_gpu_benchmark_says_it_needs_a_gpu(name, args):
 
 def test_plan_ab_reads_variants_of_the_engines_plans():
     from benchmarks.speed.plan_ab import parse_variant
-    from dflash_bench.engine.fast import triton_gemm
+    from dflash_bench.engine.fast.kernels import triton_gemm
 
     base = triton_gemm.plan_for(1, 4096, 4096)
     name, plans = parse_variant(f"wide=1,4096,4096:bn={base.bn * 2}")
@@ -296,7 +296,7 @@ def test_plan_ab_reads_variants_of_the_engines_plans():
 
 def test_gemm_tuning_searches_only_plans_the_kernel_runs():
     from benchmarks.speed.gemm_tuning import plans
-    from dflash_bench.engine.fast import triton_gemm
+    from dflash_bench.engine.fast.kernels import triton_gemm
 
     for m in (1, 16):
         got = list(plans(m))

@@ -159,7 +159,7 @@ def test_builtin_engine_profile_in_docker(docker_cli, image, tmp_path):
     """`launch_server("builtin", ...)` runs the profile's own command in a container and serves DFlash."""
     pytest.importorskip("transformers")
     from dflash_bench import models
-    from dflash_bench.engine.tiny import make_tiny_pair
+    from dflash_bench.testing.tiny import make_tiny_pair
     from dflash_bench.launch import launch_server
 
     target, drafter = make_tiny_pair(tmp_path / "tiny", block_size=4)

@@ -11,9 +11,9 @@ import torch
 pytest.importorskip("transformers")
 
 from dflash_bench.engine.build import build_engine  # noqa: E402
-from dflash_bench.engine.decode import generate  # noqa: E402
+from dflash_bench.engine.reference.decode import generate  # noqa: E402
 from dflash_bench.engine.sampling_params import SamplingParams  # noqa: E402
-from dflash_bench.engine.tiny import make_tiny_pair  # noqa: E402
+from dflash_bench.testing.tiny import make_tiny_pair  # noqa: E402
 from dflash_bench.errors import UserError  # noqa: E402
 
 pytestmark = pytest.mark.engine
@@ -72,7 +72,7 @@ class Oracle:
 
 
 def with_proposer(ar_engine, proposer):
-    from dflash_bench.engine.decode import ReferenceEngine
+    from dflash_bench.engine.reference.decode import ReferenceEngine
 
     return ReferenceEngine(ar_engine.target, ar_engine.tok, proposer, eos_ids=sorted(ar_engine.eos_ids))
 
@@ -239,7 +239,7 @@ def test_drafter_checkpoint_is_zlab_format(pair):
 def test_hybrid_recurrent_target_is_refused(tmp_path):
     from transformers import AutoModelForCausalLM, Qwen3NextConfig
 
-    from dflash_bench.engine.tiny import make_tokenizer
+    from dflash_bench.testing.tiny import make_tokenizer
 
     cfg = Qwen3NextConfig(vocab_size=272, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=2,
                           num_key_value_heads=1, head_dim=16, num_experts=2, num_experts_per_tok=1,
@@ -265,7 +265,7 @@ def test_seeded_sampling_is_reproducible_whatever_the_batch(engines):
 def test_loop_serves_the_good_requests_when_one_prefill_fails(engines):
     import queue as q
 
-    from dflash_bench.engine.loop import EngineLoop
+    from dflash_bench.engine.serving.loop import EngineLoop
 
     ar, _ = engines
     free = len(ar.free_slots)
@@ -290,7 +290,7 @@ def test_loop_serves_the_good_requests_when_one_prefill_fails(engines):
 
 def test_an_abort_right_after_submit_drops_the_request(engines):
     """The abort can land after the loop emptied its inbox but before it reads the aborted ids."""
-    from dflash_bench.engine.loop import EngineLoop
+    from dflash_bench.engine.serving.loop import EngineLoop
 
     ar, _ = engines
     loop = EngineLoop(ar)  # not started: the steps of its thread are run by hand, in the racy order
@@ -305,8 +305,8 @@ def test_an_abort_right_after_submit_drops_the_request(engines):
 def test_health_says_503_when_the_engine_thread_is_gone(engines):
     from fastapi.testclient import TestClient
 
-    from dflash_bench.engine.loop import EngineLoop
-    from dflash_bench.engine.server import build_app
+    from dflash_bench.engine.serving.loop import EngineLoop
+    from dflash_bench.engine.serving.api_server import build_app
 
     ar, _ = engines
     loop = EngineLoop(ar)
@@ -374,7 +374,7 @@ def test_a_drafter_made_from_a_bare_config_is_saved_as_zlab_writes_them(tmp_path
     """engine_speed builds drafters from a bare dict: saved, they must still name their model class
     (vLLM refuses a config.json without model_type) and their weights' dtype (SGLang assumed float16 without it),
     while a real drafter's keys are kept as they were."""
-    from dflash_bench.engine.drafter import DFlashDrafter, DrafterConfig, load_drafter, save_drafter
+    from dflash_bench.engine.reference.drafter import DFlashDrafter, DrafterConfig, load_drafter, save_drafter
 
     bare = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
             "block_size": 4, "dflash_config": {"mask_token_id": 63, "target_layer_ids": [0]}}

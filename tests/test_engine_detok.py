@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("transformers")
 
 from dflash_bench.engine.detok import Detokenizer  # noqa: E402
-from dflash_bench.engine.tiny import make_tokenizer  # noqa: E402
+from dflash_bench.testing.tiny import make_tokenizer  # noqa: E402
 
 pytestmark = pytest.mark.engine
 

@@ -11,10 +11,10 @@ import torch.nn.functional as F
 
 pytest.importorskip("transformers")
 
-from dflash_bench.engine.drafter import load_drafter  # noqa: E402
-from dflash_bench.engine.propose import DFlashProposer  # noqa: E402
-from dflash_bench.engine.target import Target  # noqa: E402
-from dflash_bench.engine.tiny import make_tiny_pair  # noqa: E402
+from dflash_bench.engine.reference.drafter import load_drafter  # noqa: E402
+from dflash_bench.engine.reference.propose import DFlashProposer  # noqa: E402
+from dflash_bench.engine.reference.target import Target  # noqa: E402
+from dflash_bench.testing.tiny import make_tiny_pair  # noqa: E402
 
 pytestmark = pytest.mark.engine
 B = 5

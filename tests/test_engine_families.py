@@ -1,4 +1,4 @@
-"""Every model family the fast path registers (`engine/fast/family.py`) is in the exactness tests: its tiny
+"""Every model family the fast path registers (`engine/fast/models/family.py`) is in the exactness tests: its tiny
 architecture builds a config of one of its model types, and `serve --fast`'s engine over that tiny pair gives the
 reference engine's greedy tokens, AR and DFlash, over the caches its family's layout says. A family registered
 without a tiny architecture of its own fails here."""
@@ -12,12 +12,12 @@ import pytest
 pytest.importorskip("transformers")
 
 from dflash_bench.engine.build import build_engine  # noqa: E402
-from dflash_bench.engine.decode import generate  # noqa: E402
+from dflash_bench.engine.reference.decode import generate  # noqa: E402
 from dflash_bench.engine.config import EngineConfig  # noqa: E402
 from dflash_bench.engine.fast.engine import build_fast_engine  # noqa: E402
-from dflash_bench.engine.fast.family import FAMILIES, family_of, load_target  # noqa: E402
+from dflash_bench.engine.fast.models.family import FAMILIES, family_of, load_target  # noqa: E402
 from dflash_bench.engine.sampling_params import SamplingParams  # noqa: E402
-from dflash_bench.engine.tiny import make_tiny_pair  # noqa: E402
+from dflash_bench.testing.tiny import make_tiny_pair  # noqa: E402
 from dflash_bench.errors import UserError  # noqa: E402
 
 pytestmark = pytest.mark.engine

@@ -13,14 +13,14 @@ pytest.importorskip("transformers")
 import torch  # noqa: E402
 
 from dflash_bench.engine.build import build_engine  # noqa: E402
-from dflash_bench.engine.decode import generate as ref_generate  # noqa: E402
-from dflash_bench.engine.fast.draft import FastDrafter  # noqa: E402
-from dflash_bench.engine.fast.dense import DenseTarget  # noqa: E402
+from dflash_bench.engine.reference.decode import generate as ref_generate  # noqa: E402
+from dflash_bench.engine.fast.models.draft import FastDrafter  # noqa: E402
+from dflash_bench.engine.fast.models.dense import DenseTarget  # noqa: E402
 from dflash_bench.engine.fast.drive import decode, generate  # noqa: E402
 from dflash_bench.engine.config import StepConfig  # noqa: E402
 from dflash_bench.engine.fast.core import EngineCore  # noqa: E402
 from dflash_bench.engine.sampling_params import SamplingParams  # noqa: E402
-from dflash_bench.engine.tiny import make_tiny_pair  # noqa: E402
+from dflash_bench.testing.tiny import make_tiny_pair  # noqa: E402
 from fast_helpers import (ARCHS, B, MAX_LEN, N, PATHS, SLOTS, fast_runner, serve_requests, tiny_engines,  # noqa: E402
                           tiny_prompts, usable_path)
 
@@ -80,7 +80,7 @@ def test_batched_prefill_equals_one_prompt_at_a_time(setup, monkeypatch, budget,
     budget in several groups; or as the graphs of 2 and 3 rows a GPU runs, here run eagerly) leave the slots
     as one-by-one prefills do: first tokens, logits, the target's and the drafter's K/V over each prompt, and
     every token decoded after."""
-    from dflash_bench.engine.fast import scheduler as scheduler_mod
+    from dflash_bench.engine.fast.scheduling import scheduler as scheduler_mod
 
     monkeypatch.setattr(scheduler_mod, "PREFILL_TOKENS", budget)
     ar, df = setup
@@ -180,7 +180,7 @@ def test_fast_target_applies_sliding_windows(tmp_path, arch):
     import torch
     from transformers import AutoModelForCausalLM, MistralConfig, Qwen3Config
 
-    from dflash_bench.engine.tiny import VOCAB_SIZE, make_tokenizer
+    from dflash_bench.testing.tiny import VOCAB_SIZE, make_tokenizer
 
     shape = dict(vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=False,
@@ -213,8 +213,8 @@ def test_fast_target_refuses_biases_it_would_drop():
     with pytest.raises(UserError, match="without --fast"):
         DenseTarget(AutoModelForCausalLM.from_config(cfg), max_slots=1, max_len=16)
 
-    from dflash_bench.engine.drafter import DFlashDrafter, DrafterConfig
-    from dflash_bench.engine.tiny import drafter_config
+    from dflash_bench.engine.reference.drafter import DFlashDrafter, DrafterConfig
+    from dflash_bench.testing.tiny import drafter_config
 
     raw = drafter_config(cfg, layers=1, block_size=4, target_layer_ids=[0])
     drafter = DFlashDrafter(DrafterConfig.from_dict({**raw, "attention_bias": True, "dflash_config": {
@@ -279,9 +279,9 @@ def test_no_kernels_is_an_argument_that_runs_the_torch_ops(tmp_path):
 def test_a_head_dim_the_kernels_cannot_run_is_refused_at_load(tmp_path, kernels):
     """Triton's kernels (here in its interpreter) take power-of-two head dims of 16 or more, the C kernels whole
     vectors: another head dim is one sentence when the model loads, not a ValueError at the first decode step."""
-    from dflash_bench.engine.drafter import load_drafter
-    from dflash_bench.engine.fast import cpu_kernels
-    from dflash_bench.engine.target import load_model
+    from dflash_bench.engine.reference.drafter import load_drafter
+    from dflash_bench.engine.fast.kernels import cpu_kernels
+    from dflash_bench.engine.reference.target import load_model
     from dflash_bench.errors import UserError
 
     if kernels == "cpu" and cpu_kernels.load() is None:

@@ -1,4 +1,4 @@
-"""The fast engine served (engine/fast/engine.py under engine/loop.py and `serve --fast`): the decode loop like the
+"""The fast engine served (engine/fast/engine.py under engine/serving/loop.py and `serve --fast`): the decode loop like the
 reference engine's, requests arriving mid-decode, first tokens from later steps, prefill before stepping, the
 pipelined and the mixed-prefill engines serving what step by step serves; synthetic acceptance over HTTP."""
 
@@ -9,9 +9,9 @@ import pytest
 pytest.importorskip("transformers")
 
 from dflash_bench.engine.build import build_engine  # noqa: E402
-from dflash_bench.engine.decode import generate as ref_generate  # noqa: E402
+from dflash_bench.engine.reference.decode import generate as ref_generate  # noqa: E402
 from dflash_bench.engine.sampling_params import SamplingParams  # noqa: E402
-from dflash_bench.engine.tiny import make_tiny_pair  # noqa: E402
+from dflash_bench.testing.tiny import make_tiny_pair  # noqa: E402
 from fast_helpers import ARCHS, B, MAX_LEN, N, SLOTS, serve_requests, tiny_engines, tiny_prompts  # noqa: E402
 
 pytestmark = pytest.mark.engine
@@ -132,7 +132,7 @@ def test_serve_fast_gives_requests_arriving_mid_decode_what_they_get_alone(tmp_p
 
     from dflash_bench.engine.config import EngineConfig
     from dflash_bench.engine.fast.engine import build_fast_engine
-    from dflash_bench.engine.loop import EngineLoop
+    from dflash_bench.engine.serving.loop import EngineLoop
 
     target, drafter = make_tiny_pair(tmp_path, seed=1, block_size=B)
     mixed = mode == "ar-mixed"
@@ -196,7 +196,7 @@ def test_the_loop_takes_a_first_token_from_a_later_step(tmp_path):
 
     from dflash_bench.engine.config import EngineConfig
     from dflash_bench.engine.fast.engine import build_fast_engine
-    from dflash_bench.engine.loop import EngineLoop
+    from dflash_bench.engine.serving.loop import EngineLoop
 
     target, drafter = make_tiny_pair(tmp_path, seed=1, block_size=B)
     engine = build_fast_engine(EngineConfig.from_options(str(target), str(drafter), max_slots=3, max_model_len=MAX_LEN, dtype="float64", device="cpu", fast=True))
@@ -241,7 +241,7 @@ def test_prefill_first_fills_the_batch_before_it_steps(tmp_path):
     too, is prefilled before the first step, and every request gets the tokens it gets alone."""
     import threading
 
-    from dflash_bench.engine.loop import EngineLoop
+    from dflash_bench.engine.serving.loop import EngineLoop
 
     engine, ps, sp, alone = _burst(tmp_path, 6)
     loop = EngineLoop(engine)

@@ -10,13 +10,13 @@ pytest.importorskip("transformers")
 import torch  # noqa: E402
 
 from dflash_bench.engine.build import build_engine  # noqa: E402
-from dflash_bench.engine.decode import generate as ref_generate  # noqa: E402
+from dflash_bench.engine.reference.decode import generate as ref_generate  # noqa: E402
 from dflash_bench.synthetic import geometric_rate  # noqa: E402
 from dflash_bench.errors import UserError  # noqa: E402
 from dflash_bench.engine.fast.drive import generate  # noqa: E402
 from dflash_bench.engine.fast.core import EngineCore  # noqa: E402
 from dflash_bench.engine.sampling_params import SamplingParams  # noqa: E402
-from dflash_bench.engine.tiny import make_tiny_pair  # noqa: E402
+from dflash_bench.testing.tiny import make_tiny_pair  # noqa: E402
 from fast_helpers import ARCHS, B, MAX_LEN, N, PATHS, SLOTS, fast_runner, tiny_engines, tiny_prompts, usable_path  # noqa: E402
 
 pytestmark = pytest.mark.engine

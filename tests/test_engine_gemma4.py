@@ -18,9 +18,9 @@ import torch
 pytest.importorskip("transformers")
 
 from dflash_bench.engine.build import build_engine  # noqa: E402
-from dflash_bench.engine.decode import generate  # noqa: E402
+from dflash_bench.engine.reference.decode import generate  # noqa: E402
 from dflash_bench.engine.sampling_params import SamplingParams  # noqa: E402
-from dflash_bench.engine.tiny import make_tiny_pair  # noqa: E402
+from dflash_bench.testing.tiny import make_tiny_pair  # noqa: E402
 from dflash_bench.errors import UserError  # noqa: E402
 
 from zlab_reference import zlab_model  # noqa: E402
@@ -187,12 +187,12 @@ FAST_PATHS = [pytest.param("cpu", id="c-kernels"), pytest.param(False, id="torch
 
 def _fast_runner(df, *, drafter: bool, kernels, ring_margin=None, monkeypatch=None, **step):
     from dflash_bench.engine.config import StepConfig
-    from dflash_bench.engine.fast import gemma, layout
-    from dflash_bench.engine.fast.draft import FastDrafter
+    from dflash_bench.engine.fast.models import gemma, layout
+    from dflash_bench.engine.fast.models.draft import FastDrafter
     from dflash_bench.engine.fast.core import EngineCore
 
     if kernels == "cpu":
-        from dflash_bench.engine.fast import cpu_kernels
+        from dflash_bench.engine.fast.kernels import cpu_kernels
 
         if cpu_kernels.load() is None:
             pytest.skip("no C compiler builds the CPU kernels")
@@ -255,7 +255,7 @@ def test_fast_path_equals_the_reference_ar_and_dflash(request, kernels, monkeypa
 def test_serve_fast_builds_the_gemma4_engine_and_keeps_only_the_window(pair):
     """`build_fast_engine` (what `serve --fast` runs) on the folders: greedy tokens equal the reference engine's at
     several batch sizes; the sliding layers' cache is a ring of the window plus RING_MARGIN positions a slot."""
-    from dflash_bench.engine.fast import layout
+    from dflash_bench.engine.fast.models import layout
     from dflash_bench.engine.config import EngineConfig
     from dflash_bench.engine.fast.engine import build_fast_engine
 
@@ -278,11 +278,11 @@ def test_fast_target_logits_equal_transformers(engines, kernels):
     prompt longer than the window, and then for a step of 3 tokens after it, equal transformers' forward."""
     from transformers import AutoModelForCausalLM
 
-    from dflash_bench.engine.fast import gemma
+    from dflash_bench.engine.fast.models import gemma
 
     _, df = engines
     if kernels == "cpu":
-        from dflash_bench.engine.fast import cpu_kernels
+        from dflash_bench.engine.fast.kernels import cpu_kernels
 
         if cpu_kernels.load() is None:
             pytest.skip("no C compiler builds the CPU kernels")
@@ -305,7 +305,7 @@ def test_the_drafters_window_is_read_as_zlabs_qwen3config_reads_it(pair, use):
     `use_sliding_window`; the sliding layers stay causal either way."""
     from transformers import Qwen3Config
 
-    from dflash_bench.engine.drafter import DrafterConfig
+    from dflash_bench.engine.reference.drafter import DrafterConfig
 
     d = json.loads((pair[1] / "config.json").read_text())
     d.pop("use_sliding_window")

@@ -34,7 +34,7 @@ def _prompts(tok, n: int) -> list[list[int]]:
 
 @pytest.fixture(scope="module", params=["qwen3", "llama"])
 def pair(request, tmp_path_factory):
-    from dflash_bench.engine.tiny import make_tiny_pair
+    from dflash_bench.testing.tiny import make_tiny_pair
 
     return make_tiny_pair(tmp_path_factory.mktemp(request.param), arch=request.param, seed=1, block_size=B)
 
@@ -46,9 +46,9 @@ def test_graphed_step_ahead_fast_path_equals_the_reference(pair, mode, prefill, 
     rows (6 made one of GRAPHED_ROWS), or together in one eager forward (as a burst of prompts is: six short
     prompts are under PREFILL_TOKENS and more than GRAPHED_ROWS)."""
     from dflash_bench.engine.build import build_engine
-    from dflash_bench.engine.decode import generate
-    from dflash_bench.engine.fast import runner as runner_mod
-    from dflash_bench.engine.fast import scheduler as scheduler_mod
+    from dflash_bench.engine.reference.decode import generate
+    from dflash_bench.engine.fast.running import runner as runner_mod
+    from dflash_bench.engine.fast.scheduling import scheduler as scheduler_mod
     from dflash_bench.engine.config import EngineConfig
     from dflash_bench.engine.fast.engine import build_fast_engine
     from dflash_bench.engine.sampling_params import SamplingParams
@@ -97,7 +97,7 @@ def test_prompts_that_ride_in_graphed_steps_get_what_they_get_alone(pair):
     step (one captured graph per batch bucket, prompt bucket and prompt count; two of them together), every
     request gets the tokens the reference engine gives it alone."""
     from dflash_bench.engine.build import build_engine
-    from dflash_bench.engine.decode import generate
+    from dflash_bench.engine.reference.decode import generate
     from dflash_bench.engine.config import EngineConfig
     from dflash_bench.engine.fast.engine import build_fast_engine
     from dflash_bench.engine.sampling_params import SamplingParams
@@ -137,7 +137,7 @@ def test_prompts_that_ride_in_graphed_steps_get_what_they_get_alone(pair):
 
 @pytest.fixture(scope="module")
 def gemma_pair(tmp_path_factory):
-    from dflash_bench.engine.tiny import make_tiny_pair
+    from dflash_bench.testing.tiny import make_tiny_pair
 
     return make_tiny_pair(tmp_path_factory.mktemp("gemma4"), arch="gemma4", seed=1, block_size=B, layers=7)
 
@@ -149,7 +149,7 @@ def test_gemma4_fast_path_equals_the_reference(gemma_pair, mode, kernels):
     step-ahead: with the Triton kernels (the fused q/k/v norms + RoPE + cache write, GeGLU) and with torch ops, the
     greedy tokens and acceptance of the reference engine."""
     from dflash_bench.engine.build import build_engine
-    from dflash_bench.engine.decode import generate
+    from dflash_bench.engine.reference.decode import generate
     from dflash_bench.engine.config import EngineConfig
     from dflash_bench.engine.fast.engine import build_fast_engine
     from dflash_bench.engine.sampling_params import SamplingParams

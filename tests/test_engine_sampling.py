@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dflash_bench.engine.sampling import accept, probs_from_logits, rejection_sample
+from dflash_bench.engine.reference.sampling import accept, probs_from_logits, rejection_sample
 from dflash_bench.engine.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.engine
@@ -68,7 +68,7 @@ def test_top_k_and_top_p():
 
 
 def test_sampled_drafts_then_accept_keep_the_target_distribution_row_by_row():
-    from dflash_bench.engine.sampling import sample_drafts
+    from dflash_bench.engine.reference.sampling import sample_drafts
 
     torch.manual_seed(1)
     g = torch.Generator().manual_seed(1)

@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from dflash_bench.engine.tiny import PREDICTED_TOKEN, make_tiny_pair  # noqa: E402
+from dflash_bench.testing.tiny import PREDICTED_TOKEN, make_tiny_pair  # noqa: E402
 from launch_helpers import stop_harness  # noqa: E402
 
 pytestmark = pytest.mark.engine
@@ -66,8 +66,8 @@ def inproc_server(target, draft=None, mode="ar", name="tiny", step_delay: float 
     import uvicorn
 
     from dflash_bench.engine.build import build_engine
-    from dflash_bench.engine.loop import EngineLoop
-    from dflash_bench.engine.server import build_app
+    from dflash_bench.engine.serving.loop import EngineLoop
+    from dflash_bench.engine.serving.api_server import build_app
 
     engine = build_engine(str(target), draft and str(draft), mode=mode, device="cpu", max_slots=8, max_len=512,
                           dtype="float64")
@@ -296,7 +296,7 @@ def test_a_non_streaming_client_that_goes_away_frees_its_slot(random_pair):
 def test_the_outbox_wakes_the_event_loop_once_per_flush():
     import asyncio
 
-    from dflash_bench.engine.server import Outbox
+    from dflash_bench.engine.serving.api_server import Outbox
 
     async def main():
         box, aloop = Outbox(), asyncio.get_running_loop()

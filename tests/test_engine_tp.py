@@ -15,7 +15,7 @@ pytest.importorskip("transformers")
 from dflash_bench.engine.config import EngineConfig  # noqa: E402
 from dflash_bench.engine.fast.engine import build_fast_engine  # noqa: E402
 from dflash_bench.engine.sampling_params import SamplingParams  # noqa: E402
-from dflash_bench.engine.tiny import make_tiny_pair  # noqa: E402
+from dflash_bench.testing.tiny import make_tiny_pair  # noqa: E402
 from dflash_bench.errors import UserError  # noqa: E402
 
 pytestmark = pytest.mark.engine
@@ -148,7 +148,7 @@ def stalled(monkeypatch):
     """A watchdog of 3 s, and the sentence a stall ends the server with, recorded instead of exiting the process."""
     import threading
 
-    from dflash_bench.engine.fast import ranks
+    from dflash_bench.engine.fast.parallel import ranks
 
     monkeypatch.setattr(ranks, "STALL_S", 3.0)
     said, once = [], threading.Event()

@@ -38,7 +38,7 @@ FAVOURED = range(97, 100)  # embedding rows made larger: drafts and targets agre
 def pair(request, tmp_path_factory):
     from transformers import AutoModelForCausalLM
 
-    from dflash_bench.engine.tiny import make_tiny_pair
+    from dflash_bench.testing.tiny import make_tiny_pair
 
     arch = request.param
     target, drafter = make_tiny_pair(tmp_path_factory.mktemp(arch), arch=arch, seed=1, block_size=B, layers=5,
@@ -103,8 +103,8 @@ def _case(target: str, draft: str | None, mode: str, adaptive: bool, graphs: boo
     os.dup2(fd, 2)
     sys.stdout = sys.stderr = open(fd, "w", buffering=1)
     from dflash_bench.engine.config import EngineConfig
-    from dflash_bench.engine.decode import generate
-    from dflash_bench.engine.fast import ranks
+    from dflash_bench.engine.reference.decode import generate
+    from dflash_bench.engine.fast.parallel import ranks
     from dflash_bench.engine.fast.engine import build_fast_engine
     from dflash_bench.engine.sampling_params import SamplingParams
 

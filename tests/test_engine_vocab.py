@@ -1,5 +1,5 @@
 """A prompt id outside the vocabulary is refused by the engine itself, in one sentence, before it reaches a
-kernel: the C CPU kernels (engine/fast/cpu_kernels.c) index the embedding without a check, so an in-process
+kernel: the C CPU kernels (engine/fast/kernels/cpu_kernels.c) index the embedding without a check, so an in-process
 caller (no server in front to answer 400) would otherwise read past it. The engine stays whole afterwards."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dflash_bench.engine.build import build_engine  # noqa: E402
 from dflash_bench.engine.config import EngineConfig  # noqa: E402
 from dflash_bench.engine.fast.engine import build_fast_engine  # noqa: E402
 from dflash_bench.engine.sampling_params import SamplingParams  # noqa: E402
-from dflash_bench.engine.tiny import make_tiny_pair  # noqa: E402
+from dflash_bench.testing.tiny import make_tiny_pair  # noqa: E402
 
 pytestmark = pytest.mark.engine
 B, SLOTS, MAX_LEN = 4, 4, 128
@@ -27,7 +27,7 @@ def _engine(pair, which: str):
     target, drafter = map(str, pair)
     if which == "reference":
         return build_engine(target, drafter, mode="dflash", max_slots=SLOTS, max_len=MAX_LEN)
-    from dflash_bench.engine.fast import cpu_kernels
+    from dflash_bench.engine.fast.kernels import cpu_kernels
 
     if cpu_kernels.load() is None:
         pytest.skip("no C compiler builds the CPU kernels")

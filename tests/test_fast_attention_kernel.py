@@ -11,13 +11,13 @@ import torch
 
 pytest.importorskip("triton")
 
-from dflash_bench.engine.fast.model import attention, step_mask  # noqa: E402
+from dflash_bench.engine.fast.models.decoder import attention, step_mask  # noqa: E402
 
 pytestmark = pytest.mark.engine
 
 
 def _kernel():
-    from dflash_bench.engine.fast import triton_attn
+    from dflash_bench.engine.fast.kernels import triton_attn
 
     return triton_attn
 

@@ -1,4 +1,4 @@
-"""The fast path's CPU kernels (engine/fast/cpu_kernels.c) against the torch reference, float32 and float64.
+"""The fast path's CPU kernels (engine/fast/kernels/cpu_kernels.c) against the torch reference, float32 and float64.
 
 And end to end: the fast path on the CPU kernels decodes the greedy tokens of the torch path and the reference
 engine (tests/test_engine_fast.py runs both paths through its main equality test).
@@ -13,9 +13,9 @@ pytest.importorskip("transformers")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from dflash_bench.engine.fast import cpu_kernels as ck  # noqa: E402
-from dflash_bench.engine.fast.model import attention, embed_norm, qk_rope, rms_norm, silu_mul, step_mask  # noqa: E402
-from dflash_bench.engine.rope import cos_sin, kernel_tables  # noqa: E402
+from dflash_bench.engine.fast.kernels import cpu_kernels as ck  # noqa: E402
+from dflash_bench.engine.fast.models.decoder import attention, embed_norm, qk_rope, rms_norm, silu_mul, step_mask  # noqa: E402
+from dflash_bench.engine.reference.rope import cos_sin, kernel_tables  # noqa: E402
 
 pytestmark = [pytest.mark.engine,
               pytest.mark.skipif(ck.load() is None, reason="no C compiler builds the CPU kernels")]
@@ -132,7 +132,7 @@ def test_attention_matches_sdpa_over_the_masked_cache(dtype, bs, n, causal, wind
 
 @pytest.mark.parametrize("synthetic", [False, True])
 def test_commit_matches_the_torch_commit(synthetic):
-    from dflash_bench.engine.fast.accept import commit
+    from dflash_bench.engine.fast.running.accept import commit
 
     torch.manual_seed(2)
     S, bs, Bk = 8, 6, 5
@@ -157,7 +157,7 @@ def test_commit_matches_the_torch_commit(synthetic):
 
 
 def test_load_kernels_picks_the_c_kernels_on_a_cpu(monkeypatch):
-    from dflash_bench.engine.fast.kernels import load_kernels
+    from dflash_bench.engine.fast.kernels.selector import load_kernels
     from dflash_bench.errors import UserError
 
     cpu = torch.device("cpu")

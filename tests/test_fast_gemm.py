@@ -12,7 +12,7 @@ pytestmark = pytest.mark.engine
 
 
 def _gemm():
-    from dflash_bench.engine.fast import triton_gemm
+    from dflash_bench.engine.fast.kernels import triton_gemm
 
     return triton_gemm
 

@@ -1,4 +1,4 @@
-"""Gemma 4's fused Triton kernels (engine/fast/triton_gemma.py) against the fast path's torch ops, in Triton's
+"""Gemma 4's fused Triton kernels (engine/fast/kernels/triton_gemma.py) against the fast path's torch ops, in Triton's
 interpreter: the q/k/v norms + RoPE + cache write of sliding layers (a ring shorter than the positions, its spare
 row) and full ones (proportional partial rotary, the key as the value), and GeGLU; then GemmaTarget's forward
 with them against its torch path.
@@ -13,8 +13,8 @@ pytest.importorskip("transformers")
 
 import torch  # noqa: E402
 
-from dflash_bench.engine.fast import gemma, layout  # noqa: E402
-from dflash_bench.engine.rope import cos_sin  # noqa: E402
+from dflash_bench.engine.fast.models import gemma, layout  # noqa: E402
+from dflash_bench.engine.reference.rope import cos_sin  # noqa: E402
 
 pytestmark = pytest.mark.engine
 MARGIN, MAX_LEN = 4, 64  # the sliding layers' ring: window 8 + 4 rows, so a step's positions wrap it
@@ -23,7 +23,7 @@ MARGIN, MAX_LEN = 4, 64  # the sliding layers' ring: window 8 + 4 rows, so a ste
 def _model():
     from transformers import AutoModelForCausalLM
 
-    from dflash_bench.engine.tiny import _target_config
+    from dflash_bench.testing.tiny import _target_config
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(_target_config("gemma4", 3, 64), dtype=torch.float32)
@@ -77,7 +77,7 @@ CASES = [(kind, bs, n) for kind in (0, 1) for bs in (1, 3) for n in (1, 5, 16)]
 def test_qkv_norm_rope_store_matches_the_torch_path(target, kind, bs, n, dtype):
     """q equals the torch path's (norm, RoPE with the kind's table), and the cache holds exactly the step's keys
     (normed, rotated) and values (normed, not rotated) where `attend` puts them; every other row is untouched."""
-    from dflash_bench.engine.fast import triton_gemma
+    from dflash_bench.engine.fast.kernels import triton_gemma
 
     g, ly = target.kinds[kind], next(ly for ly in target.layers if ly.kind == kind)
     H, hkv, hd = target.H, g.hkv, g.hd
@@ -118,7 +118,7 @@ def test_qkv_norm_rope_store_matches_the_torch_path(target, kind, bs, n, dtype):
 
 
 def test_gelu_mul_matches_the_torch_path():
-    from dflash_bench.engine.fast import triton_gemma
+    from dflash_bench.engine.fast.kernels import triton_gemma
 
     gu = torch.randn(3, 2 * 1500, generator=torch.Generator().manual_seed(1)) * 3  # more than one 1024 block a row
     torch.testing.assert_close(triton_gemma.gelu_mul(gu), gemma.gelu_mul(gu))
@@ -131,7 +131,7 @@ def test_gelu_mul_matches_the_torch_path():
 def test_norm_add_norm_is_the_norms_and_add_it_replaces(dtype, scalar):
     """Bit for bit what the Triton path ran before: rms_norm, then add_rms_norm (or torch's `(h + m) * scalar`
     and rms_norm), on a width that is not a power of two."""
-    from dflash_bench.engine.fast import triton_gemma, triton_ops
+    from dflash_bench.engine.fast.kernels import triton_gemma, triton_ops
 
     gen = torch.Generator().manual_seed(3)
     h, a = (torch.randn(3, 96, generator=gen).to(dtype) for _ in range(2))

@@ -1,4 +1,4 @@
-"""The fast path's Triton kernels (engine/fast/triton_ops.py) against the torch reference, in Triton's interpreter.
+"""The fast path's Triton kernels (engine/fast/kernels/triton_ops.py) against the torch reference, in Triton's interpreter.
 
 And end to end: the fast path with every kernel on (as on a GPU) decodes the same greedy tokens as the
 reference engine, AR and DFlash alike, with the same acceptance.
@@ -16,15 +16,15 @@ pytest.importorskip("transformers")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from dflash_bench.engine.fast.model import rms_norm  # noqa: E402
-from dflash_bench.engine.rope import cos_sin, kernel_tables, rope  # noqa: E402
+from dflash_bench.engine.fast.models.decoder import rms_norm  # noqa: E402
+from dflash_bench.engine.reference.rope import cos_sin, kernel_tables, rope  # noqa: E402
 
 pytestmark = pytest.mark.engine
 
 
 @pytest.fixture(scope="module")
 def ops():
-    from dflash_bench.engine.fast import triton_ops
+    from dflash_bench.engine.fast.kernels import triton_ops
 
     return triton_ops
 
@@ -72,7 +72,7 @@ def test_argmax_writes_into_strided_columns_and_nothing_else(ops):
 
 
 def test_embed_norm_matches_the_gather_then_norm(ops):
-    from dflash_bench.engine.fast.model import embed_norm
+    from dflash_bench.engine.fast.models.decoder import embed_norm
 
     torch.manual_seed(5)
     emb, w = torch.randn(50, 96), torch.randn(96)  # a width that is not a power of two
@@ -131,7 +131,7 @@ def test_qk_rope_store_matches_torch_and_writes_only_its_slots(ops, norm, group,
 @pytest.mark.parametrize("mode", ["match", "synthetic", "ar"])
 def test_commit_matches_the_torch_commit_exactly(ops, mode):
     """The whole step commit in one launch leaves every buffer as the runner's torch commit does."""
-    from dflash_bench.engine.fast.accept import commit
+    from dflash_bench.engine.fast.running.accept import commit
     from dflash_bench.synthetic import geometric_rate
 
     torch.manual_seed(2)
@@ -180,17 +180,17 @@ B, N, SLOTS, MAX_LEN = 6, 12, 2, 64
 
 def test_fast_path_with_kernels_is_lossless(tmp_path):
     """Qwen3 (q/k norm); Llama's only difference, no q/k norm, is covered by the kernel test above."""
-    pytest.importorskip("dflash_bench.engine.fast.triton_attn")
+    pytest.importorskip("dflash_bench.engine.fast.kernels.triton_attn")
     from dflash_bench.engine.build import build_engine
-    from dflash_bench.engine.decode import generate as ref_generate
-    from dflash_bench.engine.fast.draft import FastDrafter
-    from dflash_bench.engine.fast.dense import DenseTarget
+    from dflash_bench.engine.reference.decode import generate as ref_generate
+    from dflash_bench.engine.fast.models.draft import FastDrafter
+    from dflash_bench.engine.fast.models.dense import DenseTarget
     from dflash_bench.engine.fast.drive import generate
     from dflash_bench.engine.config import StepConfig
     from dflash_bench.engine.fast.core import EngineCore
-    from dflash_bench.engine.fast.timer import StepTimer
+    from dflash_bench.engine.fast.running.timer import StepTimer
     from dflash_bench.engine.sampling_params import SamplingParams
-    from dflash_bench.engine.tiny import make_tiny_pair
+    from dflash_bench.testing.tiny import make_tiny_pair
 
     target, drafter = make_tiny_pair(tmp_path, arch="qwen3", seed=1, block_size=B, layers=2)
     ar = build_engine(str(target), mode="ar", max_slots=SLOTS, max_len=MAX_LEN, dtype="float32")

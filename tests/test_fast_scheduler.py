@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from dflash_bench.engine.config import StepConfig
-from dflash_bench.engine.fast import scheduler as sch
-from dflash_bench.engine.fast.scheduler import Row, Scheduler
+from dflash_bench.engine.fast.scheduling import scheduler as sch
+from dflash_bench.engine.fast.scheduling.scheduler import Row, Scheduler
 
 
 def _sched(*, mixed: bool = False, step_ahead: bool = True, verify_width: str | int = "full", **kw) -> Scheduler:

@@ -1,4 +1,4 @@
-"""Gemma 4's KV pool on `serve --fast` (engine/fast/layout.py, pool.py): a slot's bytes are what the engine really
+"""Gemma 4's KV pool on `serve --fast` (engine/fast/models/layout.py, pool.py): a slot's bytes are what the engine really
 allocates (sliding layers' rings, full layers, the drafter's layers, the logits), at several slot counts and
 lengths on both sides of the ring; a real server takes as many slots as its budget holds, reports them on /metrics,
 and refuses more in one sentence."""
@@ -17,7 +17,7 @@ from launch_helpers import stop_harness
 
 pytest.importorskip("transformers")
 
-from dflash_bench.engine.tiny import make_tiny_pair  # noqa: E402
+from dflash_bench.testing.tiny import make_tiny_pair  # noqa: E402
 
 B = 4
 MAX_LEN = 128  # past the sliding layers' ring (window 8 + RING_MARGIN + its spare row)
@@ -31,8 +31,8 @@ def pair(tmp_path_factory):
 def per_slot(target: Path, drafter: Path | None, max_len: int = MAX_LEN) -> int:
     from transformers import AutoConfig
 
-    from dflash_bench.engine.drafter import DrafterConfig
-    from dflash_bench.engine.fast.pool import slot_bytes
+    from dflash_bench.engine.reference.drafter import DrafterConfig
+    from dflash_bench.engine.fast.running.pool import slot_bytes
 
     dc = DrafterConfig.from_dict(json.loads((drafter / "config.json").read_text())) if drafter is not None else None
     return slot_bytes(AutoConfig.from_pretrained(target), dc, max_len=max_len, dtype_bytes=4,
@@ -53,7 +53,7 @@ def test_a_gemma_slots_bytes_are_what_the_engine_allocates(pair, dflash: bool):
     """Exact, at two slot counts and at lengths below the ring (every position kept) and above it (a ring)."""
     from dflash_bench.engine.config import EngineConfig
     from dflash_bench.engine.fast.engine import build_fast_engine
-    from dflash_bench.engine.fast.layout import RING_MARGIN
+    from dflash_bench.engine.fast.models.layout import RING_MARGIN
 
     target, drafter = pair
     for max_len in (32, MAX_LEN):

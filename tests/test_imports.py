@@ -118,6 +118,7 @@ LAYERS = [
     ("launch", "gate", "quality"),
     ("client", "report"),
     ("engine",),
+    ("testing",),
     ("sweep", "train"),
     ("cli_servers",),
     ("cli",),

@@ -1,4 +1,4 @@
-"""`serve --fast`'s KV pool sized from a memory budget (engine/fast/pool.py): the arithmetic against the caches the
+"""`serve --fast`'s KV pool sized from a memory budget (engine/fast/running/pool.py): the arithmetic against the caches the
 fast path really allocates, a real server that takes as many slots as its budget holds and refuses more in one
 sentence, and the harness that refuses a concurrency beyond a server's slots before a cell runs."""
 
@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from dflash_bench.engine.fast.pool import DEFAULT_SLOTS, MOST_SLOTS, Budget, choose_slots, slot_bytes
+from dflash_bench.engine.fast.running.pool import DEFAULT_SLOTS, MOST_SLOTS, Budget, choose_slots, slot_bytes
 from dflash_bench.errors import UserError
 from launch_helpers import stop_harness
 
 pytest.importorskip("transformers")
 
-from dflash_bench.engine.tiny import make_tiny_pair  # noqa: E402
+from dflash_bench.testing.tiny import make_tiny_pair  # noqa: E402
 
 MAX_LEN = 512
 
@@ -30,7 +30,7 @@ def pair(tmp_path_factory):
 def per_slot(target: Path, drafter: Path | None, dtype_bytes: int = 4) -> int:
     from transformers import AutoConfig
 
-    from dflash_bench.engine.drafter import DrafterConfig
+    from dflash_bench.engine.reference.drafter import DrafterConfig
 
     dc = DrafterConfig.from_dict(json.loads((drafter / "config.json").read_text())) if drafter is not None else None
     n = slot_bytes(AutoConfig.from_pretrained(target), dc, max_len=MAX_LEN, dtype_bytes=dtype_bytes,

@@ -175,7 +175,7 @@ def test_launch_keeps_the_builtin_engine_up_until_ctrl_c(tmp_path):
 
     import httpx
 
-    from dflash_bench.engine.tiny import make_tiny_pair
+    from dflash_bench.testing.tiny import make_tiny_pair
     from dflash_bench.launch import free_port
     from launch_helpers import group_alive, stop_harness
     from services import sigint_delivered

@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from dflash_bench.engine.tiny import make_tiny_pair  # noqa: E402
+from dflash_bench.testing.tiny import make_tiny_pair  # noqa: E402
 from dflash_bench.launch import free_port  # noqa: E402
 from dflash_bench.quality.lossless import read_comparisons  # noqa: E402
 from dflash_bench.store import SweepDir  # noqa: E402

@@ -33,7 +33,7 @@ def test_the_recipe_trains_a_pair_the_engine_serves(tmp_path, data_dir):
     assert target["rope_theta"] == target["rope_parameters"]["rope_theta"] == conf["rope_theta"]
     assert conf["dflash_config"]["target_layer_ids"] == [1, 2]
     from dflash_bench.engine.build import build_engine
-    from dflash_bench.engine.decode import generate
+    from dflash_bench.engine.reference.decode import generate
     from dflash_bench.engine.sampling_params import SamplingParams
 
     kw = dict(max_slots=1, max_len=256, dtype="float32")

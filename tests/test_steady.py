@@ -119,7 +119,7 @@ def test_sweep_refuses_a_window_shorter_than_its_largest_concurrency_before_any_
 @pytest.mark.engine
 def test_builtin_engine_serves_a_steady_stream_measured_over_its_window(tmp_path: Path, data_dir: Path):
     pytest.importorskip("transformers")
-    from dflash_bench.engine.tiny import PREDICTED_TOKEN, make_tiny_pair
+    from dflash_bench.testing.tiny import PREDICTED_TOKEN, make_tiny_pair
     from test_engine_server import B, cli_server
 
     target, drafter = make_tiny_pair(tmp_path / "pair", predictable=True, block_size=B)

@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from dflash_bench.engine.decode import generate  # noqa: E402
+from dflash_bench.engine.reference.decode import generate  # noqa: E402
 from dflash_bench.engine.sampling_params import SamplingParams  # noqa: E402
 from dflash_bench.launch import plan_server  # noqa: E402
 from dflash_bench.models import resolve  # noqa: E402

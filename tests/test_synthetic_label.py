@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from dflash_bench.engine.tiny import make_tiny_pair  # noqa: E402
+from dflash_bench.testing.tiny import make_tiny_pair  # noqa: E402
 from dflash_bench.launch import free_port, launch_command  # noqa: E402
 
 

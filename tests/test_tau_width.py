@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from dflash_bench.engine.decode import generate  # noqa: E402
+from dflash_bench.engine.reference.decode import generate  # noqa: E402
 from dflash_bench.engine.sampling_params import SamplingParams  # noqa: E402
 from dflash_bench.metrics.definitions import profile_tau  # noqa: E402
 

@@ -43,7 +43,7 @@ HARMONY = (
 
 @pytest.fixture(scope="module")
 def tok():
-    from dflash_bench.engine.tiny import make_tokenizer
+    from dflash_bench.testing.tiny import make_tokenizer
 
     return make_tokenizer()
 

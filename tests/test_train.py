@@ -14,9 +14,9 @@ import torch
 pytest.importorskip("transformers")
 
 from dflash_bench.engine.build import build_engine  # noqa: E402
-from dflash_bench.engine.decode import generate  # noqa: E402
+from dflash_bench.engine.reference.decode import generate  # noqa: E402
 from dflash_bench.engine.sampling_params import SamplingParams  # noqa: E402
-from dflash_bench.engine.tiny import make_tiny_pair  # noqa: E402
+from dflash_bench.testing.tiny import make_tiny_pair  # noqa: E402
 from dflash_bench.errors import UserError  # noqa: E402
 from dflash_bench.train import loss as L  # noqa: E402
 from dflash_bench.train.data import read_prompts  # noqa: E402

@@ -12,7 +12,7 @@ import torch
 pytest.importorskip("transformers")
 
 from dflash_bench.engine.build import build_engine  # noqa: E402
-from dflash_bench.engine.decode import generate  # noqa: E402
+from dflash_bench.engine.reference.decode import generate  # noqa: E402
 from dflash_bench.engine.sampling_params import SamplingParams  # noqa: E402
 
 pytestmark = pytest.mark.engine

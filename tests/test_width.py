@@ -1,10 +1,10 @@
-"""The adaptive verify width's chooser (engine/fast/width.py): what it picks from measured acceptance and times."""
+"""The adaptive verify width's chooser (engine/fast/scheduling/width.py): what it picks from measured acceptance and times."""
 
 from __future__ import annotations
 
 import pytest
 
-from dflash_bench.engine.fast.width import CPU_DECAY, CPU_WIDTHS, DECAY, WidthChooser
+from dflash_bench.engine.fast.scheduling.width import CPU_DECAY, CPU_WIDTHS, DECAY, WidthChooser
 
 B = 16
 
@@ -71,7 +71,7 @@ def test_a_cpu_stops_drafting_where_no_draft_pays_and_does_not_retime_the_whole_
     """CPU widths: 1 verifies the anchor alone (no draft, cost of an AR step). Where every verified draft costs
     about what it earns (a compute-bound step), the choice settles on 1; without `explore_block` the periodic
     re-timing visits only the best width's neighbours, never the costly whole block again."""
-    from dflash_bench.engine.fast.width import CPU_WIDTHS
+    from dflash_bench.engine.fast.scheduling.width import CPU_WIDTHS
 
     ch = WidthChooser(B, CPU_WIDTHS, explore_block=False)
     assert ch.widths == [1, 2, 3, 4, 6, 8, 10, 16] and ch.expected(1) == 1.0

@@ -23,7 +23,7 @@ from dflash_bench.engine.sampling_params import SamplingParams
 def suite_prompts(tokenizer, suite: str, n: int, data_dir: Path | None, seed: int = 0) -> list[list[int]]:
     """The first turns `dflash-bench run --suite S -n N --seed 0` sends, as the server tokenizes them: each a chat
     request of one user message, rendered by the server's own `engine.api.chat_prompt`."""
-    from dflash_bench.engine.api import ChatRequest, chat_prompt
+    from dflash_bench.engine.serving.api import ChatRequest, chat_prompt
     from dflash_bench.suites import load_prompts
 
     return [chat_prompt(tokenizer, ChatRequest(messages=[{"role": "user", "content": p.turns[0]}]))
@@ -35,7 +35,7 @@ def closed_loop(engine, prompts: list[list[int]], concurrency: int, max_tokens: 
 
     The engine runs in an `EngineLoop`, as `serve` runs it (its admission into free slots, prefill groups and
     steps); each finished request submits the next prompt from the loop's thread, as a client would."""
-    from dflash_bench.engine.loop import EngineLoop
+    from dflash_bench.engine.serving.loop import EngineLoop
 
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     todo = deque(enumerate(prompts))

@@ -32,10 +32,10 @@ import torch
 
 from benchmarks.speed.cpu_step import PAIR, random_prompts
 
-from dflash_bench.engine.drafter import load_drafter
-from dflash_bench.engine.fast import cpu_kernels
-from dflash_bench.engine.fast.draft import FastDrafter
-from dflash_bench.engine.fast.dense import DenseTarget
+from dflash_bench.engine.reference.drafter import load_drafter
+from dflash_bench.engine.fast.kernels import cpu_kernels
+from dflash_bench.engine.fast.models.draft import FastDrafter
+from dflash_bench.engine.fast.models.dense import DenseTarget
 from dflash_bench.engine.config import StepConfig
 from dflash_bench.engine.fast.core import EngineCore
 

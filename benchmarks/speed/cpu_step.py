@@ -47,15 +47,15 @@ from pathlib import Path
 
 import torch
 
-from dflash_bench.engine.drafter import DFlashDrafter, DrafterConfig, load_drafter
-from dflash_bench.engine.fast.draft import FastDrafter
-from dflash_bench.engine.fast.dense import DenseTarget
+from dflash_bench.engine.reference.drafter import DFlashDrafter, DrafterConfig, load_drafter
+from dflash_bench.engine.fast.models.draft import FastDrafter
+from dflash_bench.engine.fast.models.dense import DenseTarget
 from dflash_bench.synthetic import geometric_rate
 from dflash_bench.engine.fast.drive import decode
 from dflash_bench.engine.config import StepConfig
 from dflash_bench.engine.fast.core import EngineCore
-from dflash_bench.engine.fast.timer import StepTimer
-from dflash_bench.engine.target import load_model
+from dflash_bench.engine.fast.running.timer import StepTimer
+from dflash_bench.engine.reference.target import load_model
 
 ROOT = Path(__file__).resolve().parents[2]
 

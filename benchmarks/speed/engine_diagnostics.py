@@ -11,13 +11,13 @@ import time
 
 import torch
 
-from dflash_bench.engine.fast.draft import FastDrafter
-from dflash_bench.engine.fast.dense import DenseTarget
-from dflash_bench.engine.fast.model import matmul
+from dflash_bench.engine.fast.models.draft import FastDrafter
+from dflash_bench.engine.fast.models.dense import DenseTarget
+from dflash_bench.engine.fast.models.decoder import matmul
 from dflash_bench.engine.fast.drive import generate
 from dflash_bench.engine.config import StepConfig
 from dflash_bench.engine.fast.core import EngineCore
-from dflash_bench.engine.fast.timer import StepTimer
+from dflash_bench.engine.fast.running.timer import StepTimer
 
 
 def sync(dev):
@@ -107,9 +107,9 @@ def lossless_tiny(dev) -> dict:
     """Real tiny Qwen3 pair (float32) on this device: reference engine AR vs fast AR vs fast DFlash token ids
     (the whole block verified every step, and the width chosen by load)."""
     from dflash_bench.engine.build import build_engine
-    from dflash_bench.engine.decode import generate as ref_generate
+    from dflash_bench.engine.reference.decode import generate as ref_generate
     from dflash_bench.engine.sampling_params import SamplingParams
-    from dflash_bench.engine.tiny import make_tiny_pair
+    from dflash_bench.testing.tiny import make_tiny_pair
 
     res = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -137,8 +137,8 @@ def kernels_agree(dev) -> dict:
     run the kernels in Triton's interpreter, one program at a time, which cannot show a race)."""
     if dev.type != "cuda":
         return {}
-    from dflash_bench.engine.fast import triton_attn, triton_gemm, triton_ops
-    from dflash_bench.engine.fast.model import attention, step_mask
+    from dflash_bench.engine.fast.kernels import triton_attn, triton_gemm, triton_ops
+    from dflash_bench.engine.fast.models.decoder import attention, step_mask
 
     g = torch.Generator(device=dev).manual_seed(0)
     worst = {"attention": 0.0, "matmul": 0.0}

@@ -14,9 +14,9 @@ import time
 import torch
 
 from dflash_bench.engine.build import build_engine
-from dflash_bench.engine.decode import generate
+from dflash_bench.engine.reference.decode import generate
 from dflash_bench.engine.sampling_params import SamplingParams
-from dflash_bench.engine.tiny import make_tiny_pair
+from dflash_bench.testing.tiny import make_tiny_pair
 
 
 def main() -> None:

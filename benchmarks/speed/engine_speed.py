@@ -20,12 +20,12 @@ import time
 
 import torch
 
-from dflash_bench.engine.fast.draft import FastDrafter
-from dflash_bench.engine.fast.dense import DenseTarget
+from dflash_bench.engine.fast.models.draft import FastDrafter
+from dflash_bench.engine.fast.models.dense import DenseTarget
 from dflash_bench.engine.fast.drive import decode, generate
 from dflash_bench.engine.config import StepConfig
 from dflash_bench.engine.fast.core import EngineCore
-from dflash_bench.engine.fast.timer import StepTimer
+from dflash_bench.engine.fast.running.timer import StepTimer
 
 from benchmarks.fixtures.shapes import SHAPES, build_pair
 from benchmarks.speed.engine_diagnostics import (copy_bandwidth, divergence_gaps, kernels_agree, lossless_tiny,

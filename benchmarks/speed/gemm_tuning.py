@@ -21,8 +21,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from dflash_bench.engine.fast.triton_attn import sm_count
-from dflash_bench.engine.fast.triton_gemm import Plan, linear, plan_for, skinny_linear
+from dflash_bench.engine.fast.kernels.triton_attn import sm_count
+from dflash_bench.engine.fast.kernels.triton_gemm import Plan, linear, plan_for, skinny_linear
 
 SHAPES = {  # name: (n, k)
     "qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288),

@@ -17,7 +17,7 @@ import time
 import torch
 import triton
 
-from dflash_bench.engine.fast import triton_ops as ops
+from dflash_bench.engine.fast.kernels import triton_ops as ops
 
 
 def per_call_us(fn, reps: int = 200) -> float:
@@ -37,7 +37,7 @@ def per_call_us(fn, reps: int = 200) -> float:
 
 
 def attention_splits(dev, dt) -> None:
-    from dflash_bench.engine.fast import triton_attn as ta
+    from dflash_bench.engine.fast.kernels import triton_attn as ta
 
     H, hkv, hd, layers = 32, 8, 128, 36
     caches = [(torch.randn(8, 4096, hkv, hd, device=dev, dtype=dt), torch.randn(8, 4096, hkv, hd, device=dev, dtype=dt))
@@ -67,7 +67,7 @@ def attention_splits(dev, dt) -> None:
 def attention_shapes(dev, dt) -> None:
     """Batch 1, the DFlash step's attention (16 queries, causal verify and non-causal draft) and AR's (1 query):
     us per layer by query rows per program, keys per tile, warps and splits."""
-    from dflash_bench.engine.fast import triton_attn as ta
+    from dflash_bench.engine.fast.kernels import triton_attn as ta
 
     H, hkv, hd, layers = 32, 8, 128, 36
     caches = [(torch.randn(1, 1024, hkv, hd, device=dev, dtype=dt), torch.randn(1, 1024, hkv, hd, device=dev, dtype=dt))

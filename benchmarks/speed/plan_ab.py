@@ -21,9 +21,9 @@ import statistics
 
 import torch
 
-from dflash_bench.engine.fast import triton_gemm
-from dflash_bench.engine.fast.draft import FastDrafter
-from dflash_bench.engine.fast.dense import DenseTarget
+from dflash_bench.engine.fast.kernels import triton_gemm
+from dflash_bench.engine.fast.models.draft import FastDrafter
+from dflash_bench.engine.fast.models.dense import DenseTarget
 from dflash_bench.engine.config import StepConfig
 from dflash_bench.engine.fast.core import EngineCore
 

@@ -43,7 +43,7 @@ def main() -> None:
     args = ap.parse_args()
     from dflash_bench.engine.config import EngineConfig
     from dflash_bench.engine.fast.engine import build_fast_engine
-    from dflash_bench.engine.fast.scheduler import GRAPHED_ROWS
+    from dflash_bench.engine.fast.scheduling.scheduler import GRAPHED_ROWS
 
     rows = [int(k) for k in args.rows.split(",")]
     r = build_fast_engine(EngineConfig.from_options(args.model, args.draft, mode="dflash" if args.draft else "ar",

@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 
 CLASSES = ("gemm", "attention", "sampling+commit", "norms/rope/elementwise", "other")
 # first match wins: a substring of the kernel's name (lower case) -> its class. Triton's kernels are named after their
-# functions (engine/fast/triton_*.py: `_split_kernel` is the decode attention, `_skinny_kernel` the skinny matmul, also
+# functions (engine/fast/kernels/triton_*.py: `_split_kernel` is the decode attention, `_skinny_kernel` the skinny matmul, also
 # the lm_head's fused with its argmax's first stage); SDPA's (fmha_cutlass..., flash...) before cuBLAS's (nvjet,
 # sm90_xmma, cutlass); torch's elementwise, index and reduce kernels last
 _RULES = (
@@ -197,9 +197,9 @@ def build(name: str, device: str, dtype: torch.dtype, *, slots: int, context: in
           work: Path) -> Built:
     """The shape's target and drafter, random weights created on the device, its cache long enough for a pass of
     `steps` DFlash steps accepting whole blocks past `context`."""
-    from dflash_bench.engine.fast.draft import FastDrafter
-    from dflash_bench.engine.fast.family import load_target
-    from dflash_bench.engine.fast.layout import drafter_kind
+    from dflash_bench.engine.fast.models.draft import FastDrafter
+    from dflash_bench.engine.fast.models.family import load_target
+    from dflash_bench.engine.fast.models.layout import drafter_kind
 
     t0 = time.perf_counter()
     kind, shape = SHAPES[name]
@@ -244,7 +244,7 @@ def drive(core: Any, rows: int, context: int, steps: int, *, profile: bool = Fal
 
     The one function here that reaches into the engine: the core's runner (its steps in flight, its graphs, its
     synthetic draws) and its scheduler (each row's committed length)."""
-    from dflash_bench.engine.fast.scheduler import Row
+    from dflash_bench.engine.fast.scheduling.scheduler import Row
 
     runner, sched = core.runner, core.sched
     device = str(runner.dev)

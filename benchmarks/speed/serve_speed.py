@@ -29,7 +29,7 @@ import torch
 
 from benchmarks.fixtures.shapes import SHAPES, write_pair
 
-from dflash_bench.engine.drafter import DFlashDrafter, DrafterConfig, save_drafter
+from dflash_bench.engine.reference.drafter import DFlashDrafter, DrafterConfig, save_drafter
 from dflash_bench.errors import UserError
 from dflash_bench.launch import launch_command
 

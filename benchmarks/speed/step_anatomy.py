@@ -20,8 +20,8 @@ from collections import defaultdict
 
 import torch
 
-from dflash_bench.engine.fast.draft import FastDrafter
-from dflash_bench.engine.fast.dense import DenseTarget
+from dflash_bench.engine.fast.models.draft import FastDrafter
+from dflash_bench.engine.fast.models.dense import DenseTarget
 from dflash_bench.engine.config import StepConfig
 from dflash_bench.engine.fast.core import EngineCore
 

@@ -49,7 +49,7 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from dflash_bench.engine.fast import scheduler
+    from dflash_bench.engine.fast.scheduling import scheduler
 
     engine, cs = build(args)
     sync = torch.cuda.synchronize if engine.core.dev.type == "cuda" else (lambda: None)

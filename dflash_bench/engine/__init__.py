@@ -1,11 +1,14 @@
 """The builtin DFlash engine: a small PyTorch speculative-decoding server (extra `[engine]`).
 
-Files, one job each: `protocol.py` (`Engine`: what the loop and the server call), `bookkeeping.py` (a
-request's slot, tokens, stop rules and the counters, for both engines), `tiny.py` (tiny random test pairs),
-`cache.py` (slot KV cache and row masks), `rope.py` (RoPE), `target.py` (load any HF causal LM; run it with
-slot attention and hidden-state taps), `drafter.py` (z-lab drafter weights, strict loading), `propose.py`
-(what drafts a block), `sampling_params.py` (a request's decoding), `sampling.py` (sampling and rejection sampling), `decode.py` (`ReferenceEngine`:
-prefill, draft, verify, accept), `detok.py` (incremental text), `build.py` (load a `ReferenceEngine`),
-`loop.py` (the batching thread), `api.py` / `server.py` / `metrics.py` (the HTTP server; response envelopes
-in `dflash_bench/openai_format.py`, shared with the emulator). `fast/`: the `FastEngine` for one GPU.
+By role, each package importing only those listed before it (tests/test_imports.py holds the order):
+- here: `config.py` (`EngineConfig`, serve's engine as one value), `sampling_params.py`, `detok.py` and
+  `bookkeeping.py` (a request's slot, tokens, stop rules and counters, for both engines), `protocol.py`
+  (`Engine`: what serving calls);
+- `reference/`: the plain PyTorch DFlash step that matches z-lab's code (`decode.ReferenceEngine`: any HF
+  model, sampling), and the definitions the fast path builds on (the z-lab drafter, RoPE, the row mask);
+- `fast/`: the fast path (`serve --fast`): scheduling, running, models, kernels, parallel, under one
+  `EngineCore` (the only caller of its scheduler and runner) and the `FastEngine`;
+- `build.py`: the engine `serve` asks for, reference or fast;
+- `serving/`: the OpenAI-compatible server, the engine thread and /metrics (response envelopes in
+  `dflash_bench/openai_format.py`, shared with the emulator).
 """

@@ -9,7 +9,7 @@ import torch
 from dflash_bench.errors import UserError
 
 if TYPE_CHECKING:
-    from dflash_bench.engine.decode import ReferenceEngine
+    from dflash_bench.engine.reference.decode import ReferenceEngine
 
 def load_tokenizer(path: str) -> Any:
     from dflash_bench.tokenizer import load_tokenizer as load
@@ -26,11 +26,11 @@ def build_engine(model: str, draft: str | None = None, *, mode: str = "dflash", 
     On CPU, torch uses `threads` threads (default 1): small models run many tiny ops, where extra threads
     only add synchronisation, and 10-25x slower steps were measured with 2 threads on a busy 2-core machine.
     """
-    from dflash_bench.engine.decode import ReferenceEngine
-    from dflash_bench.engine.drafter import load_drafter
-    from dflash_bench.engine.propose import DFlashProposer
+    from dflash_bench.engine.reference.decode import ReferenceEngine
+    from dflash_bench.engine.reference.drafter import load_drafter
+    from dflash_bench.engine.reference.propose import DFlashProposer
     from dflash_bench.engine.bookkeeping import eos_ids
-    from dflash_bench.engine.target import Target, resolve_dtype
+    from dflash_bench.engine.reference.target import Target, resolve_dtype
 
     if mode not in ("ar", "dflash"):
         raise UserError(f"unknown mode {mode!r}; use 'ar' or 'dflash'")

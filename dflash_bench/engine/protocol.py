@@ -1,4 +1,4 @@
-"""`Engine`: what the decode loop (`loop.py`), the HTTP server (`server.py`) and /metrics call.
+"""`Engine`: what the decode loop (`serving/loop.py`), the HTTP server (`serving/api_server.py`) and /metrics call.
 
 Two engines implement it: `decode.ReferenceEngine` (any HF model, sampling, the numbers z-lab's code gives)
 and `fast.engine.FastEngine` (Qwen3/Llama, greedy, CUDA graphs). Both keep their requests in a

@@ -99,7 +99,7 @@ def default_pair(out: Path) -> tuple[Path, Path, str]:
     assets = Path(__file__).resolve().parents[1] / "assets" / "default_pair"
     if (assets / "target" / "config.json").exists() and (assets / "drafter" / "config.json").exists():
         return assets / "target", assets / "drafter", f"the embedded default ({assets})"
-    from dflash_bench.engine.tiny import make_tiny_pair
+    from dflash_bench.testing.tiny import make_tiny_pair
 
     where = Path(out) / ".demo-pair"
     if not (where / "target" / "config.json").exists():

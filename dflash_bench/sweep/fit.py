@@ -142,8 +142,8 @@ def builtin_kv(target_cfg: dict[str, Any], drafter_cfg: dict[str, Any] | None, *
     try:
         from transformers import AutoConfig
 
-        from dflash_bench.engine.drafter import DrafterConfig
-        from dflash_bench.engine.fast.pool import slot_bytes
+        from dflash_bench.engine.reference.drafter import DrafterConfig
+        from dflash_bench.engine.fast.running.pool import slot_bytes
 
         c = dict(text_config(target_cfg))
         cfg = AutoConfig.for_model(c.pop("model_type"), **c)

@@ -21,7 +21,7 @@ from dflash_bench.errors import UserError
 from dflash_bench.train import loss as L
 
 if TYPE_CHECKING:
-    from dflash_bench.engine.drafter import DFlashDrafter
+    from dflash_bench.engine.reference.drafter import DFlashDrafter
 
 
 @dataclass
@@ -63,7 +63,7 @@ class FrozenTarget:
     def __init__(self, path: str, device: str, dtype: torch.dtype):
         from transformers import AutoModelForCausalLM
 
-        from dflash_bench.engine.target import decoder_layers
+        from dflash_bench.engine.reference.target import decoder_layers
 
         try:
             # Any: an HF causal LM, whose classes transformers types per architecture
@@ -185,7 +185,7 @@ def train_drafter(target: str, data: str | list[list[dict]], out: str, config: D
     `samples`: (prompt ids, response ids) the target already generated (`regenerate_samples`), instead of `data`.
     """
     from dflash_bench.engine.build import load_tokenizer
-    from dflash_bench.engine.drafter import DFlashDrafter, DrafterConfig, save_drafter
+    from dflash_bench.engine.reference.drafter import DFlashDrafter, DrafterConfig, save_drafter
     from dflash_bench.store import atomic_write_json
     from dflash_bench.train.data import read_prompts
 

@@ -5,7 +5,7 @@ For each sequence (prompt + target-regenerated response) the frozen target gives
 becomes a block `[token@p, mask x (B-1)]` at positions p..p+B-1 whose queries see the context features at
 positions < p and every slot of their own block (bidirectional), never another block. Slot k (1..B-1) is
 trained to predict the token at p+k, weighted by exp(-(k-1)/gamma). The math reuses the engine's drafter
-modules (`dflash_bench.engine.drafter`), so what is trained here is exactly what the engine runs.
+modules (`dflash_bench.engine.reference.drafter`), so what is trained here is exactly what the engine runs.
 
 A block may also be cut to its first l slots (`block_lengths`): its queries then see only those slots of their
 block and only slots 1..l-1 are trained. A drafter trained on a mix of whole and cut blocks drafts as well from
@@ -20,8 +20,8 @@ from typing import Callable, cast
 import torch
 import torch.nn.functional as F
 
-from dflash_bench.engine.cache import attend
-from dflash_bench.engine.drafter import DFlashDrafter, Layer, rope, rope_cos_sin
+from dflash_bench.engine.reference.slot_cache import attend
+from dflash_bench.engine.reference.drafter import DFlashDrafter, Layer, rope, rope_cos_sin
 
 
 def default_gamma(block_size: int) -> float:

@@ -36,7 +36,7 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     from dflash_bench.engine.build import build_engine
-    from dflash_bench.engine.decode import generate
+    from dflash_bench.engine.reference.decode import generate
     from dflash_bench.engine.sampling_params import SamplingParams
     from dflash_bench.suites import load_prompts
 

@@ -38,7 +38,7 @@ def load(args) -> dict[str, list[str]]:
 
 
 def run(engine, tok, prompts: list[str], max_tokens: int) -> tuple[list[list[int]], float, int]:
-    from dflash_bench.engine.decode import generate
+    from dflash_bench.engine.reference.decode import generate
     from dflash_bench.engine.sampling_params import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)

@@ -73,7 +73,7 @@ def main() -> None:
     if not a.data_dir:
         sys.exit("--data-dir is required")
     from dflash_bench.engine.build import build_engine
-    from dflash_bench.engine.decode import generate
+    from dflash_bench.engine.reference.decode import generate
     from dflash_bench.engine.sampling_params import SamplingParams
     from dflash_bench.suites import load_prompts
 

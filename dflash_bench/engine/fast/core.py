@@ -13,10 +13,10 @@ from typing import Any, Sequence
 import torch
 
 from dflash_bench.engine.config import StepConfig
-from dflash_bench.engine.fast.family import Drafter, Target
-from dflash_bench.engine.fast.runner import FastRunner
-from dflash_bench.engine.fast.scheduler import Row, Scheduler, StepPlan
-from dflash_bench.engine.fast.timer import StepTimer
+from dflash_bench.engine.fast.models.family import Drafter, Target
+from dflash_bench.engine.fast.running.runner import FastRunner
+from dflash_bench.engine.fast.scheduling.scheduler import Row, Scheduler, StepPlan
+from dflash_bench.engine.fast.running.timer import StepTimer
 
 
 class EngineCore:

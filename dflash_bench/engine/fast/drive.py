@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Callable
 
 from dflash_bench.engine.fast.core import EngineCore
-from dflash_bench.engine.fast.scheduler import Row
+from dflash_bench.engine.fast.scheduling.scheduler import Row
 
 
 def generate(core: EngineCore, prompts: list[list[int]], max_new: int, *, pipeline: bool = True) -> list[list[int]]:

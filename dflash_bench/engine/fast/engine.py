@@ -19,9 +19,9 @@ import torch
 from dflash_bench.engine.bookkeeping import Bookkeeping, Delta, Seq, Stats, eos_ids, step_logprobs
 from dflash_bench.engine.config import EngineConfig
 from dflash_bench.engine.fast.make import load_pair, make_core, rank_runner
-from dflash_bench.engine.fast.ranks import Followers
-from dflash_bench.engine.fast.shard import Shard
-from dflash_bench.engine.fast.scheduler import PREFILL_TOKENS, Row
+from dflash_bench.engine.fast.parallel.ranks import Followers
+from dflash_bench.engine.fast.models.shard import Shard
+from dflash_bench.engine.fast.scheduling.scheduler import PREFILL_TOKENS, Row
 from dflash_bench.engine.sampling_params import SamplingParams
 from dflash_bench.errors import UserError
 
@@ -168,7 +168,7 @@ def build_fast_engine(config: EngineConfig, *, tokenizer: Any = None) -> FastEng
     not given), or `kv_cache_memory_bytes`, a rank's). `tensor_parallel_size` N > 1: N processes, a GPU each (gloo
     ranks on the CPU), `ranks.py`. `enforce_eager`: no CUDA graphs."""
     from dflash_bench.engine.build import load_tokenizer
-    from dflash_bench.engine.target import resolve_dtype
+    from dflash_bench.engine.reference.target import resolve_dtype
 
     mode, drawn, device, size = config.mode, config.step.drawn, config.device, config.tensor_parallel_size
     draft = config.draft if mode == "dflash" else None
@@ -190,7 +190,7 @@ def build_fast_engine(config: EngineConfig, *, tokenizer: Any = None) -> FastEng
     tok = tokenizer or load_tokenizer(config.model)
     followers, shard = None, None
     if size > 1:  # refused in one sentence before any process starts
-        from dflash_bench.engine.fast.ranks import check_parallel
+        from dflash_bench.engine.fast.parallel.ranks import check_parallel
 
         check_parallel(config.model, draft, size, device=device)
         followers = Followers(dataclasses.replace(config, device=device, draft=draft), rank_runner).start()
@@ -203,7 +203,7 @@ def build_fast_engine(config: EngineConfig, *, tokenizer: Any = None) -> FastEng
             shard = shard.cut(hf, drafter)  # this rank's part only, before the pool is sized from what is left
         if drafter is not None:
             config.step.synthetic(drafter.config.block_size)  # a mean or rates the block cannot take: one sentence
-        from dflash_bench.engine.fast.pool import pool_slots
+        from dflash_bench.engine.fast.running.pool import pool_slots
 
         utilization = 0.9 if config.memory_utilization is None else config.memory_utilization
         max_slots = pool_slots(hf.config.get_text_config(), drafter, asked=config.max_slots, device=device, dtype=dt,

@@ -7,10 +7,10 @@ from typing import Any, Callable
 
 from dflash_bench.engine.config import EngineConfig, StepConfig
 from dflash_bench.engine.fast.core import EngineCore
-from dflash_bench.engine.fast.draft import FastDrafter
-from dflash_bench.engine.fast.family import family_of, load_target
-from dflash_bench.engine.fast.ranks import rank_device
-from dflash_bench.engine.fast.shard import Shard
+from dflash_bench.engine.fast.models.draft import FastDrafter
+from dflash_bench.engine.fast.models.family import family_of, load_target
+from dflash_bench.engine.fast.parallel.ranks import rank_device
+from dflash_bench.engine.fast.models.shard import Shard
 
 
 def make_core(model: Any, drafter: Any, step: StepConfig, *, max_slots: int, max_len: int, kernels: bool = True,
@@ -32,8 +32,8 @@ def make_core(model: Any, drafter: Any, step: StepConfig, *, max_slots: int, max
 def load_pair(model: str, draft: str | None, *, dtype: Any, device: str, dummy: bool) -> tuple[Any, Any]:
     """The target (a transformers model) and the drafter (a DFlashDrafter, or None) as the fast path serves them:
     one sentence for a target it does not run, or a drafter that does not fit it."""
-    from dflash_bench.engine.drafter import load_drafter
-    from dflash_bench.engine.target import load_model, resolve_dtype
+    from dflash_bench.engine.reference.drafter import load_drafter
+    from dflash_bench.engine.reference.target import load_model, resolve_dtype
 
     dt = resolve_dtype(dtype, device) if isinstance(dtype, str) else dtype
     hf: Any = load_model(model, dtype=dt, device=device, dummy=dummy)  # a transformers model

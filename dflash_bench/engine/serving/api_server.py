@@ -1,0 +1,246 @@
+"""The OpenAI-compatible HTTP server of the builtin engine (FastAPI + uvicorn, one process).
+
+Endpoints: /v1/chat/completions and /v1/completions (SSE streaming with usage and continuous usage
+stats, or one JSON body), /v1/models, /health, /metrics (vLLM's counter names).
+"""
+
+from __future__ import annotations
+
+from typing import Any, AsyncIterator, Callable, Literal
+
+import asyncio
+import copy
+import logging
+import socket
+import sys
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from dflash_bench.engine.serving.api import (
+    BadRequest, ChatRequest, CompletionRequest, Formatter, StreamOptions, chat_prompt, completion_prompt,
+)
+from dflash_bench.engine.bookkeeping import Delta, out_of_vocabulary
+from dflash_bench.engine.config import EngineConfig
+from dflash_bench.engine.serving.loop import EngineLoop
+from dflash_bench.engine.serving.metrics_endpoint import render
+from dflash_bench.engine.protocol import Engine
+from dflash_bench.errors import UserError
+from dflash_bench.openai_format import new_id
+
+log = logging.getLogger("dflash_bench.engine")
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    kind = "BadRequestError" if status == 400 else "InternalServerError"
+    return JSONResponse({"object": "error", "message": message, "type": kind, "param": None, "code": status},
+                        status_code=status)
+
+
+def _sse(obj: Any) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+class Outbox:
+    """The engine thread's results for the event loop, handed over once per step (`EngineLoop.flush`).
+
+    One `call_soon_threadsafe` per request per step wakes the event loop 32 times a step at concurrency 32,
+    each wake-up taking the GIL from the engine thread; one per step carries them all.
+    """
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[asyncio.Queue, object]] = []  # appended and swapped on the engine thread only
+        self.aloop: asyncio.AbstractEventLoop | None = None
+
+    def sink(self, queue: asyncio.Queue) -> Callable[[object], None]:
+        self.aloop = asyncio.get_running_loop()  # the server's one event loop
+        return lambda d: self.pending.append((queue, d))
+
+    def flush(self) -> None:
+        if self.pending and self.aloop is not None:
+            batch, self.pending = self.pending, []
+            self.aloop.call_soon_threadsafe(_deliver, batch)
+
+
+def _deliver(batch: list[tuple[asyncio.Queue, object]]) -> None:
+    for queue, item in batch:
+        queue.put_nowait(item)
+
+
+def build_app(loop: EngineLoop, model_name: str) -> FastAPI:
+    """The FastAPI app serving `loop`'s engine under `model_name`."""
+    app = FastAPI(title="dflash-bench builtin engine")
+    engine = loop.engine
+    outbox = Outbox()
+    loop.flush = outbox.flush
+    # A tokenizer of its own: HF fast tokenizers can fail ("Already borrowed") when one instance encodes on
+    # this thread while the engine thread decodes with it.
+    tok = copy.deepcopy(engine.tok)
+    # --fast --synthetic-acceptance (benchmarking only): every response body and chunk says so
+    synthetic = engine.synthetic_acceptance
+
+    def _label(obj: dict) -> dict:
+        if synthetic is not None:
+            obj["synthetic_acceptance"] = synthetic
+        return obj
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_req: Request, exc: RequestValidationError) -> JSONResponse:
+        e = exc.errors()[0] if exc.errors() else {}
+        if e.get("type") == "json_invalid":
+            return _error(400, f"the request body is not valid JSON ({e.get('ctx', {}).get('error', 'parse error')})")
+        where = ".".join(str(x) for x in e.get("loc", ())[1:]) or "body"
+        return _error(400, f"invalid request: {where}: {e.get('msg', 'bad value')}")
+
+    @app.exception_handler(BadRequest)
+    async def _bad(_req: Request, exc: BadRequest) -> JSONResponse:
+        return _error(400, str(exc))
+
+    @app.get("/health")
+    async def health() -> Response:  # 503 once the engine thread is gone: requests would wait forever
+        return Response(status_code=200 if loop.thread.is_alive() else 503)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0,
+                                            "owned_by": "dflash-bench", "max_model_len": engine.max_len}]}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(render(loop, model_name), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.post("/v1/chat/completions")
+    async def chat(req: ChatRequest, raw: Request) -> Response:
+        return await _serve("chat", req, chat_prompt(tok, req), raw)
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest, raw: Request) -> Response:
+        return await _serve("completions", req, completion_prompt(tok, req), raw)
+
+    async def _serve(kind: Literal["chat", "completions"], req: ChatRequest | CompletionRequest, prompt: list[int],
+                     raw: Request) -> Response:
+        if req.model and req.model != model_name:
+            return JSONResponse({"object": "error", "message": f"the model {req.model!r} does not exist; this server has {model_name!r}",
+                                 "type": "NotFoundError", "param": None, "code": 404}, status_code=404)
+        if why := out_of_vocabulary(prompt, engine.vocab_size):
+            raise BadRequest(why)
+        room = engine.max_len - engine.B - 1
+        max_tokens = req.wanted_max_tokens() or max(1, room - len(prompt))
+        why = engine.check(len(prompt), max_tokens)
+        if why:
+            raise BadRequest(why)
+        params = req.sampling(max_tokens, req.wanted_logprobs())
+        if engine.greedy_only and not params.greedy:
+            raise BadRequest("this server runs the fast path, which decodes greedily: use temperature 0")
+        fmt = Formatter(kind, model_name, tok, req.return_tokens_as_token_ids)
+        queue: asyncio.Queue = asyncio.Queue()
+        req_id = new_id("req")
+        loop.submit(req_id, prompt, params, outbox.sink(queue))
+        if req.stream:
+            opts = req.stream_options
+            return StreamingResponse(_stream(req_id, queue, fmt, opts), media_type="text/event-stream")
+        collect = asyncio.ensure_future(_collect(queue))
+        gone = asyncio.ensure_future(_disconnect(raw))
+        try:  # a client that goes away stops its generation (Starlette does not cancel the handler)
+            await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            left = not collect.done()
+            if left:
+                collect.cancel()
+                loop.abort(req_id)
+        if left:
+            return Response(status_code=499)  # nobody reads it
+        result = collect.result()
+        if isinstance(result, Exception):
+            return _error(500, f"generation failed: {result}")
+        return JSONResponse(_label(fmt.full(result, engine.B)))
+
+    async def _collect(queue: asyncio.Queue) -> list[Delta] | Exception:
+        deltas: list[Delta] = []
+        while not deltas or not deltas[-1].finish:
+            d = await queue.get()
+            if isinstance(d, Exception):
+                return d
+            deltas.append(d)
+        return deltas
+
+    async def _disconnect(raw: Request) -> None:
+        while (await raw.receive())["type"] != "http.disconnect":
+            pass
+
+    async def _stream(req_id: str, queue: asyncio.Queue, fmt: Formatter, opts: StreamOptions | None
+                      ) -> AsyncIterator[bytes]:
+        usage_each = bool(opts and opts.include_usage and opts.continuous_usage_stats)
+        done = False
+        try:
+            if fmt.kind == "chat":
+                yield _sse(fmt.role_chunk())
+            while not done:
+                d = await queue.get()
+                if isinstance(d, Exception):
+                    yield _sse({"error": {"message": f"generation failed: {d}", "code": 500}})
+                    done = True
+                    break
+                done = d.finish is not None
+                yield _sse(_label(fmt.chunk(d, with_usage=usage_each)))
+            if opts and opts.include_usage and not isinstance(d, Exception):
+                yield _sse(_label(fmt.usage_chunk(d, engine.B)))
+            yield b"data: [DONE]\n\n"
+        finally:
+            if not done:
+                loop.abort(req_id)
+
+    return app
+
+
+# The engine thread waits for the GPU without the GIL, then needs it back at once to launch the next step; while
+# the event loop writes SSE chunks, CPython makes it wait a whole switch interval (5 ms by default, most of an AR
+# step). A short interval bounds that wait.
+SWITCH_INTERVAL_S = 0.0002
+
+
+def _check_port(host: str, port: int) -> None:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as err:
+            raise UserError(f"cannot listen on {host}:{port} ({err.strerror}); pick another --port") from err
+
+
+def serve(config: EngineConfig, *, host: str = "127.0.0.1", port: int = 8000, served_model_name: str | None = None,
+          log_level: str = "warning") -> None:
+    """Load the model(s) as `config` says (`EngineConfig.from_options`: the `dflash-bench serve` command's) and serve
+    until interrupted."""
+    import uvicorn
+
+    from dflash_bench.engine.build import build_engine
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")  # before the build's lines
+
+    _check_port(host, port)
+    engine: Engine
+    if config.fast:  # engine/fast: fused forward, CUDA graphs (greedy only)
+        from dflash_bench.engine.fast.engine import build_fast_engine
+
+        engine = build_fast_engine(config)
+    else:
+        engine = build_engine(config.model, config.draft, mode=config.mode, dtype=config.dtype, device=config.device,
+                              max_slots=32 if config.max_slots is None else config.max_slots,
+                              max_len=config.max_model_len, dummy=config.dummy)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    loop = EngineLoop(engine).start()
+    name = served_model_name or config.model
+    app = build_app(loop, name)
+    log.info("serving %s (mode %s, block size %d, prefill %s) on http://%s:%d", name, config.mode, engine.B,
+             config.step.prefill, host, port)
+    try:
+        uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
+    finally:
+        loop.stop()
+        close = getattr(engine, "close", None)  # a tensor-parallel engine's other ranks end with it
+        if close is not None:
+            close()

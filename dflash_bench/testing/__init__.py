@@ -1,0 +1,1 @@
+"""What the tests, the benchmarks and the demo share that is not the engine: tiny real-architecture pairs."""
