@@ -13,7 +13,7 @@ pytest.importorskip("transformers")
 
 from dflash_bench.engine.reference.drafter import load_drafter  # noqa: E402
 from dflash_bench.engine.reference.propose import DFlashProposer  # noqa: E402
-from dflash_bench.engine.reference.target import Target  # noqa: E402
+from dflash_bench.engine.reference.target import ReferenceTarget  # noqa: E402
 from dflash_bench.testing.tiny import make_tiny_pair  # noqa: E402
 
 pytestmark = pytest.mark.engine
@@ -68,7 +68,7 @@ def test_batched_cached_drafter_matches_reference(tmp_path, arch):
     from transformers import AutoModelForCausalLM
 
     target_dir, drafter_dir = make_tiny_pair(tmp_path, arch=arch, seed=2, block_size=B, layers=5)
-    tgt = Target(str(target_dir), dtype=torch.float64, device="cpu", max_slots=4, max_len=128)
+    tgt = ReferenceTarget(str(target_dir), dtype=torch.float64, device="cpu", max_slots=4, max_len=128)
     drafter = load_drafter(drafter_dir, target_hidden=tgt.hidden_size, target_layers=tgt.n_layers,
                            target_vocab=tgt.vocab_size, dtype=torch.float64, device="cpu")
     tgt.tap(drafter.config.target_layer_ids)

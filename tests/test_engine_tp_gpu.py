@@ -140,5 +140,5 @@ def _case(target: str, draft: str | None, mode: str, adaptive: bool, graphs: boo
     with open(out, "w") as f:
         json.dump(dict(want=want, got=got, depth=max(depth), graphs=r.graphs_on and captured > 0,
                        kernels=r.t.kernels is not None,
-                       size=r.t.tp.size, alive=any(p.is_alive() for p in two.followers.procs),
+                       size=r.t.shard.size, alive=any(p.is_alive() for p in two.followers.procs),
                        one_stats=stats(one), two_stats=stats(two)), f)

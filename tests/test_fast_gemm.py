@@ -28,7 +28,7 @@ def _inputs(m, n, k, dtype=torch.float32, seed=0):
 @pytest.mark.parametrize("m", [1, 5, 16, 17, 32])
 def test_every_plan_matches_linear(mode, split, m):
     tg = _gemm()
-    plan = tg.Plan(bn=64 if mode == "swap" else 16, bk=32, split=split, mode=mode)
+    plan = tg.GemmPlan(bn=64 if mode == "swap" else 16, bk=32, split=split, mode=mode)
     if not plan.fits(m, 128, 256):
         assert mode == "fma" and m > 1  # the CUDA-core plan is for one row only
         return
@@ -41,7 +41,7 @@ def test_split_counters_are_reset_for_the_next_call():
     """The last program of each column block sums the partials and zeroes its counter; a counter left
     behind would make the next call (or CUDA-graph replay) sum the wrong partials or none."""
     tg = _gemm()
-    plan = tg.Plan(bn=16, bk=32, split=4, mode="swap")
+    plan = tg.GemmPlan(bn=16, bk=32, split=4, mode="swap")
     for seed in range(3):
         x, w, b = _inputs(3, 96, 256, seed=seed)
         assert torch.allclose(tg.skinny_linear(x, w, b, plan), F.linear(x, w, b), atol=1e-4, rtol=1e-4)
@@ -61,21 +61,21 @@ def test_plan_for_takes_decode_shapes_and_leaves_the_rest_to_cublas():
     tg = _gemm()
     # Qwen3-8B's decode shapes on 132 SMs: the grid closest to one program per SM without passing it
     # o_proj: a short reduction takes 128 blocks of 32 columns, with a 4th stage, over 64 blocks split in two
-    assert tg.plan_for(1, 4096, 4096) == tg.Plan(bn=32, stages=4) == tg.plan_for(16, 4096, 4096)
-    assert tg.plan_for(16, 4096, 12288) == tg.Plan(bn=64, split=2)  # down: a long reduction is split
-    assert tg.plan_for(16, 6144, 4096) == tg.Plan(bn=64, split=1)  # q/k/v: 96 blocks; 192 would be 2 waves
-    assert tg.plan_for(16, 10240, 4096) == tg.Plan(bn=128)  # drafter k/v: 80 programs, not 160
+    assert tg.plan_for(1, 4096, 4096) == tg.GemmPlan(bn=32, stages=4) == tg.plan_for(16, 4096, 4096)
+    assert tg.plan_for(16, 4096, 12288) == tg.GemmPlan(bn=64, split=2)  # down: a long reduction is split
+    assert tg.plan_for(16, 6144, 4096) == tg.GemmPlan(bn=64, split=1)  # q/k/v: 96 blocks; 192 would be 2 waves
+    assert tg.plan_for(16, 10240, 4096) == tg.GemmPlan(bn=128)  # drafter k/v: 80 programs, not 160
     # gate/up: 384 blocks, three a SM at once with 128-deep tiles; lm_head's 2374 blocks take 256
-    assert tg.plan_for(1, 24576, 4096) == tg.Plan(bn=64, bk=128) == tg.plan_for(16, 24576, 4096)
-    assert tg.plan_for(16, 151936, 4096) == tg.Plan(bn=64, split=1)
-    assert tg.plan_for(16, 24576, 4096, sms=100) == tg.Plan(bn=64)  # past three a SM: 256 deep
-    assert tg.plan_for(1, 4096, 4096, sms=64) == tg.Plan(bn=64, split=1)  # a smaller GPU: 64 blocks fill it
+    assert tg.plan_for(1, 24576, 4096) == tg.GemmPlan(bn=64, bk=128) == tg.plan_for(16, 24576, 4096)
+    assert tg.plan_for(16, 151936, 4096) == tg.GemmPlan(bn=64, split=1)
+    assert tg.plan_for(16, 24576, 4096, sms=100) == tg.GemmPlan(bn=64)  # past three a SM: 256 deep
+    assert tg.plan_for(1, 4096, 4096, sms=64) == tg.GemmPlan(bn=64, split=1)  # a smaller GPU: 64 blocks fill it
     # 17-32 rows (a batch of 32, two DFlash blocks) take tiles of 32, whose split-K partials are twice as big
-    assert tg.plan_for(32, 4096, 12288) == tg.Plan(bn=64, split=2) and tg.tile_rows(32) == 32 == tg.tile_rows(17)
-    assert tg.plan_for(32, 24576, 4096) == tg.Plan(bn=64, bk=128)
+    assert tg.plan_for(32, 4096, 12288) == tg.GemmPlan(bn=64, split=2) and tg.tile_rows(32) == 32 == tg.tile_rows(17)
+    assert tg.plan_for(32, 24576, 4096) == tg.GemmPlan(bn=64, bk=128)
     # a huge GPU: 4 x 16 x 65536 partials fit the workspace, 4 x 32 x 65536 do not (the same grid, split in two)
-    assert tg.plan_for(16, 65536, 8192, sms=4096) == tg.Plan(bn=64, split=4)
-    assert tg.plan_for(32, 65536, 8192, sms=4096) == tg.Plan(bn=32, split=2, stages=4)
+    assert tg.plan_for(16, 65536, 8192, sms=4096) == tg.GemmPlan(bn=64, split=4)
+    assert tg.plan_for(32, 65536, 8192, sms=4096) == tg.GemmPlan(bn=32, split=2, stages=4)
     assert tg.plan_for(33, 4096, 4096) is None  # prefill and big batches: cuBLAS
     assert tg.plan_for(1, 4100, 4096) is None  # no column block divides n
     assert tg.plan_for(1, 4096, 4104) is None  # no depth divides k
@@ -143,7 +143,7 @@ def test_linear_argmax_writes_into_a_view_and_falls_back_where_it_cannot_fuse(mo
     tokens = torch.full((1, 16), -5, dtype=torch.int64)  # the runner's row: anchor, then 15 drafts
     tg.linear_argmax(x, w, tokens[:, 1:])
     assert torch.equal(tokens[0, 1:], F.linear(x, w).argmax(-1)) and tokens[0, 0] == -5
-    monkeypatch.setattr(tg, "plan_for", lambda *a, **k: tg.Plan(bn=64, bk=128, split=2))  # split-K: no fusing
+    monkeypatch.setattr(tg, "plan_for", lambda *a, **k: tg.GemmPlan(bn=64, bk=128, split=2))  # split-K: no fusing
     assert torch.equal(tg.linear_argmax(x, w), F.linear(x, w).argmax(-1))
     # bf16: the argmax of the logits as the matmul stores them, rounded (the interpreter rounds bf16 its own
     # way, so the reference is the skinny kernel's stored logits, not torch's)

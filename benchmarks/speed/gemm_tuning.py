@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from dflash_bench.engine.fast.kernels.triton_attn import sm_count
-from dflash_bench.engine.fast.kernels.triton_gemm import Plan, linear, plan_for, skinny_linear
+from dflash_bench.engine.fast.kernels.triton_gemm import GemmPlan, linear, plan_for, skinny_linear
 
 SHAPES = {  # name: (n, k)
     "qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288),
@@ -78,7 +78,7 @@ def plans(m: int):
     for mode in ("fma", "dot", "swap") if m == 1 else ("dot", "swap"):
         bns = (32, 64, 128) if mode == "swap" else (16, 32, 64)
         for bn, bk, split, warps in itertools.product(bns, (128, 256), (1, 2, 4), (4, 8)):
-            yield Plan(bn=bn, bk=bk, split=split, mode=mode, warps=warps, stages=3)
+            yield GemmPlan(bn=bn, bk=bk, split=split, mode=mode, warps=warps, stages=3)
 
 
 def tune(dev, dt, rows_list=(1, 16)) -> dict:
@@ -107,7 +107,7 @@ def tune(dev, dt, rows_list=(1, 16)) -> dict:
                     best = (us, p)
             # refine pipelining depth around the best plan
             for st in (2, 4, 5):
-                p = Plan(**{**best[1].__dict__, "stages": st})
+                p = GemmPlan(**{**best[1].__dict__, "stages": st})
                 try:
                     us = per_call_us(lambda w: skinny_linear(x, w, plan=p), weights)
                 except Exception:
@@ -134,8 +134,8 @@ def quick(dev, dt, rows_list=(1, 16)) -> dict:
         for m in rows_list:
             x = torch.randn(m, k, device=dev, dtype=dt)
             base = plan_for(m, n, k, sm_count(dev))
-            variants = {"engine": base, "stages4": Plan(**{**base.__dict__, "stages": 4}),
-                        "bk128": Plan(**{**base.__dict__, "bk": 128})}
+            variants = {"engine": base, "stages4": GemmPlan(**{**base.__dict__, "stages": 4}),
+                        "bk128": GemmPlan(**{**base.__dict__, "bk": 128})}
             res = {"cublas": per_call_us(cublas(x, False), weights)}
             for label, p in variants.items():
                 try:
@@ -163,7 +163,7 @@ def chains(dev, dt, best: dict) -> dict:
         if how == "engine":
             return linear(x, wt)
         if how == "best":
-            p = Plan(**best[f"{name}/{16 if x.shape[0] > 1 else 1}"]["plan"])
+            p = GemmPlan(**best[f"{name}/{16 if x.shape[0] > 1 else 1}"]["plan"])
             if p.fits(x.shape[0], wt.shape[0], wt.shape[1]):
                 return skinny_linear(x, wt, plan=p)
         return F.linear(x, wt)

@@ -8,7 +8,7 @@ tokens, synthetic tau 6.5), in rounds so drift shows. A variant overrides the pl
         --variant 'o split=1,4096,4096:bn=64,split=2,stages=3+16,4096,4096:bn=64,split=2,stages=3' \\
         --variant 'gate/up 256 deep=1,24576,4096:bk=256+16,24576,4096:bk=256'      # GPU only, ~3 min
 
-Each override is `m,n,k:field=value,...` (fields of `triton_gemm.Plan`, over the engine's plan for that
+Each override is `m,n,k:field=value,...` (fields of `triton_gemm.GemmPlan`, over the engine's plan for that
 shape), joined by `+`.
 """
 
@@ -43,11 +43,11 @@ def parse_variant(text: str) -> tuple[str, dict]:
             key = tuple(int(v) for v in shape.split(","))
             kv = dict(f.split("=") for f in fields.split(",") if f)
             out[key] = {k: v if k == "mode" else int(v) for k, v in kv.items()}
-            assert len(key) == 3 and set(kv) <= set(triton_gemm.Plan.__dataclass_fields__)
+            assert len(key) == 3 and set(kv) <= set(triton_gemm.GemmPlan.__dataclass_fields__)
         except (ValueError, AssertionError):
-            raise SystemExit(f"--variant {text!r}: {part!r} is not m,n,k:field=value,... over Plan's fields") from None
+            raise SystemExit(f"--variant {text!r}: {part!r} is not m,n,k:field=value,... over GemmPlan's fields") from None
         base = triton_gemm.plan_for(*key)
-        plan = base and triton_gemm.Plan(**{**base.__dict__, **out[key]})
+        plan = base and triton_gemm.GemmPlan(**{**base.__dict__, **out[key]})
         if plan is None or plan.mode not in triton_gemm.MODES or not plan.fits(*key):
             raise SystemExit(f"--variant {text!r}: {part!r} does not give a skinny-matmul plan for that shape "
                              f"(the engine's: {base})")
@@ -76,7 +76,7 @@ def main() -> None:
     def plan_for(m, n, k, sms=132):
         base = engine_plan(m, n, k, sms)
         if (m, n, k) in overrides and base is not None:
-            return triton_gemm.Plan(**{**base.__dict__, **overrides[(m, n, k)]})
+            return triton_gemm.GemmPlan(**{**base.__dict__, **overrides[(m, n, k)]})
         return base
     triton_gemm.plan_for = plan_for
 

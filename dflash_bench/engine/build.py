@@ -30,7 +30,7 @@ def build_engine(model: str, draft: str | None = None, *, mode: str = "dflash", 
     from dflash_bench.engine.reference.drafter import load_drafter
     from dflash_bench.engine.reference.propose import DFlashProposer
     from dflash_bench.engine.bookkeeping import eos_ids
-    from dflash_bench.engine.reference.target import Target, resolve_dtype
+    from dflash_bench.engine.reference.target import ReferenceTarget, resolve_dtype
 
     if mode not in ("ar", "dflash"):
         raise UserError(f"unknown mode {mode!r}; use 'ar' or 'dflash'")
@@ -46,7 +46,7 @@ def build_engine(model: str, draft: str | None = None, *, mode: str = "dflash", 
         torch.backends.cuda.enable_cudnn_sdp(False)
     dt = resolve_dtype(dtype, device)
     tok = tokenizer or load_tokenizer(model)
-    target = Target(model, dtype=dt, device=device, max_slots=max_slots, max_len=max_len, dummy=dummy)
+    target = ReferenceTarget(model, dtype=dt, device=device, max_slots=max_slots, max_len=max_len, dummy=dummy)
     proposer = None
     if mode == "dflash":
         assert draft is not None  # checked above

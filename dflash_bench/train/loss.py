@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from dflash_bench.engine.reference.slot_cache import attend
-from dflash_bench.engine.reference.drafter import DFlashDrafter, Layer, rope, rope_cos_sin
+from dflash_bench.engine.reference.drafter import DFlashDrafter, DrafterLayer, rope, rope_cos_sin
 
 
 def default_gamma(block_size: int) -> float:
@@ -85,7 +85,7 @@ def block_logits(drafter: DFlashDrafter, embed_weight: torch.Tensor, lm_head: Ca
     cos_c, sin_c = rope_cos_sin(ctx_pos, hd, c.rope_theta, dtype)
     cos_b, sin_b = rope_cos_sin(block_pos, hd, c.rope_theta, dtype)
     mask = _block_mask(anchors, L, B, lengths)
-    for layer in cast("list[Layer]", drafter.layers):  # a ModuleList of Layer
+    for layer in cast("list[DrafterLayer]", drafter.layers):  # a ModuleList of DrafterLayer
         a = layer.self_attn
         kc, vc = a.kv(ctx, cos_c, sin_c)
         x = layer.input_layernorm(h)

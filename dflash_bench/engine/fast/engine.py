@@ -33,16 +33,16 @@ class FastEngine:
     greedy_only = True  # the server answers 400 to sampling requests
 
     def __init__(self, model: Any, tokenizer: Any, drafter: Any, config: EngineConfig, *, eos_ids: list[int],
-                 max_slots: int, consume: bool = False, tp: Shard | None = None, followers: Followers | None = None) -> None:
+                 max_slots: int, consume: bool = False, shard: Shard | None = None, followers: Followers | None = None) -> None:
         """`model`: the loaded Hugging Face target (`target.load_model`; with `consume` its layers are dropped once
         copied); `drafter`: a `DFlashDrafter` or None; `config`: serve's engine (its `step`: how the scheduler and
         runner step; `kernels` False: plain torch ops instead of the step's kernels, to compare); `max_slots`: the
-        KV pool's slots (`pool.pool_slots`). `tp`, `followers`: rank 0 of a tensor-parallel engine, and the other
+        KV pool's slots (`pool.pool_slots`). `shard`, `followers`: rank 0 of a tensor-parallel engine, and the other
         ranks (`ranks.py`)."""
         max_len = config.max_model_len
         self.config = config
         self.core = make_core(model, drafter, config.step, max_slots=max_slots, max_len=max_len,
-                              kernels=config.kernels, tp=tp, consume=consume,
+                              kernels=config.kernels, shard=shard, consume=consume,
                               graphs=False if config.enforce_eager else None,
                               watch=followers.watch if followers is not None else None)
         ft = self.core.runner.t
@@ -212,7 +212,7 @@ def build_fast_engine(config: EngineConfig, *, tokenizer: Any = None) -> FastEng
         if followers is not None:
             followers.slots(max_slots)
         return FastEngine(hf, tok, drafter, config, eos_ids=eos_ids(hf, tok), max_slots=max_slots, consume=True,
-                          tp=shard, followers=followers)
+                          shard=shard, followers=followers)
     except BaseException:
         if followers is not None:
             followers.stop()

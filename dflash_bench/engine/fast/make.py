@@ -14,15 +14,15 @@ from dflash_bench.engine.fast.models.shard import Shard
 
 
 def make_core(model: Any, drafter: Any, step: StepConfig, *, max_slots: int, max_len: int, kernels: bool = True,
-              tp: Shard | None = None, consume: bool = False, graphs: bool | None = None,
+              shard: Shard | None = None, consume: bool = False, graphs: bool | None = None,
               watch: Any = None) -> EngineCore:
     """The fast path's core (scheduler and runner) over a loaded transformers target and a `DFlashDrafter` (or
-    None), this rank's shard of them with `tp`, stepping as `step` says, its graphs captured (`consume`: the
+    None), this rank's shard of them with `shard`, stepping as `step` says, its graphs captured (`consume`: the
     target's layers are dropped once copied; `kernels` False: torch ops; `graphs` False: every step
     eager, as on a CPU; `watch`: a tensor-parallel rank's watchdog, `ranks.Watch`, each graph's capture one call)."""
     want = None if kernels else False
-    ft = load_target(model, max_slots=max_slots, max_len=max_len, kernels=want, consume=consume, tp=tp)
-    fd = (FastDrafter(drafter, ft.embed, ft.head, max_slots=max_slots, max_len=max_len, kernels=want, tp=tp)
+    ft = load_target(model, max_slots=max_slots, max_len=max_len, kernels=want, consume=consume, shard=shard)
+    fd = (FastDrafter(drafter, ft.embed, ft.head, max_slots=max_slots, max_len=max_len, kernels=want, shard=shard)
           if drafter is not None else None)
     core = EngineCore(ft, fd, step, graphs=graphs, keep_logits=True)
     core.capture_all(watch)  # GPU: every graph before the first request (no capture pause mid-serving)
@@ -58,6 +58,6 @@ def rank_runner(config: EngineConfig, rank: int, shard: Shard, slots: Callable[[
     if not isinstance(n, int):
         return None
     core = make_core(hf, drafter, config.step, max_slots=n, max_len=config.max_model_len, kernels=config.kernels,
-                     tp=shard, consume=True, graphs=False if config.enforce_eager else None, watch=watch)
+                     shard=shard, consume=True, graphs=False if config.enforce_eager else None, watch=watch)
     del hf
     return core.runner

@@ -17,7 +17,7 @@ from dflash_bench.engine.reference.propose import Proposer
 from dflash_bench.engine.protocol import Engine
 from dflash_bench.engine.reference.sampling import accept, sample_drafts, sample_tokens
 from dflash_bench.engine.sampling_params import SamplingParams
-from dflash_bench.engine.reference.target import Target
+from dflash_bench.engine.reference.target import ReferenceTarget
 
 
 PREFILL_ROWS = 8  # requests per prefill forward on a GPU (on a CPU prefill is compute-bound: one at a time)
@@ -25,12 +25,12 @@ PREFILL_TOKENS = 16384  # rows x longest prompt per prefill forward (bounds the 
 
 
 class ReferenceEngine:
-    """The `protocol.Engine` over a `Target` and an optional proposer. Not thread-safe: one thread drives it."""
+    """The `protocol.Engine` over a `ReferenceTarget` and an optional proposer. Not thread-safe: one thread drives it."""
 
     greedy_only = False
     synthetic_acceptance: float | None = None
 
-    def __init__(self, target: Target, tokenizer: Any, proposer: Proposer | None = None, *, eos_ids: list[int]) -> None:
+    def __init__(self, target: ReferenceTarget, tokenizer: Any, proposer: Proposer | None = None, *, eos_ids: list[int]) -> None:
         self.target, self.tok, self.proposer = target, tokenizer, proposer
         self.B = proposer.block_size if proposer else 1
         if proposer and proposer.layer_ids:

@@ -141,7 +141,7 @@ class MLP(nn.Module):
         return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
-class Layer(nn.Module):
+class DrafterLayer(nn.Module):
     def __init__(self, c: DrafterConfig):
         super().__init__()
         self.self_attn = Attention(c)
@@ -162,7 +162,7 @@ class DFlashDrafter(nn.Module):
     def __init__(self, c: DrafterConfig):
         super().__init__()
         self.config = c
-        self.layers = nn.ModuleList(Layer(c) for _ in range(c.num_hidden_layers))
+        self.layers = nn.ModuleList(DrafterLayer(c) for _ in range(c.num_hidden_layers))
         self.fc = nn.Linear(len(c.target_layer_ids) * c.hidden_size, c.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)

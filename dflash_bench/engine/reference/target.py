@@ -87,7 +87,7 @@ def decoder_layers(model: nn.Module, n_layers: int) -> nn.ModuleList:
 def load_model(path: str, *, dtype: torch.dtype, device: str, dummy: bool = False) -> Any:  # a transformers LM
     """The Hugging Face causal LM at `path`, on `device`, with its attention routed to the slot cache.
 
-    Both engines start here: `Target` runs it as it is, the fast path copies out its weights. `dummy`
+    Both engines start here: `ReferenceTarget` runs it as it is, the fast path copies out its weights. `dummy`
     (`serve --load-format dummy`): random weights of the config's shape, created on the device (no weight file
     is read), as vLLM's dummy format, for measuring a large model's speed without its weights."""
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -109,7 +109,7 @@ def load_model(path: str, *, dtype: torch.dtype, device: str, dummy: bool = Fals
     return model.to(device).eval()
 
 
-class Target:
+class ReferenceTarget:
     """A loaded target model with a slot KV cache of `max_slots` sequences of `max_len` tokens."""
 
     def __init__(self, path: str, *, dtype: torch.dtype, device: str, max_slots: int, max_len: int,

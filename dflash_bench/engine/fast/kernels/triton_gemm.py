@@ -8,7 +8,7 @@ with the operands swapped so the weight tile is the tensor cores' large side ("s
 `SPLIT` > 1 the partial sums go to a float32 workspace and the last program of a column block (an atomic counter
 it resets) adds them up, so one launch does the whole matmul and it is safe to capture in a CUDA graph.
 
-`benchmarks/speed/gemm_tuning.py` times every `Plan` against cuBLAS on the GPU.
+`benchmarks/speed/gemm_tuning.py` times every `GemmPlan` against cuBLAS on the GPU.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @dataclass(frozen=True)
-class Plan:
+class GemmPlan:
     bn: int = 64
     bk: int = 256
     split: int = 1
@@ -126,7 +126,7 @@ def _workspace(device: torch.device, lane: int = 0) -> tuple[torch.Tensor, torch
     return _scratch[device, lane]
 
 
-def plan_for(m: int, n: int, k: int, sms: int = 132) -> Plan | None:
+def plan_for(m: int, n: int, k: int, sms: int = 132) -> GemmPlan | None:
     """The launch setting for an `[m, k] x [n, k]^T` matmul, or None where cuBLAS should do it.
 
     Swapped tensor-core tiles 256 deep. A wide matmul (two waves of 64-column blocks or more) takes 64
@@ -148,19 +148,19 @@ def plan_for(m: int, n: int, k: int, sms: int = 132) -> Plan | None:
         return None
     if n // widths[0] >= 2 * sms:
         shallow = n // widths[0] <= 3 * sms and bk == 256
-        return Plan(bn=widths[0], bk=128 if shallow else bk)
+        return GemmPlan(bn=widths[0], bk=128 if shallow else bk)
     fits = [(n // bn * split, bn, split) for bn in widths for split in (1, 2, 4)
             if k % (split * bk) == 0 and split * tile_rows(m) * n <= WORKSPACE_FLOATS and n // bn * split <= sms]
     if not fits:
-        return Plan(bn=widths[0], bk=bk)
+        return GemmPlan(bn=widths[0], bk=bk)
     short = k <= 4096  # a short reduction is not split where a split-free grid fills the GPU as well
     _, bn, split = max(fits, key=lambda f: (f[0], short and f[2] == 1, -widths.index(f[1]), -f[2]))
-    return Plan(bn=bn, bk=bk, split=split, stages=4 if bn == 32 else 3)
+    return GemmPlan(bn=bn, bk=bk, split=split, stages=4 if bn == 32 else 3)
 
 
 # (plan, tile rows) this GPU cannot launch (too little shared memory: a 32-row tile needs more than a 16-row
 # one of the same plan): cuBLAS instead
-_refused: set[tuple[Plan, int]] = set()
+_refused: set[tuple[GemmPlan, int]] = set()
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *, lane: int = 0) -> torch.Tensor:
@@ -178,7 +178,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
         return F.linear(x, w, bias)
 
 
-def skinny_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, plan: Plan = Plan(), *,
+def skinny_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, plan: GemmPlan = GemmPlan(), *,
                   lane: int = 0) -> torch.Tensor:
     """`F.linear(x, w, bias)` for a contiguous `[m, k]` x with m <= MAX_ROWS that `plan` fits."""
     m, k = x.shape

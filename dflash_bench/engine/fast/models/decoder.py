@@ -82,20 +82,20 @@ def matmul(kernels: Kernels | None, lane: int = 0) -> Callable[..., torch.Tensor
 
 
 def embed_norm(kernels: Kernels | None, ids: torch.Tensor, embed: torch.Tensor, w: torch.Tensor, eps: float, *, scale: float = 1.0,
-               n: int | None = None, fill: int | None = None, tp: Shard | None = None
+               n: int | None = None, fill: int | None = None, shard: Shard | None = None
                ) -> tuple[torch.Tensor, torch.Tensor]:
     """A step's input rows h `[bs * n, hidden]` = `embed[tokens] * scale` and the first layer's norm of them.
 
     tokens = ids `[bs, n]`, or with `fill` the DFlash block `[ids[b, 0], fill x (n - 1)]`. With kernels one
-    launch (torch: a gather that takes 8 us for 16 rows on an H100, then the norm). `tp`: `embed` is this
+    launch (torch: a gather that takes 8 us for 16 rows on an H100, then the norm). `shard`: `embed` is this
     rank's rows of a vocabulary-parallel table (`Shard.embed`).
     """
-    if kernels and (tp is None or not tp.on):
+    if kernels and (shard is None or not shard.on):
         return kernels.ops.embed_norm(ids, embed, w, eps, scale, n, fill)
     if fill is not None:
         assert n is not None  # the block's length
         ids = torch.cat([ids[:, :1], torch.full((ids.shape[0], n - 1), fill, dtype=ids.dtype, device=ids.device)], 1)
-    h = tp.embed(ids.reshape(-1), embed) if tp is not None else F.embedding(ids.reshape(-1), embed)
+    h = shard.embed(ids.reshape(-1), embed) if shard is not None else F.embedding(ids.reshape(-1), embed)
     if scale != 1.0:
         h = h * scale
     return h, norm(kernels)(h, w, eps)
@@ -179,17 +179,17 @@ class Taps:
 
 
 def run_layers(layers: list[Layer], h: torch.Tensor, x: torch.Tensor, attend: Attend, final_norm: torch.Tensor, eps: float,
-               kernels: Kernels | None, taps: Taps | None = None, tp: Shard | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               kernels: Kernels | None, taps: Taps | None = None, shard: Shard | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Pre-norm decoder layers over h `[t, hidden]` with x = norm(h) of the first layer.
 
     Each residual add is fused with the norm that follows it (the next layer's, or `final_norm` after the
     last), so a layer is: attend, o_proj, add+norm, gate/up, silu*up, down, add+norm. Returns (h, norm of h);
-    each layer's output goes to `taps`. `tp`: the layers are sharded (`shard.py`): the row-parallel o_proj and
+    each layer's output goes to `taps`. `shard`: the layers are sharded (`shard.py`): the row-parallel o_proj and
     down_proj outputs are summed across ranks.
     """
     add_norm, act = (kernels.ops.add_rms_norm, kernels.ops.silu_mul) if kernels else (add_rms_norm, silu_mul)
     mm = matmul(kernels)
-    red = tp.reduce if tp is not None else (lambda a: a)
+    red = shard.reduce if shard is not None else (lambda a: a)
     for i, ly in enumerate(layers):
         h, x = add_norm(h, red(mm(attend(i, ly, x), ly.wo)), ly.ln2, eps)
         nxt = layers[i + 1].ln1 if i + 1 < len(layers) else final_norm
@@ -296,31 +296,31 @@ class StepAttention:
         return attend
 
 
-def fused(kernels: Kernels | None, *linears: nn.Linear, tp: Shard | None = None) -> torch.Tensor:
+def fused(kernels: Kernels | None, *linears: nn.Linear, shard: Shard | None = None) -> torch.Tensor:
     """Projections' weights concatenated into one matmul's (`[sum of outputs, inputs]`), as the kernels read it;
-    with `tp`, this rank's rows of each (column-parallel)."""
-    rows = tp.rows if tp is not None else (lambda w: w)
+    with `shard`, this rank's rows of each (column-parallel)."""
+    rows = shard.rows if shard is not None else (lambda w: w)
     return prepared(kernels, torch.cat([rows(m.weight.detach()) for m in linears]))
 
 
-def fuse_layer(layer: Any, kernels: Kernels | None, H: int, hkv: int, tp: Shard | None = None) -> Layer:
+def fuse_layer(layer: Any, kernels: Kernels | None, H: int, hkv: int, shard: Shard | None = None) -> Layer:
     """A pre-norm SwiGLU decoder layer (Qwen3, Qwen2, Llama, Mistral; the DFlash drafter's) with its q/k/v and
-    gate/up projections fused. Biases: on q/k/v only. `tp`: this rank's shard (`shard.py`; H and hkv its heads):
+    gate/up projections fused. Biases: on q/k/v only. `shard`: this rank's shard (`shard.py`; H and hkv its heads):
     q/k/v and gate/up by rows, o_proj and down_proj by columns."""
     a, m = layer.self_attn, layer.mlp
-    tp = tp or Shard()
+    shard = shard or Shard()
     qn, kn = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
     wqk = None
     if qn is not None:
         assert kn is not None  # q and k are normed together
         wqk = torch.cat([qn.weight.detach().expand(H, -1), kn.weight.detach().expand(hkv, -1)])
     projs = (a.q_proj, a.k_proj, a.v_proj)
-    return Layer(wqkv=fused(kernels, *projs, tp=tp),
-                 bqkv=torch.cat([tp.rows(p.bias.detach()) for p in projs]) if a.q_proj.bias is not None else None,
-                 wo=prepared(kernels, tp.cols(a.o_proj.weight.detach())), wqk=wqk,
+    return Layer(wqkv=fused(kernels, *projs, shard=shard),
+                 bqkv=torch.cat([shard.rows(p.bias.detach()) for p in projs]) if a.q_proj.bias is not None else None,
+                 wo=prepared(kernels, shard.cols(a.o_proj.weight.detach())), wqk=wqk,
                  ln1=layer.input_layernorm.weight.detach(), ln2=layer.post_attention_layernorm.weight.detach(),
-                 w13=fused(kernels, m.gate_proj, m.up_proj, tp=tp),
-                 w2=prepared(kernels, tp.cols(m.down_proj.weight.detach())))
+                 w13=fused(kernels, m.gate_proj, m.up_proj, shard=shard),
+                 w2=prepared(kernels, shard.cols(m.down_proj.weight.detach())))
 
 
 def weight_bytes(layers: list[Any], *tensors: torch.Tensor) -> int:
@@ -338,7 +338,7 @@ class DecoderTarget:
     lm_head: torch.Tensor
     index: Index  # its steps' index tensors
     softcap: float | None = None  # final-logit softcapping (Gemma's), none by default
-    tp: Shard = Shard()  # this rank's shard of the weights (`shard.py`); the head's logits are gathered
+    shard: Shard = Shard()  # this rank's shard of the weights (`shard.py`); the head's logits are gathered
 
     def trunk(self, ids: torch.Tensor, pos: torch.Tensor, starts: torch.Tensor, row0: int, L: int,
               slot: torch.Tensor | None, last: torch.Tensor | None, taps: Taps) -> torch.Tensor:
@@ -370,7 +370,7 @@ class DecoderTarget:
             x = x.index_select(0, last)
         elif last_only:  # contiguous rows: a strided 3-D input would make F.linear read lm_head once per row
             x = x.view(bs, n, -1)[:, -1].contiguous()
-        out = softcap(self.tp.gather_vocab(matmul(self.kernels, lane)(x, self.lm_head)), self.softcap).view(
+        out = softcap(self.shard.gather_vocab(matmul(self.kernels, lane)(x, self.lm_head)), self.softcap).view(
             bs, 1 if last_only else n, -1) if head else x
         if not taps or on_taps is not None:
             return out, None

@@ -44,23 +44,23 @@ class DenseTarget(DecoderTarget):
     rides: ClassVar[bool] = True  # prompts may ride a decode step (`forward_mixed`)
 
     def __init__(self, hf_model: Any, *, max_slots: int, max_len: int, kernels: bool | str | None = None,
-                 consume: bool = False, tp: Shard | None = None):
+                 consume: bool = False, shard: Shard | None = None):
         """`hf_model`: a loaded transformers causal LM (`target.load_model`), whose weights are copied out (with
-        `consume`, each layer is dropped from it once copied: it cannot run after); `tp`: this rank's shard of
+        `consume`, each layer is dropped from it once copied: it cannot run after); `shard`: this rank's shard of
         them (`shard.py`)."""
         cfg = hf_model.config.get_text_config()
         inner = hf_model.model
-        self.tp = tp = tp or Shard()
+        self.shard = shard = shard or Shard()
         self.n_layers = cfg.num_hidden_layers
-        self.H = tp.heads(cfg.num_attention_heads, "attention heads")
-        tp.heads(cfg.intermediate_size, "MLP rows")
-        kv = dense_kind(cfg, max_len, tp.size)  # the cache's layout: what the pool sized (`layout.py`)
+        self.H = shard.heads(cfg.num_attention_heads, "attention heads")
+        shard.heads(cfg.intermediate_size, "MLP rows")
+        kv = dense_kind(cfg, max_len, shard.size)  # the cache's layout: what the pool sized (`layout.py`)
         self.caches: list[CacheKind] = [kv]
         self.hkv, self.hd = kv.hkv, kv.hd
         self.eps = cfg.rms_norm_eps
         self.hidden_size = cfg.hidden_size
         # `[V / size, hidden]` each, the head lent to the drafter; the whole vocabulary's size (logits are gathered)
-        self.vocab_size, self.embed, self.head = tp.vocab(hf_model)
+        self.vocab_size, self.embed, self.head = shard.vocab(hf_model)
         self.norm = inner.norm.weight.detach()
         self.dtype, self.device = self.embed.dtype, self.embed.device
         self.kernels = load_kernels(self.device, kernels, self.dtype)
@@ -77,7 +77,7 @@ class DenseTarget(DecoderTarget):
         self.scale = float(getattr(inner.layers[0].self_attn, "scaling", self.hd ** -0.5))
         self.layers = []
         for i in range(self.n_layers):
-            self.layers.append(fuse_layer(inner.layers[i], self.kernels, self.H, self.hkv, tp))
+            self.layers.append(fuse_layer(inner.layers[i], self.kernels, self.H, self.hkv, shard))
             if consume:
                 inner.layers[i] = nn.Module()
         self.windows = windows(cfg)
@@ -95,8 +95,8 @@ class DenseTarget(DecoderTarget):
     def trunk(self, ids: torch.Tensor, pos: torch.Tensor, starts: torch.Tensor, row0: int, L: int,
               slot: torch.Tensor | None, last: torch.Tensor | None, taps: Taps) -> torch.Tensor:
         attend = self.attention(pos, starts, row0, L, slot)
-        h, x = embed_norm(self.kernels, ids, self.embed, self.layers[0].ln1, self.eps, tp=self.tp)
-        return run_layers(self.layers, h, x, attend, self.norm, self.eps, self.kernels, taps, self.tp)[1]
+        h, x = embed_norm(self.kernels, ids, self.embed, self.layers[0].ln1, self.eps, shard=self.shard)
+        return run_layers(self.layers, h, x, attend, self.norm, self.eps, self.kernels, taps, self.shard)[1]
 
     def forward_mixed(self, anchor: torch.Tensor, starts: torch.Tensor, L: int, ids: torch.Tensor, slot: torch.Tensor,
                       last: torch.Tensor, zero: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,6 +113,6 @@ class DenseTarget(DecoderTarget):
             return torch.cat([rows(i, ly, x[:bs], qkv[:bs]), prompts(i, ly, x[bs:], qkv[bs:])])
 
         h, x = embed_norm(self.kernels, torch.cat([anchor, ids.reshape(-1)])[:, None], self.embed, self.layers[0].ln1,
-                          self.eps, tp=self.tp)
-        _, x = run_layers(self.layers, h, x, attend, self.norm, self.eps, self.kernels, tp=self.tp)
+                          self.eps, shard=self.shard)
+        _, x = run_layers(self.layers, h, x, attend, self.norm, self.eps, self.kernels, shard=self.shard)
         return x[:bs], x[bs:].index_select(0, last)

@@ -23,11 +23,11 @@ from dflash_bench.errors import UserError
 
 class FastDrafter:
     def __init__(self, drafter: DFlashDrafter, embed: torch.Tensor, head: torch.Tensor, *, max_slots: int, max_len: int,
-                 kernels: bool | str | None = None, tp: Shard | None = None):
-        """`embed`, `head`: the target's (with `tp`, this rank's vocabulary rows of them); `tp`: this rank's shard
+                 kernels: bool | str | None = None, shard: Shard | None = None):
+        """`embed`, `head`: the target's (with `shard`, this rank's vocabulary rows of them); `shard`: this rank's shard
         of the drafter's weights (`shard.py`)."""
         c = self.c = drafter.config
-        self.tp = tp = tp or Shard()
+        self.shard = shard = shard or Shard()
         if c.attention_bias:  # _fuse keeps the q/k/v biases; o_proj's would be dropped
             raise UserError("the fast path runs drafters without attention biases: serve without --fast")
         if c.hidden_act != "silu":
@@ -37,17 +37,17 @@ class FastDrafter:
         self.dtype, self.device = embed.dtype, embed.device
         self.kernels = load_kernels(self.device, kernels, self.dtype)
         self.lm_head = prepared(self.kernels, head)  # the borrowed head as this drafter's matmuls read it
-        check_drafter_split(c, tp.size)
-        lay = drafter_kind(c, max_len, tp.size)  # the cache's layout: what the pool sized (`layout.py`)
-        self.H, self.hkv, self.hd = c.num_attention_heads // tp.size, lay.hkv, c.head_dim
+        check_drafter_split(c, shard.size)
+        lay = drafter_kind(c, max_len, shard.size)  # the cache's layout: what the pool sized (`layout.py`)
+        self.H, self.hkv, self.hd = c.num_attention_heads // shard.size, lay.hkv, c.head_dim
         check_head_dims(self.kernels, [self.hd], "drafter", self.dtype)
         self.eps = c.rms_norm_eps
         # every layer's context K/V projection stacked: one matmul per step instead of one per layer
         layers: list[Any] = list(drafter.layers)  # the drafter's modules, read by attribute
-        kv = [torch.cat([tp.rows(ly.self_attn.k_proj.weight.detach()), tp.rows(ly.self_attn.v_proj.weight.detach())])
+        kv = [torch.cat([shard.rows(ly.self_attn.k_proj.weight.detach()), shard.rows(ly.self_attn.v_proj.weight.detach())])
               for ly in layers]
         self.wkv = prepared(self.kernels, torch.cat(kv))
-        self.layers = [fuse_layer(ly, self.kernels, self.H, self.hkv, tp) for ly in layers]
+        self.layers = [fuse_layer(ly, self.kernels, self.H, self.hkv, shard) for ly in layers]
         kvd = 2 * self.hkv * self.hd
         biases = [ly.bqkv[-kvd:] for ly in self.layers if ly.bqkv is not None]  # every layer's or none
         self.bkv = torch.cat(biases) if biases else None
@@ -108,17 +108,17 @@ class FastDrafter:
         c, bs = self.c, anchors.shape[0]
         n = self.B if n is None else n
         h, x = embed_norm(self.kernels, anchors[:, None], self.embed, self.layers[0].ln1, self.eps,
-                          scale=c.input_embedding_scale, n=n, fill=c.mask_token_id, tp=self.tp)
+                          scale=c.input_embedding_scale, n=n, fill=c.mask_token_id, shard=self.shard)
         if pos is None:
             pos = starts[:, None] + self.index.offsets(n, starts.device)
         attend = self.attention(pos, starts, row0, L)
-        _, x = run_layers(self.layers, h, x, attend, self.norm, self.eps, self.kernels, tp=self.tp)
+        _, x = run_layers(self.layers, h, x, attend, self.norm, self.eps, self.kernels, shard=self.shard)
         # a contiguous [bs * (n-1), hidden] input: on a strided 3-D view F.linear falls back to a batched
         # matmul that reads the whole lm_head once per row
         return x.view(bs, n, -1)[:, 1:].reshape(bs * (n - 1), -1)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """Draft logits of `hidden`'s rows (with `tp`, of this rank's vocabulary rows)."""
+        """Draft logits of `hidden`'s rows (with `shard`, of this rank's vocabulary rows)."""
         c = self.c
         logits = matmul(self.kernels)(x, self.lm_head)
         if c.output_multiplier != 1.0:

@@ -40,7 +40,7 @@ class Target(Protocol):
     head: torch.Tensor  # the output embedding `[V, hidden]`, lent to the drafter
     lm_head: torch.Tensor  # the head as this target's matmuls read it
     softcap: float | None  # final-logit softcapping
-    tp: Shard  # this rank's shard of the weights (`shard.py`; size 1: all of them)
+    shard: Shard  # this rank's shard of the weights (`shard.py`; size 1: all of them)
     index: Index  # its steps' index tensors (kept inside the runner's graph bodies)
 
     def forward(self, ids: torch.Tensor, starts: torch.Tensor, row0: int, L: int, *, last_only: bool = False,
@@ -61,7 +61,7 @@ class Drafter(Protocol):
 
     B: int  # its block size
     c: Any  # its `DrafterConfig`
-    tp: Shard  # this rank's shard of its weights
+    shard: Shard  # this rank's shard of its weights
     kernels: Kernels | None
     lm_head: torch.Tensor
     index: Index
@@ -134,10 +134,10 @@ def check_split(cfg: Any, size: int) -> None:
 
 
 def load_target(hf_model: Any, *, max_slots: int, max_len: int, kernels: bool | str | None = None,
-                consume: bool = False, tp: Shard | None = None) -> Target:
+                consume: bool = False, shard: Shard | None = None) -> Target:
     """The fast path's target of a loaded transformers model, by its family. `consume`: each HF layer is dropped
-    once copied (a large model is then not held twice); the model cannot run after. `tp`: this rank's shard."""
+    once copied (a large model is then not held twice); the model cannot run after. `shard`: this rank's shard."""
     f = family_of(hf_model.config.get_text_config())
     target: Target = f.target()(hf_model, max_slots=max_slots, max_len=max_len, kernels=kernels, consume=consume,
-                                tp=tp)
+                                shard=shard)
     return target

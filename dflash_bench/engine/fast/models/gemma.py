@@ -114,16 +114,16 @@ class GemmaTarget(DecoderTarget):
     rides: ClassVar[bool] = False  # a Gemma 4 step carries no prompts: they are prefilled first
 
     def __init__(self, hf_model: Any, *, max_slots: int, max_len: int, kernels: bool | str | None = None,
-                 consume: bool = False, tp: Shard | None = None):
-        """`tp`: this rank's shard of the weights (`shard.py`): each kind of layer splits its own KV heads."""
+                 consume: bool = False, shard: Shard | None = None):
+        """`shard`: this rank's shard of the weights (`shard.py`): each kind of layer splits its own KV heads."""
         cfg = hf_model.config.get_text_config()
         check_fast_gemma(cfg)
         inner = hf_model.model
-        self.tp = tp = tp or Shard()
+        self.shard = shard = shard or Shard()
         self.n_layers, self.hidden_size = cfg.num_hidden_layers, cfg.hidden_size
-        self.H, self.eps = tp.heads(cfg.num_attention_heads, "attention heads"), cfg.rms_norm_eps
-        tp.heads(cfg.intermediate_size, "MLP rows")
-        self.vocab_size, self.embed, self.head = tp.vocab(hf_model)  # tied: the head is the embedding table
+        self.H, self.eps = shard.heads(cfg.num_attention_heads, "attention heads"), cfg.rms_norm_eps
+        shard.heads(cfg.intermediate_size, "MLP rows")
+        self.vocab_size, self.embed, self.head = shard.vocab(hf_model)  # tied: the head is the embedding table
         self.dtype, self.device = self.embed.dtype, self.embed.device
         self.embed_scale = float(torch.tensor(cfg.hidden_size ** 0.5).to(self.dtype))  # rounded as HF rounds it
         self.norm = inner.norm.weight.detach()
@@ -133,7 +133,7 @@ class GemmaTarget(DecoderTarget):
         self.scale = float(inner.layers[0].self_attn.scaling)
         self.max_len, self.slots = max_len, max_slots
         self.index = Index()
-        self.caches: list[CacheKind] = gemma_kinds(cfg, max_len, tp.size)  # the layout the pool sized (`layout.py`)
+        self.caches: list[CacheKind] = gemma_kinds(cfg, max_len, shard.size)  # the layout the pool sized (`layout.py`)
         self.kinds = self._kinds(inner.rotary_emb, max_slots)
         check_head_dims(self.kernels, [k.hd for k in self.kinds], "target", self.dtype)
         # Triton's fused q/k/v norms + RoPE + cache write and GeGLU (torch ops on the CPU kernels' path and without)
@@ -163,15 +163,15 @@ class GemmaTarget(DecoderTarget):
         a, m = layer.self_attn, layer.mlp
         kind = 0 if cfg.layer_types[i] == "sliding_attention" else 1
         v = a.v_proj if a.v_proj is not None else a.k_proj  # k_eq_v: the raw key is the value
-        tp = self.tp
+        shard = self.shard
         return GemmaLayer(
-            wqkv=fused(self.kernels, a.q_proj, a.k_proj, v, tp=tp), wo=prepared(self.kernels, tp.cols(a.o_proj.weight.detach())),
+            wqkv=fused(self.kernels, a.q_proj, a.k_proj, v, shard=shard), wo=prepared(self.kernels, shard.cols(a.o_proj.weight.detach())),
             qn=a.q_norm.weight.detach(), kn=a.k_norm.weight.detach(),
             ln1=layer.input_layernorm.weight.detach(), post_attn=layer.post_attention_layernorm.weight.detach(),
             pre_ff=layer.pre_feedforward_layernorm.weight.detach(),
             post_ff=layer.post_feedforward_layernorm.weight.detach(),
-            w13=fused(self.kernels, m.gate_proj, m.up_proj, tp=tp),
-            w2=prepared(self.kernels, tp.cols(m.down_proj.weight.detach())),
+            w13=fused(self.kernels, m.gate_proj, m.up_proj, shard=shard),
+            w2=prepared(self.kernels, shard.cols(m.down_proj.weight.detach())),
             scalar=float(layer.layer_scalar), kind=kind,
             local=sum(1 for t in cfg.layer_types[:i] if (t == "sliding_attention") == (kind == 0)))
 
@@ -203,8 +203,8 @@ class GemmaTarget(DecoderTarget):
             return h, nrm(h, wn, eps)
         if self.fused is not None:  # in one launch
             sandwich = self.fused.norm_add_norm
-        h, x = embed_norm(kernels, ids, self.embed, self.layers[0].ln1, eps, scale=self.embed_scale, tp=self.tp)
-        red = self.tp.reduce  # the row-parallel o_proj's and down_proj's partial sums (`shard.py`)
+        h, x = embed_norm(kernels, ids, self.embed, self.layers[0].ln1, eps, scale=self.embed_scale, shard=self.shard)
+        red = self.shard.reduce  # the row-parallel o_proj's and down_proj's partial sums (`shard.py`)
         for i, ly in enumerate(self.layers):
             nxt = self.layers[i + 1].ln1 if i + 1 < len(self.layers) else self.norm
             h, x = sandwich(h, red(mm(attend(ly, x), ly.wo)), ly.post_attn, ly.pre_ff, eps)

@@ -2,7 +2,7 @@
 allocated from (`dense.DenseTarget`, `gemma.GemmaTarget`, `draft.FastDrafter`; `family.FAMILIES` says which
 family's layout a target has) and that sizes the pool
 (`pool.slot_bytes`) and the sweep's check of a builtin plan (`sweep/fit.py`); and the reference engine's, which
-`target.Target` and `propose.DFlashProposer` allocate from the same `kv_shapes` and drafter geometry. No torch:
+`target.ReferenceTarget` and `propose.DFlashProposer` allocate from the same `kv_shapes` and drafter geometry. No torch:
 the sweep reads it.
 
 A kind's `layers` caches hold K and V of `[slots, rows, kv heads, head size]` each. Gemma 4 with

@@ -74,8 +74,8 @@ class StepBodies:
         if w < n:
             x = x.view(bs, n - 1, -1)[:, : w - 1].reshape(bs * (w - 1), -1)
         drafts = s.drafts[:bs, : w - 1]
-        if self.t.tp.on:  # each rank's best of its vocabulary rows, then the best of those
-            drafts.copy_(self.t.tp.argmax(d.logits(x)).view(bs, w - 1))
+        if self.t.shard.on:  # each rank's best of its vocabulary rows, then the best of those
+            drafts.copy_(self.t.shard.argmax(d.logits(x)).view(bs, w - 1))
         elif self.t.kernels is not None and d.plain_head:
             self.t.kernels.gemm.linear_argmax(x, d.lm_head, drafts)
         else:
@@ -116,22 +116,22 @@ class StepBodies:
         slot, last, ids = s.pre_in[0:k], s.pre_in[k:2 * k], s.pre_in[2 * k:2 * k + k * P].view(k, P)
         x, xp = self.t.forward_mixed(s.anchor[:bs], s.start[:bs], self.max_len, ids, slot, last, s.pre_start[:k])
         self.commit(bs, self.greedy(x, bs, 1))
-        tok = self.argmax(self.t.tp.gather_vocab(matmul(self.t.kernels)(xp, self.t.lm_head)).view(k, 1, -1)).view(k)
+        tok = self.argmax(self.t.shard.gather_vocab(matmul(self.t.kernels)(xp, self.t.lm_head)).view(k, 1, -1)).view(k)
         s.pre_tok[:k].copy_(tok)
         s.start.index_copy_(0, slot, last + 1 - self.t.index.offsets(k, slot.device) * P)  # last = i * P + n_i - 1
         s.anchor.index_copy_(0, slot, tok)
 
     def greedy(self, x: torch.Tensor, bs: int, n: int) -> torch.Tensor:
         """The target's greedy tokens `[bs, n]` from its final hidden rows; the logits are written (for
-        logprobs) only when the state keeps them. With `tp`, from this rank's vocabulary rows: the logits gathered
+        logprobs) only when the state keeps them. With `shard`, from this rank's vocabulary rows: the logits gathered
         where they are kept, else the best of each rank's best."""
-        tp = self.t.tp
-        if self.s.logits is None and self.t.kernels is not None and not tp.on:
+        shard = self.t.shard
+        if self.s.logits is None and self.t.kernels is not None and not shard.on:
             return self.t.kernels.gemm.linear_argmax(x, self.t.lm_head).view(bs, n)
         logits = softcap(matmul(self.t.kernels)(x, self.t.lm_head), self.t.softcap)
-        if tp.on and self.s.logits is None:
-            return tp.argmax(logits).view(bs, n)
-        logits = tp.gather_vocab(logits).view(bs, n, -1)
+        if shard.on and self.s.logits is None:
+            return shard.argmax(logits).view(bs, n)
+        logits = shard.gather_vocab(logits).view(bs, n, -1)
         if self.s.logits is not None:
             self.s.logits[:bs, :n] = logits
         return self.argmax(logits)
