@@ -39,7 +39,7 @@ def test_every_registered_family_decodes_its_tiny_pair_exactly(family, tmp_path)
     for mode in ("ar", "dflash"):
         fe = build_fast_engine(EngineConfig.from_options(str(target), str(drafter) if mode == "dflash" else None, mode=mode, dtype="float64",
                                device="cpu", max_slots=4, max_model_len=MAX_LEN, fast=True))
-        assert fe.core.runner.t.caches == family.layout(cfg, MAX_LEN)
+        assert fe.core.probe.target.caches == family.layout(cfg, MAX_LEN)
         assert [s.out for s in generate(fe, ps, sp)] == ref, (family.name, mode)
 
 

@@ -43,7 +43,7 @@ def test_fast_ar_and_dflash_equal_the_reference_engine(setup, kernels):
     ref_tau = 1 + (df.stats.accepted - a0) / (df.stats.drafts - d0)
 
     fast_ar = fast_runner(df, drafter=False, kernels=kernels)
-    assert (fast_ar.runner.t.kernels is not None) == (kernels == "cpu")
+    assert (fast_ar.probe.target.kernels is not None) == (kernels == "cpu")
     assert generate(fast_ar, prompts, N) == ref
     fast_df = fast_runner(df, kernels=kernels)
     assert generate(fast_df, prompts, N) == ref
@@ -91,11 +91,8 @@ def test_batched_prefill_equals_one_prompt_at_a_time(setup, monkeypatch, budget,
     alone, together = fast_runner(df, keep_logits=True), fast_runner(df, keep_logits=True)
     firsts = [alone.add(s, p) for s, p in zip(slots, prompts)]
     if way == "graph":  # the staged k-row inputs, as the captured graphs read them
-        pad = together.sched.padded
-        got = (together.runner.prefill(slots[:2], prompts[:2], pad(max(map(len, prompts[:2]))))
-               + together.runner.prefill(slots[2:], prompts[2:], pad(max(map(len, prompts[2:])))))
-        for s, p in zip(slots, prompts):  # the runner's prefills, told to the scheduler as the core does
-            together.sched.prefilled(s, len(p))
+        got = (together.prefill_group(slots[:2], prompts[:2], graphed=True)
+               + together.prefill_group(slots[2:], prompts[2:], graphed=True))
     else:
         got = together.add_many(slots, prompts)
     assert got == firsts == [o[0] for o in ref]
@@ -103,7 +100,7 @@ def test_batched_prefill_equals_one_prompt_at_a_time(setup, monkeypatch, budget,
     for s, p in zip(slots, prompts):
         n = len(p)
         torch.testing.assert_close(together.logits[s, 0], alone.logits[s, 0], **close)
-        for a, b in ((alone.runner.t.cache, together.runner.t.cache), (alone.runner.d.cache, together.runner.d.cache)):
+        for a, b in ((alone.probe.target.cache, together.probe.target.cache), (alone.probe.drafter.cache, together.probe.drafter.cache)):
             for i in range(len(a.k)):
                 torch.testing.assert_close(b.k[i][s, :n], a.k[i][s, :n], **close)
                 torch.testing.assert_close(b.v[i][s, :n], a.v[i][s, :n], **close)
@@ -121,7 +118,7 @@ def test_new_prompt_lengths_leave_no_index_tensors_behind(setup):
     ar, df = setup
     runner = fast_runner(df)
     generate(runner, tiny_prompts(ar.tok, 3), 12)
-    indexes = (runner.runner.t.index, runner.runner.d.index)
+    indexes = (runner.probe.target.index, runner.probe.drafter.index)
     kept = [len(i.kept) for i in indexes]
     assert all(kept)
     again = tiny_prompts(ar.tok, 4)[1:]  # three other prompts, of other lengths
@@ -166,7 +163,7 @@ def test_a_failing_prefill_gives_every_slot_back(tmp_path):
     sp = SamplingParams(max_tokens=4, ignore_eos=True)
     with pytest.raises(IndexError):
         fast.add_many([("ok", [1, 2, 3], sp), ("too-long", list(range(1, 100)), sp)])
-    assert sorted(fast.free_slots) == [0, 1, 2, 3] and fast.core.runner.state.active.sum() == 0
+    assert sorted(fast.free_slots) == [0, 1, 2, 3] and fast.core.probe.state.active.sum() == 0
     with pytest.raises(IndexError):
         fast.add("too-long", list(range(1, 100)), sp)
     assert sorted(fast.free_slots) == [0, 1, 2, 3]
@@ -268,7 +265,7 @@ def test_no_kernels_is_an_argument_that_runs_the_torch_ops(tmp_path):
     target, drafter = make_tiny_pair(tmp_path, seed=1, block_size=B)
     kw = dict(max_slots=2, max_model_len=MAX_LEN, dtype="float64", device="cpu")
     plain = build_fast_engine(EngineConfig.from_options(str(target), str(drafter), kernels=False, **kw, fast=True))
-    assert plain.core.runner.t.kernels is None and plain.core.runner.d.kernels is None
+    assert plain.core.probe.target.kernels is None and plain.core.probe.drafter.kernels is None
     sp = SamplingParams(max_tokens=20, ignore_eos=True)
     ps = tiny_prompts(plain.tok, 2)
     assert ([s.out for s in ref_generate(plain, ps, sp)]

@@ -34,8 +34,8 @@ def test_fast_engine_serves_the_decode_loop_like_the_reference(setup, tmp_path):
     sp = SamplingParams(max_tokens=N, ignore_eos=True, logprobs=2)
     # the width chooser sees modelled step times, not the clock's (the machine's load must not decide the widths
     # asserted below): a CPU step that costs as much per verified token as an AR step
-    observe = fast.core.sched.chooser.observe
-    fast.core.sched.chooser.observe = lambda bucket, w, accepted, seconds: observe(bucket, w, accepted, 1e-3 * w)
+    observe = fast.core.probe.chooser.observe
+    fast.core.probe.chooser.observe = lambda bucket, w, accepted, seconds: observe(bucket, w, accepted, 1e-3 * w)
     want, got = ref_generate(ref, ps, sp), ref_generate(fast, ps, sp)
     assert [s.out for s in got] == [s.out for s in want]
     assert fast.stats.drafts > 0 and fast.stats.generation_tokens == ref.stats.generation_tokens
@@ -296,7 +296,7 @@ def test_the_pipelined_engine_serves_what_step_by_step_serves(tmp_path, mode):
     assert len(piped[0][0]) == stop + 1 < N  # request 0 stopped early on its stop token
     assert max(ahead) == 1 and max(never) == 0  # the pipelined engine did run steps ahead
     for e in engines:
-        assert sorted(e.free_slots) == [0, 1, 2] and not e.core.sched.lengths
+        assert sorted(e.free_slots) == [0, 1, 2] and not e.core.probe.running
 
 
 def test_prompts_that_ride_in_steps_are_served_what_they_get_alone(tmp_path):
@@ -310,8 +310,8 @@ def test_prompts_that_ride_in_steps_are_served_what_they_get_alone(tmp_path):
     kw = dict(mode="ar", max_slots=8, max_model_len=MAX_LEN, dtype="float64", device="cpu")
     mixed = build_fast_engine(EngineConfig.from_options(str(target), prefill="mixed", **kw, fast=True))
     plain = build_fast_engine(EngineConfig.from_options(str(target), step_ahead=False, **kw, fast=True))
-    carried, run = [], mixed.core.runner.run
-    mixed.core.runner.run = lambda plan: carried.append(len(plan.rides)) or run(plan)
+    carried: list[int] = []
+    mixed.core.watch(lambda launch: carried.append(len(launch.plan.rides)) if launch.plan else None)
     ps = tiny_prompts(plain.tok, 8)
     free = ref_generate(plain, [ps[6]], SamplingParams(max_tokens=N, ignore_eos=True))[0].out
     stop = next(i for i in range(3, N) if free[i] not in free[:i])
@@ -325,6 +325,6 @@ def test_prompts_that_ride_in_steps_are_served_what_they_get_alone(tmp_path):
             (20, ps[5], SamplingParams(max_tokens=N, ignore_eos=True))]
     (got, _), (want, _) = serve_requests(mixed, reqs), serve_requests(plain, reqs)
     assert got == want
-    assert mixed.core.sched.rode >= 5 and plain.core.sched.rode == 0
+    assert mixed.core.rode >= 5 and plain.core.rode == 0
     assert max(carried) == 2  # the two that arrived together rode in one step
-    assert sorted(mixed.free_slots) == list(range(8)) and not mixed.core.sched.queue and not mixed.core.sched.riding
+    assert sorted(mixed.free_slots) == list(range(8)) and not mixed.core.probe.waiting

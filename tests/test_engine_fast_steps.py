@@ -35,9 +35,9 @@ def test_adaptive_width_keeps_the_targets_greedy_output(setup, kernels):
     prompts = tiny_prompts(ar.tok, 5)
     ref = [s.out for s in ref_generate(ar, prompts, SamplingParams(max_tokens=N, ignore_eos=True))]
     auto = fast_runner(df, verify_width="auto", kernels=kernels)
-    assert auto.sched.widths == [1, 2, 3, 4, B]  # on a CPU: 1 (the anchor alone, no draft) and 3 too
+    assert auto.probe.widths == [1, 2, 3, 4, B]  # on a CPU: 1 (the anchor alone, no draft) and 3 too
     assert generate(auto, prompts, N) == ref
-    assert set(auto.sched.chooser.chosen) == {1, 2, 3, 4, B}  # every width ran (each is timed before the choice trusts it)
+    assert set(auto.probe.chooser.chosen) == {1, 2, 3, 4, B}  # every width ran (each is timed before the choice trusts it)
     assert auto.timer.drafted < auto.timer.row_steps * (B - 1)  # some steps verified fewer than the whole block
     narrow = fast_runner(df, verify_width=2, kernels=kernels)
     assert generate(narrow, prompts, N) == ref
@@ -57,7 +57,7 @@ def test_a_step_of_the_anchor_alone_still_writes_the_drafters_context(setup, ker
     for p, want in zip(prompts, ref):  # one at a time: no step runs after the slot is released
         assert generate(alone, [p], N) == [want] == generate(drafting, [p], N)
         n = len(p) + N - B  # positions both runners committed
-        for a, b in zip(alone.runner.d.cache.k + alone.runner.d.cache.v, drafting.runner.d.cache.k + drafting.runner.d.cache.v):
+        for a, b in zip(alone.probe.drafter.cache.k + alone.probe.drafter.cache.v, drafting.probe.drafter.cache.k + drafting.probe.drafter.cache.v):
             torch.testing.assert_close(a[0, :n], b[0, :n], rtol=1e-9, atol=1e-9)
     assert alone.timer.drafted == 0 and alone.timer.tau == 1 and alone.timer.row_steps == 2 * (N - 1)
 
@@ -94,7 +94,7 @@ def test_a_cut_draft_drafts_what_the_reference_drafts_on_a_block_of_that_length(
         out, drafts = [runner.add(0, prompt)], []
         while len(out) < N:
             out += runner.step([0])[0]
-            drafts.append(runner.runner.state.out[0, 1:w].tolist())
+            drafts.append(runner.probe.state.out[0, 1:w].tolist())
         runner.release(0)
         return out[:N], drafts
 
@@ -125,7 +125,7 @@ def test_synthetic_acceptance_of_a_narrow_verify_follows_the_same_curve(setup):
 def test_synthetic_acceptance_hits_the_asked_mean(setup):
     _, df = setup
     runner = fast_runner(df, synthetic_acceptance=3.5, seed=3)
-    draws = (runner.runner.bodies.draws < 0.5).long().cumprod(-1).sum(-1)  # what each (step, row) would accept
+    draws = (runner.probe.synthetic_draws < 0.5).long().cumprod(-1).sum(-1)  # what each (step, row) would accept
     assert draws.max() <= B - 1
     assert 1 + draws.double().mean() == pytest.approx(3.5, abs=0.05)
     generate(runner, tiny_prompts(df.tok, 4), N)
@@ -163,7 +163,7 @@ def test_pipelined_decode_matches_step_by_step_up_to_the_cache_bound(setup):
     sync = fast_runner(df)
     assert generate(sync, p, n, pipeline=False) == ref
     assert tau == pytest.approx(sync.timer.tau)  # the steps run ahead for finished rows are not counted
-    assert not runner.inflight and not runner.sched.lengths
+    assert not runner.inflight and not runner.probe.running
 
 
 def test_launch_declines_a_step_ahead_that_could_pass_the_cache(setup):
@@ -178,7 +178,7 @@ def test_launch_declines_a_step_ahead_that_could_pass_the_cache(setup):
     runner.release(0)
 
 
-def test_only_a_few_prompts_at_a_time_ride(tmp_path, monkeypatch):
+def test_only_a_few_prompts_at_a_time_ride(tmp_path):
     """While rows decode, prompts wait to ride, a few a step, up to RIDE_QUEUE waiting; a burst of more, or a
     prompt behind a queue that long, is prefilled at once in one forward (riding, the rows of a long queue
     would start steps apart)."""
@@ -191,20 +191,20 @@ def test_only_a_few_prompts_at_a_time_ride(tmp_path, monkeypatch):
     n = 2 + FEW + RIDE_QUEUE
     engine = build_fast_engine(EngineConfig.from_options(str(target), mode="ar", max_slots=n, max_model_len=MAX_LEN, dtype="float64",
                                device="cpu", prefill="mixed", fast=True))
-    queue = engine.core.sched.queue
-    monkeypatch.setattr(engine.core.sched, "ride_queue", RIDE_QUEUE)
+    probe = engine.core.probe
+    probe.ride_queue = RIDE_QUEUE
     ps = tiny_prompts(engine.tok, n)
     sp = SamplingParams(max_tokens=N, ignore_eos=True)
     [(_, first)] = engine.add_many([("0", ps[0], sp)])
     assert first is not None  # nothing decodes yet: prefilled at once
     burst = engine.add_many([(str(i), ps[i], sp) for i in range(1, 1 + FEW)])
-    assert all(d is not None for _, d in burst) and not queue
+    assert all(d is not None for _, d in burst) and not probe.waiting
     for i in range(1 + FEW, 1 + FEW + RIDE_QUEUE):  # one at a time: each waits to ride
         [(_, d)] = engine.add_many([(str(i), ps[i], sp)])
         assert d is None
-    assert len(queue) == RIDE_QUEUE
+    assert len(probe.waiting) == RIDE_QUEUE
     [(_, d)] = engine.add_many([("last", ps[-1], sp)])
-    assert d is not None and len(queue) == RIDE_QUEUE  # behind a queue that long: at once
+    assert d is not None and len(probe.waiting) == RIDE_QUEUE  # behind a queue that long: at once
 
 
 @pytest.mark.parametrize("kernels", PATHS)
@@ -230,7 +230,7 @@ def test_prompts_that_ride_in_a_step_decode_as_if_prefilled_alone(setup, kernels
         for _ in range(runner.inflight):
             for s, toks in runner.collect().items():
                 outs[s].extend(toks)
-            for s, tok in runner.sched.took.items():
+            for s, tok in runner.took.items():
                 outs[s] = [tok]
-    assert runner.sched.rode == 3
+    assert runner.rode == 3
     assert [outs[s][:N] for s in (0, 2, 1, 3, 5)] == ref

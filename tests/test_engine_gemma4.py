@@ -237,7 +237,7 @@ def test_fast_path_equals_the_reference_ar_and_dflash(request, kernels, monkeypa
     ps = prompts(5, seed=3)[2:4] if slow else prompts(5, seed=3)
     ref = outs(generate(ar, ps, SamplingParams(max_tokens=n, ignore_eos=True)))
     fast_ar = _fast_runner(df, drafter=False, kernels=kernels, ring_margin=B, monkeypatch=monkeypatch)
-    assert fast_ar.runner.t.kinds[0].ring == 8 + B and (fast_ar.runner.t.kernels is not None) == (kernels is not False)
+    assert fast_ar.probe.target.kinds[0].ring == 8 + B and (fast_ar.probe.target.kernels is not None) == (kernels is not False)
     assert fast_generate(fast_ar, ps, n) == ref
     fast_df = _fast_runner(df, drafter=True, kernels=kernels, ring_margin=B, monkeypatch=monkeypatch)
     assert fast_generate(fast_df, ps, n) == ref
@@ -266,7 +266,7 @@ def test_serve_fast_builds_the_gemma4_engine_and_keeps_only_the_window(pair):
     for mode in ("ar", "dflash"):
         fe = build_fast_engine(EngineConfig.from_options(str(pair[0]), str(pair[1]) if mode == "dflash" else None, mode=mode, dtype="float64",
                                device="cpu", max_slots=8, max_model_len=256, fast=True))
-        sliding, full = fe.core.runner.t.kinds
+        sliding, full = fe.core.probe.target.kinds
         assert sliding.k[0].shape == (8, 8 + layout.RING_MARGIN + 1, 2, 16) and full.k[0].shape == (8, 256, 1, 32)
         for bs in (1, 2, 6):
             assert [o for i in range(0, 6, bs) for o in outs(generate(fe, ps[i:i + bs], sp))] == ref

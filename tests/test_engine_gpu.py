@@ -64,19 +64,18 @@ def test_graphed_step_ahead_fast_path_equals_the_reference(pair, mode, prefill, 
     ref = build_engine(str(target), draft, max_len=MAX_LEN, **kw)
     fast = build_fast_engine(EngineConfig.from_options(str(target), draft, max_model_len=MAX_LEN, step_ahead=True, prefill="first",
                                                        **kw, fast=True))
-    r = fast.core.runner
-    assert r.graphs_on and r.graphs and r.t.kernels is not None  # captured at build, Triton kernels on
+    probe = fast.core.probe
+    assert probe.graphed and probe.graphs and probe.target.kernels is not None  # captured at build, Triton kernels on
 
     depth = []  # steps in flight after each launch: 2 means one was launched before the last one's tokens were read
-    run = r.run
+    batched = []  # the prompts of each prefill group run as one eager forward
 
-    def counted(plan):
-        run(plan)
-        depth.append(len(r.inflight))
-    r.run = counted
-    batched = []
-    rows = r.prefills.rows
-    r.prefills.rows = lambda slots, prompts: batched.append(len(slots)) or rows(slots, prompts)
+    def watched(launch):
+        if launch.plan is not None:
+            depth.append(launch.inflight)
+        elif launch.P is None:
+            batched.append(len(launch.prefill))
+    fast.core.watch(watched)
 
     ps = _prompts(ref.tok, 6)
     sp = SamplingParams(max_tokens=N, ignore_eos=True)
@@ -85,7 +84,7 @@ def test_graphed_step_ahead_fast_path_equals_the_reference(pair, mode, prefill, 
     assert got == want and all(len(o) == N for o in got)
     assert max(depth) == 2  # steps ran ahead
     assert batched == ([6] if prefill == "batched" else [])
-    assert any(key[0] == "prefill" and key[2:] == (6,) for key in r.graphs) == (prefill == "grouped")
+    assert any(key[0] == "prefill" and key[2:] == (6,) for key in probe.graphs) == (prefill == "grouped")
     assert fast.stats.generation_tokens == ref.stats.generation_tokens
     if mode == "dflash":  # the same drafts accepted, step by step: the same tau
         assert (fast.stats.drafts, fast.stats.accepted) == (ref.stats.drafts, ref.stats.accepted)
@@ -107,12 +106,12 @@ def test_prompts_that_ride_in_graphed_steps_get_what_they_get_alone(pair):
     ref = build_engine(str(target), max_len=MAX_LEN, **kw)
     fast = build_fast_engine(EngineConfig.from_options(str(target), max_model_len=MAX_LEN, step_ahead=True, prefill="mixed", **kw,
                                                        fast=True))
-    assert any(key[0] == "mixed" for key in fast.core.runner.graphs)  # captured at build
+    assert any(key[0] == "mixed" for key in fast.core.probe.graphs)  # captured at build
     ps = _prompts(ref.tok, 6)
     sp = SamplingParams(max_tokens=N, ignore_eos=True)
     want = [generate(ref, [p], sp)[0].out for p in ps]
-    carried, run = [], fast.core.runner.run
-    fast.core.runner.run = lambda plan: carried.append(len(plan.rides)) or run(plan)
+    carried: list[int] = []
+    fast.core.watch(lambda launch: carried.append(len(launch.plan.rides)) if launch.plan else None)
     out: dict[str, list[int]] = {}
     running = []
     for i, p in enumerate(ps):
@@ -131,7 +130,7 @@ def test_prompts_that_ride_in_graphed_steps_get_what_they_get_alone(pair):
         for s in [s for s in running if s.finish]:
             fast.release(s)
             running.remove(s)
-    assert fast.core.sched.rode == 5 and max(carried) == 2  # every prompt but the first rode in a step
+    assert fast.core.rode == 5 and max(carried) == 2  # every prompt but the first rode in a step
     assert out == {str(i): want[i] for i in range(len(ps))}
 
 
@@ -160,8 +159,8 @@ def test_gemma4_fast_path_equals_the_reference(gemma_pair, mode, kernels):
     ref = build_engine(str(target), draft, max_len=MAX_LEN, **kw)
     fast = build_fast_engine(EngineConfig.from_options(str(target), draft, max_model_len=MAX_LEN, step_ahead=True, kernels=kernels,
                                                        prefill="first", **kw, fast=True))
-    t = fast.core.runner.t
-    assert fast.core.runner.graphs_on and fast.core.runner.graphs
+    t = fast.core.probe.target
+    assert fast.core.probe.graphed and fast.core.probe.graphs
     assert (t.fused is not None) == kernels and t.kinds[0].ring  # the sliding layers keep a ring
     ps = _prompts(ref.tok, 6)
     assert max(len(p) for p in ps) > t.kinds[0].window  # prompts longer than the window

@@ -78,7 +78,7 @@ def test_two_ranks_decode_what_one_process_decodes(pair, mode):
     want, want_lp = _decode(one, _prompts(one.tok))
     two = build_fast_engine(EngineConfig.from_options(target, draft, tensor_parallel_size=2, **kw, fast=True))
     try:
-        assert two.core.runner.t.H == one.core.runner.t.H // 2  # each rank holds half the heads
+        assert two.core.probe.target.H == one.core.probe.target.H // 2  # each rank holds half the heads
         got, got_lp = _decode(two, _prompts(two.tok))
     finally:
         two.close()
@@ -101,7 +101,7 @@ def test_prompts_that_ride_decode_steps_on_two_ranks(pair):
     target, _ = pair
     kw = dict(mode="ar", dtype="float64", device="cpu", max_slots=SLOTS, max_model_len=MAX_LEN, prefill="mixed")
     one = build_fast_engine(EngineConfig.from_options(target, **kw, fast=True))
-    if not one.core.sched.mixed:
+    if not one.core.probe.mixed:
         pytest.skip("this family carries no prompts in a step")
     reqs = [(at, p, SamplingParams(max_tokens=16, ignore_eos=True)) for at, p in zip((0, 1, 2, 4), _prompts(one.tok))]
     want, _ = serve_requests(one, reqs)
@@ -123,7 +123,7 @@ def test_four_ranks_decode_what_one_process_decodes(tmp_path):
     want, _ = _decode(one, _prompts(one.tok), 12)
     four = build_fast_engine(EngineConfig.from_options(str(target), str(drafter), tensor_parallel_size=4, **kw, fast=True))
     try:
-        assert four.core.runner.t.H == 1 and [k.hkv for k in four.core.runner.t.caches] == [1, 1]
+        assert four.core.probe.target.H == 1 and [k.hkv for k in four.core.probe.target.caches] == [1, 1]
         got, _ = _decode(four, _prompts(four.tok), 12)
     finally:
         four.close()

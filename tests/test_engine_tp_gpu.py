@@ -119,16 +119,11 @@ def _case(target: str, draft: str | None, mode: str, adaptive: bool, graphs: boo
     two = build_fast_engine(EngineConfig.from_options(target, draft, tensor_parallel_size=2, enforce_eager=not graphs,
                                                       **kw, fast=True))
     print("two GPUs built", flush=True)
-    r = two.core.runner
-    captured = len(r.graphs)
+    probe = two.core.probe
+    captured = len(probe.graphs)  # before close drops them
     try:
-        depth = []
-        run = r.run
-
-        def counted(plan):
-            run(plan)
-            depth.append(len(r.inflight))
-        r.run = counted
+        depth: list[int] = []  # steps in flight after each step launched
+        two.core.watch(lambda launch: depth.append(launch.inflight) if launch.plan else None)
         got = [s.out for s in generate(two, ps, sp)]
         print("two GPUs decoded", flush=True)
     finally:
@@ -138,7 +133,7 @@ def _case(target: str, draft: str | None, mode: str, adaptive: bool, graphs: boo
     def stats(e) -> list:
         return [e.stats.drafts, e.stats.accepted, e.stats.accepted_per_pos]
     with open(out, "w") as f:
-        json.dump(dict(want=want, got=got, depth=max(depth), graphs=r.graphs_on and captured > 0,
-                       kernels=r.t.kernels is not None,
-                       size=r.t.shard.size, alive=any(p.is_alive() for p in two.followers.procs),
+        json.dump(dict(want=want, got=got, depth=max(depth), graphs=probe.graphed and captured > 0,
+                       kernels=probe.target.kernels is not None,
+                       size=probe.target.shard.size, alive=any(p.is_alive() for p in two.followers.procs),
                        one_stats=stats(one), two_stats=stats(two)), f)

@@ -42,10 +42,11 @@ def per_slot(target: Path, drafter: Path | None, max_len: int = MAX_LEN) -> int:
 def allocated(eng) -> int:
     """Bytes of every tensor the engine holds per slot: the target's caches of each kind, the drafter's, the
     logits the runner keeps."""
-    r = eng.core.runner
-    kv = [t for k in r.t.kinds for t in k.k + k.v] + (r.d.cache.k + r.d.cache.v if r.d is not None else [])
-    assert r.state.logits is not None
-    return sum(t.nbytes for t in kv) + r.state.logits.nbytes
+    probe = eng.core.probe
+    drafter = probe.drafter
+    kv = [t for k in probe.target.kinds for t in k.k + k.v] + (drafter.cache.k + drafter.cache.v if drafter is not None else [])
+    assert probe.state.logits is not None
+    return sum(t.nbytes for t in kv) + probe.state.logits.nbytes
 
 
 @pytest.mark.parametrize("dflash", [False, True])
@@ -61,7 +62,7 @@ def test_a_gemma_slots_bytes_are_what_the_engine_allocates(pair, dflash: bool):
         for slots in (2, 3):
             eng = build_fast_engine(EngineConfig.from_options(str(target), str(drafter) if dflash else None, mode="dflash" if dflash else "ar",
                                     device="cpu", dtype="float32", max_slots=slots, max_model_len=max_len, fast=True))
-            rows = {k.k[0].shape[1] for k in eng.core.runner.t.kinds}
+            rows = {k.k[0].shape[1] for k in eng.core.probe.target.kinds}
             assert rows == ({max_len} if max_len <= 8 + RING_MARGIN else {8 + RING_MARGIN + 1, max_len})
             sizes[slots] = allocated(eng)
         want = per_slot(target, drafter if dflash else None, max_len)

@@ -181,3 +181,22 @@ def test_no_phase_of_the_sweep_calls_back_into_its_driver():
     back = [name for name, file in modules.items() if name not in drivers
             for target, _ in _imports(name, file, modules) if target == "dflash_bench.sweep.run"]
     assert back == []
+
+
+def test_nothing_outside_the_engine_reaches_past_its_core():
+    """Benchmarks, tests and recipes drive the fast path through `EngineCore` and read it through its `probe`: none
+    names the core's scheduler or runner (`core.sched`, `core.runner`, their private names) or a private name of
+    the engine's objects."""
+    root = PACKAGE.parent
+    files = [f for d in ("benchmarks", "tests", "recipes") for f in (root / d).rglob("*.py")]
+    files += [f for f in PACKAGE.rglob("*.py") if "engine" not in f.relative_to(PACKAGE).parts]
+    reached = []
+    for file in files:
+        for node in ast.walk(ast.parse(file.read_text())):
+            if not isinstance(node, ast.Attribute):
+                continue
+            past = node.attr in ("sched", "_scheduler", "_runner", "_watchers")
+            past |= node.attr == "runner" and isinstance(node.value, ast.Attribute) and node.value.attr == "core"
+            if past:
+                reached.append(f"{file.relative_to(root)}:{node.lineno} .{node.attr}")
+    assert reached == []

@@ -47,7 +47,7 @@ def test_a_slots_bytes_are_what_the_fast_path_allocates(pair, dflash: bool):
     target, drafter = pair
     eng = build_fast_engine(EngineConfig.from_options(str(target), str(drafter) if dflash else None, mode="dflash" if dflash else "ar",
                             device="cpu", dtype="float32", max_slots=3, max_model_len=MAX_LEN, fast=True))
-    caches = [eng.core.runner.t.cache] + ([eng.core.runner.d.cache] if dflash else [])
+    caches = [eng.core.probe.target.cache] + ([eng.core.probe.drafter.cache] if dflash else [])
     kv = sum(t.numel() * t.element_size() for c in caches for t in c.k + c.v)
     logits = eng.B * eng.vocab_size * 4  # one float32 block of logits a slot
     assert kv // 3 + logits == per_slot(target, drafter if dflash else None)

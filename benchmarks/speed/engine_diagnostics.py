@@ -83,10 +83,9 @@ def profile_step(runner: EngineCore, dev, path: str | None = None, rows: int = 1
 
     runner.add(0, list(range(1000, 1128)))
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
-    L = runner.kv_block
-    b, B = runner.runner.bodies, runner.B
-    bodies = {"AR step": lambda: b.ar(1, L)} if B == 1 else \
-        {"draft": lambda: b.draft(1, L, B), "verify": lambda: b.verify(1, L, B)}
+    L, B, probe = runner.config.kv_block, runner.B, runner.probe
+    bodies = {"AR step": probe.body("ar", 1, L)} if B == 1 else \
+        {"draft": probe.body("draft", 1, L, B), "verify": probe.body("verify", 1, L, B)}
     key = "self_device_time_total" if dev.type == "cuda" else "self_cpu_time_total"
     tables = []
     with torch.inference_mode():

@@ -44,9 +44,7 @@ def timed(runner: EngineCore, ps: list[list[int]], new: int, dev, *, pipeline: b
     host round trip per step (the server's loop when a request wants logprobs).
     """
     generate(runner, ps, new, pipeline=pipeline)
-    bodies = runner.runner.bodies
-    if bodies.synthetic is not None:  # every DFlash runner draws the same synthetic acceptances in its measured run
-        bodies.synth_step.zero_()
+    runner.probe.restart_draws()  # every DFlash runner draws the same synthetic acceptances in its measured run
     chosen0 = runner.widths_chosen()
     sync(dev)
     t0 = time.perf_counter()
@@ -121,7 +119,7 @@ def soak(target, drafter, args, dev, vocab) -> dict:
     sync(dev)
     m1 = torch.cuda.memory_allocated() if dev.type == "cuda" else 0
     return dict(requests=args.soak, seconds=round(time.perf_counter() - t, 1), allocated_before=m0,
-                allocated_after=m1, growth=m1 - m0, graphs=len(r.runner.graphs))
+                allocated_after=m1, growth=m1 - m0, graphs=len(r.probe.graphs))
 
 
 def main() -> None:

@@ -72,7 +72,7 @@ def decode_rate(runner, bs: int, prompt_len: int, steps: int) -> dict:
     rng = random.Random(bs)
     slots = list(range(bs))
     for s in slots:
-        runner.add(s, [rng.randrange(10, min(30000, runner.runner.t.vocab_size)) for _ in range(prompt_len)])
+        runner.add(s, [rng.randrange(10, min(30000, runner.probe.target.vocab_size)) for _ in range(prompt_len)])
     for _ in range(3):
         runner.step(slots)
     sync()
@@ -133,8 +133,8 @@ def main() -> None:
                     max_model_len=a.max_len, load_format="dummy", synthetic_acceptance=a.tau if mode == "dflash" else None,
                     benchmark_only=True, prefill="first", fast=True))
                 r = engine.core
-                t: Any = r.runner.t  # a GemmaTarget
-                phase.update(build_s=time.perf_counter() - t0, graphs=len(r.runner.graphs), weight_bytes=t.weight_bytes(),
+                t: Any = r.probe.target  # a GemmaTarget
+                phase.update(build_s=time.perf_counter() - t0, graphs=len(r.probe.graphs), weight_bytes=t.weight_bytes(),
                              fused_kernels=t.fused is not None,  # triton_gemma's q/k/v + RoPE + cache write, GeGLU
                              kv_bytes=t.kv_bytes(), gpu_allocated_GiB=torch.cuda.memory_allocated() / 2**30
                              if dev == "cuda" else None)

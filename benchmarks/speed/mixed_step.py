@@ -48,7 +48,7 @@ def main() -> None:
     print(f"engine built, graphs captured: {time.monotonic() - t:.0f} s", flush=True)
     sync = torch.cuda.synchronize if r.dev.type == "cuda" else (lambda: None)
     rng = random.Random(0)
-    top = min(30000, r.runner.t.vocab_size)
+    top = min(30000, r.probe.target.vocab_size)
     prompt = lambda n: [rng.randrange(min(1000, top - 1), top) for _ in range(n)]  # noqa: E731
     res = []
     for bs in rows:
@@ -58,7 +58,7 @@ def main() -> None:
         for n, k in [(int(x), k) for x in args.lengths.split(",") for k in ks]:
             free = list(range(bs, bs + k))  # the slots prompts ride into: padding of the rows' bucket, or past it
             ps = [prompt(n) for _ in free]
-            if not r.sched.can_ride(ps):
+            if not r.probe.can_ride(ps):
                 continue
 
             def step():

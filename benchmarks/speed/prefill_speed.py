@@ -1,5 +1,5 @@
-"""Prefilling k prompts: one graph each (`EngineCore.add`) against one batched eager forward (`_prefill_rows`),
-and for k in `scheduler.GRAPHED_ROWS` one graph of k rows (`FastRunner.prefill`, its runner).
+"""Prefilling k prompts: one graph each (`EngineCore.add`) against one batched eager forward, and for k in
+`scheduler.GRAPHED_ROWS` one graph of k rows (both `EngineCore.prefill_group`).
 
 What `scheduler.GRAPHED_ROWS` and `PREFILL_TOKENS` are chosen from: per prompt length and k, the median ms
 of each way (CUDA-synchronised, after a warm-up), on the target and drafter given (a DFlash prefill also
@@ -50,7 +50,7 @@ def main() -> None:
                           max_slots=max(rows), max_model_len=args.max_model_len, prefill="first", fast=True)).core
     sync = torch.cuda.synchronize if r.dev.type == "cuda" else (lambda: None)
     rng = random.Random(0)
-    top = min(30000, r.runner.t.vocab_size)  # token ids of the model's vocabulary (the CPU kernels do not check them)
+    top = min(30000, r.probe.target.vocab_size)  # token ids of the model's vocabulary (the CPU kernels do not check them)
     res = []
     for n in [int(x) for x in args.lengths.split(",")]:
         for k in rows:
@@ -64,10 +64,10 @@ def main() -> None:
                     r.add(s, p)
 
             def batched():
-                r.runner.prefill(slots, prompts, None)
+                r.prefill_group(slots, prompts, graphed=False)
 
             def grouped():  # one graph of k rows (scheduler.GRAPHED_ROWS)
-                r.runner.prefill(slots, prompts, r.sched.padded(max(map(len, prompts))))
+                r.prefill_group(slots, prompts, graphed=True)
 
             row = {"prompt_tokens": n, "rows": k, "graphs_ms": timed(one_by_one, sync, args.reps),
                    "batched_ms": timed(batched, sync, args.reps) if k > 1 else None,

@@ -189,7 +189,7 @@ class Built:
 
     def close(self) -> None:
         for core in self.cores.values():
-            core.runner.graphs.clear()
+            core.drop_graphs()
         self.cores.clear()
 
 
@@ -242,19 +242,18 @@ def drive(core: Any, rows: int, context: int, steps: int, *, profile: bool = Fal
     (`schedule`, then `collect`: the next step launched before this one's tokens are read), release them. Returns the
     host's and the device's time and what the steps committed; with `profile`, the device's kernels too.
 
-    The one function here that reaches into the engine: the core's runner (its steps in flight, its graphs, its
-    synthetic draws) and its scheduler (each row's committed length)."""
+    What it reads of the engine beyond the core's calls, it reads through the core's probe (its steps in flight, its
+    graphs, its synthetic draws, each row's committed length)."""
     from dflash_bench.engine.fast.scheduling.scheduler import Row
 
-    runner, sched = core.runner, core.sched
-    device = str(runner.dev)
-    if runner.bodies.synthetic is not None:  # every pass draws the same synthetic acceptances: the same trajectory
-        runner.bodies.synth_step.zero_()
+    probe = core.probe
+    device = str(core.dev)
+    probe.restart_draws()  # every pass draws the same synthetic acceptances: the same trajectory
     slots = list(range(rows))
-    core.add_many(slots, prompts(rows, context, runner.t.vocab_size))
+    core.add_many(slots, prompts(rows, context, core.vocab_size))
     sync(device)
-    graphs, launched = len(runner.graphs), runner.launched
-    first = sum(sched.lengths[s] for s in slots) / rows
+    graphs, launched = len(probe.graphs), probe.launched
+    first = sum(probe.running[s] for s in slots) / rows
     host = wait = 0.0
     tokens = 0
     prof = None
@@ -269,15 +268,13 @@ def drive(core: Any, rows: int, context: int, steps: int, *, profile: bool = Fal
         a = time.perf_counter()
         core.schedule([Row(s) for s in slots])
         b = time.perf_counter()
-        done = runner.inflight[0].done
-        if done is not None:
-            done.synchronize()
+        probe.wait_oldest()
         c = time.perf_counter()
         got = core.collect()
         d = time.perf_counter()
         host, wait = host + (b - a) + (d - c), wait + (c - b)
         tokens += sum(len(v) for v in got.values())
-    last = sum(sched.lengths[s] for s in slots) / rows
+    last = sum(probe.running[s] for s in slots) / rows
     while core.inflight:
         core.collect()
     sync(device)
@@ -290,7 +287,7 @@ def drive(core: Any, rows: int, context: int, steps: int, *, profile: bool = Fal
         ks = kernels_of(prof)
     out = dict(wall_us=1e6 * wall / steps, host_us=1e6 * host / steps, wait_us=1e6 * wait / steps,
                tokens_per_row_step=tokens / (steps * rows), context_first=round(first), context_last=round(last),
-               captured=len(runner.graphs) - graphs, launched=runner.launched - launched, kernels=ks)
+               captured=len(probe.graphs) - graphs, launched=probe.launched - launched, kernels=ks)
     for s in slots:
         core.release(s)
     return out

@@ -61,7 +61,7 @@ def main() -> None:
         rows.append({"round": r, "engine": "dflash fresh", **cell(engine("dflash", max(cs)), target, 1, a.tokens)})
         for d in (float(x) for x in a.decay.split(",")):
             e = engine("dflash", max(cs))
-            e.core.sched.chooser.decay = d
+            e.core.probe.chooser.decay = d
             for c, ps in before.items():
                 cell(e, ps, c, a.tokens)
             rows.append({"round": r, "engine": f"dflash after {a.before}, decay {d}", **cell(e, target, 1, a.tokens)})

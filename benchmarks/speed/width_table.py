@@ -48,7 +48,7 @@ def main() -> None:
                 closed_loop(e, prompts[:min(c, 8)], min(c, 8), 16)  # a warm-up, as a sweep's
             for rnd in range(args.rounds):
                 cells = {name: closed_loop(e, prompts, c, args.new_tokens) for name, e in (("ar", ar), ("dflash", df))}
-                ch = df.core.sched.chooser
+                ch = df.core.probe.chooser
                 row = {"suite": suite, "concurrency": c, "round": rnd,
                        "ar_tok_s": round(cells["ar"]["output_tok_s"], 1),
                        "dflash_tok_s": round(cells["dflash"]["output_tok_s"], 1),

@@ -16,7 +16,7 @@ By role, bottom up (each imports only those above it in this list):
   acceptance in `accept.py`), prefills (`prefill.py`); the KV pool's size (`pool.py`); what a benchmark
   attaches to time it (`timer.py`).
 - here: `core.py` (`EngineCore`, nano-vllm's LLMEngine: the only caller of the scheduler and the runner),
-  `make.py` (a core over a loaded pair, on every rank), `engine.py` (`FastEngine`: a core and the requests'
+  `probe.py` (what benchmarks and tests read of a core), `make.py` (a core over a loaded pair, on every rank), `engine.py` (`FastEngine`: a core and the requests'
   bookkeeping), `drive.py` (decode a core without a server).
 
 Eager (no graphs) on the CPU, so the tests check losslessness of exactly this code, on the C kernels and on

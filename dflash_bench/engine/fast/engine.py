@@ -18,7 +18,7 @@ import torch
 
 from dflash_bench.engine.bookkeeping import Bookkeeping, Delta, Seq, Stats, eos_ids, step_logprobs
 from dflash_bench.engine.config import EngineConfig
-from dflash_bench.engine.fast.make import load_pair, make_core, rank_runner
+from dflash_bench.engine.fast.make import load_pair, make_core, rank_core
 from dflash_bench.engine.fast.parallel.ranks import Followers
 from dflash_bench.engine.fast.models.shard import Shard
 from dflash_bench.engine.fast.scheduling.scheduler import PREFILL_TOKENS, Row
@@ -45,23 +45,21 @@ class FastEngine:
                               kernels=config.kernels, shard=shard, consume=consume,
                               graphs=False if config.enforce_eager else None,
                               watch=followers.watch if followers is not None else None)
-        ft = self.core.runner.t
         self.followers = followers
         if followers is not None:  # from here on, each runner call is replayed by the other ranks
-            followers.on_stop.append(self.core.runner.graphs.clear)  # they hold the group's communicator
+            followers.on_stop.append(self.core.drop_graphs)  # they hold the group's communicator
             followers.wait_ready()
-            self.core.runner.followers = followers
+            self.core.lead(followers)
         assert self.core.logits is not None
         self.logits: torch.Tensor = self.core.logits  # per slot the last step's target logits (for logprobs)
         self.tok, self.B = tokenizer, self.core.B
         self.prefill_rows, self.prefill_tokens = max_slots, PREFILL_TOKENS  # a group: one forward (`core.add_many`)
-        self.max_len, self.vocab_size = max_len, ft.vocab_size
-        drawn = self.core.runner.bodies.synthetic
+        self.max_len, self.vocab_size = max_len, self.core.vocab_size
+        drawn = self.core.synthetic
         self.synthetic_acceptance = drawn.tau if drawn is not None else None  # the profile's tau at full width
         self.book = Bookkeeping(tokenizer, eos_ids=eos_ids, block_size=self.B, slots=max_slots, max_len=max_len,
-                                vocab_size=ft.vocab_size)
-        sched = self.core.sched
-        self.book.width_policy = "auto" if sched.chooser else "full" if sched.fixed == self.B else f"w{sched.fixed}"
+                                vocab_size=self.core.vocab_size)
+        self.book.width_policy = self.core.width_policy
 
     @property
     def stats(self) -> Stats:
@@ -70,7 +68,7 @@ class FastEngine:
     @property
     def mixed_prefills(self) -> int:
         """Prompts prefilled by the forward of a decode step (`mixed`)."""
-        return self.core.sched.rode
+        return self.core.rode
 
     @property
     def free_slots(self) -> list[int]:
@@ -96,9 +94,8 @@ class FastEngine:
         try:
             for req_id, prompt, params in reqs:
                 seqs.append(self.book.open(req_id, prompt, params))
-            sched = self.core.sched
-            if sched.waits_to_ride([s.prompt for s in seqs], any(s.params.logprobs is not None for s in seqs)):
-                sched.wait([s.slot for s in seqs], [s.prompt for s in seqs])
+            if self.core.wait_to_ride([s.slot for s in seqs], [s.prompt for s in seqs],
+                                      any(s.params.logprobs is not None for s in seqs)):
                 return [(s, None) for s in seqs]
             toks = self.core.add_many([s.slot for s in seqs], [s.prompt for s in seqs])
         except BaseException:  # the slots go back: nobody will hear about these requests
@@ -110,7 +107,7 @@ class FastEngine:
     def _rode(self, seqs: list[Seq]) -> list[Delta]:
         """The first tokens of the prompts that rode in the step collected last."""
         by_slot = {s.slot: s for s in seqs}
-        return [self.book.prefilled(by_slot[slot], tok, None) for slot, tok in self.core.sched.took.items()
+        return [self.book.prefilled(by_slot[slot], tok, None) for slot, tok in self.core.took.items()
                 if slot in by_slot]
 
     def _no_rows(self, seqs: list[Seq]) -> list[Delta]:
@@ -119,7 +116,7 @@ class FastEngine:
         while core.inflight:
             core.collect()
             out += self._rode(seqs)
-        wait = core.sched.unridden()
+        wait = core.unridden()
         if wait:
             by_slot = {s.slot: s for s in seqs}
             toks = core.add_many([slot for slot, _ in wait], [p for _, p in wait])
@@ -137,7 +134,7 @@ class FastEngine:
         step-ahead, logprobs, max_tokens, the cache bound, the prompts that ride); this executes it.
         """
         core = self.core
-        stepping = set(core.sched.rows([s.slot for s in seqs]))
+        stepping = set(core.rows([s.slot for s in seqs]))
         rows = [s for s in seqs if s.slot in stepping]
         if not rows:
             return self._no_rows(seqs)
@@ -193,7 +190,7 @@ def build_fast_engine(config: EngineConfig, *, tokenizer: Any = None) -> FastEng
         from dflash_bench.engine.fast.parallel.ranks import check_parallel
 
         check_parallel(config.model, draft, size, device=device)
-        followers = Followers(dataclasses.replace(config, device=device, draft=draft), rank_runner).start()
+        followers = Followers(dataclasses.replace(config, device=device, draft=draft), rank_core).start()
         atexit.register(followers.stop)
     try:
         if followers is not None:

@@ -46,11 +46,12 @@ def load_pair(model: str, draft: str | None, *, dtype: Any, device: str, dummy: 
                             dummy=dummy)
 
 
-def rank_runner(config: EngineConfig, rank: int, shard: Shard, slots: Callable[[], object], watch: Any) -> Any:
+def rank_core(config: EngineConfig, rank: int, shard: Shard, slots: Callable[[], object],
+              watch: Any) -> EngineCore | None:
     """What a tensor-parallel rank above 0 runs (`ranks.run_rank`): the pair loaded as rank 0 loads it and cut to this
     rank's shard, then its core made with rank 0's slots (`slots()`: rank 0's pool, sized from its device's memory; None
-    when rank 0 stopped first), each graph's capture watched (`watch`, the rank's `ranks.Watch`). Returns the core's
-    runner, which replays rank 0's runner calls."""
+    when rank 0 stopped first), each graph's capture watched (`watch`, the rank's `ranks.Watch`). The core replays
+    rank 0's runner calls (`EngineCore.replay`)."""
     hf, drafter = load_pair(config.model, config.draft, dtype=config.dtype, device=rank_device(config, rank),
                             dummy=config.dummy)
     shard = shard.cut(hf, drafter)
@@ -60,4 +61,4 @@ def rank_runner(config: EngineConfig, rank: int, shard: Shard, slots: Callable[[
     core = make_core(hf, drafter, config.step, max_slots=n, max_len=config.max_model_len, kernels=config.kernels,
                      shard=shard, consume=True, graphs=False if config.enforce_eager else None, watch=watch)
     del hf
-    return core.runner
+    return core

@@ -169,16 +169,16 @@ def check_parallel(model: str, draft: str | None, size: int, *, device: str) -> 
         check_drafter_split(dc, size)
 
 
-# what a rank above 0 builds (`make.rank_runner`): the config, its rank and shard, a call that returns rank 0's slot
-# count (anything else: rank 0 stopped before sending it) and the rank's watchdog; returns the runner that replays
-# rank 0's calls, or None
+# what a rank above 0 builds (`make.rank_core`): the config, its rank and shard, a call that returns rank 0's slot
+# count (anything else: rank 0 stopped before sending it) and the rank's watchdog; returns the core that replays
+# rank 0's runner calls, or None
 RankBuild = Callable[[EngineConfig, int, Shard, Callable[[], object], "Watch"], Any]
 
 
 def run_rank(config: EngineConfig, address: str, rank: int, conn: Connection, build: RankBuild, stall_s: float,
              start_s: float) -> None:
-    """A rank above 0 (its process): join the group, `build` its runner with rank 0's slots, then replay rank 0's
-    calls until it stops (or is gone); every call watched (`Watch`: `stall_s`, `start_s`)."""
+    """A rank above 0 (its process): join the group, `build` its core with rank 0's slots, then replay rank 0's
+    runner calls until it stops (or is gone); every call watched (`Watch`: `stall_s`, `start_s`)."""
     _die_with_parent()
     if not config.device.startswith("cuda"):
         torch.set_num_threads(1)
@@ -196,11 +196,11 @@ def run_rank(config: EngineConfig, address: str, rank: int, conn: Connection, bu
         watchdog(watch, stalled)
         with watch.call("join", "joining the process group", start=True):
             shard = join_group(config, address, rank)
-        runner = build(config, rank, shard, conn.recv, watch)
-        if runner is None:
+        core = build(config, rank, shard, conn.recv, watch)
+        if core is None:
             os._exit(0)
         conn.send(("ready", None))
-        follow(runner, conn, watch)
+        follow(core, conn, watch)
     except EOFError:
         os._exit(0)  # rank 0 is gone
     except BaseException as err:  # noqa: BLE001 - whatever it was, rank 0 says it and stops the server
@@ -218,21 +218,16 @@ def run_rank(config: EngineConfig, address: str, rank: int, conn: Connection, bu
     os._exit(0)
 
 
-def follow(runner: Any, conn: Connection, watch: Watch | None = None) -> None:
-    """Replay rank 0's runner calls (`Followers.send`) until it says stop; `collect` retires the oldest step. Each
-    call runs under `watch` (the rank's watchdog)."""
+def follow(core: Any, conn: Connection, watch: Watch | None = None) -> None:
+    """Replay rank 0's runner calls (`Followers.send`) on this rank's core (`EngineCore.replay`) until it says stop,
+    each under `watch` (the rank's watchdog)."""
     watch = watch or Watch(-1)
     while True:
         name, args, kw = conn.recv()
         if name == "stop":
             return
         with watch.call(name):
-            if name == "collect":
-                step = runner.inflight.popleft()
-                if step.done is not None:
-                    step.done.synchronize()
-                continue
-            getattr(runner, name)(*args, **kw)
+            core.replay(name, *args, **kw)
 
 
 class Followers:

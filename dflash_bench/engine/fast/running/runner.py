@@ -211,6 +211,12 @@ class FastRunner:
         span = (t0, done if self.dev.type == "cuda" else t2) if timed and len(self.graphs) == graphs else None
         self.inflight.append(InFlight(plan, host, done, span, first))
 
+    def retire(self) -> None:
+        """A tensor-parallel follower's collect: wait for the oldest step's copy, read nothing (rank 0 reads)."""
+        step = self.inflight.popleft()
+        if step.done is not None:
+            step.done.synchronize()
+
     def collect(self) -> Collected:
         """The results of the oldest step in flight, for every row of its plan (`EngineCore.collect` keeps those
         whose slot still holds the request stepped)."""

@@ -45,17 +45,17 @@ class StepTimer:
         self.marks: list[tuple[Any, Any, Any]] = []  # per step: (draft start, draft end / verify start, verify end)
         self.steps = self.accepted = self.row_steps = 0  # steps; accepted drafts and verifies summed over rows
         self.drafted = self.drafting_rows = 0  # drafts verified, and verifies that checked any, summed over rows
-        self.runner: Timed | None = None
+        self.attached: Timed | None = None
         self.device = torch.device("cpu")
 
     def attach(self, runner: Timed) -> StepTimer:
-        runner.timer, self.runner, self.device = self, runner, runner.dev
+        runner.timer, self.attached, self.device = self, runner, runner.dev
         return self
 
     def detach(self) -> None:
-        if self.runner is not None and self.runner.timer is self:
-            self.runner.timer = None
-        self.runner = None
+        if self.attached is not None and self.attached.timer is self:
+            self.attached.timer = None
+        self.attached = None
 
     def launched(self, t0: Any, t1: Any, t2: Any) -> None:
         self.marks.append((t0, t1, t2))
