@@ -9,7 +9,8 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from dflash_bench.engine.build import build_engine  # noqa: E402
+from dflash_bench.engine.build import build  # noqa: E402
+from dflash_bench.engine.config import EngineConfig  # noqa: E402
 from dflash_bench.engine.config import StepConfig  # noqa: E402
 from dflash_bench.engine.fast.models.draft import FastDrafter  # noqa: E402
 from dflash_bench.engine.fast.models.dense import DenseTarget  # noqa: E402
@@ -33,8 +34,8 @@ ARCHS = ["qwen3", "llama"]  # the architectures of the `setup` fixture each test
 def tiny_engines(arch: str, tmp_path_factory):
     """A tiny real pair of `arch` and the reference engines over it, AR and DFlash."""
     target, drafter = make_tiny_pair(tmp_path_factory.mktemp(arch), arch=arch, seed=1, block_size=B)
-    ar = build_engine(str(target), mode="ar", max_slots=SLOTS, max_len=MAX_LEN, dtype="float64")
-    df = build_engine(str(target), str(drafter), mode="dflash", max_slots=SLOTS, max_len=MAX_LEN, dtype="float64")
+    ar = build(EngineConfig(str(target), mode="ar", max_slots=SLOTS, max_model_len=MAX_LEN, dtype="float64", device="cpu"))
+    df = build(EngineConfig(str(target), str(drafter), mode="dflash", max_slots=SLOTS, max_model_len=MAX_LEN, dtype="float64", device="cpu"))
     return ar, df
 
 

@@ -10,7 +10,8 @@ import torch
 
 pytest.importorskip("transformers")
 
-from dflash_bench.engine.build import build_engine  # noqa: E402
+from dflash_bench.engine.build import build  # noqa: E402
+from dflash_bench.engine.config import EngineConfig  # noqa: E402
 from dflash_bench.engine.reference.decode import generate  # noqa: E402
 from dflash_bench.engine.sampling_params import SamplingParams  # noqa: E402
 from dflash_bench.testing.tiny import make_tiny_pair  # noqa: E402
@@ -28,8 +29,8 @@ def pair(request, tmp_path_factory):
 @pytest.fixture(scope="module")
 def engines(pair):
     target, drafter = pair
-    ar = build_engine(str(target), mode="ar", max_slots=8, max_len=256, dtype="float64")
-    df = build_engine(str(target), str(drafter), mode="dflash", max_slots=8, max_len=256, dtype="float64")
+    ar = build(EngineConfig(str(target), mode="ar", max_slots=8, max_model_len=256, dtype="float64", device="cpu"))
+    df = build(EngineConfig(str(target), str(drafter), mode="dflash", max_slots=8, max_model_len=256, dtype="float64", device="cpu"))
     ar.prefill_rows = df.prefill_rows = 8  # batched, right-padded prefill (the GPU default) under test too
     return ar, df
 
@@ -219,7 +220,7 @@ def test_drafter_that_does_not_fit_is_a_clear_error(pair, tmp_path, changes, mes
     target, drafter = pair
     bad = _edit_config(drafter, tmp_path, **changes)
     with pytest.raises(UserError, match=message):
-        build_engine(str(target), str(bad), mode="dflash", max_slots=1, max_len=64)
+        build(EngineConfig(str(target), str(bad), mode="dflash", max_slots=1, max_model_len=64, device="cpu"))
 
 
 def test_drafter_checkpoint_is_zlab_format(pair):
@@ -248,7 +249,7 @@ def test_hybrid_recurrent_target_is_refused(tmp_path):
     AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path)
     make_tokenizer().save_pretrained(tmp_path)
     with pytest.raises(UserError, match="linear_attention layers"):
-        build_engine(str(tmp_path), mode="ar", max_slots=1, max_len=64)
+        build(EngineConfig(str(tmp_path), mode="ar", max_slots=1, max_model_len=64, device="cpu"))
 
 
 def test_seeded_sampling_is_reproducible_whatever_the_batch(engines):
@@ -349,8 +350,8 @@ def test_two_engines_decode_on_two_threads_at_once(pair):
     import threading
 
     target, drafter = pair
-    engs = [build_engine(str(target), mode="ar", max_slots=4, max_len=256, dtype="float64"),
-            build_engine(str(target), str(drafter), mode="dflash", max_slots=4, max_len=256, dtype="float64")]
+    engs = [build(EngineConfig(str(target), mode="ar", max_slots=4, max_model_len=256, dtype="float64", device="cpu")),
+            build(EngineConfig(str(target), str(drafter), mode="dflash", max_slots=4, max_model_len=256, dtype="float64", device="cpu"))]
     ps = prompts(engs[0].tok, 4)
     sp = SamplingParams(max_tokens=40, ignore_eos=True)
     want = ids(generate(engs[0], ps, sp))

@@ -11,10 +11,9 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from dflash_bench.engine.build import build_engine  # noqa: E402
+from dflash_bench.engine.build import build  # noqa: E402
 from dflash_bench.engine.reference.decode import generate  # noqa: E402
 from dflash_bench.engine.config import EngineConfig  # noqa: E402
-from dflash_bench.engine.fast.engine import build_fast_engine  # noqa: E402
 from dflash_bench.engine.fast.models.family import FAMILIES, family_of, load_target  # noqa: E402
 from dflash_bench.engine.sampling_params import SamplingParams  # noqa: E402
 from dflash_bench.testing.tiny import make_tiny_pair  # noqa: E402
@@ -34,10 +33,10 @@ def test_every_registered_family_decodes_its_tiny_pair_exactly(family, tmp_path)
     rng = random.Random(0)
     ps = [[rng.randrange(256) for _ in range(rng.randint(3, 20))] for _ in range(3)]
     sp = SamplingParams(max_tokens=16, ignore_eos=True)
-    ar = build_engine(str(target), mode="ar", max_slots=4, max_len=MAX_LEN, dtype="float64")
+    ar = build(EngineConfig(str(target), mode="ar", max_slots=4, max_model_len=MAX_LEN, dtype="float64", device="cpu"))
     ref = [s.out for s in generate(ar, ps, sp)]
     for mode in ("ar", "dflash"):
-        fe = build_fast_engine(EngineConfig.from_options(str(target), str(drafter) if mode == "dflash" else None, mode=mode, dtype="float64",
+        fe = build(EngineConfig.from_options(str(target), str(drafter) if mode == "dflash" else None, mode=mode, dtype="float64",
                                device="cpu", max_slots=4, max_model_len=MAX_LEN, fast=True))
         assert fe.core.probe.target.caches == family.layout(cfg, MAX_LEN)
         assert [s.out for s in generate(fe, ps, sp)] == ref, (family.name, mode)

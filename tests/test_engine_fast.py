@@ -12,7 +12,8 @@ import pytest
 pytest.importorskip("transformers")
 import torch  # noqa: E402
 
-from dflash_bench.engine.build import build_engine  # noqa: E402
+from dflash_bench.engine.build import build  # noqa: E402
+from dflash_bench.engine.config import EngineConfig  # noqa: E402
 from dflash_bench.engine.reference.decode import generate as ref_generate  # noqa: E402
 from dflash_bench.engine.fast.models.draft import FastDrafter  # noqa: E402
 from dflash_bench.engine.fast.models.dense import DenseTarget  # noqa: E402
@@ -129,7 +130,7 @@ def test_new_prompt_lengths_leave_no_index_tensors_behind(setup):
 
 def test_predictable_pair_accepts_whole_blocks(tmp_path):
     target, drafter = make_tiny_pair(tmp_path, seed=2, block_size=B, predictable=True)
-    df = build_engine(str(target), str(drafter), mode="dflash", max_slots=SLOTS, max_len=MAX_LEN, dtype="float32")
+    df = build(EngineConfig(str(target), str(drafter), mode="dflash", max_slots=SLOTS, max_model_len=MAX_LEN, dtype="float32", device="cpu"))
     runner = fast_runner(df)
     out = generate(runner, tiny_prompts(df.tok, 2), N)
     assert runner.timer.tau == B
@@ -156,10 +157,10 @@ def test_a_paused_row_resumes_where_it_stopped(setup):
 def test_a_failing_prefill_gives_every_slot_back(tmp_path):
     """add_many is all or nothing: a prompt the cache cannot hold fails, and no slot stays taken."""
     from dflash_bench.engine.config import EngineConfig
-    from dflash_bench.engine.fast.engine import build_fast_engine
+    from dflash_bench.engine.build import build
 
     target, drafter = make_tiny_pair(tmp_path, seed=1, block_size=B)
-    fast = build_fast_engine(EngineConfig.from_options(str(target), str(drafter), max_slots=4, max_model_len=64, dtype="float32", device="cpu", fast=True))
+    fast = build(EngineConfig.from_options(str(target), str(drafter), max_slots=4, max_model_len=64, dtype="float32", device="cpu", fast=True))
     sp = SamplingParams(max_tokens=4, ignore_eos=True)
     with pytest.raises(IndexError):
         fast.add_many([("ok", [1, 2, 3], sp), ("too-long", list(range(1, 100)), sp)])
@@ -191,7 +192,7 @@ def test_fast_target_applies_sliding_windows(tmp_path, arch):
         model.get_output_embeddings().weight.mul_(25.0)
     model.save_pretrained(tmp_path)
     make_tokenizer().save_pretrained(tmp_path)
-    ref = build_engine(str(tmp_path), mode="ar", max_slots=SLOTS, max_len=MAX_LEN, dtype="float64")
+    ref = build(EngineConfig(str(tmp_path), mode="ar", max_slots=SLOTS, max_model_len=MAX_LEN, dtype="float64", device="cpu"))
     prompts = tiny_prompts(ref.tok, 3)
     want = [s.out for s in ref_generate(ref, prompts, SamplingParams(max_tokens=24, ignore_eos=True))]
     runner = EngineCore(DenseTarget(ref.target.model, max_slots=SLOTS, max_len=MAX_LEN), None, StepConfig(verify_width="full", kv_block=16))
@@ -230,10 +231,10 @@ def test_a_batched_steps_logprobs_are_each_rows_own(tmp_path, mode):
     from transformers import AutoModelForCausalLM
 
     from dflash_bench.engine.config import EngineConfig
-    from dflash_bench.engine.fast.engine import build_fast_engine
+    from dflash_bench.engine.build import build
 
     target, drafter = make_tiny_pair(tmp_path, seed=1, block_size=B)
-    engine = build_fast_engine(EngineConfig.from_options(str(target), str(drafter) if mode == "dflash" else None, mode=mode, max_slots=4,
+    engine = build(EngineConfig.from_options(str(target), str(drafter) if mode == "dflash" else None, mode=mode, max_slots=4,
                                max_model_len=MAX_LEN, dtype="float64", device="cpu", fast=True))
     ps = tiny_prompts(engine.tok, 4)
     tops = [None, 0, 2, 3]
@@ -260,16 +261,16 @@ def test_no_kernels_is_an_argument_that_runs_the_torch_ops(tmp_path):
     """`serve --fast --no-kernels` (`EngineConfig.kernels` False): target and drafter run plain torch ops, and
     serve what the kernels serve."""
     from dflash_bench.engine.config import EngineConfig
-    from dflash_bench.engine.fast.engine import build_fast_engine
+    from dflash_bench.engine.build import build
 
     target, drafter = make_tiny_pair(tmp_path, seed=1, block_size=B)
     kw = dict(max_slots=2, max_model_len=MAX_LEN, dtype="float64", device="cpu")
-    plain = build_fast_engine(EngineConfig.from_options(str(target), str(drafter), kernels=False, **kw, fast=True))
+    plain = build(EngineConfig.from_options(str(target), str(drafter), kernels=False, **kw, fast=True))
     assert plain.core.probe.target.kernels is None and plain.core.probe.drafter.kernels is None
     sp = SamplingParams(max_tokens=20, ignore_eos=True)
     ps = tiny_prompts(plain.tok, 2)
     assert ([s.out for s in ref_generate(plain, ps, sp)]
-            == [s.out for s in ref_generate(build_fast_engine(EngineConfig.from_options(str(target), str(drafter), **kw, fast=True)), ps, sp)])
+            == [s.out for s in ref_generate(build(EngineConfig.from_options(str(target), str(drafter), **kw, fast=True)), ps, sp)])
 
 
 @pytest.mark.parametrize("kernels", [True, "cpu"])
@@ -287,12 +288,12 @@ def test_a_head_dim_the_kernels_cannot_run_is_refused_at_load(tmp_path, kernels)
     target, drafter = make_tiny_pair(tmp_path, hidden=hidden)
     hf = load_model(str(target), dtype=torch.float32, device="cpu")
     which = "Triton kernels take power-of-two head dims of 16 or more" if kernels is True else "C kernels take"
-    for build, what in ((lambda k: DenseTarget(hf, max_slots=2, max_len=64, kernels=k), "target"),
+    for make, what in ((lambda k: DenseTarget(hf, max_slots=2, max_len=64, kernels=k), "target"),
                         (lambda k: FastDrafter(load_drafter(str(drafter), target_hidden=hidden, target_layers=4,
                                                             target_vocab=hf.lm_head.weight.shape[0], dtype=torch.float32, device="cpu"), hf.model.embed_tokens.weight,
                                                hf.lm_head.weight, max_slots=2, max_len=64, kernels=k), "drafter")):
         with pytest.raises(UserError) as err:
-            build(kernels)
+            make(kernels)
         assert str(err.value).startswith(f"the fast path's {which}")
         assert f"the {what} has head dim {hidden // 4}: serve it with --no-kernels" in str(err.value)
-        build(False)  # the same model on torch ops
+        make(False)  # the same model on torch ops

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from dflash_bench.engine.build import build_engine  # noqa: E402
+from dflash_bench.engine.build import build  # noqa: E402
 from dflash_bench.engine.reference.decode import generate as ref_generate  # noqa: E402
 from dflash_bench.engine.sampling_params import SamplingParams  # noqa: E402
 from dflash_bench.testing.tiny import make_tiny_pair  # noqa: E402
@@ -24,12 +24,11 @@ def setup(request, tmp_path_factory):
 
 def test_fast_engine_serves_the_decode_loop_like_the_reference(setup, tmp_path):
     from dflash_bench.engine.config import EngineConfig
-    from dflash_bench.engine.fast.engine import build_fast_engine
 
     ar, df = setup
     target, drafter = make_tiny_pair(tmp_path, seed=1, block_size=B)
-    fast = build_fast_engine(EngineConfig.from_options(str(target), str(drafter), max_slots=SLOTS, max_model_len=MAX_LEN, dtype="float64", device="cpu", fast=True))
-    ref = build_engine(str(target), mode="ar", max_slots=SLOTS, max_len=MAX_LEN, dtype="float64")
+    fast = build(EngineConfig.from_options(str(target), str(drafter), max_slots=SLOTS, max_model_len=MAX_LEN, dtype="float64", device="cpu", fast=True))
+    ref = build(EngineConfig(str(target), mode="ar", max_slots=SLOTS, max_model_len=MAX_LEN, dtype="float64", device="cpu"))
     ps = tiny_prompts(ref.tok, 4)
     sp = SamplingParams(max_tokens=N, ignore_eos=True, logprobs=2)
     # the width chooser sees modelled step times, not the clock's (the machine's load must not decide the widths
@@ -53,13 +52,12 @@ def test_fast_engine_serves_the_decode_loop_like_the_reference(setup, tmp_path):
 
 def test_synthetic_acceptance_needs_benchmark_only(tmp_path):
     from dflash_bench.engine.config import EngineConfig
-    from dflash_bench.engine.fast.engine import build_fast_engine
     from dflash_bench.errors import UserError
 
     target, drafter = make_tiny_pair(tmp_path, seed=1, block_size=B)
     with pytest.raises(UserError, match="benchmark-only"):
-        build_fast_engine(EngineConfig.from_options(str(target), str(drafter), max_slots=2, max_model_len=64, device="cpu", synthetic_acceptance=3.0, fast=True))
-    eng = build_fast_engine(EngineConfig.from_options(str(target), str(drafter), max_slots=2, max_model_len=64, device="cpu", synthetic_acceptance=3.0,
+        build(EngineConfig.from_options(str(target), str(drafter), max_slots=2, max_model_len=64, device="cpu", synthetic_acceptance=3.0, fast=True))
+    eng = build(EngineConfig.from_options(str(target), str(drafter), max_slots=2, max_model_len=64, device="cpu", synthetic_acceptance=3.0,
                             benchmark_only=True, fast=True))
     assert eng.synthetic_acceptance == 3.0
 
@@ -131,12 +129,11 @@ def test_serve_fast_gives_requests_arriving_mid_decode_what_they_get_alone(tmp_p
     import threading
 
     from dflash_bench.engine.config import EngineConfig
-    from dflash_bench.engine.fast.engine import build_fast_engine
     from dflash_bench.engine.serving.loop import EngineLoop
 
     target, drafter = make_tiny_pair(tmp_path, seed=1, block_size=B)
     mixed = mode == "ar-mixed"
-    engine = build_fast_engine(EngineConfig.from_options(str(target), None if mixed else str(drafter), mode=mode[:2] if mixed else mode,
+    engine = build(EngineConfig.from_options(str(target), None if mixed else str(drafter), mode=mode[:2] if mixed else mode,
                                max_slots=2, max_model_len=MAX_LEN, dtype="float64", device="cpu", prefill="mixed" if mixed else "first", fast=True))
     ps = tiny_prompts(engine.tok, 3)
     sps = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (37, 20, 28)]
@@ -195,11 +192,10 @@ def test_the_loop_takes_a_first_token_from_a_later_step(tmp_path):
     import threading
 
     from dflash_bench.engine.config import EngineConfig
-    from dflash_bench.engine.fast.engine import build_fast_engine
     from dflash_bench.engine.serving.loop import EngineLoop
 
     target, drafter = make_tiny_pair(tmp_path, seed=1, block_size=B)
-    engine = build_fast_engine(EngineConfig.from_options(str(target), str(drafter), max_slots=3, max_model_len=MAX_LEN, dtype="float64", device="cpu", fast=True))
+    engine = build(EngineConfig.from_options(str(target), str(drafter), max_slots=3, max_model_len=MAX_LEN, dtype="float64", device="cpu", fast=True))
     ps = tiny_prompts(engine.tok, 3)
     sps = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (30, 1, 17)]
     alone = [ref_generate(engine, [p], sp)[0].out for p, sp in zip(ps, sps)]
@@ -224,10 +220,9 @@ def _burst(tmp_path, n: int):
     """A fast engine of 8 slots whose prefill groups hold two of the `n` 10-token prompts, the prompts, their
     sampling (12 tokens, ignore_eos) and what each gets alone."""
     from dflash_bench.engine.config import EngineConfig
-    from dflash_bench.engine.fast.engine import build_fast_engine
 
     target, drafter = make_tiny_pair(tmp_path, seed=1, block_size=B)
-    engine = build_fast_engine(EngineConfig.from_options(str(target), str(drafter), max_slots=8, max_model_len=MAX_LEN, dtype="float64", device="cpu", fast=True))
+    engine = build(EngineConfig.from_options(str(target), str(drafter), max_slots=8, max_model_len=MAX_LEN, dtype="float64", device="cpu", fast=True))
     ps = [list(range(40 + i, 50 + i)) for i in range(n)]
     sp = SamplingParams(max_tokens=12, ignore_eos=True)
     alone = [ref_generate(engine, [p], sp)[0].out for p in ps]
@@ -269,11 +264,10 @@ def test_the_pipelined_engine_serves_what_step_by_step_serves(tmp_path, mode):
     request), ask for logprobs (no step runs ahead while they run): the tokens and logprobs equal the
     step-by-step engine's, request by request."""
     from dflash_bench.engine.config import EngineConfig
-    from dflash_bench.engine.fast.engine import build_fast_engine
 
     target, drafter = make_tiny_pair(tmp_path, seed=1, block_size=B)
     kw = dict(mode=mode, max_slots=3, max_model_len=MAX_LEN, dtype="float64", device="cpu")
-    engines = [build_fast_engine(EngineConfig.from_options(str(target), str(drafter) if mode == "dflash" else None, step_ahead=ahead, **kw, fast=True))
+    engines = [build(EngineConfig.from_options(str(target), str(drafter) if mode == "dflash" else None, step_ahead=ahead, **kw, fast=True))
                for ahead in (True, False)]
     ps = tiny_prompts(engines[0].tok, 12)
     # a prompt whose free-running output meets a token it has not produced before at position 3..20: that
@@ -304,12 +298,11 @@ def test_prompts_that_ride_in_steps_are_served_what_they_get_alone(tmp_path):
     arrive together by one step; two steps in flight), a request that wants logprobs is prefilled alone, one
     stops early on a stop token: every request's tokens and logprobs equal the step-by-step engine's."""
     from dflash_bench.engine.config import EngineConfig
-    from dflash_bench.engine.fast.engine import build_fast_engine
 
     target, _ = make_tiny_pair(tmp_path, seed=1, block_size=B)
     kw = dict(mode="ar", max_slots=8, max_model_len=MAX_LEN, dtype="float64", device="cpu")
-    mixed = build_fast_engine(EngineConfig.from_options(str(target), prefill="mixed", **kw, fast=True))
-    plain = build_fast_engine(EngineConfig.from_options(str(target), step_ahead=False, **kw, fast=True))
+    mixed = build(EngineConfig.from_options(str(target), prefill="mixed", **kw, fast=True))
+    plain = build(EngineConfig.from_options(str(target), step_ahead=False, **kw, fast=True))
     carried: list[int] = []
     mixed.core.watch(lambda launch: carried.append(len(launch.plan.rides)) if launch.plan else None)
     ps = tiny_prompts(plain.tok, 8)

@@ -9,7 +9,8 @@ import pytest
 pytest.importorskip("transformers")
 import torch  # noqa: E402
 
-from dflash_bench.engine.build import build_engine  # noqa: E402
+from dflash_bench.engine.build import build  # noqa: E402
+from dflash_bench.engine.config import EngineConfig  # noqa: E402
 from dflash_bench.engine.reference.decode import generate as ref_generate  # noqa: E402
 from dflash_bench.synthetic import geometric_rate  # noqa: E402
 from dflash_bench.errors import UserError  # noqa: E402
@@ -77,10 +78,10 @@ def test_a_cut_draft_drafts_what_the_reference_drafts_on_a_block_of_that_length(
     shutil.copytree(drafter, short)
     cfg = json.loads((short / "config.json").read_text())
     (short / "config.json").write_text(json.dumps({**cfg, "block_size": w}))
-    kw = dict(max_slots=SLOTS, max_len=MAX_LEN, dtype="float64")
-    ar = build_engine(str(target), mode="ar", **kw)
-    ref = build_engine(str(target), str(short), mode="dflash", **kw)
-    df = build_engine(str(target), str(drafter), mode="dflash", **kw)
+    kw = dict(max_slots=SLOTS, max_model_len=MAX_LEN, dtype="float64", device="cpu")
+    ar = build(EngineConfig(str(target), mode="ar", **kw))
+    ref = build(EngineConfig(str(target), str(short), mode="dflash", **kw))
+    df = build(EngineConfig(str(target), str(drafter), mode="dflash", **kw))
     ref_drafts: list[list[int]] = []
     propose = ref.proposer.propose
 
@@ -183,13 +184,13 @@ def test_only_a_few_prompts_at_a_time_ride(tmp_path):
     prompt behind a queue that long, is prefilled at once in one forward (riding, the rows of a long queue
     would start steps apart)."""
     from dflash_bench.engine.config import EngineConfig
-    from dflash_bench.engine.fast.engine import build_fast_engine
+    from dflash_bench.engine.build import build
 
     RIDE_QUEUE = 3
     FEW = RIDE_QUEUE + 1
     target, _ = make_tiny_pair(tmp_path, seed=1, block_size=B)
     n = 2 + FEW + RIDE_QUEUE
-    engine = build_fast_engine(EngineConfig.from_options(str(target), mode="ar", max_slots=n, max_model_len=MAX_LEN, dtype="float64",
+    engine = build(EngineConfig.from_options(str(target), mode="ar", max_slots=n, max_model_len=MAX_LEN, dtype="float64",
                                device="cpu", prefill="mixed", fast=True))
     probe = engine.core.probe
     probe.ride_queue = RIDE_QUEUE

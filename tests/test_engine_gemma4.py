@@ -17,7 +17,8 @@ import torch
 
 pytest.importorskip("transformers")
 
-from dflash_bench.engine.build import build_engine  # noqa: E402
+from dflash_bench.engine.build import build  # noqa: E402
+from dflash_bench.engine.config import EngineConfig  # noqa: E402
 from dflash_bench.engine.reference.decode import generate  # noqa: E402
 from dflash_bench.engine.sampling_params import SamplingParams  # noqa: E402
 from dflash_bench.testing.tiny import make_tiny_pair  # noqa: E402
@@ -46,8 +47,8 @@ def pair(tmp_path_factory):
 
 def _engines(pair, dtype):
     target, drafter = pair
-    ar = build_engine(str(target), mode="ar", max_slots=8, max_len=256, dtype=dtype)
-    df = build_engine(str(target), str(drafter), mode="dflash", max_slots=8, max_len=256, dtype=dtype)
+    ar = build(EngineConfig(str(target), mode="ar", max_slots=8, max_model_len=256, dtype=dtype, device="cpu"))
+    df = build(EngineConfig(str(target), str(drafter), mode="dflash", max_slots=8, max_model_len=256, dtype=dtype, device="cpu"))
     ar.prefill_rows = df.prefill_rows = 8  # batched, right-padded prefill too
     return ar, df
 
@@ -156,7 +157,7 @@ def test_a_gemma4_it_cannot_serve_is_one_sentence(tmp_path):
                            layer_types=["sliding_attention", "full_attention"] * 2)
     AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path)
     with pytest.raises(UserError, match="shares keys and values across its last 2 layers"):
-        build_engine(str(tmp_path), mode="ar", max_slots=1, max_len=64, tokenizer=object())
+        build(EngineConfig(str(tmp_path), mode="ar", max_slots=1, max_model_len=64, device="cpu"), tokenizer=object())
 
 
 def test_dummy_weights_serve_a_config_without_weight_files(pair, tmp_path):
@@ -167,9 +168,9 @@ def test_dummy_weights_serve_a_config_without_weight_files(pair, tmp_path):
     shutil.copytree(pair[0], target, ignore=shutil.ignore_patterns("*.safetensors"))
     shutil.copytree(pair[1], drafter, ignore=shutil.ignore_patterns("*.safetensors"))
     with pytest.raises(UserError):
-        build_engine(str(target), str(drafter), mode="dflash", max_slots=2, max_len=128)
-    df = build_engine(str(target), str(drafter), mode="dflash", max_slots=2, max_len=128, dummy=True)
-    ar = build_engine(str(target), mode="ar", max_slots=2, max_len=128, dummy=True)
+        build(EngineConfig(str(target), str(drafter), mode="dflash", max_slots=2, max_model_len=128, device="cpu"))
+    df = build(EngineConfig(str(target), str(drafter), mode="dflash", max_slots=2, max_model_len=128, load_format="dummy", device="cpu"))
+    ar = build(EngineConfig(str(target), mode="ar", max_slots=2, max_model_len=128, load_format="dummy", device="cpu"))
     with torch.no_grad():  # the same seed-free random init in both: make them one model
         for a, b in zip(ar.target.model.parameters(), df.target.model.parameters()):
             a.copy_(b)
@@ -253,18 +254,18 @@ def test_fast_path_equals_the_reference_ar_and_dflash(request, kernels, monkeypa
 
 
 def test_serve_fast_builds_the_gemma4_engine_and_keeps_only_the_window(pair):
-    """`build_fast_engine` (what `serve --fast` runs) on the folders: greedy tokens equal the reference engine's at
+    """`build` with --fast (what `serve --fast` runs) on the folders: greedy tokens equal the reference engine's at
     several batch sizes; the sliding layers' cache is a ring of the window plus RING_MARGIN positions a slot."""
     from dflash_bench.engine.fast.models import layout
     from dflash_bench.engine.config import EngineConfig
-    from dflash_bench.engine.fast.engine import build_fast_engine
+    from dflash_bench.engine.build import build
 
-    ar = build_engine(str(pair[0]), mode="ar", max_slots=8, max_len=256, dtype="float64")
+    ar = build(EngineConfig(str(pair[0]), mode="ar", max_slots=8, max_model_len=256, dtype="float64", device="cpu"))
     ps = prompts(6, seed=4)
     sp = SamplingParams(max_tokens=30, ignore_eos=True)
     ref = outs(generate(ar, ps, sp))
     for mode in ("ar", "dflash"):
-        fe = build_fast_engine(EngineConfig.from_options(str(pair[0]), str(pair[1]) if mode == "dflash" else None, mode=mode, dtype="float64",
+        fe = build(EngineConfig.from_options(str(pair[0]), str(pair[1]) if mode == "dflash" else None, mode=mode, dtype="float64",
                                device="cpu", max_slots=8, max_model_len=256, fast=True))
         sliding, full = fe.core.probe.target.kinds
         assert sliding.k[0].shape == (8, 8 + layout.RING_MARGIN + 1, 2, 16) and full.k[0].shape == (8, 256, 1, 32)

@@ -45,12 +45,11 @@ def test_graphed_step_ahead_fast_path_equals_the_reference(pair, mode, prefill, 
     """`prefill`: the prompts one graph each (a token budget of one prompt per group), in one captured graph of six
     rows (6 made one of GRAPHED_ROWS), or together in one eager forward (as a burst of prompts is: six short
     prompts are under PREFILL_TOKENS and more than GRAPHED_ROWS)."""
-    from dflash_bench.engine.build import build_engine
+    from dflash_bench.engine.build import build
     from dflash_bench.engine.reference.decode import generate
     from dflash_bench.engine.fast.running import runner as runner_mod
     from dflash_bench.engine.fast.scheduling import scheduler as scheduler_mod
     from dflash_bench.engine.config import EngineConfig
-    from dflash_bench.engine.fast.engine import build_fast_engine
     from dflash_bench.engine.sampling_params import SamplingParams
 
     if prefill == "graphs":
@@ -61,8 +60,8 @@ def test_graphed_step_ahead_fast_path_equals_the_reference(pair, mode, prefill, 
     target, drafter = pair
     draft = str(drafter) if mode == "dflash" else None
     kw = dict(mode=mode, max_slots=SLOTS, dtype="float32", device="cuda")
-    ref = build_engine(str(target), draft, max_len=MAX_LEN, **kw)
-    fast = build_fast_engine(EngineConfig.from_options(str(target), draft, max_model_len=MAX_LEN, step_ahead=True, prefill="first",
+    ref = build(EngineConfig(str(target), draft, max_model_len=MAX_LEN, **kw))
+    fast = build(EngineConfig.from_options(str(target), draft, max_model_len=MAX_LEN, step_ahead=True, prefill="first",
                                                        **kw, fast=True))
     probe = fast.core.probe
     assert probe.graphed and probe.graphs and probe.target.kernels is not None  # captured at build, Triton kernels on
@@ -95,16 +94,15 @@ def test_prompts_that_ride_in_graphed_steps_get_what_they_get_alone(pair):
     """AR with `mixed` under CUDA graphs: prompts admitted while others decode are prefilled by the rows' next
     step (one captured graph per batch bucket, prompt bucket and prompt count; two of them together), every
     request gets the tokens the reference engine gives it alone."""
-    from dflash_bench.engine.build import build_engine
+    from dflash_bench.engine.build import build
     from dflash_bench.engine.reference.decode import generate
     from dflash_bench.engine.config import EngineConfig
-    from dflash_bench.engine.fast.engine import build_fast_engine
     from dflash_bench.engine.sampling_params import SamplingParams
 
     target, _ = pair
     kw = dict(mode="ar", max_slots=SLOTS, dtype="float32", device="cuda")
-    ref = build_engine(str(target), max_len=MAX_LEN, **kw)
-    fast = build_fast_engine(EngineConfig.from_options(str(target), max_model_len=MAX_LEN, step_ahead=True, prefill="mixed", **kw,
+    ref = build(EngineConfig(str(target), max_model_len=MAX_LEN, **kw))
+    fast = build(EngineConfig.from_options(str(target), max_model_len=MAX_LEN, step_ahead=True, prefill="mixed", **kw,
                                                        fast=True))
     assert any(key[0] == "mixed" for key in fast.core.probe.graphs)  # captured at build
     ps = _prompts(ref.tok, 6)
@@ -147,17 +145,16 @@ def test_gemma4_fast_path_equals_the_reference(gemma_pair, mode, kernels):
     """Gemma 4 (sliding layers' ring shorter than the prompts, k_eq_v, partial rotary) under CUDA graphs and
     step-ahead: with the Triton kernels (the fused q/k/v norms + RoPE + cache write, GeGLU) and with torch ops, the
     greedy tokens and acceptance of the reference engine."""
-    from dflash_bench.engine.build import build_engine
+    from dflash_bench.engine.build import build
     from dflash_bench.engine.reference.decode import generate
     from dflash_bench.engine.config import EngineConfig
-    from dflash_bench.engine.fast.engine import build_fast_engine
     from dflash_bench.engine.sampling_params import SamplingParams
 
     target, drafter = gemma_pair
     draft = str(drafter) if mode == "dflash" else None
     kw = dict(mode=mode, max_slots=SLOTS, dtype="float32", device="cuda")
-    ref = build_engine(str(target), draft, max_len=MAX_LEN, **kw)
-    fast = build_fast_engine(EngineConfig.from_options(str(target), draft, max_model_len=MAX_LEN, step_ahead=True, kernels=kernels,
+    ref = build(EngineConfig(str(target), draft, max_model_len=MAX_LEN, **kw))
+    fast = build(EngineConfig.from_options(str(target), draft, max_model_len=MAX_LEN, step_ahead=True, kernels=kernels,
                                                        prefill="first", **kw, fast=True))
     t = fast.core.probe.target
     assert fast.core.probe.graphed and fast.core.probe.graphs

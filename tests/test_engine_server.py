@@ -65,12 +65,12 @@ def inproc_server(target, draft=None, mode="ar", name="tiny", step_delay: float 
     """
     import uvicorn
 
-    from dflash_bench.engine.build import build_engine
+    from dflash_bench.engine.build import build
+    from dflash_bench.engine.config import EngineConfig
     from dflash_bench.engine.serving.loop import EngineLoop
     from dflash_bench.engine.serving.api_server import build_app
 
-    engine = build_engine(str(target), draft and str(draft), mode=mode, device="cpu", max_slots=8, max_len=512,
-                          dtype="float64")
+    engine = build(EngineConfig(str(target), draft and str(draft), mode=mode, device="cpu", max_slots=8, max_model_len=512, dtype="float64"))
     if step_delay:
         real_step = engine.step
         engine.step = lambda seqs: (time.sleep(step_delay), real_step(seqs))[1]

@@ -13,7 +13,7 @@ import torch
 pytest.importorskip("transformers")
 
 from dflash_bench.engine.config import EngineConfig  # noqa: E402
-from dflash_bench.engine.fast.engine import build_fast_engine  # noqa: E402
+from dflash_bench.engine.build import build  # noqa: E402
 from dflash_bench.engine.sampling_params import SamplingParams  # noqa: E402
 from dflash_bench.testing.tiny import make_tiny_pair  # noqa: E402
 from dflash_bench.errors import UserError  # noqa: E402
@@ -74,9 +74,9 @@ def test_two_ranks_decode_what_one_process_decodes(pair, mode):
     # the whole block verified every step: the adaptive width follows measured times, which differ run to run
     kw = dict(mode=mode, dtype="float64", device="cpu", max_slots=SLOTS, max_model_len=MAX_LEN, verify_width="full")
     draft = drafter if mode == "dflash" else None
-    one = build_fast_engine(EngineConfig.from_options(target, draft, **kw, fast=True))
+    one = build(EngineConfig.from_options(target, draft, **kw, fast=True))
     want, want_lp = _decode(one, _prompts(one.tok))
-    two = build_fast_engine(EngineConfig.from_options(target, draft, tensor_parallel_size=2, **kw, fast=True))
+    two = build(EngineConfig.from_options(target, draft, tensor_parallel_size=2, **kw, fast=True))
     try:
         assert two.core.probe.target.H == one.core.probe.target.H // 2  # each rank holds half the heads
         got, got_lp = _decode(two, _prompts(two.tok))
@@ -100,12 +100,12 @@ def test_prompts_that_ride_decode_steps_on_two_ranks(pair):
 
     target, _ = pair
     kw = dict(mode="ar", dtype="float64", device="cpu", max_slots=SLOTS, max_model_len=MAX_LEN, prefill="mixed")
-    one = build_fast_engine(EngineConfig.from_options(target, **kw, fast=True))
+    one = build(EngineConfig.from_options(target, **kw, fast=True))
     if not one.core.probe.mixed:
         pytest.skip("this family carries no prompts in a step")
     reqs = [(at, p, SamplingParams(max_tokens=16, ignore_eos=True)) for at, p in zip((0, 1, 2, 4), _prompts(one.tok))]
     want, _ = serve_requests(one, reqs)
-    two = build_fast_engine(EngineConfig.from_options(target, tensor_parallel_size=2, **kw, fast=True))
+    two = build(EngineConfig.from_options(target, tensor_parallel_size=2, **kw, fast=True))
     try:
         got, _ = serve_requests(two, reqs)
     finally:
@@ -119,9 +119,9 @@ def test_four_ranks_decode_what_one_process_decodes(tmp_path):
     target, drafter = make_tiny_pair(tmp_path, arch="gemma4", seed=1, block_size=B, layers=3, kv_heads=(4, 4),
                                      draft_kv_heads=4)
     kw = dict(mode="dflash", dtype="float64", device="cpu", max_slots=SLOTS, max_model_len=MAX_LEN, verify_width="full")
-    one = build_fast_engine(EngineConfig.from_options(str(target), str(drafter), **kw, fast=True))
+    one = build(EngineConfig.from_options(str(target), str(drafter), **kw, fast=True))
     want, _ = _decode(one, _prompts(one.tok), 12)
-    four = build_fast_engine(EngineConfig.from_options(str(target), str(drafter), tensor_parallel_size=4, **kw, fast=True))
+    four = build(EngineConfig.from_options(str(target), str(drafter), tensor_parallel_size=4, **kw, fast=True))
     try:
         assert four.core.probe.target.H == 1 and [k.hkv for k in four.core.probe.target.caches] == [1, 1]
         got, _ = _decode(four, _prompts(four.tok), 12)
@@ -133,14 +133,14 @@ def test_four_ranks_decode_what_one_process_decodes(tmp_path):
 def test_a_size_that_does_not_divide_the_heads_is_one_sentence(pair):
     target, drafter = pair
     with pytest.raises(UserError, match="--tensor-parallel-size 3 does not divide the 4 attention heads"):
-        build_fast_engine(EngineConfig.from_options(target, drafter, tensor_parallel_size=3, device="cpu", max_slots=2, max_model_len=64, fast=True))
+        build(EngineConfig.from_options(target, drafter, tensor_parallel_size=3, device="cpu", max_slots=2, max_model_len=64, fast=True))
 
 
 def test_more_ranks_than_gpus_is_one_sentence(pair, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     with pytest.raises(UserError, match="--tensor-parallel-size 2 needs 2 GPUs, one a rank, but 1 is visible"):
-        build_fast_engine(EngineConfig.from_options(pair[0], tensor_parallel_size=2, mode="ar", device="cuda", max_slots=2, max_model_len=64, fast=True))
+        build(EngineConfig.from_options(pair[0], tensor_parallel_size=2, mode="ar", device="cuda", max_slots=2, max_model_len=64, fast=True))
 
 
 @pytest.fixture
@@ -163,7 +163,7 @@ def stalled(monkeypatch):
 def _two_ranks(tmp_path):
     target, _ = make_tiny_pair(tmp_path, arch="qwen3", seed=1, layers=2, kv_heads=(2, 2))
     kw = dict(mode="ar", dtype="float32", device="cpu", max_slots=2, max_model_len=64)
-    two = build_fast_engine(EngineConfig.from_options(str(target), tensor_parallel_size=2, **kw, fast=True))
+    two = build(EngineConfig.from_options(str(target), tensor_parallel_size=2, **kw, fast=True))
     prompt = two.tok("the cat sat on a mat").input_ids
     seq, _ = two.add("0", prompt, SamplingParams(max_tokens=8, ignore_eos=True))
     for _ in range(3):

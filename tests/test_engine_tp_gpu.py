@@ -105,18 +105,18 @@ def _case(target: str, draft: str | None, mode: str, adaptive: bool, graphs: boo
     from dflash_bench.engine.config import EngineConfig
     from dflash_bench.engine.reference.decode import generate
     from dflash_bench.engine.fast.parallel import ranks
-    from dflash_bench.engine.fast.engine import build_fast_engine
+    from dflash_bench.engine.build import build
     from dflash_bench.engine.sampling_params import SamplingParams
 
     ranks.STALL_S = STALL_S
     kw = dict(mode=mode, max_slots=SLOTS, max_model_len=MAX_LEN, dtype="float32", device=device, prefill="first",
               verify_width="auto" if adaptive else "full")
-    one = build_fast_engine(EngineConfig.from_options(target, draft, **kw, fast=True))
+    one = build(EngineConfig.from_options(target, draft, **kw, fast=True))
     ps = _prompts(one.tok, 6)
     sp = SamplingParams(max_tokens=N, ignore_eos=True)
     want = [s.out for s in generate(one, ps, sp)]
     print("one GPU decoded", flush=True)
-    two = build_fast_engine(EngineConfig.from_options(target, draft, tensor_parallel_size=2, enforce_eager=not graphs,
+    two = build(EngineConfig.from_options(target, draft, tensor_parallel_size=2, enforce_eager=not graphs,
                                                       **kw, fast=True))
     print("two GPUs built", flush=True)
     probe = two.core.probe

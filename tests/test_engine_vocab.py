@@ -8,9 +8,8 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from dflash_bench.engine.build import build_engine  # noqa: E402
+from dflash_bench.engine.build import build  # noqa: E402
 from dflash_bench.engine.config import EngineConfig  # noqa: E402
-from dflash_bench.engine.fast.engine import build_fast_engine  # noqa: E402
 from dflash_bench.engine.sampling_params import SamplingParams  # noqa: E402
 from dflash_bench.testing.tiny import make_tiny_pair  # noqa: E402
 
@@ -26,12 +25,12 @@ def pair(tmp_path_factory):
 def _engine(pair, which: str):
     target, drafter = map(str, pair)
     if which == "reference":
-        return build_engine(target, drafter, mode="dflash", max_slots=SLOTS, max_len=MAX_LEN)
+        return build(EngineConfig(target, drafter, mode="dflash", max_slots=SLOTS, max_model_len=MAX_LEN, device="cpu"))
     from dflash_bench.engine.fast.kernels import cpu_kernels
 
     if cpu_kernels.load() is None:
         pytest.skip("no C compiler builds the CPU kernels")
-    return build_fast_engine(EngineConfig.from_options(target, drafter, mode="dflash", device="cpu", max_slots=SLOTS, max_model_len=MAX_LEN,
+    return build(EngineConfig.from_options(target, drafter, mode="dflash", device="cpu", max_slots=SLOTS, max_model_len=MAX_LEN,
                              kernels=True, fast=True))
 
 

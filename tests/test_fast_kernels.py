@@ -181,7 +181,8 @@ B, N, SLOTS, MAX_LEN = 6, 12, 2, 64
 def test_fast_path_with_kernels_is_lossless(tmp_path):
     """Qwen3 (q/k norm); Llama's only difference, no q/k norm, is covered by the kernel test above."""
     pytest.importorskip("dflash_bench.engine.fast.kernels.triton_attn")
-    from dflash_bench.engine.build import build_engine
+    from dflash_bench.engine.build import build
+    from dflash_bench.engine.config import EngineConfig
     from dflash_bench.engine.reference.decode import generate as ref_generate
     from dflash_bench.engine.fast.models.draft import FastDrafter
     from dflash_bench.engine.fast.models.dense import DenseTarget
@@ -193,8 +194,8 @@ def test_fast_path_with_kernels_is_lossless(tmp_path):
     from dflash_bench.testing.tiny import make_tiny_pair
 
     target, drafter = make_tiny_pair(tmp_path, arch="qwen3", seed=1, block_size=B, layers=2)
-    ar = build_engine(str(target), mode="ar", max_slots=SLOTS, max_len=MAX_LEN, dtype="float32")
-    df = build_engine(str(target), str(drafter), mode="dflash", max_slots=SLOTS, max_len=MAX_LEN, dtype="float32")
+    ar = build(EngineConfig(str(target), mode="ar", max_slots=SLOTS, max_model_len=MAX_LEN, dtype="float32", device="cpu"))
+    df = build(EngineConfig(str(target), str(drafter), mode="dflash", max_slots=SLOTS, max_model_len=MAX_LEN, dtype="float32", device="cpu"))
     rng = random.Random(0)
     words = "the cat sat on a mat while seven dogs ran past quickly".split()
     prompts = [ar.tok(" ".join(rng.choice(words) for _ in range(rng.randint(1, 8)))).input_ids for _ in range(2)]

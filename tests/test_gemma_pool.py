@@ -53,14 +53,14 @@ def allocated(eng) -> int:
 def test_a_gemma_slots_bytes_are_what_the_engine_allocates(pair, dflash: bool):
     """Exact, at two slot counts and at lengths below the ring (every position kept) and above it (a ring)."""
     from dflash_bench.engine.config import EngineConfig
-    from dflash_bench.engine.fast.engine import build_fast_engine
+    from dflash_bench.engine.build import build
     from dflash_bench.engine.fast.models.layout import RING_MARGIN
 
     target, drafter = pair
     for max_len in (32, MAX_LEN):
         sizes = {}
         for slots in (2, 3):
-            eng = build_fast_engine(EngineConfig.from_options(str(target), str(drafter) if dflash else None, mode="dflash" if dflash else "ar",
+            eng = build(EngineConfig.from_options(str(target), str(drafter) if dflash else None, mode="dflash" if dflash else "ar",
                                     device="cpu", dtype="float32", max_slots=slots, max_model_len=max_len, fast=True))
             rows = {k.k[0].shape[1] for k in eng.core.probe.target.kinds}
             assert rows == ({max_len} if max_len <= 8 + RING_MARGIN else {8 + RING_MARGIN + 1, max_len})

@@ -200,3 +200,41 @@ def test_nothing_outside_the_engine_reaches_past_its_core():
             if past:
                 reached.append(f"{file.relative_to(root)}:{node.lineno} .{node.attr}")
     assert reached == []
+
+
+ENGINE_STACK = [  # the builtin engine by role, bottom up: a module imports only from its own layer or those below it
+    ["config", "sampling_params", "detok", "bookkeeping", "protocol"],
+    ["reference"],
+    ["fast.kernels"],
+    ["fast.models"],
+    ["fast.parallel"],
+    ["fast.scheduling"],
+    ["fast.running"],
+    ["fast.probe", "fast.core", "fast.make", "fast.engine", "fast.drive"],
+    ["build"],
+    ["serving"],
+]
+
+
+def _engine_layer(module: str) -> int | None:
+    """The layer of an engine module in ENGINE_STACK (a package's modules share its layer); None outside the engine."""
+    prefix = "dflash_bench.engine."
+    if not module.startswith(prefix):
+        return None
+    name = module[len(prefix):]
+    for i, layer in enumerate(ENGINE_STACK):
+        if any(name == part or name.startswith(part + ".") for part in layer):
+            return i
+    raise AssertionError(f"{module} has no layer in ENGINE_STACK: add it where it belongs")
+
+
+def test_the_engine_is_a_one_way_stack():
+    """No engine module imports one of a layer above its own (function-level imports included): reference never
+    imports the fast path, the fast path's models never its runner, nothing below serving imports serving."""
+    modules = _modules()
+    graph = _graph(modules)
+    code = {name for name, file in modules.items() if file.name != "__init__.py"}  # a package's __init__: its map
+    up = [f"{name} (layer {_engine_layer(name)}) imports {target} (layer {_engine_layer(target)})"
+          for name in code if _engine_layer(name) is not None
+          for target in graph[name] & code if (_engine_layer(target) or 0) > (_engine_layer(name) or 0)]
+    assert up == []

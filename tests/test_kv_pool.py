@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from dflash_bench.engine.fast.running.pool import DEFAULT_SLOTS, MOST_SLOTS, Budget, choose_slots, slot_bytes
+from dflash_bench.engine.config import DEFAULT_SLOTS
+from dflash_bench.engine.fast.running.pool import MOST_SLOTS, Budget, choose_slots, slot_bytes
 from dflash_bench.errors import UserError
 from launch_helpers import stop_harness
 
@@ -42,10 +43,10 @@ def per_slot(target: Path, drafter: Path | None, dtype_bytes: int = 4) -> int:
 @pytest.mark.parametrize("dflash", [False, True])
 def test_a_slots_bytes_are_what_the_fast_path_allocates(pair, dflash: bool):
     from dflash_bench.engine.config import EngineConfig
-    from dflash_bench.engine.fast.engine import build_fast_engine
+    from dflash_bench.engine.build import build
 
     target, drafter = pair
-    eng = build_fast_engine(EngineConfig.from_options(str(target), str(drafter) if dflash else None, mode="dflash" if dflash else "ar",
+    eng = build(EngineConfig.from_options(str(target), str(drafter) if dflash else None, mode="dflash" if dflash else "ar",
                             device="cpu", dtype="float32", max_slots=3, max_model_len=MAX_LEN, fast=True))
     caches = [eng.core.probe.target.cache] + ([eng.core.probe.drafter.cache] if dflash else [])
     kv = sum(t.numel() * t.element_size() for c in caches for t in c.k + c.v)

@@ -32,13 +32,14 @@ def test_the_recipe_trains_a_pair_the_engine_serves(tmp_path, data_dir):
     target = json.loads((out / "target" / "config.json").read_text())  # for transformers 4 readers (z-lab's code)
     assert target["rope_theta"] == target["rope_parameters"]["rope_theta"] == conf["rope_theta"]
     assert conf["dflash_config"]["target_layer_ids"] == [1, 2]
-    from dflash_bench.engine.build import build_engine
+    from dflash_bench.engine.build import build
+    from dflash_bench.engine.config import EngineConfig
     from dflash_bench.engine.reference.decode import generate
     from dflash_bench.engine.sampling_params import SamplingParams
 
-    kw = dict(max_slots=1, max_len=256, dtype="float32")
-    ar = build_engine(str(out / "target"), mode="ar", **kw)
-    df = build_engine(str(out / "target"), str(out / "drafters" / "b"), mode="dflash", **kw)
+    kw = dict(max_slots=1, max_model_len=256, dtype="float32", device="cpu")
+    ar = build(EngineConfig(str(out / "target"), mode="ar", **kw))
+    df = build(EngineConfig(str(out / "target"), str(out / "drafters" / "b"), mode="dflash", **kw))
     ids = ar.tok("Write a function to add two numbers.").input_ids
     params = SamplingParams(max_tokens=16, ignore_eos=True)
     assert generate(df, [ids], params)[0].out == generate(ar, [ids], params)[0].out

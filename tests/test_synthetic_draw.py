@@ -42,14 +42,14 @@ def kl(q: float, p: float) -> float:
 
 def test_the_realized_acceptance_at_full_width_is_the_profile_it_was_launched_with():
     from dflash_bench.engine.config import EngineConfig
-    from dflash_bench.engine.fast.engine import build_fast_engine
+    from dflash_bench.engine.build import build
 
     pair = resolve(str(PAIR / "target"), drafter=str(PAIR / "drafter"))
     profile = SyntheticProfile.from_rates(RATES, pair.block_size)
     _, _, argv, _, _ = plan_server("builtin", pair, "dflash", runner="process", synthetic=profile, extra_args=["--fast"])
     given = argv[argv.index("--synthetic-acceptance-rates") + 1]  # what the sweep's server is launched with
     assert parse_rates(given) == RATES
-    eng = build_fast_engine(EngineConfig.from_options(
+    eng = build(EngineConfig.from_options(
         str(PAIR / "target"), str(PAIR / "drafter"), max_slots=SLOTS, max_model_len=MAX_TOKENS + 64, device="cpu",
         dtype="float32", fast=True, benchmark_only=True, verify_width="full", synthetic_acceptance_rates=given))
     assert eng.synthetic_acceptance == pytest.approx(profile.tau)  # the /metrics gauge and every response say it

@@ -26,9 +26,9 @@ TEXTS = ["Natalia sold clips to 48 of her friends in April, and then she sold ha
 
 def engine(**kw):
     from dflash_bench.engine.config import EngineConfig
-    from dflash_bench.engine.fast.engine import build_fast_engine
+    from dflash_bench.engine.build import build
 
-    return build_fast_engine(EngineConfig.from_options(str(PAIR / "target"), str(PAIR / "drafter"), max_slots=4, max_model_len=512, device="cpu",
+    return build(EngineConfig.from_options(str(PAIR / "target"), str(PAIR / "drafter"), max_slots=4, max_model_len=512, device="cpu",
                              dtype="float32", **kw, fast=True))
 
 

@@ -13,7 +13,8 @@ import torch
 
 pytest.importorskip("transformers")
 
-from dflash_bench.engine.build import build_engine  # noqa: E402
+from dflash_bench.engine.build import build  # noqa: E402
+from dflash_bench.engine.config import EngineConfig  # noqa: E402
 from dflash_bench.engine.reference.decode import generate  # noqa: E402
 from dflash_bench.engine.sampling_params import SamplingParams  # noqa: E402
 from dflash_bench.testing.tiny import make_tiny_pair  # noqa: E402
@@ -39,7 +40,7 @@ def _prompts(n: int, seed: int) -> list[list[dict]]:
 def test_block_logits_equal_the_engine_draft(pair):
     """The batched training forward at an anchor gives the engine's draft logits for the same state."""
     target, drafter = pair
-    e = build_engine(str(target), str(drafter), mode="dflash", max_slots=2, max_len=256, dtype="float64")
+    e = build(EngineConfig(str(target), str(drafter), mode="dflash", max_slots=2, max_model_len=256, dtype="float64", device="cpu"))
     seq, _ = e.add("0", e.tok("the cat sat on a mat while").input_ids, SamplingParams(max_tokens=40, ignore_eos=True))
     for _ in range(2):  # context now holds prompt and verify-step features
         e.step([seq])
@@ -54,7 +55,7 @@ def test_block_logits_equal_the_engine_draft(pair):
 
 def test_blocks_see_only_earlier_context_and_themselves(pair):
     target, drafter = pair
-    e = build_engine(str(target), str(drafter), mode="dflash", max_slots=1, max_len=64, dtype="float64")
+    e = build(EngineConfig(str(target), str(drafter), mode="dflash", max_slots=1, max_model_len=64, dtype="float64", device="cpu"))
     tgt = FrozenTarget(str(target), "cpu", torch.float64)
     tgt.tap(e.proposer.layer_ids)
     ids = torch.randint(0, 256, (1, 30))
@@ -104,7 +105,7 @@ def test_target_layer_ids_follow_zlab_spacing():
 
 
 def _tau(target, drafter, prompts) -> float:
-    e = build_engine(str(target), str(drafter), mode="dflash", max_slots=len(prompts), max_len=256)
+    e = build(EngineConfig(str(target), str(drafter), mode="dflash", max_slots=len(prompts), max_model_len=256, device="cpu"))
     ids = [e.tok.apply_chat_template(m, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"] for m in prompts]
     generate(e, ids, SamplingParams(max_tokens=48))
     return 1 + e.stats.accepted / max(1, e.stats.drafts)
@@ -166,7 +167,7 @@ def test_a_cut_block_drafts_as_a_block_of_that_length(pair):
     import copy
 
     target, drafter = pair
-    e = build_engine(str(target), str(drafter), mode="dflash", max_slots=1, max_len=64, dtype="float64")
+    e = build(EngineConfig(str(target), str(drafter), mode="dflash", max_slots=1, max_model_len=64, dtype="float64", device="cpu"))
     tgt = FrozenTarget(str(target), "cpu", torch.float64)
     tgt.tap(e.proposer.layer_ids)
     ids = torch.randint(0, 256, (1, 30))

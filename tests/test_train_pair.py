@@ -11,7 +11,8 @@ import torch
 
 pytest.importorskip("transformers")
 
-from dflash_bench.engine.build import build_engine  # noqa: E402
+from dflash_bench.engine.build import build  # noqa: E402
+from dflash_bench.engine.config import EngineConfig  # noqa: E402
 from dflash_bench.engine.reference.decode import generate  # noqa: E402
 from dflash_bench.engine.sampling_params import SamplingParams  # noqa: E402
 
@@ -48,9 +49,9 @@ def test_pair_accepts_long_drafts_on_the_demos_prompts(suite, data_dir):
     5.9, 5.3, 7.4), token for token what AR says."""
     from dflash_bench.suites import load_prompts
 
-    kw = dict(max_slots=4, max_len=1024, dtype="float32")
-    ar = build_engine(str(PAIR / "target"), mode="ar", **kw)
-    df = build_engine(str(PAIR / "target"), str(PAIR / "drafter"), mode="dflash", **kw)
+    kw = dict(max_slots=4, max_model_len=1024, dtype="float32", device="cpu")
+    ar = build(EngineConfig(str(PAIR / "target"), mode="ar", **kw))
+    df = build(EngineConfig(str(PAIR / "target"), str(PAIR / "drafter"), mode="dflash", **kw))
     tok = df.tok
     ids = [tok(tok.apply_chat_template([{"role": "user", "content": p.turns[0]}], tokenize=False,
                                        add_generation_prompt=True), add_special_tokens=False).input_ids
@@ -61,9 +62,9 @@ def test_pair_accepts_long_drafts_on_the_demos_prompts(suite, data_dir):
 
 
 def test_pair_drafts_are_accepted_and_output_equals_ar():
-    kw = dict(max_slots=len(PROMPTS), max_len=512, dtype="float32")
-    ar = build_engine(str(PAIR / "target"), mode="ar", **kw)
-    df = build_engine(str(PAIR / "target"), str(PAIR / "drafter"), mode="dflash", **kw)
+    kw = dict(max_slots=len(PROMPTS), max_model_len=512, dtype="float32", device="cpu")
+    ar = build(EngineConfig(str(PAIR / "target"), mode="ar", **kw))
+    df = build(EngineConfig(str(PAIR / "target"), str(PAIR / "drafter"), mode="dflash", **kw))
     tok = df.tok
     ids = [tok(tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True),
                add_special_tokens=False).input_ids for p in PROMPTS]

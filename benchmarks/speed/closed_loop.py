@@ -108,10 +108,10 @@ def workload_args(ap: argparse.ArgumentParser, concurrency: str = "1,8,32") -> N
 def build(args) -> tuple:
     """The fast engine of `workload_args`, with slots for the highest concurrency, and the concurrencies."""
     from dflash_bench.engine.config import EngineConfig
-    from dflash_bench.engine.fast.engine import build_fast_engine
+    from dflash_bench.engine.build import build
 
     cs = [int(c) for c in args.concurrency.split(",")]
-    engine = build_fast_engine(EngineConfig.from_options(args.model, args.draft, mode="dflash" if args.draft else "ar", device=args.device,
+    engine = build(EngineConfig.from_options(args.model, args.draft, mode="dflash" if args.draft else "ar", device=args.device,
                                max_slots=max(cs), max_model_len=args.max_model_len, prefill="first", fast=True))
     return engine, cs
 

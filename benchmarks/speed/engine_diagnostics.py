@@ -105,7 +105,8 @@ def profile_step(runner: EngineCore, dev, path: str | None = None, rows: int = 1
 def lossless_tiny(dev) -> dict:
     """Real tiny Qwen3 pair (float32) on this device: reference engine AR vs fast AR vs fast DFlash token ids
     (the whole block verified every step, and the width chosen by load)."""
-    from dflash_bench.engine.build import build_engine
+    from dflash_bench.engine.build import build
+    from dflash_bench.engine.config import EngineConfig
     from dflash_bench.engine.reference.decode import generate as ref_generate
     from dflash_bench.engine.sampling_params import SamplingParams
     from dflash_bench.testing.tiny import make_tiny_pair
@@ -114,9 +115,9 @@ def lossless_tiny(dev) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         for name, pred in (("random", False), ("predictable", True)):
             t, d = make_tiny_pair(os.path.join(tmp, name), seed=1, block_size=8, predictable=pred)
-            kw = dict(max_slots=8, max_len=512, dtype="float32", device=dev.type)
-            ar = build_engine(str(t), mode="ar", **kw)
-            df = build_engine(str(t), str(d), mode="dflash", **kw)
+            kw = dict(max_slots=8, max_model_len=512, dtype="float32", device=dev.type)
+            ar = build(EngineConfig(str(t), mode="ar", **kw))
+            df = build(EngineConfig(str(t), str(d), mode="dflash", **kw))
             ps = [ar.tok(f"prompt {i} " + "the cat sat " * (i + 1)).input_ids for i in range(8)]
             ref = [s.out for s in ref_generate(ar, ps, SamplingParams(max_tokens=64, ignore_eos=True))]
             ft = DenseTarget(df.target.model, max_slots=8, max_len=512)

@@ -13,7 +13,8 @@ import time
 
 import torch
 
-from dflash_bench.engine.build import build_engine
+from dflash_bench.engine.build import build
+from dflash_bench.engine.config import EngineConfig
 from dflash_bench.engine.reference.decode import generate
 from dflash_bench.engine.sampling_params import SamplingParams
 from dflash_bench.testing.tiny import make_tiny_pair
@@ -35,8 +36,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         target, drafter = make_tiny_pair(tmp, hidden=a.hidden, layers=a.layers, block_size=16, predictable=True)
         for mode in ("ar", "dflash"):
-            eng = build_engine(str(target), str(drafter), mode=mode, device=a.device, dtype=a.dtype,
-                               max_slots=a.slots or a.batch, max_len=a.max_len)
+            eng = build(EngineConfig(str(target), str(drafter), mode=mode, device=a.device, dtype=a.dtype, max_slots=a.slots or a.batch, max_model_len=a.max_len))
             prompts = [eng.tok(f"prompt {i} " * 8).input_ids for i in range(a.batch)]
             sp = SamplingParams(max_tokens=a.max_tokens, ignore_eos=True)
             generate(eng, prompts, sp)

@@ -105,7 +105,7 @@ def main() -> None:
     a = ap.parse_args()
     from benchmarks.fixtures.shape_folders import write_shape
     from dflash_bench.engine.config import EngineConfig
-    from dflash_bench.engine.fast.engine import build_fast_engine
+    from dflash_bench.engine.build import build
 
     dev = a.device
     if a.shrink:
@@ -127,7 +127,7 @@ def main() -> None:
             out["phases"].append(phase)
             t0 = time.perf_counter()
             try:
-                engine = build_fast_engine(EngineConfig.from_options(
+                engine = build(EngineConfig.from_options(
                     folders["target"], folders["drafter"] if mode == "dflash" else None, mode=mode,
                     dtype="bfloat16" if dev == "cuda" else "float32", device=dev, max_slots=a.slots,
                     max_model_len=a.max_len, load_format="dummy", synthetic_acceptance=a.tau if mode == "dflash" else None,

@@ -33,7 +33,7 @@ def main() -> None:
     ap.add_argument("--out")
     args = ap.parse_args()
     from dflash_bench.engine.config import EngineConfig
-    from dflash_bench.engine.fast.engine import build_fast_engine
+    from dflash_bench.engine.build import build
 
     model = args.model
     if model is None:
@@ -43,7 +43,7 @@ def main() -> None:
     rows = [int(k) for k in args.rows.split(",")]
     t = time.monotonic()
     ks = [int(k) for k in args.prompts.split(",")]
-    r = build_fast_engine(EngineConfig.from_options(model, mode="ar", max_slots=max(rows) + max(ks), max_model_len=args.max_model_len,
+    r = build(EngineConfig.from_options(model, mode="ar", max_slots=max(rows) + max(ks), max_model_len=args.max_model_len,
                           device=args.device, prefill="mixed", fast=True)).core
     print(f"engine built, graphs captured: {time.monotonic() - t:.0f} s", flush=True)
     sync = torch.cuda.synchronize if r.dev.type == "cuda" else (lambda: None)

@@ -42,11 +42,11 @@ def main() -> None:
     ap.add_argument("--out")
     args = ap.parse_args()
     from dflash_bench.engine.config import EngineConfig
-    from dflash_bench.engine.fast.engine import build_fast_engine
+    from dflash_bench.engine.build import build
     from dflash_bench.engine.fast.scheduling.scheduler import GRAPHED_ROWS
 
     rows = [int(k) for k in args.rows.split(",")]
-    r = build_fast_engine(EngineConfig.from_options(args.model, args.draft, mode="dflash" if args.draft else "ar",
+    r = build(EngineConfig.from_options(args.model, args.draft, mode="dflash" if args.draft else "ar",
                           max_slots=max(rows), max_model_len=args.max_model_len, prefill="first", fast=True)).core
     sync = torch.cuda.synchronize if r.dev.type == "cuda" else (lambda: None)
     rng = random.Random(0)

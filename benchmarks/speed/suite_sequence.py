@@ -22,9 +22,9 @@ PAIR = Path(__file__).resolve().parents[2] / "dflash_bench" / "assets" / "defaul
 
 def engine(mode: str, slots: int = 32):
     from dflash_bench.engine.config import EngineConfig
-    from dflash_bench.engine.fast.engine import build_fast_engine
+    from dflash_bench.engine.build import build
 
-    return build_fast_engine(EngineConfig.from_options(str(PAIR / "target"), str(PAIR / "drafter") if mode == "dflash" else None, mode=mode,
+    return build(EngineConfig.from_options(str(PAIR / "target"), str(PAIR / "drafter") if mode == "dflash" else None, mode=mode,
                              device="cpu", max_slots=slots, max_model_len=2048, cut_draft=True, fast=True))
 
 

@@ -35,14 +35,14 @@ def main() -> None:
     import torch
 
     from dflash_bench.engine.config import EngineConfig
-    from dflash_bench.engine.fast.engine import build_fast_engine
+    from dflash_bench.engine.build import build
 
     rows = []
     for suite in args.suites.split(","):
         for c in [int(x) for x in args.concurrency.split(",")]:
             kw = dict(device=args.device, max_slots=c, max_model_len=1024, prefill="first")  # fresh engines: the chooser starts empty
-            ar = build_fast_engine(EngineConfig.from_options(f"{args.pair}/target", None, mode="ar", **kw, fast=True))
-            df = build_fast_engine(EngineConfig.from_options(f"{args.pair}/target", f"{args.pair}/drafter", mode="dflash", cut_draft=True, **kw, fast=True))
+            ar = build(EngineConfig.from_options(f"{args.pair}/target", None, mode="ar", **kw, fast=True))
+            df = build(EngineConfig.from_options(f"{args.pair}/target", f"{args.pair}/drafter", mode="dflash", cut_draft=True, **kw, fast=True))
             prompts = suite_prompts(ar.tok, suite, c, args.data_dir)
             for e in (ar, df):
                 closed_loop(e, prompts[:min(c, 8)], min(c, 8), 16)  # a warm-up, as a sweep's

@@ -16,6 +16,10 @@ if TYPE_CHECKING:
     from dflash_bench.synthetic import SyntheticProfile
 
 PREFILL = ("auto", "first", "mixed")  # serve --prefill; `resolve_prefill` turns auto into one of the other two
+MODES = ("ar", "dflash")
+DEFAULT_SLOTS = 32  # --max-slots when none is asked: the reference engine's, and the fast path's without a memory budget
+MIN_MODEL_LEN = 16  # the shortest --max-model-len
+DEFAULT_MEMORY_UTILIZATION = 0.9  # --memory-utilization when none is given: the fast path's KV pool on a GPU
 
 
 @dataclass(frozen=True)
@@ -68,32 +72,56 @@ class StepConfig:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """`serve`'s engine: the model, where and how it runs, and (with `fast`) how the fast path steps."""
+    """`serve`'s engine: the model, where and how it runs, and (with `fast`) how the fast path steps. `build.build`
+    makes the engine from it, resolving `device` and `dtype` (auto) into the config every part then reads."""
 
     model: str
     draft: str | None = None
     mode: str = "dflash"  # --mode, resolved: ar or dflash
     dtype: str = "auto"
     device: str = "auto"
-    max_slots: int | None = 32  # None (fast path): as many as the KV memory holds
-    max_model_len: int = 4096
+    max_slots: int | None = None  # None: DEFAULT_SLOTS, or on the fast path as many as the KV memory holds
+    max_model_len: int = 4096  # the context limit: tokens per slot (prompt, output and one block)
     fast: bool = False
     load_format: str = "auto"  # auto (the weight files) or dummy (random weights of the configs' shapes)
     benchmark_only: bool = False
     kernels: bool = True  # --kernels/--no-kernels (fast path)
-    memory_utilization: float | None = None  # fast path; None: 0.9 of a GPU
+    memory_utilization: float | None = None  # fast path; None: DEFAULT_MEMORY_UTILIZATION of a GPU
     kv_cache_memory_bytes: int | None = None
-    tensor_parallel_size: int = 1  # fast path: ranks, a GPU each (`fast/ranks.py`)
+    tensor_parallel_size: int = 1  # fast path: ranks, a GPU each (`fast/parallel/ranks.py`)
     enforce_eager: bool = False  # fast path on a GPU: every step without CUDA graphs
     step: StepConfig = field(default_factory=StepConfig)
+
+    def __post_init__(self) -> None:
+        """One sentence for a value no engine runs (a combination of options is `from_options`' and `build`'s)."""
+        if self.mode not in MODES:
+            raise UserError(f"unknown mode {self.mode!r}; use 'ar' or 'dflash'")
+        if (self.max_slots is not None and self.max_slots < 1) or self.max_model_len < MIN_MODEL_LEN:
+            raise UserError(f"--max-slots must be at least 1 and --max-model-len at least {MIN_MODEL_LEN}")
+        if self.load_format not in ("auto", "dummy"):
+            raise UserError(f"--load-format must be auto or dummy, not {self.load_format!r}")
+        if self.memory_utilization is not None and not 0 < self.memory_utilization <= 1:
+            raise UserError(f"--memory-utilization must lie in (0, 1], not {self.memory_utilization:g}")
+        if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes < 1:
+            raise UserError("--kv-cache-memory-bytes must be a positive number of bytes")
 
     @property
     def dummy(self) -> bool:
         return self.load_format == "dummy"
 
+    @property
+    def slots(self) -> int | None:
+        """The slots asked for: `max_slots`; None only on the fast path, whose pool then holds what memory holds."""
+        return self.max_slots if self.max_slots is not None or self.fast else DEFAULT_SLOTS
+
+    @property
+    def utilization(self) -> float:
+        """The share of a GPU's memory the fast path's KV pool may fill (with the weights loaded)."""
+        return DEFAULT_MEMORY_UTILIZATION if self.memory_utilization is None else self.memory_utilization
+
     @classmethod
     def from_options(cls, model: str, draft: str | None = None, *, mode: str | None = None, dtype: str = "auto",
-                     device: str = "auto", max_slots: int | None = 32, max_model_len: int = 4096, fast: bool = False,
+                     device: str = "auto", max_slots: int | None = None, max_model_len: int = 4096, fast: bool = False,
                      load_format: str = "auto", synthetic_acceptance: float | None = None,
                      synthetic_acceptance_rates: str | None = None, benchmark_only: bool = False,
                      step_ahead: bool = True, verify_width: str = "auto", cut_draft: bool = False,
@@ -103,10 +131,6 @@ class EngineConfig:
         """`serve`'s options checked (one sentence for each misuse) and resolved: the mode from --draft, --prefill
         auto, --verify-width N as a number. Options of the fast path without --fast are refused."""
         mode = mode or ("dflash" if draft else "ar")
-        if mode not in ("ar", "dflash"):
-            raise UserError(f"unknown mode {mode!r}; use 'ar' or 'dflash'")
-        if (max_slots is not None and max_slots < 1) or max_model_len < 16:
-            raise UserError("--max-slots must be at least 1 and --max-model-len at least 16")
         width = verify_width_option(verify_width)
         if prefill not in PREFILL:
             raise UserError(f"--prefill must be one of {', '.join(PREFILL)}, not {prefill!r}")
@@ -119,8 +143,6 @@ class EngineConfig:
             from dflash_bench.synthetic import parse_rates
 
             rates = parse_rates(synthetic_acceptance_rates)
-        if load_format not in ("auto", "dummy"):
-            raise UserError(f"--load-format must be auto or dummy, not {load_format!r}")
         if not fast:
             if memory_utilization is not None or kv_cache_memory_bytes is not None:
                 raise UserError(f"{'--memory-utilization' if memory_utilization is not None else '--kv-cache-memory-bytes'}"
@@ -141,7 +163,7 @@ class EngineConfig:
                           cut_draft=cut_draft, prefill=prefill, synthetic_acceptance=synthetic_acceptance,
                           synthetic_acceptance_rates=rates)
         return cls(model, draft if mode == "dflash" else None, mode=mode, dtype=dtype, device=device,
-                   max_slots=max_slots if fast or max_slots is not None else 32, max_model_len=max_model_len, fast=fast,
+                   max_slots=max_slots, max_model_len=max_model_len, fast=fast,
                    load_format=load_format, benchmark_only=benchmark_only, kernels=kernels,
                    memory_utilization=memory_utilization, kv_cache_memory_bytes=kv_cache_memory_bytes,
                    tensor_parallel_size=tensor_parallel_size, enforce_eager=enforce_eager, step=step)

@@ -16,7 +16,7 @@ from dflash_bench.engine.sampling_params import SamplingParams
 class Engine(Protocol):
     B: int  # tokens per verify step (1: AR)
     tok: object  # the Hugging Face tokenizer
-    max_len: int  # tokens per slot (prompt + output + one block)
+    max_model_len: int  # the context limit: tokens per slot (prompt + output + one block)
     vocab_size: int
     prefill_rows: int  # requests per prefill forward: the loop admits in groups of at most this size
     prefill_tokens: int  # and of at most this many padded prompt tokens (rows x the longest prompt)

@@ -35,7 +35,8 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
-    from dflash_bench.engine.build import build_engine
+    from dflash_bench.engine.build import build
+    from dflash_bench.engine.config import EngineConfig
     from dflash_bench.engine.reference.decode import generate
     from dflash_bench.engine.sampling_params import SamplingParams
     from dflash_bench.suites import load_prompts
@@ -43,8 +44,8 @@ def main() -> None:
     pair = Path(a.pair)
     drafters = a.drafters.split(",") if a.drafters else [str(pair / "drafter")]
     lengths = [int(x) for x in a.max_tokens.split(",")]
-    kw = dict(dtype="float32", device=a.device, max_slots=a.num_prompts, max_len=2048 + max(lengths) + 32)
-    ar = build_engine(str(pair / "target"), mode="ar", **kw)
+    kw = dict(dtype="float32", device=a.device, max_slots=a.num_prompts, max_model_len=2048 + max(lengths) + 32)
+    ar = build(EngineConfig(str(pair / "target"), mode="ar", **kw))
     prompts = {s: encode(ar.tok, load_prompts(s, data_dir=Path(a.data_dir), num_prompts=a.num_prompts, seed=0))
                for s in a.suites.split(",")}
     prompts = {s: [p[-2048:] for p in ps] for s, ps in prompts.items()}
@@ -52,7 +53,7 @@ def main() -> None:
             for n in lengths}
     rows = []
     for d in drafters:
-        df = build_engine(str(pair / "target"), d, mode="dflash", **kw)
+        df = build(EngineConfig(str(pair / "target"), d, mode="dflash", **kw))
         for (s, n), ref in want.items():
             before = (df.stats.drafts, df.stats.accepted)
             got = [x.out for x in generate(df, prompts[s], SamplingParams(max_tokens=n))]

@@ -78,16 +78,17 @@ def main() -> None:
     a = ap.parse_args()
     import torch
 
-    from dflash_bench.engine.build import build_engine
+    from dflash_bench.engine.build import build
+    from dflash_bench.engine.config import EngineConfig
 
     prompts = load(a)
     if a.dump_prompts:
         Path(a.dump_prompts).write_text("".join(json.dumps({"suite": s, "prompt": p}) + "\n" for s, ps in prompts.items() for p in ps))
         return
     pair = Path(a.pair)
-    kw = dict(dtype=a.dtype, device=a.device, max_slots=2, max_len=1024 + a.max_tokens + 32)
-    ar = build_engine(str(pair / "target"), mode="ar", **kw)
-    df = build_engine(str(pair / "target"), str(pair / "drafter"), mode="dflash", **kw)
+    kw = dict(dtype=a.dtype, device=a.device, max_slots=2, max_model_len=1024 + a.max_tokens + 32)
+    ar = build(EngineConfig(str(pair / "target"), mode="ar", **kw))
+    df = build(EngineConfig(str(pair / "target"), str(pair / "drafter"), mode="dflash", **kw))
     rows = []
     for suite, ps in prompts.items():
         ar_out, ar_s, _ = run(ar, ar.tok, ps, a.max_tokens)

@@ -72,13 +72,13 @@ def main() -> None:
         return
     if not a.data_dir:
         sys.exit("--data-dir is required")
-    from dflash_bench.engine.build import build_engine
+    from dflash_bench.engine.build import build
+    from dflash_bench.engine.config import EngineConfig
     from dflash_bench.engine.reference.decode import generate
     from dflash_bench.engine.sampling_params import SamplingParams
     from dflash_bench.suites import load_prompts
 
-    ours = build_engine(str(pair / "target"), str(pair / "drafter"), mode="dflash", dtype="float32", device="cpu",
-                        max_slots=1, max_len=2048 + a.max_tokens + 32)
+    ours = build(EngineConfig(str(pair / "target"), str(pair / "drafter"), mode="dflash", dtype="float32", device="cpu", max_slots=1, max_model_len=2048 + a.max_tokens + 32))
     prompts = {s: [p[-2048:] for p in encode(ours.tok, load_prompts(s, data_dir=Path(a.data_dir),
                                                                     num_prompts=a.num_prompts, seed=0))]
                for s in a.suites.split(",")}

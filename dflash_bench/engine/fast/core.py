@@ -24,7 +24,7 @@ from dflash_bench.synthetic import SyntheticProfile
 
 
 @dataclass(frozen=True)
-class Launch:
+class Launched:
     """One launch of a core as a watcher sees it (`EngineCore.watch`): a step's plan, or a prefill group (its slots;
     `P` its graph's prompt bucket, None: one eager forward); and the steps in flight after it."""
 
@@ -49,7 +49,7 @@ class EngineCore:
                                     graphs=self._runner.graphs_on, rides=target.rides)
         self.B, self.max_len, self.vocab_size = self._runner.B, self._runner.max_len, target.vocab_size
         self.width = self._scheduler.fixed  # the width of the step collected last
-        self._watchers: list[Callable[[Launch], None]] = []
+        self._watchers: list[Callable[[Launched], None]] = []
 
     @property
     def logits(self) -> torch.Tensor | None:
@@ -90,12 +90,12 @@ class EngineCore:
         sched = self._scheduler
         return "auto" if sched.chooser else "full" if sched.fixed == self.B else f"w{sched.fixed}"
 
-    def watch(self, fn: Callable[[Launch], None]) -> None:
+    def watch(self, fn: Callable[[Launched], None]) -> None:
         """Call `fn` after every step and prefill group this core launches (tests and benchmarks: what ran, how far
         ahead)."""
         self._watchers.append(fn)
 
-    def _launched(self, launch: Launch) -> None:
+    def _launched(self, launch: Launched) -> None:
         for fn in self._watchers:
             fn(launch)
 
@@ -148,7 +148,7 @@ class EngineCore:
         first = self._runner.prefill(slots, prompts, P)
         for s, p in zip(slots, prompts):
             self._scheduler.prefilled(s, len(p))
-        self._launched(Launch(len(self._runner.inflight), prefill=tuple(slots), P=P))
+        self._launched(Launched(len(self._runner.inflight), prefill=tuple(slots), P=P))
         return first
 
     def release(self, slot: int) -> None:
@@ -174,7 +174,7 @@ class EngineCore:
 
     def _run(self, plan: StepPlan) -> None:
         self._runner.run(plan)
-        self._launched(Launch(len(self._runner.inflight), plan=plan))
+        self._launched(Launched(len(self._runner.inflight), plan=plan))
 
     def step(self, slots: list[int]) -> dict[int, list[int]]:
         """Advance every slot in `slots` by one verify (DFlash) or one token (AR); returns the new tokens."""

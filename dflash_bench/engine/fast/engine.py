@@ -11,7 +11,6 @@ when the caller says it is a benchmark.
 from __future__ import annotations
 
 import atexit
-import dataclasses
 from typing import Any
 
 import torch
@@ -23,7 +22,6 @@ from dflash_bench.engine.fast.parallel.ranks import Followers
 from dflash_bench.engine.fast.models.shard import Shard
 from dflash_bench.engine.fast.scheduling.scheduler import PREFILL_TOKENS, Row
 from dflash_bench.engine.sampling_params import SamplingParams
-from dflash_bench.errors import UserError
 
 
 
@@ -39,7 +37,7 @@ class FastEngine:
         runner step; `kernels` False: plain torch ops instead of the step's kernels, to compare); `max_slots`: the
         KV pool's slots (`pool.pool_slots`). `shard`, `followers`: rank 0 of a tensor-parallel engine, and the other
         ranks (`ranks.py`)."""
-        max_len = config.max_model_len
+        max_len = config.max_model_len  # the caches' positions per slot
         self.config = config
         self.core = make_core(model, drafter, config.step, max_slots=max_slots, max_len=max_len,
                               kernels=config.kernels, shard=shard, consume=consume,
@@ -54,7 +52,7 @@ class FastEngine:
         self.logits: torch.Tensor = self.core.logits  # per slot the last step's target logits (for logprobs)
         self.tok, self.B = tokenizer, self.core.B
         self.prefill_rows, self.prefill_tokens = max_slots, PREFILL_TOKENS  # a group: one forward (`core.add_many`)
-        self.max_len, self.vocab_size = max_len, self.core.vocab_size
+        self.max_model_len, self.vocab_size = max_len, self.core.vocab_size
         drawn = self.core.synthetic
         self.synthetic_acceptance = drawn.tau if drawn is not None else None  # the profile's tau at full width
         self.book = Bookkeeping(tokenizer, eos_ids=eos_ids, block_size=self.B, slots=max_slots, max_len=max_len,
@@ -159,57 +157,39 @@ class FastEngine:
             self.followers.stop()
 
 
-def build_fast_engine(config: EngineConfig, *, tokenizer: Any = None) -> FastEngine:
-    """Like `build.build_engine`, on the fast path (CUDA graphs on a GPU, eager on the CPU), as `config` says.
-    `config.max_slots` None: as many as the memory budget holds (`pool.py`: `memory_utilization` of a GPU (0.9 when
-    not given), or `kv_cache_memory_bytes`, a rank's). `tensor_parallel_size` N > 1: N processes, a GPU each (gloo
-    ranks on the CPU), `ranks.py`. `enforce_eager`: no CUDA graphs."""
-    from dflash_bench.engine.build import load_tokenizer
+def fast_engine(config: EngineConfig, tokenizer: Any) -> FastEngine:
+    """The fast path's engine `config` asks for, as `build.build` resolved it (CUDA graphs on a GPU, eager on the
+    CPU). `config.max_slots` None: as many as the memory budget holds (`pool.py`: `config.utilization` of a GPU, or
+    `kv_cache_memory_bytes`, a rank's). `tensor_parallel_size` N > 1: N processes, a GPU each (gloo ranks on the
+    CPU), `parallel/ranks.py`, each given this config. `enforce_eager`: no CUDA graphs."""
     from dflash_bench.engine.reference.target import resolve_dtype
 
-    mode, drawn, device, size = config.mode, config.step.drawn, config.device, config.tensor_parallel_size
-    draft = config.draft if mode == "dflash" else None
-    if mode not in ("ar", "dflash"):
-        raise UserError(f"unknown mode {mode!r}; use 'ar' or 'dflash'")
-    if mode == "dflash" and not draft:
-        raise UserError("mode dflash needs a drafter: pass --draft <drafter folder>")
-    if drawn and not config.benchmark_only:
-        raise UserError("--synthetic-acceptance makes every answer wrong on purpose; it needs --benchmark-only")
-    if drawn and mode != "dflash":
-        raise UserError("--synthetic-acceptance only applies to mode dflash")
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"device {device!r} was asked for but no CUDA GPU is available; use --device cpu")
-    if device == "cpu":
-        torch.set_num_threads(1)
+    device, size = config.device, config.tensor_parallel_size
     dt = resolve_dtype(config.dtype, device)
-    tok = tokenizer or load_tokenizer(config.model)
     followers, shard = None, None
     if size > 1:  # refused in one sentence before any process starts
         from dflash_bench.engine.fast.parallel.ranks import check_parallel
 
-        check_parallel(config.model, draft, size, device=device)
-        followers = Followers(dataclasses.replace(config, device=device, draft=draft), rank_core).start()
+        check_parallel(config.model, config.draft, size, device=device)
+        followers = Followers(config, rank_core).start()
         atexit.register(followers.stop)
     try:
         if followers is not None:
             shard = followers.join()
-        hf, drafter = load_pair(config.model, draft, dtype=dt, device=device, dummy=config.dummy)
+        hf, drafter = load_pair(config.model, config.draft, dtype=dt, device=device, dummy=config.dummy)
         if shard is not None:
             shard = shard.cut(hf, drafter)  # this rank's part only, before the pool is sized from what is left
         if drafter is not None:
             config.step.synthetic(drafter.config.block_size)  # a mean or rates the block cannot take: one sentence
         from dflash_bench.engine.fast.running.pool import pool_slots
 
-        utilization = 0.9 if config.memory_utilization is None else config.memory_utilization
-        max_slots = pool_slots(hf.config.get_text_config(), drafter, asked=config.max_slots, device=device, dtype=dt,
-                               max_len=config.max_model_len, utilization=utilization,
+        max_slots = pool_slots(hf.config.get_text_config(), drafter, asked=config.slots, device=device, dtype=dt,
+                               max_len=config.max_model_len, utilization=config.utilization,
                                nbytes=config.kv_cache_memory_bytes, tp=size)
         if followers is not None:
             followers.slots(max_slots)
-        return FastEngine(hf, tok, drafter, config, eos_ids=eos_ids(hf, tok), max_slots=max_slots, consume=True,
-                          shard=shard, followers=followers)
+        return FastEngine(hf, tokenizer, drafter, config, eos_ids=eos_ids(hf, tokenizer), max_slots=max_slots,
+                          consume=True, shard=shard, followers=followers)
     except BaseException:
         if followers is not None:
             followers.stop()

@@ -12,12 +12,13 @@ from typing import Any
 
 import torch
 
-from dflash_bench.engine.bookkeeping import Bookkeeping, Delta, Seq, Stats, step_logprobs
+from dflash_bench.engine.bookkeeping import Bookkeeping, Delta, Seq, Stats, eos_ids, step_logprobs
+from dflash_bench.engine.config import DEFAULT_SLOTS, EngineConfig
 from dflash_bench.engine.reference.propose import Proposer
 from dflash_bench.engine.protocol import Engine
 from dflash_bench.engine.reference.sampling import accept, sample_drafts, sample_tokens
 from dflash_bench.engine.sampling_params import SamplingParams
-from dflash_bench.engine.reference.target import ReferenceTarget
+from dflash_bench.engine.reference.target import ReferenceTarget, resolve_dtype
 
 
 PREFILL_ROWS = 8  # requests per prefill forward on a GPU (on a CPU prefill is compute-bound: one at a time)
@@ -35,7 +36,7 @@ class ReferenceEngine:
         self.B = proposer.block_size if proposer else 1
         if proposer and proposer.layer_ids:
             target.tap(proposer.layer_ids)
-        self.max_len, self.vocab_size = target.max_len, target.vocab_size
+        self.max_model_len, self.vocab_size = target.max_len, target.vocab_size
         self.book = Bookkeeping(tokenizer, eos_ids=eos_ids, block_size=self.B, slots=len(target.cache.k[0]),
                                 max_len=target.max_len, vocab_size=target.vocab_size)
         self.device = target.device
@@ -170,3 +171,24 @@ def generate(engine: Engine, prompts: list[list[int]], params: SamplingParams | 
     for s in seqs:
         engine.release(s)
     return seqs
+
+
+def reference_engine(config: EngineConfig, tokenizer: Any) -> ReferenceEngine:
+    """The reference engine `config` asks for (as `build.build` resolved it): the target, and in dflash mode the
+    drafter, loaded (`config.dummy`: random weights of the configs' shapes), `config.slots` slots of
+    `max_model_len` tokens each."""
+    from dflash_bench.engine.reference.drafter import load_drafter
+    from dflash_bench.engine.reference.propose import DFlashProposer
+
+    device, dt, n = config.device, resolve_dtype(config.dtype, config.device), config.slots or DEFAULT_SLOTS
+    if device != "cpu":  # cuDNN attention plans a kernel per new shape; the KV length changes every step
+        torch.backends.cuda.enable_cudnn_sdp(False)
+    target = ReferenceTarget(config.model, dtype=dt, device=device, max_slots=n, max_len=config.max_model_len,
+                             dummy=config.dummy)
+    proposer = None
+    if config.draft is not None:
+        drafter = load_drafter(config.draft, target_hidden=target.hidden_size, target_layers=target.n_layers,
+                               target_vocab=target.vocab_size, dtype=dt, device=device, dummy=config.dummy)
+        proposer = DFlashProposer(drafter, target.embed_weight(), target.lm_head(), max_slots=n,
+                                  max_len=config.max_model_len)
+    return ReferenceEngine(target, tokenizer, proposer, eos_ids=eos_ids(target.model, tokenizer))

@@ -26,7 +26,6 @@ from dflash_bench.engine.bookkeeping import Delta, out_of_vocabulary
 from dflash_bench.engine.config import EngineConfig
 from dflash_bench.engine.serving.loop import EngineLoop
 from dflash_bench.engine.serving.metrics_endpoint import render
-from dflash_bench.engine.protocol import Engine
 from dflash_bench.errors import UserError
 from dflash_bench.openai_format import new_id
 
@@ -105,7 +104,7 @@ def build_app(loop: EngineLoop, model_name: str) -> FastAPI:
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0,
-                                            "owned_by": "dflash-bench", "max_model_len": engine.max_len}]}
+                                            "owned_by": "dflash-bench", "max_model_len": engine.max_model_len}]}
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -126,7 +125,7 @@ def build_app(loop: EngineLoop, model_name: str) -> FastAPI:
                                  "type": "NotFoundError", "param": None, "code": 404}, status_code=404)
         if why := out_of_vocabulary(prompt, engine.vocab_size):
             raise BadRequest(why)
-        room = engine.max_len - engine.B - 1
+        room = engine.max_model_len - engine.B - 1
         max_tokens = req.wanted_max_tokens() or max(1, room - len(prompt))
         why = engine.check(len(prompt), max_tokens)
         if why:
@@ -217,20 +216,12 @@ def serve(config: EngineConfig, *, host: str = "127.0.0.1", port: int = 8000, se
     until interrupted."""
     import uvicorn
 
-    from dflash_bench.engine.build import build_engine
+    from dflash_bench.engine.build import build
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")  # before the build's lines
 
     _check_port(host, port)
-    engine: Engine
-    if config.fast:  # engine/fast: fused forward, CUDA graphs (greedy only)
-        from dflash_bench.engine.fast.engine import build_fast_engine
-
-        engine = build_fast_engine(config)
-    else:
-        engine = build_engine(config.model, config.draft, mode=config.mode, dtype=config.dtype, device=config.device,
-                              max_slots=32 if config.max_slots is None else config.max_slots,
-                              max_len=config.max_model_len, dummy=config.dummy)
+    engine = build(config)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     loop = EngineLoop(engine).start()
     name = served_model_name or config.model

@@ -16,12 +16,11 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from dflash_bench.engine.config import DEFAULT_SLOTS, MIN_MODEL_LEN
 from dflash_bench.engine.fast.models.family import target_kinds
 from dflash_bench.engine.fast.models.layout import drafter_kind, reference_kinds
 from dflash_bench.errors import UserError
 
-DEFAULT_SLOTS = 32  # without a budget (the CPU without --kv-cache-memory-bytes): the pool as before
-MIN_LEN = 16  # the shortest --max-model-len `serve` takes
 MOST_SLOTS = 128  # a pool chosen from memory holds at most this many (the most rows a measured table of the engines asks for)
 log = logging.getLogger("dflash_bench.engine")
 GIVEN = "--kv-cache-memory-bytes"  # a budget's `how` when the user gave it in bytes
@@ -74,11 +73,9 @@ def human(nbytes: int) -> str:
 def choose_slots(asked: int | None, budget: Budget | None, per_slot: int, *, max_len: int,
                  at: Callable[[int], int] | None = None) -> int:
     """The pool's slots: `asked` when it fits the budget, else the most that fit (at most MOST_SLOTS); without a
-    budget, `asked` or DEFAULT_SLOTS. Raises UserError (one sentence) when it cannot, saying what fits: fewer
-    slots, the longest --max-model-len at which `asked` slots fit (`at`: a slot's bytes at a length), or more
-    memory."""
-    if asked is not None and asked < 1:
-        raise UserError("--max-slots must be at least 1")
+    budget (the CPU without --kv-cache-memory-bytes), `asked` or DEFAULT_SLOTS. Raises UserError (one sentence) when
+    it cannot, saying what fits: fewer slots, the longest --max-model-len at which `asked` slots fit (`at`: a slot's
+    bytes at a length), or more memory."""
     if budget is None:
         return asked if asked is not None else DEFAULT_SLOTS
     fit = max(budget.nbytes, 0) // per_slot
@@ -102,25 +99,22 @@ def choose_slots(asked: int | None, budget: Budget | None, per_slot: int, *, max
 
 
 def longest_len(slots: int, nbytes: int, at: Callable[[int], int], *, below: int) -> int:
-    """The longest --max-model-len (at least MIN_LEN, under `below`) at which `slots` slots of `at(len)` bytes fit
-    `nbytes`; 0 when none does. A slot's bytes never shrink with its length."""
-    lo, hi = MIN_LEN - 1, below  # slots fit at lo (or lo is below MIN_LEN), not at hi
+    """The longest --max-model-len (at least MIN_MODEL_LEN, under `below`) at which `slots` slots of `at(len)` bytes
+    fit `nbytes`; 0 when none does. A slot's bytes never shrink with its length."""
+    lo, hi = MIN_MODEL_LEN - 1, below  # slots fit at lo (or lo is below MIN_MODEL_LEN), not at hi
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if slots * at(mid) <= nbytes else (lo, mid)
-    return lo if lo >= MIN_LEN else 0
+    return lo if lo >= MIN_MODEL_LEN else 0
 
 
 def pool_slots(cfg: Any, drafter: Any, *, asked: int | None, device: str, dtype: Any, max_len: int,
                utilization: float, nbytes: int | None, tp: int = 1) -> int:
     """The KV pool's slots for this target (`cfg`) and drafter (a DFlashDrafter or None), once their weights are on
-    the device (`tp`: a rank's shard of them, on this rank's device); logs what it chose from what."""
+    the device (`tp`: a rank's shard of them, on this rank's device); logs what it chose from what. `utilization`
+    and `nbytes` as `EngineConfig` checked them."""
     import torch
 
-    if not 0 < utilization <= 1:
-        raise UserError(f"--memory-utilization must lie in (0, 1], not {utilization:g}")
-    if nbytes is not None and nbytes < 1:
-        raise UserError("--kv-cache-memory-bytes must be a positive number of bytes")
     budget = given_budget(nbytes) if nbytes is not None else device_budget(device, utilization)
     dc = drafter.config if drafter is not None else None
     nb, block = torch.empty((), dtype=dtype).element_size(), dc.block_size if dc is not None else 1
