@@ -130,15 +130,15 @@ def test_the_baseline_own_repeats_set_the_run_to_run_band_and_a_real_drop_still_
 
 
 def plant_suites(path: Path, factors: dict[str, tuple[float, ...]], scale: float = 1.0) -> Path:
-    """AR and DFlash cells of several suites at concurrency 1; `factors`: per suite, each repeat's factor on both
-    modes' throughput (a speed the machine had during that pass)."""
+    """AR and DFlash cells of several suites at concurrency 1; `factors`: per suite, each repeat's factor on the
+    DFlash cells' throughput alone (so on the repeat's speedup), `scale` on every DFlash cell's."""
     plan, summaries = [], []
     for suite, per_repeat in factors.items():
         for r, f in enumerate(per_repeat):
             for mode in ("ar", "dflash"):
                 cid = cell_id("builtin", mode, suite, 1, r)
                 plan.append(CellPlan(cell_id=cid, engine="builtin", mode=mode, suite=suite, concurrency=1, repeat=r))
-                t = 100.0 * f * scale * (2.0 if mode == "dflash" else 1.0)
+                t = 200.0 * f * scale if mode == "dflash" else 100.0
                 summaries.append(CellSummary(cell_id=cid, engine="builtin", mode=mode, suite=suite, concurrency=1,
                                              repeat=r, output_throughput=t, tpot_ms=Stat(n=9, mean=1000 / t, p50=1000 / t)))
     sweep = SweepDir.create(path, Manifest(sweep_id=path.name, plan=plan))
@@ -147,21 +147,24 @@ def plant_suites(path: Path, factors: dict[str, tuple[float, ...]], scale: float
     return path
 
 
-def test_what_moves_every_cell_of_a_pass_together_is_the_run_to_run_noise(tmp_path):
-    """The baseline's repeats are passes minutes apart: a spread every cell of a pass shares (the machine's speed)
-    is what a later run meets, and widens the band; the same spread cell by cell, each its own, averages out and
-    does not. A rerun 20% slower throughout passes the first baseline and fails the second."""
+def test_a_paired_speedup_counts_only_what_moved_every_cell_of_a_pass_together(tmp_path):
+    """A speedup divides two cells measured together, so the machine's speed cancels: what moved it in every cell
+    of a pass alike (from one repeat to the next) is what a later run meets and widens the band; the same spread
+    cell by cell, each its own, is each cell's noise (the bootstrap's) and does not. A DFlash 20% slower passes
+    the first baseline and fails the second; throughput's figure is its whole spread either way."""
     from dflash_bench.gate.noise import repeat_noise
 
     suites = ("gsm8k", "humaneval", "math500", "mbpp")
     shared = plant_suites(tmp_path / "shared", {s: (1.0, 1.12, 0.88) for s in suites})
     own = plant_suites(tmp_path / "own", {s: ((1.0, 1.12, 0.88), (0.88, 1.0, 1.12), (1.12, 0.88, 1.0),
                                               (1.0, 1.0, 1.0))[i] for i, s in enumerate(suites)})
-    assert repeat_noise(gate.collect(shared))["output_throughput"].cv > 0.1
-    assert repeat_noise(gate.collect(own))["output_throughput"].cv < 0.01
+    key = (("builtin", "dflash", 1), "speedup")
+    assert repeat_noise(gate.collect(shared))[key].cv > 0.1 and repeat_noise(gate.collect(own))[key].cv < 0.01
+    tput = (("builtin", "dflash", 1), "output_throughput")
+    assert repeat_noise(gate.collect(own))[tput].cv > 0.08  # throughput: the whole spread
     slower = plant_suites(tmp_path / "slower", {s: (1.0, 1.12, 0.88) for s in suites}, scale=0.8)
-    assert gate.gate(slower, shared).exit_code == 0
-    assert gate.gate(slower, own).exit_code == 1
+    assert not any(c.metric.name == "speedup" for c in gate.gate(slower, shared).failures)
+    assert {c.cell for c in gate.gate(slower, own).failures if c.metric.name == "speedup"}
 
 
 def test_a_gate_of_many_checks_holds_its_confidence_over_all_of_them(tmp_path):

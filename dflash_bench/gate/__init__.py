@@ -12,7 +12,8 @@ change in the bad direction that still passes):
   lossless exact-match rate and task accuracy where the sweep has them.
 - bootstrap: output throughput, TPOT p50 and speedup when both sides have repeats: a seeded percentile
   bootstrap interval of the ratio of means, each resample also moved by the baseline's run-to-run noise (noise.py:
-  what moved all its cells together between repeats, or its runs); the check fails only when the whole interval is past the
+  its repeats' spread, for the paired speedup only what moved a pass's cells alike, or its runs); the check
+  fails only when the whole interval is past the
   threshold. Each check's interval is taken at 1 - (1 - confidence) / checks (compare.family), so that a rerun of
   the same code passes every check of the gate with the configured confidence.
 - plain: the same noisy metrics without repeats: the single change against the threshold, widened by the

@@ -145,7 +145,7 @@ def level(confidence: float) -> str:
 
 
 def _check_cell(ref: CellValues, cur: CellValues, config: GateConfig,
-                noise: dict[str, Noise]) -> list[Check]:
+                noise: dict[tuple[tuple[str, str, int], str], Noise]) -> list[Check]:
     name = ref.key.name
     out = [Check(name, SPECULATION, "no speculation", "fail", 0.0, [], [], note=f"{cid}: {why}")
            for cid, why in cur.no_speculation.items()]

@@ -7,9 +7,10 @@ minutes, and a run measured later reads slower or faster throughout. The baselin
 one of two ways, per metric, as a relative standard deviation cv:
 
 - its own repeats (every baseline with 2 or more): a sweep's repeats are whole passes over its plan, minutes
-  apart, and what moved every cell of a server and concurrency together from one pass to the next is the
-  machine's speed (`repeat_noise`: the rest is each cell's own noise, which the bootstrap covers). A paired
-  speedup barely moves with it: AR and DFlash meet the same moments;
+  apart, so the spread of a cell's throughput or TPOT over them is the machine's speed moving over a run
+  (`repeat_noise`); a paired speedup barely moves with it (AR and DFlash meet the same moments), so for it only
+  what moved every cell of a pass together counts, the rest being each cell's own noise, which the bootstrap
+  covers;
 - its own runs, where it was exported with `gate --export-baseline SWEEP -o FILE --noise-from RUN ...` (other runs of
   the same plan by the same code): the spread of the runs' means, pooled over the cells of each server and
   concurrency, carried in the file (CellValues.noise).
@@ -34,6 +35,7 @@ from dflash_bench.store import atomic_write_json
 
 # the metrics that move with the machine's load (tau does not: at one fixed verify width it is the same run to run)
 NOISY = ("output_throughput", "tpot_ms_p50", "speedup")
+PAIRED = ("speedup",)  # a ratio of two cells measured together (the same repeat): the machine's speed cancels
 MIN_RUNS = 2  # the exported run and at least one more
 
 
@@ -69,46 +71,55 @@ def pooled_cv(sets: list[list[float]]) -> float | None:
     return math.sqrt(ss / df) if df else None
 
 
-def repeat_noise(base: Baseline) -> dict[str, Noise]:
-    """Per metric, what moved every cell of the baseline together from one of its repeats to the next.
+def repeat_noise(base: Baseline) -> dict[tuple[tuple[str, str, int], str], Noise]:
+    """Per (engine, mode, concurrency) and metric, how far the machine moved the baseline's values over its run.
 
-    A sweep's repeats are whole passes over its plan, minutes apart, so a cell's repeats spread for two reasons:
-    the machine's speed moved between passes (every cell of a server and concurrency alike: what a later run
-    meets too), and the cell's own noise (what the bootstrap over its repeats covers). A two-way analysis of
-    variance of the log values, cells x repeats in each (engine, mode, concurrency) group, pooled over the groups,
-    tells them apart: the common part's variance is (mean square between repeats - residual mean square) / cells.
-    Where no group has 2 cells of 2 repeats, the whole spread stands for it."""
-    out = {}
-    for metric in NOISY:
-        groups: dict[tuple[str, str, int], list[list[float]]] = {}
-        for cell in base.cells:
+    A sweep's repeats are whole passes over its plan, minutes apart. Throughput and TPOT follow the machine's speed
+    within a pass as much as between passes (the cells of a pass against each other too), so a later run can sit
+    anywhere in the whole spread of a cell's repeats: the figure is that spread, pooled over the group's cells
+    (`pooled_cv`). A speedup divides two cells measured together, and the machine's speed cancels: what is left of
+    a cell's spread is its own noise, which the bootstrap over its repeats covers, and only what moved every cell
+    together from one pass to the next is the run's (`common_cv`, pooled over the groups)."""
+    sets: dict[tuple[tuple[str, str, int], str], list[list[float]]] = {}
+    for cell in base.cells:
+        for metric in NOISY:
             values = cell.metrics.get(metric) or []
             if len(values) >= 2 and min(values) > 0:
-                groups.setdefault(group(cell), []).append(values)
-        ss_rep = ss_res = 0.0
-        df_rep = df_res = cells = 0
-        for rows in groups.values():
-            n = max(len(r) for r in rows)
-            x = np.log(np.array([r for r in rows if len(r) == n], dtype=float))
-            if len(x) < 2:
-                continue
-            e = x - x.mean(axis=1, keepdims=True)
-            m = e.mean(axis=0)
-            ss_rep += len(x) * float(np.sum(m ** 2))
-            ss_res += float(np.sum((e - m) ** 2))
-            df_rep, df_res, cells = df_rep + n - 1, df_res + (len(x) - 1) * (n - 1), cells + len(x) * (n - 1)
-        repeats = max((len(r) for rows in groups.values() for r in rows), default=0)
-        if df_rep and df_res:
-            common = max(0.0, ss_rep / df_rep - ss_res / df_res) / (cells / df_rep)
-            out[metric] = Noise(math.sqrt(common), "repeats", repeats)
-        elif (whole := pooled_cv([r for rows in groups.values() for r in rows])) is not None:
-            out[metric] = Noise(whole, "repeats", repeats)
+                sets.setdefault((group(cell), metric), []).append(values)
+    out = {}
+    paired = common_cv([rows for (_, metric), rows in sets.items() if metric in PAIRED])
+    for key, rows in sets.items():
+        cv = paired if key[1] in PAIRED and paired is not None else pooled_cv(rows)
+        if cv is not None:
+            out[key] = Noise(cv, "repeats", max(len(r) for r in rows))
     return out
 
 
-def noise_of(cell: CellValues, metric: str, repeats: dict[str, Noise]) -> Noise | None:
+def common_cv(groups: list[list[list[float]]]) -> float | None:
+    """What moved every cell of a group together from one repeat to the next, pooled over the groups: a two-way
+    analysis of variance of the log values (cells x repeats), the common part's variance (mean square between
+    repeats - residual mean square) / cells. None where no group has 2 cells of 2 repeats."""
+    ss_rep = ss_res = 0.0
+    df_rep = df_res = cells = 0
+    for rows in groups:
+        n = max(len(r) for r in rows)
+        x = np.log(np.array([r for r in rows if len(r) == n], dtype=float))
+        if len(x) < 2:
+            continue
+        e = x - x.mean(axis=1, keepdims=True)
+        m = e.mean(axis=0)
+        ss_rep += len(x) * float(np.sum(m ** 2))
+        ss_res += float(np.sum((e - m) ** 2))
+        df_rep, df_res, cells = df_rep + n - 1, df_res + (len(x) - 1) * (n - 1), cells + len(x) * (n - 1)
+    if not (df_rep and df_res):
+        return None
+    return math.sqrt(max(0.0, ss_rep / df_rep - ss_res / df_res) / (cells / df_rep))
+
+
+def noise_of(cell: CellValues, metric: str,
+             repeats: dict[tuple[tuple[str, str, int], str], Noise]) -> Noise | None:
     """The cell's noise figure for the metric: the larger of its repeats' and its runs' (None: neither measured)."""
-    mine = repeats.get(metric)
+    mine = repeats.get((group(cell), metric))
     carried = cell.noise.get(metric)
     runs = Noise(carried, "runs", cell.noise_runs) if carried else None
     found = [n for n in (mine, runs) if n is not None]
