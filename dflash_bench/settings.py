@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dflash_bench.errors import UserError
 from dflash_bench.options import Flag, ints, names
+from dflash_bench.synthetic import check_setting, setting_refusal
 
 STEADY_HELP = ("A steady stream: keep --concurrency requests in flight, each finished one replaced at once (the prompts "
                "cycled), and measure a window of this many completions after the ramp-up; the tail is left out.")
@@ -95,6 +96,10 @@ class SweepSettings(BaseModel):
     )] = Field(default_factory=lambda: [1, 8, 32])
     num_prompts: Annotated[int | None, Flag(  # per cell; None means max(concurrency, suite default)
         "--num-prompts", "-n", min=1, help="Prompts per cell (default max(16, 4 x concurrency)).")] = None
+    waves: Annotated[int | None, Flag(  # sweep/prompts.py prompts_per_cell; None: --num-prompts alone
+        "--waves", min=1,
+        help="Prompts per cell: this many times its concurrency (at least --num-prompts), so that every concurrency "
+             "holds its requests in flight that many times over.")] = None
     max_tokens: Annotated[int | None, Flag(  # None means each suite's default
         "--max-tokens", min=1, help="Output cap per request (default: each suite's, 2048).")] = None
     repeats: Annotated[int, Flag(
@@ -125,6 +130,14 @@ class SweepSettings(BaseModel):
         help="The servers each engine runs, comma-separated: ar, dflash, and eagle3 (an EAGLE-3 head beside DFlash's "
              "drafter, on vllm). Default ar,dflash.",
     )] = Field(default_factory=lambda: list(DEFAULT_MODES))
+    # a mean tau or "card" (synthetic.py): every DFlash (and EAGLE-3) server draws that acceptance profile instead of
+    # verifying (CellPlan.synthetic, per suite); the engines that cannot are refused by sweep/commands.py
+    synthetic_acceptance: Annotated[str | None, Flag(
+        "--synthetic-acceptance", parse=check_setting, rule=setting_refusal, shown="--synthetic-acceptance",
+        help="Benchmarking random weights: every DFlash server draws this acceptance instead of verifying (answers "
+             "are wrong on purpose), one profile for every engine (vllm, builtin with --engine-arg=--fast, emulator; "
+             "sglang and llamacpp have none): a mean tau, or 'card' for each suite's tau from the model card (a suite "
+             "the card has no row for: the mean of its suites).")] = None
     engine_options: Annotated[dict[str, Any], Flag(  # e.g. builtin: target/drafter dirs, device
         "--drafter", text=str, fills=lambda drafter: {"engine_options": {"drafter": drafter}},
         help="DFlash drafter (HF id or folder) when --model is not a known pair.",

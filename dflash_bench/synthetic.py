@@ -24,14 +24,14 @@ SPEED-Bench, the long-<N> suites) the mean of the card's suites, said in the pro
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from dflash_bench.errors import UserError
 
 if TYPE_CHECKING:
-    from dflash_bench.models import ModelPair
+    from dflash_bench.published import PublishedTable
 
 CARD = "card"  # sweep --synthetic-acceptance card: each suite's tau from the pair's model card
 DIGITS = 6  # decimals the rates are given to an engine with (tau moves by under 1e-5)
@@ -44,7 +44,7 @@ class SyntheticProfile(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     rates: tuple[float, ...]  # r_1..r_K: P(the first i drafts all accepted), non-increasing in [0, 1]
-    source: str = ""  # where it came from: "tau 6.5", "card gsm8k tau 7.53", "rates"
+    source: str = ""  # where it came from, beside its tau: "" (a mean given), "card gsm8k", "rates"
 
     @field_validator("rates")
     @classmethod
@@ -63,7 +63,7 @@ class SyntheticProfile(BaseModel):
         """The geometric profile of mean tau over a block of `block_size` (r_i = a^i)."""
         a = geometric_rate(tau, block_size)
         rates = tuple(min(round(a**i, DIGITS), 1.0) for i in range(1, block_size))
-        return cls(rates=rates, source=source if source is not None else f"tau {tau:g}")
+        return cls(rates=rates, source=source or "")
 
     @classmethod
     def from_rates(cls, rates: Sequence[float], block_size: int, source: str = "rates") -> SyntheticProfile:
@@ -142,17 +142,39 @@ def check_setting(value: str) -> str:
     text = value.strip().lower()
     if text == CARD:
         return CARD
+    if (why := setting_refusal(text)) is not None:
+        raise UserError(why)
+    return f"{float(text):g}"
+
+
+def setting_refusal(value: str) -> str | None:
+    """The sentence for a `--synthetic-acceptance` that is neither `card` nor a mean tau of at least 1 (None: it
+    stands)."""
+    if value == CARD:
+        return None
     try:
-        tau = float(text)
+        tau = float(value)
     except ValueError:
         tau = math.nan
-    if not math.isfinite(tau) or tau < 1:
-        raise UserError(f"--synthetic-acceptance takes a mean acceptance length (tau, at least 1) or 'card' (each "
-                        f"suite's tau from the model card), not {value!r}")
-    return f"{tau:g}"
+    if math.isfinite(tau) and tau >= 1:
+        return None
+    return (f"--synthetic-acceptance takes a mean acceptance length (tau, at least 1) or 'card' (each suite's tau "
+            f"from the model card), not {value!r}")
 
 
-def card_taus(pair: ModelPair) -> dict[str, float]:
+class CardPair(Protocol):
+    """What the card's profiles read of a pair (a models.ModelPair): its name, its block and its card's table."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def block_size(self) -> int: ...
+
+    def published(self) -> PublishedTable | None: ...
+
+
+def card_taus(pair: CardPair) -> dict[str, float]:
     """Each suite's tau on the pair's model card at concurrency 1 (empty where the card publishes none)."""
     table = pair.published()
     if table is None:
@@ -160,7 +182,7 @@ def card_taus(pair: ModelPair) -> dict[str, float]:
     return {r.suite: r.tau for r in table.rows if r.concurrency == 1 and r.tau is not None}
 
 
-def suite_profile(setting: str | None, pair: ModelPair, suite: str) -> SyntheticProfile | None:
+def suite_profile(setting: str | None, pair: CardPair, suite: str) -> SyntheticProfile | None:
     """The profile a DFlash server of `suite`'s cells is given under `sweep --synthetic-acceptance setting`."""
     if setting is None:
         return None
@@ -171,10 +193,10 @@ def suite_profile(setting: str | None, pair: ModelPair, suite: str) -> Synthetic
         raise UserError(f"--synthetic-acceptance card takes each suite's tau from the model card, and the card of "
                         f"{pair.name} publishes none: give a mean tau instead, e.g. --synthetic-acceptance 6.5")
     if suite in taus:
-        return SyntheticProfile.from_tau(taus[suite], pair.block_size, f"card {suite} tau {taus[suite]:g}")
+        return SyntheticProfile.from_tau(taus[suite], pair.block_size, f"card {suite}")
     mean = sum(taus.values()) / len(taus)
-    return SyntheticProfile.from_tau(round(mean, 2), pair.block_size,
-                                     f"card mean tau {mean:.2f}: the card has no {suite} row")
+    # no row of its own: the same profile for every such suite (one server for them all)
+    return SyntheticProfile.from_tau(round(mean, 2), pair.block_size, f"card mean of {', '.join(taus)}")
 
 
 def _first_error(err: ValueError) -> str:

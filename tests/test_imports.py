@@ -109,8 +109,8 @@ def test_no_benchmark_imports_another_that_imports_it_back():
 # earlier line, never one of its own line or a later one. A new package takes its line here, where its imports put it.
 LAYERS = [
     ("dflash_bench", "errors", "console", "openai_format", "published", "thinking", "speedup"),
-    ("options", "models", "tokenizer", "suite_file", "llamacpp", "cli_app"),
-    ("settings", "cli_options", "model_shapes", "synthetic"),
+    ("options", "models", "tokenizer", "suite_file", "llamacpp", "cli_app", "synthetic"),
+    ("settings", "cli_options", "model_shapes"),
     ("store", "emulator"),
     ("telemetry", "suites", "analysis", "slo"),
     ("profiles", "longctx"),

@@ -35,7 +35,7 @@ def test_each_dflash_row_sits_beside_its_own_ar_and_the_cards_row_and_says_what_
     plain, synthetic = [r for r in rows if r.engine == "builtin"]
     assert plain.ar.tok_s == 40.0 and abs(plain.speedup - 0.95) < 1e-9  # each sweep's DFlash over its own AR
     assert synthetic.ar.tok_s == 44.0 and abs(synthetic.speedup - 240.0 / 44.0) < 1e-9
-    assert synthetic.labels == ["random weights (τ about 1 unless synthetic)", "synthetic τ 6.5 (drawn, not measured)"]
+    assert synthetic.labels == ["random weights (τ about 1 unless synthetic)", "synthetic τ 6.5, drawn"]
     assert (plain.card_ar, plain.card_dflash, plain.card_speedup, plain.card_tau) == (78, 408, 5.3, 7.53)
     header, body = card_table(rows)
     vllm = body[[r.engine for r in rows].index("vllm")]

@@ -69,19 +69,22 @@ def test_a_sweep_setting_that_is_neither_is_refused(value):
                                         ("mt-bench", 4.23)])
 def test_card_gives_each_suite_the_tau_of_its_card_at_concurrency_1(suite, tau):
     p = suite_profile(CARD, GEMMA, suite)
-    assert p is not None and p.tau == pytest.approx(tau, abs=1e-4) and p.source == f"card {suite} tau {tau:g}"
+    assert p is not None and p.tau == pytest.approx(tau, abs=1e-4) and p.source == f"card {suite}"
+    assert p.label() == f"synthetic τ {tau:.2f}, drawn (card {suite})"
 
 
 @pytest.mark.parametrize("suite", ["spec-bench", "speed-bench", "long-4k"])
-def test_a_suite_the_card_has_no_row_for_gets_the_mean_of_its_suites_said_in_its_source(suite):
+def test_a_suite_the_card_has_no_row_for_gets_the_mean_of_its_suites_said_in_its_label(suite):
     p = suite_profile(CARD, GEMMA, suite)
     mean = (8.59 + 7.53 + 8.00 + 6.13 + 4.23) / 5
     assert p is not None and p.tau == pytest.approx(round(mean, 2), abs=1e-4)
-    assert p.source == f"card mean tau {mean:.2f}: the card has no {suite} row"
+    assert p.source == "card mean of math500, gsm8k, humaneval, mbpp, mt-bench"
+    assert p == suite_profile(CARD, GEMMA, "long-128")  # one profile (one server) for every suite the card lacks
 
 
 def test_a_mean_is_the_same_for_every_suite_and_card_needs_a_card_with_tau():
     assert suite_profile("6.5", GEMMA, "gsm8k") == suite_profile("6.5", GEMMA, "spec-bench")
+    assert suite_profile("6.5", GEMMA, "gsm8k").label() == "synthetic τ 6.50, drawn"  # type: ignore[union-attr]
     assert suite_profile(None, GEMMA, "gsm8k") is None
     with pytest.raises(UserError, match="publishes none"):
         suite_profile(CARD, resolve("Qwen3.5-4B"), "math500")  # its card has a table, without tau

@@ -31,4 +31,4 @@ def test_synthetic_acceptance_reaches_the_summary_and_the_report(tmp_path, data_
     (summary,) = sweep.summaries()
     assert summary.synthetic_acceptance == 3.0
     page = build_report([sweep.path]).read_text()
-    assert "Synthetic acceptance (τ drawn with mean 3)" in page
+    assert "Synthetic τ, drawn (mean 3)" in page

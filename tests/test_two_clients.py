@@ -63,7 +63,7 @@ def test_the_cpu_rehearsal_measures_both_modes_and_the_tables_render_it(tmp_path
     text = page.read_text()
     ours = rows[("ar", 1, "dflash-bench")]
     assert f"| tiny | AR | 1 | 16 | {ours['output_tok_s']:.1f} ({ours['tpot_ms_p50']:.2f}) |" in text
-    assert "| tiny | DFlash, synthetic τ 4 | 2 | 16 |" in text and "python -m benchmarks.peers.two_clients" in text
+    assert "| tiny | DFlash, synthetic τ 4, drawn | 2 | 16 |" in text and "python -m benchmarks.peers.two_clients" in text
 
     # another engine's rows beside the builtin engine's: a column per client and the ratio of their tok/s
     other = [dict(r, engine="vllm", output_tok_s=r["output_tok_s"] / 2 if r["output_tok_s"] else None)

@@ -355,7 +355,7 @@ def two_clients(results: list[Any]) -> Table:
 
     out = []
     for shape, mode, tau, conc, new in sorted({k[1:6] for k in rows}, key=lambda k: (k[0], k[1], k[2] or 0, k[4], k[3])):
-        label = "AR" if mode == "ar" else "DFlash" + (f", synthetic τ {tau:g}" if tau is not None else "")
+        label = "AR" if mode == "ar" else "DFlash" + (f", synthetic τ {tau:g}, drawn" if tau is not None else "")
         row = [shape, label, str(conc), str(new)]
         for client in clients:
             mine = rows.get(("builtin", shape, mode, tau, conc, new, client))

@@ -35,7 +35,7 @@ class CellLine(BaseModel):
     tpot_ms_p50: float | None = None
     tau: float | None = None
     weights: Weights = "real"
-    synthetic_tau: float | None = None  # the builtin engine's --synthetic-acceptance: tau drawn, not measured
+    synthetic_tau: float | None = None  # its DFlash server's synthetic acceptance: tau drawn, not measured
     synthetic_source: str | None = None  # where that tau came from, as the cell records it ("card gsm8k", "rates")
     source: str = ""  # the sweep id (or results file) it came from
     repeat: int = 0
@@ -73,7 +73,7 @@ class CardRow(BaseModel):
             out.append("random weights (τ about 1 unless synthetic)")
         synthetic = self.dflash.synthetic_tau if self.dflash else None
         if synthetic is not None:
-            out.append(f"synthetic τ {synthetic:g} (drawn, not measured)")
+            out.append(f"synthetic τ {synthetic:g}, drawn")
         return out
 
 

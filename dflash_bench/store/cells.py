@@ -349,7 +349,10 @@ class CellSummary(CellKey):
     acceptance_profile: list[tuple[int, int]] | None = None
     # tau had every step verified the whole block, from the profile (None: a position was never verified)
     acceptance_length_full_block: float | None = None
-    synthetic_acceptance: float | None = None  # set when the server ran with synthetic acceptance
+    synthetic_acceptance: float | None = None  # set when the server ran with synthetic acceptance: its tau
+    # the profile it drew (synthetic.py): per draft position the share of steps accepting that far, and its source
+    synthetic_rates: list[float] | None = None
+    synthetic_source: str | None = None
     # share of the measured prompt tokens the server read from its prefix cache (metrics/cache.py): a cell whose
     # prompts an earlier cell sent has that much of its prefill free; None where the server does not say
     prefix_cache_hit_rate: float | None = None

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from dflash_bench.settings import SweepSettings
 from dflash_bench.store.cells import SCHEMA_VERSION, CellKey, CellStatus
+from dflash_bench.synthetic import SyntheticProfile
 from dflash_bench.store.timestamps import now_iso
 
 
@@ -123,6 +124,8 @@ class CellPlan(CellKey):
     job_id: str | None = None
     gpus: list[str] | None = None  # the job's GPUs as the scheduler numbered them (SLURM_JOB_GPUS)
     gpu_type: str | None = None  # the GPUs' name from NVML, else the requested gres type
+    # the acceptance profile the cell's DFlash server was given to draw (sweep --synthetic-acceptance; None: it verifies)
+    synthetic: SyntheticProfile | None = None
 
 
 class Manifest(BaseModel):

@@ -5,7 +5,7 @@ the same header): scalar fields as they are, each Stat as `<metric>_<stat>`, the
 `settings_<key>` (its steady stream as `settings_steady_<field>`), a steady stream's window as `steady_<field>`, the quality summaries' scalars as `lossless_<field>` and `accuracy_<field>` (the paired
 AR difference as `accuracy_vs_ar_<field>`), failure counts as `failures` text ("kind: n; ...", the verify widths alike), the acceptance profile as
 "verified/accepted; ..." per position and the
-per-position acceptance as numbers joined by ';'. Nested details stay in summary.json.
+per-position acceptance and a synthetic profile's rates as numbers joined by ';'. Nested details stay in summary.json.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from dflash_bench.store.cells import (
 )
 
 LIST_SEP = ";"
+LIST_COLUMNS = ("acceptance_per_position", "synthetic_rates")  # numbers joined by LIST_SEP
 
 
 def _scalar_fields(model: type[BaseModel]) -> dict[str, Any]:
@@ -56,7 +57,7 @@ def _columns() -> dict[str, Any]:
             cols.update({f"accuracy_vs_ar_{k}": t for k, t in _scalar_fields(PairedDiff).items()})
         elif name in ("failures", "not_measured", "verify_widths", "acceptance_profile"):  # text, never JSON
             cols[name] = str
-        elif name == "acceptance_per_position":
+        elif name in LIST_COLUMNS:
             cols[name] = list[float]
         else:
             scalar = _scalar_fields(CellSummary).get(name)
@@ -77,7 +78,7 @@ class _RowBase(BaseModel):
     def _blank_is_none(cls, value: Any) -> Any:
         return None if value == "" else value
 
-    @field_validator("acceptance_per_position", mode="before", check_fields=False)
+    @field_validator(*LIST_COLUMNS, mode="before", check_fields=False)
     @classmethod
     def _split(cls, value: Any) -> Any:
         return [float(x) for x in value.split(LIST_SEP)] if isinstance(value, str) and value else value or None
@@ -139,8 +140,9 @@ def csv_text(summaries: list[CellSummary]) -> str:
     writer.writeheader()
     for s in summaries:
         row = results_row(s)
-        apos = row["acceptance_per_position"]
-        row["acceptance_per_position"] = LIST_SEP.join(repr(float(x)) for x in apos) if apos else None
+        for col in LIST_COLUMNS:
+            values = row[col]
+            row[col] = LIST_SEP.join(repr(float(x)) for x in values) if values else None
         writer.writerow(row)
     return buf.getvalue()
 

@@ -104,6 +104,23 @@ def _check_between(settings: SweepSettings) -> None:
     if settings.interleave and not settings.paired:
         raise UserError("--interleave alternates the requests of a cell's AR and DFlash servers, so both must be up "
                         "together: add --paired")
+    if settings.synthetic_acceptance is not None:
+        _check_synthetic(settings)
+
+
+def _check_synthetic(settings: SweepSettings) -> None:
+    """--synthetic-acceptance: refused for servers the sweep does not launch and for an engine that cannot draw it;
+    `card` for a pair whose card publishes no tau (synthetic.py, through the plan's profiles)."""
+    from dflash_bench import profiles
+    from dflash_bench.sweep.plan import long_suite, synthetic_profiles
+
+    if settings.url_ar or settings.url_dflash:
+        raise UserError("--synthetic-acceptance is given to the DFlash servers the sweep launches; servers given by "
+                        "--url-ar/--url-dflash run with their own flags: drop one or the other")
+    for engine in settings.engines:
+        if why := profiles.get(engine).synthetic_refusal(settings.engine_args):
+            raise UserError(why)
+    synthetic_profiles(settings, [*settings.suites, *map(long_suite, settings.input_lens)])
 
 
 def _check_modes(settings: SweepSettings) -> None:

@@ -36,9 +36,11 @@ def print_plan(settings: SweepSettings) -> None:
             console.print(f"[bold]{launch.engine} {launch.mode}[/] ({len(launch.cells)} cells): measure {escape(url or '')}")
             continue
         profile, _, argv, env, port = plan_server(launch.engine, pair, launch.mode, port=settings.port, preset=settings.gpu,
-                                                  extra_args=server_args(settings, launch.engine), runner=settings.runner)
+                                                  extra_args=server_args(settings, launch.engine), runner=settings.runner,
+                                                  synthetic=launch.synthetic)
         line = dry_run_line(profile, argv, env, port, settings.runner, settings.image or profile.image_for(settings.gpu), "all", "host")
-        console.print(f"[bold]{launch.engine} {launch.mode}[/] ({len(launch.cells)} cells):")
+        drawn = f", {launch.synthetic.label()}" if launch.synthetic is not None and launch.mode != "ar" else ""
+        console.print(f"[bold]{launch.engine} {launch.mode}[/] ({len(launch.cells)} cells{escape(drawn)}):")
         typer.echo(line)
         version = profile.version(settings.runner, settings.image)
         why = profile.refusal(pair, launch.mode, version)

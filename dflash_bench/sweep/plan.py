@@ -12,6 +12,7 @@ from dflash_bench.store import CellPlan, SweepSettings
 
 if TYPE_CHECKING:
     from dflash_bench.models import ModelPair
+    from dflash_bench.synthetic import SyntheticProfile
 
 __all__ = ["MODES", "Launch", "SweepSettings", "check_resume", "launches", "plan_cells", "resolve_pair"]
 
@@ -26,6 +27,8 @@ class Launch:
     mode: str
     cells: tuple[CellPlan, ...]
     slots: int | None = None  # the concurrency of every cell, for an engine whose slots follow it (slots_per_cell)
+    # the acceptance profile its DFlash server draws (paired: its group's, which an AR server does not take)
+    synthetic: SyntheticProfile | None = None
 
 
 def resolve_pair(settings: SweepSettings) -> ModelPair:
@@ -46,6 +49,7 @@ def plan_cells(settings: SweepSettings) -> list[CellPlan]:
     """
     out = []
     suites = [(suite, None) for suite in settings.suites] + [(long_suite(n), n) for n in settings.input_lens]
+    drawn = synthetic_profiles(settings, [suite for suite, _ in suites])
     arms: list[bool | None] = [False, True] if settings.thinking_both else [None]
     keys = [(suite, n, arm, c) for suite, n in suites for arm in arms for c in settings.concurrency]
     for engine in settings.engines:
@@ -56,7 +60,26 @@ def plan_cells(settings: SweepSettings) -> list[CellPlan]:
             order = [(m, k) for k in keys for m in modes] if settings.paired else [(m, k) for m in modes for k in keys]
             for mode, (suite, n, arm, c) in order:
                 out.append(CellPlan(engine=engine, mode=mode, suite=suite, concurrency=c, repeat=repeat, input_len=n,
-                                    thinking_asked=arm))
+                                    thinking_asked=arm, synthetic=drawn.get((mode, suite))))
+    return out
+
+
+def synthetic_profiles(settings: SweepSettings, suites: list[str]) -> dict[tuple[str, str], SyntheticProfile]:
+    """(mode, suite) -> the acceptance profile that mode's server draws for the suite's cells under
+    --synthetic-acceptance (synthetic.py): DFlash's over its block, an EAGLE-3 server's the same tau over its own
+    draft length; none without the option, nor for AR."""
+    if settings.synthetic_acceptance is None:
+        return {}
+    from dflash_bench.synthetic import for_draft, suite_profile
+
+    pair = resolve_pair(settings)
+    out = {}
+    for suite in suites:
+        drawn = suite_profile(settings.synthetic_acceptance, pair, suite)
+        if drawn is not None:
+            out["dflash", suite] = drawn
+            if "eagle3" in settings.modes:
+                out["eagle3", suite] = for_draft(drawn, pair.eagle3_tokens)
     return out
 
 
@@ -72,12 +95,16 @@ def launches(plan: list[CellPlan], pending_only: bool = True, paired: bool = Fal
     (engine, mode) over the engine's consecutive cells (its two servers run together: `launch.servers_up`)."""
     cells = [c for c in plan if c.status in ("pending", "running", "failed")] if pending_only else list(plan)
     if not paired:
-        return [Launch(engine, mode, tuple(group), slots) for (engine, mode, slots), group in groupby(cells, key=_launch_key)]
+        return [Launch(engine, mode, tuple(group), slots, synthetic)
+                for (engine, mode, slots, synthetic), group in groupby(cells, key=_launch_key)]
+    # an engine's two servers start together, so a new DFlash profile (card: each suite's) relaunches both: an AR
+    # cell goes with the profile its DFlash cell draws
+    drawn = {c.pair_key(): c.synthetic for c in cells if c.mode == "dflash"}
     out = []
-    for (engine, slots), group in groupby(cells, key=lambda c: _launch_key(c)[::2]):
+    for (engine, slots, synthetic), group in groupby(cells, key=lambda c: (c.engine, _slots(c), drawn.get(c.pair_key()))):
         mine = list(group)
-        out += [Launch(engine, mode, tuple(c for c in mine if c.mode == mode), slots) for mode in MODES
-                if any(c.mode == mode for c in mine)]
+        out += [Launch(engine, mode, tuple(c for c in mine if c.mode == mode), slots, synthetic)
+                for mode in MODES if any(c.mode == mode for c in mine)]
     return out
 
 
@@ -87,9 +114,15 @@ def _slots_per_cell(engine: str) -> bool:
     return profiles.get(engine).slots_per_cell
 
 
-def _launch_key(c: CellPlan) -> tuple[str, str, int | None]:
-    """(engine, mode, slots): one server lifetime; slots is the concurrency where the engine's slots follow it."""
-    return c.engine, c.mode, c.concurrency if _slots_per_cell(c.engine) else None
+def _launch_key(c: CellPlan) -> tuple[str, str, int | None, SyntheticProfile | None]:
+    """(engine, mode, slots, synthetic profile): one server lifetime; slots is the concurrency where the engine's
+    slots follow it; a DFlash server draws one profile (with `card`, a suite's)."""
+    return c.engine, c.mode, _slots(c), c.synthetic
+
+
+def _slots(c: CellPlan) -> int | None:
+    return c.concurrency if _slots_per_cell(c.engine) else None
+
 
 
 def check_resume(saved: SweepSettings | dict[str, Any] | None, current: SweepSettings) -> None:

@@ -52,8 +52,10 @@ def prompt_loader(settings: SweepSettings, data_dir: Path | None) -> PromptLoade
 
 
 def prompts_per_cell(settings: SweepSettings, concurrency: int) -> int:
-    """How many prompts a cell at `concurrency` sends: --num-prompts, else max(16, 4 x concurrency); never fewer
-    than the concurrency."""
+    """How many prompts a cell at `concurrency` sends: --waves W x the concurrency (at least --num-prompts), else
+    --num-prompts, else max(16, 4 x concurrency); never fewer than the concurrency."""
+    if settings.waves:
+        return max(settings.waves * concurrency, settings.num_prompts or 0)
     return max(settings.num_prompts or max(16, 4 * concurrency), concurrency)
 
 

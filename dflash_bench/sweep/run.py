@@ -72,5 +72,5 @@ def _measure_one(ctx: SweepContext, cell: CellPlan, server: launch.Server) -> No
 
 def server_groups(ls: list[Launch], paired: bool) -> list[list[Launch]]:
     """The launches whose servers run together: each alone, or paired an engine's two."""
-    return [list(g) for _, g in groupby(ls, key=lambda launch: (launch.engine, launch.slots))] if paired \
+    return [list(g) for _, g in groupby(ls, key=lambda launch: (launch.engine, launch.slots, launch.synthetic))] if paired \
         else [[launch] for launch in ls]

@@ -31,6 +31,7 @@ class Measured:
 def write_measured(ctx: SweepContext, cell: CellPlan, measured: Measured) -> None:
     """What was measured is kept and counted, failed or not; summary.json last, then the manifest and results.csv."""
     summary = measured.summary
+    record_synthetic(summary, cell)
     write_cell(ctx.sweep, summary, measured.measurement)
     cell.status, cell.reason = summary.status, summary.failure_reason
     if summary.status == "failed":
@@ -47,11 +48,21 @@ def fail_cell(ctx: Ledger, cell: CellPlan, reason: str) -> None:
     summary = summarize_records(sweep.read_requests(cell.cell_id), cell_id=cell.cell_id, engine=cell.engine,
                                 mode=cell.mode, suite=cell.suite, concurrency=cell.concurrency, repeat=cell.repeat,
                                 failure=reason, input_len=cell.input_len, thinking_asked=cell.thinking_asked)
+    record_synthetic(summary, cell)
     cell.status, cell.reason = "failed", summary.failure_reason
     sweep.write_summary(summary)
     sweep.write_manifest(manifest)
     sweep.write_results_csv()
     ctx.result.failed.append(cell.cell_id)
+
+
+def record_synthetic(summary: CellSummary, cell: CellPlan) -> None:
+    """The acceptance profile the cell's server was given to draw (--synthetic-acceptance), whatever its engine:
+    its tau, rates and source on the cell, beside what the server reported."""
+    drawn = cell.synthetic
+    if drawn is not None:
+        summary.synthetic_acceptance = drawn.tau
+        summary.synthetic_rates, summary.synthetic_source = list(drawn.rates), drawn.source
 
 
 def annotate_quality(sweep: SweepDir, settings: SweepSettings) -> None:
