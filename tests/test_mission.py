@@ -8,18 +8,24 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from dflash_bench.launch import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "peers" / "mission.sh"
+LONG = ("gsm8k", "mt_bench", "spec_bench")  # the long steps' prompts are Spec-Bench's text
 
 
-def mission(tmp_path: Path, data_dir: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
-    data = tmp_path / "data"
-    if not data.exists():  # the two suites the steps measure: the shape's tokenizer trains on these only
-        data.mkdir()
-        for suite in ("gsm8k", "mt_bench"):
-            shutil.copytree(data_dir / suite, data / suite)
-    full = dict(os.environ, OUT=str(tmp_path / "out"), MISSION_WORK=str(tmp_path / "work"), DFLASH_BENCH_DATA=str(data),
-                PYTHONPATH=str(ROOT), **env)
+def mission(tmp_path: Path, data_dir: Path, *args: str, data: tuple[str, ...] = ("gsm8k", "mt_bench"),
+            **env: str) -> subprocess.CompletedProcess:
+    """mission.sh over copies of the suites the steps measure (Spec-Bench: the long prompts' text), which are all
+    the shape's tokenizer trains on."""
+    folder = tmp_path / "data"
+    if not folder.exists():
+        folder.mkdir()
+        for suite in data:
+            shutil.copytree(data_dir / suite, folder / suite)
+    full = dict(os.environ, OUT=str(tmp_path / "out"), MISSION_WORK=str(tmp_path / "work"), DFLASH_BENCH_DATA=str(folder),
+                PYTHONPATH=str(ROOT), MISSION_PORT=str(free_port()), **env)
     return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=full, timeout=600)
 
 
@@ -50,7 +56,9 @@ def test_another_pairs_steps_write_its_shape_and_plan_its_sweeps(tmp_path, data_
 
 
 def test_a_step_cut_by_the_deadline_leaves_its_sweep_folder_in_out_and_the_next_step_is_skipped(tmp_path, data_dir):
-    proc = mission(tmp_path, data_dir, "--seconds", "30", "emulator", "emulator", MISSION_MIN_STEP_S="12")
+    # 16 prompts a concurrency-1 cell (about 20 s of the emulator's): the step outlasts 75 s on an idle machine, and
+    # a loaded one still completes a cell before the deadline
+    proc = mission(tmp_path, data_dir, "--seconds", "75", "-n", "16", "emulator", "emulator", MISSION_MIN_STEP_S="12")
     log = (tmp_path / "out" / "mission.log").read_text()
     assert proc.returncode == 0, log
     assert "== emulator: the deadline: stopping it" in log
@@ -74,3 +82,57 @@ def test_the_eagle3_row_plans_an_eagle3_server_with_the_head_the_shape_writes(tm
     sweep = next(line for line in log.splitlines() if line.startswith("+ ") and " sweep " in line)
     assert f"--modes ar,dflash,eagle3 --eagle3 {work}/Qwen3-8B-EAGLE3" in sweep
     assert "vllm eagle3 (" in log and f'"method": "eagle3", "model": "{work}/Qwen3-8B-EAGLE3"' in log
+
+
+def _rates(line: str, flag: str) -> list[float]:
+    if flag == "--speculative-config":
+        config = json.loads(line.split("--speculative-config '", 1)[1].split("'", 1)[0])
+        assert config["rejection_sample_method"] == "synthetic" and "synthetic_acceptance_length" not in config
+        return config["synthetic_acceptance_rates"]
+    return [float(r) for r in line.split(flag + " ", 1)[1].split()[0].split(",")]
+
+
+def test_the_gpu_steps_dry_run_with_one_profile_per_suite_for_vllm_and_the_builtin_engine(tmp_path, data_dir):
+    """MISSION_DRY_RUN: every synthetic-tau step's plan and server commands as the GPU call will run them, on two
+    GPUs: DFlash only, at each suite's card tau, the same rates for vLLM and the builtin engine; the input-length
+    steps' long suites at one profile (one server); no bundle needed."""
+    proc = mission(tmp_path, data_dir, "--gpu", "h200", "--tp", "2", "--suites", "gsm8k,mt-bench", "vllm-tau",
+                   "builtin-tau", "vllm-long", "builtin-long", data=LONG, MISSION_DRY_RUN="1")
+    log = (tmp_path / "out" / "mission.log").read_text()
+    assert proc.returncode == 0 and "Traceback" not in log and "error:" not in log, log
+    for step in ("vllm-tau", "builtin-tau", "vllm-long", "builtin-long"):
+        assert f"== {step}: exit 0" in log, log
+    tau, _, long = log.partition("== vllm-long:")
+    assert "-ar-" not in tau and "--modes dflash --synthetic-acceptance card" in tau
+    vllm = [ln for ln in tau.splitlines() if ln.startswith("vllm serve") and "--speculative-config" in ln]
+    builtin = [ln for ln in tau.splitlines() if ln.startswith("dflash-bench serve") and "--mode dflash" in ln]
+    assert len(vllm) == len(builtin) == 2  # a server per suite: gsm8k, mt-bench
+    for a, b in zip(vllm, builtin):
+        assert _rates(a, "--speculative-config") == _rates(b, "--synthetic-acceptance-rates")
+        assert "--tensor-parallel-size 2" in a and "--tensor-parallel-size 2" in b
+    assert "synthetic τ 7.53, drawn (card gsm8k)" in tau and "synthetic τ 4.23, drawn (card mt-bench)" in tau
+    assert all(f"-{s}-c{c}" in long for s in ("long-128", "long-1k", "long-4k") for c in (1, 8))
+    assert long.count("(card mean of math500, gsm8k, humaneval, mbpp, mt-bench)") == 2  # one server, each engine
+
+
+def test_the_synthetic_steps_run_through_the_emulator(tmp_path, data_dir):
+    """emulator-tau and emulator-long: the tau steps' sweeps end to end on the CPU; each DFlash cell records the
+    profile its server drew."""
+    proc = mission(tmp_path, data_dir, "--suites", "gsm8k,mt-bench", "-c", "1,2", "-n", "2", "--max-tokens", "32",
+                   "--input-len", "128,1k", "--long-c", "1", "--long-tokens", "16", "emulator-tau", "emulator-long",
+                   data=LONG)
+    log = (tmp_path / "out" / "mission.log").read_text()
+    assert proc.returncode == 0 and "== emulator-tau: exit 0" in log and "== emulator-long: exit 0" in log, log
+    sweeps = tmp_path / "out" / "sweeps"
+    (tau,) = (sweeps / "emulator-tau-gemma-4-31B-it-h100-tp1").iterdir()
+    plan = json.loads((tau / "manifest.json").read_text())["plan"]
+    assert [c["mode"] for c in plan] == ["dflash"] * 4 and all(c["status"] == "complete" for c in plan)
+    for c in plan:
+        summary = json.loads((tau / "cells" / c["cell_id"] / "summary.json").read_text())
+        assert summary["synthetic_source"] == f"card {c['suite']}" and summary["synthetic_rates"] == c["synthetic"]["rates"]
+    (long,) = (sweeps / "emulator-long-gemma-4-31B-it-h100-tp1").iterdir()
+    plan = json.loads((long / "manifest.json").read_text())["plan"]
+    assert {(c["mode"], c["suite"]) for c in plan} == {(m, s) for m in ("ar", "dflash")
+                                                       for s in ("gsm8k", "long-128", "long-1k")}
+    assert all(c["status"] == "complete" for c in plan)
+    assert (tmp_path / "out" / "sweeps.tar.gz").stat().st_size > 0

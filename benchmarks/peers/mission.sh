@@ -4,7 +4,8 @@
 # one call of the device tool at a time (10 minutes, 64 MiB carried).
 #
 #   bash benchmarks/peers/mission.sh [--pair P] [--gpu h100|h200] [--tp N] [--seconds S] [--suites A,B] [-n N]
-#        [-c 1,8,32] [--synthetic-acceptance TAU|card] [--modes ar,dflash[,eagle3]] STEP...
+#        [--waves W] [-c 1,8,32] [--max-tokens N] [--synthetic-acceptance TAU|card] [--modes ar,dflash[,eagle3]]
+#        [--input-len 128,1k,4k] [--long-c 1,8] [--long-tokens N] STEP...
 #
 # STEP, run in the order given, each in a shell of its own (one engine's bundle at a time), until S seconds
 # (default 570) have passed since the start; a step that cannot finish in the time left is cut (SIGTERM: the
@@ -14,26 +15,38 @@
 #                 and 8, 128 new tokens, measured by `dflash-bench run` and `vllm bench serve`
 #   vllm          dflash-bench sweep --engine vllm    (.vllm-bundle)      } AR and DFlash, --suites (gsm8k,mt-bench),
 #   sglang        dflash-bench sweep --engine sglang  (.sglang-bundle)    } -c (1,8,32), -n prompts a cell (8, raised
-#   builtin       dflash-bench sweep --engine builtin (either bundle)     } to the concurrency), 128 new tokens
-#   builtin-tau   the same, its DFlash server at synthetic acceptance tau 6.5 (serve --synthetic-acceptance 6.5
-#                 --benchmark-only; the AR server stays plain): every DFlash cell records it, the report labels it
-#   emulator      the same sweep through the emulator (no GPU, no bundle needed): the CPU rehearsal of the whole
-#                 path (shape, sweep, deadline, saving, resuming), and the report's test folders
+#   builtin       dflash-bench sweep --engine builtin (either bundle)     } to the concurrency; with --waves W, W x the
+#                 concurrency and at least -n), --max-tokens new tokens (128); DFlash with the shape's random drafter
+#   vllm-tau      DFlash only, at synthetic acceptance --synthetic-acceptance (default card: each suite's tau from
+#   builtin-tau   the model card, the card's mean for a suite it has no row for): one profile for both engines,
+#                 a server per suite's profile; their AR cells are the vllm and builtin steps'. SGLang has none.
+#   vllm-long     the input-length axis: AR and DFlash at the same acceptance over gsm8k and prompts of about
+#   builtin-long  --input-len tokens of real text (128,1k,4k: the long-<N> suites), -c --long-c (1,8), --long-tokens
+#                 new tokens (512)
+#   emulator      the same sweeps through the emulator (no GPU, no bundle needed): the CPU rehearsal of the whole
+#   emulator-tau  path (shape, sweep, profiles, deadline, saving, resuming), and the report's test folders
+#   emulator-long
 #
 # --tp N: GPUs per server (tensor parallel: vLLM, SGLang, and the builtin engine's fast path, `serve --fast
 # --tensor-parallel-size`). --synthetic-acceptance and --modes go to the vllm and emulator steps' sweeps as they
 # are (their DFlash and EAGLE-3 servers draw the acceptance, EAGLE-3's with the head big_shape writes for the pair;
-# SGLang's servers speculate with the shape's random drafter, tau about 1). Everything is written under $OUT: each step's sweep folder
+# SGLang's servers speculate with the shape's random drafter, tau about 1); the -tau and -long steps take only
+# --synthetic-acceptance. Everything is written under $OUT: each step's sweep folder
 # (OUT/sweeps/NAME-PAIR-GPU-tpN/<sweep>/, kept on the machine too and resumed by a later call of the same step),
-# two_clients' results file, the server logs and this command's console (OUT/mission.log). A step whose bundle is not on this machine (neither
-# carried nor left by an earlier call) is skipped in one sentence. Shape folders are written once into
-# $MISSION_WORK (default /tmp/mission), kept for later calls on a warm machine.
+# all of them as OUT/sweeps.tar.gz, two_clients' results file, the server logs and this command's console
+# (OUT/mission.log). On a fresh machine an earlier call's sweeps resume from a carried .mission/sweeps.tar.gz (that
+# OUT/sweeps.tar.gz). A step whose bundle is not on this machine (neither carried nor left by an earlier call) is
+# skipped in one sentence. Shape folders are written once into $MISSION_WORK (default /tmp/mission), kept for later
+# calls on a warm machine.
 #
 # CPU rehearsal of every step's plan (no server starts): MISSION_DRY_RUN=1 OUT=/tmp/o bash benchmarks/peers/mission.sh ...
+# (MISSION_PORT=N: the servers listen on port N instead of their engine's default, on a machine where that is taken)
 set -uo pipefail
 set -m  # each step runs in a process group of its own, which the deadline can stop whole
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
-gpu=h100 tp=1 seconds=570 suites=gsm8k,mt-bench prompts=8 conc=1,8,32 steps=() pair=gemma-4-31B-it tau="" modes=""
+STEPS="vllm-pair vllm vllm-tau vllm-long sglang builtin builtin-tau builtin-long emulator emulator-tau emulator-long"
+gpu=h100 tp=1 seconds=570 suites=gsm8k,mt-bench prompts=8 waves="" conc=1,8,32 tokens=128 steps=() pair=gemma-4-31B-it
+tau="" modes="" input_len=128,1k,4k long_conc=1,8 long_tokens=512
 while [ $# -gt 0 ]; do
   case $1 in
     --pair) pair=$2; shift 2 ;;
@@ -44,13 +57,19 @@ while [ $# -gt 0 ]; do
     --seconds) seconds=$2; shift 2 ;;
     --suites) suites=$2; shift 2 ;;
     -n) prompts=$2; shift 2 ;;
+    --waves) waves=$2; shift 2 ;;
     -c) conc=$2; shift 2 ;;
-    vllm-pair|vllm|sglang|builtin|builtin-tau|emulator) steps+=("$1"); shift ;;
-    *) echo "mission.sh: unknown argument '$1' (steps: vllm-pair vllm sglang builtin builtin-tau emulator)" >&2; exit 2 ;;
+    --max-tokens) tokens=$2; shift 2 ;;
+    --input-len) input_len=$2; shift 2 ;;
+    --long-c) long_conc=$2; shift 2 ;;
+    --long-tokens) long_tokens=$2; shift 2 ;;
+    -*) echo "mission.sh: unknown option '$1'" >&2; exit 2 ;;
+    *) case " $STEPS " in *" $1 "*) steps+=("$1"); shift ;;
+         *) echo "mission.sh: unknown argument '$1' (steps: $STEPS)" >&2; exit 2 ;; esac ;;
   esac
 done
 case $gpu in h100|h200) ;; *) echo "mission.sh: --gpu takes h100 or h200, not '$gpu'" >&2; exit 2 ;; esac
-[ ${#steps[@]} -gt 0 ] || { echo "mission.sh: name at least one step (vllm-pair vllm sglang builtin builtin-tau emulator)" >&2; exit 2; }
+[ ${#steps[@]} -gt 0 ] || { echo "mission.sh: name at least one step ($STEPS)" >&2; exit 2; }
 [ -n "${OUT:-}" ] || { echo "mission.sh: set OUT to the folder that receives the results" >&2; exit 2; }
 shapes=$(python3 -c "from dflash_bench.model_shapes import SHAPES; print(' '.join(SHAPES))" 2>/dev/null)
 case " $shapes " in *" $pair "*) ;; *) echo "mission.sh: no recorded shape for --pair '$pair': use one of $shapes" >&2; exit 2 ;; esac
@@ -72,6 +91,10 @@ base_path=$PYTHONPATH
 [ -d "$data" ] || { echo "mission.sh: no prompt sets at $data: carry .data (a copy of shared/datasets)" >&2; exit 2; }
 echo "mission.sh: steps ${steps[*]} of $pair on --gpu $gpu --tp $tp, until $(date -u -d "@$deadline" +%H:%M:%S) UTC ($seconds s)"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /'
+if [ -f .mission/sweeps.tar.gz ]; then  # an earlier call's OUT/sweeps.tar.gz, carried to a fresh machine: resumed
+  mkdir -p "$work" && tar -xzf .mission/sweeps.tar.gz -C "$work" --skip-old-files \
+    && echo "mission.sh: the sweeps of .mission/sweeps.tar.gz are resumed where this machine has none of its own"
+fi
 
 shape() { # shape hf|sglang: the pair's folders in $work, written once (configs and a trained tokenizer)
   local target=$work/$pair; [ "$1" = sglang ] && target=$work/sglang/$pair
@@ -126,9 +149,11 @@ sweep() { # sweep NAME ENGINE TARGET [extra sweep args...]: one sweep folder in 
   local dir=$work/sweeps/$name-$pair-$gpu-tp$tp
   mkdir -p "$dir"
   local cmd=(python3 -m dflash_bench sweep --model "$target" --drafter "$work/$pair-DFlash" --engine "$engine"
-             --runner process --gpu "$gpu" --suites "$suites" -c "$conc" -n "$prompts" --max-tokens 128
+             --runner process --gpu "$gpu" --suites "$suites" -c "$conc" -n "$prompts" --max-tokens "$tokens"
              --data-dir "$data" --out "$dir" "$@")
+  [ -z "$waves" ] || cmd+=(--waves "$waves")
   [ "$engine" = emulator ] || cmd+=(--tensor-parallel-size "$tp")
+  [ -z "${MISSION_PORT:-}" ] || cmd+=(--port "$MISSION_PORT")  # the servers' port (default: each engine's own)
   local last
   last=$(find "$dir" -mindepth 2 -maxdepth 2 -name manifest.json -printf '%h\n' 2>/dev/null | sort | tail -1)
   [ -n "$last" ] && cmd+=(--resume "$last")
@@ -148,6 +173,18 @@ save() { # every sweep folder of this machine into $OUT/sweeps, and as one $OUT/
   return 0
 }
 
+variant() { # variant STEP ENGINE TARGET [args...]: the step's sweep; *-tau: DFlash only at --synthetic-acceptance
+  # (card by default; its AR cells are the plain step's), *-long: AR and DFlash at it over the input lengths; a plain
+  # step takes --synthetic-acceptance and --modes as given (spec)
+  local name=$1; shift
+  case $name in
+    *-tau) sweep "$name" "$@" --modes dflash --synthetic-acceptance "${tau:-card}" ;;
+    *-long) local suites=gsm8k conc=$long_conc tokens=$long_tokens
+            sweep "$name" "$@" --input-len "$input_len" --synthetic-acceptance "${tau:-card}" ;;
+    *) sweep "$name" "$@" "${spec[@]}" ;;
+  esac
+}
+
 step() { # the body of one step, in a subshell
   case $1 in
     vllm-pair)
@@ -160,25 +197,24 @@ step() { # the body of one step, in a subshell
       [ -n "$dry" ] && return 0
       shape hf && "${cmd[@]}"
       cp -r "$work/logs" "$OUT/logs/two_clients" 2>/dev/null ;;
-    vllm)
+    vllm|vllm-tau|vllm-long)
       bundle .vllm-bundle || return 0
       # Gemma 4 needs vLLM's triton attention for its 512-wide full-attention heads; the others keep the default
       local attention=()
       case $pair in gemma-4-*) attention=(--engine-arg=--attention-backend=triton_attn) ;; esac
-      shape hf && sweep vllm vllm "$work/$pair" --engine-arg=--load-format=dummy "${attention[@]}" \
-        --engine-arg=--max-num-batched-tokens=8192 --engine-arg=--seed=0 "${spec[@]}" ;;
+      shape hf && variant "$1" vllm "$work/$pair" --engine-arg=--load-format=dummy "${attention[@]}" \
+        --engine-arg=--max-num-batched-tokens=8192 --engine-arg=--seed=0 ;;
     sglang)
       bundle .sglang-bundle || return 0
       shape sglang && sweep sglang sglang "$work/sglang/$pair" --engine-arg=--load-format=dummy \
         --engine-arg=--attention-backend=triton --engine-arg=--sampling-backend=pytorch --engine-arg=--random-seed=0 ;;
-    emulator)
-      harness_env && shape hf && sweep emulator emulator "$work/$pair" "${spec[@]}" ;;
-    builtin|builtin-tau)
+    emulator|emulator-tau|emulator-long)
+      harness_env && shape hf && variant "$1" emulator "$work/$pair" ;;
+    builtin|builtin-tau|builtin-long)
       harness_env || return 0
-      local tau_args=()
-      [ "$1" = builtin-tau ] && tau_args=(--engine-arg=--synthetic-acceptance=6.5 --engine-arg=--benchmark-only)
-      shape hf && sweep "$1" builtin "$work/$pair" --engine-arg=--fast --engine-arg=--load-format=dummy \
-        "${tau_args[@]}" ;;
+      local args=(--engine-arg=--fast --engine-arg=--load-format=dummy)
+      [ "$1" = builtin ] && spec=()  # the plain builtin step: DFlash with the random drafter, as before
+      shape hf && variant "$1" builtin "$work/$pair" "${args[@]}" ;;
   esac
 }
 
