@@ -115,6 +115,19 @@ def test_the_gpu_steps_dry_run_with_one_profile_per_suite_for_vllm_and_the_built
     assert long.count("(card mean of math500, gsm8k, humaneval, mbpp, mt-bench)") == 2  # one server, each engine
 
 
+def test_the_plain_steps_take_modes_the_builtin_engine_without_eagle3(tmp_path, data_dir):
+    """--modes ar: the plain vllm and builtin steps plan AR cells only (the -tau steps' DFlash cells are read against
+    them); eagle3 reaches vLLM's sweep, not the builtin engine's, which has no EAGLE-3."""
+    proc = mission(tmp_path, data_dir, "--gpu", "h200", "--suites", "gsm8k", "--modes", "ar,eagle3", "vllm", "builtin",
+                   MISSION_DRY_RUN="1")
+    log = (tmp_path / "out" / "mission.log").read_text()
+    assert proc.returncode == 0 and "Traceback" not in log, log
+    vllm, _, builtin = log.partition("== builtin:")
+    assert "--modes ar,eagle3" in vllm and "vllm-eagle3-gsm8k-c1" in vllm and "vllm-dflash-" not in vllm
+    sweep = next(line for line in builtin.splitlines() if line.startswith("+ ") and " sweep " in line)
+    assert "--modes ar --" in sweep and "builtin-ar-gsm8k-c32" in builtin and "builtin-dflash-" not in builtin
+
+
 def test_the_synthetic_steps_run_through_the_emulator(tmp_path, data_dir):
     """emulator-tau and emulator-long: the tau steps' sweeps end to end on the CPU; each DFlash cell records the
     profile its server drew."""

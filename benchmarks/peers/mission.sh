@@ -30,7 +30,9 @@
 # --tp N: GPUs per server (tensor parallel: vLLM, SGLang, and the builtin engine's fast path, `serve --fast
 # --tensor-parallel-size`). --synthetic-acceptance and --modes go to the vllm and emulator steps' sweeps as they
 # are (their DFlash and EAGLE-3 servers draw the acceptance, EAGLE-3's with the head big_shape writes for the pair;
-# SGLang's servers speculate with the shape's random drafter, tau about 1); the -tau and -long steps take only
+# SGLang's servers speculate with the shape's random drafter, tau about 1); --modes goes to the builtin step's too,
+# less eagle3 (`--modes ar vllm builtin`: the AR cells the -tau steps' DFlash cells are read against); the -tau and
+# -long steps take only
 # --synthetic-acceptance. Everything is written under $OUT: each step's sweep folder
 # (OUT/sweeps/NAME-PAIR-GPU-tpN/<sweep>/, kept on the machine too and resumed by a later call of the same step),
 # all of them as OUT/sweeps.tar.gz, two_clients' results file, the server logs and this command's console
@@ -213,7 +215,10 @@ step() { # the body of one step, in a subshell
     builtin|builtin-tau|builtin-long)
       harness_env || return 0
       local args=(--engine-arg=--fast --engine-arg=--load-format=dummy)
-      [ "$1" = builtin ] && spec=()  # the plain builtin step: DFlash with the random drafter, as before
+      if [ "$1" = builtin ]; then  # the plain builtin step: DFlash with the random drafter; --modes as given but eagle3
+        local m=",$modes,"; m=${m//,eagle3,/,}; m=${m#,}; m=${m%,}
+        spec=(); [ -z "$m" ] || spec=(--modes "$m")
+      fi
       shape hf && variant "$1" builtin "$work/$pair" "${args[@]}" ;;
   esac
 }
