@@ -218,6 +218,29 @@ def test_serve_profile_summarises_py_spy_output(tmp_path):
     assert got["dflash-engine"]["inclusive"][0] == ("step (a.py)", 8) and got["dflash-engine"]["self"][0] == ("matmul (b.py)", 6)
 
 
+def test_serve_profile_sorts_samples_into_the_parts_of_the_serving_path(tmp_path):
+    from benchmarks.speed.serve_profile import PARTS, parts
+
+    engine = "thread (1): dflash-engine;EngineLoop._run (dflash_bench/engine/serving/loop.py:9)"
+    loop = "thread (2): MainThread;BaseEventLoop._run_once (asyncio/base_events.py:1)"
+    raw = tmp_path / "x.raw"
+    raw.write_text(
+        f"{engine};EngineLoop._step (dflash_bench/engine/serving/loop.py:3);Bookkeeping.commit "
+        "(dflash_bench/engine/bookkeeping.py:4);Detokenizer.add (dflash_bench/engine/detok.py:5) 7\n"
+        f"{engine};EngineLoop._admit (dflash_bench/engine/serving/loop.py:3);FastRunner.prefill "
+        "(dflash_bench/engine/fast/running/runner.py:2) 3\n"
+        f"{loop};StreamingResponse.stream_response (starlette/responses.py:2);build_app.<locals>._stream "
+        "(dflash_bench/engine/serving/api_server.py:3);Reply.chunk (dflash_bench/openai_format.py:2) 5\n"
+        f"{loop};StreamingResponse.stream_response (starlette/responses.py:2);RequestResponseCycle.send "
+        "(uvicorn/protocols/http/h11_impl.py:4) 4\n"
+        f"{loop};build_app.<locals>.chat (dflash_bench/engine/serving/api_server.py:1);chat_prompt "
+        "(dflash_bench/engine/serving/api.py:2);render (jinja2/environment.py:3) 2\n")
+    got = parts(raw)
+    assert got == {"detokenize": 7, "admission (prefill)": 3, "SSE chunks": 5, "HTTP (ASGI, h11, socket)": 4,
+                   "request intake": 2}
+    assert set(got) <= set(PARTS)
+
+
 def test_harness_fidelity_compares_the_harness_with_the_emulators_truth():
     out = bench("harness.fidelity", "--concurrency", "1", "--modes", "ar,dflash")
     rows = [line.split() for line in out.splitlines()[1:]]

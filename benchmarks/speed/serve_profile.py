@@ -1,15 +1,27 @@
-"""Where a served run's host time goes: `serve --fast` under load, sampled by py-spy.
+"""Where a served run's host time goes as rows grow: `serve --fast` under load at each concurrency, sampled by
+py-spy, beside the same engine driven in process without the server.
 
-    python -m benchmarks.speed.serve_profile --py-spy PATH --data-dir DIR --out profile.json
+    python -m benchmarks.speed.serve_profile --py-spy PATH --data-dir DIR --out profile.json      # GPU
+    python -m benchmarks.speed.serve_profile --py-spy PATH --data-dir DIR --shape host --device cpu \\
+        --concurrency 32,64,128 --max-tokens 256 --in-process --out F                            # CPU, ~10 min
 
-Starts `dflash-bench serve --fast` (AR unless `--mode dflash`) for each `--model` (a model folder, or `shape`:
-the Qwen3-8B-shaped random pair benchmarks/fixtures/shapes.py writes), runs `dflash-bench run` against it (GSM8K,
-`--ignore-eos`), and meanwhile samples the server with `py-spy record --gil --nonblocking`: one sample per
-tick of whichever thread holds the GIL. So the samples say how busy the interpreter was (samples / ticks)
-and what held it: the engine thread (launching steps, bookkeeping, detokenizing) or the event loop (HTTP,
-SSE). Each model's result: tok/s, TPOT, the engine thread's phases from /metrics, GIL-held share per
-thread, and the top functions (inclusive and self) per thread. py-spy is a separate wheel
-(`pip download py-spy`), unpacked with `pip install --no-index --target DIR`.
+Starts one `dflash-bench serve --fast` (AR unless `--mode dflash`) per `--model` (a model folder) or `--shape`
+(a random pair of benchmarks/fixtures/shapes.py, written into `--work` once; `host`: a step a CPU runs in a few
+ms, so that the serving path's own cost shows), with a slot for each row of the highest concurrency, and at each
+concurrency runs `dflash-bench run` against it (GSM8K, `--ignore-eos`, closed loop) while `py-spy record --gil
+--nonblocking` samples the server: one sample per tick of whichever thread holds the GIL. So the samples say
+how long the interpreter was held, and by what: the engine thread (scheduling and launching steps, committing
+each row's tokens, detokenizing, handing results over) or the event loop (taking requests in, making SSE chunks,
+writing them). Random weights: the tokens are noise, as in the GPU runs of the same shapes (their ids mostly
+outside the small tokenizer's vocabulary).
+
+Each cell's result: tok/s, TPOT and TTFT p50 as the client measured them, decode steps and ms per step (the
+cell's wall time over the steps /metrics counted), tokens per SSE chunk, the engine thread's phases from
+/metrics, and per part of the serving path (`PARTS`) the microseconds the GIL was held per output token (AR: per
+row per step), as well as per thread the GIL-held share and top functions. With `--in-process`, the same model
+driven in process on the same prompts (closed_loop.py: the `EngineLoop`, no HTTP), after the server is gone: its
+tok/s and ms per step, the serving path's cost being the difference. py-spy is a separate wheel (`pip install
+--target DIR py-spy`: DIR/bin/py-spy).
 """
 
 from __future__ import annotations
@@ -25,13 +37,49 @@ import time
 from pathlib import Path
 
 from benchmarks.fixtures.engine_metrics import engine_counters
-from benchmarks.fixtures.shapes import ensure_shape_pair
+from benchmarks.fixtures.shapes import SHAPES, ensure_shape_pair
 
 from dflash_bench.errors import UserError
 from dflash_bench.launch import launch_command
 from dflash_bench.store import SweepDir
 
-PAIR = Path(__file__).resolve().parents[2] / "dflash_bench" / "assets" / "default_pair" / "target"
+ROOT = Path(__file__).resolve().parents[2]
+PAIR = ROOT / "dflash_bench" / "assets" / "default_pair" / "target"
+
+# The parts of the serving path, each a rule on a sample's stack: `whole` frames (any frame, root first) decide
+# first, then `leaf` frames (the innermost frame that matches any part's). A frame is "function (file)".
+WHOLE = (("admission (prefill)", ("EngineLoop._admit",)),
+         ("request intake", ("build_app.<locals>._serve", "build_app.<locals>.chat ", "build_app.<locals>.completions ",
+                             "build_app.<locals>.metrics ")))
+LEAF = (("detokenize", ("engine/detok.py", "transformers/", "tokenizers/")),
+        ("commit (bookkeeping)", ("engine/bookkeeping.py",)),
+        ("SSE chunks", ("serving/api.py", "openai_format.py", "_sse (", "_stream (", "orjson")),
+        ("hand-over", ("serving/loop.py", "Outbox", "Results.", "_deliver (", "asyncio/queues.py", "asyncio/locks.py")),
+        ("engine step (FastEngine.step)", ("engine/fast/engine.py",)),
+        ("schedule, launch, collect", ("engine/fast/", "torch/")),
+        ("HTTP (ASGI, h11, socket)", ("starlette/", "uvicorn/", "h11/", "httptools", "anyio/", "fastapi/",
+                                      "asyncio/selector_events.py", "asyncio/transports.py")))
+PARTS = [p for p, _ in WHOLE] + [p for p, _ in LEAF] + ["event loop, other", "engine thread, other"]
+
+
+def _frames(line: str) -> tuple[str, list[str], int] | None:
+    stack, _, n = line.rpartition(" ")
+    if not stack:
+        return None
+    frames = [re.sub(r":\d+\)$", ")", f) for f in stack.split(";")]
+    return re.sub(r"^thread \(\d+\): ", "", frames[0]), frames[1:], int(n)
+
+
+def part_of(thread: str, frames: list[str]) -> str:
+    """The part of the serving path a sample's stack (root first) was in (`PARTS`)."""
+    for part, marks in WHOLE:
+        if any(m in f for f in frames for m in marks):
+            return part
+    for f in reversed(frames):
+        for part, marks in LEAF:
+            if any(m in f for m in marks):
+                return part
+    return "engine thread, other" if thread == "dflash-engine" else "event loop, other"
 
 
 def summarise(raw: Path, ticks: float, top: int) -> dict:
@@ -40,26 +88,38 @@ def summarise(raw: Path, ticks: float, top: int) -> dict:
     self_time: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     held: collections.Counter = collections.Counter()
     for line in raw.read_text().splitlines():
-        stack, _, n = line.rpartition(" ")
-        if not stack:
+        got = _frames(line)
+        if got is None:
             continue
-        frames = [re.sub(r":\d+\)$", ")", f) for f in stack.split(";")]
-        thread = re.sub(r"^thread \(\d+\): ", "", frames[0])
-        held[thread] += int(n)
-        for f in set(frames[1:]):
-            per_thread[thread][f] += int(n)
-        self_time[thread][frames[-1]] += int(n)
+        thread, frames, n = got
+        held[thread] += n
+        for f in set(frames):
+            per_thread[thread][f] += n
+        if frames:
+            self_time[thread][frames[-1]] += n
     return {t: dict(gil_share=round(n / ticks, 3), samples=n,
                     inclusive=per_thread[t].most_common(top), self=self_time[t].most_common(top))
             for t, n in held.most_common()}
 
 
-def load_and_sample(args, server, tag: str, work: Path) -> tuple[dict, dict, float, Path]:
-    """A warm-up, then the measured run under py-spy; the engine's counters before and after it."""
-    load = [sys.executable, "-m", "dflash_bench", "run", "--url", server.url, "--suite", "gsm8k", "-c",
-            str(args.concurrency), "--max-tokens", str(args.max_tokens), "--ignore-eos", "--engine", "builtin",
-            "--data-dir", args.data_dir, "--out", str(work / "runs")] + args.run_arg
-    subprocess.run(load + ["-n", str(args.concurrency), "--name", f"{tag}-warm"], stdout=subprocess.DEVNULL)
+def parts(raw: Path) -> dict[str, int]:
+    """py-spy's raw output -> samples per part of the serving path (`PARTS`)."""
+    out: collections.Counter = collections.Counter()
+    for line in raw.read_text().splitlines():
+        got = _frames(line)
+        if got is not None:
+            out[part_of(got[0], got[1])] += got[2]
+    return {p: out[p] for p in PARTS if out[p]}
+
+
+def sample(args, server, c: int, tag: str, work: Path) -> dict:
+    """A warm-up, then the measured run at concurrency `c` under py-spy; what it says of the cell."""
+    def load(n: int, max_tokens: int, name: str) -> list[str]:
+        return [sys.executable, "-m", "dflash_bench", "run", "--url", server.url, "--suite", "gsm8k", "-c", str(c),
+                "-n", str(n), "--max-tokens", str(max_tokens), "--ignore-eos", "--engine", "builtin", "--label",
+                args.mode, "--data-dir", args.data_dir, "--out", str(work / "runs"), "--name", name] + args.run_arg
+
+    subprocess.run(load(c, 16, f"{tag}-warm"), stdout=subprocess.DEVNULL)
     before = engine_counters(server.url)
     raw = work / f"{tag}.raw"
     spy = subprocess.Popen([args.py_spy, "record", "-p", str(server.info.pid), "--gil", "--nonblocking", "--threads",
@@ -67,47 +127,90 @@ def load_and_sample(args, server, tag: str, work: Path) -> tuple[dict, dict, flo
                            stdout=subprocess.DEVNULL, stderr=(work / f"{tag}.py-spy.log").open("w"))
     time.sleep(1.0)
     t = time.monotonic()
-    subprocess.run(load + ["-n", str(args.prompts_per_slot * args.concurrency), "--name", tag],
-                   stdout=subprocess.DEVNULL)
+    run = subprocess.run(load(args.prompts_per_slot * c, args.max_tokens, tag), stdout=subprocess.DEVNULL)
     seconds = time.monotonic() - t + 1.0
     spy.send_signal(signal.SIGINT)
-    spy.wait(60)
+    spy.wait(120)
     after = engine_counters(server.url)
-    return after, before, seconds, raw
+    if run.returncode:
+        raise SystemExit(f"dflash-bench run exited {run.returncode} at concurrency {c} (its error is above)")
+    [s] = SweepDir.open(work / "runs" / tag).summaries()
+    steps = after.get("steps", 0.0) - before.get("steps", 0.0)
+    tokens = s.total_output_tokens
+    by_part = parts(raw) if raw.exists() else {}
+    us = lambda n: round(1e6 * n / args.rate / tokens, 2) if tokens else None  # noqa: E731
+    return dict(concurrency=c, requests=s.num_ok, failed=s.num_failed, tok_s=s.output_throughput,
+                tpot_ms_p50=(s.tpot_ms.p50 if s.tpot_ms else None), ttft_ms_p50=(s.ttft_ms.p50 if s.ttft_ms else None),
+                tokens_per_chunk=(s.tokens_per_chunk.mean if s.tokens_per_chunk else None), output_tokens=tokens,
+                decode_steps=int(steps), ms_per_step=round(1e3 * s.duration_s / steps, 3) if steps and s.duration_s else None,
+                engine_thread_s={k: round(after[k] - before.get(k, 0.0), 3) for k in ("prefill", "step", "emit")
+                                 if k in after},
+                gil_us_per_token={p: us(n) for p, n in by_part.items()},
+                gil_us_per_token_total=us(sum(by_part.values())), sampled_s=round(seconds, 2),
+                threads=summarise(raw, args.rate * seconds, args.top) if raw.exists() else {},
+                py_spy_log=(work / f"{tag}.py-spy.log").read_text()[-2000:])
 
 
-def profile(args, model: Path, draft: Path | None, tag: str, work: Path) -> dict:
+def served(args, model: Path, draft: Path | None, name: str, cs: list[int], work: Path) -> list[dict]:
+    """One server with a slot per row of the highest concurrency, each concurrency measured against it in turn."""
     cmd = [sys.executable, "-m", "dflash_bench", "serve", "--model", str(model), "--port", str(args.port), "--fast",
-           "--device", args.device, "--max-slots", str(args.concurrency), "--max-model-len", "1536",
-           "--served-model-name", tag, "--mode", args.mode] + (["--draft", str(draft)] if draft else [])
+           "--device", args.device, "--max-slots", str(max(cs)), "--max-model-len", str(args.max_model_len),
+           "--served-model-name", name, "--mode", args.mode] + (["--draft", str(draft)] if draft else [])
+    cells = []
     try:
-        with launch_command(cmd, port=args.port, log_path=work / f"serve-{tag}.log", ready_timeout=480,
-                            name=tag) as server:
-            after, before, seconds, raw = load_and_sample(args, server, tag, work)
+        with launch_command(cmd, port=args.port, log_path=work / f"serve-{name}.log", ready_timeout=900,
+                            name=name) as server:
+            for c in cs:
+                cells.append(sample(args, server, c, f"{name}-c{c}-{time.strftime('%H%M%S')}", work))
+                print_cell(name, cells[-1])
     except UserError as err:  # the server died or never answered: the sentence carries its log tail
         raise SystemExit(str(err)) from None
-    [s] = SweepDir.open(work / "runs" / tag).summaries()
-    root = str(PAIR.parents[3]) + "/"  # the results keep no path of the machine they ran on
-    out = dict(model=str(model).replace(root, ""), mode=args.mode, concurrency=args.concurrency, max_tokens=args.max_tokens,
-               tok_s=s.output_throughput, tpot_ms_p50=(s.tpot_ms.p50 if s.tpot_ms else None),
-               ttft_ms_p50=(s.ttft_ms.p50 if s.ttft_ms else None), wall_s=round(seconds, 2),
-               engine_thread_s={k: round(after[k] - before.get(k, 0.0), 3) for k in after if k not in ("groups", "steps")},
-               threads=summarise(raw, args.rate * seconds, args.top) if raw.exists() else {},
-               py_spy_log=(work / f"{tag}.py-spy.log").read_text()[-2000:])
+    return cells
+
+
+def in_process(args, model: Path, draft: Path | None, cs: list[int]) -> list[dict]:
+    """The same engine driven in process on the same suite (closed_loop.py), with no server running."""
+    from benchmarks.speed.closed_loop import closed_loop, suite_prompts
+
+    from dflash_bench.engine.build import build
+    from dflash_bench.engine.config import EngineConfig
+
+    engine = build(EngineConfig.from_options(
+        str(model), str(draft) if draft else None, mode=args.mode, device=args.device, max_slots=max(cs),
+        max_model_len=args.max_model_len, fast=True))
+    out = []
+    for c in cs:
+        prompts = suite_prompts(engine.tok, "gsm8k", args.prompts_per_slot * c, Path(args.data_dir))
+        closed_loop(engine, prompts[:c], c, 16)  # a warm-up, as the served cell has
+        r = closed_loop(engine, prompts, c, args.max_tokens)
+        r["ms_per_step"] = round(1e3 * r["wall_s"] / r["decode_steps"], 3) if r["decode_steps"] else None
+        print(f"  in process c={c}: {r['output_tok_s']:.1f} tok/s, {r['ms_per_step']} ms per step", flush=True)
+        out.append(r)
     return out
+
+
+def print_cell(name: str, r: dict) -> None:
+    print(f"{name} c={r['concurrency']}: {r['tok_s']:.1f} tok/s, TPOT p50 {r['tpot_ms_p50']:.2f} ms, "
+          f"{r['ms_per_step']} ms per step, {r['tokens_per_chunk']} tokens a chunk, engine thread "
+          f"{r['engine_thread_s']}; GIL-held us per token {r['gil_us_per_token_total']}: "
+          + ", ".join(f"{p} {v}" for p, v in r["gil_us_per_token"].items()), flush=True)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", action="append", help="a model folder, or 'shape' (default: shape and the "
-                    "embedded pair's target)")
+    ap.add_argument("--model", action="append", default=[], help="a model folder (its drafter: the folder beside "
+                    "it named drafter)")
+    ap.add_argument("--shape", action="append", default=[], choices=sorted(SHAPES), help="a random pair of this "
+                    "shape (default, with no --model: qwen3-8b and the embedded pair's target)")
     ap.add_argument("--mode", choices=["ar", "dflash"], default="ar")
     ap.add_argument("--py-spy", required=True, help="the py-spy binary")
     ap.add_argument("--data-dir", required=True)
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--concurrency", default="32", help="comma-separated, e.g. 32,64,128")
     ap.add_argument("--prompts-per-slot", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--max-model-len", type=int, default=1536)
+    ap.add_argument("--in-process", action="store_true", help="also drive the same engine in process (no server)")
     ap.add_argument("--rate", type=int, default=500, help="py-spy samples per second")
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--port", type=int, default=8795)
@@ -116,28 +219,36 @@ def main() -> None:
                     "--run-arg=--save-token-ids (token ids and logprobs in every chunk, as a sweep's lossless check asks)")
     ap.add_argument("--out")
     args = ap.parse_args()
+    try:
+        cs = [int(c) for c in args.concurrency.split(",") if c.strip()]
+    except ValueError:
+        raise SystemExit(f"--concurrency {args.concurrency!r}: give whole numbers, as in 32,64,128") from None
+    if not cs or min(cs) < 1:
+        raise SystemExit("--concurrency: give at least one concurrency of 1 or more")
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    results = {}
-    for m in args.model or ["shape", str(PAIR)]:
-        if m == "shape":
-            target, draft = ensure_shape_pair(work, args.device, "qwen3-8b")
-        else:
-            target = Path(m)
-            draft = target.parent / "drafter" if (target.parent / "drafter").exists() else None
-        tag = f"{'shape' if m == 'shape' else target.parent.name}-{args.mode}{'-'.join([''] + args.run_arg)}" \
-              f"-{time.strftime('%H%M%S')}"
-        r = profile(args, target, draft if args.mode == "dflash" else None, tag, work)
-        results[tag] = r
-        print(f"{tag}: {r['tok_s']:.1f} tok/s, TPOT p50 {r['tpot_ms_p50']:.2f} ms, engine thread {r['engine_thread_s']}",
-              flush=True)
-        for thread, t in r["threads"].items():
-            print(f"  {thread}: GIL held {100 * t['gil_share']:.1f}% of ticks", flush=True)
-            for f, n in t["self"][:12]:
-                print(f"    self {n:>6}  {f[:140]}", flush=True)
+    models: list[tuple[str, str, Path, Path | None]] = []  # (label, what the results call it, target, drafter)
+    for shape in args.shape or ([] if args.model else ["qwen3-8b"]):
+        target, draft = ensure_shape_pair(work, args.device, shape)
+        models.append((f"shape-{shape}", f"the random {shape}-shaped pair", target, draft))
+    for m in args.model or ([] if args.shape else [str(PAIR)]):
+        target = Path(m).resolve()
+        draft = target.parent / "drafter" if (target.parent / "drafter").exists() else None
+        shown = str(target.relative_to(ROOT)) if target.is_relative_to(ROOT) else target.name  # no path of this machine
+        models.append((target.parent.name, shown, target, draft))
+    res: dict = {"command": " ".join(["python -m benchmarks.speed.serve_profile"] + sys.argv[1:]),
+                 "parts": PARTS, "runs": {}}
+    for label, shown, target, draft in models:
+        draft = draft if args.mode == "dflash" else None
+        name = f"{label}-{args.mode}{'-'.join([''] + args.run_arg)}"
+        run = {"model": shown, "mode": args.mode, "max_tokens": args.max_tokens,
+               "served": served(args, target, draft, name, cs, work)}
+        if args.in_process:
+            run["in_process"] = in_process(args, target, draft, cs)
+        res["runs"][name] = run
         if args.out:
             tmp = Path(args.out + ".tmp")
-            tmp.write_text(json.dumps(results, indent=2))
+            tmp.write_text(json.dumps(res, indent=1))
             tmp.replace(args.out)
 
 
