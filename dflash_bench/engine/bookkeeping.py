@@ -130,11 +130,12 @@ class Bookkeeping:
         self.stats.prompt_tokens += len(s.prompt)
         return self.commit(s, [token], logits)
 
-    def stepped(self, s: Seq, tokens: list[int], logits: torch.Tensor, width: int | None = None,
+    def stepped(self, s: Seq, tokens: list[int], logits: torch.Tensor | None, width: int | None = None,
                 lps: Logprobs | None = None) -> Delta:
         """One verify step: `tokens` are the accepted drafts, then the bonus token (AR: the one token);
-        `width`: tokens the step verified for this row (default: the whole block); `lps`: the tokens' logprobs
-        when the caller computed them for the whole step (`step_logprobs`).
+        `logits`: their rows, needed only for logprobs the caller did not compute; `width`: tokens the step verified
+        for this row (default: the whole block); `lps`: the tokens' logprobs when the caller computed them for the
+        whole step (`step_logprobs`).
 
         Counted by metrics/definitions.py's tau: only draft positions inside the request (max_tokens) count as
         drafted, only committed tokens as accepted, and a step with no draft position left is no verify step."""

@@ -143,8 +143,8 @@ class FastEngine:
         want = [s for s in stepped if s.params.logprobs is not None]
         lps = dict(zip([s.slot for s in want], step_logprobs([(self.logits[s.slot], got[s.slot], s.params.logprobs or 0)
                                                              for s in want])))
-        return firsts + [self.book.stepped(s, got[s.slot], self.logits[s.slot, : len(got[s.slot])], core.width,
-                                           lps.get(s.slot)) for s in stepped]
+        # no logits row per request: the logprobs of those that want them are computed above, for the whole step
+        return firsts + [self.book.stepped(s, got[s.slot], None, core.width, lps.get(s.slot)) for s in stepped]
 
     def release(self, s: Seq) -> None:
         if s.slot >= 0:
