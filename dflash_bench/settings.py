@@ -150,8 +150,8 @@ class SweepSettings(BaseModel):
     )] = "docker"
     image: Annotated[str | None, Flag(  # None: the engine's pinned one
         "--image", help="Container image (overrides the engine's default).")] = None
-    port: Annotated[int | None, Flag(  # None: the engine's default
-        "--port", min=1, max=65535, help="Port of the launched servers (default: the engine's, 8000).")] = None
+    port: Annotated[int | None, Flag(  # None: a free port per server, taken at launch (sweep/launch.py)
+        "--port", min=1, max=65535, help="Port of the launched servers (default: a free port for each).")] = None
     engine_args: Annotated[list[str], Flag(
         "--engine-arg", text=list[str], help="Extra server argument, passed through (repeatable).",
     )] = Field(default_factory=list)

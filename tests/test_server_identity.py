@@ -4,18 +4,23 @@ mid-cell. And the watchdog: a server that dies is relaunched once, a second deat
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 import httpx
 import pytest
 
 from benchmarks.fixtures.tampering import foreign_emulator as emulator
+from dflash_bench import profiles
 from dflash_bench.errors import UserError
 from dflash_bench.launch import free_port, launch_command
 
@@ -59,6 +64,45 @@ def test_a_foreign_server_on_the_port_is_refused_in_one_sentence(tmp_path, data_
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
     assert f"port {port} is already in use by pid {foreign.pid}" in lines[0] and "--port" in lines[0]
     assert not folders(tmp_path / "out")  # nothing measured, no folder
+
+
+@contextlib.contextmanager
+def held(port: int) -> Iterator[None]:
+    """`port` taken by a listening socket of this process for the block (or already taken by someone else)."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        with contextlib.suppress(OSError):  # in use already: it is held, which is what the block needs
+            sock.bind(("127.0.0.1", port))
+            sock.listen()
+        yield
+    finally:
+        sock.close()
+
+
+def test_a_sweep_without_port_listens_on_free_ports_when_the_engines_default_is_taken(tmp_path, data_dir):
+    """A user's sweep does not fail because another program holds the engine's default port: with no --port each
+    launched server takes a free one."""
+    default = profiles.get("emulator").default_port
+    argv = sweep_argv(tmp_path / "out", data_dir, 0)
+    del argv[argv.index("--port"):argv.index("--port") + 2]
+    with held(default):
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (folder,) = folders(tmp_path / "out")
+    ports = {name: server["port"] for name, server in manifest(folder)["servers"].items()}
+    assert set(ports) == {"emulator-ar", "emulator-dflash"} and default not in ports.values(), ports
+    assert {s["status"] for s in summaries(folder).values()} == {"complete"}
+
+
+def test_a_resume_with_nothing_left_to_measure_needs_no_free_port(tmp_path, data_dir):
+    """A finished sweep resumed launches nothing, so the port it saved may be taken meanwhile."""
+    folder = Path(shutil.copytree(Path(__file__).parent / "data" / "sweep_steady_flat", tmp_path / "s"))
+    with held(manifest(folder)["settings"]["port"]):
+        proc = subprocess.run([*PY, "sweep", "--resume", str(folder), "--data-dir", str(data_dir)],
+                              capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert all(c["status"] == "complete" for c in manifest(folder)["plan"])
 
 
 def test_a_launch_refuses_a_server_that_answers_in_place_of_the_one_started(tmp_path):

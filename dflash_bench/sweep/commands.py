@@ -73,7 +73,6 @@ def demo_command(*, out: Path, data_dir: Path | None, max_tokens: int, num_promp
     minute (a 2-core box: the same AR cell 172-193 tok/s, then 246-265 a minute later); interleaved at
     concurrency 1, since it also moves within seconds (client/interleave.py; the spread left:
     benchmarks/results/demo_cpu_repeats.json)."""
-    from dflash_bench.launch import free_port
     from dflash_bench.report import build_report
     from dflash_bench.sweep.run import run_sweep
 
@@ -83,7 +82,7 @@ def demo_command(*, out: Path, data_dir: Path | None, max_tokens: int, num_promp
     # the options are checked (the sweep's own checks, over every suite) before any prompt set loads
     settings = check_plan(dict(model=str(target), engines=["builtin"], suites=[s.name for s in list_suites()],
                                concurrency=DEMO_CONCURRENCY if concurrency is None else concurrency,
-                               num_prompts=num_prompts, max_tokens=max_tokens, runner="process", port=free_port(),
+                               num_prompts=num_prompts, max_tokens=max_tokens, runner="process",
                                engine_args=DEMO_ENGINE_ARGS, engine_options={"drafter": str(drafter)},
                                save_token_ids=True, paired=True, interleave=True, repeats=repeats), data_dir=data_dir)
     console = new_console(stderr=True)

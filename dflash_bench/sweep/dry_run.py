@@ -26,6 +26,9 @@ def print_plan(settings: SweepSettings) -> None:
         typer.echo(f"context limit {settings.context_len} tokens (the plan's longest conversation plus the block, "
                    f"rounded up), sized for {settings.gpu}")
     typer.echo(weights_line(pair))
+    if not settings.url_ar and settings.port is None:
+        typer.echo("ports: each server takes a free port at launch (the commands show the engine's default; --port "
+                   "fixes one)")
     if settings.paired:
         typer.echo("paired: each engine's AR and DFlash servers run together (DFlash on a free port)")
     if settings.interleave:

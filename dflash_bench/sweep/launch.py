@@ -14,6 +14,7 @@ from functools import partial
 from typing import Callable, Iterator
 
 from dflash_bench.errors import UserError
+from dflash_bench.launch.common import free_port
 from dflash_bench.launch.identity import IdentityChanged, changed, expect, verify_external
 from dflash_bench.launch.watchdog import Relaunching
 from dflash_bench.store import CellPlan, Manifest, ServerRecord
@@ -90,7 +91,9 @@ class Servers:
 
 @contextlib.contextmanager
 def servers_up(ctx: SweepContext, group: list[Launch]) -> Iterator[Servers]:
-    """The group's servers, started in order (paired, the DFlash server on a free port), and always torn down.
+    """The group's servers, started in order, and always torn down. Each listens on a free port unless --port names
+    one (paired, the group's first server's: those beside it take free ones), so that a sweep never fails because
+    another program holds an engine's default port.
 
     A UserError as the servers go down fails what is left of the group's cells."""
     mine = {id(c) for launch in group for c in launch.cells}
@@ -100,12 +103,8 @@ def servers_up(ctx: SweepContext, group: list[Launch]) -> Iterator[Servers]:
         with contextlib.ExitStack() as stack:
             up: dict[str, Server] = {}
             slots: dict[str, Relaunching[Server]] = {}
-            for launch in group:
-                port = ctx.settings.port
-                if len(group) > 1 and launch.mode == "dflash":
-                    from dflash_bench.launch import free_port
-
-                    port = free_port()
+            for i, launch in enumerate(group):
+                port = ctx.settings.port if ctx.settings.port and i == 0 else free_port()
                 try:
                     refused(ctx, launch)
                     slots[launch.mode] = slot = Relaunching(partial(_server, ctx, launch, port))
@@ -135,9 +134,8 @@ def servers_up(ctx: SweepContext, group: list[Launch]) -> Iterator[Servers]:
 
 
 @contextlib.contextmanager
-def _server(ctx: SweepContext, launch: Launch, port: int | None) -> Iterator[Server]:
-    """A running server for this launch: launched by us on `port` (None: the engine's default), or the user's
-    own URL."""
+def _server(ctx: SweepContext, launch: Launch, port: int) -> Iterator[Server]:
+    """A running server for this launch: launched by us on `port`, or the user's own URL."""
     settings = ctx.settings
     if settings.url_ar:
         url = (settings.url_ar if launch.mode == "ar" else settings.url_dflash) or ""  # plan: both or neither

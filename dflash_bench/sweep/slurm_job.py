@@ -40,7 +40,7 @@ class JobSweepDir(SweepDir):
 
 def run_job(folder: Path, key: str) -> int:
     """Measure this job's cells not yet complete; the local sweep's exit code (0, 1 some failed, 130 stopped)."""
-    from dflash_bench.launch import free_port, sigterm_unwinds
+    from dflash_bench.launch import sigterm_unwinds
     from dflash_bench.sweep import folder as sweep_folder
     from dflash_bench.sweep import run
     from dflash_bench.sweep.context import SweepContext, SweepResult, stops_recorded
@@ -51,10 +51,11 @@ def run_job(folder: Path, key: str) -> int:
     folder = Path(folder).resolve()
     job = slurm.read_job(folder, key)
     shared = SweepDir.open(folder)
-    # jobs that share a node must not share a port: each takes a free one (port is a resume-free setting)
+    # jobs that share a node must not share a port, even one --port gave: each server takes a free one at launch
+    # (sweep/launch.py; port is a resume-free setting)
     if job.settings is None:
         raise UserError(f"{slurm.job_file(folder, key)} holds no sweep settings: it is a --dry-run's job, not one to run")
-    settings = job.settings.model_copy(update={"port": free_port()})
+    settings = job.settings.model_copy(update={"port": None})
     manifest = shared.read_manifest()
     mine = set(job.cells)
     manifest.plan = [c for c in manifest.plan if c.cell_id in mine]

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dflash_bench.store import SweepSettings
+from dflash_bench.store import CellPlan, SweepSettings
 from dflash_bench.store.lock import WriterLock
 from dflash_bench.sweep.context import SweepContext, SweepResult
 from dflash_bench.sweep.folder import open_sweep, stop_leftovers
-from dflash_bench.sweep.plan import resolve_pair
+from dflash_bench.sweep.plan import launches, resolve_pair
 from dflash_bench.sweep.progress import SweepProgress
 from dflash_bench.sweep.prompts import prompt_loader
 from dflash_bench.sweep.telemetry import start_telemetry
@@ -23,14 +23,14 @@ def start_sweep(settings: SweepSettings, *, out: Path, resume: Path | None, data
     pair = resolve_pair(settings)
     early = prompt_loader(settings, data_dir) if resume is None else None  # a missing dataset: before any folder
     if resume is None:
-        ports_free(settings)
+        ports_free(settings, [])
     # a mismatched resume is refused before any dataset is touched; the folder's lock, taken here, is
     # held until everything is written
     sweep, manifest, lock = open_sweep(settings, out, resume, pair, argv)
     try:
         if resume is not None:
             stop_leftovers(manifest.sweep_id)  # only now: the lock says no other run of this sweep is alive
-            ports_free(settings)
+            ports_free(settings, manifest.plan)
         prompts = early or prompt_loader(settings, data_dir)
         progress = SweepProgress(manifest, quiet=quiet)
         telemetry = start_telemetry(manifest, progress, settings, pair)
@@ -41,13 +41,13 @@ def start_sweep(settings: SweepSettings, *, out: Path, resume: Path | None, data
                         telemetry=telemetry), lock
 
 
-def ports_free(settings: SweepSettings) -> None:
-    """A port another process listens on is refused in one sentence before anything is measured (each launch
-    checks again, and checks that the server answering is the one it started: launch/identity.py)."""
-    if settings.url_ar:
+def ports_free(settings: SweepSettings, plan: list[CellPlan]) -> None:
+    """The --port given, when another process listens on it, is refused in one sentence before anything is measured
+    (each launch checks again, and checks that the server answering is the one it started: launch/identity.py).
+    Without --port each server takes a free port at launch (sweep/launch.py); a resume with nothing left to
+    measure (`plan`: the resumed one; [] for a new sweep) launches nothing and needs no port."""
+    if settings.url_ar or settings.port is None or (plan and not launches(plan)):
         return
-    from dflash_bench import profiles
     from dflash_bench.launch.identity import check_port_free
 
-    for port in sorted({settings.port or profiles.get(e).default_port for e in settings.engines}):
-        check_port_free(port)
+    check_port_free(settings.port)
