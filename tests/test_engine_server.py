@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import threading
@@ -15,17 +14,12 @@ import pytest
 
 pytest.importorskip("transformers")
 
+from dflash_bench.launch import free_port  # noqa: E402
 from dflash_bench.testing.tiny import PREDICTED_TOKEN, make_tiny_pair  # noqa: E402
 from launch_helpers import stop_harness  # noqa: E402
 
 pytestmark = pytest.mark.engine
 B = 4
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_ready(url: str, proc=None, timeout: float = 90.0) -> None:

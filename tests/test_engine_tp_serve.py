@@ -17,7 +17,8 @@ httpx = pytest.importorskip("httpx")
 
 from dflash_bench.testing.tiny import make_tiny_pair  # noqa: E402
 from launch_helpers import group_alive, pid_alive, wait_until  # noqa: E402
-from test_engine_server import free_port, wait_ready  # noqa: E402
+from dflash_bench.launch import free_port  # noqa: E402
+from test_engine_server import wait_ready  # noqa: E402
 
 pytestmark = pytest.mark.engine
 

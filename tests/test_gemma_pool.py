@@ -70,7 +70,7 @@ def test_a_gemma_slots_bytes_are_what_the_engine_allocates(pair, dflash: bool):
 
 
 def serve(*args: str, target: Path, drafter: Path) -> subprocess.Popen:
-    from test_engine_server import free_port
+    from dflash_bench.launch import free_port
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "dflash_bench", "serve", "--model", str(target), "--draft",

@@ -67,7 +67,7 @@ def test_the_pool_takes_what_fits_and_refuses_more_in_one_sentence():
 
 
 def serve(*args: str, target: Path) -> subprocess.Popen:
-    from test_engine_server import free_port
+    from dflash_bench.launch import free_port
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "dflash_bench", "serve", "--model", str(target), "--fast",
