@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
+import time
 from pathlib import Path
-
-from dflash_bench.launch import free_port
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "peers" / "mission.sh"
@@ -16,16 +17,20 @@ LONG = ("gsm8k", "mt_bench", "spec_bench")  # the long steps' prompts are Spec-B
 
 
 def mission(tmp_path: Path, data_dir: Path, *args: str, data: tuple[str, ...] = ("gsm8k", "mt_bench"),
-            **env: str) -> subprocess.CompletedProcess:
+            wait: bool = True, **env: str) -> Any:
     """mission.sh over copies of the suites the steps measure (Spec-Bench: the long prompts' text), which are all
-    the shape's tokenizer trains on."""
+    the shape's tokenizer trains on (`wait`: run to its end, a CompletedProcess; else the running Popen, in a
+    session of its own). Each sweep's servers take free ports of their own."""
     folder = tmp_path / "data"
     if not folder.exists():
         folder.mkdir()
         for suite in data:
             shutil.copytree(data_dir / suite, folder / suite)
     full = dict(os.environ, OUT=str(tmp_path / "out"), MISSION_WORK=str(tmp_path / "work"), DFLASH_BENCH_DATA=str(folder),
-                PYTHONPATH=str(ROOT), MISSION_PORT=str(free_port()), **env)
+                PYTHONPATH=str(ROOT), **env)
+    if not wait:
+        return subprocess.Popen(["bash", str(SCRIPT), *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                env=full, start_new_session=True)
     return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=full, timeout=600)
 
 
@@ -56,13 +61,31 @@ def test_another_pairs_steps_write_its_shape_and_plan_its_sweeps(tmp_path, data_
 
 
 def test_a_step_cut_by_the_deadline_leaves_its_sweep_folder_in_out_and_the_next_step_is_skipped(tmp_path, data_dir):
-    # 16 prompts a concurrency-1 cell (about 20 s of the emulator's): the step outlasts 75 s on an idle machine, and
-    # a loaded one still completes a cell before the deadline
-    proc = mission(tmp_path, data_dir, "--seconds", "75", "-n", "16", "emulator", "emulator", MISSION_MIN_STEP_S="12")
+    """The script's clock (`date +%s`) is a file this test moves: it stands still until the first step's sweep has a
+    complete cell, then jumps past the deadline, so the cut falls mid-sweep however loaded the machine is (the
+    emulator's cells sleep their tokens, so the rest of the sweep cannot finish before the cut)."""
+    clock, bin_dir = tmp_path / "clock", tmp_path / "bin"
+    clock.write_text("1000000000\n")
+    bin_dir.mkdir()
+    (bin_dir / "date").write_text(f'#!/bin/sh\nif [ "$*" = "+%s" ]; then cat {clock}; else exec {shutil.which("date")} "$@"; fi\n')
+    (bin_dir / "date").chmod(0o755)
+    proc = mission(tmp_path, data_dir, "--seconds", "600", "emulator", "emulator", wait=False,
+                   PATH=f"{bin_dir}:{os.environ['PATH']}")
+    sweeps = tmp_path / "work" / "sweeps" / "emulator-gemma-4-31B-it-h100-tp1"
+    try:
+        while not any(json.loads(f.read_text())["status"] == "complete" for f in sweeps.glob("*/cells/*/summary.json")):
+            assert proc.poll() is None, (tmp_path / "out" / "mission.log").read_text()
+            time.sleep(0.2)
+        clock.write_text(f"{1000000000 + 600}\n")  # the deadline has passed
+        proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
     log = (tmp_path / "out" / "mission.log").read_text()
     assert proc.returncode == 0, log
     assert "== emulator: the deadline: stopping it" in log
-    assert "skipped," in log.split("== emulator: exit")[-1]  # the second step had too little time left
+    assert "skipped," in log.split("== emulator: exit")[-1]  # the second step had no time left
     folders = list((tmp_path / "out" / "sweeps" / "emulator-gemma-4-31B-it-h100-tp1").iterdir())
     assert len(folders) == 1
     manifest = json.loads((folders[0] / "manifest.json").read_text())

@@ -42,7 +42,7 @@
 # calls on a warm machine.
 #
 # CPU rehearsal of every step's plan (no server starts): MISSION_DRY_RUN=1 OUT=/tmp/o bash benchmarks/peers/mission.sh ...
-# (MISSION_PORT=N: the servers listen on port N instead of their engine's default, on a machine where that is taken)
+# (MISSION_PORT=N: the servers listen on port N instead of a free port each)
 set -uo pipefail
 set -m  # each step runs in a process group of its own, which the deadline can stop whole
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
@@ -155,7 +155,7 @@ sweep() { # sweep NAME ENGINE TARGET [extra sweep args...]: one sweep folder in 
              --data-dir "$data" --out "$dir" "$@")
   [ -z "$waves" ] || cmd+=(--waves "$waves")
   [ "$engine" = emulator ] || cmd+=(--tensor-parallel-size "$tp")
-  [ -z "${MISSION_PORT:-}" ] || cmd+=(--port "$MISSION_PORT")  # the servers' port (default: each engine's own)
+  [ -z "${MISSION_PORT:-}" ] || cmd+=(--port "$MISSION_PORT")  # the servers' port (default: a free one each)
   local last
   last=$(find "$dir" -mindepth 2 -maxdepth 2 -name manifest.json -printf '%h\n' 2>/dev/null | sort | tail -1)
   [ -n "$last" ] && cmd+=(--resume "$last")
@@ -233,12 +233,16 @@ for s in "${steps[@]}"; do
   t0=$(date +%s)
   ( step "$s" $((left - 15)) ) &
   pid=$!
-  # the step's own limit: SIGTERM to its process group at the deadline (the sweep records the cell as interrupted
-  # and stops its server), SIGKILL 10 s later
-  ( sleep $((left - 5)); echo "== $s: the deadline: stopping it"; kill -TERM -- -"$pid" 2>/dev/null; sleep 10
+  # the step's own limit: SIGTERM to its process group at the deadline, read off the same clock as `left` (the sweep
+  # records the cell as interrupted and stops its server), SIGKILL 10 s later
+  ( while [ "$(date +%s)" -lt $((deadline - 5)) ]; do sleep 1; done
+    echo "== $s: the deadline: stopping it"; kill -TERM -- -"$pid" 2>/dev/null; sleep 10
     kill -KILL -- -"$pid" 2>/dev/null ) &
   watchdog=$!
   wait "$pid"; rc=$?
+  # a step the deadline stopped: its shell ends at once, the sweep in its group only once it has recorded the cut
+  # cell and stopped its server (bounded by the watchdog's SIGKILL), and nothing of it may outlive the step
+  while kill -0 -- -"$pid" 2>/dev/null; do sleep 1; done
   kill -- -"$watchdog" 2>/dev/null; wait "$watchdog" 2>/dev/null
   echo "== $s: exit $rc after $(( $(date +%s) - t0 )) s"
 done
