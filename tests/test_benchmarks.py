@@ -269,6 +269,23 @@ def test_faults_plays_the_hostile_names_case(data_dir):
     assert len(rows) == 1 and rows[0].endswith("| every one refused | - | nothing | held |"), rows
 
 
+def test_the_hostile_folder_case_counts_the_commands_it_ran(tmp_path, data_dir, monkeypatch):
+    """integrity.py's hostile_folder over two of the fuzz test's cases: a damaged folder file, read by every command
+    but `gate -b` of a baseline, and a damaged baseline, read by that one only."""
+    from benchmarks.faults import integrity
+    from benchmarks.fixtures import hostile
+
+    every = hostile.cases
+
+    def two(folder: Path) -> list[hostile.Case]:
+        cases = every(folder)
+        return [next(c for c in cases if c[0] == "manifest.json"), next(c for c in cases if c[0] == "baseline.json")]
+
+    monkeypatch.setattr(hostile, "cases", two)
+    row = integrity.hostile_folder(tmp_path, data_dir)
+    assert row.held and row.observed == "2 damaged copies, 8 runs of the commands that read them; every one held", row
+
+
 def test_launch_overhead_times_the_process_runner():
     out = bench("harness.launch_overhead", "--repeat", "1")
     process = {line.split()[1] for line in out.splitlines() if line.startswith("process ")}
