@@ -162,6 +162,32 @@ def test_a_line_past_the_limit_fails_the_request_and_one_below_it_is_read(tmp_pa
     assert len(texts) == 1 and set(text := texts.pop()) == {"x"} and 2**20 - 128 < len(text) < 2**20, len(text)
 
 
+def test_a_get_answer_past_the_limit_fails_in_one_sentence_and_one_below_it_is_read():
+    """The raw transport keeps a GET's answer (/metrics, /v1/models) whole only up to MAX_BODY_BYTES: a /metrics
+    past it fails the scrape in one sentence, and the connection is not reused; one of a megabyte is parsed."""
+    import asyncio
+
+    from dflash_bench.client.cell import scrape_metrics
+    from dflash_bench.client.rawhttp import MAX_BODY_BYTES, RawTransport
+
+    async def scrape(url: str) -> tuple[dict | None, str | None, int]:
+        tr = RawTransport(url, 1)
+        try:
+            got = await scrape_metrics(tr, 120)
+            return (*got, len(tr.idle))
+        finally:
+            await tr.close()
+
+    with BadServer("big-metrics", line_bytes=MAX_BODY_BYTES + 2**20) as srv:
+        counters, why, idle = asyncio.run(scrape(srv.url))
+    assert counters is None and idle == 0
+    assert why == (f"/metrics: the server's answer is longer than {MAX_BODY_BYTES >> 20} MiB, past the client's limit "
+                   "for a whole body (MAX_BODY_BYTES)"), why
+    with BadServer("big-metrics", line_bytes=2**20) as srv:
+        counters, why, idle = asyncio.run(scrape(srv.url))
+    assert why is None and counters is not None and counters["counters"] == {"requests_total": 7.0} and idle == 1
+
+
 @pytest.mark.parametrize("transport", ["raw", "aiohttp", "httpx"])
 def test_a_200_that_is_not_an_event_stream_is_named_by_its_content_type(tmp_path: Path, transport: str):
     with BadServer("html") as srv:

@@ -171,6 +171,8 @@ async def scrape_metrics(tr: Transport, timeout: float | None) -> tuple[dict[str
         status, body = await with_timeout(tr.get("/metrics"), timeout)
     except TimeoutError:
         return None, f"/metrics did not answer within {timeout:g} s"
+    except ValueError as err:  # an answer the client refuses (rawhttp: malformed, or past MAX_BODY_BYTES)
+        return None, f"/metrics: {str(err)[:160]}"
     except Exception as err:  # noqa: BLE001 - any failure means "no counters", recorded with its reason
         return None, f"/metrics unreachable: {type(err).__name__}"
     if status != 200:

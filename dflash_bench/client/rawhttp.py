@@ -43,11 +43,18 @@ def handshake_s(sock: socket.socket) -> float | None:
 MAX_HEAD_BYTES = 64 * 2**10  # a response's status line and headers: a server's run a few hundred bytes
 MAX_CHUNK_LINE = 4 * 2**10  # a chunk-size line (the size in hex, any extensions)
 MAX_ERROR_BODY = 64 * 2**10  # what is kept of an error answer's body: its first bytes say why
+# A whole answer the client keeps (GET /metrics, /v1/models): vLLM's /metrics runs to tens of KB, so a server past
+# this would grow the client's memory without end, as a stream's line past MAX_LINE_BYTES would.
+MAX_BODY_BYTES = 64 * 2**20
+
+
+class BodyTooLong(ValueError):
+    """A whole answer past MAX_BODY_BYTES: the request fails, and the connection is closed unread."""
 
 
 class _Response:
     """Parser state of one response; feeds an SSE Stream or collects a whole body. Everything it holds is bounded
-    (headers, a chunk-size line, an error body; the stream's unended line by the Stream), and every byte is
+    (headers, a chunk-size line, a whole body, an error body; the stream's unended line by the Stream), and every byte is
     handled a fixed number of times, however the server cuts its answer into reads and chunks."""
 
     __slots__ = ("st", "status", "head", "chunked", "remaining", "body", "held", "buf", "chunk_left", "skip",
@@ -161,14 +168,18 @@ class _Response:
 
     def _payload(self, t: float, data: bytes) -> None:
         st = self.st
-        if st is None or self.status != 200:
-            if st is not None:  # an error answer to a stream: its first bytes say why, the rest is read and dropped
-                data = data[:max(MAX_ERROR_BODY - self.held, 0)]
-            self.body.append(data)
-            self.held += len(data)
+        if st is None:  # a whole body (a GET), kept up to MAX_BODY_BYTES
+            if self.held + len(data) > MAX_BODY_BYTES:
+                raise BodyTooLong(f"the server's answer is longer than {MAX_BODY_BYTES >> 20} MiB, past the client's "
+                                  "limit for a whole body (MAX_BODY_BYTES)")
+        elif self.status != 200:  # an error answer to a stream: its first bytes say why, the rest is read and dropped
+            data = data[:max(MAX_ERROR_BODY - self.held, 0)]
+        else:
+            if not st.error:
+                st.feed_bytes(t, data)
             return
-        if not st.error:
-            st.feed_bytes(t, data)
+        self.body.append(data)
+        self.held += len(data)
 
 
 class _Conn(asyncio.Protocol):
@@ -188,6 +199,9 @@ class _Conn(asyncio.Protocol):
         t = _clock()
         try:
             r.feed(t, data)
+        except BodyTooLong as err:
+            self._finish(err)
+            return
         except (ValueError, IndexError) as err:
             self._finish(ValueError(f"malformed HTTP response: {err}"))
             return
