@@ -83,6 +83,24 @@ def test_tables_are_never_cut_when_stdout_is_not_a_terminal(data_dir):
     assert "…" not in out.stdout and "concurrency" in out.stdout and "2.16x (2.16-2.55)" in out.stdout, out.stdout
 
 
+def test_a_table_wider_than_an_80_column_terminal_wraps_and_keeps_every_value_whole():
+    """At COLUMNS=80 the sweep's closing table of servers of two GPUs (nine columns) fits the width: headers wrap,
+    and every value stays whole on its line: nothing cut to "1,481…", no number folded."""
+    code = ("import pandas as pd; from dflash_bench.console import new_console; "
+            "from dflash_bench.sweep.progress import headline_table; "
+            "new_console().print(headline_table(pd.DataFrame([dict(engine='emulator', suite='gsm8k', concurrency=2, "
+            "ar_tok_s=1481.6, dflash_tok_s=2977.2, speedup=2.01, speedup_min=2.01, speedup_max=2.01, tau=7.0, "
+            "repeats=1)]), gpus=2))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "COLUMNS": "80"})
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert "…" not in out.stdout and max(len(line) for line in lines) <= 80, out.stdout
+    (row,) = [line for line in lines if "emulator" in line]
+    cells = [c.strip() for c in row.strip("│ ").split("│")]
+    assert cells == ["emulator", "gsm8k", "2", "1,481.6", "2,977.2", "740.8", "1,488.6", "2.01x", "7.00"], out.stdout
+
+
 def test_the_embedded_default_is_explained_where_it_first_appears():
     """README and --help name "the embedded default" and, in the same place, say what it is."""
     from pathlib import Path
