@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from dflash_bench.quality import scoring
 from dflash_bench.quality.intervals import paired_difference, wilson
 from dflash_bench.quality.sandbox import Limits, RunResult, run_many
-from dflash_bench.store import MEASURED, AccuracySummary, PairedDiff, RequestRecord, SweepDir, atomic_write_text
+from dflash_bench.store import MEASURED, SPECULATIVE, AccuracySummary, PairedDiff, RequestRecord, SweepDir, atomic_write_text
 from dflash_bench.suites import Prompt
 
 __all__ = ["AccuracySummary", "PairedDiff", "Verdict", "compare_verdicts", "score_cell", "score_sweep"]
@@ -61,7 +61,7 @@ def score_sweep(sweep_dir: Path | str, data_dir: Path | str | None = None, score
     by_key = {c.pair_key(): c.cell_id for c in done if c.mode == "ar"}
     for cell in done:
         ar_id = by_key.get(cell.pair_key())
-        if cell.mode == "dflash" and ar_id in verdicts and cell.cell_id in verdicts:
+        if cell.mode in SPECULATIVE and ar_id in verdicts and cell.cell_id in verdicts:
             out[cell.cell_id].vs_ar = compare_verdicts(verdicts[ar_id], verdicts[cell.cell_id])
     for cell in done:
         cell.accuracy = out[cell.cell_id]

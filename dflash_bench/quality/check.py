@@ -1,5 +1,5 @@
 """`dflash-bench quality SWEEP_DIR`: run the lossless check and the accuracy scoring on a sweep folder,
-write them into it, and print one row per AR/DFlash pair."""
+write them into it, and print one row per speculative cell (DFlash, EAGLE-3) and its AR partner."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash_bench.quality.lossless import NEAR_TIE_NATS
-from dflash_bench.store import MEASURED, CellSummary, SweepDir
+from dflash_bench.store import MEASURED, SPECULATIVE, CellSummary, SweepDir
 
 
 def check_sweep(sweep_dir: Path | str, data_dir: Path | str | None = None, score_code: bool = False,
@@ -31,8 +31,8 @@ def check_sweep(sweep_dir: Path | str, data_dir: Path | str | None = None, score
 
 
 def quality_rows(sweep_dir: Path | str, summaries: list[CellSummary] | None = None) -> list[dict[str, Any]]:
-    """One dict per DFlash cell with what the checks wrote: the key, `lossless`, `accuracy` (its own, with
-    `vs_ar`) and `accuracy_ar` (its AR partner's). Reads only the folder (or its `summaries`, as read already);
+    """One dict per cell of a speculative mode (DFlash, EAGLE-3) with what the checks wrote: the key, its `mode`,
+    `lossless`, `accuracy` (its own, with `vs_ar`) and `accuracy_ar` (its AR partner's). Reads only the folder (or its `summaries`, as read already);
     for the report and the gate."""
     if summaries is None:
         summaries = SweepDir.open(Path(sweep_dir)).summaries()
@@ -40,10 +40,10 @@ def quality_rows(sweep_dir: Path | str, summaries: list[CellSummary] | None = No
     ar = {s.pair_key(): s for s in summaries if s.mode == "ar"}
     rows = []
     for s in summaries:
-        if s.mode != "dflash":
+        if s.mode not in SPECULATIVE:
             continue
         partner = ar.get(s.pair_key())
-        rows.append({**{k: getattr(s, k) for k in s.pair_fields()}, "cell_id": s.cell_id,
+        rows.append({**{k: getattr(s, k) for k in s.pair_fields()}, "mode": s.mode, "cell_id": s.cell_id,
                      "lossless": _dump(s.lossless), "accuracy": _dump(s.accuracy),
                      "accuracy_ar": _dump(partner.accuracy) if partner else None})
     return rows
@@ -58,11 +58,12 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    table = Table(title="DFlash vs AR: lossless at temperature 0, and task accuracy (95% intervals)")
-    for col in ("engine", "suite", "c", "r", "exact match", "divergences", "first at (p50)", "AR acc", "DFlash acc", "AR - DFlash"):
+    table = Table(title="Each speculative mode vs AR: lossless at temperature 0, and task accuracy (95% intervals)")
+    for col in ("engine", "mode", "suite", "c", "r", "exact match", "divergences", "first at (p50)", "AR acc", "mode acc",
+                "AR - mode"):
         table.add_column(col, overflow="fold")
     for r in rows:
-        cells = (r["engine"], r["suite"], str(r["concurrency"]), str(r["repeat"]), *_lossless_cells(r["lossless"]),
+        cells = (r["engine"], r["mode"], r["suite"], str(r["concurrency"]), str(r["repeat"]), *_lossless_cells(r["lossless"]),
                  _acc(r["accuracy_ar"]), _acc(r["accuracy"]), _diff(r["accuracy"]))
         table.add_row(*(Text(str(c)) for c in cells))  # Text: no rich markup in statuses
     new_console().print(table)

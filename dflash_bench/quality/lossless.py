@@ -28,7 +28,9 @@ from typing import Iterable, Literal
 from pydantic import BaseModel
 
 from dflash_bench.metrics.stats import percentile
-from dflash_bench.store import MEASURED, CellSummary, LosslessSummary, RequestRecord, StoreError, SweepDir, atomic_write_text, read_text
+from dflash_bench.store import (
+    MEASURED, SPECULATIVE, CellSummary, LosslessSummary, RequestRecord, StoreError, SweepDir, atomic_write_text, read_text,
+)
 from dflash_bench.store.layout import present
 from dflash_bench.store.reading import parse_json
 
@@ -221,15 +223,16 @@ def _histogram(xs: list[int]) -> dict[str, list[int]]:
 
 
 def annotate_sweep(sweep_dir: Path | str, near_tie: float = NEAR_TIE_NATS) -> dict[str, LosslessSummary]:
-    """Compare every complete AR/DFlash cell pair of a sweep folder; write the results into it.
+    """Compare every complete cell of a speculative mode (DFlash, EAGLE-3) with its AR partner; write the results
+    into the sweep folder.
 
-    Returns DFlash cell id -> LosslessSummary. Idempotent: running it again rewrites the same files.
+    Returns the speculative cell's id -> LosslessSummary. Idempotent: running it again rewrites the same files.
     """
     sweep = SweepDir.open(Path(sweep_dir))
     done = [s for s in sweep.summaries() if s.status in MEASURED]
     ar_cells = {s.pair_key(): s for s in done if s.mode == "ar"}
     out: dict[str, LosslessSummary] = {}
-    for df in (s for s in done if s.mode == "dflash"):
+    for df in (s for s in done if s.mode in SPECULATIVE):
         ar = ar_cells.get(df.pair_key())
         if ar is None:
             continue

@@ -1,5 +1,5 @@
-"""The report's quality table: one row per DFlash cell of the plan (engine, suite, concurrency, ...), its repeats
-folded: the lossless check and each side's accuracy pooled over them (counts summed, the Wilson interval of the
+"""The report's quality table: one row per cell of a speculative mode (DFlash, EAGLE-3) of the plan (engine, mode,
+suite, concurrency, ...), its repeats folded: the lossless check and each side's accuracy pooled over them (counts summed, the Wilson interval of the
 pooled counts), AR − DFlash per repeat (its paired interval needs each repeat's prompts). What is still to run is
 a `todo` of the row, said once above the table, not in every cell."""
 
@@ -22,12 +22,12 @@ EMPTY = "–"
 
 
 def quality_table(path: Path, summaries: list[CellSummary] | None = None) -> list[dict[str, Any]]:
-    """One display row per DFlash cell that the quality checks annotated (quality.check.quality_rows: of the
+    """One display row per speculative cell that the quality checks annotated (quality.check.quality_rows: of the
     folder's `summaries`, where read already), its repeats folded."""
     from dflash_bench.quality.check import quality_rows
     from dflash_bench.store.cells import CellKey
 
-    fields = [f for f in CellKey.pair_fields() if f != "repeat"]
+    fields = [f for f in CellKey.pair_fields() if f != "repeat"] + ["mode"]
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for r in quality_rows(path, summaries):
         if r.get("lossless") or r.get("accuracy") or r.get("accuracy_ar"):
@@ -60,7 +60,7 @@ def _folded(rows: list[dict[str, Any]]) -> dict[str, Any]:
     acc_dflash = _pooled([r.get("accuracy") for r in rows])
     if acc_ar is None or acc_dflash is None:
         todo.append(unscored)
-    return {**{k: first[k] for k in ("engine", "suite", "concurrency")}, "repeats": len(rows), "exact": exact,
+    return {**{k: first[k] for k in ("engine", "mode", "suite", "concurrency")}, "repeats": len(rows), "exact": exact,
             "divergences": divergences, "first": first_at, "acc_ar": acc_ar or EMPTY, "acc_dflash": acc_dflash or EMPTY,
             "diff": _differences([(r.get("accuracy") or {}).get("vs_ar") for r in rows]), "todo": todo}
 

@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 SCHEMA_VERSION = 2  # 2: typed manifest sections; summary fields instead of `extra` (store/migrate.py reads 1)
 
 Mode = Literal["ar", "dflash", "eagle3"]
+# the modes that speculate: each is checked against its AR partner (the lossless check, accuracy's AR − mode)
+SPECULATIVE: tuple[str, ...] = ("dflash", "eagle3")
 CellStatus = Literal["pending", "running", "complete", "partial", "failed"]
 # a cell whose numbers exist: complete, or partial (some measured requests failed: its figures cover the others)
 MEASURED: tuple[str, ...] = ("complete", "partial")
