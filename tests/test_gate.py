@@ -23,13 +23,14 @@ SMALL_NOISE = (1.0, 1.006, 0.994)
 
 def plant(path: Path, *, concurrency=(1, 8), repeats=3, noise=SMALL_NOISE, scale=None, tau_scale=1.0,
           exact=None, accuracy=None, failed=(), reason="server exited with code 137", suite="gsm8k", models=None,
-          warned=()) -> Path:
+          warned=(), modes=("ar", "dflash")) -> Path:
     """A sweep folder with known numbers. scale: {(mode, c): factor on throughput}; failed: cell ids;
-    warned: DFlash cell ids whose summary says they did not speculate (dflash_warning)."""
+    warned: speculative cell ids whose summary says they did not speculate (dflash_warning); an eagle3 mode runs
+    at 2x AR."""
     scale = scale or {}
     plan, summaries = [], []
     for r in range(repeats):
-        for mode in ("ar", "dflash"):
+        for mode in modes:
             for c in concurrency:
                 cid = cell_id("vllm", mode, suite, c, r)
                 plan.append(CellPlan(cell_id=cid, engine="vllm", mode=mode, suite=suite, concurrency=c, repeat=r))
@@ -37,7 +38,7 @@ def plant(path: Path, *, concurrency=(1, 8), repeats=3, noise=SMALL_NOISE, scale
                     summaries.append(CellSummary(cell_id=cid, engine="vllm", mode=mode, suite=suite, concurrency=c,
                                                  repeat=r, status="failed", failure_reason=reason))
                     continue
-                tput = AR[c] * (3.0 if mode == "dflash" else 1.0) * noise[r] * scale.get((mode, c), 1.0)
+                tput = AR[c] * {"ar": 1.0, "dflash": 3.0, "eagle3": 2.0}[mode] * noise[r] * scale.get((mode, c), 1.0)
                 tpot = 1000.0 * c / tput
                 quality = {"lossless": LosslessSummary(exact_match_rate=exact)} if exact is not None and mode == "dflash" else {}
                 if accuracy is not None:
@@ -295,6 +296,20 @@ def test_a_dflash_cell_that_did_not_speculate_fails_the_gate_by_itself(base, tmp
     assert [f.get("message") for f in ET.parse(junit).iter("failure") if "never accepted" in (f.text or "") + f.get("message")]
     assert "speculation" in (tmp_path / "m.md").read_text()
     assert gate.gate(base, sweep).passed  # the baseline's own warnings are not the sweep's regression
+
+
+def test_eagle3_cells_are_gated_as_a_speculative_mode_beside_dflash(tmp_path):
+    """A sweep run with --modes ar,dflash,eagle3: an EAGLE-3 cell's speedup over AR is gated as DFlash's is, and an
+    EAGLE-3 cell that did not speculate fails the gate."""
+    modes = ("ar", "dflash", "eagle3")
+    base = plant(tmp_path / "b", modes=modes)
+    (speedup,) = [c.metrics["speedup"] for c in gate.collect(base).cells if c.mode == "eagle3" and c.concurrency == 8]
+    assert speedup == pytest.approx([2.0] * 3)
+    slower = plant(tmp_path / "s", modes=modes, scale={("eagle3", 8): 0.7})
+    assert failing(gate.gate(slower, base)) == {("vllm/eagle3/gsm8k/c8", m) for m in ("output_throughput", "tpot_ms_p50",
+                                                                                     "speedup")}
+    warned = plant(tmp_path / "w", modes=modes, warned={cell_id("vllm", "eagle3", "gsm8k", 1, 2)})
+    assert failing(gate.gate(warned, base)) == {("vllm/eagle3/gsm8k/c1", "speculation")}
 
 
 def test_tau_missing_from_the_sweep_fails(base, tmp_path):

@@ -16,7 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dflash_bench.errors import UserError
 from dflash_bench.store.reading import StoreError, parse_json, read_text
-from dflash_bench.store import MEASURED, CellKey, CellSummary, Hardware, Models, SweepDir, SweepSettings, atomic_write_json, now_iso
+from dflash_bench.store import (
+    MEASURED, SPECULATIVE, CellKey, CellSummary, Hardware, Models, SweepDir, SweepSettings, atomic_write_json, now_iso,
+)
 
 BASELINE_KIND: Literal["dflash-bench-baseline"] = "dflash-bench-baseline"
 BASELINE_VERSION = 2  # 2: typed provenance; cells carry their CellKey (repeat 0, cell_id)
@@ -113,7 +115,7 @@ def collect(sweep_dir: Path | str, quiet: bool = False, summaries: list[CellSumm
         cell.repeats.append(s.repeat)
         if s.mode == "dflash":
             add_profile(cell, s)
-        if s.mode == "dflash" and s.dflash_warning:
+        if s.mode in SPECULATIVE and s.dflash_warning:
             cell.no_speculation[s.cell_id] = s.dflash_warning
         for name, value in gated_values(s).items():
             if _number(value):
@@ -125,10 +127,11 @@ def collect(sweep_dir: Path | str, quiet: bool = False, summaries: list[CellSumm
 
 
 def _add_speedups(summaries: list[CellSummary], out: dict[CellKey, CellValues]) -> None:
-    """DFlash / AR output throughput of each complete pair, on the DFlash cell, in repeat order."""
+    """A speculative mode's (DFlash's, EAGLE-3's) output throughput over its AR partner's, for each complete pair, on
+    the speculative cell, in repeat order."""
     done = [s for s in summaries if s.status in MEASURED]
     ar = {s.pair_key(): s for s in done if s.mode == "ar"}
-    for df in sorted((s for s in done if s.mode == "dflash"), key=lambda s: s.repeat):
+    for df in sorted((s for s in done if s.mode in SPECULATIVE), key=lambda s: s.repeat):
         partner = ar.get(df.pair_key())
         a, d = (partner.output_throughput if partner else None), df.output_throughput
         if _number(a) and _number(d) and a:
