@@ -38,7 +38,15 @@ def test_demo_runs_every_suite_and_writes_the_report(tmp_path, data_dir):
             assert r["lossless_exact_match_rate"] == "1.0", (r["cell_id"], r["lossless_status"])
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["status"] == "complete" and manifest["servers"]["builtin-dflash"]["command"][:2] == ["dflash-bench", "serve"]
-    assert {"--fast", "--cut-draft"} <= set(manifest["servers"]["builtin-dflash"]["command"])
+    command = manifest["servers"]["builtin-dflash"]["command"]
+    assert {"--fast", "--cut-draft"} <= set(command) and command[command.index("--verify-width") + 1] == "8"
+    # at one fixed width tau is a property of the code: the same in every repeat and at either concurrency (the same
+    # prompts), so a baseline of one run gates the next with the tight threshold
+    taus: dict[str, set[str]] = {}
+    for r in rows:
+        if r["mode"] == "dflash":
+            taus.setdefault(r["suite"], set()).add(r["acceptance_length"])
+    assert all(len(t) == 1 and float(next(iter(t))) > 1.5 for t in taus.values()), taus
 
 
 class _Hub:

@@ -19,7 +19,10 @@ from dflash_bench.sweep.check import check_plan
 from dflash_bench.sweep.dry_run import print_plan
 
 DEMO_CONCURRENCY = [1, 8]
-DEMO_ENGINE_ARGS = ["--fast", "--cut-draft", "--device", "cpu"]
+# one fixed verify width, so that the demo's tau is a property of the code (the same every run at temperature 0) and
+# a baseline gates it (docs/acceptance.md); 8 of the block's 16 led at both concurrencies (docs/results/demo.md)
+DEMO_VERIFY_WIDTH = 8
+DEMO_ENGINE_ARGS = ["--fast", "--cut-draft", "--verify-width", str(DEMO_VERIFY_WIDTH), "--device", "cpu"]
 
 
 def sweep_command(given: dict[str, Any], slurm_given: dict[str, Any], *, out: Path, resume: Path | None,
@@ -67,7 +70,8 @@ def demo_command(*, out: Path, data_dir: Path | None, max_tokens: int, num_promp
     """The builtin engine on the embedded default pair, every suite, concurrency 1 and 8, each cell `repeats`
     times; then the report.
 
-    The fast path (`serve --fast`: the C kernels on a CPU, greedy as the demo asks), drafting only the
+    The fast path (`serve --fast`: the C kernels on a CPU, greedy as the demo asks), verifying a fixed width
+    (DEMO_VERIFY_WIDTH: under widths chosen by load tau would follow the machine's load) and drafting only the
     positions a step verifies (`--cut-draft`: the embedded drafter was trained on cut blocks). Paired: both
     servers up together and each cell measured AR then DFlash, since a small machine's speed moves within a
     minute (a 2-core box: the same AR cell 172-193 tok/s, then 246-265 a minute later); interleaved at
