@@ -447,3 +447,110 @@ def test_rows_anatomy_refuses_a_bad_plan_in_one_sentence(spec, says):
     proc = subprocess.run([sys.executable, "-m", "benchmarks.speed.rows_anatomy", "--shape", spec, "--out", "x.json"],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1 and says in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_gate_reruns_breaks_the_demo_the_three_ways(tmp_path):
+    """The broken runs are the demo's sweep with one thing changed: its verify width, or its drafter (the embedded
+    one with seeded noise: the same tensors, other values)."""
+    from safetensors.torch import load_file
+
+    from benchmarks.harness.gate_reruns import demo_argv, weaker_drafter
+    from dflash_bench.sweep.commands import DEMO_VERIFY_WIDTH
+
+    argv = demo_argv(Path("DATA"), ["gsm8k"])
+    assert f"--engine-arg={DEMO_VERIFY_WIDTH}" in argv and "--paired" in argv and "--interleave" in argv
+    assert argv[argv.index("--model") + 1] == str(REPO / "dflash_bench" / "assets" / "default_pair" / "target")
+    recorded = demo_argv(Path("DATA"), ["gsm8k"], record=True)
+    assert recorded[recorded.index("--model") + 1] == "dflash_bench/assets/default_pair/target"
+    assert "--engine-arg=1" in demo_argv(Path("DATA"), ["gsm8k"], width="1")
+    weak = weaker_drafter(tmp_path / "weak")
+    source = REPO / "dflash_bench" / "assets" / "default_pair" / "drafter"
+    a, b = load_file(str(source / "model.safetensors")), load_file(str(weak / "model.safetensors"))
+    assert a.keys() == b.keys() and all(a[k].shape == b[k].shape for k in a)
+    assert any(not (a[k] == b[k]).all() for k in a) and (weak / "config.json").read_text() == (source / "config.json").read_text()
+    assert str(weak) in demo_argv(Path("DATA"), ["gsm8k"], drafter=weak)
+    given = demo_argv(Path("DATA"), ["gsm8k"], urls=("http://a", "http://b"))
+    assert given[given.index("--url-dflash") + 1] == "http://b" and not any(a.startswith("--engine-arg") for a in given)
+
+
+@pytest.mark.slow
+def test_gate_reruns_gates_reruns_and_broken_runs_of_the_demo(tmp_path, data_dir):
+    """The benchmark end to end, made small (one suite, one prompt of 8 tokens): reruns gated both ways, each broken
+    run against every run's baseline, the file the tables read."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "gsm8k").symlink_to(Path(data_dir) / "gsm8k")
+    out = tmp_path / "gate_reruns.json"
+    bench("harness.gate_reruns", "--runs", "2", "--regressions", "3", "--data-dir", str(data), "--work",
+          str(tmp_path / "w"), "--out", str(out), "--", "-n", "1", "--max-tokens", "8", "-c", "1", "--repeats", "2",
+          timeout=1500)
+    res = json.loads(out.read_text())
+    assert len(res["runs"]) == 2 and [r["kind"] for r in res["regressions"]][0] == "DFlash at width 1"
+    assert {c["suite"] for r in res["runs"] for c in r["cells"]} == {"gsm8k"}
+    cases = {}
+    for g in res["gates"]:
+        cases.setdefault(g["case"], []).append(g)
+    assert len(cases["rerun of the same code"]) == 2 and len(cases["DFlash at width 1"]) == 2
+    assert all(g["failures"] for g in cases["DFlash at width 1"])  # it never speculated
+    assert "/work/" not in out.read_text() and str(tmp_path) not in out.read_text()
+    assert not any("models differ" in n for g in res["gates"] for n in g["notes"])  # the demo's own pair
+
+
+@pytest.mark.slow
+def test_demo_widths_runs_the_demo_sweep_at_each_width(tmp_path, data_dir):
+    out = tmp_path / "widths.json"
+    bench("harness.demo_widths", "--widths", "2,4", "--suites", "gsm8k", "--repeats", "1", "--data-dir", str(data_dir),
+          "--work", str(tmp_path / "w"), "--out", str(out), "--", "-n", "1", "--max-tokens", "8", "-c", "1", timeout=900)
+    res = json.loads(out.read_text())
+    assert [r["width"] for r in res["rows"]] == [2, 4] and all(len(r["cells"]) == 1 for r in res["rows"])
+    assert all(len(set(c["taus"])) == 1 for r in res["rows"] for c in r["cells"])  # one width, one tau
+
+
+def test_slow_proxy_hands_on_a_stream_intact_and_as_late_as_its_factor_says():
+    """The 30%-slower server of gate_reruns: through the proxy a stream arrives whole and in order, and no sooner
+    than factor x the server's own time (a lower bound its sleeps make sure of, whatever the load); other paths
+    pass unchanged."""
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import httpx
+
+    from benchmarks.fixtures.slow_proxy import SlowProxy
+
+    pieces, gap = 8, 0.03
+
+    class Stream(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            for i in range(pieces):
+                time.sleep(gap)
+                self.wfile.write(f"data: {i}\n\n".encode())
+                self.wfile.flush()
+
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", "5")
+            self.end_headers()
+            self.wfile.write(b"ok 1\n")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Stream)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    upstream = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        with SlowProxy(upstream, 3.0) as proxy:
+            t0 = time.monotonic()
+            slowed = httpx.post(f"{proxy.url}/v1/chat/completions", json={"stream": True}, timeout=60).text
+            took = time.monotonic() - t0
+            metrics = httpx.get(f"{proxy.url}/metrics", timeout=60)
+    finally:
+        server.shutdown()
+    assert slowed == "".join(f"data: {i}\n\n" for i in range(pieces))
+    assert took >= 3.0 * pieces * gap
+    assert metrics.status_code == 200 and metrics.text == "ok 1\n"
