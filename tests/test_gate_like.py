@@ -20,21 +20,22 @@ AUTO = [(100, 80), (60, 36), (20, 8), (0, 0)]  # the same acceptance per positio
 
 
 def plant(path: Path, *, tput=300.0, tau=3.0, policy="full", profile=FULL, definition=2, repeats=3, noise=(1.0,) * 3,
-          failed_requests=0, widths=None) -> Path:
-    """widths: the verify widths the DFlash cells' steps took (default: the policy's one width, none under auto)."""
+          failed_requests=0, widths=None, spec="dflash") -> Path:
+    """widths: the verify widths the speculative cells' steps took (default: the policy's one width, none under auto);
+    spec: the speculative mode beside AR."""
     if widths is None:
         widths = ([len(profile or FULL) + 1] if policy == "full" else [2, 3] if policy == "auto"
                   else [int(policy[1:])] if policy else [])
     plan, summaries = [], []
     for r in range(repeats):
-        for mode in ("ar", "dflash"):
+        for mode in ("ar", spec):
             cid = cell_id("builtin", mode, "gsm8k", 1, r)
             plan.append(CellPlan(cell_id=cid, engine="builtin", mode=mode, suite="gsm8k", concurrency=1, repeat=r))
-            t = tput * noise[r] * (1.0 if mode == "dflash" else 0.5)
+            t = tput * noise[r] * (1.0 if mode == spec else 0.5)
             s = CellSummary(cell_id=cid, engine="builtin", mode=mode, suite="gsm8k", concurrency=1, repeat=r,
                             output_throughput=t, tpot_ms=Stat(n=10, mean=1000 / t, p50=1000 / t), num_requests=9,
                             num_ok=9 - failed_requests, num_failed=failed_requests)
-            if mode == "dflash":
+            if mode == spec:
                 s.acceptance_length, s.acceptance_definition, s.width_policy = tau, definition, policy
                 s.acceptance_profile = profile
                 s.verify_widths = {w: 10 for w in widths} or None
@@ -80,6 +81,20 @@ def test_tau_at_one_fixed_width_is_tight_and_under_widths_chosen_by_load_not_com
     assert auto.verdict == "skipped" and auto.method == "not comparable" and result.exit_code == 0
     assert "widths chosen by load (2, 3 tokens a step)" in auto.note and "(4, 6 tokens a step)" in auto.note
     assert any("not all verified at one fixed width (auto against auto)" in n for n in result.notes)
+
+
+def test_an_eagle3_cells_tau_is_compared_like_with_like_as_dflashs(tmp_path):
+    """EAGLE-3 speculates too: its τ is tight at one fixed width, and under widths chosen by load not compared, with
+    the sentence why, as DFlash's."""
+    base = plant(tmp_path / "base", tau=3.0, spec="eagle3")
+    [tight] = checks(gate.gate(plant(tmp_path / "low", tau=2.9, spec="eagle3"), base))
+    assert tight.cell == "builtin/eagle3/gsm8k/c1" and tight.verdict == "fail" and tight.note == "both verified full"
+    auto_base = plant(tmp_path / "ab", tau=3.0, policy="auto", profile=AUTO, spec="eagle3")
+    result = gate.gate(plant(tmp_path / "al", tau=2.7, policy="auto", profile=AUTO, widths=[4, 6], spec="eagle3"),
+                       auto_base)
+    [auto] = checks(result)
+    assert auto.verdict == "skipped" and auto.method == "not comparable" and result.exit_code == 0
+    assert any("speculative cells and the sweep's were not all verified at one fixed width" in n for n in result.notes)
 
 
 def test_tau_across_widths_is_not_compared_unless_auto_took_one_width_every_step(tmp_path):

@@ -34,11 +34,11 @@ class CellValues(CellKey):
     repeats: list[int] = Field(default_factory=list)  # repeats that completed, in order
     metrics: dict[str, list[float]] = Field(default_factory=dict)  # per completed repeat that measured it
     failed: dict[str, str] = Field(default_factory=dict)  # cell id -> failure reason
-    # cell id -> why a complete DFlash cell shows no sign of speculation (CellSummary.dflash_warning)
+    # cell id -> why a complete speculative cell shows no sign of speculation (CellSummary.dflash_warning)
     no_speculation: dict[str, str] = Field(default_factory=dict)
     # cell id -> (share of its measured requests that failed, why) of a partial cell (its repeats are in `repeats`)
     partial: dict[str, tuple[float, str]] = Field(default_factory=dict)
-    # DFlash: how the verify width was chosen (CellSummary.width_policy; None: the engine's own fixed way, or a cell
+    # a speculative cell: how the verify width was chosen (CellSummary.width_policy; None: the engine's own fixed way, or a cell
     # written before it was recorded), the acceptance profile of each repeat that has one, and the widths used:
     # what tells which cells' tau compare (gate/tau.py)
     width_policy: str | None = None
@@ -113,10 +113,10 @@ def collect(sweep_dir: Path | str, quiet: bool = False, summaries: list[CellSumm
             cell.failed[s.cell_id] = _short(reason)
             continue
         cell.repeats.append(s.repeat)
-        if s.mode == "dflash":
+        if s.mode in SPECULATIVE:
             add_profile(cell, s)
-        if s.mode in SPECULATIVE and s.dflash_warning:
-            cell.no_speculation[s.cell_id] = s.dflash_warning
+            if s.dflash_warning:
+                cell.no_speculation[s.cell_id] = s.dflash_warning
         for name, value in gated_values(s).items():
             if _number(value):
                 cell.metrics.setdefault(name, []).append(float(value))  # type: ignore[arg-type]
@@ -194,7 +194,8 @@ def baseline_v1(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def add_profile(cell: CellValues, s: CellSummary) -> None:
-    """A DFlash repeat's width policy, acceptance profile and the verify widths it used into its cell."""
+    """A speculative repeat's (DFlash's, EAGLE-3's) width policy, acceptance profile and the verify widths it used
+    into its cell: what tells whether its τ compares with the baseline's (gate/tau.py)."""
     if len(cell.repeats) == 1:
         cell.width_policy = s.width_policy
     elif cell.width_policy != s.width_policy:

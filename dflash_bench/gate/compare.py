@@ -14,7 +14,7 @@ from dflash_bench.gate.baseline import Baseline, CellValues
 from dflash_bench.gate.config import Bootstrap, GateConfig
 from dflash_bench.gate.noise import Noise, allowance, noise_of, repeat_noise
 from dflash_bench.gate.tau import comparable, definitions, verified_width
-from dflash_bench.store import CellKey
+from dflash_bench.store import SPECULATIVE, CellKey
 
 EPS = 1e-9  # a change exactly at the threshold passes, whatever the float rounding
 TAIL_RESAMPLES = 25  # resamples beyond each end of a bootstrap interval, at the least
@@ -39,7 +39,7 @@ METRICS = (
     Metric("exact_match_rate", "lossless exact match", "exact_match", True, False, optional=True),
     Metric("accuracy", "task accuracy", "accuracy", True, False, optional=True),
 )
-# Not a comparison with the baseline: a DFlash cell of the sweep that did not speculate (no acceptance
+# Not a comparison with the baseline: a speculative cell (DFlash, EAGLE-3) of the sweep that did not speculate (no acceptance
 # source, draft counters that did not move, tau ~ 1) is the silent fallback to AR, and fails on its own.
 SPECULATION = Metric("speculation", "speculation", "acceptance_length", True, False)
 # Nor this: a partial cell of the sweep (some measured requests failed) fails unless `[cells] allow_failed_share`
@@ -185,18 +185,19 @@ def _tau_check(name: str, ref: CellValues, cur: CellValues, threshold: float, bo
 
 
 def _tau_notes(base: Baseline, sweep: Baseline, common: list[CellKey]) -> list[str]:
-    """One sentence where the baseline's DFlash cells differ from the sweep's in width policy or τ definition."""
+    """One sentence where the baseline's speculative cells (SPECULATIVE) differ from the sweep's in width policy or τ
+    definition."""
     cur = {c.key: c for c in sweep.cells}
     ref = {c.key: c for c in base.cells}
-    dflash = [k for k in common if k.mode == "dflash"]
+    spec = [k for k in common if k.mode in SPECULATIVE]
     out = []
-    widths = sorted({(str(verified_width(ref[k])), str(verified_width(cur[k]))) for k in dflash
+    widths = sorted({(str(verified_width(ref[k])), str(verified_width(cur[k]))) for k in spec
                      if verified_width(ref[k]) != verified_width(cur[k]) or verified_width(cur[k]) == "auto"})
     if widths:
         pairs = ", ".join(f"{a} against {b}" for a, b in widths).replace("None", "none recorded")
-        out.append(f"the baseline's DFlash cells and the sweep's were not all verified at one fixed width ({pairs}): "
+        out.append(f"the baseline's speculative cells and the sweep's were not all verified at one fixed width ({pairs}): "
                    "their τ is not compared (docs/acceptance.md); serve both with one --verify-width")
-    defs = sorted({(tuple(sorted(definitions(ref[k]))), tuple(sorted(definitions(cur[k])))) for k in dflash
+    defs = sorted({(tuple(sorted(definitions(ref[k]))), tuple(sorted(definitions(cur[k])))) for k in spec
                    if definitions(ref[k]) != definitions(cur[k])})
     if defs:
         words = ", ".join(f"{list(a) or 'none'} against {list(b) or 'none'}" for a, b in defs)

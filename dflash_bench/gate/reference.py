@@ -37,6 +37,9 @@ from dflash_bench.gate.tau import comparable
 from dflash_bench.store import CellKey, CellSummary
 
 REFERENCE = "builtin"
+# the mode whose τ the reference measures: the builtin engine runs DFlash, and no engine here runs EAGLE-3 step for
+# step as its upstream does, so an EAGLE-3 cell's τ has no reference (a cell is matched on its mode: CellKey)
+REFERENCE_MODE = "dflash"
 # engines whose every verify step checks the whole block: their τ is the builtin engine's under --verify-width full
 FULL_BLOCK = ("vllm", "sglang", "emulator")
 # what two sweeps of one pair must share for their tau to be pooled: the requests (sampling, length, prompts)
@@ -175,7 +178,7 @@ def _by_pair(sweeps: list[Baseline]) -> dict[tuple, tuple[list[str], list[CellVa
         pair: tuple = (m.target.id, m.drafter.id, *how) if m.target and m.drafter else ("unnamed", i)
         ids, cells = out.setdefault(pair, ([], []))
         ids.append(s.sweep_id)
-        cells.extend(c for c in s.cells if c.mode == "dflash" and c.repeats)
+        cells.extend(c for c in s.cells if c.mode == REFERENCE_MODE and c.repeats)
     return out
 
 
