@@ -12,6 +12,21 @@ It keeps the host's facts about the slots, and every decision made from them:
 It decides and emits a `StepPlan`; `FastRunner` executes plans on the device, and `core.EngineCore`, which holds
 both, tells it what a collected step committed (`collected`). Nothing here touches the device: the facts are the host's (committed lengths,
 admission numbers, the plans in flight).
+
+Prefill against decode (prefill first, as nano-vllm's scheduler; docs/ARCHITECTURE.md "Prefill against decode" has
+the measurements). The serving loop admits before each step: it cuts the waiting prompts, oldest first, into batches
+of at most `FastEngine.prefill_rows` (the free slots) and (k + 1) x longest <= PREFILL_TOKENS padded tokens, and
+hands each batch to `EngineCore.add_many`, which `prefill_groups` splits by length under the same bound (so a
+batch is in practice one forward): one prompt, or 2-3 with graphs, run a captured graph of its bucket; more run
+one eager forward padded to the longest. A batch's first tokens go out when its forwards are done. No decode
+step is launched while prompts wait: the step already in flight (step-ahead) runs first, the prefills queue
+behind it on the stream, and every decoding row waits for them. A prompt is prefilled whole (no chunking), and
+nothing is cached between prompts. Only with `mixed` (AR, a family that `rides`, so not Gemma 4) do prompts
+admitted while rows decode ride in the rows' next steps instead, up to max(MIXED_ROWS) a step and MIXED_TOKENS
+padded tokens. vLLM v1 has no phases: each step has a token budget (--max-num-batched-tokens), spent on the
+running requests first (a token each, or the anchor and drafts), then on waiting prompts oldest first, a prompt
+longer than what is left cut into chunks over the next steps; prefill chunks and decode rows share one forward
+over unpadded tokens, and its prefix cache skips prompt blocks seen before.
 """
 
 from __future__ import annotations
