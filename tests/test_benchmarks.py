@@ -364,10 +364,15 @@ def test_telemetry_overhead_runs_or_says_why_not(tmp_path):
 @ENGINE
 def test_gemma_fast_runs_its_shrunk_shape_on_the_cpu(tmp_path):
     out = tmp_path / "gemma.json"
-    bench("speed.gemma_fast", "--json", str(out), "--device", "cpu", "--shrink", "--batches", "1")
+    bench("speed.gemma_fast", "--json", str(out), "--device", "cpu", "--shrink", "--batches", "1",
+          "--prefill", "1x64,3x40", "--reps", "1")
     phases = json.loads(out.read_text())["phases"]
     assert [(p["mode"], p.get("error")) for p in phases] == [("ar", None), ("dflash", None)]
     assert all(r["tokens"] > 0 for p in phases for r in p["rates"])
+    # each prefill group as asked: one prompt by its graph's path, three by one eager forward, each timed
+    assert [(g["prompts"], g["tokens"], g["graphed"]) for p in phases for g in p["prefills"]] == \
+        [(1, 64, True), (3, 120, False)] * 2
+    assert all(g["ms"] > 0 and g["matmul_tflops"] > 0 for p in phases for g in p["prefills"])
 
 
 # recipes/tiny_pair's measuring scripts (train.py: tests/test_recipe.py), run as `python -m recipes.tiny_pair.<name>`
