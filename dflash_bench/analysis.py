@@ -1,4 +1,5 @@
-"""Tidy pandas tables from sweep folders: one row per cell, and AR <-> DFlash pairs with speedups.
+"""Tidy pandas tables from sweep folders: one row per cell, each speculative cell (DFlash, EAGLE-3) beside its AR cell
+with its speedup, and DFlash against EAGLE-3.
 
 Everything here reads only the sweep folder (through dflash_bench.store), so it works on a folder copied from
 another machine. The report and the gate both start from `cells()` and `pairs()`.
@@ -13,9 +14,9 @@ import numpy as np
 import pandas as pd
 
 from dflash_bench.speedup import speedup_of
-from dflash_bench.store import RESULTS_COLUMNS, CellKey, CellSummary, SweepDir, results_row
+from dflash_bench.store import RESULTS_COLUMNS, SPECULATIVE, CellKey, CellSummary, SweepDir, results_row
 
-KEY = CellKey.pair_fields()  # what an AR cell and its DFlash cell share: engine, suite, concurrency, repeat
+KEY = CellKey.pair_fields()  # what an AR cell and its speculative cell share: engine, suite, concurrency, repeat
 
 
 def cells(*sweep_dirs: Path | str) -> pd.DataFrame:
@@ -73,39 +74,77 @@ def complete(frame: pd.DataFrame) -> pd.DataFrame:
 
 def pairs(frame: pd.DataFrame, metrics: Iterable[str] = ("output_throughput", "acceptance_length",
                                                          "tpot_ms_p50", "ttft_ms_p50", "j_per_token")) -> pd.DataFrame:
-    """AR and DFlash cells of the same sweep, engine, suite, concurrency and repeat side by side.
+    """Each speculative cell (SPECULATIVE: DFlash, EAGLE-3) beside its AR cell of the same sweep, engine, suite,
+    concurrency and repeat.
 
-    Columns: the key, `<metric>_ar` and `<metric>_dflash` for each metric, and
-    `speedup` = DFlash output throughput / AR output throughput. Cells with no partner are dropped.
+    Columns: the key, `mode` (the speculative cell's), `<metric>_ar` and `<metric>_spec` for each metric, and
+    `speedup` = the speculative cell's output throughput / AR's. Cells with no partner are dropped.
     """
     done = complete(frame)
     key = ["sweep", *KEY] if "sweep" in done.columns else KEY
     cols = [m for m in metrics if m in done.columns]
     ar = done[done["mode"] == "ar"][key + cols]
-    df = done[done["mode"] == "dflash"][key + cols]
-    out = ar.merge(df, on=key, suffixes=("_ar", "_dflash"))
+    spec = done[done["mode"].isin(SPECULATIVE)][key + ["mode"] + cols]
+    out = ar.merge(spec, on=key, suffixes=("_ar", "_spec"))
     if "output_throughput" in cols:
-        out["speedup"] = out["output_throughput_dflash"] / out["output_throughput_ar"]
-    return out.sort_values(key).reset_index(drop=True)
+        out["speedup"] = out["output_throughput_spec"] / out["output_throughput_ar"]
+    return out.sort_values([*key, "mode"], key=_mode_order).reset_index(drop=True)
+
+
+def _mode_order(col: pd.Series) -> pd.Series:
+    """Sort key: modes in their own order (AR, then SPECULATIVE's), any other column as it is."""
+    order = {m: i for i, m in enumerate(("ar", *SPECULATIVE))}
+    return col.map(lambda m: order.get(m, len(order))) if col.name == "mode" else col
 
 
 def headline(frame: pd.DataFrame) -> pd.DataFrame:
-    """The model card's table: suite x concurrency -> AR tok/s, DFlash tok/s and tau (repeats averaged), and the
-    speedup (speedup.py `speedup_of`: the median over repeats of each repeat's DFlash / AR), with the repeats' lowest and
-    highest as `speedup_min` and `speedup_max`."""
+    """The model card's table, per speculative mode: suite x concurrency -> AR tok/s, the mode's tok/s (`spec_tok_s`)
+    and tau (repeats averaged), and the speedup (speedup.py `speedup_of`: the median over repeats of each repeat's
+    mode / AR), with the repeats' lowest and highest as `speedup_min` and `speedup_max`. `mode` says which
+    speculative mode a row is (DFlash, EAGLE-3): rows of two modes are never one row."""
     p = pairs(frame)
     if p.empty:
-        return pd.DataFrame(columns=["engine", "suite", "concurrency", "ar_tok_s", "dflash_tok_s", "speedup",
+        return pd.DataFrame(columns=["engine", "mode", "suite", "concurrency", "ar_tok_s", "spec_tok_s", "speedup",
                                      "speedup_min", "speedup_max", "tau"])
-    group = [c for c in ("sweep", *KEY) if c in p.columns and c != "repeat"]
+    group = [c for c in ("sweep", *KEY) if c in p.columns and c != "repeat"] + ["mode"]
     return p.groupby(group, as_index=False).agg(
         ar_tok_s=("output_throughput_ar", "mean"),
-        dflash_tok_s=("output_throughput_dflash", "mean"),
-        tau=("acceptance_length_dflash", "mean"),
+        spec_tok_s=("output_throughput_spec", "mean"),
+        tau=("acceptance_length_spec", "mean"),
         repeats=("repeat", "count"),
         speedup=("speedup", speedup_of),
         speedup_min=("speedup", "min"),
         speedup_max=("speedup", "max"),
+    )
+
+
+def versus(frame: pd.DataFrame) -> pd.DataFrame:
+    """DFlash against each other speculative mode (EAGLE-3) per sweep, engine, suite and concurrency where both ran:
+    each one's tok/s and tau (repeats averaged), and `ratio`, DFlash's tok/s over the other's, as a speedup is (the
+    median of the repeats' ratios, speedup.py `speedup_of`), with its lowest and highest; `mode`: the other mode."""
+    columns = ["engine", "mode", "suite", "concurrency", "dflash_tok_s", "other_tok_s", "dflash_tau", "other_tau",
+               "ratio", "ratio_min", "ratio_max", "repeats"]
+    done = complete(frame)
+    key = ["sweep", *KEY] if "sweep" in done.columns else KEY
+    if done.empty:
+        return pd.DataFrame(columns=columns)
+    cols = ["output_throughput", "acceptance_length"]
+    mine = done[done["mode"] == "dflash"][key + cols]
+    other = done[done["mode"].isin([m for m in SPECULATIVE if m != "dflash"])][key + ["mode"] + cols]
+    both = mine.merge(other, on=key, suffixes=("_dflash", "_other"))
+    if both.empty:
+        return pd.DataFrame(columns=columns)
+    both["ratio"] = both["output_throughput_dflash"] / both["output_throughput_other"]
+    group = [c for c in key if c != "repeat"] + ["mode"]
+    return both.groupby(group, as_index=False).agg(
+        dflash_tok_s=("output_throughput_dflash", "mean"),
+        other_tok_s=("output_throughput_other", "mean"),
+        dflash_tau=("acceptance_length_dflash", "mean"),
+        other_tau=("acceptance_length_other", "mean"),
+        ratio=("ratio", speedup_of),
+        ratio_min=("ratio", "min"),
+        ratio_max=("ratio", "max"),
+        repeats=("repeat", "count"),
     )
 
 

@@ -77,7 +77,7 @@ def test_tables_are_never_cut_when_stdout_is_not_a_terminal(data_dir):
     code = ("import pandas as pd; from dflash_bench.console import new_console; "
             "from dflash_bench.sweep.progress import headline_table; "
             "new_console().print(headline_table(pd.DataFrame([dict(engine='builtin', suite='spec-bench', concurrency=8, "
-            "ar_tok_s=1234.5, dflash_tok_s=2666.4, speedup=2.16, speedup_min=2.16, speedup_max=2.55, tau=3.1, repeats=3)])))")
+            "ar_tok_s=1234.5, spec_tok_s=2666.4, speedup=2.16, speedup_min=2.16, speedup_max=2.55, tau=3.1, repeats=3)])))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "…" not in out.stdout and "concurrency" in out.stdout and "2.16x (2.16-2.55)" in out.stdout, out.stdout
@@ -89,7 +89,7 @@ def test_a_table_wider_than_an_80_column_terminal_wraps_and_keeps_every_value_wh
     code = ("import pandas as pd; from dflash_bench.console import new_console; "
             "from dflash_bench.sweep.progress import headline_table; "
             "new_console().print(headline_table(pd.DataFrame([dict(engine='emulator', suite='gsm8k', concurrency=2, "
-            "ar_tok_s=1481.6, dflash_tok_s=2977.2, speedup=2.01, speedup_min=2.01, speedup_max=2.01, tau=7.0, "
+            "ar_tok_s=1481.6, spec_tok_s=2977.2, speedup=2.01, speedup_min=2.01, speedup_max=2.01, tau=7.0, "
             "repeats=1)]), gpus=2))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "COLUMNS": "80"})

@@ -9,6 +9,7 @@ from html.parser import HTMLParser
 
 import pytest
 from benchmarks.fixtures.report_sweeps import XSS, make_sweep
+from sweep_helpers import only_sweep, results, sweep_argv
 
 from dflash_bench import analysis
 from dflash_bench.errors import UserError
@@ -29,6 +30,7 @@ class Page(HTMLParser):
 
     def __init__(self, html: str):
         super().__init__(convert_charrefs=True)
+        self.html = html
         self.tags: list[tuple[str, dict[str, str]]] = []
         self.text: list[str] = []
         self._stack: list[str] = []
@@ -228,7 +230,7 @@ def test_dflash_cells_that_did_not_speculate_are_called_out_at_the_top(tmp_path)
     page = build_report([tmp_path / "fallback"])
     parsed = Page(page.read_text())
     called = "".join(parsed.by_class["call"])
-    assert "DFlash did not speculate in 1 cell(s)" in called and f"x-dflash-gsm8k-c1: {warning}" in called
+    assert "A speculative server (DFlash, EAGLE-3) did not speculate in 1 cell(s)" in called and f"x-dflash-gsm8k-c1: {warning}" in called
     assert "<script>" not in page.read_text()
     quiet = make_sweep(tmp_path / "fine", suites=("gsm8k",), concurrency=(1,))
     assert "did not speculate" not in Page(build_report([quiet]).read_text()).all_text()
@@ -409,3 +411,73 @@ def test_partial_cells_are_called_out_with_how_many_failed_and_why(tmp_path):
     called = "".join(parsed.by_class["call"])
     assert "1 partial cell(s)" in called and f"x-dflash-gsm8k-c1: {why}" in called
     assert "x-ar-gsm8k-c1" not in called
+
+
+def test_eagle3_is_a_third_series_of_a_real_emulator_sweep(tmp_path, data_dir):
+    """A sweep of the emulator with --modes ar,dflash,eagle3 (its EAGLE-3 stand-in: a speculative server of the head's
+    draft length): the headline shows EAGLE-3's speedup over AR on rows of its own, labelled; its tau is a row of the
+    acceptance table; DFlash / EAGLE-3 per cell is its own table; and EAGLE-3 has its own colour in the figures."""
+    proc = subprocess.run(sweep_argv(tmp_path / "out", "--data-dir", str(data_dir), "--modes", "ar,dflash,eagle3",
+                                     "--eagle3", "org/emulated-eagle3", "--engine-arg=--acceptance-length=3",
+                                     suites="gsm8k", conc="1,4"), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    folder = only_sweep(tmp_path / "out")
+    tok = {(r["mode"], int(r["concurrency"])): float(r["output_throughput"]) for r in results(folder).values()}
+    parsed = Page(build_report([folder]).read_text())
+    rows = _rows(parsed, "hl")
+    assert [r[:3] for r in rows] == [["emulator", "DFlash", "gsm8k"], ["emulator", "EAGLE-3", "gsm8k"]]
+    for row, mode in zip(rows, ("dflash", "eagle3")):  # each mode's speedup over the AR cell of its own repeat
+        assert [float(x.split("×")[0]) for x in row[3:]] == pytest.approx(
+            [tok[mode, c] / tok["ar", c] for c in (1, 4)], abs=0.006)
+    assert [r[:3] for r in _rows(parsed, "tau")] == [["emulator", "DFlash", "gsm8k"], ["emulator", "EAGLE-3", "gsm8k"]]
+    versus = _rows(parsed, "versus")
+    assert [(r[2], r[4]) for r in versus] == [("1", "EAGLE-3"), ("4", "EAGLE-3")]
+    assert [float(r[6].rstrip("×")) for r in versus] == pytest.approx([tok["dflash", c] / tok["eagle3", c] for c in (1, 4)],
+                                                                     abs=0.006)
+    assert sum("best" in t for t in parsed.by_class["good"]) == 2  # a best cell per speculative mode, not one of both
+    green = _share_of(_figures_in(parsed)["pareto"], (0x2C, 0xA0, 0x2C))
+    assert green > 0.0005, green  # EAGLE-3's points and frontier, in its own colour
+
+
+def _rows(parsed: Page, table_class: str) -> list[list[str]]:
+    """The text of each body row of the page's table of this class, a string per cell."""
+    from html.parser import HTMLParser
+
+    class Rows(HTMLParser):
+        def __init__(self) -> None:
+            super().__init__(convert_charrefs=True)
+            self.inside, self.rows, self.cell = 0, [], None
+
+        def handle_starttag(self, tag, attrs):
+            if tag == "table" and table_class in (dict(attrs).get("class") or "").split():
+                self.inside = 1
+            elif self.inside and tag == "tr":
+                self.rows.append([])
+            elif self.inside and tag == "td":
+                self.cell = ""
+
+        def handle_endtag(self, tag):
+            if tag == "table":
+                self.inside = 0
+            elif self.inside and tag == "td" and self.cell is not None:
+                self.rows[-1].append(" ".join(self.cell.split()))
+                self.cell = None
+
+        def handle_data(self, data):
+            if self.cell is not None:
+                self.cell += data
+
+    p = Rows()
+    p.feed(parsed.html)
+    return [r for r in p.rows if r]
+
+
+def _share_of(png: bytes, rgb: tuple[int, int, int]) -> float:
+    """The share of a PNG's pixels within a few levels of this colour."""
+    import io
+
+    import matplotlib.image
+    import numpy as np
+
+    pixels = (matplotlib.image.imread(io.BytesIO(png))[..., :3] * 255).astype(int)
+    return float((np.abs(pixels - np.array(rgb)).max(axis=-1) <= 6).mean())

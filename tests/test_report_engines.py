@@ -133,7 +133,7 @@ def test_the_engines_sit_side_by_side_per_suite_each_row_labelled_with_its_kind(
     assert "vllm, random drafter (τ about 1): below 1 at every concurrency measured (0.84x at c=1)" in text
     # a warning repeated on every DFlash cell of a sweep: one line per sweep, its numbers as a range
     head = section(html, "headline")
-    assert head.count("DFlash did not speculate in 6 cell(s)") == 3
+    assert head.count("A speculative server (DFlash, EAGLE-3) did not speculate in 6 cell(s)") == 3
     assert head.count("and 0 more") == 0 and head.count("(0 accepted over 100-3200 drafts)") == 3
     assert "random weights: a random drafter accepts nothing" in head
 

@@ -1,4 +1,4 @@
-"""What the report says about single cells: failed or unfinished ones, DFlash cells that did not speculate,
+"""What the report says about single cells: failed or unfinished ones, speculative cells that did not speculate,
 cells whose prompts the server partly read from its prefix cache, cells measured as a steady stream, and sample
 outputs (escaped by the page, never here)."""
 
@@ -10,7 +10,7 @@ from typing import Any
 import pandas as pd
 
 from dflash_bench import analysis
-from dflash_bench.store import Manifest, SteadyPlan, SweepDir
+from dflash_bench.store import SPECULATIVE, Manifest, SteadyPlan, SweepDir
 
 SAMPLE_CHARS = 600
 CACHED_SHARE = 0.01  # a cell whose server read at least this share of its prompt tokens from its prefix cache
@@ -48,10 +48,11 @@ def _number(text: str) -> float:
 
 
 def no_speculation(frame: pd.DataFrame) -> list[dict[str, Any]]:
-    """Complete DFlash cells that show no sign of speculation (the silent fallback to AR), with why."""
+    """Complete speculative cells (DFlash, EAGLE-3) that show no sign of speculation (the silent fallback to AR),
+    with why."""
     if frame.empty or "dflash_warning" not in frame:
         return []
-    rows = frame[(frame["mode"] == "dflash") & frame["dflash_warning"].map(lambda w: isinstance(w, str) and bool(w))]
+    rows = frame[frame["mode"].isin(SPECULATIVE) & frame["dflash_warning"].map(lambda w: isinstance(w, str) and bool(w))]
     return [{"cell_id": r["cell_id"], "warning": r["dflash_warning"]} for _, r in rows.iterrows()]
 
 

@@ -1,7 +1,7 @@
 """The report's figures (matplotlib, Agg backend), one function per figure; each returns PNG bytes or None
 when the sweep has nothing to draw for it.
 
-Colours: AR blue, DFlash orange, everywhere. Engines of one sweep differ by marker and line style.
+Colours: AR blue, DFlash orange, EAGLE-3 green, everywhere. Engines of one sweep differ by marker and line style.
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ import pandas as pd  # noqa: E402
 
 from dflash_bench import analysis  # noqa: E402
 from dflash_bench.report.tables import SweepView  # noqa: E402
+from dflash_bench.store import MODE_NAMES, SPECULATIVE  # noqa: E402
 
-COLORS = {"ar": "#1f77b4", "dflash": "#ff7f0e"}
-NAMES = {"ar": "AR", "dflash": "DFlash"}
+COLORS = {"ar": "#1f77b4", "dflash": "#ff7f0e", "eagle3": "#2ca02c"}
+NAMES = MODE_NAMES
 MARKERS = ["o", "s", "^", "D", "v"]
 STYLES = ["-", "--", ":", "-."]
 DPI = 100
@@ -121,6 +122,28 @@ def _style(view: SweepView, engine: str, mode: str) -> dict[str, Any]:
 def _series_label(view: SweepView, engine: str, mode: str) -> str:
     name = NAMES.get(mode, mode)
     return f"{engine} {name}" if len(_engines(view)) > 1 else name
+
+
+def _speculative(view: SweepView) -> pd.DataFrame:
+    """The sweep's cells of the speculative modes (SPECULATIVE: DFlash, EAGLE-3), repeats averaged."""
+    return view.done[view.done["mode"].isin(SPECULATIVE)] if not view.done.empty else view.done
+
+
+def _spec_style(view: SweepView, data: pd.DataFrame, engine: str, mode: str) -> dict[str, Any]:
+    """A speculative series where colour means the suite: the engine's marker; each mode past the first its own
+    line style, so DFlash's line and EAGLE-3's never read as one."""
+    st = _style(view, engine, mode)
+    modes = [m for m in SPECULATIVE if m in set(data["mode"])]
+    if len(modes) > 1:
+        st["linestyle"] = STYLES[modes.index(mode) % len(STYLES)] if mode in modes else ":"
+    return st
+
+
+def _spec_label(view: SweepView, data: pd.DataFrame, suite: str, engine: str, mode: str) -> str:
+    """`suite`, with the engine where the sweep ran several and the mode where it ran several speculative ones."""
+    extra = [engine] if len(_engines(view)) > 1 else []
+    extra += [NAMES.get(mode, mode)] if data["mode"].nunique() > 1 else []
+    return f"{suite} ({', '.join(extra)})" if extra else suite
 
 
 def _valid(frame: pd.DataFrame, *cols: str) -> pd.DataFrame:
@@ -239,17 +262,17 @@ def pareto_p90(view: SweepView) -> plt.Figure | None:
 
 
 def acceptance(view: SweepView) -> plt.Figure | None:
-    data = _valid(view.done[view.done["mode"] == "dflash"] if not view.done.empty else view.done, "acceptance_length")
+    data = _valid(_speculative(view), "acceptance_length")
     if data.empty:
         return None
     suites = view.ordered(data["suite"])
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
-    cmap = plt.get_cmap("Dark2")  # not blue/orange: those mean AR/DFlash everywhere else
+    cmap = plt.get_cmap("Dark2")  # not blue/orange/green: those mean AR/DFlash/EAGLE-3 everywhere else
     for i, suite in enumerate(suites):
-        for engine, g in data[data["suite"] == suite].groupby("engine"):
+        for (engine, mode), g in data[data["suite"] == suite].groupby(["engine", "mode"]):
             g = g.sort_values("concurrency")
-            st = _style(view, engine, "dflash")
-            label = suite if len(_engines(view)) == 1 else f"{suite} ({engine})"
+            st = _spec_style(view, data, engine, mode)
+            label = _spec_label(view, data, suite, engine, mode)
             ax.plot(g["concurrency"], g["acceptance_length"], color=cmap(i % 8), marker=st["marker"], linestyle=st["linestyle"], label=label)
             for col, mk in (("acceptance_length_req_weighted", "x"), ("acceptance_length_token_weighted", "+")):
                 if col in g.columns and g[col].notna().any():
@@ -268,7 +291,7 @@ def acceptance(view: SweepView) -> plt.Figure | None:
 
 
 def positions(view: SweepView) -> plt.Figure | None:
-    data = view.done[view.done["mode"] == "dflash"] if not view.done.empty else view.done
+    data = _speculative(view)
     if data.empty or "positions" not in data.columns:
         return None
     data = data[data["positions"].apply(lambda v: isinstance(v, list) and len(v) > 0)]
@@ -281,7 +304,8 @@ def positions(view: SweepView) -> plt.Figure | None:
     for ax, suite in zip(axes, suites):
         mine = data[data["suite"] == suite]
         measured = sorted({int(c) for c in mine["concurrency"]})  # a line per concurrency: at most MAX_LEGEND a panel
-        keep = {measured[i] for i in _spread(len(measured), max(1, MAX_LEGEND // max(mine["engine"].nunique(), 1)))}
+        series = max(len(mine.groupby(["engine", "mode"])), 1)
+        keep = {measured[i] for i in _spread(len(measured), max(1, MAX_LEGEND // series))}
         for _, row in mine[mine["concurrency"].isin(keep)].sort_values("concurrency").iterrows():
             pos = row["positions"]
             reach = row.get("verified_positions")
@@ -290,8 +314,9 @@ def positions(view: SweepView) -> plt.Figure | None:
             if not pos:
                 continue
             shade = cmap(concs.index(int(row["concurrency"])) / max(len(concs) - 1, 1) * 0.85)
-            st = _style(view, row["engine"], "dflash")
-            label = f"c{int(row['concurrency'])}" + (f" {row['engine']}" if len(_engines(view)) > 1 else "")
+            st = _spec_style(view, data, row["engine"], row["mode"])
+            label = f"c{int(row['concurrency'])}" + (f" {row['engine']}" if len(_engines(view)) > 1 else "") + (
+                f" {NAMES.get(row['mode'], row['mode'])}" if data["mode"].nunique() > 1 else "")
             ax.plot(range(1, len(pos) + 1), pos, color=shade, marker=".", linestyle=st["linestyle"], label=label)
         ax.set_title(suite)
         ax.set_xlabel("draft position")
@@ -306,17 +331,17 @@ def positions(view: SweepView) -> plt.Figure | None:
 def verify_width(view: SweepView) -> plt.Figure | None:
     """Tokens verified per row and step against concurrency: the block size for an engine that always checks
     the whole block (vLLM), less where the engine narrows the verify under load (the builtin fast path)."""
-    data = view.done[view.done["mode"] == "dflash"] if not view.done.empty else view.done
+    data = _speculative(view)
     data = _valid(data, "verify_width") if "verify_width" in data.columns else data.iloc[0:0]
     if data.empty:
         return None
     fig, ax = plt.subplots(figsize=(7.5, 3.6))
     cmap = plt.get_cmap("Dark2")
     for i, suite in enumerate(view.ordered(data["suite"])):
-        for engine, g in data[data["suite"] == suite].groupby("engine"):
+        for (engine, mode), g in data[data["suite"] == suite].groupby(["engine", "mode"]):
             g = g.sort_values("concurrency")
-            st = _style(view, engine, "dflash")
-            label = suite if len(_engines(view)) == 1 else f"{suite} ({engine})"
+            st = _spec_style(view, data, engine, mode)
+            label = _spec_label(view, data, suite, engine, mode)
             ax.plot(g["concurrency"], g["verify_width"], color=cmap(i % 8), marker=st["marker"],
                     linestyle=st["linestyle"], label=label)
     _conc_axis(ax, sorted(int(c) for c in set(data["concurrency"])))
@@ -452,12 +477,15 @@ def input_length(view: SweepView) -> plt.Figure | None:
         return None
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.0))
     cmap = plt.get_cmap("Dark2")
-    for i, ((engine, conc), g) in enumerate(data.groupby(["engine", "concurrency"])):
+    modes = data["mode"].nunique() > 1
+    for i, ((engine, mode, conc), g) in enumerate(data.groupby(["engine", "mode", "concurrency"])):
         g = g.sort_values("input_len")
-        label = f"c={conc}" if len(_engines(view)) == 1 else f"{engine} c={conc}"
-        left.plot(g["input_len"], g["speedup"], marker="o", color=cmap(i % 8), label=label)
-        right.plot(g["input_len"], g["tau"], marker="o", color=cmap(i % 8), label=label)
-    for ax, ylabel in ((left, "speedup (DFlash / AR tok/s)"), (right, "acceptance length τ")):
+        label = (f"c={conc}" if len(_engines(view)) == 1 else f"{engine} c={conc}") + (f" {NAMES.get(mode, mode)}" if modes else "")
+        style = STYLES[SPECULATIVE.index(mode) % len(STYLES)] if modes and mode in SPECULATIVE else "-"
+        left.plot(g["input_len"], g["speedup"], marker="o", color=cmap(i % 8), linestyle=style, label=label)
+        right.plot(g["input_len"], g["tau"], marker="o", color=cmap(i % 8), linestyle=style, label=label)
+    name = "DFlash" if not modes else "speculative"
+    for ax, ylabel in ((left, f"speedup ({name} / AR tok/s)"), (right, "acceptance length τ")):
         ax.set_xscale("log", base=2)
         ticks = sorted(int(n) for n in set(data["input_len"]))
         ax.set_xticks(ticks, [f"{n // 1024}k" if n % 1024 == 0 else str(n) for n in ticks])

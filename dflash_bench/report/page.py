@@ -152,7 +152,6 @@ def _context(view: tables.SweepView, figs: dict[str, dict[str, str]], slo: str |
     steady = cells.steady(view.frame)
     args = list(m.settings.engine_args) if m.settings else []
     cells.mark_steady(matrix, steady)
-    best, worst = tables.best_and_worst(view.headline)
     statuses: dict[str, int] = {}
     for cell in m.plan:
         statuses[cell.status] = statuses.get(cell.status, 0) + 1
@@ -170,8 +169,8 @@ def _context(view: tables.SweepView, figs: dict[str, dict[str, str]], slo: str |
         "figs": figs,
         "concs": concs,
         "matrix": matrix,
-        "best": best,
-        "worst": worst,
+        "extremes": tables.best_and_worst(view.headline),
+        "versus": tables.versus_rows(view),
         "tau": tables.tau_matrix(view),
         "accept": [r for r in tables.stat_table(view, ["acceptance_length", "acceptance_length_req_weighted",
                                                        "acceptance_length_token_weighted", "acceptance_rate",

@@ -15,6 +15,7 @@ from dflash_bench import analysis
 from dflash_bench import published as card
 from dflash_bench import slo as slo_mod
 from dflash_bench.errors import UserError
+from dflash_bench.store import MODE_NAMES
 from dflash_bench.report.tables import SweepView, gpu_names
 
 
@@ -48,10 +49,11 @@ def card_context(view: SweepView) -> dict[str, Any] | None:
     if table is None:
         return None
     head, arm = card_arm(view.headline, table.settings.thinking)
+    head = head[head["mode"] == "dflash"] if not head.empty else head  # the card publishes DFlash's numbers
     engines = list(head["engine"].unique()) if not head.empty else []
     engine = table.settings.engine if table.settings.engine in engines else (engines[0] if engines else None)
     measured = [card.MeasuredRow(suite=r["suite"], concurrency=int(r["concurrency"]), ar_tok_s=_f(r["ar_tok_s"]),
-                                 dflash_tok_s=_f(r["dflash_tok_s"]), tau=_f(r["tau"]), speedup=_f(r["speedup"]))
+                                 dflash_tok_s=_f(r["spec_tok_s"]), tau=_f(r["tau"]), speedup=_f(r["speedup"]))
                 for _, r in head.iterrows() if r["engine"] == engine]
     asked = {"on": True, "off": False}.get(arm or "")
     cells = [s for s in view.summaries if s.engine == engine
@@ -90,16 +92,16 @@ def _f(value: Any) -> float | None:
 
 
 def thinking_pairs(view: SweepView) -> list[dict[str, Any]]:
-    """--thinking both: per engine, suite and concurrency, speedup and τ with thinking off beside on."""
+    """--thinking both: per engine, speculative mode, suite and concurrency, speedup and τ with thinking off beside on."""
     head = view.headline
     if head.empty or "thinking_asked" not in head.columns or not (head["thinking_asked"] != "").any():
         return []
     arms = head[head["thinking_asked"] != ""]
     arms = arms.assign(base=analysis.base_suite(arms["suite"]))
     rows = []
-    for (engine, suite, conc), g in arms.groupby(["engine", "base", "concurrency"], sort=False):
+    for (engine, mode, suite, conc), g in arms.groupby(["engine", "mode", "base", "concurrency"], sort=False):
         side = {arm: g[g["thinking_asked"] == arm].iloc[0] for arm in ("off", "on") if (g["thinking_asked"] == arm).any()}
-        rows.append({"engine": engine, "suite": suite, "concurrency": int(conc),
+        rows.append({"engine": engine, "mode": MODE_NAMES.get(mode, mode), "suite": suite, "concurrency": int(conc),
                      **{f"{k}_{arm}": _f(side[arm][k]) if arm in side else None
                         for arm in ("off", "on") for k in ("speedup", "tau")}})
     return rows

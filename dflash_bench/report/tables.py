@@ -21,8 +21,9 @@ from dflash_bench.errors import UserError
 from dflash_bench.report.cells import failures, sample_outputs
 from dflash_bench.report.quality import quality_table
 from dflash_bench.profiles.gpus import recorded_gpus
-from dflash_bench.store import CellKey, CellSummary, Hardware, Manifest, SweepDir, SweepSettings
+from dflash_bench.store import MODE_NAMES, SPECULATIVE, CellKey, CellSummary, Hardware, Manifest, SweepDir, SweepSettings
 
+SIDES = ("ar", *SPECULATIVE)  # the modes a row of stat_table sets side by side
 SECRET_KEY = re.compile(r"(^|[_-])token$|secret|passw|api[_-]?key|authorization", re.I)  # not max_tokens
 
 
@@ -280,23 +281,39 @@ def redact(value: Any) -> Any:
     return value
 
 
-def best_and_worst(headline: pd.DataFrame) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    rows = headline.dropna(subset=["speedup"]) if not headline.empty else headline
-    if rows.empty:
-        return None, None
-    best = rows.loc[rows["speedup"].idxmax()].to_dict()
-    worst = rows.loc[rows["speedup"].idxmin()].to_dict()
-    return best, (worst if len(rows) > 1 else None)
+def best_and_worst(headline: pd.DataFrame) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
+    """Per speculative mode (DFlash, EAGLE-3: never one against the other), the cell of the highest speedup and, where
+    there is another, of the lowest."""
+    out = []
+    for _, rows in _by_mode(headline.dropna(subset=["speedup"]) if not headline.empty else headline):
+        best = rows.loc[rows["speedup"].idxmax()].to_dict()
+        worst = rows.loc[rows["speedup"].idxmin()].to_dict()
+        out.append((best | {"mode_name": mode_name(best["mode"])}, (worst | {"mode_name": mode_name(worst["mode"])})
+                    if len(rows) > 1 else None))
+    return out
+
+
+def _by_mode(table: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """A table's rows per speculative mode, in SPECULATIVE's order."""
+    if table.empty:
+        return []
+    return [(m, table[table["mode"] == m]) for m in SPECULATIVE if (table["mode"] == m).any()]
+
+
+def mode_name(mode: str) -> str:
+    return MODE_NAMES.get(mode, mode)
 
 
 def headline_matrix(headline: pd.DataFrame) -> tuple[list[int], list[dict[str, Any]]]:
-    """The model card's layout: one row per engine x suite, one column per concurrency."""
+    """The model card's layout: one row per engine x speculative mode x suite, one column per concurrency; each
+    mode's best and worst cell marked among its own."""
     if headline.empty:
         return [], []
     concs = sorted(int(c) for c in headline["concurrency"].unique())
-    best, worst = best_and_worst(headline)
+    marks = {(b["engine"], b["mode"], b["suite"], b["concurrency"]): "best" for b, _ in best_and_worst(headline)}
+    marks |= {(w["engine"], w["mode"], w["suite"], w["concurrency"]): "worst" for _, w in best_and_worst(headline) if w}
     rows = []
-    for (engine, suite), group in headline.groupby(["engine", "suite"], sort=False):
+    for (engine, mode, suite), group in headline.groupby(["engine", "mode", "suite"], sort=False):
         cells: list[dict[str, Any] | None] = []
         by_c: dict[int, dict[str, Any]] = {}
         for r in group.to_dict("records"):
@@ -306,50 +323,62 @@ def headline_matrix(headline: pd.DataFrame) -> tuple[list[int], list[dict[str, A
                 cells.append(None)
                 continue
             r = by_c[c]
-            r["best"] = best is not None and _same(r, best)
-            r["worst"] = worst is not None and _same(r, worst)
+            mark = marks.get((engine, mode, suite, r["concurrency"]))
+            r["best"], r["worst"] = mark == "best", mark == "worst"
             cells.append(r)
-        rows.append({"engine": engine, "suite": suite, "cells": cells})
+        rows.append({"engine": engine, "mode": mode, "mode_name": mode_name(mode), "suite": suite, "cells": cells})
     return concs, rows
 
 
-def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    return all(a.get(k) == b.get(k) for k in ("engine", "suite", "concurrency"))
-
-
 def comparison(views: list[SweepView]) -> tuple[list[str], list[dict[str, Any]]]:
-    """Speedup and tau of several sweeps side by side: one row per engine-free suite x concurrency."""
+    """Speedup and tau of several sweeps side by side: one row per engine-free suite x concurrency x speculative
+    mode."""
     labels = [v.label for v in views]
-    keys: list[tuple[str, int]] = []
-    per: list[dict[tuple[str, int], dict[str, Any]]] = []
+    keys: list[tuple[str, int, str]] = []
+    per: list[dict[tuple[str, int, str], dict[str, Any]]] = []
     for v in views:
-        d: dict[tuple[str, int], dict[str, Any]] = {}
-        for _, r in v.headline.iterrows():
-            k = (str(r["suite"]), int(r["concurrency"]))
+        d: dict[tuple[str, int, str], dict[str, Any]] = {}
+        for r in v.headline.to_dict("records"):
+            k = (str(r["suite"]), int(r["concurrency"]), str(r["mode"]))
             d[k] = {"speedup": r["speedup"], "tau": r["tau"], "engine": r["engine"]}
             if k not in keys:
                 keys.append(k)
         per.append(d)
     first = {s: i for i, s in reversed(list(enumerate(k[0] for k in keys)))}
-    keys.sort(key=lambda k: (first[k[0]], k[1]))
-    rows = [{"suite": s, "concurrency": c, "cells": [d.get((s, c)) for d in per]} for s, c in keys]
+    order = {m: i for i, m in enumerate(SPECULATIVE)}
+    keys.sort(key=lambda k: (first[k[0]], k[1], order.get(k[2], len(order))))
+    rows = [{"suite": s, "concurrency": c, "mode_name": mode_name(m), "cells": [d.get((s, c, m)) for d in per]}
+            for s, c, m in keys]
     return labels, rows
 
 
 def tau_matrix(view: SweepView) -> tuple[list[int], list[dict[str, Any]]]:
-    """Acceptance length per engine x suite (rows) and concurrency (columns), from the DFlash cells."""
+    """Acceptance length per engine x speculative mode x suite (rows) and concurrency (columns)."""
     done = view.done
     if done.empty or "acceptance_length" not in done.columns:
         return [], []
-    df = done[(done["mode"] == "dflash") & done["acceptance_length"].notna()]
+    df = done[done["mode"].isin(SPECULATIVE) & done["acceptance_length"].notna()]
     if df.empty:
         return [], []
     concs = sorted(int(c) for c in df["concurrency"].unique())
     rows = []
-    for (engine, suite), group in df.groupby(["engine", "suite"], sort=False):
-        by_c = {int(r["concurrency"]): r.to_dict() for _, r in group.iterrows()}
-        rows.append({"engine": engine, "suite": suite, "cells": [by_c.get(c) for c in concs]})
+    for (engine, mode, suite), group in df.groupby(["engine", "mode", "suite"], sort=False):
+        by_c = {int(r["concurrency"]): r for r in group.to_dict("records")}
+        rows.append({"engine": engine, "mode": mode, "mode_name": mode_name(mode), "suite": suite,
+                     "cells": [by_c.get(c) for c in concs]})
     return concs, rows
+
+
+def versus_rows(view: SweepView) -> list[dict[str, Any]]:
+    """DFlash against each other speculative mode (analysis.versus) per engine, suite and concurrency where both ran."""
+    table = analysis.versus(view.frame) if not view.frame.empty else view.frame
+    if table.empty:
+        return []
+    out = in_order(table, view.suite_rank).to_dict("records")
+    for r in out:
+        r["mode_name"] = mode_name(r["mode"])
+        r["concurrency"] = int(r["concurrency"])
+    return out
 
 
 def energy_rows(view: SweepView) -> list[dict[str, Any]]:
@@ -358,7 +387,7 @@ def energy_rows(view: SweepView) -> list[dict[str, Any]]:
     shows no ratio (`ratio_note` says why): the two disagree by tens of percent on short windows."""
     rows = stat_table(view, ["j_per_token", "avg_power_w", "energy_source", "energy_valid", "energy_note"])
     for r in rows:
-        for mode in ("ar", "dflash"):
+        for mode in SIDES:
             valid = r.get(f"energy_valid_{mode}")
             if _present(valid) and valid in (False, "False", "false"):
                 r[f"j_per_token_{mode}"] = None
@@ -388,13 +417,14 @@ def tau_counting(view: SweepView) -> list[tuple[str, str]]:
 
 
 def stat_table(view: SweepView, metrics: list[str]) -> list[dict[str, Any]]:
-    """AR and DFlash side by side per engine x suite x concurrency, for the given flattened columns."""
+    """AR and each speculative mode side by side per engine x suite x concurrency, for the given flattened columns
+    (`<metric>_ar`, `<metric>_dflash`, `<metric>_eagle3`)."""
     done = view.done
     if done.empty:
         return []
     key = ["engine", "suite", "concurrency"]
     groups = done[key].drop_duplicates()  # in done's order
-    for mode in ("ar", "dflash"):
+    for mode in SIDES:
         side = done[done["mode"] == mode].drop_duplicates(key)
         cols = {m: f"{m}_{mode}" for m in metrics if m in side.columns}
         groups = groups.merge(side[key + list(cols)].rename(columns=cols), on=key, how="left")

@@ -15,6 +15,8 @@ SCHEMA_VERSION = 2  # 2: typed manifest sections; summary fields instead of `ext
 Mode = Literal["ar", "dflash", "eagle3"]
 # the modes that speculate: each is checked against its AR partner (the lossless check, accuracy's AR − mode)
 SPECULATIVE: tuple[str, ...] = ("dflash", "eagle3")
+# what tables, figures and the console call each mode
+MODE_NAMES: dict[str, str] = {"ar": "AR", "dflash": "DFlash", "eagle3": "EAGLE-3"}
 CellStatus = Literal["pending", "running", "complete", "partial", "failed"]
 # a cell whose numbers exist: complete, or partial (some measured requests failed: its figures cover the others)
 MEASURED: tuple[str, ...] = ("complete", "partial")

@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from dflash_bench.console import new_console
-from dflash_bench.store import CellPlan, CellSummary, Manifest, SweepDir
+from dflash_bench.store import MODE_NAMES, CellPlan, CellSummary, Manifest, SweepDir
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -97,7 +97,7 @@ class SweepProgress:
         summaries = sweep.summaries()
         if head.empty and summaries:
             out.print(cells_table(summaries, gpus))
-        if versus := eagle3_table(summaries):
+        if not frame.empty and (versus := versus_table(analysis.versus(frame))):
             out.print(versus)
         settings = self.manifest.settings
         if settings is not None and settings.slo:
@@ -147,46 +147,55 @@ def speedup_text(row: pd.Series) -> str:
 
 
 def headline_table(head: pd.DataFrame, gpus: int | None = None) -> Table:
+    """analysis.headline's rows: AR against each speculative mode (a `mode` column where a mode other than DFlash ran)."""
     most = int(head["repeats"].max()) if "repeats" in head.columns and not head.empty else 1
     shard = gpus is not None and gpus > 1
-    title = "AR vs DFlash (output tokens/s" + (f"; {gpus} GPUs per server" if shard else "") + (
+    modes = list(head["mode"]) if "mode" in head.columns else ["dflash"] * len(head)
+    many = set(modes) != {"dflash"}
+    spec = "speculative" if many else MODE_NAMES["dflash"]
+    title = f"AR vs {spec} (output tokens/s" + (f"; {gpus} GPUs per server" if shard else "") + (
         f"; speedup over {most} repeats: median (lowest-highest))" if most > 1 else ")")
     table = Table(title=title)
-    extra = ("AR tok/s per GPU", "DFlash tok/s per GPU") if shard else ()
-    for col in ("engine", "suite", "concurrency", "AR tok/s", "DFlash tok/s", *extra, "speedup", "τ"):
-        table.add_column(col, justify="right" if col not in ("engine", "suite") else "left")
-    for _, r in head.iterrows():
+    extra = ("AR tok/s per GPU", f"{spec} tok/s per GPU") if shard else ()
+    for col in ("engine", *(("mode",) if many else ()), "suite", "concurrency", "AR tok/s", f"{spec} tok/s", *extra,
+                "speedup", "τ"):
+        table.add_column(col, justify="right" if col not in ("engine", "mode", "suite") else "left")
+    for mode, (_, r) in zip(modes, head.iterrows()):
         tau = "-" if r["tau"] != r["tau"] or r["tau"] is None else f"{r['tau']:.2f}"
-        if tau == "-" or r["tau"] < 1.05:  # the DFlash server showed no sign of speculating
+        if tau == "-" or r["tau"] < 1.05:  # the speculative server showed no sign of speculating
             tau = f"[bold red]{tau} (no speculation)[/]"
-        shares = [per_gpu(r["ar_tok_s"], gpus), per_gpu(r["dflash_tok_s"], gpus)] if shard else []
-        table.add_row(escape(str(r["engine"])), escape(str(r["suite"])), str(r["concurrency"]), f"{r['ar_tok_s']:,.1f}",
-                      f"{r['dflash_tok_s']:,.1f}", *shares, speedup_text(r), tau)
+        shares = [per_gpu(r["ar_tok_s"], gpus), per_gpu(r["spec_tok_s"], gpus)] if shard else []
+        table.add_row(escape(str(r["engine"])), *((MODE_NAMES.get(mode, mode),) if many else ()), escape(str(r["suite"])),
+                      str(r["concurrency"]), f"{r['ar_tok_s']:,.1f}", f"{r['spec_tok_s']:,.1f}", *shares,
+                      speedup_text(r), tau)
     return table
 
 
-def eagle3_table(summaries: list[CellSummary]) -> Table | None:
-    """DFlash against EAGLE-3 per engine, suite and concurrency where a sweep ran both (--modes ...,dflash,eagle3):
-    their tok/s (the median over repeats), the ratio and each one's tau; None where it ran no EAGLE-3 cell."""
-    from statistics import median
-
-    done: dict[tuple[str, str, int], dict[str, list[CellSummary]]] = {}
-    for s in summaries:
-        if s.status == "complete" and s.output_throughput is not None and s.mode in ("dflash", "eagle3"):
-            done.setdefault((s.engine, s.suite, s.concurrency), {}).setdefault(s.mode, []).append(s)
-    keys = [k for k, modes in done.items() if len(modes) == 2]
-    if not keys:
+def versus_table(versus: pd.DataFrame) -> Table | None:
+    """DFlash against each other speculative mode (analysis.versus) where a sweep ran both (--modes ...,dflash,eagle3):
+    their tok/s (repeats averaged), the ratio (the median of the repeats' ratios) and each one's tau; None where it
+    ran none."""
+    if versus.empty:
         return None
-    table = Table(title="DFlash vs EAGLE-3 (output tokens/s; ratio: DFlash / EAGLE-3)")
-    for col in ("engine", "suite", "concurrency", "DFlash tok/s", "EAGLE-3 tok/s", "ratio", "τ DFlash", "τ EAGLE-3"):
-        table.add_column(col, justify="right" if col not in ("engine", "suite") else "left")
-    for key in keys:
-        tok = {m: median(s.output_throughput or 0.0 for s in cells) for m, cells in done[key].items()}
-        tau = {m: [s.acceptance_length for s in cells if s.acceptance_length is not None] for m, cells in done[key].items()}
-        shown = {m: f"{median(v):.2f}" if v else "-" for m, v in tau.items()}
-        table.add_row(escape(key[0]), escape(key[1]), str(key[2]), f"{tok['dflash']:,.1f}", f"{tok['eagle3']:,.1f}",
-                      f"{tok['dflash'] / tok['eagle3']:.2f}x" if tok["eagle3"] else "-", shown["dflash"], shown["eagle3"])
+    most = int(versus["repeats"].max())
+    others = list(dict.fromkeys(versus["mode"]))
+    name = MODE_NAMES.get(others[0], others[0]) if len(others) == 1 else "the other"
+    table = Table(title=f"DFlash vs {' / '.join(MODE_NAMES.get(m, m) for m in others)} (output tokens/s; ratio: DFlash / "
+                  f"{name}" + (f", over {most} repeats: median (lowest-highest))" if most > 1 else ")"))
+    cols = ("engine", "suite", "concurrency", "DFlash tok/s", *(("mode",) if len(others) > 1 else ()), f"{name} tok/s",
+            "ratio", "τ DFlash", f"τ {name}")
+    for col in cols:
+        table.add_column(col, justify="right" if col not in ("engine", "suite", "mode") else "left")
+    for r in versus.to_dict("records"):
+        ratio = f"{r['ratio']:.2f}x" + (f" ({r['ratio_min']:.2f}-{r['ratio_max']:.2f})" if r["repeats"] > 1 else "")
+        table.add_row(escape(str(r["engine"])), escape(str(r["suite"])), str(r["concurrency"]), f"{r['dflash_tok_s']:,.1f}",
+                      *((MODE_NAMES.get(r["mode"], r["mode"]),) if len(others) > 1 else ()), f"{r['other_tok_s']:,.1f}",
+                      ratio, _tau(r["dflash_tau"]), _tau(r["other_tau"]))
     return table
+
+
+def _tau(v: float | None) -> str:
+    return "-" if v is None or v != v else f"{v:.2f}"
 
 
 def gpus_per_server(manifest: Manifest) -> int | None:
