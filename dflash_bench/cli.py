@@ -73,7 +73,7 @@ def run(
     """Measure one running server on one suite at one concurrency and write it as a cell of a sweep folder."""
     from dflash_bench.client.loadgen import LoadSettings
     from dflash_bench.client.protocol import RequestSettings
-    from dflash_bench.client.run import run_one
+    from dflash_bench.client.run_command import run_one
 
     request = RequestSettings(api=api, model=model or "", max_tokens=max_tokens, temperature=temperature,
                               save_token_ids=save_token_ids, enable_thinking=thinking, ignore_eos=ignore_eos,
@@ -213,9 +213,10 @@ def quality(
     check_sweep(sweep_dir, data_dir=data_dir, score_code=score_code, near_tie=near_tie, timeout_s=timeout)
 
 
-# serve, emulate, launch, stop, doctor, telemetry, train-drafter, engines build: registered after the
+# serve, emulate, launch, stop, doctor, telemetry, engines build, then train-drafter: registered after the
 # harness's commands so that `--help` lists those first
 from dflash_bench import cli_servers  # noqa: E402, F401
+from dflash_bench import cli_train  # noqa: E402, F401
 
 
 def check_argv(argv: list[str]) -> None:

@@ -1,7 +1,7 @@
 """The Typer app every command registers on, its sub-apps, and the options several commands share.
 
 Kept apart from the commands so that `cli.py` (the harness: sweep, run, report, gate, ...) and
-`cli_servers.py` (what starts or builds servers: serve, emulate, launch, ...) both register on it without
+`cli_servers.py` (what starts or builds servers: serve, emulate, launch, ...) and `cli_train.py` (train-drafter) register on it without
 importing each other.
 """
 

@@ -1,5 +1,5 @@
-"""The commands that start, stop or build servers and models: serve, emulate, launch, stop, doctor,
-telemetry, train-drafter and `engines build`. Registered on the app of `cli_app.py`; `cli.py` imports this
+"""The commands that start, stop or build servers: serve, emulate, launch, stop, doctor, telemetry and
+`engines build` (train-drafter: cli_train.py). Registered on the app of `cli_app.py`; `cli.py` imports this
 module so that `dflash-bench` has them. Heavy imports stay inside the commands (see cli.py).
 """
 
@@ -21,7 +21,7 @@ def engines_build(
     force: bool = typer.Option(False, "--force", help="Build again even if the cache folder holds a build."),
 ) -> None:
     """Build an engine from source into the cache folder (llamacpp: PyPI's llama-cpp-python sdist, cmake + ninja)."""
-    from dflash_bench.llamacpp.commands import build_command
+    from dflash_bench.llamacpp.build_command import build_command
 
     build_command(engine, jobs=jobs, force=force)
 
@@ -88,7 +88,7 @@ def launch(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the exact docker or process command and exit."),
 ) -> None:
     """Start one AR or DFlash server, print its URL and keep it up until Ctrl-C."""
-    from dflash_bench.launch.commands import run_launch
+    from dflash_bench.launch.launch_commands import run_launch
 
     run_launch(engine, model, mode, gpu=gpu, runner=runner, port=port, image=image, gpus=gpus, drafter=drafter,
                engine_args=engine_arg or [], network=network, dry_run=dry_run, ready_timeout=ready_timeout,
@@ -102,7 +102,7 @@ def stop(
     sweep: Optional[str] = typer.Option(None, "--sweep", help="Only this sweep's containers (running harness or not)."),
 ) -> None:
     """Remove leftover dflash-bench servers (containers by label, local process groups)."""
-    from dflash_bench.launch.commands import run_stop
+    from dflash_bench.launch.launch_commands import run_stop
 
     run_stop(all_, sweep)
 
@@ -130,7 +130,7 @@ def telemetry(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the samples here as CSV (telemetry.csv's format)."),
 ) -> None:
     """Check GPU telemetry (NVML): list the GPUs, optionally sample them; exit 1 when telemetry is off."""
-    from dflash_bench.telemetry.check import run_check
+    from dflash_bench.telemetry.telemetry_check import run_check
 
     raise typer.Exit(run_check(gpus, seconds, interval, out))
 
@@ -175,33 +175,3 @@ def serve(
         memory_utilization=memory_utilization, kv_cache_memory_bytes=kv_cache_memory_bytes,
         tensor_parallel_size=tensor_parallel_size, enforce_eager=enforce_eager)
     run_server(config, host=host, port=port, served_model_name=served_model_name)
-
-
-
-@app.command("train-drafter")
-def train_drafter(
-    target: str = typer.Option(..., "--target", help="Target model folder (a Hugging Face causal LM with its tokenizer)."),
-    data: Path = typer.Option(..., "--data", help="Prompts: .jsonl ('messages' or 'prompt' per line), .txt (blank-line separated) or a folder of them."),
-    out: Path = typer.Option(..., "--out", help="Folder that receives the drafter (z-lab format: config.json + model.safetensors)."),
-    steps: int = typer.Option(1000, "--steps", min=1, help="Optimiser steps."),
-    block_size: int = typer.Option(16, "--block-size", min=2, help="Block size B (drafts B-1 tokens per step)."),
-    layers: int = typer.Option(2, "--layers", min=1, help="Drafter decoder layers."),
-    intermediate_size: Optional[int] = typer.Option(None, "--intermediate-size", min=1, help="The drafter's MLP width (default: the target's)."),
-    cut_blocks: float = typer.Option(0.0, "--cut-blocks", help="Share of training blocks cut to a random 2..B-1 slots, so that an engine drafting fewer positions under load (the builtin engine) drafts as well."),
-    target_layers: Optional[str] = typer.Option(None, "--target-layers", help="Comma-separated target layers to read (default: z-lab's spacing)."),
-    gamma: Optional[float] = typer.Option(None, "--gamma", help="Loss decay exp(-(k-1)/gamma) over block position k (default 7 for B=16)."),
-    lr: float = typer.Option(6e-4, "--lr", help="Peak learning rate (AdamW, cosine)."),
-    batch: int = typer.Option(16, "--batch", min=1, help="Sequences per step."),
-    anchors: int = typer.Option(32, "--anchors", min=1, help="Random anchors (blocks) per sequence per step."),
-    max_new_tokens: int = typer.Option(256, "--max-new-tokens", min=2, help="Length of the responses the target regenerates."),
-    num_prompts: Optional[int] = typer.Option(None, "--num-prompts", min=1, help="Use only the first N prompts."),
-    mask_token_id: Optional[int] = typer.Option(None, "--mask-token-id", help="Mask token (default: the first embedding row past the tokenizer)."),
-    device: str = typer.Option("auto", "--device", help="auto (cuda when a GPU is visible, else cpu), cpu, cuda or cuda:N."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the initialisation, anchors and batches."),
-) -> None:
-    """Train a DFlash drafter for your target: responses regenerated by the target, z-lab format out (minimal)."""
-    from dflash_bench.train.drafter import train_drafter_main
-
-    train_drafter_main(target, str(data), str(out), device=device, steps=steps, block_size=block_size, layers=layers,
-                       intermediate=intermediate_size, cut_blocks=cut_blocks, target_layer_ids=target_layers, gamma=gamma,
-                       lr=lr, batch=batch, anchors=anchors, max_new_tokens=max_new_tokens, num_prompts=num_prompts, mask_token_id=mask_token_id, seed=seed)

@@ -36,7 +36,7 @@ def _private_temp(config) -> None:
     os.environ[TEMP_ENV] = os.environ["TMPDIR"] = tempfile.tempdir = folder
     # caches that belong in the home folder, not in the temp folder (torch's default is the temp folder)
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path.home() / ".cache" / "dflash-bench" / "torchinductor"))
-    os.environ.setdefault("DFLASH_BENCH_RUN_DIR", os.path.join(folder, "servers"))  # launch/process.py's registry
+    os.environ.setdefault("DFLASH_BENCH_RUN_DIR", os.path.join(folder, "servers"))  # launch/local_process.py's registry
     config.stash[_TEMP] = folder
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from dflash_bench.client import measure_cell
 from dflash_bench.client.loadgen import arrival_offsets
-from dflash_bench.emulator import Emulator, EmulatorConfig, EmulatorProcess
+from dflash_bench.emulator import EmulatorModel, EmulatorConfig, EmulatorProcess
 from benchmarks.fixtures.emulator_truth import P, prompts
 from client_helpers import cell, measured
 
@@ -21,7 +21,7 @@ def test_token_ids_and_top2_logprobs_are_saved(tmp_path: Path, api: str):
     ps = prompts(4)
     with EmulatorProcess(mode="dflash", ttft_ms=2, itl_ms=1, output_len=20, seed=3) as em:
         measure_cell(em.url, ps, concurrency=2, cell_dir=cell(tmp_path), api=api, save_token_ids=True, max_tokens=64)
-    plans = {p.id: Emulator(EmulatorConfig(output_len=20, seed=3)).plan(p.turns[0], 64) for p in ps}
+    plans = {p.id: EmulatorModel(EmulatorConfig(output_len=20, seed=3)).plan(p.turns[0], 64) for p in ps}
     for r in measured(tmp_path):
         assert r.token_ids == plans[r.prompt_id].ids  # the AR emulator's ids: DFlash is lossless here
         assert len(r.top_logprobs) == len(r.token_ids) and all(len(t) == 2 for t in r.top_logprobs)
@@ -34,7 +34,7 @@ def test_sglang_generate_reads_tau_from_meta_info(tmp_path: Path):
     with EmulatorProcess(mode="dflash", ttft_ms=2, itl_ms=1, output_len=40, acceptance_length=4.0) as em:
         s = measure_cell(em.url, ps, concurrency=4, cell_dir=cell(tmp_path), engine="sglang", api="generate",
                          save_token_ids=True, max_tokens=128)
-    plans = [Emulator(cfg).plan(p.turns[0], 128) for p in ps]
+    plans = [EmulatorModel(cfg).plan(p.turns[0], 128) for p in ps]
     assert s.acceptance_source == "sglang-meta"
     assert s.acceptance_length == pytest.approx(sum(len(p.ids) for p in plans) / sum(len(p.steps) for p in plans))
     assert s.acceptance_length_req_weighted == pytest.approx(
@@ -59,7 +59,7 @@ def test_multi_turn_sends_the_models_own_reply(tmp_path: Path):
     with EmulatorProcess(mode="ar", ttft_ms=2, itl_ms=1, output_len=12) as em:
         s = measure_cell(em.url, conv, concurrency=2, cell_dir=cell(tmp_path), warmup=False)
     assert s.num_requests == 4 and s.num_ok == 4
-    em_model = Emulator(EmulatorConfig(output_len=12))
+    em_model = EmulatorModel(EmulatorConfig(output_len=12))
     by = {(r.prompt_id, r.turn): r for r in measured(tmp_path)}
     for p in conv:
         first = by[(p.id, 0)]

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from dflash_bench.client import measure_cell
-from dflash_bench.emulator import Emulator, EmulatorConfig, EmulatorProcess
+from dflash_bench.emulator import EmulatorModel, EmulatorConfig, EmulatorProcess
 from dflash_bench.metrics import prometheus
 from benchmarks.fixtures.emulator_truth import prompts
 
@@ -82,15 +82,15 @@ def test_dflash_counters_and_generate_meta_info_agree():
 
 
 def test_ar_and_dflash_emit_the_same_tokens():
-    a = Emulator(EmulatorConfig(mode="ar", seed=5)).plan("same prompt", 300)
-    d = Emulator(EmulatorConfig(mode="dflash", seed=5)).plan("same prompt", 300)
-    other = Emulator(EmulatorConfig(mode="ar", seed=6)).plan("same prompt", 300)
+    a = EmulatorModel(EmulatorConfig(mode="ar", seed=5)).plan("same prompt", 300)
+    d = EmulatorModel(EmulatorConfig(mode="dflash", seed=5)).plan("same prompt", 300)
+    other = EmulatorModel(EmulatorConfig(mode="ar", seed=6)).plan("same prompt", 300)
     assert a.ids == d.ids and a.finish == d.finish and a.ids != other.ids
     assert sum(d.steps) >= len(d.ids) - 1 and len(d.steps) < len(a.steps)
 
 
 def test_acceptance_draws_have_the_configured_mean():
-    em = Emulator(EmulatorConfig(mode="dflash", acceptance_length=6.5, block_size=16, output_len=400))
+    em = EmulatorModel(EmulatorConfig(mode="dflash", acceptance_length=6.5, block_size=16, output_len=400))
     ks = [k for i in range(60) for k in em.plan(f"p{i}", 2000).steps]
     assert 1 <= min(ks) and max(ks) <= 16
     assert sum(ks) / len(ks) == pytest.approx(6.5, abs=0.2)
@@ -113,7 +113,7 @@ def test_a_batch_gets_the_planned_tokens_and_steps(tmp_path: Path):
     with EmulatorProcess(mode="dflash", ttft_ms=1, itl_ms=1, batch_slope_ms=1.0, output_len=40, seed=4) as em:
         s = measure_cell(em.url, ps, concurrency=8, cell_dir=tmp_path / "s" / "cells" / "c8", warmup=False)
         log = httpx.get(em.url + "/emulator/requests").json()
-    plans = {p.turns[0]: Emulator(cfg).plan(p.turns[0], 2048) for p in ps}
+    plans = {p.turns[0]: EmulatorModel(cfg).plan(p.turns[0], 2048) for p in ps}
     assert s.num_ok == 8 and s.total_output_tokens == sum(len(pl.ids) for pl in plans.values())
     assert sorted((e["prompt"], e["tokens"], e["steps"]) for e in log) == \
         sorted((t, len(pl.ids), len(pl.steps)) for t, pl in plans.items())

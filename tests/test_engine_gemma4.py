@@ -188,7 +188,7 @@ FAST_PATHS = [pytest.param("cpu", id="c-kernels"), pytest.param(False, id="torch
 
 def _fast_runner(df, *, drafter: bool, kernels, ring_margin=None, monkeypatch=None, **step):
     from dflash_bench.engine.config import StepConfig
-    from dflash_bench.engine.fast.models import gemma, layout
+    from dflash_bench.engine.fast.models import gemma, cache_layout as layout
     from dflash_bench.engine.fast.models.draft import FastDrafter
     from dflash_bench.engine.fast.core import EngineCore
 
@@ -256,7 +256,7 @@ def test_fast_path_equals_the_reference_ar_and_dflash(request, kernels, monkeypa
 def test_serve_fast_builds_the_gemma4_engine_and_keeps_only_the_window(pair):
     """`build` with --fast (what `serve --fast` runs) on the folders: greedy tokens equal the reference engine's at
     several batch sizes; the sliding layers' cache is a ring of the window plus RING_MARGIN positions a slot."""
-    from dflash_bench.engine.fast.models import layout
+    from dflash_bench.engine.fast.models import cache_layout as layout
     from dflash_bench.engine.config import EngineConfig
     from dflash_bench.engine.build import build
 

@@ -13,7 +13,7 @@ pytest.importorskip("transformers")
 
 import torch  # noqa: E402
 
-from dflash_bench.engine.fast.models import gemma, layout  # noqa: E402
+from dflash_bench.engine.fast.models import gemma, cache_layout as layout  # noqa: E402
 from dflash_bench.engine.reference.rope import cos_sin  # noqa: E402
 
 pytestmark = pytest.mark.engine

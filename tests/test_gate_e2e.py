@@ -9,7 +9,7 @@ import pytest
 from dflash_bench import gate
 from dflash_bench.client.loadgen import LoadSettings
 from dflash_bench.client.protocol import RequestSettings
-from dflash_bench.client.run import run_one
+from dflash_bench.client.run_command import run_one
 from dflash_bench.emulator import EmulatorProcess
 
 

@@ -1,4 +1,4 @@
-"""Gemma 4's KV pool on `serve --fast` (engine/fast/models/layout.py, pool.py): a slot's bytes are what the engine really
+"""Gemma 4's KV pool on `serve --fast` (engine/fast/models/cache_layout.py, pool.py): a slot's bytes are what the engine really
 allocates (sliding layers' rings, full layers, the drafter's layers, the logits), at several slot counts and
 lengths on both sides of the ring; a real server takes as many slots as its budget holds, reports them on /metrics,
 and refuses more in one sentence."""
@@ -54,7 +54,7 @@ def test_a_gemma_slots_bytes_are_what_the_engine_allocates(pair, dflash: bool):
     """Exact, at two slot counts and at lengths below the ring (every position kept) and above it (a ring)."""
     from dflash_bench.engine.config import EngineConfig
     from dflash_bench.engine.build import build
-    from dflash_bench.engine.fast.models.layout import RING_MARGIN
+    from dflash_bench.engine.fast.models.cache_layout import RING_MARGIN
 
     target, drafter = pair
     for max_len in (32, MAX_LEN):
@@ -82,7 +82,7 @@ def serve(*args: str, target: Path, drafter: Path) -> subprocess.Popen:
 
 
 def test_b_serve_sizes_the_gemma_pool_from_the_budget_and_reports_it(pair):
-    from dflash_bench.client.slots import server_slots
+    from dflash_bench.client.server_slots import server_slots
     from test_engine_server import wait_ready
 
     target, drafter = pair

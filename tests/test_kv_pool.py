@@ -79,7 +79,7 @@ def serve(*args: str, target: Path) -> subprocess.Popen:
 
 
 def test_serve_sizes_its_pool_from_the_budget_and_run_refuses_a_higher_concurrency(pair, tmp_path, data_dir):
-    from dflash_bench.client.slots import server_slots
+    from dflash_bench.client.server_slots import server_slots
     from test_engine_server import wait_ready
 
     target, _ = pair

@@ -127,7 +127,7 @@ def test_stop_leaves_alone_a_process_group_that_reused_a_stale_record(tmp_path):
     process-group id. `stop --all` must not kill it: the group's leader runs another command."""
     import json
 
-    from dflash_bench.launch.process import stop_leftovers
+    from dflash_bench.launch.local_process import stop_leftovers
 
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
     try:

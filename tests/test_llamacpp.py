@@ -32,7 +32,7 @@ import pytest
 from services import service_missing
 
 from dflash_bench.launch import free_port, launch_server
-from dflash_bench.llamacpp.build import find_server
+from dflash_bench.llamacpp.server_build import find_server
 from dflash_bench.metrics import prometheus
 from dflash_bench.models import resolve
 from dflash_bench.quality.lossless import read_comparisons
@@ -196,7 +196,7 @@ def test_each_llamacpp_cell_ran_with_its_concurrency_as_slots(sweep):
 def test_a_llama_server_of_another_version_is_refused(llama_server, tmp_path, monkeypatch):
     from dflash_bench import profiles
     from dflash_bench.errors import UserError
-    from dflash_bench.llamacpp.build import source_tree
+    from dflash_bench.llamacpp.server_build import source_tree
 
     if shutil.which("llama-server") or source_tree() is None:
         pytest.skip("needs the built llama-server and its tree, and no other llama-server on PATH")

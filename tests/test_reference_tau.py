@@ -14,7 +14,7 @@ import pytest
 from dflash_bench import gate
 from dflash_bench.client.loadgen import LoadSettings
 from dflash_bench.client.protocol import RequestSettings
-from dflash_bench.client.run import run_one
+from dflash_bench.client.run_command import run_one
 from dflash_bench.emulator import EmulatorProcess
 from dflash_bench.gate.reference import REFERENCE_TAU, compare_folders, compare_sweeps
 from dflash_bench.report import build_report

@@ -19,7 +19,7 @@ from benchmarks.fixtures.report_sweeps import make_sweep
 
 from dflash_bench.client.loadgen import LoadSettings
 from dflash_bench.client.protocol import RequestSettings
-from dflash_bench.client.run import run_one
+from dflash_bench.client.run_command import run_one
 from dflash_bench.emulator import EmulatorProcess
 from dflash_bench.report import build_report, figures
 from dflash_bench.report.engines import crossing

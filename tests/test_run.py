@@ -19,7 +19,7 @@ import pytest
 
 from benchmarks.fixtures.emulator_truth import prompts, truth
 from dflash_bench.client import measure_cell
-from dflash_bench.emulator import Emulator, EmulatorConfig, EmulatorProcess
+from dflash_bench.emulator import EmulatorModel, EmulatorConfig, EmulatorProcess
 from dflash_bench.store import SweepDir
 
 
@@ -66,7 +66,7 @@ def test_run_matches_emulator_truth(tmp_path: Path, mode: str, concurrency: int)
         assert abs(s.acceptance_length - cfg.acceptance_length) < 0.5
         assert len(s.acceptance_per_position) == cfg.block_size - 1
         # a chunk is one verify step: its tokens are the step's, as the emulator planned them
-        steps = [k for p in ps for k in Emulator(cfg).plan(p.turns[0], 256).steps]
+        steps = [k for p in ps for k in EmulatorModel(cfg).plan(p.turns[0], 256).steps]
         assert s.tokens_per_chunk.n == len(steps)  # one chunk per step, after each request's first token
         assert s.tokens_per_chunk.mean == pytest.approx((want["tokens"] - len(ps)) / len(steps))
 
@@ -124,7 +124,7 @@ def test_run_failures_are_escaped_and_nothing_written_for_a_dead_url(tmp_path: P
 
 
 def test_summary_shows_brackets_in_names_literally(tmp_path: Path, capsys):
-    from dflash_bench.client.run import print_summary
+    from dflash_bench.client.run_command import print_summary
     from dflash_bench.store import CellSummary
 
     s = CellSummary(cell_id="vllm-ar-[/x]-c1", engine="vllm", mode="ar", suite="[/x]", concurrency=1)
@@ -189,6 +189,6 @@ def test_run_says_up_front_when_sglang_tau_cannot_be_read_through_chat(tmp_path:
     assert "sglang reports acceptance only through its native API: with --api chat" in " ".join(chat.stderr.split())
     assert "--api generate --tokenizer MODEL" in " ".join(chat.stderr.split())
     assert ar.returncode == 0 and "native API" not in ar.stderr
-    from dflash_bench.client.run import acceptance_note
+    from dflash_bench.client.run_command import acceptance_note
 
     assert acceptance_note("sglang", "dflash", "generate") is None and acceptance_note("vllm", "dflash", "chat") is None

@@ -14,7 +14,7 @@ from dflash_bench.launch import free_port, launch_command  # noqa: E402
 def test_synthetic_acceptance_reaches_the_summary_and_the_report(tmp_path, data_dir):
     from dflash_bench.client.loadgen import LoadSettings
     from dflash_bench.client.protocol import RequestSettings
-    from dflash_bench.client.run import run_one
+    from dflash_bench.client.run_command import run_one
     from dflash_bench.report import build_report
     from dflash_bench.store import SweepDir
 

@@ -21,7 +21,7 @@ from dflash_bench.testing.tiny import make_tiny_pair  # noqa: E402
 from dflash_bench.errors import UserError  # noqa: E402
 from dflash_bench.train import loss as L  # noqa: E402
 from dflash_bench.train.data import read_prompts  # noqa: E402
-from dflash_bench.train.drafter import DrafterTrainConfig, FrozenTarget, build_target_layer_ids, train_drafter  # noqa: E402
+from dflash_bench.train.train_drafter import DrafterTrainConfig, FrozenTarget, build_target_layer_ids, train_drafter  # noqa: E402
 
 pytestmark = pytest.mark.engine
 WORDS = "the cat sat on a mat while seven dogs ran past quickly".split()

@@ -1,4 +1,4 @@
-"""dflash_bench.train.synthetic: requests like the demo's open-ended and code suites, built from other text."""
+"""dflash_bench.train.synthetic_prompts: requests like the demo's open-ended and code suites, built from other text."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import ast
 import random
 
 from dflash_bench.suites import load_prompts
-from dflash_bench.train import synthetic
+from dflash_bench.train import synthetic_prompts as synthetic
 
 CODE = '''def clamp(x, lo, hi):
     """Return x limited to the range [lo, hi].

@@ -40,7 +40,7 @@ def tau_one_definition(tmp: Path, data: Path) -> Row:
 def llamacpp_settings(tmp: Path, data: Path) -> Row:
     """llama.cpp: f32 GGUF on the CPU, a server per concurrency with its slots, another llama-server refused."""
     from dflash_bench.errors import UserError
-    from dflash_bench.llamacpp.build import source_tree
+    from dflash_bench.llamacpp.server_build import source_tree
     from dflash_bench.profiles import get
     from dflash_bench.profiles.llamacpp import gguf_dtype
     from dflash_bench.store import SweepSettings

@@ -199,7 +199,7 @@ def build(name: str, device: str, dtype: torch.dtype, *, slots: int, context: in
     `steps` DFlash steps accepting whole blocks past `context`."""
     from dflash_bench.engine.fast.models.draft import FastDrafter
     from dflash_bench.engine.fast.models.family import load_target
-    from dflash_bench.engine.fast.models.layout import drafter_kind
+    from dflash_bench.engine.fast.models.cache_layout import drafter_kind
 
     t0 = time.perf_counter()
     kind, shape = SHAPES[name]

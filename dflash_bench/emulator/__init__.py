@@ -5,7 +5,7 @@ Files, one job each: `model.py` (what a request produces and when, and the vLLM-
 a child process, for tests and benchmarks).
 """
 
-from dflash_bench.emulator.model import Emulator, EmulatorConfig, Plan
+from dflash_bench.emulator.model import EmulatorModel, EmulatorConfig, Plan
 from dflash_bench.emulator.process import EmulatorProcess
 
-__all__ = ["Emulator", "EmulatorConfig", "EmulatorProcess", "Plan"]
+__all__ = ["EmulatorModel", "EmulatorConfig", "EmulatorProcess", "Plan"]

@@ -56,7 +56,7 @@ class EmulatorConfig:
     fail_every: int = 0  # every k-th generation request fails with fail_kind (0 = never)
     fail_kind: str = "error"
     crash_after_requests: int = 0  # exit(3) once this many generation requests have completed
-    prefix_cache: bool = False  # vLLM's automatic prefix caching, on its counters (see Emulator.lookup)
+    prefix_cache: bool = False  # vLLM's automatic prefix caching, on its counters (see EmulatorModel.lookup)
     prompt_tokens_details: bool = False  # vLLM's --enable-prompt-tokens-details: usage says the cached tokens
 
     def __post_init__(self) -> None:
@@ -96,7 +96,7 @@ class Plan:
     cached_tokens: int | None = None  # of the prompt's, found in the prefix cache (None: no cache; `lookup`)
 
 
-class Emulator:
+class EmulatorModel:
     def __init__(self, cfg: EmulatorConfig):
         self.cfg = cfg
         self.c = Counters(per_pos=[0] * max(cfg.block_size - 1, 0))

@@ -16,11 +16,11 @@ from typing import Any, AsyncGenerator
 
 import orjson
 
-from dflash_bench.emulator.model import Emulator, EmulatorConfig, Plan, logprob_entry, token_text
+from dflash_bench.emulator.model import EmulatorModel, EmulatorConfig, Plan, logprob_entry, token_text
 from dflash_bench.openai_format import Reply, usage
 
 _DONE = b"data: [DONE]\n\n"
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 500: "Internal Server Error"}
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 500: "Internal EmulatorServer Error"}
 
 
 def _text(ids: list[int]) -> str:
@@ -41,7 +41,7 @@ async def _sleep_until(loop: asyncio.AbstractEventLoop, t: float) -> None:
     await asyncio.sleep(d if d > 0 else 0)
 
 
-class _Conn:
+class _EmulatorConn:
     """One response on a keep-alive connection: plain JSON or a chunked event stream."""
 
     def __init__(self, writer: asyncio.StreamWriter):
@@ -70,9 +70,9 @@ class _Conn:
         await self.w.drain()
 
 
-class Server:
+class EmulatorServer:
     def __init__(self, cfg: EmulatorConfig):
-        self.em = Emulator(cfg)
+        self.em = EmulatorModel(cfg)
         self.cfg = cfg
         self.log: deque[dict] = deque(maxlen=200_000)
 
@@ -94,11 +94,11 @@ class Server:
                 n = int(headers.get("content-length") or 0)
                 body = await reader.readexactly(n) if n else b""
                 try:
-                    keep = await self.route(method, target.split("?", 1)[0], body, _Conn(writer))
+                    keep = await self.route(method, target.split("?", 1)[0], body, _EmulatorConn(writer))
                 except (ConnectionError, asyncio.CancelledError):
                     raise
                 except Exception as err:  # noqa: BLE001 - a bad request must not take the server down
-                    _Conn(writer).json(500, {"error": {"message": f"emulator error: {err!r}"[:300], "code": 500}})
+                    _EmulatorConn(writer).json(500, {"error": {"message": f"emulator error: {err!r}"[:300], "code": 500}})
                     keep = False
                 await writer.drain()
                 if not keep or headers.get("connection", "").lower() == "close":
@@ -108,7 +108,7 @@ class Server:
         finally:
             writer.close()
 
-    async def route(self, method: str, path: str, body: bytes, conn: _Conn) -> bool:
+    async def route(self, method: str, path: str, body: bytes, conn: _EmulatorConn) -> bool:
         if method == "GET":
             if path == "/health":
                 conn.json(200, b"")
@@ -183,7 +183,7 @@ class Server:
                 "draft_acceptance_rate": acc / (steps * b1) if steps else None, "acceptance_histogram": hist}
 
     # ---- OpenAI-compatible (vLLM format) -----------------------------------------------------------
-    async def openai(self, req: dict, conn: _Conn, chat: bool) -> bool:
+    async def openai(self, req: dict, conn: _EmulatorConn, chat: bool) -> bool:
         t0 = asyncio.get_running_loop().time()
         if chat:
             msgs = req.get("messages")
@@ -238,7 +238,7 @@ class Server:
         self._done()
         return True
 
-    async def _fault(self, kind: str, conn: _Conn) -> bool:
+    async def _fault(self, kind: str, conn: _EmulatorConn) -> bool:
         if kind == "stream-error":
             await conn.data({"error": {"message": "planted mid-stream error", "type": "InternalServerError",
                                        "param": None, "code": 500}})
@@ -255,7 +255,7 @@ class Server:
         return False
 
     # ---- SGLang native /generate ---------------------------------------------------------------------
-    async def generate(self, req: dict, conn: _Conn) -> bool:
+    async def generate(self, req: dict, conn: _EmulatorConn) -> bool:
         t0 = asyncio.get_running_loop().time()
         sp = req.get("sampling_params") or {}
         prompt = req.get("text")
@@ -306,7 +306,7 @@ class Server:
 
 
 async def _serve(cfg: EmulatorConfig, host: str, port: int) -> None:
-    server = Server(cfg)
+    server = EmulatorServer(cfg)
     srv = await asyncio.start_server(server.handle, host, port, backlog=4096, limit=1 << 20)
     bound = srv.sockets[0].getsockname()[1]
     print(f"emulator ({cfg.mode}) listening on http://{host}:{bound}", flush=True)

@@ -2,7 +2,7 @@
 
 By role, each package importing only those listed before it (tests/test_imports.py holds the order):
 - here: `config.py` (`EngineConfig`, serve's engine as one value), `sampling_params.py`, `detok.py` and
-  `bookkeeping.py` (a request's slot, tokens, stop rules and counters, for both engines), `protocol.py`
+  `bookkeeping.py` (a request's slot, tokens, stop rules and counters, for both engines), `interface.py`
   (`Engine`: what serving calls);
 - `reference/`: the plain PyTorch DFlash step that matches z-lab's code (`decode.ReferenceEngine`: any HF
   model, sampling), and the definitions the fast path builds on (the z-lab drafter, RoPE, the row mask);

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from dflash_bench.engine.config import EngineConfig
-from dflash_bench.engine.protocol import Engine
+from dflash_bench.engine.interface import Engine
 from dflash_bench.errors import UserError
 
 

@@ -77,7 +77,7 @@ def launch_command(
 def _make(runner: str, argv: list[str], env: dict[str, str], info: ServerInfo, name: str, port: int,
           docker: DockerOptions | None, sweep_id: str | None, engine: str | None, mode: str | None) -> Server:
     if runner == "process":
-        from dflash_bench.launch.process import ProcessServer, resolve_argv
+        from dflash_bench.launch.local_process import ProcessServer, resolve_argv
 
         return ProcessServer(resolve_argv(argv), env, info, name)
     from dflash_bench.launch.docker import DockerServer

@@ -17,7 +17,7 @@ NO_GPU_RUNTIME = "containers cannot reach the GPUs: vLLM and SGLang cannot run i
 
 
 @dataclass
-class Check:
+class DoctorCheck:
     name: str
     ok: bool
     detail: str
@@ -28,13 +28,13 @@ class Check:
         return f"{text} -> {self.means}" if not self.ok and self.means else text
 
 
-def check_gpus() -> Check:
+def check_gpus() -> DoctorCheck:
     try:
         import pynvml
 
         pynvml.nvmlInit()
     except Exception as err:  # no driver, no library
-        return Check("GPUs", False, f"NVML is not available ({type(err).__name__}): no NVIDIA driver here", NO_GPU)
+        return DoctorCheck("GPUs", False, f"NVML is not available ({type(err).__name__}): no NVIDIA driver here", NO_GPU)
     try:
         driver = pynvml.nvmlSystemGetDriverVersion()
         names = [pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
@@ -44,12 +44,12 @@ def check_gpus() -> Check:
     names = [n.decode() if isinstance(n, bytes) else n for n in names]
     driver = driver.decode() if isinstance(driver, bytes) else driver
     if not names:
-        return Check("GPUs", False, f"driver {driver} but no GPU visible", NO_GPU)
+        return DoctorCheck("GPUs", False, f"driver {driver} but no GPU visible", NO_GPU)
     kinds = sorted(set(names))
-    return Check("GPUs", True, f"{len(names)} x {', '.join(kinds)}; driver {driver}")
+    return DoctorCheck("GPUs", True, f"{len(names)} x {', '.join(kinds)}; driver {driver}")
 
 
-def check_docker() -> tuple[Check, Check, list[Check]]:
+def check_docker() -> tuple[DoctorCheck, DoctorCheck, list[DoctorCheck]]:
     """(daemon, GPU runtime, one check per default engine image)."""
     from dflash_bench import profiles
     from dflash_bench.errors import UserError
@@ -58,13 +58,13 @@ def check_docker() -> tuple[Check, Check, list[Check]]:
     try:
         cli = client()
     except UserError as err:
-        off = Check("docker daemon", False, str(err), NO_DAEMON)
-        return off, Check("docker GPU runtime", False, "no daemon", NO_GPU_RUNTIME), []
+        off = DoctorCheck("docker daemon", False, str(err), NO_DAEMON)
+        return off, DoctorCheck("docker GPU runtime", False, "no daemon", NO_GPU_RUNTIME), []
     info = cli.info()
-    daemon = Check("docker daemon", True, f"{info.get('ServerVersion', '?')}, storage {info.get('Driver', '?')}")
+    daemon = DoctorCheck("docker daemon", True, f"{info.get('ServerVersion', '?')}, storage {info.get('Driver', '?')}")
     runtimes = sorted(info.get("Runtimes") or {})
     cdi = bool(info.get("CDISpecDirs"))
-    gpu = Check("docker GPU runtime", "nvidia" in runtimes or cdi,
+    gpu = DoctorCheck("docker GPU runtime", "nvidia" in runtimes or cdi,
                 f"runtimes {', '.join(runtimes) or 'none'}" + ("" if "nvidia" in runtimes else
                                                              " (install nvidia-container-toolkit for --gpus)"),
                 NO_GPU_RUNTIME)
@@ -77,28 +77,28 @@ def check_docker() -> tuple[Check, Check, list[Check]]:
         detail = "present" if present else profile.image_missing()
         if others and not present:
             detail += f"; local tags: {', '.join(others)}"
-        images.append(Check(f"{profile.name} image {profile.image}", present, detail,
+        images.append(DoctorCheck(f"{profile.name} image {profile.image}", present, detail,
                             f"--engine {profile.name} --runner docker " + ("pulls it at its first launch" if
                             profile.name != "builtin" else "cannot start until it is built")))
     return daemon, gpu, images
 
 
-def check_hf() -> list[Check]:
+def check_hf() -> list[DoctorCheck]:
     from dflash_bench.launch.docker import hf_cache_dir
 
     token = any(os.environ.get(k) for k in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"))
-    checks = [Check("HF_TOKEN", token, "set (value not shown)" if token else
+    checks = [DoctorCheck("HF_TOKEN", token, "set (value not shown)" if token else
                     "not set: gated models (Llama, Gemma) will not download", "ungated models and the demo still run")]
     cache = hf_cache_dir()
     probe = next((p for p in [cache, *cache.parents] if p.exists()), Path("/"))
     free = shutil.disk_usage(probe).free / 2**30
-    checks.append(Check("disk for the model cache", free >= MIN_FREE_GIB,
+    checks.append(DoctorCheck("disk for the model cache", free >= MIN_FREE_GIB,
                         f"{free:.0f} GiB free at {cache} (want >= {MIN_FREE_GIB} GiB)",
                         "a large target may not fit (a 31B one in bf16 is about 62 GB); small ones and the demo do"))
     return checks
 
 
-def check_local_engines() -> list[Check]:
+def check_local_engines() -> list[DoctorCheck]:
     """Third-party engines installed here, for `--runner process` (each profile says how to look)."""
     from dflash_bench import profiles
 
@@ -106,7 +106,7 @@ def check_local_engines() -> list[Check]:
     for profile in profiles.PROFILES.values():
         found = profile.local_install()
         if found is not None:
-            out.append(Check(f"{profile.name} installed here (--runner process)", *found,
+            out.append(DoctorCheck(f"{profile.name} installed here (--runner process)", *found,
                              f"--engine {profile.name} --runner process cannot start here"))
     return out
 
@@ -115,14 +115,14 @@ def check_local_engines() -> list[Check]:
 class Machine:
     """Every check, by what it answers."""
 
-    gpus: Check
-    daemon: Check
-    gpu_runtime: Check
-    images: list[Check]
-    installed: dict[str, Check]  # engine -> its `--runner process` check
-    hf: list[Check]
+    gpus: DoctorCheck
+    daemon: DoctorCheck
+    gpu_runtime: DoctorCheck
+    images: list[DoctorCheck]
+    installed: dict[str, DoctorCheck]  # engine -> its `--runner process` check
+    hf: list[DoctorCheck]
 
-    def all(self) -> list[Check]:
+    def all(self) -> list[DoctorCheck]:
         return [self.gpus, self.daemon, self.gpu_runtime, *self.images, *self.installed.values(), *self.hf]
 
     def missing(self, engine: str, runner: str) -> list[str]:
@@ -149,7 +149,7 @@ def machine() -> Machine:
     return Machine(check_gpus(), daemon, gpu_rt, images, installed, check_hf())
 
 
-def checks() -> list[Check]:
+def checks() -> list[DoctorCheck]:
     return machine().all()
 
 

@@ -1,6 +1,6 @@
 """llama.cpp as a DFlash engine: build `llama-server` from PyPI's llama-cpp-python sdist, convert HF folders to GGUF.
 
-    from dflash_bench.llamacpp import build, convert
+    from dflash_bench.llamacpp import server_build as build, convert
     server = build.find_server() or build.build_server().server   # PATH first, then the cache
     gguf = convert.gguf_for(target_dir, dtype="f32")                # converted once, cached by content hash
 

@@ -55,7 +55,7 @@ def gguf_for(folder: Path, dtype: str, target_dir: Path | None = None, tree: Pat
     out = gguf_path(folder, dtype, target_dir)
     if out.is_file():
         return out
-    from dflash_bench.llamacpp.build import source_tree
+    from dflash_bench.llamacpp.server_build import source_tree
 
     tree = tree or source_tree()
     if tree is None:

@@ -79,7 +79,7 @@ class LlamaCpp(EngineProfile):
         return argv[1:] if argv[:1] == ["llama-server"] else list(argv)
 
     def local_install(self) -> tuple[bool, str] | None:
-        from dflash_bench.llamacpp.build import find_server
+        from dflash_bench.llamacpp.server_build import find_server
 
         found = find_server()
         return (True, str(found)) if found else (False, "not found (dflash-bench engines build llamacpp)")
@@ -110,7 +110,7 @@ class LlamaCpp(EngineProfile):
 
     def process_argv(self, argv: list[str]) -> list[str]:
         """llama-server from PATH, else the one `dflash-bench engines build llamacpp` installed."""
-        from dflash_bench.llamacpp.build import find_server
+        from dflash_bench.llamacpp.server_build import find_server
 
         if argv[:1] != ["llama-server"]:
             return list(argv)
@@ -118,7 +118,7 @@ class LlamaCpp(EngineProfile):
         if found is None:
             raise UserError("llama-server is not on PATH and not built here: run `dflash-bench engines build "
                             "llamacpp` (a CPU build from PyPI's llama-cpp-python sdist), or use --runner docker.")
-        from dflash_bench.llamacpp.build import check_server_version
+        from dflash_bench.llamacpp.server_build import check_server_version
 
         check_server_version(found)
         return [str(found), *argv[1:]]

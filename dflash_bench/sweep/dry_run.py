@@ -13,7 +13,7 @@ from dflash_bench.sweep.plan import SweepSettings, launches, plan_cells, resolve
 def print_plan(settings: SweepSettings) -> None:
     """--dry-run: the cells in run order and the exact command of every server launch."""
     from dflash_bench.launch import plan_server
-    from dflash_bench.launch.commands import dry_run_line
+    from dflash_bench.launch.launch_commands import dry_run_line
     from dflash_bench.sweep.fit import server_args
 
     pair = resolve_pair(settings)

@@ -137,7 +137,7 @@ def close_sweep(sweep: SweepDir, manifest: Manifest, result: Outcome) -> None:
 
 def stop_leftovers(sweep_id: str) -> None:
     """Servers a killed run of this sweep left behind still hold ports and GPU memory: stop them first."""
-    from dflash_bench.launch import docker, process
+    from dflash_bench.launch import docker, local_process as process
 
     process.stop_leftovers()  # process servers whose harness is gone
     try:

@@ -11,7 +11,7 @@ from dflash_bench.client import interleave
 from dflash_bench.client.cell import Measurement, measure
 from dflash_bench.client.loadgen import LoadSettings
 from dflash_bench.client.protocol import RequestSettings
-from dflash_bench.client.slots import check_slots
+from dflash_bench.client.server_slots import check_slots
 from dflash_bench.client.summary import summarize_cell
 from dflash_bench.errors import UserError
 from dflash_bench.store import CellPlan, CellSummary, Manifest, StoreError, SweepDir
@@ -30,7 +30,7 @@ def measure_cell(ctx: SweepContext, cell: CellPlan, server: Server) -> Measured 
     ctx.progress.start_cell(cell, total=sum(len(p.turns) for p in prompts))
     request, load = request_and_load(ctx, cell, max_tokens)
     try:
-        check_slots(server.url, cell.concurrency, load.timeout)  # a builtin server's pool (client/slots.py)
+        check_slots(server.url, cell.concurrency, load.timeout)  # a builtin server's pool (client/server_slots.py)
         m = measure(server.url, prompts, request, load, ctx.telemetry, ctx.progress.on_request)
     except UserError as err:
         fail_cell(ctx, cell, reason(err))

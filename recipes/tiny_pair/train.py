@@ -13,7 +13,7 @@
 4. Self-distillation, as DFlash drafters are trained: the target's own greedy responses to prompts like the
    suites' that it never saw (the other half of the records, the same prompts with new numbers, and
    held-out standard-library prompts, and requests like MT-Bench's, Spec-Bench's and HumanEval's written over
-   held-out text by `dflash_bench.train.synthetic`), as it will not have seen a demo's; then
+   held-out text by `dflash_bench.train.synthetic_prompts`), as it will not have seen a demo's; then
    one or more drafters trained on those responses (`--drafter NAME:LAYERS:INTERMEDIATE:TARGET_LAYERS`), part
    of the blocks cut short so that an engine may draft fewer positions under load.
 
@@ -115,7 +115,7 @@ def training_data(data_dir: Path, s: dict, seed: int) -> dict:
     suites' records with their answers, extractive summaries) and the drafter's prompts (the other half, the
     held part of the stdlib pairs), which the target never saw."""
     from dflash_bench.train import suite_data as sd
-    from dflash_bench.train import synthetic
+    from dflash_bench.train import synthetic_prompts as synthetic
     from dflash_bench.train.data import split_pairs, stdlib_pairs
 
     pairs = stdlib_pairs()
@@ -151,8 +151,8 @@ def training_data(data_dir: Path, s: dict, seed: int) -> dict:
 
 
 def train_target(data: dict, out: Path, s: dict, a) -> dict:
-    from dflash_bench.train.target import TargetSpec, train_target as fit
-    from dflash_bench.train.tokenizer import chat_text, train_tokenizer
+    from dflash_bench.train.train_target import TargetSpec, train_target as fit
+    from dflash_bench.train.train_tokenizer import chat_text, train_tokenizer
 
     texts = [chat_text(u, r) for u, r in data["stdlib"]] + [chat_text(u, r) for u, r in data["answers"]] * s["suite_repeat"]
     random.Random(a.seed).shuffle(texts)
@@ -194,7 +194,7 @@ def sample_prompts(data: dict, s: dict, seed: int) -> list[list[dict]]:
 def make_samples(data: dict, out: Path, s: dict, a) -> dict:
     import torch
 
-    from dflash_bench.train.drafter import DrafterTrainConfig, regenerate_samples
+    from dflash_bench.train.train_drafter import DrafterTrainConfig, regenerate_samples
 
     prompts = sample_prompts(data, s, a.seed)
     cfg = DrafterTrainConfig(max_new_tokens=s["max_new"], max_prompt_tokens=s["seq_len"], device=a.device,
@@ -231,7 +231,7 @@ def load_samples(path: Path) -> list[tuple[list[int], list[int]]]:
 
 
 def train_drafter(out: Path, samples: list, spec: dict, s: dict, a) -> dict:
-    from dflash_bench.train.drafter import DrafterTrainConfig, train_drafter as fit
+    from dflash_bench.train.train_drafter import DrafterTrainConfig, train_drafter as fit
 
     cfg = DrafterTrainConfig(steps=s["d_steps"], block_size=a.block_size, layers=spec["layers"],
                              intermediate=spec["intermediate"], cut_blocks=CUT_BLOCKS, batch=s["d_batch"],

@@ -6,7 +6,7 @@ By role, bottom up (each imports only those above it in this list):
 - `models/`: the families (`family.py`, the one registry keyed by model type), what every target's forward
   shares (`decoder.py`: one QKV and one gate/up matmul per layer over a static slot KV cache, batch row ==
   slot), the families' targets (`dense.py`, `gemma.py`), the drafter's forward (`draft.py`), a slot's caches
-  (`layout.py`) and a tensor-parallel rank's part of each weight (`shard.py`).
+  (`cache_layout.py`) and a tensor-parallel rank's part of each weight (`shard.py`).
 - `parallel/`: the processes of a tensor-parallel engine (`ranks.py`).
 - `scheduling/`: every decision of a step (`scheduler.py`: rows, buckets, verify width, the cache bound,
   step-ahead, the prompts that ride, prefill groups, the graph shapes to capture), emitted as a `StepPlan`;

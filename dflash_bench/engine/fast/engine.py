@@ -1,4 +1,4 @@
-"""`FastEngine`: the `protocol.Engine` (admit, step, release, counters) on the fast path, over an `EngineCore` (its
+"""`FastEngine`: the `interface.Engine` (admit, step, release, counters) on the fast path, over an `EngineCore` (its
 scheduler and runner side by side) and a `Bookkeeping`.
 
 The server, `EngineLoop` and /metrics use it as they use the reference engine; `step` launches the next step before it reads this
@@ -26,7 +26,7 @@ from dflash_bench.engine.sampling_params import SamplingParams
 
 
 class FastEngine:
-    """The `protocol.Engine` over an `EngineCore`; requests are kept by a `Bookkeeping`, as in the reference."""
+    """The `interface.Engine` over an `EngineCore`; requests are kept by a `Bookkeeping`, as in the reference."""
 
     greedy_only = True  # the server answers 400 to sampling requests
 

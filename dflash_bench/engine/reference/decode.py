@@ -15,7 +15,7 @@ import torch
 from dflash_bench.engine.bookkeeping import Bookkeeping, Delta, Seq, Stats, eos_ids, step_logprobs
 from dflash_bench.engine.config import DEFAULT_SLOTS, EngineConfig
 from dflash_bench.engine.reference.propose import Proposer
-from dflash_bench.engine.protocol import Engine
+from dflash_bench.engine.interface import Engine
 from dflash_bench.engine.reference.sampling import accept, sample_drafts, sample_tokens
 from dflash_bench.engine.sampling_params import SamplingParams
 from dflash_bench.engine.reference.target import ReferenceTarget, resolve_dtype
@@ -26,7 +26,7 @@ PREFILL_TOKENS = 16384  # rows x longest prompt per prefill forward (bounds the 
 
 
 class ReferenceEngine:
-    """The `protocol.Engine` over a `ReferenceTarget` and an optional proposer. Not thread-safe: one thread drives it."""
+    """The `interface.Engine` over a `ReferenceTarget` and an optional proposer. Not thread-safe: one thread drives it."""
 
     greedy_only = False
     synthetic_acceptance: float | None = None

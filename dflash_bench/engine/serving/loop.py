@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
 from dflash_bench.engine.bookkeeping import Delta, Seq
-from dflash_bench.engine.protocol import Engine
+from dflash_bench.engine.interface import Engine
 from dflash_bench.engine.sampling_params import SamplingParams
 
 log = logging.getLogger("dflash_bench.engine")

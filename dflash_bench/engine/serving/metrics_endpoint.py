@@ -7,7 +7,7 @@ from typing import Iterator
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from dflash_bench.client.slots import SLOTS_GAUGE
+from dflash_bench.client.server_slots import SLOTS_GAUGE
 from dflash_bench.engine.serving.loop import EngineLoop
 from dflash_bench.metrics.prometheus import VERIFIED_PER_POS, WIDTH_POLICY
 
@@ -36,7 +36,7 @@ class EngineCollector:
         yield self._gauge("vllm:num_requests_running", "Requests in the decode batch.", self.loop.num_running)
         yield self._gauge("vllm:num_requests_waiting", "Requests waiting for a slot.", self.loop.num_waiting)
         slots = getattr(getattr(self.loop.engine, "book", None), "slots", None)
-        if slots is not None:  # the harness refuses a concurrency beyond it before a cell (client/slots.py)
+        if slots is not None:  # the harness refuses a concurrency beyond it before a cell (client/server_slots.py)
             yield self._gauge(SLOTS_GAUGE, "Most requests decoded together (the KV pool's slots).", slots)
         busy = CounterMetricFamily("dflash_bench:engine_thread_seconds", "Seconds the engine thread spent per "
                                    "phase: prefill, step (launch, GPU wait, bookkeeping), emit (hand-over to HTTP).",

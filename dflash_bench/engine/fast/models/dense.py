@@ -1,7 +1,7 @@
 """The dense family on the fast path (Qwen3, Qwen2, Llama, Mistral): a fused forward over one static slot KV cache.
 
 Weights come from a loaded Hugging Face model (q/k/v and gate/up concatenated once, `decoder.fuse_layer`; everything
-else shared by reference). The cache is `[slots, max_len, kv_heads, head_dim]` per layer (`layout.dense_kind`) and
+else shared by reference). The cache is `[slots, max_len, kv_heads, head_dim]` per layer (`cache_layout.dense_kind`) and
 a batch of `bs` rows always covers slots `row0 .. row0 + bs - 1`.
 
 Prompts may ride a decode step (`rides`: AR with `serve --fast --prefill mixed`, `forward_mixed`), as vLLM's
@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from dflash_bench.engine.fast.kernels.selector import check_head_dims, load_kernels, prepared
-from dflash_bench.engine.fast.models.layout import CacheKind, dense_kind
+from dflash_bench.engine.fast.models.cache_layout import CacheKind, dense_kind
 from dflash_bench.engine.fast.models.decoder import (DecoderTarget, Layer, Index, KVCache, StepAttention, Taps, embed_norm,
                                             fuse_layer, matmul, run_layers, weight_bytes)
 from dflash_bench.engine.fast.models.shard import Shard
@@ -54,7 +54,7 @@ class DenseTarget(DecoderTarget):
         self.n_layers = cfg.num_hidden_layers
         self.H = shard.heads(cfg.num_attention_heads, "attention heads")
         shard.heads(cfg.intermediate_size, "MLP rows")
-        kv = dense_kind(cfg, max_len, shard.size)  # the cache's layout: what the pool sized (`layout.py`)
+        kv = dense_kind(cfg, max_len, shard.size)  # the cache's layout: what the pool sized (`cache_layout.py`)
         self.caches: list[CacheKind] = [kv]
         self.hkv, self.hd = kv.hkv, kv.hd
         self.eps = cfg.rms_norm_eps

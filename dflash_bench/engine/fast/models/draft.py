@@ -13,7 +13,7 @@ import torch
 
 from dflash_bench.engine.reference.drafter import DFlashDrafter
 from dflash_bench.engine.fast.kernels.selector import check_head_dims, load_kernels, prepared
-from dflash_bench.engine.fast.models.layout import check_drafter_split, drafter_kind
+from dflash_bench.engine.fast.models.cache_layout import check_drafter_split, drafter_kind
 from dflash_bench.engine.fast.models.decoder import (Index, KVCache, StepAttention, embed_norm, fuse_layer, matmul, norm,
                                             rms_norm, run_layers, weight_bytes)
 from dflash_bench.engine.fast.models.shard import Shard
@@ -38,7 +38,7 @@ class FastDrafter:
         self.kernels = load_kernels(self.device, kernels, self.dtype)
         self.lm_head = prepared(self.kernels, head)  # the borrowed head as this drafter's matmuls read it
         check_drafter_split(c, shard.size)
-        lay = drafter_kind(c, max_len, shard.size)  # the cache's layout: what the pool sized (`layout.py`)
+        lay = drafter_kind(c, max_len, shard.size)  # the cache's layout: what the pool sized (`cache_layout.py`)
         self.H, self.hkv, self.hd = c.num_attention_heads // shard.size, lay.hkv, c.head_dim
         check_head_dims(self.kernels, [self.hd], "drafter", self.dtype)
         self.eps = c.rms_norm_eps

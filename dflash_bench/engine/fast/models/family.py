@@ -1,7 +1,7 @@
 """Model families of the fast path: the one registry keyed by model type, and what the engine asks of a family.
 
 A family is one module (its `Target`) plus one line in `FAMILIES`: the model types it serves, its slot layout
-(`layout.py`, read without torch by the pool and the sweep's fit check), the class that runs it, and the tiny
+(`cache_layout.py`, read without torch by the pool and the sweep's fit check), the class that runs it, and the tiny
 architecture (`testing/tiny.py`) its exactness tests run it as (tests/test_engine_families.py fails without one).
 What differs between families is the Target's: its caches (`caches`), its kernels (`kernels`, and any of its
 own beside them), whether prompts may ride a decode step (`rides`). No other module names a model type.
@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-from dflash_bench.engine.fast.models.layout import CacheKind, dense_kind, gemma_kinds, split
+from dflash_bench.engine.fast.models.cache_layout import CacheKind, dense_kind, gemma_kinds, split
 from dflash_bench.errors import UserError
 
 if TYPE_CHECKING:

@@ -6,7 +6,7 @@ What differs from `dense.DenseTarget` (Qwen3/Llama), and how it is done here:
   each kind its own KV cache, RoPE table and head size (`Kind`);
 - a sliding layer keeps only its window: a ring of `window + RING_MARGIN` positions a slot, key k at row k % ring
   (enough for the window and any step's new tokens, so a step never overwrites a key one of its queries sees;
-  `layout.gemma_kinds`, the layout the pool is sized from);
+  `cache_layout.gemma_kinds`, the layout the pool is sized from);
   a full layer keeps every position. The attention kernels (Triton's on a GPU, the C ones on a CPU) read the
   ring in place; prefill and the torch path attend over the ring's earlier keys and the step's own;
 - q and k RMSNorm with weights, v RMSNorm without; attention scale 1; the embedding times sqrt(hidden) (rounded to
@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dflash_bench.engine.fast.kernels.selector import Kernels, check_head_dims, load_kernels, prepared
-from dflash_bench.engine.fast.models.layout import GEMMA_KINDS, CacheKind, gemma_kinds
+from dflash_bench.engine.fast.models.cache_layout import GEMMA_KINDS, CacheKind, gemma_kinds
 from dflash_bench.engine.fast.models.decoder import (KERNEL_MAX_QUERIES, DecoderTarget, Taps, add_rms_norm, attention,
                                             embed_norm, fused, Index, matmul, weight_bytes)
 from dflash_bench.engine.fast.models.shard import Shard
@@ -133,7 +133,7 @@ class GemmaTarget(DecoderTarget):
         self.scale = float(inner.layers[0].self_attn.scaling)
         self.max_len, self.slots = max_len, max_slots
         self.index = Index()
-        self.caches: list[CacheKind] = gemma_kinds(cfg, max_len, shard.size)  # the layout the pool sized (`layout.py`)
+        self.caches: list[CacheKind] = gemma_kinds(cfg, max_len, shard.size)  # the layout the pool sized (`cache_layout.py`)
         self.kinds = self._kinds(inner.rotary_emb, max_slots)
         check_head_dims(self.kernels, [k.hd for k in self.kinds], "target", self.dtype)
         # Triton's fused q/k/v norms + RoPE + cache write and GeGLU (torch ops on the CPU kernels' path and without)

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dflash_bench.engine.fast.models.layout import split
+from dflash_bench.engine.fast.models.cache_layout import split
 
 
 @dataclass(frozen=True)

@@ -150,7 +150,7 @@ def check_parallel(model: str, draft: str | None, size: int, *, device: str) -> 
 
     from dflash_bench.engine.reference.drafter import DrafterConfig
     from dflash_bench.engine.fast.models.family import check_split
-    from dflash_bench.engine.fast.models.layout import check_drafter_split
+    from dflash_bench.engine.fast.models.cache_layout import check_drafter_split
 
     if device.startswith("cuda") and torch.cuda.device_count() < size:
         n = torch.cuda.device_count()

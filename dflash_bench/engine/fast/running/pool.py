@@ -6,7 +6,7 @@ and any other's), or a budget given in bytes (`--kv-cache-memory-bytes`, the onl
 its K/V for `max_len` tokens in every target and drafter layer, and the float32 logits of one verified block.
 `--max-slots N` asks for N slots: granted when they fit, else one sentence says why not.
 
-A slot's bytes come from the layout the caches are allocated from (`layout.py`): the dense targets' one cache,
+A slot's bytes come from the layout the caches are allocated from (`cache_layout.py`): the dense targets' one cache,
 Gemma 4's sliding layers (a ring of their window) and full ones, the drafter's layers.
 """
 
@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from dflash_bench.engine.config import DEFAULT_SLOTS, MIN_MODEL_LEN
 from dflash_bench.engine.fast.models.family import target_kinds
-from dflash_bench.engine.fast.models.layout import drafter_kind, reference_kinds
+from dflash_bench.engine.fast.models.cache_layout import drafter_kind, reference_kinds
 from dflash_bench.errors import UserError
 
 MOST_SLOTS = 128  # a pool chosen from memory holds at most this many (the most rows a measured table of the engines asks for)
@@ -39,7 +39,7 @@ class Budget:
 def slot_bytes(cfg: Any, drafter_cfg: Any | None, *, max_len: int, dtype_bytes: int, block: int = 1,
                fast: bool = True, tp: int = 1) -> int:
     """Bytes one slot holds: K and V in every cache of the target (`cfg`, a transformers text config) and the
-    drafter (a `DrafterConfig`) as `layout.py` lays them out for `max_len` tokens, and float32 logits for `block`
+    drafter (a `DrafterConfig`) as `cache_layout.py` lays them out for `max_len` tokens, and float32 logits for `block`
     positions. `fast` False: the reference engine's caches (the sweep's check of a builtin server without --fast).
     `tp`: on one rank of that many (its share of the KV heads; the logits are gathered whole on every rank)."""
     kinds = target_kinds(cfg, max_len, tp) if fast else reference_kinds(cfg, max_len)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from dflash_bench.client.cell import Measurement, check_steady, measure
 from dflash_bench.client.loadgen import LoadSettings
 from dflash_bench.client.protocol import RequestSettings
-from dflash_bench.client.slots import check_slots
+from dflash_bench.client.server_slots import check_slots
 from dflash_bench.client.summary import summarize_cell, write_cell
 from dflash_bench.errors import UserError
 from dflash_bench.store import CellPlan, CellSummary, Manifest, SweepDir, cell_id

@@ -55,7 +55,7 @@ def dry_run_line(profile: EngineProfile, argv: list[str], env: dict[str, str], p
                  gpus: str | None, network: str) -> str:
     """The exact command a launch would run: `docker run ...` or the local process line."""
     if runner == "process":
-        from dflash_bench.launch.process import shell_line
+        from dflash_bench.launch.local_process import shell_line
 
         if gpus and gpus != "all":
             env = {**env, "CUDA_VISIBLE_DEVICES": "" if gpus == "none" else gpus}
@@ -79,7 +79,7 @@ def _warn_versions(profile: EngineProfile, pair: ModelPair, image: str | None) -
 
 def run_stop(all_: bool = False, sweep_id: str | None = None) -> None:
     """Remove leftover dflash-bench containers and process servers."""
-    from dflash_bench.launch import docker, process
+    from dflash_bench.launch import docker, local_process as process
 
     stopped = process.stop_leftovers(all_)
     try:

@@ -12,7 +12,7 @@ from dflash_bench.errors import UserError
 def build_command(engine: str, *, jobs: int | None = None, force: bool = False) -> None:
     """Build llama-server into the cache folder and say what was done, step by step."""
     from dflash_bench.llamacpp import VERSION, install_dir
-    from dflash_bench.llamacpp.build import SERVER, build_server
+    from dflash_bench.llamacpp.server_build import SERVER, build_server
 
     if engine != "llamacpp":
         raise UserError(f"cannot build {engine!r}: only llamacpp is built from source (vLLM and SGLang ship images).")

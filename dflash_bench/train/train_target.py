@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from dflash_bench.train.loss import progress, schedule_lr
-from dflash_bench.train.tokenizer import EOS, PAD
+from dflash_bench.train.train_tokenizer import EOS, PAD
 
 
 @dataclass
