@@ -1,4 +1,4 @@
-"""The Triton split-K decode attention (engine/fast/triton_attn) equals model.attention + step_mask.
+"""The Triton split-K decode attention (engine/fast/kernels/triton_attn) equals decoder.attention + step_mask.
 
 Runs in Triton's interpreter on the CPU (conftest sets TRITON_INTERPRET=1). The cache is random beyond
 every row's valid keys and beyond L, so a kernel that reads or keeps one key too many (or too few) fails.

@@ -1,4 +1,4 @@
-"""The skinny decode matmul (engine/fast/triton_gemm) equals F.linear, in Triton's interpreter on the CPU."""
+"""The skinny decode matmul (engine/fast/kernels/triton_gemm) equals F.linear, in Triton's interpreter on the CPU."""
 
 from __future__ import annotations
 

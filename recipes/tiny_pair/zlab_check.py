@@ -8,7 +8,7 @@ torch==2.13.0 transformers==4.57.1`. In that Python the drafter is loaded with z
 `DFlashDraftModel.from_pretrained` and the target with transformers, both in float32 on the CPU, and each prompt
 (the first turn of the first `--num-prompts` of each suite, seed-0 order: what the demo sends first, held out of
 the pair's training) is decoded greedily to `--max-tokens` by z-lab's `dflash_generate`, one prompt at a time as
-it decodes; here the builtin reference engine (`engine.decode`) decodes the same token ids, also one at a time.
+it decodes; here the builtin reference engine (`engine/reference/decode.py`) decodes the same token ids, also one at a time.
 Per suite it prints the prompts whose tokens are equal, and tau both ways: z-lab's mean acceptance length per
 step, and the builtin engine's 1 + accepted / drafts (with equal tokens they differ only where z-lab's loop,
 which runs until its position passes the prompt plus --max-tokens, takes one step more than the --max-tokens
