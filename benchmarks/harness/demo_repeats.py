@@ -52,6 +52,7 @@ def one_run(extra: list[str], out: Path) -> dict:
     from dflash_bench import analysis
 
     load_before = os.getloadavg()[0]
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "dflash_bench", "demo", "--out", str(out), *extra],
@@ -68,7 +69,7 @@ def one_run(extra: list[str], out: Path) -> dict:
               "speedup_max": round(float(r["speedup_max"]), 3), "ar_tok_s": round(float(r["ar_tok_s"]), 1),
               "dflash_tok_s": round(float(r["spec_tok_s"]), 1), "tau": round(float(r["tau"]), 2)}
              for _, r in head[head["mode"] == "dflash"].iterrows()]  # the demo runs AR against DFlash
-    return {"started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "seconds": round(seconds, 1),
+    return {"started": started, "seconds": round(seconds, 1),
             "cpu_seconds": round(cpu, 1),
             "load_avg_1min_before": round(load_before, 2), "load_avg_1min_after": round(os.getloadavg()[0], 2),
             "cells": cells}

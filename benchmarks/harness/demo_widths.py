@@ -53,7 +53,7 @@ def main() -> None:
     rows = []
     for width in args.widths.split(","):
         out = args.work.resolve() / f"w{width}"
-        record = kept(out) if args.reuse else None
+        record = kept(out, args.reuse)
         if record is None:
             argv = demo_argv(args.data_dir, args.suites.split(","), width=width, port=free_port())
             record = keep(out, sweep_run(out, argv + ["--repeats", str(args.repeats), *args.extra]))

@@ -166,12 +166,17 @@ def keep(out: Path, record: dict[str, Any]) -> dict[str, Any]:
     return record
 
 
-def kept(out: Path) -> dict[str, Any] | None:
+def kept(out: Path, reuse: bool) -> dict[str, Any] | None:
+    """The run's record where `reuse` and the run in `out` finished; else None, with `out` emptied for a fresh run
+    (a run cut short, or one not to reuse, would leave a second sweep folder beside the new one)."""
     try:
-        record: dict[str, Any] = json.loads((out / "record.json").read_text())
+        record: dict[str, Any] | None = json.loads((out / "record.json").read_text()) if reuse else None
     except (OSError, ValueError):
-        return None
-    return record if any((p / "manifest.json").exists() for p in out.iterdir()) else None
+        record = None
+    if record is not None and any((p / "manifest.json").exists() for p in out.iterdir()):
+        return record
+    shutil.rmtree(out, ignore_errors=True)
+    return None
 
 
 def sweep_run(out: Path, argv: list[str]) -> dict[str, Any]:
@@ -226,7 +231,7 @@ def main() -> None:
     for i in range(max(args.runs, args.regressions)):  # in turn, so that the machine's drift falls on both
         if i < args.runs:
             out = work / f"run-{i}"
-            run = kept(out) if args.reuse else None
+            run = kept(out, args.reuse)
             try:
                 run = run or keep(out, one_run(["--data-dir", str(args.data_dir), *args.extra], out))
             except SystemExit as err:  # a run of the recipe that failed is a finding: recorded, the others go on
@@ -244,7 +249,7 @@ def main() -> None:
             argv = demo_argv(args.data_dir, suites or demo_suites(args.data_dir), port=free_port(),
                              width="1" if kind == KINDS[0] else None, drafter=weaker if kind == KINDS[2] else None)
             out = work / f"broken-{i}"
-            record = kept(out) if args.reuse else None
+            record = kept(out, args.reuse)
             if record is None and kind == KINDS[1]:
                 out.mkdir(parents=True, exist_ok=True)
                 with demo_servers(out) as (ar, dflash), SlowProxy(dflash, 1 / (1 - SLOWER)) as proxy:
