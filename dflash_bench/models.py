@@ -94,27 +94,23 @@ def _qwen35(size: str, drafter: str | None = None, tp: int = 1, *, version: str 
     )
 
 
+_GEMMA4_31B = ModelPair(
+    name="gemma-4-31B-it", target="google/gemma-4-31B-it", drafter="z-lab/gemma-4-31B-it-DFlash",
+    block_size=16, thinking=True,
+    vllm_flags=("--attention-backend", "triton_attn", "--max-num-batched-tokens", "32768", "--trust-remote-code"),
+    vllm_spec={"attention_backend": "flash_attn"}, vllm_env={"VLLM_USE_V2_MODEL_RUNNER": "1"},
+    vllm_version="build of PR #41703 (pass --image)",
+    sglang_flags=("--attention-backend", "triton"),
+    sglang_spec_flags=("--speculative-draft-attention-backend", "fa4"),
+    sglang_version="build of PR #23000 (pass --image)",
+    notes="card measured on B300, thinking on, up to 5.8x at concurrency 1",
+)
+
 KNOWN: dict[str, ModelPair] = {p.name: p for p in [
-    ModelPair(
-        name="gemma-4-31B-it", target="google/gemma-4-31B-it", drafter="z-lab/gemma-4-31B-it-DFlash",
-        block_size=16, thinking=True,
-        vllm_flags=("--attention-backend", "triton_attn", "--max-num-batched-tokens", "32768", "--trust-remote-code"),
-        vllm_spec={"attention_backend": "flash_attn"}, vllm_env={"VLLM_USE_V2_MODEL_RUNNER": "1"},
-        vllm_version="build of PR #41703 (pass --image)",
-        sglang_flags=("--attention-backend", "triton"),
-        sglang_spec_flags=("--speculative-draft-attention-backend", "fa4"),
-        sglang_version="build of PR #23000 (pass --image)",
-        notes="card measured on B300, thinking on, up to 5.8x at concurrency 1",
-    ),
-    ModelPair(
-        name="gemma-4-26B-A4B-it", target="google/gemma-4-26B-A4B-it", drafter="z-lab/gemma-4-26B-A4B-it-DFlash",
-        block_size=16, thinking=True,
-        vllm_flags=("--attention-backend", "triton_attn", "--max-num-batched-tokens", "32768", "--trust-remote-code"),
-        vllm_spec={"attention_backend": "flash_attn"}, vllm_env={"VLLM_USE_V2_MODEL_RUNNER": "1"},
-        vllm_version="0.26.0+ (mixed sliding/full drafter on the V2 runner)",
-        sglang_flags=("--attention-backend", "triton"),
-        sglang_spec_flags=("--speculative-draft-attention-backend", "fa4"),
-        sglang_version="build of PR #23000 (pass --image)",
+    _GEMMA4_31B,
+    replace(  # the MoE sibling is served with the 31B card's flags
+        _GEMMA4_31B, name="gemma-4-26B-A4B-it", target="google/gemma-4-26B-A4B-it",
+        drafter="z-lab/gemma-4-26B-A4B-it-DFlash", vllm_version="0.26.0+ (mixed sliding/full drafter on the V2 runner)",
         notes="MoE: 128 experts, 8 a token (3.8B of 25.2B parameters a token); flags of the gemma-4-31B-it card; "
               "the release: one H100, vLLM, tau about 7.8, 222.3 tok/s, 3.4x over AR",
     ),
