@@ -105,3 +105,47 @@ sweep folder: /srv/mission/s/builtin-tau-h100-tp2/20261128-015656-gemma-4-31B-it
     ar, dflash = run.rows  # the failed cell is not read as a measurement
     assert (ar.tok_s, ar.synthetic_tau, dflash.tau, dflash.synthetic_tau) == (1074.9, None, 6.18, 6.5)
     assert dflash.ttft_ms_p50 is None and dflash.tok_s_per_gpu == 188.05
+
+
+def test_a_dflash_only_sweep_is_read_against_the_ar_sweep_of_the_same_workload():
+    """mission.sh's -tau steps measure DFlash alone (`--modes dflash`); their AR cells are the plain step's sweep.
+    A DFlash cell with no AR in its own sweep sits beside the AR cell of the one other sweep of the same engine,
+    machine and workload, which then has no row of its own; a workload that differs, or two sweeps that both fit,
+    pair nothing."""
+    ar = line("vllm", "ar", 8, 400.0, source="plain", workload="w1", weights="random")
+    other = line("vllm", "ar", 8, 300.0, source="short", workload="w2", weights="random")
+    tau = line("vllm", "dflash", 8, 2000.0, tau=7.5, synthetic_tau=7.53, source="tau", workload="w1", weights="random")
+    (row, lone) = sorted(card_rows([ar, other, tau], None), key=lambda r: r.dflash is None)
+    assert row.ar == ar and row.dflash == tau and abs(row.speedup - 5.0) < 1e-9
+    assert lone.ar == other and lone.dflash is None  # the AR of another workload keeps its own row, unpaired
+    twice = card_rows([ar, ar.model_copy(update={"source": "plain2"}), tau], None)
+    assert [r.ar is None for r in twice if r.dflash] == [True] and len(twice) == 3  # which AR is a guess: neither
+    unknown = card_rows([ar, tau.model_copy(update={"workload": ""})], None)
+    assert len(unknown) == 2 and not any(r.ar and r.dflash for r in unknown)  # no settings recorded: no partner
+
+
+def test_the_report_pairs_a_dflash_only_sweep_with_its_ar_sweep_over_emulator_folders(tmp_path, data_dir):
+    from dflash_bench.report.card import view_lines, workload_of
+    from dflash_bench.report.tables import load
+    from dflash_bench.settings import SweepSettings
+
+    plain = SweepSettings(model="m", engines=["vllm"], suites=["gsm8k"], concurrency=[1], modes=["ar"], max_tokens=16)
+    assert workload_of(plain.model_dump(mode="json")) == workload_of(
+        plain.model_copy(update={"modes": ["dflash"], "synthetic_acceptance": "card", "port": 1}).model_dump(mode="json"))
+    assert workload_of(plain.model_dump(mode="json")) != workload_of(
+        plain.model_copy(update={"max_tokens": 32}).model_dump(mode="json"))
+    shape = write_shape("gemma-4-31B-it", tmp_path / "work")
+    sweeps = tmp_path / "sweeps"
+    for modes, tokens in (("ar", "16"), ("dflash", "16"), ("ar", "24")):
+        proc = subprocess.run([sys.executable, "-m", "dflash_bench", "sweep", "--model", shape["target"], "--drafter",
+                               shape["drafter"], "--engine", "emulator", "--suites", "gsm8k", "-c", "1", "-n", "2", "--max-tokens", tokens, "--modes", modes,
+                               "--data-dir", str(data_dir), "--out", str(sweeps / f"{modes}-{tokens}"),
+                               "--port", str(free_port())], capture_output=True, text=True, cwd=ROOT, timeout=600)
+        assert proc.returncode == 0, proc.stderr
+    folders = [next((sweeps / name).iterdir()) for name in ("ar-16", "dflash-16", "ar-24")]
+    rows = card_rows([x for view in load(folders) for x in view_lines(view)], None)
+    paired = [r for r in rows if r.ar and r.dflash]
+    assert len(rows) == 2 and len(paired) == 1  # DFlash beside the 16-token AR sweep; the 24-token one alone
+    assert paired[0].ar.source == folders[0].name and paired[0].dflash.source == folders[1].name
+    html = build_report(folders, out=tmp_path / "r" / "report.html").read_text()
+    assert "Where DFlash stops paying" in html

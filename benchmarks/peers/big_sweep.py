@@ -28,7 +28,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from dflash_bench.report.card import device_of, weights_of
+from dflash_bench.report.card import device_of, weights_of, workload_of
+from dflash_bench.settings import SweepSettings
 from dflash_bench.store import CellSettings, SteadyPlan
 
 
@@ -63,6 +64,7 @@ class Run(BaseModel):
     context_len: int | None = None
     weights: str = "real"  # report/card.weights_of: random (--load-format dummy), emulated (the emulator), real
     source: str = "folder"  # "console": read from the sweep's printed lines (mission.log), its folder lost
+    workload: str = ""  # report/card.py workload_of: a --modes dflash run's DFlash is read against the AR of another run
     rows: list[Row] = Field(default_factory=list)
 
 
@@ -102,7 +104,8 @@ def run_of(folder: Path) -> Run:
     run = Run(sweep_id=manifest["sweep_id"], device=device, gpus_per_server=gpus_used, command=" ".join(argv),
               servers={k: " ".join(shown(a, work) for a in s.get("command", [])) for k, s in servers.items()},
               versions=versions, context_len=settings.get("context_len"),
-              weights=weights_of(settings.get("engine_args") or [], (settings.get("engines") or [""])[0]))
+              weights=weights_of(settings.get("engine_args") or [], (settings.get("engines") or [""])[0]),
+              workload=workload_of(SweepSettings.model_validate(settings).model_dump(mode="json") if settings else None))
     reasons = {c["cell_id"]: c.get("reason") for c in manifest["plan"]}
     for cell in manifest["plan"]:
         path = folder / "cells" / cell["cell_id"] / "summary.json"

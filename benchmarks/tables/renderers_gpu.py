@@ -101,7 +101,7 @@ def _mission_lines(data: dict[str, Any]) -> tuple[list[Any], list[str]]:
                                   ttft_ms_p50=r["ttft_ms_p50"], tpot_ms_p50=r["tpot_ms_p50"], tau=r["tau"],
                                   weights=run.get("weights", "real"), synthetic_tau=r.get("synthetic_tau"),
                                   synthetic_source=r.get("synthetic_source"), source=run["sweep_id"],
-                                  repeat=r.get("repeat", 0)))
+                                  repeat=r.get("repeat", 0), workload=run.get("workload", "")))
         notes += [f"Run {n}, {e} {m}: not measured: {why}" for (e, m), why in failed.items()]
     return lines, notes
 

@@ -10,7 +10,9 @@ so the HTML report and the docs' generated tables compute the ratio, the per-GPU
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel
@@ -39,6 +41,7 @@ class CellLine(BaseModel):
     synthetic_source: str | None = None  # where that tau came from, as the cell records it ("card gsm8k", "rates")
     source: str = ""  # the sweep id (or results file) it came from
     repeat: int = 0
+    workload: str = ""  # workload_of its sweep's settings: an AR cell of another sweep partners it only if equal
 
 
 class CardRow(BaseModel):
@@ -88,40 +91,60 @@ def weights_of(engine_args: Iterable[str], engine: str) -> Weights:
     return "real"
 
 
+# The sweep settings that do not change what one cell measures or the server it runs on: which cells a sweep holds
+# (engines, suites, concurrencies, modes), the DFlash side's synthetic acceptance, and how the harness reached the
+# servers. Two sweeps that agree on the rest ran the same requests against the same servers' flags.
+NOT_WORKLOAD = frozenset({"engines", "suites", "concurrency", "modes", "synthetic_acceptance", "input_lens", "runner",
+                          "port", "url_ar", "url_dflash", "slo", "expect_model"})
+
+
+def workload_of(settings: Mapping[str, Any] | None) -> str:
+    """A short digest of what a sweep's cells send and to which servers' flags (its settings less NOT_WORKLOAD);
+    empty where the sweep recorded no settings (`dflash-bench run`, a console's lines), which partners nothing."""
+    if not settings:
+        return ""
+    kept = {k: v for k, v in settings.items() if k not in NOT_WORKLOAD}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
 def card_rows(cells: Iterable[CellLine], pair: str | None) -> list[CardRow]:
     """AR and DFlash of each (engine, device, GPUs, synthetic tau, suite, concurrency) side by side, with the card's
-    row for that suite and concurrency where the pair's card has one. A synthetic-tau DFlash cell gets its own row,
-    beside the AR cell of its own sweep. A cell's repeats (lines of one source differing only in `repeat`) show
-    averaged, and the row's speedup is the median of each repeat's own ratio (speedup.py speedup_of)."""
+    row for that suite and concurrency where the pair's card has one. A DFlash cell sits beside the AR cell of its
+    own sweep; where its sweep measured DFlash alone (`--modes dflash`, as mission.sh's -tau steps do), beside the AR
+    cell of the one other sweep of the same engine, machine and workload (workload_of), and that AR cell then has
+    no row of its own. A cell's repeats (lines of one source differing only in `repeat`) show averaged, and the
+    row's speedup is the median of each repeat's own ratio (speedup.py speedup_of)."""
     table = published_for(pair) if pair else None
     card = {(r.suite, r.concurrency): r for r in table.rows} if table else {}
-    rows: dict[tuple[Any, ...], CardRow] = {}
-    repeats: dict[tuple[Any, ...], dict[int, CellLine]] = {}  # row key + mode -> repeat -> line
+    # (engine, device, GPUs, synthetic tau (DFlash's), source, suite, concurrency) -> repeat -> line, per mode
+    dflash: dict[tuple[Any, ...], dict[int, CellLine]] = {}
+    ar: dict[tuple[Any, ...], dict[int, CellLine]] = {}
     for line in cells:
         if line.mode not in ("ar", "dflash"):
             continue
         key = (line.engine, line.device, line.gpus, line.synthetic_tau if line.mode == "dflash" else None,
-               line.source, line.suite, line.concurrency, line.mode)
-        repeats.setdefault(key, {})[line.repeat] = line
-    for key, lines in repeats.items():
-        if key[-1] == "dflash":
-            rows[key[:-1]] = CardRow(engine=key[0], device=key[1], gpus=key[2], suite=key[5], concurrency=key[6],
-                                     dflash=_averaged(list(lines.values())))
-    for key, lines in repeats.items():
-        if key[-1] != "ar":
+               line.source, line.suite, line.concurrency)
+        (dflash if line.mode == "dflash" else ar).setdefault(key, {})[line.repeat] = line
+    rows: dict[tuple[Any, ...], CardRow] = {}
+    borrowed: set[tuple[Any, ...]] = set()  # AR cells a DFlash cell of another sweep sits beside
+    for key, lines in dflash.items():
+        row = rows[key] = CardRow(engine=key[0], device=key[1], gpus=key[2], suite=key[5], concurrency=key[6],
+                                  dflash=_averaged(list(lines.values())))
+        partner = _ar_partner(key, next(iter(lines.values())).workload, ar)
+        if partner is None:
             continue
-        mates = [r for k, r in rows.items() if k[:3] == key[:3] and k[4:] == key[4:7]]
-        if not mates:
-            mates = [rows.setdefault(key[:-1], CardRow(engine=key[0], device=key[1], gpus=key[2], suite=key[5],
-                                                       concurrency=key[6]))]
-        for r in mates:
-            r.ar = _averaged(list(lines.values()))
-            if r.dflash is None:
-                continue
-            dflash = repeats[(*key[:3], r.dflash.synthetic_tau, *key[4:7], "dflash")]
-            r.ratios = [d / a for n, line in sorted(dflash.items())
-                        if n in lines and (d := line.tok_s) and (a := lines[n].tok_s)]
-            r.repeats = max(len(dflash), len(lines))
+        if partner[4] != key[4]:
+            borrowed.add(partner)
+        mates = ar[partner]
+        row.ar = _averaged(list(mates.values()))
+        row.ratios = [d / a for n, line in sorted(lines.items())
+                      if n in mates and (d := line.tok_s) and (a := mates[n].tok_s)]
+        row.repeats = max(len(lines), len(mates))
+    for key, lines in ar.items():
+        if key in borrowed or any(k[:3] == key[:3] and k[4:] == key[4:] for k in dflash):
+            continue
+        rows[key] = CardRow(engine=key[0], device=key[1], gpus=key[2], suite=key[5], concurrency=key[6],
+                            ar=_averaged(list(lines.values())))
     # the reference: the builtin engine runs z-lab's DFlash step for step, so its measured tau (not a synthetic one)
     # in the same suite and concurrency is what another engine's tau should match (gate/reference.py judges it)
     reference: dict[tuple[str, int], float] = {}
@@ -138,6 +161,21 @@ def card_rows(cells: Iterable[CellLine], pair: str | None) -> list[CardRow]:
                 c.dflash_tok_s / c.ar_tok_s if c.ar_tok_s and c.dflash_tok_s else None)
     return sorted(rows.values(), key=lambda r: (r.engine, r.device, r.gpus or 0,
                                                  r.dflash.synthetic_tau or 0 if r.dflash else 0, r.suite, r.concurrency))
+
+
+def _ar_partner(key: tuple[Any, ...], workload: str, ar: dict[tuple[Any, ...], dict[int, CellLine]]
+                ) -> tuple[Any, ...] | None:
+    """The AR cell a DFlash cell (its key) is read against: its own sweep's; else, where its sweep has none, the
+    AR cell of the same engine, machine, suite and concurrency in the one other sweep of the same workload (none
+    where no sweep or several do: which would be a guess)."""
+    own = (*key[:3], None, *key[4:])
+    if own in ar:
+        return own
+    if not workload:
+        return None
+    others = [k for k, lines in ar.items() if k[:3] == key[:3] and k[5:] == key[5:]
+              and next(iter(lines.values())).workload == workload]
+    return others[0] if len(others) == 1 else None
 
 
 def _averaged(lines: list[CellLine]) -> CellLine:
@@ -215,6 +253,7 @@ def view_lines(view: Any) -> list[CellLine]:
     m = view.manifest
     device = device_of(m.hardware.model_dump() if hasattr(m.hardware, "model_dump") else dict(m.hardware or {}))
     args = list(m.settings.engine_args) if m.settings else []
+    workload = workload_of(m.settings.model_dump(mode="json") if m.settings else None)
     out = []
     frame = view.frame
     done = frame[frame["status"].isin(["complete", "partial"])] if not frame.empty else frame
@@ -226,7 +265,7 @@ def view_lines(view: Any) -> list[CellLine]:
             tpot_ms_p50=_f(rec.get("tpot_ms_p50")), tau=_f(rec.get("acceptance_length")) if rec["mode"] == "dflash" else None,
             weights=weights_of(args, rec["engine"]), synthetic_tau=_f(synthetic),
             synthetic_source=rec.get("synthetic_source") or None, source=m.sweep_id,
-            repeat=int(rec.get("repeat") or 0)))
+            repeat=int(rec.get("repeat") or 0), workload=workload))
     return out
 
 
