@@ -202,14 +202,18 @@ def test_the_claims_table_sets_dflash_against_eagle3_and_reads_per_user_speed():
         return {"engine": "vllm", "mode": mode, "suite": "gsm8k", "concurrency": 8, "gpus": 1, "status": "complete",
                 "tok_s": tok, "tok_s_per_gpu": tok, "ttft_ms_p50": 30.0, "tpot_ms_p50": 8.0 if mode == "dflash" else 20.0,
                 "peak_mem_mib": None, "prefix_cache_hit_rate": None, "tau": tau,
-                "synthetic_tau": 6.5 if mode != "ar" else None}
+                "synthetic_tau": 6.5 if mode != "ar" else None,
+                "synthetic_source": "6.5, over 7 drafts" if mode == "eagle3" else "6.5" if mode == "dflash" else None}
     run = {"sweep_id": "s", "device": "1x NVIDIA H200", "gpus_per_server": 1, "command": "dflash-bench sweep X",
            "servers": {}, "weights": "random",
            "rows": [row("ar", 400.0), row("dflash", 1000.0, 6.4), row("eagle3", 800.0, 6.5)]}
-    results = [{"pair": "Qwen3-8B", "runs": [run]} if key == "eagle3" else None for key in CLAIM_FILES]
+    results = [{"pair": "Qwen3-8B", "runs": [run], "measured": "one H200, 2026-11-29"} if key == "eagle3" else None
+               for key in CLAIM_FILES]
     table = release_claims(results)
     measured = next(r for r in table.rows if r[0] == "eagle3: Qwen3-8B")
-    assert measured[5:] == ["400.0", "1000.0", "2.50x", "6.40 (drawn 6.5)", "800.0 (τ 6.50 (drawn 6.5))", "1.25x",
-                            "125.0", "1000.0"]
+    assert measured[5:] == ["400.0", "1000.0", "2.50x", "6.40 (drawn 6.5)", "800.0 (τ 6.50, drawn 6.5)", "1.25x",
+                            "125.0", "50.0", "1000.0"]
     assert any("acceptance drawn at tau 6.5 (published: measured)" in n and "GPU: 1x H200 a server" in n
                for n in table.notes)
+    assert "eagle3: measured on one H200, 2026-11-29." in table.notes  # the file's where and when, once a claim
+    assert any(n.startswith("eagle3 run 1: EAGLE-3's τ is drawn over its own 7 drafts a step") for n in table.notes)

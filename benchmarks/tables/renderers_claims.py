@@ -38,7 +38,7 @@ CLAIM_CALLS = {
 }
 ENGINES = {"vllm": "vLLM", "sglang": "SGLang", "builtin": "builtin", "emulator": "emulator"}
 HEADER = ["claim", "published", "measured on", "suite", "c", "AR tok/s", "DFlash tok/s", "DFlash / AR", "τ",
-          "EAGLE-3 tok/s", "DFlash / EAGLE-3", "DFlash tok/s per user", "DFlash tok/s per GPU"]
+          "EAGLE-3 tok/s", "DFlash / EAGLE-3", "DFlash tok/s per user", "EAGLE-3 tok/s per user", "DFlash tok/s per GPU"]
 
 
 def published_cell(c: PublishedClaim) -> str:
@@ -59,10 +59,13 @@ def _tau(row: dict[str, Any] | None) -> str:
 
 
 def _eagle3(row: dict[str, Any] | None) -> str:
-    """An EAGLE-3 cell's tok/s and its tau."""
+    """An EAGLE-3 cell's tok/s and its tau (and the tau it drew), in one bracket."""
     if row is None or row.get("tok_s") is None:
         return "-"
-    return f1(row["tok_s"]) + (f" (τ {_tau(row)})" if row.get("tau") is not None else "")
+    if row.get("tau") is None:
+        return f1(row["tok_s"])
+    drawn = row.get("synthetic_tau")
+    return f"{f1(row['tok_s'])} (τ {f2(row['tau'])}" + (f", drawn {drawn:g})" if drawn is not None else ")")
 
 
 def _per_user(row: dict[str, Any] | None) -> str:
@@ -121,8 +124,15 @@ def _rows(c: PublishedClaim, data: dict[str, Any]) -> tuple[list[list[str]], lis
             rows.append(["", "", f"{ENGINES.get(engine, engine)}, {_machine(run)} (run {n})",
                          suite, str(conc), f1(tok["ar"]), f1(tok["dflash"]), _ratio(tok["dflash"], tok["ar"]),
                          _tau(df), _eagle3(e3), _ratio(tok["dflash"], tok["eagle3"]), _per_user(df),
-                         f1(df["tok_s_per_gpu"]) if df and df.get("tok_s_per_gpu") else "-"])
+                         _per_user(e3), f1(df["tok_s_per_gpu"]) if df and df.get("tok_s_per_gpu") else "-"])
         notes += [f"{label}, {ENGINES.get(e, e)} {m}: not measured: {why}" for (e, m), why in failed.items()]
+        drafts = sorted({r["synthetic_source"].rsplit("over ", 1)[1] for r in run["rows"] if r["mode"] == "eagle3"
+                         and r.get("synthetic_tau") is not None and "over " in (r.get("synthetic_source") or "")})
+        if drafts:
+            notes.append(f"{label}: EAGLE-3's τ is drawn over its own {', '.join(drafts)} a step, DFlash's over its "
+                         "block: the same mean τ, each at its drafter's draft length.")
+    if data.get("measured"):
+        notes.append(f"{c.key}: measured on {data['measured']}.")
     return rows, notes
 
 
