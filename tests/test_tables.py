@@ -217,3 +217,34 @@ def test_the_claims_table_sets_dflash_against_eagle3_and_reads_per_user_speed():
                for n in table.notes)
     assert "eagle3: measured on one H200, 2026-11-29." in table.notes  # the file's where and when, once a claim
     assert any(n.startswith("eagle3 run 1: EAGLE-3's τ is drawn over its own 7 drafts a step") for n in table.notes)
+
+
+def test_the_readmes_headline_sets_the_engines_side_by_side_at_the_drawn_tau_without_each_runs_command():
+    """big_sweep's file of mission.sh's four sweeps (each engine's AR, and its DFlash alone at the card's tau): the
+    README's table pairs each DFlash with its engine's AR run of the same workload, says where DFlash stops paying,
+    the weights and where it was measured, and leaves each run's command to the docs' table of the same file."""
+    def run(engine: str, mode: str, tok: list[float], workload: str = "w") -> dict:
+        rows = [{"engine": engine, "mode": mode, "suite": "gsm8k", "concurrency": c, "gpus": 1, "status": "complete",
+                 "tok_s": t, "tok_s_per_gpu": t, "ttft_ms_p50": 30.0, "tpot_ms_p50": 1000.0 * c / t,
+                 "peak_mem_mib": None, "prefix_cache_hit_rate": None, "tau": 7.5 if mode == "dflash" else None,
+                 "synthetic_tau": 7.53 if mode == "dflash" else None,
+                 "synthetic_source": "card gsm8k" if mode == "dflash" else None} for c, t in zip((1, 32), tok)]
+        return {"sweep_id": f"{engine}-{mode}", "device": "1x NVIDIA H200", "gpus_per_server": 1, "weights": "random",
+                "command": f"dflash-bench sweep --engine {engine} --modes {mode}", "servers": {}, "workload": workload,
+                "versions": {"vllm": "0.26.0"}, "rows": rows}
+    data = {"pair": None, "weights": "random", "measured": "one H200, 2026-11-29",
+            "runs": [run("vllm", "ar", [56.0, 1278.0]), run("vllm", "dflash", [332.0, 3566.0]),
+                     run("builtin", "ar", [58.6, 1420.0]), run("builtin", "dflash", [406.7, 1300.0])]}
+    table = table_renderers_gpu.mission_headline([data])
+    cells = {(r[1], r[2]): dict(zip(table.header, r)) for r in table.rows}
+    assert cells[("1", "vllm")]["DFlash / AR"] == "5.93x" and cells[("1", "builtin")]["DFlash tok/s"] == "406.7 ★"
+    assert cells[("32", "builtin")]["DFlash / AR"] == "0.92x" and cells[("32", "vllm")]["DFlash tok/s"] == "3,566.0 ★"
+    assert cells[("1", "vllm")]["TPOT p50 ms AR / DFlash"] == "17.86 / 3.01" and cells[("1", "vllm")]["τ"] == "7.50"
+    assert "- gsm8k, builtin, synthetic τ 7.53, drawn (card gsm8k): pays up to c=1 (6.94x), below 1 from c=32 " \
+           "(0.92x)." in table.notes
+    assert "Measured on one H200, 2026-11-29." in table.notes and any("vllm 0.26.0" in n for n in table.notes)
+    assert not any("dflash-bench sweep" in n for n in table.notes)  # the docs' table gives each run's command
+    assert any("dflash-bench sweep --engine vllm --modes dflash" in n
+               for n in table_renderers_gpu.mission_engines([data]).notes)
+    data["runs"][1]["workload"] = "other"  # an AR run of another workload is not vLLM's DFlash's partner
+    assert {r[2] for r in table_renderers_gpu.mission_headline([data]).rows} == {"builtin"}

@@ -75,8 +75,19 @@ MISSION_H200_COMMAND = ("bash benchmarks/peers/mission.sh --gpu h200 --tp 2 -n 4
                         "benchmarks/results/gemma4_31b_mission_h200.json SWEEP_FOLDER...")
 MISSION_H200_MACHINE = "two NVIDIA H200 on one host (nvidia-h200-x2), a call per engine"
 
+# vLLM and the builtin engine at the card's tau, drawn with one profile for both, on one H200 (big_sweep's file of
+# the four sweeps: each engine's AR, and its DFlash alone at the card's tau): the README's headline and the docs' table.
+MISSION_TAU_H200 = "gemma4_31b_card_tau_h200.json"
+MISSION_TAU_H200_COMMAND = ("bash benchmarks/peers/mission.sh --gpu h200 --tp 1 -n 2 --waves 2 --max-tokens 1024 --suites "
+                            "gsm8k --modes ar vllm vllm-tau builtin builtin-tau (two calls, as the file's measured says), "
+                            "then python -m benchmarks.peers.big_sweep --out benchmarks/results/gemma4_31b_card_tau_h200.json "
+                            "SWEEP_FOLDER...")
+MISSION_TAU_H200_MACHINE = "one NVIDIA H200 (nvidia-h200), tensor parallel 1"
+
 TABLES: list[Entry] = [
     Entry("demo_summary", "README.md", (DEMO,), None, tr.demo_summary),
+    Entry("mission_card_tau", "README.md", (MISSION_TAU_H200,), MISSION_TAU_H200_COMMAND, gpu.mission_headline,
+          machine=MISSION_TAU_H200_MACHINE),
     Entry("mission_summary", "README.md", (MISSION_H200,), MISSION_H200_COMMAND, gpu.mission_summary,
           machine=MISSION_H200_MACHINE),
     Entry("engines_summary", "README.md", ("real_engines_h100_builtin_vllm.json",),
@@ -111,6 +122,8 @@ TABLES: list[Entry] = [
           machine="one NVIDIA H100 80GB HBM3 (nvidia-h100-x1) and two on one host (nvidia-h100-x2), each a fresh machine"),
     Entry("gemma4_31b_mission", "docs/results/gemma-4-31b.md", ("gemma4_31b_mission.json",), None, gpu.mission_card,
           machine="two NVIDIA H100 80GB HBM3 on one host (nvidia-h100-x2), two calls"),
+    Entry("gemma4_31b_card_tau_h200", "docs/results/gemma-4-31b.md", (MISSION_TAU_H200,), MISSION_TAU_H200_COMMAND,
+          gpu.mission_engines, machine=MISSION_TAU_H200_MACHINE),
     Entry("gemma4_31b_engines_h200", "docs/results/gemma-4-31b.md", (MISSION_H200,), MISSION_H200_COMMAND,
           gpu.mission_engines, machine=MISSION_H200_MACHINE),
     Entry("two_clients_gemma_vllm", "docs/results/gemma-4-31b.md", ("two_clients_gemma_vllm_h100.json",), None,

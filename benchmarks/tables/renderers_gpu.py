@@ -121,20 +121,34 @@ def mission_card(results: list[Any]) -> Table:
 def mission_engines(results: list[Any]) -> Table:
     """The same file as the report's "Engines side by side" (dflash_bench/report/engines.py): per suite and
     concurrency each engine's AR and DFlash, the kind of τ its DFlash ran at, the fastest starred, the card's row
-    beside; then, per suite, engine and kind, where DFlash stops paying."""
+    beside; then, per suite, engine and kind, where DFlash stops paying; each run's command."""
+    return _engines_table(results[0], runs=True)
+
+
+def mission_headline(results: list[Any]) -> Table:
+    """The README's headline: mission_engines' table with where DFlash stops paying, the machine and how it was
+    measured, without each run's command (docs/results/gemma-4-31b.md gives them)."""
+    return _engines_table(results[0], runs=False)
+
+
+def _engines_table(data: dict[str, Any], runs: bool) -> Table:
     from dflash_bench.report import engines
     from dflash_bench.report.card import card_rows
 
-    data = results[0]
     lines, notes = _mission_lines(data)
+    if not runs:  # what was not measured stays said; the runs' commands are the docs' to give
+        notes = [n for n in notes if ": not measured: " in n]
     rows = [r for r in card_rows(lines, data.get("pair")) if r.ar is not None and r.dflash is not None]
     tables = engines.suite_tables(rows, data.get("pair"))
     body = [[t.suite, *row] for t in tables for row in engines.text_rows(t)]
     crossings = [f"{t.suite}, {x.engine}, {x.label}: {x.text}." for t in tables for x in t.crossings]
     measured = [f"Measured on {data['measured']}."] if data.get("measured") else []
+    versions = sorted({f"{k} {v}" for run in data["runs"] for k, v in run.get("versions", {}).items()
+                       if k in ("vllm", "sglang", "torch")})
+    weights = [f"Weights {data['weights']}; {', '.join(versions)}."]
     return Table(["suite", *engines.HEADER], body,
                  ["Where DFlash stops paying (DFlash / AR below 1 past that concurrency, at the τ of the row's kind):",
-                  "", *(f"- {c}" for c in crossings), "", ENGINES_KEY, *measured, *notes])
+                  "", *(f"- {c}" for c in crossings), "", ENGINES_KEY, *weights, *measured, *notes])
 
 
 ENGINES_KEY = ("Output tok/s per server (tensor parallel: all its GPUs), DFlash / AR the median of the repeats' "
