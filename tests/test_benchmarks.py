@@ -241,6 +241,27 @@ def test_serve_profile_sorts_samples_into_the_parts_of_the_serving_path(tmp_path
     assert set(got) <= set(PARTS)
 
 
+def test_serve_profile_tells_the_engines_process_from_the_servers(tmp_path):
+    """py-spy --subprocesses roots a stack in its processes (a command line may hold a ';'): the engine's process's
+    threads are told from the server's, and its hand-over (engine_process.py) is the hand-over."""
+    from benchmarks.speed.serve_profile import by_process, parts, summarise
+
+    server = 'process 10:"python -m dflash_bench serve --port 1"'
+    thread = (server + ';process 11:"python -B -c from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=8)"'
+              ";thread (12): dflash-engine")
+    raw = tmp_path / "x.raw"
+    raw.write_text(
+        f"{thread};EngineLoop._run (dflash_bench/engine/serving/loop.py:9);flush "
+        "(dflash_bench/engine/serving/engine_process.py:4) 6\n"
+        f"{thread};Thread.run (threading.py:1);go (z.py:2) 2\n"
+        f"{server};thread (13): dflash-engine-results;EngineProcess._read "
+        "(dflash_bench/engine/serving/engine_process.py:5) 3\n"
+        f"{server};thread (10): MainThread;RequestResponseCycle.send (uvicorn/protocols/http/h11_impl.py:4) 4\n")
+    assert parts(raw) == {"hand-over": 9, "HTTP (ASGI, h11, socket)": 4, "engine thread, other": 2}
+    assert by_process(raw) == {"server": 7, "engine process": 8}
+    assert list(summarise(raw, 10, 3)) == ["engine process: dflash-engine", "MainThread", "dflash-engine-results"]
+
+
 def test_harness_fidelity_compares_the_harness_with_the_emulators_truth():
     out = bench("harness.fidelity", "--concurrency", "1", "--modes", "ar,dflash")
     rows = [line.split() for line in out.splitlines()[1:]]

@@ -1,6 +1,6 @@
-"""`serve --fast --tensor-parallel-size 2` as a real process on the CPU (two gloo ranks, rank 1 a child of the
-server): it answers, and its ranks live and die together: a rank killed takes the server down with its reason, the
-server killed takes its rank with it, Ctrl-C leaves no process behind."""
+"""`serve --fast --tensor-parallel-size 2` as a real process on the CPU (two gloo ranks: rank 0 the server's engine
+process, rank 1 its child): it answers, and its ranks live and die together: a rank killed takes the server down
+with its reason, the server killed takes its rank with it, Ctrl-C leaves no process behind."""
 
 from __future__ import annotations
 
@@ -42,7 +42,8 @@ def children(pid: int) -> list[int]:
 
 
 def start(pair) -> tuple[subprocess.Popen, str, int]:
-    """The server in a process group of its own; returns it, its URL and its rank 1's pid."""
+    """The server in a process group of its own; returns it, its URL and its rank 1's pid (the child of the
+    server's engine process, both started by multiprocessing's spawn)."""
     target, drafter = pair
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "dflash_bench", "serve", "--model", str(target), "--draft",
@@ -55,9 +56,12 @@ def start(pair) -> tuple[subprocess.Popen, str, int]:
     except BaseException:
         os.killpg(proc.pid, signal.SIGKILL)
         raise
-    kids = children(proc.pid)
-    rank1 = [c for c in kids if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]  # multiprocessing's spawn
-    assert len(rank1) == 1, kids
+    def spawned(pid: int) -> list[int]:  # multiprocessing's spawn, not its resource tracker
+        return [c for c in children(pid) if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+
+    [engine] = spawned(proc.pid)
+    rank1 = spawned(engine)
+    assert len(rank1) == 1, children(engine)
     return proc, url, rank1[0]
 
 
@@ -97,7 +101,9 @@ def test_a_rank_that_dies_takes_the_server_down_saying_so(pair):
 def test_a_killed_server_takes_its_rank_with_it(pair):
     proc, url, rank1 = start(pair)
     try:
-        os.kill(proc.pid, signal.SIGKILL)  # no handler runs: the kernel ends rank 1 (its parent-death signal)
+        # no handler runs: the engine's process sees its pipe close and stops rank 1 (or the kernel ends rank 1 with
+        # its parent-death signal)
+        os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=15)
         assert wait_until(lambda: not pid_alive(rank1), timeout=15), "rank 1 outlived a killed server"
     finally:

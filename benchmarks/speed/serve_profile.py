@@ -9,10 +9,10 @@ Starts one `dflash-bench serve --fast` (AR unless `--mode dflash`) per `--model`
 (a random pair of benchmarks/fixtures/shapes.py, written into `--work` once; `host`: a step a CPU runs in a few
 ms, so that the serving path's own cost shows), with a slot for each row of the highest concurrency, and at each
 concurrency runs `dflash-bench run` against it (GSM8K, `--ignore-eos`, closed loop) while `py-spy record --gil
---nonblocking` samples the server: one sample per tick of whichever thread holds the GIL. So the samples say
-how long the interpreter was held, and by what: the engine thread (scheduling and launching steps, committing
-each row's tokens, detokenizing, handing results over) or the event loop (taking requests in, making SSE chunks,
-writing them). Random weights: the tokens are noise, as in the GPU runs of the same shapes (their ids mostly
+--nonblocking --subprocesses` samples the server and its engine's process: one sample per tick of whichever thread
+holds a process's GIL. So the samples say how long each interpreter was held, and by what: the engine thread
+(scheduling and launching steps, committing each row's tokens, detokenizing, handing results over) or the event
+loop (taking requests in, making SSE chunks, writing them). Random weights: the tokens are noise, as in the GPU runs of the same shapes (their ids mostly
 outside the small tokenizer's vocabulary).
 
 Each cell's result: tok/s, TPOT and TTFT p50 as the client measured them, decode steps and ms per step (the
@@ -54,7 +54,8 @@ WHOLE = (("admission (prefill)", ("EngineLoop._admit",)),
 LEAF = (("detokenize", ("engine/detok.py", "transformers/", "tokenizers/")),
         ("commit (bookkeeping)", ("engine/bookkeeping.py",)),
         ("SSE chunks", ("serving/api.py", "openai_format.py", "_sse (", "_stream (", "orjson")),
-        ("hand-over", ("serving/loop.py", "Outbox", "Results.", "_deliver (", "asyncio/queues.py", "asyncio/locks.py")),
+        ("hand-over", ("serving/loop.py", "serving/engine_process.py", "Outbox", "Results.", "_deliver (",
+                        "asyncio/queues.py", "asyncio/locks.py")),
         ("engine step (FastEngine.step)", ("engine/fast/engine.py",)),
         ("schedule, launch, collect", ("engine/fast/", "torch/")),
         ("HTTP (ASGI, h11, socket)", ("starlette/", "uvicorn/", "h11/", "httptools", "anyio/", "fastapi/",
@@ -62,12 +63,20 @@ LEAF = (("detokenize", ("engine/detok.py", "transformers/", "tokenizers/")),
 PARTS = [p for p, _ in WHOLE] + [p for p, _ in LEAF] + ["event loop, other", "engine thread, other"]
 
 
+# py-spy --subprocesses roots each stack in its processes (`process PID:"command line";`), the server's first: a
+# stack under two is the engine's process's (engine_process.py), its threads named "engine process: NAME"
+PROCESSES = re.compile(r'^(?:process \d+:"[^"]*";)+')
+
+
 def _frames(line: str) -> tuple[str, list[str], int] | None:
     stack, _, n = line.rpartition(" ")
     if not stack:
         return None
-    frames = [re.sub(r":\d+\)$", ")", f) for f in stack.split(";")]
-    return re.sub(r"^thread \(\d+\): ", "", frames[0]), frames[1:], int(n)
+    procs = PROCESSES.match(stack)
+    depth = procs.group(0).count('";process ') + 1 if procs else 0
+    frames = [re.sub(r":\d+\)$", ")", f) for f in stack[procs.end() if procs else 0:].split(";")]
+    thread = re.sub(r"^thread \(\d+\): ", "", frames[0])
+    return ("engine process: " + thread if depth > 1 else thread), frames[1:], int(n)
 
 
 def part_of(thread: str, frames: list[str]) -> str:
@@ -79,7 +88,7 @@ def part_of(thread: str, frames: list[str]) -> str:
         for part, marks in LEAF:
             if any(m in f for m in marks):
                 return part
-    return "engine thread, other" if thread == "dflash-engine" else "event loop, other"
+    return "engine thread, other" if thread.endswith("dflash-engine") else "event loop, other"
 
 
 def summarise(raw: Path, ticks: float, top: int) -> dict:
@@ -112,6 +121,16 @@ def parts(raw: Path) -> dict[str, int]:
     return {p: out[p] for p in PARTS if out[p]}
 
 
+def by_process(raw: Path) -> dict[str, int]:
+    """py-spy's raw output -> samples of the server's process and of the engine's (each holds a GIL of its own)."""
+    out = {"server": 0, "engine process": 0}
+    for line in raw.read_text().splitlines():
+        got = _frames(line)
+        if got is not None:
+            out["engine process" if got[0].startswith("engine process: ") else "server"] += got[2]
+    return out
+
+
 def sample(args, server, c: int, tag: str, work: Path) -> dict:
     """A warm-up, then the measured run at concurrency `c` under py-spy; what it says of the cell."""
     def load(n: int, max_tokens: int, name: str) -> list[str]:
@@ -123,6 +142,7 @@ def sample(args, server, c: int, tag: str, work: Path) -> dict:
     before = engine_counters(server.url)
     raw = work / f"{tag}.raw"
     spy = subprocess.Popen([args.py_spy, "record", "-p", str(server.info.pid), "--gil", "--nonblocking", "--threads",
+                            "--subprocesses",
                             "-r", str(args.rate), "-f", "raw", "-o", str(raw)],
                            stdout=subprocess.DEVNULL, stderr=(work / f"{tag}.py-spy.log").open("w"))
     time.sleep(1.0)
@@ -146,7 +166,9 @@ def sample(args, server, c: int, tag: str, work: Path) -> dict:
                 engine_thread_s={k: round(after[k] - before.get(k, 0.0), 3) for k in ("prefill", "step", "emit")
                                  if k in after},
                 gil_us_per_token={p: us(n) for p, n in by_part.items()},
-                gil_us_per_token_total=us(sum(by_part.values())), sampled_s=round(seconds, 2),
+                gil_us_per_token_total=us(sum(by_part.values())),
+                gil_us_per_token_by_process={k: us(n) for k, n in (by_process(raw) if raw.exists() else {}).items()},
+                sampled_s=round(seconds, 2),
                 threads=summarise(raw, args.rate * seconds, args.top) if raw.exists() else {},
                 py_spy_log=(work / f"{tag}.py-spy.log").read_text()[-2000:])
 
@@ -192,7 +214,8 @@ def in_process(args, model: Path, draft: Path | None, cs: list[int]) -> list[dic
 def print_cell(name: str, r: dict) -> None:
     print(f"{name} c={r['concurrency']}: {r['tok_s']:.1f} tok/s, TPOT p50 {r['tpot_ms_p50']:.2f} ms, "
           f"{r['ms_per_step']} ms per step, {r['tokens_per_chunk']} tokens a chunk, engine thread "
-          f"{r['engine_thread_s']}; GIL-held us per token {r['gil_us_per_token_total']}: "
+          f"{r['engine_thread_s']}; GIL-held us per token {r['gil_us_per_token_total']} "
+          f"{r['gil_us_per_token_by_process']}: "
           + ", ".join(f"{p} {v}" for p, v in r["gil_us_per_token"].items()), flush=True)
 
 

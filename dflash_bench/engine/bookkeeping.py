@@ -74,6 +74,19 @@ def eos_ids(model: Any, tokenizer: Any) -> list[int]:
     return sorted(ids)
 
 
+def request_refusal(n_prompt: int, max_tokens: int, max_len: int, block_size: int) -> str | None:
+    """Why a request of `n_prompt` tokens asking for `max_tokens` cannot be served by an engine of `max_len`
+    positions a slot and verify blocks of `block_size` (None when it can): the engine's rule, which a server whose
+    engine runs in another process applies too."""
+    room = max_len - block_size - 1
+    if n_prompt < 1:
+        return "the prompt is empty"
+    if n_prompt + max_tokens > room:
+        return (f"the prompt ({n_prompt} tokens) plus max_tokens ({max_tokens}) is longer than this server's "
+                f"limit of {room} tokens")
+    return None
+
+
 def out_of_vocabulary(prompt: list[int], vocab_size: int) -> str | None:
     """Why a prompt's token ids cannot be fed to a model of `vocab_size` tokens (None when they can): the
     engine's admission and the server's 400 say the same."""
@@ -100,13 +113,7 @@ class Bookkeeping:
 
     def check(self, n_prompt: int, max_tokens: int) -> str | None:
         """Why a request cannot be served (None when it can)."""
-        room = self.max_len - self.B - 1
-        if n_prompt < 1:
-            return "the prompt is empty"
-        if n_prompt + max_tokens > room:
-            return (f"the prompt ({n_prompt} tokens) plus max_tokens ({max_tokens}) is longer than this server's "
-                    f"limit of {room} tokens")
-        return None
+        return request_refusal(n_prompt, max_tokens, self.max_len, self.B)
 
     def open(self, req_id: str, prompt: list[int], params: SamplingParams) -> Seq:
         """A new request in the lowest free slot (the fast path's batch bucket covers slots 0..highest)."""

@@ -1,4 +1,5 @@
-"""The OpenAI-compatible HTTP server of the builtin engine (FastAPI + uvicorn, one process).
+"""The OpenAI-compatible HTTP server of the builtin engine (FastAPI + uvicorn; `serve` runs the engine in a process
+of its own, `engine_process.py`).
 
 Endpoints: /v1/chat/completions and /v1/completions (SSE streaming with usage and continuous usage
 stats, or one JSON body), /v1/models, /health, /metrics (vLLM's counter names).
@@ -10,7 +11,9 @@ from typing import Any, AsyncIterator, Callable, Literal
 
 import asyncio
 import copy
+import dataclasses
 import logging
+import signal
 import socket
 import sys
 
@@ -24,7 +27,8 @@ from dflash_bench.engine.serving.api import (
 )
 from dflash_bench.engine.bookkeeping import Delta, out_of_vocabulary
 from dflash_bench.engine.config import EngineConfig
-from dflash_bench.engine.serving.loop import EngineLoop
+from dflash_bench.engine.serving.engine_process import EngineProcess
+from dflash_bench.engine.serving.loop import SWITCH_INTERVAL_S, EngineLoop
 from dflash_bench.engine.serving.metrics_endpoint import render
 from dflash_bench.errors import UserError
 from dflash_bench.openai_format import new_id
@@ -68,8 +72,28 @@ def _deliver(batch: list[tuple[asyncio.Queue, object]]) -> None:
         queue.put_nowait(item)
 
 
-def build_app(loop: EngineLoop, model_name: str) -> FastAPI:
-    """The FastAPI app serving `loop`'s engine under `model_name`."""
+def coalesce(first: Delta, queue: asyncio.Queue) -> tuple[Delta, Exception | None]:
+    """`first` and the deltas of its request already waiting in `queue`, as one (one SSE chunk), and an error
+    that waited behind them: an event loop that fell behind its engine catches up in fewer, larger chunks, as
+    vLLM's does."""
+    parts, error = [first], None
+    while parts[-1].finish is None and not queue.empty():
+        item = queue.get_nowait()
+        if isinstance(item, Exception):
+            error = item
+            break
+        parts.append(item)
+    if len(parts) == 1:
+        return first, error
+    last = parts[-1]
+    lps = None if last.logprobs is None else [e for d in parts for e in (d.logprobs or [])]
+    return dataclasses.replace(last, token_ids=[t for d in parts for t in d.token_ids],
+                               text="".join(d.text for d in parts), logprobs=lps), error
+
+
+def build_app(loop: EngineLoop | EngineProcess, model_name: str) -> FastAPI:
+    """The FastAPI app serving `loop`'s engine under `model_name` (an `EngineLoop` in this process, or the
+    `EngineProcess` that stands for one in a process of its own)."""
     app = FastAPI(title="dflash-bench builtin engine")
     engine = loop.engine
     outbox = Outbox()
@@ -108,7 +132,7 @@ def build_app(loop: EngineLoop, model_name: str) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(render(loop, model_name), media_type="text/plain; version=0.0.4; charset=utf-8")
+        return Response(render(loop.counters(), model_name), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest, raw: Request) -> Response:
@@ -177,8 +201,11 @@ def build_app(loop: EngineLoop, model_name: str) -> FastAPI:
         try:
             if fmt.kind == "chat":
                 yield _sse(fmt.role_chunk())
+            error: Exception | None = None
             while not done:
-                d = await queue.get()
+                d = error or await queue.get()
+                if not isinstance(d, Exception):
+                    d, error = coalesce(d, queue)
                 if isinstance(d, Exception):
                     yield _sse({"error": {"message": f"generation failed: {d}", "code": 500}})
                     done = True
@@ -195,12 +222,6 @@ def build_app(loop: EngineLoop, model_name: str) -> FastAPI:
     return app
 
 
-# The engine thread waits for the GPU without the GIL, then needs it back at once to launch the next step; while
-# the event loop writes SSE chunks, CPython makes it wait a whole switch interval (5 ms by default, most of an AR
-# step). A short interval bounds that wait.
-SWITCH_INTERVAL_S = 0.0002
-
-
 def _check_port(host: str, port: int) -> None:
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -210,28 +231,33 @@ def _check_port(host: str, port: int) -> None:
             raise UserError(f"cannot listen on {host}:{port} ({err.strerror}); pick another --port") from err
 
 
+def _stopped(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def serve(config: EngineConfig, *, host: str = "127.0.0.1", port: int = 8000, served_model_name: str | None = None,
           log_level: str = "warning") -> None:
     """Load the model(s) as `config` says (`EngineConfig.from_options`: the `dflash-bench serve` command's) and serve
     until interrupted."""
     import uvicorn
 
-    from dflash_bench.engine.build import build
+    from dflash_bench.engine.build import load_tokenizer, resolved
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")  # before the build's lines
 
     _check_port(host, port)
-    engine = build(config)
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
-    loop = EngineLoop(engine).start()
-    name = served_model_name or config.model
-    app = build_app(loop, name)
-    log.info("serving %s (mode %s, block size %d, prefill %s) on http://%s:%d", name, config.mode, engine.B,
-             config.step.prefill, host, port)
+    # uvicorn re-raises the SIGTERM it stopped on once it has; by default that would end this process before the
+    # engine's is stopped below
+    signal.signal(signal.SIGTERM, _stopped)
+    config = resolved(config)  # a config no engine runs is refused here, before the engine's process starts
+    # the engine steps in a process of its own: this one's GIL, busy with HTTP and SSE, never holds a step back
+    engine = EngineProcess(config, load_tokenizer(config.model))
     try:
+        sys.setswitchinterval(SWITCH_INTERVAL_S)  # each step's results reach the event loop without a 5 ms wait
+        name = served_model_name or config.model
+        app = build_app(engine, name)
+        log.info("serving %s (mode %s, block size %d, prefill %s) on http://%s:%d", name, config.mode,
+                 engine.engine.B, config.step.prefill, host, port)
         uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
     finally:
-        loop.stop()
-        close = getattr(engine, "close", None)  # a tensor-parallel engine's other ranks end with it
-        if close is not None:
-            close()
+        engine.stop()

@@ -3,10 +3,11 @@
 A request that arrives while others decode joins at the next step: every waiting prompt that fits a free slot
 is prefilled before the next step, one prefill group at a time, those that arrive meanwhile included (the
 batch fills before it steps, as a scheduler that puts prefills first does). Results go to each request's `sink`
-(a callable run on the engine thread); after each prefill group and each step the loop calls `flush` once,
-so a server can hand a whole step's results to its event loop in one wake-up rather than one per request.
-The loop also keeps how long its thread spent prefilling, stepping and handing results over (`seconds`),
-which /metrics exposes: where a served run's time goes.
+(a callable run on the engine thread); after each prefill group, each step and each drop of aborted requests
+the loop calls `flush` once, so a server can hand a whole step's results to its event loop in one wake-up
+rather than one per request.
+The loop also keeps how long its thread spent prefilling, stepping and handing results over (`seconds`);
+`counters` snapshots them with the engine's own counters for /metrics: where a served run's time goes.
 """
 
 from __future__ import annotations
@@ -16,14 +17,19 @@ import queue
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, NamedTuple
 
-from dflash_bench.engine.bookkeeping import Delta, Seq
+from dflash_bench.engine.bookkeeping import Delta, Seq, Stats
 from dflash_bench.engine.interface import Engine
 from dflash_bench.engine.sampling_params import SamplingParams
 
 log = logging.getLogger("dflash_bench.engine")
+
+# The engine thread waits for the GPU without the GIL, then needs it back at once to launch the next step; while
+# the event loop writes SSE chunks, CPython makes it wait a whole switch interval (5 ms by default, most of an AR
+# step). A short interval bounds that wait.
+SWITCH_INTERVAL_S = 0.0002
 
 
 @dataclass
@@ -41,6 +47,24 @@ class Event(NamedTuple):
     kind: str  # "admit" or "finish"
     req_id: str
     running: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class LoopCounters:
+    """What /metrics reports of a loop and its engine, as of one moment (picklable: an engine in another process
+    sends it with each step's results)."""
+
+    stats: Stats
+    running: int
+    waiting: int
+    steps: int
+    groups: int
+    seconds: dict[str, float]
+    block_size: int
+    slots: int | None  # the KV pool's slots, where the engine has a pool
+    mixed_prefills: int | None  # the fast path's prompts that rode in a decode step
+    width_policy: str
+    synthetic_acceptance: float | None
 
 
 class EngineLoop:
@@ -87,6 +111,18 @@ class EngineLoop:
     def num_waiting(self) -> int:
         return len(self.waiting)
 
+    def counters(self) -> LoopCounters:
+        """The loop's and its engine's counters now (a copy: the engine thread goes on writing them)."""
+        e, st = self.engine, self.engine.stats
+        book = getattr(e, "book", None)
+        stats = replace(st, accepted_per_pos=list(st.accepted_per_pos), verified_per_pos=list(st.verified_per_pos),
+                        widths=dict(st.widths))
+        return LoopCounters(stats=stats, running=len(self.running), waiting=len(self.waiting), steps=self.steps,
+                            groups=self.groups, seconds=dict(self.seconds), block_size=e.B,
+                            slots=getattr(book, "slots", None), mixed_prefills=getattr(e, "mixed_prefills", None),
+                            width_policy=getattr(book, "width_policy", "full"),
+                            synthetic_acceptance=e.synthetic_acceptance)
+
     @property
     def num_running(self) -> int:
         return len(self.running)
@@ -119,6 +155,7 @@ class EngineLoop:
         self.waiting = deque(r for r in self.waiting if r.req_id not in gone)
         for s in [s for s in self.running if s.req_id in gone]:
             self._finish(s)
+        self._flush()  # what counts the running requests hears of it, with no step to follow
 
     def _admit(self) -> bool:
         """Prefill the oldest waiting requests that fit the free slots and one prefill forward (`prefill_rows`,

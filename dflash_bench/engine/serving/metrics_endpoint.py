@@ -8,15 +8,16 @@ from prometheus_client import CollectorRegistry, ProcessCollector, generate_late
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from dflash_bench.client.server_slots import SLOTS_GAUGE
-from dflash_bench.engine.serving.loop import EngineLoop
+from dflash_bench.engine.serving.loop import LoopCounters
 from dflash_bench.metrics.prometheus import VERIFIED_PER_POS, WIDTH_POLICY
 
 
 class EngineCollector:
-    """Reads the engine's counters at scrape time (no locking needed: ints written by one thread)."""
+    """The loop's and its engine's counters as of the scrape (`EngineLoop.counters`, or what the engine's process
+    sent with its last step)."""
 
-    def __init__(self, loop: EngineLoop, model_name: str):
-        self.loop, self.model = loop, model_name
+    def __init__(self, counters: LoopCounters, model_name: str):
+        self.c, self.model = counters, model_name
 
     def _counter(self, name: str, doc: str, value: float) -> CounterMetricFamily:
         c = CounterMetricFamily(name, doc, labels=["model_name"])
@@ -29,34 +30,32 @@ class EngineCollector:
         return g
 
     def collect(self) -> Iterator[Metric]:
-        st = self.loop.engine.stats
+        c = self.c
+        st = c.stats
         yield self._counter("vllm:prompt_tokens", "Prefill tokens processed.", st.prompt_tokens)
         yield self._counter("vllm:generation_tokens", "Generation tokens processed.", st.generation_tokens)
         yield self._counter("vllm:request_success", "Requests that finished (stop or length).", st.requests)
-        yield self._gauge("vllm:num_requests_running", "Requests in the decode batch.", self.loop.num_running)
-        yield self._gauge("vllm:num_requests_waiting", "Requests waiting for a slot.", self.loop.num_waiting)
-        slots = getattr(getattr(self.loop.engine, "book", None), "slots", None)
-        if slots is not None:  # the harness refuses a concurrency beyond it before a cell (client/server_slots.py)
+        yield self._gauge("vllm:num_requests_running", "Requests in the decode batch.", c.running)
+        yield self._gauge("vllm:num_requests_waiting", "Requests waiting for a slot.", c.waiting)
+        if (slots := c.slots) is not None:  # the harness refuses a concurrency beyond it before a cell (client/server_slots.py)
             yield self._gauge(SLOTS_GAUGE, "Most requests decoded together (the KV pool's slots).", slots)
         busy = CounterMetricFamily("dflash_bench:engine_thread_seconds", "Seconds the engine thread spent per "
                                    "phase: prefill, step (launch, GPU wait, bookkeeping), emit (hand-over to HTTP).",
                                    labels=["model_name", "phase"])
-        for phase, seconds in self.loop.seconds.items():
+        for phase, seconds in c.seconds.items():
             busy.add_metric([self.model, phase], seconds)
         yield busy
         yield self._counter("dflash_bench:decode_steps", "Decode steps the engine thread ran (tokens / steps: rows "
-                            "per step, times tau).", self.loop.steps)
+                            "per step, times tau).", c.steps)
         yield self._counter("dflash_bench:prefill_groups", "Prefill groups the engine thread admitted (requests "
-                            "admitted / groups: prompts per prefill forward).", self.loop.groups)
-        mixed = getattr(self.loop.engine, "mixed_prefills", None)
-        if mixed is not None:  # the fast path: prompts that rode in a decode step (`serve --prefill mixed`)
+                            "admitted / groups: prompts per prefill forward).", c.groups)
+        if (mixed := c.mixed_prefills) is not None:  # the fast path: prompts that rode in a decode step (`serve --prefill mixed`)
             yield self._counter("dflash_bench:mixed_prefills", "Prompts prefilled by the forward of a decode step "
                                 "(the running rows' and the prompt's tokens in one forward).", mixed)
-        synthetic = self.loop.engine.synthetic_acceptance
-        if synthetic is not None:  # benchmarking only: acceptance below is drawn, not measured
+        if (synthetic := c.synthetic_acceptance) is not None:  # benchmarking only: acceptance below is drawn, not measured
             yield self._gauge("dflash_bench:synthetic_acceptance", "Mean acceptance length the verifier was told to "
                               "draw (tokens are not the target's).", synthetic)
-        if self.loop.engine.B <= 1:
+        if c.block_size <= 1:
             return
         yield self._counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", st.drafts)
         yield self._counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", st.draft_tokens)
@@ -74,7 +73,7 @@ class EngineCollector:
         yield verified
         policy = GaugeMetricFamily(WIDTH_POLICY, "How each step's verify width is chosen (the label; 1): full, auto "
                                    "(by load) or w<N> (fixed).", labels=["model_name", "policy"])
-        policy.add_metric([self.model, getattr(getattr(self.loop.engine, "book", None), "width_policy", "full")], 1)
+        policy.add_metric([self.model, c.width_policy], 1)
         yield policy
         widths = CounterMetricFamily("dflash_bench:verify_width_row_steps", "Row-steps by tokens verified per row "
                                      "(the anchor and its drafts; the fast path chooses it by load).",
@@ -84,8 +83,8 @@ class EngineCollector:
         yield widths
 
 
-def render(loop: EngineLoop, model_name: str) -> bytes:
+def render(counters: LoopCounters, model_name: str) -> bytes:
     reg = CollectorRegistry()
-    reg.register(EngineCollector(loop, model_name))
+    reg.register(EngineCollector(counters, model_name))
     ProcessCollector(registry=reg)  # process_start_time_seconds, as vLLM's and SGLang's: who answers (launch/identity.py)
     return generate_latest(reg)
