@@ -4,6 +4,7 @@ and (where vLLM is importable) `vllm bench serve`, rows in one results file that
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -115,3 +116,43 @@ def test_best_effort_starts_past_the_estimate_and_keeps_a_row_for_what_the_limit
     rows = json.loads(out.read_text())["rows"]
     assert [r["mode"] for r in rows][:1] == ["dflash"] and len(rows) == 4  # 2 modes x 2 clients
     assert all(r["status"] == "skipped" and "--time-limit 20 s would pass" in r["reason"] for r in rows)
+
+
+def test_the_plan_alone_for_the_clients_asked_for_writes_nothing(tmp_path):
+    """--plan-only prints the plan of the clients --clients names and stops, refusing one past --time-limit as a run
+    would; a client it does not know is refused in one sentence."""
+    args = ["--engine", "vllm", "--shape", "qwen3-8b", "--modes", "ar", "--concurrency", "32,64,128", "--new-tokens",
+            "1024", "--requests-per-slot", "1", "--clients", "dflash-bench", "--plan-only",
+            "--work", str(tmp_path / "work"), "--out", str(tmp_path / "o.json")]
+    one = two_clients(*args, "--time-limit", "2000")
+    both = two_clients(*[a if a != "dflash-bench" else "dflash-bench,vllm-bench" for a in args], "--time-limit", "2000")
+    assert one.returncode == 0 and "clients dflash-bench;" in one.stdout, one.stderr
+    assert both.returncode == 0 and "plan: vllm on qwen3-8b" in both.stdout, both.stderr
+    est = [float(p.stdout.split("estimate ")[1].split(" s")[0]) for p in (one, both)]
+    assert est[0] < est[1] if vllm_missing() is None else est[0] == est[1]  # vLLM's client counts where it runs
+    over = two_clients(*args, "--time-limit", "100")
+    assert over.returncode == 2 and over.stderr.startswith("error: this plan needs about")
+    assert not (tmp_path / "work").exists() and not (tmp_path / "o.json").exists()
+    bad = two_clients(*args, "--clients", "curl")
+    assert bad.returncode == 2 and "--clients takes dflash-bench, vllm-bench" in bad.stderr
+
+
+def test_served_rows_rehearses_both_engines_plans(tmp_path, data_dir):
+    """benchmarks/peers/served_rows.sh --dry-run: the builtin engine's plan then vLLM's, within their limits, with
+    nothing written but its console; a missing OUT or an unknown option is one sentence."""
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "DFLASH_BENCH_DATA": str(data_dir),
+           "SERVED_ROWS_WORK": str(tmp_path / "work")}
+    script = str(REPO / "benchmarks" / "peers" / "served_rows.sh")
+    proc = subprocess.run(["bash", script, "--dry-run"], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    plans = [line for line in proc.stdout.splitlines() if line.startswith("plan: ")]
+    assert [p.split()[1] for p in plans] == ["builtin", "vllm"]
+    assert all("concurrency 32,64,128 x new tokens 1024, clients dflash-bench" in p for p in plans)
+    assert "--time-limit 270 s" in plans[0] and "--time-limit 280 s" in plans[1]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["served_rows.log"]
+    assert not (tmp_path / "work").exists()
+    no_out = subprocess.run(["bash", script, "--dry-run"], capture_output=True, text=True, timeout=60,
+                            env={k: v for k, v in env.items() if k != "OUT"})
+    assert no_out.returncode == 2 and "set OUT" in no_out.stderr
+    bad = subprocess.run(["bash", script, "--fast"], capture_output=True, text=True, timeout=60, env=env)
+    assert bad.returncode == 2 and "unknown option --fast" in bad.stderr

@@ -222,14 +222,16 @@ def run(args) -> None:
     from dflash_bench.sweep.fit import round_up
 
     t_start = time.monotonic()
-    clients = ["dflash-bench"] + ([] if vllm_missing() else ["vllm-bench"])
+    clients = [cl for cl in args.client_list if cl != "vllm-bench" or not vllm_missing()]
     estimate = plan_seconds(args, clients)
     print(f"plan: {args.engine} on {args.shape} ({args.tp} GPU{'s' if args.tp > 1 else ''}), modes {','.join(args.mode_list)}, concurrency "
           f"{','.join(map(str, args.c_list))} x new tokens {','.join(map(str, args.new_list))}, clients "
           f"{' and '.join(clients)}; estimate {estimate:.0f} s of --time-limit {args.time_limit:.0f} s", flush=True)
     if estimate > args.time_limit and not args.best_effort:
         raise UserError(f"this plan needs about {estimate:.0f} s, more than --time-limit {args.time_limit:.0f} s: "
-                        "split it into commands of fewer modes, concurrencies or output lengths.")
+                        "split it into commands of fewer modes, concurrencies, output lengths or clients.")
+    if args.plan_only:
+        return
     work, out = Path(args.work).resolve(), Path(args.out)
     work.mkdir(parents=True, exist_ok=True)
     target, drafter, served = folders(args)
@@ -263,7 +265,7 @@ def run(args) -> None:
         tau = args.synthetic_tau if mode == "dflash" else None
         label = mode if tau is None else f"{mode}-tau{tau:g}"
         rows = [Row(engine=args.engine, shape=args.shape, gpus=args.tp, mode=mode, synthetic_tau=tau, concurrency=c, new_tokens=n,
-                    client=cl, status="skipped") for n in args.new_list for c in args.c_list for cl in CLIENTS]
+                    client=cl, status="skipped") for n in args.new_list for c in args.c_list for cl in args.client_list]
         fits = {c: does_not_fit(args.engine, pair, context, c, mode, gpu_gib, args.tp) for c in args.c_list}
         version = profile.version("process", None)
         why_not = profile.refusal(pair, mode, version)
@@ -291,7 +293,7 @@ def run(args) -> None:
                 for r in rows:
                     keep([measure(args, r, fits, server.url, served, target, mean_in, t_start, shown)])
                     written.add(r.key)
-                    if r.client == CLIENTS[-1]:
+                    if r.client == args.client_list[-1]:
                         print(f"{label} n={r.new_tokens} c={r.concurrency}: " + "; ".join(
                             brief(x) for x in res.rows if x.key[:6] == r.key[:6]), flush=True)
         except UserError as err:  # the server died or never answered: the sentence carries its log tail
@@ -368,6 +370,10 @@ def parse(argv: list[str] | None):
     ap.add_argument("--data-dir", default=os.environ.get("DFLASH_BENCH_DATA", ".data"))
     ap.add_argument("--work", default="/tmp/two_clients", help="shape folders, server logs, both clients' outputs")
     ap.add_argument("--out", required=True, help="the results JSON (rows are added to what it holds)")
+    ap.add_argument("--clients", default=",".join(CLIENTS), help="which clients measure each cell, in this order "
+                    f"(default {','.join(CLIENTS)}): fewer clients, fewer cells in a call's ten minutes")
+    ap.add_argument("--plan-only", action="store_true", help="print the plan and its estimate (refusing one past "
+                    "--time-limit, as a run does) and stop: no folder written, no server started")
     ap.add_argument("--time-limit", type=float, default=540.0, help="seconds this command may take (default 540)")
     ap.add_argument("--best-effort", action="store_true",
                     help="start even when the estimate passes --time-limit: what would end past it is skipped, "
@@ -378,8 +384,11 @@ def parse(argv: list[str] | None):
         args.mode_list = [m for m in args.modes.split(",") if m]
         args.c_list = sorted({int(x) for x in args.concurrency.split(",")})
         args.new_list = sorted({int(x) for x in args.new_tokens.split(",")})
+        args.client_list = [c for c in args.clients.split(",") if c]
     except ValueError:
         ap.error("--concurrency and --new-tokens take whole numbers separated by commas")
+    if set(args.client_list) - set(CLIENTS) or not args.client_list:
+        ap.error(f"--clients takes {', '.join(CLIENTS)} or both, separated by a comma")
     if set(args.mode_list) - {"ar", "dflash"} or not args.mode_list:
         ap.error("--modes takes ar, dflash or ar,dflash")
     if min(args.c_list) < 1 or min(args.new_list) < 1:
