@@ -13,7 +13,7 @@
 # the bundle's torch too) and .data (the prompt sets; DFLASH_BENCH_DATA points elsewhere). Results: rows added to
 # OUT/two_clients_GPU_rows.json (copy it into benchmarks/results/ and run `python -m benchmarks.tables`), the
 # servers' logs in OUT/logs, the console in OUT/served_rows.log. --dry-run: each engine's plan and estimate, no
-# folder written and no server started (the CPU rehearsal; no bundle needed).
+# folder written, no bundle unpacked and no server started (the CPU rehearsal).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
 gpu=h200 builtin_s=270 vllm_s=280 dry=""
@@ -29,11 +29,12 @@ done
 [ -n "${OUT:-}" ] || { echo "served_rows.sh: set OUT to the folder the results go to" >&2; exit 2; }
 data=${DFLASH_BENCH_DATA:-$PWD/.data}
 [ -d "$data" ] || { echo "served_rows.sh: no prompt sets at $data: carry .data (a copy of the prompt sets)" >&2; exit 2; }
-if [ -f .vllm-bundle/setup.sh ]; then
+if [ -z "$dry" ]; then  # a plan needs no bundle: a dry run does not unpack one
+  [ -f .vllm-bundle/setup.sh ] || {
+    echo "served_rows.sh: .vllm-bundle is not on this machine: build it with tools/vllm_bundle/build.sh .vllm-bundle and carry it" >&2
+    exit 2
+  }
   . .vllm-bundle/setup.sh || exit 2
-elif [ -z "$dry" ]; then
-  echo "served_rows.sh: .vllm-bundle is not on this machine: build it with tools/vllm_bundle/build.sh .vllm-bundle and carry it" >&2
-  exit 2
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
