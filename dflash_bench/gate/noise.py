@@ -7,10 +7,8 @@ minutes, and a run measured later reads slower or faster throughout. The baselin
 one of two ways, per metric, as a relative standard deviation cv:
 
 - its own repeats (every baseline with 2 or more): a sweep's repeats are whole passes over its plan, minutes
-  apart, so the spread of a cell's throughput or TPOT over them is the machine's speed moving over a run
-  (`repeat_noise`); a paired speedup barely moves with it (AR and DFlash meet the same moments), so for it only
-  what moved every cell of a pass together counts, the rest being each cell's own noise, which the bootstrap
-  covers;
+  apart, so the spread of a cell's throughput, TPOT or speedup over them is the machine's load moving over a run
+  (`repeat_noise`);
 - its own runs, where it was exported with `gate --export-baseline SWEEP -o FILE --noise-from RUN ...` (other runs of
   the same plan by the same code): the spread of the runs' means, pooled over the cells of each server and
   concurrency, carried in the file (CellValues.noise).
@@ -35,7 +33,6 @@ from dflash_bench.store import atomic_write_json
 
 # the metrics that move with the machine's load (tau does not: at one fixed verify width it is the same run to run)
 NOISY = ("output_throughput", "tpot_ms_p50", "speedup")
-PAIRED = ("speedup",)  # a ratio of two cells measured together (the same repeat): the machine's speed cancels
 MIN_RUNS = 2  # the exported run and at least one more
 
 
@@ -77,9 +74,12 @@ def repeat_noise(base: Baseline) -> dict[tuple[tuple[str, str, int], str], Noise
     A sweep's repeats are whole passes over its plan, minutes apart. Throughput and TPOT follow the machine's speed
     within a pass as much as between passes (the cells of a pass against each other too), so a later run can sit
     anywhere in the whole spread of a cell's repeats: the figure is that spread, pooled over the group's cells
-    (`pooled_cv`). A speedup divides two cells measured together, and the machine's speed cancels: what is left of
-    a cell's spread is its own noise, which the bootstrap over its repeats covers, and only what moved every cell
-    together from one pass to the next is the run's (`common_cv`, pooled over the groups)."""
+    (`pooled_cv`). So does a speedup, though it divides two cells measured together: on a loaded CPU the load moves
+    it cell by cell, not every cell of a pass alike (the demo at concurrency 8 on a 2-core box: mbpp's speedup read
+    1.0-1.3 over one run's passes and 1.5-1.7 over the next run's, while what moved every cell of a pass alike
+    was 0-4%), and a run
+    at another load sits elsewhere in that spread; at concurrency 1, where the speedup holds still, the figure stays
+    small, so a DFlash server 30% slower still fails there."""
     sets: dict[tuple[tuple[str, str, int], str], list[list[float]]] = {}
     for cell in base.cells:
         for metric in NOISY:
@@ -87,33 +87,11 @@ def repeat_noise(base: Baseline) -> dict[tuple[tuple[str, str, int], str], Noise
             if len(values) >= 2 and min(values) > 0:
                 sets.setdefault((group(cell), metric), []).append(values)
     out = {}
-    paired = common_cv([rows for (_, metric), rows in sets.items() if metric in PAIRED])
     for key, rows in sets.items():
-        cv = paired if key[1] in PAIRED and paired is not None else pooled_cv(rows)
+        cv = pooled_cv(rows)
         if cv is not None:
             out[key] = Noise(cv, "repeats", max(len(r) for r in rows))
     return out
-
-
-def common_cv(groups: list[list[list[float]]]) -> float | None:
-    """What moved every cell of a group together from one repeat to the next, pooled over the groups: a two-way
-    analysis of variance of the log values (cells x repeats), the common part's variance (mean square between
-    repeats - residual mean square) / cells. None where no group has 2 cells of 2 repeats."""
-    ss_rep = ss_res = 0.0
-    df_rep = df_res = cells = 0
-    for rows in groups:
-        n = max(len(r) for r in rows)
-        x = np.log(np.array([r for r in rows if len(r) == n], dtype=float))
-        if len(x) < 2:
-            continue
-        e = x - x.mean(axis=1, keepdims=True)
-        m = e.mean(axis=0)
-        ss_rep += len(x) * float(np.sum(m ** 2))
-        ss_res += float(np.sum((e - m) ** 2))
-        df_rep, df_res, cells = df_rep + n - 1, df_res + (len(x) - 1) * (n - 1), cells + len(x) * (n - 1)
-    if not (df_rep and df_res):
-        return None
-    return math.sqrt(max(0.0, ss_rep / df_rep - ss_res / df_res) / (cells / df_rep))
 
 
 def noise_of(cell: CellValues, metric: str,
