@@ -12,7 +12,7 @@ import numpy as np
 from dflash_bench.errors import UserError
 from dflash_bench.gate.baseline import Baseline, CellValues
 from dflash_bench.gate.config import Bootstrap, GateConfig
-from dflash_bench.gate.noise import Noise, allowance, noise_of, repeat_noise
+from dflash_bench.gate.noise import MACHINE_PACED, Noise, allowance, noise_of, repeat_noise
 from dflash_bench.gate.tau import comparable, definitions, verified_width
 from dflash_bench.store import SPECULATIVE, CellKey
 
@@ -111,9 +111,10 @@ def compare(sweep: Baseline, base: Baseline, config: GateConfig | None = None,
         raise UserError(f"the sweep and the baseline have no cell in common (sweep: {_some(cur)}; "
                         f"baseline: {_some(ref)}): they measured different plans")
     noise = repeat_noise(base)
+    own = {k: n for k, n in repeat_noise(sweep, source="sweep").items() if k[1] in MACHINE_PACED}
     noisy = sum(1 for k in common for m in METRICS if m.noisy and ref[k].metrics.get(m.name) and cur[k].metrics.get(m.name))
     each = config.model_copy(update={"bootstrap": family(config.bootstrap, noisy)})
-    checks = [chk for k in common for chk in _check_cell(ref[k], cur[k], each, noise)]
+    checks = [chk for k in common for chk in _check_cell(ref[k], cur[k], each, noise, own)]
     return GateResult(
         checks=checks,
         missing=[k.name for k in sorted(ref, key=CellKey.sort_key) if k not in cur],
@@ -145,7 +146,8 @@ def level(confidence: float) -> str:
 
 
 def _check_cell(ref: CellValues, cur: CellValues, config: GateConfig,
-                noise: dict[tuple[tuple[str, str, int], str], Noise]) -> list[Check]:
+                noise: dict[tuple[tuple[str, str, int], str], Noise],
+                own: dict[tuple[tuple[str, str, int], str], Noise]) -> list[Check]:
     name = ref.key.name
     out = [Check(name, SPECULATION, "no speculation", "fail", 0.0, [], [], note=f"{cid}: {why}")
            for cid, why in cur.no_speculation.items()]
@@ -168,7 +170,7 @@ def _check_cell(ref: CellValues, cur: CellValues, config: GateConfig,
             verdict: Verdict = "skipped" if m.optional else "fail"
             out.append(Check(name, m, "not measured", verdict, threshold, base, [], note="not measured in the sweep"))
         else:
-            out.append(judge(name, m, base, current, threshold, config.bootstrap, noise_of(ref, m.name, noise)))
+            out.append(judge(name, m, base, current, threshold, config.bootstrap, noise_of(ref, m.name, noise, own)))
     return out
 
 

@@ -1,19 +1,25 @@
 """Run-to-run noise: how much the same code's throughput, TPOT and speedup move from one run to the next on the
-same machine, as the baseline alone measured it (never from the sweep being gated).
+same machine, as one run's repeats measured it: the baseline's, or the gated sweep's own (never from other runs
+being gated).
 
 The bootstrap over repeats (compare.bootstrap_change) sees how well each side's repeats pin its mean; it does not
 see that a whole run can sit at another speed: on a shared machine the load of everything else changes over
-minutes, and a run measured later reads slower or faster throughout. The baseline measures how far that goes in
-one of two ways, per metric, as a relative standard deviation cv:
+minutes, and a run measured later reads slower or faster throughout. Three figures measure how far that goes, per
+metric, as a relative standard deviation cv:
 
 - its own repeats (every baseline with 2 or more): a sweep's repeats are whole passes over its plan, minutes
   apart, so the spread of a cell's throughput, TPOT or speedup over them is the machine's load moving over a run
   (`repeat_noise`);
+- for throughput and TPOT (MACHINE_PACED), the gated sweep's own repeats, the same way: a run measured while the
+  machine's load swung (everything else starting and stopping) is as uncertain as its passes disagree, which a
+  baseline measured on a quieter stretch cannot know (the demo on the 2-core box: a run at load 6-7 read AR
+  throughput a quarter of a run at load 1-2.5, the spread of its passes 38%, the quieter run's 15-22%). Not for
+  the speedup: that would let the run being judged widen the band on the check that catches a slower DFlash;
 - its own runs, where it was exported with `gate --export-baseline SWEEP -o FILE --noise-from RUN ...` (other runs of
   the same plan by the same code): the spread of the runs' means, pooled over the cells of each server and
   concurrency, carried in the file (CellValues.noise).
 
-The larger of the two is the cell's noise figure. Gating, a run-to-run shift of that size is drawn into every
+The largest is the cell's noise figure. Gating, a run-to-run shift of that size is drawn into every
 bootstrap resample (log-normal, standard deviation sqrt(2) x cv: the change between two runs has twice one run's
 variance), so the interval covers a rerun's move; without repeats the plain threshold widens by z x sqrt(2) x cv.
 """
@@ -33,6 +39,8 @@ from dflash_bench.store import atomic_write_json
 
 # the metrics that move with the machine's load (tau does not: at one fixed verify width it is the same run to run)
 NOISY = ("output_throughput", "tpot_ms_p50", "speedup")
+# paced by the machine's speed as it was while the run ran: the gated sweep's own repeats widen these too
+MACHINE_PACED = ("output_throughput", "tpot_ms_p50")
 MIN_RUNS = 2  # the exported run and at least one more
 
 
@@ -41,11 +49,12 @@ class Noise:
     """One cell's run-to-run noise figure for one metric, and where it was measured."""
 
     cv: float
-    source: str  # "repeats" (the baseline's own) or "runs" (--noise-from)
+    source: str  # "repeats" (the baseline's own), "sweep" (the gated sweep's own repeats) or "runs" (--noise-from)
     samples: int  # the repeats or runs it was measured over (per cell)
 
     def words(self) -> str:
-        where = "the baseline's repeats" if self.source == "repeats" else f"the baseline's {self.samples} runs"
+        where = {"repeats": "the baseline's repeats", "sweep": "the sweep's own repeats"}.get(
+            self.source, f"the baseline's {self.samples} runs")
         return f"run-to-run noise cv {100 * self.cv:.1f}% ({where})"
 
 
@@ -68,8 +77,9 @@ def pooled_cv(sets: list[list[float]]) -> float | None:
     return math.sqrt(ss / df) if df else None
 
 
-def repeat_noise(base: Baseline) -> dict[tuple[tuple[str, str, int], str], Noise]:
-    """Per (engine, mode, concurrency) and metric, how far the machine moved the baseline's values over its run.
+def repeat_noise(base: Baseline, source: str = "repeats") -> dict[tuple[tuple[str, str, int], str], Noise]:
+    """Per (engine, mode, concurrency) and metric, how far the machine moved a run's values over it (the baseline's,
+    or with source "sweep" the gated sweep's own).
 
     A sweep's repeats are whole passes over its plan, minutes apart. Throughput and TPOT follow the machine's speed
     within a pass as much as between passes (the cells of a pass against each other too), so a later run can sit
@@ -90,17 +100,19 @@ def repeat_noise(base: Baseline) -> dict[tuple[tuple[str, str, int], str], Noise
     for key, rows in sets.items():
         cv = pooled_cv(rows)
         if cv is not None:
-            out[key] = Noise(cv, "repeats", max(len(r) for r in rows))
+            out[key] = Noise(cv, source, max(len(r) for r in rows))
     return out
 
 
-def noise_of(cell: CellValues, metric: str,
-             repeats: dict[tuple[tuple[str, str, int], str], Noise]) -> Noise | None:
-    """The cell's noise figure for the metric: the larger of its repeats' and its runs' (None: neither measured)."""
+def noise_of(cell: CellValues, metric: str, repeats: dict[tuple[tuple[str, str, int], str], Noise],
+             own: dict[tuple[tuple[str, str, int], str], Noise] | None = None) -> Noise | None:
+    """The cell's noise figure for the metric: the largest of its baseline's repeats', its baseline's runs' and the
+    gated sweep's own repeats' (None: none measured)."""
     mine = repeats.get((group(cell), metric))
+    theirs = (own or {}).get((group(cell), metric))
     carried = cell.noise.get(metric)
     runs = Noise(carried, "runs", cell.noise_runs) if carried else None
-    found = [n for n in (mine, runs) if n is not None]
+    found = [n for n in (mine, theirs, runs) if n is not None]
     return max(found, key=lambda n: n.cv) if found else None
 
 
