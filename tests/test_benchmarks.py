@@ -521,6 +521,10 @@ def test_gate_reruns_gates_reruns_and_broken_runs_of_the_demo(tmp_path, data_dir
     assert "/work/" not in out.read_text() and str(tmp_path) not in out.read_text()
     same_pair = cases["rerun of the same code"] + cases["DFlash at width 1"]  # the demo's own pair, as the demo serves it
     assert not any("models differ" in n for g in same_pair for n in g["notes"])
+    from benchmarks.tables import renderers
+
+    table = renderers.gate_reruns([res])
+    assert [r[0] for r in table.rows][:2] == ["rerun of the same code", "DFlash at width 1"]
 
 
 @pytest.mark.slow
@@ -531,6 +535,9 @@ def test_demo_widths_runs_the_demo_sweep_at_each_width(tmp_path, data_dir):
     res = json.loads(out.read_text())
     assert [r["width"] for r in res["rows"]] == [2, 4] and all(len(r["cells"]) == 1 for r in res["rows"])
     assert all(len(set(c["taus"])) == 1 for r in res["rows"] for c in r["cells"])  # one width, one tau
+    from benchmarks.tables import renderers
+
+    assert [row[0] for row in renderers.demo_widths([res]).rows] == ["2", "4"]
 
 
 def test_slow_proxy_hands_on_a_stream_intact_and_as_late_as_its_factor_says():

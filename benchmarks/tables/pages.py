@@ -64,8 +64,9 @@ class Entry:
     awaiting: dict[str, str] | None = None  # source -> the calls that write it: render from the sources there
 
 
-# The demo's repeated runs (benchmarks/harness/demo_repeats.py), the range README states and docs/results/demo.md details.
-DEMO = "demo_cpu_repeats.json"
+# The demo's repeated runs (benchmarks/harness/gate_reruns.py runs the demo and gates the runs against each other),
+# the range README states and docs/results/demo.md details.
+DEMO = "gate_reruns_cpu.json"
 
 # The mission's four sweeps on two H200s (benchmarks/peers/big_sweep.py's file), the README's headline and the
 # engines side by side in docs/results/gemma-4-31b.md.
@@ -156,11 +157,12 @@ TABLES: list[Entry] = [
 ]
 
 
-# Tables measured on a GPU host by commands a later session runs (the module's docstring says which): each renders
-# as an entry of TABLES once all its sources are in benchmarks/results/, and its page must then hold its block;
-# until then it is left out, so no page shows a table of numbers nobody measured. One with `awaiting` shows what is
+# Tables measured by commands a later session runs, on a GPU host or in a long CPU run (the module's docstring says
+# which): each renders as an entry of TABLES once all its sources are in benchmarks/results/, and its page must then
+# hold its block; until then it is left out, so no page shows a table of numbers nobody measured. One with `awaiting` shows what is
 # there and names what is awaited.
 AWAITING: list[Entry] = [
+    Entry("demo_widths", "docs/results/demo.md", ("demo_widths_cpu.json",), None, tr.demo_widths),
     Entry("two_clients_h100", "docs/results/engines-one-gpu.md", ("two_clients_h100.json",), None, gpu.two_clients),
     Entry("two_clients_h100_tp2", "docs/results/gemma-4-31b.md", ("two_clients_h100_tp2.json",), None,
           gpu.two_clients),

@@ -259,8 +259,8 @@ def zlab_check(results: list[Any]) -> Table:
 
 
 def gate_reruns(results: list[Any]) -> Table:
-    """Per case (a demo rerun gated both ways, DFlash at width 1, the emulator rerun and 30% slower): how many
-    gates ran, how many failed, and the checks that failed."""
+    """Per case (a rerun of the demo, each kind of regression): the runs, how many gates ran and failed, the checks
+    that failed and what they were."""
     data = results[0]
     cases: dict[str, list[dict[str, Any]]] = {}
     for g in data["gates"]:
@@ -268,16 +268,41 @@ def gate_reruns(results: list[Any]) -> Table:
     rows = []
     for case, gates in cases.items():
         failed = [g for g in gates if g["failures"]]
+        runs = sorted({g["sweep"] for g in gates})
         checks = sorted({g["checks"] for g in gates})
         what = sorted({f.split(":")[0].split(" ", 1)[1] for g in failed for f in g["failed"]})
-        rows.append([case, str(len(gates)), span(checks, str), str(len(failed)),
+        rows.append([case, str(len(runs)), str(len(gates)), span(checks, str), str(len(failed)),
                      str(sum(g["failures"] for g in gates)), "; ".join(what[:4]) + (" ..." if len(what) > 4 else "")])
-    seconds = [r["seconds"] for r in data["runs"] if not r["name"].startswith("emu")]
-    emulator = [r["seconds"] for r in data["runs"] if r["name"].startswith("emu")]
-    s = data["settings"]
-    notes = [f"Each gate: a run against another run's baseline, exported with `--noise-from` (the noise measured "
-             f"over {span(sorted({g['noise_runs'] for g in data['gates']}), str)} runs of the same code, never the "
-             f"gated run). The demo's sweep, made small: suites {s['suites']}, concurrency 1, {s['num_prompts']} "
-             f"prompts, {s['max_tokens']} tokens, {s['repeats']} repeats ({span(seconds, f1)} s a run); the emulator's: "
-             f"gsm8k at concurrency 1 and 4, 4 prompts, 32 tokens ({span(emulator, f1)} s a run)."]
-    return Table(["case", "gates", "checks per gate", "gates failed", "checks failed", "what failed"], rows, notes)
+    both = data["runs"] + data["regressions"]
+    seconds = [r["seconds"] for r in both]
+    loads = [r[k] for r in both for k in ("load_avg_1min_before", "load_avg_1min_after")]
+    started = sorted(r["started"] for r in both)
+    notes = [f"Each gate: one run against another run's baseline (`gate --export-baseline RUN -o FILE`, then `gate "
+             f"RUN2 --baseline FILE`), the defaults; {len(data['runs'])} runs of `dflash-bench demo` gated both ways, "
+             f"each of the {len(data['regressions'])} broken runs against every run's baseline. A run took "
+             f"{span(seconds, fmt=lambda x: f'{x:.0f}', unit=' s')}; they ran one after another on {started[0][:10]}, a demo "
+             f"run and a broken run in turn, while the machine's "
+             f"1-minute load average read {span(loads, fmt=f1)} (2 cores, other jobs beside them). The runs measured "
+             f"commit {data['commit']}, gated by commit {data['gated_at']}.",
+             "Broken: " + data["regressions_how"] + "."]
+    return Table(["case", "runs", "gates", "checks per gate", "gates failed", "checks failed", "what failed"], rows, notes)
+
+
+def demo_widths(results: list[Any]) -> Table:
+    """Per fixed verify width: DFlash / AR per suite and concurrency, with τ (one value where every cell read it)."""
+    data = results[0]
+    keys = list(dict.fromkeys((c["suite"], c["concurrency"]) for r in data["rows"] for c in r["cells"]))
+    rows = []
+    for r in data["rows"]:
+        by = {(c["suite"], c["concurrency"]): c for c in r["cells"]}
+        row = [str(r["width"])]
+        for key in keys:
+            c = by.get(key)
+            row.append("-" if c is None else f"{c['speedup']:.2f}x (τ {span(c['taus'])})" if c["taus"] else f"{c['speedup']:.2f}x")
+        rows.append(row)
+    loads = [r[k] for r in data["rows"] for k in ("load_avg_1min_before", "load_avg_1min_after")]
+    notes = [f"DFlash / AR output tok/s (the median of the repeats' ratios) and DFlash's τ over its cells, one width after "
+             f"another from {data['rows'][0]['started'][11:16]} UTC on {data['rows'][0]['started'][:10]}; the machine's "
+             f"1-minute load average before and after each: {span(loads, fmt=f1)} (2 cores, other jobs beside them). "
+             f"Each width's sweep: `{data['sweep']}`."]
+    return Table(["width"] + [f"{s} c={c}" for s, c in keys], rows, notes)
