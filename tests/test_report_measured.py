@@ -75,7 +75,7 @@ def test_empty_quality_cells_name_the_command_that_fills_them(tmp_path, monkeypa
     # what is still to run is said once above the table, with the folder as seen from where the report was built
     assert text.count("Accuracy not scored yet") == 1 and "Accuracy not scored yet (gsm8k): dflash-bench quality q ." in text
     assert "No reference answers to score (mt-bench)" in text and "not scored: run" not in text
-    row = re.search(r"vllm gsm8k 1 1 (.*?) vllm", text).group(1)
+    row = re.search(r"vllm dflash gsm8k 1 1 (.*?) vllm", text).group(1)
     assert row.endswith("– – –"), row
 
 
