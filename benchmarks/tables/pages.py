@@ -89,11 +89,6 @@ TABLES: list[Entry] = [
     Entry("demo_summary", "README.md", (DEMO,), None, tr.demo_summary),
     Entry("mission_card_tau", "README.md", (MISSION_TAU_H200,), MISSION_TAU_H200_COMMAND, gpu.mission_headline,
           machine=MISSION_TAU_H200_MACHINE),
-    Entry("mission_summary", "README.md", (MISSION_H200,), MISSION_H200_COMMAND, gpu.mission_summary,
-          machine=MISSION_H200_MACHINE),
-    Entry("engines_summary", "README.md", ("real_engines_h100_builtin_vllm.json",),
-          "python -m benchmarks.peers.real_engines shape --engines builtin,inprocess,vllm --modes ar,dflash "
-          "--fresh-prompts --data-dir .data", gpu.engines_summary),
     Entry("demo_runs", "docs/results/demo.md", (DEMO,), None, tr.demo_runs),
     Entry("cpu_anatomy", "docs/results/demo.md", ("cpu_anatomy_cpu.json",),
           "python -m benchmarks.speed.cpu_anatomy --out benchmarks/results/cpu_anatomy_cpu.json", tr.cpu_anatomy),

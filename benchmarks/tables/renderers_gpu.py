@@ -37,11 +37,6 @@ def engines_h100(results: list[Any]) -> Table:
                                      ("in process DFlash", "inprocess", "dflash"), ("vLLM DFlash", "vllm", "dflash")])
 
 
-def engines_summary(results: list[Any]) -> Table:
-    return _shape_table(results[0], [("builtin AR", "builtin", "ar"), ("vLLM AR", "vllm", "ar"),
-                                     ("builtin DFlash", "builtin", "dflash"), ("vLLM DFlash", "vllm", "dflash")])
-
-
 def engines_three(results: list[Any]) -> Table:
     return _shape_table(results[0], [("builtin AR", "builtin", "ar"), ("vLLM AR", "vllm", "ar"),
                                      ("SGLang AR", "sglang", "ar"), ("builtin DFlash", "builtin", "dflash"),
@@ -155,49 +150,6 @@ ENGINES_KEY = ("Output tok/s per server (tensor parallel: all its GPUs), DFlash 
                "ratios (one repeat: its ratio); ★ the fastest AR server at that concurrency, and the fastest DFlash "
                "server among the rows of the same kind of τ (a random drafter's τ is about 1, so its DFlash / AR is "
                "the cost of the speculative path; a synthetic τ is drawn, not measured).")
-
-
-def mission_summary(results: list[Any]) -> Table:
-    """The README's headline: per suite and concurrency, each engine (and kind of τ) as a column, AR -> DFlash tok/s
-    (DFlash / AR), the fastest DFlash of each kind starred; a last row per suite says where DFlash stops paying."""
-    from dflash_bench.report import engines
-    from dflash_bench.report.card import card_rows
-
-    data = results[0]
-    lines, notes = _mission_lines(data)
-    rows = [r for r in card_rows(lines, data.get("pair")) if r.ar is not None and r.dflash is not None]
-    tables = engines.suite_tables(rows, None)
-    columns: list[tuple[str, str]] = []
-    for t in tables:
-        for r in t.rows:
-            if (r.engine, r.label) not in columns:
-                columns.append((r.engine, r.label))
-    columns.sort(key=lambda c: (next(engines.KIND_ORDER[r.kind] for t in tables for r in t.rows
-                                     if (r.engine, r.label) == c), c[0]))
-    body = []
-    for t in tables:
-        for c in t.concurrencies:
-            at = {(r.engine, r.label): r for r in t.rows if r.concurrency == c}
-            body.append([t.suite, str(c)] + [_summary_cell(at.get(col)) for col in columns])
-        short = {(x.engine, x.label): x.short for x in t.crossings}
-        body.append([t.suite, "DFlash / AR < 1"] + [short.get(col, "-") for col in columns])
-    versions = sorted({f"{k} {v}" for run in data["runs"] for k, v in run.get("versions", {}).items()
-                       if k in ("vllm", "sglang", "torch")})
-    devices = sorted({f"{run['device']}, {run['gpus_per_server']} per server" for run in data["runs"]})
-    return Table(["suite", "c", *(f"{e}, {label}" for e, label in columns)], body,
-                 [f"AR → DFlash output tok/s per server (DFlash / AR) on {'; '.join(devices)}; weights {data['weights']}; "
-                  f"{', '.join(versions)}. ★: the fastest DFlash server of its kind at that concurrency. The last row "
-                  "of a suite: the concurrency past which DFlash / AR falls below 1. Every engine and run: "
-                  "[docs/results/gemma-4-31b.md](docs/results/gemma-4-31b.md)."]
-                 + ([f"Measured on {data['measured']}."] if data.get("measured") else []))
-
-
-def _summary_cell(r: Any) -> str:
-    if r is None:
-        return "-"
-    star = " ★" if r.fastest_dflash else ""
-    speedup = "-" if r.speedup is None else f"{r.speedup:.2f}x"
-    return f"{f1(r.ar_tok_s)} → {f1(r.dflash_tok_s)}{star} ({speedup})"
 
 
 def pair_retrained(results: list[Any]) -> Table:
