@@ -32,6 +32,10 @@ B, N = 4, 25
 PROMPTS = [[5, 17, 33, 2], [9], [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50], [7, 7, 7]]
 
 
+# a greedy stream long enough to be cut or killed mid-way
+LONG_STREAM = {"model": "tiny", "prompt": [5, 6], "max_tokens": 200, "ignore_eos": True, "stream": True, "temperature": 0}
+
+
 def alive(pid: int) -> bool:
     """The process runs (a zombie, waiting for its parent to reap it, does not)."""
     try:
@@ -141,9 +145,7 @@ def test_the_engine_process_ends_by_itself_when_the_server_is_killed(pair):
     try:
         below = descendants(proc.pid)
         assert below
-        body = {"model": "tiny", "prompt": [5, 6], "max_tokens": 200, "ignore_eos": True, "stream": True,
-                "temperature": 0}
-        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+        with httpx.stream("POST", url + "/v1/completions", json=LONG_STREAM, timeout=60) as r:
             assert r.status_code == 200
             next(r.iter_lines())
         end = time.monotonic() + 30
@@ -165,10 +167,8 @@ def test_a_stream_in_flight_ends_with_a_sentence_when_the_engine_process_dies(pa
     proc, url = start(target, drafter, "--fast", "--mode", "ar")
     try:
         [engine] = [p for p in descendants(proc.pid) if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text()]
-        body = {"model": "tiny", "prompt": [5, 6], "max_tokens": 200, "ignore_eos": True, "stream": True,
-                "temperature": 0}
         events = []
-        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+        with httpx.stream("POST", url + "/v1/completions", json=LONG_STREAM, timeout=60) as r:
             assert r.status_code == 200
             for line in r.iter_lines():
                 if line.startswith("data: "):
