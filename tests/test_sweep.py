@@ -77,6 +77,10 @@ def test_a_paired_sweep_runs_both_servers_once_and_alternates_the_cells(tmp_path
     servers = manifest["servers"]
     assert set(servers) == {"emulator-ar", "emulator-dflash"}  # one launch each: no "#2" for a relaunch
     assert servers["emulator-ar"]["url"] != servers["emulator-dflash"]["url"]
+    # the machine's speed, probed at the start and after the one group of servers (what the gate compares runs by)
+    probes = manifest["machine_speed"]["probes"]
+    assert [p["at"] for p in probes] == ["start", "after group 1 of 1"]
+    assert all(len(p["seconds"]) == 5 and min(p["seconds"]) > 0 for p in probes)
     rows = results(folder)
     assert float(rows["emulator-dflash-gsm8k-c1"]["acceptance_length"]) == pytest.approx(5.0, rel=0.15)
     assert rows["emulator-ar-gsm8k-c4"]["acceptance_length"] == ""  # each cell measured its own mode's server

@@ -26,7 +26,8 @@ from dflash_bench.store.folder import (
     atomic_write_json, atomic_write_text, read_json_model, read_text,
 )
 from dflash_bench.store.manifest import (
-    CellPlan, GpuInfo, Hardware, HostInfo, Manifest, ModelRevision, Models, ServerIdentity, ServerRecord,
+    CellPlan, GpuInfo, Hardware, HostInfo, MachineSpeed, Manifest, ModelRevision, Models, ServerIdentity, ServerRecord,
+    SpeedProbe,
 )
 from dflash_bench.settings import SweepSettings
 from dflash_bench.store.results import RESULTS_COLUMNS, ResultsRow, read_results_csv, results_row
@@ -36,6 +37,6 @@ __all__ = [
     "SCHEMA_VERSION", "STAT_FIELDS", "AccuracySummary", "CellKey", "CellSettings", "CellStatus", "CellSummary", "LosslessSummary", "MEASURED", "MODE_NAMES",
     "Mode", "PairedDiff", "RequestRecord", "ServerMetrics", "SPECULATIVE", "Stat", "SteadyPlan", "SteadyWindow", "cell_id", "MANIFEST", "REQUESTS", "RESULTS",
     "SERVER_METRICS", "SUMMARY", "TELEMETRY", "StoreError", "SweepDir", "atomic_write_bytes", "atomic_write_json",
-    "atomic_write_text", "read_json_model", "read_text", "CellPlan", "GpuInfo", "Hardware", "HostInfo", "Manifest", "ModelRevision", "Models",
-    "ServerIdentity", "ServerRecord", "SweepSettings", "RESULTS_COLUMNS", "ResultsRow", "read_results_csv", "results_row", "now_iso",
+    "atomic_write_text", "read_json_model", "read_text", "CellPlan", "GpuInfo", "Hardware", "HostInfo", "MachineSpeed", "Manifest", "ModelRevision", "Models",
+    "ServerIdentity", "ServerRecord", "SpeedProbe", "SweepSettings", "RESULTS_COLUMNS", "ResultsRow", "read_results_csv", "results_row", "now_iso",
 ]

@@ -128,6 +128,26 @@ class CellPlan(CellKey):
     synthetic: SyntheticProfile | None = None
 
 
+class SpeedProbe(BaseModel):
+    """One timing of the machine-speed probe (telemetry/speed_probe.py): its trials' wall seconds, back to back."""
+
+    at: str  # where in the run: "start", "after group 2", "end"
+    time: str = Field(default_factory=now_iso)
+    seconds: list[float] = Field(default_factory=list)
+
+
+class MachineSpeed(BaseModel):
+    """How fast this machine ran a fixed workload over the run: the probe's name (two runs compare only under one)
+    and its timings, at the start, between server groups and at the end (a resume appends its own)."""
+
+    workload: str
+    probes: list[SpeedProbe] = Field(default_factory=list)
+
+    def seconds(self) -> list[float]:
+        """Every trial of every probe: the run's sample of the machine's speed."""
+        return [s for p in self.probes for s in p.seconds if s > 0]
+
+
 class Manifest(BaseModel):
     schema_version: int = SCHEMA_VERSION
     sweep_id: str
@@ -142,6 +162,8 @@ class Manifest(BaseModel):
     models: Models = Field(default_factory=Models)
     servers: dict[str, ServerRecord] = Field(default_factory=dict)  # per engine-mode
     telemetry: str | None = None
+    # the machine's speed over the run, probed (None: a folder written before it was, or a Slurm sweep)
+    machine_speed: MachineSpeed | None = None
     notes: list[str] = Field(default_factory=list)
 
     def cell(self, cid: str) -> CellPlan:

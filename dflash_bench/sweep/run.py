@@ -18,6 +18,7 @@ from dflash_bench.sweep.context import SweepContext, SweepResult, stops_recorded
 from dflash_bench.sweep.folder import close_sweep
 from dflash_bench.sweep.plan import Launch, launches
 from dflash_bench.sweep.start import start_sweep
+from dflash_bench.telemetry import speed_probe
 
 __all__ = ["SweepResult", "measure_group", "run_sweep"]
 
@@ -29,8 +30,11 @@ def run_sweep(settings: SweepSettings, *, out: Path, resume: Path | None = None,
     try:
         try:
             with stops_recorded(ctx.result), ctx.progress:
-                for group in server_groups(launches(ctx.manifest.plan, paired=settings.paired), settings.paired):
+                groups = server_groups(launches(ctx.manifest.plan, paired=settings.paired), settings.paired)
+                speed_probe.record(ctx.manifest, "start")  # the machine's speed, for the gate (gate/machine.py)
+                for i, group in enumerate(groups, 1):
                     measure_group(ctx, group)
+                    speed_probe.record(ctx.manifest, f"after group {i} of {len(groups)}")
         finally:
             close_sweep(ctx.sweep, ctx.manifest, ctx.result)
         if not quiet:
