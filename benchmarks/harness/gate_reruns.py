@@ -200,8 +200,13 @@ def judged(case: str, sweep_name: str, sweep_dir: Path, base_name: str, baseline
     result = gate.gate(sweep_dir, baseline)
     speedups = {c.cell: [round(x, 4) for x in (c.change or 0.0, *(c.ci or ()))] for c in result.checks
                 if c.metric.name == "speedup"}
+    speeds = result.machine
     return {"case": case, "sweep": sweep_name, "baseline": base_name, "checks": len(result.checks),
             "failures": len(result.failures), "notes": result.notes, "speedup_change_and_interval": speedups,
+            # how many times longer the sweep's machine-speed probe took than the baseline's (None: not both probed),
+            # and whether that set its absolute checks aside (gate/machine.py)
+            "machine_slower": None if speeds is None or speeds.slower is None else round(speeds.slower, 3),
+            "absolute_not_comparable": speeds is not None and not speeds.comparable,
             "failed": [f"{c.cell} {c.metric.label}: change {c.change if c.change is None else round(c.change, 4)}, "
                        f"interval {None if c.ci is None else [round(x, 4) for x in c.ci]}, allowed {round(c.allowed, 4)}"
                        for c in result.failures][:20]}

@@ -285,6 +285,13 @@ def gate_reruns(results: list[Any]) -> Table:
              f"1-minute load average read {span(loads, fmt=f1)} (2 cores, other jobs beside them). The runs measured "
              f"commit {data['commit']}, gated by commit {data['gated_at']}.",
              "Broken: " + data["regressions_how"] + "."]
+    aside = [g for g in data["gates"] if g.get("absolute_not_comparable")]
+    if aside:
+        ratios = [max(g["machine_slower"], 1 / g["machine_slower"]) for g in aside]
+        notes.append(f"In {len(aside)} of {len(data['gates'])} gates the two runs' machine-speed probes differed beyond "
+                     f"their band ({span(ratios, fmt=lambda x: f'{x:.2f}', unit=' times')} slower or faster): those "
+                     "gates reported output throughput and TPOT as not comparable rather than gating them, and gated the "
+                     "speedup and τ.")
     return Table(["case", "runs", "gates", "checks per gate", "gates failed", "checks failed", "what failed"], rows, notes)
 
 

@@ -19,6 +19,9 @@ change in the bad direction that still passes):
 - plain: the same noisy metrics without repeats: the single change against the threshold, widened by the
   baseline's noise where it carries one, labelled so.
 
+Between runs whose machines ran at different speeds (their speed probes, machine.py), output throughput, TPOT
+and DFlash tok/s at the SLO are reported as not comparable, not gated; the speedup and τ are gated all the same.
+
 A partial cell (some of its measured requests failed) fails unless `[cells] allow_failed_share` allows its share.
 
 Where the sweep holds the builtin engine and another engine on the same pair, each other engine's DFlash tau
@@ -29,7 +32,7 @@ A cell that failed in the sweep fails every metric its baseline has. Exit codes:
 2 unusable input (a UserError: missing or corrupt baseline, bad thresholds, nothing in common).
 
 Modules: config (gate.toml), baseline (what a sweep or a baseline file holds), compare (the verdicts),
-reference (tau against the builtin engine), tau (which tau two cells compare on), noise (run-to-run noise), output (terminal table, markdown, JUnit), command (the CLI entry point).
+reference (tau against the builtin engine), tau (which tau two cells compare on), noise (run-to-run noise), machine (one machine speed or not), output (terminal table, markdown, JUnit), command (the CLI entry point).
 """
 
 from dflash_bench.gate.baseline import BASELINE_VERSION, Baseline, CellValues, collect, export_baseline, load_baseline

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from dflash_bench.errors import UserError
 from dflash_bench.store.reading import StoreError, parse_json, read_text
 from dflash_bench.store import (
-    MEASURED, SPECULATIVE, CellKey, CellSummary, Hardware, Models, SweepDir, SweepSettings, atomic_write_json, now_iso,
+    MEASURED, SPECULATIVE, CellKey, CellSummary, Hardware, MachineSpeed, Models, SweepDir, SweepSettings, atomic_write_json, now_iso,
 )
 
 BASELINE_KIND: Literal["dflash-bench-baseline"] = "dflash-bench-baseline"
@@ -56,6 +56,7 @@ class Provenance(BaseModel):
     models: Models = Field(default_factory=Models)
     hardware: Hardware = Field(default_factory=Hardware)
     settings: SweepSettings | None = None
+    machine_speed: MachineSpeed | None = None  # the run's speed probes (None: a run or baseline from before them)
 
     def section(self, name: str) -> dict[str, Any]:
         value = getattr(self, name)
@@ -121,7 +122,8 @@ def collect(sweep_dir: Path | str, quiet: bool = False, summaries: list[CellSumm
             if _number(value):
                 cell.metrics.setdefault(name, []).append(float(value))  # type: ignore[arg-type]
     _add_speedups(summaries, out)
-    provenance = Provenance(models=manifest.models, hardware=manifest.hardware, settings=manifest.settings)
+    provenance = Provenance(models=manifest.models, hardware=manifest.hardware, settings=manifest.settings,
+                            machine_speed=manifest.machine_speed)
     return Baseline(sweep_id=manifest.sweep_id, provenance=provenance,
                     cells=[out[k] for k in sorted(out, key=CellKey.sort_key)])
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from dflash_bench.errors import UserError
 from dflash_bench.gate import output as show
 from dflash_bench.gate.baseline import collect, export_baseline, load_baseline
-from dflash_bench.gate.compare import GateResult, compare
+from dflash_bench.gate.compare import GateResult, compare, set_aside
 from dflash_bench.gate.config import GateConfig, load_config
 from dflash_bench.gate.noise import export_with_noise
 from dflash_bench.gate.reference import reference_checks
@@ -28,7 +28,10 @@ def gate(sweep_dir: Path | str, baseline: Path | str, config: GateConfig | None 
     if target is None and saved:
         target = parse_slo(saved)
     if target is not None:
-        result.checks += slo_checks(sweep, base, target, result.config)
+        at_slo = slo_checks(sweep, base, target, result.config)
+        if result.machine is not None:
+            set_aside(at_slo, result.machine)
+        result.checks += at_slo
         result.notes.append(f"SLO read off on both sides: {target.label()}")
     return result
 

@@ -12,6 +12,7 @@ import numpy as np
 from dflash_bench.errors import UserError
 from dflash_bench.gate.baseline import Baseline, CellValues
 from dflash_bench.gate.config import Bootstrap, GateConfig
+from dflash_bench.gate.machine import ABSOLUTE, MachineSpeeds, machine_speeds
 from dflash_bench.gate.noise import MACHINE_PACED, Noise, allowance, noise_of, repeat_noise
 from dflash_bench.gate.tau import comparable, definitions, verified_width
 from dflash_bench.store import SPECULATIVE, CellKey
@@ -82,6 +83,7 @@ class GateResult:
     baseline: str
     config: GateConfig
     notes: list[str] = field(default_factory=list)
+    machine: MachineSpeeds | None = None  # the two runs' machine speeds (gate/machine.py)
 
     @property
     def failures(self) -> list[Check]:
@@ -115,13 +117,28 @@ def compare(sweep: Baseline, base: Baseline, config: GateConfig | None = None,
     noisy = sum(1 for k in common for m in METRICS if m.noisy and ref[k].metrics.get(m.name) and cur[k].metrics.get(m.name))
     each = config.model_copy(update={"bootstrap": family(config.bootstrap, noisy)})
     checks = [chk for k in common for chk in _check_cell(ref[k], cur[k], each, noise, own)]
+    speeds = machine_speeds(sweep, base, config)
+    set_aside(checks, speeds)
     return GateResult(
         checks=checks,
         missing=[k.name for k in sorted(ref, key=CellKey.sort_key) if k not in cur],
         new=[k.name for k in sorted(cur, key=CellKey.sort_key) if k not in ref],
         sweep=sweep_label, baseline=baseline_label, config=config,
-        notes=_provenance_notes(sweep, base) + _tau_notes(base, sweep, common) + _family_note(config, each, noisy),
+        notes=[speeds.note] + _provenance_notes(sweep, base) + _tau_notes(base, sweep, common)
+        + _family_note(config, each, noisy), machine=speeds,
     )
+
+
+def set_aside(checks: list[Check], speeds: MachineSpeeds) -> None:
+    """Between runs of different machine speeds (gate/machine.py), each judged absolute check (ABSOLUTE) is
+    skipped, its change kept in its note; a failed or unmeasured cell fails all the same."""
+    if speeds.comparable:
+        return
+    for chk in checks:
+        if chk.metric.name in ABSOLUTE and chk.method in ("bootstrap", "plain"):
+            change = "" if chk.change is None else f"{100 * chk.change:+.1f}%, "
+            chk.note = f"{change}not gated: {speeds.words()}"
+            chk.method, chk.verdict, chk.change, chk.ci, chk.confidence = "not comparable", "skipped", None, None, None
 
 
 def family(boot: Bootstrap, checks: int) -> Bootstrap:

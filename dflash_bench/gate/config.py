@@ -48,11 +48,19 @@ class Reference(Strict):
     tolerance: Fraction | None = None  # largest relative shortfall that passes; None: thresholds.acceptance_length
 
 
+class MachineSpeedRule(Strict):
+    """When two runs ran on a machine of one speed (gate/machine.py): their speed probes' medians differ by no more
+    than this share beyond what the probes' own spread explains."""
+
+    speed_tolerance: Fraction = 0.10
+
+
 class GateConfig(Strict):
     thresholds: Thresholds = Field(default_factory=Thresholds)
     bootstrap: Bootstrap = Field(default_factory=Bootstrap)
     cells: CellsPolicy = Field(default_factory=CellsPolicy)
     reference: Reference = Field(default_factory=Reference)
+    machine: MachineSpeedRule = Field(default_factory=MachineSpeedRule)
 
 
 def load_config(path: Path | None) -> GateConfig:
