@@ -111,6 +111,8 @@ TABLES: list[Entry] = [
     Entry("engines_three_h100", "docs/results/engines-one-gpu.md", ("real_engines_h100_three_engines.json",),
           "python -m benchmarks.peers.real_engines shape --engines sglang --fresh-prompts --data-dir .data "
           "(SGLang's bundle), then the same with --engines builtin,vllm (vLLM's bundle)", gpu.engines_three),
+    Entry("two_clients_h200_rows", "docs/results/engines-one-gpu.md", ("two_clients_h200_rows.json",), None,
+          gpu.two_clients),
     Entry("pair_retrained_h100", "docs/results/engines-one-gpu.md", ("real_engines_h100_pair_retrained.json",),
           "python -m benchmarks.peers.real_engines pair --engines vllm,builtin-fast --concurrency 1,8 --data-dir .data",
           gpu.pair_retrained),
@@ -130,6 +132,7 @@ TABLES: list[Entry] = [
     Entry("engine_speed", "docs/results/fast-path-gpu.md", ("engine_speed_h100.json", "engine_speed_h200.json"),
           "python -m benchmarks.speed.engine_speed --out engine_speed.json --torch-path", gpu.engine_speed,
           machine="one NVIDIA H100 80GB HBM3 and one NVIDIA H200, each a fresh machine"),
+    Entry("rows_anatomy_h200", "docs/results/fast-path-gpu.md", ("rows_anatomy_h200.json",), None, gpu.rows_anatomy),
     Entry("gemm_tuning", "docs/results/fast-path-gpu.md", ("gemm_tuning_h100.json",),
           "python -m benchmarks.speed.gemm_tuning --out F", gpu.gemm_tuning),
     Entry("step_anatomy", "docs/results/fast-path-gpu.md", ("step_anatomy_h100.json",),
