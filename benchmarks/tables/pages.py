@@ -122,6 +122,11 @@ TABLES: list[Entry] = [
           machine="two NVIDIA H100 80GB HBM3 on one host (nvidia-h100-x2), two calls"),
     Entry("gemma4_31b_card_tau_h200", "docs/results/gemma-4-31b.md", (MISSION_TAU_H200,), MISSION_TAU_H200_COMMAND,
           gpu.mission_engines, machine=MISSION_TAU_H200_MACHINE),
+    Entry("gemma4_31b_input_len_h200", "docs/results/gemma-4-31b.md", ("gemma4_31b_input_len_h200.json",),
+          "bash benchmarks/peers/mission.sh --gpu h200 --tp 1 -n 2 vllm-long builtin-long (three calls, as the file's "
+          "measured says), then python -m benchmarks.peers.big_sweep --out "
+          "benchmarks/results/gemma4_31b_input_len_h200.json SWEEP_FOLDER...", gpu.mission_engines,
+          machine=MISSION_TAU_H200_MACHINE),
     Entry("gemma4_31b_engines_h200", "docs/results/gemma-4-31b.md", (MISSION_H200,), MISSION_H200_COMMAND,
           gpu.mission_engines, machine=MISSION_H200_MACHINE),
     Entry("two_clients_gemma_vllm", "docs/results/gemma-4-31b.md", ("two_clients_gemma_vllm_h100.json",), None,
