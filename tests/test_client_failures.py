@@ -162,30 +162,49 @@ def test_a_line_past_the_limit_fails_the_request_and_one_below_it_is_read(tmp_pa
     assert len(texts) == 1 and set(text := texts.pop()) == {"x"} and 2**20 - 128 < len(text) < 2**20, len(text)
 
 
-def test_a_get_answer_past_the_limit_fails_in_one_sentence_and_one_below_it_is_read():
-    """The raw transport keeps a GET's answer (/metrics, /v1/models) whole only up to MAX_BODY_BYTES: a /metrics
-    past it fails the scrape in one sentence, and the connection is not reused; one of a megabyte is parsed."""
+@pytest.mark.parametrize("transport", ["raw", "aiohttp", "httpx"])
+def test_a_get_answer_past_the_limit_fails_in_one_sentence_and_one_below_it_is_read(transport: str):
+    """Every transport keeps a GET's answer (/metrics, /v1/models) whole only up to MAX_BODY_BYTES: a /metrics past
+    it fails the scrape in one sentence naming its URL and the limit, and its connection is not reused (the next
+    request opens another); one of a megabyte is parsed, and its connection carries the next request."""
     import asyncio
 
     from dflash_bench.client.cell import scrape_metrics
-    from dflash_bench.client.rawhttp import MAX_BODY_BYTES, RawTransport
+    from dflash_bench.client.protocol import MAX_BODY_BYTES
+    from dflash_bench.client.transport import make_transport
 
-    async def scrape(url: str) -> tuple[dict | None, str | None, int]:
-        tr = RawTransport(url, 1)
+    async def scrape_twice(url: str) -> tuple[dict | None, str | None]:
+        tr = make_transport(transport, url, 1)
         try:
             got = await scrape_metrics(tr, 120)
-            return (*got, len(tr.idle))
+            await tr.get("/v1/models")
+            return got
         finally:
             await tr.close()
 
     with BadServer("big-metrics", line_bytes=MAX_BODY_BYTES + 2**20) as srv:
-        counters, why, idle = asyncio.run(scrape(srv.url))
-    assert counters is None and idle == 0
-    assert why == (f"/metrics: the server's answer is longer than {MAX_BODY_BYTES >> 20} MiB, past the client's limit "
-                   "for a whole body (MAX_BODY_BYTES)"), why
+        counters, why = asyncio.run(scrape_twice(srv.url))
+        connections = srv.connections
+    assert counters is None and connections == 2
+    assert why == (f"/metrics: the answer of {srv.url}/metrics is longer than {MAX_BODY_BYTES >> 20} MiB, past the "
+                   "client's limit for a whole body (MAX_BODY_BYTES)"), why
     with BadServer("big-metrics", line_bytes=2**20) as srv:
-        counters, why, idle = asyncio.run(scrape(srv.url))
-    assert why is None and counters is not None and counters["counters"] == {"requests_total": 7.0} and idle == 1
+        counters, why = asyncio.run(scrape_twice(srv.url))
+        connections = srv.connections
+    assert why is None and counters is not None and counters["counters"] == {"requests_total": 7.0}
+    assert connections == 1
+
+
+@pytest.mark.parametrize("transport", ["raw", "aiohttp", "httpx"])
+def test_an_error_answer_is_read_only_as_far_as_its_reason(tmp_path: Path, transport: str):
+    """An HTTP 500 whose body never ends fails each request with the status and the body's first bytes, on every
+    transport: the client stops reading at MAX_ERROR_BODY (reading to the end would wait out the timeout)."""
+    with BadServer("endless-error") as srv:
+        s = measure_cell(srv.url, prompts(2), concurrency=1, cell_dir=cell(tmp_path), warmup=False, timeout=120,
+                         transport=transport)
+    errors = [r.error or "" for r in measured(tmp_path)]
+    assert s.status == "failed" and s.num_failed == 2, errors
+    assert all(e.startswith("HTTP 500: upstream overloaded: xxx") for e in errors), errors
 
 
 @pytest.mark.parametrize("transport", ["raw", "aiohttp", "httpx"])

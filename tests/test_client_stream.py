@@ -40,7 +40,7 @@ def test_raw_parser_is_indifferent_to_how_bytes_are_split():
     try:
         rng = random.Random(0)
         for sizes in ([len(wire)], [1] * len(wire), [rng.randint(1, 40) for _ in range(len(wire))]):
-            st, r, pos = Stream("chat", False), _Response(None, loop.create_future()), 0
+            st, r, pos = Stream("chat", False), _Response(None, loop.create_future(), "http://127.0.0.1/"), 0
             r.st = st
             for i, n in enumerate(sizes):  # the connection stops feeding a response once it is done
                 r.feed(float(i), wire[pos:pos + n])

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import orjson
 
 from dflash_bench.client.loadgen import LoadGenerator, LoadSettings, ProgressFn
-from dflash_bench.client.protocol import APIS, RequestSettings, chat_renderer
+from dflash_bench.client.protocol import APIS, BodyTooLong, RequestSettings, chat_renderer
 from dflash_bench.client.transport import TRANSPORTS, Transport, make_transport, with_timeout
 from dflash_bench.errors import UserError
 from dflash_bench.metrics import prometheus
@@ -151,6 +151,8 @@ async def served_model(tr: Transport, url: str, api: str, timeout: float | None)
     except TimeoutError:
         raise UserError(f"the server at {url} accepted the connection but did not answer GET /v1/models "
                         f"within {timeout:g} s (--timeout); is it ready?") from None
+    except BodyTooLong as err:
+        raise UserError(f"GET /v1/models: {err}") from None
     except Exception as err:  # noqa: BLE001 - OS and aiohttp/httpx connection errors alike
         why = str(err).split("[", 1)[-1].rstrip("]")[:120] or type(err).__name__
         raise UserError(f"cannot reach the server at {url} ({why}); is it running and ready?") from None
@@ -171,7 +173,7 @@ async def scrape_metrics(tr: Transport, timeout: float | None) -> tuple[dict[str
         status, body = await with_timeout(tr.get("/metrics"), timeout)
     except TimeoutError:
         return None, f"/metrics did not answer within {timeout:g} s"
-    except ValueError as err:  # an answer the client refuses (rawhttp: malformed, or past MAX_BODY_BYTES)
+    except ValueError as err:  # an answer the client refuses (malformed, or past MAX_BODY_BYTES)
         return None, f"/metrics: {str(err)[:160]}"
     except Exception as err:  # noqa: BLE001 - any failure means "no counters", recorded with its reason
         return None, f"/metrics unreachable: {type(err).__name__}"

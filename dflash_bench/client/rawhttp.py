@@ -18,7 +18,8 @@ import struct
 import time
 from urllib.parse import urlsplit
 
-from dflash_bench.client.protocol import Stream, error_message, event_stream_refusal
+from dflash_bench.client.protocol import (MAX_BODY_BYTES, MAX_ERROR_BODY, BodyTooLong, Stream, error_message,
+                                         event_stream_refusal)
 
 _clock = time.perf_counter
 _TCPI_RTT = 68  # struct tcp_info (linux/tcp.h): byte offset of tcpi_rtt, microseconds
@@ -42,26 +43,18 @@ def handshake_s(sock: socket.socket) -> float | None:
 
 MAX_HEAD_BYTES = 64 * 2**10  # a response's status line and headers: a server's run a few hundred bytes
 MAX_CHUNK_LINE = 4 * 2**10  # a chunk-size line (the size in hex, any extensions)
-MAX_ERROR_BODY = 64 * 2**10  # what is kept of an error answer's body: its first bytes say why
-# A whole answer the client keeps (GET /metrics, /v1/models): vLLM's /metrics runs to tens of KB, so a server past
-# this would grow the client's memory without end, as a stream's line past MAX_LINE_BYTES would.
-MAX_BODY_BYTES = 64 * 2**20
-
-
-class BodyTooLong(ValueError):
-    """A whole answer past MAX_BODY_BYTES: the request fails, and the connection is closed unread."""
-
 
 class _Response:
     """Parser state of one response; feeds an SSE Stream or collects a whole body. Everything it holds is bounded
     (headers, a chunk-size line, a whole body, an error body; the stream's unended line by the Stream), and every byte is
     handled a fixed number of times, however the server cuts its answer into reads and chunks."""
 
-    __slots__ = ("st", "status", "head", "chunked", "remaining", "body", "held", "buf", "chunk_left", "skip",
+    __slots__ = ("st", "url", "status", "head", "chunked", "remaining", "body", "held", "buf", "chunk_left", "skip",
                  "content_type", "done", "keep_alive", "fut")
 
-    def __init__(self, st: Stream | None, fut: asyncio.Future):
+    def __init__(self, st: Stream | None, fut: asyncio.Future, url: str):
         self.st = st
+        self.url = url  # named when a whole body is past MAX_BODY_BYTES
         self.fut = fut
         self.status = 0
         self.head = True
@@ -170,9 +163,8 @@ class _Response:
         st = self.st
         if st is None:  # a whole body (a GET), kept up to MAX_BODY_BYTES
             if self.held + len(data) > MAX_BODY_BYTES:
-                raise BodyTooLong(f"the server's answer is longer than {MAX_BODY_BYTES >> 20} MiB, past the client's "
-                                  "limit for a whole body (MAX_BODY_BYTES)")
-        elif self.status != 200:  # an error answer to a stream: its first bytes say why, the rest is read and dropped
+                raise BodyTooLong(self.url)
+        elif self.status != 200:  # an error answer to a stream: its first bytes say why, the rest is left unread
             data = data[:max(MAX_ERROR_BODY - self.held, 0)]
         else:
             if not st.error:
@@ -205,8 +197,8 @@ class _Conn(asyncio.Protocol):
         except (ValueError, IndexError) as err:
             self._finish(ValueError(f"malformed HTTP response: {err}"))
             return
-        if r.done or (r.st is not None and r.st.error):
-            self._finish(None)
+        if r.done or (r.st is not None and (r.st.error or (r.status != 200 and r.held >= MAX_ERROR_BODY))):
+            self._finish(None)  # an error answer past MAX_ERROR_BODY: what it says is kept, the connection closed
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -292,7 +284,8 @@ class RawTransport:
                b"Content-Length: %d\r\n\r\n" % (method, (self.prefix + path).encode(), self.hosthdr, len(body))
         while True:
             c, reused = await self._acquire(st)
-            r = c.resp = _Response(st, asyncio.get_running_loop().create_future())
+            r = c.resp = _Response(st, asyncio.get_running_loop().create_future(),
+                                   f"http://{self.host}:{self.port}{self.prefix}{path}")
             if st is not None:
                 st.t_write = _clock()
             assert c.tr is not None  # connection_made set it before create_connection returned

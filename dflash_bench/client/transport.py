@@ -14,7 +14,8 @@ import time
 from types import ModuleType, SimpleNamespace
 from typing import Any, AsyncIterator, Awaitable, Callable, Protocol, TypeVar
 
-from dflash_bench.client.protocol import Stream, error_message, event_stream_refusal
+from dflash_bench.client.protocol import (MAX_BODY_BYTES, MAX_ERROR_BODY, BodyTooLong, Stream, error_message,
+                                         event_stream_refusal)
 
 T = TypeVar("T")
 
@@ -46,7 +47,9 @@ class AiohttpTransport:
         try:
             async with self.session.post(self.base + path, data=body, headers=_HEADERS, trace_request_ctx=st) as resp:
                 if resp.status != 200:
-                    st.error = error_message(resp.status, await resp.read())
+                    st.error = error_message(resp.status, await _error_body(resp.content.iter_any()))
+                    if not resp.content.at_eof():
+                        resp.close()  # its rest unread: the connection cannot carry another request
                     return
                 await _read_sse(st, resp.headers.get("Content-Type"), resp.content.iter_any())
         except self._aiohttp.ClientPayloadError as err:
@@ -55,8 +58,13 @@ class AiohttpTransport:
             st.error = f"connection failed: {type(err).__name__}: {err}"
 
     async def get(self, path: str) -> tuple[int, bytes]:
-        async with self.session.get(self.base + path) as resp:
-            return resp.status, await resp.read()
+        url = self.base + path
+        async with self.session.get(url) as resp:
+            try:
+                return resp.status, await _whole_body(url, resp.headers.get("Content-Length"), resp.content.iter_any())
+            except BodyTooLong:
+                resp.close()  # its rest unread: the connection cannot carry another request
+                raise
 
     async def close(self) -> None:
         await self.session.close()
@@ -129,6 +137,34 @@ async def _read_sse(st: Stream, content_type: str | None, chunks: AsyncIterator[
             return
 
 
+async def _whole_body(url: str, length: str | None, chunks: AsyncIterator[bytes]) -> bytes:
+    """A GET's answer (aiohttp and httpx alike), kept whole up to MAX_BODY_BYTES as the raw transport keeps it: an
+    answer that says or turns out to be longer raises BodyTooLong, naming `url`, with the rest unread."""
+    if length is not None and length.strip().isdigit() and int(length) > MAX_BODY_BYTES:
+        raise BodyTooLong(url)
+    parts: list[bytes] = []
+    held = 0
+    async for data in chunks:
+        held += len(data)
+        if held > MAX_BODY_BYTES:
+            raise BodyTooLong(url)
+        parts.append(data)
+    return b"".join(parts)
+
+
+async def _error_body(chunks: AsyncIterator[bytes]) -> bytes:
+    """The first MAX_ERROR_BODY bytes of an error answer, which say why; the rest is not read (aiohttp and httpx
+    alike, as the raw transport)."""
+    parts: list[bytes] = []
+    held = 0
+    async for data in chunks:
+        parts.append(data[:MAX_ERROR_BODY - held])
+        held += len(data)
+        if held >= MAX_ERROR_BODY:
+            break
+    return b"".join(parts)
+
+
 class HttpxTransport:
     def __init__(self, base_url: str, connections: int):
         import httpx
@@ -141,8 +177,8 @@ class HttpxTransport:
         try:
             async with self.client.stream("POST", path, content=body, headers=_HEADERS,
                                           extensions={"trace": _httpx_trace(st)}) as resp:
-                if resp.status_code != 200:
-                    st.error = error_message(resp.status_code, await resp.aread())
+                if resp.status_code != 200:  # leaving `stream` closes the connection if the rest is unread
+                    st.error = error_message(resp.status_code, await _error_body(resp.aiter_bytes()))
                     return
                 await _read_sse(st, resp.headers.get("Content-Type"), resp.aiter_raw())
         except (self._httpx.RemoteProtocolError, self._httpx.ReadError) as err:
@@ -151,8 +187,9 @@ class HttpxTransport:
             st.error = f"connection failed: {type(err).__name__}: {err}"
 
     async def get(self, path: str) -> tuple[int, bytes]:
-        resp = await self.client.get(path)
-        return resp.status_code, resp.content
+        async with self.client.stream("GET", path) as resp:  # leaving it closes the connection if the rest is unread
+            return resp.status_code, await _whole_body(str(resp.url), resp.headers.get("Content-Length"),
+                                                       resp.aiter_bytes())
 
     async def close(self) -> None:
         await self.client.aclose()
