@@ -146,7 +146,7 @@ def test_a_request_aborted_inside_its_stream_fails_with_the_servers_reason(tmp_p
 def test_a_line_past_the_limit_fails_the_request_and_one_below_it_is_read(tmp_path: Path, transport: str):
     """One SSE event of more than MAX_LINE_BYTES (sent as one HTTP chunk) fails its request in one sentence, on
     every transport; an event of a megabyte, well below the limit, is read whole."""
-    from dflash_bench.client.protocol import MAX_LINE_BYTES
+    from dflash_bench.http_limits import MAX_LINE_BYTES
 
     with BadServer("long-line", line_bytes=MAX_LINE_BYTES + 2**20) as srv:
         s = measure_cell(srv.url, prompts(2), concurrency=1, cell_dir=cell(tmp_path), warmup=False, timeout=120,
@@ -170,7 +170,7 @@ def test_a_get_answer_past_the_limit_fails_in_one_sentence_and_one_below_it_is_r
     import asyncio
 
     from dflash_bench.client.cell import scrape_metrics
-    from dflash_bench.client.protocol import MAX_BODY_BYTES
+    from dflash_bench.http_limits import MAX_BODY_BYTES
     from dflash_bench.client.transport import make_transport
 
     async def scrape_twice(url: str) -> tuple[dict | None, str | None]:
@@ -193,6 +193,29 @@ def test_a_get_answer_past_the_limit_fails_in_one_sentence_and_one_below_it_is_r
         connections = srv.connections
     assert why is None and counters is not None and counters["counters"] == {"requests_total": 7.0}
     assert connections == 1
+
+
+def test_a_blocking_get_keeps_an_answer_only_up_to_the_limit():
+    """What the harness asks of a server outside a measured request (its KV slots from /metrics, the identity of a
+    server given by URL) reads the answer only up to MAX_BODY_BYTES: past it the GET fails in one sentence naming its
+    URL, and the callers go on without it; an answer below the limit is read whole."""
+    import httpx
+
+    from dflash_bench.http_limits import get_capped
+    from dflash_bench.http_limits import MAX_BODY_BYTES, BodyTooLong
+    from dflash_bench.client.server_slots import server_slots
+    from dflash_bench.launch.identity import fingerprint
+
+    with BadServer("big-metrics", line_bytes=MAX_BODY_BYTES + 2**20) as srv:
+        with httpx.Client(timeout=120) as client, pytest.raises(BodyTooLong) as err:
+            get_capped(client, srv.url + "/metrics")
+        assert str(err.value) == (f"the answer of {srv.url}/metrics is longer than {MAX_BODY_BYTES >> 20} MiB, past "
+                                  "the client's limit for a whole body (MAX_BODY_BYTES)")
+        assert server_slots(srv.url, 120) is None
+        assert fingerprint(srv.url, 120) == (["bad-model"], None)
+    with BadServer("big-metrics", line_bytes=2**20) as srv, httpx.Client(timeout=120) as client:
+        status, body = get_capped(client, srv.url + "/metrics")
+    assert status == 200 and 2**20 - 4096 < len(body) <= 2**20 + 4096 and body.rstrip().endswith(b"requests_total 7")
 
 
 @pytest.mark.parametrize("transport", ["raw", "aiohttp", "httpx"])

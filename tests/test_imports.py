@@ -108,7 +108,7 @@ def test_no_benchmark_imports_another_that_imports_it_back():
 # The packages (and top-level modules) of dflash_bench/ from the bottom up: each may import only those of an
 # earlier line, never one of its own line or a later one. A new package takes its line here, where its imports put it.
 LAYERS = [
-    ("dflash_bench", "errors", "console", "openai_format", "published", "thinking", "speedup"),
+    ("dflash_bench", "errors", "http_limits", "console", "openai_format", "published", "thinking", "speedup"),
     ("options", "models", "tokenizer", "suite_file", "llamacpp", "cli_app", "synthetic"),
     ("settings", "cli_options", "model_shapes"),
     ("store", "emulator"),

@@ -146,7 +146,7 @@ def hostile_streams(tmp: Path, data: Path) -> Row:
     """A 50 MB SSE line (one HTTP chunk) and a 200 answer of an HTML page, through each transport; the client runs
     in a child process (the server's 50 MB are not counted), which says its request's failure, the seconds to it,
     and the most memory the request held (`stream_probe`)."""
-    from dflash_bench.client.protocol import MAX_LINE_BYTES
+    from dflash_bench.http_limits import MAX_LINE_BYTES
 
     got, bad = [], []
     for kind, line in (("long-line", LONG_LINE), ("html", 0)):

@@ -6,10 +6,9 @@
 
 `Stream` is the per-request accumulator on the hot path: it is fed the bytes of each network read with the read's
 arrival time (`feed_bytes`), parses every SSE `data:` line as it completes, and keeps only what the metrics need.
-Every transport holds a server to the same limits here: a line longer than MAX_LINE_BYTES, and a 200 answer that is
-not an event stream, each fail the request in one sentence (`event_stream_refusal`); a GET's answer past
-MAX_BODY_BYTES fails in one sentence naming its URL (`BodyTooLong`); of an error answer, the first MAX_ERROR_BODY
-bytes are read, the rest left unread.
+Every transport holds a server to the same limits (dflash_bench/http_limits.py): a line longer than MAX_LINE_BYTES
+fails the request here, in `Stream.feed_bytes`, and a 200 answer that is not an event stream in one sentence
+(`event_stream_refusal`).
 """
 
 from __future__ import annotations
@@ -19,17 +18,10 @@ from typing import Any, Callable, TypedDict
 
 import orjson
 
+from dflash_bench.http_limits import MAX_LINE_BYTES
+
 APIS = ("chat", "completions", "generate")
-# The longest SSE line a request's stream may hold before its line end: memory per connection stays below it, and
-# a server that sends more without a newline fails the request. A real event is a few KB (SGLang's /generate
-# repeats the text so far: about 4 bytes a token), so 8 MiB leaves a thousand times that.
-MAX_LINE_BYTES = 8 * 2**20
 EVENT_STREAM = "text/event-stream"
-# A whole answer the client keeps (GET /metrics, /v1/models): vLLM's /metrics runs to tens of KB, so a server past
-# this would grow the client's memory without end, as a stream's line past MAX_LINE_BYTES would.
-MAX_BODY_BYTES = 64 * 2**20
-# What is kept of an error answer's body (a status other than 200): its first bytes say why; the rest is not read.
-MAX_ERROR_BODY = 64 * 2**10
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "generate": "/generate"}
 
 
@@ -370,15 +362,6 @@ class Stream:
         if meta.get("spec_verify_ct") is not None:
             self.spec_steps = meta["spec_verify_ct"]
             self.spec_accepted = meta.get("spec_accept_token_num", meta.get("spec_accepted_drafts"))
-
-
-class BodyTooLong(ValueError):
-    """A GET's answer past MAX_BODY_BYTES: the request fails in one sentence naming its URL and the limit, and its
-    connection is closed with the rest unread."""
-
-    def __init__(self, url: str):
-        super().__init__(f"the answer of {url} is longer than {MAX_BODY_BYTES >> 20} MiB, past the client's limit "
-                         "for a whole body (MAX_BODY_BYTES)")
 
 
 def event_stream_refusal(content_type: str | None) -> str | None:

@@ -18,8 +18,8 @@ import struct
 import time
 from urllib.parse import urlsplit
 
-from dflash_bench.client.protocol import (MAX_BODY_BYTES, MAX_ERROR_BODY, BodyTooLong, Stream, error_message,
-                                         event_stream_refusal)
+from dflash_bench.client.protocol import Stream, error_message, event_stream_refusal
+from dflash_bench.http_limits import MAX_BODY_BYTES, MAX_ERROR_BODY, BodyTooLong
 
 _clock = time.perf_counter
 _TCPI_RTT = 68  # struct tcp_info (linux/tcp.h): byte offset of tcpi_rtt, microseconds

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import httpx
 
-from dflash_bench.client.protocol import MAX_BODY_BYTES
+from dflash_bench.http_limits import get_capped
 from dflash_bench.errors import UserError
 
 SLOTS_GAUGE = "dflash_bench:max_slots"
@@ -17,18 +17,12 @@ def server_slots(url: str, timeout: float | None) -> int | None:
     from dflash_bench.metrics.prometheus import parse
 
     try:
-        with httpx.stream("GET", url.rstrip("/") + "/metrics", timeout=timeout) as r:
-            if r.status_code != 200:
-                return None
-            parts: list[bytes] = []
-            held = 0
-            for data in r.iter_bytes():  # kept up to the client's limit; past it the cell's scrape says so
-                held += len(data)
-                if held > MAX_BODY_BYTES:
-                    return None
-                parts.append(data)
-        gauges = parse(b"".join(parts).decode("utf-8", "replace"))["gauges"]
-    except (httpx.HTTPError, ValueError):
+        with httpx.Client(timeout=timeout) as client:
+            status, body = get_capped(client, url.rstrip("/") + "/metrics")
+        if status != 200:
+            return None
+        gauges = parse(body.decode("utf-8", "replace"))["gauges"]
+    except (httpx.HTTPError, ValueError):  # BodyTooLong among them: past the client's limit the cell's scrape says so
         return None
     values = [v for k, v in gauges.items() if k == SLOTS_GAUGE or k.startswith(SLOTS_GAUGE + "{")]
     return int(values[0]) if values else None

@@ -14,8 +14,8 @@ import time
 from types import ModuleType, SimpleNamespace
 from typing import Any, AsyncIterator, Awaitable, Callable, Protocol, TypeVar
 
-from dflash_bench.client.protocol import (MAX_BODY_BYTES, MAX_ERROR_BODY, BodyTooLong, Stream, error_message,
-                                         event_stream_refusal)
+from dflash_bench.client.protocol import Stream, error_message, event_stream_refusal
+from dflash_bench.http_limits import MAX_BODY_BYTES, MAX_ERROR_BODY, BodyTooLong
 
 T = TypeVar("T")
 

@@ -134,8 +134,9 @@ class Server:
                     raise ServerDied(f"the {self.name} server exited during start-up with code {code}",
                                      self.log_tail())
                 with contextlib.suppress(httpx.HTTPError):
-                    if client.get(self.url + path).status_code == 200:
-                        return
+                    with client.stream("GET", self.url + path) as r:  # the status is the answer: its body goes unread
+                        if r.status_code == 200:
+                            return
                 if time.monotonic() > deadline:
                     raise ServerNotReady(f"the {self.name} server did not answer 200 on {path} within "
                                          f"{timeout:.0f} s", self.log_tail())

@@ -12,6 +12,7 @@ Listening sockets are read from /proc (Linux); where /proc cannot tell, the iden
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 
+from dflash_bench.http_limits import get_capped
 from dflash_bench.errors import UserError
 from dflash_bench.store import ServerIdentity
 
@@ -131,17 +133,17 @@ def fingerprint(url: str, timeout: float | None = PROBE_TIMEOUT_S) -> tuple[list
     started = None
     with httpx.Client(base_url=url, timeout=timeout) as client:
         try:
-            r = client.get("/v1/models")
-            if r.status_code == 200:
-                models = [str(m["id"]) for m in r.json().get("data") or [] if isinstance(m, dict) and m.get("id")]
+            status, body = get_capped(client, "/v1/models")
+            if status == 200:
+                models = [str(m["id"]) for m in json.loads(body).get("data") or [] if isinstance(m, dict) and m.get("id")]
         except httpx.TimeoutException:
             return models, None
         except (httpx.HTTPError, ValueError, AttributeError):
             pass
         with contextlib.suppress(httpx.HTTPError, ValueError):
-            r = client.get("/metrics")
-            if r.status_code == 200:
-                started = prometheus.parse(r.text)["gauges"].get("process_start_time_seconds")
+            status, body = get_capped(client, "/metrics")
+            if status == 200:
+                started = prometheus.parse(body.decode("utf-8", "replace"))["gauges"].get("process_start_time_seconds")
     return models, started
 
 
