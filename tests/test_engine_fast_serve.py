@@ -216,21 +216,22 @@ def test_the_loop_takes_a_first_token_from_a_later_step(tmp_path):
     assert ev["finish", "r1"].step > ev["admit", "r1"].step
 
 
-def _burst(tmp_path, n: int):
+def _burst(tmp_path, monkeypatch, n: int):
     """A fast engine of 8 slots whose prefill groups hold two of the `n` 10-token prompts, the prompts, their
     sampling (12 tokens, ignore_eos) and what each gets alone."""
     from dflash_bench.engine.config import EngineConfig
+    from dflash_bench.engine.fast.scheduling import scheduler as scheduler_mod
 
     target, drafter = make_tiny_pair(tmp_path, seed=1, block_size=B)
     engine = build(EngineConfig.from_options(str(target), str(drafter), max_slots=8, max_model_len=MAX_LEN, dtype="float64", device="cpu", fast=True))
     ps = [list(range(40 + i, 50 + i)) for i in range(n)]
     sp = SamplingParams(max_tokens=12, ignore_eos=True)
     alone = [ref_generate(engine, [p], sp)[0].out for p in ps]
-    engine.prefill_tokens = 20
+    monkeypatch.setattr(scheduler_mod, "PREFILL_TOKENS", 20)
     return engine, ps, sp, alone
 
 
-def test_prefill_first_fills_the_batch_before_it_steps(tmp_path):
+def test_prefill_first_fills_the_batch_before_it_steps(tmp_path, monkeypatch):
     """Five requests waiting at once, prefill groups of two, and a sixth that arrives during the
     first group's prefill (submitted from r0's first token, on the engine thread): every group, the latecomer's
     too, is prefilled before the first step, and every request gets the tokens it gets alone."""
@@ -238,7 +239,7 @@ def test_prefill_first_fills_the_batch_before_it_steps(tmp_path):
 
     from dflash_bench.engine.serving.loop import EngineLoop
 
-    engine, ps, sp, alone = _burst(tmp_path, 6)
+    engine, ps, sp, alone = _burst(tmp_path, monkeypatch, 6)
     loop = EngineLoop(engine)
     got: dict = {}
     dones = [threading.Event() for _ in ps]

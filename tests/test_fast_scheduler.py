@@ -120,3 +120,20 @@ def test_prefill_groups_hold_similar_lengths_within_the_token_budget(monkeypatch
     assert [graphed for _, graphed in _sched(slots=8, graphs=True).prefill_groups([5, 6])] == [True]  # GRAPHED_ROWS
     with pytest.raises(IndexError):
         s.prefill_groups([129])
+
+
+def test_admission_takes_the_oldest_that_fit_the_free_slots_and_one_forward(monkeypatch):
+    """The serving loop's cut: the oldest prompts, at most the free slots, while k x the longest fits the token
+    budget; the oldest alone when it passes the budget; nothing read past the cut; and every batch it cuts is
+    one prefill group."""
+    monkeypatch.setattr(sch, "PREFILL_TOKENS", 100)
+    s = _sched(slots=8, max_len=128)
+    assert s.admission([10, 20, 30, 10], free=8) == 3  # 4 x 30 = 120 > 100
+    assert s.admission([30, 10, 10, 10], free=8) == 3  # the longest so far counts: 4 x 30 > 100
+    assert s.admission([10] * 20, free=8) == 8 and s.admission([10] * 20, free=2) == 2
+    assert s.admission([120, 10], free=8) == 1 and s.admission([10], free=0) == 0 and s.admission([], free=8) == 0
+    read = []
+    assert s.admission((read.append(n) or n for n in [60, 60, 60, 60]), free=8) == 1 and read == [60, 60]
+    lengths = [40, 10, 30, 20, 45, 12]
+    k = s.admission(lengths, free=8)
+    assert k == 2 and len(s.prefill_groups(lengths[:k])) == 1

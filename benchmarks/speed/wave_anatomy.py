@@ -58,7 +58,7 @@ def main() -> None:
         lengths = sorted(len(p) for p in prompts)
         closed_loop(engine, prompts[:c], c, 16)  # warm-up
         for tokens in [int(t) for t in args.prefill_tokens.split(",")]:
-            scheduler.PREFILL_TOKENS = engine.prefill_tokens = tokens
+            scheduler.PREFILL_TOKENS = tokens  # the admission cut and the prefill groups read it
             plain = engine.add_many, engine.step
             spent = timed(engine, sync)
             cell = closed_loop(engine, prompts, c, args.new_tokens)

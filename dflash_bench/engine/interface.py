@@ -7,7 +7,7 @@ and `fast.engine.FastEngine` (Qwen3/Llama, greedy, CUDA graphs). Both keep their
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Iterable, Protocol
 
 from dflash_bench.engine.bookkeeping import Delta, Seq, Stats
 from dflash_bench.engine.sampling_params import SamplingParams
@@ -18,8 +18,6 @@ class Engine(Protocol):
     tok: object  # the Hugging Face tokenizer
     max_model_len: int  # the context limit: tokens per slot (prompt + output + one block)
     vocab_size: int
-    prefill_rows: int  # requests per prefill forward: the loop admits in groups of at most this size
-    prefill_tokens: int  # and of at most this many padded prompt tokens (rows x the longest prompt)
     greedy_only: bool  # the server answers 400 to sampling requests
     synthetic_acceptance: float | None  # benchmarking only: acceptance is drawn, not measured (labelled in every response)
 
@@ -31,6 +29,11 @@ class Engine(Protocol):
 
     def check(self, n_prompt: int, max_tokens: int) -> str | None:
         """Why a request cannot be served (None when it can)."""
+
+    def admission(self, lengths: Iterable[int]) -> int:
+        """How many of the waiting prompts (their lengths, oldest first; read no further than needed) the next
+        `add_many` takes: the engine's own cut (the free slots, what one prefill forward holds); at least one
+        when a slot is free and a prompt waits."""
 
     def add_many(self, reqs: list[tuple[str, list[int], SamplingParams]]) -> list[tuple[Seq, Delta | None]]:
         """Prefill new requests, all or nothing; their first tokens, in input order (None: the prefill runs on,

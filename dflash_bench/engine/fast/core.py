@@ -10,7 +10,7 @@ read it through its `probe` and `watch` its launches.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
@@ -131,6 +131,11 @@ class EngineCore:
     def add(self, slot: int, prompt: list[int]) -> int:
         """Prefill `prompt` into `slot`; returns the first generated token."""
         return self.add_many([slot], [prompt])[0]
+
+    def admission(self, lengths: Iterable[int], free: int) -> int:
+        """How many of the waiting prompts (their lengths, oldest first) the next prefill takes, `free` slots free
+        (`Scheduler.admission`)."""
+        return self._scheduler.admission(lengths, free)
 
     def add_many(self, slots: list[int], prompts: list[list[int]]) -> list[int]:
         """Prefill `prompts[i]` into `slots[i]`, in the groups the scheduler makes (`Scheduler.prefill_groups`);

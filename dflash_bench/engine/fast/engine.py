@@ -11,7 +11,7 @@ when the caller says it is a benchmark.
 from __future__ import annotations
 
 import atexit
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 
@@ -20,7 +20,7 @@ from dflash_bench.engine.config import EngineConfig
 from dflash_bench.engine.fast.make import load_pair, make_core, rank_core
 from dflash_bench.engine.fast.parallel.ranks import Followers
 from dflash_bench.engine.fast.models.shard import Shard
-from dflash_bench.engine.fast.scheduling.scheduler import PREFILL_TOKENS, Row
+from dflash_bench.engine.fast.scheduling.scheduler import Row
 from dflash_bench.engine.sampling_params import SamplingParams
 
 
@@ -51,7 +51,6 @@ class FastEngine:
         assert self.core.logits is not None
         self.logits: torch.Tensor = self.core.logits  # per slot the last step's target logits (for logprobs)
         self.tok, self.B = tokenizer, self.core.B
-        self.prefill_rows, self.prefill_tokens = max_slots, PREFILL_TOKENS  # a group: one forward (`core.add_many`)
         self.max_model_len, self.vocab_size = max_len, self.core.vocab_size
         drawn = self.core.synthetic
         self.synthetic_acceptance = drawn.tau if drawn is not None else None  # the profile's tau at full width
@@ -74,6 +73,11 @@ class FastEngine:
 
     def check(self, n_prompt: int, max_tokens: int) -> str | None:
         return self.book.check(n_prompt, max_tokens)
+
+    def admission(self, lengths: Iterable[int]) -> int:
+        """How many of the waiting prompts, oldest first, the next `add_many` takes: the scheduler's cut
+        (`Scheduler.admission`: the free slots, one prefill forward)."""
+        return self.core.admission(lengths, len(self.free_slots))
 
     def add(self, req_id: str, prompt: list[int], params: SamplingParams) -> tuple[Seq, Delta | None]:
         return self.add_many([(req_id, prompt, params)])[0]

@@ -8,7 +8,8 @@ only counts positions below `start`.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from itertools import islice
+from typing import Any, Iterable
 
 import torch
 
@@ -58,6 +59,21 @@ class ReferenceEngine:
     def check(self, n_prompt: int, max_tokens: int) -> str | None:
         return self.book.check(n_prompt, max_tokens)
 
+    def fits(self, k: int, longest: int) -> bool:
+        """Whether k prompts, the longest of `longest` tokens, go into one prefill forward."""
+        return k <= self.prefill_rows and k * longest <= self.prefill_tokens
+
+    def admission(self, lengths: Iterable[int]) -> int:
+        """How many of the waiting prompts (their lengths, oldest first) the next `add_many` takes: the oldest, at
+        most the free slots, while they fit one forward (`fits`); the oldest whatever its length."""
+        k = longest = 0
+        for n in islice(lengths, len(self.free_slots)):
+            longest = max(longest, n)
+            if k and not self.fits(k + 1, longest):
+                break
+            k += 1
+        return k
+
     def add(self, req_id: str, prompt: list[int], params: SamplingParams) -> tuple[Seq, Delta]:
         """Prefill one new request into a free slot; returns the sequence and its first token."""
         seq, first = self.add_many([(req_id, prompt, params)])[0]
@@ -72,7 +88,7 @@ class ReferenceEngine:
         for i in order:
             longest = len(reqs[i][1])  # sorted: the newcomer is the longest of its group
             g = groups[-1]
-            if g and (len(g) >= self.prefill_rows or (len(g) + 1) * longest > PREFILL_TOKENS):
+            if g and not self.fits(len(g) + 1, longest):
                 groups.append(g := [])
             g.append(i)
         done: dict[int, tuple[Seq, Delta]] = {}

@@ -158,16 +158,12 @@ class EngineLoop:
         self._flush()  # what counts the running requests hears of it, with no step to follow
 
     def _admit(self) -> bool:
-        """Prefill the oldest waiting requests that fit the free slots and one prefill forward (`prefill_rows`,
-        `prefill_tokens`); whether any was taken. Each group's first tokens go out as soon as it is done."""
-        rows = min(len(self.engine.free_slots), self.engine.prefill_rows)
-        batch: list[_Req] = []
-        longest = 0
-        while self.waiting and len(batch) < rows:
-            longest = max(longest, len(self.waiting[0].prompt))
-            if batch and (len(batch) + 1) * longest > self.engine.prefill_tokens:
-                break
-            batch.append(self.waiting.popleft())
+        """Prefill the oldest waiting requests, as many as the engine's admission takes (the free slots, one
+        prefill forward); whether any was taken. Each group's first tokens go out as soon as it is done."""
+        if not self.waiting:
+            return False
+        k = self.engine.admission(len(r.prompt) for r in self.waiting)
+        batch = [self.waiting.popleft() for _ in range(k)]
         if batch:
             self._admit_group(batch)
         return bool(batch)

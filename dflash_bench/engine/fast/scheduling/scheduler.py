@@ -14,8 +14,8 @@ both, tells it what a collected step committed (`collected`). Nothing here touch
 admission numbers, the plans in flight).
 
 Prefill against decode (prefill first, as nano-vllm's scheduler; docs/ARCHITECTURE.md "Prefill against decode" has
-the measurements). The serving loop admits before each step: it cuts the waiting prompts, oldest first, into batches
-of at most `FastEngine.prefill_rows` (the free slots) and (k + 1) x longest <= PREFILL_TOKENS padded tokens, and
+the measurements). The serving loop admits before each step: it asks `admission` how many of the waiting prompts,
+oldest first, go into the next batch (at most the free slots, k x longest <= PREFILL_TOKENS padded tokens), and
 hands each batch to `EngineCore.add_many`, which `prefill_groups` splits by length under the same bound (so a
 batch is in practice one forward): one prompt, or 2-3 with graphs, run a captured graph of its bucket; more run
 one eager forward padded to the longest. A batch's first tokens go out when its forwards are done. No decode
@@ -32,8 +32,9 @@ over unpadded tokens, and its prefix cache skips prompt blocks seen before.
 from __future__ import annotations
 
 from collections import deque
+from itertools import islice
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Iterable, Protocol, Sequence
 
 from dflash_bench.engine.config import StepConfig
 from dflash_bench.engine.fast.scheduling.width import CPU_DECAY, CPU_WIDTHS, DECAY, WIDTHS, WidthChooser
@@ -77,6 +78,12 @@ def buckets(max_slots: int) -> list[int]:
         out.append(b)
         b *= 2
     return out + [max_slots]
+
+
+def fits(k: int, longest: int) -> bool:
+    """Whether k prompts, the longest of `longest` tokens, go together into one prefill forward: k x longest
+    within PREFILL_TOKENS (the admission cut and the prefill groups both ask this)."""
+    return k * longest <= PREFILL_TOKENS
 
 
 @dataclass(frozen=True)
@@ -184,6 +191,18 @@ class Scheduler:
         """A prompt's length bucket: `n` up to a multiple of PREFILL_BUCKET (at most the cache)."""
         return min(-(-n // PREFILL_BUCKET) * PREFILL_BUCKET, self.max_len)
 
+    def admission(self, lengths: Iterable[int], free: int) -> int:
+        """How many of the waiting prompts (`lengths`, oldest first; read no further than needed) the next prefill
+        takes: the oldest ones, at most `free` (the free slots), while they fit one prefill forward (`fits`). The
+        oldest is taken whatever its length: it is prefilled alone."""
+        k = longest = 0
+        for n in islice(lengths, free):
+            longest = max(longest, n)
+            if k and not fits(k + 1, longest):
+                break
+            k += 1
+        return k
+
     def prefill_groups(self, lengths: Sequence[int]) -> list[tuple[list[int], bool]]:
         """The prompts of these lengths in prefill groups: (indices, graphed). Prompts of similar length go
         together, in forwards of at most PREFILL_TOKENS padded tokens: the group reads the weights once, and the
@@ -195,7 +214,7 @@ class Scheduler:
         order = sorted(range(len(lengths)), key=lambda i: lengths[i])
         groups: list[list[int]] = [[]]
         for i in order:  # sorted: the newcomer is the longest of its group
-            if groups[-1] and (len(groups[-1]) + 1) * lengths[i] > PREFILL_TOKENS:
+            if groups[-1] and not fits(len(groups[-1]) + 1, lengths[i]):
                 groups.append([])
             groups[-1].append(i)
         return [(g, len(g) == 1 or (self.graphs and len(g) in GRAPHED_ROWS)) for g in groups if g]
