@@ -17,10 +17,10 @@ LONG = ("gsm8k", "mt_bench", "spec_bench")  # the long steps' prompts are Spec-B
 
 
 def mission(tmp_path: Path, data_dir: Path, *args: str, data: tuple[str, ...] = ("gsm8k", "mt_bench"),
-            wait: bool = True, **env: str) -> Any:
+            wait: bool = True, script: Path = SCRIPT, **env: str) -> Any:
     """mission.sh over copies of the suites the steps measure (Spec-Bench: the long prompts' text), which are all
     the shape's tokenizer trains on (`wait`: run to its end, a CompletedProcess; else the running Popen, in a
-    session of its own). Each sweep's servers take free ports of their own."""
+    session of its own; `script`: the script of another tree). Each sweep's servers take free ports of their own."""
     folder = tmp_path / "data"
     if not folder.exists():
         folder.mkdir()
@@ -29,9 +29,9 @@ def mission(tmp_path: Path, data_dir: Path, *args: str, data: tuple[str, ...] = 
     full = dict(os.environ, OUT=str(tmp_path / "out"), MISSION_WORK=str(tmp_path / "work"), DFLASH_BENCH_DATA=str(folder),
                 PYTHONPATH=str(ROOT), **env)
     if not wait:
-        return subprocess.Popen(["bash", str(SCRIPT), *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        return subprocess.Popen(["bash", str(script), *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 env=full, start_new_session=True)
-    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=full, timeout=600)
+    return subprocess.run(["bash", str(script), *args], capture_output=True, text=True, env=full, timeout=600)
 
 
 def test_bad_arguments_get_one_sentence(tmp_path, data_dir):
@@ -93,6 +93,32 @@ def test_a_step_cut_by_the_deadline_leaves_its_sweep_folder_in_out_and_the_next_
     assert len(statuses) == 12 and "complete" in statuses and statuses.count("complete") < 12
     ps = subprocess.run(["pgrep", "-f", str(tmp_path / "work")], capture_output=True, text=True)
     assert ps.stdout.strip() == ""  # no server or sweep of this run is left behind
+
+
+def test_a_dry_run_plans_every_vllm_and_sglang_step_without_unpacking_their_bundles(tmp_path, data_dir):
+    """Both bundles on the machine (a tree of the repository's code whose bundles leave a mark when sourced or
+    unpacked, and fail): a dry run of every vllm and sglang step plans its command, and touches neither bundle."""
+    repo, mark = tmp_path / "repo", tmp_path / "touched"
+    repo.mkdir()
+    for entry in ("benchmarks", "dflash_bench", "tools"):
+        (repo / entry).symlink_to(ROOT / entry)
+    for bundle in (".vllm-bundle", ".sglang-bundle"):
+        (repo / bundle).mkdir()
+        (repo / bundle / "setup.sh").write_text(f"echo {bundle} sourced >> {mark}; return 1\n")
+        (repo / bundle / "unpack.py").write_text(f"open({str(mark)!r}, 'a').write('{bundle} unpacked')\nraise SystemExit(1)\n")
+    steps = ("vllm-pair", "vllm", "vllm-tau", "vllm-long", "sglang")
+    proc = mission(tmp_path, data_dir, "--gpu", "h200", "--suites", "gsm8k", "-c", "1", "--seconds", "3600", *steps,
+                   data=LONG, script=repo / "benchmarks" / "peers" / "mission.sh", MISSION_DRY_RUN="1")
+    log = (tmp_path / "out" / "mission.log").read_text()
+    assert proc.returncode == 0 and "Traceback" not in log, log
+    assert not mark.exists(), mark.read_text()
+    parts = log.split("== ")[1:]
+    assert [p.split(":")[0] for p in parts[::2]] == list(steps)
+    planned = {"vllm-pair": "+ python3 -m benchmarks.peers.two_clients --engine vllm",  # what each step would run
+               "sglang": "python3 -m sglang.launch_server --model-path"}
+    for step, part in zip(steps, parts[::2]):
+        assert "is not unpacked" in part and planned.get(step, "\nvllm serve ") in part, part
+    assert all(f"== {step}: exit 0" in log for step in steps), log
 
 
 def test_the_eagle3_row_plans_an_eagle3_server_with_the_head_the_shape_writes(tmp_path, data_dir):

@@ -104,14 +104,19 @@ shape() { # shape hf|sglang: the pair's folders in $work, written once (configs 
   python3 -m benchmarks.peers.big_shape --pair "$pair" --out "$work" --data-dir "$data" --naming "$1" > /dev/null
 }
 
-bundle() { # bundle DIR: source DIR/setup.sh in this (sub)shell, or say why not
+bundle() { # bundle DIR: source DIR/setup.sh in this (sub)shell, or say why not; a dry run sources none (a plan
+  # needs no bundle, and sourcing one unpacks it)
   if [ ! -f "$1/setup.sh" ]; then
     local tool=${1#.}
     echo "skipped: $1 is not on this machine: build it with tools/${tool/-/_}/build.sh $1 and carry it"
     [ -n "$dry" ]  # a dry run goes on without it
     return
   fi
-  if [ "$1" = .vllm-bundle ] && [ -z "$dry" ]; then
+  if [ -n "$dry" ]; then
+    echo "dry run: $1 is not unpacked"
+    return 0
+  fi
+  if [ "$1" = .vllm-bundle ]; then
     # vLLM inspects each model class in a subprocess the first time a machine serves it (30 s each: the target's
     # and the drafter's) and caches what it found by the module file's hash; these are that cache for the bundle's
     # vLLM, written by vLLM itself (tools/vllm_bundle/README.md). A file of another vLLM is stale and re-made.
@@ -126,6 +131,7 @@ harness_env() { # the harness's own Python packages the host lacks (pydantic, or
   # $work/harness-site to a bundle's unpacked copies. Not the bundle's whole site: the SGLang bundle's transformers
   # 5.12.1 would shadow the host's 5.17, which the builtin engine's Gemma 4 reads (per-layer head sizes).
   python3 -c "import pydantic, orjson, fastapi, uvicorn" 2> /dev/null && return 0
+  [ -z "$dry" ] || { echo "skipped: the harness needs pydantic and orjson here, and a dry run unpacks no bundle"; return 1; }
   local site=""
   if [ -f .vllm-bundle/unpack.py ]; then
     site=${VLLM_SITE:-${TMPDIR:-/tmp}/vllm-site}; python3 .vllm-bundle/unpack.py "$site" > /dev/null || site=""
