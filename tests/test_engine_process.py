@@ -232,3 +232,18 @@ def test_a_steps_results_cross_the_pipe_as_they_were():
     assert (ga.token_ids, ga.text, ga.finish, ga.steps, ga.accepted, ga.drafted) == ([5, 6], "héllo", None, 1, 1, 3)
     assert [(t, lp, [tuple(x) for x in top]) for t, lp, top in ga.logprobs or []] == a.logprobs
     assert isinstance(gc, RuntimeError) and str(gc) == "the prompt is empty"
+
+
+def test_the_counters_cross_the_pipe_when_a_request_ends_when_idle_and_every_interval():
+    """A step's results carry the loop's counters only when /metrics must see them: a request finished or failed
+    in it, nothing runs any more, or COUNTERS_EVERY_S has passed; a step of unfinished rows soon after leaves them."""
+    from dflash_bench.engine.serving.engine_process import COUNTERS_EVERY_S, counters_due
+
+    going, done = Delta("a", [5], "x", 3, 1, None), Delta("b", [2], "", 7, 9, "length")
+    soon = COUNTERS_EVERY_S / 10
+    assert not counters_due([("a", going)], running=2, since_s=soon)
+    assert not counters_due([], running=2, since_s=soon)
+    assert counters_due([("a", going), ("b", done)], running=1, since_s=soon)
+    assert counters_due([("c", RuntimeError("the prompt is empty"))], running=1, since_s=soon)
+    assert counters_due([], running=0, since_s=soon)  # an abort dropped the last request
+    assert counters_due([("a", going)], running=2, since_s=COUNTERS_EVERY_S)

@@ -6,10 +6,13 @@ served step grew with its rows far past the engine's own (benchmarks/speed/serve
 the `EngineLoop` in a child process and keeps HTTP, chat templates and SSE in its own; two pipes join them:
 
 - requests, server to engine: ("submit", req_id, prompt, params), ("abort", req_id), ("stop",);
-- results, engine to server: ("ready", facts) once the engine is built (or ("failed", sentence)), then at each
-  flush of the loop (after a prefill group, a step, or dropped requests) ("step", results, counters): every
-  (req_id, Delta or error) since the last as JSON (`encode`: a Delta's fields as a list, an error as its sentence;
-  a tenth of pickling the dataclasses) and the loop's counters as of then, one write a step.
+- results, engine to server: ("ready", facts, counters) once the engine is built (or ("failed", sentence)), then at
+  each flush of the loop (after a prefill group, a step, or dropped requests) ("step", results, counters or None):
+  every (req_id, Delta or error) since the last as JSON (`encode`: a Delta's fields as a list, an error as its
+  sentence; a tenth of pickling the dataclasses), one write a step. The loop's counters (for /metrics) ride along
+  only when `counters_due`: a request finished or failed in it (so /metrics counts a request once its client has
+  its last token), nothing runs any more, or COUNTERS_EVERY_S passed since the last; snapshotting and pickling
+  them each step cost the GIL of both processes tens of microseconds a token.
 
 `EngineProcess` stands where an `EngineLoop` stands for the server (`api_server.build_app`, /metrics): `submit`,
 `abort`, `flush`, `counters`, `engine` (what the server asks of an engine: `EngineFacts`) and `thread` (alive
@@ -26,6 +29,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Callable
@@ -41,6 +45,7 @@ from dflash_bench.errors import UserError
 log = logging.getLogger("dflash_bench.engine")
 
 STOP_S = 60.0  # the engine's process is given this long to stop (a tensor-parallel engine stops its ranks)
+COUNTERS_EVERY_S = 0.1  # the loop's counters go to the server at least this often while requests run
 
 
 @dataclass(frozen=True)
@@ -106,7 +111,8 @@ class EngineProcess:
         self._send(("abort", req_id))
 
     def counters(self) -> LoopCounters:
-        """The loop's counters as its last message said (after its last prefill group, step or drop)."""
+        """The loop's counters as the engine last sent them (`counters_due`: at most COUNTERS_EVERY_S old while
+        requests run, current once a request finished or the engine is idle)."""
         assert self._counters is not None
         return self._counters
 
@@ -122,7 +128,8 @@ class EngineProcess:
         try:
             while True:
                 kind, data, counters = self._results.recv()
-                self._counters = counters
+                if counters is not None:  # before the sinks: a client that has its last token finds it counted
+                    self._counters = counters
                 results = decode(data)
                 for req_id, item in results:
                     sink = self._sinks.get(req_id)
@@ -170,6 +177,14 @@ def decode(data: bytes) -> list[tuple[str, Delta | Exception]]:
     return [(rid, Delta(rid, *row) if isinstance(row, list) else RuntimeError(row)) for rid, row in orjson.loads(data)]
 
 
+def counters_due(items: list[tuple[str, Delta | Exception]], running: int, since_s: float) -> bool:
+    """Whether a flush carrying `items` sends the loop's counters too: a request in it finished or failed, no request
+    runs any more (/metrics then reads what the engine ends at), or COUNTERS_EVERY_S passed since they were last
+    sent (`since_s` ago)."""
+    return (since_s >= COUNTERS_EVERY_S or not running
+            or any(not isinstance(d, Delta) or d.finish is not None for _, d in items))
+
+
 def engine_main(config: EngineConfig, requests: Connection, results: Connection) -> None:
     """The engine's process: build the engine, run its loop, take requests until told to stop or the server is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the server decides
@@ -188,11 +203,18 @@ def engine_main(config: EngineConfig, requests: Connection, results: Connection)
         return
     pending: list[tuple[str, Delta | Exception]] = []
     loop = EngineLoop(engine)
+    sent = [time.monotonic()]  # when the counters were last sent
 
     def flush() -> None:  # on the engine thread, after a prefill group's, a step's or a drop's sinks
+        now = time.monotonic()
+        counters = loop.counters() if counters_due(pending, len(loop.running), now - sent[0]) else None
+        if counters is not None:
+            sent[0] = now
+        elif not pending:
+            return
         batch = encode(pending)
         pending.clear()
-        results.send(("step", batch, loop.counters()))
+        results.send(("step", batch, counters))
 
     def sink(req_id: str) -> Callable[[Delta | Exception], None]:
         return lambda d: pending.append((req_id, d))
