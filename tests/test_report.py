@@ -15,7 +15,7 @@ from dflash_bench import analysis
 from dflash_bench.errors import UserError
 from dflash_bench.report import build_report
 from dflash_bench.report.figures import frontier
-from dflash_bench.report.tables import gpu_count, redact
+from dflash_bench.report.views import gpu_count, redact
 from dflash_bench.store import (
     CellPlan, CellSettings, CellSummary, Manifest, SteadyPlan, StoreError, SweepDir, atomic_write_text,
 )

@@ -126,7 +126,7 @@ def test_a_dflash_only_sweep_is_read_against_the_ar_sweep_of_the_same_workload()
 
 def test_the_report_pairs_a_dflash_only_sweep_with_its_ar_sweep_over_emulator_folders(tmp_path, data_dir):
     from dflash_bench.report.card import view_lines, workload_of
-    from dflash_bench.report.tables import load
+    from dflash_bench.report.views import load
     from dflash_bench.settings import SweepSettings
 
     plain = SweepSettings(model="m", engines=["vllm"], suites=["gsm8k"], concurrency=[1], modes=["ar"], max_tokens=16)

@@ -21,9 +21,9 @@ from dflash_bench.client.loadgen import LoadSettings
 from dflash_bench.client.protocol import RequestSettings
 from dflash_bench.client.run_command import run_one
 from dflash_bench.emulator import EmulatorProcess
-from dflash_bench.report import build_report, figures
+from dflash_bench.report import build_report, figures, plotting
 from dflash_bench.report.engines import crossing
-from dflash_bench.report.tables import load
+from dflash_bench.report.views import load
 from dflash_bench.store import CellPlan, CellSummary, Manifest, SweepDir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -214,13 +214,13 @@ def test_figures_stay_readable_however_many_cells(tmp_path, shape):
             if fig is None:
                 continue
             entries, ticks = legend_entries(fig), [len(ax.get_xticklabels()) for ax in fig.axes if ax.get_visible()]
-            data = figures._png(fig)
+            data = plotting.png(fig)
         assert [str(w.message) for w in caught if "matplotlib" in w.filename] == [], name
-        assert entries and max(entries) <= figures.MAX_LEGEND, (name, entries)
+        assert entries and max(entries) <= plotting.MAX_LEGEND, (name, entries)
         if name in ("latency", "energy", "acceptance", "verify_width"):  # concurrency on the x axis
-            assert max(ticks) <= figures.MAX_TICKS, (name, ticks)
+            assert max(ticks) <= plotting.MAX_TICKS, (name, ticks)
         width, height = png_size(data)
-        assert width <= (figures.MAX_WIDTH_IN + 1) * figures.DPI and height <= (figures.MAX_HEIGHT_IN + 1) * figures.DPI, \
+        assert width <= (plotting.MAX_WIDTH_IN + 1) * plotting.DPI and height <= (plotting.MAX_HEIGHT_IN + 1) * plotting.DPI, \
             (name, width, height)
         drawn += 1
     assert drawn == 8  # every figure but input_length (no --input-len axis)

@@ -13,7 +13,7 @@ import pytest
 from benchmarks.fixtures.report_sweeps import make_sweep
 
 from dflash_bench.report import build_report, figures
-from dflash_bench.report.tables import load
+from dflash_bench.report.views import load
 from dflash_bench.store import SweepDir
 from dflash_bench.store.manifest import ServerRecord
 

@@ -216,7 +216,7 @@ def test_job_script_asks_for_the_servers_gpus_and_runs_the_hidden_job_command(tm
 def test_report_sets_cells_of_each_gpu_type_side_by_side(tmp_path):
     from benchmarks.fixtures.report_sweeps import make_sweep
 
-    from dflash_bench.report import tables
+    from dflash_bench.report import views as report_views
     from dflash_bench.store import SweepDir
 
     folder = make_sweep(tmp_path / "mixed", suites=("gsm8k",), concurrency=(1, 8))
@@ -225,7 +225,7 @@ def test_report_sets_cells_of_each_gpu_type_side_by_side(tmp_path):
     for cell in manifest.plan:
         cell.gpu_type, cell.node = ("NVIDIA H100 80GB HBM3", "n1") if cell.concurrency == 1 else ("NVIDIA H200", "n2")
     sweep.write_manifest(manifest)
-    views = tables.load([folder])
+    views = report_views.load([folder])
     assert [v.label.rsplit(" · ", 1)[1] for v in views] == ["NVIDIA H100 80GB HBM3", "NVIDIA H200"]
     assert [sorted(v.frame["concurrency"].unique()) for v in views] == [[1], [8]]
     assert [sorted(v.headline["concurrency"].unique()) for v in views] == [[1], [8]]
@@ -235,7 +235,7 @@ def test_report_sets_cells_of_each_gpu_type_side_by_side(tmp_path):
     page = build_report([folder]).read_text()
     assert "NVIDIA H100 80GB HBM3" in page and "NVIDIA H200" in page
     one = make_sweep(tmp_path / "one", suites=("gsm8k",), concurrency=(1, 8))
-    assert len(tables.load([one])) == 1  # no placement recorded: one view, as before
+    assert len(report_views.load([one])) == 1  # no placement recorded: one view, as before
 
 
 def test_local_resume_is_refused_while_a_job_of_the_sweep_runs(slurm_cluster, tmp_path):

@@ -249,7 +249,7 @@ def device_of(hardware: dict[str, Any]) -> str:
 
 
 def view_lines(view: Any) -> list[CellLine]:
-    """The complete cells of one report view (report/tables.SweepView), one CellLine per repeat."""
+    """The complete cells of one report view (report/views.SweepView), one CellLine per repeat."""
     m = view.manifest
     device = device_of(m.hardware.model_dump() if hasattr(m.hardware, "model_dump") else dict(m.hardware or {}))
     args = list(m.settings.engine_args) if m.settings else []

@@ -1,39 +1,28 @@
-"""The report's figures (matplotlib, Agg backend), one function per figure; each returns PNG bytes or None
-when the sweep has nothing to draw for it.
+"""The report's figures (matplotlib, Agg backend), one function per figure; each returns a figure or None when the
+sweep has nothing to draw for it, and render_all the PNGs. What keeps them readable however many cells (bounded
+grids, folded legends, spread ticks, placed point labels) lives in plotting.py.
 
 Colours: AR blue, DFlash orange, EAGLE-3 green, everywhere. Engines of one sweep differ by marker and line style.
 """
 
 from __future__ import annotations
 
-import io
 import math
 from typing import Any, Callable
 
-import matplotlib
+import matplotlib.pyplot as plt
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from dflash_bench import analysis  # noqa: E402
-from dflash_bench.report.tables import SweepView  # noqa: E402
-from dflash_bench.store import MODE_NAMES, SPECULATIVE  # noqa: E402
+from dflash_bench import analysis
+from dflash_bench.report.plotting import (MAX_LEGEND, MAX_POINT_LABELS, conc_axis, grid, legend, panel_size,
+                                          place_labels, png, spread)
+from dflash_bench.report.views import SweepView
+from dflash_bench.store import MODE_NAMES, SPECULATIVE
 
 COLORS = {"ar": "#1f77b4", "dflash": "#ff7f0e", "eagle3": "#2ca02c"}
 NAMES = MODE_NAMES
 MARKERS = ["o", "s", "^", "D", "v"]
 STYLES = ["-", "--", ":", "-."]
-DPI = 100
-# However many suites, concurrencies and engines a sweep holds, a figure stays readable: at most this many legend
-# entries (the rest folded into one "... N more" entry), tick labels and point labels per axes, and at most this
-# size (panels shrink past it, down to MIN_PANEL_IN).
-MAX_LEGEND = 12
-MAX_TICKS = 10
-MAX_POINT_LABELS = 24
-MAX_WIDTH_IN, MAX_HEIGHT_IN = 17.0, 24.0
-MAX_COLS = 4
-MIN_PANEL_IN = 1.2
 
 
 def render_all(view: SweepView) -> dict[str, bytes]:
@@ -42,72 +31,8 @@ def render_all(view: SweepView) -> dict[str, bytes]:
     for name, fn in FIGURES.items():
         fig = fn(view)
         if fig is not None:
-            out[name] = _png(fig)
+            out[name] = png(fig)
     return out
-
-
-def _png(fig: plt.Figure) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
-    plt.close(fig)
-    return buf.getvalue()
-
-
-def panel_size(nrows: int, ncols: int, width: float, height: float) -> tuple[float, float]:
-    """The size of one panel of a grid, shrunk so that the whole grid fits MAX_WIDTH_IN x MAX_HEIGHT_IN (never
-    below MIN_PANEL_IN)."""
-    w = min(width, max(MIN_PANEL_IN, MAX_WIDTH_IN / ncols))
-    h = min(height, max(MIN_PANEL_IN, MAX_HEIGHT_IN / nrows))
-    return w, h
-
-
-def _grid(n: int, width: float = 4.2, height: float = 3.3, ncols_max: int = 3) -> tuple[plt.Figure, list[Any]]:
-    ncols = max(1, min(n, ncols_max if n <= 3 * ncols_max else MAX_COLS))
-    nrows = math.ceil(n / ncols)
-    w, h = panel_size(nrows, ncols, width, height)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(w * ncols, h * nrows), squeeze=False)
-    flat = list(axes.flat)
-    for ax in flat[n:]:
-        ax.set_visible(False)
-    return fig, flat[:n]
-
-
-def legend(ax: Any, handles: list[Any] | None = None, labels: list[str] | None = None, keys: int = 0,
-           **kw: Any) -> Any:
-    """A legend of at most MAX_LEGEND entries: past that, evenly spaced series (the first and the last among them)
-    and one "... N more" entry for the rest, whose lines keep their colours in the plot. The last `keys` entries
-    (what markers mean) are always kept."""
-    if handles is None or labels is None:
-        handles, labels = ax.get_legend_handles_labels()
-    if not handles:
-        return None
-    if len(handles) > MAX_LEGEND:
-        tail_h, tail_l = handles[len(handles) - keys:], labels[len(labels) - keys:]
-        handles, labels = handles[:len(handles) - keys], labels[:len(labels) - keys]
-        keep = _spread(len(handles), MAX_LEGEND - 1 - keys)
-        more = len(handles) - len(keep)
-        handles = [handles[i] for i in keep] + [plt.Line2D([], [], linestyle="")] + tail_h
-        labels = [labels[i] for i in keep] + [f"… {more} more"] + tail_l
-    if kw.get("loc", "best") == "best" and _points(ax) > BEST_LEGEND_POINTS:
-        kw["loc"] = "upper right"  # "best" weighs every point against every place: slow past a few hundred
-    return ax.legend(handles, labels, **kw)
-
-
-BEST_LEGEND_POINTS = 400
-
-
-def _points(ax: Any) -> int:
-    """How many data points an axes draws (lines' vertices and scatter offsets)."""
-    return sum(len(line.get_xdata()) for line in ax.get_lines()) + sum(len(c.get_offsets()) for c in ax.collections)
-
-
-def _spread(n: int, k: int) -> list[int]:
-    """k indices of range(n) evenly spread, the first and the last included (all of them when n <= k)."""
-    if n <= k:
-        return list(range(n))
-    if k <= 1:
-        return [0]
-    return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)})
 
 
 def _engines(view: SweepView) -> list[str]:
@@ -152,31 +77,6 @@ def _valid(frame: pd.DataFrame, *cols: str) -> pd.DataFrame:
     return frame.dropna(subset=list(cols))
 
 
-def _conc_axis(ax: Any, concs: list[int]) -> None:
-    log = bool(concs) and max(concs) / max(min(concs), 1) >= 4
-    if log:
-        ax.set_xscale("log", base=2)
-    ticks = ticks_of(concs, log)
-    ax.set_xticks(ticks)
-    ax.set_xticklabels([str(c) for c in ticks])
-    ax.minorticks_off()
-
-
-def ticks_of(concs: list[int], log: bool) -> list[int]:
-    """At most MAX_TICKS of the measured concurrencies to label the axis with, spread evenly on its scale, the
-    lowest and the highest among them."""
-    concs = sorted(set(concs))
-    if len(concs) <= MAX_TICKS:
-        return concs
-    scale = [math.log2(c) if log and c > 0 else float(c) for c in concs]
-    lo, hi = scale[0], scale[-1]
-    picked = {concs[0], concs[-1]}
-    for i in range(1, MAX_TICKS - 1):
-        want = lo + (hi - lo) * i / (MAX_TICKS - 1)
-        picked.add(concs[min(range(len(scale)), key=lambda j: abs(scale[j] - want))])
-    return sorted(picked)
-
-
 # ------------------------------------------------------------------ Pareto
 
 
@@ -195,7 +95,7 @@ def pareto(view: SweepView, x: str = "tok_s_user_p50", xlabel: str = "interactiv
         return None
     per = view.gpus or 1
     suites = view.ordered(data["suite"])
-    fig, axes = _grid(len(suites))
+    fig, axes = grid(len(suites))
     labels: list[tuple[Any, float, float, str, str]] = []
     for ax, suite in zip(axes, suites):
         series = max(1, data[data["suite"] == suite].groupby(["engine", "mode"]).ngroups)
@@ -204,7 +104,7 @@ def pareto(view: SweepView, x: str = "tok_s_user_p50", xlabel: str = "interactiv
             xs, ys = g[x].to_numpy(float), g["output_throughput"].to_numpy(float) / per
             ax.scatter(xs, ys, color=st["color"], marker=st["marker"], zorder=3, label=_series_label(view, engine, mode))
             concs = sorted({int(c) for c in g["concurrency"]})
-            named = {concs[i] for i in _spread(len(concs), max(2, MAX_POINT_LABELS // series))}
+            named = {concs[i] for i in spread(len(concs), max(2, MAX_POINT_LABELS // series))}
             labels += [(ax, px, py, f"c{int(c)}", st["color"]) for px, py, c in zip(xs, ys, g["concurrency"])
                        if int(c) in named]  # a crowded panel names a spread of its points, not every one
             front = frontier(list(zip(xs, ys)))
@@ -219,38 +119,6 @@ def pareto(view: SweepView, x: str = "tok_s_user_p50", xlabel: str = "interactiv
     fig.tight_layout()
     place_labels(fig, labels)
     return fig
-
-
-# offsets (points) tried in turn for a point's label: beside it, then above and below, then further out
-_OFFSETS = [(4, 4, "left"), (4, -11, "left"), (-4, 4, "right"), (-4, -11, "right"), (4, 13, "left"),
-            (4, -20, "left"), (-4, 13, "right"), (-4, -20, "right"), (4, 22, "left"), (4, -29, "left")]
-
-
-def place_labels(fig: plt.Figure, labels: list[tuple[Any, float, float, str, str]]) -> list[Any]:
-    """Label each point (axes, x, y, text, colour) where its text stays inside the axes and overlaps no label
-    placed before it on the same axes (AR and DFlash points of one concurrency often sit close), trying the
-    offsets in turn; the texts it drew. Call after the layout is final: it measures the texts as drawn."""
-    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]  # the Agg canvas the figures draw on has it
-    placed: dict[int, list[Any]] = {}
-    drawn = []
-    for ax, px, py, text, color in labels:
-        boxes = placed.setdefault(id(ax), [])
-        frame = ax.get_window_extent(renderer)
-        for dx, dy, ha in _OFFSETS:
-            note = ax.annotate(text, (px, py), textcoords="offset points", xytext=(dx, dy), ha=ha, fontsize=8,
-                               color=color)
-            box = note.get_window_extent(renderer)
-            inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
-            if inside and not any(box.overlaps(b) for b in boxes):
-                break
-            note.remove()
-        else:  # crowded beyond every offset: the first place, over another label rather than no label
-            dx, dy, ha = _OFFSETS[0]
-            note = ax.annotate(text, (px, py), textcoords="offset points", xytext=(dx, dy), ha=ha, fontsize=8, color=color)
-            box = note.get_window_extent(renderer)
-        boxes.append(box)
-        drawn.append(note)
-    return drawn
 
 
 def pareto_p90(view: SweepView) -> plt.Figure | None:
@@ -277,7 +145,7 @@ def acceptance(view: SweepView) -> plt.Figure | None:
             for col, mk in (("acceptance_length_req_weighted", "x"), ("acceptance_length_token_weighted", "+")):
                 if col in g.columns and g[col].notna().any():
                     ax.scatter(g["concurrency"], g[col], color=cmap(i % 8), marker=mk, s=40, zorder=3)
-    _conc_axis(ax, sorted(int(c) for c in set(data["concurrency"])))
+    conc_axis(ax, sorted(int(c) for c in set(data["concurrency"])))
     ax.set_xlabel("concurrency")
     ax.set_ylabel("acceptance length τ (tokens per verify step)")
     ax.set_ylim(bottom=1)
@@ -298,14 +166,14 @@ def positions(view: SweepView) -> plt.Figure | None:
     if data.empty:
         return None
     suites = view.ordered(data["suite"])
-    fig, axes = _grid(len(suites), height=3.0)
+    fig, axes = grid(len(suites), height=3.0)
     cmap = plt.get_cmap("viridis")
     concs = sorted(int(c) for c in set(data["concurrency"]))
     for ax, suite in zip(axes, suites):
         mine = data[data["suite"] == suite]
         measured = sorted({int(c) for c in mine["concurrency"]})  # a line per concurrency: at most MAX_LEGEND a panel
         series = max(len(mine.groupby(["engine", "mode"])), 1)
-        keep = {measured[i] for i in _spread(len(measured), max(1, MAX_LEGEND // series))}
+        keep = {measured[i] for i in spread(len(measured), max(1, MAX_LEGEND // series))}
         for _, row in mine[mine["concurrency"].isin(keep)].sort_values("concurrency").iterrows():
             pos = row["positions"]
             reach = row.get("verified_positions")
@@ -344,7 +212,7 @@ def verify_width(view: SweepView) -> plt.Figure | None:
             label = _spec_label(view, data, suite, engine, mode)
             ax.plot(g["concurrency"], g["verify_width"], color=cmap(i % 8), marker=st["marker"],
                     linestyle=st["linestyle"], label=label)
-    _conc_axis(ax, sorted(int(c) for c in set(data["concurrency"])))
+    conc_axis(ax, sorted(int(c) for c in set(data["concurrency"])))
     ax.set_xlabel("concurrency")
     ax.set_ylabel("tokens verified per row and step")
     ax.set_ylim(bottom=1)
@@ -366,8 +234,8 @@ def _modes_vs_concurrency(view: SweepView, rows: list[tuple[str, str]], ylabel: 
     ncols = min(len(suites), 4)
     per_block = math.ceil(len(suites) / ncols)
     w, h = panel_size(per_block * len(rows), ncols, 3.8, 3.0)
-    fig, grid = plt.subplots(per_block * len(rows), ncols, figsize=(w * ncols, h * per_block * len(rows)), squeeze=False)
-    flat = list(grid.flat)
+    fig, panels = plt.subplots(per_block * len(rows), ncols, figsize=(w * ncols, h * per_block * len(rows)), squeeze=False)
+    flat = list(panels.flat)
     for ax in flat:
         ax.set_visible(False)
     for r, (metric, title) in enumerate(rows):
@@ -385,7 +253,7 @@ def _modes_vs_concurrency(view: SweepView, rows: list[tuple[str, str]], ylabel: 
                     ax.fill_between(x, g[f"{metric}_p50"], g[f"{metric}_p90"], color=st["color"], alpha=0.15)
                 if f"{metric}_p99" in g.columns and g[f"{metric}_p99"].notna().all():
                     ax.plot(x, g[f"{metric}_p99"], color=st["color"], linestyle=":", linewidth=1)
-            _conc_axis(ax, sorted(int(v) for v in set(view.done["concurrency"])))
+            conc_axis(ax, sorted(int(v) for v in set(view.done["concurrency"])))
             ax.set_title(f"{suite}: {title}", fontsize=10)
             ax.set_xlabel("concurrency")
             ax.set_ylabel(ylabel(metric))
@@ -410,14 +278,14 @@ def energy(view: SweepView) -> plt.Figure | None:
     if data.empty:
         return None
     suites = view.ordered(data["suite"])
-    fig, axes = _grid(len(suites), height=3.0)
+    fig, axes = grid(len(suites), height=3.0)
     for ax, suite in zip(axes, suites):
         for (engine, mode), g in data[data["suite"] == suite].groupby(["engine", "mode"]):
             g = g.sort_values("concurrency")
             st = _style(view, engine, mode)
             ax.plot(g["concurrency"], g["j_per_token"], color=st["color"], marker=st["marker"], linestyle=st["linestyle"],
                     label=_series_label(view, engine, mode))
-        _conc_axis(ax, sorted(int(c) for c in set(data["concurrency"])))
+        conc_axis(ax, sorted(int(c) for c in set(data["concurrency"])))
         ax.set_title(suite)
         ax.set_xlabel("concurrency")
         ax.set_ylabel("energy, J per output token")
@@ -439,14 +307,14 @@ def power(view: SweepView) -> plt.Figure | None:
     for _, g in done.groupby("suite", sort=False):
         series = g.groupby(["engine", "mode"]).ngroups
         concs = sorted({int(c) for c in g["concurrency"]})
-        keep = {concs[i] for i in _spread(len(concs), max(1, MAX_LEGEND // max(series, 1)))}
+        keep = {concs[i] for i in spread(len(concs), max(1, MAX_LEGEND // max(series, 1)))}
         picked += [r for r in g.to_dict("records") if int(r["concurrency"]) in keep]
     timelines = view.power([r["cell_id"] for r in picked])
     picked = [r for r in picked if r["cell_id"] in timelines]
     if not picked:
         return None
     suites = view.ordered(r["suite"] for r in picked)
-    fig, axes = _grid(len(suites), height=3.0)
+    fig, axes = grid(len(suites), height=3.0)
     for ax, suite in zip(axes, suites):
         mine = sorted((r for r in picked if r["suite"] == suite), key=lambda r: (r["mode"], r["engine"], r["concurrency"]))
         concs = sorted({int(r["concurrency"]) for r in mine})

@@ -9,7 +9,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from dflash_bench.report.tables import SweepView, gpu_names
+from dflash_bench.report.views import SweepView, gpu_names
 
 # Below this many parameters a target is a toy (the embedded demo pair has about 6M): its answers show that
 # AR and DFlash agree, not what a real model would say.

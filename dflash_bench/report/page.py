@@ -21,6 +21,7 @@ from dflash_bench import __version__
 from dflash_bench.errors import UserError
 from dflash_bench.speedup import SPEEDUP_DEFINITION
 from dflash_bench.report import card, cells, engines, figures, measured, quality, serving, tables
+from dflash_bench.report.views import SweepView, load, plain, redact
 from dflash_bench.store import MANIFEST, atomic_write_bytes
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -51,7 +52,7 @@ def build_report(sweep_dirs: list[Path], out: Path | None = None, slo: str | Non
     for path in sweep_dirs:
         if not (Path(path) / MANIFEST).exists() and Path(path).is_dir() and any(Path(path).glob(f"*/{MANIFEST}")):
             raise UserError(f"{path} holds sweep folders, not a sweep; give one of its subfolders")
-    views = tables.load([Path(p) for p in sweep_dirs])
+    views = load([Path(p) for p in sweep_dirs])
     out = _out_path(Path(sweep_dirs[0]), out)
     fig_dir = out.parent / "figures"
     if fig_dir.is_symlink():  # written through, the figures would land wherever it points
@@ -83,7 +84,7 @@ def build_report(sweep_dirs: list[Path], out: Path | None = None, slo: str | Non
     return out
 
 
-def _card(views: list[tables.SweepView]) -> tuple[dict[str, Any], list[card.CardRow]]:
+def _card(views: list[SweepView]) -> tuple[dict[str, Any], list[card.CardRow]]:
     """The card's table over every sweep (report/card.py), with the card it is set against; and its rows."""
     from dflash_bench.models import resolve
     from dflash_bench.published import published_for
@@ -114,7 +115,7 @@ def _engines(rows: list[card.CardRow], pair: str | None) -> dict[str, Any]:
             "title": "Engines side by side" if side else "Where DFlash stops paying"}
 
 
-def _reference(views: list[tables.SweepView]) -> dict[str, Any]:
+def _reference(views: list[SweepView]) -> dict[str, Any]:
     """Each other engine's tau against the builtin engine's (gate/reference.py, at the gate's default tolerance)."""
     from dflash_bench.gate.config import GateConfig
     from dflash_bench.gate.reference import compare_folders, tolerance
@@ -146,7 +147,7 @@ def _out_path(first: Path, out: Path | None) -> Path:
     return out
 
 
-def _context(view: tables.SweepView, figs: dict[str, dict[str, str]], slo: str | None = None) -> dict[str, Any]:
+def _context(view: SweepView, figs: dict[str, dict[str, str]], slo: str | None = None) -> dict[str, Any]:
     m = view.manifest
     concs, matrix = tables.headline_matrix(view.headline)
     steady = cells.steady(view.frame)
@@ -202,8 +203,8 @@ def _context(view: tables.SweepView, figs: dict[str, dict[str, str]], slo: str |
         "measured": measured.describe(view),
         "samples": view.samples,
         "command_line": shlex.join(m.command_line) if m.command_line else "",
-        "manifest_blocks": [(k, _pretty(tables.redact(tables.plain(getattr(m, k))))) for k in
-                            ("settings", "models", "hardware", "versions", "servers") if tables.plain(getattr(m, k))],
+        "manifest_blocks": [(k, _pretty(redact(plain(getattr(m, k))))) for k in
+                            ("settings", "models", "hardware", "versions", "servers") if plain(getattr(m, k))],
         "notes": m.notes,
     }
 

@@ -16,7 +16,7 @@ from dflash_bench import published as card
 from dflash_bench import slo as slo_mod
 from dflash_bench.errors import UserError
 from dflash_bench.store import MODE_NAMES
-from dflash_bench.report.tables import SweepView, gpu_names
+from dflash_bench.report.views import SweepView, gpu_names
 
 
 def slo_context(view: SweepView, slo_text: str | None) -> dict[str, Any] | None:

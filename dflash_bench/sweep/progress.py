@@ -200,7 +200,7 @@ def _tau(v: float | None) -> str:
 
 def gpus_per_server(manifest: Manifest) -> int | None:
     """GPUs one server used (the report's reading of the manifest), None when nothing says."""
-    from dflash_bench.report.tables import gpu_count
+    from dflash_bench.report.views import gpu_count
 
     return gpu_count(manifest.hardware, manifest.settings, manifest.servers)
 
