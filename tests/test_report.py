@@ -437,6 +437,18 @@ def test_eagle3_is_a_third_series_of_a_real_emulator_sweep(tmp_path, data_dir):
     assert sum("best" in t for t in parsed.by_class["good"]) == 2  # a best cell per speculative mode, not one of both
     green = _share_of(_figures_in(parsed)["pareto"], (0x2C, 0xA0, 0x2C))
     assert green > 0.0005, green  # EAGLE-3's points and frontier, in its own colour
+    # the engines side by side and the card's table: EAGLE-3's rows named in their own column, each its own ratio
+    side = _rows(parsed, "engines")
+    assert [(r[0], r[2]) for r in side] == [("1", "DFlash"), ("1", "EAGLE-3"), ("4", "DFlash"), ("4", "EAGLE-3")]
+    for r in side:
+        mode = "dflash" if r[2] == "DFlash" else "eagle3"
+        assert float(r[6].split("×")[0]) == pytest.approx(tok[mode, int(r[0])] / tok["ar", int(r[0])], abs=0.006)
+    crossings = "".join(parsed.by_class["crossings"])  # where each mode stops paying, on a line of its own
+    assert crossings.count(", EAGLE-3, emulated (no model ran): ") == 1
+    assert crossings.count(", DFlash, emulated (no model ran): ") == 1
+    card_rows = _rows(parsed, "card")
+    assert sorted(r[1] for r in card_rows) == ["DFlash", "DFlash", "EAGLE-3", "EAGLE-3"]
+    assert all("EAGLE-3, not DFlash" in r[-1] for r in card_rows if r[1] == "EAGLE-3")
 
 
 def _rows(parsed: Page, table_class: str) -> list[list[str]]:

@@ -149,3 +149,50 @@ def test_the_report_pairs_a_dflash_only_sweep_with_its_ar_sweep_over_emulator_fo
     assert paired[0].ar.source == folders[0].name and paired[0].dflash.source == folders[1].name
     html = build_report(folders, out=tmp_path / "r" / "report.html").read_text()
     assert "Where DFlash stops paying" in html
+
+
+def test_eagle3_rows_sit_beside_their_own_ar_labelled_never_beside_the_card_or_the_reference():
+    """A sweep of AR, DFlash and EAGLE-3: one row per speculative mode against the one AR cell they share, the
+    EAGLE-3 row named as such in a mode column and in "not the card's", with neither the card's DFlash row nor the
+    builtin engine's τ (both DFlash's) beside it; and the engines' table marks the fastest per mode, and says where
+    each mode stops paying on lines of its own."""
+    from dflash_bench.report import engines
+
+    lines = [line("vllm", "ar", c, ar, weights="random") for c, ar in ((1, 40.0), (8, 300.0))]
+    lines += [line("vllm", "dflash", c, tok, tau=6.5, synthetic_tau=6.5, weights="random")
+              for c, tok in ((1, 200.0), (8, 280.0))]
+    lines += [line("vllm", "eagle3", c, tok, tau=3.0, synthetic_tau=3.0, weights="random")
+              for c, tok in ((1, 90.0), (8, 330.0))]
+    lines += [line("builtin", "ar", 1, 42.0), line("builtin", "dflash", 1, 210.0, tau=7.0)]
+    sglang = [line("sglang", "ar", 8, 310.0, weights="random"),
+              line("sglang", "dflash", 8, 250.0, tau=6.5, synthetic_tau=6.5, weights="random"),
+              line("sglang", "eagle3", 8, 300.0, tau=3.0, synthetic_tau=3.0, weights="random")]
+    rows = card_rows(lines, "gemma-4-31B-it")
+    assert sorted((r.engine, r.mode, r.concurrency) for r in rows) == [
+        ("builtin", "dflash", 1), ("vllm", "dflash", 1), ("vllm", "dflash", 8), ("vllm", "eagle3", 1),
+        ("vllm", "eagle3", 8)]  # the AR cells sit in both vLLM rows, never alone
+    eagle = {r.concurrency: r for r in rows if r.mode == "eagle3"}
+    assert eagle[1].ar.tok_s == 40.0 and abs(eagle[1].speedup - 90.0 / 40.0) < 1e-9
+    assert (eagle[1].card_ar, eagle[1].card_speedup, eagle[1].reference_tau) == (None, None, None)
+    assert eagle[1].labels[0] == "EAGLE-3, not DFlash"
+    header, body = card_table(rows)
+    cols = [dict(zip(header, b)) for b in body]
+    assert [c["mode"] for c in cols if c["engine"] == "vllm"] == ["DFlash", "DFlash", "EAGLE-3", "EAGLE-3"]
+    assert "speculative / AR" in header and "DFlash / AR" not in header and "card: DFlash / AR" in header
+    assert [c["card: DFlash / AR"] for c in cols if c["mode"] == "EAGLE-3"] == ["-", "-"]
+    assert card_table([r for r in rows if r.mode == "dflash"])[0].count("mode") == 0  # DFlash alone: as before
+
+    assert not engines.has_modes(engines.suite_tables([r for r in rows if r.mode == "dflash"]))
+
+    (table,) = engines.suite_tables(card_rows(lines + sglang, None))
+    assert engines.header([table]) == engines.MODES_HEADER
+    text = [dict(zip(engines.MODES_HEADER, r)) for r in engines.text_rows(table, modes=True)]
+    at8 = {(t["engine"], t["mode"]): t for t in text if t["c"] == "8"}
+    # the fastest DFlash (vLLM's 280) is marked though vLLM's EAGLE-3 ran faster (330): each mode among its own rows
+    assert [k for k, t in at8.items() if t["speculative tok/s"].endswith("★")] == [("vllm", "DFlash"),
+                                                                                  ("vllm", "EAGLE-3")]
+    # the fastest AR server marked once, though two of its rows (DFlash's, EAGLE-3's) show it
+    assert [k for k, t in at8.items() if t["AR tok/s"].endswith("★")] == [("sglang", "DFlash")]
+    said = {(x.engine, x.mode): x.text for x in table.crossings}
+    assert said[("vllm", "eagle3")] == "pays at every concurrency measured (2.25x at c=1, 1.10x at c=8)"
+    assert said[("vllm", "dflash")] == "pays up to c=1 (5.00x), below 1 from c=8 (0.93x)"

@@ -135,13 +135,15 @@ def _engines_table(data: dict[str, Any], runs: bool) -> Table:
         notes = [n for n in notes if ": not measured: " in n]
     rows = [r for r in card_rows(lines, data.get("pair")) if r.ar is not None and r.dflash is not None]
     tables = engines.suite_tables(rows, data.get("pair"))
-    body = [[t.suite, *row] for t in tables for row in engines.text_rows(t)]
-    crossings = [f"{t.suite}, {x.engine}, {x.label}: {x.text}." for t in tables for x in t.crossings]
+    modes = engines.has_modes(tables)
+    body = [[t.suite, *row] for t in tables for row in engines.text_rows(t, modes)]
+    crossings = [f"{t.suite}, {x.engine}, {x.mode_name + ', ' if modes else ''}{x.label}: {x.text}."
+                 for t in tables for x in t.crossings]
     measured = [f"Measured on {data['measured']}."] if data.get("measured") else []
     versions = sorted({f"{k} {v}" for run in data["runs"] for k, v in run.get("versions", {}).items()
                        if k in ("vllm", "sglang", "torch")})
     weights = [f"Weights {data['weights']}; {', '.join(versions)}."]
-    return Table(["suite", *engines.HEADER], body,
+    return Table(["suite", *engines.header(tables)], body,
                  ["Where DFlash stops paying (DFlash / AR below 1 past that concurrency, at the τ of the row's kind):",
                   "", *(f"- {c}" for c in crossings), "", ENGINES_KEY, *weights, *measured, *notes])
 

@@ -1,5 +1,6 @@
-"""The card's table across sweep folders: each engine x machine x suite x concurrency, AR against DFlash, beside
-the model card's row of the same suite and concurrency, with what makes a row unlike the card's said on it.
+"""The card's table across sweep folders: each engine x machine x suite x concurrency, AR against DFlash (and
+against EAGLE-3, on rows of its own that say so, where a sweep ran it), beside the model card's row of the same suite
+and concurrency, with what makes a row unlike the card's said on it.
 
     rows = card_rows(cells, pair="gemma-4-31B-it")   # cells: one CellLine per measured cell (any folder)
     header, body = card_table(rows)                  # the same table for the report and the docs
@@ -19,6 +20,7 @@ from pydantic import BaseModel
 
 from dflash_bench.speedup import speedup_of
 from dflash_bench.published import published_for
+from dflash_bench.store import MODE_NAMES, SPECULATIVE
 
 Weights = Literal["real", "random", "emulated"]
 
@@ -27,7 +29,7 @@ class CellLine(BaseModel):
     """One complete cell: one repeat of it, or its repeats averaged (`card_rows` averages them)."""
 
     engine: str
-    mode: str  # ar | dflash
+    mode: str  # ar, or a speculative mode (store.SPECULATIVE: dflash, eagle3)
     suite: str
     concurrency: int
     device: str  # "1x NVIDIA H100 80GB HBM3": the machine the server ran on
@@ -45,11 +47,16 @@ class CellLine(BaseModel):
 
 
 class CardRow(BaseModel):
+    """AR against one speculative mode of one engine, machine, suite and concurrency. `dflash` is the speculative
+    side's cell: DFlash's, or EAGLE-3's where `mode` says so (the card is DFlash's: an EAGLE-3 row is labelled and
+    never set beside it)."""
+
     engine: str
     device: str
     gpus: int | None
     suite: str
     concurrency: int
+    mode: str = "dflash"  # the speculative side's mode (store.SPECULATIVE)
     ar: CellLine | None = None
     dflash: CellLine | None = None
     card_ar: float | None = None
@@ -66,9 +73,13 @@ class CardRow(BaseModel):
         return speedup_of(self.ratios)
 
     @property
+    def mode_name(self) -> str:
+        return MODE_NAMES.get(self.mode, self.mode)
+
+    @property
     def labels(self) -> list[str]:
         """What makes this row unlike the card's: said on the row itself."""
-        out = []
+        out = [] if self.mode == "dflash" else [f"{self.mode_name}, not DFlash"]
         weights = {c.weights for c in (self.ar, self.dflash) if c}
         if "emulated" in weights:
             out.append("emulated (no model ran)")
@@ -109,27 +120,29 @@ def workload_of(settings: Mapping[str, Any] | None) -> str:
 
 def card_rows(cells: Iterable[CellLine], pair: str | None) -> list[CardRow]:
     """AR and DFlash of each (engine, device, GPUs, synthetic tau, suite, concurrency) side by side, with the card's
-    row for that suite and concurrency where the pair's card has one. A DFlash cell sits beside the AR cell of its
+    row for that suite and concurrency where the pair's card has one; AR and EAGLE-3 the same way, on rows of their
+    own (mode "eagle3") that the card's row never sits beside. A DFlash cell sits beside the AR cell of its
     own sweep; where its sweep measured DFlash alone (`--modes dflash`, as mission.sh's -tau steps do), beside the AR
     cell of the one other sweep of the same engine, machine and workload (workload_of), and that AR cell then has
     no row of its own. A cell's repeats (lines of one source differing only in `repeat`) show averaged, and the
     row's speedup is the median of each repeat's own ratio (speedup.py speedup_of)."""
     table = published_for(pair) if pair else None
     card = {(r.suite, r.concurrency): r for r in table.rows} if table else {}
-    # (engine, device, GPUs, synthetic tau (DFlash's), source, suite, concurrency) -> repeat -> line, per mode
-    dflash: dict[tuple[Any, ...], dict[int, CellLine]] = {}
+    # (engine, device, GPUs, synthetic tau (the speculative side's), source, suite, concurrency) -> repeat -> line;
+    # the speculative cells per mode
+    spec: dict[str, dict[tuple[Any, ...], dict[int, CellLine]]] = {m: {} for m in SPECULATIVE}
     ar: dict[tuple[Any, ...], dict[int, CellLine]] = {}
     for line in cells:
-        if line.mode not in ("ar", "dflash"):
+        if line.mode != "ar" and line.mode not in spec:
             continue
-        key = (line.engine, line.device, line.gpus, line.synthetic_tau if line.mode == "dflash" else None,
+        key = (line.engine, line.device, line.gpus, line.synthetic_tau if line.mode != "ar" else None,
                line.source, line.suite, line.concurrency)
-        (dflash if line.mode == "dflash" else ar).setdefault(key, {})[line.repeat] = line
+        (ar if line.mode == "ar" else spec[line.mode]).setdefault(key, {})[line.repeat] = line
     rows: dict[tuple[Any, ...], CardRow] = {}
-    borrowed: set[tuple[Any, ...]] = set()  # AR cells a DFlash cell of another sweep sits beside
-    for key, lines in dflash.items():
-        row = rows[key] = CardRow(engine=key[0], device=key[1], gpus=key[2], suite=key[5], concurrency=key[6],
-                                  dflash=_averaged(list(lines.values())))
+    borrowed: set[tuple[Any, ...]] = set()  # AR cells a speculative cell of another sweep sits beside
+    for mode, key, lines in [(m, k, v) for m, cells_of in spec.items() for k, v in cells_of.items()]:
+        row = rows[(mode, *key)] = CardRow(engine=key[0], device=key[1], gpus=key[2], suite=key[5],
+                                           concurrency=key[6], mode=mode, dflash=_averaged(list(lines.values())))
         partner = _ar_partner(key, next(iter(lines.values())).workload, ar)
         if partner is None:
             continue
@@ -141,17 +154,20 @@ def card_rows(cells: Iterable[CellLine], pair: str | None) -> list[CardRow]:
                       if n in mates and (d := line.tok_s) and (a := mates[n].tok_s)]
         row.repeats = max(len(lines), len(mates))
     for key, lines in ar.items():
-        if key in borrowed or any(k[:3] == key[:3] and k[4:] == key[4:] for k in dflash):
+        if key in borrowed or any(k[:3] == key[:3] and k[4:] == key[4:] for m in spec.values() for k in m):
             continue
-        rows[key] = CardRow(engine=key[0], device=key[1], gpus=key[2], suite=key[5], concurrency=key[6],
+        rows[("ar", *key)] = CardRow(engine=key[0], device=key[1], gpus=key[2], suite=key[5], concurrency=key[6],
                             ar=_averaged(list(lines.values())))
     # the reference: the builtin engine runs z-lab's DFlash step for step, so its measured tau (not a synthetic one)
     # in the same suite and concurrency is what another engine's tau should match (gate/reference.py judges it)
     reference: dict[tuple[str, int], float] = {}
     for r in rows.values():
-        if r.engine == "builtin" and r.dflash and r.dflash.synthetic_tau is None and r.dflash.tau is not None:
+        if r.engine == "builtin" and r.mode == "dflash" and r.dflash and r.dflash.synthetic_tau is None \
+                and r.dflash.tau is not None:
             reference.setdefault((r.suite, r.concurrency), r.dflash.tau)
     for r in rows.values():
+        if r.mode != "dflash":
+            continue  # the reference and the card are DFlash's: not set beside EAGLE-3
         if r.engine != "builtin" and r.dflash and r.dflash.synthetic_tau is None:
             r.reference_tau = reference.get((r.suite, r.concurrency))
         c = card.get((r.suite, r.concurrency))
@@ -159,7 +175,8 @@ def card_rows(cells: Iterable[CellLine], pair: str | None) -> list[CardRow]:
             r.card_ar, r.card_dflash, r.card_tau = c.ar_tok_s, c.dflash_tok_s, c.tau
             r.card_speedup = c.speedup if c.speedup is not None else (
                 c.dflash_tok_s / c.ar_tok_s if c.ar_tok_s and c.dflash_tok_s else None)
-    return sorted(rows.values(), key=lambda r: (r.engine, r.device, r.gpus or 0,
+    order = {m: i for i, m in enumerate(SPECULATIVE)}
+    return sorted(rows.values(), key=lambda r: (r.engine, r.device, r.gpus or 0, order.get(r.mode, len(order)),
                                                  r.dflash.synthetic_tau or 0 if r.dflash else 0, r.suite, r.concurrency))
 
 
@@ -191,7 +208,7 @@ def _averaged(lines: list[CellLine]) -> CellLine:
                                | {"repeat": 0})
 
 
-HEADER = ["engine", "machine (GPUs per server)", "suite", "c", "AR tok/s", "DFlash tok/s", "DFlash / AR",
+HEADER = ["engine", "mode", "machine (GPUs per server)", "suite", "c", "AR tok/s", "DFlash tok/s", "DFlash / AR",
           "AR tok/s per GPU", "DFlash tok/s per GPU", "TTFT p50 ms AR / DFlash", "TPOT p50 ms AR / DFlash", "τ", "τ builtin (reference)",
           "card: AR / DFlash tok/s", "card: DFlash / AR", "card: τ", "not the card's"]
 
@@ -219,13 +236,16 @@ def card_table(rows: list[CardRow]) -> tuple[list[str], list[list[str]]]:
     """The table as text cells, the same for the HTML report and the docs."""
     gpu_view = per_gpu(rows)
     header = HEADER if gpu_view else [h.replace(" per GPU", " per server") for h in HEADER]
+    modes = any(r.mode != "dflash" for r in rows if r.dflash)
+    if modes:  # a row's speculative side is EAGLE-3's: the measured columns say "speculative", each row its mode
+        header = [h if h.startswith("card") else h.replace("DFlash", "speculative") for h in header]
     body = []
     for r in rows:
         a, d = r.ar or CellLine(engine=r.engine, mode="ar", suite=r.suite, concurrency=r.concurrency, device=r.device), \
             r.dflash or CellLine(engine=r.engine, mode="dflash", suite=r.suite, concurrency=r.concurrency, device=r.device)
         machine = f"{r.device} ({r.gpus})" if r.gpus and r.device != "no GPU" else r.device
         body.append([
-            r.engine, machine, r.suite, str(r.concurrency), _n(a.tok_s), _n(d.tok_s),
+            r.engine, r.mode_name if r.dflash else "-", machine, r.suite, str(r.concurrency), _n(a.tok_s), _n(d.tok_s),
             "-" if r.speedup is None else f"{r.speedup:.2f}x", _per(a.tok_s, r.gpus, r.device, gpu_view),
             _per(d.tok_s, r.gpus, r.device, gpu_view), f"{_n(a.ttft_ms_p50)} / {_n(d.ttft_ms_p50)}",
             f"{_n(a.tpot_ms_p50, 2)} / {_n(d.tpot_ms_p50, 2)}", _n(d.tau, 2), _n(r.reference_tau, 2),
@@ -234,12 +254,13 @@ def card_table(rows: list[CardRow]) -> tuple[list[str], list[list[str]]]:
         ])
     # a column that only some tables fill (no card for the pair, no builtin engine beside another, nothing unlike
     # the card) is left out where no row fills it
-    keep = [i for i, h in enumerate(header) if h not in OPTIONAL or any(row[i] not in ("-", "- / -") for row in body)]
+    keep = [i for i, h in enumerate(header) if (h != "mode" or modes) and
+            (h not in OPTIONAL or any(row[i] not in ("-", "- / -") for row in body))]
     return [header[i] for i in keep], [[row[i] for i in keep] for row in body]
 
 
 OPTIONAL = {"τ builtin (reference)", "card: AR / DFlash tok/s", "card: DFlash / AR", "card: τ", "not the card's"}
-TEXT_COLUMNS = {"engine", "machine (GPUs per server)", "suite", "not the card's"}  # the rest are numbers
+TEXT_COLUMNS = {"engine", "mode", "machine (GPUs per server)", "suite", "not the card's"}  # the rest are numbers
 
 
 def device_of(hardware: dict[str, Any]) -> str:
@@ -262,7 +283,7 @@ def view_lines(view: Any) -> list[CellLine]:
         out.append(CellLine(
             engine=rec["engine"], mode=rec["mode"], suite=rec["suite"], concurrency=int(rec["concurrency"]),
             device=device, gpus=view.gpus, tok_s=_f(rec.get("output_throughput")), ttft_ms_p50=_f(rec.get("ttft_ms_p50")),
-            tpot_ms_p50=_f(rec.get("tpot_ms_p50")), tau=_f(rec.get("acceptance_length")) if rec["mode"] == "dflash" else None,
+            tpot_ms_p50=_f(rec.get("tpot_ms_p50")), tau=_f(rec.get("acceptance_length")) if rec["mode"] != "ar" else None,
             weights=weights_of(args, rec["engine"]), synthetic_tau=_f(synthetic),
             synthetic_source=rec.get("synthetic_source") or None, source=m.sweep_id,
             repeat=int(rec.get("repeat") or 0), workload=workload))

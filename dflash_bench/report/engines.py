@@ -1,5 +1,7 @@
 """The engines side by side: per suite, every engine's AR and DFlash at each concurrency, the fastest marked, each
-row labelled with the kind of acceptance its DFlash ran at, and where DFlash stops paying.
+row labelled with the kind of acceptance its DFlash ran at, and where DFlash stops paying. Where a sweep ran EAGLE-3,
+its rows sit beside DFlash's, each row naming its mode: the fastest is marked among rows of one mode and kind, and
+where EAGLE-3 stops paying is said on lines of its own.
 
     rows = card.card_rows(lines, pair)          # report/card.py: AR against DFlash, one speedup per cell
     tables = suite_tables(rows, pair)           # one SuiteTable per suite, the card's own row beside
@@ -18,10 +20,12 @@ from pydantic import BaseModel
 
 from dflash_bench.published import published_for
 from dflash_bench.report.card import CardRow
+from dflash_bench.store import MODE_NAMES, SPECULATIVE
 
 Kind = Literal["measured", "synthetic", "random", "emulated", "card"]
 # the order kinds are listed in at one concurrency, and what each row's label says
 KIND_ORDER: dict[str, int] = {"measured": 0, "synthetic": 1, "random": 2, "emulated": 3, "card": 4}
+MODE_ORDER: dict[str, int] = {m: i for i, m in enumerate(SPECULATIVE)}
 
 
 def kind_of(row: CardRow) -> tuple[Kind, str]:
@@ -41,9 +45,11 @@ def kind_of(row: CardRow) -> tuple[Kind, str]:
 
 
 class EngineRow(BaseModel):
-    """One engine (on one machine) at one suite and concurrency, at one kind of acceptance."""
+    """One engine (on one machine) at one suite and concurrency, at one kind of acceptance, AR against one speculative
+    mode (the `dflash_*` fields are that mode's side: DFlash's, or EAGLE-3's where `mode` says so)."""
 
     engine: str  # as the page names it: the engine, with its machine where the rows ran on several
+    mode: str = "dflash"  # the speculative side's mode (store.SPECULATIVE)
     kind: Kind
     label: str  # kind_of's label, or the card's
     suite: str
@@ -56,13 +62,18 @@ class EngineRow(BaseModel):
     tau: float | None = None
     repeats: int = 1
     fastest_ar: bool = False  # the highest AR tok/s at this concurrency
-    fastest_dflash: bool = False  # the highest DFlash tok/s at this concurrency among rows of this kind
+    fastest_dflash: bool = False  # the highest speculative tok/s at this concurrency among rows of this mode and kind
+
+    @property
+    def mode_name(self) -> str:
+        return MODE_NAMES.get(self.mode, self.mode)
 
 
 class Crossing(BaseModel):
-    """Where DFlash stops paying for one engine and kind in one suite: the speedups in concurrency order."""
+    """Where DFlash (or EAGLE-3, as `mode` says) stops paying for one engine and kind in one suite."""
 
     engine: str
+    mode: str = "dflash"
     kind: Kind
     label: str
     suite: str
@@ -70,6 +81,10 @@ class Crossing(BaseModel):
     first_below: int | None  # the lowest concurrency where DFlash / AR < 1
     text: str
     short: str  # for a table cell: "past c=8", "never (pays up to c=32)", "from c=1 (every c)"
+
+    @property
+    def mode_name(self) -> str:
+        return MODE_NAMES.get(self.mode, self.mode)
 
 
 class SuiteTable(BaseModel):
@@ -137,17 +152,17 @@ def suite_tables(rows: list[CardRow], pair: str | None = None) -> list[SuiteTabl
                                       dflash_tok_s=p.dflash_tok_s, tau=p.tau,
                                       speedup=p.speedup if p.speedup is not None else (
                                           p.dflash_tok_s / p.ar_tok_s if p.ar_tok_s and p.dflash_tok_s else None)))
-        mine.sort(key=lambda r: (r.concurrency, KIND_ORDER[r.kind], r.engine))
-        groups: dict[tuple[str, str], list[EngineRow]] = {}
+        mine.sort(key=lambda r: (r.concurrency, KIND_ORDER[r.kind], MODE_ORDER.get(r.mode, len(MODE_ORDER)), r.engine))
+        groups: dict[tuple[str, str, str], list[EngineRow]] = {}
         for row in mine:
             if row.kind != "card":
-                groups.setdefault((row.engine, row.label), []).append(row)
+                groups.setdefault((row.engine, row.mode, row.label), []).append(row)
         crossings = []
-        for (engine, label), group in groups.items():
+        for (engine, mode, label), group in groups.items():
             last, first, text, short = crossing((r.concurrency, r.speedup) for r in group)
-            crossings.append(Crossing(engine=engine, kind=group[0].kind, label=label, suite=suite, last_paying=last,
-                                      first_below=first, text=text, short=short))
-        crossings.sort(key=lambda x: (KIND_ORDER[x.kind], x.engine))
+            crossings.append(Crossing(engine=engine, mode=mode, kind=group[0].kind, label=label, suite=suite,
+                                      last_paying=last, first_below=first, text=text, short=short))
+        crossings.sort(key=lambda x: (KIND_ORDER[x.kind], x.engine, MODE_ORDER.get(x.mode, len(MODE_ORDER))))
         out.append(SuiteTable(suite=suite, concurrencies=concs, rows=mine, crossings=crossings))
     return out
 
@@ -156,7 +171,7 @@ def _engine_row(r: CardRow, many_devices: bool) -> EngineRow:
     kind, label = kind_of(r)
     name = f"{r.engine} · {r.device}" + (f" ({r.gpus} per server)" if r.gpus and r.device != "no GPU" else "") \
         if many_devices else r.engine
-    return EngineRow(engine=name, kind=kind, label=label, suite=r.suite, concurrency=r.concurrency,
+    return EngineRow(engine=name, mode=r.mode, kind=kind, label=label, suite=r.suite, concurrency=r.concurrency,
                      ar_tok_s=r.ar.tok_s if r.ar else None, dflash_tok_s=r.dflash.tok_s if r.dflash else None,
                      speedup=r.speedup, tpot_ar_ms=r.ar.tpot_ms_p50 if r.ar else None,
                      tpot_dflash_ms=r.dflash.tpot_ms_p50 if r.dflash else None,
@@ -164,31 +179,48 @@ def _engine_row(r: CardRow, many_devices: bool) -> EngineRow:
 
 
 def _mark_fastest(rows: list[EngineRow]) -> None:
-    """The fastest AR server at one concurrency, and the fastest DFlash server among the rows of each kind (a
-    synthetic τ's DFlash is not faster than a random drafter's in any sense a reader could use)."""
-    ar = [r for r in rows if r.ar_tok_s is not None]
+    """The fastest AR server at one concurrency, and the fastest speculative server among the rows of each mode and
+    kind (a synthetic τ's DFlash is not faster than a random drafter's in any sense a reader could use, nor DFlash
+    than EAGLE-3 at another acceptance). An AR server that two rows share (DFlash's and EAGLE-3's) counts once."""
+    ar: dict[tuple[str, str], EngineRow] = {}
+    for r in rows:
+        if r.ar_tok_s is not None:
+            ar.setdefault((r.engine, r.label), r)
     if len(ar) > 1:
-        max(ar, key=lambda r: r.ar_tok_s or 0.0).fastest_ar = True
-    for kind in {r.kind for r in rows}:
-        df = [r for r in rows if r.kind == kind and r.dflash_tok_s is not None]
+        max(ar.values(), key=lambda r: r.ar_tok_s or 0.0).fastest_ar = True
+    for kind, mode in {(r.kind, r.mode) for r in rows}:
+        df = [r for r in rows if r.kind == kind and r.mode == mode and r.dflash_tok_s is not None]
         if len(df) > 1:
             max(df, key=lambda r: r.dflash_tok_s or 0.0).fastest_dflash = True
 
 
 def engine_count(tables: list[SuiteTable]) -> int:
-    """How many (engine, kind) groups the tables set side by side (the card's row not counted)."""
-    return len({(r.engine, r.label) for t in tables for r in t.rows if r.kind != "card"})
+    """How many (engine, mode, kind) groups the tables set side by side (the card's row not counted)."""
+    return len({(r.engine, r.mode, r.label) for t in tables for r in t.rows if r.kind != "card"})
 
 
 HEADER = ["c", "engine", "DFlash's τ", "AR tok/s", "DFlash tok/s", "DFlash / AR", "TPOT p50 ms AR / DFlash", "τ"]
+MODES_HEADER = ["c", "engine", "mode", "τ of", "AR tok/s", "speculative tok/s", "speculative / AR",
+                "TPOT p50 ms AR / speculative", "τ"]
 
 
-def text_rows(table: SuiteTable) -> list[list[str]]:
-    """The table as text cells (HEADER's columns), the fastest marked with a star: the docs' table, and what the
-    report's HTML shows."""
+def has_modes(tables: list[SuiteTable]) -> bool:
+    """Whether any row's speculative side is not DFlash's (EAGLE-3): then every row names its mode."""
+    return any(r.mode != "dflash" for t in tables for r in t.rows if r.kind != "card")
+
+
+def header(tables: list[SuiteTable]) -> list[str]:
+    """text_rows' columns: HEADER, or MODES_HEADER where some row is EAGLE-3's."""
+    return MODES_HEADER if has_modes(tables) else HEADER
+
+
+def text_rows(table: SuiteTable, modes: bool = False) -> list[list[str]]:
+    """The table as text cells (HEADER's columns; MODES_HEADER's with `modes`), the fastest marked with a star: the
+    docs' table, and what the report's HTML shows."""
     out = []
     for r in table.rows:
-        out.append([str(r.concurrency), r.engine, r.label, _n(r.ar_tok_s) + (" ★" if r.fastest_ar else ""),
+        mode = [r.mode_name if r.kind != "card" else "DFlash"] if modes else []
+        out.append([str(r.concurrency), r.engine, *mode, r.label, _n(r.ar_tok_s) + (" ★" if r.fastest_ar else ""),
                     _n(r.dflash_tok_s) + (" ★" if r.fastest_dflash else ""),
                     "-" if r.speedup is None else _x(r.speedup),
                     f"{_n(r.tpot_ar_ms, 2)} / {_n(r.tpot_dflash_ms, 2)}" if r.kind != "card" else "-",

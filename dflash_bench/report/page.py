@@ -111,7 +111,8 @@ def _engines(rows: list[card.CardRow], pair: str | None) -> dict[str, Any]:
     DFlash stops paying."""
     suite_tables = engines.suite_tables([r for r in rows if r.ar is not None and r.dflash is not None], pair)
     side = engines.engine_count(suite_tables) > 1
-    return {"tables": suite_tables, "side_by_side": side, "header": engines.HEADER,
+    return {"tables": suite_tables, "side_by_side": side, "header": engines.header(suite_tables),
+            "modes": engines.has_modes(suite_tables),
             "title": "Engines side by side" if side else "Where DFlash stops paying"}
 
 
