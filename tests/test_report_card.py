@@ -196,3 +196,41 @@ def test_eagle3_rows_sit_beside_their_own_ar_labelled_never_beside_the_card_or_t
     said = {(x.engine, x.mode): x.text for x in table.crossings}
     assert said[("vllm", "eagle3")] == "pays at every concurrency measured (2.25x at c=1, 1.10x at c=8)"
     assert said[("vllm", "dflash")] == "pays up to c=1 (5.00x), below 1 from c=8 (0.93x)"
+
+
+def test_the_input_length_axis_sets_each_engines_speedup_along_prompt_length():
+    """Cells of the --input-len axis (long-<N> suites) from two engines' sweeps: one row per engine and concurrency,
+    DFlash / AR and τ at each length in ascending order, a length an engine did not run left empty; cells of a
+    suite's own prompts are not on the axis."""
+    from dflash_bench.report import engines
+
+    lines = []
+    for engine, n, suite, ar, df in (("vllm", 4096, "long-4k", 30.0, 27.0), ("vllm", 128, "long-128", 40.0, 200.0),
+                                     ("vllm", 1024, "long-1k", 38.0, 120.0), ("builtin", 128, "long-128", 44.0, 180.0)):
+        lines += [line(engine, "ar", 1, ar, suite=suite, input_len=n),
+                  line(engine, "dflash", 1, df, suite=suite, input_len=n, tau=6.0, synthetic_tau=6.0)]
+    lines += [line("vllm", "ar", 1, 41.0), line("vllm", "dflash", 1, 210.0, tau=6.0, synthetic_tau=6.0)]  # gsm8k
+    table = engines.length_table(card_rows(lines, None))
+    assert table.lengths == [128, 1024, 4096] and table.suites == ["long-128", "long-1k", "long-4k"]
+    by = {r.engine: r for r in table.rows}
+    assert [round(s, 3) for s in by["vllm"].speedups] == [5.0, round(120 / 38, 3), 0.9]
+    assert by["builtin"].speedups == [180.0 / 44.0, None, None] and by["builtin"].taus == [6.0, None, None]
+    assert engines.length_table(card_rows(lines[-2:], None)) is None  # no cell on the axis: no table
+
+
+def test_rows_of_one_engine_and_kind_from_several_sweeps_are_named_by_sweep():
+    """The same engine swept twice (two sweeps' DFlash of one kind, the second read against the first's AR cells):
+    two rows at each concurrency that only their numbers would tell apart, so each names its sweep, and where DFlash
+    stops paying is said per sweep; the one AR cell they share is one AR server, never the fastest of a race."""
+    from dflash_bench.report import engines
+
+    lines = [line("vllm", "ar", c, ar, workload="w") for c, ar in ((1, 40.0), (8, 300.0))]
+    lines += [line("vllm", "dflash", c, tok, tau=6.5, workload="w") for c, tok in ((1, 200.0), (8, 280.0))]
+    lines += [line("vllm", "dflash", c, tok, tau=6.4, source="s2", workload="w") for c, tok in ((1, 190.0), (8, 310.0))]
+    (table,) = engines.suite_tables(card_rows(lines, None))
+    assert sorted({r.engine for r in table.rows}) == ["vllm · s1", "vllm · s2"]
+    said = {x.engine: x.text for x in table.crossings}
+    assert said == {"vllm · s1": "pays up to c=1 (5.00x), below 1 from c=8 (0.93x)",
+                    "vllm · s2": "pays at every concurrency measured (4.75x at c=1, 1.03x at c=8)"}
+    assert not any(r.fastest_ar for r in table.rows)  # s2's DFlash is read against s1's AR: one AR server
+    assert [r.engine for r in table.rows if r.fastest_dflash] == ["vllm · s1", "vllm · s2"]

@@ -44,6 +44,7 @@ class CellLine(BaseModel):
     source: str = ""  # the sweep id (or results file) it came from
     repeat: int = 0
     workload: str = ""  # workload_of its sweep's settings: an AR cell of another sweep partners it only if equal
+    input_len: int = 0  # the prompts' length in tokens on the --input-len axis (its long-<N> suites); 0: the suite's own
 
 
 class CardRow(BaseModel):
@@ -285,8 +286,8 @@ def view_lines(view: Any) -> list[CellLine]:
             device=device, gpus=view.gpus, tok_s=_f(rec.get("output_throughput")), ttft_ms_p50=_f(rec.get("ttft_ms_p50")),
             tpot_ms_p50=_f(rec.get("tpot_ms_p50")), tau=_f(rec.get("acceptance_length")) if rec["mode"] != "ar" else None,
             weights=weights_of(args, rec["engine"]), synthetic_tau=_f(synthetic),
-            synthetic_source=rec.get("synthetic_source") or None, source=m.sweep_id,
-            repeat=int(rec.get("repeat") or 0), workload=workload))
+            synthetic_source=_text(rec.get("synthetic_source")), source=m.sweep_id,
+            repeat=int(rec.get("repeat") or 0), workload=workload, input_len=int(rec.get("input_len") or 0)))
     return out
 
 
@@ -296,3 +297,8 @@ def _f(v: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return None if f != f else f  # NaN: not measured
+
+
+def _text(v: Any) -> str | None:
+    """A text column's value, None where the cell has none (pandas reads a missing one as NaN, a float)."""
+    return v if isinstance(v, str) and v else None

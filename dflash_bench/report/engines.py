@@ -61,6 +61,9 @@ class EngineRow(BaseModel):
     tpot_dflash_ms: float | None = None
     tau: float | None = None
     repeats: int = 1
+    source: str = ""  # the sweep its speculative cell came from
+    ar_source: str = ""  # the sweep its AR cell came from (another sweep's where its own measured no AR)
+    server: str = ""  # the engine (and machine) before by_sweep names the sweep: with ar_source, which AR cell
     fastest_ar: bool = False  # the highest AR tok/s at this concurrency
     fastest_dflash: bool = False  # the highest speculative tok/s at this concurrency among rows of this mode and kind
 
@@ -141,7 +144,7 @@ def suite_tables(rows: list[CardRow], pair: str | None = None) -> list[SuiteTabl
             suites.append(r.suite)
     out = []
     for suite in suites:
-        mine = [_engine_row(r, many) for r in rows if r.suite == suite]
+        mine = by_sweep([_engine_row(r, many) for r in rows if r.suite == suite])
         concs = sorted({r.concurrency for r in mine})
         for c in concs:
             _mark_fastest([r for r in mine if r.concurrency == c])
@@ -167,31 +170,91 @@ def suite_tables(rows: list[CardRow], pair: str | None = None) -> list[SuiteTabl
     return out
 
 
+def by_sweep(rows: list[EngineRow]) -> list[EngineRow]:
+    """Rows that would read alike (one engine, mode and kind of τ at one concurrency, from several sweeps: the same
+    engine swept twice, at two settings the kind does not name) each named with their sweep, so no two rows of a
+    table are told apart by their numbers alone, and where each stops paying is said per sweep."""
+    seen: dict[tuple[str, str, str, int], set[str]] = {}
+    for r in rows:
+        seen.setdefault((r.engine, r.mode, r.label, r.concurrency), set()).add(r.source)
+    alike = {k[:3] for k, sources in seen.items() if len(sources) > 1}
+    for r in rows:
+        if (r.engine, r.mode, r.label) in alike:
+            r.engine = f"{r.engine} · {r.source}"
+    return rows
+
+
 def _engine_row(r: CardRow, many_devices: bool) -> EngineRow:
     kind, label = kind_of(r)
     name = f"{r.engine} · {r.device}" + (f" ({r.gpus} per server)" if r.gpus and r.device != "no GPU" else "") \
         if many_devices else r.engine
-    return EngineRow(engine=name, mode=r.mode, kind=kind, label=label, suite=r.suite, concurrency=r.concurrency,
+    return EngineRow(engine=name, server=name, mode=r.mode, kind=kind, label=label, suite=r.suite, concurrency=r.concurrency,
                      ar_tok_s=r.ar.tok_s if r.ar else None, dflash_tok_s=r.dflash.tok_s if r.dflash else None,
                      speedup=r.speedup, tpot_ar_ms=r.ar.tpot_ms_p50 if r.ar else None,
                      tpot_dflash_ms=r.dflash.tpot_ms_p50 if r.dflash else None,
-                     tau=r.dflash.tau if r.dflash else None, repeats=r.repeats)
+                     tau=r.dflash.tau if r.dflash else None, repeats=r.repeats,
+                     source=r.dflash.source if r.dflash else "", ar_source=r.ar.source if r.ar else "")
 
 
 def _mark_fastest(rows: list[EngineRow]) -> None:
     """The fastest AR server at one concurrency, and the fastest speculative server among the rows of each mode and
     kind (a synthetic τ's DFlash is not faster than a random drafter's in any sense a reader could use, nor DFlash
-    than EAGLE-3 at another acceptance). An AR server that two rows share (DFlash's and EAGLE-3's) counts once."""
+    than EAGLE-3 at another acceptance). An AR cell that several rows share (DFlash's and EAGLE-3's, or another
+    sweep's DFlash read against it) counts once."""
     ar: dict[tuple[str, str], EngineRow] = {}
     for r in rows:
         if r.ar_tok_s is not None:
-            ar.setdefault((r.engine, r.label), r)
+            ar.setdefault((r.server, r.ar_source), r)
     if len(ar) > 1:
         max(ar.values(), key=lambda r: r.ar_tok_s or 0.0).fastest_ar = True
     for kind, mode in {(r.kind, r.mode) for r in rows}:
         df = [r for r in rows if r.kind == kind and r.mode == mode and r.dflash_tok_s is not None]
         if len(df) > 1:
             max(df, key=lambda r: r.dflash_tok_s or 0.0).fastest_dflash = True
+
+
+class LengthRow(BaseModel):
+    """One engine, mode, kind and concurrency along the --input-len axis: the speedup and τ at each prompt length."""
+
+    engine: str
+    mode: str
+    label: str
+    concurrency: int
+    speedups: list[float | None]  # per length of LengthTable.lengths, in order
+    taus: list[float | None]
+
+    @property
+    def mode_name(self) -> str:
+        return MODE_NAMES.get(self.mode, self.mode)
+
+
+class LengthTable(BaseModel):
+    lengths: list[int]  # prompt lengths in tokens, ascending
+    suites: list[str]  # each length's suite (long-128, long-1k, ...)
+    rows: list[LengthRow]
+
+
+def length_table(rows: list[CardRow]) -> LengthTable | None:
+    """The input-length axis over every sweep (the rows whose cells ran on --input-len's long-<N> suites): per engine,
+    mode, kind of τ and concurrency, DFlash / AR and τ at each prompt length, so a reader sees the speedup decay (or
+    not) as prompts grow, engine beside engine. None where no row ran on that axis."""
+    long = [r for r in rows if r.dflash is not None and r.ar is not None and r.dflash.input_len > 0]
+    if not long:
+        return None
+    many = len({(r.device, r.gpus) for r in long}) > 1
+    suites = {r.dflash.input_len: r.suite for r in long if r.dflash}
+    lengths = sorted(suites)
+    groups: dict[tuple[str, str, str, int], dict[int, CardRow]] = {}
+    named = by_sweep([_engine_row(r, many) for r in long])
+    for r, e in zip(long, named):
+        groups.setdefault((e.engine, e.mode, e.label, e.concurrency), {})[r.dflash.input_len if r.dflash else 0] = r
+    out = []
+    for (engine, mode, label, c), by_len in sorted(groups.items(), key=lambda kv: (
+            kv[0][0], MODE_ORDER.get(kv[0][1], len(MODE_ORDER)), kv[0][2], kv[0][3])):
+        out.append(LengthRow(engine=engine, mode=mode, label=label, concurrency=c,
+                             speedups=[by_len[n].speedup if n in by_len else None for n in lengths],
+                             taus=[d.tau if n in by_len and (d := by_len[n].dflash) else None for n in lengths]))
+    return LengthTable(lengths=lengths, suites=[suites[n] for n in lengths], rows=out)
 
 
 def engine_count(tables: list[SuiteTable]) -> int:

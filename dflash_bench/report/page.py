@@ -109,10 +109,11 @@ def _card(views: list[SweepView]) -> tuple[dict[str, Any], list[card.CardRow]]:
 def _engines(rows: list[card.CardRow], pair: str | None) -> dict[str, Any]:
     """Per suite, the engines side by side (report/engines.py) where the report holds two or more; else only where
     DFlash stops paying."""
-    suite_tables = engines.suite_tables([r for r in rows if r.ar is not None and r.dflash is not None], pair)
+    paired = [r for r in rows if r.ar is not None and r.dflash is not None]
+    suite_tables = engines.suite_tables(paired, pair)
     side = engines.engine_count(suite_tables) > 1
     return {"tables": suite_tables, "side_by_side": side, "header": engines.header(suite_tables),
-            "modes": engines.has_modes(suite_tables),
+            "modes": engines.has_modes(suite_tables), "lengths": engines.length_table(paired),
             "title": "Engines side by side" if side else "Where DFlash stops paying"}
 
 
