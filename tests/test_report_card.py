@@ -233,4 +233,8 @@ def test_rows_of_one_engine_and_kind_from_several_sweeps_are_named_by_sweep():
     assert said == {"vllm · s1": "pays up to c=1 (5.00x), below 1 from c=8 (0.93x)",
                     "vllm · s2": "pays at every concurrency measured (4.75x at c=1, 1.03x at c=8)"}
     assert not any(r.fastest_ar for r in table.rows)  # s2's DFlash is read against s1's AR: one AR server
+    header, body = card_table(card_rows(lines, None))  # the card's table names the sweep of each row too
+    assert sorted((dict(zip(header, b))["c"], dict(zip(header, b))["sweep"]) for b in body) == [
+        ("1", "s1"), ("1", "s2"), ("8", "s1"), ("8", "s2")]
+    assert "sweep" not in card_table(card_rows(lines[:4], None))[0]  # one sweep: no column
     assert [r.engine for r in table.rows if r.fastest_dflash] == ["vllm · s1", "vllm · s2"]

@@ -209,7 +209,7 @@ def _averaged(lines: list[CellLine]) -> CellLine:
                                | {"repeat": 0})
 
 
-HEADER = ["engine", "mode", "machine (GPUs per server)", "suite", "c", "AR tok/s", "DFlash tok/s", "DFlash / AR",
+HEADER = ["engine", "mode", "sweep", "machine (GPUs per server)", "suite", "c", "AR tok/s", "DFlash tok/s", "DFlash / AR",
           "AR tok/s per GPU", "DFlash tok/s per GPU", "TTFT p50 ms AR / DFlash", "TPOT p50 ms AR / DFlash", "τ", "τ builtin (reference)",
           "card: AR / DFlash tok/s", "card: DFlash / AR", "card: τ", "not the card's"]
 
@@ -238,6 +238,12 @@ def card_table(rows: list[CardRow]) -> tuple[list[str], list[list[str]]]:
     gpu_view = per_gpu(rows)
     header = HEADER if gpu_view else [h.replace(" per GPU", " per server") for h in HEADER]
     modes = any(r.mode != "dflash" for r in rows if r.dflash)
+    # rows that only their numbers would tell apart (one engine, machine, mode and kind swept twice) name their sweep
+    seen: dict[tuple[Any, ...], int] = {}
+    for r in rows:
+        k = (r.engine, r.device, r.gpus, r.mode, r.suite, r.concurrency, tuple(r.labels))
+        seen[k] = seen.get(k, 0) + 1
+    sweeps = any(n > 1 for n in seen.values())
     if modes:  # a row's speculative side is EAGLE-3's: the measured columns say "speculative", each row its mode
         header = [h if h.startswith("card") else h.replace("DFlash", "speculative") for h in header]
     body = []
@@ -246,7 +252,7 @@ def card_table(rows: list[CardRow]) -> tuple[list[str], list[list[str]]]:
             r.dflash or CellLine(engine=r.engine, mode="dflash", suite=r.suite, concurrency=r.concurrency, device=r.device)
         machine = f"{r.device} ({r.gpus})" if r.gpus and r.device != "no GPU" else r.device
         body.append([
-            r.engine, r.mode_name if r.dflash else "-", machine, r.suite, str(r.concurrency), _n(a.tok_s), _n(d.tok_s),
+            r.engine, r.mode_name if r.dflash else "-", (r.dflash or r.ar or a).source, machine, r.suite, str(r.concurrency), _n(a.tok_s), _n(d.tok_s),
             "-" if r.speedup is None else f"{r.speedup:.2f}x", _per(a.tok_s, r.gpus, r.device, gpu_view),
             _per(d.tok_s, r.gpus, r.device, gpu_view), f"{_n(a.ttft_ms_p50)} / {_n(d.ttft_ms_p50)}",
             f"{_n(a.tpot_ms_p50, 2)} / {_n(d.tpot_ms_p50, 2)}", _n(d.tau, 2), _n(r.reference_tau, 2),
@@ -255,13 +261,13 @@ def card_table(rows: list[CardRow]) -> tuple[list[str], list[list[str]]]:
         ])
     # a column that only some tables fill (no card for the pair, no builtin engine beside another, nothing unlike
     # the card) is left out where no row fills it
-    keep = [i for i, h in enumerate(header) if (h != "mode" or modes) and
+    keep = [i for i, h in enumerate(header) if (h != "mode" or modes) and (h != "sweep" or sweeps) and
             (h not in OPTIONAL or any(row[i] not in ("-", "- / -") for row in body))]
     return [header[i] for i in keep], [[row[i] for i in keep] for row in body]
 
 
 OPTIONAL = {"τ builtin (reference)", "card: AR / DFlash tok/s", "card: DFlash / AR", "card: τ", "not the card's"}
-TEXT_COLUMNS = {"engine", "mode", "machine (GPUs per server)", "suite", "not the card's"}  # the rest are numbers
+TEXT_COLUMNS = {"engine", "mode", "sweep", "machine (GPUs per server)", "suite", "not the card's"}  # the rest are numbers
 
 
 def device_of(hardware: dict[str, Any]) -> str:
