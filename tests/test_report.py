@@ -449,6 +449,9 @@ def test_eagle3_is_a_third_series_of_a_real_emulator_sweep(tmp_path, data_dir):
     card_rows = _rows(parsed, "card")
     assert sorted(r[1] for r in card_rows) == ["DFlash", "DFlash", "EAGLE-3", "EAGLE-3"]
     assert all("EAGLE-3, not DFlash" in r[-1] for r in card_rows if r[1] == "EAGLE-3")
+    # the sweep's pareto and latency numbers carry EAGLE-3's columns beside DFlash's
+    assert parsed.html.count("<th>EAGLE-3 tok/s/user p50</th>") == 1
+    assert parsed.html.count('<th colspan="3">TPOT EAGLE-3</th>') == 1
 
 
 def _rows(parsed: Page, table_class: str) -> list[list[str]]:
