@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from benchmarks.fixtures.report_sweeps import make_sweep
 
-from dflash_bench.report import build_report, figures
+from dflash_bench.report import build_report, figures, plotting
 from dflash_bench.report.views import load
 from dflash_bench.store import SweepDir
 from dflash_bench.store.manifest import ServerRecord
@@ -111,7 +111,7 @@ def test_pareto_labels_do_not_overlap_where_points_coincide(tmp_path):
 @pytest.mark.parametrize("offsets", [[(4, 4, "left")] * 10])
 def test_the_overlap_check_can_fail(tmp_path, offsets, monkeypatch):
     """With one place for every label, coinciding points' labels do overlap: the check above can see it."""
-    monkeypatch.setattr(figures, "_OFFSETS", offsets)
+    monkeypatch.setattr(plotting, "_OFFSETS", offsets)
     path = make_sweep(tmp_path / "p", suites=("gsm8k",), concurrency=(8,))
     (view,) = load([path])
     for col in ("output_throughput", "tok_s_user_p50"):
