@@ -119,6 +119,15 @@ def test_a_dry_run_plans_every_vllm_and_sglang_step_without_unpacking_their_bund
     for step, part in zip(steps, parts[::2]):
         assert "is not unpacked" in part and planned.get(step, "\nvllm serve ") in part, part
     assert all(f"== {step}: exit 0" in log for step in steps), log
+    # not a dry run: a bundle that is here and does not set up fails its step in one sentence (a bundle that is not
+    # here skips it, as the other tests' machines without bundles show)
+    mark.unlink(missing_ok=True)
+    proc = mission(tmp_path, data_dir, "--gpu", "h200", "--suites", "gsm8k", "-c", "1", "--seconds", "3600", "vllm",
+                   "sglang", data=LONG, script=repo / "benchmarks" / "peers" / "mission.sh")
+    log = (tmp_path / "out" / "mission.log").read_text()
+    assert mark.read_text().split("\n")[:2] == [".vllm-bundle sourced", ".sglang-bundle sourced"], mark.read_text()
+    for bundle, step in ((".vllm-bundle", "vllm"), (".sglang-bundle", "sglang")):
+        assert f"failed: {bundle}/setup.sh did not set the bundle up" in log and f"== {step}: exit 1" in log, log
 
 
 def test_the_eagle3_row_plans_an_eagle3_server_with_the_head_the_shape_writes(tmp_path, data_dir):

@@ -105,12 +105,13 @@ shape() { # shape hf|sglang: the pair's folders in $work, written once (configs 
 }
 
 bundle() { # bundle DIR: source DIR/setup.sh in this (sub)shell, or say why not; a dry run sources none (a plan
-  # needs no bundle, and sourcing one unpacks it)
+  # needs no bundle, and sourcing one unpacks it). Status 3: the bundle is not here (the step is skipped); 1: it is,
+  # and it did not set up (the step fails)
   if [ ! -f "$1/setup.sh" ]; then
     local tool=${1#.}
     echo "skipped: $1 is not on this machine: build it with tools/${tool/-/_}/build.sh $1 and carry it"
-    [ -n "$dry" ]  # a dry run goes on without it
-    return
+    [ -n "$dry" ] && return 0  # a dry run goes on without it
+    return 3
   fi
   if [ -n "$dry" ]; then
     echo "dry run: $1 is not unpacked"
@@ -124,7 +125,8 @@ bundle() { # bundle DIR: source DIR/setup.sh in this (sub)shell, or say why not;
     mkdir -p "$mi" && cp -n tools/vllm_bundle/modelinfos/*.json "$mi/" 2> /dev/null
   fi
   # shellcheck disable=SC1090,SC1091
-  . "$1/setup.sh" && export PYTHONPATH="$base_path:$PYTHONPATH"
+  . "$1/setup.sh" || { echo "failed: $1/setup.sh did not set the bundle up (its lines above say why)"; return 1; }
+  export PYTHONPATH="$base_path:$PYTHONPATH"
 }
 
 harness_env() { # the harness's own Python packages the host lacks (pydantic, orjson, fastapi, uvicorn), and those only: symlinks in
@@ -197,7 +199,7 @@ step() { # the body of one step, in a subshell
   case $1 in
     vllm-pair)
       [ "$pair" = gemma-4-31B-it ] || { echo "skipped: vllm-pair measures gemma-4-31B-it only (two_clients.py's shapes)"; return 0; }
-      bundle .vllm-bundle || return 0
+      bundle .vllm-bundle || { [ $? = 3 ] && return 0; return 1; }
       local cmd=(python3 -m benchmarks.peers.two_clients --engine vllm --shape gemma-4-31B-it --modes dflash,ar
                  --concurrency 1,8 --new-tokens 128 --requests-per-slot 2 --best-effort --data-dir "$data"
                  --work "$work" --out "$OUT/two_clients_vllm_gemma.json" --time-limit "$2")
@@ -206,14 +208,14 @@ step() { # the body of one step, in a subshell
       shape hf && "${cmd[@]}"
       cp -r "$work/logs" "$OUT/logs/two_clients" 2>/dev/null ;;
     vllm|vllm-tau|vllm-long)
-      bundle .vllm-bundle || return 0
+      bundle .vllm-bundle || { [ $? = 3 ] && return 0; return 1; }
       # Gemma 4 needs vLLM's triton attention for its 512-wide full-attention heads; the others keep the default
       local attention=()
       case $pair in gemma-4-*) attention=(--engine-arg=--attention-backend=triton_attn) ;; esac
       shape hf && variant "$1" vllm "$work/$pair" --engine-arg=--load-format=dummy "${attention[@]}" \
         --engine-arg=--max-num-batched-tokens=8192 --engine-arg=--seed=0 ;;
     sglang)
-      bundle .sglang-bundle || return 0
+      bundle .sglang-bundle || { [ $? = 3 ] && return 0; return 1; }
       shape sglang && sweep sglang sglang "$work/sglang/$pair" --engine-arg=--load-format=dummy \
         --engine-arg=--attention-backend=triton --engine-arg=--sampling-backend=pytorch --engine-arg=--random-seed=0 ;;
     emulator|emulator-tau|emulator-long)
