@@ -16,6 +16,9 @@ change in the bad direction that still passes):
   fails only when the whole interval is past the
   threshold. Each check's interval is taken at 1 - (1 - confidence) / checks (compare.family), so that a rerun of
   the same code passes every check of the gate with the configured confidence.
+- the speedup over the suites (compare.pooled_speedups): per speculative mode, engine and concurrency with 2 or more
+  suites, each repeat's geometric mean of the suites' speedups, judged as a speedup, its noise its own repeats'
+  spread: a loaded machine moves each cell's speedup on its own, a slower speculative server every suite alike.
 - plain: the same noisy metrics without repeats: the single change against the threshold, widened by the
   baseline's noise where it carries one, labelled so.
 

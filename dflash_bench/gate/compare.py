@@ -13,7 +13,7 @@ from dflash_bench.errors import UserError
 from dflash_bench.gate.baseline import Baseline, CellValues
 from dflash_bench.gate.config import Bootstrap, GateConfig
 from dflash_bench.gate.machine import ABSOLUTE, MachineSpeeds, machine_speeds
-from dflash_bench.gate.noise import MACHINE_PACED, Noise, allowance, noise_of, repeat_noise
+from dflash_bench.gate.noise import MACHINE_PACED, Noise, allowance, noise_of, pooled_cv, repeat_noise
 from dflash_bench.gate.tau import comparable, definitions, verified_width
 from dflash_bench.store import SPECULATIVE, CellKey
 
@@ -40,6 +40,11 @@ METRICS = (
     Metric("exact_match_rate", "lossless exact match", "exact_match", True, False, optional=True),
     Metric("accuracy", "task accuracy", "accuracy", True, False, optional=True),
 )
+# A speculative mode's speedup over all the suites of one engine and concurrency: per repeat the geometric mean of its
+# cells' speedups (gate/compare.pooled_speedups). A slower speculative server slows every suite alike, while the load
+# of a shared machine moves each cell's speedup on its own: pooled over the suites that noise shrinks and the
+# regression stays.
+POOLED_SPEEDUP = Metric("speedup_over_suites", "speedup over the suites", "speedup", True, True)
 # Not a comparison with the baseline: a speculative cell (DFlash, EAGLE-3) of the sweep that did not speculate (no acceptance
 # source, draft counters that did not move, tau ~ 1) is the silent fallback to AR, and fails on its own.
 SPECULATION = Metric("speculation", "speculation", "acceptance_length", True, False)
@@ -114,9 +119,17 @@ def compare(sweep: Baseline, base: Baseline, config: GateConfig | None = None,
                         f"baseline: {_some(ref)}): they measured different plans")
     noise = repeat_noise(base)
     own = {k: n for k, n in repeat_noise(sweep, source="sweep").items() if k[1] in MACHINE_PACED}
+    pooled = pooled_speedups(ref, cur, common)
     noisy = sum(1 for k in common for m in METRICS if m.noisy and ref[k].metrics.get(m.name) and cur[k].metrics.get(m.name))
+    noisy += len(pooled)
     each = config.model_copy(update={"bootstrap": family(config.bootstrap, noisy)})
     checks = [chk for k in common for chk in _check_cell(ref[k], cur[k], each, noise, own)]
+    for name, (then, now, carried) in pooled.items():
+        spread = pooled_cv([then])
+        found = [n for n in (Noise(spread, "repeats", len(then)) if spread else None,
+                             Noise(carried, "runs", 0) if carried else None) if n is not None]
+        checks.append(judge(name, POOLED_SPEEDUP, then, now, each.thresholds.speedup, each.bootstrap,
+                            max(found, key=lambda n: n.cv) if found else None))
     speeds = machine_speeds(sweep, base, config)
     set_aside(checks, speeds)
     return GateResult(
@@ -139,6 +152,30 @@ def set_aside(checks: list[Check], speeds: MachineSpeeds) -> None:
             change = "" if chk.change is None else f"{100 * chk.change:+.1f}%, "
             chk.note = f"{change}not gated: {speeds.words()}"
             chk.method, chk.verdict, chk.change, chk.ci, chk.confidence = "not comparable", "skipped", None, None, None
+
+
+def pooled_speedups(ref: dict[CellKey, CellValues], cur: dict[CellKey, CellValues],
+                    common: list[CellKey]) -> dict[str, tuple[list[float], list[float], float]]:
+    """Per speculative mode, engine and concurrency with 2 or more suites on both sides: the baseline's and the
+    sweep's speedup over the suites (per repeat, the geometric mean of the suites' speedups, over the repeats every
+    suite has), and the largest run-to-run noise a cell of it carries (`--noise-from`; 0: none)."""
+    groups: dict[tuple[str, str, int], list[CellKey]] = {}
+    for k in common:
+        if k.mode in SPECULATIVE and all(side[k].metrics.get("speedup") and min(side[k].metrics["speedup"]) > 0
+                                         for side in (ref, cur)):
+            groups.setdefault((k.engine, k.mode, k.concurrency), []).append(k)
+    out = {}
+    for (engine, mode, c), keys in groups.items():
+        if len(keys) < 2:
+            continue
+        sides = []
+        for side in (ref, cur):
+            n = min(len(side[k].metrics["speedup"]) for k in keys)
+            logs = np.log([side[k].metrics["speedup"][:n] for k in keys])
+            sides.append([float(x) for x in np.exp(logs.mean(axis=0))])
+        carried = max(ref[k].noise.get("speedup", 0.0) for k in keys)
+        out[f"{engine}/{mode}/{len(keys)}-suites/c{c}"] = (sides[0], sides[1], carried)
+    return out
 
 
 def family(boot: Bootstrap, checks: int) -> Bootstrap:
