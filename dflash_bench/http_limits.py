@@ -27,15 +27,31 @@ class BodyTooLong(ValueError):
                          "for a whole body (MAX_BODY_BYTES)")
 
 
+class WholeBody:
+    """A GET's answer kept up to MAX_BODY_BYTES, whatever client reads it: BodyTooLong, naming `url`, where its
+    Content-Length says it is longer or as soon as it turns out to be (the rest left unread)."""
+
+    def __init__(self, url: str, length: str | None = None) -> None:
+        if length is not None and length.strip().isdigit() and int(length) > MAX_BODY_BYTES:
+            raise BodyTooLong(url)
+        self.url = url
+        self.parts: list[bytes] = []
+        self.held = 0
+
+    def add(self, data: bytes) -> None:
+        self.held += len(data)
+        if self.held > MAX_BODY_BYTES:
+            raise BodyTooLong(self.url)
+        self.parts.append(data)
+
+    def value(self) -> bytes:
+        return b"".join(self.parts)
+
+
 def get_capped(client: httpx.Client, url: str) -> tuple[int, bytes]:
-    """(status, body) of GET `url` (absolute, or relative to the client's base URL); BodyTooLong past
-    MAX_BODY_BYTES, the rest left unread and the connection closed."""
+    """(status, body) of GET `url` (absolute, or relative to the client's base URL), the body a WholeBody."""
     with client.stream("GET", url) as r:
-        parts: list[bytes] = []
-        held = 0
+        body = WholeBody(str(r.url), r.headers.get("Content-Length"))
         for data in r.iter_bytes():
-            held += len(data)
-            if held > MAX_BODY_BYTES:
-                raise BodyTooLong(str(r.url))
-            parts.append(data)
-        return r.status_code, b"".join(parts)
+            body.add(data)
+        return r.status_code, body.value()

@@ -295,11 +295,13 @@ def rows_anatomy(results: list[Any]) -> Table:
     (the weights once plus every row's KV at the step's context, at the measured copy bandwidth)."""
     data = results[0]
     classes = ("gemm", "attention", "norms/rope/elementwise", "sampling+commit")
+
+    def label(width_policy: str) -> str:  # the points' AR has width policy "ar"
+        return "AR" if width_policy == "ar" else f"DFlash, width {width_policy}"
     out = []
     for p in data["points"]:
         floor = p["weight_floor_us"] + p["kv_floor_us"]
-        label = "AR" if p["mode"] == "ar" else f"DFlash, width {p['width_policy']}"
-        out.append([p["shape"], label, str(p["rows"]), f2(p["tokens_per_row_step"]), f2(p["wall_us"] / 1e3)]
+        out.append([p["shape"], label(p["width_policy"]), str(p["rows"]), f2(p["tokens_per_row_step"]), f2(p["wall_us"] / 1e3)]
                    + [f2(p["classes_us"].get(c, 0.0) / 1e3) for c in classes]
                    + [f2(p["host_us"] / 1e3), f2(floor / 1e3), f"{p['wall_us'] / floor:.2f}x"])
     notes = [f"Milliseconds a step, {data['dtype']}, context {data['context']} tokens, synthetic τ {data['tau']} for "
@@ -308,7 +310,7 @@ def rows_anatomy(results: list[Any]) -> Table:
              "kernels; host is the step's wall time the GPU waited on the host."]
     for g in data["growth"]:
         per = g["us_per_row"]
-        notes.append(f"{g['shape']} {'AR' if g['width_policy'] == 'ar' else 'DFlash, width ' + g['width_policy']}, "
+        notes.append(f"{g['shape']} {label(g['width_policy'])}, "
                      f"{g['rows'][0]}-{g['rows'][-1]} rows: each row adds {f1(per['wall'])} µs a step "
                      f"(GEMMs {f1(per['gemm'])}, attention {f1(per['attention'])}, host {f1(per['host'])}).")
     return Table(["shape", "mode", "rows", "tokens per row and step", "step", "GEMMs", "attention",

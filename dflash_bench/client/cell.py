@@ -15,9 +15,9 @@ import orjson
 
 from dflash_bench.client.loadgen import LoadGenerator, LoadSettings, ProgressFn
 from dflash_bench.client.protocol import APIS, RequestSettings, chat_renderer
-from dflash_bench.http_limits import BodyTooLong
 from dflash_bench.client.transport import TRANSPORTS, Transport, make_transport, with_timeout
 from dflash_bench.errors import UserError
+from dflash_bench.http_limits import BodyTooLong
 from dflash_bench.metrics import prometheus
 from dflash_bench.store import CellSettings, RequestRecord, ServerMetrics, SteadyPlan, now_iso
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import httpx
 
-from dflash_bench.http_limits import get_capped
 from dflash_bench.errors import UserError
+from dflash_bench.http_limits import get_capped
 
 SLOTS_GAUGE = "dflash_bench:max_slots"
 

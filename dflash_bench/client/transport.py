@@ -15,7 +15,7 @@ from types import ModuleType, SimpleNamespace
 from typing import Any, AsyncIterator, Awaitable, Callable, Protocol, TypeVar
 
 from dflash_bench.client.protocol import Stream, error_message, event_stream_refusal
-from dflash_bench.http_limits import MAX_BODY_BYTES, MAX_ERROR_BODY, BodyTooLong
+from dflash_bench.http_limits import MAX_ERROR_BODY, BodyTooLong, WholeBody
 
 T = TypeVar("T")
 
@@ -138,18 +138,11 @@ async def _read_sse(st: Stream, content_type: str | None, chunks: AsyncIterator[
 
 
 async def _whole_body(url: str, length: str | None, chunks: AsyncIterator[bytes]) -> bytes:
-    """A GET's answer (aiohttp and httpx alike), kept whole up to MAX_BODY_BYTES as the raw transport keeps it: an
-    answer that says or turns out to be longer raises BodyTooLong, naming `url`, with the rest unread."""
-    if length is not None and length.strip().isdigit() and int(length) > MAX_BODY_BYTES:
-        raise BodyTooLong(url)
-    parts: list[bytes] = []
-    held = 0
+    """A GET's answer (aiohttp and httpx alike), kept as a WholeBody, as the raw transport keeps it."""
+    body = WholeBody(url, length)
     async for data in chunks:
-        held += len(data)
-        if held > MAX_BODY_BYTES:
-            raise BodyTooLong(url)
-        parts.append(data)
-    return b"".join(parts)
+        body.add(data)
+    return body.value()
 
 
 async def _error_body(chunks: AsyncIterator[bytes]) -> bytes:

@@ -7,7 +7,8 @@ and counts them with vLLM's semantics for /metrics.
 
 from __future__ import annotations
 
-from typing import Any
+from itertools import islice
+from typing import Any, Callable, Iterable
 
 from dataclasses import dataclass, field
 
@@ -72,6 +73,19 @@ def eos_ids(model: Any, tokenizer: Any) -> list[int]:
     if tokenizer.eos_token_id is not None:
         ids.add(tokenizer.eos_token_id)
     return sorted(ids)
+
+
+def admission_cut(lengths: Iterable[int], free: int, fits: Callable[[int, int], bool]) -> int:
+    """How many of the waiting prompts (`lengths`, oldest first; read no further than needed) the next prefill takes:
+    the oldest ones, at most `free` (the free slots), while `fits(k, longest)` says k of them go into one prefill
+    forward. The oldest is taken whatever its length: it is prefilled alone. Each engine brings its own `fits`."""
+    k = longest = 0
+    for n in islice(lengths, free):
+        longest = max(longest, n)
+        if k and not fits(k + 1, longest):
+            break
+        k += 1
+    return k
 
 
 def request_refusal(n_prompt: int, max_tokens: int, max_len: int, block_size: int) -> str | None:

@@ -13,7 +13,7 @@ from dflash_bench.errors import UserError
 from dflash_bench.gate.baseline import Baseline, CellValues
 from dflash_bench.gate.config import Bootstrap, GateConfig
 from dflash_bench.gate.machine import ABSOLUTE, MachineSpeeds, machine_speeds
-from dflash_bench.gate.noise import MACHINE_PACED, Noise, allowance, noise_of, pooled_cv, repeat_noise
+from dflash_bench.gate.noise import MACHINE_PACED, Noise, allowance, noise_of, pooled_cv, repeat_noise, widest
 from dflash_bench.gate.tau import comparable, definitions, verified_width
 from dflash_bench.store import SPECULATIVE, CellKey
 
@@ -126,10 +126,9 @@ def compare(sweep: Baseline, base: Baseline, config: GateConfig | None = None,
     checks = [chk for k in common for chk in _check_cell(ref[k], cur[k], each, noise, own)]
     for name, (then, now, carried) in pooled.items():
         spread = pooled_cv([then])
-        found = [n for n in (Noise(spread, "repeats", len(then)) if spread else None,
-                             Noise(carried, "runs", 0) if carried else None) if n is not None]
-        checks.append(judge(name, POOLED_SPEEDUP, then, now, each.thresholds.speedup, each.bootstrap,
-                            max(found, key=lambda n: n.cv) if found else None))
+        noise_here = widest(Noise(spread, "repeats", len(then)) if spread else None,
+                            Noise(carried, "runs", 0) if carried else None)
+        checks.append(judge(name, POOLED_SPEEDUP, then, now, each.thresholds.speedup, each.bootstrap, noise_here))
     speeds = machine_speeds(sweep, base, config)
     set_aside(checks, speeds)
     return GateResult(

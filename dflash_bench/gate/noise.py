@@ -112,7 +112,12 @@ def noise_of(cell: CellValues, metric: str, repeats: dict[tuple[tuple[str, str, 
     theirs = (own or {}).get((group(cell), metric))
     carried = cell.noise.get(metric)
     runs = Noise(carried, "runs", cell.noise_runs) if carried else None
-    found = [n for n in (mine, theirs, runs) if n is not None]
+    return widest(mine, theirs, runs)
+
+
+def widest(*figures: Noise | None) -> Noise | None:
+    """The largest of these noise figures (None: none measured)."""
+    found = [n for n in figures if n is not None]
     return max(found, key=lambda n: n.cv) if found else None
 
 

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from dflash_bench.http_limits import get_capped
 from dflash_bench.errors import UserError
+from dflash_bench.http_limits import get_capped
 from dflash_bench.store import ServerIdentity
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ from pydantic import BaseModel
 
 from dflash_bench.speedup import speedup_of
 from dflash_bench.published import published_for
-from dflash_bench.store import MODE_NAMES, SPECULATIVE
+from dflash_bench.store import SPECULATIVE, mode_name
 
 Weights = Literal["real", "random", "emulated"]
 
@@ -75,7 +75,7 @@ class CardRow(BaseModel):
 
     @property
     def mode_name(self) -> str:
-        return MODE_NAMES.get(self.mode, self.mode)
+        return mode_name(self.mode)
 
     @property
     def labels(self) -> list[str]:

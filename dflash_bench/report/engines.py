@@ -20,7 +20,7 @@ from pydantic import BaseModel
 
 from dflash_bench.published import published_for
 from dflash_bench.report.card import CardRow
-from dflash_bench.store import MODE_NAMES, SPECULATIVE
+from dflash_bench.store import SPECULATIVE, mode_name
 
 Kind = Literal["measured", "synthetic", "random", "emulated", "card"]
 # the order kinds are listed in at one concurrency, and what each row's label says
@@ -69,7 +69,7 @@ class EngineRow(BaseModel):
 
     @property
     def mode_name(self) -> str:
-        return MODE_NAMES.get(self.mode, self.mode)
+        return mode_name(self.mode)
 
 
 class Crossing(BaseModel):
@@ -87,7 +87,7 @@ class Crossing(BaseModel):
 
     @property
     def mode_name(self) -> str:
-        return MODE_NAMES.get(self.mode, self.mode)
+        return mode_name(self.mode)
 
 
 class SuiteTable(BaseModel):
@@ -225,7 +225,7 @@ class LengthRow(BaseModel):
 
     @property
     def mode_name(self) -> str:
-        return MODE_NAMES.get(self.mode, self.mode)
+        return mode_name(self.mode)
 
 
 class LengthTable(BaseModel):

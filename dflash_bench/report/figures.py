@@ -17,10 +17,9 @@ from dflash_bench import analysis
 from dflash_bench.report.plotting import (MAX_LEGEND, MAX_POINT_LABELS, conc_axis, grid, legend, panel_size,
                                           place_labels, png, spread)
 from dflash_bench.report.views import SweepView
-from dflash_bench.store import MODE_NAMES, SPECULATIVE
+from dflash_bench.store import SPECULATIVE, mode_name
 
 COLORS = {"ar": "#1f77b4", "dflash": "#ff7f0e", "eagle3": "#2ca02c"}
-NAMES = MODE_NAMES
 MARKERS = ["o", "s", "^", "D", "v"]
 STYLES = ["-", "--", ":", "-."]
 
@@ -45,7 +44,7 @@ def _style(view: SweepView, engine: str, mode: str) -> dict[str, Any]:
 
 
 def _series_label(view: SweepView, engine: str, mode: str) -> str:
-    name = NAMES.get(mode, mode)
+    name = mode_name(mode)
     return f"{engine} {name}" if len(_engines(view)) > 1 else name
 
 
@@ -67,7 +66,7 @@ def _spec_style(view: SweepView, data: pd.DataFrame, engine: str, mode: str) -> 
 def _spec_label(view: SweepView, data: pd.DataFrame, suite: str, engine: str, mode: str) -> str:
     """`suite`, with the engine where the sweep ran several and the mode where it ran several speculative ones."""
     extra = [engine] if len(_engines(view)) > 1 else []
-    extra += [NAMES.get(mode, mode)] if data["mode"].nunique() > 1 else []
+    extra += [mode_name(mode)] if data["mode"].nunique() > 1 else []
     return f"{suite} ({', '.join(extra)})" if extra else suite
 
 
@@ -184,7 +183,7 @@ def positions(view: SweepView) -> plt.Figure | None:
             shade = cmap(concs.index(int(row["concurrency"])) / max(len(concs) - 1, 1) * 0.85)
             st = _spec_style(view, data, row["engine"], row["mode"])
             label = f"c{int(row['concurrency'])}" + (f" {row['engine']}" if len(_engines(view)) > 1 else "") + (
-                f" {NAMES.get(row['mode'], row['mode'])}" if data["mode"].nunique() > 1 else "")
+                f" {mode_name(row['mode'])}" if data["mode"].nunique() > 1 else "")
             ax.plot(range(1, len(pos) + 1), pos, color=shade, marker=".", linestyle=st["linestyle"], label=label)
         ax.set_title(suite)
         ax.set_xlabel("draft position")
@@ -348,7 +347,7 @@ def input_length(view: SweepView) -> plt.Figure | None:
     modes = data["mode"].nunique() > 1
     for i, ((engine, mode, conc), g) in enumerate(data.groupby(["engine", "mode", "concurrency"])):
         g = g.sort_values("input_len")
-        label = (f"c={conc}" if len(_engines(view)) == 1 else f"{engine} c={conc}") + (f" {NAMES.get(mode, mode)}" if modes else "")
+        label = (f"c={conc}" if len(_engines(view)) == 1 else f"{engine} c={conc}") + (f" {mode_name(mode)}" if modes else "")
         style = STYLES[SPECULATIVE.index(mode) % len(STYLES)] if modes and mode in SPECULATIVE else "-"
         left.plot(g["input_len"], g["speedup"], marker="o", color=cmap(i % 8), linestyle=style, label=label)
         right.plot(g["input_len"], g["tau"], marker="o", color=cmap(i % 8), linestyle=style, label=label)

@@ -22,7 +22,7 @@ from dflash_bench.errors import UserError
 from dflash_bench.speedup import SPEEDUP_DEFINITION
 from dflash_bench.report import card, cells, engines, figures, measured, quality, serving, tables
 from dflash_bench.report.views import SweepView, load, plain, redact
-from dflash_bench.store import MANIFEST, SPECULATIVE, atomic_write_bytes
+from dflash_bench.store import MANIFEST, SPECULATIVE, atomic_write_bytes, mode_name
 
 TEMPLATES = Path(__file__).parent / "templates"
 MATRIX_COLUMNS = 8  # a sweep of more concurrencies shows its headline as a row per concurrency, not a column each
@@ -186,9 +186,9 @@ def _context(view: SweepView, figs: dict[str, dict[str, str]], slo: str | None =
         "energy": tables.energy_rows(view),
         "tau_counting": tables.tau_counting(view),
         "synthetic": sorted({f"{v:g}" for v in view.frame.get("synthetic_acceptance", []) if _present(v)}),
-        "spec_modes": [(m, tables.mode_name(m)) for m in SPECULATIVE if not view.done.empty and
+        "spec_modes": [(m, mode_name(m)) for m in SPECULATIVE if not view.done.empty and
                        (view.done["mode"] == m).any()] or [("dflash", "DFlash")],
-        "synthetic_modes": [tables.mode_name(m) for m in SPECULATIVE if "synthetic_acceptance" in view.frame and
+        "synthetic_modes": [mode_name(m) for m in SPECULATIVE if "synthetic_acceptance" in view.frame and
                             view.frame.loc[view.frame["mode"] == m, "synthetic_acceptance"].notna().any()],
         "no_speculation": cells.fold([(w["cell_id"], w["warning"]) for w in cells.no_speculation(view.frame)]),
         "random_weights": any(card.weights_of(args, e) == "random" for e in set(view.frame.get("engine", []))),

@@ -15,7 +15,7 @@ from dflash_bench import analysis
 from dflash_bench import published as card
 from dflash_bench import slo as slo_mod
 from dflash_bench.errors import UserError
-from dflash_bench.store import MODE_NAMES
+from dflash_bench.store import mode_name
 from dflash_bench.report.views import SweepView, gpu_names
 
 
@@ -101,7 +101,7 @@ def thinking_pairs(view: SweepView) -> list[dict[str, Any]]:
     rows = []
     for (engine, mode, suite, conc), g in arms.groupby(["engine", "mode", "base", "concurrency"], sort=False):
         side = {arm: g[g["thinking_asked"] == arm].iloc[0] for arm in ("off", "on") if (g["thinking_asked"] == arm).any()}
-        rows.append({"engine": engine, "mode": MODE_NAMES.get(mode, mode), "suite": suite, "concurrency": int(conc),
+        rows.append({"engine": engine, "mode": mode_name(mode), "suite": suite, "concurrency": int(conc),
                      **{f"{k}_{arm}": _f(side[arm][k]) if arm in side else None
                         for arm in ("off", "on") for k in ("speedup", "tau")}})
     return rows

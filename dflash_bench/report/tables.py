@@ -15,7 +15,7 @@ import pandas as pd
 from dflash_bench import analysis, profiles
 from dflash_bench.errors import UserError
 from dflash_bench.report.views import SweepView, in_order
-from dflash_bench.store import MODE_NAMES, SPECULATIVE
+from dflash_bench.store import SPECULATIVE, mode_name
 
 SIDES = ("ar", *SPECULATIVE)  # the modes a row of stat_table sets side by side
 
@@ -37,10 +37,6 @@ def _by_mode(table: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     if table.empty:
         return []
     return [(m, table[table["mode"] == m]) for m in SPECULATIVE if (table["mode"] == m).any()]
-
-
-def mode_name(mode: str) -> str:
-    return MODE_NAMES.get(mode, mode)
 
 
 def headline_matrix(headline: pd.DataFrame) -> tuple[list[int], list[dict[str, Any]]]:

@@ -18,7 +18,7 @@ Folders of schema version 1 are read as version 2 (migrate.py). Writes are atomi
 """
 
 from dflash_bench.store.cells import (
-    SCHEMA_VERSION, STAT_FIELDS, AccuracySummary, CellKey, CellSettings, CellStatus, CellSummary, LosslessSummary, MEASURED, MODE_NAMES, Mode,
+    SCHEMA_VERSION, STAT_FIELDS, AccuracySummary, CellKey, CellSettings, CellStatus, CellSummary, LosslessSummary, MEASURED, MODE_NAMES, Mode, mode_name,
     PairedDiff, RequestRecord, ServerMetrics, SPECULATIVE, Stat, SteadyPlan, SteadyWindow, cell_id,
 )
 from dflash_bench.store.folder import (
@@ -34,7 +34,7 @@ from dflash_bench.store.results import RESULTS_COLUMNS, ResultsRow, read_results
 from dflash_bench.store.timestamps import now_iso
 
 __all__ = [
-    "SCHEMA_VERSION", "STAT_FIELDS", "AccuracySummary", "CellKey", "CellSettings", "CellStatus", "CellSummary", "LosslessSummary", "MEASURED", "MODE_NAMES",
+    "SCHEMA_VERSION", "STAT_FIELDS", "AccuracySummary", "CellKey", "CellSettings", "CellStatus", "CellSummary", "LosslessSummary", "MEASURED", "MODE_NAMES", "mode_name",
     "Mode", "PairedDiff", "RequestRecord", "ServerMetrics", "SPECULATIVE", "Stat", "SteadyPlan", "SteadyWindow", "cell_id", "MANIFEST", "REQUESTS", "RESULTS",
     "SERVER_METRICS", "SUMMARY", "TELEMETRY", "StoreError", "SweepDir", "atomic_write_bytes", "atomic_write_json",
     "atomic_write_text", "read_json_model", "read_text", "CellPlan", "GpuInfo", "Hardware", "HostInfo", "MachineSpeed", "Manifest", "ModelRevision", "Models",

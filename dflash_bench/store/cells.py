@@ -17,6 +17,11 @@ Mode = Literal["ar", "dflash", "eagle3"]
 SPECULATIVE: tuple[str, ...] = ("dflash", "eagle3")
 # what tables, figures and the console call each mode
 MODE_NAMES: dict[str, str] = {"ar": "AR", "dflash": "DFlash", "eagle3": "EAGLE-3"}
+
+
+def mode_name(mode: str) -> str:
+    """A mode as a reader names it (MODE_NAMES; an unknown mode as it is)."""
+    return MODE_NAMES.get(mode, mode)
 CellStatus = Literal["pending", "running", "complete", "partial", "failed"]
 # a cell whose numbers exist: complete, or partial (some measured requests failed: its figures cover the others)
 MEASURED: tuple[str, ...] = ("complete", "partial")

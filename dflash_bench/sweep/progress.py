@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from dflash_bench.console import new_console
-from dflash_bench.store import MODE_NAMES, CellPlan, CellSummary, Manifest, SweepDir
+from dflash_bench.store import CellPlan, CellSummary, Manifest, SweepDir, mode_name
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -152,7 +152,7 @@ def headline_table(head: pd.DataFrame, gpus: int | None = None) -> Table:
     shard = gpus is not None and gpus > 1
     modes = list(head["mode"]) if "mode" in head.columns else ["dflash"] * len(head)
     many = set(modes) != {"dflash"}
-    spec = "speculative" if many else MODE_NAMES["dflash"]
+    spec = "speculative" if many else mode_name("dflash")
     title = f"AR vs {spec} (output tokens/s" + (f"; {gpus} GPUs per server" if shard else "") + (
         f"; speedup over {most} repeats: median (lowest-highest))" if most > 1 else ")")
     table = Table(title=title)
@@ -165,7 +165,7 @@ def headline_table(head: pd.DataFrame, gpus: int | None = None) -> Table:
         if tau == "-" or r["tau"] < 1.05:  # the speculative server showed no sign of speculating
             tau = f"[bold red]{tau} (no speculation)[/]"
         shares = [per_gpu(r["ar_tok_s"], gpus), per_gpu(r["spec_tok_s"], gpus)] if shard else []
-        table.add_row(escape(str(r["engine"])), *((MODE_NAMES.get(mode, mode),) if many else ()), escape(str(r["suite"])),
+        table.add_row(escape(str(r["engine"])), *((mode_name(mode),) if many else ()), escape(str(r["suite"])),
                       str(r["concurrency"]), f"{r['ar_tok_s']:,.1f}", f"{r['spec_tok_s']:,.1f}", *shares,
                       speedup_text(r), tau)
     return table
@@ -179,8 +179,8 @@ def versus_table(versus: pd.DataFrame) -> Table | None:
         return None
     most = int(versus["repeats"].max())
     others = list(dict.fromkeys(versus["mode"]))
-    name = MODE_NAMES.get(others[0], others[0]) if len(others) == 1 else "the other"
-    table = Table(title=f"DFlash vs {' / '.join(MODE_NAMES.get(m, m) for m in others)} (output tokens/s; ratio: DFlash / "
+    name = mode_name(others[0]) if len(others) == 1 else "the other"
+    table = Table(title=f"DFlash vs {' / '.join(mode_name(m) for m in others)} (output tokens/s; ratio: DFlash / "
                   f"{name}" + (f", over {most} repeats: median (lowest-highest))" if most > 1 else ")"))
     cols = ("engine", "suite", "concurrency", "DFlash tok/s", *(("mode",) if len(others) > 1 else ()), f"{name} tok/s",
             "ratio", "τ DFlash", f"τ {name}")
@@ -189,7 +189,7 @@ def versus_table(versus: pd.DataFrame) -> Table | None:
     for r in versus.to_dict("records"):
         ratio = f"{r['ratio']:.2f}x" + (f" ({r['ratio_min']:.2f}-{r['ratio_max']:.2f})" if r["repeats"] > 1 else "")
         table.add_row(escape(str(r["engine"])), escape(str(r["suite"])), str(r["concurrency"]), f"{r['dflash_tok_s']:,.1f}",
-                      *((MODE_NAMES.get(r["mode"], r["mode"]),) if len(others) > 1 else ()), f"{r['other_tok_s']:,.1f}",
+                      *((mode_name(r["mode"]),) if len(others) > 1 else ()), f"{r['other_tok_s']:,.1f}",
                       ratio, _tau(r["dflash_tau"]), _tau(r["other_tau"]))
     return table
 

@@ -8,12 +8,11 @@ only counts positions below `start`.
 from __future__ import annotations
 
 import dataclasses
-from itertools import islice
 from typing import Any, Iterable
 
 import torch
 
-from dflash_bench.engine.bookkeeping import Bookkeeping, Delta, Seq, Stats, eos_ids, step_logprobs
+from dflash_bench.engine.bookkeeping import Bookkeeping, Delta, Seq, Stats, admission_cut, eos_ids, step_logprobs
 from dflash_bench.engine.config import DEFAULT_SLOTS, EngineConfig
 from dflash_bench.engine.reference.propose import Proposer
 from dflash_bench.engine.interface import Engine
@@ -64,15 +63,9 @@ class ReferenceEngine:
         return k <= self.prefill_rows and k * longest <= self.prefill_tokens
 
     def admission(self, lengths: Iterable[int]) -> int:
-        """How many of the waiting prompts (their lengths, oldest first) the next `add_many` takes: the oldest, at
-        most the free slots, while they fit one forward (`fits`); the oldest whatever its length."""
-        k = longest = 0
-        for n in islice(lengths, len(self.free_slots)):
-            longest = max(longest, n)
-            if k and not self.fits(k + 1, longest):
-                break
-            k += 1
-        return k
+        """How many of the waiting prompts (their lengths, oldest first) the next `add_many` takes: at most the free
+        slots, while they fit one forward (`fits`; bookkeeping.admission_cut)."""
+        return admission_cut(lengths, len(self.free_slots), self.fits)
 
     def add(self, req_id: str, prompt: list[int], params: SamplingParams) -> tuple[Seq, Delta]:
         """Prefill one new request into a free slot; returns the sequence and its first token."""

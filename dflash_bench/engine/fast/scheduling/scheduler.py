@@ -32,10 +32,10 @@ over unpadded tokens, and its prefix cache skips prompt blocks seen before.
 from __future__ import annotations
 
 from collections import deque
-from itertools import islice
 from dataclasses import dataclass
 from typing import Iterable, Protocol, Sequence
 
+from dflash_bench.engine.bookkeeping import admission_cut
 from dflash_bench.engine.config import StepConfig
 from dflash_bench.engine.fast.scheduling.width import CPU_DECAY, CPU_WIDTHS, DECAY, WIDTHS, WidthChooser
 
@@ -192,16 +192,9 @@ class Scheduler:
         return min(-(-n // PREFILL_BUCKET) * PREFILL_BUCKET, self.max_len)
 
     def admission(self, lengths: Iterable[int], free: int) -> int:
-        """How many of the waiting prompts (`lengths`, oldest first; read no further than needed) the next prefill
-        takes: the oldest ones, at most `free` (the free slots), while they fit one prefill forward (`fits`). The
-        oldest is taken whatever its length: it is prefilled alone."""
-        k = longest = 0
-        for n in islice(lengths, free):
-            longest = max(longest, n)
-            if k and not fits(k + 1, longest):
-                break
-            k += 1
-        return k
+        """How many of the waiting prompts (`lengths`, oldest first) the next prefill takes: at most `free`, while
+        they fit one prefill forward (`fits`; bookkeeping.admission_cut)."""
+        return admission_cut(lengths, free, fits)
 
     def prefill_groups(self, lengths: Sequence[int]) -> list[tuple[list[int], bool]]:
         """The prompts of these lengths in prefill groups: (indices, graphed). Prompts of similar length go
