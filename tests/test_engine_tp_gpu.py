@@ -59,17 +59,17 @@ def _prompts(tok, n: int) -> list[list[int]]:
     return [tok(" ".join(rng.choice(words) for _ in range(rng.randint(1, 30)))).input_ids for _ in range(n)]
 
 
-@pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "eager"])
-@pytest.mark.parametrize("adaptive", [False, True])
-@pytest.mark.parametrize("mode", ["ar", "dflash"])
+# AR has no width to adapt, and the eager case (serve --enforce-eager) runs the fixed width only
+CASES = [pytest.param(mode, adaptive, graphs, id=f"{mode}-{'adaptive' if adaptive else 'fixed'}-{'graphs' if graphs else 'eager'}")
+         for mode, adaptive, graphs in [("ar", False, True), ("ar", False, False), ("dflash", False, True),
+                                        ("dflash", False, False), ("dflash", True, True)]]
+
+
+@pytest.mark.parametrize("mode, adaptive, graphs", CASES)
 def test_two_gpus_decode_what_one_decodes(pair, mode, adaptive, graphs, tmp_path):
     """Fixed width: the same tokens step for step (the same accepted drafts); the adaptive width (chosen from each
     engine's own step times): the same tokens. `eager` (serve --enforce-eager): the collectives outside graphs,
     to tell a captured collective's fault from the step's."""
-    if mode == "ar" and adaptive:
-        pytest.skip("AR has no width")
-    if not graphs and adaptive:
-        pytest.skip("the eager case runs the fixed width only")
     target, drafter = pair
     log, out = tmp_path / "case.log", tmp_path / "case.json"
     proc = mp.get_context("spawn").Process(target=_case, args=(target, drafter if mode == "dflash" else None, mode,
