@@ -257,3 +257,27 @@ def test_a_rows_kind_says_where_its_synthetic_tau_came_from():
     assert kind_of(row(weights="random")) == ("random", "random drafter (τ about 1)")
     assert kind_of(row()) == ("measured", "measured τ")
     assert kind_of(row(weights="emulated")) == ("emulated", "emulated (no model ran)")
+    alone = row(weights="random").model_copy(update={"dflash": None})
+    assert kind_of(alone) == ("random", "AR alone, no DFlash cell")  # not a random drafter's: none ran
+
+
+def test_an_engine_measured_in_ar_alone_gets_its_row_and_no_crossing():
+    """A sweep resumed across calls can hold an engine's AR before its DFlash: the row shows the AR and says it
+    stands alone, and no "where DFlash stops paying" is said for it, while the engine beside it keeps its own."""
+    from dflash_bench.report.card import CardRow, CellLine
+    from dflash_bench.report.engines import suite_tables
+
+    def line(engine: str, mode: str, c: int, tok_s: float) -> CellLine:
+        return CellLine(engine=engine, mode=mode, suite="gsm8k", concurrency=c, device="2x H200", gpus=2,
+                        tok_s=tok_s, weights="random", source=engine)
+
+    rows = [CardRow(engine="vllm", device="2x H200", gpus=2, suite="gsm8k", concurrency=c, ar=line("vllm", "ar", c, 90.0 * c))
+            for c in (1, 8)]
+    rows += [CardRow(engine="builtin", device="2x H200", gpus=2, suite="gsm8k", concurrency=c, ar=line("builtin", "ar", c, 95.0 * c),
+                     dflash=line("builtin", "dflash", c, 80.0 * c), ratios=[80 / 95]) for c in (1, 8)]
+    (table,) = suite_tables(rows)
+    alone = [r for r in table.rows if r.engine == "vllm"]
+    assert [(r.label, r.ar_tok_s, r.dflash_tok_s, r.speedup) for r in alone] == \
+        [("AR alone, no DFlash cell", 90.0, None, None), ("AR alone, no DFlash cell", 720.0, None, None)]
+    assert [(x.engine, x.label) for x in table.crossings] == [("builtin", "random drafter (τ about 1)")]
+    assert all(r.fastest_ar == (r.engine == "builtin") for r in table.rows)

@@ -76,6 +76,14 @@ MISSION_H200_COMMAND = ("bash benchmarks/peers/mission.sh --gpu h200 --tp 2 -n 4
                         "benchmarks/results/gemma4_31b_mission_h200.json SWEEP_FOLDER...")
 MISSION_H200_MACHINE = "two NVIDIA H200 on one host (nvidia-h200-x2), a call per engine"
 
+# The mission's command whole: six suites, 1024 tokens out, two waves at c=32, every engine's AR and DFlash (the random
+# drafter's and the card's tau) on two H200s at tensor parallel 2, the sweeps resumed across calls and sessions.
+MISSION_SIX_H200 = "gemma4_31b_six_suites_h200.json"
+MISSION_SIX_H200_COMMAND = ("bash benchmarks/peers/mission.sh --gpu h200 --tp 2 -n 2 --waves 2 --max-tokens 1024 --suites "
+                            "math500,gsm8k,humaneval,mbpp,mt-bench,spec-bench --modes ar vllm vllm-tau (calls as the file's "
+                            "measured says), then python -m benchmarks.peers.big_sweep --out "
+                            "benchmarks/results/gemma4_31b_six_suites_h200.json SWEEP_FOLDER...")
+
 # vLLM and the builtin engine at the card's tau, drawn with one profile for both, on one H200 (big_sweep's file of
 # the four sweeps: each engine's AR, and its DFlash alone at the card's tau): the README's headline and the docs' table.
 MISSION_TAU_H200 = "gemma4_31b_card_tau_h200.json"
@@ -127,6 +135,8 @@ TABLES: list[Entry] = [
           "measured says), then python -m benchmarks.peers.big_sweep --out "
           "benchmarks/results/gemma4_31b_input_len_h200.json SWEEP_FOLDER...", gpu.mission_engines,
           machine=MISSION_TAU_H200_MACHINE),
+    Entry("gemma4_31b_six_suites_h200", "docs/results/gemma-4-31b.md", (MISSION_SIX_H200,), MISSION_SIX_H200_COMMAND,
+          gpu.mission_engines, machine="two NVIDIA H200 on one host (nvidia-h200-x2), tensor parallel 2"),
     Entry("gemma4_31b_engines_h200", "docs/results/gemma-4-31b.md", (MISSION_H200,), MISSION_H200_COMMAND,
           gpu.mission_engines, machine=MISSION_H200_MACHINE),
     Entry("two_clients_gemma_vllm", "docs/results/gemma-4-31b.md", ("two_clients_gemma_vllm_h100.json",), None,

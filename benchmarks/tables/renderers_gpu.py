@@ -133,19 +133,20 @@ def _engines_table(data: dict[str, Any], runs: bool) -> Table:
     lines, notes = _mission_lines(data)
     if not runs:  # what was not measured stays said; the runs' commands are the docs' to give
         notes = [n for n in notes if ": not measured: " in n]
-    rows = [r for r in card_rows(lines, data.get("pair")) if r.ar is not None and r.dflash is not None]
+    rows = [r for r in card_rows(lines, data.get("pair")) if r.ar is not None or r.dflash is not None]
     tables = engines.suite_tables(rows, data.get("pair"))
     modes = engines.has_modes(tables)
     body = [[t.suite, *row] for t in tables for row in engines.text_rows(t, modes)]
     crossings = [f"{t.suite}, {x.engine}, {x.mode_name + ', ' if modes else ''}{x.label}: {x.text}."
                  for t in tables for x in t.crossings]
-    measured = [f"Measured on {data['measured']}."] if data.get("measured") else []
+    measured = [f"Measured on {data['measured'].rstrip('.')}."] if data.get("measured") else []
     versions = sorted({f"{k} {v}" for run in data["runs"] for k, v in run.get("versions", {}).items()
                        if k in ("vllm", "sglang", "torch")})
     weights = [f"Weights {data['weights']}; {', '.join(versions)}."]
     return Table(["suite", *engines.header(tables)], body,
                  ["Where DFlash stops paying (DFlash / AR below 1 past that concurrency, at the τ of the row's kind):",
-                  "", *(f"- {c}" for c in crossings), "", ENGINES_KEY, *weights, *measured, *notes])
+                  "", *(f"- {c}" for c in crossings or ["not yet: no engine here has both its AR and its DFlash measured"]),
+                  "", ENGINES_KEY, *weights, *measured, *notes])
 
 
 ENGINES_KEY = ("Output tok/s per server (tensor parallel: all its GPUs), DFlash / AR the median of the repeats' "

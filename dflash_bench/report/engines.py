@@ -36,6 +36,10 @@ def kind_of(row: CardRow) -> tuple[Kind, str]:
     synthetic = row.dflash.synthetic_tau if row.dflash else None
     if any(c.weights == "emulated" for c in cells):
         return "emulated", "emulated (no model ran)"
+    if row.dflash is None:  # AR alone: its speculative cell is not measured (yet), so no τ to name
+        kind: Kind = "emulated" if row.ar and row.ar.weights == "emulated" else \
+            "random" if row.ar and row.ar.weights == "random" else "measured"
+        return kind, "AR alone, no DFlash cell"
     if synthetic is not None:
         source = row.dflash.synthetic_source if row.dflash else None
         return "synthetic", f"synthetic τ {synthetic:g}, drawn" + (f" ({source})" if source else "")
@@ -162,6 +166,8 @@ def suite_tables(rows: list[CardRow], pair: str | None = None) -> list[SuiteTabl
                 groups.setdefault((row.engine, row.mode, row.label), []).append(row)
         crossings = []
         for (engine, mode, label), group in groups.items():
+            if all(r.speedup is None for r in group):  # AR alone: nothing to say where it stops paying
+                continue
             last, first, text, short = crossing((r.concurrency, r.speedup) for r in group)
             crossings.append(Crossing(engine=engine, mode=mode, kind=group[0].kind, label=label, suite=suite,
                                       last_paying=last, first_below=first, text=text, short=short))
