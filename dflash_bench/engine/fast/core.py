@@ -9,6 +9,9 @@ read it through its `probe` and `watch` its launches.
 
 from __future__ import annotations
 
+import logging
+import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
@@ -21,6 +24,8 @@ from dflash_bench.engine.fast.running.runner import FastRunner
 from dflash_bench.engine.fast.running.timer import StepTimer
 from dflash_bench.engine.fast.scheduling.scheduler import Row, Scheduler, StepPlan
 from dflash_bench.synthetic import SyntheticProfile
+
+log = logging.getLogger("dflash_bench.engine")
 
 
 @dataclass(frozen=True)
@@ -125,7 +130,13 @@ class EngineCore:
         watchdog (`ranks.Watch`)."""
         if self._scheduler.lengths:
             raise RuntimeError("capture_all runs before any request is added")
-        return self._runner.capture(self._scheduler.graph_keys(), watch)
+        keys, t0 = self._scheduler.graph_keys(), time.perf_counter()
+        n = self._runner.capture(keys, watch)
+        if n:  # what a server's start-up spends, in its log: the graphs by kind, and the time they took
+            kinds = Counter(k[0] for k in keys)
+            log.info("captured %d graphs (%s) in %.1f s", n, ", ".join(f"{k} {c}" for k, c in kinds.items()),
+                     time.perf_counter() - t0)
+        return n
 
     # ---- requests -------------------------------------------------------------------------------
     def add(self, slot: int, prompt: list[int]) -> int:

@@ -3,6 +3,8 @@ tensor-parallel engine runs beside it (`ranks.py`), built the same way from the 
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any, Callable
 
 from dflash_bench.engine.config import EngineConfig, StepConfig
@@ -11,6 +13,8 @@ from dflash_bench.engine.fast.models.draft import FastDrafter
 from dflash_bench.engine.fast.models.family import family_of, load_target
 from dflash_bench.engine.fast.parallel.ranks import rank_device
 from dflash_bench.engine.fast.models.shard import Shard
+
+log = logging.getLogger("dflash_bench.engine")
 
 
 def make_core(model: Any, drafter: Any, step: StepConfig, *, max_slots: int, max_len: int, kernels: bool = True,
@@ -36,14 +40,16 @@ def load_pair(model: str, draft: str | None, *, dtype: Any, device: str, dummy: 
     from dflash_bench.engine.reference.target import load_model, resolve_dtype
 
     dt = resolve_dtype(dtype, device) if isinstance(dtype, str) else dtype
+    t0 = time.perf_counter()
     hf: Any = load_model(model, dtype=dt, device=device, dummy=dummy)  # a transformers model
     cfg = hf.config.get_text_config()
     family_of(cfg)  # one sentence when the fast path runs no such model
-    if draft is None:
-        return hf, None
-    return hf, load_drafter(draft, target_hidden=cfg.hidden_size, target_layers=cfg.num_hidden_layers,
-                            target_vocab=hf.get_output_embeddings().weight.shape[0], dtype=dt, device=device,
-                            dummy=dummy)
+    drafter = None if draft is None else load_drafter(
+        draft, target_hidden=cfg.hidden_size, target_layers=cfg.num_hidden_layers,
+        target_vocab=hf.get_output_embeddings().weight.shape[0], dtype=dt, device=device, dummy=dummy)
+    log.info("loaded the target%s on %s in %.1f s%s", " and the drafter" if drafter is not None else "", device,
+             time.perf_counter() - t0, " (random weights)" if dummy else "")
+    return hf, drafter
 
 
 def rank_core(config: EngineConfig, rank: int, shard: Shard, slots: Callable[[], object],
