@@ -141,3 +141,25 @@ def test_stop_leaves_alone_a_process_group_that_reused_a_stale_record(tmp_path):
     finally:
         other.kill()
         other.wait()
+
+
+def test_the_default_registry_leaves_nothing_in_the_temp_folder(tmp_path, monkeypatch):
+    """Without DFLASH_BENCH_RUN_DIR the servers are recorded under the system temp folder: once the last one is
+    stopped, its record and the folders made for it are gone, and a folder another record keeps stays."""
+    import tempfile
+
+    temp = tmp_path / "system-temp"
+    temp.mkdir()
+    monkeypatch.delenv("DFLASH_BENCH_RUN_DIR")
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    port = free_port()
+    with launch_command(server_argv(port, "child"), port=port, log_path=tmp_path / "s.log", name="test") as server:
+        (record,) = temp.glob(f"dflash-bench-*/servers/{server.info.pid}.json")
+    assert list(temp.iterdir()) == []
+    other = record.parent / "1.json"  # another harness's server, still running
+    other.parent.mkdir(parents=True)
+    other.write_text("{}")
+    port = free_port()
+    with launch_command(server_argv(port, "child"), port=port, log_path=tmp_path / "s.log", name="test"):
+        pass
+    assert [p.name for p in record.parent.iterdir()] == ["1.json"]

@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from dflash_bench.errors import UserError
 from dflash_bench.launch.common import Server, ServerInfo
-from dflash_bench.store import atomic_write_json
+from dflash_bench.store import StoreError, atomic_write_json
 
 STOP_GRACE_S = 15.0
 
@@ -39,7 +39,25 @@ class Registration(BaseModel):
 def registry_dir() -> Path:
     """Where running process servers are recorded (env DFLASH_BENCH_RUN_DIR overrides)."""
     env = os.environ.get("DFLASH_BENCH_RUN_DIR")
-    return Path(env) if env else Path(tempfile.gettempdir()) / f"dflash-bench-{os.getuid()}" / "servers"
+    return Path(env) if env else _default_registry()
+
+
+def _default_registry() -> Path:
+    return Path(tempfile.gettempdir()) / f"dflash-bench-{os.getuid()}" / "servers"
+
+
+def _forget(record: Path) -> None:
+    """Remove a server's record; the default registry's folders go with the last one, so a harness that stopped
+    its servers leaves nothing in the temp folder (a folder DFLASH_BENCH_RUN_DIR names is the user's, kept)."""
+    record.unlink(missing_ok=True)
+    default = _default_registry()
+    if record.parent != default:
+        return
+    for folder in (default, default.parent):
+        try:
+            folder.rmdir()  # only when empty: another harness's records keep it
+        except OSError:
+            return
 
 
 def resolve_argv(argv: list[str]) -> list[str]:
@@ -149,8 +167,11 @@ class ProcessServer(Server):
         )
         self.info.pid = proc.pid
         self._record = record = registry_dir() / f"{proc.pid}.json"
-        atomic_write_json(record, Registration(pgid=proc.pid, owner_pid=os.getpid(), argv=self.argv,
-                                                     url=self.url, started=time.time()))
+        reg = Registration(pgid=proc.pid, owner_pid=os.getpid(), argv=self.argv, url=self.url, started=time.time())
+        try:
+            atomic_write_json(record, reg)
+        except StoreError:  # another harness removed the empty folder between our mkdir and our write: once more
+            atomic_write_json(record, reg)
 
     def exit_code(self) -> int | None:
         return self.proc.poll() if self.proc else -1
@@ -168,7 +189,7 @@ class ProcessServer(Server):
             if self._log:
                 self._log.close()
             if self._record:
-                self._record.unlink(missing_ok=True)
+                _forget(self._record)
 
 
 def stop_leftovers(all_: bool = False) -> list[str]:
@@ -179,14 +200,14 @@ def stop_leftovers(all_: bool = False) -> list[str]:
         try:
             reg = Registration.model_validate_json(rec.read_text())
         except (OSError, ValueError, ValidationError):
-            rec.unlink(missing_ok=True)
+            _forget(rec)
             continue
         pgid, owner = reg.pgid, reg.owner_pid
         if not _group_alive(pgid) or not _leader_runs(pgid, reg.argv):
-            rec.unlink(missing_ok=True)  # gone, or its id now belongs to another program
+            _forget(rec)  # gone, or its id now belongs to another program
             continue
         if all_ or not _pid_alive(owner):
             stop_group(pgid)
-            rec.unlink(missing_ok=True)
+            _forget(rec)
             stopped.append(f"process group {pgid}: {shlex.join(reg.argv)[:120]}")
     return stopped
