@@ -8,7 +8,7 @@ and counts them with vLLM's semantics for /metrics.
 from __future__ import annotations
 
 from itertools import islice
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 from dataclasses import dataclass, field
 
@@ -86,6 +86,17 @@ def admission_cut(lengths: Iterable[int], free: int, fits: Callable[[int, int], 
             break
         k += 1
     return k
+
+
+def length_groups(lengths: Sequence[int], fits: Callable[[int, int], bool]) -> list[list[int]]:
+    """The prompts of these lengths (their indices) in prefill groups: shortest first, similar lengths together, a
+    group cut where `fits(k, longest)` says one more would not go into its forward (each engine brings its own)."""
+    groups: list[list[int]] = [[]]
+    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):  # the newcomer is the longest of its group
+        if groups[-1] and not fits(len(groups[-1]) + 1, lengths[i]):
+            groups.append([])
+        groups[-1].append(i)
+    return [g for g in groups if g]
 
 
 def request_refusal(n_prompt: int, max_tokens: int, max_len: int, block_size: int) -> str | None:

@@ -12,7 +12,7 @@ from typing import Any, Iterable
 
 import torch
 
-from dflash_bench.engine.bookkeeping import Bookkeeping, Delta, Seq, Stats, admission_cut, eos_ids, step_logprobs
+from dflash_bench.engine.bookkeeping import Bookkeeping, Delta, Seq, Stats, admission_cut, eos_ids, length_groups, step_logprobs
 from dflash_bench.engine.config import DEFAULT_SLOTS, EngineConfig
 from dflash_bench.engine.reference.propose import Proposer
 from dflash_bench.engine.interface import Engine
@@ -76,17 +76,9 @@ class ReferenceEngine:
     @torch.inference_mode()
     def add_many(self, reqs: list[tuple[str, list[int], SamplingParams]]) -> list[tuple[Seq, Delta | None]]:
         """Prefill new requests, several per forward (similar lengths together); results in input order."""
-        order = sorted(range(len(reqs)), key=lambda i: len(reqs[i][1]))
-        groups: list[list[int]] = [[]]
-        for i in order:
-            longest = len(reqs[i][1])  # sorted: the newcomer is the longest of its group
-            g = groups[-1]
-            if g and not self.fits(len(g) + 1, longest):
-                groups.append(g := [])
-            g.append(i)
         done: dict[int, tuple[Seq, Delta]] = {}
         try:
-            for g in groups:
+            for g in length_groups([len(r[1]) for r in reqs], self.fits):
                 done.update(zip(g, self._prefill([reqs[j] for j in g])))
         except BaseException:  # all or nothing: no slot stays taken by a request nobody will hear about
             for seq, _ in done.values():

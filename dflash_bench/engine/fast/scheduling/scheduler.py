@@ -35,7 +35,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Iterable, Protocol, Sequence
 
-from dflash_bench.engine.bookkeeping import admission_cut
+from dflash_bench.engine.bookkeeping import admission_cut, length_groups
 from dflash_bench.engine.config import StepConfig
 from dflash_bench.engine.fast.scheduling.width import CPU_DECAY, CPU_WIDTHS, DECAY, WIDTHS, WidthChooser
 
@@ -204,13 +204,7 @@ class Scheduler:
         for n in lengths:
             if not 0 < n <= self.max_len:
                 raise IndexError(f"a prompt of {n} tokens does not fit the cache of {self.max_len} positions")
-        order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-        groups: list[list[int]] = [[]]
-        for i in order:  # sorted: the newcomer is the longest of its group
-            if groups[-1] and not fits(len(groups[-1]) + 1, lengths[i]):
-                groups.append([])
-            groups[-1].append(i)
-        return [(g, len(g) == 1 or (self.graphs and len(g) in GRAPHED_ROWS)) for g in groups if g]
+        return [(g, len(g) == 1 or (self.graphs and len(g) in GRAPHED_ROWS)) for g in length_groups(lengths, fits)]
 
     def grouped_buckets(self) -> list[tuple[int, int]]:
         """(P, k) of every graph of several rows a group may need: k in GRAPHED_ROWS, k * P within a group's
