@@ -150,7 +150,7 @@ def test_the_default_registry_leaves_nothing_in_the_temp_folder(tmp_path, monkey
 
     temp = tmp_path / "system-temp"
     temp.mkdir()
-    monkeypatch.delenv("DFLASH_BENCH_RUN_DIR")
+    monkeypatch.delenv("DFLASH_BENCH_RUN_DIR", raising=False)
     monkeypatch.setattr(tempfile, "tempdir", str(temp))
     port = free_port()
     with launch_command(server_argv(port, "child"), port=port, log_path=tmp_path / "s.log", name="test") as server:

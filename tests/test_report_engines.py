@@ -259,6 +259,8 @@ def test_a_rows_kind_says_where_its_synthetic_tau_came_from():
     assert kind_of(row(weights="emulated")) == ("emulated", "emulated (no model ran)")
     alone = row(weights="random").model_copy(update={"dflash": None})
     assert kind_of(alone) == ("random", "AR alone, no DFlash cell")  # not a random drafter's: none ran
+    emulated = row(weights="emulated").model_copy(update={"dflash": None})
+    assert kind_of(emulated) == ("emulated", "AR alone, no DFlash cell")
 
 
 def test_an_engine_measured_in_ar_alone_gets_its_row_and_no_crossing():

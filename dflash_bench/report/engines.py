@@ -34,12 +34,12 @@ def kind_of(row: CardRow) -> tuple[Kind, str]:
     no model at all (the emulator)."""
     cells = [c for c in (row.dflash, row.ar) if c is not None]
     synthetic = row.dflash.synthetic_tau if row.dflash else None
+    if row.dflash is None:  # AR alone: its speculative cell is not measured (yet), so no τ to name
+        weights = row.ar.weights if row.ar else "real"
+        kind: Kind = "emulated" if weights == "emulated" else "random" if weights == "random" else "measured"
+        return kind, "AR alone, no DFlash cell"
     if any(c.weights == "emulated" for c in cells):
         return "emulated", "emulated (no model ran)"
-    if row.dflash is None:  # AR alone: its speculative cell is not measured (yet), so no τ to name
-        kind: Kind = "emulated" if row.ar and row.ar.weights == "emulated" else \
-            "random" if row.ar and row.ar.weights == "random" else "measured"
-        return kind, "AR alone, no DFlash cell"
     if synthetic is not None:
         source = row.dflash.synthetic_source if row.dflash else None
         return "synthetic", f"synthetic τ {synthetic:g}, drawn" + (f" ({source})" if source else "")
