@@ -64,6 +64,19 @@ def test_a_real_models_report_gives_its_gpu_and_no_toy_label(tmp_path):
     assert "toy" not in text.lower()
 
 
+def test_the_report_says_how_long_each_server_took_to_start(tmp_path):
+    """A launched server's time to ready (loading, compiling, capturing graphs) is part of what DFlash costs: the
+    measured line gives each server's, in the manifest's order; a URL server (not started here) has none."""
+    path = make_sweep(tmp_path / "h100", gpus=1)
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["servers"] = {"vllm-ar": {"runner": "process", "url": "http://127.0.0.1:1", "ready_s": 118.4},
+                           "vllm-dflash": {"runner": "process", "url": "http://127.0.0.1:2", "ready_s": 201.6},
+                           "vllm-ar #2": {"runner": "external", "url": "http://127.0.0.1:3"}}
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    line = re.search(r"Measured: (.*?)\.(?: |$)", _text(build_report([path]))).group(1)
+    assert line.split(" · ")[-1] == "servers ready after vllm-ar 118 s, vllm-dflash 202 s"
+
+
 def test_empty_quality_cells_name_the_command_that_fills_them(tmp_path, monkeypatch):
     path = make_sweep(tmp_path / "q", lossless=True)
     sweep = SweepDir.open(path)

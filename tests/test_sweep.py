@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -14,7 +15,9 @@ from sweep_helpers import assert_servers_gone, only_sweep, results, sweep_argv
 
 def test_whole_sweep_against_the_emulator(tmp_path, data_dir):
     out = tmp_path / "reports"
+    began = time.monotonic()
     proc = subprocess.run(sweep_argv(out, "--data-dir", str(data_dir)), capture_output=True, text=True, timeout=240)
+    took = time.monotonic() - began
     assert proc.returncode == 0, proc.stderr[-3000:]
     folder = only_sweep(out)
     rows = results(folder)
@@ -32,6 +35,8 @@ def test_whole_sweep_against_the_emulator(tmp_path, data_dir):
     assert {c["status"] for c in manifest["plan"]} == {"complete"}
     assert manifest["versions"]["dflash_bench"] and manifest["models"]["block_size"] == 16
     assert set(manifest["servers"]) == {"emulator-ar", "emulator-dflash"}
+    for name, server in manifest["servers"].items():  # what each start cost, within the sweep's own time
+        assert 0 < server["ready_s"] < took and f"{name} server ready after {server['ready_s']:.0f} s" in proc.stdout
     assert "AR vs DFlash" in proc.stdout and "gsm8k" in proc.stdout
     assert (folder / "logs" / "emulator-ar.log").exists()
     assert_servers_gone(folder)

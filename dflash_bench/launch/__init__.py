@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Sequence
 
@@ -61,8 +62,10 @@ def launch_command(
         try:
             check_port_free(port)  # a server already there would answer as ours
             server = _make(runner, list(argv), env, info, name, port, docker, sweep_id, engine, mode)
+            t0 = time.monotonic()
             server.start()
             server.wait_ready(ready_path, ready_timeout)
+            server.info.ready_s = round(time.monotonic() - t0, 1)  # what a start costs, kept with the server
             server.info.identity = verify_launched(server, port)  # the one answering is the one started
             if watchdog:
                 server.start_watchdog()

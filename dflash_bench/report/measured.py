@@ -87,6 +87,9 @@ def describe(view: SweepView) -> dict[str, Any]:
         parts.append(f"{settings.repeats} repeats per cell")
     if settings is not None and settings.interleave:
         parts.append("concurrency 1: AR and DFlash requests interleaved one by one")
+    ready = [f"{key} {server.ready_s:.0f} s" for key, server in m.servers.items() if server.ready_s is not None]
+    if ready:  # what a start costs: loading, compiling, graphs (DFlash's server loads and compiles a drafter too)
+        parts.append(f"servers ready after {', '.join(ready)}")
     toy = size(target) if target is not None and target < TOY_PARAMETERS else None
     return {"line": " · ".join(parts), "toy": toy}
 

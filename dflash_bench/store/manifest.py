@@ -108,6 +108,7 @@ class ServerRecord(_Open):
     gpus: int | None = None  # GPUs the launched server used (profiles.server_gpus)
     identity: ServerIdentity | None = None  # what was checked after the launch (None: a folder written before launches were checked)
     weights: str | None = None  # what the server loaded where the profile converts it (llama.cpp: "GGUF f32")
+    ready_s: float | None = None  # seconds from its start to answering ready: loading, compiling, graphs (a launch's)
 
     @model_serializer(mode="wrap")
     def _drop_unknown(self, handler: Any) -> dict[str, Any]:

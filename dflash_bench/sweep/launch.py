@@ -114,7 +114,10 @@ def servers_up(ctx: SweepContext, group: list[Launch]) -> Iterator[Servers]:
                     for cell in launch.cells:
                         fail_cell(ctx, cell, f"server did not start: {reason(err, launch.engine)}")
                     continue
-                record_server(ctx.manifest, f"{launch.engine}-{launch.mode}", up[launch.mode].info)
+                info = up[launch.mode].info
+                record_server(ctx.manifest, f"{launch.engine}-{launch.mode}", info)
+                if info.ready_s is not None:
+                    print(f"{launch.engine}-{launch.mode} server ready after {info.ready_s:.0f} s", flush=True)
                 check_same_image(ctx.manifest, launch.engine)
             ctx.sweep.write_manifest(ctx.manifest)
             handed_out = True
