@@ -59,6 +59,7 @@ class SuiteFile(_Strict):
 
     name: str
     description: str = ""
+    stands_in_for: str | None = None  # the suite it replaces where that one's data is not at hand (spec-bench)
     default_max_tokens: int
     num_turns: int | None = None
     hub: HubSource = Field(default_factory=HubSource)
@@ -93,6 +94,7 @@ class Suite:
     name: str
     description: str
     path: Path  # the TOML file
+    stands_in_for: str | None  # the suite it replaces where that one's data is not at hand (spec-bench)
     hf_id: str | None
     hf_config: str | None
     hf_split: str | None
@@ -142,7 +144,7 @@ def parse_suite(path: Path) -> Suite:
     f = read_suite_file(path)
     hub, off, prm, fld = f.hub, f.offline, f.prompt, f.fields
     return Suite(
-        name=f.name, description=f.description, path=path,
+        name=f.name, description=f.description, path=path, stands_in_for=f.stands_in_for,
         hf_id=hub.id, hf_config=hub.config, hf_split=hub.split, hf_url=hub.url,
         hf_rename=dict(hub.rename), configs=tuple(hub.configs),
         files=tuple(off.files), file_format=off.format, prepare_hint=off.prepare,
@@ -172,6 +174,17 @@ def load_suites() -> tuple[list[Suite], dict[Path, str]]:
 def list_suites() -> list[Suite]:
     """Every suite defined in the suites folder that parses, sorted by name."""
     return load_suites()[0]
+
+
+def suite_heading(name: str) -> str:
+    """How a table names a suite: its name, with the suite it stands in for where it does ("spec-bench, in place
+    of speed-bench"); a name no suite file has (the long-<N> suites, a folder's own) as it is."""
+    try:
+        found = {s.name: s for s in load_suites()[0]}
+    except UserError:
+        return name
+    other = found[name].stands_in_for if name in found else None
+    return f"{name}, in place of {other}" if other else name
 
 
 def get_suite(name: str) -> Suite:

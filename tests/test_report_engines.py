@@ -283,3 +283,21 @@ def test_an_engine_measured_in_ar_alone_gets_its_row_and_no_crossing():
         [("AR alone, no DFlash cell", 90.0, None, None), ("AR alone, no DFlash cell", 720.0, None, None)]
     assert [(x.engine, x.label) for x in table.crossings] == [("builtin", "random drafter (τ about 1)")]
     assert all(r.fastest_ar == (r.engine == "builtin") for r in table.rows)
+
+
+def test_a_suite_that_stands_in_for_another_says_so_on_its_table():
+    """Spec-Bench runs where SPEED-Bench's prepared data is not at hand: its table (and each of its rows in the
+    docs) is named "spec-bench, in place of speed-bench", from its suite file; other suites keep their names."""
+    from dflash_bench.report.card import CardRow, CellLine
+    from dflash_bench.report.engines import suite_tables
+    from dflash_bench.suite_file import get_suite
+
+    assert get_suite("spec-bench").stands_in_for == "speed-bench" and get_suite("gsm8k").stands_in_for is None
+
+    def row(suite: str) -> CardRow:
+        ar = CellLine(engine="vllm", mode="ar", suite=suite, concurrency=1, device="1x H200", gpus=1, tok_s=90.0)
+        return CardRow(engine="vllm", device="1x H200", gpus=1, suite=suite, concurrency=1, ar=ar)
+
+    tables = suite_tables([row("gsm8k"), row("spec-bench"), row("long-1k")])
+    assert [(t.suite, t.heading) for t in tables] == [("gsm8k", "gsm8k"), ("spec-bench", "spec-bench, in place of speed-bench"),
+                                                      ("long-1k", "long-1k")]

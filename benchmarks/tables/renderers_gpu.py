@@ -136,8 +136,8 @@ def _engines_table(data: dict[str, Any], runs: bool) -> Table:
     rows = [r for r in card_rows(lines, data.get("pair")) if r.ar is not None or r.dflash is not None]
     tables = engines.suite_tables(rows, data.get("pair"))
     modes = engines.has_modes(tables)
-    body = [[t.suite, *row] for t in tables for row in engines.text_rows(t, modes)]
-    crossings = [f"{t.suite}, {x.engine}, {x.mode_name + ', ' if modes else ''}{x.label}: {x.text}."
+    body = [[t.heading, *row] for t in tables for row in engines.text_rows(t, modes)]
+    crossings = [f"{t.heading}, {x.engine}, {x.mode_name + ', ' if modes else ''}{x.label}: {x.text}."
                  for t in tables for x in t.crossings]
     measured = [f"Measured on {data['measured'].rstrip('.')}."] if data.get("measured") else []
     versions = sorted({f"{k} {v}" for run in data["runs"] for k, v in run.get("versions", {}).items()
