@@ -251,3 +251,23 @@ def test_the_readmes_headline_sets_the_engines_side_by_side_at_the_drawn_tau_wit
     vllm = [dict(zip(unpaired.header, r)) for r in unpaired.rows if r[2] == "vllm"]
     assert vllm and all(r["DFlash / AR"] == "-" for r in vllm)  # each side shown alone, never set against the other
     assert not any(n.startswith("- gsm8k, vllm") for n in unpaired.notes)
+
+
+def test_the_input_length_rows_are_set_along_one_axis_as_the_report_sets_them():
+    """big_sweep's file of the long-<N> sweeps keeps each cell's prompt length; the docs' by-length table gives, per
+    engine and concurrency, DFlash / AR and τ at each length, lengths ascending, and '-' where a length is missing."""
+    def rows(mode: str, tok: dict[tuple[int, int], float]) -> list[dict]:
+        return [{"engine": "vllm", "mode": mode, "suite": {128: "long-128", 1024: "long-1k"}[n], "concurrency": c,
+                 "gpus": 1, "status": "complete", "tok_s": t, "tok_s_per_gpu": t, "ttft_ms_p50": 30.0,
+                 "tpot_ms_p50": 10.0, "peak_mem_mib": None, "prefix_cache_hit_rate": None,
+                 "tau": 6.8 if mode == "dflash" else None, "synthetic_tau": 6.9 if mode == "dflash" else None,
+                 "synthetic_source": "card mean" if mode == "dflash" else None, "input_len": n}
+                for (n, c), t in tok.items()]
+    run = {"sweep_id": "s", "device": "1x NVIDIA H200", "gpus_per_server": 1, "weights": "random", "command": "x",
+           "servers": {}, "rows": rows("ar", {(1024, 1): 50.0, (128, 1): 56.0, (128, 8): 400.0})
+           + rows("dflash", {(1024, 1): 200.0, (128, 1): 330.0, (128, 8): 1800.0})}
+    table = table_renderers_gpu.mission_lengths([{"pair": None, "weights": "random", "runs": [run]}])
+    assert table.header == ["engine", "τ of", "c", "long-128 (128 tokens)", "long-1k (1024 tokens)"]
+    assert [r[2:] for r in table.rows] == [["1", "5.89x (τ 6.80)", "4.00x (τ 6.80)"], ["8", "4.50x (τ 6.80)", "-"]]
+    without = [dict(r, input_len=0) for r in run["rows"]]  # a file of the suites' own prompts: no such axis
+    assert table_renderers_gpu.mission_lengths([{"pair": None, "weights": "random", "runs": [dict(run, rows=without)]}]).rows == []

@@ -52,6 +52,7 @@ class Row(BaseModel):
     synthetic_source: str | None = None  # where that tau came from, as the cell records it ("card gsm8k", "rates")
     steady: SteadyPlan | None = None  # a steady-stream cell (--steady-requests): its numbers are the window's
     repeat: int = 0  # a cell's repeats are rows of their own; a table's speedup is the median of their ratios
+    input_len: int = 0  # the prompts' length in tokens on the --input-len axis (a long-<N> suite); 0: the suite's own
 
 
 class Run(BaseModel):
@@ -121,7 +122,7 @@ def run_of(folder: Path) -> Run:
             reason=None if tok else (s.get("failure_reason") or reasons.get(cell["cell_id"])),
             steady=CellSettings.model_validate(s.get("settings") or {}).steady,
             synthetic_tau=s.get("synthetic_acceptance"), synthetic_source=s.get("synthetic_source"),
-            repeat=cell.get("repeat") or 0))
+            repeat=cell.get("repeat") or 0, input_len=cell.get("input_len") or 0))
     return run
 
 

@@ -93,6 +93,12 @@ MISSION_TAU_H200_COMMAND = ("bash benchmarks/peers/mission.sh --gpu h200 --tp 1 
                             "SWEEP_FOLDER...")
 MISSION_TAU_H200_MACHINE = "one NVIDIA H200 (nvidia-h200), tensor parallel 1"
 
+# DFlash as prompts grow (the long-<N> suites of --input-len), vLLM and the builtin engine on one H200
+INPUT_LEN_H200 = "gemma4_31b_input_len_h200.json"
+INPUT_LEN_H200_COMMAND = ("bash benchmarks/peers/mission.sh --gpu h200 --tp 1 -n 2 vllm-long builtin-long (three calls, as the "
+                          "file's measured says), then python -m benchmarks.peers.big_sweep --out "
+                          "benchmarks/results/gemma4_31b_input_len_h200.json SWEEP_FOLDER...")
+
 TABLES: list[Entry] = [
     Entry("demo_summary", "README.md", (DEMO,), None, tr.demo_summary),
     Entry("mission_card_tau", "README.md", (MISSION_TAU_H200,), MISSION_TAU_H200_COMMAND, gpu.mission_headline,
@@ -130,11 +136,10 @@ TABLES: list[Entry] = [
           machine="two NVIDIA H100 80GB HBM3 on one host (nvidia-h100-x2), two calls"),
     Entry("gemma4_31b_card_tau_h200", "docs/results/gemma-4-31b.md", (MISSION_TAU_H200,), MISSION_TAU_H200_COMMAND,
           gpu.mission_engines, machine=MISSION_TAU_H200_MACHINE),
-    Entry("gemma4_31b_input_len_h200", "docs/results/gemma-4-31b.md", ("gemma4_31b_input_len_h200.json",),
-          "bash benchmarks/peers/mission.sh --gpu h200 --tp 1 -n 2 vllm-long builtin-long (three calls, as the file's "
-          "measured says), then python -m benchmarks.peers.big_sweep --out "
-          "benchmarks/results/gemma4_31b_input_len_h200.json SWEEP_FOLDER...", gpu.mission_engines,
-          machine=MISSION_TAU_H200_MACHINE),
+    Entry("gemma4_31b_input_len_h200", "docs/results/gemma-4-31b.md", (INPUT_LEN_H200,), INPUT_LEN_H200_COMMAND,
+          gpu.mission_engines, machine=MISSION_TAU_H200_MACHINE),
+    Entry("gemma4_31b_input_len_h200_by_length", "docs/results/gemma-4-31b.md", (INPUT_LEN_H200,),
+          INPUT_LEN_H200_COMMAND, gpu.mission_lengths, machine=MISSION_TAU_H200_MACHINE),
     Entry("gemma4_31b_six_suites_h200", "docs/results/gemma-4-31b.md", (MISSION_SIX_H200,), MISSION_SIX_H200_COMMAND,
           gpu.mission_engines, machine="two NVIDIA H200 on one host (nvidia-h200-x2), tensor parallel 2"),
     Entry("gemma4_31b_engines_h200", "docs/results/gemma-4-31b.md", (MISSION_H200,), MISSION_H200_COMMAND,

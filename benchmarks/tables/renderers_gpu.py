@@ -96,7 +96,8 @@ def _mission_lines(data: dict[str, Any]) -> tuple[list[Any], list[str]]:
                                   ttft_ms_p50=r["ttft_ms_p50"], tpot_ms_p50=r["tpot_ms_p50"], tau=r["tau"],
                                   weights=run.get("weights", "real"), synthetic_tau=r.get("synthetic_tau"),
                                   synthetic_source=r.get("synthetic_source"), source=run["sweep_id"],
-                                  repeat=r.get("repeat", 0), workload=run.get("workload", "")))
+                                  repeat=r.get("repeat", 0), workload=run.get("workload", ""),
+                                  input_len=r.get("input_len", 0)))
         notes += [f"Run {n}, {e} {m}: not measured: {why}" for (e, m), why in failed.items()]
     return lines, notes
 
@@ -147,6 +148,24 @@ def _engines_table(data: dict[str, Any], runs: bool) -> Table:
                  ["Where DFlash stops paying (DFlash / AR below 1 past that concurrency, at the τ of the row's kind):",
                   "", *(f"- {c}" for c in crossings or ["not yet: no engine here has both its AR and its DFlash measured"]),
                   "", ENGINES_KEY, *weights, *measured, *notes])
+
+
+def mission_lengths(results: list[Any]) -> Table:
+    """The report's "By prompt length" (dflash_bench/report/engines.py length_table) over the same file: per engine,
+    kind of τ and concurrency, DFlash / AR and τ at each prompt length of the --input-len axis."""
+    from dflash_bench.report import engines
+    from dflash_bench.report.card import card_rows
+
+    data = results[0]
+    table = engines.length_table(card_rows(_mission_lines(data)[0], data.get("pair")))
+    if table is None:
+        return Table(["engine", "τ of", "c"], [], ["No row of this file ran on the --input-len axis."])
+    body = [[r.engine, r.label, str(r.concurrency),
+             *("-" if sp is None else f"{sp:.2f}x (τ {'-' if tau is None else f'{tau:.2f}'})"
+               for sp, tau in zip(r.speedups, r.taus))] for r in table.rows]
+    return Table(["engine", "τ of", "c", *(f"{s} ({n} tokens)" for s, n in zip(table.suites, table.lengths))], body,
+                 ["DFlash / AR (τ realized) with prompts of about each length: the long-<N> rows of the table above, "
+                  "along one axis."])
 
 
 ENGINES_KEY = ("Output tok/s per server (tensor parallel: all its GPUs), DFlash / AR the median of the repeats' "
