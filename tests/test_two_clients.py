@@ -156,3 +156,33 @@ def test_served_rows_rehearses_both_engines_plans(tmp_path, data_dir):
     assert no_out.returncode == 2 and "set OUT" in no_out.stderr
     bad = subprocess.run(["bash", script, "--fast"], capture_output=True, text=True, timeout=60, env=env)
     assert bad.returncode == 2 and "unknown option --fast" in bad.stderr
+
+
+def test_merge_joins_the_files_of_engines_measured_at_once(tmp_path):
+    """Two engines measured at once on two GPUs of one host, each into a file of its own: `merge` puts their runs and
+    rows into the results file beside what it held, a row of the same key replaced, as consecutive commands would."""
+    from benchmarks.peers.two_clients_measure import Machine, Results, Row, Run, load, save
+
+    def part(engine: str, tok: float, c: int = 32) -> Results:
+        run = Run(command=f"python -m benchmarks.peers.two_clients --engine {engine}", machine=Machine(gpu="NVIDIA H200"),
+                  suite="gsm8k", input_tokens=120.0, context_len=2048)
+        row = Row(engine=engine, shape="qwen3-8b", mode="ar", concurrency=c, new_tokens=1024, client="dflash-bench",
+                  status="ok", output_tok_s=tok)
+        return Results(runs={f"{engine}/qwen3-8b": run}, rows=[row])
+
+    out = tmp_path / "rows.json"
+    save(part("builtin", 1.0, c=64), out)  # an earlier command's row, kept
+    old = part("builtin", 1.0)
+    old.rows[0].output_tok_s = 0.5
+    save(old, tmp_path / "old.json")
+    save(part("builtin", 5328.0), tmp_path / "b.json")
+    save(part("vllm", 4790.0), tmp_path / "v.json")
+    proc = two_clients("merge", str(tmp_path / "old.json"), str(tmp_path / "b.json"), str(tmp_path / "v.json"),
+                       "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    res = load(out)
+    assert sorted((r.engine, r.concurrency, r.output_tok_s) for r in res.rows) == [
+        ("builtin", 32, 5328.0), ("builtin", 64, 1.0), ("vllm", 32, 4790.0)]
+    assert set(res.runs) == {"builtin/qwen3-8b", "vllm/qwen3-8b"} and res.device == "NVIDIA H200"
+    bad = two_clients("merge", str(tmp_path / "missing.json"), "--out", str(out))
+    assert bad.returncode == 2 and "cannot merge" in bad.stderr and "Traceback" not in bad.stderr

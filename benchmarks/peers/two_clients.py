@@ -5,6 +5,11 @@ project's `dflash-bench run` and vLLM's own `vllm bench serve`, at each concurre
         --modes ar,dflash --concurrency 1,8,32 --new-tokens 128,1024 [--synthetic-tau 6.5] [--steady-requests N] \
         [--tensor-parallel-size N] --data-dir DATA --work WORK --out results.json
 
+Two engines measured at once, one a GPU of one host (CUDA_VISIBLE_DEVICES=0 and 1, a --work and an --out each), are
+joined afterwards, as if their commands had run one after another:
+
+    python -m benchmarks.peers.two_clients merge A.json B.json --out results.json
+
 It writes the shape's folders into WORK when they are missing (the Qwen3-8B-shaped random pair of
 `real_engines.py`; gemma-4-31B-it's configs and tokenizer from `fixtures/shape_folders.py`, random weights made at load
 with `--load-format dummy`), starts each mode's server through `dflash_bench.launch` with the engine's profile
@@ -76,7 +81,8 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.peers.two_clients_measure import CLIENTS, Machine, Row, Run, load, ours, save, vllm_missing, vllms
+from benchmarks.peers.two_clients_measure import (CLIENTS, Machine, Row, Run, load, merge_files, ours, save, vllm_missing,
+                                                  vllms)
 
 from dflash_bench.errors import UserError
 
@@ -205,6 +211,9 @@ def plan_seconds(args, clients: list[str]) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["merge"]:
+        return merge(argv[1:])
     args = parse(argv)
     try:
         run(args)
@@ -349,6 +358,22 @@ def engine_args(args, mode: str, served: str) -> list[str]:
     fraction = [] if args.shape == GEMMA else ["--mem-fraction-static", "0.7"]
     return ["--served-model-name", served, "--attention-backend", "triton", "--sampling-backend", "pytorch",
             "--random-seed", "0", *fraction, *dummy]
+
+
+def merge(argv: list[str]) -> int:
+    """`merge FILE... --out F`: the rows and runs of commands that ran at once (an engine a GPU of one host, each into
+    a file of its own) into one results file, as if they had run one after another."""
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.peers.two_clients merge", description=merge.__doc__)
+    ap.add_argument("files", nargs="+", type=Path)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    try:
+        res = merge_files(args.files, args.out)
+    except (OSError, ValueError) as err:
+        print(f"error: cannot merge {' '.join(map(str, args.files))}: {err}", file=sys.stderr)
+        return 2
+    print(f"{args.out}: {len(res.runs)} runs, {len(res.rows)} rows")
+    return 0
 
 
 def parse(argv: list[str] | None):

@@ -95,6 +95,19 @@ class Results(BaseModel):
         self.command = "; ".join(r.command for _, r in sorted(self.runs.items()))
 
 
+def merge_files(paths: list[Path], out: Path) -> Results:
+    """Each results file's runs and rows into `out` (a later file's rows replace the same keys), as if its commands
+    had run one after another: two engines measured at once on two GPUs of one host, each into a file of its own."""
+    res = load(out)
+    for path in paths:
+        part = Results.model_validate_json(path.read_text())
+        for key, run in sorted(part.runs.items()):
+            res.add_run(key, run)
+        res.merge(part.rows)
+    save(res, out)
+    return res
+
+
 def load(path: Path) -> Results:
     return Results.model_validate_json(path.read_text()) if path.exists() else Results()
 
