@@ -12,6 +12,7 @@ import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -176,15 +177,15 @@ def list_suites() -> list[Suite]:
     return load_suites()[0]
 
 
-def suite_heading(name: str) -> str:
-    """How a table names a suite: its name, with the suite it stands in for where it does ("spec-bench, in place
-    of speed-bench"); a name no suite file has (the long-<N> suites, a folder's own) as it is."""
+def suite_headings(names: Iterable[str]) -> dict[str, str]:
+    """How a table names each suite, the suite files read once: its name, with the suite it stands in for where it
+    does ("spec-bench, in place of speed-bench"); a name no suite file has (the long-<N> suites, a folder's own)
+    as it is."""
     try:
-        found = {s.name: s for s in load_suites()[0]}
+        stands = {s.name: s.stands_in_for for s in load_suites()[0]}
     except UserError:
-        return name
-    other = found[name].stands_in_for if name in found else None
-    return f"{name}, in place of {other}" if other else name
+        stands = {}
+    return {n: f"{n}, in place of {stands[n]}" if stands.get(n) else n for n in names}
 
 
 def get_suite(name: str) -> Suite:

@@ -222,11 +222,10 @@ def run_shape(args, res: Results, keep) -> None:
                 continue
             args.port = free_port()  # a server a killed run left behind must not answer for this one
             cmd = server_command(engine, mode, target, draft, args)
-            t0 = time.monotonic()
             try:
                 with launch_command(cmd, port=args.port, log_path=work / f"shape-{engine}-{mode}.log",
                                     ready_timeout=480, name=f"{engine}-{mode}") as server:
-                    res.ready_s[f"shape/{engine}/{mode}"] = time.monotonic() - t0
+                    res.ready_s[f"shape/{engine}/{mode}"] = server.info.ready_s or 0.0
                     res.commands[f"shape/{engine}/{mode}"] = shown(cmd, args.work)
                     for c in args.c_list:  # each cell saved as it ends: a run killed mid-way keeps the cells before
                         keep([measure_served(args, server.url, engine, mode, c, work)])

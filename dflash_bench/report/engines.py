@@ -19,7 +19,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 from dflash_bench.published import published_for
-from dflash_bench.suite_file import suite_heading
+from dflash_bench.suite_file import suite_headings
 from dflash_bench.report.card import CardRow
 from dflash_bench.store import SPECULATIVE, mode_name
 
@@ -97,7 +97,7 @@ class Crossing(BaseModel):
 
 class SuiteTable(BaseModel):
     suite: str
-    heading: str = ""  # how the page names it (suite_file.suite_heading: the suite it stands in for, if any)
+    heading: str = ""  # how the page names it (suite_file.suite_headings: the suite it stands in for, if any)
     concurrencies: list[int]
     rows: list[EngineRow]  # by concurrency, then kind, then engine; the card's row last at each concurrency
     crossings: list[Crossing]
@@ -148,7 +148,7 @@ def suite_tables(rows: list[CardRow], pair: str | None = None) -> list[SuiteTabl
     for r in rows:
         if r.suite not in suites:
             suites.append(r.suite)
-    out = []
+    out, headings = [], suite_headings(suites)
     for suite in suites:
         mine = by_sweep([_engine_row(r, many) for r in rows if r.suite == suite])
         concs = sorted({r.concurrency for r in mine})
@@ -174,7 +174,7 @@ def suite_tables(rows: list[CardRow], pair: str | None = None) -> list[SuiteTabl
             crossings.append(Crossing(engine=engine, mode=mode, kind=group[0].kind, label=label, suite=suite,
                                       last_paying=last, first_below=first, text=text, short=short))
         crossings.sort(key=lambda x: (KIND_ORDER[x.kind], x.engine, MODE_ORDER.get(x.mode, len(MODE_ORDER))))
-        out.append(SuiteTable(suite=suite, heading=suite_heading(suite), concurrencies=concs, rows=mine,
+        out.append(SuiteTable(suite=suite, heading=headings[suite], concurrencies=concs, rows=mine,
                               crossings=crossings))
     return out
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
@@ -130,16 +131,16 @@ class EngineCore:
         if self._scheduler.lengths:
             raise RuntimeError("capture_all runs before any request is added")
         n, t0 = 0, time.perf_counter()
-        kinds: dict[str, list[float]] = {}  # kind -> [graphs, seconds]: what start-up spends on each
+        graphs: Counter[str] = Counter()  # per kind: what start-up spends on each
+        seconds: defaultdict[str, float] = defaultdict(float)
         for key in self._scheduler.graph_keys():  # one at a time, in the scheduler's order (every rank's)
             t = time.perf_counter()
             n = self._runner.capture([key], watch)
-            spent = kinds.setdefault(key[0], [0, 0.0])
-            spent[0] += 1
-            spent[1] += time.perf_counter() - t
+            graphs[key[0]] += 1
+            seconds[key[0]] += time.perf_counter() - t
         if n:  # none on a CPU, or with --enforce-eager
             log.info("captured %d step graphs in %.1f s: %s", n, time.perf_counter() - t0,
-                     ", ".join(f"{int(c)} {kind} in {sec:.1f} s" for kind, (c, sec) in kinds.items()))
+                     ", ".join(f"{c} {kind} in {seconds[kind]:.1f} s" for kind, c in graphs.items()))
         return n
 
     # ---- requests -------------------------------------------------------------------------------
