@@ -148,6 +148,10 @@ def suite_tables(rows: list[CardRow], pair: str | None = None) -> list[SuiteTabl
     for r in rows:
         if r.suite not in suites:
             suites.append(r.suite)
+    # the suites' own first, in the order met, then the --input-len axis's long-<N> by prompt length: the same order
+    # whichever run's rows come first
+    length = {r.suite: (r.dflash or r.ar).input_len for r in rows if (r.dflash or r.ar) is not None}
+    suites.sort(key=lambda s: length.get(s, 0))
     out, headings = [], suite_headings(suites)
     for suite in suites:
         mine = by_sweep([_engine_row(r, many) for r in rows if r.suite == suite])
