@@ -95,3 +95,89 @@ def test_the_model_class_cache_names_the_pairs_classes_as_vllm_files_them():
         entry = json.loads(f.read_text())
         assert re.fullmatch(r"[0-9a-f]{32}", entry["hash"])  # registry._get_modelinfo_module_hash: md5 of the module
         assert f.stem.endswith("-" + entry["modelinfo"]["architecture"]) and entry["modelinfo"]["is_text_generation_model"]
+
+
+def _fatbin(*entries: bytes) -> bytes:
+    body = b"".join(entries)
+    return struct.pack("<IHHQ", 0xBA55ED50, 1, 16, len(body)) + body
+
+
+def test_a_machine_code_only_library_loses_the_ptx_hopper_would_jit_and_says_so():
+    quantized = _fatbin(_entry(2, 80, b"A" * 32), _entry(1, 80, b"Q" * 40), _entry(2, 120, b"B" * 24))
+    align = _fatbin(_entry(2, 80, b"C" * 16), _entry(2, 90, b"H" * 64))
+    data = bytearray(b"host" + quantized + align)
+    line = _pack().prune(data, jit_ptx=False)
+    assert b"Q" * 40 not in data and b"A" * 32 not in data and b"B" * 24 not in data and b"H" * 64 in data
+    # the blanked PTX entry reads as machine code for its own generation: nothing the driver would compile
+    ptx_header = 4 + 16 + 0x40 + 32
+    assert struct.unpack_from("<HHI", data, ptx_header)[0] == 2 and struct.unpack_from("<I", data, ptx_header + 28)[0] == 80
+    assert "1 of them left with no code for Hopper" in line
+
+
+def test_the_bundle_installs_the_moe_library_where_vllm_imports_it_and_refuses_a_damaged_one(tmp_path):
+    import hashlib
+    import importlib.machinery
+    import json
+    import lzma
+    import shutil
+    import zipfile
+
+    pack = _pack()
+    libs = {  # each library of the wheel: host code, a fatbin with an sm_90 cubin, one with sm_80 code and PTX only
+        member: f"{member} host code ".encode() * 8
+        + _fatbin(_entry(2, 80, b"a" * 32), _entry(2, 90, b"h" * 48), _entry(1, 90, b"p" * 16))
+        + _fatbin(_entry(2, 80, b"m" * 24), _entry(1, 80, b"q" * 40))
+        for member in pack.SEPARATE
+    }
+    wheel = tmp_path / "vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("vllm/__init__.py", "__version__ = '0.26.0'\n")
+        z.writestr("vllm/vllm_flash_attn/__init__.py", "")
+        z.writestr("vllm/_rust_tool_parser.abi3.so", b"rust")
+        z.writestr("vllm/entrypoints/serve/instrumentator/static/swagger-ui-bundle.js", "ui")
+        z.writestr("vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so", b"fa2")
+        for member, data in libs.items():
+            z.writestr(member, data)
+    bundle, work = tmp_path / "bundle", tmp_path / "work"
+    bundle.mkdir()
+    work.mkdir()
+
+    def xz(src, piece, x86=False):  # as build.sh's xz9, through Python's lzma
+        filters = ([{"id": lzma.FILTER_X86}] if x86 else []) + [{"id": lzma.FILTER_LZMA2, "preset": 1}]
+        with open(src, "rb") as fi, lzma.open(bundle / piece, "wb", filters=filters) as fo:
+            fo.write(fi.read())
+
+    pack.tree(str(wheel), str(work / "py.tar"))
+    xz(work / "py.tar", "py.tar.xz")
+    for piece in pack.SEPARATE.values():
+        pack.so(str(wheel), piece, str(work / piece))
+        xz(work / piece, piece, x86=True)
+    pack.wheels(str(work / "wheels.tar"), [])
+    xz(work / "wheels.tar", "wheels.tar.xz")
+    pack.manifest(str(bundle), str(TOOL / "lock.txt"))
+    shutil.copy(TOOL / "unpack.py", bundle / "unpack.py")
+
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    moe = manifest["pieces"]["moe.so.xz"]
+    assert moe["dest"] == "vllm/_moe_C_stable_libtorch.abi3.so"  # platforms/cuda.py: import vllm._moe_C_stable_libtorch
+    assert ".abi3.so" in importlib.machinery.EXTENSION_SUFFIXES
+
+    site = tmp_path / "site"
+    run = subprocess.run([sys.executable, str(bundle / "unpack.py"), str(site)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    installed = {m: (site / m).read_bytes() for m in pack.SEPARATE}
+    moe_lib = installed["vllm/_moe_C_stable_libtorch.abi3.so"]
+    assert hashlib.sha256(moe_lib).hexdigest() == moe["unpacked_sha256"] and len(moe_lib) == len(libs[moe["dest"]])
+    assert b"h" * 48 in moe_lib and b"q" * 40 not in moe_lib  # Hopper's cubin stays, the PTX to JIT goes
+    dense = installed["vllm/_C_stable_libtorch.abi3.so"]
+    assert b"h" * 48 in dense and b"q" * 40 in dense  # the dense kernels without an sm_90 cubin keep their PTX
+    assert (site / "vllm" / "__init__.py").exists() and (site / "bin" / "vllm").exists()
+    for gone in ("_rust_tool_parser.abi3.so", "entrypoints/serve/instrumentator/static", "vllm_flash_attn/_vllm_fa2_C.abi3.so"):
+        assert not (site / "vllm" / gone).exists()
+
+    damaged = bytearray((bundle / "moe.so.xz").read_bytes())
+    damaged[len(damaged) // 2] ^= 0xFF
+    (bundle / "moe.so.xz").write_bytes(bytes(damaged))
+    run = subprocess.run([sys.executable, str(bundle / "unpack.py"), str(tmp_path / "site2")], capture_output=True, text=True)
+    assert run.returncode == 1 and "moe.so.xz does not unpack to the library the manifest names" in run.stderr
+    assert "Traceback" not in run.stderr

@@ -10,7 +10,7 @@ mkdir -p "$1"
 out=$(cd "$1" && pwd)
 py=${PYTHON:-python3}
 t0=$(date +%s)
-pieces="py.tar.xz C.so.xz fa3.so.xz wheels.tar.xz"
+pieces="py.tar.xz C.so.xz fa3.so.xz moe.so.xz wheels.tar.xz"
 
 size_report() {
   echo "bundle: $out"
@@ -65,13 +65,15 @@ if [ -n "$missing" ]; then
   echo "   downloads done at $(( $(date +%s) - t0 )) s"
 fi
 
-xz9() { # xz9 FILE PIECE: compress FILE into OUTDIR/PIECE, atomically, then drop FILE
+xz9() { # xz9 FILE PIECE [x86]: compress FILE into OUTDIR/PIECE, atomically, then drop FILE; with x86, through
+  # xz's x86 branch filter first (a library's host code packs better; lzma reads it back as any .xz)
   if command -v xz > /dev/null; then
-    xz -9 -T2 -c "$1" > "$out/$2.part"
+    xz ${3:+--x86} --lzma2=preset=9 -T2 -c "$1" > "$out/$2.part"
   else
-    "$py" - "$1" "$out/$2.part" <<'EOF'
+    "$py" - "$1" "$out/$2.part" "${3:-}" <<'EOF'
 import lzma, shutil, sys
-with open(sys.argv[1], "rb") as fi, lzma.open(sys.argv[2], "wb", preset=9) as fo:
+filters = ([{"id": lzma.FILTER_X86}] if sys.argv[3] else []) + [{"id": lzma.FILTER_LZMA2, "preset": 9}]
+with open(sys.argv[1], "rb") as fi, lzma.open(sys.argv[2], "wb", filters=filters) as fo:
     shutil.copyfileobj(fi, fo, 1 << 24)
 EOF
   fi
@@ -84,8 +86,7 @@ for p in $missing; do
   echo "== $p"
   case $p in
     py.tar.xz) "$py" "$here/pack.py" tree "$vllm_whl" "$work/py.tar"; xz9 "$work/py.tar" "$p" ;;
-    C.so.xz) "$py" "$here/pack.py" so "$vllm_whl" vllm/_C_stable_libtorch.abi3.so "$work/C.so"; xz9 "$work/C.so" "$p" ;;
-    fa3.so.xz) "$py" "$here/pack.py" so "$vllm_whl" vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so "$work/fa3.so"; xz9 "$work/fa3.so" "$p" ;;
+    *.so.xz) "$py" "$here/pack.py" so "$vllm_whl" "$p" "$work/${p%.xz}"; xz9 "$work/${p%.xz}" "$p" x86 ;;
     wheels.tar.xz) "$py" "$here/pack.py" wheels "$work/wheels.tar" "${deps[@]}"; xz9 "$work/wheels.tar" "$p" ;;
   esac
 done

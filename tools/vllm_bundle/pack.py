@@ -2,7 +2,7 @@
 """The build steps of the offline vLLM bundle; build.sh calls them in turn.
 
   pack.py tree VLLM_WHEEL OUT.tar          vLLM's Python tree and small libraries, less what is left out
-  pack.py so VLLM_WHEEL MEMBER OUT.so      one GPU library of the wheel, pruned to Hopper machine code
+  pack.py so VLLM_WHEEL PIECE OUT.so       the GPU library of the wheel that PIECE carries, pruned to Hopper
   pack.py wheels OUT.tar WHEEL...          the dependency wheels, re-zipped without compression, in one tar
   pack.py files LOCK FOLDER                "name path" of each locked file in FOLDER, checked by sha256
   pack.py manifest OUTDIR LOCK             OUTDIR/manifest.json: what unpack.py installs and checks
@@ -23,19 +23,26 @@ import sys
 import tarfile
 import zipfile
 
-# Carried on their own, pruned and xz-compressed: wheel member -> piece in OUTDIR.
+# Carried on their own, pruned and xz-compressed (with the x86 filter): wheel member -> piece in OUTDIR.
 SEPARATE = {
     "vllm/_C_stable_libtorch.abi3.so": "C.so.xz",
     "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so": "fa3.so.xz",
+    "vllm/_moe_C_stable_libtorch.abi3.so": "moe.so.xz",  # torch.ops._moe_C: expert alignment, routing, sums
 }
+# Of those, the libraries carried with Hopper machine code only: every PTX goes, also in the fatbins that have
+# no sm_9x cubin, whose kernels Hopper would otherwise JIT from that PTX. In _moe_C those are the
+# weight-quantized Marlin MoE GEMMs (sm_80 and sm_120 cubins plus PTX 8.0: 12.9 of the 13.9 MB it would keep);
+# on Hopper they then fail with "no kernel image is available", as the wheel's sm_75-only kernels do.
+MACHINE_CODE_ONLY = {"vllm/_moe_C_stable_libtorch.abi3.so"}
 # Not carried at all (names ending in "/" are whole folders).
 LEFT_OUT = (
     "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so",  # FlashAttention 2: the pre-Hopper attention path
-    "vllm/_moe_C_stable_libtorch.abi3.so",  # fused-MoE kernels
     "vllm/_flashmla_C.abi3.so",  # FlashMLA (DeepSeek-style attention)
     "vllm/_flashmla_extension_C.abi3.so",
     "vllm/_qutlass_C.abi3.so",  # QuTLASS (Blackwell microscaling quantization)
     "vllm/vllm-rs",  # the optional Rust front end
+    "vllm/_rust_tool_parser.abi3.so",  # Rust tool-call parsers: imported only by --tool-call-parser minimax_m3
+    "vllm/entrypoints/serve/instrumentator/static/",  # Swagger UI files: read only with --enable-offline-docs
     "vllm/third_party/deep_gemm/",  # DeepGEMM (fp8 GEMM and MoE)
     "vllm/third_party/fmha_sm100/",  # Blackwell attention
 )
@@ -47,13 +54,16 @@ def left_out(name):
     return name in SEPARATE or any(name == p or (p.endswith("/") and name.startswith(p)) for p in LEFT_OUT)
 
 
-def prune(data, keep_major=KEEP_MAJOR, prune_ptx=True):
+def prune(data, keep_major=KEEP_MAJOR, prune_ptx=True, jit_ptx=True):
     """Blank, in place, the machine code (cubins) of the CUDA fatbins in `data` for GPU generations
     outside keep_major, and the PTX of every fatbin that has machine code for keep_major (the driver
     uses the cubin there and never JIT-compiles that PTX). Sizes and offsets do not change, so the
-    library still loads; the blanked bytes compress to nothing. Returns a summary line."""
+    library still loads; the blanked bytes compress to nothing. With jit_ptx=False the PTX of the other
+    fatbins goes too, and each such entry is marked machine code (of its own generation, not keep_major's),
+    so the driver finds nothing to run there, as in a fatbin built for other generations only, rather
+    than PTX to compile. Returns a summary line."""
     magic = struct.pack("<I", 0xBA55ED50)
-    pos = ncont = zeroed = kept = 0
+    pos = ncont = zeroed = kept = dropped = 0
     stats = collections.Counter()
     while True:
         i = data.find(magic, pos)
@@ -76,6 +86,7 @@ def prune(data, keep_major=KEEP_MAJOR, prune_ptx=True):
             ents.append((kind, arch))
             ee += ehs + size
         has_keep = any(k == 2 and a // 10 in keep_major for k, a in ents)
+        dropped += not has_keep and not jit_ptx and any(k == 1 for k, _ in ents)
         while e < end:
             kind, _, ehs = struct.unpack_from("<HHI", data, e)
             (size,) = struct.unpack_from("<Q", data, e + 8)
@@ -84,7 +95,11 @@ def prune(data, keep_major=KEEP_MAJOR, prune_ptx=True):
                 print(f"  fatbin entry not understood at {e}, container left as is", file=sys.stderr)
                 break
             stats[(kind, arch)] += size
-            if (kind == 2 and arch // 10 not in keep_major) or (kind == 1 and has_keep and prune_ptx):
+            if kind == 1 and not has_keep and not jit_ptx:
+                data[e + ehs : e + ehs + size] = bytes(size)
+                struct.pack_into("<H", data, e, 2)
+                zeroed += size
+            elif (kind == 2 and arch // 10 not in keep_major) or (kind == 1 and has_keep and prune_ptx):
                 data[e + ehs : e + ehs + size] = bytes(size)
                 zeroed += size
             else:
@@ -92,7 +107,8 @@ def prune(data, keep_major=KEEP_MAJOR, prune_ptx=True):
             e += ehs + size
         pos = end
     per = ", ".join(f"{'ptx' if k == 1 else 'sm'}_{a} {v / 1e6:.1f}" for (k, a), v in sorted(stats.items()))
-    return f"{ncont} fatbins, blanked {zeroed / 1e6:.1f} MB, kept {kept / 1e6:.1f} MB (MB by kind: {per})"
+    no_jit = f", {dropped} of them left with no code for Hopper" if not jit_ptx else ""
+    return f"{ncont} fatbins, blanked {zeroed / 1e6:.1f} MB, kept {kept / 1e6:.1f} MB{no_jit} (MB by kind: {per})"
 
 
 def _write_atomic(path, write):
@@ -127,9 +143,13 @@ def tree(wheel, out):
           f"{sum(i.file_size for i in dropped) / 1e6:.1f} MB")
 
 
-def so(wheel, member, out):
+def so(wheel, piece, out):
+    """The wheel's library that PIECE carries (SEPARATE), pruned."""
+    member = next((m for m, p in SEPARATE.items() if p == piece), None)
+    if member is None:
+        sys.exit(f"pack.py: no library goes in {piece}; the pieces are {', '.join(SEPARATE.values())}")
     data = bytearray(zipfile.ZipFile(wheel).read(member))
-    print(f"  {member}: {len(data) / 1e6:.1f} MB; {prune(data)}")
+    print(f"  {member}: {len(data) / 1e6:.1f} MB; {prune(data, jit_ptx=member not in MACHINE_CODE_ONLY)}")
     _write_atomic(out, lambda f: f.write(data))
 
 
