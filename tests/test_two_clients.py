@@ -186,3 +186,31 @@ def test_merge_joins_the_files_of_engines_measured_at_once(tmp_path):
     assert set(res.runs) == {"builtin/qwen3-8b", "vllm/qwen3-8b"} and res.device == "NVIDIA H200"
     bad = two_clients("merge", str(tmp_path / "missing.json"), "--out", str(out))
     assert bad.returncode == 2 and "cannot merge" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_a_later_command_neither_undoes_a_measurement_nor_takes_its_credit(tmp_path):
+    """A later command that measured c=32 and ran out of time before c=64 replaces the c=32 row; its skipped c=64 row
+    leaves the earlier command's measurement in place, and that row still names the command that measured it (kept
+    as "<engine>/<shape>, earlier"); an earlier command left with no row is dropped."""
+    from benchmarks.peers.two_clients_measure import Machine, Results, Row, Run, load, save
+
+    def part(command: str, rows: dict[int, str]) -> Results:
+        run = Run(command=command, machine=Machine(gpu="NVIDIA H200"), suite="gsm8k", input_tokens=120.0,
+                  context_len=2048)
+        return Results(runs={"vllm/qwen3-8b": run}, rows=[
+            Row(engine="vllm", shape="qwen3-8b", mode="ar", concurrency=c, new_tokens=1024, client="dflash-bench",
+                status=status, output_tok_s=100.0 * c if status == "ok" else None) for c, status in rows.items()])
+
+    out = tmp_path / "rows.json"
+    save(part("first", {32: "ok", 64: "ok"}), out)
+    save(part("second", {32: "ok", 64: "skipped"}), tmp_path / "second.json")
+    assert two_clients("merge", str(tmp_path / "second.json"), "--out", str(out)).returncode == 0
+    res = load(out)
+    assert sorted((r.concurrency, r.status, Results.owner(r)) for r in res.rows) == [
+        (32, "ok", "vllm/qwen3-8b"), (64, "ok", "vllm/qwen3-8b, earlier")]
+    assert {k: v.command for k, v in res.runs.items()} == {"vllm/qwen3-8b": "second", "vllm/qwen3-8b, earlier": "first"}
+    save(part("third", {32: "ok", 64: "ok"}), tmp_path / "third.json")
+    assert two_clients("merge", str(tmp_path / "third.json"), "--out", str(out)).returncode == 0
+    res = load(out)
+    assert {k: v.command for k, v in res.runs.items()} == {"vllm/qwen3-8b": "third"}
+    assert all(Results.owner(r) == "vllm/qwen3-8b" for r in res.rows)

@@ -69,6 +69,7 @@ class Row(BaseModel):
     input_tokens_mean: float | None = None  # prompt tokens per request, as the server counted them
     duration_s: float | None = None
     command: str | None = None  # the client's command line
+    run: str = ""  # the key in Results.runs of the command that measured it ("": its engine/shape's, Results.owner)
 
     @property
     def key(self) -> tuple:
@@ -85,11 +86,32 @@ class Results(BaseModel):
     runs: dict[str, Run] = Field(default_factory=dict)  # "<engine>/<shape>" -> its run
     rows: list[Row] = Field(default_factory=list)
 
+    @staticmethod
+    def owner(row: Row) -> str:
+        """The key of the run that measured `row` (rows written before rows named their run: the engine/shape's)."""
+        return row.run or f"{row.engine}/{row.shape}" + (f"/tp{row.gpus}" if row.gpus > 1 else "")
+
     def merge(self, rows: list[Row]) -> None:
+        """`rows` replace the rows of the same key, except that a row skipped (not measured) leaves a measured one
+        in place: a later command that ran out of time does not undo an earlier one's measurement. Runs left with
+        no row are dropped."""
+        measured = {r.key for r in self.rows if r.status != "skipped"}
+        rows = [r for r in rows if not (r.status == "skipped" and r.key in measured)]
         keys = {r.key for r in rows}
         self.rows = [r for r in self.rows if r.key not in keys] + rows
+        owners = {self.owner(r) for r in self.rows}
+        self.runs = {k: v for k, v in self.runs.items() if k in owners}
 
     def add_run(self, key: str, run: Run) -> None:
+        """Record `run` under `key`. Another command already there under that key keeps its rows: it moves to
+        "KEY, earlier" (then "earlier 2", ...), and its rows name it there."""
+        held = self.runs.get(key)
+        if held is not None and held.command != run.command:
+            n = 1
+            while (moved := f"{key}, earlier" + (f" {n}" if n > 1 else "")) in self.runs:
+                n += 1
+            self.runs[moved] = held
+            self.rows = [r.model_copy(update={"run": moved}) if self.owner(r) == key else r for r in self.rows]
         self.runs[key] = run
         self.device = "; ".join(sorted({r.machine.gpu for r in self.runs.values()}))
         self.command = "; ".join(r.command for _, r in sorted(self.runs.items()))

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from benchmarks.peers.two_clients_measure import Results, Row
 from benchmarks.tables.renderers import SUITES, Table, concurrency_cell, f1, f2, span, steady_notes
 
 
@@ -388,12 +389,20 @@ def two_clients(results: list[Any]) -> Table:
              "(tensor parallel, the shape's 'N GPUs' rows) gives its tok/s over N. `dflash-bench run` sends the "
              "suite's prompts through the chat API; `vllm bench serve` sends random prompts of their mean length "
              "through /v1/completions; both ask for `--ignore-eos` and as many requests, after warm-ups."]
+    measured: dict[str, dict[tuple[str, int, str], set[int]]] = {}  # run -> (mode, tokens, client) -> concurrencies
+    for r in data["rows"]:
+        if r["status"] == "ok":
+            cells = measured.setdefault(Results.owner(Row.model_validate(r)), {})
+            cells.setdefault((r["mode"], r["new_tokens"], CLIENT_NAMES.get(r["client"], r["client"])), set()).add(
+                r["concurrency"])
     for key, run in sorted(data["runs"].items()):
         m = run["machine"]
         versions = ", ".join(f"{k} {v}" for k, v in sorted(m["versions"].items()))
+        which = "; ".join(f"{mode} n={n} c={', '.join(map(str, sorted(cs)))} by {client}"
+                          for (mode, n, client), cs in sorted(measured.get(key, {}).items())) or "nothing measured"
         notes.append(f"{key} ({m['gpu']}{', driver ' + m['driver'] if m.get('driver') else ''}; {versions}; "
                      f"{run['suite']} prompts of {f1(run['input_tokens'])} tokens on average, context limit "
-                     f"{run['context_len']}): `{run['command']}`.")
+                     f"{run['context_len']}; measured here: {which}): `{run['command']}`.")
         notes += [f"{key}, {mode} server: `{cmd}`." for mode, cmd in sorted(run["servers"].items())]
     why: dict[tuple[str, str, str, str], list[str]] = {}
     for r in data["rows"]:

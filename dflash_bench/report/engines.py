@@ -150,7 +150,7 @@ def suite_tables(rows: list[CardRow], pair: str | None = None) -> list[SuiteTabl
             suites.append(r.suite)
     # the suites' own first, in the order met, then the --input-len axis's long-<N> by prompt length: the same order
     # whichever run's rows come first
-    length = {r.suite: (r.dflash or r.ar).input_len for r in rows if (r.dflash or r.ar) is not None}
+    length = {r.suite: line.input_len for r in rows if (line := r.dflash or r.ar) is not None}
     suites.sort(key=lambda s: length.get(s, 0))
     out, headings = [], suite_headings(suites)
     for suite in suites:
