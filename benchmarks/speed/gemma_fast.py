@@ -82,11 +82,12 @@ def decode_rate(runner, bs: int, prompt_len: int, steps: int) -> dict:
         runner.step(slots)
     sync()
     tokens, t = 0, time.perf_counter()
-    runner.launch(slots)
-    for i in range(steps):
-        if i + 1 < steps:
-            runner.launch(slots)
-        tokens += sum(len(v) for v in runner.collect().values())
+    for i in range(steps + 1):
+        if i < steps and not runner.launch(slots):
+            raise ValueError(f"{prompt_len} prompt tokens + {steps} steps pass --max-len {runner.max_len}: "
+                             "raise --max-len or lower --prompt-len")
+        if i:
+            tokens += sum(len(v) for v in runner.collect().values())
     sync()
     seconds = time.perf_counter() - t
     for s in slots:
@@ -146,7 +147,8 @@ def main() -> None:
     if a.shrink:
         shrink(a.pair)
     out: dict = {"device": torch.cuda.get_device_name(0) if dev == "cuda" else "cpu", "torch": torch.__version__,
-                 "command": shlex.join(["python", "-m", "benchmarks.speed.gemma_fast", *sys.argv[1:]]),
+                 "command": shlex.join(["python", "-m", "benchmarks.speed.gemma_fast",  # OUT: no path of this machine
+                                        *(f"OUT/{a.json.name}" if x == str(a.json) else x for x in sys.argv[1:])]),
                  "pair": a.pair, "slots": a.slots, "max_len": a.max_len, "phases": []}
     out["copy_bandwidth_GBps"] = copy_bandwidth(dev) / 1e9
 

@@ -149,6 +149,9 @@ TABLES: list[Entry] = [
     Entry("gemma4_31b_fast", "docs/results/gemma-4-31b.md", ("gemma4_31b_fast_h100.json",),
           "python -m benchmarks.speed.gemma_fast --json OUT.json --slots 8 --max-len 1024 --batches 1,8 --modes ar; "
           "then, on the same warm machine, the same with --modes dflash", gpu.gemma_fast),
+    Entry("gemma4_31b_prefill_h200", "docs/results/gemma-4-31b.md", ("gemma4_31b_prefill_h200.json",),
+          "python -m benchmarks.speed.gemma_fast --json OUT/gemma4_31b_prefill_h200.json --modes ar --slots 32 "
+          "--max-len 1024 --batches 32 --prefill 1x64,7x96,13x112,18x112,31x112,18x64,31x64", gpu.gemma_prefill),
     Entry("engine_speed", "docs/results/fast-path-gpu.md", ("engine_speed_h100.json", "engine_speed_h200.json"),
           "python -m benchmarks.speed.engine_speed --out engine_speed.json --torch-path", gpu.engine_speed,
           machine="one NVIDIA H100 80GB HBM3 and one NVIDIA H200, each a fresh machine"),

@@ -311,6 +311,26 @@ def gemma_fast(results: list[Any]) -> Table:
                   f"{data['copy_bandwidth_GBps']:.0f} GB/s). DFlash: a random drafter with synthetic acceptance (the file's notes)."])
 
 
+def gemma_prefill(results: list[Any]) -> Table:
+    """benchmarks/speed/gemma_fast.py --prefill: one prefill group of k prompts of P tokens (a graph for k = 1, else
+    the one eager forward a wave's batch runs), its time and the share of the GPU's dense peak its matmuls reach; and
+    a decode step of the same engine, for the cost of a step a prefill holds back."""
+    data = results[0]
+    ph = data["phases"][0]
+    out = [[str(p["prompts"]), str(p["prompt_len"]), str(p["tokens"]), "graph" if p["graphed"] else "eager",
+            f1(p["ms"]), f"{1e3 * p['ms_per_token']:.0f}", f"{p['matmul_tflops']:.0f}", f"{100 * p['peak_share']:.0f}%"]
+           for p in ph["prefills"]]
+    notes = [f"In process on one {data['device']}, {ph['mode'].upper()}, {data['slots']} slots of {data['max_len']} "
+             "tokens; the median of the file's repeats after a warm-up. TFLOP/s counts the layers' matmuls only "
+             "(2 x their parameters x the tokens): attention's own and the head's are left out, so the share is a "
+             "floor."]
+    notes += [f"A decode step at {r['batch']} rows on the same engine: {f2(r['ms_per_step'])} ms (the weight-read "
+              f"floor, {f2(ph['floor_ms'])} ms at a measured {data['copy_bandwidth_GBps']:.0f} GB/s, is "
+              f"{100 * r['floor_share']:.0f}% of it)." for r in ph.get("rates", [])]
+    return Table(["prompts", "tokens each", "tokens", "forward", "ms", "µs per token", "matmul TFLOP/s",
+                  "of the dense peak"], out, notes)
+
+
 def rows_anatomy(results: list[Any]) -> Table:
     """benchmarks/speed/rows_anatomy.py: one step's device time by kernel class as rows grow, against the read floor
     (the weights once plus every row's KV at the step's context, at the measured copy bandwidth)."""
