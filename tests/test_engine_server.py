@@ -52,10 +52,11 @@ def cli_server(*args: str):
 
 
 @contextmanager
-def inproc_server(target, draft=None, mode="ar", name="tiny", step_delay: float = 0.0):
+def inproc_server(target, draft=None, mode="ar", name="tiny", step_delay: float = 0.0, before_step=None):
     """The same app in this process (uvicorn on a thread): cheaper when a test needs two servers.
 
-    `step_delay` seconds are added to every decode step (a slow GPU, to widen a timing window in a test).
+    `step_delay` seconds are added to every decode step (a slow GPU, to widen a timing window in a test);
+    `before_step()` runs before each (a test holds the engine still).
     """
     import uvicorn
 
@@ -65,9 +66,9 @@ def inproc_server(target, draft=None, mode="ar", name="tiny", step_delay: float 
     from dflash_bench.engine.serving.api_server import build_app
 
     engine = build(EngineConfig(str(target), draft and str(draft), mode=mode, device="cpu", max_slots=8, max_model_len=512, dtype="float64"))
-    if step_delay:
+    if step_delay or before_step is not None:
         real_step = engine.step
-        engine.step = lambda seqs: (time.sleep(step_delay), real_step(seqs))[1]
+        engine.step = lambda seqs: (time.sleep(step_delay), before_step and before_step(), real_step(seqs))[2]
     loop = EngineLoop(engine).start()
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(build_app(loop, name), host="127.0.0.1", port=port, log_level="warning"))
@@ -271,6 +272,8 @@ def test_harness_run_measures_the_builtin_server(dflash_url, tmp_path, data_dir)
     # after the prefill's in ceil(11 / B) steps, the last one cut at max_tokens
     assert summary["acceptance_length"] == pytest.approx(11 / -(-11 // B))
     assert summary["acceptance_source"] == "builtin-metrics"
+    # the server's own split of each request's time (vLLM's histograms' names): read for the four measured requests
+    assert summary["server_queue_ms"] >= 0 and summary["server_prefill_ms"] > 0 and summary["server_decode_ms"] > 0
     # the reference engine verifies the whole block every step; positions past max_tokens are not counted
     assert summary["verify_width"] == pytest.approx(11 / -(-11 // B))
     rows = [json.loads(line) for line in (cell / "requests.jsonl").read_text().splitlines()]
@@ -325,3 +328,35 @@ def test_prefill_auto_rides_only_for_ar_on_the_fast_path_on_a_gpu(fast, mode, de
 
     assert resolve_prefill("auto", fast=fast, mode=mode, device=device) == want
     assert resolve_prefill("first", fast=fast, mode=mode, device=device) == "first"  # a choice stands
+
+
+def test_metrics_split_each_requests_time_as_vllm_does(random_pair):
+    """/metrics gives finished requests' seconds by phase under vLLM's names (queue, prefill, decode), which the
+    harness reads for every engine alike. Twelve requests on eight slots, the engine held still inside a step
+    while all twelve are in: each of them is then waiting for a slot (queue) or decoding after its first token
+    (decode), at least four of them waiting, for at least as long as the engine is held."""
+    import concurrent.futures as cf
+
+    from dflash_bench.metrics.phases import PHASES
+
+    target, _ = random_pair
+    entered, gate, held = threading.Event(), threading.Event(), 0.3
+    with inproc_server(target, before_step=lambda: (entered.set(), gate.wait())) as (url, loop):
+        def one(_):
+            body = {"model": "tiny", "prompt": "hello there", "max_tokens": 6, "ignore_eos": True, "temperature": 0}
+            return httpx.post(url + "/v1/completions", json=body, timeout=120).status_code
+
+        with cf.ThreadPoolExecutor(12) as pool:
+            sent = [pool.submit(one, i) for i in range(12)]
+            end = time.time() + 60  # held in a step, with all twelve in the server
+            while not (entered.is_set() and loop.num_running + loop.num_waiting + loop.inbox.qsize() == 12):
+                assert time.time() < end, "the twelve requests never reached the server"
+                time.sleep(0.02)
+            time.sleep(held)
+            gate.set()
+            assert [f.result() for f in sent] == [200] * 12
+        count = {p: metric(url, f"vllm:request_{p}_time_seconds_count") for p in PHASES}
+        seconds = {p: metric(url, f"vllm:request_{p}_time_seconds_sum") for p in PHASES}
+    assert count == dict.fromkeys(PHASES, 12)
+    assert seconds["queue"] >= 4 * held and seconds["queue"] + seconds["decode"] >= 12 * held
+    assert seconds["prefill"] > 0

@@ -187,3 +187,27 @@ def test_not_measured_says_why_chunk_figures_are_missing_or_derived():
     derived = [rec(3, [0.1, 0.2], [1, 2], "text"), rec(4, [0.1, 0.2], [1, 2], "usage")]
     assert not_measured(derived)["itl_ms"].startswith("derived for 1 of 2 requests")
     assert not_measured([rec(5, [0.1, 0.2], [1, 2], "usage")]) == {}
+
+
+def test_server_phases_read_vllms_request_histograms_over_the_window():
+    """vLLM exports each request's queue, prefill and decode time as histograms (one per engine with data
+    parallelism): the cell reads the mean ms per request finished in its window, from the sums and counts, buckets
+    ignored; a server without them says nothing."""
+    from dflash_bench.metrics.phases import server_phases
+
+    def exposition(n: int, queue: float, prefill: float, decode: float) -> str:
+        lines = []
+        for engine in ("0", "1"):
+            for phase, total in (("queue", queue), ("prefill", prefill), ("decode", decode)):
+                name = f"vllm:request_{phase}_time_seconds"
+                lines += [f"# HELP {name} x", f"# TYPE {name} histogram"] if engine == "0" else []
+                lines += [f'{name}_bucket{{engine="{engine}",le="0.3"}} {n}', f'{name}_bucket{{engine="{engine}",le="+Inf"}} {n}',
+                          f'{name}_count{{engine="{engine}"}} {n}', f'{name}_sum{{engine="{engine}"}} {total}']
+        return "\n".join(lines) + "\n"
+
+    before = prometheus.parse(exposition(10, 1.0, 2.0, 30.0))
+    after = prometheus.parse(exposition(42, 1.64, 8.4, 94.0))  # 32 more a engine: 64 requests in the window
+    got = server_phases(prometheus.delta(before, after))
+    assert got == pytest.approx({"server_queue_ms": 20.0, "server_prefill_ms": 200.0, "server_decode_ms": 2000.0})
+    assert server_phases(prometheus.delta(before, before)) == dict.fromkeys(got, None)
+    assert server_phases(None) == dict.fromkeys(got, None)

@@ -496,3 +496,22 @@ def _share_of(png: bytes, rgb: tuple[int, int, int]) -> float:
 
     pixels = (matplotlib.image.imread(io.BytesIO(png))[..., :3] * 255).astype(int)
     return float((np.abs(pixels - np.array(rgb)).max(axis=-1) <= 6).mean())
+
+
+def test_the_latency_section_splits_the_first_token_where_the_server_says(tmp_path):
+    """Where the server exports vLLM's request histograms, the latency section gives each cell's mean queue,
+    prefill and decode ms per mode beside its TTFT; a sweep whose server says nothing has no such table."""
+    plan = [CellPlan(cell_id=f"vllm-{m}-gsm8k-c32", engine="vllm", mode=m, suite="gsm8k", concurrency=32)
+            for m in ("ar", "dflash")]
+    sweep = SweepDir.create(tmp_path / "split", Manifest(sweep_id="split", plan=plan))
+    for cell, (queue, prefill, decode) in zip(plan, ((0.4, 227.2, 11200.0), (12.5, 302.2, 3100.0))):
+        sweep.write_summary(CellSummary(cell_id=cell.cell_id, engine="vllm", mode=cell.mode, suite="gsm8k",
+                                        concurrency=32, output_throughput=100.0, server_queue_ms=queue,
+                                        server_prefill_ms=prefill, server_decode_ms=decode))
+    sweep.write_results_csv()
+    page = Page(build_report([tmp_path / "split"]).read_text())
+    assert "where a request's time went on the server" in page.all_text()
+    words = " ".join(" ".join(page.text).split())
+    assert "vllm gsm8k 32 0.4 227.2 11,200.0 12.5 302.2 3,100.0" in words
+    quiet = make_sweep(tmp_path / "quiet", suites=("gsm8k",), concurrency=(1,))
+    assert "where a request's time went on the server" not in Page(build_report([quiet]).read_text()).all_text()

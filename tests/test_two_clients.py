@@ -206,11 +206,11 @@ def test_a_later_command_neither_undoes_a_measurement_nor_takes_its_credit(tmp_p
     save(part("second", {32: "ok", 64: "skipped"}), tmp_path / "second.json")
     assert two_clients("merge", str(tmp_path / "second.json"), "--out", str(out)).returncode == 0
     res = load(out)
-    assert sorted((r.concurrency, r.status, Results.owner(r)) for r in res.rows) == [
+    assert sorted((r.concurrency, r.status, r.run) for r in res.rows) == [
         (32, "ok", "vllm/qwen3-8b"), (64, "ok", "vllm/qwen3-8b, earlier")]
     assert {k: v.command for k, v in res.runs.items()} == {"vllm/qwen3-8b": "second", "vllm/qwen3-8b, earlier": "first"}
     save(part("third", {32: "ok", 64: "ok"}), tmp_path / "third.json")
     assert two_clients("merge", str(tmp_path / "third.json"), "--out", str(out)).returncode == 0
     res = load(out)
     assert {k: v.command for k, v in res.runs.items()} == {"vllm/qwen3-8b": "third"}
-    assert all(Results.owner(r) == "vllm/qwen3-8b" for r in res.rows)
+    assert all(r.run == "vllm/qwen3-8b" for r in res.rows)

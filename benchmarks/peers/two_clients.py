@@ -81,8 +81,8 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.peers.two_clients_measure import (CLIENTS, Machine, Row, Run, load, merge_files, ours, save, vllm_missing,
-                                                  vllms)
+from benchmarks.peers.two_clients_measure import (CLIENTS, Machine, Row, Run, load, merge_files, ours, run_key, save,
+                                                  vllm_missing, vllms)
 
 from dflash_bench.errors import UserError
 
@@ -261,20 +261,20 @@ def run(args) -> None:
     rec = Run(command=command, machine=box, suite=args.suite, input_tokens=round(mean_in, 1), context_len=context,
               estimate_s=round(estimate, 1))
     res = load(out)
-    run_key = f"{args.engine}/{args.shape}" + (f"/tp{args.tp}" if args.tp > 1 else "")
-    res.add_run(run_key, rec)
+    key = run_key(args.engine, args.shape, args.tp)
+    res.add_run(key, rec)
     save(res, out)
 
     def keep(rows: list[Row]) -> None:  # saved as each cell ends: a run killed mid-way keeps what it measured
         res.merge(rows)
-        res.add_run(run_key, rec)
+        res.add_run(key, rec)
         save(res, out)
 
     for mode in args.mode_list:
         tau = args.synthetic_tau if mode == "dflash" else None
         label = mode if tau is None else f"{mode}-tau{tau:g}"
         rows = [Row(engine=args.engine, shape=args.shape, gpus=args.tp, mode=mode, synthetic_tau=tau, concurrency=c, new_tokens=n,
-                    client=cl, status="skipped", run=run_key) for n in args.new_list for c in args.c_list
+                    client=cl, status="skipped", run=key) for n in args.new_list for c in args.c_list
                 for cl in args.client_list]
         fits = {c: does_not_fit(args.engine, pair, context, c, mode, gpu_gib, args.tp) for c in args.c_list}
         version = profile.version("process", None)

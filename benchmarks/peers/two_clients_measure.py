@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from dflash_bench.store import atomic_write_text
 
@@ -69,12 +69,17 @@ class Row(BaseModel):
     input_tokens_mean: float | None = None  # prompt tokens per request, as the server counted them
     duration_s: float | None = None
     command: str | None = None  # the client's command line
-    run: str = ""  # the key in Results.runs of the command that measured it ("": its engine/shape's, Results.owner)
+    run: str = ""  # the key in Results.runs of the command that measured it ("": its engine/shape's, run_key)
 
     @property
     def key(self) -> tuple:
         return (self.engine, self.shape, self.gpus, self.mode, self.synthetic_tau, self.concurrency, self.new_tokens,
                 self.client)
+
+
+def run_key(engine: str, shape: str, gpus: int) -> str:
+    """The key under Results.runs of one command of benchmarks/peers/two_clients.py: its engine and shape."""
+    return f"{engine}/{shape}" + (f"/tp{gpus}" if gpus > 1 else "")
 
 
 class Results(BaseModel):
@@ -86,20 +91,23 @@ class Results(BaseModel):
     runs: dict[str, Run] = Field(default_factory=dict)  # "<engine>/<shape>" -> its run
     rows: list[Row] = Field(default_factory=list)
 
-    @staticmethod
-    def owner(row: Row) -> str:
-        """The key of the run that measured `row` (rows written before rows named their run: the engine/shape's)."""
-        return row.run or f"{row.engine}/{row.shape}" + (f"/tp{row.gpus}" if row.gpus > 1 else "")
+    @model_validator(mode="after")
+    def _rows_name_their_run(self) -> "Results":
+        """A row read from a file written before rows named their run gets its engine/shape's (`run_key`)."""
+        for r in self.rows:
+            r.run = r.run or run_key(r.engine, r.shape, r.gpus)
+        return self
 
     def merge(self, rows: list[Row]) -> None:
         """`rows` replace the rows of the same key, except that a row skipped (not measured) leaves a measured one
         in place: a later command that ran out of time does not undo an earlier one's measurement. Runs left with
         no row are dropped."""
+        rows = [r if r.run else r.model_copy(update={"run": run_key(r.engine, r.shape, r.gpus)}) for r in rows]
         measured = {r.key for r in self.rows if r.status != "skipped"}
         rows = [r for r in rows if not (r.status == "skipped" and r.key in measured)]
         keys = {r.key for r in rows}
         self.rows = [r for r in self.rows if r.key not in keys] + rows
-        owners = {self.owner(r) for r in self.rows}
+        owners = {r.run for r in self.rows}
         self.runs = {k: v for k, v in self.runs.items() if k in owners}
 
     def add_run(self, key: str, run: Run) -> None:
@@ -111,7 +119,7 @@ class Results(BaseModel):
             while (moved := f"{key}, earlier" + (f" {n}" if n > 1 else "")) in self.runs:
                 n += 1
             self.runs[moved] = held
-            self.rows = [r.model_copy(update={"run": moved}) if self.owner(r) == key else r for r in self.rows]
+            self.rows = [r.model_copy(update={"run": moved}) if r.run == key else r for r in self.rows]
         self.runs[key] = run
         self.device = "; ".join(sorted({r.machine.gpu for r in self.runs.values()}))
         self.command = "; ".join(r.command for _, r in sorted(self.runs.items()))

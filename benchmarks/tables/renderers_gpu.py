@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from benchmarks.peers.two_clients_measure import Results, Row
 from benchmarks.tables.renderers import SUITES, Table, concurrency_cell, f1, f2, span, steady_notes
 
 
@@ -412,7 +411,7 @@ def two_clients(results: list[Any]) -> Table:
     measured: dict[str, dict[tuple[str, int, str], set[int]]] = {}  # run -> (mode, tokens, client) -> concurrencies
     for r in data["rows"]:
         if r["status"] == "ok":
-            cells = measured.setdefault(Results.owner(Row.model_validate(r)), {})
+            cells = measured.setdefault(r["run"], {})
             cells.setdefault((r["mode"], r["new_tokens"], CLIENT_NAMES.get(r["client"], r["client"])), set()).add(
                 r["concurrency"])
     for key, run in sorted(data["runs"].items()):

@@ -15,6 +15,7 @@ from dflash_bench.client.protocol import RequestSettings
 from dflash_bench.metrics.acceptance import cell_acceptance, counter_namespace
 from dflash_bench.metrics.cache import prefix_cache
 from dflash_bench.metrics.definitions import failure_reasons, not_measured, steady_window, summarize
+from dflash_bench.metrics.phases import server_phases
 from dflash_bench.metrics.prometheus import ACCEPTED, DRAFTS
 from dflash_bench.store import (
     TELEMETRY, CellSummary, RequestRecord, ServerMetrics, SteadyPlan, SteadyWindow, SweepDir,
@@ -67,7 +68,8 @@ def summarize_records(records: list[RequestRecord], *, cell_id: str, engine: str
     summary = CellSummary(cell_id=cell_id, engine=engine, mode=mode, suite=suite, concurrency=concurrency,
                           repeat=repeat, input_len=input_len, thinking_asked=thinking_asked,
                           **summarize(records, window, interleaved), steady=block,
-                          **cell_acceptance(engine, delta, records, gauges), **prefix_cache(records, delta))
+                          **cell_acceptance(engine, delta, records, gauges), **prefix_cache(records, delta),
+                          **server_phases(delta))
     if steady and window is None and failure is None:
         failure = (f"the steady stream ended before its window closed: {block.ramp + block.requests if block else 0}"
                    " completions were needed")

@@ -19,6 +19,7 @@ import jinja2
 
 from dflash_bench import __version__
 from dflash_bench.errors import UserError
+from dflash_bench.metrics.phases import PHASES
 from dflash_bench.speedup import SPEEDUP_DEFINITION
 from dflash_bench.report import card, cells, engines, figures, measured, quality, serving, tables
 from dflash_bench.report.views import SweepView, load, plain, redact
@@ -183,6 +184,10 @@ def _context(view: SweepView, figs: dict[str, dict[str, str]], slo: str | None =
                    if _present(r.get("acceptance_length_dflash"))],
         "pareto": tables.stat_table(view, ["output_throughput", "tok_s_user_p50", "tok_s_user_at_tpot_p90"]),
         "latency": tables.stat_table(view, ["ttft_ms_p50", "ttft_ms_p90", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p90", "tpot_ms_p99"]),
+        # the server's own split of a request's time (metrics/phases.py), where the server exports it
+        "phases": [r for r in tables.stat_table(view, [f"server_{p}_ms" for p in PHASES])
+                   if any(_present(v) for k, v in r.items() if k.startswith("server_"))],
+        "phase_names": list(PHASES),
         "energy": tables.energy_rows(view),
         "tau_counting": tables.tau_counting(view),
         "synthetic": sorted({f"{v:g}" for v in view.frame.get("synthetic_acceptance", []) if _present(v)}),

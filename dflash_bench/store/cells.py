@@ -366,6 +366,12 @@ class CellSummary(CellKey):
     # prompts an earlier cell sent has that much of its prefill free; None where the server does not say
     prefix_cache_hit_rate: float | None = None
     prefix_cache_source: Literal["usage", "vllm-metrics"] | None = None
+    # mean ms a finished request spent on the server by phase (metrics/phases.py), from vLLM's request histograms
+    # over the window (the builtin engine exports the same): waiting to be scheduled, its prefill to the first
+    # token, its decode; None where the server has none
+    server_queue_ms: float | None = None
+    server_prefill_ms: float | None = None
+    server_decode_ms: float | None = None
 
     failures: dict[str, int] = Field(default_factory=dict)  # failure kind -> count of measured requests
     clock_origin_monotonic_s: float | None = None  # records' time origin on this host's time.perf_counter

@@ -17,12 +17,13 @@ import queue
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable, NamedTuple
 
 from dflash_bench.engine.bookkeeping import Delta, Seq, Stats
 from dflash_bench.engine.interface import Engine
 from dflash_bench.engine.sampling_params import SamplingParams
+from dflash_bench.metrics.phases import PHASES  # queue, prefill, decode: a request's time on the server, as vLLM splits it
 
 log = logging.getLogger("dflash_bench.engine")
 
@@ -38,6 +39,9 @@ class _Req:
     prompt: list[int]
     params: SamplingParams
     sink: Callable[[Delta | Exception], None]
+    arrived: float = field(default_factory=time.perf_counter)  # when the loop was handed it
+
+
 
 
 class Event(NamedTuple):
@@ -65,6 +69,9 @@ class LoopCounters:
     mixed_prefills: int | None  # the fast path's prompts that rode in a decode step
     width_policy: str
     synthetic_acceptance: float | None
+    # the finished requests' seconds by phase (PHASES), summed, and how many requests they are
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+    phased_requests: int = 0
 
 
 class EngineLoop:
@@ -87,6 +94,11 @@ class EngineLoop:
         # seconds the engine thread spent per phase: prefill (admission), step (launch, wait, bookkeeping),
         # emit (sinks and flush, i.e. the hand-over to the server); written by the engine thread only
         self.seconds = {"prefill": 0.0, "step": 0.0, "emit": 0.0}
+        # the finished requests' seconds by phase (PHASES), summed, and how many they are: /metrics's
+        # vllm:request_<phase>_time_seconds; the running ones' [arrived, prefill started, first token] times
+        self.phase_seconds = dict.fromkeys(PHASES, 0.0)
+        self.phased = 0
+        self._times: dict[str, list[float]] = {}
         self.thread = threading.Thread(target=self._run, name="dflash-engine", daemon=True)
 
     def start(self) -> "EngineLoop":
@@ -121,7 +133,8 @@ class EngineLoop:
                             groups=self.groups, seconds=dict(self.seconds), block_size=e.B,
                             slots=getattr(book, "slots", None), mixed_prefills=getattr(e, "mixed_prefills", None),
                             width_policy=getattr(book, "width_policy", "full"),
-                            synthetic_acceptance=e.synthetic_acceptance)
+                            synthetic_acceptance=e.synthetic_acceptance,
+                            phase_seconds=dict(self.phase_seconds), phased_requests=self.phased)
 
     @property
     def num_running(self) -> int:
@@ -174,7 +187,7 @@ class EngineLoop:
         started = self._prefill(batch)
         t1 = time.perf_counter()
         for req, seq, delta in started:
-            self._start(req, seq, delta)
+            self._start(req, seq, delta, t)
         self._flush()
         self.seconds["prefill"] += t1 - t
         self.seconds["emit"] += time.perf_counter() - t1
@@ -199,10 +212,12 @@ class EngineLoop:
             started.append((req, seq, delta))
         return started
 
-    def _start(self, req: _Req, seq: Seq, delta: Delta | None) -> None:
-        """A request in the batch; `delta` None: its prefill runs on, its first token comes with a step."""
+    def _start(self, req: _Req, seq: Seq, delta: Delta | None, scheduled: float) -> None:
+        """A request in the batch, whose prefill started at `scheduled`; `delta` None: its prefill runs on, its first
+        token comes with a step."""
         self._log("admit", req.req_id)
         self.sinks[req.req_id] = req.sink
+        self._times[req.req_id] = [req.arrived, scheduled]
         self.running.append(seq)
         if delta is not None:
             self._emit(seq, delta)
@@ -233,6 +248,9 @@ class EngineLoop:
             self.flush()
 
     def _emit(self, seq: Seq, delta: Delta) -> None:
+        times = self._times.get(seq.req_id)
+        if times is not None and len(times) == 2:  # its first token
+            times.append(time.perf_counter())
         self.sinks[seq.req_id](delta)
         if seq.finish:
             self._finish(seq)
@@ -241,6 +259,12 @@ class EngineLoop:
         self.engine.release(seq)
         self.running.remove(seq)
         self.sinks.pop(seq.req_id, None)
+        times = self._times.pop(seq.req_id, None)
+        if times is not None and len(times) == 3:  # it had its first token (an abort before it has no phases)
+            arrived, scheduled, first = times
+            for phase, seconds in zip(PHASES, (scheduled - arrived, first - scheduled, time.perf_counter() - first)):
+                self.phase_seconds[phase] += seconds
+            self.phased += 1
         self._log("finish", seq.req_id)
 
     def _log(self, kind: str, req_id: str) -> None:

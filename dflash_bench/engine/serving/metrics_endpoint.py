@@ -5,11 +5,19 @@ from __future__ import annotations
 from typing import Iterator
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
 
 from dflash_bench.client.server_slots import SLOTS_GAUGE
 from dflash_bench.engine.serving.loop import LoopCounters
+from dflash_bench.metrics.phases import PHASES
 from dflash_bench.metrics.prometheus import VERIFIED_PER_POS, WIDTH_POLICY
+
+
+PHASE_DOCS = {
+    "queue": "Seconds finished requests waited from arrival to the start of their prefill.",
+    "prefill": "Seconds finished requests took from the start of their prefill to their first token.",
+    "decode": "Seconds finished requests took from their first token to their last.",
+}
 
 
 class EngineCollector:
@@ -35,6 +43,10 @@ class EngineCollector:
         yield self._counter("vllm:prompt_tokens", "Prefill tokens processed.", st.prompt_tokens)
         yield self._counter("vllm:generation_tokens", "Generation tokens processed.", st.generation_tokens)
         yield self._counter("vllm:request_success", "Requests that finished (stop or length).", st.requests)
+        for phase in PHASES:  # vLLM's request histograms, as a sum and a count (no buckets: the harness reads means)
+            m = SummaryMetricFamily(f"vllm:request_{phase}_time_seconds", PHASE_DOCS[phase], labels=["model_name"])
+            m.add_metric([self.model], count_value=c.phased_requests, sum_value=c.phase_seconds.get(phase, 0.0))
+            yield m
         yield self._gauge("vllm:num_requests_running", "Requests in the decode batch.", c.running)
         yield self._gauge("vllm:num_requests_waiting", "Requests waiting for a slot.", c.waiting)
         if (slots := c.slots) is not None:  # the harness refuses a concurrency beyond it before a cell (client/server_slots.py)
