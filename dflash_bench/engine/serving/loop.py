@@ -42,8 +42,6 @@ class _Req:
     arrived: float = field(default_factory=time.perf_counter)  # when the loop was handed it
 
 
-
-
 class Event(NamedTuple):
     """A request admitted or finished, after `step` decode steps, while `running` were in the batch."""
 

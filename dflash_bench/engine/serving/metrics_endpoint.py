@@ -15,7 +15,8 @@ from dflash_bench.metrics.prometheus import VERIFIED_PER_POS, WIDTH_POLICY
 
 PHASE_DOCS = {
     "queue": "Seconds finished requests waited from arrival to the start of their prefill.",
-    "prefill": "Seconds finished requests took from the start of their prefill to their first token.",
+    "prefill": "Seconds finished requests took from the start of their prefill to their first token (a prompt "
+               "that rides in decode steps, --prefill mixed: from its admission, its wait to ride included).",
     "decode": "Seconds finished requests took from their first token to their last.",
 }
 
