@@ -274,8 +274,7 @@ def run(args) -> None:
         tau = args.synthetic_tau if mode == "dflash" else None
         label = mode if tau is None else f"{mode}-tau{tau:g}"
         rows = [Row(engine=args.engine, shape=args.shape, gpus=args.tp, mode=mode, synthetic_tau=tau, concurrency=c, new_tokens=n,
-                    client=cl, status="skipped", run=key) for n in args.new_list for c in args.c_list
-                for cl in args.client_list]
+                    client=cl, status="skipped") for n in args.new_list for c in args.c_list for cl in args.client_list]
         fits = {c: does_not_fit(args.engine, pair, context, c, mode, gpu_gib, args.tp) for c in args.c_list}
         version = profile.version("process", None)
         why_not = profile.refusal(pair, mode, version)

@@ -43,6 +43,11 @@ class Run(BaseModel):
     wall_s: float | None = None  # what the run took
 
 
+def run_key(engine: str, shape: str, gpus: int) -> str:
+    """The key under Results.runs of one command of benchmarks/peers/two_clients.py: its engine and shape."""
+    return f"{engine}/{shape}" + (f"/tp{gpus}" if gpus > 1 else "")
+
+
 class Row(BaseModel):
     engine: str  # builtin | vllm | sglang
     shape: str  # qwen3-8b | gemma-4-31B-it | tiny
@@ -69,17 +74,18 @@ class Row(BaseModel):
     input_tokens_mean: float | None = None  # prompt tokens per request, as the server counted them
     duration_s: float | None = None
     command: str | None = None  # the client's command line
-    run: str = ""  # the key in Results.runs of the command that measured it ("": its engine/shape's, run_key)
+    run: str = ""  # the key in Results.runs of the command that measured it (unset: its engine/shape's, run_key)
+
+    @model_validator(mode="after")
+    def _names_its_run(self) -> "Row":
+        """A row made, or read from a file written, without its run gets its engine/shape's (`run_key`)."""
+        self.run = self.run or run_key(self.engine, self.shape, self.gpus)
+        return self
 
     @property
     def key(self) -> tuple:
         return (self.engine, self.shape, self.gpus, self.mode, self.synthetic_tau, self.concurrency, self.new_tokens,
                 self.client)
-
-
-def run_key(engine: str, shape: str, gpus: int) -> str:
-    """The key under Results.runs of one command of benchmarks/peers/two_clients.py: its engine and shape."""
-    return f"{engine}/{shape}" + (f"/tp{gpus}" if gpus > 1 else "")
 
 
 class Results(BaseModel):
@@ -91,18 +97,10 @@ class Results(BaseModel):
     runs: dict[str, Run] = Field(default_factory=dict)  # "<engine>/<shape>" -> its run
     rows: list[Row] = Field(default_factory=list)
 
-    @model_validator(mode="after")
-    def _rows_name_their_run(self) -> "Results":
-        """A row read from a file written before rows named their run gets its engine/shape's (`run_key`)."""
-        for r in self.rows:
-            r.run = r.run or run_key(r.engine, r.shape, r.gpus)
-        return self
-
     def merge(self, rows: list[Row]) -> None:
         """`rows` replace the rows of the same key, except that a row skipped (not measured) leaves a measured one
         in place: a later command that ran out of time does not undo an earlier one's measurement. Runs left with
         no row are dropped."""
-        rows = [r if r.run else r.model_copy(update={"run": run_key(r.engine, r.shape, r.gpus)}) for r in rows]
         measured = {r.key for r in self.rows if r.status != "skipped"}
         rows = [r for r in rows if not (r.status == "skipped" and r.key in measured)]
         keys = {r.key for r in rows}
