@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from benchmarks.fixtures.shape_folders import write_shape
-from benchmarks.tables import renderers_gpu
+from benchmarks.tables import renderers_mission
 from dflash_bench.launch import free_port
 from dflash_bench.report.card import CellLine, card_rows, card_table, weights_of
 from dflash_bench.report.page import build_report
@@ -80,7 +80,7 @@ def test_the_report_and_the_docs_table_show_the_same_cards_table_over_emulator_f
                    check=True, capture_output=True, cwd=ROOT)
     data = json.loads(results.read_text())
     assert data["runs"][0]["weights"] == "emulated"
-    table = renderers_gpu.mission_card([data])
+    table = renderers_mission.mission_card([data])
     assert len(table.rows) == 2 and [r[3] for r in table.rows] == ["1", "8"]
     for row in table.rows:  # the docs' row is the report's row, cell for cell
         assert "<td>" + "</td><td>".join(row[:3]) + "</td>" in html.replace('<td class="n">', "<td>")

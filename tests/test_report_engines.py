@@ -174,12 +174,12 @@ def test_the_concurrency_past_which_dflash_stops_paying_is_read_from_a_measured_
     assert f"gsm8k (vllm, measured τ): pays up to c=2 ({speedups[2]:.2f}x), below 1 from c=8 ({speedups[8]:.2f}x)" in text
 
     # the docs' generated table reads the same crossing from the results file big_sweep writes of the folder
-    from benchmarks.tables import renderers_gpu
+    from benchmarks.tables import renderers_mission
 
     results = tmp_path / "mission.json"
     subprocess.run([sys.executable, "-m", "benchmarks.peers.big_sweep", "--out", str(results), str(crossing_folder)],
                    check=True, capture_output=True, cwd=ROOT)
-    table = renderers_gpu.mission_engines([json.loads(results.read_text())])
+    table = renderers_mission.mission_engines([json.loads(results.read_text())])
     assert any(f"pays up to c=2 ({speedups[2]:.2f}x), below 1 from c=8 ({speedups[8]:.2f}x)" in n for n in table.notes)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from benchmarks.tables import pages as tables
 from benchmarks.tables import renderers as table_renderers
-from benchmarks.tables import renderers_gpu as table_renderers_gpu
+from benchmarks.tables import renderers_mission
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -143,14 +143,14 @@ def test_steady_stream_cells_are_marked_with_their_window(tmp_path):
     assert [r["steady"] for r in data["runs"][0]["rows"]] == [{"ramp": 2, "requests": 3}] * 2
     closed = json.loads(json.dumps(data))
     closed["runs"][0]["rows"][0]["steady"] = None
-    table = table_renderers_gpu.big_shape([closed])
+    table = renderers_mission.big_shape([closed])
     assert [row[5] for row in table.rows] == ["2", "2 (steady)"]
     label = "steady stream: a window of 3 completions after a ramp-up of 2"
     assert [n for n in table.notes if n.startswith("(steady)")] == [
         f"(steady): {label} (--steady-requests); the cell's numbers are that window's, not a closed batch's."]
     for row in closed["runs"][0]["rows"]:
         row["steady"] = None
-    plain = table_renderers_gpu.big_shape([closed])
+    plain = renderers_mission.big_shape([closed])
     assert [row[5] for row in plain.rows] == ["2", "2"] and not any(n.startswith("(steady)") for n in plain.notes)
 
 
@@ -235,7 +235,7 @@ def test_the_readmes_headline_sets_the_engines_side_by_side_at_the_drawn_tau_wit
     data = {"pair": None, "weights": "random", "measured": "one H200, 2026-11-29",
             "runs": [run("vllm", "ar", [56.0, 1278.0]), run("vllm", "dflash", [332.0, 3566.0]),
                      run("builtin", "ar", [58.6, 1420.0]), run("builtin", "dflash", [406.7, 1300.0])]}
-    table = table_renderers_gpu.mission_headline([data])
+    table = renderers_mission.mission_headline([data])
     cells = {(r[1], r[2]): dict(zip(table.header, r)) for r in table.rows}
     assert cells[("1", "vllm")]["DFlash / AR"] == "5.93x" and cells[("1", "builtin")]["DFlash tok/s"] == "406.7 ★"
     assert cells[("32", "builtin")]["DFlash / AR"] == "0.92x" and cells[("32", "vllm")]["DFlash tok/s"] == "3,566.0 ★"
@@ -245,9 +245,9 @@ def test_the_readmes_headline_sets_the_engines_side_by_side_at_the_drawn_tau_wit
     assert "Measured on one H200, 2026-11-29." in table.notes and any("vllm 0.26.0" in n for n in table.notes)
     assert not any("dflash-bench sweep" in n for n in table.notes)  # the docs' table gives each run's command
     assert any("dflash-bench sweep --engine vllm --modes dflash" in n
-               for n in table_renderers_gpu.mission_engines([data]).notes)
+               for n in renderers_mission.mission_engines([data]).notes)
     data["runs"][1]["workload"] = "other"  # an AR run of another workload is not vLLM's DFlash's partner
-    unpaired = table_renderers_gpu.mission_headline([data])
+    unpaired = renderers_mission.mission_headline([data])
     vllm = [dict(zip(unpaired.header, r)) for r in unpaired.rows if r[2] == "vllm"]
     assert vllm and all(r["DFlash / AR"] == "-" for r in vllm)  # each side shown alone, never set against the other
     assert not any(n.startswith("- gsm8k, vllm") for n in unpaired.notes)
@@ -266,8 +266,8 @@ def test_the_input_length_rows_are_set_along_one_axis_as_the_report_sets_them():
     run = {"sweep_id": "s", "device": "1x NVIDIA H200", "gpus_per_server": 1, "weights": "random", "command": "x",
            "servers": {}, "rows": rows("ar", {(1024, 1): 50.0, (128, 1): 56.0, (128, 8): 400.0})
            + rows("dflash", {(1024, 1): 200.0, (128, 1): 330.0, (128, 8): 1800.0})}
-    table = table_renderers_gpu.mission_lengths([{"pair": None, "weights": "random", "runs": [run]}])
+    table = renderers_mission.mission_lengths([{"pair": None, "weights": "random", "runs": [run]}])
     assert table.header == ["engine", "τ of", "c", "long-128 (128 tokens)", "long-1k (1024 tokens)"]
     assert [r[2:] for r in table.rows] == [["1", "5.89x (τ 6.80)", "4.00x (τ 6.80)"], ["8", "4.50x (τ 6.80)", "-"]]
     without = [dict(r, input_len=0) for r in run["rows"]]  # a file of the suites' own prompts: no such axis
-    assert table_renderers_gpu.mission_lengths([{"pair": None, "weights": "random", "runs": [dict(run, rows=without)]}]).rows == []
+    assert renderers_mission.mission_lengths([{"pair": None, "weights": "random", "runs": [dict(run, rows=without)]}]).rows == []

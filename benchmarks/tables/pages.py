@@ -17,7 +17,7 @@ Adding a table is one function and one small entry in TABLES:
     Entry("my_table", "docs/results/topic.md", ("my_results.json",),
           "python -m benchmarks.<group>.my_bench --out benchmarks/results/my_results.json", tr.my_table)
 
-where `my_table(results)` in benchmarks/tables/renderers.py (renderers_gpu.py for a GPU family) gets the
+where `my_table(results)` in benchmarks/tables/renderers.py (renderers_gpu.py for a GPU family, renderers_mission.py for big_sweep's files) gets the
 loaded JSON of each source, in order, and returns a Table (a header, rows of strings and optional lines printed
 under it); then put the two markers
 where the table goes and run `python -m benchmarks.tables`. The command is the one that wrote the results
@@ -44,6 +44,7 @@ from typing import Any
 from benchmarks.tables import renderers as tr
 from benchmarks.tables import renderers_claims as claims
 from benchmarks.tables import renderers_gpu as gpu
+from benchmarks.tables import renderers_mission as mission
 from benchmarks.tables.renderers import Table, TablesError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,7 +102,7 @@ INPUT_LEN_H200_COMMAND = ("bash benchmarks/peers/mission.sh --gpu h200 --tp 1 -n
 
 TABLES: list[Entry] = [
     Entry("demo_summary", "README.md", (DEMO,), None, tr.demo_summary),
-    Entry("mission_card_tau", "README.md", (MISSION_TAU_H200,), MISSION_TAU_H200_COMMAND, gpu.mission_headline,
+    Entry("mission_card_tau", "README.md", (MISSION_TAU_H200,), MISSION_TAU_H200_COMMAND, mission.mission_headline,
           machine=MISSION_TAU_H200_MACHINE),
     Entry("demo_runs", "docs/results/demo.md", (DEMO,), None, tr.demo_runs),
     Entry("cpu_anatomy", "docs/results/demo.md", ("cpu_anatomy_cpu.json",),
@@ -130,20 +131,20 @@ TABLES: list[Entry] = [
     Entry("pair_retrained_h100", "docs/results/engines-one-gpu.md", ("real_engines_h100_pair_retrained.json",),
           "python -m benchmarks.peers.real_engines pair --engines vllm,builtin-fast --concurrency 1,8 --data-dir .data",
           gpu.pair_retrained),
-    Entry("gemma4_31b_h100", "docs/results/gemma-4-31b.md", ("gemma4_31b_h100.json",), None, gpu.big_shape,
+    Entry("gemma4_31b_h100", "docs/results/gemma-4-31b.md", ("gemma4_31b_h100.json",), None, mission.big_shape,
           machine="one NVIDIA H100 80GB HBM3 (nvidia-h100-x1) and two on one host (nvidia-h100-x2), each a fresh machine"),
-    Entry("gemma4_31b_mission", "docs/results/gemma-4-31b.md", ("gemma4_31b_mission.json",), None, gpu.mission_card,
+    Entry("gemma4_31b_mission", "docs/results/gemma-4-31b.md", ("gemma4_31b_mission.json",), None, mission.mission_card,
           machine="two NVIDIA H100 80GB HBM3 on one host (nvidia-h100-x2), two calls"),
     Entry("gemma4_31b_card_tau_h200", "docs/results/gemma-4-31b.md", (MISSION_TAU_H200,), MISSION_TAU_H200_COMMAND,
-          gpu.mission_engines, machine=MISSION_TAU_H200_MACHINE),
+          mission.mission_engines, machine=MISSION_TAU_H200_MACHINE),
     Entry("gemma4_31b_input_len_h200", "docs/results/gemma-4-31b.md", (INPUT_LEN_H200,), INPUT_LEN_H200_COMMAND,
-          gpu.mission_engines, machine=MISSION_TAU_H200_MACHINE),
+          mission.mission_engines, machine=MISSION_TAU_H200_MACHINE),
     Entry("gemma4_31b_input_len_h200_by_length", "docs/results/gemma-4-31b.md", (INPUT_LEN_H200,),
-          INPUT_LEN_H200_COMMAND, gpu.mission_lengths, machine=MISSION_TAU_H200_MACHINE),
+          INPUT_LEN_H200_COMMAND, mission.mission_lengths, machine=MISSION_TAU_H200_MACHINE),
     Entry("gemma4_31b_six_suites_h200", "docs/results/gemma-4-31b.md", (MISSION_SIX_H200,), MISSION_SIX_H200_COMMAND,
-          gpu.mission_engines, machine="two NVIDIA H200 on one host (nvidia-h200-x2), tensor parallel 2"),
+          mission.mission_engines, machine="two NVIDIA H200 on one host (nvidia-h200-x2), tensor parallel 2"),
     Entry("gemma4_31b_engines_h200", "docs/results/gemma-4-31b.md", (MISSION_H200,), MISSION_H200_COMMAND,
-          gpu.mission_engines, machine=MISSION_H200_MACHINE),
+          mission.mission_engines, machine=MISSION_H200_MACHINE),
     Entry("two_clients_gemma_vllm", "docs/results/gemma-4-31b.md", ("two_clients_gemma_vllm_h100.json",), None,
           gpu.two_clients),
     Entry("gemma4_31b_fast", "docs/results/gemma-4-31b.md", ("gemma4_31b_fast_h100.json",),
