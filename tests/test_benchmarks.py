@@ -50,6 +50,27 @@ def test_big_sweep_reads_sweep_folders_into_one_results_file(tmp_path):
     assert proc.returncode != 0 and "is not a sweep folder" in proc.stderr
 
 
+def test_big_sweep_groups_a_cells_first_tokens_by_when_they_came():
+    from benchmarks.peers.big_sweep import FIRST_TOKEN_GAP_MS, first_tokens
+    from dflash_bench.store import RequestRecord
+
+    gap = FIRST_TOKEN_GAP_MS / 1e3
+
+    def rec(i: int, first: float, **kw) -> RequestRecord:
+        return RequestRecord(request_id=f"r{i}", prompt_id=f"p{i}", t_send=0.0, t_first_token=first, **kw)
+
+    # one alone, three a step apart by less than the gap (chained), two after a longer pause; a warm-up, a failure
+    # and a request that never had a first token among them count nowhere
+    records = [rec(0, 0.030), rec(1, 0.300), rec(2, 0.300 + 0.9 * gap), rec(3, 0.300 + 1.8 * gap),
+               rec(4, 0.500), rec(5, 0.501), rec(6, 0.301, warmup=True), rec(7, 0.302, error="HTTP 500"),
+               RequestRecord(request_id="r8", prompt_id="p8", t_send=0.0)]
+    groups = first_tokens(records[::-1])  # in any order on disk
+    assert [g.requests for g in groups] == [1, 3, 2]
+    assert groups[0].ttft_ms == pytest.approx(30.0) and groups[2].ttft_ms == pytest.approx(500.5)
+    assert groups[1].ttft_ms == pytest.approx(1e3 * (0.300 + 0.9 * gap))  # the median of the three
+    assert first_tokens([]) == []
+
+
 @pytest.mark.engine
 def test_big_shape_writes_a_target_and_drafter_without_weights(tmp_path):
     pytest.importorskip("tokenizers")

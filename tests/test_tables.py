@@ -271,3 +271,23 @@ def test_the_input_length_rows_are_set_along_one_axis_as_the_report_sets_them():
     assert [r[2:] for r in table.rows] == [["1", "5.89x (τ 6.80)", "4.00x (τ 6.80)"], ["8", "4.50x (τ 6.80)", "-"]]
     without = [dict(r, input_len=0) for r in run["rows"]]  # a file of the suites' own prompts: no such axis
     assert renderers_mission.mission_lengths([{"pair": None, "weights": "random", "runs": [dict(run, rows=without)]}]).rows == []
+
+
+def test_a_cells_first_tokens_are_set_beside_its_ttft_and_the_servers_split():
+    """The first-token table gives, per cell of more than one request at a time, the TTFT's median, mean and p90,
+    the server's queue and prefill, and the groups its first tokens came in; a one-at-a-time cell, a failed cell
+    and a cell read from an older file (no groups) are left out."""
+    base = {"engine": "builtin", "mode": "ar", "suite": "gsm8k", "gpus": 1, "status": "complete", "tok_s": 1440.4,
+            "tok_s_per_gpu": 1440.4, "ttft_ms_p50": 302.5, "tpot_ms_p50": 21.9, "peak_mem_mib": None,
+            "prefix_cache_hit_rate": None, "tau": None, "ttft_ms_mean": 366.3, "ttft_ms_p90": 508.6,
+            "server_queue_ms": 118.7, "server_prefill_ms": 231.0}
+    groups = [{"requests": 1, "ttft_ms": 31.0}, {"requests": 18, "ttft_ms": 302.4}, {"requests": 13, "ttft_ms": 497.1}]
+    run = {"sweep_id": "s", "device": "1x NVIDIA H200", "gpus_per_server": 1, "weights": "random", "command": "x",
+           "servers": {}, "rows": [dict(base, concurrency=32, first_tokens=groups),
+                                   dict(base, concurrency=1, first_tokens=groups[:1]),
+                                   dict(base, concurrency=8, tok_s=None, status="failed", first_tokens=[]),
+                                   dict(base, concurrency=16)]}
+    table = renderers_mission.first_tokens([{"pair": None, "weights": "random", "runs": [run], "measured": "here"}])
+    assert table.rows == [["builtin", "ar", "gsm8k", "32", "302.5", "366.3", "508.6", "118.7", "231.0",
+                           "1 at 31, 18 at 302, 13 at 497"]]
+    assert any("more than 5 ms after the one before" in n for n in table.notes) and table.notes[-1] == "Measured on here."

@@ -13,7 +13,8 @@ then, anywhere, each sweep folder into the results file (rows of the same run re
 
 A row per cell: engine, mode, GPUs per server, tok/s and tok/s per GPU, TTFT and TPOT p50, the peak GPU memory
 the telemetry saw (vLLM takes its whole --gpu-memory-utilization share at start), the share of prompt tokens
-read from the prefix cache, and a failed cell's reason. Each run keeps the sweep's command line and each
+read from the prefix cache, a failed cell's reason, and how its first tokens came (`first_tokens`: the groups the
+server prefilled together, as the client saw them). Each run keeps the sweep's command line and each
 server's command, with this machine's paths cut to WORK.
 """
 
@@ -23,14 +24,28 @@ import argparse
 import json
 import os
 import re
+import statistics
 import sys
 from pathlib import Path
 
 from pydantic import BaseModel, Field
 
 from dflash_bench.report.card import device_of, weights_of, workload_of
+from dflash_bench.metrics.definitions import ttft_ms
 from dflash_bench.settings import SweepSettings
-from dflash_bench.store import CellSettings, SteadyPlan
+from dflash_bench.store import CellSettings, RequestRecord, SteadyPlan
+from dflash_bench.store.folder import SweepDir
+
+
+FIRST_TOKEN_GAP_MS = 5.0  # first tokens within this of the one before came with the same forward (a prefill group)
+
+
+class FirstTokens(BaseModel):
+    """Requests of a cell whose first tokens reached the client together (each within FIRST_TOKEN_GAP_MS of the one
+    before): what the server prefilled in one forward, or one step, as the client saw it."""
+
+    requests: int
+    ttft_ms: float  # the median of theirs
 
 
 class Row(BaseModel):
@@ -53,6 +68,11 @@ class Row(BaseModel):
     steady: SteadyPlan | None = None  # a steady-stream cell (--steady-requests): its numbers are the window's
     repeat: int = 0  # a cell's repeats are rows of their own; a table's speedup is the median of their ratios
     input_len: int = 0  # the prompts' length in tokens on the --input-len axis (a long-<N> suite); 0: the suite's own
+    ttft_ms_mean: float | None = None
+    ttft_ms_p90: float | None = None
+    server_queue_ms: float | None = None  # the server's own split of a request's time (metrics/phases.py), means
+    server_prefill_ms: float | None = None
+    first_tokens: list[FirstTokens] = Field(default_factory=list)  # in the order they came (`first_tokens`)
 
 
 class Run(BaseModel):
@@ -108,6 +128,7 @@ def run_of(folder: Path) -> Run:
               weights=weights_of(settings.get("engine_args") or [], (settings.get("engines") or [""])[0]),
               workload=workload_of(SweepSettings.model_validate(settings).model_dump(mode="json") if settings else None))
     reasons = {c["cell_id"]: c.get("reason") for c in manifest["plan"]}
+    sweep = SweepDir(folder)
     for cell in manifest["plan"]:
         path = folder / "cells" / cell["cell_id"] / "summary.json"
         s = json.loads(path.read_text()) if path.is_file() else {}
@@ -122,8 +143,24 @@ def run_of(folder: Path) -> Run:
             reason=None if tok else (s.get("failure_reason") or reasons.get(cell["cell_id"])),
             steady=CellSettings.model_validate(s.get("settings") or {}).steady,
             synthetic_tau=s.get("synthetic_acceptance"), synthetic_source=s.get("synthetic_source"),
-            repeat=cell.get("repeat") or 0, input_len=cell.get("input_len") or 0))
+            repeat=cell.get("repeat") or 0, input_len=cell.get("input_len") or 0,
+            ttft_ms_mean=(s.get("ttft_ms") or {}).get("mean"), ttft_ms_p90=(s.get("ttft_ms") or {}).get("p90"),
+            server_queue_ms=s.get("server_queue_ms"), server_prefill_ms=s.get("server_prefill_ms"),
+            first_tokens=first_tokens(sweep.read_requests(cell["cell_id"])) if tok else []))
     return run
+
+
+def first_tokens(records: list[RequestRecord]) -> list[FirstTokens]:
+    """A cell's measured requests (warm-ups and failures left out) grouped by when their first token reached the
+    client: sorted by that time, a new group wherever one came more than FIRST_TOKEN_GAP_MS after the one before."""
+    came = sorted((r.t_first_token, ttft) for r in records
+                  if r.ok and not r.warmup and r.t_first_token is not None and (ttft := ttft_ms(r)) is not None)
+    groups: list[list[float]] = []
+    for i, (at, ttft) in enumerate(came):
+        if not i or (at - came[i - 1][0]) * 1e3 > FIRST_TOKEN_GAP_MS:
+            groups.append([])
+        groups[-1].append(ttft)
+    return [FirstTokens(requests=len(g), ttft_ms=statistics.median(g)) for g in groups]
 
 
 CELL_LINE = re.compile(r"^(?P<engine>[a-z]+)-(?P<mode>ar|dflash|eagle3)-(?P<suite>[a-z0-9-]+)-c(?P<c>\d+): "

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from benchmarks.peers.big_sweep import FIRST_TOKEN_GAP_MS
 from benchmarks.tables.renderers import Table, concurrency_cell, f1, f2, steady_notes
 
 
@@ -139,3 +140,29 @@ ENGINES_KEY = ("Output tok/s per server (tensor parallel: all its GPUs), DFlash 
                "ratios (one repeat: its ratio); ★ the fastest AR server at that concurrency, and the fastest DFlash "
                "server among the rows of the same kind of τ (a random drafter's τ is about 1, so its DFlash / AR is "
                "the cost of the speculative path; a synthetic τ is drawn, not measured).")
+
+
+def first_tokens(results: list[Any]) -> Table:
+    """How each cell's first tokens came (big_sweep's `first_tokens`): the groups the server prefilled together, as
+    the client saw them, beside the TTFT's median, mean and p90 and the server's own split of it (queue, then prefill
+    to the first token); cells of one request at a time left out."""
+    data = results[0]
+    rows, notes = [], []
+    for n, run in enumerate(data["runs"], 1):
+        notes.append(f"Run {n}, sweep {run['sweep_id']} ({run['device']}, {run['gpus_per_server']} GPU(s) per server, "
+                     f"weights {run.get('weights', 'real')}): `{run['command']}`.")
+        for r in run["rows"]:
+            if r["tok_s"] is None or r["concurrency"] < 2 or not r.get("first_tokens"):
+                continue
+            came = ", ".join(f"{g['requests']} at {g['ttft_ms']:.0f}" for g in r["first_tokens"])
+            rows.append([r["engine"], r["mode"], r["suite"], str(r["concurrency"]), f1(r["ttft_ms_p50"]),
+                         f1(r.get("ttft_ms_mean")), f1(r.get("ttft_ms_p90")), f1(r.get("server_queue_ms")),
+                         f1(r.get("server_prefill_ms")), came])
+    notes.insert(0, "TTFT in ms as the client measured it; the server's queue (arrival to the start of its prefill) "
+                    "and prefill (to its first token) are the means of its own histograms over the cell. First tokens: "
+                    "the cell's requests by when their first token reached the client, a new group wherever one came "
+                    f"more than {FIRST_TOKEN_GAP_MS:g} ms after the one before (requests, then their median TTFT in ms), in the order they "
+                    "came: a group is what the server prefilled in one forward or one step.")
+    measured = [f"Measured on {data['measured'].rstrip('.')}."] if data.get("measured") else []
+    return Table(["engine", "mode", "suite", "c", "TTFT p50", "mean", "p90", "server queue", "server prefill",
+                  "first tokens came"], rows, [*notes, *measured])
