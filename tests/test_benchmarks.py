@@ -386,11 +386,44 @@ def test_gemm_tuning_searches_only_plans_the_kernel_runs():
     assert {p.mode for p in plans(1)} == {"fma", "dot", "swap"} and "fma" not in {p.mode for p in plans(16)}
 
 
-def test_step_anatomy_sorts_kernels_into_kinds():
-    from benchmarks.speed.step_anatomy import kind
+def test_kernel_kinds_sorts_kernels_and_sums_a_profile():
+    from benchmarks.speed.kernel_kinds import kind, summarise
 
-    assert kind("triton_skinny_linear_kernel") == "matmul" and kind("_qk_rope_store_kernel") == "qk norm+rope+store"
-    assert kind("void at::native::something_else") == "other"
+    elementwise = "void at::native::vectorized_elementwise_kernel<4, at::native::{}, at::detail::Array<char*, 3> >(int)"
+    names = {  # names as torch.profiler reports them: cuBLAS's, SDPA's, the engine's triton kernels, torch's own
+        "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel"
+        "__5x_cublas": "matmul",
+        "nvjet_tst_192x192_64x4_2x1_v_bz_coopA_TNT": "matmul", "triton_skinny_linear_kernel": "matmul",
+        "fmha_cutlassF_bf16_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel<cutlass::bfloat16_t, "
+        "cutlass::arch::Sm80, true, 64, 64, 64, true, true>::Params)": "attention",
+        "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4, false, false, "
+        "cutlass::bfloat16_t> >(pytorch_flash::Flash_fwd_params)": "attention",
+        "_split_kernel": "attention", "void (anonymous namespace)::softmax_warp_forward<float, 10>(float*)": "softmax",
+        "_add_rms_norm_kernel": "norm", "_norm_add_norm_kernel": "norm", "_embed_norm_kernel": "embedding+norm",
+        "_qkv_kernel": "qk norm+rope+store", "_qk_rope_store_kernel": "qk norm+rope+store",
+        "_act_mul_kernel": "act*up", elementwise.format("GeluCUDAKernelImpl(at::TensorIteratorBase&)"): "act*up",
+        elementwise.format("CUDAFunctor_add<c10::BFloat16>"): "elementwise",
+        elementwise.format("FillFunctor<c10::BFloat16>"): "fill/arange",
+        elementwise.format("BinaryFunctor<long, long, bool, CompareFunctor<long> >"): "mask/compare",
+        "void at::native::elementwise_kernel<128, 4, at::native::masked_fill_kernel(at::TensorIterator&)>(int)": "mask/compare",
+        "void at::native::(anonymous namespace)::CatArrayBatchedCopy_vectorized<OpaqueType<2u>, 4>(int)": "copy/cat/where",
+        "void at::native::index_elementwise_kernel<128, 4, at::native::gpu_index_kernel<at::native::"
+        "index_put_kernel_impl<at::native::OpaqueType<2> >(at::TensorIterator&)>(long)": "cache store (index_put)",
+        "void at::native::index_elementwise_kernel<128, 4, at::native::gpu_index_kernel<at::native::"
+        "index_kernel_impl<at::native::OpaqueType<2> >(at::TensorIterator&)>(long)": "gather (index)",
+        "void at::native::elementwise_kernel_with_index<int, at::native::arange_cuda_out()>(int)": "fill/arange",
+        "Memcpy HtoD (Pageable -> Device)": "memcpy/memset", "_argmax_rows_kernel": "argmax", "_commit_kernel": "commit",
+        "void at::native::reduce_kernel<512, 1>(at::native::ReduceOp<float>)": "other",
+    }
+    assert {n: kind(n) for n in names} == names
+    # 30 us of matmul, 10 us idle, the GeGLU, 5 us idle, a matmul with a copy beside it (on another stream)
+    got = summarise([("nvjet_a", 0.0, 30.0), ("_act_mul_kernel", 40.0, 10.0), ("nvjet_a", 55.0, 20.0),
+                     ("Memcpy DtoD (Device -> Device)", 60.0, 5.0)], wall_ms=0.2, top=2)
+    assert {k: v.ms for k, v in got.classes.items()} == pytest.approx({"matmul": 0.05, "act*up": 0.01, "memcpy/memset": 0.005})
+    assert {k: v.launches for k, v in got.classes.items()} == {"matmul": 2, "act*up": 1, "memcpy/memset": 1}
+    assert (got.launches, got.busy_ms, got.span_ms, got.idle_ms) == pytest.approx((4, 0.065, 0.075, 0.015))
+    assert [(k.name, k.kind, k.launches) for k in got.top] == [("nvjet_a", "matmul", 2), ("_act_mul_kernel", "act*up", 1)]
+    assert got.note is None and summarise([], wall_ms=1.0).note
 
 
 def test_telemetry_overhead_runs_or_says_why_not(tmp_path):
@@ -407,7 +440,7 @@ def test_telemetry_overhead_runs_or_says_why_not(tmp_path):
 def test_gemma_fast_runs_its_shrunk_shape_on_the_cpu(tmp_path):
     out = tmp_path / "gemma.json"
     bench("speed.gemma_fast", "--json", str(out), "--device", "cpu", "--shrink", "--batches", "1",
-          "--prefill", "1x64,3x40", "--reps", "1")
+          "--prefill", "1x64,3x40", "--reps", "1", "--anatomy")
     phases = json.loads(out.read_text())["phases"]
     assert [(p["mode"], p.get("error")) for p in phases] == [("ar", None), ("dflash", None)]
     assert all(r["tokens"] > 0 for p in phases for r in p["rates"])
@@ -415,6 +448,12 @@ def test_gemma_fast_runs_its_shrunk_shape_on_the_cpu(tmp_path):
     assert [(g["prompts"], g["tokens"], g["graphed"]) for p in phases for g in p["prefills"]] == \
         [(1, 64, True), (3, 120, False)] * 2
     assert all(g["ms"] > 0 and g["matmul_tflops"] > 0 for p in phases for g in p["prefills"])
+    # --anatomy: one more run of each group, profiled; a CPU runs no device kernels, and the entry says so
+    from benchmarks.speed.kernel_kinds import Anatomy
+
+    anatomies = [Anatomy.model_validate(g["anatomy"]) for p in phases for g in p["prefills"]]
+    assert len(anatomies) == 4 and all(a.classes == {} and a.top == [] and a.wall_ms > 0 and "CPU" in (a.note or "")
+                                       for a in anatomies)
 
 
 # recipes/tiny_pair's measuring scripts (train.py: tests/test_recipe.py), run as `python -m recipes.tiny_pair.<name>`

@@ -1,11 +1,12 @@
 """Gemma 4 31B's shape on the fast path (`serve --fast --load-format dummy`), in process on one GPU: a decode
 step's time against the weight-read floor, AR and DFlash with synthetic acceptance; with --prefill, a prefill
 group's time per shape (k prompts of P tokens: one graph for k = 1, else the eager forward a wave's batch runs),
-the share of the matmuls' FLOPs a second it reaches against --peak-tflops.
+the share of the matmuls' FLOPs a second it reaches against --peak-tflops, and with --anatomy where its device time
+goes: by kernel kind (`kernel_kinds`), with the idle time between kernels (the eager forward's launch gaps).
 
     python -m benchmarks.speed.gemma_fast --json OUT.json [--slots 8 --max-len 1024 --batches 1,8 --tau 6.5]
     python -m benchmarks.speed.gemma_fast --json OUT.json --modes ar --slots 32 --max-len 2048 --batches 32 \
-        --prefill 1x64,7x96,13x112,18x112,31x112,18x64
+        --prefill 1x64,7x96,13x112,18x112,31x112,18x64 [--anatomy]
     python -m benchmarks.speed.gemma_fast --json smoke.json --device cpu --shrink   # the script itself, on a CPU
 
 The shape is `dflash_bench.model_shapes`' (written by benchmarks/fixtures/shape_folders.py, without weights); the engine creates
@@ -31,6 +32,8 @@ from typing import Any
 from pathlib import Path
 
 import torch
+
+from benchmarks.speed.kernel_kinds import profile_once
 
 
 def sync() -> None:
@@ -96,22 +99,27 @@ def decode_rate(runner, bs: int, prompt_len: int, steps: int) -> dict:
             "tok_s": tokens / seconds, "tokens_per_row_step": tokens / (steps * bs)}
 
 
-def prefill_rate(core, k: int, P: int, reps: int, peak_tflops: float) -> dict:
+def prefill_rate(core, k: int, P: int, reps: int, peak_tflops: float, anatomy: bool = False) -> dict:
     """Prefill k random prompts of P tokens into slots 0..k-1 as one group (a graph for k = 1, else one eager forward,
     as `EngineCore.add_many` runs a wave's batch), `reps` times after a warm-up; the median, and the layers'
     matmul FLOPs a second (2 x the layers' parameters x the tokens; the attention's own and the head's, one row a
-    prompt, left out)."""
+    prompt, left out). With `anatomy`, one more run of the group under torch's profiler: its device time by kernel
+    kind, its idle time between kernels and its longest kernels (`kernel_kinds.Anatomy`)."""
     rng = random.Random(k * P)
     t: Any = core.probe.target
     top = min(30000, t.vocab_size)
     slots = list(range(k))
     prompts = [[rng.randrange(10, top) for _ in range(P)] for _ in slots]
     times = []
+
+    def run() -> None:
+        core.prefill_group(slots, prompts, graphed=k == 1)
+        sync()
+
     for i in range(reps + 1):
         sync()
         t0 = time.perf_counter()
-        core.prefill_group(slots, prompts, graphed=k == 1)
-        sync()
+        run()
         if i:  # the first is the warm-up
             times.append(time.perf_counter() - t0)
         for s in slots:
@@ -119,8 +127,13 @@ def prefill_rate(core, k: int, P: int, reps: int, peak_tflops: float) -> dict:
     ms = 1e3 * statistics.median(times)
     head = t.lm_head.numel() * t.lm_head.element_size()
     flops = 2 * (t.weight_bytes() - head) / t.dtype.itemsize * k * P
-    return {"prompts": k, "prompt_len": P, "tokens": k * P, "graphed": k == 1, "ms": ms, "ms_per_token": ms / (k * P),
-            "matmul_tflops": flops / (ms / 1e3) / 1e12, "peak_share": flops / (ms / 1e3) / 1e12 / peak_tflops}
+    out = {"prompts": k, "prompt_len": P, "tokens": k * P, "graphed": k == 1, "ms": ms, "ms_per_token": ms / (k * P),
+           "matmul_tflops": flops / (ms / 1e3) / 1e12, "peak_share": flops / (ms / 1e3) / 1e12 / peak_tflops}
+    if anatomy:
+        out["anatomy"] = profile_once(run, cuda=t.lm_head.is_cuda).model_dump()
+        for s in slots:
+            core.release(s)
+    return out
 
 
 def main() -> None:
@@ -137,8 +150,12 @@ def main() -> None:
     ap.add_argument("--shrink", action="store_true", help="a small version of the shape (a CPU check of the script)")
     ap.add_argument("--prefill", default="", help="prefill groups to time, KxP,... (k prompts of P tokens each)")
     ap.add_argument("--reps", type=int, default=5, help="timed repeats of each prefill group")
+    ap.add_argument("--anatomy", action="store_true",
+                    help="profile one more run of each prefill group: device time by kernel kind, idle time, top kernels")
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="the GPU's dense bf16 peak (H100/H200: 989)")
     a = ap.parse_args()
+    if a.anatomy and not a.prefill:
+        ap.error("--anatomy profiles the prefill groups: name them with --prefill KxP,...")
     from benchmarks.fixtures.shape_folders import write_shape
     from dflash_bench.engine.config import EngineConfig
     from dflash_bench.engine.build import build
@@ -180,7 +197,7 @@ def main() -> None:
                 phase["prefills"] = []
                 for group in [g for g in a.prefill.split(",") if g]:
                     k, P = (int(x) for x in group.split("x"))
-                    phase["prefills"].append(prefill_rate(r, k, P, a.reps, a.peak_tflops))
+                    phase["prefills"].append(prefill_rate(r, k, P, a.reps, a.peak_tflops, a.anatomy))
                     save()
                 phase["rates"] = []
                 for bs in [int(b) for b in a.batches.split(",") if int(b) <= a.slots]:

@@ -282,7 +282,7 @@ def drive(core: Any, rows: int, context: int, steps: int, *, profile: bool = Fal
     ks = None
     if prof is not None:
         prof.__exit__(None, None, None)
-        from benchmarks.speed.step_anatomy import kernels_of
+        from benchmarks.speed.kernel_kinds import kernels_of
 
         ks = kernels_of(prof)
     out = dict(wall_us=1e6 * wall / steps, host_us=1e6 * host / steps, wait_us=1e6 * wait / steps,

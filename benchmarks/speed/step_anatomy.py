@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from collections import defaultdict
 
 import torch
 
@@ -26,31 +25,7 @@ from dflash_bench.engine.config import StepConfig
 from dflash_bench.engine.fast.core import EngineCore
 
 from benchmarks.speed.engine_speed import SHAPES, build_pair, prompts
-
-
-KINDS = (  # first match wins: substring of the kernel name -> kind
-    ("skinny", "matmul"), ("gemm", "matmul"), ("nvjet", "matmul"), ("gemv", "matmul"), ("cutlass", "matmul"),
-    ("splitk", "matmul"), ("embed_norm", "embedding+norm"),
-    ("_split_kernel", "attention"), ("attention", "attention"), ("fmha", "attention"),
-    ("rms_norm", "norm"), ("qk_rope", "qk norm+rope+store"), ("silu", "silu*up"), ("argmax", "argmax"),
-    ("commit", "commit"), ("embedding", "embedding"), ("index", "embedding"), ("cat", "copy/cat/where"),
-    ("copy", "copy/cat/where"), ("where", "copy/cat/where"), ("fill", "fill/arange"), ("arange", "fill/arange"),
-)
-
-
-def kind(name: str) -> str:
-    low = name.lower()
-    return next((k for s, k in KINDS if s in low), "other")
-
-
-def kernels_of(prof) -> list[tuple[str, float, float]]:
-    """(name, start us, duration us) of every device kernel in the profile, by start."""
-    out = []
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time_total > 0 and "Memcpy" not in e.name \
-                and "Memset" not in e.name:
-            out.append((e.name, e.time_range.start, e.time_range.end - e.time_range.start))
-    return sorted(out, key=lambda k: k[1])
+from benchmarks.speed.kernel_kinds import kernels_of, tally
 
 
 def anatomy(runner: EngineCore, steps: int, dev) -> dict:
@@ -70,18 +45,14 @@ def anatomy(runner: EngineCore, steps: int, dev) -> dict:
     ks = kernels_of(prof)
     if not ks:
         raise SystemExit("the profiler saw no kernels inside the CUDA graphs (CUPTI too old?)")
-    by = defaultdict(lambda: [0.0, 0])
-    names = defaultdict(lambda: [0.0, 0])
-    for name, _, dur in ks:
-        by[kind(name)][0] += dur / steps
-        by[kind(name)][1] += 1 / steps
-        names[name[:90]][0] += dur / steps
-        names[name[:90]][1] += 1 / steps
     busy = sum(d for _, _, d in ks) / steps
     span = (ks[-1][1] + ks[-1][2] - ks[0][1]) / steps
-    return dict(kinds={k: dict(us=round(v[0], 1), launches=round(v[1], 1)) for k, v in sorted(by.items())},
-                names={k: dict(us=round(v[0], 1), launches=round(v[1], 1)) for k, v in names.items()},
+    return dict(kinds=per_step(tally(ks), steps), names=per_step(tally(ks, key=lambda n: n[:90]), steps),
                 busy_us=round(busy, 1), span_us=round(span, 1), launches=round(len(ks) / steps, 1))
+
+
+def per_step(by: dict[str, list[float]], steps: int) -> dict[str, dict[str, float]]:
+    return {k: dict(us=round(us / steps, 1), launches=round(n / steps, 1)) for k, (us, n) in sorted(by.items())}
 
 
 def main() -> None:
