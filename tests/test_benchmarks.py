@@ -411,6 +411,10 @@ def test_kernel_kinds_sorts_kernels_and_sums_a_profile():
         "index_put_kernel_impl<at::native::OpaqueType<2> >(at::TensorIterator&)>(long)": "cache store (index_put)",
         "void at::native::index_elementwise_kernel<128, 4, at::native::gpu_index_kernel<at::native::"
         "index_kernel_impl<at::native::OpaqueType<2> >(at::TensorIterator&)>(long)": "gather (index)",
+        "void at::native::(anonymous namespace)::indexSelectSmallIndex<c10::BFloat16, long, unsigned int, 2, 2, -2>"
+        "(at::cuda::detail::TensorInfo<c10::BFloat16, unsigned int>)": "gather (index)",
+        "void at::native::vectorized_gather_kernel<16, long>(char*, char*, long*, int, long, long, long, long, bool)":
+        "gather (index)",
         "void at::native::elementwise_kernel_with_index<int, at::native::arange_cuda_out()>(int)": "fill/arange",
         "Memcpy HtoD (Pageable -> Device)": "memcpy/memset", "_argmax_rows_kernel": "argmax", "_commit_kernel": "commit",
         "void at::native::reduce_kernel<512, 1>(at::native::ReduceOp<float>)": "other",

@@ -27,6 +27,7 @@ KINDS = (
     ("argmax", "argmax"), ("commit", "commit"),
     ("masked_fill", "mask/compare"), ("compare", "mask/compare"), ("bitwise", "mask/compare"),
     ("index_put", "cache store (index_put)"), ("gather", "gather (index)"), ("index_kernel_impl", "gather (index)"),
+    ("indexselect", "gather (index)"),  # index_select: a prefill's gather of its slots' cached keys
     ("cat", "copy/cat/where"), ("copy", "copy/cat/where"), ("where", "copy/cat/where"),
     ("fill", "fill/arange"), ("arange", "fill/arange"),
     ("embedding", "embedding"), ("index", "embedding"), ("elementwise", "elementwise"),

@@ -199,6 +199,34 @@ def gemma_prefill(results: list[Any]) -> Table:
                   "of the dense peak"], out, notes)
 
 
+PREFILL_LABELS = ("before", "a prefill attends to its own keys")  # gemma_prefill_anatomy's files, in order
+
+
+def gemma_prefill_anatomy(results: list[Any]) -> Table:
+    """benchmarks/speed/gemma_fast.py --prefill ... --anatomy, one file per version of the engine (PREFILL_LABELS):
+    each prefill group's time, and where its device time went by kernel kind (kernel_kinds.Anatomy) in one more,
+    profiled run; a gather is a read of cached keys (index_select, which the classifier of the first file called
+    'embedding': a prefill's embedding is the one fused embedding+norm kernel)."""
+    out = []
+    for label, data in zip(PREFILL_LABELS, results):
+        for p in data["phases"][0]["prefills"]:
+            a = p["anatomy"]
+            ms = {k: v["ms"] for k, v in a["classes"].items()}
+            gather = ms.pop("gather (index)", 0.0) + ms.pop("embedding", 0.0)
+            big = [ms.pop(k, 0.0) for k in ("matmul", "attention", "copy/cat/where")]
+            out.append([label, f"{p['prompts']} x {p['prompt_len']}", "graph" if p["graphed"] else "eager",
+                        f1(p["ms"]), f1(a["busy_ms"]), *(f1(x) for x in big), f1(gather), f1(sum(ms.values())),
+                        f1(a["idle_ms"])])
+    first = results[0]
+    return Table(["engine", "prompts x tokens", "forward", "ms", "device busy", "matmul", "attention", "copy/cat",
+                  "gather", "the rest", "idle"], out,
+                 [f"In process on one {first['device']}, AR, {first['slots']} slots of {first['max_len']} tokens: ms is the "
+                  "median of the timed repeats; the kinds (ms of device time) are one more run of the group under "
+                  "torch's profiler. Gather: cached keys read back; the rest: norms, GeGLU, q/k norms + RoPE + cache "
+                  "store, masks, copies to the device; idle: the device waiting between kernels (an upper bound: the "
+                  "profiler slows each launch)."])
+
+
 def rows_anatomy(results: list[Any]) -> Table:
     """benchmarks/speed/rows_anatomy.py: one step's device time by kernel class as rows grow, against the read floor
     (the weights once plus every row's KV at the step's context, at the measured copy bandwidth)."""
