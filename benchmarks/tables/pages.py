@@ -152,9 +152,14 @@ TABLES: list[Entry] = [
           "then, on the same warm machine, the same with --modes dflash", gpu.gemma_fast),
     Entry("gemma4_31b_first_token_h200", "docs/results/gemma-4-31b.md", ("gemma4_31b_first_token_h200.json",),
           "bash benchmarks/peers/mission.sh --gpu h200 --tp 1 -n 2 --waves 2 --max-tokens 1024 --suites gsm8k --modes ar "
-          "--seconds 560 vllm builtin, then python -m benchmarks.peers.big_sweep --out "
+          "--seconds 560 vllm builtin (and --seconds 270 builtin at ac65d11), then python -m benchmarks.peers.big_sweep --out "
           "benchmarks/results/gemma4_31b_first_token_h200.json SWEEP_FOLDER...", mission.first_tokens,
           machine="one NVIDIA H200 (nvidia-h200)"),
+    Entry("gemma4_31b_prefill_anatomy_h200", "docs/results/gemma-4-31b.md",
+          ("gemma4_31b_prefill_anatomy_h200.json", "gemma4_31b_prefill_anatomy_h200_own_keys.json"),
+          "python -m benchmarks.speed.gemma_fast --json OUT/FILE --modes ar --slots 32 --max-len 1024 --batches 32 "
+          "--prefill 1x64,18x112,13x105,31x112 --anatomy, at 3cf1a7a and at ac65d11", gpu.gemma_prefill_anatomy,
+          machine="one NVIDIA H200 (nvidia-h200), each file a call"),
     Entry("gemma4_31b_prefill_h200", "docs/results/gemma-4-31b.md", ("gemma4_31b_prefill_h200.json",),
           "python -m benchmarks.speed.gemma_fast --json OUT/gemma4_31b_prefill_h200.json --modes ar --slots 32 "
           "--max-len 1024 --batches 32 --prefill 1x64,7x96,13x112,18x112,31x112,18x64,31x64", gpu.gemma_prefill),

@@ -155,7 +155,7 @@ def first_tokens(results: list[Any]) -> Table:
             if r["tok_s"] is None or r["concurrency"] < 2 or not r.get("first_tokens"):
                 continue
             came = ", ".join(f"{g['requests']} at {g['ttft_ms']:.0f}" for g in r["first_tokens"])
-            rows.append([r["engine"], r["mode"], r["suite"], str(r["concurrency"]), f1(r["ttft_ms_p50"]),
+            rows.append([str(n), r["engine"], r["mode"], r["suite"], str(r["concurrency"]), f1(r["ttft_ms_p50"]),
                          f1(r.get("ttft_ms_mean")), f1(r.get("ttft_ms_p90")), f1(r.get("server_queue_ms")),
                          f1(r.get("server_prefill_ms")), came])
     notes.insert(0, "TTFT in ms as the client measured it; the server's queue (arrival to the start of its prefill) "
@@ -164,5 +164,5 @@ def first_tokens(results: list[Any]) -> Table:
                     f"more than {FIRST_TOKEN_GAP_MS:g} ms after the one before (requests, then their median TTFT in ms), in the order they "
                     "came: a group is what the server prefilled in one forward or one step.")
     measured = [f"Measured on {data['measured'].rstrip('.')}."] if data.get("measured") else []
-    return Table(["engine", "mode", "suite", "c", "TTFT p50", "mean", "p90", "server queue", "server prefill",
+    return Table(["run", "engine", "mode", "suite", "c", "TTFT p50", "mean", "p90", "server queue", "server prefill",
                   "first tokens came"], rows, [*notes, *measured])
