@@ -173,3 +173,32 @@ def test_target_forward_with_the_fused_kernels_equals_its_torch_path(model, targ
         for c, rc in zip(g.k + g.v, r.k + r.v, strict=True):
             keep = c[:, :-1] if g.ring else c  # the ring's spare row holds whichever padding key came last
             torch.testing.assert_close(keep, rc[:, :-1] if g.ring else rc)
+
+
+@pytest.mark.parametrize("kernels", [False, True], ids=["torch", "fused"])
+def test_a_packed_prefill_equals_the_padded_one(model, kernels, monkeypatch):
+    """An eager prefill whose matmuls leave the padding out (`packed`: the real tokens of prompts padded to the
+    longest, one past the ring) gives the padded forward's logits and tapped layers at every real token, and the
+    decode steps after it read the same caches."""
+    plain, packed = _target(model, kernels), _target(model, kernels)
+    assert packed.packs
+    lens = [20, 9, 14]
+    n = max(lens)
+    ids = torch.randint(0, 256, (3, n), generator=torch.Generator().manual_seed(4))
+    slot, starts = torch.tensor([0, 1, 2]), torch.zeros(3, dtype=torch.long)
+    last = torch.tensor(lens) - 1 + torch.arange(3) * n
+    real = torch.tensor([i * n + j for i, m in enumerate(lens) for j in range(m)])
+    rows_set_back = []  # the packed forward's layers ran over the real tokens alone
+    monkeypatch.setattr(gemma, "padded", lambda t, p, total, put=gemma.padded: rows_set_back.append(t.shape[0])
+                        or put(t, p, total))
+    got = [t.forward(ids, starts, 0, n, slot=slot, last=last, last_only=True, taps=(0, 2), packed=p)
+           for t, p in ((plain, None), (packed, real))]
+    assert rows_set_back and set(rows_set_back) == {sum(lens)}
+    torch.testing.assert_close(got[1][0], got[0][0])
+    feats = [f.reshape(3 * n, -1).index_select(0, real) for _, f in got]
+    torch.testing.assert_close(feats[1], feats[0])
+    at = torch.tensor(lens)
+    for step in (torch.tensor([[5], [6], [7]]), torch.tensor([[8, 9, 10], [11, 12, 13], [14, 15, 16]])):
+        out = [t.forward(step, at, 0, int(at.max()) + step.shape[1])[0] for t in (plain, packed)]
+        torch.testing.assert_close(out[1], out[0])
+        at = at + step.shape[1]

@@ -341,14 +341,17 @@ class DecoderTarget:
     shard: Shard = Shard()  # this rank's shard of the weights (`shard.py`); the head's logits are gathered
 
     def trunk(self, ids: torch.Tensor, pos: torch.Tensor, starts: torch.Tensor, row0: int, L: int,
-              slot: torch.Tensor | None, last: torch.Tensor | None, taps: Taps) -> torch.Tensor:
-        """The final norm's output `[bs * n, hidden]` of ids `[bs, n]` at `pos`; each layer's output to `taps`."""
+              slot: torch.Tensor | None, last: torch.Tensor | None, taps: Taps,
+              packed: torch.Tensor | None = None) -> torch.Tensor:
+        """The final norm's output `[bs * n, hidden]` of ids `[bs, n]` at `pos`; each layer's output to `taps`.
+        `packed` (a family that `packs`): the indices of the real tokens among the bs x n, the rest padding."""
         raise NotImplementedError
 
     def forward(self, ids: torch.Tensor, starts: torch.Tensor, row0: int, L: int, *, last_only: bool = False,
                 taps: tuple[int, ...] = (), on_taps: Callable[[list[torch.Tensor], torch.Tensor], None] | None = None,
                 head: bool = True, pos: torch.Tensor | None = None, slot: torch.Tensor | None = None,
-                last: torch.Tensor | None = None, lane: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+                last: torch.Tensor | None = None, lane: int = 0,
+                packed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run ids `[bs, n]` at positions `starts[b] + j` in slots `row0..row0+bs-1`, attending to `[0, L)`.
 
         Returns (logits `[bs, n or 1, V]`, the outputs of layers `taps` concatenated `[bs, n, K * hidden]`
@@ -359,13 +362,15 @@ class DecoderTarget:
         concatenation. `pos`: the positions `starts[:, None] + arange(n)`, when the caller has them already.
         `slot` `[bs]`: each row's slot as a device tensor instead of `row0`, and `last` `[bs]`: each row's last
         token among the bs x n (a prefill's). `lane`: the split-K workspace of the head's matmul (see `matmul`).
+        `packed`: an eager prefill's real tokens among the bs x n (a family that `packs` leaves the padding out of
+        its matmuls; the results are the same).
         """
         bs, n = ids.shape
         if pos is None:
             pos = starts[:, None] + self.index.offsets(n, ids.device)
         step_pos = pos
         tapped = Taps(taps, None if on_taps is None else (lambda feats: on_taps(feats, step_pos)))
-        x = self.trunk(ids, pos, starts, row0, L, slot, last, tapped)
+        x = self.trunk(ids, pos, starts, row0, L, slot, last, tapped, packed)
         if last_only and last is not None:
             x = x.index_select(0, last)
         elif last_only:  # contiguous rows: a strided 3-D input would make F.linear read lm_head once per row

@@ -42,6 +42,7 @@ class DenseTarget(DecoderTarget):
     """The target's forward with fused projections over a `KVCache`; can return the outputs of chosen layers."""
 
     rides: ClassVar[bool] = True  # prompts may ride a decode step (`forward_mixed`)
+    packs: ClassVar[bool] = False  # its prefill's matmuls run over the padding too
 
     def __init__(self, hf_model: Any, *, max_slots: int, max_len: int, kernels: bool | str | None = None,
                  consume: bool = False, shard: Shard | None = None):
@@ -93,7 +94,10 @@ class DenseTarget(DecoderTarget):
         return weight_bytes(self.layers, self.norm, self.lm_head)
 
     def trunk(self, ids: torch.Tensor, pos: torch.Tensor, starts: torch.Tensor, row0: int, L: int,
-              slot: torch.Tensor | None, last: torch.Tensor | None, taps: Taps) -> torch.Tensor:
+              slot: torch.Tensor | None, last: torch.Tensor | None, taps: Taps,
+              packed: torch.Tensor | None = None) -> torch.Tensor:
+        if packed is not None:
+            raise ValueError("the dense family's prefill does not pack its tokens (`packs` is False)")
         attend = self.attention(pos, starts, row0, L, slot)
         h, x = embed_norm(self.kernels, ids, self.embed, self.layers[0].ln1, self.eps, shard=self.shard)
         return run_layers(self.layers, h, x, attend, self.norm, self.eps, self.kernels, taps, self.shard)[1]

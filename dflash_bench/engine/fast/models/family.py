@@ -29,6 +29,7 @@ class Target(Protocol):
     """A family's target on the fast path (`decoder.DecoderTarget` holds the shared part of one)."""
 
     rides: bool  # prompts may ride a decode step (`forward_mixed`; AR with --prefill mixed)
+    packs: bool  # an eager prefill's matmuls may leave its padding out (`forward`'s `packed`)
     caches: list[CacheKind]  # what one slot holds (its family's layout), allocated for `slots` slots
     kernels: Kernels | None  # the step's kernels (None: torch ops)
     slots: int
@@ -47,7 +48,7 @@ class Target(Protocol):
                 taps: tuple[int, ...] = (),
                 on_taps: Callable[[list[torch.Tensor], torch.Tensor], None] | None = None, head: bool = True,
                 pos: torch.Tensor | None = None, slot: torch.Tensor | None = None, last: torch.Tensor | None = None,
-                lane: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]: ...
+                lane: int = 0, packed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]: ...
 
     def forward_mixed(self, anchor: torch.Tensor, starts: torch.Tensor, L: int, ids: torch.Tensor,
                       slot: torch.Tensor, last: torch.Tensor, zero: torch.Tensor

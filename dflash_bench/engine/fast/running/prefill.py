@@ -58,8 +58,8 @@ class Prefiller:
         self.graphs.run(("prefill", P) if k == 1 else ("prefill", P, k), lambda: self.body(P, k))
 
     def rows(self, slots: list[int], prompts: list[list[int]]) -> torch.Tensor:
-        """One eager forward over right-padded prompts (the padding's K/V lands past each prompt, as in a graph's);
-        their first tokens `[k]`."""
+        """One eager forward over right-padded prompts (the padding's K/V lands past each prompt, as in a graph's;
+        a target that `packs` leaves the padding out of its matmuls); their first tokens `[k]`."""
         k, n = len(prompts), [len(p) for p in prompts]
         P = max(n)
         ids = torch.zeros(k, P, dtype=torch.long)
@@ -69,8 +69,10 @@ class Prefiller:
         ids = ids.to(dev, non_blocking=True)
         slot = torch.tensor(slots, device=dev)
         last = torch.tensor([i * P + m - 1 for i, m in enumerate(n)], device=dev)
+        packed = torch.tensor([i * P + j for i, m in enumerate(n) for j in range(m)], device=dev) \
+            if self.t.packs and sum(n) < k * P else None
         logits, feats = self.t.forward(ids, torch.zeros(k, dtype=torch.long, device=dev), 0, P, last_only=True,
-                                       taps=self.taps, slot=slot, last=last)
+                                       taps=self.taps, slot=slot, last=last, packed=packed)
         if self.d:
             assert feats is not None  # the drafter's taps
             self.d.write_context(feats, self.t.index.offsets(P, dev).expand(k, P), 0, slot=slot)
