@@ -444,19 +444,20 @@ def test_telemetry_overhead_runs_or_says_why_not(tmp_path):
 def test_gemma_fast_runs_its_shrunk_shape_on_the_cpu(tmp_path):
     out = tmp_path / "gemma.json"
     bench("speed.gemma_fast", "--json", str(out), "--device", "cpu", "--shrink", "--batches", "1",
-          "--prefill", "1x64,3x40", "--reps", "1", "--anatomy")
+          "--prefill", "1x64,3x40,3x20-40", "--reps", "1", "--anatomy")
     phases = json.loads(out.read_text())["phases"]
     assert [(p["mode"], p.get("error")) for p in phases] == [("ar", None), ("dflash", None)]
     assert all(r["tokens"] > 0 for p in phases for r in p["rates"])
-    # each prefill group as asked: one prompt by its graph's path, three by one eager forward, each timed
-    assert [(g["prompts"], g["tokens"], g["graphed"]) for p in phases for g in p["prefills"]] == \
-        [(1, 64, True), (3, 120, False)] * 2
+    # each prefill group as asked: one prompt by its graph's path, three by one eager forward (of 20, 30 and 40
+    # tokens: padded to 40), each timed
+    assert [(g["prompts"], g["tokens"], g["padded_tokens"], g["graphed"]) for p in phases for g in p["prefills"]] == \
+        [(1, 64, 64, True), (3, 120, 120, False), (3, 90, 120, False)] * 2
     assert all(g["ms"] > 0 and g["matmul_tflops"] > 0 for p in phases for g in p["prefills"])
     # --anatomy: one more run of each group, profiled; a CPU runs no device kernels, and the entry says so
     from benchmarks.speed.kernel_kinds import Anatomy
 
     anatomies = [Anatomy.model_validate(g["anatomy"]) for p in phases for g in p["prefills"]]
-    assert len(anatomies) == 4 and all(a.classes == {} and a.top == [] and a.wall_ms > 0 and "CPU" in (a.note or "")
+    assert len(anatomies) == 6 and all(a.classes == {} and a.top == [] and a.wall_ms > 0 and "CPU" in (a.note or "")
                                        for a in anatomies)
 
 

@@ -99,17 +99,32 @@ def decode_rate(runner, bs: int, prompt_len: int, steps: int) -> dict:
             "tok_s": tokens / seconds, "tokens_per_row_step": tokens / (steps * bs)}
 
 
-def prefill_rate(core, k: int, P: int, reps: int, peak_tflops: float, anatomy: bool = False) -> dict:
-    """Prefill k random prompts of P tokens into slots 0..k-1 as one group (a graph for k = 1, else one eager forward,
-    as `EngineCore.add_many` runs a wave's batch), `reps` times after a warm-up; the median, and the layers'
-    matmul FLOPs a second (2 x the layers' parameters x the tokens; the attention's own and the head's, one row a
-    prompt, left out). With `anatomy`, one more run of the group under torch's profiler: its device time by kernel
+def group_lengths(spec: str) -> list[int]:
+    """`KxP`: k prompts of P tokens; `KxA-B`: k prompts from A to B tokens, evenly spread (a served group's mixed
+    lengths, padded to the longest)."""
+    k, _, span = spec.partition("x")
+    lo, _, hi = span.partition("-")
+    try:
+        n, a, b = int(k), int(lo), int(hi or lo)
+    except ValueError:
+        n = a = b = 0
+    if n < 1 or not 0 < a <= b:
+        raise SystemExit(f"--prefill {spec}: give KxP or KxA-B, k >= 1 and 0 < A <= B")
+    return [a + round(i * (b - a) / (n - 1)) if n > 1 else b for i in range(n)]
+
+
+def prefill_rate(core, lengths: list[int], reps: int, peak_tflops: float, anatomy: bool = False) -> dict:
+    """Prefill k random prompts of these lengths into slots 0..k-1 as one group (a graph for k = 1, else one eager
+    forward, as `EngineCore.add_many` runs a wave's batch), `reps` times after a warm-up; the median, and the
+    layers' matmul FLOPs a second over the prompts' own tokens (2 x the layers' parameters x the tokens; the
+    attention's own and the head's, one row a prompt, left out: a group padded to its longest spends more). With `anatomy`, one more run of the group under torch's profiler: its device time by kernel
     kind, its idle time between kernels and its longest kernels (`kernel_kinds.Anatomy`)."""
+    k, P, tokens = len(lengths), max(lengths), sum(lengths)
     rng = random.Random(k * P)
     t: Any = core.probe.target
     top = min(30000, t.vocab_size)
     slots = list(range(k))
-    prompts = [[rng.randrange(10, top) for _ in range(P)] for _ in slots]
+    prompts = [[rng.randrange(10, top) for _ in range(m)] for m in lengths]
     times = []
 
     def run() -> None:
@@ -126,8 +141,9 @@ def prefill_rate(core, k: int, P: int, reps: int, peak_tflops: float, anatomy: b
             core.release(s)
     ms = 1e3 * statistics.median(times)
     head = t.lm_head.numel() * t.lm_head.element_size()
-    flops = 2 * (t.weight_bytes() - head) / t.dtype.itemsize * k * P
-    out = {"prompts": k, "prompt_len": P, "tokens": k * P, "graphed": k == 1, "ms": ms, "ms_per_token": ms / (k * P),
+    flops = 2 * (t.weight_bytes() - head) / t.dtype.itemsize * tokens
+    out = {"prompts": k, "prompt_len": P, "shortest": min(lengths), "tokens": tokens, "padded_tokens": k * P,
+           "graphed": k == 1, "ms": ms, "ms_per_token": ms / tokens,
            "matmul_tflops": flops / (ms / 1e3) / 1e12, "peak_share": flops / (ms / 1e3) / 1e12 / peak_tflops}
     if anatomy:
         out["anatomy"] = profile_once(run, cuda=t.lm_head.is_cuda).model_dump()
@@ -148,7 +164,8 @@ def main() -> None:
     ap.add_argument("--modes", default="ar,dflash")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--shrink", action="store_true", help="a small version of the shape (a CPU check of the script)")
-    ap.add_argument("--prefill", default="", help="prefill groups to time, KxP,... (k prompts of P tokens each)")
+    ap.add_argument("--prefill", default="", help="prefill groups to time, KxP,... (k prompts of P tokens each; "
+                                                  "KxA-B: of A to B tokens, evenly spread)")
     ap.add_argument("--reps", type=int, default=5, help="timed repeats of each prefill group")
     ap.add_argument("--anatomy", action="store_true",
                     help="profile one more run of each prefill group: device time by kernel kind, idle time, top kernels")
@@ -196,8 +213,7 @@ def main() -> None:
                 save()
                 phase["prefills"] = []
                 for group in [g for g in a.prefill.split(",") if g]:
-                    k, P = (int(x) for x in group.split("x"))
-                    phase["prefills"].append(prefill_rate(r, k, P, a.reps, a.peak_tflops, a.anatomy))
+                    phase["prefills"].append(prefill_rate(r, group_lengths(group), a.reps, a.peak_tflops, a.anatomy))
                     save()
                 phase["rates"] = []
                 for bs in [int(b) for b in a.batches.split(",") if int(b) <= a.slots]:

@@ -179,13 +179,19 @@ def gemma_fast(results: list[Any]) -> Table:
                   f"{data['copy_bandwidth_GBps']:.0f} GB/s). DFlash: a random drafter with synthetic acceptance (the file's notes)."])
 
 
+def _lengths(group: dict[str, Any]) -> str:
+    """A prefill group's prompt length, or its span (`gemma_fast --prefill KxA-B`)."""
+    longest = group["prompt_len"]
+    return str(longest) if group.get("shortest", longest) == longest else f"{group['shortest']}-{longest}"
+
+
 def gemma_prefill(results: list[Any]) -> Table:
     """benchmarks/speed/gemma_fast.py --prefill: one prefill group of k prompts of P tokens (a graph for k = 1, else
     the one eager forward a wave's batch runs), its time and the share of the GPU's dense peak its matmuls reach; and
     a decode step of the same engine, for the cost of a step a prefill holds back."""
     data = results[0]
     ph = data["phases"][0]
-    out = [[str(p["prompts"]), str(p["prompt_len"]), str(p["tokens"]), "graph" if p["graphed"] else "eager",
+    out = [[str(p["prompts"]), _lengths(p), str(p["tokens"]), "graph" if p["graphed"] else "eager",
             f1(p["ms"]), f"{1e3 * p['ms_per_token']:.0f}", f"{p['matmul_tflops']:.0f}", f"{100 * p['peak_share']:.0f}%"]
            for p in ph["prefills"]]
     notes = [f"In process on one {data['device']}, {ph['mode'].upper()}, {data['slots']} slots of {data['max_len']} "
@@ -214,7 +220,7 @@ def gemma_prefill_anatomy(results: list[Any]) -> Table:
             ms = {k: v["ms"] for k, v in a["classes"].items()}
             gather = ms.pop("gather (index)", 0.0) + ms.pop("embedding", 0.0)
             big = [ms.pop(k, 0.0) for k in ("matmul", "attention", "copy/cat/where")]
-            out.append([label, f"{p['prompts']} x {p['prompt_len']}", "graph" if p["graphed"] else "eager",
+            out.append([label, f"{p['prompts']} x {_lengths(p)}", "graph" if p["graphed"] else "eager",
                         f1(p["ms"]), f1(a["busy_ms"]), *(f1(x) for x in big), f1(gather), f1(sum(ms.values())),
                         f1(a["idle_ms"])])
     first = results[0]
