@@ -283,8 +283,8 @@ class GemmaTarget(DecoderTarget):
                     (kc[row0:row0 + bs, :L], vc[row0:row0 + bs, :L])
                 return tok(attention(q, kv[0], kv[1], masks[ly.kind], self.scale))
             # the ring's keys before this step's first position, then the step's own; a prefill starts at position 0,
-            # so the ring holds none of its rows' keys: its own alone (the ring's gather and concatenation cost
-            # Gemma 4 31B's prefill of 18 x 112 tokens 17 ms of 204 on an H200: gemma4_31b_prefill_anatomy_h200.json)
+            # so the ring holds none of its rows' keys: its own alone (Gemma 4 31B's prefill of 18 x 112 tokens on an
+            # H200: 204 ms with the ring's gathers, 195 without; gemma4_31b_prefill_anatomy_h200*.json)
             k, v = full(k.reshape(t, hkv, hd)).view(bs, n, hkv, hd), full(v.reshape(t, hkv, hd)).view(bs, n, hkv, hd)
             if fresh:
                 kpos, keys, vals = pos, k, v
