@@ -287,7 +287,8 @@ def test_a_cells_first_tokens_are_set_beside_its_ttft_and_the_servers_split():
                                    dict(base, concurrency=1, first_tokens=groups[:1]),
                                    dict(base, concurrency=8, tok_s=None, status="failed", first_tokens=[]),
                                    dict(base, concurrency=16)]}
-    table = renderers_mission.first_tokens([{"pair": None, "weights": "random", "runs": [run], "measured": "here"}])
+    table = renderers_mission.first_tokens([{"pair": None, "weights": "random", "runs": [run], "measured": "here",
+                                             "first_token_gap_ms": 5.0}])
     assert table.rows == [["1", "builtin", "ar", "gsm8k", "32", "302.5", "366.3", "508.6", "118.7", "231.0",
                            "1 at 31, 18 at 302, 13 at 497"]]
     assert any("more than 5 ms after the one before" in n for n in table.notes) and table.notes[-1] == "Measured on here."

@@ -98,6 +98,7 @@ class Results(BaseModel):
     runs: list[Run] = Field(default_factory=list)
     refused: list[dict[str, str]] = Field(default_factory=list)  # {"command", "sentence"}
     measured: str = ""  # where, when and by which calls the runs were measured (--measured), for the tables' notes
+    first_token_gap_ms: float = FIRST_TOKEN_GAP_MS  # the rule the rows' `first_tokens` were grouped by
 
 
 PLACEHOLDERS = {"--data-dir": "DATA", "--out": "OUT"}

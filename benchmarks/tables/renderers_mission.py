@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmarks.peers.big_sweep import FIRST_TOKEN_GAP_MS
 from benchmarks.tables.renderers import Table, concurrency_cell, f1, f2, steady_notes
 
 
@@ -161,8 +160,8 @@ def first_tokens(results: list[Any]) -> Table:
     notes.insert(0, "TTFT in ms as the client measured it; the server's queue (arrival to the start of its prefill) "
                     "and prefill (to its first token) are the means of its own histograms over the cell. First tokens: "
                     "the cell's requests by when their first token reached the client, a new group wherever one came "
-                    f"more than {FIRST_TOKEN_GAP_MS:g} ms after the one before (requests, then their median TTFT in ms), in the order they "
-                    "came: a group is what the server prefilled in one forward or one step.")
+                    f"more than {data['first_token_gap_ms']:g} ms after the one before (requests, then their median TTFT "
+                    "in ms), in the order they came: a group is what the server prefilled in one forward or one step.")
     measured = [f"Measured on {data['measured'].rstrip('.')}."] if data.get("measured") else []
     return Table(["run", "engine", "mode", "suite", "c", "TTFT p50", "mean", "p90", "server queue", "server prefill",
                   "first tokens came"], rows, [*notes, *measured])
