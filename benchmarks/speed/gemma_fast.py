@@ -117,8 +117,9 @@ def prefill_rate(core, lengths: list[int], reps: int, peak_tflops: float, anatom
     """Prefill k random prompts of these lengths into slots 0..k-1 as one group (a graph for k = 1, else one eager
     forward, as `EngineCore.add_many` runs a wave's batch), `reps` times after a warm-up; the median, and the
     layers' matmul FLOPs a second over the prompts' own tokens (2 x the layers' parameters x the tokens; the
-    attention's own and the head's, one row a prompt, left out: a group padded to its longest spends more). With `anatomy`, one more run of the group under torch's profiler: its device time by kernel
-    kind, its idle time between kernels and its longest kernels (`kernel_kinds.Anatomy`)."""
+    attention's own and the head's, one row a prompt, left out: a group padded to its longest spends more). With
+    `anatomy`, one more run of the group under torch's profiler: its device time by kernel kind, its idle time
+    between kernels and its longest kernels (`kernel_kinds.Anatomy`)."""
     k, P, tokens = len(lengths), max(lengths), sum(lengths)
     rng = random.Random(k * P)
     t: Any = core.probe.target
