@@ -156,9 +156,11 @@ TABLES: list[Entry] = [
           "benchmarks/results/gemma4_31b_first_token_h200.json SWEEP_FOLDER...", mission.first_tokens,
           machine="one NVIDIA H200 (nvidia-h200)"),
     Entry("gemma4_31b_prefill_anatomy_h200", "docs/results/gemma-4-31b.md",
-          ("gemma4_31b_prefill_anatomy_h200.json", "gemma4_31b_prefill_anatomy_h200_own_keys.json"),
+          ("gemma4_31b_prefill_anatomy_h200.json", "gemma4_31b_prefill_anatomy_h200_own_keys.json",
+           "gemma4_31b_prefill_anatomy_h200_packed.json"),
           "python -m benchmarks.speed.gemma_fast --json OUT/FILE --modes ar --slots 32 --max-len 1024 --batches 32 "
-          "--prefill 1x64,18x112,13x105,31x112 --anatomy, at 3cf1a7a and at ac65d11", gpu.gemma_prefill_anatomy,
+          "--prefill 1x64,18x112,13x105,31x112 --anatomy, at 3cf1a7a and at ac65d11; at 11f6d99 with "
+          "--prefill 1x64,18x112,18x62-112,13x60-105", gpu.gemma_prefill_anatomy,
           machine="one NVIDIA H200 (nvidia-h200), each file a call"),
     Entry("gemma4_31b_prefill_h200", "docs/results/gemma-4-31b.md", ("gemma4_31b_prefill_h200.json",),
           "python -m benchmarks.speed.gemma_fast --json OUT/gemma4_31b_prefill_h200.json --modes ar --slots 32 "
