@@ -144,14 +144,11 @@ def suite_tables(rows: list[CardRow], pair: str | None = None) -> list[SuiteTabl
     many = len(devices) > 1
     table = published_for(pair) if pair else None
     card = {(r.suite, r.concurrency): r for r in table.rows} if table else {}
-    suites: list[str] = []
-    for r in rows:
-        if r.suite not in suites:
-            suites.append(r.suite)
-    # the suites' own first, in the order met, then the --input-len axis's long-<N> by prompt length: the same order
-    # whichever run's rows come first
+    # the suites' own first, by name, then the --input-len axis's long-<N> by prompt length: the same order whichever
+    # run's rows come first (card_rows sorts a synthetic tau's rows by their tau, so at the card's tau the suites'
+    # would come by their card's tau)
     length = {r.suite: line.input_len for r in rows if (line := r.dflash or r.ar) is not None}
-    suites.sort(key=lambda s: length.get(s, 0))
+    suites = sorted({r.suite for r in rows}, key=lambda s: (length.get(s, 0), s))
     out, headings = [], suite_headings(suites)
     for suite in suites:
         mine = by_sweep([_engine_row(r, many) for r in rows if r.suite == suite])
