@@ -1,5 +1,6 @@
 """A device kernel's kind from its name, the kernels a torch.profiler profile saw, and one profiled run summed by
-kind: what step_anatomy (replayed decode steps) and gemma_fast --anatomy (a prefill group) report."""
+kind: what step_anatomy (replayed decode steps) and gemma_fast --anatomy (a prefill group) report, and what
+rows_anatomy's coarser classes are made of (rows_steps.CLASS_OF_KIND)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pydantic import BaseModel
 # come last, the specific ones (a mask's compare and masked_fill, index_put, cat, where, copy, fill) before "index" and
 # "elementwise", which their names hold too.
 KINDS = (
+    ("nccl", "collective"),  # tensor parallel's all-reduce and gathers: their names hold "reduce" and "copy" too
     ("memcpy", "memcpy/memset"), ("memset", "memcpy/memset"),  # only when kernels_of(copies=True) keeps them
     ("_split_kernel", "attention"), ("attention", "attention"), ("fmha", "attention"), ("flash", "attention"),
     ("sdpa", "attention"), ("softmax", "softmax"),  # softmax: SDPA's math backend (its matmuls are bmm gemms)
@@ -25,11 +27,12 @@ KINDS = (
     ("qk_rope", "qk norm+rope+store"), ("_qkv_kernel", "qk norm+rope+store"),
     ("silu", "act*up"), ("gelu", "act*up"), ("act_mul", "act*up"),  # the gate's SiLU or tanh GELU (GeGLU) times up
     ("argmax", "argmax"), ("commit", "commit"),
+    ("philox", "sampling"), ("uniform", "sampling"), ("distribution", "sampling"),  # a draw's random numbers
     ("masked_fill", "mask/compare"), ("compare", "mask/compare"), ("bitwise", "mask/compare"),
     ("index_put", "cache store (index_put)"), ("gather", "gather (index)"), ("index_kernel_impl", "gather (index)"),
     ("indexselect", "gather (index)"),  # index_select: a prefill's gather of its slots' cached keys
     ("cat", "copy/cat/where"), ("copy", "copy/cat/where"), ("where", "copy/cat/where"),
-    ("fill", "fill/arange"), ("arange", "fill/arange"),
+    ("fill", "fill/arange"), ("arange", "fill/arange"), ("scatter", "scatter"), ("reduce", "reduce"),
     ("embedding", "embedding"), ("index", "embedding"), ("elementwise", "elementwise"),
 )
 

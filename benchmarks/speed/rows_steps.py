@@ -14,30 +14,22 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, Field
 
+from benchmarks.speed.kernel_kinds import kind
+
 CLASSES = ("gemm", "attention", "sampling+commit", "norms/rope/elementwise", "other")
-# first match wins: a substring of the kernel's name (lower case) -> its class. Triton's kernels are named after their
-# functions (engine/fast/kernels/triton_*.py: `_split_kernel` is the decode attention, `_skinny_kernel` the skinny matmul, also
-# the lm_head's fused with its argmax's first stage); SDPA's (fmha_cutlass..., flash...) before cuBLAS's (nvjet,
-# sm90_xmma, cutlass); torch's elementwise, index and reduce kernels last
-_RULES = (
-    ("nccl", "other"),  # a collective (tensor parallel) is not a reduction of the step's own
-    ("_split_kernel", "attention"), ("attention", "attention"), ("fmha", "attention"), ("flash", "attention"),
-    ("sdpa", "attention"), ("softmax", "attention"),
-    ("_skinny_kernel", "gemm"), ("nvjet", "gemm"), ("gemm", "gemm"), ("gemv", "gemm"), ("cutlass", "gemm"),
-    ("xmma", "gemm"), ("splitk", "gemm"), ("cublas", "gemm"),
-    ("argmax", "sampling+commit"), ("commit", "sampling+commit"), ("philox", "sampling+commit"),
-    ("uniform", "sampling+commit"), ("distribution", "sampling+commit"),
-    ("norm", "norms/rope/elementwise"), ("rope", "norms/rope/elementwise"), ("_qkv_kernel", "norms/rope/elementwise"),
-    ("act_mul", "norms/rope/elementwise"), ("elementwise", "norms/rope/elementwise"), ("index", "norms/rope/elementwise"),
-    ("copy", "norms/rope/elementwise"), ("cat", "norms/rope/elementwise"), ("fill", "norms/rope/elementwise"),
-    ("reduce", "norms/rope/elementwise"), ("gather", "norms/rope/elementwise"), ("scatter", "norms/rope/elementwise"),
-)
+# a kernel's class is its kind (kernel_kinds, the one classifier of kernel names) coarsened: tensor parallel's
+# collectives, copies to and from the host, and what no rule knows are "other"
+CLASS_OF_KIND = {"matmul": "gemm", "attention": "attention", "softmax": "attention", "argmax": "sampling+commit",
+                 "commit": "sampling+commit", "sampling": "sampling+commit",
+                 **{k: "norms/rope/elementwise" for k in (
+                     "embedding+norm", "norm", "qk norm+rope+store", "act*up", "mask/compare",
+                     "cache store (index_put)", "gather (index)", "copy/cat/where", "fill/arange", "scatter",
+                     "reduce", "embedding", "elementwise")}}
 
 
 def kernel_class(name: str) -> str:
     """The class of a device kernel, from its name (`CLASSES`)."""
-    low = name.lower()
-    return next((c for s, c in _RULES if s in low), "other")
+    return CLASS_OF_KIND.get(kind(name), "other")
 
 
 class Point(BaseModel):
