@@ -207,3 +207,22 @@ def test_the_synthetic_steps_run_through_the_emulator(tmp_path, data_dir):
                                                        for s in ("gsm8k", "long-128", "long-1k")}
     assert all(c["status"] == "complete" for c in plan)
     assert (tmp_path / "out" / "sweeps.tar.gz").stat().st_size > 0
+
+
+def test_a_step_run_again_with_other_modes_starts_its_own_sweep_and_resumes_its_own_later(tmp_path, data_dir):
+    """The random drafter's DFlash after a step's AR cells: the same step with --modes dflash must not resume the AR
+    sweep (whose settings it contradicts: the sweep would refuse, and the call measure nothing); run again with
+    --modes ar, the step resumes the AR sweep it made."""
+    sweeps = tmp_path / "out" / "sweeps" / "emulator-gemma-4-31B-it-h100-tp1"
+    folders: list[list[str]] = []
+    for m in ("ar", "dflash", "ar"):
+        proc = mission(tmp_path, data_dir, "--suites", "gsm8k", "-c", "1", "-n", "1", "--max-tokens", "8",
+                       "--modes", m, "emulator")
+        assert proc.returncode == 0, proc.stdout
+        folders.append(sorted(f.name for f in sweeps.iterdir()))
+    log = (tmp_path / "out" / "mission.log").read_text()
+    assert log.count("== emulator: exit 0") == 3 and "cannot resume" not in log, log
+    first, second = folders[0][0], (set(folders[1]) - set(folders[0])).pop()
+    assert json.loads((sweeps / second / "manifest.json").read_text())["settings"]["modes"] == ["dflash"]
+    assert folders[2] == folders[1]  # the third call made no sweep: it resumed the first
+    assert f"--resume {tmp_path / 'work' / 'sweeps' / sweeps.name / first}" in log.split("== emulator: exit 0")[2]

@@ -34,7 +34,8 @@
 # less eagle3 (`--modes ar vllm builtin`: the AR cells the -tau steps' DFlash cells are read against); the -tau and
 # -long steps take only
 # --synthetic-acceptance. Everything is written under $OUT: each step's sweep folder
-# (OUT/sweeps/NAME-PAIR-GPU-tpN/<sweep>/, kept on the machine too and resumed by a later call of the same step),
+# (OUT/sweeps/NAME-PAIR-GPU-tpN/<sweep>/, kept on the machine too and resumed by a later call of the same step
+# with the same --modes and --synthetic-acceptance; other ones start a sweep of their own beside it),
 # all of them as OUT/sweeps.tar.gz, two_clients' results file, the server logs and this command's console
 # (OUT/mission.log). On a fresh machine an earlier call's sweeps resume from a carried .mission/sweeps.tar.gz (that
 # OUT/sweeps.tar.gz). A step whose bundle is not on this machine (neither carried nor left by an earlier call) is
@@ -165,7 +166,7 @@ sweep() { # sweep NAME ENGINE TARGET [extra sweep args...]: one sweep folder in 
   [ "$engine" = emulator ] || cmd+=(--tensor-parallel-size "$tp")
   [ -z "${MISSION_PORT:-}" ] || cmd+=(--port "$MISSION_PORT")  # the servers' port (default: a free one each)
   local last
-  last=$(find "$dir" -mindepth 2 -maxdepth 2 -name manifest.json -printf '%h\n' 2>/dev/null | sort | tail -1)
+  last=$(resumable "$dir" "$@")
   [ -n "$last" ] && cmd+=(--resume "$last")
   if [ -n "$dry" ]; then cmd+=(--dry-run); fi
   echo "+ ${cmd[*]}"
@@ -173,6 +174,35 @@ sweep() { # sweep NAME ENGINE TARGET [extra sweep args...]: one sweep folder in 
   local rc=$?
   save
   return $rc
+}
+
+resumable() { # resumable DIR [sweep args...]: the newest sweep folder in DIR made with the same --modes and
+  # --synthetic-acceptance as these args (the sweep's defaults where they give none), so a step run again with other
+  # modes (the random drafter's DFlash after the AR cells) starts a sweep of its own rather than failing to resume
+  local dir=$1; shift
+  python3 - "$dir" "$@" <<'PY'
+import json, sys
+from pathlib import Path
+from dflash_bench.settings import DEFAULT_MODES
+
+def tau(text):  # "7.8" and "7.80" are one acceptance; "card" is itself
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return text
+
+args = sys.argv[2:]
+flag = {a: args[i + 1] for i, a in enumerate(args[:-1]) if a in ("--modes", "--synthetic-acceptance")}
+want = (sorted(flag.get("--modes", ",".join(DEFAULT_MODES)).split(",")), tau(flag.get("--synthetic-acceptance")))
+for manifest in sorted(Path(sys.argv[1]).glob("*/manifest.json"), reverse=True):
+    try:
+        have = json.loads(manifest.read_text())["settings"]
+    except (OSError, ValueError, KeyError):
+        continue
+    if (sorted(have.get("modes") or []), tau(have.get("synthetic_acceptance"))) == want:
+        print(manifest.parent)
+        break
+PY
 }
 
 save() { # every sweep folder of this machine into $OUT/sweeps, and as one $OUT/sweeps.tar.gz: the device tool
