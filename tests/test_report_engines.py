@@ -299,8 +299,8 @@ def test_a_suite_that_stands_in_for_another_says_so_on_its_table():
         return CardRow(engine="vllm", device="1x H200", gpus=1, suite=suite, concurrency=1, ar=ar)
 
     tables = suite_tables([row("gsm8k"), row("spec-bench"), row("long-1k")])
-    assert {t.suite: t.heading for t in tables} == {"gsm8k": "gsm8k", "spec-bench": "spec-bench, in place of speed-bench",
-                                                    "long-1k": "long-1k"}
+    assert {t.suite: t.heading for t in tables} == {
+        "gsm8k": "gsm8k", "spec-bench": "spec-bench, in place of speed-bench", "long-1k": "long-1k"}
 
 
 def test_the_suites_own_come_first_then_the_long_suites_by_prompt_length():

@@ -205,7 +205,8 @@ def gemma_prefill(results: list[Any]) -> Table:
                   "of the dense peak"], out, notes)
 
 
-PREFILL_LABELS = ("before", "a prefill attends to its own keys", "and packs its tokens")  # gemma_prefill_anatomy's files, in order
+# gemma_prefill_anatomy's files, in order
+PREFILL_LABELS = ("before", "a prefill attends to its own keys", "and packs its tokens")
 
 
 def gemma_prefill_anatomy(results: list[Any]) -> Table:
@@ -226,12 +227,12 @@ def gemma_prefill_anatomy(results: list[Any]) -> Table:
                         f1(p["ms"]), f1(a["busy_ms"]), *(f1(x) for x in big), f1(gather), f1(sum(ms.values())),
                         f1(a["idle_ms"])])
     first = results[0]
-    return Table(["engine", "prompts x tokens", "tokens", "forward", "ms", "device busy", "matmul", "attention", "copy/cat",
-                  "gather", "the rest", "idle"], out,
+    return Table(["engine", "prompts x tokens", "tokens", "forward", "ms", "device busy", "matmul", "attention",
+                  "copy/cat", "gather", "the rest", "idle"], out,
                  [f"In process on one {first['device']}, AR, {first['slots']} slots of {first['max_len']} tokens: ms is the "
-                  "median of the timed repeats; tokens: the prompts' own (and the group padded to its longest, "
-                  "as a forward that does not pack them runs it); the kinds (ms of device time) are one more run of the group under "
-                  "torch's profiler. Gather: cached keys read back; the rest: norms, GeGLU, q/k norms + RoPE + cache "
+                  "median of the timed repeats; tokens: the prompts' own (and the group padded to its longest, as a "
+                  "forward that does not pack them runs it); the kinds (ms of device time) are one more run of the "
+                  "group under torch's profiler. Gather: cached keys read back; the rest: norms, GeGLU, q/k norms + RoPE + cache "
                   "store, masks, copies to the device; idle: the device waiting between kernels (an upper bound: the "
                   "profiler slows each launch)."])
 
