@@ -237,6 +237,9 @@ def gemma_prefill_anatomy(results: list[Any]) -> Table:
                   "profiler slows each launch)."])
 
 
+DENSE_PEAK_TFLOPS = {"NVIDIA H100 80GB HBM3": 989.0, "NVIDIA H200": 989.0}  # bf16, dense: the vendor's figure
+
+
 def rows_anatomy(results: list[Any]) -> Table:
     """benchmarks/speed/rows_anatomy.py: one step's device time by kernel class as rows grow, against the read floor
     (the weights once plus every row's KV at the step's context, at the measured copy bandwidth)."""
@@ -254,7 +257,17 @@ def rows_anatomy(results: list[Any]) -> Table:
     notes = [f"Milliseconds a step, {data['dtype']}, context {data['context']} tokens, synthetic τ {data['tau']} for "
              f"DFlash (random weights of the shape); the floor reads the weights once and every row's KV at the step's "
              f"context at the measured {data['bandwidth_GBps']:.0f} GB/s. Device time by class is from the profiler's "
-             "kernels; host is the step's wall time the GPU waited on the host."]
+             "kernels; host is the step's wall time the GPU waited on the host. TFLOP/s below: 2 FLOPs per target "
+             "parameter (its weight bytes / 2) and token verified, over the step's GEMM time, which holds the "
+             "drafter's matmuls too (and an untied embedding counts as a matmul): an estimate."]
+    for p in data["points"]:  # how near a wide verify is to the compute bound
+        if p["mode"] == "dflash" and p["rows"] >= 32 and p["classes_us"].get("gemm"):
+            tokens = p["rows"] * p["width"]
+            tflops = data["shapes"][p["shape"]]["weight_bytes"] * tokens / p["classes_us"]["gemm"] / 1e6
+            peak = f" ({100 * tflops / DENSE_PEAK_TFLOPS[data['device']]:.0f}% of the dense peak)" \
+                if data["device"] in DENSE_PEAK_TFLOPS else ""
+            notes.append(f"{p['shape']} {label(p['width_policy'])}, {p['rows']} rows: {tokens} tokens verified a "
+                         f"step, the target's matmuls at about {tflops:.0f} TFLOP/s{peak}.")
     for g in data["growth"]:
         per = g["us_per_row"]
         notes.append(f"{g['shape']} {label(g['width_policy'])}, "
