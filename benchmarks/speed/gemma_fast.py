@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.fixtures.gpus import DENSE_PEAK_TFLOPS
 from benchmarks.speed.kernel_kinds import profile_once
 
 
@@ -170,7 +171,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5, help="timed repeats of each prefill group")
     ap.add_argument("--anatomy", action="store_true",
                     help="profile one more run of each prefill group: device time by kernel kind, idle time, top kernels")
-    ap.add_argument("--peak-tflops", type=float, default=989.0, help="the GPU's dense bf16 peak (H100/H200: 989)")
+    ap.add_argument("--peak-tflops", type=float, default=DENSE_PEAK_TFLOPS["NVIDIA H200"],
+                    help="the GPU's dense bf16 peak (H100/H200: %(default)s)")
     a = ap.parse_args()
     if a.anatomy and not a.prefill:
         ap.error("--anatomy profiles the prefill groups: name them with --prefill KxP,...")

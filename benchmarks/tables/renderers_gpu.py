@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from benchmarks.fixtures.gpus import DENSE_PEAK_TFLOPS
 from benchmarks.tables.renderers import SUITES, Table, f1, f2, span
 
 
@@ -235,9 +236,6 @@ def gemma_prefill_anatomy(results: list[Any]) -> Table:
                   "group under torch's profiler. Gather: cached keys read back; the rest: norms, GeGLU, q/k norms + RoPE + cache "
                   "store, masks, copies to the device; idle: the device waiting between kernels (an upper bound: the "
                   "profiler slows each launch)."])
-
-
-DENSE_PEAK_TFLOPS = {"NVIDIA H100 80GB HBM3": 989.0, "NVIDIA H200": 989.0}  # bf16, dense: the vendor's figure
 
 
 def rows_anatomy(results: list[Any]) -> Table:
