@@ -4,15 +4,20 @@ it through vLLM's counters; read from SGLang's meta_info; and said in the report
 
 from __future__ import annotations
 
+import json
+import subprocess
+
 import httpx
 import pytest
 
 from dflash_bench.client import measure_cell
+from dflash_bench.client.server_cache import empty_prefix_cache
 from dflash_bench.client.protocol import Stream
 from dflash_bench.emulator import EmulatorProcess
 from dflash_bench.metrics.cache import prefix_cache
 from dflash_bench.store import RequestRecord
 from benchmarks.fixtures.emulator_truth import P
+from sweep_helpers import only_sweep, results, sweep_argv
 
 BODY = "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. " * 3
 
@@ -45,6 +50,37 @@ def test_a_cell_that_resends_an_earlier_cells_prompts_reads_them_from_the_cache(
     if usage_details:
         recs = {r.prompt_id: r.cached_prompt_tokens for r in _records(tmp_path / "s" / "cells" / "b")}
         assert sum(recs.values()) == cached and all(recs[p.id] == 0 for p in ps[4:])
+
+
+def test_a_sweep_empties_the_cache_before_each_cell_so_no_cell_reads_an_earlier_ones_prompts(tmp_path, data_dir):
+    """Through the CLI: the c=1 and c=4 cells send the same 6 prompts to one emulated vLLM server with its prefix
+    cache on. The sweep empties the cache (vLLM's POST /reset_prefix_cache) before each cell, so the c=4 cell finds
+    none of the c=1 cell's prompts cached, and each cell says the cache was emptied."""
+    out = tmp_path / "reports"
+    proc = subprocess.run(sweep_argv(out, "--data-dir", str(data_dir), "--modes", "ar", "--engine-arg=--prefix-cache",
+                                     suites="gsm8k"), capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    folder = only_sweep(out)
+    rows = results(folder)
+    assert set(rows) == {"emulator-ar-gsm8k-c1", "emulator-ar-gsm8k-c4"}
+    for cid in rows:
+        summary = json.loads((folder / "cells" / cid / "summary.json").read_text())
+        assert summary["prefix_cache_reset"] == "emptied (POST /reset_prefix_cache)"
+        assert (summary["prefix_cache_hit_rate"], summary["prefix_cache_source"]) == (0.0, "vllm-metrics")
+
+
+def test_the_same_prompts_after_emptying_find_nothing_and_a_server_without_the_route_says_so(tmp_path):
+    """Against the emulator's vLLM-style cache: a resend finds the prompts cached until the cache is emptied; a
+    path the server does not serve is a sentence, not an exception (the cell is then measured as it is)."""
+    ps = cell_prompts(4)
+    with EmulatorProcess(mode="ar", ttft_ms=1, itl_ms=1, output_len=6, prefix_cache=True) as em:
+        measure_cell(em.url, ps, concurrency=2, cell_dir=tmp_path / "s" / "cells" / "a", warmup=False)
+        again = measure_cell(em.url, ps, concurrency=2, cell_dir=tmp_path / "s" / "cells" / "b", warmup=False)
+        assert empty_prefix_cache(em.url, "/reset_prefix_cache", 10) == "emptied (POST /reset_prefix_cache)"
+        emptied = measure_cell(em.url, ps, concurrency=2, cell_dir=tmp_path / "s" / "cells" / "c", warmup=False)
+        missing = empty_prefix_cache(em.url, "/flush_cache", 10)
+    assert again.prefix_cache_hit_rate > 0.5 and emptied.prefix_cache_hit_rate == 0.0
+    assert missing == "not emptied: the server has no POST /flush_cache (HTTP 404)"
 
 
 def _records(cell_dir) -> list[RequestRecord]:

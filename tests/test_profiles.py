@@ -104,12 +104,15 @@ def test_sglang_commands_match_the_cards(name):
 
 
 def test_card_environment_variables():
-    # Qwen3.5 SGLang card: export SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1. Gemma vLLM: V2 model runner.
+    # Qwen3.5 SGLang card: export SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1. Gemma vLLM: V2 model runner. Every
+    # vLLM server also gets VLLM_SERVER_DEV_MODE, which serves the route the sweep empties its prefix cache by.
     assert profiles.get("sglang").env(models.resolve("Qwen3.5-35B-A3B"), "dflash") == {
         "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
     gemma = models.resolve("gemma-4-31B-it")
     assert profiles.get("vllm").env(gemma, "ar") == profiles.get("vllm").env(gemma, "dflash") == {
-        "VLLM_USE_V2_MODEL_RUNNER": "1"}
+        "VLLM_USE_V2_MODEL_RUNNER": "1", "VLLM_SERVER_DEV_MODE": "1"}
+    assert profiles.get("vllm").cache_reset == "/reset_prefix_cache"
+    assert profiles.get("vllm").env(models.resolve("Qwen3-8B"), "ar") == {"VLLM_SERVER_DEV_MODE": "1"}
 
 
 def test_sglang_presets_swap_generation_specific_backends():

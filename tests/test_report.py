@@ -237,20 +237,25 @@ def test_dflash_cells_that_did_not_speculate_are_called_out_at_the_top(tmp_path)
 
 
 def test_cells_whose_prompts_the_server_had_cached_are_called_out(tmp_path):
-    """A cell at 1% or more of its prompt tokens from the server's prefix cache is named with its share; one
-    under that, or whose server does not say, is not."""
-    shares = {1: (0.0, "usage"), 4: (0.243, "vllm-metrics"), 8: (0.004, "usage"), 16: (None, None)}
-    plan = [CellPlan(cell_id=f"vllm-ar-gsm8k-c{c}", engine="vllm", mode="ar", suite="gsm8k", concurrency=c)
+    """A cell at 1% or more of its prompt tokens from the server's prefix cache is named with its share, and with
+    what the sweep did to the cache before it where the cell says; one under that, or whose server does not say,
+    is not."""
+    emptied = "emptied (POST /reset_prefix_cache)"
+    shares = {1: (0.0, "usage", emptied), 4: (0.243, "vllm-metrics", None), 8: (0.004, "usage", None),
+              16: (None, None, None), 32: (0.5, "usage", emptied)}
+    plan = [CellPlan(cell_id=f"vllm-ar-mt-bench-c{c}", engine="vllm", mode="ar", suite="mt-bench", concurrency=c)
             for c in shares]
     sweep = SweepDir.create(tmp_path / "cached", Manifest(sweep_id="cached", plan=plan))
     for cell in plan:
-        rate, source = shares[cell.concurrency]
-        sweep.write_summary(CellSummary(cell_id=cell.cell_id, engine="vllm", mode="ar", suite="gsm8k",
+        rate, source, reset = shares[cell.concurrency]
+        sweep.write_summary(CellSummary(cell_id=cell.cell_id, engine="vllm", mode="ar", suite="mt-bench",
                                         concurrency=cell.concurrency, output_throughput=100.0,
-                                        prefix_cache_hit_rate=rate, prefix_cache_source=source))
+                                        prefix_cache_hit_rate=rate, prefix_cache_source=source,
+                                        prefix_cache_reset=reset))
     called = "".join(Page(build_report([tmp_path / "cached"]).read_text()).by_class["call"])
-    assert "prefix cache in 1 cell(s)" in called
-    assert "vllm-ar-gsm8k-c4: 24.3% of its prompt tokens (vllm-metrics)" in called
+    assert "prefix cache in 2 cell(s)" in called
+    assert "vllm-ar-mt-bench-c4: 24.3% of its prompt tokens (vllm-metrics)" in called
+    assert f"vllm-ar-mt-bench-c32: 50.0% of its prompt tokens (usage; before the cell: {emptied})" in called
     assert "c1:" not in called and "c8:" not in called and "c16:" not in called
 
 

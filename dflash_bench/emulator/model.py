@@ -159,6 +159,10 @@ class EmulatorModel:
         self.c.prefix_hits += hit * PREFIX_BLOCK
         return hit * PREFIX_BLOCK
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached block, as vLLM's POST /reset_prefix_cache does (its counters keep counting)."""
+        self.blocks.clear()
+
     def reported(self, plan: Plan) -> int | None:
         """The cached tokens a response's usage says (None: it says nothing, vLLM's default)."""
         return (plan.cached_tokens or 0) if self.cfg.prompt_tokens_details else None

@@ -2,7 +2,7 @@
 
 No web framework, so it starts in well under a second and spends little CPU per chunk. Routes: GET
 /health, /v1/models, /metrics; POST /v1/chat/completions, /v1/completions (vLLM format, streaming or not)
-and /generate (SGLang native format). See `model.py` for the timing model.
+and /generate (SGLang native format), /reset_prefix_cache (vLLM's). See `model.py` for the timing model.
 """
 
 from __future__ import annotations
@@ -121,6 +121,10 @@ class EmulatorServer:
                 conn.json(200, self.em.metrics_text().encode(), b"text/plain; version=0.0.4; charset=utf-8")
             else:
                 conn.json(404, {"error": {"message": f"no route {path}", "type": "NotFoundError", "code": 404}})
+            return True
+        if path == "/reset_prefix_cache":  # vLLM's (served with VLLM_SERVER_DEV_MODE=1)
+            self.em.reset_prefix_cache()
+            conn.json(200, {"success": True})
             return True
         if path not in ("/v1/chat/completions", "/v1/completions", "/generate"):
             conn.json(404, {"error": {"message": f"no route {path}", "type": "NotFoundError", "code": 404}})

@@ -87,6 +87,12 @@ class EngineProfile:
     # A server per concurrency whose slots equal it (llama.cpp: --parallel N, -c N x the per-slot context the
     # cells need): the plan groups such an engine's cells by concurrency, one launch each (sweep/slots.py).
     slots_per_cell: ClassVar[bool] = False
+    # The POST path that empties the server's prefix cache (client/server_cache.py). A sweep's cells send the
+    # suite's first prompts at every concurrency, so on a server that keeps prompts cached a later cell would
+    # find the earlier cells' prompts there and skip their prefill: the sweep empties it before each cell on a
+    # server it launched (what a repeat of the cell on a fresh server would see). None: the engine keeps nothing
+    # between requests (the builtin engine), or has a server per cell.
+    cache_reset: ClassVar[str | None] = None
 
     def image_for(self, preset: str) -> str | None:
         """The default image for a GPU preset (most engines ship one image for all)."""

@@ -29,6 +29,7 @@ class Emulator(EngineProfile):
     default_port = 8000
     runner = "process"
     needs_gpu = False
+    cache_reset = "/reset_prefix_cache"  # its --prefix-cache is vLLM's, emptied by vLLM's route
 
     def base_command(self, pair: ModelPair) -> list[str]:
         return ["dflash-bench", "emulate", "--model", pair.name]

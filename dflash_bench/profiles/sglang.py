@@ -45,6 +45,7 @@ class SGLang(EngineProfile):
     api = "generate"  # native /generate: its meta_info carries spec_verify_ct, the acceptance source
     chat_template = "client"  # /generate takes templated text
     local_module = "sglang"
+    cache_reset = "/flush_cache"  # refused (400) while requests run; between cells none do
     memory_fraction = 0.88  # --mem-fraction-static: weights and the KV pool; the rest: activations, graphs
 
     def sizing_flags(self, context_len: int | None, max_concurrency: int, tensor_parallel: int | None) -> list[str]:

@@ -58,12 +58,14 @@ def no_speculation(frame: pd.DataFrame) -> list[dict[str, Any]]:
 
 def prefix_cached(frame: pd.DataFrame) -> list[dict[str, Any]]:
     """Complete cells whose server read at least CACHED_SHARE of their prompt tokens from its prefix cache
-    (`metrics/cache.py`), with the share and where it was read."""
+    (`metrics/cache.py`), with the share, where it was read, and what the sweep did to the cache before the cell
+    (`prefix_cache_reset`; None where the cell does not say)."""
     if frame.empty or "prefix_cache_hit_rate" not in frame:
         return []
     done = analysis.complete(frame)
     share = pd.to_numeric(done["prefix_cache_hit_rate"], errors="coerce")
-    return [{"cell_id": r["cell_id"], "share": float(r["prefix_cache_hit_rate"]), "source": r["prefix_cache_source"]}
+    return [{"cell_id": r["cell_id"], "share": float(r["prefix_cache_hit_rate"]), "source": r["prefix_cache_source"],
+             "reset": r["prefix_cache_reset"] if isinstance(r.get("prefix_cache_reset"), str) else None}
             for _, r in done[share >= CACHED_SHARE].iterrows()]
 
 

@@ -198,7 +198,8 @@ def _context(view: SweepView, figs: dict[str, dict[str, str]], slo: str | None =
         "no_speculation": cells.fold([(w["cell_id"], w["warning"]) for w in cells.no_speculation(view.frame)]),
         "random_weights": any(card.weights_of(args, e) == "random" for e in set(view.frame.get("engine", []))),
         "partial": cells.fold([(f["cell_id"], f["reason"]) for f in view.failed if f["status"] == "partial"], numbers=False),
-        "prefix_cached": cells.fold([(c["cell_id"], f"{100 * c['share']:,.1f}% of its prompt tokens ({c['source']})")
+        "prefix_cached": cells.fold([(c["cell_id"], f"{100 * c['share']:,.1f}% of its prompt tokens ({c['source']}"
+                                                    + (f"; before the cell: {c['reset']})" if c["reset"] else ")"))
                                      for c in cells.prefix_cached(view.frame)]),
         "steady": steady,
         "steady_folded": cells.fold([(c["cell_id"], c["label"]) for c in steady]),

@@ -366,6 +366,10 @@ class CellSummary(CellKey):
     # prompts an earlier cell sent has that much of its prefill free; None where the server does not say
     prefix_cache_hit_rate: float | None = None
     prefix_cache_source: Literal["usage", "vllm-metrics"] | None = None
+    # what the sweep did to a server's prefix cache before the cell (client/server_cache.py): "emptied (POST
+    # PATH)", or "not emptied: WHY" (the cell was still measured); None where the engine keeps none between
+    # requests, or the server is not one the sweep launched
+    prefix_cache_reset: str | None = None
     # mean ms a finished request spent on the server by phase (metrics/phases.py), from vLLM's request histograms
     # over the window (the builtin engine exports the same): waiting to be scheduled, its prefill to the first
     # token, its decode; None where the server has none

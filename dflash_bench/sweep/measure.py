@@ -11,6 +11,7 @@ from dflash_bench.client import interleave
 from dflash_bench.client.cell import Measurement, measure
 from dflash_bench.client.loadgen import LoadSettings
 from dflash_bench.client.protocol import RequestSettings
+from dflash_bench.client.server_cache import empty_prefix_cache
 from dflash_bench.client.server_slots import check_slots
 from dflash_bench.client.summary import summarize_cell
 from dflash_bench.errors import UserError
@@ -31,11 +32,26 @@ def measure_cell(ctx: SweepContext, cell: CellPlan, server: Server) -> Measured 
     request, load = request_and_load(ctx, cell, max_tokens)
     try:
         check_slots(server.url, cell.concurrency, load.timeout)  # a builtin server's pool (client/server_slots.py)
+        emptied = empty_cache(cell, server, load.timeout)
         m = measure(server.url, prompts, request, load, ctx.telemetry, ctx.progress.on_request)
     except UserError as err:
         fail_cell(ctx, cell, reason(err))
         return None
-    return summarise(ctx, cell, server, m, prompts, request.enable_thinking)
+    measured = summarise(ctx, cell, server, m, prompts, request.enable_thinking)
+    measured.summary.prefix_cache_reset = emptied
+    return measured
+
+
+def empty_cache(cell: CellPlan, server: Server, timeout: float | None) -> str | None:
+    """The prefix cache of a server the sweep launched emptied before the cell, where its engine keeps one
+    (client/server_cache.py); what came of it, or None where nothing was to be done (a user's own server is left
+    as it is)."""
+    from dflash_bench import profiles
+
+    path = profiles.get(cell.engine).cache_reset
+    if path is None or server.info.runner == "external":
+        return None
+    return empty_prefix_cache(server.url, path, timeout)
 
 
 def interleaves(ctx: SweepContext, a: CellPlan, b: CellPlan) -> bool:
@@ -57,6 +73,7 @@ def measure_pair(ctx: SweepContext, first: tuple[CellPlan, Server], second: tupl
     try:
         for _, server in (first, second):
             check_slots(server.url, 1, load.timeout)
+        emptied = [empty_cache(cell, server, load.timeout) for cell, server in (first, second)]
         ms = interleave.measure_pair((first[1].url, second[1].url), prompts, (req_a, req_b), load,
                                      ctx.progress.on_request)
     except UserError as err:
@@ -64,8 +81,9 @@ def measure_pair(ctx: SweepContext, first: tuple[CellPlan, Server], second: tupl
             fail_cell(ctx, cell, reason(err))
         return []
     out = []
-    for (cell, server), m in zip((first, second), ms):
+    for (cell, server), m, done in zip((first, second), ms, emptied):
         measured = summarise(ctx, cell, server, m, prompts, req_a.enable_thinking)
+        measured.summary.prefix_cache_reset = done
         out.append((cell, measured))
     return out
 

@@ -1,0 +1,54 @@
+"""Emptying a server's prefix cache before a cell (`EngineProfile.cache_reset`: vLLM's POST /reset_prefix_cache,
+SGLang's POST /flush_cache, the emulator's vLLM route).
+
+A sweep's cells send the suite's first prompts at every concurrency: c=32's 32 first prompts include c=8's 8 and
+c=1's one. A server that keeps prompts cached (vLLM's automatic prefix caching and SGLang's radix cache are on by
+default) would serve those from the cache and skip their prefill, so a later cell's first tokens would come
+sooner than on a fresh server, and sooner than on an engine that caches nothing between requests (the builtin
+engine): the comparison would reward the harness's order, not the engine. Within a cell the cache still works as a
+user would see it (a conversation's second turn finds its first, the cell's hit rate says how much:
+metrics/cache.py). The cell records what was done, never fails for it: a server that will not empty its cache is
+measured as it is, the cell saying why it was not emptied.
+"""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+
+TRIES = 3  # vLLM answers {"success": false} while blocks are held (a request still finishing): tried again
+RETRY_S = 0.5
+
+
+def empty_prefix_cache(url: str, path: str, timeout: float | None) -> str:
+    """POST `path` to the server at `url`; what came of it as the cell records it: "emptied (POST PATH)", or
+    "not emptied: WHY"."""
+    target = url.rstrip("/") + path
+    why = ""
+    for attempt in range(TRIES):
+        if attempt:
+            time.sleep(RETRY_S)
+        try:
+            with httpx.Client(timeout=timeout) as client:
+                r = client.post(target)
+        except httpx.HTTPError as err:
+            return f"not emptied: POST {path} failed ({type(err).__name__}: {err})"
+        text = r.text.strip()
+        if r.status_code == 404:
+            return (f"not emptied: the server has no POST {path} (HTTP 404); vLLM serves it only with "
+                    "VLLM_SERVER_DEV_MODE=1") if path == "/reset_prefix_cache" else \
+                f"not emptied: the server has no POST {path} (HTTP 404)"
+        if r.status_code == 200 and _succeeded(r):
+            return f"emptied (POST {path})"
+        why = f"HTTP {r.status_code}: {text[:200]}" if text else f"HTTP {r.status_code}"
+    return f"not emptied: POST {path} answered {why} after {TRIES} tries"
+
+
+def _succeeded(r: httpx.Response) -> bool:
+    """vLLM says {"success": bool}; SGLang answers 200 with a sentence when it flushed, 400 when it did not."""
+    try:
+        body = r.json()
+    except ValueError:
+        return True
+    return not (isinstance(body, dict) and body.get("success") is False)
