@@ -116,6 +116,20 @@ def test_summarize_definitions():
     assert s["tok_s_user"].mean == pytest.approx((1000 / 10 + 1000 / 100) / 2)
 
 
+def test_later_turns_ttft_covers_only_the_second_and_later_turns_that_succeeded():
+    """A two-turn conversation's second prompt holds the first: its first token is timed apart (what a prefix
+    cache saves shows there), over the succeeded, measured second and later turns only."""
+    first = [rec(t_send=0.0, t_first_token=0.05 * k, t_end=1.0, output_tokens=4) for k in (1, 2)]
+    later = [rec(t_send=0.0, t_first_token=t, t_end=1.0, output_tokens=4, turn=turn)
+             for t, turn in ((0.3, 1), (0.5, 1), (0.9, 2))]
+    left_out = [rec(t_send=0.0, t_first_token=0.01, t_end=1.0, output_tokens=4, turn=1, warmup=True),
+                rec(t_send=0.0, t_end=1.0, turn=1, error="HTTP 500: boom", output_tokens=None)]
+    s = summarize([*first, *later, *left_out])
+    assert s["ttft_ms"].n == 5 and s["ttft_ms_later_turns"].n == 3
+    assert s["ttft_ms_later_turns"].p50 == pytest.approx(500) and s["ttft_ms_later_turns"].min == pytest.approx(300)
+    assert summarize(first)["ttft_ms_later_turns"] is None
+
+
 def test_one_token_outputs_have_no_tpot():
     s = summarize([rec(t_first_token=0.1, t_end=0.1, chunk_times=[0.1], chunk_tokens=[1], output_tokens=1)])
     assert s["tpot_ms"] is None and s["tok_s_user"] is None and s["ttft_ms"].n == 1

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from dflash_bench.report import build_report
 from sweep_helpers import assert_servers_gone, only_sweep, results, sweep_argv
 
 
@@ -40,6 +41,12 @@ def test_whole_sweep_against_the_emulator(tmp_path, data_dir):
     assert "AR vs DFlash" in proc.stdout and "gsm8k" in proc.stdout
     assert (folder / "logs" / "emulator-ar.log").exists()
     assert_servers_gone(folder)
+    # MT-Bench's second turns are timed apart, in results.csv and in the report's latency section; GSM8K has none
+    assert all(float(r["ttft_ms_later_turns_p50"]) > 0 for c, r in rows.items() if "mt-bench" in c)
+    assert all(r["ttft_ms_later_turns_p50"] == "" for c, r in rows.items() if "gsm8k" in c)
+    html = build_report([folder]).read_text()
+    block = html.split("first tokens of multi-turn conversations", 1)[1].split("</details>", 1)[0]
+    assert block.count("<td>mt-bench</td>") == 2 and "gsm8k" not in block  # c = 1 and 4, AR and DFlash side by side
 
 
 def test_an_eagle3_server_runs_beside_dflash_and_the_end_sets_them_side_by_side(tmp_path, data_dir):

@@ -31,7 +31,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from dflash_bench.report.card import device_of, weights_of, workload_of
-from dflash_bench.metrics.definitions import ttft_ms
+from dflash_bench.metrics.definitions import summarize, ttft_ms
 from dflash_bench.settings import SweepSettings
 from dflash_bench.store import CellSettings, RequestRecord, SteadyPlan
 from dflash_bench.store.folder import SweepDir
@@ -70,6 +70,7 @@ class Row(BaseModel):
     input_len: int = 0  # the prompts' length in tokens on the --input-len axis (a long-<N> suite); 0: the suite's own
     ttft_ms_mean: float | None = None
     ttft_ms_p90: float | None = None
+    ttft_ms_p50_later_turns: float | None = None  # a multi-turn suite's second and later turns alone (`later_turns`)
     server_queue_ms: float | None = None  # the server's own split of a request's time (metrics/phases.py), means
     server_prefill_ms: float | None = None
     first_tokens: list[FirstTokens] = Field(default_factory=list)  # in the order they came (`first_tokens`)
@@ -134,6 +135,7 @@ def run_of(folder: Path) -> Run:
         path = folder / "cells" / cell["cell_id"] / "summary.json"
         s = json.loads(path.read_text()) if path.is_file() else {}
         tok = s.get("output_throughput") if s.get("status") == "complete" else None
+        records = sweep.read_requests(cell["cell_id"]) if tok else []
         run.rows.append(Row(
             engine=cell["engine"], mode=cell["mode"], suite=cell["suite"], concurrency=cell["concurrency"],
             gpus=gpus_used, status=s.get("status") or cell.get("status") or "pending", tok_s=tok,
@@ -147,8 +149,19 @@ def run_of(folder: Path) -> Run:
             repeat=cell.get("repeat") or 0, input_len=cell.get("input_len") or 0,
             ttft_ms_mean=(s.get("ttft_ms") or {}).get("mean"), ttft_ms_p90=(s.get("ttft_ms") or {}).get("p90"),
             server_queue_ms=s.get("server_queue_ms"), server_prefill_ms=s.get("server_prefill_ms"),
-            first_tokens=first_tokens(sweep.read_requests(cell["cell_id"])) if tok else []))
+            first_tokens=first_tokens(records), ttft_ms_p50_later_turns=later_turns(s, records) if tok else None))
     return run
+
+
+def later_turns(summary: dict, records: list[RequestRecord]) -> float | None:
+    """TTFT p50 of the cell's second and later turns: its summary's (`ttft_ms_later_turns`), or, in a folder written
+    before summaries kept it, from its requests by the same definition (metrics/definitions.py summarize)."""
+    if "ttft_ms_later_turns" in summary:
+        stat = summary["ttft_ms_later_turns"]
+    else:
+        described = summarize(records)["ttft_ms_later_turns"]
+        stat = described.model_dump() if described else None
+    return (stat or {}).get("p50")
 
 
 def first_tokens(records: list[RequestRecord]) -> list[FirstTokens]:

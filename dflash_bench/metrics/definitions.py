@@ -18,7 +18,8 @@ Over a cell's measured requests (warm-up excluded):
   ending after the window closed, sent before it did) are in no statistic. The server's counters (tau) and
   the GPU energy cover the whole stream; energy per token divides by the whole stream's tokens.
 - TTFT = first content chunk - request written (after any TCP connect, which is its own figure: with
-  --no-warmup the first request of each connection would otherwise count it).
+  --no-warmup the first request of each connection would otherwise count it). ttft_ms_later_turns: the same over
+  a multi-turn suite's second and later turns only, whose prompts hold the conversation so far.
 - connect_ms = a new connection's TCP handshake, SYN to SYN-ACK, as the kernel timed it (raw transport on
   Linux); connect_wait_ms = the rest of its wait for the connection, the client's event loop handing the
   socket over (at high concurrency, opening the other connections). Every measured request says whether
@@ -177,6 +178,7 @@ def summarize(records: Sequence[RequestRecord], window: tuple[float, float] | No
     tpots = [tpot_ms(r) for r in ok]
     gaps = [g for r in ok for g in chunk_gaps(r)]
     out["ttft_ms"] = describe([ttft_ms(r) for r in ok])
+    out["ttft_ms_later_turns"] = describe([ttft_ms(r) for r in ok if r.turn > 0])
     out["tpot_ms"] = describe(tpots)
     out["e2e_ms"] = describe([e2e_ms(r) for r in ok])
     out["tok_s_user"] = describe([1000.0 / t for t in tpots if t])

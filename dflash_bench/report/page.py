@@ -184,6 +184,7 @@ def _context(view: SweepView, figs: dict[str, dict[str, str]], slo: str | None =
                    if _present(r.get("acceptance_length_dflash"))],
         "pareto": tables.stat_table(view, ["output_throughput", "tok_s_user_p50", "tok_s_user_at_tpot_p90"]),
         "latency": tables.stat_table(view, ["ttft_ms_p50", "ttft_ms_p90", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p90", "tpot_ms_p99"]),
+        "later_turns": tables.later_turns(view),
         # the server's own split of a request's time (metrics/phases.py), where the server exports it
         "phases": [r for r in tables.stat_table(view, [f"server_{p}_ms" for p in PHASES])
                    if any(_present(v) for k, v in r.items() if k.startswith("server_"))],

@@ -325,6 +325,9 @@ class CellSummary(CellKey):
     request_throughput: float | None = None  # req/s
 
     ttft_ms: Stat | None = None
+    # a multi-turn suite's second and later turns alone: their prompts hold the conversation so far, so what a
+    # server's prefix cache saves (or a server without one pays) shows here; None where the cell has none
+    ttft_ms_later_turns: Stat | None = None
     tpot_ms: Stat | None = None
     itl_ms: Stat | None = None  # per-token latency: chunk gaps divided over the tokens they carry
     chunk_gap_ms: Stat | None = None
@@ -417,5 +420,5 @@ class CellSummary(CellKey):
     accuracy: AccuracySummary | None = None  # scorable suites, after quality/accuracy.py
 
 
-STAT_FIELDS = ("ttft_ms", "tpot_ms", "itl_ms", "chunk_gap_ms", "e2e_ms", "tok_s_user", "tokens_per_chunk", "connect_ms",
-               "connect_wait_ms")
+STAT_FIELDS = ("ttft_ms", "ttft_ms_later_turns", "tpot_ms", "itl_ms", "chunk_gap_ms", "e2e_ms", "tok_s_user",
+               "tokens_per_chunk", "connect_ms", "connect_wait_ms")

@@ -108,8 +108,9 @@ _PREFIXES = (*STAT_FIELDS, "settings_steady", "settings", "steady", "accuracy_vs
 
 
 def _where(col: str) -> tuple[str, str] | None:
-    """(section, key) of a column read from a nested section of the summary; None for a top-level one."""
-    for prefix in _PREFIXES:
+    """(section, key) of a column read from a nested section of the summary; None for a top-level one. The longest
+    prefix names it (ttft_ms_later_turns_p50 is ttft_ms_later_turns' p50, not ttft_ms' "later_turns_p50")."""
+    for prefix in sorted(_PREFIXES, key=len, reverse=True):
         if col.startswith(prefix + "_") and prefix != col:
             return prefix, col[len(prefix) + 1:]
     return None
