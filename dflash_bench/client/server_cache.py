@@ -19,6 +19,7 @@ import httpx
 
 TRIES = 3  # vLLM answers {"success": false} while blocks are held (a request still finishing): tried again
 RETRY_S = 0.5
+TIMEOUT_S = 30.0  # the most one POST may take (a cell's request timeout, where shorter): emptying is a quick call
 
 
 def empty_prefix_cache(url: str, path: str, timeout: float | None) -> str:
@@ -30,7 +31,7 @@ def empty_prefix_cache(url: str, path: str, timeout: float | None) -> str:
         if attempt:
             time.sleep(RETRY_S)
         try:
-            with httpx.Client(timeout=timeout) as client:
+            with httpx.Client(timeout=min(timeout or TIMEOUT_S, TIMEOUT_S)) as client:
                 r = client.post(target)
         except httpx.HTTPError as err:
             return f"not emptied: POST {path} failed ({type(err).__name__}: {err})"
