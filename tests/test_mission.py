@@ -117,7 +117,7 @@ def test_a_dry_run_plans_every_vllm_and_sglang_step_without_unpacking_their_bund
     planned = {"vllm-pair": "+ python3 -m benchmarks.peers.two_clients --engine vllm",  # what each step would run
                "sglang": "python3 -m sglang.launch_server --model-path"}
     for step, part in zip(steps, parts[::2]):
-        assert "is not unpacked" in part and planned.get(step, "\nvllm serve ") in part, part
+        assert "is not unpacked" in part and planned.get(step, "\nVLLM_SERVER_DEV_MODE=1 vllm serve ") in part, part
     assert all(f"== {step}: exit 0" in log for step in steps), log
     # not a dry run: a bundle that is here and does not set up fails its step in one sentence (a bundle that is not
     # here skips it, as the other tests' machines without bundles show)
@@ -162,7 +162,7 @@ def test_the_gpu_steps_dry_run_with_one_profile_per_suite_for_vllm_and_the_built
         assert f"== {step}: exit 0" in log, log
     tau, _, long = log.partition("== vllm-long:")
     assert "-ar-" not in tau and "--modes dflash --synthetic-acceptance card" in tau
-    vllm = [ln for ln in tau.splitlines() if ln.startswith("vllm serve") and "--speculative-config" in ln]
+    vllm = [ln for ln in tau.splitlines() if ln.startswith("VLLM_SERVER_DEV_MODE=1 vllm serve") and "--speculative-config" in ln]
     builtin = [ln for ln in tau.splitlines() if ln.startswith("dflash-bench serve") and "--mode dflash" in ln]
     assert len(vllm) == len(builtin) == 2  # a server per suite: gsm8k, mt-bench
     for a, b in zip(vllm, builtin):

@@ -104,15 +104,25 @@ def test_sglang_commands_match_the_cards(name):
 
 
 def test_card_environment_variables():
-    # Qwen3.5 SGLang card: export SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1. Gemma vLLM: V2 model runner. Every
-    # vLLM server also gets VLLM_SERVER_DEV_MODE, which serves the route the sweep empties its prefix cache by.
+    # Qwen3.5 SGLang card: export SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1. Gemma vLLM: V2 model runner.
     assert profiles.get("sglang").env(models.resolve("Qwen3.5-35B-A3B"), "dflash") == {
         "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
     gemma = models.resolve("gemma-4-31B-it")
     assert profiles.get("vllm").env(gemma, "ar") == profiles.get("vllm").env(gemma, "dflash") == {
-        "VLLM_USE_V2_MODEL_RUNNER": "1", "VLLM_SERVER_DEV_MODE": "1"}
-    assert profiles.get("vllm").cache_reset == "/reset_prefix_cache"
-    assert profiles.get("vllm").env(models.resolve("Qwen3-8B"), "ar") == {"VLLM_SERVER_DEV_MODE": "1"}
+        "VLLM_USE_V2_MODEL_RUNNER": "1"}
+
+
+def test_only_a_sweeps_vllm_gets_the_dev_mode_that_serves_its_cache_reset():
+    """A sweep empties a vLLM server's prefix cache before each cell through a route vLLM serves only with
+    VLLM_SERVER_DEV_MODE=1: the sweep's servers get it beside the card's variables; `dflash-bench launch`'s do not."""
+    from dflash_bench.launch import plan_server
+
+    *_, swept, _ = plan_server("vllm", "gemma-4-31B-it", "dflash", runner="process", cache_reset=True)
+    *_, launched, _ = plan_server("vllm", "gemma-4-31B-it", "dflash", runner="process")
+    assert swept == {"VLLM_USE_V2_MODEL_RUNNER": "1", "VLLM_SERVER_DEV_MODE": "1"}
+    assert launched == {"VLLM_USE_V2_MODEL_RUNNER": "1"}
+    *_, sglang, _ = plan_server("sglang", "Qwen3-8B", "ar", runner="process", cache_reset=True)
+    assert sglang == {}  # its /flush_cache needs nothing
 
 
 def test_sglang_presets_swap_generation_specific_backends():

@@ -96,11 +96,13 @@ def _make(runner: str, argv: list[str], env: dict[str, str], info: ServerInfo, n
 def plan_server(engine: str, model: str | ModelPair, mode: str, *, port: int | None = None, preset: str = "generic",
                 extra_args: Sequence[str] = (), runner: str = "docker", network: str = "host", prepare: bool = False,
                 slots: tuple[int, int] | None = None, synthetic: SyntheticProfile | None = None,
-                ) -> tuple[EngineProfile, ModelPair, list[str], dict[str, str], int]:
+                cache_reset: bool = False) -> tuple[EngineProfile, ModelPair, list[str], dict[str, str], int]:
     """(profile, pair, argv, env, port): what `launch_server` would run, for --dry-run and manifests.
 
     `prepare` makes the model files the engine needs (llama.cpp converts to GGUF); without it their
-    paths are only planned. `synthetic`: the acceptance profile a DFlash server draws (dflash_bench/synthetic.py)."""
+    paths are only planned. `synthetic`: the acceptance profile a DFlash server draws (dflash_bench/synthetic.py).
+    `cache_reset`: a sweep's server, whose prefix cache the sweep empties before each cell (the environment
+    `EngineProfile.cache_reset_env` that the route needs)."""
     from dflash_bench import models, profiles
 
     if runner not in RUNNERS:
@@ -113,7 +115,8 @@ def plan_server(engine: str, model: str | ModelPair, mode: str, *, port: int | N
     # a port-mapped container must listen on all of its own interfaces for the mapping to reach it.
     host = "0.0.0.0" if runner == "docker" and network != "host" else "127.0.0.1"
     argv = profile.command(pair, mode, port, preset, extra_args, host=host, slots=slots, synthetic=synthetic)
-    return profile, pair, argv, profile.env(pair, mode), port
+    env = profile.env(pair, mode) | (dict(profile.cache_reset_env) if cache_reset else {})
+    return profile, pair, argv, env, port
 
 
 @contextlib.contextmanager
@@ -122,14 +125,14 @@ def launch_server(
     preset: str = "generic", gpus: str | None = "all", image: str | None = None, extra_args: Sequence[str] = (),
     sweep_id: str | None = None, log_path: str | Path | None = None,
     ready_timeout: float = DEFAULT_READY_TIMEOUT_S, network: str = "host", docker: DockerOptions | None = None,
-    slots: tuple[int, int] | None = None, synthetic: SyntheticProfile | None = None,
+    slots: tuple[int, int] | None = None, synthetic: SyntheticProfile | None = None, cache_reset: bool = False,
 ) -> Iterator[Server]:
     """Launch `engine` serving `model` in `mode` ("ar" | "dflash"); see the module docstring. `slots`: (slots,
     per-slot context) for an engine whose slots follow the cell's concurrency (`EngineProfile.slots_per_cell`);
-    `synthetic`: the acceptance profile a DFlash server draws instead of verifying."""
+    `synthetic`: the acceptance profile a DFlash server draws instead of verifying; `cache_reset`: see plan_server."""
     profile, pair, argv, env, port = plan_server(engine, model, mode, port=port, preset=preset,
                                                  extra_args=extra_args, runner=runner, network=network, prepare=True,
-                                                 slots=slots, synthetic=synthetic)
+                                                 slots=slots, synthetic=synthetic, cache_reset=cache_reset)
     opts = docker
     if runner == "process":
         argv = profile.process_argv(argv)

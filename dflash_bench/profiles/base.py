@@ -93,6 +93,10 @@ class EngineProfile:
     # server it launched (what a repeat of the cell on a fresh server would see). None: the engine keeps nothing
     # between requests (the builtin engine), or has a server per cell.
     cache_reset: ClassVar[str | None] = None
+    # What the server's environment needs for it to serve cache_reset (vLLM: VLLM_SERVER_DEV_MODE=1). Only the
+    # servers a sweep launches get it (`plan_server`'s cache_reset); `dflash-bench launch`'s do not: the route is
+    # a benchmark's, not a served model's.
+    cache_reset_env: ClassVar[tuple[tuple[str, str], ...]] = ()
 
     def image_for(self, preset: str) -> str | None:
         """The default image for a GPU preset (most engines ship one image for all)."""

@@ -70,7 +70,8 @@ class VLLM(EngineProfile):
     client_tau = "chunks"  # one delta per engine step (servers.md)
     default_port = 8000
     local_module = "vllm"
-    cache_reset = "/reset_prefix_cache"  # served with VLLM_SERVER_DEV_MODE=1 (env), as `vllm bench sweep` does
+    cache_reset = "/reset_prefix_cache"  # vLLM's entrypoints/serve/dev routes, attached only in dev mode
+    cache_reset_env = (("VLLM_SERVER_DEV_MODE", "1"),)  # as `vllm bench sweep` starts its servers
     memory_fraction = 0.92  # --gpu-memory-utilization: weights, activations and KV together
     reserved_gib = 4.0  # an 8k-token prefill's activations, CUDA graphs, a 262k vocabulary's logits
 
@@ -154,8 +155,7 @@ class VLLM(EngineProfile):
         return ["--speculative-config", json.dumps(config)]
 
     def env(self, pair: ModelPair, mode: str) -> dict[str, str]:
-        # VLLM_SERVER_DEV_MODE: the routes that answer cache_reset (vLLM's entrypoints/serve/dev)
-        return {**pair.vllm_env, "VLLM_SERVER_DEV_MODE": "1"}
+        return dict(pair.vllm_env)
 
     def container_command(self, argv: list[str]) -> list[str]:
         # The image's entrypoint is already `vllm serve`: do not repeat it.

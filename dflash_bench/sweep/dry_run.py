@@ -40,7 +40,7 @@ def print_plan(settings: SweepSettings) -> None:
             continue
         profile, _, argv, env, port = plan_server(launch.engine, pair, launch.mode, port=settings.port, preset=settings.gpu,
                                                   extra_args=server_args(settings, launch.engine), runner=settings.runner,
-                                                  synthetic=launch.synthetic)
+                                                  synthetic=launch.synthetic, cache_reset=True)
         line = dry_run_line(profile, argv, env, port, settings.runner, settings.image or profile.image_for(settings.gpu), "all", "host")
         drawn = f", {launch.synthetic.label()}" if launch.synthetic is not None and launch.mode != "ar" else ""
         console.print(f"[bold]{launch.engine} {launch.mode}[/] ({len(launch.cells)} cells{escape(drawn)}):")

@@ -156,7 +156,7 @@ def _server(ctx: SweepContext, launch: Launch, port: int) -> Iterator[Server]:
                        extra_args=server_args(settings, launch.engine), sweep_id=ctx.manifest.sweep_id, image=ctx.image,
                        log_path=ctx.sweep.log_path(launch.engine, launch.mode),
                        port=port, slots=launch_slots(ctx, launch),
-                       synthetic=launch.synthetic if launch.mode != "ar" else None) as server:
+                       synthetic=launch.synthetic if launch.mode != "ar" else None, cache_reset=True) as server:
         gpus_used = profiles.server_gpus(launch.engine, ctx.pair, settings)
         info = server.info.model_copy(update={"gpus": gpus_used})
         if info.identity is not None and settings.expect_model:
