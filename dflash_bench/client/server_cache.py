@@ -35,13 +35,11 @@ def empty_prefix_cache(url: str, path: str, timeout: float | None) -> str:
                 r = client.post(target)
         except httpx.HTTPError as err:
             return f"not emptied: POST {path} failed ({type(err).__name__}: {err})"
-        text = r.text.strip()
-        if r.status_code == 404:
-            return (f"not emptied: the server has no POST {path} (HTTP 404); vLLM serves it only with "
-                    "VLLM_SERVER_DEV_MODE=1") if path == "/reset_prefix_cache" else \
-                f"not emptied: the server has no POST {path} (HTTP 404)"
+        if r.status_code == 404:  # the sweep launched it with the route's environment (cache_reset_env): an older engine
+            return f"not emptied: the server has no POST {path} (HTTP 404)"
         if r.status_code == 200 and _succeeded(r):
             return f"emptied (POST {path})"
+        text = r.text.strip()
         why = f"HTTP {r.status_code}: {text[:200]}" if text else f"HTTP {r.status_code}"
     return f"not emptied: POST {path} answered {why} after {TRIES} tries"
 

@@ -175,7 +175,5 @@ def stat_table(view: SweepView, metrics: list[str]) -> list[dict[str, Any]]:
 def later_turns(view: SweepView) -> list[dict[str, Any]]:
     """stat_table's rows of TTFT p50 over every request and over the second and later turns alone, for the cells of
     multi-turn suites (any mode with `ttft_ms_later_turns`); empty where the sweep has none."""
-    metrics = ["ttft_ms_p50", "ttft_ms_later_turns_p50"]
-    if "ttft_ms_later_turns_p50" not in view.done or view.done["ttft_ms_later_turns_p50"].isna().all():
-        return []
-    return [r for r in stat_table(view, metrics) if any(r[f"ttft_ms_later_turns_p50_{m}"] is not None for m in SIDES)]
+    rows = stat_table(view, ["ttft_ms_p50", "ttft_ms_later_turns_p50"])  # a column no cell has comes back None
+    return [r for r in rows if any(r[f"ttft_ms_later_turns_p50_{m}"] is not None for m in SIDES)]
