@@ -27,7 +27,8 @@ def mission(tmp_path: Path, data_dir: Path, *args: str, data: tuple[str, ...] = 
         for suite in data:
             shutil.copytree(data_dir / suite, folder / suite)
     full = dict(os.environ, OUT=str(tmp_path / "out"), MISSION_WORK=str(tmp_path / "work"), DFLASH_BENCH_DATA=str(folder),
-                PYTHONPATH=str(ROOT), **env)
+                PYTHONPATH=str(ROOT), MISSION_CARRY=str(tmp_path / "carry"))  # not the checkout's own .mission
+    full.update(env)
     if not wait:
         return subprocess.Popen(["bash", str(script), *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 env=full, start_new_session=True)
@@ -226,3 +227,22 @@ def test_a_step_run_again_with_other_modes_starts_its_own_sweep_and_resumes_its_
     assert json.loads((sweeps / second / "manifest.json").read_text())["settings"]["modes"] == ["dflash"]
     assert folders[2] == folders[1]  # the third call made no sweep: it resumed the first
     assert f"--resume {tmp_path / 'work' / 'sweeps' / sweeps.name / first}" in log.split("== emulator: exit 0")[2]
+
+
+def test_a_fresh_machine_resumes_the_sweeps_of_a_carried_xz_archive(tmp_path, data_dir):
+    """OUT/sweeps.tar.gz recompressed by xz (half the size, where the carried files' 64 MiB leave no room for the gzip)
+    and carried to a fresh machine (an empty work folder): the step resumes the sweep it holds, making none."""
+    args = ("--suites", "gsm8k", "-c", "1", "-n", "1", "--max-tokens", "8", "--modes", "ar", "emulator")
+    assert mission(tmp_path, data_dir, *args).returncode == 0
+    (first,) = (tmp_path / "work" / "sweeps" / "emulator-gemma-4-31B-it-h100-tp1").iterdir()
+    (tmp_path / "carry").mkdir()
+    with (tmp_path / "carry" / "sweeps.tar.xz").open("wb") as xz:
+        unpacked = subprocess.run(["gzip", "-dc", str(tmp_path / "out" / "sweeps.tar.gz")], capture_output=True, check=True)
+        xz.write(subprocess.run(["xz", "-c"], input=unpacked.stdout, capture_output=True, check=True).stdout)
+    shutil.rmtree(tmp_path / "work")
+    shutil.rmtree(tmp_path / "out")
+    proc = mission(tmp_path, data_dir, *args)
+    log = (tmp_path / "out" / "mission.log").read_text()
+    assert proc.returncode == 0 and f"the sweeps of {tmp_path / 'carry' / 'sweeps.tar.xz'} are resumed" in log, log
+    assert f"--resume {first}" in log
+    assert [f.name for f in first.parent.iterdir()] == [first.name]

@@ -38,7 +38,8 @@
 # with the same --modes and --synthetic-acceptance; other ones start a sweep of their own beside it),
 # all of them as OUT/sweeps.tar.gz, two_clients' results file, the server logs and this command's console
 # (OUT/mission.log). On a fresh machine an earlier call's sweeps resume from a carried .mission/sweeps.tar.gz (that
-# OUT/sweeps.tar.gz). A step whose bundle is not on this machine (neither carried nor left by an earlier call) is
+# OUT/sweeps.tar.gz), or .mission/sweeps.tar.xz (the same, recompressed by `xz -9`: about half the size, for when
+# the 64 MiB of carried files leave too little room; $MISSION_CARRY names another folder than .mission). A step whose bundle is not on this machine (neither carried nor left by an earlier call) is
 # skipped in one sentence. Shape folders are written once into $MISSION_WORK (default /tmp/mission), kept for later
 # calls on a warm machine.
 #
@@ -94,10 +95,12 @@ base_path=$PYTHONPATH
 [ -d "$data" ] || { echo "mission.sh: no prompt sets at $data: carry .data (a copy of shared/datasets)" >&2; exit 2; }
 echo "mission.sh: steps ${steps[*]} of $pair on --gpu $gpu --tp $tp, until $(date -u -d "@$deadline" +%H:%M:%S) UTC ($seconds s)"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /'
-if [ -f .mission/sweeps.tar.gz ]; then  # an earlier call's OUT/sweeps.tar.gz, carried to a fresh machine: resumed
-  mkdir -p "$work" && tar -xzf .mission/sweeps.tar.gz -C "$work" --skip-old-files \
-    && echo "mission.sh: the sweeps of .mission/sweeps.tar.gz are resumed where this machine has none of its own"
-fi
+for carried in "${MISSION_CARRY:-.mission}"/sweeps.tar.{gz,xz}; do  # an earlier call's OUT/sweeps.tar.gz (or it
+  # recompressed), carried to a fresh machine: resumed; tar reads either compression
+  [ -f "$carried" ] || continue
+  mkdir -p "$work" && tar -xf "$carried" -C "$work" --skip-old-files \
+    && echo "mission.sh: the sweeps of $carried are resumed where this machine has none of its own"
+done
 
 shape() { # shape hf|sglang: the pair's folders in $work, written once (configs and a trained tokenizer)
   local target=$work/$pair; [ "$1" = sglang ] && target=$work/sglang/$pair
