@@ -21,6 +21,16 @@ head of the shape EAGLE-3 publishes for its 8B targets (yuhuili/EAGLE3-LLaMA3.1-
 layer at the target's width and MLP width, a 32,000-token draft vocabulary, three target features), here at
 Qwen3-8B's widths, loaded by vLLM's `LlamaForCausalLMEagle3`; the DFlash blog's EAGLE-3 baseline for Qwen3-8B
 is RedHatAI/Qwen3-8B-speculator.eagle3, whose config is not quoted in anything read here.
+
+gpt-oss-120b: openai/gpt-oss-120b's config.json as published (36 layers of width 2880 alternating a 128-token
+sliding window and full attention, 64 query and 8 KV heads of 64, 128 experts of width 2880 and 4 a token, stored
+in MXFP4; quoted whole in third-party tests that read it from the model's page). Its drafter
+z-lab/gpt-oss-120b-DFlash is known second hand only: a third-party table made from each z-lab repository's
+config.json and file sizes gives 8 full-attention layers of width 2880 and MLP width 7680, 64 query and 8 KV heads,
+a block of 10, 5 target features at [1, 9, 17, 25, 33] and 1.46 GiB of weights (0.78B parameters, the card's
+"0.8B"), and the head size follows (64: the target's, and what 0.78B needs). Not in that table, so chosen here,
+none of which changes a step's time: the mask token (a reserved id of the Harmony vocabulary), the rope and the
+norm's epsilon (the target's).
 """
 
 from __future__ import annotations
@@ -209,11 +219,71 @@ QWEN3_8B_EAGLE3: dict[str, Any] = {
     "dtype": "bfloat16",
 }
 
+GPT_OSS_120B_TARGET: dict[str, Any] = {
+    "architectures": ["GptOssForCausalLM"],
+    "model_type": "gpt_oss",
+    "vocab_size": 201088,
+    "hidden_size": 2880,
+    "intermediate_size": 2880,  # each expert's
+    "num_hidden_layers": 36,
+    "layer_types": ["sliding_attention", "full_attention"] * 18,
+    "sliding_window": 128,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "head_dim": 64,
+    "attention_bias": True,
+    "attention_dropout": 0.0,
+    "num_local_experts": 128,
+    "num_experts_per_tok": 4,
+    "experts_per_token": 4,
+    "router_aux_loss_coef": 0.9,
+    "output_router_logits": False,
+    "hidden_act": "silu",
+    "swiglu_limit": 7.0,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 150000,
+    "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0, "original_max_position_embeddings": 4096,
+                     "rope_type": "yarn", "truncate": False},
+    "initial_context_length": 4096,
+    "max_position_embeddings": 131072,
+    "initializer_range": 0.02,
+    "tie_word_embeddings": False,
+    "quantization_config": {"modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                                       "model.embed_tokens", "lm_head"], "quant_method": "mxfp4"},
+    "pad_token_id": 199999,
+    "eos_token_id": 200002,
+    "use_cache": True,
+}
+
+GPT_OSS_120B_DRAFTER: dict[str, Any] = {
+    "architectures": ["DFlashDraftModel"],
+    "model_type": "qwen3",
+    "vocab_size": 201088,
+    "hidden_size": 2880,
+    "intermediate_size": 7680,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "head_dim": 64,
+    "hidden_act": "silu",
+    "rope_theta": 150000,  # not published: the target's base
+    "rms_norm_eps": 1e-05,  # not published: the target's
+    "attention_bias": False,
+    "tie_word_embeddings": False,
+    "max_position_embeddings": 131072,
+    "block_size": 10,
+    "num_target_layers": 36,
+    # the mask token is not published: <|reserved_200017|> of the Harmony vocabulary stands for it
+    "dflash_config": {"mask_token_id": 200017, "target_layer_ids": [1, 9, 17, 25, 33]},
+    "dtype": "bfloat16",
+}
+
 # known pair name -> (target config, drafter config)
 SHAPES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "gemma-4-31B-it": (GEMMA4_31B_TARGET, GEMMA4_31B_DRAFTER),
     "gemma-4-26B-A4B-it": (GEMMA4_26B_A4B_TARGET, GEMMA4_26B_A4B_DRAFTER),
     "Qwen3-8B": (QWEN3_8B_TARGET, QWEN3_8B_DRAFTER),
+    "gpt-oss-120b": (GPT_OSS_120B_TARGET, GPT_OSS_120B_DRAFTER),
 }
 
 # known pair name -> an EAGLE-3 head of the shape published for its target (sweep --modes ...,eagle3)

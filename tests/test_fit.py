@@ -73,6 +73,22 @@ def test_qwen_and_gpt_oss_mixtures_match_their_published_sizes():
     assert mx is not None and 64e9 < mx.weight_bytes < 66e9
 
 
+def test_the_gpt_oss_120b_shape_has_the_published_sizes_and_its_folders_render_harmony_turns(tmp_path):
+    """The target's config gives its MXFP4 checkpoint's 65 GB; the drafter's second-hand shape must come to the one
+    file its repository holds, 1.46 GiB (0.78B parameters: the card's 0.8B), shared embedding and head left out."""
+    from benchmarks.fixtures.shape_folders import write_shape
+    from dflash_bench.model_shapes import shape_of
+
+    target, drafter = shape_of("gpt-oss-120b")
+    g, d = fit.geometry(target), fit.geometry(drafter, drafter=True)
+    assert g is not None and 64e9 < g.weight_bytes < 66e9 and g.window == 128
+    assert d is not None and 1.44 < d.weight_bytes / 2**30 < 1.48
+    assert drafter["block_size"] == models.resolve("gpt-oss-120b").block_size == 10
+    written = write_shape("gpt-oss-120b", tmp_path)
+    assert written["renders"]["text"] == "<|start|>user<|message|>What is 7 * 6?<|end|><|start|>assistant"
+    assert json.loads((Path(written["target"]) / "config.json").read_text())["model_type"] == "gpt_oss"
+
+
 def test_what_the_formulas_do_not_cover_is_not_sized():
     assert fit.geometry({**GEMMA4_31B_TARGET, "n_routed_experts": 64}) is None  # latent attention (DeepSeek's)
     assert fit.geometry({**GEMMA4_31B_TARGET, "enable_moe_block": True}) is None  # a mixture without its widths
