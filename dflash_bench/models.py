@@ -31,8 +31,11 @@ _SGLANG_QWEN35_CARD = (
 )
 _SGLANG_QWEN35_ENV = {"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
 # Why the gpt-oss pairs stay "not confirmed" on vLLM (docs/results/release-claims.md)
-_GPT_OSS_UNRUN = ("not run here, since the drafter's configuration is published in nothing read here (no shape of it "
-                  "can be written) and vLLM renders gpt-oss chats in the Harmony format, whose encoding it downloads")
+_GPT_OSS_UNRUN = ("not run here: no shape of it is recorded (the release's claim is gpt-oss-120b's, whose shape is); "
+                  "vLLM renders gpt-oss chats with the Harmony encoding, so sweeps of random weights send completions "
+                  "(--api completions)")
+_GPT_OSS_120B_UNRUN = ("its shape is recorded (the drafter's from a third-party table of the z-lab configs) and runs "
+                       "through vLLM with --api completions (mission.sh --pair gpt-oss-120b); not run yet")
 
 
 @dataclass(frozen=True)
@@ -139,7 +142,7 @@ KNOWN: dict[str, ModelPair] = {p.name: p for p in [
         name="gpt-oss-120b", target="openai/gpt-oss-120b", drafter="z-lab/gpt-oss-120b-DFlash", block_size=10,
         thinking=True, reasoning_effort="medium", vllm_version="v0.20.1+ (gpt-oss not confirmed)",
         notes="card: H200, SGLang, reasoning effort medium; flags in the Qwen3 card's form; vLLM not confirmed: "
-              + _GPT_OSS_UNRUN,
+              + _GPT_OSS_120B_UNRUN,
     ),
     _qwen35("4B"),
     _qwen35("9B"),

@@ -23,6 +23,7 @@ STEADY_HELP = ("A steady stream: keep --concurrency requests in flight, each fin
                "cycled), and measure a window of this many completions after the ramp-up; the tail is left out.")
 RAMP_HELP = "With --steady-requests: completions before the window opens (default: the concurrency)."
 DEFAULT_MODES = ("ar", "dflash")
+REQUEST_APIS = ("chat", "completions")  # what --api may ask of a chat engine
 _LEN_RE = re.compile(r"^(\d+(?:\.\d+)?)([kK]?)$")
 
 
@@ -53,6 +54,10 @@ def thinking_choice(value: str) -> dict[str, Any]:
 def gpu_types(value: str | None) -> list[str]:
     """--gpu-type h100,h200 -> ["h100", "h200"]: one sweep folder each."""
     return [t.strip() for t in (value or "").split(",") if t.strip()]
+
+
+def _request_api(value: str | None) -> str | None:
+    return None if value is None or value in REQUEST_APIS else f"--api takes {' or '.join(REQUEST_APIS)}, not {value!r}"
 
 
 def _distinct_types(value: str) -> str | None:
@@ -163,6 +168,12 @@ class SweepSettings(BaseModel):
         "--expect-model",
         help="Model id every server must list on /v1/models (checked at launch or at --url-*, refused otherwise).",
     )] = None
+    # None: each engine's own (profiles/base.py EngineProfile.api: chat; SGLang's native generate)
+    api: Annotated[str | None, Flag(
+        "--api", rule=_request_api,
+        help="What the chat engines' requests are: chat (the default: the server renders the chat template) or "
+             "completions (the target's chat template rendered here and sent to /v1/completions, for a server that "
+             "would render chats its own way, e.g. vLLM's Harmony for gpt-oss).")] = None
     temperature: Annotated[float, Flag(
         "--temperature", min=0.0, help="Sampling temperature (default 0).")] = 0.0
     seed: Annotated[int, Flag("--seed", help="Seed of the prompt sampling (default 0).")] = 0

@@ -134,6 +134,11 @@ def test_the_report_pairs_a_dflash_only_sweep_with_its_ar_sweep_over_emulator_fo
         plain.model_copy(update={"modes": ["dflash"], "synthetic_acceptance": "card", "port": 1}).model_dump(mode="json"))
     assert workload_of(plain.model_dump(mode="json")) != workload_of(
         plain.model_copy(update={"max_tokens": 32}).model_dump(mode="json"))
+    # --api came after results were committed: a sweep that leaves it out has the digest it had before it existed,
+    # and one that sends completions a workload of its own
+    before = {k: v for k, v in plain.model_dump(mode="json").items() if k != "api"}
+    assert workload_of(before) == workload_of(plain.model_dump(mode="json"))
+    assert workload_of(plain.model_copy(update={"api": "completions"}).model_dump(mode="json")) != workload_of(before)
     shape = write_shape("gemma-4-31B-it", tmp_path / "work")
     sweeps = tmp_path / "sweeps"
     for modes, tokens in (("ar", "16"), ("dflash", "16"), ("ar", "24")):

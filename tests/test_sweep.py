@@ -194,3 +194,39 @@ def test_a_cell_that_cannot_be_written_stops_the_sweep_with_its_sentence_not_as_
     folder = only_sweep(tmp_path)
     summaries = [json.loads(p.read_text()) for p in (folder / "cells").glob("*/summary.json")]
     assert not any("did not start" in (s.get("error") or "") for s in summaries), summaries
+
+
+def test_api_completions_sends_the_targets_chat_template_rendered_by_the_client(tmp_path, data_dir):
+    """--api completions (gpt-oss through vLLM, whose own chat rendering is Harmony's): each request is the target's
+    chat template rendered here and sent to /v1/completions; the emulator counts a prompt's tokens from the text it
+    gets (a token per 4 bytes), so the rendered turns, markers and all, make every cell's prompts longer than the
+    chat API's contents; unrendered (the last user turn alone), MT-Bench's second turns would be shorter."""
+    from benchmarks.fixtures.shape_folders import write_shape
+
+    shape = write_shape("gpt-oss-120b", tmp_path / "shape")
+    tokens = {}
+    for api in ("chat", "completions"):
+        argv = sweep_argv(tmp_path / api, "--data-dir", str(data_dir), "--modes", "ar", "--api", api, conc="1")
+        argv[argv.index("org/emulated")], argv[argv.index("org/emulated-dflash")] = shape["target"], shape["drafter"]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=240)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        rows = results(only_sweep(tmp_path / api))
+        tokens[api] = {cid.split("-", 2)[2]: int(r["total_prompt_tokens"]) for cid, r in rows.items()}
+        assert {r["settings_api"] for r in rows.values()} == {api}
+        assert {r["settings_prompt_rendering"] for r in rows.values()} == (
+            {f"chat template of {shape['target']}"} if api == "completions" else {""})
+    assert set(tokens["chat"]) == {"gsm8k-c1", "mt-bench-c1"}
+    assert all(tokens["completions"][c] > tokens["chat"][c] for c in tokens["chat"]), tokens
+
+
+def test_api_completions_is_refused_for_an_engine_with_an_api_of_its_own(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "dflash_bench", "sweep", "--model", "Qwen3-8B", "--engine", "sglang",
+                           "--api", "completions", "--dry-run", "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "--api completions: the sglang engine's requests use its own generate API" in proc.stderr + proc.stdout
+    proc = subprocess.run([sys.executable, "-m", "dflash_bench", "sweep", "--model", "Qwen3-8B", "--engine", "vllm",
+                           "--api", "responses", "--dry-run", "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "--api takes chat or completions, not 'responses'" in proc.stderr + proc.stdout
+    assert not (tmp_path / "o").exists()

@@ -31,8 +31,9 @@ CLAIM_CALLS = {
     "qwen3-8b": f"measured by {_MISSION} Qwen3-8B --suites gsm8k,math500 --synthetic-acceptance card --modes "
                 "ar,dflash,eagle3 vllm` (one H200, carrying .vllm-bundle and .data: the eagle3 row's sweep too), then "
                 "the same with `sglang` (.sglang-bundle).",
-    "gpt-oss-120b": "no call yet: the z-lab/gpt-oss-120b-DFlash drafter's configuration is not published in anything "
-                    "read here, so its shape cannot be written (docs/results/release-claims.md).",
+    "gpt-oss-120b": "no call yet: `bash benchmarks/peers/mission.sh --pair gpt-oss-120b --gpu h200 --tp 4 -n 1 "
+                    "--suites gsm8k -c 64,128,256,512 --max-tokens 1024 --synthetic-acceptance 6.5 vllm` on four H200s "
+                    "(nvidia-h200-x4), carrying .vllm-bundle and .data (docs/results/release-claims.md).",
     "eagle3": f"measured by {_MISSION} Qwen3-8B --suites gsm8k,math500 --synthetic-acceptance card --modes "
               "ar,dflash,eagle3 vllm` (one H200, carrying .vllm-bundle and .data: the qwen3-8b row's sweep too).",
 }

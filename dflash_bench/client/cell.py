@@ -93,7 +93,7 @@ async def measure_async(url: str, prompts: Sequence[Prompt], request: RequestSet
 def cell_settings(request: RequestSettings, load: LoadSettings, model: str | None, num_prompts: int) -> CellSettings:
     """What summary.json keeps of how the cell was measured."""
     rendering = None
-    if request.api == "generate":
+    if request.api != "chat":
         rendering = f"chat template of {request.tokenizer}" if request.tokenizer else "raw text (no chat template)"
     return CellSettings(api=request.api, model=model, max_tokens=request.max_tokens, temperature=request.temperature,
                         save_token_ids=request.save_token_ids, enable_thinking=request.enable_thinking,
@@ -136,8 +136,8 @@ def check_options(api: str, transport: str, concurrency: int, prompts: Sequence[
 
 
 def renderer_for(request: RequestSettings) -> Callable[[list[dict[str, str]]], str] | None:
-    """/generate with a tokenizer: the model's chat template, rendered here."""
-    if request.api != "generate" or not request.tokenizer:
+    """/generate or /v1/completions with a tokenizer: the model's chat template, rendered here."""
+    if request.api == "chat" or not request.tokenizer:
         return None
     try:
         return chat_renderer(request.tokenizer, request.enable_thinking)

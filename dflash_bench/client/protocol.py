@@ -44,8 +44,9 @@ class RequestSettings:
     enable_thinking: bool | None = None  # sent as chat_template_kwargs.enable_thinking when set
     seed: int | None = None
     ignore_eos: bool = False  # every request runs to max_tokens (engines compared on equal output lengths)
-    tokenizer: str | None = None  # /generate: the Hugging Face id or folder whose chat template renders prompts
-    render: Callable[[list[dict[str, str]]], str] | None = None  # /generate: messages -> prompt text
+    # /generate and /v1/completions: the Hugging Face id or folder whose chat template renders prompts
+    tokenizer: str | None = None
+    render: Callable[[list[dict[str, str]]], str] | None = None  # /generate and /v1/completions: messages -> text
 
 
 def build_body(s: RequestSettings, messages: list[dict[str, str]], max_tokens: int | None = None) -> bytes:
@@ -75,7 +76,7 @@ def build_body(s: RequestSettings, messages: list[dict[str, str]], max_tokens: i
         if s.save_token_ids:
             body.update(logprobs=True, top_logprobs=2, return_tokens_as_token_ids=True)
     else:
-        body["prompt"] = _flatten(messages)
+        body["prompt"] = s.render(messages) if s.render is not None else _flatten(messages)
         if s.save_token_ids:
             body.update(logprobs=2, return_tokens_as_token_ids=True)
     return orjson.dumps(body)

@@ -123,6 +123,22 @@ class EngineProfile:
         """The tokenizer the client renders prompts with (None: the server renders them)."""
         return pair.target if self.chat_template == "client" else None
 
+    def request_api(self, pair: ModelPair, api: str | None) -> tuple[str, str | None]:
+        """The API a cell's requests use and the tokenizer the client renders their prompts with (None: the server
+        renders them): the engine's own, or, where the sweep asks for `completions` (`--api`), OpenAI completions
+        of the target's chat template rendered by the client. api_refusal has refused it for an engine whose own
+        API is not chat."""
+        if api == "completions":
+            return "completions", pair.target
+        return self.api, self.tokenizer(pair)
+
+    def api_refusal(self, api: str | None) -> str | None:
+        """Why this engine's requests cannot be `api` (--api), in one sentence; None where they can."""
+        if api is None or api == self.api or self.api == "chat":
+            return None
+        return (f"--api {api}: the {self.name} engine's requests use its own {self.api} API, whose answers carry "
+                "what the sweep reads of it; leave --api out for it")
+
     def version_note(self, pair: ModelPair) -> str:
         """The engine build the pair's card needs ("" when a release does)."""
         return ""

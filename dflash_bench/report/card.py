@@ -108,6 +108,9 @@ def weights_of(engine_args: Iterable[str], engine: str) -> Weights:
 # servers. Two sweeps that agree on the rest ran the same requests against the same servers' flags.
 NOT_WORKLOAD = frozenset({"engines", "suites", "concurrency", "modes", "synthetic_acceptance", "input_lens", "runner",
                           "port", "url_ar", "url_dflash", "slo", "expect_model"})
+# settings added after results were committed: in the digest only where a sweep sets them, so that a committed run's
+# workload still matches a new sweep's of the same settings
+ONLY_WHERE_SET = frozenset({"api"})
 
 
 def workload_of(settings: Mapping[str, Any] | None) -> str:
@@ -115,7 +118,7 @@ def workload_of(settings: Mapping[str, Any] | None) -> str:
     empty where the sweep recorded no settings (`dflash-bench run`, a console's lines), which partners nothing."""
     if not settings:
         return ""
-    kept = {k: v for k, v in settings.items() if k not in NOT_WORKLOAD}
+    kept = {k: v for k, v in settings.items() if k not in NOT_WORKLOAD and not (k in ONLY_WHERE_SET and v is None)}
     return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 

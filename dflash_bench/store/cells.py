@@ -251,7 +251,7 @@ class CellSettings(BaseModel):
     request_rate: float | None = None  # None: closed loop at the concurrency
     timeout_s: float | None = None
     transport: str | None = None
-    prompt_rendering: str | None = None  # api=generate: who rendered the chat template
+    prompt_rendering: str | None = None  # api generate or completions: who rendered the chat template
     ignore_eos: bool | None = None  # every request ran to max_tokens
     min_seconds: float | None = None  # --min-cell-seconds: the prompts were sent again until the window lasted this
     prompt_passes: int | None = None  # times the prompt list was sent (more than 1: lengthened by min_seconds)

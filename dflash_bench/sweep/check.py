@@ -106,6 +106,11 @@ def _check_between(settings: SweepSettings) -> None:
                         "together: add --paired")
     if settings.synthetic_acceptance is not None:
         _check_synthetic(settings)
+    from dflash_bench import profiles
+
+    for engine in settings.engines:
+        if why := profiles.get(engine).api_refusal(settings.api):
+            raise UserError(why)
 
 
 def _check_synthetic(settings: SweepSettings) -> None:

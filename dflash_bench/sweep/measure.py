@@ -104,10 +104,9 @@ def request_and_load(ctx: SweepContext, cell: CellPlan, max_tokens: int) -> tupl
     thinking = settings.thinking if settings.thinking is not None else ctx.pair.thinking
     if cell.thinking_asked is not None:  # --thinking both: this cell's arm
         thinking = cell.thinking_asked
-    profile = profiles.get(cell.engine)
-    request = RequestSettings(api=profile.api, max_tokens=max_tokens, temperature=settings.temperature,
-                              save_token_ids=settings.save_token_ids, enable_thinking=thinking,
-                              tokenizer=profile.tokenizer(ctx.pair))
+    api, tokenizer = profiles.get(cell.engine).request_api(ctx.pair, settings.api)
+    request = RequestSettings(api=api, max_tokens=max_tokens, temperature=settings.temperature,
+                              save_token_ids=settings.save_token_ids, enable_thinking=thinking, tokenizer=tokenizer)
     load = LoadSettings(concurrency=cell.concurrency, seed=settings.seed, min_seconds=settings.min_cell_seconds,
                         steady_requests=settings.steady_requests, steady_ramp=settings.steady_ramp)
     return request, load
