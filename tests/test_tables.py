@@ -219,38 +219,41 @@ def test_the_claims_table_sets_dflash_against_eagle3_and_reads_per_user_speed():
     assert any(n.startswith("eagle3 run 1: EAGLE-3's τ is drawn over its own 7 drafts a step") for n in table.notes)
 
 
-def test_the_readmes_headline_sets_the_engines_side_by_side_at_the_drawn_tau_without_each_runs_command():
-    """big_sweep's file of mission.sh's four sweeps (each engine's AR, and its DFlash alone at the card's tau): the
-    README's table pairs each DFlash with its engine's AR run of the same workload, says where DFlash stops paying,
-    the weights and where it was measured, and leaves each run's command to the docs' table of the same file."""
-    def run(engine: str, mode: str, tok: list[float], workload: str = "w") -> dict:
-        rows = [{"engine": engine, "mode": mode, "suite": "gsm8k", "concurrency": c, "gpus": 1, "status": "complete",
-                 "tok_s": t, "tok_s_per_gpu": t, "ttft_ms_p50": 30.0, "tpot_ms_p50": 1000.0 * c / t,
+def test_the_readmes_headline_sets_the_engines_side_by_side_per_suite_at_the_cards_tau():
+    """big_sweep's file of mission.sh's sweeps (each engine's AR, its DFlash alone at the card's tau, and a random
+    drafter's): the README's table has a row per suite and concurrency with each engine's AR and DFlash tok/s, its
+    DFlash / AR over its own AR run of the same workload and the τ it realized of the drawn one, the card beside;
+    the random drafter's rows are the docs' table's; each engine's line says where DFlash stops paying."""
+    def run(engine: str, mode: str, tok: list[float], workload: str = "w", card: bool = True) -> dict:
+        rows = [{"engine": engine, "mode": mode, "suite": "gsm8k", "concurrency": c, "gpus": 2, "status": "complete",
+                 "tok_s": t, "tok_s_per_gpu": t / 2, "ttft_ms_p50": 30.0, "tpot_ms_p50": 1000.0 * c / t,
                  "peak_mem_mib": None, "prefix_cache_hit_rate": None, "tau": 7.5 if mode == "dflash" else None,
-                 "synthetic_tau": 7.53 if mode == "dflash" else None,
-                 "synthetic_source": "card gsm8k" if mode == "dflash" else None} for c, t in zip((1, 32), tok)]
-        return {"sweep_id": f"{engine}-{mode}", "device": "1x NVIDIA H200", "gpus_per_server": 1, "weights": "random",
-                "command": f"dflash-bench sweep --engine {engine} --modes {mode}", "servers": {}, "workload": workload,
-                "versions": {"vllm": "0.26.0"}, "rows": rows}
-    data = {"pair": None, "weights": "random", "measured": "one H200, 2026-11-29",
+                 "synthetic_tau": 7.53 if mode == "dflash" and card else None,
+                 "synthetic_source": "card gsm8k" if mode == "dflash" and card else None} for c, t in zip((1, 32), tok)]
+        return {"sweep_id": f"{engine}-{mode}-{card}", "device": "2x NVIDIA H200", "gpus_per_server": 2,
+                "weights": "random", "command": f"dflash-bench sweep --engine {engine} --modes {mode}", "servers": {},
+                "workload": workload, "versions": {"vllm": "0.26.0"}, "rows": rows}
+    data = {"pair": "gemma-4-31B-it", "weights": "random", "measured": "two H200s, 2026-11-30",
             "runs": [run("vllm", "ar", [56.0, 1278.0]), run("vllm", "dflash", [332.0, 3566.0]),
+                     run("vllm", "dflash", [40.0, 500.0], card=False),
                      run("builtin", "ar", [58.6, 1420.0]), run("builtin", "dflash", [406.7, 1300.0])]}
-    table = renderers_mission.mission_headline([data])
-    cells = {(r[1], r[2]): dict(zip(table.header, r)) for r in table.rows}
-    assert cells[("1", "vllm")]["DFlash / AR"] == "5.93x" and cells[("1", "builtin")]["DFlash tok/s"] == "406.7 ★"
-    assert cells[("32", "builtin")]["DFlash / AR"] == "0.92x" and cells[("32", "vllm")]["DFlash tok/s"] == "3,566.0 ★"
-    assert cells[("1", "vllm")]["TPOT p50 ms AR / DFlash"] == "17.86 / 3.01" and cells[("1", "vllm")]["τ"] == "7.50"
-    assert "- gsm8k, builtin, synthetic τ 7.53, drawn (card gsm8k): pays up to c=1 (6.94x), below 1 from c=32 " \
-           "(0.92x)." in table.notes
-    assert "Measured on one H200, 2026-11-29." in table.notes and any("vllm 0.26.0" in n for n in table.notes)
+    table = renderers_mission.mission_by_suite([data])
+    cells = {r[1]: dict(zip(table.header, r)) for r in table.rows}
+    assert list(cells) == ["1", "32"] and all(r[0] == "gsm8k" for r in table.rows)
+    assert cells["1"]["builtin: AR / DFlash tok/s"] == "58.6 / 406.7 ★" and cells["1"]["vllm: DFlash / AR"] == \
+        "5.93x (τ 7.50 of 7.53)"
+    assert cells["32"]["vllm: AR / DFlash tok/s"] == "1,278.0 / 3,566.0 ★"  # not the random drafter's 500.0
+    assert cells["32"]["builtin: DFlash / AR"] == "0.92x (τ 7.50 of 7.53)"
+    assert cells["1"]["card (one B300): DFlash / AR"] == "5.30x (τ 7.53)"
+    assert "- builtin: below 1 in gsm8k c=32 (0.92x); at c=32 0.92x (gsm8k) to 0.92x (gsm8k)" in table.notes
+    assert "- vllm: pays in every cell measured (2, 1 suite); at c=32 2.79x (gsm8k) to 2.79x (gsm8k)" in table.notes
+    assert "Measured on two H200s, 2026-11-30." in table.notes
     assert not any("dflash-bench sweep" in n for n in table.notes)  # the docs' table gives each run's command
     assert any("dflash-bench sweep --engine vllm --modes dflash" in n
                for n in renderers_mission.mission_engines([data]).notes)
     data["runs"][1]["workload"] = "other"  # an AR run of another workload is not vLLM's DFlash's partner
-    unpaired = renderers_mission.mission_headline([data])
-    vllm = [dict(zip(unpaired.header, r)) for r in unpaired.rows if r[2] == "vllm"]
-    assert vllm and all(r["DFlash / AR"] == "-" for r in vllm)  # each side shown alone, never set against the other
-    assert not any(n.startswith("- gsm8k, vllm") for n in unpaired.notes)
+    unpaired = renderers_mission.mission_by_suite([data])
+    assert [h for h in unpaired.header if h.startswith("vllm")] == []  # no vLLM DFlash beside its own AR: no column
 
 
 def test_the_input_length_rows_are_set_along_one_axis_as_the_report_sets_them():

@@ -69,8 +69,8 @@ class Entry:
 # the range README states and docs/results/demo.md details.
 DEMO = "gate_reruns_cpu.json"
 
-# The mission's four sweeps on two H200s (benchmarks/peers/big_sweep.py's file), the README's headline and the
-# engines side by side in docs/results/gemma-4-31b.md.
+# The mission's four sweeps on two H200s (benchmarks/peers/big_sweep.py's file): the engines side by side with 128
+# tokens out in docs/results/gemma-4-31b.md.
 MISSION_H200 = "gemma4_31b_mission_h200.json"
 MISSION_H200_COMMAND = ("bash benchmarks/peers/mission.sh --gpu h200 --tp 2 -n 4 vllm|sglang|builtin builtin-tau (a call "
                         "each, as the file's measured says), then python -m benchmarks.peers.big_sweep --out "
@@ -78,15 +78,17 @@ MISSION_H200_COMMAND = ("bash benchmarks/peers/mission.sh --gpu h200 --tp 2 -n 4
 MISSION_H200_MACHINE = "two NVIDIA H200 on one host (nvidia-h200-x2), a call per engine"
 
 # The mission's command whole: six suites, 1024 tokens out, two waves at c=32, every engine's AR and DFlash (the random
-# drafter's and the card's tau) on two H200s at tensor parallel 2, the sweeps resumed across calls and sessions.
+# drafter's and the card's tau) on two H200s at tensor parallel 2, the sweeps resumed across calls and sessions: the
+# README's headline (the card's tau, a row per suite and concurrency) and the docs' table (every row).
 MISSION_SIX_H200 = "gemma4_31b_six_suites_h200.json"
 MISSION_SIX_H200_COMMAND = ("bash benchmarks/peers/mission.sh --gpu h200 --tp 2 -n 2 --waves 2 --max-tokens 1024 --suites "
                             "math500,gsm8k,humaneval,mbpp,mt-bench,spec-bench --modes ar vllm vllm-tau (calls as the file's "
                             "measured says), then python -m benchmarks.peers.big_sweep --out "
                             "benchmarks/results/gemma4_31b_six_suites_h200.json SWEEP_FOLDER...")
+MISSION_SIX_H200_MACHINE = "two NVIDIA H200 on one host (nvidia-h200-x2), tensor parallel 2"
 
 # vLLM and the builtin engine at the card's tau, drawn with one profile for both, on one H200 (big_sweep's file of
-# the four sweeps: each engine's AR, and its DFlash alone at the card's tau): the README's headline and the docs' table.
+# the four sweeps: each engine's AR, and its DFlash alone at the card's tau): the docs' table.
 MISSION_TAU_H200 = "gemma4_31b_card_tau_h200.json"
 MISSION_TAU_H200_COMMAND = ("bash benchmarks/peers/mission.sh --gpu h200 --tp 1 -n 2 --waves 2 --max-tokens 1024 --suites "
                             "gsm8k --modes ar vllm vllm-tau builtin builtin-tau (two calls, as the file's measured says), "
@@ -102,8 +104,8 @@ INPUT_LEN_H200_COMMAND = ("bash benchmarks/peers/mission.sh --gpu h200 --tp 1 -n
 
 TABLES: list[Entry] = [
     Entry("demo_summary", "README.md", (DEMO,), None, tr.demo_summary),
-    Entry("mission_card_tau", "README.md", (MISSION_TAU_H200,), MISSION_TAU_H200_COMMAND, mission.mission_headline,
-          machine=MISSION_TAU_H200_MACHINE),
+    Entry("mission_six_suites", "README.md", (MISSION_SIX_H200,), MISSION_SIX_H200_COMMAND, mission.mission_by_suite,
+          machine=MISSION_SIX_H200_MACHINE),
     Entry("demo_runs", "docs/results/demo.md", (DEMO,), None, tr.demo_runs),
     Entry("cpu_anatomy", "docs/results/demo.md", ("cpu_anatomy_cpu.json",),
           "python -m benchmarks.speed.cpu_anatomy --out benchmarks/results/cpu_anatomy_cpu.json", tr.cpu_anatomy),
@@ -142,7 +144,7 @@ TABLES: list[Entry] = [
     Entry("gemma4_31b_input_len_h200_by_length", "docs/results/gemma-4-31b.md", (INPUT_LEN_H200,),
           INPUT_LEN_H200_COMMAND, mission.mission_lengths, machine=MISSION_TAU_H200_MACHINE),
     Entry("gemma4_31b_six_suites_h200", "docs/results/gemma-4-31b.md", (MISSION_SIX_H200,), MISSION_SIX_H200_COMMAND,
-          mission.mission_engines, machine="two NVIDIA H200 on one host (nvidia-h200-x2), tensor parallel 2"),
+          mission.mission_engines, machine=MISSION_SIX_H200_MACHINE),
     Entry("gemma4_31b_engines_h200", "docs/results/gemma-4-31b.md", (MISSION_H200,), MISSION_H200_COMMAND,
           mission.mission_engines, machine=MISSION_H200_MACHINE),
     Entry("two_clients_gemma_vllm", "docs/results/gemma-4-31b.md", ("two_clients_gemma_vllm_h100.json",), None,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmarks.tables.renderers import Table, concurrency_cell, f1, f2, steady_notes
+from benchmarks.tables.renderers import SUITES, Table, concurrency_cell, f1, f2, steady_notes
 
 
 def big_shape(results: list[Any]) -> Table:
@@ -85,22 +85,11 @@ def mission_engines(results: list[Any]) -> Table:
     """The same file as the report's "Engines side by side" (dflash_bench/report/engines.py): per suite and
     concurrency each engine's AR and DFlash, the kind of τ its DFlash ran at, the fastest starred, the card's row
     beside; then, per suite, engine and kind, where DFlash stops paying; each run's command."""
-    return _engines_table(results[0], runs=True)
-
-
-def mission_headline(results: list[Any]) -> Table:
-    """The README's headline: mission_engines' table with where DFlash stops paying, the machine and how it was
-    measured, without each run's command (docs/results/gemma-4-31b.md gives them)."""
-    return _engines_table(results[0], runs=False)
-
-
-def _engines_table(data: dict[str, Any], runs: bool) -> Table:
     from dflash_bench.report import engines
     from dflash_bench.report.card import card_rows
 
+    data = results[0]
     lines, notes = _mission_lines(data)
-    if not runs:  # what was not measured stays said; the runs' commands are the docs' to give
-        notes = [n for n in notes if ": not measured: " in n]
     rows = [r for r in card_rows(lines, data.get("pair")) if r.ar is not None or r.dflash is not None]
     tables = engines.suite_tables(rows, data.get("pair"))
     modes = engines.has_modes(tables)
@@ -115,6 +104,65 @@ def _engines_table(data: dict[str, Any], runs: bool) -> Table:
                  ["Where DFlash stops paying (DFlash / AR below 1 past that concurrency, at the τ of the row's kind):",
                   "", *(f"- {c}" for c in crossings or ["not yet: no engine here has both its AR and its DFlash measured"]),
                   "", ENGINES_KEY, *weights, *measured, *notes])
+
+
+def mission_by_suite(results: list[Any]) -> Table:
+    """The README's headline: the mission's table at the card's τ in one row per suite and concurrency, the engines
+    side by side (AR and DFlash tok/s, DFlash / AR and the τ each realized, the fastest DFlash starred) and the card's
+    DFlash / AR beside them; per engine, where DFlash stops paying. The rows of other kinds (the random drafter's,
+    another τ) and what was not measured are mission_engines' to show."""
+    from dflash_bench.report.card import card_rows
+
+    data = results[0]
+    lines, notes = _mission_lines(data)
+    rows = [r for r in card_rows(lines, data.get("pair")) if r.mode == "dflash" and r.ar and r.dflash
+            and (r.dflash.synthetic_source or "").startswith("card")]
+    engines = sorted({r.engine for r in rows})
+    by = {(r.suite, r.concurrency, r.engine): r for r in rows}
+    order = {s: i for i, s in enumerate(SUITES)}
+    body = []
+    for suite, c in sorted({(r.suite, r.concurrency) for r in rows}, key=lambda k: (order.get(k[0], len(order)), k)):
+        here = [by.get((suite, c, e)) for e in engines]
+        fastest = max((r.dflash.tok_s or 0 for r in here if r and r.dflash), default=0)
+        card = next((r for r in here if r and r.card_speedup is not None), None)
+        body.append([suite, str(c),
+                     *(f"{_n(r.ar.tok_s)} / {_n(r.dflash.tok_s)}{' ★' if r.dflash.tok_s == fastest else ''}"
+                       if r and r.ar and r.dflash else "-" for r in here),
+                     *(f"{r.speedup:.2f}x (τ {f2(r.dflash.tau)} of {r.dflash.synthetic_tau:.2f})"
+                       if r and r.dflash and r.speedup is not None and r.dflash.synthetic_tau is not None else "-"
+                       for r in here),
+                     f"{card.card_speedup:.2f}x (τ {f2(card.card_tau)})" if card and card.card_tau else "-"])
+    header = ["suite", "c", *(f"{e}: AR / DFlash tok/s" for e in engines), *(f"{e}: DFlash / AR" for e in engines),
+              "card (one B300): DFlash / AR"]
+    measured = [f"Measured on {data['measured'].rstrip('.')}."] if data.get("measured") else []
+    return Table(header, body, [
+        "Where DFlash stops paying, at the card's τ:", "", *(f"- {_stops(e, [r for r in rows if r.engine == e])}"
+                                                          for e in engines), "",
+        "Output tok/s per server (tensor parallel: both its GPUs); DFlash at the card's τ for each suite, drawn with "
+        "the same per-position profile by both engines (`--synthetic-acceptance card`), its τ the one each server "
+        "realized; ★ the faster DFlash. DFlash / AR: each engine's over its own AR. Spec-Bench stands for "
+        "SPEED-Bench (its prepared data is not carried) and draws the mean of the card's suites' τ.",
+        f"Weights {data['weights']}.", *measured])
+
+
+def _stops(engine: str, rows: list[Any]) -> str:
+    """One engine's card-τ rows in one line: the cells where DFlash / AR falls below 1, or that it pays in every one,
+    and its range at the highest concurrency measured."""
+    measured = [r for r in rows if r.speedup is not None]
+    if not measured:
+        return f"{engine}: no cell with both its AR and its DFlash measured"
+    below = [f"{r.suite} c={r.concurrency} ({r.speedup:.2f}x)" for r in measured if r.speedup < 1]
+    top = max(r.concurrency for r in measured)
+    at_top = sorted((r for r in measured if r.concurrency == top), key=lambda r: r.speedup)
+    span = f"at c={top} {at_top[0].speedup:.2f}x ({at_top[0].suite}) to {at_top[-1].speedup:.2f}x ({at_top[-1].suite})"
+    suites = len({r.suite for r in measured})
+    if below:
+        return f"{engine}: below 1 in {', '.join(below)}; {span}"
+    return f"{engine}: pays in every cell measured ({len(measured)}, {suites} suite{'s' if suites > 1 else ''}); {span}"
+
+
+def _n(v: float | None) -> str:
+    return "-" if v is None else f"{v:,.1f}"
 
 
 def mission_lengths(results: list[Any]) -> Table:
