@@ -106,6 +106,12 @@ def _check_between(settings: SweepSettings) -> None:
                         "together: add --paired")
     if settings.synthetic_acceptance is not None:
         _check_synthetic(settings)
+    if settings.api is not None:
+        _check_api(settings)
+
+
+def _check_api(settings: SweepSettings) -> None:
+    """--api: refused for an engine whose requests use an API of its own (SGLang's /generate)."""
     from dflash_bench import profiles
 
     for engine in settings.engines:
