@@ -244,7 +244,7 @@ def test_the_readmes_headline_sets_the_engines_side_by_side_per_suite_at_the_car
         "5.93x (τ 7.50 of 7.53)"
     assert cells["32"]["vllm: AR / DFlash tok/s"] == "1,278.0 / 3,566.0 ★"  # not the random drafter's 500.0
     assert cells["32"]["builtin: DFlash / AR"] == "0.92x (τ 7.50 of 7.53)"
-    assert cells["1"]["card (one B300): DFlash / AR"] == "5.30x (τ 7.53)"
+    assert cells["1"]["card (1x B300): DFlash / AR"] == "5.30x (τ 7.53)"
     assert "- builtin: below 1 in gsm8k c=32 (0.92x); at c=32 0.92x (gsm8k) to 0.92x (gsm8k)" in table.notes
     assert "- vllm: pays in every cell measured (2, 1 suite); at c=32 2.79x (gsm8k) to 2.79x (gsm8k)" in table.notes
     assert "Measured on two H200s, 2026-11-30." in table.notes

@@ -39,9 +39,9 @@
 # all of them as OUT/sweeps.tar.gz, two_clients' results file, the server logs and this command's console
 # (OUT/mission.log). On a fresh machine an earlier call's sweeps resume from a carried .mission/sweeps.tar.gz (that
 # OUT/sweeps.tar.gz), or .mission/sweeps.tar.xz (the same, recompressed by `xz -9`: about half the size, for when
-# the 64 MiB of carried files leave too little room; $MISSION_CARRY names another folder than .mission). A step whose bundle is not on this machine (neither carried nor left by an earlier call) is
-# skipped in one sentence. Shape folders are written once into $MISSION_WORK (default /tmp/mission), kept for later
-# calls on a warm machine.
+# the 64 MiB of carried files leave too little room; $MISSION_CARRY names another folder than .mission). A step
+# whose bundle is not on this machine (neither carried nor left by an earlier call) is skipped in one sentence.
+# Shape folders are written once into $MISSION_WORK (default /tmp/mission), kept for later calls on a warm machine.
 #
 # CPU rehearsal of every step's plan (no server starts): MISSION_DRY_RUN=1 OUT=/tmp/o bash benchmarks/peers/mission.sh ...
 # (MISSION_PORT=N: the servers listen on port N instead of a free port each)

@@ -111,12 +111,15 @@ def mission_by_suite(results: list[Any]) -> Table:
     side by side (AR and DFlash tok/s, DFlash / AR and the τ each realized, the fastest DFlash starred) and the card's
     DFlash / AR beside them; per engine, where DFlash stops paying. The rows of other kinds (the random drafter's,
     another τ) and what was not measured are mission_engines' to show."""
+    from dflash_bench.published import published_for
     from dflash_bench.report.card import card_rows
 
     data = results[0]
-    lines, notes = _mission_lines(data)
+    lines, _ = _mission_lines(data)
     rows = [r for r in card_rows(lines, data.get("pair")) if r.mode == "dflash" and r.ar and r.dflash
             and (r.dflash.synthetic_source or "").startswith("card")]
+    card_table = published_for(data["pair"]) if data.get("pair") else None
+    card_gpus = (f"{card_table.settings.gpus_per_server}x {card_table.settings.gpu}" if card_table else "not known")
     engines = sorted({r.engine for r in rows})
     by = {(r.suite, r.concurrency, r.engine): r for r in rows}
     order = {s: i for i, s in enumerate(SUITES)}
@@ -133,7 +136,7 @@ def mission_by_suite(results: list[Any]) -> Table:
                        for r in here),
                      f"{card.card_speedup:.2f}x (τ {f2(card.card_tau)})" if card and card.card_tau else "-"])
     header = ["suite", "c", *(f"{e}: AR / DFlash tok/s" for e in engines), *(f"{e}: DFlash / AR" for e in engines),
-              "card (one B300): DFlash / AR"]
+              f"card ({card_gpus}): DFlash / AR"]
     measured = [f"Measured on {data['measured'].rstrip('.')}."] if data.get("measured") else []
     return Table(header, body, [
         "Where DFlash stops paying, at the card's τ:", "", *(f"- {_stops(e, [r for r in rows if r.engine == e])}"
