@@ -82,8 +82,9 @@ MISSION_H200_MACHINE = "two NVIDIA H200 on one host (nvidia-h200-x2), a call per
 # README's headline (the card's tau, a row per suite and concurrency) and the docs' table (every row).
 MISSION_SIX_H200 = "gemma4_31b_six_suites_h200.json"
 MISSION_SIX_H200_COMMAND = ("bash benchmarks/peers/mission.sh --gpu h200 --tp 2 -n 2 --waves 2 --max-tokens 1024 --suites "
-                            "math500,gsm8k,humaneval,mbpp,mt-bench,spec-bench --modes ar vllm vllm-tau (calls as the file's "
-                            "measured says), then python -m benchmarks.peers.big_sweep --out "
+                            "math500,gsm8k,humaneval,mbpp,mt-bench,spec-bench --modes ar vllm vllm-tau builtin builtin-tau, "
+                            "and with --modes dflash vllm builtin (the random drafter; calls as the file's measured says), "
+                            "then python -m benchmarks.peers.big_sweep --out "
                             "benchmarks/results/gemma4_31b_six_suites_h200.json SWEEP_FOLDER...")
 MISSION_SIX_H200_MACHINE = "two NVIDIA H200 on one host (nvidia-h200-x2), tensor parallel 2"
 

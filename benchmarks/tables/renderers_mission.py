@@ -137,7 +137,9 @@ def mission_by_suite(results: list[Any]) -> Table:
                      f"{card.card_speedup:.2f}x (τ {f2(card.card_tau)})" if card and card.card_tau else "-"])
     header = ["suite", "c", *(f"{e}: AR / DFlash tok/s" for e in engines), *(f"{e}: DFlash / AR" for e in engines),
               f"card ({card_gpus}): DFlash / AR"]
-    measured = [f"Measured on {data['measured'].rstrip('.')}."] if data.get("measured") else []
+    # the calls (commits, dates, what each reached) are the docs' to quote: the README keeps the machine and the command
+    measured = ["Each call's commit, date and command: the results file's `measured`, quoted under the same rows in "
+                "docs/results/gemma-4-31b.md."] if data.get("measured") else []
     return Table(header, body, [
         "Where DFlash stops paying, at the card's τ:", "", *(f"- {_stops(e, [r for r in rows if r.engine == e])}"
                                                           for e in engines), "",
