@@ -169,8 +169,8 @@ sweep() { # sweep NAME ENGINE TARGET [extra sweep args...]: one sweep folder in 
   [ "$engine" = emulator ] || cmd+=(--tensor-parallel-size "$tp")
   [ -z "${MISSION_PORT:-}" ] || cmd+=(--port "$MISSION_PORT")  # the servers' port (default: a free one each)
   # gpt-oss: vLLM renders its chats with the Harmony encoding, whose vocabulary it downloads at the first chat (an
-  # offline host has none) and whose parser fails on some of a random model's answers (about 1 in 100 of 1,024
-  # random tokens): the shape's chat template (Harmony's turns) is rendered by the client and sent as completions
+  # offline host has none) and whose parser fails on some of a random model's answers (`could not decode header`):
+  # the shape's chat template (Harmony's turns) is rendered by the client and sent as completions
   case $pair in gpt-oss-*) [ "$engine" = sglang ] || cmd+=(--api completions) ;; esac
   local last
   last=$(resumable "$dir" "$@")

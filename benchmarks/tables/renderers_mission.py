@@ -112,7 +112,7 @@ def mission_by_suite(results: list[Any]) -> Table:
     DFlash / AR beside them; per engine, where DFlash stops paying. The rows of other kinds (the random drafter's,
     another τ) and what was not measured are mission_engines' to show."""
     from dflash_bench.published import published_for
-    from dflash_bench.report.card import card_rows
+    from dflash_bench.report.card import card_rows, number
 
     data = results[0]
     lines, _ = _mission_lines(data)
@@ -129,7 +129,7 @@ def mission_by_suite(results: list[Any]) -> Table:
         fastest = max((r.dflash.tok_s or 0 for r in here if r and r.dflash), default=0)
         card = next((r for r in here if r and r.card_speedup is not None), None)
         body.append([suite, str(c),
-                     *(f"{_n(r.ar.tok_s)} / {_n(r.dflash.tok_s)}{' ★' if r.dflash.tok_s == fastest else ''}"
+                     *(f"{number(r.ar.tok_s)} / {number(r.dflash.tok_s)}{' ★' if r.dflash.tok_s == fastest else ''}"
                        if r and r.ar and r.dflash else "-" for r in here),
                      *(f"{r.speedup:.2f}x (τ {f2(r.dflash.tau)} of {r.dflash.synthetic_tau:.2f})"
                        if r and r.dflash and r.speedup is not None and r.dflash.synthetic_tau is not None else "-"
@@ -164,10 +164,6 @@ def _stops(engine: str, rows: list[Any]) -> str:
     if below:
         return f"{engine}: below 1 in {', '.join(below)}; {span}"
     return f"{engine}: pays in every cell measured ({len(measured)}, {suites} suite{'s' if suites > 1 else ''}); {span}"
-
-
-def _n(v: float | None) -> str:
-    return "-" if v is None else f"{v:,.1f}"
 
 
 def mission_lengths(results: list[Any]) -> Table:

@@ -217,7 +217,8 @@ HEADER = ["engine", "mode", "sweep", "machine (GPUs per server)", "suite", "c", 
           "card: AR / DFlash tok/s", "card: DFlash / AR", "card: τ", "not the card's"]
 
 
-def _n(v: float | None, digits: int = 1) -> str:
+def number(v: float | None, digits: int = 1) -> str:
+    """A measured number as every engines' and card table writes it: thousands separated, "-" where missing."""
     return "-" if v is None else f"{v:,.{digits}f}"
 
 
@@ -255,12 +256,12 @@ def card_table(rows: list[CardRow]) -> tuple[list[str], list[list[str]]]:
             r.dflash or CellLine(engine=r.engine, mode="dflash", suite=r.suite, concurrency=r.concurrency, device=r.device)
         machine = f"{r.device} ({r.gpus})" if r.gpus and r.device != "no GPU" else r.device
         body.append([
-            r.engine, r.mode_name if r.dflash else "-", (r.dflash or r.ar or a).source, machine, r.suite, str(r.concurrency), _n(a.tok_s), _n(d.tok_s),
+            r.engine, r.mode_name if r.dflash else "-", (r.dflash or r.ar or a).source, machine, r.suite, str(r.concurrency), number(a.tok_s), number(d.tok_s),
             "-" if r.speedup is None else f"{r.speedup:.2f}x", _per(a.tok_s, r.gpus, r.device, gpu_view),
-            _per(d.tok_s, r.gpus, r.device, gpu_view), f"{_n(a.ttft_ms_p50)} / {_n(d.ttft_ms_p50)}",
-            f"{_n(a.tpot_ms_p50, 2)} / {_n(d.tpot_ms_p50, 2)}", _n(d.tau, 2), _n(r.reference_tau, 2),
-            f"{_n(r.card_ar, 0)} / {_n(r.card_dflash, 0)}",
-            "-" if r.card_speedup is None else f"{r.card_speedup:.1f}x", _n(r.card_tau, 2), "; ".join(r.labels) or "-",
+            _per(d.tok_s, r.gpus, r.device, gpu_view), f"{number(a.ttft_ms_p50)} / {number(d.ttft_ms_p50)}",
+            f"{number(a.tpot_ms_p50, 2)} / {number(d.tpot_ms_p50, 2)}", number(d.tau, 2), number(r.reference_tau, 2),
+            f"{number(r.card_ar, 0)} / {number(r.card_dflash, 0)}",
+            "-" if r.card_speedup is None else f"{r.card_speedup:.1f}x", number(r.card_tau, 2), "; ".join(r.labels) or "-",
         ])
     # a column that only some tables fill (no card for the pair, no builtin engine beside another, nothing unlike
     # the card) is left out where no row fills it

@@ -20,7 +20,7 @@ from pydantic import BaseModel
 
 from dflash_bench.published import published_for
 from dflash_bench.suite_file import suite_headings
-from dflash_bench.report.card import CardRow
+from dflash_bench.report.card import CardRow, number
 from dflash_bench.store import SPECULATIVE, mode_name
 
 Kind = Literal["measured", "synthetic", "random", "emulated", "card"]
@@ -293,13 +293,9 @@ def text_rows(table: SuiteTable, modes: bool = False) -> list[list[str]]:
     out = []
     for r in table.rows:
         mode = [r.mode_name if r.kind != "card" else "DFlash"] if modes else []
-        out.append([str(r.concurrency), r.engine, *mode, r.label, _n(r.ar_tok_s) + (" ★" if r.fastest_ar else ""),
-                    _n(r.dflash_tok_s) + (" ★" if r.fastest_dflash else ""),
+        out.append([str(r.concurrency), r.engine, *mode, r.label, number(r.ar_tok_s) + (" ★" if r.fastest_ar else ""),
+                    number(r.dflash_tok_s) + (" ★" if r.fastest_dflash else ""),
                     "-" if r.speedup is None else _x(r.speedup),
-                    f"{_n(r.tpot_ar_ms, 2)} / {_n(r.tpot_dflash_ms, 2)}" if r.kind != "card" else "-",
-                    _n(r.tau, 2)])
+                    f"{number(r.tpot_ar_ms, 2)} / {number(r.tpot_dflash_ms, 2)}" if r.kind != "card" else "-",
+                    number(r.tau, 2)])
     return out
-
-
-def _n(v: float | None, digits: int = 1) -> str:
-    return "-" if v is None else f"{v:,.{digits}f}"
