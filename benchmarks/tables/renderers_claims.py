@@ -19,7 +19,7 @@ from dflash_bench.published import CLAIMS, PublishedClaim, gpu_model
 CLAIM_FILES = {
     "gemma-26b": "claims_gemma4_26b_h200.json",
     "qwen3-8b": "claims_qwen3_8b_h200.json",
-    "gpt-oss-120b": "claims_gpt_oss_120b_h200x4.json",
+    "gpt-oss-120b": "claims_gpt_oss_120b_h200.json",
     "eagle3": "claims_eagle3_qwen3_8b_h200.json",
 }
 # claim key -> the device calls that measure it (docs/results/release-claims.md gives each in full), then
@@ -33,7 +33,8 @@ CLAIM_CALLS = {
                 "the same with `sglang` (.sglang-bundle).",
     "gpt-oss-120b": "no call yet: `bash benchmarks/peers/mission.sh --pair gpt-oss-120b --gpu h200 --tp 4 -n 1 "
                     "--suites gsm8k -c 64,128,256,512 --max-tokens 1024 --synthetic-acceptance 6.5 vllm` on four H200s "
-                    "(nvidia-h200-x4), carrying .vllm-bundle and .data (docs/results/release-claims.md).",
+                    "(nvidia-h200-x4), or the same with --tp 2 on two (nvidia-h200-x2) where four are not lent, "
+                    "carrying .vllm-bundle and .data (docs/results/release-claims.md).",
     "eagle3": f"measured by {_MISSION} Qwen3-8B --suites gsm8k,math500 --synthetic-acceptance card --modes "
               "ar,dflash,eagle3 vllm` (one H200, carrying .vllm-bundle and .data: the qwen3-8b row's sweep too).",
 }
