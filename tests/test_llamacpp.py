@@ -12,8 +12,10 @@ token ids saved, the GGUF type left to follow the builtin engine's (f32 on the C
   llama-server reports no ids for accepted draft tokens;
 - the counters agree with the per-response `timings` (draft_n / draft_n_accepted) on a server launched
   here;
-- each request's usage says the prompt tokens llama.cpp read from its cache, most of a prompt an earlier cell
-  sent (the builtin engine: 0).
+- each request's usage says the prompt tokens llama.cpp read from its cache (the builtin engine: 0), and each
+  llama.cpp cell's server had every slot erased before it (one server serves both suites of a concurrency);
+- a server launched as a sweep launches it keeps nothing from one cell to the next, where one launched as
+  `dflash-bench launch` does keeps every prompt (its host-memory cache).
 Skips when llama-server is neither on PATH nor built, unless DFLASH_BENCH_REQUIRE_LLAMACPP=1 (CI), where
 that absence fails.
 """
@@ -226,6 +228,8 @@ def test_every_cell_says_what_the_servers_prefix_caches_held(sweep):
     cells = _summaries(sweep)
     for (engine, mode, suite, conc), s in cells.items():
         assert s.prefix_cache_source == "usage", (engine, mode, suite, conc)
+        assert s.prefix_cache_reset == (None if engine == "builtin" else
+                                        f"emptied (POST /slots/{{slot}}?action=erase for each of the {conc} slots)")
         if engine == "builtin":
             assert s.prefix_cache_hit_rate == 0.0
         else:
@@ -249,6 +253,45 @@ def test_counters_agree_with_per_response_timings(llama_server, monkeypatch):
     assert acc is not None, json.dumps(delta)
     assert acc["num_draft_tokens"] == sum(t.get("draft_n", 0) for t in timings)
     assert acc["num_accepted_tokens"] == sum(t.get("draft_n_accepted", 0) for t in timings)
+
+
+def test_a_sweeps_server_is_emptied_between_cells_where_a_launched_one_keeps_its_prompts(llama_server, monkeypatch):
+    """Three prompts through two slots, the slots emptied as a sweep empties them before a cell, the prompts sent
+    again: on a server launched as a sweep launches it (`cache_reset`) none is found cached; on one launched as
+    `dflash-bench launch` does, erasing the slots leaves the prompts in llama.cpp's host-memory cache, and a later
+    "cell" would find them all there."""
+    from dflash_bench import profiles
+    from dflash_bench.client.server_cache import empty_prefix_cache
+
+    for name, value in ENV.items():
+        monkeypatch.setenv(name, value)
+    pair = resolve(str(PAIR / "target"))
+    prompts = ["Count from one to twenty.", "Name three colours and a fruit.", "What is 12 times 7 plus 5?"]
+    path = profiles.get("llamacpp").cache_reset
+    assert path is not None
+
+    def cached(c: httpx.Client) -> list[float]:
+        """Each prompt's share found cached."""
+        usage = [c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": p}], "max_tokens": 4,
+                                                      "temperature": 0}).json()["usage"] for p in prompts]
+        return [u["prompt_tokens_details"]["cached_tokens"] / u["prompt_tokens"] for u in usage]
+
+    found = {}
+    for reset in (True, False):
+        with launch_server("llamacpp", pair, "ar", runner="process", port=free_port(), slots=(2, 256),
+                           cache_reset=reset) as server:
+            assert ("--slot-save-path" in server.info.command) == reset
+            with httpx.Client(base_url=server.url, timeout=120) as c:
+                cached(c)
+                said = empty_prefix_cache(server.url, path, 30)
+                found[reset] = (said, cached(c))
+    said, again = found[True]
+    assert said == f"emptied (POST {path} for each of the 2 slots)"
+    # the first prompt computed whole; the next two find only the chat template's start, which the first left
+    assert again[0] == 0 and max(again) < 0.5, again
+    said, again = found[False]
+    assert said.startswith("not emptied") and "/slots" in said  # without --slot-save-path llama.cpp refuses it
+    assert min(again) > 0.5, again  # its slots and host-memory cache kept every prompt
 
 
 def test_only_gpt2s_byte_level_split_is_registered(tmp_path):

@@ -125,6 +125,20 @@ def test_only_a_sweeps_vllm_gets_the_dev_mode_that_serves_its_cache_reset():
     assert sglang == {}  # its /flush_cache needs nothing
 
 
+def test_only_a_sweeps_llamacpp_gets_the_flags_that_let_its_slots_be_emptied(tmp_path):
+    """llama.cpp refuses POST /slots without --slot-save-path, and erasing a slot leaves its host-memory cache: a
+    sweep's server gets both flags, before the user's --engine-arg (which wins, llama.cpp taking a flag's last
+    value); `dflash-bench launch`'s gets neither."""
+    from dflash_bench.launch import plan_server
+
+    model = str(tmp_path / "m.gguf")
+    _, _, swept, _, _ = plan_server("llamacpp", model, "ar", runner="process", cache_reset=True,
+                                    extra_args=["--cache-ram", "512"])
+    _, _, launched, _, _ = plan_server("llamacpp", model, "ar", runner="process", extra_args=["--cache-ram", "512"])
+    assert swept[-6:] == ["--cache-ram", "0", "--slot-save-path", "/tmp", "--cache-ram", "512"]
+    assert "--slot-save-path" not in launched and launched.count("--cache-ram") == 1
+
+
 def test_sglang_presets_swap_generation_specific_backends():
     sglang = profiles.get("sglang")
     # Hopper has no trtllm_mha / fa4 kernels: the Qwen3.5 card runs on fa3 there.

@@ -1,5 +1,5 @@
 """Emptying a server's prefix cache before a cell (`EngineProfile.cache_reset`: vLLM's POST /reset_prefix_cache,
-SGLang's POST /flush_cache, the emulator's vLLM route).
+SGLang's POST /flush_cache, the emulator's vLLM route, llama.cpp's POST /slots/N?action=erase for each slot N).
 
 A sweep's cells send the suite's first prompts at every concurrency: c=32's 32 first prompts include c=8's 8 and
 c=1's one. A server that keeps prompts cached (vLLM's automatic prefix caching and SGLang's radix cache are on by
@@ -9,6 +9,11 @@ engine): the comparison would reward the harness's order, not the engine. Within
 user would see it (a conversation's second turn finds its first, the cell's hit rate says how much:
 metrics/cache.py). The cell records what was done, never fails for it: a server that will not empty its cache is
 measured as it is, the cell saying why it was not emptied.
+
+llama.cpp has a server per concurrency, but it serves that concurrency's every suite, repeat and --thinking value:
+a repeat would find all its prompts cached. Erasing its slots leaves the prompts it moved to host memory
+(--cache-ram), so a sweep launches it with that cache off (`cache_reset_flags`); within a cell each slot still
+keeps its last prompt, as llama.cpp serves a conversation's next turn.
 """
 
 from __future__ import annotations
@@ -23,8 +28,26 @@ TIMEOUT_S = 30.0  # the most one POST may take (a cell's request timeout, where 
 
 
 def empty_prefix_cache(url: str, path: str, timeout: float | None) -> str:
-    """POST `path` to the server at `url`; what came of it as the cell records it: "emptied (POST PATH)", or
-    "not emptied: WHY"."""
+    """POST `path` to the server at `url` (a path holding "{slot}": once for each slot its GET /slots lists); what
+    came of it as the cell records it: "emptied (POST PATH)", or "not emptied: WHY"."""
+    if "{slot}" not in path:
+        return _post(url, path, timeout)
+    try:
+        with httpx.Client(timeout=min(timeout or TIMEOUT_S, TIMEOUT_S)) as client:
+            r = client.get(url.rstrip("/") + "/slots")
+        r.raise_for_status()
+        slots = [int(s["id"]) for s in r.json()]
+    except (httpx.HTTPError, ValueError, TypeError, KeyError) as err:
+        return f"not emptied: GET /slots did not list the slots ({type(err).__name__}: {err})"
+    for slot in slots:
+        said = _post(url, path.format(slot=slot), timeout)
+        if not said.startswith("emptied"):
+            return said
+    return f"emptied (POST {path} for each of the {len(slots)} slots)"
+
+
+def _post(url: str, path: str, timeout: float | None) -> str:
+    """One POST of `path`, tried again while the server says it did not empty; as `empty_prefix_cache` says it."""
     target = url.rstrip("/") + path
     why = ""
     for attempt in range(TRIES):

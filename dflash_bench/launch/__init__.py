@@ -102,7 +102,7 @@ def plan_server(engine: str, model: str | ModelPair, mode: str, *, port: int | N
     `prepare` makes the model files the engine needs (llama.cpp converts to GGUF); without it their
     paths are only planned. `synthetic`: the acceptance profile a DFlash server draws (dflash_bench/synthetic.py).
     `cache_reset`: a sweep's server, whose prefix cache the sweep empties before each cell (the environment
-    `EngineProfile.cache_reset_env` that the route needs)."""
+    `EngineProfile.cache_reset_env` and the flags `cache_reset_flags` that the route needs)."""
     from dflash_bench import models, profiles
 
     if runner not in RUNNERS:
@@ -114,6 +114,7 @@ def plan_server(engine: str, model: str | ModelPair, mode: str, *, port: int | N
     # The harness talks to 127.0.0.1, so servers listen there only (vLLM would take every interface);
     # a port-mapped container must listen on all of its own interfaces for the mapping to reach it.
     host = "0.0.0.0" if runner == "docker" and network != "host" else "127.0.0.1"
+    extra_args = [*(profile.cache_reset_flags if cache_reset else ()), *extra_args]
     argv = profile.command(pair, mode, port, preset, extra_args, host=host, slots=slots, synthetic=synthetic)
     env = profile.env(pair, mode) | (dict(profile.cache_reset_env) if cache_reset else {})
     return profile, pair, argv, env, port

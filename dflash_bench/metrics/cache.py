@@ -1,9 +1,9 @@
 """How much of a cell's prompts the server read from its prefix cache instead of computing them.
 
 vLLM's automatic prefix caching and SGLang's radix cache are on by default, and llama.cpp keeps each slot's last
-prompt: a prompt sent before (a sweep's cell at 32 re-sends the prompts of its cell at 8, the first N of the
-suite's order) is prefilled for free, its first token comes sooner and its cell runs faster than a cold one, on
-those servers only. The share is read per request where the response says it (OpenAI's
+prompt (and, unless a sweep launched it, earlier ones in host memory): a prompt sent before (a sweep's cell at 32
+re-sends the prompts of its cell at 8, the first N of the suite's order) is prefilled for free, its first token
+comes sooner and its cell runs faster than a cold one, on those servers only. The share is read per request where the response says it (OpenAI's
 `usage.prompt_tokens_details.cached_tokens`: llama.cpp always, vLLM with --enable-prompt-tokens-details, SGLang
 with --enable-cache-report; SGLang's /generate `meta_info.cached_tokens`), else from vLLM's counters over the
 measured window.

@@ -90,9 +90,13 @@ class EngineProfile:
     # The POST path that empties the server's prefix cache (client/server_cache.py). A sweep's cells send the
     # suite's first prompts at every concurrency, so on a server that keeps prompts cached a later cell would
     # find the earlier cells' prompts there and skip their prefill: the sweep empties it before each cell on a
-    # server it launched (what a repeat of the cell on a fresh server would see). None: the engine keeps nothing
-    # between requests (the builtin engine), or has a server per cell.
+    # server it launched (what a repeat of the cell on a fresh server would see). A path holding "{slot}" is POSTed
+    # once for each slot that GET /slots lists (llama.cpp). None: the engine keeps nothing between requests (the
+    # builtin engine).
     cache_reset: ClassVar[str | None] = None
+    # Flags a sweep's server is launched with so that cache_reset empties everything it keeps (llama.cpp: its
+    # host-memory prompt cache off, and the slot actions enabled); before the user's --engine-arg, which wins.
+    cache_reset_flags: ClassVar[tuple[str, ...]] = ()
     # What the server's environment needs for it to serve cache_reset (vLLM: VLLM_SERVER_DEV_MODE=1). Only the
     # servers a sweep launches get it (`plan_server`'s cache_reset); `dflash-bench launch`'s do not: the route is
     # a benchmark's, not a served model's.

@@ -45,6 +45,13 @@ class LlamaCpp(EngineProfile):
                     "drafts accepted past EOS still count (server-context.cpp, n_draft_accepted)")
     client_tau = "timings"  # each response's timings.draft_n_accepted over its decode steps
     slots_per_cell = True
+    # A server per concurrency still serves every suite, repeat and --thinking value of it, and llama.cpp keeps each
+    # slot's last prompt and, in host memory (--cache-ram), the prompts its slots held before: a repeat's prompts
+    # would all be found there. A sweep's server erases every slot before each cell; POST /slots is refused without
+    # --slot-save-path, which names a folder that exists in any runner (nothing is saved: only erase is sent), and
+    # erasing leaves the host-memory cache, so that is off.
+    cache_reset = "/slots/{slot}?action=erase"
+    cache_reset_flags = ("--cache-ram", "0", "--slot-save-path", "/tmp")
     default_port = 8080
     runner = "process"  # the CPU build `dflash-bench engines build llamacpp` installs; docker on GPU hosts
     needs_gpu = False
