@@ -285,6 +285,31 @@ def test_an_engine_measured_in_ar_alone_gets_its_row_and_no_crossing():
     assert all(r.fastest_ar == (r.engine == "builtin") for r in table.rows)
 
 
+def test_an_ar_cell_two_kinds_share_is_starred_on_the_row_shown_first():
+    """The builtin engine's AR read against two of its DFlash sweeps (the card's τ and the random drafter), the
+    random drafter's row coming first from the files: the fastest AR is starred once, on the row the table shows
+    first (the synthetic τ's), not on whichever row came first from the files."""
+    from dflash_bench.report.card import CardRow, CellLine
+    from dflash_bench.report.engines import suite_tables
+
+    def line(engine: str, mode: str, tok_s: float, source: str, **kw) -> CellLine:
+        return CellLine(engine=engine, mode=mode, suite="gsm8k", concurrency=8, device="2x H200", gpus=2,
+                        tok_s=tok_s, weights="random", source=source, **kw)
+
+    ar = line("builtin", "ar", 700.0, "s-ar")
+    rows = [CardRow(engine="builtin", device="2x H200", gpus=2, suite="gsm8k", concurrency=8, ar=ar,
+                    dflash=line("builtin", "dflash", 600.0, "s-random"), ratios=[6 / 7]),
+            CardRow(engine="builtin", device="2x H200", gpus=2, suite="gsm8k", concurrency=8, ar=ar,
+                    dflash=line("builtin", "dflash", 3300.0, "s-card", synthetic_tau=7.53,
+                                synthetic_source="card gsm8k"), ratios=[33 / 7]),
+            CardRow(engine="vllm", device="2x H200", gpus=2, suite="gsm8k", concurrency=8,
+                    ar=line("vllm", "ar", 640.0, "v-ar"), dflash=line("vllm", "dflash", 460.0, "v-random"),
+                    ratios=[46 / 64])]
+    (table,) = suite_tables(rows)
+    assert [(r.engine, r.kind, r.fastest_ar) for r in table.rows] == [
+        ("builtin", "synthetic", True), ("builtin", "random", False), ("vllm", "random", False)]
+
+
 def test_a_suite_that_stands_in_for_another_says_so_on_its_table():
     """Spec-Bench runs where SPEED-Bench's prepared data is not at hand: its table (and each of its rows in the
     docs) is named "spec-bench, in place of speed-bench", from its suite file; other suites keep their names."""

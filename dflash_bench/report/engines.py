@@ -151,10 +151,10 @@ def suite_tables(rows: list[CardRow], pair: str | None = None) -> list[SuiteTabl
     suites = sorted({r.suite for r in rows}, key=lambda s: (length.get(s, 0), s))
     out, headings = [], suite_headings(suites)
     for suite in suites:
-        mine = by_sweep([_engine_row(r, many) for r in rows if r.suite == suite])
+        mine = sorted(by_sweep([_engine_row(r, many) for r in rows if r.suite == suite]), key=_shown)
         concs = sorted({r.concurrency for r in mine})
         for c in concs:
-            _mark_fastest([r for r in mine if r.concurrency == c])
+            _mark_fastest([r for r in mine if r.concurrency == c])  # in the order shown: a shared AR on its first row
             if (suite, c) in card and table is not None:
                 p = card[(suite, c)]
                 mine.append(EngineRow(engine=f"{table.settings.engine} on {table.settings.gpu}", kind="card",
@@ -162,7 +162,7 @@ def suite_tables(rows: list[CardRow], pair: str | None = None) -> list[SuiteTabl
                                       dflash_tok_s=p.dflash_tok_s, tau=p.tau,
                                       speedup=p.speedup if p.speedup is not None else (
                                           p.dflash_tok_s / p.ar_tok_s if p.ar_tok_s and p.dflash_tok_s else None)))
-        mine.sort(key=lambda r: (r.concurrency, KIND_ORDER[r.kind], MODE_ORDER.get(r.mode, len(MODE_ORDER)), r.engine))
+        mine.sort(key=_shown)
         groups: dict[tuple[str, str, str], list[EngineRow]] = {}
         for row in mine:
             if row.kind != "card":
@@ -204,6 +204,11 @@ def _engine_row(r: CardRow, many_devices: bool) -> EngineRow:
                      tpot_dflash_ms=r.dflash.tpot_ms_p50 if r.dflash else None,
                      tau=r.dflash.tau if r.dflash else None, repeats=r.repeats,
                      source=r.dflash.source if r.dflash else "", ar_source=r.ar.source if r.ar else "")
+
+
+def _shown(r: EngineRow) -> tuple[int, int, int, str]:
+    """A suite table's row order: by concurrency, then kind of τ, mode and engine."""
+    return r.concurrency, KIND_ORDER[r.kind], MODE_ORDER.get(r.mode, len(MODE_ORDER)), r.engine
 
 
 def _mark_fastest(rows: list[EngineRow]) -> None:
