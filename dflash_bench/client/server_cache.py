@@ -18,9 +18,12 @@ keeps its last prompt, as llama.cpp serves a conversation's next turn.
 
 from __future__ import annotations
 
+import json
 import time
 
 import httpx
+
+from dflash_bench.http_limits import get_capped
 
 TRIES = 3  # vLLM answers {"success": false} while blocks are held (a request still finishing): tried again
 RETRY_S = 0.5
@@ -28,34 +31,33 @@ TIMEOUT_S = 30.0  # the most one POST may take (a cell's request timeout, where 
 
 
 def empty_prefix_cache(url: str, path: str, timeout: float | None) -> str:
-    """POST `path` to the server at `url` (a path holding "{slot}": once for each slot its GET /slots lists); what
-    came of it as the cell records it: "emptied (POST PATH)", or "not emptied: WHY"."""
-    if "{slot}" not in path:
-        return _post(url, path, timeout)
-    try:
-        with httpx.Client(timeout=min(timeout or TIMEOUT_S, TIMEOUT_S)) as client:
-            r = client.get(url.rstrip("/") + "/slots")
-        r.raise_for_status()
-        slots = [int(s["id"]) for s in r.json()]
-    except (httpx.HTTPError, ValueError, TypeError, KeyError) as err:
-        return f"not emptied: GET /slots did not list the slots ({type(err).__name__}: {err})"
-    for slot in slots:
-        said = _post(url, path.format(slot=slot), timeout)
-        if not said.startswith("emptied"):
-            return said
+    """POST `path` to the server at `url` (a path holding "{slot}": once for each slot its GET /slots lists), over
+    one connection; what came of it as the cell records it: "emptied (POST PATH)", or "not emptied: WHY"."""
+    with httpx.Client(base_url=url, timeout=min(timeout or TIMEOUT_S, TIMEOUT_S)) as client:
+        if "{slot}" not in path:
+            return _post(client, path)
+        try:
+            status, body = get_capped(client, "/slots")
+            if status != 200:
+                raise ValueError(f"HTTP {status}")
+            slots = [int(s["id"]) for s in json.loads(body)]
+        except (httpx.HTTPError, ValueError, TypeError, KeyError) as err:  # BodyTooLong is a ValueError
+            return f"not emptied: GET /slots did not list the slots ({type(err).__name__}: {err})"
+        for slot in slots:
+            said = _post(client, path.format(slot=slot))
+            if not said.startswith("emptied"):
+                return said
     return f"emptied (POST {path} for each of the {len(slots)} slots)"
 
 
-def _post(url: str, path: str, timeout: float | None) -> str:
+def _post(client: httpx.Client, path: str) -> str:
     """One POST of `path`, tried again while the server says it did not empty; as `empty_prefix_cache` says it."""
-    target = url.rstrip("/") + path
     why = ""
     for attempt in range(TRIES):
         if attempt:
             time.sleep(RETRY_S)
         try:
-            with httpx.Client(timeout=min(timeout or TIMEOUT_S, TIMEOUT_S)) as client:
-                r = client.post(target)
+            r = client.post(path)
         except httpx.HTTPError as err:
             return f"not emptied: POST {path} failed ({type(err).__name__}: {err})"
         if r.status_code == 404:  # the sweep launched it with the route's environment (cache_reset_env): an older engine
