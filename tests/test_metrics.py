@@ -91,6 +91,23 @@ def rec(**kw) -> RequestRecord:
     return RequestRecord(**base)
 
 
+def test_a_nan_gauge_is_no_value_and_a_folder_written_with_it_reads_back():
+    """SGLang exposes fwd_occupancy as NaN while idle; JSON writes NaN as null, which once made every cell's
+    server_metrics.json fail its schema on `sweep --resume` (each complete cell measured again)."""
+    from dflash_bench.store.cells import ServerMetrics
+
+    text = "# TYPE sglang:fwd_occupancy gauge\nsglang:fwd_occupancy NaN\n# TYPE sglang:num_running_reqs gauge\n" \
+           "sglang:num_running_reqs 3.0\n"
+    snap = prometheus.parse(text)
+    assert snap["gauges"] == {"sglang:num_running_reqs": 3.0}
+    written = {"url": "http://x/metrics", "before": {"counters": {}, "gauges": {"sglang:fwd_occupancy": None,
+                                                                               "sglang:num_running_reqs": 3.0}}}
+    back = ServerMetrics.model_validate(written)
+    assert back.before == {"counters": {}, "gauges": {"sglang:num_running_reqs": 3.0}}
+    with pytest.raises(ValueError):
+        ServerMetrics.model_validate({"url": "u", "before": {"gauges": {"x": "many"}}})
+
+
 def test_summarize_definitions():
     # request A: sent 0, first token at 0.1 (1 token), then chunks at 0.13 (+3 tokens) and 0.14 (+1), end 0.14
     a = rec(t_send=0.0, t_first_token=0.1, t_end=0.14, chunk_times=[0.1, 0.13, 0.14], chunk_tokens=[1, 4, 5],

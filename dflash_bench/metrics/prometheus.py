@@ -9,6 +9,7 @@ stay in the key, as `name{position="i"}`. Gauges are kept apart
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -27,8 +28,8 @@ def parse(text: str) -> dict[str, dict[str, float]]:
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             name = s.name
-            if name.endswith("_created") or name.endswith("_bucket"):
-                continue
+            if name.endswith("_created") or name.endswith("_bucket") or not math.isfinite(s.value):
+                continue  # a NaN gauge (SGLang's idle fwd_occupancy) says nothing, and JSON cannot hold it
             kept = ",".join(f'{k}="{s.labels[k]}"' for k in KEEP_LABELS if k in s.labels)
             key = f"{name}{{{kept}}}" if kept else name
             if fam.type == "gauge":

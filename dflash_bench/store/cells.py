@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 SCHEMA_VERSION = 2  # 2: typed manifest sections; summary fields instead of `extra` (store/migrate.py reads 1)
 
@@ -164,6 +164,15 @@ class ServerMetrics(BaseModel):
     after: dict[str, dict[str, float]] | None = None
     delta: dict[str, float] | None = None
     error: str | None = None  # why a scrape failed
+
+    @field_validator("before", "after", mode="before")
+    @classmethod
+    def _drop_nulls(cls, snapshot: Any) -> Any:
+        """A non-finite sample was written as null before the scrape dropped them: null is no value, not corruption."""
+        if isinstance(snapshot, dict):
+            return {kind: {k: v for k, v in values.items() if v is not None} if isinstance(values, dict) else values
+                    for kind, values in snapshot.items()}
+        return snapshot
 
 
 # ---------------------------------------------------------------- quality summaries (fields of CellSummary)
