@@ -31,6 +31,7 @@ class Seq:
     steps: int = 0  # verify steps as metrics/definitions.py's tau counts them (a draft in vLLM's counting)
     accepted: int = 0  # accepted draft tokens committed (none past EOS, a stop or max_tokens)
     drafted: int = 0  # draft positions verified inside the request (the adaptive fast path verifies fewer than B - 1)
+    cached: int = 0  # prompt tokens whose K/V was found in the slot (a prefix cache's hit), not computed
 
 
 @dataclass
@@ -47,6 +48,7 @@ class Delta:
     steps: int = 0  # verify steps so far
     accepted: int = 0  # accepted draft tokens so far
     drafted: int = 0  # draft tokens verified so far
+    cached_tokens: int = 0  # prompt tokens read from the prefix cache (usage.prompt_tokens_details.cached_tokens)
 
 
 @dataclass
@@ -61,6 +63,7 @@ class Stats:
     widths: dict[int, int] = field(default_factory=dict)  # tokens verified per row (anchor + drafts) -> row-steps
     generation_tokens: int = 0
     prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0  # of prompt_tokens, those read from the prefix cache
     requests: int = 0  # finished (stop or length); aborted ones are not counted, as in vLLM
 
 
@@ -160,6 +163,7 @@ class Bookkeeping:
         logprobs)."""
         s.start = len(s.prompt)
         self.stats.prompt_tokens += len(s.prompt)
+        self.stats.cached_prompt_tokens += s.cached
         return self.commit(s, [token], logits)
 
     def stepped(self, s: Seq, tokens: list[int], logits: torch.Tensor | None, width: int | None = None,
@@ -229,7 +233,7 @@ class Bookkeeping:
         else:
             lps = None
         return Delta(s.req_id, tokens, s.detok.delta(finish is not None), len(s.prompt), len(s.out), finish, lps,
-                     s.steps, s.accepted, s.drafted)
+                     s.steps, s.accepted, s.drafted, s.cached)
 
 
 Logprobs = list[tuple[int, float, list[tuple[int, float]]]]  # per token: (token, logprob, top (token, logprob))

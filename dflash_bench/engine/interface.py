@@ -45,3 +45,7 @@ class Engine(Protocol):
 
     def release(self, seq: Seq) -> None:
         """Give the sequence's slot back (after it finished or was aborted)."""
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every prompt kept for reuse (vLLM's /reset_prefix_cache): the next requests compute their whole
+        prompts. An engine that keeps none does nothing."""

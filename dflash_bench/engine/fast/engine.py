@@ -155,6 +155,9 @@ class FastEngine:
             self.core.release(s.slot)
         self.book.release(s)
 
+    def reset_prefix_cache(self) -> None:
+        """Nothing to forget yet: every prompt is computed whole."""
+
     def close(self) -> None:
         """Stop the other ranks of a tensor-parallel engine (nothing otherwise)."""
         if self.followers is not None:

@@ -157,6 +157,9 @@ class ReferenceEngine:
     def release(self, s: Seq) -> None:
         self.book.release(s)
 
+    def reset_prefix_cache(self) -> None:
+        """Nothing to forget: the reference engine computes every prompt whole."""
+
 
 def generate(engine: Engine, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[Seq]:
     """Run prompts to completion, all admitted at once and batched (tests and offline use)."""
