@@ -161,6 +161,7 @@ def serve(
     kernels: bool = typer.Option(True, "--kernels/--no-kernels", help="Fast path: run the decode step's kernels (Triton on a GPU, C on a CPU); --no-kernels runs plain torch ops instead, to compare."),
     enforce_eager: bool = typer.Option(False, "--enforce-eager", help="Fast path on a GPU: run every step eagerly, without CUDA graphs (slower; to tell a graph's fault from the step's)."),
     tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size", "--tp", min=1, help="Fast path: shard the target and the drafter over this many GPUs, one process each (Megatron-style tensor parallelism; gloo ranks on the CPU)."),
+    enable_prefix_caching: bool = typer.Option(True, "--enable-prefix-caching/--no-enable-prefix-caching", help="Fast path: a finished request's slot keeps its tokens' K/V, and a prompt that starts with them (a chat's next turn) prefills only the rest, as vLLM's automatic prefix caching; usage.prompt_tokens_details.cached_tokens says how many were reused, POST /reset_prefix_cache forgets them. The reference engine computes every prompt whole."),
     prefill: str = typer.Option("auto", "--prefill", help="When a prompt that arrives while others decode is prefilled: auto (mixed for AR on the fast path on a GPU, else first), first (every waiting prompt before the next step: the batch fills before it steps, the running rows wait), mixed (fast path, AR: in the same forward as the running rows' next step, up to three prompts a step, as vLLM mixes prefills into decode batches; the first tokens come much sooner; DFlash servers prefill first)."),
 ) -> None:
     """Serve the builtin DFlash engine (OpenAI-compatible API, vLLM metric names) until interrupted."""
@@ -173,5 +174,6 @@ def serve(
         benchmark_only=benchmark_only, step_ahead=step_ahead,
         verify_width=verify_width, cut_draft=cut_draft, prefill=prefill, load_format=load_format, kernels=kernels,
         memory_utilization=memory_utilization, kv_cache_memory_bytes=kv_cache_memory_bytes,
-        tensor_parallel_size=tensor_parallel_size, enforce_eager=enforce_eager)
+        tensor_parallel_size=tensor_parallel_size, enforce_eager=enforce_eager,
+        enable_prefix_caching=enable_prefix_caching)
     run_server(config, host=host, port=port, served_model_name=served_model_name)

@@ -93,6 +93,39 @@ def test_two_ranks_decode_what_one_process_decodes(pair, mode):
         assert [t for t, _ in top] == [t for t, _ in top1]
 
 
+@pytest.mark.parametrize("mode", ["ar", "dflash"])
+def test_a_second_turn_resumes_its_slot_on_two_ranks_as_in_one_process(pair, mode):
+    """The prefix cache on two ranks: rank 0 decides the resume, every rank prefills from it (`prefill` with its
+    starts, `release` keeping the slot, replayed), and the second turns' steps are the single process's."""
+    import random
+
+    from dflash_bench.engine.fast.scheduling.prefix import PREFIX_MIN_TOKENS
+
+    target, drafter = pair
+    kw = dict(mode=mode, dtype="float64", device="cpu", max_slots=SLOTS, max_model_len=MAX_LEN, verify_width="full")
+    draft = drafter if mode == "dflash" else None
+    rng = random.Random(5)
+
+    def conversation(engine):
+        firsts = [[rng.randrange(3, engine.vocab_size) for _ in range(PREFIX_MIN_TOKENS + 6)] for _ in range(2)]
+        one, _ = _decode(engine, firsts, max_tokens=16)
+        seconds = [p + [t for d in one[i] for t in d] + [7, 8, 9] for i, p in enumerate(firsts)]
+        two, _ = _decode(engine, seconds, max_tokens=16)
+        return two, engine.stats.cached_prompt_tokens
+
+    single = build(EngineConfig.from_options(target, draft, **kw, fast=True))
+    rng.seed(5)
+    want, cached = conversation(single)
+    ranks = build(EngineConfig.from_options(target, draft, tensor_parallel_size=2, **kw, fast=True))
+    try:
+        rng.seed(5)
+        got, got_cached = conversation(ranks)
+    finally:
+        ranks.close()
+    assert got == want
+    assert got_cached == cached == 2 * (PREFIX_MIN_TOKENS + 6 + 16 - 1)
+
+
 def test_prompts_that_ride_decode_steps_on_two_ranks(pair):
     """AR with prompts riding the running rows' steps (`--prefill mixed`, the dense family): requests arriving
     mid-decode get the single-process tokens, and some did ride."""

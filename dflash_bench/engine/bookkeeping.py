@@ -143,14 +143,19 @@ class Bookkeeping:
         """Why a request cannot be served (None when it can)."""
         return request_refusal(n_prompt, max_tokens, self.max_len, self.B)
 
-    def open(self, req_id: str, prompt: list[int], params: SamplingParams) -> Seq:
-        """A new request in the lowest free slot (the fast path's batch bucket covers slots 0..highest)."""
+    def open(self, req_id: str, prompt: list[int], params: SamplingParams, slot: int | None = None) -> Seq:
+        """A new request in the lowest free slot (the fast path's batch bucket covers slots 0..highest), or in
+        `slot`, a free one (a prefix cache's hit)."""
         if why := out_of_vocabulary(prompt, self.vocab_size):
             raise ValueError(f"request {req_id!r}: {why}")  # before any id reaches a kernel (the C ones do not check)
         if not self.free_slots:
             raise RuntimeError("every slot is taken: admit at most len(engine.free_slots) requests at a time")
         self.free_slots.sort(reverse=True)
-        return Seq(req_id, list(prompt), params, self.free_slots.pop(), Detokenizer(self.tok, params.stop, prompt[-4:]))
+        if slot is None:
+            slot = self.free_slots.pop()
+        else:
+            self.free_slots.remove(slot)
+        return Seq(req_id, list(prompt), params, slot, Detokenizer(self.tok, params.stop, prompt[-4:]))
 
     def release(self, s: Seq) -> None:
         """Give the sequence's slot back (after it finished, failed or was aborted)."""

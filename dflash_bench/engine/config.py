@@ -29,6 +29,7 @@ class StepConfig:
     verify_width: str | int = "auto"  # --verify-width: auto (by load), full (the block) or N tokens per row
     step_ahead: bool = True  # --step-ahead: the next step launched before this one's tokens are read
     cut_draft: bool = False  # --cut-draft: draft only the positions a step verifies
+    prefix_caching: bool = True  # --enable-prefix-caching: a prompt resumes a freed slot's tokens (scheduling/prefix.py)
     prefill: str = "first"  # --prefill, resolved: first, or mixed (AR: prompts ride the rows' steps)
     synthetic_acceptance: float | None = None  # --synthetic-acceptance (benchmarks): drafts accepted at this mean
     # --synthetic-acceptance-rates (benchmarks): per draft position, the share of steps that accept that far
@@ -127,7 +128,7 @@ class EngineConfig:
                      step_ahead: bool = True, verify_width: str = "auto", cut_draft: bool = False,
                      prefill: str = "auto", kernels: bool = True, memory_utilization: float | None = None,
                      kv_cache_memory_bytes: int | None = None, tensor_parallel_size: int = 1,
-                     enforce_eager: bool = False) -> EngineConfig:
+                     enforce_eager: bool = False, enable_prefix_caching: bool = True) -> EngineConfig:
         """`serve`'s options checked (one sentence for each misuse) and resolved: the mode from --draft, --prefill
         auto, --verify-width N as a number. Options of the fast path without --fast are refused."""
         mode = mode or ("dflash" if draft else "ar")
@@ -160,7 +161,8 @@ class EngineConfig:
                 raise UserError(f"{'--cut-draft' if cut_draft else '--no-kernels' if not kernels else '--verify-width'}"
                                 " applies to the fast path only: add --fast")
         step = StepConfig(verify_width=width if width is not None else verify_width, step_ahead=step_ahead,
-                          cut_draft=cut_draft, prefill=prefill, synthetic_acceptance=synthetic_acceptance,
+                          cut_draft=cut_draft, prefill=prefill, prefix_caching=enable_prefix_caching,
+                          synthetic_acceptance=synthetic_acceptance,
                           synthetic_acceptance_rates=rates)
         return cls(model, draft if mode == "dflash" else None, mode=mode, dtype=dtype, device=device,
                    max_slots=max_slots, max_model_len=max_model_len, fast=fast,

@@ -51,7 +51,7 @@ class EngineCore:
         self.config = config
         self._runner = FastRunner(target, drafter, config, graphs=graphs, keep_logits=keep_logits, overlap=overlap)
         self._scheduler = Scheduler(config, slots=self._runner.S, block=self._runner.B, max_len=self._runner.max_len,
-                                    graphs=self._runner.graphs_on, rides=target.rides)
+                                    graphs=self._runner.graphs_on, rides=target.rides, resumable=target.resumable)
         self.B, self.max_len, self.vocab_size = self._runner.B, self._runner.max_len, target.vocab_size
         self.width = self._scheduler.fixed  # the width of the step collected last
         self._watchers: list[Callable[[Launched], None]] = []
@@ -153,13 +153,32 @@ class EngineCore:
         (`Scheduler.admission`)."""
         return self._scheduler.admission(lengths, free)
 
-    def add_many(self, slots: list[int], prompts: list[list[int]]) -> list[int]:
+    def add_many(self, slots: list[int], prompts: list[list[int]], starts: Sequence[int] | None = None) -> list[int]:
         """Prefill `prompts[i]` into `slots[i]`, in the groups the scheduler makes (`Scheduler.prefill_groups`);
-        returns each one's first generated token, in input order. Nothing is run unless every prompt fits."""
+        returns each one's first generated token, in input order. Nothing is run unless every prompt fits.
+        `starts[i]` > 0: the slot holds the prompt's first starts[i] tokens already (`match`), and only the rest is
+        prefilled, in groups of their own (`Scheduler.resume_groups`)."""
+        at = list(starts) if starts is not None else [0] * len(prompts)
+        whole = [i for i in range(len(prompts)) if not at[i]]
+        resumed = [i for i in range(len(prompts)) if at[i]]
         toks: dict[int, int] = {}
-        for g, graphed in self._scheduler.prefill_groups([len(p) for p in prompts]):
-            toks.update(zip(g, self.prefill_group([slots[i] for i in g], [prompts[i] for i in g], graphed)))
+        for g, graphed in self._scheduler.prefill_groups([len(prompts[i]) for i in whole]):
+            ids = [whole[j] for j in g]
+            toks.update(zip(ids, self.prefill_group([slots[i] for i in ids], [prompts[i] for i in ids], graphed)))
+        for g in self._scheduler.resume_groups([at[i] for i in resumed], [len(prompts[i]) - at[i] for i in resumed]):
+            ids = [resumed[j] for j in g]
+            toks.update(zip(ids, self.resume_group([slots[i] for i in ids], [prompts[i] for i in ids],
+                                                   [at[i] for i in ids])))
         return [toks[i] for i in range(len(prompts))]
+
+    def resume_group(self, slots: list[int], prompts: list[list[int]], starts: list[int]) -> list[int]:
+        """Prefill what follows `starts[i]` of `prompts[i]` into `slots[i]`, whose positions below it hold the
+        prompt's K/V already, as one eager forward; returns their first tokens."""
+        first = self._runner.prefill(slots, [p[at:] for p, at in zip(prompts, starts)], None, starts)
+        for s, p in zip(slots, prompts):
+            self._scheduler.prefilled(s, len(p))
+        self._launched(Launched(len(self._runner.inflight), prefill=tuple(slots)))
+        return first
 
     def prefill_group(self, slots: list[int], prompts: list[list[int]], graphed: bool) -> list[int]:
         """Prefill `prompts` into `slots` as one group: the graph of its rows (padded to the longest one's bucket) or
@@ -172,9 +191,25 @@ class EngineCore:
         self._launched(Launched(len(self._runner.inflight), prefill=tuple(slots), P=P))
         return first
 
-    def release(self, slot: int) -> None:
-        self._runner.release(slot)
-        self._scheduler.release(slot)
+    def release(self, slot: int, keep: Sequence[int] | None = None) -> None:
+        """Free `slot`; `keep`: the tokens whose K/V it holds from position 0, for a later prompt that starts with
+        them (`match`; with prefix caching off, nothing is kept)."""
+        kept = keep is not None and self._scheduler.prefix is not None
+        self._scheduler.release(slot, keep if kept else None)
+        self._runner.release(slot, keep=kept)
+
+    # ---- the prefix cache (`scheduling/prefix.py`) -------------------------------------------------------------
+    def match(self, prompt: Sequence[int], free: Sequence[int]) -> tuple[int, int] | None:
+        """The free slot to resume `prompt` in and the tokens of it that slot holds (None: prefill it whole)."""
+        return self._scheduler.match(prompt, free)
+
+    def claim(self, slot: int) -> None:
+        """A new request takes `slot`: what it kept is not to be resumed any more."""
+        self._scheduler.claim(slot)
+
+    def forget(self) -> None:
+        """Forget every slot's kept tokens (/reset_prefix_cache)."""
+        self._scheduler.forget()
 
     # ---- steps ----------------------------------------------------------------------------------
     def schedule(self, rows: Sequence[Row], ahead: bool | None = None) -> int:

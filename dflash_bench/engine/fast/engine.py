@@ -95,13 +95,18 @@ class FastEngine:
         seqs: list[Seq] = []
         try:
             for req_id, prompt, params in reqs:
-                seqs.append(self.book.open(req_id, prompt, params))
-            if self.core.wait_to_ride([s.slot for s in seqs], [s.prompt for s in seqs],
-                                      any(s.params.logprobs is not None for s in seqs)):
+                hit = self.core.match(prompt, self.free_slots)  # a free slot that holds this prompt's start
+                s = self.book.open(req_id, prompt, params, hit[0] if hit else None)
+                s.cached = hit[1] if hit else 0
+                self.core.claim(s.slot)
+                seqs.append(s)
+            if not any(s.cached for s in seqs) and self.core.wait_to_ride(
+                    [s.slot for s in seqs], [s.prompt for s in seqs], any(s.params.logprobs is not None for s in seqs)):
                 return [(s, None) for s in seqs]
-            toks = self.core.add_many([s.slot for s in seqs], [s.prompt for s in seqs])
-        except BaseException:  # the slots go back: nobody will hear about these requests
+            toks = self.core.add_many([s.slot for s in seqs], [s.prompt for s in seqs], [s.cached for s in seqs])
+        except BaseException:  # the slots go back, keeping nothing: nobody will hear about these requests
             for s in seqs:
+                s.out.clear()
                 self.release(s)
             raise
         return [(s, self.book.prefilled(s, tok, self.logits[s.slot, :1])) for s, tok in zip(seqs, toks)]
@@ -151,12 +156,15 @@ class FastEngine:
         return firsts + [self.book.stepped(s, got[s.slot], None, core.width, lps.get(s.slot)) for s in stepped]
 
     def release(self, s: Seq) -> None:
+        """Free the request's slot, which keeps its tokens (the prompt and all of the output but the last token,
+        whose K/V no step wrote yet) for a later prompt that starts with them: a chat's next turn."""
         if s.slot >= 0:
-            self.core.release(s.slot)
+            self.core.release(s.slot, s.prompt + s.out[:-1] if s.out else None)
         self.book.release(s)
 
     def reset_prefix_cache(self) -> None:
-        """Nothing to forget yet: every prompt is computed whole."""
+        """Forget every slot's kept tokens: the next prompts are prefilled whole."""
+        self.core.forget()
 
     def close(self) -> None:
         """Stop the other ranks of a tensor-parallel engine (nothing otherwise)."""

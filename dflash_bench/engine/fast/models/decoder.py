@@ -342,16 +342,22 @@ class DecoderTarget:
 
     def trunk(self, ids: torch.Tensor, pos: torch.Tensor, starts: torch.Tensor, row0: int, L: int,
               slot: torch.Tensor | None, last: torch.Tensor | None, taps: Taps,
-              packed: torch.Tensor | None = None) -> torch.Tensor:
+              packed: torch.Tensor | None = None, resumed: bool = False) -> torch.Tensor:
         """The final norm's output `[bs * n, hidden]` of ids `[bs, n]` at `pos`; each layer's output to `taps`.
-        `packed` (a family that `packs`): the indices of the real tokens among the bs x n, the rest padding."""
+        `packed` (a family that `packs`): the indices of the real tokens among the bs x n, the rest padding.
+        `resumed` (a prefill, `last` given): its rows start at `starts`, their slots holding the keys before."""
         raise NotImplementedError
+
+    def resumable(self, p: int, hi: int) -> bool:
+        """Every position of a slot is its own row: what was written below p is there until a prefill rewrites
+        it."""
+        return True
 
     def forward(self, ids: torch.Tensor, starts: torch.Tensor, row0: int, L: int, *, last_only: bool = False,
                 taps: tuple[int, ...] = (), on_taps: Callable[[list[torch.Tensor], torch.Tensor], None] | None = None,
                 head: bool = True, pos: torch.Tensor | None = None, slot: torch.Tensor | None = None,
                 last: torch.Tensor | None = None, lane: int = 0,
-                packed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                packed: torch.Tensor | None = None, resumed: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run ids `[bs, n]` at positions `starts[b] + j` in slots `row0..row0+bs-1`, attending to `[0, L)`.
 
         Returns (logits `[bs, n or 1, V]`, the outputs of layers `taps` concatenated `[bs, n, K * hidden]`
@@ -363,14 +369,15 @@ class DecoderTarget:
         `slot` `[bs]`: each row's slot as a device tensor instead of `row0`, and `last` `[bs]`: each row's last
         token among the bs x n (a prefill's). `lane`: the split-K workspace of the head's matmul (see `matmul`).
         `packed`: an eager prefill's real tokens among the bs x n (a family that `packs` leaves the padding out of
-        its matmuls; the results are the same).
+        its matmuls; the results are the same). `resumed`: a prefill whose rows start past keys their slots hold
+        (`starts` > 0 somewhere: a prefix cache's resume).
         """
         bs, n = ids.shape
         if pos is None:
             pos = starts[:, None] + self.index.offsets(n, ids.device)
         step_pos = pos
         tapped = Taps(taps, None if on_taps is None else (lambda feats: on_taps(feats, step_pos)))
-        x = self.trunk(ids, pos, starts, row0, L, slot, last, tapped, packed)
+        x = self.trunk(ids, pos, starts, row0, L, slot, last, tapped, packed, resumed)
         if last_only and last is not None:
             x = x.index_select(0, last)
         elif last_only:  # contiguous rows: a strided 3-D input would make F.linear read lm_head once per row

@@ -95,7 +95,7 @@ class DenseTarget(DecoderTarget):
 
     def trunk(self, ids: torch.Tensor, pos: torch.Tensor, starts: torch.Tensor, row0: int, L: int,
               slot: torch.Tensor | None, last: torch.Tensor | None, taps: Taps,
-              packed: torch.Tensor | None = None) -> torch.Tensor:
+              packed: torch.Tensor | None = None, resumed: bool = False) -> torch.Tensor:
         if packed is not None:
             raise ValueError("the dense family's prefill does not pack its tokens (`packs` is False)")
         attend = self.attention(pos, starts, row0, L, slot)

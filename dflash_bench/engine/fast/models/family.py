@@ -48,7 +48,12 @@ class Target(Protocol):
                 taps: tuple[int, ...] = (),
                 on_taps: Callable[[list[torch.Tensor], torch.Tensor], None] | None = None, head: bool = True,
                 pos: torch.Tensor | None = None, slot: torch.Tensor | None = None, last: torch.Tensor | None = None,
-                lane: int = 0, packed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]: ...
+                lane: int = 0, packed: torch.Tensor | None = None,
+                resumed: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]: ...
+
+    def resumable(self, p: int, hi: int) -> bool:
+        """Whether a slot written nowhere at or past position `hi` still holds every key a prompt resumed at
+        position `p` attends to (a prefix cache's hit, `scheduling/prefix.py`)."""
 
     def forward_mixed(self, anchor: torch.Tensor, starts: torch.Tensor, L: int, ids: torch.Tensor,
                       slot: torch.Tensor, last: torch.Tensor, zero: torch.Tensor

@@ -185,14 +185,14 @@ class GemmaTarget(DecoderTarget):
 
     def trunk(self, ids: torch.Tensor, pos: torch.Tensor, starts: torch.Tensor, row0: int, L: int,
               slot: torch.Tensor | None, last: torch.Tensor | None, taps: Taps,
-              packed: torch.Tensor | None = None) -> torch.Tensor:
+              packed: torch.Tensor | None = None, resumed: bool = False) -> torch.Tensor:
         """A prefill (`last`: each row's last prompt token) writes a sliding layer's ring only with its rows' own
-        newest positions, never their padding. `packed` (an eager prefill's real tokens among the bs x n): the
+        newest positions, never their padding; resumed, it reads the ring's keys before its rows' starts. `packed` (an eager prefill's real tokens among the bs x n): the
         layers run over those alone, and only attention sees the rows padded (a group padded to its longest prompt
         spends its matmuls, 83% of its time, on padding otherwise)."""
         bs, n = ids.shape
         ends = starts + n if last is None else last - self.index.offsets(bs, ids.device) * n + 1 + starts
-        attend = self._attention(pos, starts, row0, L, slot, ends, fresh=last is not None,  # a prompt is prefilled whole
+        attend = self._attention(pos, starts, row0, L, slot, ends, fresh=last is not None and not resumed,
                                  packed=packed)
         kernels, eps = self.kernels, self.eps
         mm = matmul(kernels)
@@ -219,6 +219,13 @@ class GemmaTarget(DecoderTarget):
             if i in taps.taps:
                 taps.add(i, pad(h))
         return pad(x)
+
+    def resumable(self, p: int, hi: int) -> bool:
+        """A sliding layer's ring holds key k at row k % ring, so a write at k + ring (the slot's later positions,
+        below `hi`) took the row of k: a prompt resumed at p reads the keys of its window before p, which must all be
+        there (a conversation shorter than the ring always is; a longer one only when it resumes within the ring's
+        margin of where its slot was last written)."""
+        return all(max(0, p - (k.window or k.ring) + 1) + k.ring >= hi for k in self.kinds if k.ring)
 
     def forward_mixed(self, anchor: torch.Tensor, starts: torch.Tensor, L: int, ids: torch.Tensor,
                       slot: torch.Tensor, last: torch.Tensor, zero: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -57,11 +57,14 @@ class Prefiller:
         stream."""
         self.graphs.run(("prefill", P) if k == 1 else ("prefill", P, k), lambda: self.body(P, k))
 
-    def rows(self, slots: list[int], prompts: list[list[int]]) -> torch.Tensor:
+    def rows(self, slots: list[int], prompts: list[list[int]], starts: list[int] | None = None) -> torch.Tensor:
         """One eager forward over right-padded prompts (the padding's K/V lands past each prompt, as in a graph's;
-        a target that `packs` leaves the padding out of its matmuls); their first tokens `[k]`."""
+        a target that `packs` leaves the padding out of its matmuls); their first tokens `[k]`. `starts`: each
+        prompt's first position (default 0), its slot holding the keys before it."""
         k, n = len(prompts), [len(p) for p in prompts]
         P = max(n)
+        at = starts or [0] * k
+        resumed = any(at)
         ids = torch.zeros(k, P, dtype=torch.long)
         for i, p in enumerate(prompts):
             ids[i, : n[i]] = torch.tensor(p, dtype=torch.long)
@@ -71,11 +74,13 @@ class Prefiller:
         last = torch.tensor([i * P + m - 1 for i, m in enumerate(n)], device=dev)
         packed = torch.tensor([i * P + j for i, m in enumerate(n) for j in range(m)], device=dev) \
             if self.t.packs and sum(n) < k * P else None
-        logits, feats = self.t.forward(ids, torch.zeros(k, dtype=torch.long, device=dev), 0, P, last_only=True,
-                                       taps=self.taps, slot=slot, last=last, packed=packed)
+        first = torch.tensor(at, dtype=torch.long, device=dev)
+        L = max(a + P for a in at)  # keys a row attends to: its slot's from position 0
+        logits, feats = self.t.forward(ids, first, 0, L, last_only=True, taps=self.taps, slot=slot, last=last,
+                                       packed=packed, resumed=resumed)
         if self.d:
             assert feats is not None  # the drafter's taps
-            self.d.write_context(feats, self.t.index.offsets(P, dev).expand(k, P), 0, slot=slot)
+            self.d.write_context(feats, first[:, None] + self.t.index.offsets(P, dev), 0, slot=slot)
         if self.s.logits is not None:
             self.s.logits[:, 0].index_copy_(0, slot, logits[:, 0])
         return logits[:, 0].argmax(-1)

@@ -97,15 +97,19 @@ class FastRunner:
 
     # ---- requests -------------------------------------------------------------------------------
     @torch.inference_mode()
-    def prefill(self, slots: list[int], prompts: list[list[int]], P: int | None) -> list[int]:
+    def prefill(self, slots: list[int], prompts: list[list[int]], P: int | None,
+                starts: list[int] | None = None) -> list[int]:
         """One prefill group as the scheduler made it: padded to P tokens, the graph of its rows (its bucket, a
         multiple of PREFILL_BUCKET: eagerly, a prefill's ~400 kernel launches cost the host 3-4x the GPU's time),
         or with P None one eager forward. The padding's K/V lands past each prompt, where no query looks before a
-        step rewrites it. The slots' device state is set; returns their first tokens."""
-        with self._replayed("prefill", slots, prompts, P):
-            tok = self.prefills.graphed(slots, prompts, P) if P is not None else self.prefills.rows(slots, prompts)
-            for s, p, t in zip(slots, prompts, tok):
-                self.prefills.admit(s, len(p), t)
+        step rewrites it. `starts` (eager only): each prompt goes at that position of its slot, whose positions
+        below it hold what the prompt follows (a prefix cache's resume). The slots' device state is set; returns
+        their first tokens."""
+        with self._replayed("prefill", slots, prompts, P, starts):
+            tok = self.prefills.graphed(slots, prompts, P) if P is not None else \
+                self.prefills.rows(slots, prompts, starts)
+            for i, (s, p, t) in enumerate(zip(slots, prompts, tok)):
+                self.prefills.admit(s, (starts[i] if starts else 0) + len(p), t)
             return tok.tolist()
 
     def _replayed(self, name: str, *args: Any) -> ContextManager[Any]:
@@ -117,12 +121,15 @@ class FastRunner:
             self.followers.send(name, *args)
         return self.followers.call(name)
 
-    def release(self, slot: int) -> None:
-        """Free the slot; as padding it then writes at positions 0..B-1 of its own row, never past the cache."""
+    def release(self, slot: int, keep: bool = False) -> None:
+        """Free the slot; as padding it then writes a block at its start, never past the cache: at positions
+        0..B-1 of its row, or with `keep` past what its request committed, which the row keeps for a prompt that
+        resumes it (`scheduling/prefix.py`)."""
         if self.followers is not None:
-            self.followers.send("release", slot)
+            self.followers.send("release", slot, keep)
         self.state.active[slot] = 0
-        self.state.start[slot] = 0
+        if not keep:
+            self.state.start[slot] = 0
 
     @torch.inference_mode()
     def capture(self, keys: list[tuple], watch: Any = None) -> int:

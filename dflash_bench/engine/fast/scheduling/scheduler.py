@@ -20,8 +20,9 @@ hands each batch to `EngineCore.add_many`, which `prefill_groups` splits by leng
 batch is in practice one forward): one prompt, or 2-3 with graphs, run a captured graph of its bucket; more run
 one eager forward padded to the longest. A batch's first tokens go out when its forwards are done. No decode
 step is launched while prompts wait: the step already in flight (step-ahead) runs first, the prefills queue
-behind it on the stream, and every decoding row waits for them. A prompt is prefilled whole (no chunking), and
-nothing is cached between prompts. Only with `mixed` (AR, a family that `rides`, so not Gemma 4) do prompts
+behind it on the stream, and every decoding row waits for them. A prompt is prefilled whole (no chunking), or,
+when a freed slot still holds its first tokens (a chat's next turn: `prefix.PrefixCache`, `match`), from where they
+part, in eager forwards of their own (`resume_groups`). Only with `mixed` (AR, a family that `rides`, so not Gemma 4) do prompts
 admitted while rows decode ride in the rows' next steps instead, up to max(MIXED_ROWS) a step and MIXED_TOKENS
 padded tokens. vLLM v1 has no phases: each step has a token budget (--max-num-batched-tokens), spent on the
 running requests first (a token each, or the anchor and drafts), then on waiting prompts oldest first, a prompt
@@ -33,10 +34,11 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Iterable, Protocol, Sequence
+from typing import Callable, Iterable, Protocol, Sequence
 
 from dflash_bench.engine.bookkeeping import admission_cut, length_groups
 from dflash_bench.engine.config import StepConfig
+from dflash_bench.engine.fast.scheduling.prefix import PrefixCache
 from dflash_bench.engine.fast.scheduling.width import CPU_DECAY, CPU_WIDTHS, DECAY, WIDTHS, WidthChooser
 
 PREFILL_BUCKET = 64  # prompts are padded to a multiple of this: one prefill graph per multiple
@@ -127,11 +129,13 @@ class Scheduler:
     """Decides each step of one `EngineCore` (see the module) from the host's facts about its slots."""
 
     def __init__(self, config: StepConfig, *, slots: int, block: int, max_len: int, graphs: bool = False,
-                 rides: bool = True, ride_queue: int = RIDE_QUEUE):
+                 rides: bool = True, ride_queue: int = RIDE_QUEUE,
+                 resumable: Callable[[int, int], bool] = lambda p, hi: True):
         """`config.verify_width` auto (DFlash): each step verifies the anchor and its first w - 1 drafts, w chosen
         by load (width.py; a GPU's candidates and decay, or a CPU's, by `graphs`); else always that width (full:
         the whole block). `config.prefill` mixed (AR, a target whose family `rides`): prompts admitted while rows
-        decode may ride in their steps."""
+        decode may ride in their steps. `config.prefix_caching`: freed slots keep their tokens for a prompt that
+        starts with them, as far as the target's `resumable(p, hi)` allows (`prefix.PrefixCache`)."""
         self.config = config
         self.S, self.B, self.max_len, self.kv_block = slots, block, max_len, config.kv_block
         self.sizes = buckets(slots)
@@ -151,6 +155,7 @@ class Scheduler:
         self.inflight: deque[StepPlan] = deque()  # planned and not yet collected, oldest first
         self.took: dict[int, int] = {}  # the slots the step collected last prefilled -> their first tokens
         self.rode = 0  # prompts prefilled by a step's forward
+        self.prefix = PrefixCache(resumable) if config.prefix_caching else None
 
     # ---- the shapes a plan may take (every graph `EngineCore.capture_all` captures) -----------------------
     def kv_buckets(self) -> list[int]:
@@ -215,12 +220,49 @@ class Scheduler:
             out += [(P, k) for P in range(PREFILL_BUCKET, min(top, self.max_len) + 1, PREFILL_BUCKET)]
         return out
 
+    def resume_groups(self, starts: Sequence[int], suffixes: Sequence[int]) -> list[list[int]]:
+        """Resumed prompts (`match`: each at `starts[i]`, `suffixes[i]` tokens left to prefill) in groups, each one
+        eager forward (the graphs are captured from position 0): similar lengths together, within PREFILL_TOKENS
+        padded tokens as `prefill_groups`, and each row's padding within its slot (its start plus the group's
+        longest within the cache)."""
+        groups: list[list[int]] = [[]]
+        top = 0  # the group's latest start
+        for i in sorted(range(len(suffixes)), key=lambda i: suffixes[i]):  # the newcomer is its group's longest
+            g = groups[-1]
+            if g and not (fits(len(g) + 1, suffixes[i]) and max(top, starts[i]) + suffixes[i] <= self.max_len):
+                groups.append([])
+                top = 0
+            groups[-1].append(i)
+            top = max(top, starts[i])
+        return [g for g in groups if g]
+
     def prefilled(self, slot: int, n: int) -> None:
         """A prompt of `n` tokens was prefilled into `slot`: it runs from the next step planned."""
         self.lengths[slot] = n
         self.admitted[slot] += 1
 
-    def release(self, slot: int) -> None:
+    # ---- the prefix cache ---------------------------------------------------------------------------
+    def match(self, prompt: Sequence[int], free: Sequence[int]) -> tuple[int, int] | None:
+        """The free slot whose kept tokens `prompt` resumes, and how many it shares (None: prefill it whole)."""
+        return self.prefix.match(prompt, free) if self.prefix is not None else None
+
+    def claim(self, slot: int) -> None:
+        """`slot` holds a new request from now on: what it kept is no longer there to resume."""
+        if self.prefix is not None:
+            self.prefix.drop(slot)
+
+    def forget(self) -> None:
+        """Every slot's kept tokens are forgotten (the next prompts are prefilled whole)."""
+        if self.prefix is not None:
+            self.prefix.clear()
+
+    def release(self, slot: int, keep: Sequence[int] | None = None) -> None:
+        """The slot is free; `keep`: the tokens whose K/V it holds from position 0 (its request's prompt and
+        output but the last), kept for a later prompt that starts with them. What else may be written there bounds
+        the resume: the steps in flight may still commit for it, and as a padding row it writes a block at its
+        start."""
+        if keep is not None and self.prefix is not None and slot in self.lengths:
+            self.prefix.keep(slot, keep, self.lengths[slot] + self.reach() + self.B)
         self.lengths.pop(slot, None)
         self.riding.pop(slot, None)
         self.queue = deque(q for q in self.queue if q[0] != slot)

@@ -1,0 +1,73 @@
+"""The prefix cache: freed slots keep their requests' tokens, and a new prompt that starts with one of them is
+prefilled from where they part (vLLM's automatic prefix caching, per slot rather than per block).
+
+A multi-turn chat sends each turn its whole conversation again: the last turn's prompt, the engine's answer and a
+new message. Computed whole, a burst of 32 second turns of 1,300 tokens each waits for 32 full prefills; resumed,
+each prefills its new message alone. The fast path's caches are a row per slot, so what a freed slot still holds
+is the K/V (and the drafter's context) of its last request's tokens below the last step's start. This index,
+on the host, knows which tokens those are; the runner keeps the slot's device state as it is (`FastRunner.release`
+with `keep`), and a hit's prefill starts at its shared length (`Prefiller.rows` with starts).
+
+Written positions past the kept tokens (steps in flight at release, a padding row's block) are bounded by `hi`;
+a target whose layers keep a ring (Gemma 4's sliding window) may have overwritten keys a resumed prompt reads:
+the target says which resumes it can serve (`Target.resumable`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+PREFIX_MIN_TOKENS = 64  # a shorter shared prefix is prefilled whole: a resumed prefill runs eagerly, a fresh one graphed
+
+
+@dataclass(frozen=True)
+class Kept:
+    """A freed slot's tokens whose K/V it still holds, and an upper bound on the positions written to it
+    (exclusive)."""
+
+    ids: tuple[int, ...]
+    hi: int
+
+
+def shared(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens `a` and `b` share."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+class PrefixCache:
+    """Per free slot, the tokens it keeps; `match` finds the slot sharing the longest prefix with a prompt."""
+
+    def __init__(self, resumable: Callable[[int, int], bool], *, min_tokens: int = PREFIX_MIN_TOKENS):
+        """`resumable(p, hi)`: whether a slot written below position `hi` still holds every key a prompt resumed at
+        position p attends to (the target's rule); `min_tokens`: the shortest prefix worth resuming."""
+        self.resumable, self.min_tokens = resumable, min_tokens
+        self.kept: dict[int, Kept] = {}
+
+    def keep(self, slot: int, ids: Sequence[int], hi: int) -> None:
+        """`slot` is free and holds the K/V of `ids` at positions 0.. (written nowhere at or past `hi`)."""
+        if len(ids) >= self.min_tokens:
+            self.kept[slot] = Kept(tuple(ids), hi)
+
+    def drop(self, slot: int) -> None:
+        """`slot` is taken again: what it kept is being overwritten."""
+        self.kept.pop(slot, None)
+
+    def clear(self) -> None:
+        self.kept.clear()
+
+    def match(self, prompt: Sequence[int], free: Sequence[int]) -> tuple[int, int] | None:
+        """The free slot to resume `prompt` in and the tokens it shares with it (at most all but the prompt's last,
+        whose logits give the first token), or None when no slot holds at least `min_tokens` of it that the target
+        can resume from. The longest share wins; a tie goes to the lowest slot."""
+        best: tuple[int, int] | None = None
+        for slot in sorted(s for s in free if s in self.kept):
+            k = self.kept[slot]
+            p = shared(k.ids, prompt[:-1])
+            if p >= self.min_tokens and (best is None or p > best[1]) and self.resumable(p, k.hi):
+                best = (slot, p)
+        return best
