@@ -130,10 +130,11 @@ def gemma(tmp_path_factory):
     return target, drafter, ref
 
 
+@pytest.mark.parametrize("kernels", [True, False], ids=["cpu-kernels", "torch-ops"])
 @pytest.mark.parametrize("margin", [B, 200], ids=["ring-wraps", "ring-holds-it-all"])
 @pytest.mark.parametrize("mode", ["ar", "dflash"])
 def test_gemma4_resumes_through_its_sliding_ring_only_where_the_ring_still_holds_the_window(gemma, mode, margin,
-                                                                                            monkeypatch):
+                                                                                            kernels, monkeypatch):
     """Sliding layers of window 8 keep a ring of 8 + margin rows a slot. A ring longer than the conversation holds
     every key: both second turns resume, one after the whole answer, one after an answer cut 10 tokens short (a
     client that edits the last turn). A ring of 8 + B rows has wrapped many times: the whole answer's turn still
@@ -143,7 +144,7 @@ def test_gemma4_resumes_through_its_sliding_ring_only_where_the_ring_still_holds
 
     monkeypatch.setattr(layout, "RING_MARGIN", margin)
     target, drafter, ref = gemma
-    engine = fast(target, drafter, mode, kernels=False)
+    engine = fast(target, drafter, mode, kernels=kernels)
     rng = random.Random(11)
     firsts = conversations(rng, engine.vocab_size, 2)
     one = turn(engine, [(f"c{i}", p) for i, p in enumerate(firsts)])
