@@ -81,6 +81,27 @@ def test_a_second_turn_resumes_its_slot_and_decodes_what_the_whole_prompt_decode
     assert engine.stats.cached_prompt_tokens == sum(len(p) + OUT - 1 for p in firsts)
 
 
+def test_the_admission_cut_weighs_what_a_resumed_prompt_leaves_to_prefill(dense, monkeypatch):
+    """Three second turns whose whole conversations would go into one prefill forward one at a time (here at most
+    200 padded tokens a forward) are admitted together: each leaves only its new message to prefill. Forgotten,
+    they are admitted one by one again."""
+    from dflash_bench.engine.fast.scheduling import scheduler
+
+    monkeypatch.setattr(scheduler, "PREFILL_TOKENS", 200)
+    target, drafter, ref = dense
+    engine = fast(target, drafter, "ar")
+    rng = random.Random(9)
+    firsts = conversations(rng, engine.vocab_size, 3)
+    one = turn(engine, [(f"c{i}", p) for i, p in enumerate(firsts)])
+    seconds = [p + one[f"c{i}"][0] + [4, 5, 6] for i, p in enumerate(firsts)]
+    assert all(len(p) > 100 for p in seconds)
+    assert engine.admission(seconds) == 3
+    # a fourth that starts as c0 did finds c0's slot taken by c0's second turn: whole, it does not fit beside them
+    assert engine.admission(seconds + [firsts[0] + [9]]) == 3
+    engine.reset_prefix_cache()
+    assert engine.admission(seconds) == 1
+
+
 def test_a_forgotten_or_disabled_cache_prefills_the_whole_prompt(dense):
     """After reset_prefix_cache, and with --no-enable-prefix-caching, the second turn reads nothing from the cache
     and decodes the same tokens; a prompt that parts from the kept one early (fewer shared tokens than

@@ -7,7 +7,7 @@ and `fast.engine.FastEngine` (Qwen3/Llama, greedy, CUDA graphs). Both keep their
 
 from __future__ import annotations
 
-from typing import Iterable, Protocol
+from typing import Iterable, Protocol, Sequence
 
 from dflash_bench.engine.bookkeeping import Delta, Seq, Stats
 from dflash_bench.engine.sampling_params import SamplingParams
@@ -30,10 +30,10 @@ class Engine(Protocol):
     def check(self, n_prompt: int, max_tokens: int) -> str | None:
         """Why a request cannot be served (None when it can)."""
 
-    def admission(self, lengths: Iterable[int]) -> int:
-        """How many of the waiting prompts (their lengths, oldest first; read no further than needed) the next
-        `add_many` takes: the engine's own cut (the free slots, what one prefill forward holds); at least one
-        when a slot is free and a prompt waits."""
+    def admission(self, prompts: Iterable[Sequence[int]]) -> int:
+        """How many of the waiting prompts (oldest first; read no further than needed) the next `add_many` takes:
+        the engine's own cut (the free slots, what one prefill forward holds: of a prompt that resumes a cached
+        prefix, what is left of it); at least one when a slot is free and a prompt waits."""
 
     def add_many(self, reqs: list[tuple[str, list[int], SamplingParams]]) -> list[tuple[Seq, Delta | None]]:
         """Prefill new requests, all or nothing; their first tokens, in input order (None: the prefill runs on,

@@ -11,7 +11,7 @@ when the caller says it is a benchmark.
 from __future__ import annotations
 
 import atexit
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
@@ -74,10 +74,22 @@ class FastEngine:
     def check(self, n_prompt: int, max_tokens: int) -> str | None:
         return self.book.check(n_prompt, max_tokens)
 
-    def admission(self, lengths: Iterable[int]) -> int:
+    def admission(self, prompts: Iterable[Sequence[int]]) -> int:
         """How many of the waiting prompts, oldest first, the next `add_many` takes: the scheduler's cut
-        (`Scheduler.admission`: the free slots, one prefill forward)."""
-        return self.core.admission(lengths, len(self.free_slots))
+        (`Scheduler.admission`: the free slots, one prefill forward) over what each leaves to prefill (`_left`)."""
+        return self.core.admission(self._left(prompts), len(self.free_slots))
+
+    def _left(self, prompts: Iterable[Sequence[int]]) -> Iterator[int]:
+        """The tokens each prompt leaves to prefill, its slot taken as `add_many` takes it: the one whose kept prefix
+        it resumes, else the lowest free one (so 32 second turns of a chat, each resuming its slot, go into one
+        prefill forward as their new messages, not one a forward as whole conversations)."""
+        free = list(self.free_slots)
+        for p in prompts:
+            if not free:
+                return
+            hit = self.core.match(p, free)
+            free.remove(hit[0] if hit else min(free))
+            yield len(p) - (hit[1] if hit else 0)
 
     def add(self, req_id: str, prompt: list[int], params: SamplingParams) -> tuple[Seq, Delta | None]:
         return self.add_many([(req_id, prompt, params)])[0]

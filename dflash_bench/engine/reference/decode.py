@@ -8,7 +8,7 @@ only counts positions below `start`.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import torch
 
@@ -62,10 +62,10 @@ class ReferenceEngine:
         """Whether k prompts, the longest of `longest` tokens, go into one prefill forward."""
         return k <= self.prefill_rows and k * longest <= self.prefill_tokens
 
-    def admission(self, lengths: Iterable[int]) -> int:
-        """How many of the waiting prompts (their lengths, oldest first) the next `add_many` takes: at most the free
-        slots, while they fit one forward (`fits`; bookkeeping.admission_cut)."""
-        return admission_cut(lengths, len(self.free_slots), self.fits)
+    def admission(self, prompts: Iterable[Sequence[int]]) -> int:
+        """How many of the waiting prompts (oldest first) the next `add_many` takes: at most the free slots, while
+        they fit one forward (`fits`; bookkeeping.admission_cut)."""
+        return admission_cut((len(p) for p in prompts), len(self.free_slots), self.fits)
 
     def add(self, req_id: str, prompt: list[int], params: SamplingParams) -> tuple[Seq, Delta]:
         """Prefill one new request into a free slot; returns the sequence and its first token."""

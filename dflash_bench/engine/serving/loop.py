@@ -173,7 +173,7 @@ class EngineLoop:
         prefill forward); whether any was taken. Each group's first tokens go out as soon as it is done."""
         if not self.waiting:
             return False
-        k = self.engine.admission(len(r.prompt) for r in self.waiting)
+        k = self.engine.admission(r.prompt for r in self.waiting)
         batch = [self.waiting.popleft() for _ in range(k)]
         if batch:
             self._admit_group(batch)
