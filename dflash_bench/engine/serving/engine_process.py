@@ -166,9 +166,10 @@ class EngineProcess:
 
 
 def encode(items: list[tuple[str, Delta | Exception]]) -> bytes:
-    """A step's results for the pipe: a Delta as its fields after req_id, an error as its sentence."""
+    """A step's results for the pipe: a Delta as its fields after req_id, in their order (`decode` passes them back
+    positionally, so a field added to Delta is added here too), an error as its sentence."""
     return orjson.dumps([(rid, [d.token_ids, d.text, d.prompt_tokens, d.completion_tokens, d.finish, d.logprobs,
-                                d.steps, d.accepted, d.drafted] if isinstance(d, Delta) else str(d))
+                                d.steps, d.accepted, d.drafted, d.cached_tokens] if isinstance(d, Delta) else str(d))
                          for rid, d in items])
 
 
