@@ -99,3 +99,113 @@ def test_usage_says_the_cached_prompt_tokens_in_every_response_shape(target):
             events = [e for e in sse(r) if e != "[DONE]"]
         assert [_cached(e["usage"]) for e in events if e.get("usage")] == [warm["prompt_tokens"] - 1] * (len(events) - 1)
         assert events[-1]["usage"] == warm  # the closing chunk: the whole request's usage
+
+
+def test_reset_prefix_cache_runs_on_the_engine_thread_and_what_follows_computes_its_whole_prompt(target):
+    """POST /reset_prefix_cache (vLLM's route): answered once the engine thread ran the engine's reset, after which
+    the prompt it had kept is computed whole; /metrics counts the reset."""
+    from test_engine_server import metric
+
+    state: dict = {}
+    with inproc_server(target, wrap=lambda e: state.setdefault("kept", KeptPrompts(e))) as (url, _loop):
+        kept: KeptPrompts = state["kept"]
+
+        def cached() -> int:
+            body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 2, "temperature": 0, "ignore_eos": True}
+            return _cached(httpx.post(url + "/v1/completions", json=body, timeout=60).json()["usage"])
+
+        assert (cached(), cached()) == (0, len(PROMPT) - 1)
+        r = httpx.post(url + "/reset_prefix_cache", timeout=60)
+        assert (r.status_code, r.json()) == (200, {"success": True})
+        assert kept.resets == ["dflash-engine"]  # the loop's thread, the one that steps the engine
+        assert cached() == 0
+        assert metric(url, "dflash_bench:prefix_cache_resets_total") == 1
+
+
+def test_a_reset_queued_while_a_step_runs_waits_for_it_and_precedes_what_is_submitted_after(target):
+    """The engine held inside a decode step: a reset and a request queued meanwhile run after that step ends, the
+    reset first, and never inside a step or a prefill (the engine is not thread-safe)."""
+    from dflash_bench.engine.build import build
+    from dflash_bench.engine.config import EngineConfig
+    from dflash_bench.engine.sampling_params import SamplingParams
+    from dflash_bench.engine.serving.loop import EngineLoop
+
+    engine = build(EngineConfig(str(target), mode="ar", device="cpu", max_slots=4, max_model_len=128,
+                                dtype="float64"))
+    kept = KeptPrompts(engine)
+    entered, gate, step = threading.Event(), threading.Event(), engine.step
+
+    def held_step(seqs):
+        kept.calls.append("step")
+        entered.set()
+        gate.wait()
+        out = step(seqs)
+        kept.calls.append("stepped")
+        return out
+
+    engine.step = held_step
+    loop = EngineLoop(engine).start()
+    finished: dict[str, threading.Event] = {r: threading.Event() for r in ("a", "b")}
+    told: list = []
+    reset_ran = threading.Event()
+
+    def sink(req_id):
+        return lambda d: finished[req_id].set() if isinstance(d, Exception) or d.finish else None
+
+    try:
+        loop.submit("a", PROMPT, SamplingParams(max_tokens=3, ignore_eos=True), sink("a"))
+        assert entered.wait(60)
+        loop.reset_prefix_cache(lambda err: (told.append((err, threading.current_thread().name)), reset_ran.set()))
+        loop.submit("b", PROMPT, SamplingParams(max_tokens=3, ignore_eos=True), sink("b"))
+        assert not reset_ran.is_set()  # the engine is inside a step: nothing else touches it
+        gate.set()
+        assert reset_ran.wait(60) and finished["a"].wait(60) and finished["b"].wait(60)
+    finally:
+        gate.set()
+        loop.stop()
+    assert told == [(None, "dflash-engine")]
+    first_reset = kept.calls.index("reset")
+    assert kept.calls[:first_reset] == ["prefill", "step", "stepped"]  # a's prefill and the held step, whole
+    assert kept.calls[first_reset + 1] == "prefill"  # b's, after the reset: it found nothing kept
+    assert loop.counters().prefix_cache_resets == 1 and engine.stats.cached_prompt_tokens == 0
+
+
+def test_a_reset_that_fails_is_a_500_the_sweep_records_and_the_server_goes_on(target, monkeypatch):
+    """An engine whose reset raises: the route answers 500 with {"success": false} and the reason, the sweep's
+    client tries again and then records why the cache was not emptied, and the server still serves."""
+    from dflash_bench.client import server_cache
+
+    monkeypatch.setattr(server_cache, "RETRY_S", 0.0)
+
+    def refuse(engine) -> None:
+        def reset() -> None:
+            raise RuntimeError("a slot is still held")
+        engine.reset_prefix_cache = reset
+
+    with inproc_server(target, wrap=refuse) as (url, loop):
+        r = httpx.post(url + "/reset_prefix_cache", timeout=60)
+        assert r.status_code == 500 and r.json() == {"success": False,
+                                                     "message": "the prefix cache was not reset: a slot is still held"}
+        said = server_cache.empty_prefix_cache(url, "/reset_prefix_cache", 30)
+        assert said.startswith("not emptied: POST /reset_prefix_cache answered HTTP 500") and "still held" in said
+        body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 2, "temperature": 0, "ignore_eos": True}
+        assert httpx.post(url + "/v1/completions", json=body, timeout=60).status_code == 200
+        assert loop.counters().prefix_cache_resets == 0
+
+
+
+def test_reset_prefix_cache_crosses_to_the_engines_process(target, tmp_path):
+    """`serve` runs its engine in a process of its own: the route's reset crosses the pipe, runs on that process's
+    engine thread (its loop counts it, /metrics hears it with the answer) and the server goes on serving, its
+    usage saying the reference engine's 0 cached tokens."""
+    from test_engine_server import cli_server, metric
+
+    with cli_server("--model", str(target), "--mode", "ar", "--served-model-name", "tiny", "--dtype", "float64") as url:
+        body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 2, "temperature": 0, "ignore_eos": True}
+        assert _cached(httpx.post(url + "/v1/completions", json=body, timeout=60).json()["usage"]) == 0
+        for n in (1, 2):
+            r = httpx.post(url + "/reset_prefix_cache", timeout=60)
+            assert (r.status_code, r.json()) == (200, {"success": True})
+            assert metric(url, "dflash_bench:prefix_cache_resets_total") == n
+        usage = httpx.post(url + "/v1/completions", json=body, timeout=60).json()["usage"]
+        assert (usage["prompt_tokens"], _cached(usage)) == (len(PROMPT), 0)
