@@ -103,7 +103,8 @@ def test_usage_says_the_cached_prompt_tokens_in_every_response_shape(target):
 
 def test_reset_prefix_cache_runs_on_the_engine_thread_and_what_follows_computes_its_whole_prompt(target):
     """POST /reset_prefix_cache (vLLM's route): answered once the engine thread ran the engine's reset, after which
-    the prompt it had kept is computed whole; /metrics counts the reset."""
+    the prompt it had kept is computed whole; /metrics counts the reset, and the prompt tokens looked up and found
+    cached under vLLM's names."""
     from test_engine_server import metric
 
     state: dict = {}
@@ -120,6 +121,8 @@ def test_reset_prefix_cache_runs_on_the_engine_thread_and_what_follows_computes_
         assert kept.resets == ["dflash-engine"]  # the loop's thread, the one that steps the engine
         assert cached() == 0
         assert metric(url, "dflash_bench:prefix_cache_resets_total") == 1
+        assert metric(url, "vllm:prefix_cache_queries_total") == 3 * len(PROMPT)
+        assert metric(url, "vllm:prefix_cache_hits_total") == len(PROMPT) - 1
 
 
 def test_a_reset_queued_while_a_step_runs_waits_for_it_and_precedes_what_is_submitted_after(target):
@@ -209,3 +212,5 @@ def test_reset_prefix_cache_crosses_to_the_engines_process(target, tmp_path):
             assert metric(url, "dflash_bench:prefix_cache_resets_total") == n
         usage = httpx.post(url + "/v1/completions", json=body, timeout=60).json()["usage"]
         assert (usage["prompt_tokens"], _cached(usage)) == (len(PROMPT), 0)
+        assert metric(url, "vllm:prefix_cache_queries_total") == 2 * len(PROMPT)
+        assert metric(url, "vllm:prefix_cache_hits_total") == 0
