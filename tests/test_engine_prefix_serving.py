@@ -7,6 +7,7 @@ start cached (`KeptPrompts`): only its bookkeeping is told, its prefill still co
 
 from __future__ import annotations
 
+import json
 import threading
 
 import httpx
@@ -104,7 +105,10 @@ def test_usage_says_the_cached_prompt_tokens_in_every_response_shape(target):
 def test_reset_prefix_cache_runs_on_the_engine_thread_and_what_follows_computes_its_whole_prompt(target):
     """POST /reset_prefix_cache (vLLM's route): answered once the engine thread ran the engine's reset, after which
     the prompt it had kept is computed whole; /metrics counts the reset, and the prompt tokens looked up and found
-    cached under vLLM's names."""
+    cached under vLLM's names; the sweep's client, posting the builtin profile's `cache_reset`, says it emptied the
+    cache."""
+    from dflash_bench import profiles
+    from dflash_bench.client.server_cache import empty_prefix_cache
     from test_engine_server import metric
 
     state: dict = {}
@@ -123,6 +127,9 @@ def test_reset_prefix_cache_runs_on_the_engine_thread_and_what_follows_computes_
         assert metric(url, "dflash_bench:prefix_cache_resets_total") == 1
         assert metric(url, "vllm:prefix_cache_queries_total") == 3 * len(PROMPT)
         assert metric(url, "vllm:prefix_cache_hits_total") == len(PROMPT) - 1
+        path = profiles.get("builtin").cache_reset  # what a sweep posts before each cell
+        assert path is not None and empty_prefix_cache(url, path, 30) == f"emptied (POST {path})"
+        assert kept.resets == ["dflash-engine"] * 2 and cached() == 0
 
 
 def test_a_reset_queued_while_a_step_runs_waits_for_it_and_precedes_what_is_submitted_after(target):
@@ -197,6 +204,7 @@ def test_a_reset_that_fails_is_a_500_the_sweep_records_and_the_server_goes_on(ta
 
 
 
+@pytest.mark.slow
 def test_reset_prefix_cache_crosses_to_the_engines_process(target, tmp_path):
     """`serve` runs its engine in a process of its own: the route's reset crosses the pipe, runs on that process's
     engine thread (its loop counts it, /metrics hears it with the answer) and the server goes on serving, its
@@ -214,3 +222,29 @@ def test_reset_prefix_cache_crosses_to_the_engines_process(target, tmp_path):
         assert (usage["prompt_tokens"], _cached(usage)) == (len(PROMPT), 0)
         assert metric(url, "vllm:prefix_cache_queries_total") == 2 * len(PROMPT)
         assert metric(url, "vllm:prefix_cache_hits_total") == 0
+
+
+@pytest.mark.slow
+def test_a_builtin_sweep_empties_the_servers_prefix_cache_before_each_cell(target, tmp_path, data_dir):
+    """Through the CLI: a sweep of the builtin engine (the server it launches, its engine in a process of its own)
+    posts the profile's `cache_reset` before each of its cells, and each cell records that the cache was emptied
+    (the reference engine keeps no prompts: no cell read any from the cache)."""
+    import subprocess
+    import sys
+
+    from dflash_bench.launch import free_port
+    from sweep_helpers import only_sweep, results
+
+    out = tmp_path / "reports"
+    proc = subprocess.run([sys.executable, "-m", "dflash_bench", "sweep", "--model", str(target), "--engine",
+                           "builtin", "--modes", "ar", "--suites", "gsm8k", "--concurrency", "1,2", "-n", "2",
+                           "--max-tokens", "4", "--port", str(free_port()), "--out", str(out), "--data-dir",
+                           str(data_dir)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    folder = only_sweep(out)
+    rows = results(folder)
+    assert set(rows) == {"builtin-ar-gsm8k-c1", "builtin-ar-gsm8k-c2"}
+    for cid in rows:
+        summary = json.loads((folder / "cells" / cid / "summary.json").read_text())
+        assert summary["prefix_cache_reset"] == "emptied (POST /reset_prefix_cache)", cid
+        assert (summary["prefix_cache_hit_rate"], summary["prefix_cache_source"]) == (0.0, "usage")
