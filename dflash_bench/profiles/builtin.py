@@ -36,8 +36,8 @@ class Builtin(EngineProfile):
     needs_gpu = False
     memory_fraction = 0.9  # not a flag: its KV cache is --max-slots x --max-model-len, sized up front
     reserved_gib = 2.0
-    # its own POST /reset_prefix_cache, vLLM's route, always served: the fast path keeps finished requests' prompts
-    # for reuse (a prefix cache); the reference engine keeps none and answers all the same
+    # its server's POST /reset_prefix_cache, vLLM's route, always served: the engine forgets the prompts it keeps
+    # for reuse (`Engine.reset_prefix_cache`); one that keeps none answers all the same
     cache_reset = "/reset_prefix_cache"
 
     def sizing_flags(self, context_len: int | None, max_concurrency: int, tensor_parallel: int | None) -> list[str]:
