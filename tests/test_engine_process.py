@@ -223,15 +223,31 @@ def test_a_steps_results_cross_the_pipe_as_they_were():
     from dflash_bench.engine.serving.engine_process import decode, encode
 
     a = Delta("a", [5, 6], "héllo", 3, 2, None, logprobs=[(5, -0.25, [(5, -0.25), (9, -2.5)]), (6, -1.0, [])],
-              steps=1, accepted=1, drafted=3)
+              steps=1, accepted=1, drafted=3, cached_tokens=7)
     b = Delta("b", [2], "", 7, 9, "length")
     got = decode(encode([("a", a), ("b", b), ("c", ValueError("the prompt is empty"))]))
     assert [rid for rid, _ in got] == ["a", "b", "c"]
     (_, ga), (_, gb), (_, gc) = got
     assert isinstance(ga, Delta) and isinstance(gb, Delta) and gb == b
-    assert (ga.token_ids, ga.text, ga.finish, ga.steps, ga.accepted, ga.drafted) == ([5, 6], "héllo", None, 1, 1, 3)
+    assert (ga.token_ids, ga.text, ga.finish, ga.steps, ga.accepted, ga.drafted, ga.cached_tokens) == (
+        [5, 6], "héllo", None, 1, 1, 3, 7)
     assert [(t, lp, [tuple(x) for x in top]) for t, lp, top in ga.logprobs or []] == a.logprobs
     assert isinstance(gc, RuntimeError) and str(gc) == "the prompt is empty"
+
+
+def test_every_field_of_a_delta_crosses_the_pipe():
+    """A field added to Delta must be added to `encode` too: a Delta whose every field differs from its default
+    (each a value of its own) reads back equal, so a field `encode` leaves out fails here, not in a served usage."""
+    import dataclasses
+
+    from dflash_bench.engine.serving.engine_process import decode, encode
+
+    values = {"req_id": "r", "token_ids": [3, 4], "text": "ab", "finish": "stop", "logprobs": [[3, -0.5, [[3, -0.5]]]]}
+    ints = iter(range(11, 100))
+    d = Delta(**{f.name: values[f.name] if f.name in values else next(ints) for f in dataclasses.fields(Delta)})
+    assert all(getattr(d, f.name) != f.default for f in dataclasses.fields(Delta) if f.default is not dataclasses.MISSING)
+    [(rid, got)] = decode(encode([("r", d)]))
+    assert rid == "r" and got == d
 
 
 def test_the_counters_cross_the_pipe_when_a_request_ends_when_idle_and_every_interval():

@@ -52,11 +52,12 @@ def cli_server(*args: str):
 
 
 @contextmanager
-def inproc_server(target, draft=None, mode="ar", name="tiny", step_delay: float = 0.0, before_step=None):
+def inproc_server(target, draft=None, mode="ar", name="tiny", step_delay: float = 0.0, before_step=None, wrap=None):
     """The same app in this process (uvicorn on a thread): cheaper when a test needs two servers.
 
     `step_delay` seconds are added to every decode step (a slow GPU, to widen a timing window in a test);
-    `before_step()` runs before each (a test holds the engine still).
+    `before_step()` runs before each (a test holds the engine still); `wrap(engine)` runs on the built engine
+    before its loop starts (a test adds to what it does).
     """
     import uvicorn
 
@@ -69,6 +70,8 @@ def inproc_server(target, draft=None, mode="ar", name="tiny", step_delay: float 
     if step_delay or before_step is not None:
         real_step = engine.step
         engine.step = lambda seqs: (time.sleep(step_delay), before_step and before_step(), real_step(seqs))[2]
+    if wrap is not None:
+        wrap(engine)
     loop = EngineLoop(engine).start()
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(build_app(loop, name), host="127.0.0.1", port=port, log_level="warning"))

@@ -223,12 +223,13 @@ def test_the_gguf_type_follows_the_builtin_engines_dtype(monkeypatch):
 def test_every_cell_says_what_the_servers_prefix_caches_held(sweep):
     """llama.cpp says each request's cached prompt tokens in its usage (`prompt_tokens_details`); each of its
     concurrencies runs on a fresh server, so a cell reads from the cache only what its own earlier requests and
-    warm-ups left (the chat template's shared start). The builtin engine has no prefix cache and says 0. Both
-    are read from the responses."""
+    warm-ups left (the chat template's shared start). The builtin engine (its reference path here, which keeps no
+    prompts) says 0, and had its cache emptied through its POST /reset_prefix_cache all the same. Both are read
+    from the responses."""
     cells = _summaries(sweep)
     for (engine, mode, suite, conc), s in cells.items():
         assert s.prefix_cache_source == "usage", (engine, mode, suite, conc)
-        assert s.prefix_cache_reset == (None if engine == "builtin" else
+        assert s.prefix_cache_reset == ("emptied (POST /reset_prefix_cache)" if engine == "builtin" else
                                         f"emptied (POST /slots/{{slot}}?action=erase for each of the {conc} slots)")
         if engine == "builtin":
             assert s.prefix_cache_hit_rate == 0.0

@@ -125,6 +125,18 @@ def test_only_a_sweeps_vllm_gets_the_dev_mode_that_serves_its_cache_reset():
     assert sglang == {}  # its /flush_cache needs nothing
 
 
+def test_the_builtin_engine_serves_its_cache_reset_as_it_is_launched(tmp_path):
+    """The builtin server always serves vLLM's POST /reset_prefix_cache: a sweep empties its prefix cache before
+    each cell through that route, and its servers are launched as `dflash-bench launch`'s are, with nothing added."""
+    from dflash_bench.launch import plan_server
+
+    assert profiles.get("builtin").cache_reset == "/reset_prefix_cache"
+    (target := tmp_path / "target").mkdir()
+    swept = plan_server("builtin", str(target), "ar", runner="process", cache_reset=True)
+    launched = plan_server("builtin", str(target), "ar", runner="process")
+    assert swept[2:4] == launched[2:4]  # the same command and environment
+
+
 def test_only_a_sweeps_llamacpp_gets_the_flags_that_let_its_slots_be_emptied(tmp_path):
     """llama.cpp refuses POST /slots without --slot-save-path, and erasing a slot leaves its host-memory cache: a
     sweep's server gets both flags, before the user's --engine-arg (which wins, llama.cpp taking a flag's last

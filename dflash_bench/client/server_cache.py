@@ -1,11 +1,12 @@
 """Emptying a server's prefix cache before a cell (`EngineProfile.cache_reset`: vLLM's POST /reset_prefix_cache,
-SGLang's POST /flush_cache, the emulator's vLLM route, llama.cpp's POST /slots/N?action=erase for each slot N).
+which the builtin engine and the emulator serve too, SGLang's POST /flush_cache, llama.cpp's POST
+/slots/N?action=erase for each slot N).
 
 A sweep's cells send the suite's first prompts at every concurrency: c=32's 32 first prompts include c=8's 8 and
 c=1's one. A server that keeps prompts cached (vLLM's automatic prefix caching and SGLang's radix cache are on by
 default) would serve those from the cache and skip their prefill, so a later cell's first tokens would come
-sooner than on a fresh server, and sooner than on an engine that caches nothing between requests (the builtin
-engine): the comparison would reward the harness's order, not the engine. Within a cell the cache still works as a
+sooner than on a fresh server, and sooner than on an engine that caches nothing between requests: the comparison
+would reward the harness's order, not the engine. Within a cell the cache still works as a
 user would see it (a conversation's second turn finds its first, the cell's hit rate says how much:
 metrics/cache.py). The cell records what was done, never fails for it: a server that will not empty its cache is
 measured as it is, the cell saying why it was not emptied.

@@ -91,8 +91,8 @@ class EngineProfile:
     # suite's first prompts at every concurrency, so on a server that keeps prompts cached a later cell would
     # find the earlier cells' prompts there and skip their prefill: the sweep empties it before each cell on a
     # server it launched (what a repeat of the cell on a fresh server would see). A path holding "{slot}" is POSTed
-    # once for each slot that GET /slots lists (llama.cpp). None: the engine keeps nothing between requests (the
-    # builtin engine).
+    # once for each slot that GET /slots lists (llama.cpp). None: the engine keeps nothing between requests, or
+    # offers no way to empty what it keeps.
     cache_reset: ClassVar[str | None] = None
     # Flags a sweep's server is launched with so that cache_reset empties everything it keeps (llama.cpp: its
     # host-memory prompt cache off, and the slot actions enabled); before the user's --engine-arg, which wins.

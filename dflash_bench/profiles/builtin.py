@@ -36,6 +36,9 @@ class Builtin(EngineProfile):
     needs_gpu = False
     memory_fraction = 0.9  # not a flag: its KV cache is --max-slots x --max-model-len, sized up front
     reserved_gib = 2.0
+    # its server's POST /reset_prefix_cache, vLLM's route, always served: the engine forgets the prompts it keeps
+    # for reuse (`Engine.reset_prefix_cache`); one that keeps none answers all the same
+    cache_reset = "/reset_prefix_cache"
 
     def sizing_flags(self, context_len: int | None, max_concurrency: int, tensor_parallel: int | None) -> list[str]:
         """Its context and slots, and on several GPUs the fast path's tensor-parallel size (`serve --fast`)."""

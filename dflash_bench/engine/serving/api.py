@@ -107,7 +107,9 @@ def completion_prompt(tokenizer: Any, req: CompletionRequest) -> list[int]:
 
 
 def usage(d: Delta) -> dict:
-    return openai_format.usage(d.prompt_tokens, d.completion_tokens, 0)  # no prefix cache: no prompt token is cached
+    """OpenAI's usage as of `d`; `prompt_tokens_details.cached_tokens`: the prompt tokens the engine read from its
+    prefix cache (0 where it keeps none), as vLLM with --enable-prompt-tokens-details and llama.cpp write it."""
+    return openai_format.usage(d.prompt_tokens, d.completion_tokens, d.cached_tokens)
 
 
 def spec_metrics(d: Delta, block_size: int) -> dict | None:

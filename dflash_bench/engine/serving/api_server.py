@@ -2,7 +2,9 @@
 of its own, `engine_process.py`).
 
 Endpoints: /v1/chat/completions and /v1/completions (SSE streaming with usage and continuous usage
-stats, or one JSON body), /v1/models, /health, /metrics (vLLM's counter names).
+stats, or one JSON body; usage's `prompt_tokens_details.cached_tokens`: the prompt tokens read from the engine's
+prefix cache), /v1/models, /health, /metrics (vLLM's counter names), POST /reset_prefix_cache (vLLM's: the engine
+forgets the prompts it keeps, on its own thread between steps; answered {"success": true} once it has).
 """
 
 from __future__ import annotations
@@ -72,6 +74,11 @@ def _deliver(batch: list[tuple[asyncio.Queue, object]]) -> None:
         queue.put_nowait(item)
 
 
+def _settle(done: asyncio.Future, err: Exception | None) -> None:
+    if not done.done():  # a handler cancelled meanwhile (its client went away) wants nothing
+        done.set_result(err)
+
+
 def coalesce(first: Delta, queue: asyncio.Queue) -> tuple[Delta, Exception | None]:
     """`first` and the deltas of its request already waiting in `queue`, as one (one SSE chunk), and an error
     that waited behind them: an event loop that fell behind its engine catches up in fewer, larger chunks, as
@@ -133,6 +140,29 @@ def build_app(loop: EngineLoop | EngineProcess, model_name: str) -> FastAPI:
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(render(loop.counters(), model_name), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache() -> JSONResponse:
+        """vLLM's route (served in its dev mode; a sweep empties the cache through it before each cell): the engine
+        forgets every prompt it keeps for reuse. Answered once the engine thread ran it, between two steps, so a
+        request sent after the answer computes its whole prompt (requests running meanwhile run on)."""
+        if not loop.thread.is_alive():
+            return _error(503, "the engine is not running")
+        aloop = asyncio.get_running_loop()
+        ran: asyncio.Future = aloop.create_future()
+
+        def done(err: Exception | None) -> None:  # on the engine thread (or the engine process's results thread)
+            try:
+                aloop.call_soon_threadsafe(_settle, ran, err)
+            except RuntimeError:  # the event loop is closed: the server stops, nobody waits
+                pass
+
+        loop.reset_prefix_cache(done)
+        err = await ran
+        if err is not None:
+            return JSONResponse({"success": False, "message": f"the prefix cache was not reset: {err}"},
+                                status_code=500)
+        return JSONResponse({"success": True})
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest, raw: Request) -> Response:

@@ -5,8 +5,10 @@ In one process the engine thread and the event loop share one GIL: every SSE chu
 served step grew with its rows far past the engine's own (benchmarks/speed/serve_profile.py). Here `serve` runs
 the `EngineLoop` in a child process and keeps HTTP, chat templates and SSE in its own; two pipes join them:
 
-- requests, server to engine: ("submit", req_id, prompt, params), ("abort", req_id), ("stop",);
-- results, engine to server: ("ready", facts, counters) once the engine is built (or ("failed", sentence)), then at
+- requests, server to engine: ("submit", req_id, prompt, params), ("abort", req_id), ("reset", token) (POST
+  /reset_prefix_cache: `EngineLoop.reset_prefix_cache`), ("stop",);
+- results, engine to server: ("ready", facts, counters) once the engine is built (or ("failed", sentence)), once a
+  reset ran ("reset", [token, None or why it failed], counters), then at
   each flush of the loop (after a prefill group, a step, or dropped requests) ("step", results, counters or None):
   every (req_id, Delta or error) since the last as JSON (`encode`: a Delta's fields as a list, an error as its
   sentence; a tenth of pickling the dataclasses), one write a step. The loop's counters (for /metrics) ride along
@@ -15,8 +17,8 @@ the `EngineLoop` in a child process and keeps HTTP, chat templates and SSE in it
   them each step cost the GIL of both processes tens of microseconds a token.
 
 `EngineProcess` stands where an `EngineLoop` stands for the server (`api_server.build_app`, /metrics): `submit`,
-`abort`, `flush`, `counters`, `engine` (what the server asks of an engine: `EngineFacts`) and `thread` (alive
-while the engine is). The engine's process ignores Ctrl-C and SIGTERM, as tensor-parallel ranks do: the server
+`abort`, `reset_prefix_cache`, `flush`, `counters`, `engine` (what the server asks of an engine: `EngineFacts`)
+and `thread` (alive while the engine is). The engine's process ignores Ctrl-C and SIGTERM, as tensor-parallel ranks do: the server
 decides, stopping it on its way out, and the engine's process ends by itself when the server's is gone. An engine's
 process that ends by itself (a dead rank, a crash) fails the requests in flight with a sentence and stops the server.
 """
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import itertools
 import os
 import signal
 import sys
@@ -39,7 +42,7 @@ import orjson
 from dflash_bench.engine.bookkeeping import Delta, request_refusal
 from dflash_bench.engine.config import EngineConfig
 from dflash_bench.engine.sampling_params import SamplingParams
-from dflash_bench.engine.serving.loop import SWITCH_INTERVAL_S, EngineLoop, LoopCounters
+from dflash_bench.engine.serving.loop import SWITCH_INTERVAL_S, EngineLoop, LoopCounters, ResetDone
 from dflash_bench.errors import UserError
 
 log = logging.getLogger("dflash_bench.engine")
@@ -79,6 +82,8 @@ class EngineProcess:
         results.close()
         self.flush: Callable[[], None] | None = None
         self._sinks: dict[str, Callable[[Any], None]] = {}
+        self._resets: dict[int, ResetDone] = {}  # the resets sent, by token, until the engine says they ran
+        self._tokens = itertools.count()
         self._send_lock = threading.Lock()
         self._counters: LoopCounters | None = None
         self._stopping = False
@@ -110,6 +115,20 @@ class EngineProcess:
         self._sinks.pop(req_id, None)
         self._send(("abort", req_id))
 
+    def reset_prefix_cache(self, done: ResetDone) -> None:
+        """`EngineLoop.reset_prefix_cache` in the engine's process: queued behind what was submitted before, ahead
+        of what is submitted after (one pipe, in order); `done` is called on the results thread once it ran."""
+        token = next(self._tokens)
+        self._resets[token] = done
+        self._send(("reset", token))
+        if not self.thread.is_alive():  # the engine is gone (its results thread told those it knew of before)
+            self._reset_done(token, RuntimeError("the engine's process is gone"))
+
+    def _reset_done(self, token: int, err: Exception | None) -> None:
+        done = self._resets.pop(token, None)  # whichever thread pops it tells it, once
+        if done is not None:
+            done(err)
+
     def counters(self) -> LoopCounters:
         """The loop's counters as the engine last sent them (`counters_due`: at most COUNTERS_EVERY_S old while
         requests run, current once a request finished or the engine is idle)."""
@@ -130,6 +149,10 @@ class EngineProcess:
                 kind, data, counters = self._results.recv()
                 if counters is not None:  # before the sinks: a client that has its last token finds it counted
                     self._counters = counters
+                if kind == "reset":
+                    token, why = data
+                    self._reset_done(token, None if why is None else RuntimeError(why))
+                    continue
                 results = decode(data)
                 for req_id, item in results:
                     sink = self._sinks.get(req_id)
@@ -140,6 +163,8 @@ class EngineProcess:
                 if results and self.flush is not None:
                     self.flush()
         except (EOFError, OSError):
+            for token in list(self._resets):
+                self._reset_done(token, RuntimeError("the engine's process ended before it reset its prefix cache"))
             if self._stopping:
                 return
             self.proc.join(10)
@@ -166,9 +191,10 @@ class EngineProcess:
 
 
 def encode(items: list[tuple[str, Delta | Exception]]) -> bytes:
-    """A step's results for the pipe: a Delta as its fields after req_id, an error as its sentence."""
+    """A step's results for the pipe: a Delta as its fields after req_id, in their order (`decode` passes them back
+    positionally, so a field added to Delta is added here too), an error as its sentence."""
     return orjson.dumps([(rid, [d.token_ids, d.text, d.prompt_tokens, d.completion_tokens, d.finish, d.logprobs,
-                                d.steps, d.accepted, d.drafted] if isinstance(d, Delta) else str(d))
+                                d.steps, d.accepted, d.drafted, d.cached_tokens] if isinstance(d, Delta) else str(d))
                          for rid, d in items])
 
 
@@ -219,6 +245,14 @@ def engine_main(config: EngineConfig, requests: Connection, results: Connection)
     def sink(req_id: str) -> Callable[[Delta | Exception], None]:
         return lambda d: pending.append((req_id, d))
 
+    def reset_done(token: int) -> ResetDone:  # on the engine thread, as `flush`: one writer of the results pipe
+        def done(err: Exception | None) -> None:
+            try:
+                results.send(("reset", [token, None if err is None else str(err)], loop.counters()))
+            except (BrokenPipeError, OSError):
+                pass  # the server is gone
+        return done
+
     loop.flush = flush
     results.send(("ready", dict(B=engine.B, max_model_len=engine.max_model_len, vocab_size=engine.vocab_size,
                                 greedy_only=engine.greedy_only, synthetic_acceptance=engine.synthetic_acceptance),
@@ -233,6 +267,8 @@ def engine_main(config: EngineConfig, requests: Connection, results: Connection)
                 loop.submit(req_id, prompt, params, sink(req_id))
             elif msg[0] == "abort":
                 loop.abort(msg[1])
+            elif msg[0] == "reset":
+                loop.reset_prefix_cache(reset_done(msg[1]))
             else:
                 break
     except EOFError:  # the server's process is gone

@@ -8,6 +8,9 @@ the loop calls `flush` once, so a server can hand a whole step's results to its 
 rather than one per request.
 The loop also keeps how long its thread spent prefilling, stepping and handing results over (`seconds`);
 `counters` snapshots them with the engine's own counters for /metrics: where a served run's time goes.
+`reset_prefix_cache` queues the engine's `reset_prefix_cache` (POST /reset_prefix_cache) behind what was submitted
+before it: the engine thread runs it as it takes it from the inbox, between steps, before any request submitted
+after it is prefilled, and then says so to the caller.
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ log = logging.getLogger("dflash_bench.engine")
 SWITCH_INTERVAL_S = 0.0002
 
 
+ResetDone = Callable[[Exception | None], None]  # told, on the engine thread, that a reset ran (None) or why it failed
+
+
 @dataclass
 class _Req:
     req_id: str
@@ -40,6 +46,13 @@ class _Req:
     params: SamplingParams
     sink: Callable[[Delta | Exception], None]
     arrived: float = field(default_factory=time.perf_counter)  # when the loop was handed it
+
+
+@dataclass
+class _Reset:
+    """A queued `reset_prefix_cache` and whom to tell once it ran."""
+
+    done: ResetDone
 
 
 class Event(NamedTuple):
@@ -70,6 +83,7 @@ class LoopCounters:
     # the finished requests' seconds by phase (PHASES), summed, and how many requests they are
     phase_seconds: dict[str, float] = field(default_factory=dict)
     phased_requests: int = 0
+    prefix_cache_resets: int = 0  # engine.reset_prefix_cache calls that ran (POST /reset_prefix_cache)
 
 
 class EngineLoop:
@@ -97,6 +111,7 @@ class EngineLoop:
         self.phase_seconds = dict.fromkeys(PHASES, 0.0)
         self.phased = 0
         self._times: dict[str, list[float]] = {}
+        self.resets = 0  # prefix cache resets run
         self.thread = threading.Thread(target=self._run, name="dflash-engine", daemon=True)
 
     def start(self) -> "EngineLoop":
@@ -107,9 +122,21 @@ class EngineLoop:
         self._stop.set()
         self.inbox.put(None)
         self.thread.join(timeout=10)
+        if not self.thread.is_alive():  # a reset the thread will never take is told so, not left waiting
+            while not self.inbox.empty():
+                item = self.inbox.get_nowait()
+                if isinstance(item, _Reset):
+                    self._tell(item, RuntimeError("the engine stopped before it reset its prefix cache"))
 
     def submit(self, req_id: str, prompt: list[int], params: SamplingParams, sink: Callable) -> None:
         self.inbox.put(_Req(req_id, prompt, params, sink))
+
+    def reset_prefix_cache(self, done: ResetDone) -> None:
+        """Have the engine forget the prompts it keeps for reuse (`Engine.reset_prefix_cache`), on the engine
+        thread between steps, before any request submitted after this call is prefilled; `done` is called on the
+        engine thread once it ran (None) or failed (the error). Requests already submitted may be prefilled
+        after it."""
+        self.inbox.put(_Reset(done))
 
     def abort(self, req_id: str) -> None:
         """Stop generating for a request (client went away); its slot is freed at the next step."""
@@ -132,7 +159,8 @@ class EngineLoop:
                             slots=getattr(book, "slots", None), mixed_prefills=getattr(e, "mixed_prefills", None),
                             width_policy=getattr(book, "width_policy", "full"),
                             synthetic_acceptance=e.synthetic_acceptance,
-                            phase_seconds=dict(self.phase_seconds), phased_requests=self.phased)
+                            phase_seconds=dict(self.phase_seconds), phased_requests=self.phased,
+                            prefix_cache_resets=self.resets)
 
     @property
     def num_running(self) -> int:
@@ -151,11 +179,31 @@ class EngineLoop:
         try:
             item = self.inbox.get(timeout=0.5) if block else self.inbox.get_nowait()
             while True:
-                if item is not None:
+                if isinstance(item, _Reset):  # in the inbox's order: before whatever was submitted after it
+                    self._reset(item)
+                elif item is not None:
                     self.waiting.append(item)
                 item = self.inbox.get_nowait()
         except queue.Empty:
             pass
+
+    def _reset(self, item: _Reset) -> None:
+        """Run a queued reset (on the engine thread: no prefill or step is under way) and say how it went."""
+        try:
+            self.engine.reset_prefix_cache()
+        except Exception as err:  # the engine keeps serving; the caller hears why
+            log.exception("resetting the prefix cache failed")
+            self._tell(item, err)
+            return
+        self.resets += 1
+        self._tell(item, None)
+
+    @staticmethod
+    def _tell(item: _Reset, err: Exception | None) -> None:
+        try:
+            item.done(err)
+        except Exception:  # whoever waited is gone (its event loop closed): the engine thread goes on
+            log.exception("could not say that the prefix cache was reset")
 
     def _drop_aborted(self) -> None:
         with self._lock:

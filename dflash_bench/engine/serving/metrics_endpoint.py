@@ -44,6 +44,13 @@ class EngineCollector:
         yield self._counter("vllm:prompt_tokens", "Prefill tokens processed.", st.prompt_tokens)
         yield self._counter("vllm:generation_tokens", "Generation tokens processed.", st.generation_tokens)
         yield self._counter("vllm:request_success", "Requests that finished (stop or length).", st.requests)
+        # vLLM's prefix cache counters (metrics/cache.py reads a cell's hit rate from them where usage does not say)
+        yield self._counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens "
+                            "(every prefilled prompt token).", st.prompt_tokens)
+        yield self._counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
+                            st.cached_prompt_tokens)
+        yield self._counter("dflash_bench:prefix_cache_resets", "Times the engine forgot the prompts it keeps "
+                            "(POST /reset_prefix_cache).", c.prefix_cache_resets)
         for phase in PHASES:  # vLLM's request histograms, as a sum and a count (no buckets: the harness reads means)
             m = SummaryMetricFamily(f"vllm:request_{phase}_time_seconds", PHASE_DOCS[phase], labels=["model_name"])
             m.add_metric([self.model], count_value=c.phased_requests, sum_value=c.phase_seconds.get(phase, 0.0))
