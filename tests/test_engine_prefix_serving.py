@@ -1,8 +1,10 @@
 """The builtin server's side of a prefix cache: each response's usage says the prompt tokens the engine read from its
 cache (`prompt_tokens_details.cached_tokens`), in every response shape and across the engine's pipe.
 
-The engines keep no prompts yet, so the server is tested over the reference engine made to say it found a prompt's
-start cached (`KeptPrompts`): only its bookkeeping is told, its prefill still computes the whole prompt.
+In this process the server runs over the reference engine made to say it found a prompt's start cached
+(`KeptPrompts`: only its bookkeeping is told, its prefill still computes the whole prompt), to reach every response
+shape and hold the engine still; through `serve` it runs the fast path's own prefix cache (its engine in a process of
+its own).
 """
 
 from __future__ import annotations
@@ -205,23 +207,32 @@ def test_a_reset_that_fails_is_a_500_the_sweep_records_and_the_server_goes_on(ta
 
 
 @pytest.mark.slow
-def test_reset_prefix_cache_crosses_to_the_engines_process(target, tmp_path):
-    """`serve` runs its engine in a process of its own: the route's reset crosses the pipe, runs on that process's
-    engine thread (its loop counts it, /metrics hears it with the answer) and the server goes on serving, its
-    usage saying the reference engine's 0 cached tokens."""
+def test_the_fast_paths_prefix_cache_and_its_reset_through_serve(target, tmp_path):
+    """`serve --fast` runs its engine in a process of its own with the fast path's prefix cache: a prompt sent again
+    resumes the slot the first left (all but its last token read from the cache, in usage and in /metrics); the
+    route's reset crosses the pipe, runs on that process's engine thread (its loop counts it) and the same prompt is
+    computed whole again."""
+    from dflash_bench.engine.fast.scheduling.prefix import PREFIX_MIN_TOKENS
     from test_engine_server import cli_server, metric
 
-    with cli_server("--model", str(target), "--mode", "ar", "--served-model-name", "tiny", "--dtype", "float64") as url:
-        body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 2, "temperature": 0, "ignore_eos": True}
-        assert _cached(httpx.post(url + "/v1/completions", json=body, timeout=60).json()["usage"]) == 0
+    prompt = [(7 * i + 3) % 200 + 3 for i in range(PREFIX_MIN_TOKENS + 6)]
+    with cli_server("--model", str(target), "--mode", "ar", "--served-model-name", "tiny", "--dtype", "float64",
+                    "--fast") as url:
+        body = {"model": "tiny", "prompt": prompt, "max_tokens": 2, "temperature": 0, "ignore_eos": True}
+
+        def cached() -> int:
+            usage = httpx.post(url + "/v1/completions", json=body, timeout=60).json()["usage"]
+            assert usage["prompt_tokens"] == len(prompt)
+            return _cached(usage)
+
+        assert (cached(), cached()) == (0, len(prompt) - 1)
         for n in (1, 2):
             r = httpx.post(url + "/reset_prefix_cache", timeout=60)
             assert (r.status_code, r.json()) == (200, {"success": True})
             assert metric(url, "dflash_bench:prefix_cache_resets_total") == n
-        usage = httpx.post(url + "/v1/completions", json=body, timeout=60).json()["usage"]
-        assert (usage["prompt_tokens"], _cached(usage)) == (len(PROMPT), 0)
-        assert metric(url, "vllm:prefix_cache_queries_total") == 2 * len(PROMPT)
-        assert metric(url, "vllm:prefix_cache_hits_total") == 0
+        assert cached() == 0
+        assert metric(url, "vllm:prefix_cache_queries_total") == 3 * len(prompt)
+        assert metric(url, "vllm:prefix_cache_hits_total") == len(prompt) - 1
 
 
 @pytest.mark.slow
