@@ -172,6 +172,16 @@ def test_prefill_speed_times_each_way_to_prefill(tmp_path):
 
 
 @ENGINE
+def test_resume_speed_times_second_turns_resumed_and_whole(tmp_path):
+    out = tmp_path / "resume.json"
+    bench("speed.resume_speed", "--model", str(PAIR / "target"), "--draft", str(PAIR / "drafter"), "--rows", "1,2",
+          "--context", "80", "--new", "8", "--reps", "1", "--out", str(out))
+    data = json.loads(out.read_text())
+    assert data["mode"] == "dflash" and [r["rows"] for r in data["rows"]] == [1, 2]
+    assert all(r["tokens_resumed"] == r["rows"] * 9 and r["whole_ms"] > 0 and r["resumed_ms"] > 0 for r in data["rows"])
+
+
+@ENGINE
 def test_mixed_step_times_a_prompt_riding_a_decode_step(tmp_path):
     out = tmp_path / "mixed.json"
     bench("speed.mixed_step", "--model", str(PAIR / "target"), "--device", "cpu", "--lengths", "16", "--rows", "2",

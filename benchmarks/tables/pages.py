@@ -112,6 +112,9 @@ TABLES: list[Entry] = [
           "python -m benchmarks.speed.cpu_anatomy --out benchmarks/results/cpu_anatomy_cpu.json", tr.cpu_anatomy),
     Entry("cpu_step_costs", "docs/results/cpu-fast-path.md", ("cpu_step_cpu.json",),
           "python -m benchmarks.speed.cpu_step --draft-shapes 1x256,2x768 --out F (its arguments are the file's `args`)", tr.cpu_step_costs),
+    Entry("resume_speed_cpu", "docs/results/cpu-fast-path.md", ("resume_speed_cpu.json",),
+          "python -m benchmarks.speed.resume_speed --model dflash_bench/assets/default_pair/target --rows 1,8,32 "
+          "--context 1024 --new 64 --out benchmarks/results/resume_speed_cpu.json", tr.resume_speed),
     Entry("cpu_throughput", "docs/results/cpu-fast-path.md", ("cpu_step_cpu_tput.json", "serve_speed_cpu_pair.json"),
           "python -m benchmarks.speed.cpu_step --draft-shapes 1x256 --skip-steps --rounds 5 --steps 12 --out F; "
           "python -m benchmarks.speed.serve_speed --shape pair --draft-shape 1x256 --device cpu --data-dir DATA "

@@ -169,6 +169,21 @@ def cpu_anatomy(results: list[Any]) -> Table:
                   "over AR if every draft were accepted (w / cost)."])
 
 
+# ---------------------------------------------------------------- the prefix cache
+
+
+def resume_speed(results: list[Any]) -> Table:
+    data = results[0]
+    rows = [[str(r["rows"]), f"{r['context']} + 1 + {r['new']}", str(r["tokens_whole"]), f1(r["whole_ms"]),
+             str(r["tokens_resumed"]), f1(r["resumed_ms"]), f"{r['whole_ms'] / r['resumed_ms']:.1f}x"]
+            for r in data["rows"]]
+    return Table(["second turns at once", "tokens each (turn 1 + answer + new)", "whole: tokens", "whole: ms",
+                  "resumed: tokens", "resumed: ms", "whole / resumed"], rows,
+                 [f"The k second turns' prefill (`FastEngine.add_many`), the median of {data['reps']} bursts after a "
+                  f"warm-up, {data['mode'].upper()}, on {data['model']}: whole after `reset_prefix_cache`, resumed from "
+                  "the slots their first turns left."])
+
+
 # ---------------------------------------------------------------- the CPU fast path
 
 
