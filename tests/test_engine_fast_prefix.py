@@ -175,3 +175,33 @@ def test_gemma4_resumes_through_its_sliding_ring_only_where_the_ring_still_holds
     assert [two[f"c{i}"][0] for i in range(2)] == whole(ref, seconds)
     shared = [len(p) + OUT - max(cut[i], 1) for i, p in enumerate(firsts)]
     assert [two[f"c{i}"][1] for i in range(2)] == (shared if margin == 200 else [shared[0], 0])
+
+
+@pytest.mark.slow
+def test_gemma4_resumes_on_the_triton_kernels_a_gpu_runs(gemma, monkeypatch):
+    """The resume on what a GPU runs (the Triton kernels, here in Triton's interpreter: the fused q/k/v norms, RoPE
+    and ring store of a resumed prefill, then the decode kernels over the ring), float32, the ring wrapped: the
+    second turn's tokens are the reference engine's from the whole prompt."""
+    from dflash_bench.engine.config import StepConfig
+    from dflash_bench.engine.fast.core import EngineCore
+    from dflash_bench.engine.fast.models import cache_layout as layout, gemma as family
+
+    monkeypatch.setattr(layout, "RING_MARGIN", B)
+    target, _, _ = gemma
+    ref = build(EngineConfig(str(target), mode="ar", max_slots=1, max_model_len=MAX_LEN, dtype="float32", device="cpu"))
+    core = EngineCore(family.GemmaTarget(ref.target.model, max_slots=2, max_len=MAX_LEN, kernels=True), None,
+                      StepConfig(verify_width="full", kv_block=16))
+    assert core.probe.target.fused is not None  # the Triton kernels, not the torch ops
+    n, rng = 3, random.Random(2)
+    first = ids(rng, PREFIX_MIN_TOKENS + 2, core.vocab_size)
+    out = [core.add(0, first)]
+    while len(out) < n:
+        out += core.step([0])[0]
+    core.release(0, first + out[:-1])
+    second = first + out + [5, 6, 7]
+    assert core.match(second, [0, 1]) == (0, len(first) + n - 1)
+    core.claim(0)
+    got = core.add_many([0], [second], [len(first) + n - 1])
+    while len(got) < n:
+        got += core.step([0])[0]
+    assert got[:n] == whole(ref, [second], n)[0]
