@@ -178,20 +178,22 @@ def test_gemma4_resumes_through_its_sliding_ring_only_where_the_ring_still_holds
 
 
 @pytest.mark.slow
-def test_gemma4_resumes_on_the_triton_kernels_a_gpu_runs(gemma, monkeypatch):
-    """The resume on what a GPU runs (the Triton kernels, here in Triton's interpreter: the fused q/k/v norms, RoPE
-    and ring store of a resumed prefill, then the decode kernels over the ring), float32, the ring wrapped: the
-    second turn's tokens are the reference engine's from the whole prompt."""
+@pytest.mark.parametrize("arch", ["gemma4", "qwen3"])
+def test_a_resume_on_the_triton_kernels_a_gpu_runs(request, arch, monkeypatch):
+    """The resume on what a GPU runs (the Triton kernels, here in Triton's interpreter: a resumed prefill's fused
+    q/k/v norms, RoPE and cache store, then the decode kernels), float32, Gemma 4's ring wrapped: the second turn's
+    tokens are the reference engine's from the whole prompt."""
     from dflash_bench.engine.config import StepConfig
     from dflash_bench.engine.fast.core import EngineCore
-    from dflash_bench.engine.fast.models import cache_layout as layout, gemma as family
+    from dflash_bench.engine.fast.models import cache_layout as layout, dense as dense_family, gemma as gemma_family
 
     monkeypatch.setattr(layout, "RING_MARGIN", B)
-    target, _, _ = gemma
+    target = request.getfixturevalue("gemma" if arch == "gemma4" else "dense")[0]
     ref = build(EngineConfig(str(target), mode="ar", max_slots=1, max_model_len=MAX_LEN, dtype="float32", device="cpu"))
-    core = EngineCore(family.GemmaTarget(ref.target.model, max_slots=2, max_len=MAX_LEN, kernels=True), None,
+    family = gemma_family.GemmaTarget if arch == "gemma4" else dense_family.DenseTarget
+    core = EngineCore(family(ref.target.model, max_slots=2, max_len=MAX_LEN, kernels=True), None,
                       StepConfig(verify_width="full", kv_block=16))
-    assert core.probe.target.fused is not None  # the Triton kernels, not the torch ops
+    assert core.probe.target.kernels is not None and core.probe.target.kernels.name == "triton"
     n, rng = 3, random.Random(2)
     first = ids(rng, PREFIX_MIN_TOKENS + 2, core.vocab_size)
     out = [core.add(0, first)]
