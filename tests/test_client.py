@@ -70,6 +70,22 @@ def test_multi_turn_sends_the_models_own_reply(tmp_path: Path):
         assert by[(p.id, 1)].t_send >= first.t_end
 
 
+def test_blank_history_sends_every_later_turn_the_same_whatever_the_server_answered(tmp_path: Path):
+    """Random weights (`history="blank"`): a later turn carries the earlier answers as empty text, so two servers
+    whose answers differ get the same later prompts; the cell records how its later turns were made."""
+    conv = [P("mt/1", ["first turn", "second turn"])]
+    em_model = EmulatorModel(EmulatorConfig(output_len=12))
+    for n, history in enumerate(("answers", "blank")):
+        with EmulatorProcess(mode="ar", ttft_ms=2, itl_ms=1, output_len=12) as em:
+            s = measure_cell(em.url, conv, concurrency=1, cell_dir=cell(tmp_path, str(n)), warmup=False,
+                             history=history)
+        by = {r.turn: r for r in measured(tmp_path, str(n))}
+        answer = by[0].output_text if history == "answers" else ""
+        assert by[0].output_text  # the server did answer
+        second = em_model.plan("\n".join(["first turn", answer, "second turn"]), 2048)
+        assert by[1].output_tokens == len(second.ids) and s.settings.history == history
+
+
 def test_poisson_arrivals_are_exponential_and_seeded():
     offsets = arrival_offsets(4001, 100.0, seed=1)
     gaps = [b - a for a, b in zip(offsets, offsets[1:])]

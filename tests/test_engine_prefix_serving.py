@@ -259,3 +259,27 @@ def test_a_builtin_sweep_empties_the_servers_prefix_cache_before_each_cell(targe
         summary = json.loads((folder / "cells" / cid / "summary.json").read_text())
         assert summary["prefix_cache_reset"] == "emptied (POST /reset_prefix_cache)", cid
         assert (summary["prefix_cache_hit_rate"], summary["prefix_cache_source"]) == (0.0, "usage")
+
+
+@pytest.mark.slow
+def test_a_sweep_of_random_weights_sends_later_turns_the_same_history_whatever_the_engine_answered(target, tmp_path,
+                                                                                                   data_dir):
+    """With random weights (--load-format dummy) each engine's answers are noise of its own (the builtin engine's
+    decode to newlines, vLLM's and SGLang's to nothing), so a multi-turn suite's later turns carry them as empty
+    text: every engine gets the same second turns. The cell records it; a sweep of real weights sends the answers."""
+    import subprocess
+    import sys
+
+    from dflash_bench.launch import free_port
+    from sweep_helpers import only_sweep
+
+    for n, extra in enumerate((["--engine-arg=--load-format=dummy"], [])):
+        out = tmp_path / f"reports{n}"
+        proc = subprocess.run([sys.executable, "-m", "dflash_bench", "sweep", "--model", str(target), "--engine",
+                               "builtin", "--modes", "ar", "--suites", "mt-bench", "--concurrency", "1", "-n", "1",
+                               "--max-tokens", "4", "--port", str(free_port()), "--out", str(out), "--data-dir",
+                               str(data_dir), *extra], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        folder = only_sweep(out)
+        summary = json.loads((folder / "cells" / "builtin-ar-mt-bench-c1" / "summary.json").read_text())
+        assert summary["settings"]["history"] == ("blank" if extra else "answers")

@@ -99,7 +99,7 @@ def cell_settings(request: RequestSettings, load: LoadSettings, model: str | Non
                         save_token_ids=request.save_token_ids, enable_thinking=request.enable_thinking,
                         warmup=load.warmup, request_rate=load.request_rate, timeout_s=load.timeout, seed=load.seed,
                         transport=load.transport, num_prompts=num_prompts, ignore_eos=request.ignore_eos,
-                        prompt_rendering=rendering, min_seconds=load.min_seconds or None,
+                        prompt_rendering=rendering, min_seconds=load.min_seconds or None, history=load.history,
                         steady=SteadyPlan(ramp=load.ramp, requests=load.steady_requests)
                         if load.steady_requests else None)
 

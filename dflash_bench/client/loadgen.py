@@ -50,6 +50,10 @@ class LoadSettings:
     # concurrency) completions of ramp-up; None: the prompts are sent once as a closed batch
     steady_requests: int | None = None
     steady_ramp: int | None = None
+    # what a later turn carries of the earlier ones' answers: "answers", the server's own (a real conversation), or
+    # "blank", empty ones (random weights: each engine's answers are noise of its own, and would make its later
+    # prompts its own: one's decode to newlines, another's to nothing)
+    history: str = "answers"
 
     @property
     def ramp(self) -> int:
@@ -142,7 +146,7 @@ class LoadGenerator:
             st = await self.one(prompt_id, i, list(messages), warmup, mt)
             if st.error is not None:
                 return  # a later turn needs this turn's reply
-            messages.append({"role": "assistant", "content": st.output_text()})
+            messages.append({"role": "assistant", "content": st.output_text() if self.load.history == "answers" else ""})
 
     async def warm_up(self, prompts: Sequence[Conversation]) -> None:
         """The warm-up (LoadSettings.warmup): `concurrency` requests at once of the first prompts, recorded and

@@ -168,7 +168,7 @@ def measure_cell(url: str, prompts: Sequence[Prompt], *, cell_dir: Path, concurr
                  warmup: bool = True, request_rate: float | None = None, timeout: float | None = 600.0,
                  seed: int = 0, transport: str = "auto", on_progress: ProgressFn | None = None,
                  telemetry: TelemetrySampler | None = None, steady_requests: int | None = None,
-                 steady_ramp: int | None = None) -> CellSummary:
+                 steady_ramp: int | None = None, history: str = "answers") -> CellSummary:
     """Measure, summarise and write one cell into `cell_dir` (a `<sweep>/cells/<cell-id>` folder).
 
     The options are RequestSettings' and LoadSettings' fields. Raises UserError when the server cannot be
@@ -178,7 +178,7 @@ def measure_cell(url: str, prompts: Sequence[Prompt], *, cell_dir: Path, concurr
                               save_token_ids=save_token_ids, enable_thinking=enable_thinking, ignore_eos=ignore_eos,
                               tokenizer=tokenizer)
     load = LoadSettings(concurrency=concurrency, request_rate=request_rate, warmup=warmup, timeout=timeout, seed=seed,
-                        transport=transport, steady_requests=steady_requests, steady_ramp=steady_ramp)
+                        transport=transport, steady_requests=steady_requests, steady_ramp=steady_ramp, history=history)
     m = measure(url, prompts, request, load, telemetry, on_progress)
     summary = summarize_cell(m, cell_id=cell_dir.name, engine=engine, mode=mode,
                              suite=suite or prompts[0].suite, concurrency=concurrency, repeat=repeat)

@@ -264,6 +264,9 @@ class CellSettings(BaseModel):
     ignore_eos: bool | None = None  # every request ran to max_tokens
     min_seconds: float | None = None  # --min-cell-seconds: the prompts were sent again until the window lasted this
     prompt_passes: int | None = None  # times the prompt list was sent (more than 1: lengthened by min_seconds)
+    # what a later turn carried of the earlier answers: "answers" (the server's own) or "blank" (empty: random weights,
+    # whose answers are each engine's own noise); None: written before it was recorded (the server's own)
+    history: str | None = None
     # --steady-requests / --steady-ramp: a steady stream (client/loadgen.py), measured over a window of completions
     steady: SteadyPlan | None = None
     # --interleave: at concurrency 1 the cell's requests alternated one by one with its pair's (the other mode's

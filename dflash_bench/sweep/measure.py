@@ -15,6 +15,7 @@ from dflash_bench.client.server_cache import empty_prefix_cache
 from dflash_bench.client.server_slots import check_slots
 from dflash_bench.client.summary import summarize_cell
 from dflash_bench.errors import UserError
+from dflash_bench.report.card import weights_of
 from dflash_bench.store import CellPlan, CellSummary, Manifest, StoreError, SweepDir
 from dflash_bench.sweep.context import SweepContext, reason
 from dflash_bench.sweep.launch import Server
@@ -107,8 +108,10 @@ def request_and_load(ctx: SweepContext, cell: CellPlan, max_tokens: int) -> tupl
     api, tokenizer = profiles.get(cell.engine).request_api(ctx.pair, settings.api)
     request = RequestSettings(api=api, max_tokens=max_tokens, temperature=settings.temperature,
                               save_token_ids=settings.save_token_ids, enable_thinking=thinking, tokenizer=tokenizer)
+    blank = weights_of(settings.engine_args, cell.engine) == "random"  # every engine's later turns alike
     load = LoadSettings(concurrency=cell.concurrency, seed=settings.seed, min_seconds=settings.min_cell_seconds,
-                        steady_requests=settings.steady_requests, steady_ramp=settings.steady_ramp)
+                        steady_requests=settings.steady_requests, steady_ramp=settings.steady_ramp,
+                        history="blank" if blank else "answers")
     return request, load
 
 
