@@ -18,6 +18,7 @@ from typing import Awaitable, Callable, Iterator, Protocol, Sequence
 from dflash_bench.client.protocol import PATHS, RequestSettings, Stream, build_body
 from dflash_bench.client.transport import Transport, with_timeout
 from dflash_bench.store import RequestRecord
+from dflash_bench.store.cells import History
 
 class Conversation(Protocol):
     """What the load sends of a prompt: its id and its user turns (suites.Prompt, or one sent again)."""
@@ -53,7 +54,7 @@ class LoadSettings:
     # what a later turn carries of the earlier ones' answers: "answers", the server's own (a real conversation), or
     # "blank", empty ones (random weights: each engine's answers are noise of its own, and would make its later
     # prompts its own: one's decode to newlines, another's to nothing)
-    history: str = "answers"
+    history: History = "answers"
 
     @property
     def ramp(self) -> int:

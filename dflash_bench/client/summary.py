@@ -20,6 +20,7 @@ from dflash_bench.metrics.prometheus import ACCEPTED, DRAFTS
 from dflash_bench.store import (
     TELEMETRY, CellSummary, RequestRecord, ServerMetrics, SteadyPlan, SteadyWindow, SweepDir,
 )
+from dflash_bench.store.cells import History
 
 if TYPE_CHECKING:
     from dflash_bench.suites import Prompt
@@ -168,7 +169,7 @@ def measure_cell(url: str, prompts: Sequence[Prompt], *, cell_dir: Path, concurr
                  warmup: bool = True, request_rate: float | None = None, timeout: float | None = 600.0,
                  seed: int = 0, transport: str = "auto", on_progress: ProgressFn | None = None,
                  telemetry: TelemetrySampler | None = None, steady_requests: int | None = None,
-                 steady_ramp: int | None = None, history: str = "answers") -> CellSummary:
+                 steady_ramp: int | None = None, history: History = "answers") -> CellSummary:
     """Measure, summarise and write one cell into `cell_dir` (a `<sweep>/cells/<cell-id>` folder).
 
     The options are RequestSettings' and LoadSettings' fields. Raises UserError when the server cannot be

@@ -10,6 +10,9 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+# what a multi-turn cell's later turns carried of the earlier answers: the server's own, or empty text (random weights)
+History = Literal["answers", "blank"]
+
 SCHEMA_VERSION = 2  # 2: typed manifest sections; summary fields instead of `extra` (store/migrate.py reads 1)
 
 Mode = Literal["ar", "dflash", "eagle3"]
@@ -266,7 +269,7 @@ class CellSettings(BaseModel):
     prompt_passes: int | None = None  # times the prompt list was sent (more than 1: lengthened by min_seconds)
     # what a later turn carried of the earlier answers: "answers" (the server's own) or "blank" (empty: random weights,
     # whose answers are each engine's own noise); None: written before it was recorded (the server's own)
-    history: str | None = None
+    history: History | None = None
     # --steady-requests / --steady-ramp: a steady stream (client/loadgen.py), measured over a window of completions
     steady: SteadyPlan | None = None
     # --interleave: at concurrency 1 the cell's requests alternated one by one with its pair's (the other mode's

@@ -167,25 +167,21 @@ class EngineCore:
             toks.update(zip(ids, self.prefill_group([slots[i] for i in ids], [prompts[i] for i in ids], graphed)))
         for g in self._scheduler.resume_groups([at[i] for i in resumed], [len(prompts[i]) - at[i] for i in resumed]):
             ids = [resumed[j] for j in g]
-            toks.update(zip(ids, self.resume_group([slots[i] for i in ids], [prompts[i] for i in ids],
-                                                   [at[i] for i in ids])))
+            toks.update(zip(ids, self.prefill_group([slots[i] for i in ids], [prompts[i] for i in ids], False,
+                                                    [at[i] for i in ids])))
         return [toks[i] for i in range(len(prompts))]
 
-    def resume_group(self, slots: list[int], prompts: list[list[int]], starts: list[int]) -> list[int]:
-        """Prefill what follows `starts[i]` of `prompts[i]` into `slots[i]`, whose positions below it hold the
-        prompt's K/V already, as one eager forward; returns their first tokens."""
-        first = self._runner.prefill(slots, [p[at:] for p, at in zip(prompts, starts)], None, starts)
-        for s, p in zip(slots, prompts):
-            self._scheduler.prefilled(s, len(p))
-        self._launched(Launched(len(self._runner.inflight), prefill=tuple(slots)))
-        return first
-
-    def prefill_group(self, slots: list[int], prompts: list[list[int]], graphed: bool) -> list[int]:
+    def prefill_group(self, slots: list[int], prompts: list[list[int]], graphed: bool,
+                      starts: list[int] | None = None) -> list[int]:
         """Prefill `prompts` into `slots` as one group: the graph of its rows (padded to the longest one's bucket) or
-        one eager forward; returns their first tokens. `add_many` groups as the scheduler says; a benchmark
-        comparing the ways calls this."""
+        one eager forward; returns their first tokens. `starts` (eager only): each slot holds its prompt's first
+        starts[i] tokens already, and what follows is prefilled. `add_many` groups as the scheduler says; a
+        benchmark comparing the ways calls this."""
+        if starts is not None and graphed:
+            raise ValueError("a resumed prefill runs eagerly: the graphs are captured from position 0")
         P = self._scheduler.padded(max(map(len, prompts))) if graphed else None
-        first = self._runner.prefill(slots, prompts, P)
+        rest = prompts if starts is None else [p[at:] for p, at in zip(prompts, starts)]
+        first = self._runner.prefill(slots, rest, P, starts)
         for s, p in zip(slots, prompts):
             self._scheduler.prefilled(s, len(p))
         self._launched(Launched(len(self._runner.inflight), prefill=tuple(slots), P=P))
@@ -194,9 +190,7 @@ class EngineCore:
     def release(self, slot: int, keep: Sequence[int] | None = None) -> None:
         """Free `slot`; `keep`: the tokens whose K/V it holds from position 0, for a later prompt that starts with
         them (`match`; with prefix caching off, nothing is kept)."""
-        kept = keep is not None and self._scheduler.prefix is not None
-        self._scheduler.release(slot, keep if kept else None)
-        self._runner.release(slot, keep=kept)
+        self._runner.release(slot, keep=self._scheduler.release(slot, keep))
 
     # ---- the prefix cache (`scheduling/prefix.py`) -------------------------------------------------------------
     def match(self, prompt: Sequence[int], free: Sequence[int]) -> tuple[int, int] | None:

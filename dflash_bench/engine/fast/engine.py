@@ -87,9 +87,15 @@ class FastEngine:
         for p in prompts:
             if not free:
                 return
-            hit = self.core.match(p, free)
-            free.remove(hit[0] if hit else min(free))
-            yield len(p) - (hit[1] if hit else 0)
+            slot, cached = self._place(p, free)
+            free.remove(slot)
+            yield len(p) - cached
+
+    def _place(self, prompt: Sequence[int], free: Sequence[int]) -> tuple[int, int]:
+        """The free slot a prompt takes and the tokens of it that slot holds: the slot whose kept prefix it resumes
+        (`EngineCore.match`), else the lowest free one and none (the batch bucket covers slots 0..highest)."""
+        hit = self.core.match(prompt, free)
+        return hit if hit is not None else (min(free), 0)
 
     def add(self, req_id: str, prompt: list[int], params: SamplingParams) -> tuple[Seq, Delta | None]:
         return self.add_many([(req_id, prompt, params)])[0]
@@ -107,9 +113,9 @@ class FastEngine:
         seqs: list[Seq] = []
         try:
             for req_id, prompt, params in reqs:
-                hit = self.core.match(prompt, self.free_slots)  # a free slot that holds this prompt's start
-                s = self.book.open(req_id, prompt, params, hit[0] if hit else None)
-                s.cached = hit[1] if hit else 0
+                slot, cached = self._place(prompt, self.free_slots) if self.free_slots else (None, 0)
+                s = self.book.open(req_id, prompt, params, slot)  # no free slot: its sentence
+                s.cached = cached
                 self.core.claim(s.slot)
                 seqs.append(s)
             if not any(s.cached for s in seqs) and self.core.wait_to_ride(

@@ -25,9 +25,9 @@ process that ends by itself (a dead rank, a crash) fails the requests in flight 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import multiprocessing
-import itertools
 import os
 import signal
 import sys

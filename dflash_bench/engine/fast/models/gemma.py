@@ -187,9 +187,10 @@ class GemmaTarget(DecoderTarget):
               slot: torch.Tensor | None, last: torch.Tensor | None, taps: Taps,
               packed: torch.Tensor | None = None, resumed: bool = False) -> torch.Tensor:
         """A prefill (`last`: each row's last prompt token) writes a sliding layer's ring only with its rows' own
-        newest positions, never their padding; resumed, it reads the ring's keys before its rows' starts. `packed` (an eager prefill's real tokens among the bs x n): the
-        layers run over those alone, and only attention sees the rows padded (a group padded to its longest prompt
-        spends its matmuls, 83% of its time, on padding otherwise)."""
+        newest positions, never their padding; resumed, it reads the ring's keys before its rows' starts. `packed`
+        (an eager prefill's real tokens among the bs x n): the layers run over those alone, and only attention sees
+        the rows padded (a group padded to its longest prompt spends its matmuls, 83% of its time, on padding
+        otherwise)."""
         bs, n = ids.shape
         ends = starts + n if last is None else last - self.index.offsets(bs, ids.device) * n + 1 + starts
         attend = self._attention(pos, starts, row0, L, slot, ends, fresh=last is not None and not resumed,

@@ -56,12 +56,15 @@ class PrefixCache:
         self.kept: dict[int, Kept] = {}
         self.heads: dict[tuple[int, ...], set[int]] = {}  # a kept slot's first min_tokens ids -> the slots
 
-    def keep(self, slot: int, ids: Sequence[int], hi: int) -> None:
-        """`slot` is free and holds the K/V of `ids` at positions 0.. (written nowhere at or past `hi`)."""
+    def keep(self, slot: int, ids: Sequence[int], hi: int) -> bool:
+        """`slot` is free and holds the K/V of `ids` at positions 0.. (written nowhere at or past `hi`); whether they
+        are kept (not when shorter than `min_tokens`)."""
         self.drop(slot)
-        if len(ids) >= self.min_tokens:
-            self.kept[slot] = Kept(tuple(ids), hi)
-            self.heads.setdefault(tuple(ids[:self.min_tokens]), set()).add(slot)
+        if len(ids) < self.min_tokens:
+            return False
+        self.kept[slot] = Kept(tuple(ids), hi)
+        self.heads.setdefault(tuple(ids[:self.min_tokens]), set()).add(slot)
+        return True
 
     def drop(self, slot: int) -> None:
         """`slot` is taken again: what it kept is being overwritten."""

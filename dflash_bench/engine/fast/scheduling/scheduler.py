@@ -256,16 +256,17 @@ class Scheduler:
         if self.prefix is not None:
             self.prefix.clear()
 
-    def release(self, slot: int, keep: Sequence[int] | None = None) -> None:
+    def release(self, slot: int, keep: Sequence[int] | None = None) -> bool:
         """The slot is free; `keep`: the tokens whose K/V it holds from position 0 (its request's prompt and
         output but the last), kept for a later prompt that starts with them. What else may be written there bounds
         the resume: the steps in flight may still commit for it, and as a padding row it writes a block at its
-        start."""
-        if keep is not None and self.prefix is not None and slot in self.lengths:
+        start. Whether the prefix cache kept them (the slot's device state must then stay as it is)."""
+        kept = keep is not None and self.prefix is not None and slot in self.lengths and \
             self.prefix.keep(slot, keep, self.lengths[slot] + self.reach() + self.B)
         self.lengths.pop(slot, None)
         self.riding.pop(slot, None)
         self.queue = deque(q for q in self.queue if q[0] != slot)
+        return kept
 
     # ---- riding (AR with `mixed`) --------------------------------------------------------------------
     def mixed_buckets(self) -> list[tuple[int, int]]:
