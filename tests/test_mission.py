@@ -246,3 +246,54 @@ def test_a_fresh_machine_resumes_the_sweeps_of_a_carried_xz_archive(tmp_path, da
     assert proc.returncode == 0 and f"the sweeps of {tmp_path / 'carry' / 'sweeps.tar.xz'} are resumed" in log, log
     assert f"--resume {first}" in log
     assert [f.name for f in first.parent.iterdir()] == [first.name]
+
+
+def two_gpus(tmp_path: Path) -> str:
+    """A PATH whose nvidia-smi lists two GPUs (the CPU machine has none)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\nprintf 'GPU 0: NVIDIA H200 (UUID: GPU-a)\\nGPU 1: NVIDIA H200 (UUID: GPU-b)\\n'\n")
+    smi.chmod(0o755)
+    return f"{bin_dir}:{os.environ['PATH']}"
+
+
+def test_parallel_steps_each_take_gpus_of_their_own_and_are_refused_past_the_machine(tmp_path, data_dir):
+    """--parallel on a two-GPU machine: the first GPU step gets GPU 0, the next GPU 1 (an emulator step none); two
+    steps of two GPUs each, or a step named twice, are refused in one sentence before anything runs."""
+    path = two_gpus(tmp_path)
+    proc = mission(tmp_path, data_dir, "--gpu", "h200", "--parallel", "builtin", "emulator", "vllm",
+                   MISSION_DRY_RUN="1", PATH=path)
+    log = (tmp_path / "out" / "mission.log").read_text()
+    assert proc.returncode == 0, log
+    assert "== builtin: " in log and " left, on CUDA_VISIBLE_DEVICES=0; its console: " in log.split("== builtin: ")[1]
+    assert " left, on CUDA_VISIBLE_DEVICES=1; its console: " in log.split("== vllm: ")[1]
+    assert " left, on no GPU; its console: " in log.split("== emulator: ")[1]
+    for step in ("builtin", "emulator", "vllm"):
+        console = (tmp_path / "out" / "logs" / f"{step}.console").read_text()
+        assert f"--engine {step}" in console and console in log  # its console, then in the call's own
+    shutil.rmtree(tmp_path / "out")
+    proc = mission(tmp_path, data_dir, "--tp", "2", "--parallel", "builtin", "vllm", PATH=path)
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        "mission.sh: --parallel gives 2 GPU step(s) 2 GPU(s) each, 4 in all, and this machine has 2")
+    proc = mission(tmp_path, data_dir, "--parallel", "vllm", "vllm", PATH=path)
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        "mission.sh: --parallel runs each step once, and 'vllm' is named twice")
+    assert not (tmp_path / "out").exists()  # refused before anything ran
+
+
+def test_parallel_steps_run_at_once_and_each_finishes_its_sweep(tmp_path, data_dir):
+    """Two emulator steps at once: both are launched before either is waited for, each sweep ends whole in OUT, and
+    nothing of either is left running."""
+    proc = mission(tmp_path, data_dir, "--suites", "gsm8k", "-c", "1,2", "-n", "2", "--max-tokens", "16",
+                   "--parallel", "emulator", "emulator-tau")
+    log = (tmp_path / "out" / "mission.log").read_text()
+    assert proc.returncode == 0 and "== emulator: exit 0" in log and "== emulator-tau: exit 0" in log, log
+    first_exit = log.index("== emulator: exit")
+    assert log.index("== emulator-tau: ") < log.index("== emulator: its console") < first_exit
+    for name, modes in (("emulator", {"ar", "dflash"}), ("emulator-tau", {"dflash"})):
+        (folder,) = (tmp_path / "out" / "sweeps" / f"{name}-gemma-4-31B-it-h100-tp1").iterdir()
+        plan = json.loads((folder / "manifest.json").read_text())["plan"]
+        assert {c["mode"] for c in plan} == modes and all(c["status"] == "complete" for c in plan)
+    ps = subprocess.run(["pgrep", "-f", str(tmp_path / "work")], capture_output=True, text=True)
+    assert ps.stdout.strip() == ""

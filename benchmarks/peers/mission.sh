@@ -5,11 +5,15 @@
 #
 #   bash benchmarks/peers/mission.sh [--pair P] [--gpu h100|h200] [--tp N] [--seconds S] [--suites A,B] [-n N]
 #        [--waves W] [-c 1,8,32] [--max-tokens N] [--synthetic-acceptance TAU|card] [--modes ar,dflash[,eagle3]]
-#        [--input-len 128,1k,4k] [--long-c 1,8] [--long-tokens N] STEP...
+#        [--input-len 128,1k,4k] [--long-c 1,8] [--long-tokens N] [--parallel] STEP...
 #
 # STEP, run in the order given, each in a shell of its own (one engine's bundle at a time), until S seconds
 # (default 570) have passed since the start; a step that cannot finish in the time left is cut (SIGTERM: the
-# sweep stops its server and records the cell as interrupted) and the steps after it are skipped, saying so:
+# sweep stops its server and records the cell as interrupted) and the steps after it are skipped, saying so.
+# --parallel: the steps run at once instead, each on GPUs of its own (the first GPU step on the first --tp GPUs,
+# the next on the next --tp; an emulator step on none), each cut at the same deadline, each step's console in
+# OUT/logs/STEP.console and then in this one's: two one-GPU steps share one two-GPU call. Refused where the
+# machine has fewer GPUs than the GPU steps take, or a step is named twice. The steps:
 #
 #   vllm-pair     vLLM 0.26.0 (.vllm-bundle) on one GPU: benchmarks.peers.two_clients, DFlash then AR at concurrency 1
 #                 and 8, 128 new tokens, measured by `dflash-bench run` and `vllm bench serve`
@@ -50,6 +54,7 @@ set -m  # each step runs in a process group of its own, which the deadline can s
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
 STEPS="vllm-pair vllm vllm-tau vllm-long sglang builtin builtin-tau builtin-long emulator emulator-tau emulator-long"
 gpu=h100 tp=1 seconds=570 suites=gsm8k,mt-bench prompts=8 waves="" conc=1,8,32 tokens=128 steps=() pair=gemma-4-31B-it
+parallel=""
 tau="" modes="" input_len=128,1k,4k long_conc=1,8 long_tokens=512
 while [ $# -gt 0 ]; do
   case $1 in
@@ -67,6 +72,7 @@ while [ $# -gt 0 ]; do
     --input-len) input_len=$2; shift 2 ;;
     --long-c) long_conc=$2; shift 2 ;;
     --long-tokens) long_tokens=$2; shift 2 ;;
+    --parallel) parallel=1; shift ;;
     -*) echo "mission.sh: unknown option '$1'" >&2; exit 2 ;;
     *) case " $STEPS " in *" $1 "*) steps+=("$1"); shift ;;
          *) echo "mission.sh: unknown argument '$1' (steps: $STEPS)" >&2; exit 2 ;; esac ;;
@@ -77,6 +83,27 @@ case $gpu in h100|h200) ;; *) echo "mission.sh: --gpu takes h100 or h200, not '$
 [ -n "${OUT:-}" ] || { echo "mission.sh: set OUT to the folder that receives the results" >&2; exit 2; }
 shapes=$(python3 -c "from dflash_bench.model_shapes import SHAPES; print(' '.join(SHAPES))" 2>/dev/null)
 case " $shapes " in *" $pair "*) ;; *) echo "mission.sh: no recorded shape for --pair '$pair': use one of $shapes" >&2; exit 2 ;; esac
+declare -A devices=()  # --parallel: each step's CUDA_VISIBLE_DEVICES
+if [ -n "$parallel" ]; then
+  gpu_steps=() seen=" "
+  for s in "${steps[@]}"; do
+    case $seen in *" $s "*) echo "mission.sh: --parallel runs each step once, and '$s' is named twice" >&2; exit 2 ;; esac
+    seen+="$s "
+    case $s in emulator*) devices[$s]="" ;; *) gpu_steps+=("$s") ;; esac
+  done
+  have=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+  want=$(( ${#gpu_steps[@]} * tp ))
+  if [ -z "${MISSION_DRY_RUN:-}" ] && [ "$want" -gt "$have" ]; then
+    echo "mission.sh: --parallel gives ${#gpu_steps[@]} GPU step(s) $tp GPU(s) each, $want in all, and this machine has $have" >&2
+    exit 2
+  fi
+  command -v flock > /dev/null || { echo "mission.sh: --parallel needs flock (util-linux) to set the steps up one at a time" >&2; exit 2; }
+  k=0
+  for s in "${gpu_steps[@]}"; do
+    devices[$s]=$(seq -s, $((k * tp)) $((k * tp + tp - 1)))
+    k=$((k + 1))
+  done
+fi
 mkdir -p "$OUT/sweeps" "$OUT/logs"
 exec > >(tee -a "$OUT/mission.log") 2>&1
 
@@ -101,6 +128,17 @@ for carried in "${MISSION_CARRY:-.mission}"/sweeps.tar.{gz,xz}; do  # an earlier
   mkdir -p "$work" && tar -xf "$carried" -C "$work" --skip-old-files \
     && echo "mission.sh: the sweeps of $carried are resumed where this machine has none of its own"
 done
+
+setup_lock() { # --parallel: one step at a time unpacks its bundle and writes the shape (both in shared folders of
+  # $work); the lock goes with the step's shell, or when its sweep starts (setup_done)
+  [ -n "$parallel" ] || return 0
+  mkdir -p "$work" && exec 9> "$work/.setup.lock" && flock 9
+}
+
+setup_done() {
+  [ -n "$parallel" ] || return 0
+  flock -u 9 2> /dev/null; exec 9>&-
+}
 
 shape() { # shape hf|sglang: the pair's folders in $work, written once (configs and a trained tokenizer)
   local target=$work/$pair; [ "$1" = sglang ] && target=$work/sglang/$pair
@@ -160,6 +198,7 @@ sweep() { # sweep NAME ENGINE TARGET [extra sweep args...]: one sweep folder in 
   # to $OUT/sweeps/ when it ends; a folder left there by an earlier call on this machine is resumed (--resume:
   # complete cells kept, the rest run), so a step the deadline cut goes on where it stopped
   local name=$1 engine=$2 target=$3; shift 3
+  setup_done
   local dir=$work/sweeps/$name-$pair-$gpu-tp$tp
   mkdir -p "$dir"
   local cmd=(python3 -m dflash_bench sweep --model "$target" --drafter "$work/$pair-DFlash" --engine "$engine"
@@ -213,10 +252,12 @@ PY
 }
 
 save() { # every sweep folder of this machine into $OUT/sweeps, and as one $OUT/sweeps.tar.gz: the device tool
-  # brings back files at most two folders down, and a sweep folder's cells are deeper (each call's $OUT starts empty)
+  # brings back files at most two folders down, and a sweep folder's cells are deeper (each call's $OUT starts empty);
+  # one step's save at a time (--parallel)
   [ -d "$work/sweeps" ] || return 0
-  cp -r "$work/sweeps/." "$OUT/sweeps/" 2>/dev/null
-  tar -czf "$OUT/sweeps.tar.gz" -C "$work" sweeps 2>/dev/null
+  ( command -v flock > /dev/null && flock 8
+    cp -r "$work/sweeps/." "$OUT/sweeps/" 2>/dev/null
+    tar -czf "$OUT/sweeps.tar.gz" -C "$work" sweeps 2>/dev/null ) 8> "$work/.save.lock"
   return 0
 }
 
@@ -233,6 +274,7 @@ variant() { # variant STEP ENGINE TARGET [args...]: the step's sweep; *-tau: DFl
 }
 
 step() { # the body of one step, in a subshell
+  setup_lock
   case $1 in
     vllm-pair)
       [ "$pair" = gemma-4-31B-it ] || { echo "skipped: vllm-pair measures gemma-4-31B-it only (two_clients.py's shapes)"; return 0; }
@@ -242,7 +284,7 @@ step() { # the body of one step, in a subshell
                  --work "$work" --out "$OUT/two_clients_vllm_gemma.json" --time-limit "$2")
       echo "+ ${cmd[*]}"
       [ -n "$dry" ] && return 0
-      shape hf && "${cmd[@]}"
+      shape hf && setup_done && "${cmd[@]}"
       cp -r "$work/logs" "$OUT/logs/two_clients" 2>/dev/null ;;
     vllm|vllm-tau|vllm-long)
       bundle .vllm-bundle || { [ $? = 3 ] && return 0; return 1; }
@@ -268,28 +310,51 @@ step() { # the body of one step, in a subshell
   esac
 }
 
-for s in "${steps[@]}"; do
-  left=$((deadline - $(date +%s)))
+declare -A pids=() watchdogs=() started=()
+launch() { # launch STEP: the step in a process group of its own, and its watchdog
+  local s=$1 left=$((deadline - $(date +%s)))
   if [ "$left" -lt "${MISSION_MIN_STEP_S:-90}" ]; then
     echo "== $s: skipped, ${left} s left of $seconds"
-    continue
+    return 1
   fi
-  echo "== $s: $(date -u +%H:%M:%S) UTC, ${left} s left"
-  t0=$(date +%s)
-  ( step "$s" $((left - 15)) ) &
-  pid=$!
+  started[$s]=$(date +%s)
+  if [ -n "$parallel" ]; then
+    local on="on no GPU"; [ -z "${devices[$s]}" ] || on="on CUDA_VISIBLE_DEVICES=${devices[$s]}"
+    echo "== $s: $(date -u +%H:%M:%S) UTC, ${left} s left, $on; its console: $OUT/logs/$s.console"
+    ( export CUDA_VISIBLE_DEVICES=${devices[$s]}; step "$s" $((left - 15)) ) > "$OUT/logs/$s.console" 2>&1 &
+  else
+    echo "== $s: $(date -u +%H:%M:%S) UTC, ${left} s left"
+    ( step "$s" $((left - 15)) ) &
+  fi
+  pids[$s]=$!
   # the step's own limit: SIGTERM to its process group at the deadline, read off the same clock as `left` (the sweep
   # records the cell as interrupted and stops its server), SIGKILL 10 s later
+  local pid=$!
   ( while [ "$(date +%s)" -lt $((deadline - 5)) ]; do sleep 1; done
     echo "== $s: the deadline: stopping it"; kill -TERM -- -"$pid" 2>/dev/null; sleep 10
     kill -KILL -- -"$pid" 2>/dev/null ) &
-  watchdog=$!
+  watchdogs[$s]=$!
+}
+
+finish() { # finish STEP: wait for a launched step, and for everything in its group
+  local s=$1 pid=${pids[$1]} rc
   wait "$pid"; rc=$?
   # a step the deadline stopped: its shell ends at once, the sweep in its group only once it has recorded the cut
   # cell and stopped its server (bounded by the watchdog's SIGKILL), and nothing of it may outlive the step
   while kill -0 -- -"$pid" 2>/dev/null; do sleep 1; done
-  kill -- -"$watchdog" 2>/dev/null; wait "$watchdog" 2>/dev/null
-  echo "== $s: exit $rc after $(( $(date +%s) - t0 )) s"
-done
+  kill -- -"${watchdogs[$s]}" 2>/dev/null; wait "${watchdogs[$s]}" 2>/dev/null
+  if [ -n "$parallel" ]; then
+    echo "== $s: its console"
+    cat "$OUT/logs/$s.console"
+  fi
+  echo "== $s: exit $rc after $(( $(date +%s) - ${started[$s]} )) s"
+}
+
+if [ -n "$parallel" ]; then
+  for s in "${steps[@]}"; do launch "$s"; done
+  for s in "${steps[@]}"; do [ -n "${pids[$s]:-}" ] && finish "$s"; done
+else
+  for s in "${steps[@]}"; do launch "$s" && finish "$s"; done
+fi
 save  # the servers' logs are in each sweep folder; the two_clients logs were copied above
 echo "mission.sh: done after $(( $(date +%s) - start )) s; results under $OUT"
