@@ -260,7 +260,8 @@ def test_a_sweeps_server_is_emptied_between_cells_where_a_launched_one_keeps_its
     """Three prompts through two slots, the slots emptied as a sweep empties them before a cell, the prompts sent
     again: on a server launched as a sweep launches it (`cache_reset`) none is found cached; on one launched as
     `dflash-bench launch` does, erasing the slots leaves the prompts in llama.cpp's host-memory cache, and a later
-    "cell" would find them all there."""
+    "cell" would find them all there; so they are on a sweep's server whose --engine-arg turns that cache back on,
+    and there the cell says so."""
     from dflash_bench import profiles
     from dflash_bench.client.server_cache import empty_prefix_cache
 
@@ -278,19 +279,25 @@ def test_a_sweeps_server_is_emptied_between_cells_where_a_launched_one_keeps_its
         return [u["prompt_tokens_details"]["cached_tokens"] / u["prompt_tokens"] for u in usage]
 
     found = {}
-    for reset in (True, False):
+    for reset, extra in ((True, ()), (False, ()), (True, ("--cache-ram", "64"))):
         with launch_server("llamacpp", pair, "ar", runner="process", port=free_port(), slots=(2, 256),
-                           cache_reset=reset) as server:
+                           cache_reset=reset, extra_args=extra) as server:
             assert ("--slot-save-path" in server.info.command) == reset
             with httpx.Client(base_url=server.url, timeout=120) as c:
                 cached(c)
-                said = empty_prefix_cache(server.url, path, 30)
-                found[reset] = (said, cached(c))
-    said, again = found[True]
+                left = profiles.get("llamacpp").cache_left(server.info.command)  # as the sweep empties it
+                said = empty_prefix_cache(server.url, path, 30, left)
+                found[(reset, extra)] = (said, cached(c))
+    # a user's --engine-arg turning the host-memory cache back on: the slots are erased, a prompt they held before
+    # is still found (the one a later prompt's slot moved to host memory), and the cell would say it was not emptied
+    said, again = found[(True, ("--cache-ram", "64"))]
+    assert said.startswith("not emptied: the server runs with --cache-ram 64 (an --engine-arg over the sweep's 0)")
+    assert said.endswith(f"(sent POST {path} for each of the 2 slots)") and max(again) > 0.5, (said, again)
+    said, again = found[(True, ())]
     assert said == f"emptied (POST {path} for each of the 2 slots)"
     # the first prompt computed whole; the next two find only the chat template's start, which the first left
     assert again[0] == 0 and max(again) < 0.5, again
-    said, again = found[False]
+    said, again = found[(False, ())]
     assert said.startswith("not emptied") and "/slots" in said  # without --slot-save-path llama.cpp refuses it
     assert min(again) > 0.5, again  # its slots and host-memory cache kept every prompt
 

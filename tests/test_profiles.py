@@ -151,6 +151,25 @@ def test_only_a_sweeps_llamacpp_gets_the_flags_that_let_its_slots_be_emptied(tmp
     assert "--slot-save-path" not in launched and launched.count("--cache-ram") == 1
 
 
+def test_a_users_engine_arg_that_keeps_llamacpps_host_cache_is_named_as_what_emptying_leaves(tmp_path):
+    """The flag's last value is the one llama.cpp takes: given another value than the sweep's (either spelling),
+    the cells cannot say their cache was emptied; the sweep's own value, another flag, or an engine that keeps
+    nothing of the kind leave nothing to say."""
+    from dflash_bench.launch import plan_server
+
+    llamacpp, model = profiles.get("llamacpp"), str(tmp_path / "m.gguf")
+    for extra, given in ((["--cache-ram", "512"], "512"), (["--cache-ram=-1"], "-1"), ([], None),
+                         (["--cache-ram", "512", "--cache-ram", "0"], None), (["--slot-save-path", "/x"], None)):
+        _, _, argv, _, _ = plan_server("llamacpp", model, "ar", runner="process", cache_reset=True, extra_args=extra)
+        left = llamacpp.cache_left(argv)
+        if given is None:
+            assert left is None, extra
+        else:
+            assert left is not None and left.startswith(f"the server runs with --cache-ram {given} (an --engine-arg "
+                                                        "over the sweep's 0): the prompts its slots held stay"), left
+    assert profiles.get("vllm").cache_left(["vllm", "serve", "m", "--cache-ram", "512"]) is None
+
+
 def test_sglang_presets_swap_generation_specific_backends():
     sglang = profiles.get("sglang")
     # Hopper has no trtllm_mha / fa4 kernels: the Qwen3.5 card runs on fa3 there.

@@ -14,7 +14,8 @@ measured as it is, the cell saying why it was not emptied.
 llama.cpp has a server per concurrency, but it serves that concurrency's every suite, repeat and --thinking value:
 a repeat would find all its prompts cached. Erasing its slots leaves the prompts it moved to host memory
 (--cache-ram), so a sweep launches it with that cache off (`cache_reset_flags`); within a cell each slot still
-keeps its last prompt, as llama.cpp serves a conversation's next turn.
+keeps its last prompt, as llama.cpp serves a conversation's next turn. A user's --engine-arg that turns it on
+again wins, and then no cell says its cache was emptied (`EngineProfile.cache_left`).
 """
 
 from __future__ import annotations
@@ -31,9 +32,17 @@ RETRY_S = 0.5
 TIMEOUT_S = 30.0  # the most one POST may take (a cell's request timeout, where shorter): emptying is a quick call
 
 
-def empty_prefix_cache(url: str, path: str, timeout: float | None) -> str:
+def empty_prefix_cache(url: str, path: str, timeout: float | None, left: str | None = None) -> str:
     """POST `path` to the server at `url` (a path holding "{slot}": once for each slot its GET /slots lists), over
-    one connection; what came of it as the cell records it: "emptied (POST PATH)", or "not emptied: WHY"."""
+    one connection; what came of it as the cell records it: "emptied (POST PATH)", or "not emptied: WHY". `left`:
+    why the server keeps prompts that the POST leaves (`EngineProfile.cache_left`), said in place of "emptied"."""
+    said = _empty(url, path, timeout)
+    if left is None or not said.startswith("emptied"):
+        return said
+    return f"not emptied: {left} (sent {said.removeprefix('emptied (')}"
+
+
+def _empty(url: str, path: str, timeout: float | None) -> str:
     with httpx.Client(base_url=url, timeout=min(timeout or TIMEOUT_S, TIMEOUT_S)) as client:
         if "{slot}" not in path:
             return _post(client, path)

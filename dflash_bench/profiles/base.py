@@ -97,10 +97,28 @@ class EngineProfile:
     # Flags a sweep's server is launched with so that cache_reset empties everything it keeps (llama.cpp: its
     # host-memory prompt cache off, and the slot actions enabled); before the user's --engine-arg, which wins.
     cache_reset_flags: ClassVar[tuple[str, ...]] = ()
+    # Those of cache_reset_flags whose other values keep prompts that cache_reset leaves, and what they keep: a
+    # user's --engine-arg giving one another value makes each cell say its cache was not emptied (`cache_left`).
+    cache_reset_keeps: ClassVar[dict[str, str]] = {}
     # What the server's environment needs for it to serve cache_reset (vLLM: VLLM_SERVER_DEV_MODE=1). Only the
     # servers a sweep launches get it (`plan_server`'s cache_reset); `dflash-bench launch`'s do not: the route is
     # a benchmark's, not a served model's.
     cache_reset_env: ClassVar[tuple[tuple[str, str], ...]] = ()
+
+    def cache_left(self, command: Sequence[str]) -> str | None:
+        """Why emptying a server run as `command` through cache_reset leaves prompts cached: a flag of
+        cache_reset_keeps whose last value there (the one the engine takes) is not the sweep's; None where none is."""
+        ours = dict(zip(self.cache_reset_flags[::2], self.cache_reset_flags[1::2]))
+        for flag, keeps in self.cache_reset_keeps.items():
+            given = None
+            for i, arg in enumerate(command):
+                if arg == flag and i + 1 < len(command):
+                    given = command[i + 1]
+                elif arg.startswith(f"{flag}="):
+                    given = arg[len(flag) + 1:]
+            if given is not None and given != ours[flag]:
+                return f"the server runs with {flag} {given} (an --engine-arg over the sweep's {ours[flag]}): {keeps}"
+        return None
 
     def image_for(self, preset: str) -> str | None:
         """The default image for a GPU preset (most engines ship one image for all)."""

@@ -52,6 +52,8 @@ class LlamaCpp(EngineProfile):
     # erasing leaves the host-memory cache, so that is off.
     cache_reset = "/slots/{slot}?action=erase"
     cache_reset_flags = ("--cache-ram", "0", "--slot-save-path", "/tmp")
+    cache_reset_keeps = {"--cache-ram": "the prompts its slots held stay in host memory, where erasing the slots "
+                                        "leaves them"}
     default_port = 8080
     runner = "process"  # the CPU build `dflash-bench engines build llamacpp` installs; docker on GPU hosts
     needs_gpu = False

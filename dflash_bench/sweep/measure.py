@@ -49,10 +49,10 @@ def empty_cache(cell: CellPlan, server: Server, timeout: float | None) -> str | 
     as it is)."""
     from dflash_bench import profiles
 
-    path = profiles.get(cell.engine).cache_reset
-    if path is None or server.info.runner == "external":
+    profile = profiles.get(cell.engine)
+    if profile.cache_reset is None or server.info.runner == "external":
         return None
-    return empty_prefix_cache(server.url, path, timeout)
+    return empty_prefix_cache(server.url, profile.cache_reset, timeout, profile.cache_left(server.info.command))
 
 
 def interleaves(ctx: SweepContext, a: CellPlan, b: CellPlan) -> bool:
