@@ -277,9 +277,9 @@ def test_the_input_length_rows_are_set_along_one_axis_as_the_report_sets_them():
 
 
 def test_a_cells_first_tokens_are_set_beside_its_ttft_and_the_servers_split():
-    """The first-token table gives, per cell of more than one request at a time, the TTFT's median, mean and p90,
-    the server's queue and prefill, and the groups its first tokens came in; a one-at-a-time cell, a failed cell
-    and a cell read from an older file (no groups) are left out."""
+    """The first-token table gives, per cell of more than one request at a time, its tok/s, the TTFT's median (and
+    a multi-turn suite's later turns' alone), mean and p90, the server's queue and prefill, and the groups its first
+    tokens came in; a one-at-a-time cell, a failed cell and a cell read from an older file (no groups) are left out."""
     base = {"engine": "builtin", "mode": "ar", "suite": "gsm8k", "gpus": 1, "status": "complete", "tok_s": 1440.4,
             "tok_s_per_gpu": 1440.4, "ttft_ms_p50": 302.5, "tpot_ms_p50": 21.9, "peak_mem_mib": None,
             "prefix_cache_hit_rate": None, "tau": None, "ttft_ms_mean": 366.3, "ttft_ms_p90": 508.6,
@@ -287,11 +287,15 @@ def test_a_cells_first_tokens_are_set_beside_its_ttft_and_the_servers_split():
     groups = [{"requests": 1, "ttft_ms": 31.0}, {"requests": 18, "ttft_ms": 302.4}, {"requests": 13, "ttft_ms": 497.1}]
     run = {"sweep_id": "s", "device": "1x NVIDIA H200", "gpus_per_server": 1, "weights": "random", "command": "x",
            "servers": {}, "rows": [dict(base, concurrency=32, first_tokens=groups),
+                                   dict(base, concurrency=32, suite="mt-bench", ttft_ms_p50_later_turns=130.3,
+                                        first_tokens=groups[1:]),
                                    dict(base, concurrency=1, first_tokens=groups[:1]),
                                    dict(base, concurrency=8, tok_s=None, status="failed", first_tokens=[]),
                                    dict(base, concurrency=16)]}
     table = renderers_mission.first_tokens([{"pair": None, "weights": "random", "runs": [run], "measured": "here",
                                              "first_token_gap_ms": 5.0}])
-    assert table.rows == [["1", "builtin", "ar", "gsm8k", "32", "302.5", "366.3", "508.6", "118.7", "231.0",
-                           "1 at 31, 18 at 302, 13 at 497"]]
+    assert table.rows == [["1", "builtin", "ar", "gsm8k", "32", "1440.4", "302.5", "-", "366.3", "508.6", "118.7",
+                           "231.0", "1 at 31, 18 at 302, 13 at 497"],
+                          ["1", "builtin", "ar", "mt-bench", "32", "1440.4", "302.5", "130.3", "366.3", "508.6",
+                           "118.7", "231.0", "18 at 302, 13 at 497"]]
     assert any("more than 5 ms after the one before" in n for n in table.notes) and table.notes[-1] == "Measured on here."

@@ -203,14 +203,15 @@ def first_tokens(results: list[Any]) -> Table:
             if r["tok_s"] is None or r["concurrency"] < 2 or not r.get("first_tokens"):
                 continue
             came = ", ".join(f"{g['requests']} at {g['ttft_ms']:.0f}" for g in r["first_tokens"])
-            rows.append([str(n), r["engine"], r["mode"], r["suite"], str(r["concurrency"]), f1(r["ttft_ms_p50"]),
-                         f1(r.get("ttft_ms_mean")), f1(r.get("ttft_ms_p90")), f1(r.get("server_queue_ms")),
-                         f1(r.get("server_prefill_ms")), came])
-    notes.insert(0, "TTFT in ms as the client measured it; the server's queue (arrival to the start of its prefill) "
-                    "and prefill (to its first token) are the means of its own histograms over the cell. First tokens: "
+            rows.append([str(n), r["engine"], r["mode"], r["suite"], str(r["concurrency"]), f1(r["tok_s"]),
+                         f1(r["ttft_ms_p50"]), f1(r.get("ttft_ms_p50_later_turns")), f1(r.get("ttft_ms_mean")),
+                         f1(r.get("ttft_ms_p90")), f1(r.get("server_queue_ms")), f1(r.get("server_prefill_ms")), came])
+    notes.insert(0, "Output tok/s of the cell; TTFT in ms as the client measured it (later turns: the p50 of a "
+                    "multi-turn suite's second and later turns alone); the server's queue (arrival to the start of its "
+                    "prefill) and prefill (to its first token) are the means of its own histograms over the cell. First tokens: "
                     "the cell's requests by when their first token reached the client, a new group wherever one came "
                     f"more than {data['first_token_gap_ms']:g} ms after the one before (requests, then their median TTFT "
                     "in ms), in the order they came: a group is what the server prefilled in one forward or one step.")
     measured = [f"Measured on {data['measured'].rstrip('.')}."] if data.get("measured") else []
-    return Table(["run", "engine", "mode", "suite", "c", "TTFT p50", "mean", "p90", "server queue", "server prefill",
-                  "first tokens came"], rows, [*notes, *measured])
+    return Table(["run", "engine", "mode", "suite", "c", "tok/s", "TTFT p50", "later turns p50", "mean", "p90",
+                  "server queue", "server prefill", "first tokens came"], rows, [*notes, *measured])
