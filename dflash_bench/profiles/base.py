@@ -19,17 +19,23 @@ PRESET_ALIASES = {"h200": "h100", "h20": "h100", "hopper": "h100", "b200": "b300
 TP_FLAGS = ("--tensor-parallel-size", "-tp", "--tp-size", "--tp")
 
 
+def flag_values(args: Sequence[str], flags: Sequence[str]) -> list[str]:
+    """The values an engine's command line gives any of `flags`, in order (`--flag value` or `--flag=value`; a flag
+    last on the line gives ""): the engines' parsers take the last one."""
+    values = []
+    for i, arg in enumerate(args):
+        flag, eq, value = arg.partition("=")
+        if flag in flags:
+            values.append(value if eq else (args[i + 1] if i + 1 < len(args) else ""))
+    return values
+
+
 def tensor_parallel(engine_args: Any) -> int | None:
     """The tensor-parallel size passed through to the engine (vLLM `--tensor-parallel-size`, SGLang `--tp-size`);
     the last one given wins, as in the engines' own argument parsers."""
     args = [str(a) for a in engine_args] if isinstance(engine_args, list) else []
-    for i, arg in reversed(list(enumerate(args))):
-        flag, eq, value = arg.partition("=")
-        if flag in TP_FLAGS:
-            value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
-            if value.isdigit() and int(value) > 0:
-                return int(value)
-    return None
+    sizes = [int(v) for v in flag_values(args, TP_FLAGS) if v.isdigit() and int(v) > 0]
+    return sizes[-1] if sizes else None
 
 
 def python_module(module: str) -> tuple[bool, str]:
@@ -110,14 +116,9 @@ class EngineProfile:
         cache_reset_keeps whose last value there (the one the engine takes) is not the sweep's; None where none is."""
         ours = dict(zip(self.cache_reset_flags[::2], self.cache_reset_flags[1::2]))
         for flag, keeps in self.cache_reset_keeps.items():
-            given = None
-            for i, arg in enumerate(command):
-                if arg == flag and i + 1 < len(command):
-                    given = command[i + 1]
-                elif arg.startswith(f"{flag}="):
-                    given = arg[len(flag) + 1:]
-            if given is not None and given != ours[flag]:
-                return f"the server runs with {flag} {given} (an --engine-arg over the sweep's {ours[flag]}): {keeps}"
+            given = flag_values(command, (flag,))
+            if given and given[-1] != ours[flag]:
+                return f"the server runs with {flag} {given[-1]} (an --engine-arg over the sweep's {ours[flag]}): {keeps}"
         return None
 
     def image_for(self, preset: str) -> str | None:

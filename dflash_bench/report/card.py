@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from dflash_bench.profiles.base import flag_values
 from dflash_bench.speedup import speedup_of
 from dflash_bench.published import published_for
 from dflash_bench.store import SPECULATIVE, mode_name
@@ -96,11 +97,7 @@ def weights_of(engine_args: Iterable[str], engine: str) -> Weights:
     """How the sweep's servers got their weights: the emulator has none; `--load-format dummy` makes random ones."""
     if engine == "emulator":
         return "emulated"
-    args = list(engine_args)
-    for i, a in enumerate(args):
-        if a == "--load-format=dummy" or (a == "--load-format" and i + 1 < len(args) and args[i + 1] == "dummy"):
-            return "random"
-    return "real"
+    return "random" if "dummy" in flag_values(list(engine_args), ("--load-format",)) else "real"
 
 
 # The sweep settings that do not change what one cell measures or the server it runs on: which cells a sweep holds
