@@ -326,10 +326,10 @@ launch() { # launch STEP: the step in a process group of its own, and its watchd
     echo "== $s: $(date -u +%H:%M:%S) UTC, ${left} s left"
     ( step "$s" $((left - 15)) ) &
   fi
-  pids[$s]=$!
+  local pid=$!
+  pids[$s]=$pid
   # the step's own limit: SIGTERM to its process group at the deadline, read off the same clock as `left` (the sweep
   # records the cell as interrupted and stops its server), SIGKILL 10 s later
-  local pid=$!
   ( while [ "$(date +%s)" -lt $((deadline - 5)) ]; do sleep 1; done
     echo "== $s: the deadline: stopping it"; kill -TERM -- -"$pid" 2>/dev/null; sleep 10
     kill -KILL -- -"$pid" 2>/dev/null ) &
