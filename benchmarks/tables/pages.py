@@ -158,9 +158,12 @@ TABLES: list[Entry] = [
           "then, on the same warm machine, the same with --modes dflash", gpu.gemma_fast),
     Entry("gemma4_31b_first_token_h200", "docs/results/gemma-4-31b.md", ("gemma4_31b_first_token_h200.json",),
           "bash benchmarks/peers/mission.sh --gpu h200 --tp 1 -n 2 --waves 2 --max-tokens 1024 --suites gsm8k --modes ar "
-          "--seconds 560 vllm builtin (and --seconds 270 builtin at ac65d11), then python -m benchmarks.peers.big_sweep --out "
-          "benchmarks/results/gemma4_31b_first_token_h200.json SWEEP_FOLDER...", mission.first_tokens,
-          machine="one NVIDIA H200 (nvidia-h200)"),
+          "--seconds 560 vllm builtin (and --seconds 270 builtin at ac65d11; at 26f8c5a --suites gsm8k,mt-bench -c 32 "
+          "--seconds 560 --parallel builtin vllm, then --tp 2 --seconds 215 builtin), then python -m "
+          "benchmarks.peers.big_sweep --out benchmarks/results/gemma4_31b_first_token_h200.json SWEEP_FOLDER...",
+          mission.first_tokens,
+          machine="one NVIDIA H200 (nvidia-h200; runs 4-6 on nvidia-h200-x2: one GPU per server, or both at tensor "
+                  "parallel 2)"),
     Entry("gemma4_31b_prefill_anatomy_h200", "docs/results/gemma-4-31b.md",
           ("gemma4_31b_prefill_anatomy_h200.json", "gemma4_31b_prefill_anatomy_h200_own_keys.json",
            "gemma4_31b_prefill_anatomy_h200_packed.json"),
