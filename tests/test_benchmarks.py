@@ -471,6 +471,23 @@ def test_gemma_fast_runs_its_shrunk_shape_on_the_cpu(tmp_path):
                                        for a in anatomies)
 
 
+@ENGINE
+def test_gemma_fast_times_a_prefill_group_at_tensor_parallel_2(tmp_path):
+    """--tensor-parallel-size 2 builds the engine as `serve` does (gloo ranks here): the group is prefilled by both
+    ranks (a rank that missed its part would hang the collectives), timed on rank 0, whose weights are its half."""
+    runs = {}
+    for tp in (1, 2):
+        out = tmp_path / f"tp{tp}.json"
+        bench("speed.gemma_fast", "--json", str(out), "--device", "cpu", "--shrink", "--batches", "1", "--modes", "ar",
+              "--prefill", "3x20-40", "--reps", "1", "--tensor-parallel-size", str(tp))
+        runs[tp] = json.loads(out.read_text())
+    (one,), (two,) = runs[1]["phases"], runs[2]["phases"]
+    assert (runs[2]["tensor_parallel_size"], two.get("error")) == (2, None)
+    assert [(g["prompts"], g["tokens"], g["graphed"]) for g in two["prefills"]] == [(3, 90, False)]
+    assert two["prefills"][0]["ms"] > 0 and two["rates"][0]["tokens"] > 0
+    assert one["weight_bytes"] / 2 <= two["weight_bytes"] < one["weight_bytes"]  # a rank's share (some replicated)
+
+
 # recipes/tiny_pair's measuring scripts (train.py: tests/test_recipe.py), run as `python -m recipes.tiny_pair.<name>`
 def recipe(name: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", f"recipes.tiny_pair.{name}", *args], cwd=REPO, capture_output=True,

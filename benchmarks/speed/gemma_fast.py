@@ -1,4 +1,5 @@
-"""Gemma 4 31B's shape on the fast path (`serve --fast --load-format dummy`), in process on one GPU: a decode
+"""Gemma 4 31B's shape on the fast path (`serve --fast --load-format dummy`), in process on one GPU (or on N, a rank
+each, with --tensor-parallel-size N, as `serve` runs them): a decode
 step's time against the weight-read floor, AR and DFlash with synthetic acceptance; with --prefill, a prefill
 group's time per shape (k prompts of P tokens: one graph for k = 1, else the eager forward a wave's batch runs),
 the share of the matmuls' FLOPs a second it reaches against --peak-tflops, and with --anatomy where its device time
@@ -6,7 +7,7 @@ goes: by kernel kind (`kernel_kinds`), with the idle time between kernels (the e
 
     python -m benchmarks.speed.gemma_fast --json OUT.json [--slots 8 --max-len 1024 --batches 1,8 --tau 6.5]
     python -m benchmarks.speed.gemma_fast --json OUT.json --modes ar --slots 32 --max-len 2048 --batches 32 \
-        --prefill 1x64,7x96,13x112,18x112,31x112,18x64 [--anatomy]
+        --prefill 1x64,7x96,13x112,18x112,31x112,18x64 [--anatomy] [--tensor-parallel-size 2]
     python -m benchmarks.speed.gemma_fast --json smoke.json --device cpu --shrink   # the script itself, on a CPU
 
 The shape is `dflash_bench.model_shapes`' (written by benchmarks/fixtures/shape_folders.py, without weights); the engine creates
@@ -60,7 +61,7 @@ def copy_bandwidth(device: str, gib: int = 2, reps: int = 20) -> float:
 
 
 SMALL = {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 6,
-         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "num_global_key_value_heads": 1,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "num_global_key_value_heads": 2,
          "global_head_dim": 32, "sliding_window": 32}
 
 
@@ -171,6 +172,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5, help="timed repeats of each prefill group")
     ap.add_argument("--anatomy", action="store_true",
                     help="profile one more run of each prefill group: device time by kernel kind, idle time, top kernels")
+    ap.add_argument("--tensor-parallel-size", type=int, default=1,
+                    help="ranks, a GPU each (gloo ranks on a CPU), as `serve --fast --tensor-parallel-size N`: the times "
+                         "are rank 0's, the anatomy its kernels (the collectives among them)")
     ap.add_argument("--peak-tflops", type=float, default=DENSE_PEAK_TFLOPS["NVIDIA H200"],
                     help="the GPU's dense bf16 peak (H100/H200: %(default)s)")
     a = ap.parse_args()
@@ -186,7 +190,8 @@ def main() -> None:
     out: dict = {"device": torch.cuda.get_device_name(0) if dev == "cuda" else "cpu", "torch": torch.__version__,
                  "command": shlex.join(["python", "-m", "benchmarks.speed.gemma_fast",  # OUT: no path of this machine
                                         *(f"OUT/{a.json.name}" if x == str(a.json) else x for x in sys.argv[1:])]),
-                 "pair": a.pair, "slots": a.slots, "max_len": a.max_len, "phases": []}
+                 "pair": a.pair, "slots": a.slots, "max_len": a.max_len,
+                 "tensor_parallel_size": a.tensor_parallel_size, "phases": []}
     out["copy_bandwidth_GBps"] = copy_bandwidth(dev) / 1e9
 
     def save() -> None:
@@ -200,12 +205,13 @@ def main() -> None:
             phase: dict = {"mode": mode}
             out["phases"].append(phase)
             t0 = time.perf_counter()
+            engine: Any = None
             try:
                 engine = build(EngineConfig.from_options(
                     folders["target"], folders["drafter"] if mode == "dflash" else None, mode=mode,
                     dtype="bfloat16" if dev == "cuda" else "float32", device=dev, max_slots=a.slots,
                     max_model_len=a.max_len, load_format="dummy", synthetic_acceptance=a.tau if mode == "dflash" else None,
-                    benchmark_only=True, prefill="first", fast=True))
+                    benchmark_only=True, prefill="first", fast=True, tensor_parallel_size=a.tensor_parallel_size))
                 r = engine.core
                 t: Any = r.probe.target  # a GemmaTarget
                 phase.update(build_s=time.perf_counter() - t0, graphs=len(r.probe.graphs), weight_bytes=t.weight_bytes(),
@@ -228,6 +234,8 @@ def main() -> None:
             except Exception as err:  # noqa: BLE001 - the phase's failure is the measurement
                 phase["error"] = f"{type(err).__name__}: {str(err)[:500]}"
             save()
+            if engine is not None:
+                engine.close()  # the other ranks, if any
             engine = r = None
             gc.collect()
             if dev == "cuda":
