@@ -474,7 +474,7 @@ def test_gemma_fast_runs_its_shrunk_shape_on_the_cpu(tmp_path):
     # ranks (a rank that missed its part would hang the collectives), timed on rank 0, whose weights are its half
     tp2 = tmp_path / "tp2.json"
     bench("speed.gemma_fast", "--json", str(tp2), "--device", "cpu", "--shrink", "--batches", "1", "--modes", "ar",
-          "--prefill", "3x20-40", "--reps", "1", "--tensor-parallel-size", "2")
+          "--prefill", "3x20-40", "--reps", "1", "--tensor-parallel-size", "2", "--host")
     run = json.loads(tp2.read_text())
     (two,) = run["phases"]
     assert (run["tensor_parallel_size"], two.get("error")) == (2, None)
@@ -482,6 +482,13 @@ def test_gemma_fast_runs_its_shrunk_shape_on_the_cpu(tmp_path):
     assert two["prefills"][0]["ms"] > 0 and two["rates"][0]["tokens"] > 0
     one = phases[0]  # the same shape's AR phase on one rank, above
     assert one["weight_bytes"] / 2 <= two["weight_bytes"] < one["weight_bytes"]  # a rank's share (some replicated)
+    # --host: one more run under cProfile, rank 0's host time by function; its collectives among them
+    from benchmarks.speed.kernel_kinds import HostTime
+
+    host = HostTime.model_validate(two["prefills"][0]["host"])
+    assert 0 < host.host_ms <= host.wall_ms and host.top
+    assert [c.self_ms for c in host.top] == sorted((c.self_ms for c in host.top), reverse=True)
+    assert any("allreduce" in c.name for c in host.top)
 
 
 # recipes/tiny_pair's measuring scripts (train.py: tests/test_recipe.py), run as `python -m recipes.tiny_pair.<name>`

@@ -3,11 +3,12 @@ each, with --tensor-parallel-size N, as `serve` runs them): a decode
 step's time against the weight-read floor, AR and DFlash with synthetic acceptance; with --prefill, a prefill
 group's time per shape (k prompts of P tokens: one graph for k = 1, else the eager forward a wave's batch runs),
 the share of the matmuls' FLOPs a second it reaches against --peak-tflops, and with --anatomy where its device time
-goes: by kernel kind (`kernel_kinds`), with the idle time between kernels (the eager forward's launch gaps).
+goes: by kernel kind (`kernel_kinds`), with the idle time between kernels (the eager forward's launch gaps); with
+--host where the host's time goes (cProfile: its own time, its wait on the device, the Python functions).
 
     python -m benchmarks.speed.gemma_fast --json OUT.json [--slots 8 --max-len 1024 --batches 1,8 --tau 6.5]
     python -m benchmarks.speed.gemma_fast --json OUT.json --modes ar --slots 32 --max-len 2048 --batches 32 \
-        --prefill 1x64,7x96,13x112,18x112,31x112,18x64 [--anatomy] [--tensor-parallel-size 2]
+        --prefill 1x64,7x96,13x112,18x112,31x112,18x64 [--anatomy] [--host] [--tensor-parallel-size 2]
     python -m benchmarks.speed.gemma_fast --json smoke.json --device cpu --shrink   # the script itself, on a CPU
 
 The shape is `dflash_bench.model_shapes`' (written by benchmarks/fixtures/shape_folders.py, without weights); the engine creates
@@ -35,7 +36,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.fixtures.gpus import DENSE_PEAK_TFLOPS
-from benchmarks.speed.kernel_kinds import profile_once
+from benchmarks.speed.kernel_kinds import host_once, profile_once
 
 
 def sync() -> None:
@@ -115,13 +116,15 @@ def group_lengths(spec: str) -> list[int]:
     return [a + round(i * (b - a) / (n - 1)) if n > 1 else b for i in range(n)]
 
 
-def prefill_rate(core, lengths: list[int], reps: int, peak_tflops: float, anatomy: bool = False) -> dict:
+def prefill_rate(core, lengths: list[int], reps: int, peak_tflops: float, anatomy: bool = False,
+                 host: bool = False) -> dict:
     """Prefill k random prompts of these lengths into slots 0..k-1 as one group (a graph for k = 1, else one eager
     forward, as `EngineCore.add_many` runs a wave's batch), `reps` times after a warm-up; the median, and the
     layers' matmul FLOPs a second over the prompts' own tokens (2 x the layers' parameters x the tokens; the
     attention's own and the head's, one row a prompt, left out: a group padded to its longest spends more). With
     `anatomy`, one more run of the group under torch's profiler: its device time by kernel kind, its idle time
-    between kernels and its longest kernels (`kernel_kinds.Anatomy`)."""
+    between kernels and its longest kernels (`kernel_kinds.Anatomy`). With `host`, one more run under cProfile: the
+    host's own time and the device wait, and the Python functions that take the host's (`kernel_kinds.HostTime`)."""
     k, P, tokens = len(lengths), max(lengths), sum(lengths)
     rng = random.Random(k * P)
     t: Any = core.probe.target
@@ -152,6 +155,11 @@ def prefill_rate(core, lengths: list[int], reps: int, peak_tflops: float, anatom
         out["anatomy"] = profile_once(run, cuda=t.lm_head.is_cuda).model_dump()
         for s in slots:
             core.release(s)
+    if host:
+        sync()
+        out["host"] = host_once(run).model_dump()
+        for s in slots:
+            core.release(s)
     return out
 
 
@@ -172,14 +180,17 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5, help="timed repeats of each prefill group")
     ap.add_argument("--anatomy", action="store_true",
                     help="profile one more run of each prefill group: device time by kernel kind, idle time, top kernels")
+    ap.add_argument("--host", action="store_true",
+                    help="profile one more run of each prefill group with cProfile: the host's own time, the device "
+                         "wait, the Python functions that take most (rank 0's)")
     ap.add_argument("--tensor-parallel-size", type=int, default=1,
                     help="ranks, a GPU each (gloo ranks on a CPU), as `serve --fast --tensor-parallel-size N`: the times "
                          "are rank 0's, the anatomy its kernels (the collectives among them)")
     ap.add_argument("--peak-tflops", type=float, default=DENSE_PEAK_TFLOPS["NVIDIA H200"],
                     help="the GPU's dense bf16 peak (H100/H200: %(default)s)")
     a = ap.parse_args()
-    if a.anatomy and not a.prefill:
-        ap.error("--anatomy profiles the prefill groups: name them with --prefill KxP,...")
+    if (a.anatomy or a.host) and not a.prefill:
+        ap.error(f"--{'anatomy' if a.anatomy else 'host'} profiles the prefill groups: name them with --prefill KxP,...")
     from benchmarks.fixtures.shape_folders import write_shape
     from dflash_bench.engine.config import EngineConfig
     from dflash_bench.engine.build import build
@@ -222,7 +233,8 @@ def main() -> None:
                 save()
                 phase["prefills"] = []
                 for group in [g for g in a.prefill.split(",") if g]:
-                    phase["prefills"].append(prefill_rate(r, group_lengths(group), a.reps, a.peak_tflops, a.anatomy))
+                    phase["prefills"].append(prefill_rate(r, group_lengths(group), a.reps, a.peak_tflops, a.anatomy,
+                                                                  a.host))
                     save()
                 phase["rates"] = []
                 for bs in [int(b) for b in a.batches.split(",") if int(b) <= a.slots]:

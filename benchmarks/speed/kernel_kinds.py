@@ -1,12 +1,14 @@
 """A device kernel's kind from its name, the kernels a torch.profiler profile saw, and one profiled run summed by
 kind: what step_anatomy (replayed decode steps) and gemma_fast --anatomy (a prefill group) report, and what
-rows_anatomy's coarser classes are made of (rows_steps.CLASS_OF_KIND)."""
+rows_anatomy's coarser classes are made of (rows_steps.CLASS_OF_KIND); and one run's host time by Python function
+(`host_once`, gemma_fast --host): where an eager forward's launches spend the CPU."""
 
 from __future__ import annotations
 
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import torch
 from pydantic import BaseModel
@@ -125,3 +127,43 @@ def profile_once(run: Callable[[], None], cuda: bool, top: int = 12) -> Anatomy:
         run()
         wall_ms = 1e3 * (time.perf_counter() - t0)
     return summarise(kernels_of(prof, copies=True), wall_ms, top)
+
+
+class HostCall(BaseModel):
+    name: str  # function (file:line, the file's last two parts) or builtin
+    calls: int
+    self_ms: float  # in the function itself, under cProfile (which slows Python calls: compare the shares)
+    total_ms: float  # with what it calls
+
+
+class HostTime(BaseModel):
+    """One run of `run` under cProfile: its wall time, the time the host waited on the device (inside the
+    synchronising calls named in `host_once`), the host's own time (the rest), and the functions that took most
+    of it by self time."""
+
+    wall_ms: float
+    device_wait_ms: float
+    host_ms: float
+    top: list[HostCall]
+
+
+WAITS = ("tolist", "synchronize", "item")  # builtins that block the host until the device has run what is queued
+
+
+def host_once(run: Callable[[], None], top: int = 20) -> HostTime:
+    """Profile one call of `run` with cProfile: where the host's time goes (`HostTime`)."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.runcall(run)
+    wall_ms = 1e3 * (time.perf_counter() - t0)
+    stats: dict = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+    rows = []
+    for (file, line, fn), (_, calls, tt, ct, _) in stats.items():
+        name = fn if file == "~" else f"{'/'.join(Path(file).parts[-2:])}:{line}:{fn}"
+        rows.append(HostCall(name=name[:NAME_CHARS], calls=calls, self_ms=1e3 * tt, total_ms=1e3 * ct))
+    wait = sum(r.self_ms for r in rows if any(w in r.name for w in WAITS) and ":" not in r.name)
+    rows.sort(key=lambda r: -r.self_ms)
+    return HostTime(wall_ms=wall_ms, device_wait_ms=wait, host_ms=wall_ms - wait, top=rows[:top])
