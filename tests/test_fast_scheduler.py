@@ -128,12 +128,35 @@ def test_admission_takes_the_oldest_that_fit_the_free_slots_and_one_forward(monk
     one prefill group."""
     monkeypatch.setattr(sch, "PREFILL_TOKENS", 100)
     s = _sched(slots=8, max_len=128)
-    assert s.admission([10, 20, 30, 10], free=8) == 3  # 4 x 30 = 120 > 100
-    assert s.admission([30, 10, 10, 10], free=8) == 3  # the longest so far counts: 4 x 30 > 100
-    assert s.admission([10] * 20, free=8) == 8 and s.admission([10] * 20, free=2) == 2
-    assert s.admission([120, 10], free=8) == 1 and s.admission([10], free=0) == 0 and s.admission([], free=8) == 0
+
+    def whole(lengths):
+        return [(n, False) for n in lengths]
+    assert s.admission(whole([10, 20, 30, 10]), free=8) == 3  # 4 x 30 = 120 > 100
+    assert s.admission(whole([30, 10, 10, 10]), free=8) == 3  # the longest so far counts: 4 x 30 > 100
+    assert s.admission(whole([10] * 20), free=8) == 8 and s.admission(whole([10] * 20), free=2) == 2
+    assert s.admission(whole([120, 10]), free=8) == 1 and s.admission(whole([10]), free=0) == 0
+    assert s.admission([], free=8) == 0
     read = []
-    assert s.admission((read.append(n) or n for n in [60, 60, 60, 60]), free=8) == 1 and read == [60, 60]
+    assert s.admission(((read.append(n) or n, False) for n in [60, 60, 60, 60]), free=8) == 1 and read == [60, 60]
     lengths = [40, 10, 30, 20, 45, 12]
-    k = s.admission(lengths, free=8)
+    k = s.admission(whole(lengths), free=8)
     assert k == 2 and len(s.prefill_groups(lengths[:k])) == 1
+
+
+def test_tensor_parallel_ranks_admit_whole_prompts_a_graph_at_a_time():
+    """With graphs on a tensor-parallel rank, a batch takes at most max(GRAPHED_ROWS) whole prompts (each batch one
+    graph, not an eager forward), while resumed prompts (eager in any case) still go together up to the token
+    budget; a group handed to prefill_groups is cut into graphs too. One rank, or no graphs: the token budget alone."""
+    top = max(sch.GRAPHED_ROWS)
+    par = _sched(slots=32, max_len=1024, graphs=True, parallel=True)
+    assert par.whole_rows == top
+    assert par.admission([(60, False)] * 20, free=32) == top
+    assert par.admission([(60, True)] * 20, free=32) == 20  # resumes: one eager forward (20 x 60 within budget)
+    mixed = [(60, True), (60, False), (60, True), (60, False), (60, False), (60, True), (60, False)]
+    assert par.admission(mixed, free=32) == 6  # stops before the fourth whole prompt
+    groups = par.prefill_groups([60 + i for i in range(11)])
+    assert [len(g) for g, _ in groups] == [3, 3, 3, 2] and all(graphed for _, graphed in groups)
+    assert sorted(i for g, _ in groups for i in g) == list(range(11))
+    for one in (_sched(slots=32, max_len=1024, graphs=True), _sched(slots=32, max_len=1024, parallel=True)):
+        assert one.whole_rows is None and one.admission([(60, False)] * 20, free=32) == 20
+        assert [len(g) for g, _ in one.prefill_groups([60] * 11)] == [11]

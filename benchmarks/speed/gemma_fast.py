@@ -37,6 +37,7 @@ import torch
 
 from benchmarks.fixtures.gpus import DENSE_PEAK_TFLOPS
 from benchmarks.speed.kernel_kinds import host_once, profile_once
+from dflash_bench.engine.fast.scheduling.scheduler import GRAPHED_ROWS
 
 
 def sync() -> None:
@@ -118,8 +119,9 @@ def group_lengths(spec: str) -> list[int]:
 
 def prefill_rate(core, lengths: list[int], reps: int, peak_tflops: float, anatomy: bool = False,
                  host: bool = False) -> dict:
-    """Prefill k random prompts of these lengths into slots 0..k-1 as one group (a graph for k = 1, else one eager
-    forward, as `EngineCore.add_many` runs a wave's batch), `reps` times after a warm-up; the median, and the
+    """Prefill k random prompts of these lengths into slots 0..k-1 as one group (the graph of its rows for k = 1 or k
+    in GRAPHED_ROWS, else one eager forward, as `EngineCore.add_many` runs a batch), `reps` times after a warm-up;
+    the median, and the
     layers' matmul FLOPs a second over the prompts' own tokens (2 x the layers' parameters x the tokens; the
     attention's own and the head's, one row a prompt, left out: a group padded to its longest spends more). With
     `anatomy`, one more run of the group under torch's profiler: its device time by kernel kind, its idle time
@@ -133,8 +135,10 @@ def prefill_rate(core, lengths: list[int], reps: int, peak_tflops: float, anatom
     prompts = [[rng.randrange(10, top) for _ in range(m)] for m in lengths]
     times = []
 
+    graphed = k == 1 or (core.probe.graphed and k in GRAPHED_ROWS)
+
     def run() -> None:
-        core.prefill_group(slots, prompts, graphed=k == 1)
+        core.prefill_group(slots, prompts, graphed=graphed)
         sync()
 
     for i in range(reps + 1):
@@ -148,8 +152,8 @@ def prefill_rate(core, lengths: list[int], reps: int, peak_tflops: float, anatom
     ms = 1e3 * statistics.median(times)
     head = t.lm_head.numel() * t.lm_head.element_size()
     flops = 2 * (t.weight_bytes() - head) / t.dtype.itemsize * tokens
-    out = {"prompts": k, "prompt_len": P, "shortest": min(lengths), "tokens": tokens, "padded_tokens": k * P,
-           "graphed": k == 1, "ms": ms, "ms_per_token": ms / tokens,
+    out = {"prompts": k, "prompt_len": P, "shortest": min(lengths), "tokens": tokens, "padded_tokens": k * (core.probe.padded(P) if graphed else P),
+           "graphed": graphed, "ms": ms, "ms_per_token": ms / tokens,
            "matmul_tflops": flops / (ms / 1e3) / 1e12, "peak_share": flops / (ms / 1e3) / 1e12 / peak_tflops}
     if anatomy:
         out["anatomy"] = profile_once(run, cuda=t.lm_head.is_cuda).model_dump()

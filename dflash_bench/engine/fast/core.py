@@ -51,7 +51,8 @@ class EngineCore:
         self.config = config
         self._runner = FastRunner(target, drafter, config, graphs=graphs, keep_logits=keep_logits, overlap=overlap)
         self._scheduler = Scheduler(config, slots=self._runner.S, block=self._runner.B, max_len=self._runner.max_len,
-                                    graphs=self._runner.graphs_on, rides=target.rides, resumable=target.resumable)
+                                    graphs=self._runner.graphs_on, rides=target.rides, parallel=target.shard.on,
+                                    resumable=target.resumable)
         self.B, self.max_len, self.vocab_size = self._runner.B, self._runner.max_len, target.vocab_size
         self.width = self._scheduler.fixed  # the width of the step collected last
         self._watchers: list[Callable[[Launched], None]] = []
@@ -148,10 +149,10 @@ class EngineCore:
         """Prefill `prompt` into `slot`; returns the first generated token."""
         return self.add_many([slot], [prompt])[0]
 
-    def admission(self, lengths: Iterable[int], free: int) -> int:
-        """How many of the waiting prompts (their lengths, oldest first) the next prefill takes, `free` slots free
-        (`Scheduler.admission`)."""
-        return self._scheduler.admission(lengths, free)
+    def admission(self, prompts: Iterable[tuple[int, bool]], free: int) -> int:
+        """How many of the waiting prompts (oldest first: the tokens each leaves to prefill, whether it resumes a
+        kept prefix) the next prefill takes, `free` slots free (`Scheduler.admission`)."""
+        return self._scheduler.admission(prompts, free)
 
     def add_many(self, slots: list[int], prompts: list[list[int]], starts: Sequence[int] | None = None) -> list[int]:
         """Prefill `prompts[i]` into `slots[i]`, in the groups the scheduler makes (`Scheduler.prefill_groups`);

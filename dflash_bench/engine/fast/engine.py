@@ -79,17 +79,18 @@ class FastEngine:
         (`Scheduler.admission`: the free slots, one prefill forward) over what each leaves to prefill (`_left`)."""
         return self.core.admission(self._left(prompts), len(self.free_slots))
 
-    def _left(self, prompts: Iterable[Sequence[int]]) -> Iterator[int]:
-        """The tokens each prompt leaves to prefill, its slot taken as `add_many` takes it: the one whose kept prefix
-        it resumes, else the lowest free one (so 32 second turns of a chat, each resuming its slot, go into one
-        prefill forward as their new messages, not one a forward as whole conversations)."""
+    def _left(self, prompts: Iterable[Sequence[int]]) -> Iterator[tuple[int, bool]]:
+        """The tokens each prompt leaves to prefill and whether it resumes a kept prefix, its slot taken as `add_many`
+        takes it: the one whose kept prefix it resumes, else the lowest free one (so 32 second turns of a chat, each
+        resuming its slot, go into one prefill forward as their new messages, not one a forward as whole
+        conversations)."""
         free = list(self.free_slots)
         for p in prompts:
             if not free:
                 return
             slot, cached = self._place(p, free)
             free.remove(slot)
-            yield len(p) - cached
+            yield len(p) - cached, cached > 0
 
     def _place(self, prompt: Sequence[int], free: Sequence[int]) -> tuple[int, int]:
         """The free slot a prompt takes and the tokens of it that slot holds: the slot whose kept prefix it resumes

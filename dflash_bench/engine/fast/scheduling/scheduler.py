@@ -18,7 +18,9 @@ the measurements). The serving loop admits before each step: it asks `admission`
 oldest first, go into the next batch (at most the free slots, k x longest <= PREFILL_TOKENS padded tokens), and
 hands each batch to `EngineCore.add_many`, which `prefill_groups` splits by length under the same bound (so a
 batch is in practice one forward): one prompt, or 2-3 with graphs, run a captured graph of its bucket; more run
-one eager forward padded to the longest. A batch's first tokens go out when its forwards are done. No decode
+one eager forward padded to the longest. On tensor-parallel ranks with graphs a batch takes at most 3 whole
+prompts (`whole_rows`): one graph, where an eager forward's launches and collectives cost the host more than the
+device's time. A batch's first tokens go out when its forwards are done. No decode
 step is launched while prompts wait: the step already in flight (step-ahead) runs first, the prefills queue
 behind it on the stream, and every decoding row waits for them. A prompt is prefilled whole (no chunking), or,
 when a freed slot still holds its first tokens (a chat's next turn: `prefix.PrefixCache`, `match`), from where they
@@ -34,7 +36,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Iterable, Protocol, Sequence
+from typing import Callable, Iterable, Iterator, Protocol, Sequence
 
 from dflash_bench.engine.bookkeeping import admission_cut, length_groups
 from dflash_bench.engine.config import StepConfig
@@ -50,6 +52,11 @@ PREFILL_TOKENS = 2048  # padded prompt tokens per batched prefill forward at mos
 # GPU: groups of 2 or 3 prompts run one graph of k rows padded to the longest (its bucket): one forward reads the
 # weights once and fills more of the GPU than k one-row graphs, without an eager forward's ~20 ms of launches
 GRAPHED_ROWS = (2, 3)
+# Tensor parallel: an eager forward's ~1,350 launches and 121 all-reduces cost the host ~85 ms at TP 2 whatever its size
+# (Gemma 4 31B, two H200s: 8 and 11 prompts of 60-110 tokens take 91 and 84 ms, 18 take 95; the device is busy 38-53
+# ms of the small ones; gemma4_31b_prefill_anatomy_h200_tp2.json), where one graph of 3 prompts replays in one
+# launch: whole prompts are admitted at most max(GRAPHED_ROWS) a batch there, each batch one graph, its first tokens
+# out before the next batch starts
 MIXED_TOKENS = 1024  # padded prompt tokens a step may carry: one prompt up to this, k prompts up to this / k each
 MIXED_ROWS = (1, 2, 3)  # prompts a step may carry (a group of more is prefilled in one forward of its own)
 # prompts that may wait to ride (a burst past it is prefilled at once). On the 8B shape at 32 rows (H100, README)
@@ -129,13 +136,15 @@ class Scheduler:
     """Decides each step of one `EngineCore` (see the module) from the host's facts about its slots."""
 
     def __init__(self, config: StepConfig, *, slots: int, block: int, max_len: int, graphs: bool = False,
-                 rides: bool = True, ride_queue: int = RIDE_QUEUE,
+                 rides: bool = True, ride_queue: int = RIDE_QUEUE, parallel: bool = False,
                  resumable: Callable[[int, int], bool] = lambda p, hi: True):
         """`config.verify_width` auto (DFlash): each step verifies the anchor and its first w - 1 drafts, w chosen
         by load (width.py; a GPU's candidates and decay, or a CPU's, by `graphs`); else always that width (full:
         the whole block). `config.prefill` mixed (AR, a target whose family `rides`): prompts admitted while rows
         decode may ride in their steps. `config.prefix_caching`: freed slots keep their tokens for a prompt that
-        starts with them, as far as the target's `resumable(p, hi)` allows (`prefix.PrefixCache`)."""
+        starts with them, as far as the target's `resumable(p, hi)` allows (`prefix.PrefixCache`). `parallel`: the
+        target is a tensor-parallel rank's shard: with graphs, whole prompts go max(GRAPHED_ROWS) a batch, each batch
+        one graph (`whole_rows`)."""
         self.config = config
         self.S, self.B, self.max_len, self.kv_block = slots, block, max_len, config.kv_block
         self.sizes = buckets(slots)
@@ -148,6 +157,8 @@ class Scheduler:
         self.widths = chooser.widths if chooser else [self.fixed]
         self.mixed = config.prefill == "mixed" and rides and block == 1  # prompts ride in AR steps only
         self.graphs, self.step_ahead, self.ride_queue = graphs, config.step_ahead, ride_queue
+        # whole prompts one prefill batch takes at most (None: as many as the tokens' bound lets)
+        self.whole_rows = max(GRAPHED_ROWS) if graphs and parallel else None
         self.lengths: dict[int, int] = {}  # running slot -> committed tokens (as of the last step collected)
         self.admitted = [0] * slots  # requests admitted per slot: a step in flight from before is not theirs
         self.riding: dict[int, int] = {}  # slot -> its admission number, while its prompt's step is in flight
@@ -196,10 +207,26 @@ class Scheduler:
         """A prompt's length bucket: `n` up to a multiple of PREFILL_BUCKET (at most the cache)."""
         return min(-(-n // PREFILL_BUCKET) * PREFILL_BUCKET, self.max_len)
 
-    def admission(self, lengths: Iterable[int], free: int) -> int:
-        """How many of the waiting prompts (`lengths`, oldest first) the next prefill takes: at most `free`, while
-        they fit one prefill forward (`fits`; bookkeeping.admission_cut)."""
-        return admission_cut(lengths, free, fits)
+    def admission(self, prompts: Iterable[tuple[int, bool]], free: int) -> int:
+        """How many of the waiting prompts (oldest first, each as (tokens left to prefill, whether it resumes a kept
+        prefix)) the next prefill takes: at most `free`, while they fit one prefill forward (`fits`;
+        bookkeeping.admission_cut), and at most `whole_rows` whole prompts (tensor parallel: one graph's)."""
+        whole = 0
+
+        def lengths() -> Iterator[int]:
+            nonlocal whole
+            for n, resumed in prompts:
+                whole += not resumed
+                yield n
+
+        def within(k: int, longest: int) -> bool:
+            return fits(k, longest) and (self.whole_rows is None or whole <= self.whole_rows)
+        return admission_cut(lengths(), free, within)
+
+    def _whole_fits(self, k: int, longest: int) -> bool:
+        """Whether k whole prompts, the longest of `longest` tokens, go into one prefill batch (`fits`, and at most
+        `whole_rows` of them)."""
+        return fits(k, longest) and (self.whole_rows is None or k <= self.whole_rows)
 
     def prefill_groups(self, lengths: Sequence[int]) -> list[tuple[list[int], bool]]:
         """The prompts of these lengths in prefill groups: (indices, graphed). Prompts of similar length go
@@ -209,7 +236,8 @@ class Scheduler:
         for n in lengths:
             if not 0 < n <= self.max_len:
                 raise IndexError(f"a prompt of {n} tokens does not fit the cache of {self.max_len} positions")
-        return [(g, len(g) == 1 or (self.graphs and len(g) in GRAPHED_ROWS)) for g in length_groups(lengths, fits)]
+        return [(g, len(g) == 1 or (self.graphs and len(g) in GRAPHED_ROWS))
+                for g in length_groups(lengths, self._whole_fits)]
 
     def grouped_buckets(self) -> list[tuple[int, int]]:
         """(P, k) of every graph of several rows a group may need: k in GRAPHED_ROWS, k * P within a group's
