@@ -159,18 +159,20 @@ TABLES: list[Entry] = [
     Entry("gemma4_31b_first_token_h200", "docs/results/gemma-4-31b.md", ("gemma4_31b_first_token_h200.json",),
           "bash benchmarks/peers/mission.sh --gpu h200 --tp 1 -n 2 --waves 2 --max-tokens 1024 --suites gsm8k --modes ar "
           "--seconds 560 vllm builtin (and --seconds 270 builtin at ac65d11; at 26f8c5a --suites gsm8k,mt-bench -c 32 "
-          "--seconds 560 --parallel builtin vllm, then --tp 2 --seconds 215 builtin), then python -m "
+          "--seconds 560 --parallel builtin vllm, then --tp 2 --seconds 215 builtin; at 07e3a04 --tp 2 --seconds 330 "
+          "builtin), then python -m "
           "benchmarks.peers.big_sweep --out benchmarks/results/gemma4_31b_first_token_h200.json SWEEP_FOLDER...",
           mission.first_tokens,
-          machine="one NVIDIA H200 (nvidia-h200; runs 4-6 on nvidia-h200-x2: one GPU per server, or both at tensor "
+          machine="one NVIDIA H200 (nvidia-h200; runs 4-7 on nvidia-h200-x2: one GPU per server, or both at tensor "
                   "parallel 2)"),
     Entry("gemma4_31b_prefill_anatomy_h200", "docs/results/gemma-4-31b.md",
           ("gemma4_31b_prefill_anatomy_h200.json", "gemma4_31b_prefill_anatomy_h200_own_keys.json",
-           "gemma4_31b_prefill_anatomy_h200_packed.json"),
+           "gemma4_31b_prefill_anatomy_h200_packed.json", "gemma4_31b_prefill_anatomy_h200_tp2.json"),
           "python -m benchmarks.speed.gemma_fast --json OUT/FILE --modes ar --slots 32 --max-len 1024 --batches 32 "
           "--prefill 1x64,18x112,13x105,31x112 --anatomy, at 3cf1a7a and at ac65d11; at 11f6d99 with "
-          "--prefill 1x64,18x112,18x62-112,13x60-105", gpu.gemma_prefill_anatomy,
-          machine="one NVIDIA H200 (nvidia-h200), each file a call"),
+          "--prefill 1x64,18x112,18x62-112,13x60-105; at 010feec with --prefill 1x64,8x60-100,11x60-110,18x62-112,"
+          "31x62-112 --anatomy --host --tensor-parallel-size 2", gpu.gemma_prefill_anatomy,
+          machine="one NVIDIA H200 (nvidia-h200), each file a call; the last on two H200s of one host (nvidia-h200-x2)"),
     Entry("gemma4_31b_prefill_h200", "docs/results/gemma-4-31b.md", ("gemma4_31b_prefill_h200.json",),
           "python -m benchmarks.speed.gemma_fast --json OUT/gemma4_31b_prefill_h200.json --modes ar --slots 32 "
           "--max-len 1024 --batches 32 --prefill 1x64,7x96,13x112,18x112,31x112,18x64,31x64", gpu.gemma_prefill),

@@ -207,7 +207,8 @@ def gemma_prefill(results: list[Any]) -> Table:
 
 
 # gemma_prefill_anatomy's files, in order
-PREFILL_LABELS = ("before", "a prefill attends to its own keys", "and packs its tokens")
+PREFILL_LABELS = ("before", "a prefill attends to its own keys", "and packs its tokens",
+                  "the same at tensor parallel 2 (rank 0)")
 
 
 def gemma_prefill_anatomy(results: list[Any]) -> Table:
@@ -221,7 +222,7 @@ def gemma_prefill_anatomy(results: list[Any]) -> Table:
             a = p["anatomy"]
             ms = {k: v["ms"] for k, v in a["classes"].items()}
             gather = ms.pop("gather (index)", 0.0) + ms.pop("embedding", 0.0)
-            big = [ms.pop(k, 0.0) for k in ("matmul", "attention", "copy/cat/where")]
+            big = [ms.pop(k, 0.0) for k in ("matmul", "attention", "copy/cat/where", "collective")]
             padded = p.get("padded_tokens", p["tokens"])
             tokens = str(p["tokens"]) if padded == p["tokens"] else f"{p['tokens']} ({padded} padded)"
             out.append([label, f"{p['prompts']} x {_lengths(p)}", tokens, "graph" if p["graphed"] else "eager",
@@ -229,13 +230,15 @@ def gemma_prefill_anatomy(results: list[Any]) -> Table:
                         f1(a["idle_ms"])])
     first = results[0]
     return Table(["engine", "prompts x tokens", "tokens", "forward", "ms", "device busy", "matmul", "attention",
-                  "copy/cat", "gather", "the rest", "idle"], out,
-                 [f"In process on one {first['device']}, AR, {first['slots']} slots of {first['max_len']} tokens: ms is the "
+                  "copy/cat", "all-reduce", "gather", "the rest", "idle"], out,
+                 [f"In process on one {first['device']} (the last file's rows: rank 0 of two, tensor parallel), AR, "
+                  f"{first['slots']} slots of {first['max_len']} tokens: ms is the "
                   "median of the timed repeats; tokens: the prompts' own (and the group padded to its longest, as a "
                   "forward that does not pack them runs it); the kinds (ms of device time) are one more run of the "
                   "group under torch's profiler. Gather: cached keys read back; the rest: norms, GeGLU, q/k norms + RoPE + cache "
-                  "store, masks, copies to the device; idle: the device waiting between kernels (an upper bound: the "
-                  "profiler slows each launch)."])
+                  "store, masks, copies to the device; all-reduce: the tensor-parallel collectives, a rank's wait for "
+                  "the other included; idle: the device waiting between kernels (an upper bound: the profiler slows "
+                  "each launch)."])
 
 
 def rows_anatomy(results: list[Any]) -> Table:
