@@ -34,8 +34,9 @@ _SGLANG_QWEN35_ENV = {"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
 _GPT_OSS_UNRUN = ("not run here: no shape of it is recorded (the release's claim is gpt-oss-120b's, whose shape is); "
                   "vLLM renders gpt-oss chats with the Harmony encoding, so sweeps of random weights send completions "
                   "(--api completions)")
-_GPT_OSS_120B_UNRUN = ("its shape is recorded (the drafter's from a third-party table of the z-lab configs) and runs "
-                       "through vLLM with --api completions (mission.sh --pair gpt-oss-120b); not run yet")
+_GPT_OSS_120B_UNRUN = ("its shape is recorded (the drafter's from a third-party table of the z-lab configs) and goes "
+                       "to vLLM with --api completions (mission.sh --pair gpt-oss-120b), but the offline vLLM bundle "
+                       "carries no MXFP4 expert kernels for Hopper, so no server of it has started here")
 
 
 @dataclass(frozen=True)
