@@ -181,3 +181,55 @@ def test_the_bundle_installs_the_moe_library_where_vllm_imports_it_and_refuses_a
     run = subprocess.run([sys.executable, str(bundle / "unpack.py"), str(tmp_path / "site2")], capture_output=True, text=True)
     assert run.returncode == 1 and "moe.so.xz does not unpack to the library the manifest names" in run.stderr
     assert "Traceback" not in run.stderr
+
+
+def test_the_mxfp4_add_on_keeps_the_moe_ptx_and_installs_it_over_an_unpacked_bundle_once(tmp_path):
+    """mxfp4.sh's pieces (pack.py moe-ptx, wheels, mxfp4-manifest) and its unpack.py: _moe_C keeps the PTX of the
+    kernels with no sm_90 cubin (Hopper JIT-compiles them: the Marlin MoE GEMMs of MXFP4 experts); it goes over the
+    bundle's copy in SITE, once per unpacking of the bundle; a SITE with no bundle or a damaged piece is one sentence."""
+    import lzma
+    import shutil
+    import zipfile
+
+    pack = _pack()
+    member = next(iter(pack.MACHINE_CODE_ONLY))
+    lib = b"moe host code " * 8 + _fatbin(_entry(2, 80, b"a" * 32), _entry(2, 90, b"h" * 48)) \
+        + _fatbin(_entry(2, 80, b"m" * 24), _entry(1, 80, b"q" * 40), _entry(2, 120, b"b" * 16))
+    wheel = tmp_path / "vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr(member, lib)
+    addon, work = tmp_path / "addon", tmp_path / "work"
+    addon.mkdir()
+    work.mkdir()
+    pack.moe_ptx(str(wheel), str(work / "moe.so"))
+    pack.wheels(str(work / "wheels.tar"), [])
+    for src, piece in (("moe.so", "moe.so.xz"), ("wheels.tar", "wheels.tar.xz")):
+        with open(work / src, "rb") as fi, lzma.open(addon / piece, "wb", preset=1) as fo:
+            fo.write(fi.read())
+    pack.mxfp4_manifest(str(addon), str(work / "moe.so"))
+    shutil.copy(TOOL / "mxfp4_unpack.py", addon / "unpack.py")
+
+    def unpack(site):
+        return subprocess.run([sys.executable, str(addon / "unpack.py"), str(site)], capture_output=True, text=True)
+    site = tmp_path / "site"
+    run = unpack(site)  # no bundle unpacked there
+    assert run.returncode == 1 and "holds no unpacked vLLM bundle" in run.stderr and "Traceback" not in run.stderr
+    (site / "vllm").mkdir(parents=True)
+    (site / "vllm" / "_moe_C_stable_libtorch.abi3.so").write_bytes(b"the bundle's machine-code-only copy")
+    (site / ".vllm-bundle").write_text("bundle one\n")
+    run = unpack(site)
+    assert run.returncode == 0 and "installed into" in run.stdout, run.stdout + run.stderr
+    installed = (site / member).read_bytes()
+    assert len(installed) == len(lib) and b"q" * 40 in installed and b"h" * 48 in installed  # the PTX stays
+    assert b"a" * 32 not in installed and b"b" * 16 not in installed  # other generations' machine code goes
+    assert "already installed" in unpack(site).stdout
+    (site / ".vllm-bundle").write_text("bundle two\n")  # the bundle unpacked again: its own _moe_C is back
+    (site / member).write_bytes(b"the bundle's machine-code-only copy")
+    assert "installed into" in unpack(site).stdout and (site / member).read_bytes() == installed
+    damaged = bytearray((addon / "moe.so.xz").read_bytes())
+    damaged[len(damaged) // 2] ^= 0xFF
+    (addon / "moe.so.xz").write_bytes(bytes(damaged))
+    (site / ".vllm-bundle").write_text("bundle three\n")
+    run = unpack(site)
+    assert run.returncode == 1 and "moe.so.xz does not unpack to the library the manifest names" in run.stderr
+    assert "Traceback" not in run.stderr and (site / member).read_bytes() == installed
