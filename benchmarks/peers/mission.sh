@@ -168,11 +168,6 @@ bundle() { # bundle DIR: source DIR/setup.sh in this (sub)shell, or say why not;
   fi
   # shellcheck disable=SC1090,SC1091
   . "$1/setup.sh" || { echo "failed: $1/setup.sh did not set the bundle up (its lines above say why)"; return 1; }
-  if [ "$1" = .vllm-bundle ] && [ -f .vllm-mxfp4/setup.sh ]; then  # the MXFP4 add-on (gpt-oss's experts), where
-    # carried or left by an earlier call of this machine (tools/vllm_bundle/README.md)
-    # shellcheck disable=SC1091
-    . .vllm-mxfp4/setup.sh || { echo "failed: .vllm-mxfp4/setup.sh did not install the add-on (its lines above say why)"; return 1; }
-  fi
   export PYTHONPATH="$base_path:$PYTHONPATH"
 }
 

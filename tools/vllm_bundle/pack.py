@@ -3,8 +3,6 @@
 
   pack.py tree VLLM_WHEEL OUT.tar          vLLM's Python tree and small libraries, less what is left out
   pack.py so VLLM_WHEEL PIECE OUT.so       the GPU library of the wheel that PIECE carries, pruned to Hopper
-  pack.py moe-ptx VLLM_WHEEL OUT.so        _moe_C with the PTX Hopper JIT-compiles kept (the MXFP4 add-on's)
-  pack.py mxfp4-manifest OUTDIR MOE.so     the MXFP4 add-on's OUTDIR/manifest.json (its pieces, the library's sha256)
   pack.py wheels OUT.tar WHEEL...          the dependency wheels, re-zipped without compression, in one tar
   pack.py files LOCK FOLDER                "name path" of each locked file in FOLDER, checked by sha256
   pack.py manifest OUTDIR LOCK             OUTDIR/manifest.json: what unpack.py installs and checks
@@ -155,30 +153,6 @@ def so(wheel, piece, out):
     _write_atomic(out, lambda f: f.write(data))
 
 
-def moe_ptx(wheel, out):
-    """_moe_C pruned as the dense libraries are: other generations' machine code goes, the PTX of its kernels that
-    have no sm_90 cubin stays (the weight-quantized Marlin MoE GEMMs: Hopper JIT-compiles them), for the MXFP4
-    add-on (mxfp4.sh) to install over the bundle's machine-code-only copy."""
-    member = next(iter(MACHINE_CODE_ONLY))
-    data = bytearray(zipfile.ZipFile(wheel).read(member))
-    print(f"  {member} with its PTX: {len(data) / 1e6:.1f} MB; {prune(data, jit_ptx=True)}")
-    _write_atomic(out, lambda f: f.write(data))
-
-
-def mxfp4_manifest(outdir, moe_so):
-    """The MXFP4 add-on's manifest.json: its pieces' sizes and sha256, its wheels, where the library goes and the
-    sha256 it unpacks to (mxfp4_unpack.py checks them)."""
-    pieces = {}
-    for name in ("moe.so.xz", "wheels.tar.xz"):
-        digest, size = _sha256(os.path.join(outdir, name))
-        pieces[name] = {"size": size, "sha256": digest}
-    with tarfile.open(os.path.join(outdir, "wheels.tar.xz")) as t:
-        names = sorted(m.name for m in t.getmembers() if m.isfile())
-    m = {"add_on": "MXFP4 experts for the vLLM bundle", "pieces": pieces, "wheels": names,
-         "moe": {"dest": next(iter(MACHINE_CODE_ONLY)), "unpacked_sha256": _sha256(moe_so)[0]}}
-    _write_atomic(os.path.join(outdir, "manifest.json"), lambda f: f.write(json.dumps(m, indent=1).encode() + b"\n"))
-
-
 def wheels(out, paths):
     """Each wheel re-zipped with its members stored uncompressed (names, contents, times and RECORD
     unchanged, so pip installs it as before), all in one tar: xz then compresses them together, far
@@ -265,10 +239,6 @@ def main(argv):
         tree(*args)
     elif cmd == "so" and len(args) == 3:
         so(*args)
-    elif cmd == "moe-ptx" and len(args) == 2:
-        moe_ptx(*args)
-    elif cmd == "mxfp4-manifest" and len(args) == 2:
-        mxfp4_manifest(*args)
     elif cmd == "wheels" and len(args) >= 2:
         wheels(args[0], args[1:])
     elif cmd == "files" and len(args) == 2:
