@@ -58,6 +58,7 @@ def test_the_lock_pins_vllm_0_26_and_the_transformers_its_gemma4_reads_each_by_s
     major, minor, patch = (int(x) for x in pinned["tokenizers"].split("."))
     assert (major, minor, patch) <= (0, 23, 0)  # transformers 5.14.1 refuses a later one at import
     assert int(pinned["fastapi"].split(".")[1]) < 137  # vLLM 0.26.0: fastapi<0.137
+    assert pinned["compressed-tensors"] == "0.17.0"  # vLLM 0.26.0's pin: its quantization registry imports it
     assert "torch" not in pinned and "triton" not in pinned  # the host's own
     assert len(reqs) == len(pinned)  # one version of each
     assert _pack().locked_version(str(TOOL / "lock.txt"), "vllm") == "0.26.0"
