@@ -135,7 +135,7 @@ def prefill_rate(core, lengths: list[int], reps: int, peak_tflops: float, anatom
     prompts = [[rng.randrange(10, top) for _ in range(m)] for m in lengths]
     times = []
 
-    graphed = k == 1 or (core.probe.graphed and k in GRAPHED_ROWS)
+    graphed = k == 1 or (core.probe.graphed and k in GRAPHED_ROWS)  # as Scheduler.prefill_groups runs a group
 
     def run() -> None:
         core.prefill_group(slots, prompts, graphed=graphed)
@@ -152,7 +152,8 @@ def prefill_rate(core, lengths: list[int], reps: int, peak_tflops: float, anatom
     ms = 1e3 * statistics.median(times)
     head = t.lm_head.numel() * t.lm_head.element_size()
     flops = 2 * (t.weight_bytes() - head) / t.dtype.itemsize * tokens
-    out = {"prompts": k, "prompt_len": P, "shortest": min(lengths), "tokens": tokens, "padded_tokens": k * (core.probe.padded(P) if graphed else P),
+    padded = k * (core.probe.padded(P) if graphed else P)  # a graph runs its bucket, an eager forward the longest
+    out = {"prompts": k, "prompt_len": P, "shortest": min(lengths), "tokens": tokens, "padded_tokens": padded,
            "graphed": graphed, "ms": ms, "ms_per_token": ms / tokens,
            "matmul_tflops": flops / (ms / 1e3) / 1e12, "peak_share": flops / (ms / 1e3) / 1e12 / peak_tflops}
     if anatomy:
@@ -237,8 +238,8 @@ def main() -> None:
                 save()
                 phase["prefills"] = []
                 for group in [g for g in a.prefill.split(",") if g]:
-                    phase["prefills"].append(prefill_rate(r, group_lengths(group), a.reps, a.peak_tflops, a.anatomy,
-                                                                  a.host))
+                    phase["prefills"].append(prefill_rate(r, group_lengths(group), a.reps, a.peak_tflops,
+                                                          a.anatomy, a.host))
                     save()
                 phase["rates"] = []
                 for bs in [int(b) for b in a.batches.split(",") if int(b) <= a.slots]:

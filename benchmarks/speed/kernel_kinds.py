@@ -138,8 +138,9 @@ class HostCall(BaseModel):
 
 class HostTime(BaseModel):
     """One run of `run` under cProfile: its wall time, the time the host waited on the device (inside the
-    synchronising calls named in `host_once`), the host's own time (the rest), and the functions that took most
-    of it by self time."""
+    synchronising calls WAITS names), the host's own time (the rest), and the functions that took most of it by self
+    time. A wait inside another call (a device tensor's item set from the host, which synchronises) counts as that
+    call's own time: read `top` for one."""
 
     wall_ms: float
     device_wait_ms: float
