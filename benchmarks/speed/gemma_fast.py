@@ -1,7 +1,7 @@
 """Gemma 4 31B's shape on the fast path (`serve --fast --load-format dummy`), in process on one GPU (or on N, a rank
 each, with --tensor-parallel-size N, as `serve` runs them): a decode
 step's time against the weight-read floor, AR and DFlash with synthetic acceptance; with --prefill, a prefill
-group's time per shape (k prompts of P tokens: one graph for k = 1, else the eager forward a wave's batch runs),
+group's time per shape (k prompts of P tokens: a graph for 1-3 prompts, else the eager forward a batch runs),
 the share of the matmuls' FLOPs a second it reaches against --peak-tflops, and with --anatomy where its device time
 goes: by kernel kind (`kernel_kinds`), with the idle time between kernels (the eager forward's launch gaps); with
 --host where the host's time goes (cProfile: its own time, its wait on the device, the Python functions).
@@ -37,7 +37,6 @@ import torch
 
 from benchmarks.fixtures.gpus import DENSE_PEAK_TFLOPS
 from benchmarks.speed.kernel_kinds import host_once, profile_once
-from dflash_bench.engine.fast.scheduling.scheduler import GRAPHED_ROWS
 
 
 def sync() -> None:
@@ -119,10 +118,9 @@ def group_lengths(spec: str) -> list[int]:
 
 def prefill_rate(core, lengths: list[int], reps: int, peak_tflops: float, anatomy: bool = False,
                  host: bool = False) -> dict:
-    """Prefill k random prompts of these lengths into slots 0..k-1 as one group (the graph of its rows for k = 1 or k
-    in GRAPHED_ROWS, else one eager forward, as `EngineCore.add_many` runs a batch), `reps` times after a warm-up;
-    the median, and the
-    layers' matmul FLOPs a second over the prompts' own tokens (2 x the layers' parameters x the tokens; the
+    """Prefill k random prompts of these lengths into slots 0..k-1 as one group (the graph of its rows where the
+    scheduler runs one, `Scheduler.runs_graph`, else one eager forward), `reps` times after a warm-up; the median,
+    and the layers' matmul FLOPs a second over the prompts' own tokens (2 x the layers' parameters x the tokens; the
     attention's own and the head's, one row a prompt, left out: a group padded to its longest spends more). With
     `anatomy`, one more run of the group under torch's profiler: its device time by kernel kind, its idle time
     between kernels and its longest kernels (`kernel_kinds.Anatomy`). With `host`, one more run under cProfile: the
@@ -135,7 +133,7 @@ def prefill_rate(core, lengths: list[int], reps: int, peak_tflops: float, anatom
     prompts = [[rng.randrange(10, top) for _ in range(m)] for m in lengths]
     times = []
 
-    graphed = k == 1 or (core.probe.graphed and k in GRAPHED_ROWS)  # as Scheduler.prefill_groups runs a group
+    graphed = core.probe.runs_graph(k)  # as the scheduler runs a group of k
 
     def run() -> None:
         core.prefill_group(slots, prompts, graphed=graphed)

@@ -120,6 +120,10 @@ class Probe:
         """A prompt of `n` tokens' prefill bucket."""
         return self._scheduler.padded(n)
 
+    def runs_graph(self, k: int) -> bool:
+        """Whether a prefill group of k prompts runs a captured graph (`Scheduler.runs_graph`)."""
+        return self._scheduler.runs_graph(k)
+
     def can_ride(self, prompts: Sequence[Sequence[int]]) -> bool:
         """Whether these prompts may ride one step together."""
         return self._scheduler.can_ride(prompts)

@@ -219,14 +219,16 @@ class Scheduler:
                 whole += not resumed
                 yield n
 
-        def within(k: int, longest: int) -> bool:
-            return fits(k, longest) and (self.whole_rows is None or whole <= self.whole_rows)
-        return admission_cut(lengths(), free, within)
+        return admission_cut(lengths(), free, lambda k, longest: fits(k, longest) and self._rows_allow(whole))
 
-    def _whole_fits(self, k: int, longest: int) -> bool:
-        """Whether k whole prompts, the longest of `longest` tokens, go into one prefill batch (`fits`, and at most
-        `whole_rows` of them)."""
-        return fits(k, longest) and (self.whole_rows is None or k <= self.whole_rows)
+    def _rows_allow(self, whole: int) -> bool:
+        """Whether a prefill batch may hold `whole` whole prompts (`whole_rows`)."""
+        return self.whole_rows is None or whole <= self.whole_rows
+
+    def runs_graph(self, k: int) -> bool:
+        """Whether a prefill group of k prompts runs a captured graph: one prompt, or with graphs a group of
+        GRAPHED_ROWS (more run one eager forward)."""
+        return k == 1 or (self.graphs and k in GRAPHED_ROWS)
 
     def prefill_groups(self, lengths: Sequence[int]) -> list[tuple[list[int], bool]]:
         """The prompts of these lengths in prefill groups: (indices, graphed). Prompts of similar length go
@@ -236,8 +238,8 @@ class Scheduler:
         for n in lengths:
             if not 0 < n <= self.max_len:
                 raise IndexError(f"a prompt of {n} tokens does not fit the cache of {self.max_len} positions")
-        return [(g, len(g) == 1 or (self.graphs and len(g) in GRAPHED_ROWS))
-                for g in length_groups(lengths, self._whole_fits)]
+        groups = length_groups(lengths, lambda k, longest: fits(k, longest) and self._rows_allow(k))
+        return [(g, self.runs_graph(len(g))) for g in groups]
 
     def grouped_buckets(self) -> list[tuple[int, int]]:
         """(P, k) of every graph of several rows a group may need: k in GRAPHED_ROWS, k * P within a group's
