@@ -125,6 +125,25 @@ def test_only_a_sweeps_vllm_gets_the_dev_mode_that_serves_its_cache_reset():
     assert sglang == {}  # its /flush_cache needs nothing
 
 
+def test_a_mixture_of_random_weights_draws_its_experts_at_random_on_vllm_only():
+    """Random weights send every token of a mixture to the same few experts: vLLM's servers of a mixture's random
+    weights get its routing simulator, for AR and DFlash alike; real weights, a dense target and SGLang do not."""
+    from dflash_bench.launch import plan_server
+    from dflash_bench.profiles.vllm import ROUTING_SIMULATION_ENV
+
+    def env(engine, pair, mode, args):
+        return plan_server(engine, pair, mode, runner="process", extra_args=args)[3]
+
+    for mode in ("ar", "dflash"):
+        assert env("vllm", "gpt-oss-120b", mode, ["--load-format=dummy"]) == {ROUTING_SIMULATION_ENV: "uniform_random"}
+    moe = env("vllm", "gemma-4-26B-A4B-it", "dflash", ["--load-format", "dummy"])
+    assert moe == {"VLLM_USE_V2_MODEL_RUNNER": "1", ROUTING_SIMULATION_ENV: "uniform_random"}  # beside the card's
+    assert env("vllm", "gpt-oss-120b", "ar", ["--load-format=dummy", "--load-format=auto"]) == {}  # the last one wins
+    assert env("vllm", "gpt-oss-120b", "ar", []) == {}
+    assert env("vllm", "gemma-4-31B-it", "ar", ["--load-format=dummy"]) == {"VLLM_USE_V2_MODEL_RUNNER": "1"}
+    assert env("sglang", "gpt-oss-120b", "ar", ["--load-format=dummy"]) == {}
+
+
 def test_the_builtin_engine_serves_its_cache_reset_as_it_is_launched(tmp_path):
     """The builtin server always serves vLLM's POST /reset_prefix_cache: a sweep empties its prefix cache before
     each cell through that route, and its servers are launched as `dflash-bench launch`'s are, with nothing added."""

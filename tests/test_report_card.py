@@ -60,6 +60,30 @@ def test_weights_are_read_from_the_sweeps_engine_args():
     assert weights_of(["--seed", "0", "--load-format", "dummy"], "sglang") == "random"
     assert weights_of(["--load-format", "safetensors"], "vllm") == "real"
     assert weights_of([], "emulator") == "emulated"
+    assert weights_of(["--load-format=dummy", "--load-format", "auto"], "vllm") == "real"  # the engines read the last
+
+
+def test_a_row_whose_server_drew_a_mixtures_experts_at_random_says_so(tmp_path):
+    """A sweep's manifest names the environment its servers had: a row whose server ran vLLM's routing simulator
+    says its experts were routed at random, and a row of the same sweep whose server did not stays unlabelled."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from dflash_bench.profiles.vllm import ROUTING_SIMULATION_ENV
+    from dflash_bench.report.card import view_lines
+    from dflash_bench.store.manifest import ServerRecord
+
+    servers = {"vllm-ar": ServerRecord(runner="process", url="u", env_names=[ROUTING_SIMULATION_ENV]),
+               "vllm-dflash": ServerRecord(runner="process", url="u", env_names=[ROUTING_SIMULATION_ENV]),
+               "sglang-ar": ServerRecord(runner="process", url="u")}
+    manifest = SimpleNamespace(servers=servers, settings=None, hardware={"gpus": [{"name": "H200"}]}, sweep_id="s")
+    frame = pd.DataFrame([{"engine": e, "mode": m, "suite": "gsm8k", "concurrency": 8, "status": "complete",
+                           "output_throughput": 100.0} for e, m in (("vllm", "ar"), ("vllm", "dflash"), ("sglang", "ar"))])
+    lines = view_lines(SimpleNamespace(manifest=manifest, frame=frame, gpus=1))
+    assert [ln.routed_at_random for ln in lines] == [True, True, False]
+    rows = {r.engine: r for r in card_rows(lines, None)}
+    assert "experts routed at random" in rows["vllm"].labels and rows["sglang"].labels == []
 
 
 def test_the_report_and_the_docs_table_show_the_same_cards_table_over_emulator_folders(tmp_path, data_dir):

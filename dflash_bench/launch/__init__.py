@@ -23,7 +23,7 @@ from dflash_bench.launch.common import ServerDied, ServerInfo, ServerNotReady, S
 from dflash_bench.launch.docker import DockerOptions
 from dflash_bench.launch.identity import check_port_free, verify_launched
 from dflash_bench.models import ModelPair
-from dflash_bench.profiles.base import EngineProfile, check_mode as profile_mode, check_preset
+from dflash_bench.profiles.base import EngineProfile, check_mode as profile_mode, check_preset, random_weights
 
 if TYPE_CHECKING:
     from dflash_bench.synthetic import SyntheticProfile
@@ -116,7 +116,8 @@ def plan_server(engine: str, model: str | ModelPair, mode: str, *, port: int | N
     host = "0.0.0.0" if runner == "docker" and network != "host" else "127.0.0.1"
     extra_args = [*(profile.cache_reset_flags if cache_reset else ()), *extra_args]
     argv = profile.command(pair, mode, port, preset, extra_args, host=host, slots=slots, synthetic=synthetic)
-    env = profile.env(pair, mode) | (dict(profile.cache_reset_env) if cache_reset else {})
+    env = (profile.env(pair, mode) | (profile.random_weights_env(pair) if random_weights(extra_args) else {})
+           | (dict(profile.cache_reset_env) if cache_reset else {}))
     return profile, pair, argv, env, port
 
 

@@ -30,6 +30,12 @@ def flag_values(args: Sequence[str], flags: Sequence[str]) -> list[str]:
     return values
 
 
+def random_weights(engine_args: Sequence[str]) -> bool:
+    """Do an engine's flags give it random weights of the model's shape (`--load-format dummy`, vLLM's and SGLang's;
+    the last --load-format given, as the engines read it)?"""
+    return flag_values(list(engine_args), ("--load-format",))[-1:] == ["dummy"]
+
+
 def tensor_parallel(engine_args: Any) -> int | None:
     """The tensor-parallel size passed through to the engine (vLLM `--tensor-parallel-size`, SGLang `--tp-size`);
     the last one given wins, as in the engines' own argument parsers."""
@@ -235,6 +241,11 @@ class EngineProfile:
 
     def env(self, pair: ModelPair, mode: str) -> dict[str, str]:
         """Environment variables the card asks for (the same for AR and DFlash)."""
+        return {}
+
+    def random_weights_env(self, pair: ModelPair) -> dict[str, str]:
+        """Environment variables a server of random weights (`random_weights`) needs for its time to be a trained
+        model's (the same for AR and DFlash); none unless the engine says."""
         return {}
 
     def container_command(self, argv: list[str]) -> list[str]:

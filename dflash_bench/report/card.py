@@ -18,7 +18,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from dflash_bench.profiles.base import flag_values
+from dflash_bench.profiles.base import random_weights
+from dflash_bench.profiles.vllm import ROUTING_SIMULATION_ENV
 from dflash_bench.speedup import speedup_of
 from dflash_bench.published import published_for
 from dflash_bench.store import SPECULATIVE, mode_name
@@ -46,6 +47,7 @@ class CellLine(BaseModel):
     repeat: int = 0
     workload: str = ""  # workload_of its sweep's settings: an AR cell of another sweep partners it only if equal
     input_len: int = 0  # the prompts' length in tokens on the --input-len axis (its long-<N> suites); 0: the suite's own
+    routed_at_random: bool = False  # its server drew a mixture's experts at random (profiles.vllm.ROUTING_SIMULATION_ENV)
 
 
 class CardRow(BaseModel):
@@ -87,6 +89,8 @@ class CardRow(BaseModel):
             out.append("emulated (no model ran)")
         elif "random" in weights:
             out.append("random weights (τ about 1 unless synthetic)")
+        if any(c.routed_at_random for c in (self.ar, self.dflash) if c):
+            out.append("experts routed at random")
         synthetic = self.dflash.synthetic_tau if self.dflash else None
         if synthetic is not None:
             out.append(f"synthetic τ {synthetic:g}, drawn")
@@ -97,7 +101,7 @@ def weights_of(engine_args: Iterable[str], engine: str) -> Weights:
     """How the sweep's servers got their weights: the emulator has none; `--load-format dummy` makes random ones."""
     if engine == "emulator":
         return "emulated"
-    return "random" if "dummy" in flag_values(list(engine_args), ("--load-format",)) else "real"
+    return "random" if random_weights(engine_args) else "real"
 
 
 # The sweep settings that do not change what one cell measures or the server it runs on: which cells a sweep holds
@@ -283,6 +287,7 @@ def view_lines(view: Any) -> list[CellLine]:
     device = device_of(m.hardware.model_dump() if hasattr(m.hardware, "model_dump") else dict(m.hardware or {}))
     args = list(m.settings.engine_args) if m.settings else []
     workload = workload_of(m.settings.model_dump(mode="json") if m.settings else None)
+    routed = {key for key, server in (m.servers or {}).items() if ROUTING_SIMULATION_ENV in server.env_names}
     out = []
     frame = view.frame
     done = frame[frame["status"].isin(["complete", "partial"])] if not frame.empty else frame
@@ -294,7 +299,8 @@ def view_lines(view: Any) -> list[CellLine]:
             tpot_ms_p50=_f(rec.get("tpot_ms_p50")), tau=_f(rec.get("acceptance_length")) if rec["mode"] != "ar" else None,
             weights=weights_of(args, rec["engine"]), synthetic_tau=_f(synthetic),
             synthetic_source=_text(rec.get("synthetic_source")), source=m.sweep_id,
-            repeat=int(rec.get("repeat") or 0), workload=workload, input_len=int(rec.get("input_len") or 0)))
+            repeat=int(rec.get("repeat") or 0), workload=workload, input_len=int(rec.get("input_len") or 0),
+            routed_at_random=f"{rec['engine']}-{rec['mode']}" in routed))
     return out
 
 
