@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Sequence
 
 from dflash_bench.errors import UserError
 from dflash_bench.models import ModelPair
@@ -30,7 +30,7 @@ def flag_values(args: Sequence[str], flags: Sequence[str]) -> list[str]:
     return values
 
 
-def random_weights(engine_args: Sequence[str]) -> bool:
+def random_weights(engine_args: Iterable[str]) -> bool:
     """Do an engine's flags give it random weights of the model's shape (`--load-format dummy`, vLLM's and SGLang's;
     the last --load-format given, as the engines read it)?"""
     return flag_values(list(engine_args), ("--load-format",))[-1:] == ["dummy"]
