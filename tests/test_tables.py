@@ -212,11 +212,33 @@ def test_the_claims_table_sets_dflash_against_eagle3_and_reads_per_user_speed():
     table = release_claims(results)
     measured = next(r for r in table.rows if r[0] == "eagle3: Qwen3-8B")
     assert measured[5:] == ["400.0", "1000.0", "2.50x", "6.40 (drawn 6.5)", "800.0 (τ 6.50, drawn 6.5)", "1.25x",
-                            "125.0", "50.0", "1000.0"]
+                            "50.0", "125.0", "50.0", "1000.0"]
+    assert measured[2] == "vLLM, 1x H200 (run 1)"
     assert any("acceptance drawn at tau 6.5 (published: measured)" in n and "GPU: 1x H200 a server" in n
                for n in table.notes)
     assert "eagle3: measured on one H200, 2026-11-29." in table.notes  # the file's where and when, once a claim
     assert any(n.startswith("eagle3 run 1: EAGLE-3's τ is drawn over its own 7 drafts a step") for n in table.notes)
+    run["routing"] = "alike"  # a mixture's random weights, routed as they route: said on the row and in its note
+    table = release_claims(results)
+    measured = next(r for r in table.rows if r[0] == "eagle3: Qwen3-8B")
+    assert measured[2] == "vLLM, 1x H200 (run 1, experts alike)"
+    assert any("every token routed to the same few experts" in n for n in table.notes)
+    run["routing"] = "random"
+    assert any("experts drawn at random for each token" in n for n in release_claims(results).notes)
+
+
+def test_a_runs_routing_is_read_from_its_servers_environment_and_its_pairs_shape():
+    """A mixture's random weights: "random" where every server drew experts through vLLM's routing simulator,
+    "alike" where any did not; a dense pair or real weights: nothing to say."""
+    from benchmarks.peers.big_sweep import routing_of
+    from dflash_bench.profiles.vllm import ROUTING_SIMULATION_ENV
+
+    both = [[ROUTING_SIMULATION_ENV, "VLLM_SERVER_DEV_MODE"], [ROUTING_SIMULATION_ENV]]
+    assert routing_of("gpt-oss-120b", "random", both) == "random"
+    assert routing_of("gemma-4-26B-A4B-it", "random", [both[0], ["VLLM_SERVER_DEV_MODE"]]) == "alike"
+    assert routing_of("gemma-4-26B-A4B-it", "random", []) == "alike"  # a console's run, or an older file's
+    assert routing_of("gpt-oss-120b", "real", []) is None
+    assert routing_of("gemma-4-31B-it", "random", []) is None
 
 
 def test_the_readmes_headline_sets_the_engines_side_by_side_per_suite_at_the_cards_tau():

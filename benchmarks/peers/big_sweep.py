@@ -87,6 +87,10 @@ class Run(BaseModel):
     weights: str = "real"  # report/card.weights_of: random (--load-format dummy), emulated (the emulator), real
     source: str = "folder"  # "console": read from the sweep's printed lines (mission.log), its folder lost
     workload: str = ""  # report/card.py workload_of: a --modes dflash run's DFlash is read against the AR of another run
+    # a mixture's random weights (`routing_of`): "random", its servers drew each token's experts at random (vLLM's
+    # routing simulator, profiles/vllm.py ROUTING_SIMULATION_ENV); "alike", they routed as random weights do, every
+    # token to the same few experts; None: a dense model, or real weights
+    routing: str | None = None
     rows: list[Row] = Field(default_factory=list)
 
 
@@ -105,11 +109,24 @@ class Results(BaseModel):
 PLACEHOLDERS = {"--data-dir": "DATA", "--out": "OUT"}
 
 
+def routing_of(pair: str, weights: str, env_names: list[list[str]]) -> str | None:
+    """How a run of `pair` routed a mixture's tokens (Run.routing), from its servers' environment names."""
+    from dflash_bench import models
+    from dflash_bench.model_shapes import pair_configs
+    from dflash_bench.profiles.vllm import ROUTING_SIMULATION_ENV
+    from dflash_bench.sweep.geometry import geometry
+
+    shape = geometry(pair_configs(models.resolve(pair))[0])
+    if weights != "random" or not (shape and shape.experts):
+        return None
+    return "random" if env_names and all(ROUTING_SIMULATION_ENV in names for names in env_names) else "alike"
+
+
 def shown(text: str, work: str) -> str:
     return text.replace(work.rstrip("/") + "/", "WORK/") if work else text
 
 
-def run_of(folder: Path) -> Run:
+def run_of(folder: Path, pair: str) -> Run:
     manifest = json.loads((folder / "manifest.json").read_text())
     settings, servers = manifest.get("settings") or {}, manifest.get("servers", {})  # `dflash-bench run`: no settings
     # WORK: the folder big_shape wrote the shapes into (SGLang's copy of a target sits in WORK/sglang/, its drafter
@@ -129,6 +146,7 @@ def run_of(folder: Path) -> Run:
               versions=versions, context_len=settings.get("context_len"),
               weights=weights_of(settings.get("engine_args") or [], (settings.get("engines") or [""])[0]),
               workload=workload_of(SweepSettings.model_validate(settings).model_dump(mode="json") if settings else None))
+    run.routing = routing_of(pair, run.weights, [s.get("env_names") or [] for s in servers.values()])
     reasons = {c["cell_id"]: c.get("reason") for c in manifest["plan"]}
     sweep = SweepDir(folder)
     for cell in manifest["plan"]:
@@ -240,11 +258,14 @@ def main() -> None:
     for folder in args.folders:
         if not (folder / "manifest.json").is_file():
             sys.exit(f"{folder} is not a sweep folder (no manifest.json)")
-        run = run_of(folder)
+        run = run_of(folder, res.pair)
         res.runs = [r for r in res.runs if r.sweep_id != run.sweep_id] + [run]
     for log in args.console:
         for run in console_runs(log.read_text()):
             res.runs = [r for r in res.runs if r.sweep_id != run.sweep_id] + [run]
+    for run in res.runs:  # a run of a file written before servers could draw experts at random, or a console's
+        if run.routing is None:
+            run.routing = routing_of(res.pair, run.weights, [])
     for command, sentence in args.refused:
         res.refused = [r for r in res.refused if r["command"] != command] + [{"command": command, "sentence": sentence}]
     args.out.write_text(res.model_dump_json(indent=1) + "\n")

@@ -31,16 +31,23 @@ CLAIM_CALLS = {
     "qwen3-8b": f"measured by {_MISSION} Qwen3-8B --suites gsm8k,math500 --synthetic-acceptance card --modes "
                 "ar,dflash,eagle3 vllm` (one H200, carrying .vllm-bundle and .data: the eagle3 row's sweep too), then "
                 "the same with `sglang` (.sglang-bundle).",
-    "gpt-oss-120b": "no call yet: `bash benchmarks/peers/mission.sh --pair gpt-oss-120b --gpu h200 --tp 4 -n 1 "
-                    "--suites gsm8k -c 64,128,256,512 --max-tokens 1024 --synthetic-acceptance 6.5 vllm` on four H200s "
-                    "(nvidia-h200-x4), or the same with --tp 2 on two (nvidia-h200-x2) where four are not lent, "
+    "gpt-oss-120b": "measured by `bash benchmarks/peers/mission.sh --pair gpt-oss-120b --gpu h200 --tp 2 -n 1 "
+                    "--suites gsm8k -c 64,128,256,512 --max-tokens 1024 --synthetic-acceptance 6.5 vllm` on two H200s "
+                    "(nvidia-h200-x2), or the same with --tp 4 on four (nvidia-h200-x4) where they are lent, "
                     "carrying .vllm-bundle and .data (docs/results/release-claims.md).",
     "eagle3": f"measured by {_MISSION} Qwen3-8B --suites gsm8k,math500 --synthetic-acceptance card --modes "
               "ar,dflash,eagle3 vllm` (one H200, carrying .vllm-bundle and .data: the qwen3-8b row's sweep too).",
 }
 ENGINES = {"vllm": "vLLM", "sglang": "SGLang", "builtin": "builtin", "emulator": "emulator"}
 HEADER = ["claim", "published", "measured on", "suite", "c", "AR tok/s", "DFlash tok/s", "DFlash / AR", "τ",
-          "EAGLE-3 tok/s", "DFlash / EAGLE-3", "DFlash tok/s per user", "EAGLE-3 tok/s per user", "DFlash tok/s per GPU"]
+          "EAGLE-3 tok/s", "DFlash / EAGLE-3", "AR tok/s per user", "DFlash tok/s per user", "EAGLE-3 tok/s per user",
+          "DFlash tok/s per GPU"]
+
+
+# big_sweep.Run.routing: how a mixture's random weights routed its tokens
+ROUTING = {"random": "experts drawn at random for each token (vLLM's routing simulator; published: a trained router)",
+           "alike": "every token routed to the same few experts, as random weights route them: a step reads a few "
+                    "experts where a trained router's reads most, so this run's times are not a trained model's"}
 
 
 def published_cell(c: PublishedClaim) -> str:
@@ -96,6 +103,9 @@ def _differs(c: PublishedClaim, run: dict[str, Any]) -> str:
     weights = run.get("weights", "real")
     if weights != "real":
         parts.append(f"weights {weights} (published: the real model and drafter)")
+    routing = run.get("routing")
+    if routing:
+        parts.append(ROUTING[routing])
     drawn = sorted({r["synthetic_tau"] for r in run["rows"] if r.get("synthetic_tau") is not None})
     if drawn:
         parts.append(f"acceptance drawn at tau {', '.join(f'{t:g}' for t in drawn)} (published: measured)")
@@ -123,9 +133,10 @@ def _rows(c: PublishedClaim, data: dict[str, Any]) -> tuple[list[list[str]], lis
             modes = cells[(engine, suite, conc)]
             ar, df, e3 = modes.get("ar"), modes.get("dflash"), modes.get("eagle3")
             tok = {m: (r["tok_s"] if r else None) for m, r in (("ar", ar), ("dflash", df), ("eagle3", e3))}
-            rows.append(["", "", f"{ENGINES.get(engine, engine)}, {_machine(run)} (run {n})",
+            alike = ", experts alike" if run.get("routing") == "alike" else ""
+            rows.append(["", "", f"{ENGINES.get(engine, engine)}, {_machine(run)} (run {n}{alike})",
                          suite, str(conc), f1(tok["ar"]), f1(tok["dflash"]), _ratio(tok["dflash"], tok["ar"]),
-                         _tau(df), _eagle3(e3), _ratio(tok["dflash"], tok["eagle3"]), _per_user(df),
+                         _tau(df), _eagle3(e3), _ratio(tok["dflash"], tok["eagle3"]), _per_user(ar), _per_user(df),
                          _per_user(e3), f1(df["tok_s_per_gpu"]) if df and df.get("tok_s_per_gpu") else "-"])
         notes += [f"{label}, {ENGINES.get(e, e)} {m}: not measured: {why}" for (e, m), why in failed.items()]
         drafts = sorted({r["synthetic_source"].rsplit("over ", 1)[1] for r in run["rows"] if r["mode"] == "eagle3"
