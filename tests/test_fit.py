@@ -270,6 +270,35 @@ def test_dry_run_shows_the_derived_limit_and_refuses_what_cannot_fit(data_dir):
     assert "--tensor-parallel-size 2" in tp.stdout
 
 
+def test_a_dflash_budget_its_drafting_slots_use_up_is_refused_and_one_too_small_to_verify_every_row_is_said(data_dir):
+    """vLLM sets aside (block - 2) tokens a row of --max-num-batched-tokens for DFlash's drafting: a plan that leaves
+    nothing is refused before anything launches, naming the budget that fits; one whose cells' verify (a block a row)
+    does not fit in what is left says which concurrencies wait, as EAGLE-3's (no slots set aside) does for its own."""
+    base = [sys.executable, "-m", "dflash_bench", "sweep", "--model", "gpt-oss-120b", "--engine", "vllm", "--gpu",
+            "h200", "--tensor-parallel-size", "2", "--dry-run", "--data-dir", str(data_dir), "--suites", "gsm8k",
+            "-n", "1", "--max-tokens", "1024", "--synthetic-acceptance", "6.5"]
+    refused = subprocess.run(base + ["-c", "512,1024", "--engine-arg=--max-num-batched-tokens=8192"],
+                             capture_output=True, text=True, cwd=ROOT)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "sets aside 8,192 of --max-num-batched-tokens 8,192" in refused.stderr  # 1024 rows x 8 slots (block 10)
+    assert "--engine-arg=--max-num-batched-tokens=18432" in refused.stderr  # 1024 x (8 + 10)
+    noted = subprocess.run(base + ["-c", "64,512", "--engine-arg=--max-num-batched-tokens=8192"],
+                           capture_output=True, text=True, cwd=ROOT)
+    assert noted.returncode == 0, noted.stderr
+    (note,) = [line for line in noted.stdout.splitlines() if "a step" in line and "note:" in line]
+    assert "leaves 4,096 a step: at c = 512 rows beyond 409 wait" in note  # c=64's 640 tokens fit
+    fits = subprocess.run(base + ["-c", "512,1024", "--engine-arg=--max-num-batched-tokens=18432"],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert fits.returncode == 0 and "wait a step" not in fits.stdout, fits.stderr
+    budget = profiles.get("vllm").verify_budget
+    pair = models.resolve("Qwen3-8B")
+    argv = ["vllm", "serve", "m", "--max-num-batched-tokens", "512", "--max-num-seqs", "128"]
+    assert budget(pair, "eagle3", argv) == (512, 0, pair.eagle3_tokens + 1)  # serial drafting: nothing set aside
+    assert budget(pair, "dflash", argv) == (512, 128 * (pair.block_size - 2), pair.block_size)
+    assert budget(pair, "ar", argv) is None and budget(pair, "dflash", argv[:3]) is None
+    assert profiles.get("sglang").verify_budget(pair, "dflash", argv) is None
+
+
 def test_config_file_round_trip(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(GEMMA4_31B_TARGET))
     from dflash_bench.model_shapes import read_config

@@ -131,6 +131,34 @@ def test_a_dry_run_plans_every_vllm_and_sglang_step_without_unpacking_their_bund
         assert f"failed: {bundle}/setup.sh did not set the bundle up" in log and f"== {step}: exit 1" in log, log
 
 
+def test_the_vllm_steps_take_a_token_budget_and_resume_only_a_sweep_of_the_same_engine_args(tmp_path, data_dir):
+    """--batched-tokens is the vllm steps' --max-num-batched-tokens; a sweep left on the machine with another budget
+    is not resumed (its settings would refuse the resume), one with the same is."""
+    from dflash_bench.settings import DEFAULT_MODES
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for entry in ("benchmarks", "dflash_bench", "tools"):
+        (repo / entry).symlink_to(ROOT / entry)
+    (repo / ".vllm-bundle").mkdir()  # a dry run plans the step without setting the bundle up
+    left = tmp_path / "work" / "sweeps" / "vllm-gemma-4-31B-it-h200-tp1" / "20261130-000000-gemma-4-31B-it-vllm"
+    left.mkdir(parents=True)
+    args = ["--load-format=dummy", "--attention-backend=triton_attn", "--max-num-batched-tokens=8192", "--seed=0"]
+    (left / "manifest.json").write_text(json.dumps({"settings": {"modes": list(DEFAULT_MODES), "engine_args": args}}))
+    script = repo / "benchmarks" / "peers" / "mission.sh"
+    step = ("--gpu", "h200", "--suites", "gsm8k", "-c", "1", "vllm")
+    mission(tmp_path, data_dir, *step, script=script, MISSION_DRY_RUN="1")
+    same = next(ln for ln in (tmp_path / "out" / "mission.log").read_text().splitlines() if " sweep " in ln)
+    assert f"--resume {left}" in same and "--engine-arg=--max-num-batched-tokens=8192" in same
+    shutil.rmtree(tmp_path / "out")
+    mission(tmp_path, data_dir, "--batched-tokens", "16384", *step, script=script, MISSION_DRY_RUN="1")
+    other = next(ln for ln in (tmp_path / "out" / "mission.log").read_text().splitlines() if " sweep " in ln)
+    assert "--engine-arg=--max-num-batched-tokens=16384" in other and "--resume" not in other
+    bad = mission(tmp_path, data_dir, "--batched-tokens", "8k", "vllm")
+    assert bad.returncode == 2 and bad.stderr.strip() == "mission.sh: --batched-tokens takes a positive number of " \
+                                                         "tokens, not '8k'"
+
+
 def test_the_eagle3_row_plans_an_eagle3_server_with_the_head_the_shape_writes(tmp_path, data_dir):
     proc = mission(tmp_path, data_dir, "--pair", "Qwen3-8B", "--gpu", "h200", "--modes", "ar,dflash,eagle3", "vllm",
                    MISSION_DRY_RUN="1")

@@ -229,14 +229,14 @@ def test_the_claims_table_sets_dflash_against_eagle3_and_reads_per_user_speed():
 
 def test_a_runs_routing_is_read_from_its_servers_environment_and_its_pairs_shape():
     """A mixture's random weights: "random" where every server drew experts through vLLM's routing simulator,
-    "alike" where any did not; a dense pair or real weights: nothing to say."""
+    "alike" where any did not; a dense pair, real weights or no server started: nothing to say."""
     from benchmarks.peers.big_sweep import routing_of
     from dflash_bench.profiles.vllm import ROUTING_SIMULATION_ENV
 
     both = [[ROUTING_SIMULATION_ENV, "VLLM_SERVER_DEV_MODE"], [ROUTING_SIMULATION_ENV]]
     assert routing_of("gpt-oss-120b", "random", both) == "random"
     assert routing_of("gemma-4-26B-A4B-it", "random", [both[0], ["VLLM_SERVER_DEV_MODE"]]) == "alike"
-    assert routing_of("gemma-4-26B-A4B-it", "random", []) == "alike"  # a console's run, or an older file's
+    assert routing_of("gemma-4-26B-A4B-it", "random", []) is None  # no server started: nothing was routed
     assert routing_of("gpt-oss-120b", "real", []) is None
     assert routing_of("gemma-4-31B-it", "random", []) is None
 

@@ -89,7 +89,7 @@ class Run(BaseModel):
     workload: str = ""  # report/card.py workload_of: a --modes dflash run's DFlash is read against the AR of another run
     # a mixture's random weights (`routing_of`): "random", its servers drew each token's experts at random (vLLM's
     # routing simulator, profiles/vllm.py ROUTING_SIMULATION_ENV); "alike", they routed as random weights do, every
-    # token to the same few experts; None: a dense model, or real weights
+    # token to the same few experts; None: a dense model, real weights, no server started, or a console's run
     routing: str | None = None
     rows: list[Row] = Field(default_factory=list)
 
@@ -110,16 +110,17 @@ PLACEHOLDERS = {"--data-dir": "DATA", "--out": "OUT"}
 
 
 def routing_of(pair: str, weights: str, env_names: list[list[str]]) -> str | None:
-    """How a run of `pair` routed a mixture's tokens (Run.routing), from its servers' environment names."""
+    """How a run of `pair` routed a mixture's tokens (Run.routing), from the environment names of the servers it
+    started (None where it started none: nothing was routed)."""
     from dflash_bench import models
     from dflash_bench.model_shapes import pair_configs
     from dflash_bench.profiles.vllm import ROUTING_SIMULATION_ENV
     from dflash_bench.sweep.geometry import geometry
 
     shape = geometry(pair_configs(models.resolve(pair))[0])
-    if weights != "random" or not (shape and shape.experts):
+    if weights != "random" or not (shape and shape.experts) or not env_names:
         return None
-    return "random" if env_names and all(ROUTING_SIMULATION_ENV in names for names in env_names) else "alike"
+    return "random" if all(ROUTING_SIMULATION_ENV in names for names in env_names) else "alike"
 
 
 def shown(text: str, work: str) -> str:
@@ -263,9 +264,6 @@ def main() -> None:
     for log in args.console:
         for run in console_runs(log.read_text()):
             res.runs = [r for r in res.runs if r.sweep_id != run.sweep_id] + [run]
-    for run in res.runs:  # a run of a file written before servers could draw experts at random, or a console's
-        if run.routing is None:
-            run.routing = routing_of(res.pair, run.weights, [])
     for command, sentence in args.refused:
         res.refused = [r for r in res.refused if r["command"] != command] + [{"command": command, "sentence": sentence}]
     args.out.write_text(res.model_dump_json(indent=1) + "\n")

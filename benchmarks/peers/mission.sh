@@ -5,7 +5,7 @@
 #
 #   bash benchmarks/peers/mission.sh [--pair P] [--gpu h100|h200] [--tp N] [--seconds S] [--suites A,B] [-n N]
 #        [--waves W] [-c 1,8,32] [--max-tokens N] [--synthetic-acceptance TAU|card] [--modes ar,dflash[,eagle3]]
-#        [--input-len 128,1k,4k] [--long-c 1,8] [--long-tokens N] [--parallel] STEP...
+#        [--input-len 128,1k,4k] [--long-c 1,8] [--long-tokens N] [--batched-tokens N] [--parallel] STEP...
 #
 # STEP, run in the order given, each in a shell of its own (one engine's bundle at a time), until S seconds
 # (default 570) have passed since the start; a step that cannot finish in the time left is cut (SIGTERM: the
@@ -31,6 +31,9 @@
 #   emulator-tau  path (shape, sweep, profiles, deadline, saving, resuming), and the report's test folders
 #   emulator-long
 #
+# --batched-tokens N: the vllm steps' --max-num-batched-tokens (8192, for every vLLM row alike): vLLM's DFlash sets
+# aside (block - 2) of it a row for drafting, so a concurrency whose verify does not fit (the sweep says so before it
+# launches, or refuses where nothing is left) needs more: N >= c x (2 x block - 2) lets every row verify in a step.
 # --tp N: GPUs per server (tensor parallel: vLLM, SGLang, and the builtin engine's fast path, `serve --fast
 # --tensor-parallel-size`). --synthetic-acceptance and --modes go to the vllm and emulator steps' sweeps as they
 # are (their DFlash and EAGLE-3 servers draw the acceptance, EAGLE-3's with the head big_shape writes for the pair;
@@ -55,7 +58,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
 STEPS="vllm-pair vllm vllm-tau vllm-long sglang builtin builtin-tau builtin-long emulator emulator-tau emulator-long"
 gpu=h100 tp=1 seconds=570 suites=gsm8k,mt-bench prompts=8 waves="" conc=1,8,32 tokens=128 steps=() pair=gemma-4-31B-it
 parallel=""
-tau="" modes="" input_len=128,1k,4k long_conc=1,8 long_tokens=512
+tau="" modes="" input_len=128,1k,4k long_conc=1,8 long_tokens=512 batched=8192
 while [ $# -gt 0 ]; do
   case $1 in
     --pair) pair=$2; shift 2 ;;
@@ -72,6 +75,7 @@ while [ $# -gt 0 ]; do
     --input-len) input_len=$2; shift 2 ;;
     --long-c) long_conc=$2; shift 2 ;;
     --long-tokens) long_tokens=$2; shift 2 ;;
+    --batched-tokens) batched=$2; shift 2 ;;
     --parallel) parallel=1; shift ;;
     -*) echo "mission.sh: unknown option '$1'" >&2; exit 2 ;;
     *) case " $STEPS " in *" $1 "*) steps+=("$1"); shift ;;
@@ -79,6 +83,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 case $gpu in h100|h200) ;; *) echo "mission.sh: --gpu takes h100 or h200, not '$gpu'" >&2; exit 2 ;; esac
+case $batched in ""|*[!0-9]*|0) echo "mission.sh: --batched-tokens takes a positive number of tokens, not '$batched'" >&2; exit 2 ;; esac
 [ ${#steps[@]} -gt 0 ] || { echo "mission.sh: name at least one step ($STEPS)" >&2; exit 2; }
 [ -n "${OUT:-}" ] || { echo "mission.sh: set OUT to the folder that receives the results" >&2; exit 2; }
 shapes=$(python3 -c "from dflash_bench.model_shapes import SHAPES; print(' '.join(SHAPES))" 2>/dev/null)
@@ -222,9 +227,10 @@ sweep() { # sweep NAME ENGINE TARGET [extra sweep args...]: one sweep folder in 
   return $rc
 }
 
-resumable() { # resumable DIR [sweep args...]: the newest sweep folder in DIR made with the same --modes and
-  # --synthetic-acceptance as these args (the sweep's defaults where they give none), so a step run again with other
-  # modes (the random drafter's DFlash after the AR cells) starts a sweep of its own rather than failing to resume
+resumable() { # resumable DIR [sweep args...]: the newest sweep folder in DIR made with the same --modes,
+  # --synthetic-acceptance (the sweep's defaults where they give none) and --engine-args as these args, so a step run
+  # again with other modes (the random drafter's DFlash after the AR cells) or another --batched-tokens starts a
+  # sweep of its own rather than failing to resume
   local dir=$1; shift
   python3 - "$dir" "$@" <<'PY'
 import json, sys
@@ -239,13 +245,15 @@ def tau(text):  # "7.8" and "7.80" are one acceptance; "card" is itself
 
 args = sys.argv[2:]
 flag = {a: args[i + 1] for i, a in enumerate(args[:-1]) if a in ("--modes", "--synthetic-acceptance")}
-want = (sorted(flag.get("--modes", ",".join(DEFAULT_MODES)).split(",")), tau(flag.get("--synthetic-acceptance")))
+engine_args = [a.split("=", 1)[1] for a in args if a.startswith("--engine-arg=")]
+want = (sorted(flag.get("--modes", ",".join(DEFAULT_MODES)).split(",")), tau(flag.get("--synthetic-acceptance")),
+        engine_args)
 for manifest in sorted(Path(sys.argv[1]).glob("*/manifest.json"), reverse=True):
     try:
         have = json.loads(manifest.read_text())["settings"]
     except (OSError, ValueError, KeyError):
         continue
-    if (sorted(have.get("modes") or []), tau(have.get("synthetic_acceptance"))) == want:
+    if (sorted(have.get("modes") or []), tau(have.get("synthetic_acceptance")), have.get("engine_args") or []) == want:
         print(manifest.parent)
         break
 PY
@@ -292,7 +300,7 @@ step() { # the body of one step, in a subshell
       local attention=()
       case $pair in gemma-4-*) attention=(--engine-arg=--attention-backend=triton_attn) ;; esac
       shape hf && variant "$1" vllm "$work/$pair" --engine-arg=--load-format=dummy "${attention[@]}" \
-        --engine-arg=--max-num-batched-tokens=8192 --engine-arg=--seed=0 ;;
+        --engine-arg=--max-num-batched-tokens="$batched" --engine-arg=--seed=0 ;;
     sglang)
       bundle .sglang-bundle || { [ $? = 3 ] && return 0; return 1; }
       shape sglang && sweep sglang sglang "$work/sglang/$pair" --engine-arg=--load-format=dummy \

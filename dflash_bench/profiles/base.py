@@ -243,6 +243,12 @@ class EngineProfile:
         """Environment variables the card asks for (the same for AR and DFlash)."""
         return {}
 
+    def verify_budget(self, pair: ModelPair, mode: str, argv: Sequence[str]) -> tuple[int, int, int] | None:
+        """A speculative server's tokens a step, from its full command line: (the token budget, the part of it the
+        engine sets aside for drafting, the tokens a row's verify takes); None where the engine takes no such budget
+        from its flags."""
+        return None
+
     def random_weights_env(self, pair: ModelPair) -> dict[str, str]:
         """Environment variables a server of random weights (`random_weights`) needs for its time to be a trained
         model's (the same for AR and DFlash); none unless the engine says."""

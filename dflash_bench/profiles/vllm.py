@@ -163,6 +163,21 @@ class VLLM(EngineProfile):
     def env(self, pair: ModelPair, mode: str) -> dict[str, str]:
         return dict(pair.vllm_env)
 
+    def verify_budget(self, pair: ModelPair, mode: str, argv: Sequence[str]) -> tuple[int, int, int] | None:
+        """vLLM (0.26.0's `SpeculativeConfig.max_num_new_slots_for_drafting`, read in its source) sets aside
+        `num_speculative_tokens - 1` slots a row of --max-num-batched-tokens for DFlash's parallel drafting, and none
+        for EAGLE-3's serial one; what is left is all a step may schedule (`max_num_scheduled_tokens`), which a verify
+        of a row takes its draft length plus one of."""
+        from dflash_bench.profiles.base import flag_values
+
+        drafts = {"dflash": pair.num_speculative_tokens, "eagle3": pair.eagle3_tokens}.get(mode)
+        budget = [v for v in flag_values(list(argv), ("--max-num-batched-tokens",)) if v.isdigit()]
+        rows = [v for v in flag_values(list(argv), ("--max-num-seqs",)) if v.isdigit()]
+        if drafts is None or not budget or not rows:
+            return None
+        slots = drafts - 1 if mode == "dflash" else 0
+        return int(budget[-1]), int(rows[-1]) * slots, drafts + 1
+
     def random_weights_env(self, pair: ModelPair) -> dict[str, str]:
         """A mixture-of-experts target's experts are chosen uniformly at random (ROUTING_SIMULATION_ENV)."""
         from dflash_bench.model_shapes import pair_configs

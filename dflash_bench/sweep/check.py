@@ -191,7 +191,7 @@ def sized(settings: SweepSettings, data_dir: Path | None, dry_run: bool = False)
     run whose prompts cannot be read says so and prints the plan unsized."""
     import typer
 
-    from dflash_bench.sweep.fit import PromptsUnavailable, server_args, size
+    from dflash_bench.sweep.fit import PromptsUnavailable, runs_dflash, server_args, size, verify_budget
     from dflash_bench.sweep.plan import resolve_pair
 
     try:
@@ -202,6 +202,11 @@ def sized(settings: SweepSettings, data_dir: Path | None, dry_run: bool = False)
         typer.echo(f"context limit not derived (it needs the plan's prompts): {err}")
         out = settings
     if not out.url_ar:  # what an engine cannot take (--tensor-parallel-size on a one-GPU engine): before any folder
+        pair = resolve_pair(out)
         for engine in out.engines:
             server_args(out, engine)
+            if "dflash" in out.modes and runs_dflash(engine, pair, out):
+                refusal, _ = verify_budget(out, pair, engine, "dflash")
+                if refusal:
+                    raise UserError(refusal)
     return out

@@ -15,6 +15,7 @@ def print_plan(settings: SweepSettings) -> None:
     from dflash_bench.launch import plan_server
     from dflash_bench.launch.launch_commands import dry_run_line
     from dflash_bench.sweep.fit import server_args
+    from dflash_bench.sweep.launch import launch_notes
 
     pair = resolve_pair(settings)
     plan = plan_cells(settings)
@@ -49,8 +50,9 @@ def print_plan(settings: SweepSettings) -> None:
         why = profile.refusal(pair, launch.mode, version)
         if why:
             typer.echo(f"  refused before launch: {why}")
-        elif note := profile.caveat(pair, launch.mode, version):
-            typer.echo(f"  note: {note}")
+        else:
+            for note in launch_notes(settings, pair, launch.engine, launch.mode, version):
+                typer.echo(f"  note: {note}")
 
 
 def weights_line(pair: ModelPair) -> str:

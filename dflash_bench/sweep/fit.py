@@ -253,7 +253,7 @@ def size(settings: SweepSettings, pair: ModelPair, data_dir: Path | None) -> Swe
                 raise UserError(f"{engine}: a tensor-parallel size of {gpus} does not divide the target's "
                                 f"{target.heads} attention heads, so no server can shard it; use {fits_heads}")
             usable = usable_gib(engine, gpu_gib)
-            draft = drafter if _runs_dflash(engine, pair, settings) else None
+            draft = drafter if runs_dflash(engine, pair, settings) else None
             fast = "--fast" in settings.engine_args
             if engine == "builtin" and gpus > 1 and not fast:
                 raise UserError(f"builtin: --tensor-parallel-size {gpus} runs on the fast path: add --engine-arg=--fast")
@@ -271,7 +271,7 @@ def size(settings: SweepSettings, pair: ModelPair, data_dir: Path | None) -> Swe
     return settings.model_copy(update={"context_len": context})
 
 
-def _runs_dflash(engine: str, pair: ModelPair, settings: SweepSettings) -> bool:
+def runs_dflash(engine: str, pair: ModelPair, settings: SweepSettings) -> bool:
     """Will this engine's DFlash server launch (a drafter, and no refusal of its known version)?"""
     from dflash_bench import profiles
 
@@ -292,3 +292,31 @@ def server_args(settings: SweepSettings, engine: str) -> list[str]:
     flags = profiles.get(engine).sizing_flags(settings.context_len, max(settings.concurrency),
                                               settings.tensor_parallel)
     return flags + list(settings.engine_args)
+
+
+def verify_budget(settings: SweepSettings, pair: ModelPair, engine: str, mode: str) -> tuple[str | None, str | None]:
+    """(refusal, note) for a speculative server's tokens a step (profiles' `verify_budget` over the command the
+    sweep launches): a budget the drafting slots use up is refused (the engine would refuse it after loading the
+    model); one too small for a verify of every row of a cell is noted, for those rows wait a step."""
+    from dflash_bench import profiles
+    from dflash_bench.launch import plan_server
+    from dflash_bench.store import mode_name
+
+    argv = plan_server(engine, pair, mode, preset=settings.gpu, extra_args=server_args(settings, engine),
+                       runner=settings.runner)[2]
+    got = profiles.get(engine).verify_budget(pair, mode, argv)
+    if got is None:
+        return None, None
+    budget, aside, per_row = got
+    left, top = budget - aside, max(settings.concurrency)
+    fits_all = f"--engine-arg=--max-num-batched-tokens={aside + top * per_row}"
+    if left <= 0:
+        return (f"{engine}: its {mode_name(mode)} server would have no tokens to schedule: it sets aside {aside:,} of "
+                f"--max-num-batched-tokens {budget:,} for drafting ({top} rows), and would refuse to start after "
+                f"loading the model; pass {fits_all} (every row's verify in one step) or a lower concurrency."), None
+    short = [c for c in sorted(settings.concurrency) if c * per_row > left]
+    if not short:
+        return None, None
+    return None, (f"{mode_name(mode)} verifies {per_row} tokens a row, and --max-num-batched-tokens {budget:,} less "
+                  f"the {aside:,} set aside for drafting leaves {left:,} a step: at c = {', '.join(map(str, short))} "
+                  f"rows beyond {left // per_row} wait a step ({fits_all} fits them all)")

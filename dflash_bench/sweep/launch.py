@@ -17,7 +17,8 @@ from dflash_bench.errors import UserError
 from dflash_bench.launch.common import free_port
 from dflash_bench.launch.identity import IdentityChanged, changed, expect, verify_external
 from dflash_bench.launch.watchdog import Relaunching
-from dflash_bench.store import CellPlan, Manifest, ServerRecord
+from dflash_bench.models import ModelPair
+from dflash_bench.store import CellPlan, Manifest, ServerRecord, SweepSettings
 from dflash_bench.sweep.context import SweepContext, reason
 from dflash_bench.sweep.plan import Launch
 from dflash_bench.sweep.slots import launch_slots
@@ -178,7 +179,8 @@ def _same(info: ServerRecord, alive: Callable[[], None]) -> None:
 
 def refused(ctx: SweepContext, launch: Launch) -> None:
     """Refuse, before launch, a server the engine's known version cannot run (profiles' `refusal`); note what it
-    serves differently where it starts (profiles' `caveat`)."""
+    serves differently where it starts (profiles' `caveat`), and a speculative server whose token budget makes the
+    rows of a cell wait a step (fit.verify_budget)."""
     from dflash_bench import profiles
 
     if ctx.settings.url_ar:
@@ -188,10 +190,23 @@ def refused(ctx: SweepContext, launch: Launch) -> None:
     why = profile.refusal(ctx.pair, launch.mode, version)
     if why:
         raise UserError(why)
-    note = profile.caveat(ctx.pair, launch.mode, version)
-    if note and f"{launch.engine}: {note}" not in ctx.manifest.notes:
-        ctx.manifest.notes.append(f"{launch.engine}: {note}")
-        print(f"note: {launch.engine}: {note}", flush=True)
+    for note in launch_notes(ctx.settings, ctx.pair, launch.engine, launch.mode, version):
+        if f"{launch.engine}: {note}" not in ctx.manifest.notes:
+            ctx.manifest.notes.append(f"{launch.engine}: {note}")
+            print(f"note: {launch.engine}: {note}", flush=True)
+
+
+def launch_notes(settings: SweepSettings, pair: ModelPair, engine: str, mode: str, version: str | None) -> list[str]:
+    """What a server the engine will start serves differently (profiles' `caveat`), and for a speculative one a token
+    budget that makes a cell's rows wait a step (fit.verify_budget): said at launch and by a dry run alike."""
+    from dflash_bench import profiles
+    from dflash_bench.store import SPECULATIVE
+    from dflash_bench.sweep.fit import verify_budget
+
+    notes = [profiles.get(engine).caveat(pair, mode, version)]
+    if mode in SPECULATIVE:
+        notes.append(verify_budget(settings, pair, engine, mode)[1])
+    return [n for n in notes if n]
 
 
 def record_server(manifest: Manifest, key: str, info: ServerRecord) -> None:
