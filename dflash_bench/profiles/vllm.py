@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 from dflash_bench.errors import UserError
-from dflash_bench.profiles.base import EngineProfile, python_module
+from dflash_bench.profiles.base import EngineProfile, flag_values, python_module
 from dflash_bench.models import ModelPair
 
 if TYPE_CHECKING:
@@ -28,8 +28,8 @@ MIXED_DRAFT_REFUSED_UP_TO = (0, 25, 1)
 # vLLM's dummy weights (uniform in +-1e-3) leave a mixture's router sending every token to the same few experts: a
 # step then reads a few experts where a trained router's balanced load reads most of them, and a bigger batch costs
 # one expert's rows more instead of more experts. vLLM's routing simulator (read in 0.26.0's source) draws each
-# token's experts uniformly at random instead; it also moves the gpt-oss MXFP4 experts from the kernel that routes inside itself to
-# the one that takes the simulator's choice.
+# token's experts uniformly at random instead; it also moves the gpt-oss MXFP4 experts from the kernel that routes
+# inside itself to the one that takes the simulator's choice.
 ROUTING_SIMULATION_ENV = "VLLM_MOE_ROUTING_SIMULATION_STRATEGY"
 MIXED_DRAFT_LOG = "DFlash does not yet support mixed sliding/full attention"
 MIXED_DRAFT_LOG_V1 = "DFlash drafters with mixed sliding/full attention require the V2 model runner"
@@ -168,8 +168,6 @@ class VLLM(EngineProfile):
         `num_speculative_tokens - 1` slots a row of --max-num-batched-tokens for DFlash's parallel drafting, and none
         for EAGLE-3's serial one; what is left is all a step may schedule (`max_num_scheduled_tokens`), which a verify
         of a row takes its draft length plus one of."""
-        from dflash_bench.profiles.base import flag_values
-
         drafts = {"dflash": pair.num_speculative_tokens, "eagle3": pair.eagle3_tokens}.get(mode)
         budget = [v for v in flag_values(list(argv), ("--max-num-batched-tokens",)) if v.isdigit()]
         rows = [v for v in flag_values(list(argv), ("--max-num-seqs",)) if v.isdigit()]
