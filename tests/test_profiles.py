@@ -125,11 +125,13 @@ def test_only_a_sweeps_vllm_gets_the_dev_mode_that_serves_its_cache_reset():
     assert sglang == {}  # its /flush_cache needs nothing
 
 
-def test_a_mixture_of_random_weights_draws_its_experts_at_random_on_vllm_only():
-    """Random weights send every token of a mixture to the same few experts: vLLM's servers of a mixture's random
-    weights get its routing simulator, for AR and DFlash alike; real weights, a dense target and SGLang do not."""
+def test_a_mixture_of_random_weights_draws_its_experts_at_random():
+    """Random weights send every token of a mixture to the same few experts: vLLM's and SGLang's servers of a
+    mixture's random weights get the engine's switch that draws experts at random, for AR and DFlash alike; real
+    weights, a dense target and an engine with no switch do not."""
     from dflash_bench.launch import plan_server
-    from dflash_bench.profiles.vllm import ROUTING_SIMULATION_ENV
+
+    ROUTING_SIMULATION_ENV = "VLLM_MOE_ROUTING_SIMULATION_STRATEGY"
 
     def env(engine, pair, mode, args):
         return plan_server(engine, pair, mode, runner="process", extra_args=args)[3]
@@ -141,7 +143,11 @@ def test_a_mixture_of_random_weights_draws_its_experts_at_random_on_vllm_only():
     assert env("vllm", "gpt-oss-120b", "ar", ["--load-format=dummy", "--load-format=auto"]) == {}  # the last one wins
     assert env("vllm", "gpt-oss-120b", "ar", []) == {}
     assert env("vllm", "gemma-4-31B-it", "ar", ["--load-format=dummy"]) == {"VLLM_USE_V2_MODEL_RUNNER": "1"}
-    assert env("sglang", "gpt-oss-120b", "ar", ["--load-format=dummy"]) == {}
+    assert env("sglang", "gpt-oss-120b", "ar", ["--load-format=dummy"]) == {"SGLANG_SIMULATE_UNIFORM_EXPERTS": "1"}
+    assert env("sglang", "gpt-oss-120b", "ar", []) == {}
+    assert profiles.get("builtin").random_weights_env(models.resolve("gpt-oss-120b")) == {}
+    assert profiles.get("sglang").routes_at_random(["SGLANG_SIMULATE_UNIFORM_EXPERTS"])
+    assert not profiles.get("vllm").routes_at_random(["SGLANG_SIMULATE_UNIFORM_EXPERTS", "VLLM_SERVER_DEV_MODE"])
 
 
 def test_the_builtin_engine_serves_its_cache_reset_as_it_is_launched(tmp_path):

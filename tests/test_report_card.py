@@ -70,13 +70,13 @@ def test_a_row_whose_server_drew_a_mixtures_experts_at_random_says_so(tmp_path):
 
     import pandas as pd
 
-    from dflash_bench.profiles.vllm import ROUTING_SIMULATION_ENV
     from dflash_bench.report.card import view_lines
     from dflash_bench.store.manifest import ServerRecord
 
-    servers = {"vllm-ar": ServerRecord(runner="process", url="u", env_names=[ROUTING_SIMULATION_ENV]),
-               "vllm-dflash": ServerRecord(runner="process", url="u", env_names=[ROUTING_SIMULATION_ENV]),
-               "sglang-ar": ServerRecord(runner="process", url="u")}
+    routed = ["VLLM_MOE_ROUTING_SIMULATION_STRATEGY"]
+    servers = {"vllm-ar": ServerRecord(runner="process", url="u", engine="vllm", env_names=routed),
+               "vllm-dflash": ServerRecord(runner="process", url="u", engine="vllm", env_names=routed),
+               "sglang-ar": ServerRecord(runner="process", url="u", engine="sglang", env_names=routed)}
     manifest = SimpleNamespace(servers=servers, settings=None, hardware={"gpus": [{"name": "H200"}]}, sweep_id="s")
     frame = pd.DataFrame([{"engine": e, "mode": m, "suite": "gsm8k", "concurrency": 8, "status": "complete",
                            "output_throughput": 100.0} for e, m in (("vllm", "ar"), ("vllm", "dflash"), ("sglang", "ar"))])

@@ -228,14 +228,17 @@ def test_the_claims_table_sets_dflash_against_eagle3_and_reads_per_user_speed():
 
 
 def test_a_runs_routing_is_read_from_its_servers_environment_and_its_pairs_shape():
-    """A mixture's random weights: "random" where every server drew experts through vLLM's routing simulator,
-    "alike" where any did not; a dense pair, real weights or no server started: nothing to say."""
+    """A mixture's random weights: "random" where every server drew experts through its engine's switch, "alike"
+    where any did not (another engine's switch is not its own); a dense pair, real weights or no server started:
+    nothing to say."""
     from benchmarks.peers.big_sweep import routing_of
-    from dflash_bench.profiles.vllm import ROUTING_SIMULATION_ENV
 
-    both = [[ROUTING_SIMULATION_ENV, "VLLM_SERVER_DEV_MODE"], [ROUTING_SIMULATION_ENV]]
-    assert routing_of("gpt-oss-120b", "random", both) == "random"
-    assert routing_of("gemma-4-26B-A4B-it", "random", [both[0], ["VLLM_SERVER_DEV_MODE"]]) == "alike"
+    vllm = ("vllm", ["VLLM_MOE_ROUTING_SIMULATION_STRATEGY", "VLLM_SERVER_DEV_MODE"])
+    sglang = ("sglang", ["SGLANG_SIMULATE_UNIFORM_EXPERTS"])
+    assert routing_of("gpt-oss-120b", "random", [vllm, vllm]) == "random"
+    assert routing_of("gpt-oss-120b", "random", [sglang]) == "random"
+    assert routing_of("gemma-4-26B-A4B-it", "random", [vllm, ("vllm", ["VLLM_SERVER_DEV_MODE"])]) == "alike"
+    assert routing_of("gemma-4-26B-A4B-it", "random", [("sglang", vllm[1])]) == "alike"
     assert routing_of("gemma-4-26B-A4B-it", "random", []) is None  # no server started: nothing was routed
     assert routing_of("gpt-oss-120b", "real", []) is None
     assert routing_of("gemma-4-31B-it", "random", []) is None

@@ -87,8 +87,8 @@ class Run(BaseModel):
     weights: str = "real"  # report/card.weights_of: random (--load-format dummy), emulated (the emulator), real
     source: str = "folder"  # "console": read from the sweep's printed lines (mission.log), its folder lost
     workload: str = ""  # report/card.py workload_of: a --modes dflash run's DFlash is read against the AR of another run
-    # a mixture's random weights (`routing_of`): "random", its servers drew each token's experts at random (vLLM's
-    # routing simulator, profiles/vllm.py ROUTING_SIMULATION_ENV); "alike", they routed as random weights do, every
+    # a mixture's random weights (`routing_of`): "random", its servers drew each token's experts at random (each
+    # engine's switch: profiles' routing_simulation); "alike", they routed as random weights do, every
     # token to the same few experts; None: a dense model, real weights, no server started, or a console's run
     routing: str | None = None
     rows: list[Row] = Field(default_factory=list)
@@ -109,18 +109,17 @@ class Results(BaseModel):
 PLACEHOLDERS = {"--data-dir": "DATA", "--out": "OUT"}
 
 
-def routing_of(pair: str, weights: str, env_names: list[list[str]]) -> str | None:
-    """How a run of `pair` routed a mixture's tokens (Run.routing), from the environment names of the servers it
-    started (None where it started none: nothing was routed)."""
-    from dflash_bench import models
+def routing_of(pair: str, weights: str, servers: list[tuple[str, list[str]]]) -> str | None:
+    """How a run of `pair` routed a mixture's tokens (Run.routing), from the (engine, environment names) of the
+    servers it started (None where it started none: nothing was routed)."""
+    from dflash_bench import models, profiles
     from dflash_bench.model_shapes import pair_configs
-    from dflash_bench.profiles.vllm import ROUTING_SIMULATION_ENV
     from dflash_bench.sweep.geometry import geometry
 
     shape = geometry(pair_configs(models.resolve(pair))[0])
-    if weights != "random" or not (shape and shape.experts) or not env_names:
+    if weights != "random" or not (shape and shape.experts) or not servers:
         return None
-    return "random" if all(ROUTING_SIMULATION_ENV in names for names in env_names) else "alike"
+    return "random" if all(profiles.get(e).routes_at_random(names) for e, names in servers) else "alike"
 
 
 def shown(text: str, work: str) -> str:
@@ -147,7 +146,8 @@ def run_of(folder: Path, pair: str) -> Run:
               versions=versions, context_len=settings.get("context_len"),
               weights=weights_of(settings.get("engine_args") or [], (settings.get("engines") or [""])[0]),
               workload=workload_of(SweepSettings.model_validate(settings).model_dump(mode="json") if settings else None))
-    run.routing = routing_of(pair, run.weights, [s.get("env_names") or [] for s in servers.values()])
+    run.routing = routing_of(pair, run.weights, [(s.get("engine") or key.split("-")[0], s.get("env_names") or [])
+                                                 for key, s in servers.items()])
     reasons = {c["cell_id"]: c.get("reason") for c in manifest["plan"]}
     sweep = SweepDir(folder)
     for cell in manifest["plan"]:

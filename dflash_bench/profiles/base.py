@@ -88,6 +88,10 @@ class EngineProfile:
     # (SGLang's /generate takes templated text).
     chat_template: ClassVar[str] = "server"
     runner: ClassVar[str] = "docker"  # the default runner: "docker" (its image) or "process" (a local command)
+    # (variable, value): the environment that makes the engine draw each token's experts of a mixture at random.
+    # Random weights route every token to the same few experts (the weights barely tell tokens apart), so a step
+    # reads a few experts where a trained router's balanced load reads most of them; None: the engine has no switch
+    routing_simulation: ClassVar[tuple[str, str] | None] = None
     needs_gpu: ClassVar[bool] = True  # False: it also serves on a CPU (`doctor` asks for a GPU only where True)
     # The share of each GPU the engine may fill with weights and KV cache (sweep/fit.py); None: the engine
     # is not sized from the plan (the emulator, llama.cpp).
@@ -251,8 +255,19 @@ class EngineProfile:
 
     def random_weights_env(self, pair: ModelPair) -> dict[str, str]:
         """Environment variables a server of random weights (`random_weights`) needs for its time to be a trained
-        model's (the same for AR and DFlash); none unless the engine says."""
-        return {}
+        model's (the same for AR and DFlash): a mixture's experts drawn at random (`routing_simulation`)."""
+        from dflash_bench.model_shapes import pair_configs
+        from dflash_bench.sweep.geometry import geometry
+
+        if self.routing_simulation is None:
+            return {}
+        shape = geometry(pair_configs(pair)[0])
+        return dict([self.routing_simulation]) if shape and shape.experts else {}
+
+    def routes_at_random(self, env_names: Iterable[str]) -> bool:
+        """Did a server with these environment variables (a manifest's `env_names`) draw a mixture's experts at
+        random?"""
+        return self.routing_simulation is not None and self.routing_simulation[0] in set(env_names)
 
     def container_command(self, argv: list[str]) -> list[str]:
         """The part of `argv` that follows the image name in `docker run` (the image's entrypoint runs it)."""

@@ -25,12 +25,6 @@ DEFAULT_IMAGE = "vllm/vllm-openai:v0.29.0"
 # accepts such a drafter on its V2 model runner, which `VllmConfig.use_v2_model_runner` turns on by itself for it
 # unless VLLM_USE_V2_MODEL_RUNNER is set; with VLLM_USE_V2_MODEL_RUNNER=0 it raises MIXED_DRAFT_LOG_V1 instead.
 MIXED_DRAFT_REFUSED_UP_TO = (0, 25, 1)
-# vLLM's dummy weights (uniform in +-1e-3) leave a mixture's router sending every token to the same few experts: a
-# step then reads a few experts where a trained router's balanced load reads most of them, and a bigger batch costs
-# one expert's rows more instead of more experts. vLLM's routing simulator (read in 0.26.0's source) draws each
-# token's experts uniformly at random instead; it also moves the gpt-oss MXFP4 experts from the kernel that routes
-# inside itself to the one that takes the simulator's choice.
-ROUTING_SIMULATION_ENV = "VLLM_MOE_ROUTING_SIMULATION_STRATEGY"
 MIXED_DRAFT_LOG = "DFlash does not yet support mixed sliding/full attention"
 MIXED_DRAFT_LOG_V1 = "DFlash drafters with mixed sliding/full attention require the V2 model runner"
 
@@ -76,6 +70,10 @@ class VLLM(EngineProfile):
     client_tau = "chunks"  # one delta per engine step (servers.md)
     default_port = 8000
     local_module = "vllm"
+    # vLLM's routing simulator (read in 0.26.0's source: fused_moe/router/routing_simulator_router.py) draws each
+    # token's experts uniformly at random; it also moves gpt-oss's MXFP4 experts from the Triton kernel that routes
+    # inside itself to the one that takes the simulator's choice. Seen on two H200s: vLLM logs "Simulating MoE routing"
+    routing_simulation = ("VLLM_MOE_ROUTING_SIMULATION_STRATEGY", "uniform_random")
     cache_reset = "/reset_prefix_cache"  # vLLM's entrypoints/serve/dev routes, attached only in dev mode
     cache_reset_env = (("VLLM_SERVER_DEV_MODE", "1"),)  # as `vllm bench sweep` starts its servers
     memory_fraction = 0.92  # --gpu-memory-utilization: weights, activations and KV together
@@ -175,14 +173,6 @@ class VLLM(EngineProfile):
             return None
         slots = drafts - 1 if mode == "dflash" else 0
         return int(budget[-1]), int(rows[-1]) * slots, drafts + 1
-
-    def random_weights_env(self, pair: ModelPair) -> dict[str, str]:
-        """A mixture-of-experts target's experts are chosen uniformly at random (ROUTING_SIMULATION_ENV)."""
-        from dflash_bench.model_shapes import pair_configs
-        from dflash_bench.sweep.geometry import geometry
-
-        shape = geometry(pair_configs(pair)[0])
-        return {ROUTING_SIMULATION_ENV: "uniform_random"} if shape and shape.experts else {}
 
     def container_command(self, argv: list[str]) -> list[str]:
         # The image's entrypoint is already `vllm serve`: do not repeat it.

@@ -18,8 +18,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from dflash_bench import profiles
 from dflash_bench.profiles.base import random_weights
-from dflash_bench.profiles.vllm import ROUTING_SIMULATION_ENV
 from dflash_bench.speedup import speedup_of
 from dflash_bench.published import published_for
 from dflash_bench.store import SPECULATIVE, mode_name
@@ -47,7 +47,7 @@ class CellLine(BaseModel):
     repeat: int = 0
     workload: str = ""  # workload_of its sweep's settings: an AR cell of another sweep partners it only if equal
     input_len: int = 0  # the prompts' length in tokens on the --input-len axis (its long-<N> suites); 0: the suite's own
-    routed_at_random: bool = False  # its server drew a mixture's experts at random (profiles.vllm.ROUTING_SIMULATION_ENV)
+    routed_at_random: bool = False  # its server drew a mixture's experts at random (profiles' routing_simulation)
 
 
 class CardRow(BaseModel):
@@ -287,7 +287,8 @@ def view_lines(view: Any) -> list[CellLine]:
     device = device_of(m.hardware.model_dump() if hasattr(m.hardware, "model_dump") else dict(m.hardware or {}))
     args = list(m.settings.engine_args) if m.settings else []
     workload = workload_of(m.settings.model_dump(mode="json") if m.settings else None)
-    routed = {key for key, server in (m.servers or {}).items() if ROUTING_SIMULATION_ENV in server.env_names}
+    routed = {key for key, server in (m.servers or {}).items()
+              if server.engine and profiles.get(server.engine).routes_at_random(server.env_names)}
     out = []
     frame = view.frame
     done = frame[frame["status"].isin(["complete", "partial"])] if not frame.empty else frame
