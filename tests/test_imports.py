@@ -110,7 +110,7 @@ def test_no_benchmark_imports_another_that_imports_it_back():
 LAYERS = [
     ("dflash_bench", "errors", "http_limits", "console", "openai_format", "published", "thinking", "speedup"),
     ("options", "models", "tokenizer", "suite_file", "llamacpp", "cli_app", "synthetic"),
-    ("settings", "cli_options", "model_shapes"),
+    ("settings", "cli_options", "model_shapes", "geometry"),
     ("store", "emulator"),
     ("telemetry", "suites", "analysis", "slo"),
     ("profiles", "longctx"),

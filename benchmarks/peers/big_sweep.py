@@ -114,7 +114,7 @@ def routing_of(pair: str, weights: str, servers: list[tuple[str, list[str]]]) ->
     servers it started (None where it started none: nothing was routed)."""
     from dflash_bench import models, profiles
     from dflash_bench.model_shapes import pair_configs
-    from dflash_bench.sweep.geometry import geometry
+    from dflash_bench.geometry import geometry
 
     shape = geometry(pair_configs(models.resolve(pair))[0])
     if weights != "random" or not (shape and shape.experts) or not servers:

@@ -257,7 +257,7 @@ class EngineProfile:
         """Environment variables a server of random weights (`random_weights`) needs for its time to be a trained
         model's (the same for AR and DFlash): a mixture's experts drawn at random (`routing_simulation`)."""
         from dflash_bench.model_shapes import pair_configs
-        from dflash_bench.sweep.geometry import geometry
+        from dflash_bench.geometry import geometry
 
         if self.routing_simulation is None:
             return {}

@@ -58,7 +58,7 @@ def print_plan(settings: SweepSettings) -> None:
 def weights_line(pair: ModelPair) -> str:
     """The target's (and the drafter's) weights as the configs give them, a mixture's share a token reads."""
     from dflash_bench.model_shapes import pair_configs
-    from dflash_bench.sweep.geometry import describe, geometry
+    from dflash_bench.geometry import describe, geometry
 
     target_cfg, drafter_cfg = pair_configs(pair)
     target = geometry(target_cfg)

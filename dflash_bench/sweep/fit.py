@@ -13,7 +13,7 @@ With `--gpu h100` / `h200` / ... (a GPU whose memory is known), `size()`:
 `--engine-arg`s, which win.
 
 The geometry comes from the target's config.json (a local folder) or, for a known pair named by its short
-name, from `model_shapes.py`, through `sweep/geometry.py` (weights, a mixture's experts all counted, and KV per
+name, from `model_shapes.py`, through `geometry.py` (weights, a mixture's experts all counted, and KV per
 layer kind). The builtin engine's KV is its own pool's slot
 (`engine/fast/pool.slot_bytes`, from the layout its caches are allocated from: Gemma 4's rings, the drafter's
 layers, the logits), a rank's share of it on each of its `--tensor-parallel-size` GPUs (the fast path shards; the
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from dflash_bench.errors import UserError
-from dflash_bench.sweep.geometry import BYTES, Geometry, geometry, text_config
+from dflash_bench.geometry import BYTES, Geometry, geometry, text_config
 from dflash_bench.store import SweepSettings
 from dflash_bench.tokenizer import has_tokenizer
 
