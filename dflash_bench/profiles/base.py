@@ -89,8 +89,9 @@ class EngineProfile:
     chat_template: ClassVar[str] = "server"
     runner: ClassVar[str] = "docker"  # the default runner: "docker" (its image) or "process" (a local command)
     # (variable, value): the environment that makes the engine draw each token's experts of a mixture at random.
-    # Random weights route every token to the same few experts (the weights barely tell tokens apart), so a step
-    # reads a few experts where a trained router's balanced load reads most of them; None: the engine has no switch
+    # Random weights route every token to the same few experts (seen with vLLM's dummy weights on gpt-oss-120b's
+    # shape), so a step reads a few experts where a trained router's balanced load reads most of them; None: the
+    # engine has no switch
     routing_simulation: ClassVar[tuple[str, str] | None] = None
     needs_gpu: ClassVar[bool] = True  # False: it also serves on a CPU (`doctor` asks for a GPU only where True)
     # The share of each GPU the engine may fill with weights and KV cache (sweep/fit.py); None: the engine
