@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Sequence
 
 from dflash_bench.errors import UserError
+from dflash_bench.geometry import geometry
+from dflash_bench.model_shapes import pair_configs
 from dflash_bench.models import ModelPair
 
 if TYPE_CHECKING:
@@ -257,9 +259,6 @@ class EngineProfile:
     def random_weights_env(self, pair: ModelPair) -> dict[str, str]:
         """Environment variables a server of random weights (`random_weights`) needs for its time to be a trained
         model's (the same for AR and DFlash): a mixture's experts drawn at random (`routing_simulation`)."""
-        from dflash_bench.model_shapes import pair_configs
-        from dflash_bench.geometry import geometry
-
         if self.routing_simulation is None:
             return {}
         shape = geometry(pair_configs(pair)[0])

@@ -187,22 +187,23 @@ def _check_slurm(settings: SweepSettings) -> None:
 
 
 def sized(settings: SweepSettings, data_dir: Path | None, dry_run: bool = False) -> SweepSettings:
-    """Step 4: the plan sized for its GPU (fit.py): a context limit derived, a plan that cannot fit refused. A dry
-    run whose prompts cannot be read says so and prints the plan unsized."""
+    """Step 4: the plan sized for its GPU (fit.py): a context limit derived, a plan that cannot fit refused, and a
+    DFlash server whose token budget its drafting slots use up refused. A dry run whose prompts cannot be read says
+    so and prints the plan unsized."""
     import typer
 
     from dflash_bench.sweep.fit import PromptsUnavailable, runs_dflash, server_args, size, verify_budget
     from dflash_bench.sweep.plan import resolve_pair
 
+    pair = resolve_pair(settings)
     try:
-        out = size(settings, resolve_pair(settings), data_dir)
+        out = size(settings, pair, data_dir)
     except PromptsUnavailable as err:
         if not dry_run:
             raise
         typer.echo(f"context limit not derived (it needs the plan's prompts): {err}")
         out = settings
     if not out.url_ar:  # what an engine cannot take (--tensor-parallel-size on a one-GPU engine): before any folder
-        pair = resolve_pair(out)
         for engine in out.engines:
             server_args(out, engine)
             if "dflash" in out.modes and runs_dflash(engine, pair, out):
