@@ -223,8 +223,13 @@ def test_the_claims_table_sets_dflash_against_eagle3_and_reads_per_user_speed():
     measured = next(r for r in table.rows if r[0] == "eagle3: Qwen3-8B")
     assert measured[2] == "vLLM, 1x H200 (run 1, experts alike)"
     assert any("every token routed to the same few experts" in n for n in table.notes)
-    run["routing"] = "random"
-    assert any("experts drawn at random for each token" in n for n in release_claims(results).notes)
+    run["routing"] = "random"  # the note names the switch of the run's own engine
+    notes = [n for n in release_claims(results).notes if "experts drawn at random for each token" in n]
+    assert len(notes) == 1 and "(VLLM_MOE_ROUTING_SIMULATION_STRATEGY=uniform_random;" in notes[0]
+    for row in run["rows"]:
+        row["engine"] = "sglang"
+    notes = [n for n in release_claims(results).notes if "experts drawn at random for each token" in n]
+    assert len(notes) == 1 and "(SGLANG_SIMULATE_UNIFORM_EXPERTS=1;" in notes[0] and "VLLM_MOE" not in notes[0]
 
 
 def test_a_runs_routing_is_read_from_its_servers_environment_and_its_pairs_shape():

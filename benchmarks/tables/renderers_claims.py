@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from benchmarks.tables.renderers import SUITES, Table, f1, f2
+from dflash_bench import profiles
 from dflash_bench.published import CLAIMS, PublishedClaim, gpu_model
 
 # claim key -> its results file under benchmarks/results/ (written by big_sweep.py from the claim's sweep folders)
@@ -44,10 +45,9 @@ HEADER = ["claim", "published", "measured on", "suite", "c", "AR tok/s", "DFlash
           "DFlash tok/s per GPU"]
 
 
-# big_sweep.Run.routing: how a mixture's random weights routed its tokens
-ROUTING = {"random": "experts drawn at random for each token (vLLM's routing simulator; published: a trained router)",
-           "alike": "every token routed to the same few experts, as random weights route them: a step reads a few "
-                    "experts where a trained router's reads most, so this run's times are not a trained model's"}
+# big_sweep.Run.routing "alike": how a mixture's random weights routed its tokens, no switch set
+ALIKE = ("every token routed to the same few experts, as random weights route them: a step reads a few experts where "
+         "a trained router's reads most, so this run's times are not a trained model's")
 
 
 def published_cell(c: PublishedClaim) -> str:
@@ -103,9 +103,12 @@ def _differs(c: PublishedClaim, run: dict[str, Any]) -> str:
     weights = run.get("weights", "real")
     if weights != "real":
         parts.append(f"weights {weights} (published: the real model and drafter)")
-    routing = run.get("routing")
-    if routing:
-        parts.append(ROUTING[routing])
+    if run.get("routing") == "alike":
+        parts.append(ALIKE)
+    elif run.get("routing") == "random":  # each engine's switch, as its profile names it
+        switches = sorted({"=".join(sim) for e in {r["engine"] for r in run["rows"]}
+                           if e in profiles.names() and (sim := profiles.get(e).routing_simulation)})
+        parts.append(f"experts drawn at random for each token ({', '.join(switches)}; published: a trained router)")
     drawn = sorted({r["synthetic_tau"] for r in run["rows"] if r.get("synthetic_tau") is not None})
     if drawn:
         parts.append(f"acceptance drawn at tau {', '.join(f'{t:g}' for t in drawn)} (published: measured)")

@@ -49,7 +49,8 @@ class SGLang(EngineProfile):
     memory_fraction = 0.88  # --mem-fraction-static: weights and the KV pool; the rest: activations, graphs
     # SGLang's benchmark switch (read in 0.5.16's source: layers/moe/topk.py select_experts) gives each token k experts
     # evenly spaced from a random offset. Its MoE backends that route inside their own kernels (triton_kernels,
-    # FlashInfer's TRT-LLM) skip select_experts and so the switch; not yet seen on a GPU here
+    # FlashInfer's TRT-LLM) skip select_experts and so the switch. Seen on one H200 with gemma-4-26B-A4B's random
+    # weights (Triton's fused MoE): AR's tok/s at 32 rows fell to a third of alike routing's, as a spread batch's does
     routing_simulation = ("SGLANG_SIMULATE_UNIFORM_EXPERTS", "1")
 
     def sizing_flags(self, context_len: int | None, max_concurrency: int, tensor_parallel: int | None) -> list[str]:
