@@ -4,6 +4,7 @@ that cannot fit, tensor parallelism, and vLLM's DFlash refusal for a drafter tha
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -297,6 +298,53 @@ def test_a_dflash_budget_its_drafting_slots_use_up_is_refused_and_one_too_small_
     assert budget(pair, "dflash", argv) == (512, 128 * (pair.block_size - 2), pair.block_size)
     assert budget(pair, "ar", argv) is None and budget(pair, "dflash", argv[:3]) is None
     assert profiles.get("sglang").verify_budget(pair, "dflash", argv) is None
+
+
+def test_a_speculative_vllm_server_is_launched_below_the_memory_its_verify_logits_take(data_dir):
+    """vLLM sizes its KV cache after a profile whose sampler sees one draft a row, where a verify holds every draft
+    position's logits (gpt-oss-120b's DFlash died of it at 896 rows on one H200): the speculative server is launched
+    at the engine's memory fraction less those bytes, the AR server at the engine's own, the fit counts them, the
+    launch and the dry run say so, and the user's own --gpu-memory-utilization still comes last."""
+    from dflash_bench.profiles.vllm import VERIFY_LOGIT_BYTES
+    from dflash_bench.sweep.launch import launch_notes
+
+    pair = models.resolve("gpt-oss-120b")
+    vocab = pair_configs(pair)[0]["vocab_size"]
+
+    def plan(concurrency: list[int], *extra: str) -> SweepSettings:
+        return fit.size(_settings(model="gpt-oss-120b", gpu="h200", tensor_parallel=2, suites=["gsm8k"],
+                                  num_prompts=1, max_tokens=1024, concurrency=concurrency, modes=["ar", "dflash"],
+                                  engine_args=["--max-num-batched-tokens=18432", *extra]), pair, data_dir)
+
+    def fraction(settings: SweepSettings, mode: str) -> float:
+        args = fit.server_args(settings, "vllm", pair, mode)
+        return float(args[args.index("--gpu-memory-utilization") + 1])
+
+    wide, narrow = plan([512, 1024]), plan([64])
+    engine = profiles.get("vllm").memory_fraction
+    assert fraction(wide, "ar") == fraction(narrow, "ar") == engine  # AR verifies nothing
+    held = 1024 * (pair.block_size - 2) * vocab * VERIFY_LOGIT_BYTES  # 1024 rows, 9 drafts, one of them profiled
+    assert fraction(wide, "dflash") == math.floor((engine - held / (fit.gpu_memory_gib("h200") * fit.GIB)) * 100) / 100
+    assert fraction(wide, "dflash") < fraction(narrow, "dflash") < engine  # more rows, more logits
+    assert fit.server_args(wide, "vllm") == fit.server_args(wide, "vllm", pair, "ar")  # the engine-wide flags: AR's
+    # rows beyond what the token budget verifies in a step hold nothing: at 1,024 tokens, (1024 - 64 x 8) // 10 rows
+    budget = plan([64], "--max-num-batched-tokens=1024")
+    rows = (1024 - 64 * (pair.block_size - 2)) // pair.block_size
+    assert fit.sampler_fraction(budget, pair, "vllm", "dflash")[1] == rows * (pair.block_size - 2) * vocab * VERIFY_LOGIT_BYTES
+    (note,) = [n for n in launch_notes(wide, pair, "vllm", "dflash", "0.26.0") if "holds back" in n]
+    assert "at 1024 rows" in note and f"memory fraction of {fraction(wide, 'dflash'):g}" in note
+    assert not [n for n in launch_notes(wide, pair, "vllm", "ar", "0.26.0") if "holds back" in n]
+    # the user's --gpu-memory-utilization, after the sizing flags, is the one vLLM takes
+    own = fit.server_args(plan([64], "--gpu-memory-utilization=0.5"), "vllm", pair, "dflash")
+    assert own[-1] == "--gpu-memory-utilization=0.5"
+    # the fit counts them: one H200 holds gpt-oss-120b's AR at 896 rows, not its DFlash beside those logits
+    one = dict(model="gpt-oss-120b", gpu="h200", suites=["gsm8k"], num_prompts=1, max_tokens=1024, concurrency=[896],
+               engine_args=["--max-num-batched-tokens=18432"])
+    assert fit.size(_settings(**one, modes=["ar"]), pair, data_dir).context_len
+    with pytest.raises(UserError, match="GiB a GPU its verify's logits hold: use --tensor-parallel-size 2"):
+        fit.size(_settings(**one, modes=["ar", "dflash"]), pair, data_dir)
+    # SGLang's profile holds back nothing: its fraction is its own in both modes
+    assert profiles.get("sglang").sampler_reserve(pair, "dflash", ["python3", "--max-running-requests", "64"]) == 0
 
 
 def test_config_file_round_trip(tmp_path):

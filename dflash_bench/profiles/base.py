@@ -256,6 +256,11 @@ class EngineProfile:
         from its flags."""
         return None
 
+    def sampler_reserve(self, pair: ModelPair, mode: str, argv: Sequence[str]) -> int:
+        """Bytes of each GPU a server run as `argv` holds in its sampler beyond what its own memory profile counts
+        (and so gives its KV cache): the memory fraction it is launched with leaves them out (sweep/fit.py)."""
+        return 0
+
     def random_weights_env(self, pair: ModelPair) -> dict[str, str]:
         """Environment variables a server of random weights (`random_weights`) needs for its time to be a trained
         model's (the same for AR and DFlash): a mixture's experts drawn at random (`routing_simulation`)."""
@@ -303,9 +308,11 @@ class EngineProfile:
         """Flags only the AR server gets (none for vLLM and SGLang: AR is the command minus spec flags)."""
         return []
 
-    def sizing_flags(self, context_len: int | None, max_concurrency: int, tensor_parallel: int | None) -> list[str]:
+    def sizing_flags(self, context_len: int | None, max_concurrency: int, tensor_parallel: int | None,
+                     memory_fraction: float | None = None) -> list[str]:
         """Flags that size the server for the plan (sweep/fit.py): its context limit (None: not derived, the
-        GPU's memory is unknown), memory fraction, most requests at once, tensor-parallel size."""
+        GPU's memory is unknown), memory fraction (`memory_fraction` where given, else the profile's), most
+        requests at once, tensor-parallel size."""
         if tensor_parallel and tensor_parallel > 1:
             raise UserError(f"--tensor-parallel-size {tensor_parallel}: the {self.name} engine runs on one GPU; "
                             f"tensor parallelism is for vllm and sglang.")

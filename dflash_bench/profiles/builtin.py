@@ -40,7 +40,8 @@ class Builtin(EngineProfile):
     # for reuse (`Engine.reset_prefix_cache`); one that keeps none answers all the same
     cache_reset = "/reset_prefix_cache"
 
-    def sizing_flags(self, context_len: int | None, max_concurrency: int, tensor_parallel: int | None) -> list[str]:
+    def sizing_flags(self, context_len: int | None, max_concurrency: int, tensor_parallel: int | None,
+                     memory_fraction: float | None = None) -> list[str]:
         """Its context and slots, and on several GPUs the fast path's tensor-parallel size (`serve --fast`)."""
         tp = ["--tensor-parallel-size", str(tensor_parallel)] if tensor_parallel and tensor_parallel > 1 else []
         if context_len is None:

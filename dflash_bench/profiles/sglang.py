@@ -53,11 +53,12 @@ class SGLang(EngineProfile):
     # weights (Triton's fused MoE): AR's tok/s at 32 rows fell to a third of alike routing's, as a spread batch's does
     routing_simulation = ("SGLANG_SIMULATE_UNIFORM_EXPERTS", "1")
 
-    def sizing_flags(self, context_len: int | None, max_concurrency: int, tensor_parallel: int | None) -> list[str]:
+    def sizing_flags(self, context_len: int | None, max_concurrency: int, tensor_parallel: int | None,
+                     memory_fraction: float | None = None) -> list[str]:
         flags = ["--tp-size", str(tensor_parallel)] if tensor_parallel else []
         if context_len is None:
             return flags
-        return ["--context-length", str(context_len), "--mem-fraction-static", str(self.memory_fraction),
+        return ["--context-length", str(context_len), "--mem-fraction-static", str(memory_fraction or self.memory_fraction),
                 "--max-running-requests", str(max_concurrency), *flags]
 
     def version_note(self, pair: ModelPair) -> str:

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 from dflash_bench.errors import UserError
+from dflash_bench.geometry import text_config
+from dflash_bench.model_shapes import pair_configs
 from dflash_bench.profiles.base import EngineProfile, flag_values, python_module
 from dflash_bench.models import ModelPair
 
@@ -27,6 +29,10 @@ DEFAULT_IMAGE = "vllm/vllm-openai:v0.29.0"
 MIXED_DRAFT_REFUSED_UP_TO = (0, 25, 1)
 MIXED_DRAFT_LOG = "DFlash does not yet support mixed sliding/full attention"
 MIXED_DRAFT_LOG_V1 = "DFlash drafters with mixed sliding/full attention require the V2 model runner"
+# A draft position's logits in a verify step, bytes a vocabulary entry: the model's bf16 logits, the rejection
+# sampler's gathered copy of them, its float32 cast and that cast's clone (`sampler_reserve`). Seen: 666 rows of 9
+# drafts over 201,088 entries held 12.8 GiB beyond vLLM's budget when the clone ran out of memory (12.0 by this rate)
+VERIFY_LOGIT_BYTES = 2 + 2 + 4 + 4
 
 
 def mixed_draft_sentence(version: str | None) -> str:
@@ -79,13 +85,15 @@ class VLLM(EngineProfile):
     memory_fraction = 0.92  # --gpu-memory-utilization: weights, activations and KV together
     reserved_gib = 4.0  # an 8k-token prefill's activations, CUDA graphs, a 262k vocabulary's logits
 
-    def sizing_flags(self, context_len: int | None, max_concurrency: int, tensor_parallel: int | None) -> list[str]:
+    def sizing_flags(self, context_len: int | None, max_concurrency: int, tensor_parallel: int | None,
+                     memory_fraction: float | None = None) -> list[str]:
         flags = ["--tensor-parallel-size", str(tensor_parallel)] if tensor_parallel else []
         if context_len is None:
             return flags
-        # --max-num-seqs: vLLM sizes its sampler for it (default 1024 rows of float32 logits, x16 drafted rows
-        # with DFlash), which runs a large vocabulary out of memory; the sweep never sends more than this
-        return ["--max-model-len", str(context_len), "--gpu-memory-utilization", str(self.memory_fraction),
+        # --max-num-seqs: vLLM sizes its sampler for it (default 1024 rows of float32 logits), which runs a large
+        # vocabulary out of memory; the sweep never sends more than this
+        return ["--max-model-len", str(context_len),
+                "--gpu-memory-utilization", str(memory_fraction or self.memory_fraction),
                 "--max-num-seqs", str(max_concurrency), *flags]
 
     def version_note(self, pair: ModelPair) -> str:
@@ -173,6 +181,21 @@ class VLLM(EngineProfile):
             return None
         slots = drafts - 1 if mode == "dflash" else 0
         return int(budget[-1]), int(rows[-1]) * slots, drafts + 1
+
+    def sampler_reserve(self, pair: ModelPair, mode: str, argv: Sequence[str]) -> int:
+        """vLLM (0.26.0, read in its source) sizes its KV cache after a profile whose sampler sees one draft a row
+        (`_dummy_sampler_run`), where a verify's rejection sampler holds every draft position's logits: gathered,
+        cast to float32 and cloned (`rejection_sampler.py`). Seen on one H200: gpt-oss-120b's DFlash at 896 rows
+        (9 drafts of a 201,088-token vocabulary) died of CUDA out of memory in that clone. The rows a step verifies
+        are the fewest of --max-num-seqs and what the token budget leaves (`verify_budget`)."""
+        got = self.verify_budget(pair, mode, argv)
+        seqs = [v for v in flag_values(list(argv), ("--max-num-seqs",)) if v.isdigit()]
+        vocab = text_config(pair_configs(pair)[0] or {}).get("vocab_size")
+        if got is None or not seqs or not isinstance(vocab, int):
+            return 0
+        budget, aside, per_row = got
+        rows = min(int(seqs[-1]), max(budget - aside, 0) // per_row)
+        return rows * (per_row - 2) * vocab * VERIFY_LOGIT_BYTES  # per_row - 1 drafts, one of them profiled
 
     def container_command(self, argv: list[str]) -> list[str]:
         # The image's entrypoint is already `vllm serve`: do not repeat it.

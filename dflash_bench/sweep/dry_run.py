@@ -40,7 +40,8 @@ def print_plan(settings: SweepSettings) -> None:
             console.print(f"[bold]{launch.engine} {launch.mode}[/] ({len(launch.cells)} cells): measure {escape(url or '')}")
             continue
         profile, _, argv, env, port = plan_server(launch.engine, pair, launch.mode, port=settings.port, preset=settings.gpu,
-                                                  extra_args=server_args(settings, launch.engine), runner=settings.runner,
+                                                  extra_args=server_args(settings, launch.engine, pair, launch.mode),
+                                                  runner=settings.runner,
                                                   synthetic=launch.synthetic, cache_reset=True)
         line = dry_run_line(profile, argv, env, port, settings.runner, settings.image or profile.image_for(settings.gpu), "all", "host")
         drawn = f", {launch.synthetic.label()}" if launch.synthetic is not None and launch.mode != "ar" else ""

@@ -174,16 +174,19 @@ def fit(target: Geometry, drafter: Geometry | None, *, usable: float, gpus: int,
 
 def refusal(f: Fit, *, gpu: str, gpus: int, context: int, max_tokens: int | None,
             target: Geometry, drafter: Geometry | None, usable: float, kv: Callable[[int], int] | None = None,
-            engine: str | None = None, kv_at: Callable[[int], Callable[[int], int] | None] | None = None) -> str:
+            engine: str | None = None, kv_at: Callable[[int], Callable[[int], int] | None] | None = None,
+            held: int = 0) -> str:
     """The one sentence for a plan that does not fit, with what would: more GPUs where the engine shards a model
     (else one GPU with more memory), a lower concurrency, shorter contexts. `kv_at(n)`: a sequence's bytes on n
-    GPUs, where the engine's own layout says (`builtin_kv`)."""
+    GPUs, where the engine's own layout says (`builtin_kv`); `held`: bytes of each GPU a speculative server's
+    sampler holds back, already out of `usable` (`sampler_fraction`)."""
     kv = kv or kv_of(target, drafter)
     have, need = f.budget / GIB, f.needed / GIB
     where = f"{gpus} {gpu.upper()}{'s' if gpus > 1 else ''}"
+    beside = f" beside {held / GIB:.1f} GiB a GPU its verify's logits hold" if held else ""
     head = (f"the plan does not fit {where}: {f.weights / GIB:.1f} GiB of weights plus the KV cache of "
             f"{f.concurrency} sequences of {context} tokens ({f.concurrency * f.kv_per_seq / GIB:.1f} GiB) need "
-            f"{need:.1f} GiB, and the engine may fill {have:.1f} GiB")
+            f"{need:.1f} GiB, and the engine may fill {have:.1f} GiB{beside}")
     ways = []
     shards = engine is None or _shards(engine)
     for tp in (2, 4, 8) if shards else ():
@@ -235,18 +238,20 @@ def size(settings: SweepSettings, pair: ModelPair, data_dir: Path | None) -> Swe
     """The settings with the derived context limit, after refusing a plan that cannot fit; unchanged where the
     GPU's memory is unknown (--gpu generic) or no launched engine is sized (the user's own servers)."""
     gpu_gib = gpu_memory_gib(settings.gpu)
-    sized = [e for e in settings.engines if _sized(e)]
-    if gpu_gib is None or not sized or settings.url_ar:
+    engines = [e for e in settings.engines if _sized(e)]
+    if gpu_gib is None or not engines or settings.url_ar:
         return settings
     context = round_up(longest_context(settings, pair, data_dir) + pair.block_size)
     from dflash_bench.model_shapes import pair_configs
 
     target_cfg, drafter_cfg = pair_configs(pair)
     target, drafter = geometry(target_cfg), geometry(drafter_cfg, drafter=True) if pair.drafter else None
+    sized = settings.model_copy(update={"context_len": context})
     if target is not None:
         from dflash_bench import profiles
+        from dflash_bench.store import SPECULATIVE
 
-        for engine in sized:
+        for engine in engines:
             gpus = profiles.server_gpus(engine, pair, settings)  # --tensor-parallel-size, else the command's flag
             if target.heads and target.heads % gpus:
                 fits_heads = ", ".join(str(n) for n in range(1, target.heads + 1) if target.heads % n == 0 and n <= 8)
@@ -261,14 +266,17 @@ def size(settings: SweepSettings, pair: ModelPair, data_dir: Path | None) -> Swe
             if engine == "builtin" and target_cfg is not None:
                 kv_at = functools.partial(_builtin_kv_at, target_cfg, drafter_cfg if draft else None, fast)
             kv = kv_at(gpus) if kv_at is not None else None
+            held = max([sampler_fraction(sized, pair, engine, m)[1] for m in settings.modes
+                        if m in SPECULATIVE and (m != "dflash" or draft)] or [0])
+            usable -= held / GIB  # a speculative server's sampler, beyond the engine's own profile
             f = fit(target, draft, usable=usable, gpus=gpus, context=context, concurrency=max(settings.concurrency),
                     kv=kv)
             if not f.fits:
                 raise UserError(f"{engine}: " + refusal(f, gpu=settings.gpu, gpus=gpus, context=context,
                                                         max_tokens=settings.max_tokens, target=target,
                                                         drafter=draft, usable=usable, kv=kv, engine=engine,
-                                                        kv_at=kv_at))
-    return settings.model_copy(update={"context_len": context})
+                                                        kv_at=kv_at, held=held))
+    return sized
 
 
 def runs_dflash(engine: str, pair: ModelPair, settings: SweepSettings) -> bool:
@@ -285,13 +293,55 @@ def _sized(engine: str) -> bool:
     return profiles.get(engine).memory_fraction is not None
 
 
-def server_args(settings: SweepSettings, engine: str) -> list[str]:
-    """The server's extra arguments: the engine's sizing flags for this plan, then the user's --engine-args."""
+def server_args(settings: SweepSettings, engine: str, pair: ModelPair | None = None,
+                mode: str | None = None) -> list[str]:
+    """The server's extra arguments: the engine's sizing flags for this plan, then the user's --engine-args. With
+    `pair` and `mode`, that server's own: its memory fraction less what its sampler holds beyond the engine's
+    memory profile (`sampler_fraction`)."""
     from dflash_bench import profiles
 
+    fraction = sampler_fraction(settings, pair, engine, mode)[0] if pair is not None and mode else None
     flags = profiles.get(engine).sizing_flags(settings.context_len, max(settings.concurrency),
-                                              settings.tensor_parallel)
+                                              settings.tensor_parallel, fraction)
     return flags + list(settings.engine_args)
+
+
+def _command(settings: SweepSettings, pair: ModelPair, engine: str, mode: str) -> list[str]:
+    """The command line of the mode's server at the engine's own memory fraction, as the sweep plans it."""
+    from dflash_bench.launch import plan_server
+
+    return plan_server(engine, pair, mode, preset=settings.gpu, extra_args=server_args(settings, engine),
+                       runner=settings.runner)[2]
+
+
+def sampler_fraction(settings: SweepSettings, pair: ModelPair, engine: str, mode: str) -> tuple[float | None, int]:
+    """(the memory fraction the mode's server is launched with, the bytes of each GPU it holds back): the engine's
+    fraction less what its sampler holds beyond the engine's own memory profile (profiles' `sampler_reserve`),
+    rounded down to a hundredth; (None, 0) where nothing is held back, the GPU's memory is unknown or the plan is
+    not sized yet."""
+    from dflash_bench import profiles
+
+    profile, gpu_gib = profiles.get(engine), gpu_memory_gib(settings.gpu)
+    if gpu_gib is None or settings.context_len is None or profile.memory_fraction is None:
+        return None, 0
+    reserve = profile.sampler_reserve(pair, mode, _command(settings, pair, engine, mode))
+    if not reserve:
+        return None, 0
+    return math.floor((profile.memory_fraction - reserve / (gpu_gib * GIB)) * 100) / 100, reserve
+
+
+def sampler_note(settings: SweepSettings, pair: ModelPair, engine: str, mode: str) -> str | None:
+    """The memory a speculative server holds back for its sampler (`sampler_fraction`), in words; None: none."""
+    from dflash_bench.store import mode_name
+
+    from dflash_bench import profiles
+
+    fraction, reserve = sampler_fraction(settings, pair, engine, mode)
+    if fraction is None:
+        return None
+    return (f"{mode_name(mode)} holds back {reserve / GIB:.1f} GiB of each GPU for its verify's logits at "
+            f"{max(settings.concurrency)} rows, which {engine}'s memory profile leaves out: it serves at a memory "
+            f"fraction of {fraction:g} (the AR server's {profiles.get(engine).memory_fraction:g})")
 
 
 def verify_budget(settings: SweepSettings, pair: ModelPair, engine: str, mode: str) -> tuple[str | None, str | None]:
@@ -299,11 +349,9 @@ def verify_budget(settings: SweepSettings, pair: ModelPair, engine: str, mode: s
     sweep launches): a budget the drafting slots use up is refused (the engine would refuse it after loading the
     model); one too small for a verify of every row of a cell is noted, for those rows wait a step."""
     from dflash_bench import profiles
-    from dflash_bench.launch import plan_server
     from dflash_bench.store import mode_name
 
-    argv = plan_server(engine, pair, mode, preset=settings.gpu, extra_args=server_args(settings, engine),
-                       runner=settings.runner)[2]
+    argv = _command(settings, pair, engine, mode)
     got = profiles.get(engine).verify_budget(pair, mode, argv)
     if got is None:
         return None, None

@@ -154,7 +154,7 @@ def _server(ctx: SweepContext, launch: Launch, port: int) -> Iterator[Server]:
     runner = settings.runner
     gpus = (scheduler_gpus() or "all") if runner == "docker" else "all"  # a container escapes a Slurm job's GPUs
     with launch_server(launch.engine, ctx.pair, launch.mode, runner=runner, preset=settings.gpu, gpus=gpus,
-                       extra_args=server_args(settings, launch.engine), sweep_id=ctx.manifest.sweep_id, image=ctx.image,
+                       extra_args=server_args(settings, launch.engine, ctx.pair, launch.mode), sweep_id=ctx.manifest.sweep_id, image=ctx.image,
                        log_path=ctx.sweep.log_path(launch.engine, launch.mode),
                        port=port, slots=launch_slots(ctx, launch),
                        synthetic=launch.synthetic if launch.mode != "ar" else None, cache_reset=True) as server:
@@ -198,14 +198,15 @@ def refused(ctx: SweepContext, launch: Launch) -> None:
 
 def launch_notes(settings: SweepSettings, pair: ModelPair, engine: str, mode: str, version: str | None) -> list[str]:
     """What a server the engine will start serves differently (profiles' `caveat`), and for a speculative one a token
-    budget that makes a cell's rows wait a step (fit.verify_budget): said at launch and by a dry run alike."""
+    budget that makes a cell's rows wait a step (fit.verify_budget) and the memory its sampler holds back
+    (fit.sampler_note): said at launch and by a dry run alike."""
     from dflash_bench import profiles
     from dflash_bench.store import SPECULATIVE
-    from dflash_bench.sweep.fit import verify_budget
+    from dflash_bench.sweep.fit import sampler_note, verify_budget
 
     notes = [profiles.get(engine).caveat(pair, mode, version)]
     if mode in SPECULATIVE:
-        notes.append(verify_budget(settings, pair, engine, mode)[1])
+        notes += [verify_budget(settings, pair, engine, mode)[1], sampler_note(settings, pair, engine, mode)]
     return [n for n in notes if n]
 
 
