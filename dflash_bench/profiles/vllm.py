@@ -29,10 +29,12 @@ DEFAULT_IMAGE = "vllm/vllm-openai:v0.29.0"
 MIXED_DRAFT_REFUSED_UP_TO = (0, 25, 1)
 MIXED_DRAFT_LOG = "DFlash does not yet support mixed sliding/full attention"
 MIXED_DRAFT_LOG_V1 = "DFlash drafters with mixed sliding/full attention require the V2 model runner"
-# A draft position's logits in a verify step, bytes a vocabulary entry: the model's bf16 logits, the rejection
-# sampler's gathered copy of them, its float32 cast and that cast's clone (`sampler_reserve`). Seen: 666 rows of 9
-# drafts over 201,088 entries held 12.8 GiB beyond vLLM's budget when the clone ran out of memory (12.0 by this rate)
-VERIFY_LOGIT_BYTES = 2 + 2 + 4 + 4
+# A draft position's logits in a verify step, bytes a vocabulary entry (`sampler_reserve`): the model's bf16 logits
+# (and a rank's part of them before they are gathered), the rejection sampler's copy of its rows, their float32 cast,
+# that cast's clone, and a sampled request's float32 softmax: 17 to 18 by the tensors. Measured on two H200s,
+# gpt-oss-120b's DFlash at 1,024 rows of 9 drafts over 201,088 entries: 12 bytes set aside, its GPUs' memory filled
+# whole at the peak, at least 17.5 bytes a position beyond the AR server's own margin
+VERIFY_LOGIT_BYTES = 18
 
 
 def mixed_draft_sentence(version: str | None) -> str:
