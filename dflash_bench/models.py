@@ -36,7 +36,7 @@ _GPT_OSS_UNRUN = ("not run here: no shape of it is recorded (the release's claim
                   "(--api completions)")
 _GPT_OSS_120B_UNRUN = ("its shape is recorded (the drafter's from a third-party table of the z-lab configs) and goes "
                        "to vLLM with --api completions (mission.sh --pair gpt-oss-120b); its AR and DFlash have run on "
-                       "two H200s at tensor parallel 2 (docs/results/release-claims.md)")
+                       "one H200 and on two at tensor parallel 2, to 1,024 rows (docs/results/release-claims.md)")
 
 
 @dataclass(frozen=True)
