@@ -332,9 +332,8 @@ def sampler_fraction(settings: SweepSettings, pair: ModelPair, engine: str, mode
 
 def sampler_note(settings: SweepSettings, pair: ModelPair, engine: str, mode: str) -> str | None:
     """The memory a speculative server holds back for its sampler (`sampler_fraction`), in words; None: none."""
-    from dflash_bench.store import mode_name
-
     from dflash_bench import profiles
+    from dflash_bench.store import mode_name
 
     fraction, reserve = sampler_fraction(settings, pair, engine, mode)
     if fraction is None:

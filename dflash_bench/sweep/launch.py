@@ -154,7 +154,8 @@ def _server(ctx: SweepContext, launch: Launch, port: int) -> Iterator[Server]:
     runner = settings.runner
     gpus = (scheduler_gpus() or "all") if runner == "docker" else "all"  # a container escapes a Slurm job's GPUs
     with launch_server(launch.engine, ctx.pair, launch.mode, runner=runner, preset=settings.gpu, gpus=gpus,
-                       extra_args=server_args(settings, launch.engine, ctx.pair, launch.mode), sweep_id=ctx.manifest.sweep_id, image=ctx.image,
+                       extra_args=server_args(settings, launch.engine, ctx.pair, launch.mode),
+                       sweep_id=ctx.manifest.sweep_id, image=ctx.image,
                        log_path=ctx.sweep.log_path(launch.engine, launch.mode),
                        port=port, slots=launch_slots(ctx, launch),
                        synthetic=launch.synthetic if launch.mode != "ar" else None, cache_reset=True) as server:
