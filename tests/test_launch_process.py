@@ -57,13 +57,19 @@ def test_never_ready_times_out_with_log_tail_and_stops_it(tmp_path):
         httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
 
 
-def test_watchdog_notices_a_server_that_dies_mid_run():
-    port = free_port()
-    with launch_command(server_argv(port), port=port, name="sglang-ar") as server:
+def test_watchdog_notices_a_server_that_dies_mid_run(tmp_path):
+    """...and its reason names the line after it was ready that says why, though 60 lines of echoes follow it."""
+    port, log = free_port(), tmp_path / "s.log"
+    cause = "torch.OutOfMemoryError: CUDA out of memory (the test's line)"
+    with launch_command(server_argv(port), port=port, name="sglang-ar", log_path=log) as server:
+        with open(log, "a") as fh:
+            fh.write("\n".join([cause] + ["ERROR EngineDeadError: see above"] * 60) + "\n")
         os.kill(server.info.pid, signal.SIGKILL)
         assert server.died.wait(5.0), "the watchdog did not notice within 5 s"
-        with pytest.raises(ServerDied, match=r"the sglang-ar server exited with code -9(.|\n)*test server listening"):
+        with pytest.raises(ServerDied, match=r"the sglang-ar server exited with code -9") as err:
             server.check()
+    assert err.value.reason.startswith(f"the sglang-ar server exited with code -9: {cause} | ")
+    assert cause not in err.value.log_tail  # 40 lines: the cause came from above them
 
 
 @pytest.mark.parametrize("sig,codes", [(signal.SIGINT, (-2, 1, 130)), (signal.SIGTERM, (143,))])

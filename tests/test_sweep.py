@@ -159,6 +159,32 @@ def test_a_dead_servers_reason_is_the_lines_that_explain_it():
     assert err.reason.startswith("the vllm server exited with code 1: File") and "INFO bye" not in err.reason
 
 
+def test_a_dead_servers_reason_names_the_cause_far_above_its_logs_tail(tmp_path):
+    """A server whose engine ran out of memory can print a traceback for every request in flight after it (vLLM's
+    EngineDeadError), burying the cause far above the tail: the reason names the first such line after the server
+    was ready, before the tail's own lines; one from before it was ready (start-up) is not this death's."""
+    from dflash_bench.launch.common import ServerDied, explain, first_cause
+
+    log = tmp_path / "server.log"
+    start_up = "WARNING out of memory while probing a cudagraph size: retrying smaller\nINFO ready\n"
+    cause = "ERROR [core.py:1332] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.48 GiB."
+    echoes = ["ERROR Traceback (most recent call last):", '  File "core_client.py", line 1061, in get_output_async',
+              "ERROR vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace "
+              "(above) for the root cause."] * 200
+    log.write_text(start_up + "\n".join(["INFO serving", cause, "ERROR a second OutOfMemoryError, a consequence",
+                                          *echoes]) + "\n")
+    ready = len(start_up.encode())
+    assert first_cause(log, ready) == cause
+    assert first_cause(log, 0).startswith("WARNING out of memory while probing")  # the start-up line, had it died then
+    assert first_cause(log, log.stat().st_size) == "" and first_cause(tmp_path / "none.log") == ""
+    tail = "\n".join(log.read_text().splitlines()[-40:])
+    assert "OutOfMemoryError" not in explain(tail)  # the tail alone names only the echo
+    err = ServerDied("the vllm server exited with code 0", tail, first_cause(log, ready))
+    assert err.reason.startswith(f"the vllm server exited with code 0: {cause} | ")
+    assert "EngineDeadError" in err.reason
+    assert ServerDied("x", "INFO a\nERROR port in use", "").reason == "x: ERROR port in use"  # no cause: as before
+
+
 def test_a_dflash_server_that_never_accepts_is_flagged_in_the_table_and_summary(tmp_path, data_dir):
     """tau 1: the silent fallback to AR that users report is shown loudly, not as a quiet 1.00."""
     out = tmp_path / "reports"

@@ -24,9 +24,12 @@ class ServerDied(UserError):
     """The server exited (during start-up or while a cell ran). The message carries its log tail;
     `reason` is the one-line version a failed cell keeps: the message and the log lines that explain it."""
 
-    def __init__(self, message: str, log_tail: str = "") -> None:
+    def __init__(self, message: str, log_tail: str = "", cause: str = "") -> None:
+        """`cause`: the line of the log, before its tail, that says why it ended (`first_cause`)."""
         self.log_tail = log_tail
         why = explain(log_tail)
+        if cause and cause not in why:
+            why = f"{cause} | {why}" if why else cause
         self.reason = f"{message}: {why}" if why else message
         super().__init__(f"{message}; last lines of its log:\n{log_tail}" if log_tail else message)
 
@@ -35,6 +38,31 @@ class ServerDied(UserError):
 # a shutdown message, a progress bar, "listening on ...")
 _WHY = re.compile(r"Traceback \(most recent call last\)|\b\w*(Error|Exception|Exit)\b|\berror\b|\bfatal\b|"
                   r"out of memory|\bOOM\b|Killed|Segmentation fault|core dumped|Aborted|panic", re.IGNORECASE)
+
+
+# a line that names why a process ended outright, where what follows it are consequences: a server that runs out of
+# memory in its engine's process can print a traceback for every request in flight after it (vLLM's EngineDeadError,
+# "See stack trace (above) for the root cause"), so much that the cause is far above the log's tail
+_CAUSE = re.compile(r"out of memory|OutOfMemoryError|\bOOM\b|Segmentation fault|core dumped|Killed", re.IGNORECASE)
+CAUSE_SCAN_BYTES = 1 << 30  # read at most this much of a dead server's log for its cause
+
+
+def first_cause(path: str | Path | None, start: int = 0, limit: int = 400) -> str:
+    """The first line of the log from byte `start` (where the server was ready) that names why a process ended
+    (_CAUSE), stripped and cut at `limit` characters; '' where none does, or there is no log."""
+    if not path or not Path(path).is_file():
+        return ""
+    with open(path, "rb") as fh:
+        fh.seek(start)
+        read = 0
+        for raw in fh:
+            read += len(raw)
+            if read > CAUSE_SCAN_BYTES:
+                return ""
+            line = raw.decode("utf-8", "replace").strip()
+            if _CAUSE.search(line):
+                return line[:limit]
+    return ""
 
 
 def explain(log_tail: str, limit: int = 600) -> str:
@@ -96,6 +124,7 @@ class Server:
         self.name = name
         self.log_path = info.log_path or os.devnull  # launch_command always names one
         self.died = threading.Event()
+        self.ready_at = 0  # the log's size when the server answered ready: its death's cause is looked for after it
         self._stopping = threading.Event()
         self._watchdog: threading.Thread | None = None
         self._stopped = False
@@ -122,7 +151,8 @@ class Server:
         code = self.exit_code()
         if code is not None:
             self.died.set()
-            raise ServerDied(f"the {self.name} server exited with code {code}", self.log_tail())
+            raise ServerDied(f"the {self.name} server exited with code {code}", self.log_tail(),
+                             first_cause(self.log_path, self.ready_at))
 
     def wait_ready(self, path: str, timeout: float, interval: float = 0.5) -> None:
         """Poll GET url+path until it answers 200; ServerDied if it exits, ServerNotReady on timeout."""
@@ -136,6 +166,8 @@ class Server:
                 with contextlib.suppress(httpx.HTTPError):
                     with client.stream("GET", self.url + path) as r:  # the status is the answer: its body goes unread
                         if r.status_code == 200:
+                            with contextlib.suppress(OSError):
+                                self.ready_at = os.path.getsize(self.log_path)
                             return
                 if time.monotonic() > deadline:
                     raise ServerNotReady(f"the {self.name} server did not answer 200 on {path} within "
