@@ -50,6 +50,21 @@ def test_big_sweep_reads_sweep_folders_into_one_results_file(tmp_path):
     assert proc.returncode != 0 and "is not a sweep folder" in proc.stderr
 
 
+def test_big_sweep_names_a_failed_cells_files_from_their_package_on(tmp_path):
+    """A failed cell's reason quotes a traceback's files where the machine that ran it installed them (a bundle's
+    unpacked site, a venv's site-packages): the results file names them from the package on, as on any machine."""
+    from benchmarks.fixtures.report_sweeps import make_sweep
+
+    why = ('server died: File "/tmp/vllm-site/vllm/v1/engine/core_client.py", line 1061 | '
+           "/opt/torch/.venv/lib/python3.12/site-packages/torch/cuda/memory.py: OutOfMemoryError")
+    folder = make_sweep(tmp_path / "s", suites=("gsm8k",), concurrency=(1,), failed={"vllm-dflash-gsm8k-c1": why})
+    out = tmp_path / "big.json"
+    bench("peers.big_sweep", str(folder), "--out", str(out))
+    (row,) = [r for r in json.loads(out.read_text())["runs"][0]["rows"] if r["mode"] == "dflash"]
+    assert row["reason"] == ('server died: File "vllm/v1/engine/core_client.py", line 1061 | '
+                             "torch/cuda/memory.py: OutOfMemoryError")
+
+
 def test_big_sweep_groups_a_cells_first_tokens_by_when_they_came():
     from benchmarks.peers.big_sweep import FIRST_TOKEN_GAP_MS, first_tokens
     from dflash_bench.store import RequestRecord

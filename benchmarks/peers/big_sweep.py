@@ -122,8 +122,14 @@ def routing_of(pair: str, weights: str, servers: list[tuple[str, list[str]]]) ->
     return "random" if all(profiles.get(e).routes_at_random(names) for e, names in servers) else "alike"
 
 
+# where the machine that ran it installed Python packages (a bundle's unpacked site, a venv's site-packages): a
+# traceback's file is named from its package on, as on any machine
+SITE = re.compile(r"/[^\s\"']*?/(?:[\w.-]+-site|site-packages|dist-packages)/")
+
+
 def shown(text: str, work: str) -> str:
-    return text.replace(work.rstrip("/") + "/", "WORK/") if work else text
+    """`text` as any machine reads it: the shapes' folder as WORK/, a package's files from the package on."""
+    return SITE.sub("", text.replace(work.rstrip("/") + "/", "WORK/") if work else text)
 
 
 def run_of(folder: Path, pair: str) -> Run:
@@ -162,7 +168,7 @@ def run_of(folder: Path, pair: str) -> Run:
             ttft_ms_p50=(s.get("ttft_ms") or {}).get("p50"), tpot_ms_p50=(s.get("tpot_ms") or {}).get("p50"),
             peak_mem_mib=s.get("telemetry_mem_used_max_mib"), prefix_cache_hit_rate=s.get("prefix_cache_hit_rate"),
             tau=s.get("acceptance_length"),
-            reason=None if tok else (s.get("failure_reason") or reasons.get(cell["cell_id"])),
+            reason=None if tok else shown(s.get("failure_reason") or reasons.get(cell["cell_id"]) or "", work) or None,
             steady=CellSettings.model_validate(s.get("settings") or {}).steady,
             synthetic_tau=s.get("synthetic_acceptance"), synthetic_source=s.get("synthetic_source"),
             repeat=cell.get("repeat") or 0, input_len=cell.get("input_len") or 0,
