@@ -34,16 +34,14 @@ class ServerDied(UserError):
         super().__init__(f"{message}; last lines of its log:\n{log_tail}" if log_tail else message)
 
 
-# a line that says why a process ended, most telling first (a log's last line is usually just noise:
-# a shutdown message, a progress bar, "listening on ...")
-_WHY = re.compile(r"Traceback \(most recent call last\)|\b\w*(Error|Exception|Exit)\b|\berror\b|\bfatal\b|"
-                  r"out of memory|\bOOM\b|Killed|Segmentation fault|core dumped|Aborted|panic", re.IGNORECASE)
-
-
 # a line that names why a process ended outright, where what follows it are consequences: a server that runs out of
 # memory in its engine's process can print a traceback for every request in flight after it (vLLM's EngineDeadError,
 # "See stack trace (above) for the root cause"), so much that the cause is far above the log's tail
 _CAUSE = re.compile(r"out of memory|OutOfMemoryError|\bOOM\b|Segmentation fault|core dumped|Killed", re.IGNORECASE)
+# a line that says why a process ended, most telling first (a log's last line is usually just noise:
+# a shutdown message, a progress bar, "listening on ...")
+_WHY = re.compile(r"Traceback \(most recent call last\)|\b\w*(Error|Exception|Exit)\b|\berror\b|\bfatal\b|Aborted|"
+                  r"panic|" + _CAUSE.pattern, re.IGNORECASE)
 CAUSE_SCAN_BYTES = 1 << 30  # read at most this much of a dead server's log for its cause
 
 
